@@ -1,0 +1,3 @@
+from voicert.cli import main
+import sys
+sys.exit(main())

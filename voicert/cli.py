@@ -1,0 +1,92 @@
+"""Command line: ``voicert serve | client | prepare``. Argument parsing only."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from voicert.config import ConfigError, load_config
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in args.set or []:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set {item!r}: use section.key=value")
+        out[key.strip()] = value
+    if getattr(args, "host", None):
+        out["server.host"] = args.host
+    if getattr(args, "port", None) is not None:
+        out["server.port"] = str(args.port)
+    if getattr(args, "llm", None):
+        out["models.llm"] = args.llm
+    if getattr(args, "asr", None):
+        out["models.asr"] = args.asr
+    return out
+
+
+def _config_args(sub: argparse.ArgumentParser) -> None:
+    sub.add_argument("--config", help="YAML config file (default: configs/default.yaml)")
+    sub.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
+                     help="override one config value (repeatable)")
+    sub.add_argument("--llm", help="LLM: 'embedded', an HF checkpoint dir, or a .gguf file")
+    sub.add_argument("--asr", help="ASR: 'embedded' or a CTranslate2 Whisper dir")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="voicert", description="streaming real-time voice agent")
+    subs = ap.add_subparsers(dest="cmd", required=True)
+    s = subs.add_parser("serve", help="run the server")
+    _config_args(s)
+    s.add_argument("--host")
+    s.add_argument("--port", type=int)
+    pr = subs.add_parser("prepare", help="resolve and convert the configured models, then exit")
+    _config_args(pr)
+    c = subs.add_parser("client", help="stream WAV files as turns of one session")
+    c.add_argument("wav", nargs="+")
+    c.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
+    c.add_argument("--fast", action="store_true", help="send audio as fast as possible")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.cmd == "client":
+        from voicert import client
+
+        return client.main(args.wav, args.url, realtime=not args.fast)
+    try:
+        cfg = load_config(args.config, _overrides(args))
+    except ConfigError as exc:
+        print(f"voicert: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=cfg.log.level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    try:
+        if args.cmd == "prepare":
+            from voicert.config import cache_dir
+            from voicert.engine.loader import resolve_llm
+            from voicert.speech.asr import resolve_asr_model
+
+            print(f"asr: {resolve_asr_model(cfg.models.asr)}")
+            print(f"llm: {resolve_llm(cfg.models.llm, cache_dir(cfg.models))}")
+            return 0
+        from voicert.server.app import run_server
+
+        run_server(cfg)
+    except ConfigError as exc:
+        print(f"voicert: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"voicert: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

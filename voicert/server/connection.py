@@ -1,0 +1,109 @@
+"""The native-protocol connection: a thin adapter between a websockets connection and a Session."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+from voicert.agent.session import Services, Session
+from voicert.config import SUPPORTED_SAMPLE_RATES
+from voicert.protocol import native as p
+
+log = logging.getLogger(__name__)
+
+CLOSE_NORMAL = 1000
+CLOSE_GOING_AWAY = 1001
+CLOSE_POLICY = 1008  # used for a reader too slow to drain its frames
+
+
+class Connection:
+    def __init__(self, ws: ServerConnection, services: Services) -> None:
+        self.ws = ws
+        self.svc = services
+        self.binary = True  # reply in the frame kind the client used for session.start
+        self.session: Session | None = None
+        self.closed = False
+
+    async def send(self, event: p.ServerEvent) -> None:
+        """Send one event; a closed socket is ignored, a reader too slow to drain one frame within
+        ``server.send_timeout_s`` is disconnected (its turn is then cancelled by the read loop)."""
+        if self.closed:
+            return
+        try:
+            await asyncio.wait_for(self.ws.send(p.encode(event, self.binary)),
+                                   self.svc.cfg.server.send_timeout_s)
+        except ConnectionClosed:
+            self.closed = True
+        except TimeoutError:
+            log.warning("connection %s: slow reader, closing", self.ws.id)
+            self.closed = True
+            asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "slow reader"))
+
+    async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
+        await self.send(p.Error(code.value, message, fatal))
+
+    async def run(self) -> None:
+        try:
+            async for frame in self.ws:
+                try:
+                    if await self._dispatch(frame):
+                        break
+                except p.ProtocolError as exc:
+                    await self.error(exc.code, exc.message)
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("connection %s: internal error", self.ws.id)
+            await self.error(p.ErrorCode.INTERNAL, "internal server error", fatal=True)
+            await self.ws.close(1011, "internal error")
+        finally:
+            self.closed = self.closed or self.ws.state.name != "OPEN"
+            if self.session is not None:
+                await self.session.close()
+
+    async def _dispatch(self, frame: bytes | str) -> bool:
+        """Handle one client message; True when the session has ended."""
+        event = p.decode_client(frame)
+        if isinstance(event, p.SessionStart):
+            await self._start(event, binary=isinstance(frame, bytes))
+            return False
+        if self.session is None:
+            raise p.ProtocolError(p.ErrorCode.NO_SESSION,
+                                  f"'{event.type}' before 'session.start'")
+        if isinstance(event, p.Audio):
+            await self.session.on_audio(event.audio)
+        elif isinstance(event, p.AudioCommit):
+            self.session.commit()
+        elif isinstance(event, p.ResponseCancel):
+            self.session.cancel_response()
+        elif isinstance(event, p.SessionEnd):
+            await self.session.wait_turn(self.svc.cfg.server.shutdown_grace_s)
+            await self.session.close()
+            await self.send(p.SessionEnded("client_ended"))
+            await self.ws.close(CLOSE_NORMAL)
+            return True
+        return False
+
+    async def _start(self, start: p.SessionStart, binary: bool) -> None:
+        self.binary = binary
+        if self.session is not None:
+            raise p.ProtocolError(p.ErrorCode.ALREADY_STARTED, "session already started")
+        if start.sample_rate not in SUPPORTED_SAMPLE_RATES:
+            raise p.ProtocolError(
+                p.ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+                f"sample_rate {start.sample_rate} not supported "
+                f"(supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))})")
+        if start.encoding not in p.ENCODINGS:
+            raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
+                                  f"encoding {start.encoding[:32]!r} not supported "
+                                  f"(supported: {', '.join(p.ENCODINGS)})")
+        if self.svc.draining:
+            raise p.ProtocolError(p.ErrorCode.SHUTTING_DOWN, "server is shutting down")
+        sid = uuid.uuid4().hex[:12]
+        self.session = Session(sid, start, self.svc, self.send)
+        await self.send(p.SessionStarted(sid, start.sample_rate, start.encoding,
+                                         start.turn_detection))

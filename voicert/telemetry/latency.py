@@ -1,0 +1,111 @@
+"""The one home of latency: the points a turn passes and the stage intervals between them.
+
+Other modules only *mark points* on a :class:`TurnTrace` (``trace.mark(Point.ENDPOINT)``), always from
+``time.perf_counter_ns()``. Every interval reported anywhere (``turn.latency``, logs, benchmarks) is
+computed here from those points, by the table :data:`STAGES`, so each is defined exactly once.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+
+class Point(enum.Enum):
+    """Instants in one turn, in the order a turn normally passes them."""
+
+    VOICE_END = "voice_end"
+    """Arrival of the audio frame holding the last voiced VAD window of the utterance."""
+    ENDPOINT = "endpoint"
+    """The endpoint decision: enough trailing silence, or ``audio.commit``."""
+    TRANSCRIPT = "transcript"
+    """The final transcript is back on the event loop from the ASR worker thread."""
+    SUBMIT = "submit"
+    """The request was handed to the LLM engine (``Engine.submit``)."""
+    PREFILL_START = "prefill_start"
+    """The engine thread picked the request up and began building its prompt and prefill."""
+    FIRST_TOKEN_SAMPLED = "first_token_sampled"
+    """The engine thread sampled the first output token (prefill forward + sampling done)."""
+    FIRST_TOKEN_RECEIVED = "first_token_received"
+    """The session's asyncio task received the first token event from the engine thread."""
+    FIRST_TOKEN_SENT = "first_token_sent"
+    """The frame carrying the first ``response.token`` was written to the socket."""
+    DONE = "done"
+    """The last token was sent and ``response.done`` written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stage:
+    name: str
+    start: Point
+    end: Point
+    doc: str
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("endpoint_ms", Point.VOICE_END, Point.ENDPOINT,
+          "last voiced audio received -> endpoint decision (mostly the configured trailing silence)"),
+    Stage("asr_ms", Point.ENDPOINT, Point.TRANSCRIPT,
+          "endpoint decision -> final transcript back on the event loop"),
+    Stage("queue_ms", Point.SUBMIT, Point.PREFILL_START,
+          "request handed to the engine -> engine thread starts on it"),
+    Stage("prefill_ms", Point.PREFILL_START, Point.FIRST_TOKEN_SAMPLED,
+          "engine starts the request -> first token sampled (tokenize + prefill forward + sample)"),
+    Stage("handoff_ms", Point.FIRST_TOKEN_SAMPLED, Point.FIRST_TOKEN_RECEIVED,
+          "first token sampled on the engine thread -> received by the session's asyncio task"),
+    Stage("first_token_ms", Point.SUBMIT, Point.FIRST_TOKEN_RECEIVED,
+          "request handed to the engine -> first token received in asyncio (the engine's TTFT)"),
+    Stage("send_ms", Point.FIRST_TOKEN_RECEIVED, Point.FIRST_TOKEN_SENT,
+          "first token received in asyncio -> its frame written to the socket"),
+    Stage("ttft_ms", Point.ENDPOINT, Point.FIRST_TOKEN_SENT,
+          "endpoint decision -> first token written to the socket (the budgeted figure)"),
+    Stage("voice_to_first_token_ms", Point.VOICE_END, Point.FIRST_TOKEN_SENT,
+          "last voiced audio received -> first token written to the socket"),
+    Stage("total_ms", Point.ENDPOINT, Point.DONE,
+          "endpoint decision -> reply finished"),
+)
+STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+
+
+def now_ns() -> int:
+    """The monotonic clock every latency figure uses."""
+    return time.perf_counter_ns()
+
+
+@dataclass(slots=True)
+class TurnTrace:
+    """Monotonic timestamps (ns) of one turn's points. Marks are first-write-wins."""
+
+    turn_id: int
+    points: dict[Point, int] = field(default_factory=dict)
+
+    def mark(self, point: Point, t_ns: int | None = None) -> None:
+        if point not in self.points:
+            self.points[point] = now_ns() if t_ns is None else t_ns
+
+    def has(self, point: Point) -> bool:
+        return point in self.points
+
+    def stages_ms(self) -> dict[str, float]:
+        """Every stage whose two points were both marked, in milliseconds (3 decimals)."""
+        out = {}
+        for stage in STAGES:
+            a, b = self.points.get(stage.start), self.points.get(stage.end)
+            if a is not None and b is not None:
+                out[stage.name] = round((b - a) / 1e6, 3)
+        return out
+
+
+def format_table(rows: list[dict[str, float]], names: tuple[str, ...] = STAGE_NAMES,
+                 labels: list[str] | None = None) -> str:
+    """A table in ms, one row per turn (labelled by ``labels`` or its index), one column per stage."""
+    cols = [n for n in names if any(n in r for r in rows)]
+    heads = [n.removesuffix("_ms") for n in cols]
+    widths = [max(len(h), 8) + 2 for h in heads]
+    labels = labels or [str(i) for i in range(len(rows))]
+    lines = ["turn" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
+    for label, r in zip(labels, rows):
+        lines.append(f"{label:<4}" + "".join(
+            f"{r[n]:>{w}.1f}" if n in r else f"{'-':>{w}}" for n, w in zip(cols, widths)))
+    return "\n".join(lines)
