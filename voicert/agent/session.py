@@ -47,6 +47,7 @@ class Turn:
     trace: TurnTrace
     task: asyncio.Task | None = None
     request_id: str = ""
+    cancel_requested: bool = False
     cancel_reason: str = "cancelled"
 
 
@@ -136,10 +137,17 @@ class Session:
             self._cancel(self.turn, "cancelled")
 
     def _cancel(self, turn: Turn, reason: str) -> None:
+        """Stop a turn. Once its request is in the engine, the engine is asked to stop and the turn
+        ends when the engine confirms (within one step, state freed); before that, the task is
+        cancelled outright."""
+        if turn.cancel_requested:
+            return
+        turn.cancel_requested = True
         turn.cancel_reason = reason
         if turn.request_id:
             self.svc.engine.cancel(turn.request_id)
-        turn.task.cancel()
+        else:
+            turn.task.cancel()
 
     async def _run_turn(self, turn: Turn, audio: np.ndarray, previous: Turn | None) -> None:
         if previous is not None and previous.task is not None:
@@ -177,10 +185,12 @@ class Session:
             async for ev in stream:
                 prompt_tokens = ev.prompt_tokens
                 if ev.finish_reason is not None:
-                    reason = ev.finish_reason
+                    reason = turn.cancel_reason if ev.finish_reason == "cancelled" else ev.finish_reason
                     if ev.error:
                         await self.emit(p.Error(p.ErrorCode.ENGINE_FAILED.value, ev.error))
                     break
+                if turn.cancel_requested:
+                    continue  # the engine stops within a step; tokens already made are dropped
                 if ev.index == 0:
                     trace.mark(Point.PREFILL_START, ev.prefill_start_ns)
                     trace.mark(Point.FIRST_TOKEN_SAMPLED, ev.sampled_ns)
@@ -189,7 +199,7 @@ class Session:
                 tokens += 1
                 await self.emit(p.ResponseToken(turn.turn_id, ev.index, ev.text))
                 trace.mark(Point.FIRST_TOKEN_SENT)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # only if cancelled from outside: free the engine anyway
             self.svc.engine.cancel(turn.request_id)
             reason = turn.cancel_reason
             raise

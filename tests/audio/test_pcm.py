@@ -1,0 +1,48 @@
+import numpy as np
+import pytest
+
+from voicert.audio.buffer import AudioBuffer
+from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm, encode_pcm16
+
+
+def test_pcm16_round_trip():
+    x = np.linspace(-0.9, 0.9, 101, dtype=np.float32)
+    y = decode_pcm(encode_pcm16(x), "pcm16")
+    assert np.abs(x - y).max() < 1e-4
+
+
+def test_f32_decodes_and_clips():
+    x = np.array([0.5, -2.0], np.float32)
+    assert decode_pcm(x.tobytes(), "f32").tolist() == [0.5, -1.0]
+
+
+@pytest.mark.parametrize("data, enc, msg", [
+    (b"\x00\x01\x02", "pcm16", "even byte count"),
+    (b"\x00" * 6, "f32", "multiple of 4"),
+    (np.array([np.nan], np.float32).tobytes(), "f32", "NaN"),
+    (np.array([np.inf], np.float32).tobytes(), "f32", "NaN or infinite"),
+])
+def test_bad_audio_raises(data, enc, msg):
+    with pytest.raises(AudioFormatError, match=msg):
+        decode_pcm(data, enc)
+
+
+@pytest.mark.parametrize("rate", [8000, 24000, 44100, 48000])
+def test_stream_resampler_keeps_duration_and_pitch(rate):
+    t = np.arange(rate * 2) / rate
+    x = np.sin(2 * np.pi * 440 * t).astype(np.float32)
+    rs = StreamResampler(rate)
+    y = np.concatenate([rs(x[i:i + rate // 50]) for i in range(0, x.size, rate // 50)])
+    assert abs(y.size - 32000) < 480  # soxr HQ holds back < 30 ms (its filter delay)
+    spectrum = np.abs(np.fft.rfft(y[1000:17000]))  # 16000 samples: 1 Hz per bin
+    assert abs(int(np.argmax(spectrum)) - 440) <= 2
+
+
+def test_buffer_slices_by_absolute_position():
+    b = AudioBuffer()
+    b.append(np.arange(10, dtype=np.float32))
+    b.trim_before(4)
+    b.append(np.arange(10, 15, dtype=np.float32))
+    assert b.base == 4 and b.end == 15
+    assert b.slice(2, 7).tolist() == [4, 5, 6]
+    assert b.slice(13, 99).tolist() == [13, 14]

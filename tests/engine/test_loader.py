@@ -1,0 +1,26 @@
+import pytest
+
+from voicert.config import ConfigError, cache_dir, load_config
+from voicert.engine.loader import MARKER, converted_dir, embedded_gguf, is_hf_dir, resolve_llm
+
+
+def test_embedded_gguf_is_found_without_importing_the_package():
+    path = embedded_gguf()
+    assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+
+
+def test_embedded_resolves_to_a_converted_checkpoint(services):
+    cfg = load_config(environ={})
+    out = resolve_llm("embedded", cache_dir(cfg.models))
+    assert out == converted_dir(embedded_gguf(), cache_dir(cfg.models))
+    assert (out / MARKER).is_file() and is_hf_dir(out)
+    assert (out / "tokenizer.json").is_file()
+    # an HF checkpoint dir given by config loads as it is
+    assert resolve_llm(str(out), cache_dir(cfg.models)) == out
+
+
+def test_bad_llm_specs_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        resolve_llm(str(tmp_path / "nope"), tmp_path)
+    with pytest.raises(ConfigError, match="neither an HF checkpoint dir"):
+        resolve_llm(str(tmp_path), tmp_path)

@@ -1,0 +1,270 @@
+"""End to end over a real socket on 127.0.0.1 with the real embedded models."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import urllib.error
+import urllib.request
+
+import msgpack
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.conftest import wav
+from voicert.client import stream_audio
+from voicert.protocol import native as p
+from voicert.server.app import STREAM_PATH, VoiceServer
+
+STAGES = ("endpoint_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "send_ms", "ttft_ms",
+          "voice_to_first_token_ms")
+
+
+@pytest.fixture(scope="module")
+async def server(services):
+    srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
+        services.cfg, server=dataclasses.replace(services.cfg.server, port=0,
+                                                 max_message_bytes=64 * 1024))))
+    await srv.start()
+    yield srv
+    await srv.shutdown()
+
+
+@pytest.fixture
+def url(server):
+    return f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
+
+
+async def one_turn(url, name="capital_of_france", **kw):
+    return await stream_audio(url, [wav(name)], realtime=False, **kw)
+
+
+async def assert_server_still_serves(url):
+    """A fresh session on the same server completes a full turn."""
+    result = await one_turn(url)
+    assert not result.errors
+    turn = result.turns[0]
+    assert "paris" in turn.reply.lower(), turn.reply
+    assert turn.done["finish_reason"] == "stop"
+
+
+async def recv_until(ws, kind, limit=200):
+    for _ in range(limit):
+        msg = p.decode_server(await asyncio.wait_for(ws.recv(), 60))
+        if msg["type"] == kind:
+            return msg
+    raise AssertionError(f"no {kind}")
+
+
+# ------------------------------------------------------------------ the happy path
+
+
+async def test_capital_of_france_then_history_carries_to_the_next_turn(url):
+    result = await stream_audio(url, [wav("capital_of_france"), wav("what_about_germany")],
+                                realtime=False)
+    assert not result.errors, result.errors
+    first, second = result.turns
+    words = first.transcript.lower()
+    assert "capital" in words and "france" in words
+    assert "paris" in first.reply.lower()
+    assert first.done["text"] == first.reply.strip()
+    # turn 2 only makes sense with turn 1 in the prompt: "And what about Germany?"
+    assert "germany" in second.transcript.lower()
+    assert "berlin" in second.reply.lower(), second.reply
+    assert second.done["prompt_tokens"] > first.done["prompt_tokens"] + 10
+    kinds = [e["type"] for e in result.events]
+    assert kinds.count("vad.speech_started") == 2 and kinds.count("vad.speech_stopped") == 2
+    for turn in (first, second):
+        for stage in STAGES:
+            assert turn.latency[stage] > 0, (stage, turn.latency)
+        lat = turn.latency
+        assert lat["ttft_ms"] >= lat["asr_ms"] + lat["first_token_ms"]
+        assert lat["voice_to_first_token_ms"] > lat["ttft_ms"]
+    tokens = [e for e in result.events if e["type"] == "response.token" and e["turn_id"] == 1]
+    assert [t["index"] for t in tokens] == list(range(first.done["tokens"]))
+
+
+async def test_json_text_frames_and_48k_float_audio(url):
+    x, _ = wav("capital_of_france")
+    import soxr
+
+    x48 = soxr.resample(x, 16000, 48000).astype(np.float32)
+    async with connect(url) as ws:
+        await ws.send(json.dumps({"type": "session.start", "sample_rate": 48000, "encoding": "f32"}))
+        started = json.loads(await ws.recv())
+        assert started["type"] == "session.started" and started["sample_rate"] == 48000
+        audio = np.concatenate([x48, np.zeros(48000, np.float32)])
+        for i in range(0, audio.size, 960):
+            await ws.send(p.encode(p.Audio(audio[i:i + 960].tobytes()), binary=False))
+        final = await recv_until(ws, "transcript.final")
+        assert "france" in final["text"].lower()
+        done = await recv_until(ws, "response.done")
+        assert "paris" in done["text"].lower()
+
+
+async def test_push_to_talk_commit_ends_the_turn(url):
+    x, rate = wav("capital_of_france")
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(sample_rate=rate, turn_detection="manual")))
+        await recv_until(ws, "session.started")
+        for frame in np.array_split(x, 50):
+            await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
+        await ws.send(p.encode(p.AudioCommit()))
+        final = await recv_until(ws, "transcript.final")
+        assert "capital" in final["text"].lower()
+        done = await recv_until(ws, "response.done")
+        assert "paris" in done["text"].lower()
+
+
+async def test_response_cancel_stops_the_reply(url, services):
+    x, rate = wav("count_to_five")
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(
+            sample_rate=rate, system_prompt="Answer at great length, with many details.",
+            max_new_tokens=400)))
+        await recv_until(ws, "session.started")
+        for frame in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 60):
+            await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
+        await recv_until(ws, "response.token")
+        await ws.send(p.encode(p.ResponseCancel()))
+        done = await recv_until(ws, "response.done")
+        assert done["finish_reason"] == "cancelled"
+        assert done["tokens"] < 400
+    assert not services.engine.live_requests()
+
+
+# ------------------------------------------------------------------ bad input
+
+
+async def expect_error(url, frames, code):
+    async with connect(url) as ws:
+        for f in frames:
+            await ws.send(f)
+        msg = await recv_until(ws, "error")
+        assert msg["code"] == code.value, msg
+        assert msg["message"]
+        # the connection stays usable after a non-fatal error
+        await ws.send(p.encode(p.SessionEnd()))
+    return msg
+
+
+async def test_non_msgpack_bytes(url):
+    await expect_error(url, [b"\xc1\x00\xffnot msgpack"], p.ErrorCode.MALFORMED)
+    await assert_server_still_serves(url)
+
+
+async def test_unknown_type(url):
+    msg = await expect_error(url, [msgpack.packb({"type": "audio.explode"})], p.ErrorCode.UNKNOWN_TYPE)
+    assert "audio.explode" in msg["message"]
+    await assert_server_still_serves(url)
+
+
+async def test_audio_before_session_start(url):
+    await expect_error(url, [p.encode(p.Audio(b"\x00\x00" * 320))], p.ErrorCode.NO_SESSION)
+    await assert_server_still_serves(url)
+
+
+async def test_unsupported_sample_rate(url):
+    msg = await expect_error(url, [p.encode(p.SessionStart(sample_rate=12345))],
+                             p.ErrorCode.UNSUPPORTED_SAMPLE_RATE)
+    assert "16000" in msg["message"]
+    await assert_server_still_serves(url)
+
+
+async def test_unsupported_encoding(url):
+    await expect_error(url, [msgpack.packb({"type": "session.start", "encoding": "opus"})],
+                       p.ErrorCode.UNSUPPORTED_ENCODING)
+    await assert_server_still_serves(url)
+
+
+async def test_odd_byte_count_audio(url):
+    await expect_error(url, [p.encode(p.SessionStart()), p.encode(p.Audio(b"\x00\x01\x02"))],
+                       p.ErrorCode.BAD_AUDIO)
+    await assert_server_still_serves(url)
+
+
+async def test_message_over_the_size_limit_closes_with_1009(url, server):
+    limit = server.cfg.server.max_message_bytes
+    async with connect(url, max_size=None) as ws:
+        await ws.send(p.encode(p.SessionStart()))
+        await recv_until(ws, "session.started")
+        await ws.send(p.encode(p.Audio(b"\x00" * (limit + 2))))
+        with pytest.raises(ConnectionClosed):
+            for _ in range(10):
+                await asyncio.wait_for(ws.recv(), 10)
+        assert ws.close_code == 1009
+    await assert_server_still_serves(url)
+
+
+async def test_disconnect_mid_reply_stops_generation_and_frees_state(url, services):
+    engine = services.engine
+    cancelled_before = engine.stats().cancelled
+    x, rate = wav("count_to_five")
+    ws = await connect(url)
+    await ws.send(p.encode(p.SessionStart(
+        sample_rate=rate, system_prompt="Answer at great length, with many details.",
+        max_new_tokens=400)))
+    await recv_until(ws, "session.started")
+    for frame in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 60):
+        await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
+    await recv_until(ws, "response.token")
+    assert engine.live_requests()
+    ws.transport.abort()  # abrupt: no close frame
+    for _ in range(100):
+        if not engine.live_requests():
+            break
+        await asyncio.sleep(0.05)
+    assert not engine.live_requests()
+    assert engine.stats().cancelled == cancelled_before + 1
+    await assert_server_still_serves(url)
+
+
+# ------------------------------------------------------------------ HTTP routes and lifecycle
+
+
+def _get(url):
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+async def test_health_ready_and_unknown_routes(server):
+    base = f"http://127.0.0.1:{server.port}"
+    assert await asyncio.to_thread(_get, base + "/healthz") == (200, "ok\n")
+    assert (await asyncio.to_thread(_get, base + "/readyz"))[0] == 200
+    assert (await asyncio.to_thread(_get, base + "/nope"))[0] == 404
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(f"ws://127.0.0.1:{server.port}/elsewhere"):
+            pass
+    assert info.value.response.status_code == 404
+
+
+async def test_graceful_shutdown_lets_the_running_turn_finish(services):
+    svc = dataclasses.replace(services, cfg=dataclasses.replace(
+        services.cfg, server=dataclasses.replace(services.cfg.server, port=0, shutdown_grace_s=30)))
+    srv = VoiceServer(svc)
+    await srv.start()
+    url = f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"
+    x, rate = wav("capital_of_france")
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(sample_rate=rate)))
+        await recv_until(ws, "session.started")
+        for frame in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 60):
+            await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
+        await recv_until(ws, "transcript.final")
+        shutdown = asyncio.create_task(srv.shutdown())
+        done = await recv_until(ws, "response.done")
+        assert done["finish_reason"] == "stop" and "paris" in done["text"].lower()
+        with pytest.raises(ConnectionClosed):
+            for _ in range(10):
+                await asyncio.wait_for(ws.recv(), 10)
+        assert ws.close_code == 1001
+    await asyncio.wait_for(shutdown, 30)
+    with pytest.raises(OSError):
+        async with connect(url, open_timeout=2):
+            pass

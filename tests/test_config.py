@@ -1,0 +1,50 @@
+import pytest
+
+from voicert.config import ConfigError, env_overrides, load_config
+
+
+def test_default_yaml_loads_and_matches_dataclass_defaults():
+    cfg = load_config(environ={})
+    assert cfg.server.port == 8765
+    assert cfg.models.llm == "embedded"
+    assert cfg.vad.min_silence_ms == 400
+
+
+def test_env_overrides_file_and_flags_override_env(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("server:\n  port: 9001\nllm:\n  max_new_tokens: 10\n")
+    cfg = load_config(f, {"llm.max_new_tokens": "20"}, environ={"VOICERT_SERVER__PORT": "9002",
+                                                                  "VOICERT_LLM__MAX_NEW_TOKENS": "15"})
+    assert cfg.server.port == 9002
+    assert cfg.llm.max_new_tokens == 20
+
+
+def test_env_names_map_to_dotted_keys():
+    assert env_overrides({"VOICERT_VAD__MIN_SILENCE_MS": "300", "OTHER": "x"}) == {
+        "vad.min_silence_ms": "300"}
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"server.port": "70000"}, "server.port"),
+    ({"server.port": "abc"}, "expected int"),
+    ({"server.nope": "1"}, "server.nope: unknown key"),
+    ({"vad.threshold": "1.5"}, "vad.threshold"),
+    ({"llm.device": "tpu"}, "llm.device"),
+    ({"port": "1"}, "section.key"),
+])
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
+        load_config(None, overrides, environ={})
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "absent.yaml", environ={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("server: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad, environ={})
+    scalar = tmp_path / "scalar.yaml"
+    scalar.write_text("server: 5\n")
+    with pytest.raises(ConfigError, match="expected a mapping"):
+        load_config(scalar, environ={})
