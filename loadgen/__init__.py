@@ -1,0 +1,1 @@
+"""voicert load generator: simulated callers streaming real speech over the native protocol."""
