@@ -1,0 +1,150 @@
+"""Scheduler bookkeeping with a deterministic stand-in for the model's argmax (no torch)."""
+
+from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.engine.kv_cache import BlockManager
+from voicert.engine.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.sequence import Sequence, Status
+
+STOP = 2
+
+
+def next_token(prefix: list[int]) -> int:
+    """What a greedy 'model' emits after ``prefix``; repeats with period 6 so n-grams match."""
+    return 10 + (len(prefix) % 6)
+
+
+def sample(step) -> list[list[int]]:
+    if step.kind == "prefill":
+        return [[next_token(c.seq.tokens[:c.end])] if c.samples else [] for c in step.chunks]
+    out = []
+    for s in step.seqs:
+        ctx = list(s.tokens)
+        row = []
+        for d in [None, *s.draft]:
+            if d is not None:
+                ctx.append(d)
+            row.append(next_token(ctx))
+        out.append(row)
+    return out
+
+
+def run_all(sched: Scheduler, steps: list | None = None) -> None:
+    while sched.has_work():
+        step, failed = sched.schedule()
+        assert not failed
+        if steps is not None:
+            steps.append(step)
+        sched.postprocess(step, sample(step))
+
+
+def seq(name: str, n_prompt: int, max_new: int = 10, first: int = 100) -> Sequence:
+    req = GenerationRequest(name, [ChatMessage("user", name)], max_new)
+    return Sequence(req, list(range(first, first + n_prompt)))
+
+
+def reference(n_prompt: int, max_new: int, first: int = 100) -> list[int]:
+    toks = list(range(first, first + n_prompt))
+    for _ in range(max_new):
+        toks.append(next_token(toks))
+    return toks[n_prompt:]
+
+
+def test_single_sequence_generates_greedy_tokens():
+    sched = Scheduler(BlockManager(64, 4), SchedulerConfig(), {STOP})
+    s = seq("a", 7)
+    sched.add(s)
+    run_all(sched)
+    assert s.finish_reason == "length" and s.tokens[7:] == reference(7, 10)
+    assert sched.blocks.available == 63  # everything free or cached-evictable again
+
+
+def test_chunked_prefill_stays_within_budget_and_alternates_with_decode():
+    sched = Scheduler(BlockManager(256, 4), SchedulerConfig(prefill_token_budget=16), {STOP})
+    short = seq("short", 5, max_new=30)
+    sched.add(short)
+    steps: list = []
+    step, _ = sched.schedule()
+    sched.postprocess(step, sample(step))  # short is now decoding
+    long = seq("long", 50, first=500)
+    sched.add(long)
+    run_all(sched, steps)
+    prefill_steps = [st for st in steps if st.kind == "prefill"]
+    assert len(prefill_steps) == 4  # 50 tokens in chunks of <= 16
+    for st in prefill_steps:
+        assert len(st.chunks) * max(c.end - c.start for c in st.chunks) <= 16
+    kinds = [st.kind for st in steps[:8]]
+    assert kinds == ["decode", "prefill"] * 4  # decode never waits more than one chunk
+    assert short.tokens[5:] == reference(5, 30)
+    assert long.tokens[50:] == reference(50, 10, first=500)
+
+
+def test_batched_equals_one_at_a_time():
+    lone = []
+    for i, n in enumerate([3, 9, 17]):
+        sched = Scheduler(BlockManager(64, 4), SchedulerConfig(), {STOP})
+        s = seq(f"s{i}", n, first=100 * (i + 1))
+        sched.add(s)
+        run_all(sched)
+        lone.append(s.tokens)
+    sched = Scheduler(BlockManager(64, 4), SchedulerConfig(), {STOP})
+    together = [seq(f"s{i}", n, first=100 * (i + 1)) for i, n in enumerate([3, 9, 17])]
+    for s in together:
+        sched.add(s)
+    run_all(sched)
+    assert [s.tokens for s in together] == lone
+
+
+def test_speculation_equals_greedy_and_accepts_repeating_text():
+    sched = Scheduler(BlockManager(64, 4), SchedulerConfig(spec_tokens=4), {STOP})
+    s = seq("spec", 12, max_new=40)
+    sched.add(s)
+    run_all(sched)
+    assert s.tokens[12:] == reference(12, 40)
+    assert sched.spec.acceptance_rate > 0.5
+    assert sched.spec.mean_accepted_length > 2
+
+
+def test_cancel_frees_blocks_everywhere():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, SchedulerConfig(max_batch=1), {STOP})
+    a, b = seq("a", 9), seq("b", 9, first=300)
+    sched.add(a)
+    sched.add(b)
+    step, _ = sched.schedule()
+    sched.postprocess(step, sample(step))
+    assert sched.cancel("b").finish_reason == "cancelled"  # still waiting
+    assert sched.cancel("a").finish_reason == "cancelled"  # running
+    assert sched.cancel("zzz") is None
+    assert not sched.has_work()
+    assert bm.available == 63
+
+
+def test_preemption_under_memory_pressure_keeps_outputs_exact():
+    # 9 usable blocks of 4 slots: two sequences that each grow to 8 blocks cannot both fit.
+    bm = BlockManager(10, 4)
+    sched = Scheduler(bm, SchedulerConfig(), {STOP})
+    a, b = seq("a", 10, max_new=20), seq("b", 10, max_new=20, first=700)
+    sched.add(a)
+    sched.add(b)
+    run_all(sched)
+    assert sched.preemptions > 0
+    assert a.tokens[10:] == reference(10, 20)
+    assert b.tokens[10:] == reference(10, 20, first=700)
+    assert bm.available == 9
+
+
+def test_stop_token_ends_the_sequence_without_emitting_it():
+    sched = Scheduler(BlockManager(64, 4), SchedulerConfig(), {12})
+    s = seq("stop", 5, max_new=50)  # next tokens: 15, 10, 11, 12 -> stop
+    sched.add(s)
+    run_all(sched)
+    assert s.finish_reason == "stop" and s.tokens[5:] == [15, 10, 11]
+    assert s.status is Status.FINISHED
+
+
+def test_prompt_that_can_never_fit_fails_cleanly():
+    sched = Scheduler(BlockManager(3, 4), SchedulerConfig(), {STOP})
+    s = seq("huge", 40)
+    sched.add(s)
+    step, failed = sched.schedule()
+    assert step is None and failed == [s] and s.finish_reason == "error"

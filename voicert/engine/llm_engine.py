@@ -1,0 +1,217 @@
+"""The fast engine: continuous batching over a paged, prefix-cached KV pool, greedy decoding with
+optional n-gram speculation, on its own thread. Same :class:`~voicert.engine.base.Engine` interface as
+the simple engine. One step is three lines: schedule, run, postprocess.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import torch
+
+from voicert.engine.base import ChatMessage, EngineStats, GenerationRequest, TokenEvent
+from voicert.engine.detok import IncrementalDetokenizer
+from voicert.engine.kv_cache import BlockManager
+from voicert.engine.models.llama import LlamaModel, load_llama
+from voicert.engine.runner import ModelRunner
+from voicert.engine.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.sequence import Sequence
+from voicert.engine.simple import TokenStream, build_prompt, stop_token_ids
+
+log = logging.getLogger(__name__)
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_blocks: int = 0  # 0: from kv_memory_gb (CPU) or free GPU memory
+    kv_memory_gb: float = 1.0  # CPU KV pool size when num_blocks is 0
+    gpu_memory_fraction: float = 0.85  # of free GPU memory, after weights, for the KV pool
+    max_batch: int = 64
+    prefill_token_budget: int = 512
+    batch_window_ms: float = 0.0  # an idle engine waits this long for more arrivals
+    spec_tokens: int = 0  # n-gram drafts per decode step; 0 disables speculation
+    max_context_tokens: int = 2048
+    int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
+
+
+class LLMEngine:
+    def __init__(self, model_dir: str, cfg: EngineConfig, model: LlamaModel | None = None,
+                 tokenizer=None) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.cfg = cfg
+        t0 = time.perf_counter()
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+        self.model = model or load_llama(model_dir, _DTYPES[cfg.dtype], cfg.device)
+        if cfg.int8:
+            if cfg.device != "cpu":
+                raise ValueError("int8 dynamic quantization is a CPU option")
+            self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear},
+                                                                dtype=torch.qint8)
+        hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
+        self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
+        num_blocks = cfg.num_blocks or self._pool_blocks()
+        self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size)
+        self.scheduler = Scheduler(self.blocks, SchedulerConfig(
+            cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens), self.stop_ids)
+        log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
+                 cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._live: set[str] = set()
+        self._stats = EngineStats()
+        self.step_batch_sizes: list[int] = []
+        self._thread = threading.Thread(target=self._loop, name="voicert-engine", daemon=True)
+        self._thread.start()
+
+    def _pool_blocks(self) -> int:
+        per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,
+                                                   _DTYPES[self.cfg.dtype])
+        if self.cfg.device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info()
+            budget = free * self.cfg.gpu_memory_fraction
+        else:
+            budget = self.cfg.kv_memory_gb * (1 << 30)
+        return max(int(budget // per_block), 2)
+
+    # ------------------------------------------------------------ the Engine interface (event loop)
+
+    def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
+        stream = TokenStream(asyncio.get_running_loop())
+        request.submit_ns = time.perf_counter_ns()
+        with self._lock:
+            self._live.add(request.request_id)
+            self._stats.submitted += 1
+        self._inbox.put(("submit", request, stream))
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        self._inbox.put(("cancel", request_id, None))
+
+    def stats(self) -> EngineStats:
+        with self._lock:
+            s = EngineStats(len(self._live), self._stats.submitted, self._stats.finished,
+                            self._stats.cancelled, self._stats.tokens)
+        spec = self.scheduler.spec
+        s.extra = {"prefix_hit_ratio": self.blocks.stats.hit_ratio,
+                   "spec_acceptance_rate": spec.acceptance_rate,
+                   "spec_mean_accepted_length": spec.mean_accepted_length,
+                   "kv_blocks_free": float(self.blocks.available)}
+        return s
+
+    def live_requests(self) -> set[str]:
+        with self._lock:
+            return set(self._live)
+
+    def close(self) -> None:
+        self._inbox.put(("stop", None, None))
+        self._thread.join(timeout=10)
+
+    def warmup(self) -> None:
+        """Run a short request through the whole path once (blocking)."""
+        done = threading.Event()
+
+        class _Sink:
+            def put_threadsafe(self, ev: TokenEvent) -> None:
+                if ev.finish_reason is not None:
+                    done.set()
+
+        req = GenerationRequest("warmup", [ChatMessage("user", "Hello")], 4)
+        req.submit_ns = time.perf_counter_ns()
+        with self._lock:
+            self._live.add(req.request_id)
+        self._inbox.put(("submit", req, _Sink()))
+        done.wait(120)
+
+    # ------------------------------------------------------------ the engine thread
+
+    def _loop(self) -> None:
+        sched = self.scheduler
+        while True:
+            block = not sched.has_work()
+            if not self._drain_inbox(block):
+                return
+            if block and self.cfg.batch_window_ms > 0:  # idle engine: gather a batch
+                deadline = time.perf_counter() + self.cfg.batch_window_ms / 1000
+                while (left := deadline - time.perf_counter()) > 0:
+                    if not self._drain_inbox(True, timeout=left):
+                        return
+            try:
+                self._step()
+            except Exception as exc:  # fail the requests in flight, keep serving
+                log.exception("engine step failed")
+                for seq in list(sched.running) + list(sched.waiting):
+                    sched.cancel(seq.id)
+                    self._end(seq, "error", str(exc))
+
+    def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
+        """Apply queued submits and cancels; False when asked to stop."""
+        try:
+            item = self._inbox.get(block=block, timeout=timeout)
+        except queue.Empty:
+            return True
+        while True:
+            kind, payload, stream = item
+            if kind == "stop":
+                return False
+            if kind == "submit":
+                self._admit(payload, stream)
+            else:
+                seq = self.scheduler.cancel(payload)
+                if seq is not None:
+                    self._end(seq, "cancelled")
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _admit(self, request: GenerationRequest, stream) -> None:
+        budget = self.cfg.max_context_tokens - request.max_new_tokens
+        prompt = build_prompt(self.tokenizer, request.messages, budget)
+        seq = Sequence(request, prompt, stream=stream, arrival_ns=time.perf_counter_ns(),
+                       detok=IncrementalDetokenizer(self.tokenizer))
+        self.scheduler.add(seq)
+
+    def _step(self) -> None:
+        step, failed = self.scheduler.schedule()
+        for seq in failed:
+            self._end(seq, "error", "prompt does not fit in the KV pool")
+        if step is None:
+            return
+        now = time.perf_counter_ns()
+        for chunk in step.chunks:
+            if not chunk.seq.prefill_start_ns:
+                chunk.seq.prefill_start_ns = now
+        self.step_batch_sizes.append(len(step.chunks) + len(step.seqs))
+        sampled = self.runner.run(step)
+        emitted = self.scheduler.postprocess(step, sampled)
+        sampled_ns = time.perf_counter_ns()
+        for seq, tokens in emitted:
+            first = seq.num_generated - len(tokens)
+            for j, tok in enumerate(tokens):
+                seq.stream.put_threadsafe(TokenEvent(first + j, tok, seq.detok.push(tok), sampled_ns,
+                                                     seq.prefill_start_ns, len(seq.prompt)))
+            if seq.finish_reason is not None:
+                self._end(seq, seq.finish_reason)
+
+    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        with self._lock:
+            self._live.discard(seq.id)
+            self._stats.finished += 1
+            self._stats.tokens += seq.num_generated
+            if reason == "cancelled":
+                self._stats.cancelled += 1
+        seq.stream.put_threadsafe(TokenEvent(
+            seq.num_generated, -1, "", time.perf_counter_ns(), seq.prefill_start_ns or 0,
+            len(seq.prompt), finish_reason=reason, error=error))

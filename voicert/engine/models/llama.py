@@ -1,0 +1,254 @@
+"""The Llama family in plain torch: Llama 2/3.x, SmolLM2, Mistral, Qwen2/2.5 (one block, small switches).
+
+Attention reads and writes a paged KV pool (see ``voicert.engine.kv_cache``): each forward writes the new
+tokens' K/V into their slots, then attends over each sequence's blocks through its block table. One
+code path serves prefill, chunked prefill on top of a cached prefix, batched decode and speculative
+verification. Shapes: B sequences, Q new tokens per sequence (right-padded), L = max_blocks * block_size.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True, slots=True)
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position: int
+    tie_word_embeddings: bool
+    attention_bias: bool = False  # Qwen2: q/k/v have biases
+    rope_scaling: dict | None = None  # llama3-style frequency scaling
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "LlamaConfig":
+        """From an HF ``config.json`` dict (transformers 4.x and 5.x spellings)."""
+        kind = cfg.get("model_type", "llama")
+        if kind not in ("llama", "mistral", "qwen2"):
+            raise ValueError(f"model_type {kind!r} is not a Llama-family model this engine runs")
+        rope = cfg.get("rope_parameters") or {}
+        theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
+        scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type") == "llama3" else None)
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in ("llama3",
+                                                                                         "default"):
+            raise ValueError(f"rope scaling {scaling} is not supported")
+        heads = cfg["num_attention_heads"]
+        return cls(
+            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
+            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+            max_position=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=cfg.get("tie_word_embeddings", False),
+            attention_bias=cfg.get("attention_bias", kind == "qwen2"),
+            rope_scaling=scaling if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3"
+            else None)
+
+
+def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
+    """[D/2] inverse frequencies, with llama3 long-context scaling when configured."""
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    s = cfg.rope_scaling
+    if not s:
+        return inv.float()
+    factor, lo, hi = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old = s["original_max_position_embeddings"]
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+    return torch.where(medium, smoothed, scaled).float()
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [B, Q, H, D]; cos/sin: [B, Q, 1, D/2]. The half-split (rotate_half) convention of HF."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return out.to(x.dtype)
+
+
+@dataclass(slots=True)
+class AttnInputs:
+    """Per-forward attention metadata, built by the model runner.
+
+    positions:     [B, Q] int64, absolute position of each new token
+    slots:         [B*Q] int64, flat KV-pool slot (block * block_size + offset) each new token writes;
+                   padding tokens write the scratch slot 0
+    block_tables:  [B, MB] int64, the blocks of each sequence (padded with 0)
+    mask:          [B, 1, Q, L] bool, True where query q of sequence b may attend to key position l
+    """
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    block_tables: torch.Tensor
+    mask: torch.Tensor
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d,
+                             bias=cfg.attention_bias)
+        self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
+                k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        # x: [B, Q, hidden]; k_pool/v_pool: [NB, BS, KVH, D] (this layer's slice of the pool)
+        b, q_len, _ = x.shape
+        q, k, v = self.qkv(x).split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
+        q = rotate(q.view(b, q_len, self.h, self.d), cos, sin)  # [B, Q, H, D]
+        k = rotate(k.view(b, q_len, self.kvh, self.d), cos, sin)  # [B, Q, KVH, D]
+        v = v.view(b, q_len, self.kvh, self.d)
+        nb, bs = k_pool.shape[:2]
+        k_pool.view(nb * bs, self.kvh, self.d).index_copy_(0, inp.slots, k.reshape(-1, self.kvh, self.d))
+        v_pool.view(nb * bs, self.kvh, self.d).index_copy_(0, inp.slots, v.reshape(-1, self.kvh, self.d))
+        mb = inp.block_tables.shape[1]
+        keys = k_pool[inp.block_tables].view(b, mb * bs, self.kvh, self.d).transpose(1, 2)  # [B,KVH,L,D]
+        vals = v_pool[inp.block_tables].view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=inp.mask,
+                                             enable_gqa=self.h != self.kvh)  # [B, H, Q, D]
+        return self.o(out.transpose(1, 2).reshape(b, q_len, self.h * self.d))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
+                v_pool: torch.Tensor) -> torch.Tensor:
+        """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
+        freqs = inp.positions.unsqueeze(-1).float() * self.inv_freq  # [B, Q, D/2]
+        cos, sin = freqs.cos().unsqueeze(2), freqs.sin().unsqueeze(2)  # [B, Q, 1, D/2]
+        h = self.embed(input_ids)
+        for i, layer in enumerate(self.layers):
+            h = h + layer.attn(layer.attn_norm(h), cos, sin, inp, k_pool[i], v_pool[i])
+            h = h + layer.mlp(layer.mlp_norm(h))
+        return self.norm(h)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [..., hidden] -> logits [..., vocab] in float32."""
+        return self.lm_head(hidden).float()
+
+
+def _hf_to_ours(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
+    """Rename HF Llama weights and fuse q/k/v and gate/up."""
+    out = {"embed.weight": state["model.embed_tokens.weight"], "norm.weight": state["model.norm.weight"]}
+    if not cfg.tie_word_embeddings:
+        out["lm_head.weight"] = state["lm_head.weight"]
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        a = p + "self_attn."
+        out[f"layers.{i}.attn.qkv.weight"] = torch.cat(
+            [state[a + "q_proj.weight"], state[a + "k_proj.weight"], state[a + "v_proj.weight"]])
+        if cfg.attention_bias:
+            out[f"layers.{i}.attn.qkv.bias"] = torch.cat(
+                [state[a + "q_proj.bias"], state[a + "k_proj.bias"], state[a + "v_proj.bias"]])
+        out[f"layers.{i}.attn.o.weight"] = state[a + "o_proj.weight"]
+        out[f"layers.{i}.mlp.gate_up.weight"] = torch.cat(
+            [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
+        out[f"layers.{i}.mlp.down.weight"] = state[p + "mlp.down_proj.weight"]
+        out[f"layers.{i}.attn_norm.weight"] = state[p + "input_layernorm.weight"]
+        out[f"layers.{i}.mlp_norm.weight"] = state[p + "post_attention_layernorm.weight"]
+    return out
+
+
+def load_llama(model_dir: str | Path, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> LlamaModel:
+    """Build the model from an HF checkpoint dir (config.json + *.safetensors)."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    with torch.device("meta"):
+        model = LlamaModel(cfg)
+    model.load_state_dict(_hf_to_ours(state, cfg), assign=True, strict=False)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    model.inv_freq = rope_inv_freq(cfg)  # the buffer was built on the meta device
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"{model_dir}: weights missing for {missing[:3]}")
+    model = model.to(device=device, dtype=dtype).eval()
+    model.inv_freq = rope_inv_freq(cfg).to(device)  # RoPE angles stay in float32
+    return model
+
+
+def random_llama(cfg: LlamaConfig, dtype: torch.dtype, device: str | torch.device,
+                 seed: int = 0) -> LlamaModel:
+    """Random weights of a real architecture, for timing only (label results 'random weights')."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = LlamaModel(cfg)
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.02)
+    for n, p in model.named_parameters():
+        if n.endswith("norm.weight"):
+            torch.nn.init.ones_(p)
+    model = model.to(dtype=dtype).eval()
+    model.inv_freq = rope_inv_freq(cfg).to(device)  # RoPE angles stay in float32
+    return model

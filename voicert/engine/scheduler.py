@@ -1,0 +1,250 @@
+"""Continuous batching: which sequences run in the next forward, and what their results mean.
+
+Plain Python over token ids and block ids (no torch), unit-tested on the CPU. Each engine step is
+either a *prefill* step (prompt chunks of newly admitted sequences, padded cost within
+``prefill_token_budget``) or a *decode* step (every running sequence, one token plus any speculative
+drafts). When both are pending they alternate, so a long prompt never holds others' decoding back by
+more than one budget-sized chunk.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from voicert.engine.kv_cache import BlockManager, OutOfBlocks
+from voicert.engine.sequence import Sequence, Status
+from voicert.engine.speculative import accept_greedy, ngram_propose
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    max_batch: int = 64  # sequences decoding together
+    prefill_token_budget: int = 512  # padded prompt tokens per prefill step
+    spec_tokens: int = 0  # n-gram prompt-lookup drafts per decode step (0: plain greedy)
+
+    def __post_init__(self) -> None:
+        if self.max_batch < 1 or self.prefill_token_budget < 1 or self.spec_tokens < 0:
+            raise ValueError("scheduler limits must be positive")
+
+
+@dataclass(slots=True)
+class Chunk:
+    seq: Sequence
+    start: int  # compute tokens[start:end] this step
+    end: int
+
+    @property
+    def samples(self) -> bool:
+        """The chunk finishes the sequence's pending tokens, so its last logits give a token."""
+        return self.end == len(self.seq.tokens)
+
+
+@dataclass(slots=True)
+class Step:
+    kind: str  # "prefill" | "decode"
+    chunks: list[Chunk] = field(default_factory=list)  # prefill
+    seqs: list[Sequence] = field(default_factory=list)  # decode; each seq.draft is set
+
+
+@dataclass(slots=True)
+class SpecStats:
+    seq_steps: int = 0  # (sequence, decode step) pairs
+    proposed: int = 0
+    accepted: int = 0
+    emitted: int = 0  # tokens produced by decode steps (accepted drafts + target tokens)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafts / proposed drafts."""
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a sequence gains per decode step (1.0 without speculation)."""
+        return self.emitted / self.seq_steps if self.seq_steps else 0.0
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, cfg: SchedulerConfig, stop_ids: set[int]) -> None:
+        self.blocks = blocks
+        self.cfg = cfg
+        self.stop_ids = stop_ids
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.spec = SpecStats()
+        self._last_prefill = False
+        self.preemptions = 0
+
+    # ---------------------------------------------------------------- requests
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = Status.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def cancel(self, request_id: str) -> Sequence | None:
+        """Remove a request wherever it is and free its blocks. Returns it, or None if unknown."""
+        for seq in self.waiting:
+            if seq.id == request_id:
+                self.waiting.remove(seq)
+                return self._finish(seq, "cancelled")
+        for seq in self.running:
+            if seq.id == request_id:
+                return self._finish(seq, "cancelled")
+        return None
+
+    def _finish(self, seq: Sequence, reason: str) -> Sequence:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.blocks is not None:
+            self.blocks.free_seq(seq.blocks)
+            seq.blocks = None
+        return seq
+
+    # ---------------------------------------------------------------- scheduling
+
+    def _admit(self) -> list[Sequence]:
+        """Give waiting sequences their blocks (prefix-cache hits included). Returns any that can
+        never fit and were finished with an error."""
+        failed = []
+        while self.waiting and len(self.running) < self.cfg.max_batch:
+            seq = self.waiting[0]
+            try:
+                seq.blocks, cached = self.blocks.allocate(seq.tokens, reserve=1)
+            except OutOfBlocks:
+                if not self.running:  # nothing will ever free up: it cannot fit at all
+                    self.waiting.popleft()
+                    failed.append(self._finish(seq, "error"))
+                    continue
+                break
+            self.waiting.popleft()
+            seq.num_computed = cached
+            if not seq.prefill_start_ns:
+                seq.cached_tokens = cached
+            seq.status = Status.PREFILL
+            self.running.append(seq)
+        return failed
+
+    def schedule(self) -> tuple[Step | None, list[Sequence]]:
+        """The next step (None if idle) and sequences that failed admission."""
+        failed = self._admit()
+        prefills = [s for s in self.running if s.status is Status.PREFILL]
+        decodes = [s for s in self.running if s.status is Status.DECODE]
+        if prefills and not (decodes and self._last_prefill):
+            self._last_prefill = True
+            return self._prefill_step(prefills), failed
+        self._last_prefill = False
+        if decodes:
+            return self._decode_step(decodes), failed
+        return None, failed
+
+    def _prefill_step(self, seqs: list[Sequence]) -> Step:
+        budget = self.cfg.prefill_token_budget
+        chunks: list[Chunk] = []
+        width = 0
+        for seq in seqs:
+            todo = len(seq.tokens) - seq.num_computed
+            if not chunks:
+                n = min(todo, budget)
+            else:
+                n = min(todo, width)  # later rows must not widen the padded batch
+                if n < todo or (len(chunks) + 1) * width > budget:
+                    continue
+            chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
+            width = max(width, n)
+        return Step("prefill", chunks=chunks)
+
+    def _decode_step(self, seqs: list[Sequence]) -> Step:
+        picked: list[Sequence] = []
+        for seq in seqs[: self.cfg.max_batch]:
+            if seq.status is not Status.DECODE:
+                continue  # preempted earlier in this loop
+            k = min(self.cfg.spec_tokens, seq.remaining - 1)
+            seq.draft = ngram_propose(seq.tokens, k) if k > 0 else []
+            need = len(seq.tokens) + len(seq.draft)
+            while not self.blocks.can_grow(seq.blocks, need) and seq.draft:
+                seq.draft = []  # drop the drafts before anybody else's KV
+                need = len(seq.tokens)
+            while not self.blocks.can_grow(seq.blocks, need):
+                if not self._preempt_one(keep={id(s) for s in picked} | {id(seq)}):
+                    break
+            if not self.blocks.can_grow(seq.blocks, need):
+                self._preempt_one(keep=set(), victim=seq)  # alone it still does not fit: requeue
+                continue
+            self.blocks.grow(seq.blocks, need)
+            picked.append(seq)
+        # rotate so sequences beyond max_batch get their turn next time
+        if len(seqs) > self.cfg.max_batch:
+            for seq in picked:
+                self.running.remove(seq)
+                self.running.append(seq)
+        return Step("decode", seqs=picked)
+
+    def _preempt_one(self, keep: set[int], victim: Sequence | None = None) -> bool:
+        """Free ``victim`` or else the most recently admitted sequence not in ``keep`` (ids); it
+        goes back to the front of the queue and recomputes (mostly from the prefix cache) when
+        blocks free up."""
+        if victim is None:
+            victim = next((s for s in reversed(self.running) if id(s) not in keep), None)
+            if victim is None:
+                return False
+        self.running.remove(victim)
+        self.blocks.free_seq(victim.blocks)
+        victim.blocks = None
+        victim.num_computed = 0
+        victim.draft = []
+        victim.status = Status.WAITING
+        self.waiting.appendleft(victim)
+        self.preemptions += 1
+        return True
+
+    # ---------------------------------------------------------------- results
+
+    def postprocess(self, step: Step, sampled: list[list[int]]) -> list[tuple[Sequence, list[int]]]:
+        """Apply one step's argmax tokens (one list per row: prefill rows that sample give one
+        token; decode rows give len(draft) + 1). Returns (sequence, tokens to emit) for every row
+        that produced tokens; finished sequences have ``finish_reason`` set and blocks freed."""
+        out: list[tuple[Sequence, list[int]]] = []
+        if step.kind == "prefill":
+            for chunk, toks in zip(step.chunks, sampled):
+                seq = chunk.seq
+                seq.num_computed = chunk.end
+                self.blocks.register_full(seq.blocks, seq.tokens, seq.num_computed)
+                if chunk.samples:
+                    seq.status = Status.DECODE
+                    out.append((seq, self._append(seq, toks[:1])))
+            return out
+        for seq, toks in zip(step.seqs, sampled):
+            self.spec.seq_steps += 1
+            new = accept_greedy(seq.draft, toks) if seq.draft else toks[:1]
+            self.spec.proposed += len(seq.draft)
+            self.spec.accepted += len(new) - 1
+            self.spec.emitted += len(new)
+            seq.num_computed = len(seq.tokens) + len(new) - 1
+            seq.draft = []
+            out.append((seq, self._append(seq, new)))
+        return out
+
+    def _append(self, seq: Sequence, new: list[int]) -> list[int]:
+        """Append tokens up to a stop token or the length limit; finish the sequence if reached."""
+        kept: list[int] = []
+        reason = None
+        for tok in new:
+            if tok in self.stop_ids:
+                reason = "stop"
+                break
+            kept.append(tok)
+            if seq.num_generated + len(kept) >= seq.request.max_new_tokens:
+                reason = "length"
+                break
+        seq.tokens += kept
+        if reason is None:
+            self.blocks.register_full(seq.blocks, seq.tokens, seq.num_computed)
+        else:
+            self._finish(seq, reason)
+        return kept

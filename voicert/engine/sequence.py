@@ -1,0 +1,50 @@
+"""One request's state inside the engine."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from voicert.engine.base import GenerationRequest
+from voicert.engine.kv_cache import SeqBlocks
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # not yet admitted (or preempted): holds no KV blocks
+    PREFILL = "prefill"  # admitted; prompt KV partly computed
+    DECODE = "decode"  # prompt done; one token per step (or more with speculation)
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Sequence:
+    request: GenerationRequest
+    prompt: list[int]
+    stream: Any = None  # where token events go (the engine's TokenStream)
+    tokens: list[int] = field(default_factory=list)  # prompt + generated
+    num_computed: int = 0  # leading tokens whose KV is in the pool
+    blocks: SeqBlocks | None = None
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    arrival_ns: int = 0
+    prefill_start_ns: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
+    draft: list[int] = field(default_factory=list)  # speculative tokens for the next step
+    detok: Any = None
+
+    def __post_init__(self) -> None:
+        if not self.tokens:
+            self.tokens = list(self.prompt)
+
+    @property
+    def id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.tokens) - len(self.prompt)
+
+    @property
+    def remaining(self) -> int:
+        return self.request.max_new_tokens - self.num_generated
