@@ -98,6 +98,7 @@ class AsrConfig:
 
 @dataclass(slots=True)
 class LlmConfig:
+    engine: str = "fast"  # fast: paged KV + prefix cache + continuous batching; simple: transformers
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0  # 0: torch's default
@@ -106,13 +107,35 @@ class LlmConfig:
     system_prompt: str = (
         "You are a helpful voice assistant. Answer in one short sentence."
     )
+    # fast engine
+    block_size: int = 16  # tokens per KV block (the prefix-cache granularity)
+    kv_memory_gb: float = 1.0  # CPU KV pool; on a GPU the pool takes gpu_memory_fraction of free memory
+    gpu_memory_fraction: float = 0.85
+    max_batch: int = 64
+    prefill_token_budget: int = 512  # padded prompt tokens per prefill step (chunked prefill)
+    batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
+    spec_tokens: int = 0  # n-gram prompt-lookup drafts per step (lossless for greedy); 0: off
+    int8: bool = False  # CPU: dynamic INT8 Linear layers (faster, not identical to fp32)
+    cuda_graphs: bool = True  # GPU: CUDA graphs for decode
 
     def __post_init__(self) -> None:
-        _check(self.device in ("cpu", "cuda"), "llm.device", "must be cpu or cuda")
+        _check(self.engine in ("fast", "simple"), "llm.engine", "must be fast or simple")
+        _check(self.device == "cpu" or self.device.startswith("cuda"), "llm.device",
+               "must be cpu, cuda or cuda:N")
         _check(self.dtype in ("float32", "bfloat16", "float16"), "llm.dtype",
                "must be float32, bfloat16 or float16")
         _check(1 <= self.max_new_tokens <= 4096, "llm.max_new_tokens", "must be in [1, 4096]")
         _check(self.max_context_tokens >= 64, "llm.max_context_tokens", "must be >= 64")
+        _check(self.block_size in (8, 16, 32, 64, 128, 256), "llm.block_size",
+               "must be a power of two in [8, 256]")
+        _check(self.kv_memory_gb > 0, "llm.kv_memory_gb", "must be > 0")
+        _check(0 < self.gpu_memory_fraction < 1, "llm.gpu_memory_fraction", "must be in (0, 1)")
+        _check(self.max_batch >= 1, "llm.max_batch", "must be >= 1")
+        _check(self.prefill_token_budget >= self.block_size, "llm.prefill_token_budget",
+               "must be >= llm.block_size")
+        _check(0 <= self.batch_window_ms <= 100, "llm.batch_window_ms", "must be in [0, 100]")
+        _check(0 <= self.spec_tokens <= 16, "llm.spec_tokens", "must be in [0, 16]")
+        _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
 
 
 @dataclass(slots=True)

@@ -12,8 +12,14 @@ SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one
 
 
 @pytest.fixture(scope="module")
-def engine(services):
-    return services.engine
+def engine(cfg):
+    from voicert.config import LlmConfig, cache_dir
+    from voicert.engine.loader import resolve_llm
+    from voicert.engine.simple import SimpleEngine
+
+    eng = SimpleEngine(str(resolve_llm("embedded", cache_dir(cfg.models))), LlmConfig(engine="simple"))
+    yield eng
+    eng.close()
 
 
 async def collect(engine, request):

@@ -22,6 +22,8 @@ class GenerationRequest:
     messages: list[ChatMessage]
     max_new_tokens: int
     session_id: str = ""
+    ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
+    prompt_ids: list[int] | None = None  # benchmarks: exact prompt tokens instead of messages
     submit_ns: int = 0  # set by Engine.submit (perf_counter_ns)
 
 

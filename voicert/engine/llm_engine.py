@@ -42,6 +42,7 @@ class EngineConfig:
     spec_tokens: int = 0  # n-gram drafts per decode step; 0 disables speculation
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
+    cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
 
 
 class LLMEngine:
@@ -178,7 +179,8 @@ class LLMEngine:
 
     def _admit(self, request: GenerationRequest, stream) -> None:
         budget = self.cfg.max_context_tokens - request.max_new_tokens
-        prompt = build_prompt(self.tokenizer, request.messages, budget)
+        prompt = (list(request.prompt_ids) if request.prompt_ids is not None
+                  else build_prompt(self.tokenizer, request.messages, budget))
         seq = Sequence(request, prompt, stream=stream, arrival_ns=time.perf_counter_ns(),
                        detok=IncrementalDetokenizer(self.tokenizer))
         self.scheduler.add(seq)

@@ -234,8 +234,9 @@ class Scheduler:
         """Append tokens up to a stop token or the length limit; finish the sequence if reached."""
         kept: list[int] = []
         reason = None
+        stops = () if seq.request.ignore_eos else self.stop_ids
         for tok in new:
-            if tok in self.stop_ids:
+            if tok in stops:
                 reason = "stop"
                 break
             kept.append(tok)

@@ -18,6 +18,7 @@ from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
 from voicert.config import Config, cache_dir
+from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
@@ -35,10 +36,29 @@ def load_services(cfg: Config) -> Services:
     asr = WhisperAsr(cfg.asr, cfg.models.asr)
     asr.warmup()
     log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
-    engine = SimpleEngine(str(resolve_llm(cfg.models.llm, cache_dir(cfg.models))), cfg.llm)
+    engine = build_engine(cfg)
     engine.warmup()
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine)
+
+
+def build_engine(cfg: Config):
+    """The configured LLM engine (``llm.engine``), weights resolved (and converted) by config."""
+    model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
+    llm = cfg.llm
+    if llm.engine == "simple":
+        return SimpleEngine(model_dir, llm)
+    if llm.threads > 0:
+        import torch
+
+        torch.set_num_threads(llm.threads)
+    return LLMEngine(model_dir, EngineConfig(
+        device=llm.device, dtype=llm.dtype, block_size=llm.block_size,
+        kv_memory_gb=llm.kv_memory_gb, gpu_memory_fraction=llm.gpu_memory_fraction,
+        max_batch=llm.max_batch, prefill_token_budget=llm.prefill_token_budget,
+        batch_window_ms=llm.batch_window_ms, spec_tokens=llm.spec_tokens,
+        max_context_tokens=llm.max_context_tokens, int8=llm.int8,
+        cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda")))
 
 
 def _text_response(status: http.HTTPStatus, body: str) -> Response:

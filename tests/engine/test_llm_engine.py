@@ -1,0 +1,152 @@
+"""The fast engine on the embedded SmolLM2, fp32 on the CPU: exact against transformers and itself."""
+
+import asyncio
+
+import pytest
+import torch
+
+from voicert.config import cache_dir, load_config
+from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.engine.kv_cache import BlockManager
+from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.loader import resolve_llm
+from voicert.engine.models.llama import load_llama
+from voicert.engine.runner import ModelRunner
+from voicert.engine.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.sequence import Sequence
+from voicert.engine.simple import build_prompt
+
+SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
+PROMPTS = [
+    "What is the capital of France?", "Say hello.", "Name three colors.", "What is two plus two?",
+    "Repeat after me: the blue car is parked outside.", "What day comes after Monday?",
+    "Please confirm: a table for four at seven tonight.", "Tell me a fun fact about cats.",
+    "How do I boil an egg?", "Spell the word voice.",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    cfg = load_config(environ={})
+    return str(resolve_llm("embedded", cache_dir(cfg.models)))
+
+
+@pytest.fixture(scope="module")
+def parts(model_dir):
+    from transformers import AutoTokenizer
+
+    return load_llama(model_dir), AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="module")
+def engines(model_dir, parts):
+    model, tok = parts
+    plain = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25), model=model, tokenizer=tok)
+    spec = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=4), model=model,
+                     tokenizer=tok)
+    yield plain, spec
+    plain.close()
+    spec.close()
+
+
+def prompt_ids(tok, text):
+    return build_prompt(tok, [SYSTEM, ChatMessage("user", text)], 2048)
+
+
+def test_greedy_equals_transformers_10_prompts_x_64_tokens_batched(model_dir, parts):
+    """All ten prompts decode together (one padded batch), 64 tokens each, stop tokens ignored."""
+    from transformers import AutoModelForCausalLM
+
+    model, tok = parts
+    sched = Scheduler(BlockManager(256, 16), SchedulerConfig(), stop_ids=set())
+    runner = ModelRunner(model, 256, 16)
+    seqs = [Sequence(GenerationRequest(str(i), [], 64), prompt_ids(tok, t))
+            for i, t in enumerate(PROMPTS)]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_work():
+        step, _ = sched.schedule()
+        sched.postprocess(step, runner.run(step))
+    ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    ref_model.generation_config.eos_token_id = None  # like ours here: EOS is just another token
+    for s, text in zip(seqs, PROMPTS):
+        with torch.inference_mode():
+            out = ref_model.generate(torch.tensor([s.prompt]), max_new_tokens=64, do_sample=False,
+                                     pad_token_id=0)
+        ref = out[0, len(s.prompt):].tolist()
+        assert s.tokens[len(s.prompt):] == ref, text
+
+
+async def generate(engine, requests):
+    async def one(req):
+        return [e async for e in engine.submit(req)]
+    return await asyncio.gather(*(one(r) for r in requests))
+
+
+def reqs(tag, texts, max_new=48, history=()):
+    return [GenerationRequest(f"{tag}-{i}", [SYSTEM, *history, ChatMessage("user", t)], max_new)
+            for i, t in enumerate(texts)]
+
+
+def tokens_of(events):
+    return [e.token_id for e in events if e.finish_reason is None]
+
+
+async def test_cached_equals_uncached_and_history_prefix_is_reused(engines):
+    plain, _ = engines
+    hits_before = plain.blocks.stats.hits
+    cold = [tokens_of(ev) for ev in await generate(plain, reqs("cold", PROMPTS[:4]))]
+    warm = [tokens_of(ev) for ev in await generate(plain, reqs("warm", PROMPTS[:4]))]
+    assert warm == cold
+    assert plain.blocks.stats.hits > hits_before
+    # a second turn: the whole first turn (system + question + reply) is already cached
+    first = (await generate(plain, reqs("t1", ["What is the capital of France?"])))[0]
+    reply = "".join(e.text for e in first)
+    history = (ChatMessage("user", "What is the capital of France?"),
+               ChatMessage("assistant", reply.strip()))
+    hits = plain.blocks.stats.hits
+    second = (await generate(plain, reqs("t2", ["And what about Germany?"], history=history)))[0]
+    reused = plain.blocks.stats.hits - hits
+    assert reused >= second[-1].prompt_tokens - 2 * plain.cfg.block_size - 12
+    assert "Berlin" in "".join(e.text for e in second)
+
+
+async def test_batched_equals_one_at_a_time(engines):
+    plain, _ = engines
+    alone = [tokens_of((await generate(plain, [r]))[0]) for r in reqs("solo", PROMPTS[4:8])]
+    together = [tokens_of(ev) for ev in await generate(plain, reqs("batch", PROMPTS[4:8]))]
+    assert together == alone
+
+
+async def test_ngram_speculation_equals_greedy_with_batching(engines):
+    plain, spec = engines
+    texts = PROMPTS[4:7] + ["Confirm back to me: my name is Anna Smith and my number is 555 0199."]
+    greedy = [tokens_of(ev) for ev in await generate(plain, reqs("g", texts, 64))]
+    before = spec.scheduler.spec.accepted
+    fast = [tokens_of(ev) for ev in await generate(spec, reqs("s", texts, 64))]
+    assert fast == greedy
+    assert spec.scheduler.spec.accepted > before  # it did speculate, and kept some drafts
+
+
+async def test_stream_events_are_ordered_and_text_matches(engines):
+    plain, _ = engines
+    ev = (await generate(plain, reqs("txt", ["What is the capital of France?"])))[0]
+    toks = tokens_of(ev)
+    assert [e.index for e in ev[:-1]] == list(range(len(toks)))
+    assert "".join(e.text for e in ev) == plain.tokenizer.decode(toks, skip_special_tokens=True)
+    assert ev[-1].finish_reason == "stop" and ev[0].sampled_ns >= ev[0].prefill_start_ns > 0
+
+
+async def test_cancel_frees_the_sequence_and_its_blocks(engines):
+    plain, _ = engines
+    free_before = plain.blocks.available
+    req = GenerationRequest("cancel-me", [ChatMessage("system", "Answer at great length."),
+                                          ChatMessage("user", "Count from one to two hundred.")], 300)
+    seen = []
+    async for e in plain.submit(req):
+        seen.append(e)
+        if len(seen) == 2:
+            plain.cancel("cancel-me")
+    assert seen[-1].finish_reason == "cancelled" and len(seen) < 10
+    assert "cancel-me" not in plain.live_requests()
+    assert plain.blocks.available == free_before

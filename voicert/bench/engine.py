@@ -1,0 +1,314 @@
+"""Engine benchmark: ``python -m voicert.bench.engine``.
+
+Runs voicert's engine and ``transformers`` ``generate()`` side by side in one process and prints
+Markdown tables: TTFT for a 600-token prompt of which 500 are cached, TPOT at batch 1, throughput and
+per-stream TPOT at several concurrency levels, and speculative decoding against plain greedy on a
+voice-agent prompt set. ``--model llama-1b-random`` / ``smollm2-random`` build random-weight models of
+those architectures (timing only; labelled as such in the output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.models.llama import LlamaConfig, load_llama, random_llama
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+SHAPES = {
+    "llama-1b-random": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+                            num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                            head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
+                            max_position_embeddings=131072, tie_word_embeddings=True,
+                            rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}),
+    "smollm2-random": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
+                           num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                           head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
+                           max_position_embeddings=8192, tie_word_embeddings=True),
+}
+# Voice-agent turns: short answers and confirmations that repeat what the caller said.
+VOICE_PROMPTS = [
+    "Please confirm my order: two large pepperoni pizzas, one garlic bread and a diet cola.",
+    "Repeat my address back to me: 42 Baker Street, apartment 3B, London.",
+    "Can you confirm the booking: a table for four at seven thirty tonight under the name Rivera?",
+    "My phone number is 555 0134 2287. Please read it back to me.",
+    "Confirm this appointment: Tuesday the 14th at 10 am with Doctor Patel.",
+    "Read back my flight: British Airways 217 from Boston to London on March 3rd.",
+    "Please repeat the list: milk, eggs, bread, butter and two apples.",
+    "Confirm the transfer: 250 dollars from checking to savings today.",
+    "Say back my email address: anna dot smith at example dot com.",
+    "Repeat after me: the quick brown fox jumps over the lazy dog.",
+]
+VOICE_SYSTEM = ("You are a phone assistant. When the caller asks you to confirm or repeat "
+                "something, repeat it back exactly, then ask if it is correct.")
+
+
+@dataclass
+class Row:
+    name: str
+    ours: float
+    baseline: float | None
+    unit: str
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline is None or not self.ours:
+            return None
+        # lower is better for ms rows, higher for throughput rows
+        return self.baseline / self.ours if self.unit == "ms" else self.ours / self.baseline
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        dtype = DTYPES[args.dtype]
+        if args.model in SHAPES:
+            hf_cfg = dict(SHAPES[args.model], model_type="llama")
+            self.label = f"{args.model} (RANDOM WEIGHTS, timing only)"
+            self.model = random_llama(LlamaConfig.from_hf(hf_cfg), dtype, args.device)
+            self.tokenizer = None
+            self.model_dir = None
+            self.hf_cfg = hf_cfg
+        else:
+            from transformers import AutoTokenizer
+
+            from voicert.config import cache_dir, load_config
+            from voicert.engine.loader import resolve_llm
+
+            self.model_dir = str(resolve_llm(args.model, cache_dir(load_config(environ={}).models)))
+            self.label = f"{args.model} ({self.model_dir})"
+            self.model = load_llama(self.model_dir, dtype, args.device)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.vocab = self.model.cfg.vocab_size
+        base = dict(device=args.device, dtype=args.dtype, kv_memory_gb=args.kv_gb,
+                    batch_window_ms=args.batch_window_ms, max_batch=max(args.streams),
+                    max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs)
+        tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
+        self.engine = LLMEngine(self.model_dir or "", EngineConfig(**base), model=self.model,
+                                tokenizer=tok)
+        self.spec_engine = None
+        if args.spec:
+            self.spec_engine = LLMEngine(self.model_dir or "", EngineConfig(**base,
+                                         spec_tokens=args.spec), model=self.engine.model,
+                                         tokenizer=tok)
+        self.hf = self._hf_model() if args.baseline else None
+        self.rng = np.random.default_rng(0)
+
+    def _hf_model(self):
+        from transformers import AutoModelForCausalLM, LlamaConfig as HFLlamaConfig
+
+        dtype = DTYPES[self.args.dtype]
+        if self.model_dir:
+            m = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=dtype)
+        else:
+            m = AutoModelForCausalLM.from_config(HFLlamaConfig(**self.hf_cfg), dtype=dtype)
+        m = m.to(self.args.device).eval()
+        if self.args.int8:
+            m = torch.ao.quantization.quantize_dynamic(m, {torch.nn.Linear}, dtype=torch.qint8)
+        m.generation_config.eos_token_id = None
+        m.generation_config.pad_token_id = 0
+        return m
+
+    def tokens(self, n: int) -> list[int]:
+        return self.rng.integers(100, min(self.vocab, 30000), n).tolist()
+
+    # ---------------------------------------------------------------- ours
+
+    async def _stream(self, engine: LLMEngine, prompt: list[int], new: int, tag: str):
+        """Returns (client receive times of each token in ns, submit ns, token ids)."""
+        req = GenerationRequest(f"{tag}-{time.perf_counter_ns()}", [], new, ignore_eos=True,
+                                prompt_ids=prompt)
+        times, ids = [], []
+        async for ev in engine.submit(req):
+            if ev.finish_reason is None:
+                times.append(time.perf_counter_ns())
+                ids.append(ev.token_id)
+        return times, req.submit_ns, ids
+
+    async def ours_ttft_cached(self, reps: int) -> list[float]:
+        prefix = self.tokens(500)
+        await self._stream(self.engine, prefix + self.tokens(100), 1, "warm")
+        out = []
+        for _ in range(reps):
+            times, t0, _ = await self._stream(self.engine, prefix + self.tokens(100), 1, "ttft")
+            out.append((times[0] - t0) / 1e6)
+        return out
+
+    async def ours_concurrent(self, streams: int, new: int) -> tuple[float, list[float]]:
+        prompts = [self.tokens(self.args.prompt_tokens) for _ in range(streams)]
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(self._stream(self.engine, p, new, "c") for p in prompts))
+        wall = time.perf_counter() - t0
+        tpots = [(t[-1] - t[0]) / 1e6 / (len(t) - 1) for t, _, _ in results]
+        return streams * new / wall, tpots
+
+    # ---------------------------------------------------------------- transformers
+
+    @torch.inference_mode()
+    def hf_time(self, prompts: list[list[int]], new: int) -> float:
+        ids = torch.tensor(prompts, device=self.args.device)
+        sync(self.args.device)
+        t0 = time.perf_counter()
+        self.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                         min_new_tokens=new, do_sample=False)
+        sync(self.args.device)
+        return time.perf_counter() - t0
+
+    def hf_ttft(self, reps: int) -> list[float]:
+        self.hf_time([self.tokens(600)], 1)
+        return [self.hf_time([self.tokens(600)], 1) * 1000 for _ in range(reps)]
+
+    def hf_concurrent(self, streams: int, new: int) -> tuple[float, float]:
+        prompts = [self.tokens(self.args.prompt_tokens) for _ in range(streams)]
+        t1 = self.hf_time(prompts, 1)
+        tn = self.hf_time(prompts, new)
+        return streams * new / tn, (tn - t1) * 1000 / (new - 1)
+
+    # ---------------------------------------------------------------- speculative
+
+    async def spec_compare(self) -> dict:
+        if self.tokenizer is None:
+            return {}
+        from voicert.engine.simple import build_prompt
+
+        prompts = [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
+                                                  ChatMessage("user", p)], 2048)
+                   for p in VOICE_PROMPTS]
+        res = {}
+        for name, eng in (("greedy", self.engine), ("ngram", self.spec_engine)):
+            tpots, outs = [], []
+            for p in prompts:
+                req = GenerationRequest(f"{name}-{time.perf_counter_ns()}", [], self.args.new_tokens,
+                                        prompt_ids=p)
+                times, ids = [], []
+                async for ev in eng.submit(req):
+                    if ev.finish_reason is None:
+                        times.append(time.perf_counter_ns())
+                        ids.append(ev.token_id)
+                outs.append(ids)
+                if len(times) > 1:
+                    tpots.append((times[-1] - times[0]) / 1e6 / (len(times) - 1))
+            res[name] = {"tpot_ms": statistics.mean(tpots), "outputs": outs}
+        spec = self.spec_engine.scheduler.spec
+        same = sum(a == b for a, b in zip(res["greedy"]["outputs"], res["ngram"]["outputs"]))
+        return {"greedy_tpot_ms": res["greedy"]["tpot_ms"], "ngram_tpot_ms": res["ngram"]["tpot_ms"],
+                "speedup": res["greedy"]["tpot_ms"] / res["ngram"]["tpot_ms"],
+                "identical": f"{same}/{len(prompts)}", "acceptance_rate": spec.acceptance_rate,
+                "mean_accepted_length": spec.mean_accepted_length,
+                "sample": self.tokenizer.decode(res["ngram"]["outputs"][0])}
+
+    # ---------------------------------------------------------------- all
+
+    async def run(self) -> dict:
+        a = self.args
+        rows: list[Row] = []
+        ours = await self.ours_ttft_cached(a.reps)
+        base = self.hf_ttft(max(3, a.reps // 4)) if self.hf else None
+        rows.append(Row("TTFT, 600-token prompt, 500 cached (P50)", pct(ours, 50),
+                        pct(base, 50) if base else None, "ms"))
+        rows.append(Row("TTFT, 600-token prompt, 500 cached (P99)", pct(ours, 99), None, "ms"))
+        for n in a.streams:
+            await self.ours_concurrent(min(n, 2), 4)  # warm this path
+            tps, tpots = await self.ours_concurrent(n, a.new_tokens)
+            hf_tps, hf_tpot = self.hf_concurrent(n, a.new_tokens) if self.hf else (None, None)
+            rows.append(Row(f"TPOT per stream, {n} streams (P50)", pct(tpots, 50), hf_tpot, "ms"))
+            rows.append(Row(f"tokens/s, {n} streams", tps, hf_tps, "tok/s"))
+        spec = await self.spec_compare() if self.spec_engine else {}
+        return {"rows": rows, "spec": spec}
+
+
+class _NullTokenizer:
+    """For random-weight models: no text, ids only."""
+
+    def __init__(self, vocab: int) -> None:
+        self.eos_token_id = None
+        self.vocab = vocab
+
+    def get_vocab(self) -> dict:
+        return {}
+
+    def decode(self, ids, skip_special_tokens=True) -> str:
+        return ""
+
+
+def render(label: str, args: argparse.Namespace, result: dict) -> str:
+    lines = [f"model: {label}; device {args.device}; dtype {args.dtype}"
+             f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
+             f"{args.new_tokens} new tokens", "",
+             "| metric | voicert | transformers generate() | ratio (x better) |",
+             "|---|---:|---:|---:|"]
+    for r in result["rows"]:
+        base = f"{r.baseline:.1f}" if r.baseline is not None else "-"
+        ratio = f"{r.ratio:.1f}x" if r.ratio is not None else "-"
+        lines.append(f"| {r.name} | {r.ours:.1f} {r.unit} | {base} | {ratio} |")
+    s = result["spec"]
+    if s:
+        lines += ["", "| speculative (batch 1, voice prompt set) | greedy TPOT ms | n-gram TPOT ms | "
+                  "speedup | identical | acceptance | mean accepted length |",
+                  "|---|---:|---:|---:|---:|---:|---:|",
+                  f"| n-gram prompt lookup, k={args.spec} | {s['greedy_tpot_ms']:.1f} | "
+                  f"{s['ngram_tpot_ms']:.1f} | {s['speedup']:.2f}x | {s['identical']} | "
+                  f"{s['acceptance_rate']:.2f} | {s['mean_accepted_length']:.2f} |"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m voicert.bench.engine")
+    ap.add_argument("--model", default="embedded",
+                    help="embedded | HF dir | .gguf | " + " | ".join(SHAPES))
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--int8", action="store_true", help="CPU: dynamic INT8 Linear layers (both sides)")
+    ap.add_argument("--streams", default="1,8,32,64")
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--prompt-tokens", type=int, default=100)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--spec", type=int, default=4, help="n-gram draft length (0: skip)")
+    ap.add_argument("--kv-gb", type=float, default=2.0)
+    ap.add_argument("--batch-window-ms", type=float, default=0.0)
+    ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--no-baseline", dest="baseline", action="store_false")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+    args.streams = [int(s) for s in args.streams.split(",")]
+    args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.cuda_graphs is None:
+        args.cuda_graphs = args.device.startswith("cuda")
+    bench = Bench(args)
+    result = asyncio.run(bench.run())
+    text = render(bench.label, args, result)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"label": bench.label, "args": vars(args),
+                       "rows": [asdict(r) | {"ratio": r.ratio} for r in result["rows"]],
+                       "spec": result["spec"], "table": text}, f, indent=1, default=str)
+    bench.engine.close()
+    if bench.spec_engine:
+        bench.spec_engine.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
