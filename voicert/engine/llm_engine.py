@@ -63,7 +63,8 @@ class LLMEngine:
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
         num_blocks = cfg.num_blocks or self._pool_blocks()
         self.blocks = BlockManager(num_blocks, cfg.block_size)
-        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size)
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
+                                  max_batch=cfg.max_batch, max_context=cfg.max_context_tokens)
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(
             cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens), self.stop_ids)
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,

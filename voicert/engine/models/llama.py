@@ -101,17 +101,19 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 class AttnInputs:
     """Per-forward attention metadata, built by the model runner.
 
-    positions:     [B, Q] int64, absolute position of each new token
+    positions:     [B, Q] int64, absolute position of each new token (padding: 0)
     slots:         [B*Q] int64, flat KV-pool slot (block * block_size + offset) each new token writes;
                    padding tokens write the scratch slot 0
     block_tables:  [B, MB] int64, the blocks of each sequence (padded with 0)
-    mask:          [B, 1, Q, L] bool, True where query q of sequence b may attend to key position l
+
+    Query q of sequence b attends to key positions 0..positions[b, q] (causal over the cached
+    prefix and the new tokens); the mask is derived from ``positions`` inside the forward, so a
+    captured CUDA graph recomputes it from its static inputs.
     """
 
     positions: torch.Tensor
     slots: torch.Tensor
     block_tables: torch.Tensor
-    mask: torch.Tensor
 
 
 class Attention(nn.Module):
@@ -123,7 +125,7 @@ class Attention(nn.Module):
         self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
-                k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+                mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         # x: [B, Q, hidden]; k_pool/v_pool: [NB, BS, KVH, D] (this layer's slice of the pool)
         b, q_len, _ = x.shape
         q, k, v = self.qkv(x).split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
@@ -136,7 +138,7 @@ class Attention(nn.Module):
         mb = inp.block_tables.shape[1]
         keys = k_pool[inp.block_tables].view(b, mb * bs, self.kvh, self.d).transpose(1, 2)  # [B,KVH,L,D]
         vals = v_pool[inp.block_tables].view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=inp.mask,
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
                                              enable_gqa=self.h != self.kvh)  # [B, H, Q, D]
         return self.o(out.transpose(1, 2).reshape(b, q_len, self.h * self.d))
 
@@ -178,9 +180,12 @@ class LlamaModel(nn.Module):
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
         freqs = inp.positions.unsqueeze(-1).float() * self.inv_freq  # [B, Q, D/2]
         cos, sin = freqs.cos().unsqueeze(2), freqs.sin().unsqueeze(2)  # [B, Q, 1, D/2]
+        span = inp.block_tables.shape[1] * k_pool.shape[2]  # L = MB * BS
+        keys = torch.arange(span, device=input_ids.device)  # [L]
+        mask = (keys.view(1, 1, -1) <= inp.positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, Q, L]
         h = self.embed(input_ids)
         for i, layer in enumerate(self.layers):
-            h = h + layer.attn(layer.attn_norm(h), cos, sin, inp, k_pool[i], v_pool[i])
+            h = h + layer.attn(layer.attn_norm(h), cos, sin, inp, mask, k_pool[i], v_pool[i])
             h = h + layer.mlp(layer.mlp_norm(h))
         return self.norm(h)
 
