@@ -109,7 +109,7 @@ class LlmConfig:
     )
     # fast engine
     block_size: int = 16  # tokens per KV block (the prefix-cache granularity)
-    kv_memory_gb: float = 1.0  # CPU KV pool; on a GPU the pool takes gpu_memory_fraction of free memory
+    kv_memory_gb: float = 0.0  # KV pool size; 0: 1 GB on a CPU, gpu_memory_fraction of free GPU memory
     gpu_memory_fraction: float = 0.85
     max_batch: int = 64
     prefill_token_budget: int = 512  # padded prompt tokens per prefill step (chunked prefill)
@@ -128,7 +128,7 @@ class LlmConfig:
         _check(self.max_context_tokens >= 64, "llm.max_context_tokens", "must be >= 64")
         _check(self.block_size in (8, 16, 32, 64, 128, 256), "llm.block_size",
                "must be a power of two in [8, 256]")
-        _check(self.kv_memory_gb > 0, "llm.kv_memory_gb", "must be > 0")
+        _check(self.kv_memory_gb >= 0, "llm.kv_memory_gb", "must be >= 0 (0: automatic)")
         _check(0 < self.gpu_memory_fraction < 1, "llm.gpu_memory_fraction", "must be in (0, 1)")
         _check(self.max_batch >= 1, "llm.max_batch", "must be >= 1")
         _check(self.prefill_token_budget >= self.block_size, "llm.prefill_token_budget",

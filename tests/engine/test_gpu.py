@@ -14,18 +14,21 @@ from voicert.engine.models.llama import LlamaConfig, random_llama
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def run_engine(engine, prompts, new=32):
+def run_engine(engine, prompts, new=32, sequential=False):
     async def main():
         async def one(i, p):
-            req = GenerationRequest(f"g{i}", [], new, ignore_eos=True, prompt_ids=p)
+            req = GenerationRequest(f"g{i}-{sequential}", [], new, ignore_eos=True, prompt_ids=p)
             return [e.token_id async for e in engine.submit(req) if e.finish_reason is None]
+        if sequential:  # one sequence at a time: its prefill runs through the prefill graphs
+            return [await one(i, p) for i, p in enumerate(prompts)]
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     return asyncio.run(main())
 
 
-def make(model, graphs):
+def make(model, graphs, spec=0):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
-                       num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024)
+                       num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
+                       spec_tokens=spec)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -41,8 +44,9 @@ def test_graph_decode_equals_eager_fp32(prompts):
     model = random_llama(cfg, torch.float32, "cuda")
     eager, graphed = make(model, False), make(model, True)
     try:
-        assert graphed.runner.graphs is not None
+        assert graphed.runner.graphs is not None and graphed.runner.prefill_graphs is not None
         assert run_engine(graphed, prompts) == run_engine(eager, prompts)
+        assert run_engine(graphed, prompts, sequential=True) == run_engine(eager, prompts, sequential=True)
     finally:
         eager.close()
         graphed.close()
@@ -61,3 +65,17 @@ def test_bf16_agreement_with_fp32_is_reported(prompts):
     same = sum(x == y for x, y in zip(a, b)) / len(a)
     print(f"bf16 vs fp32 (random weights): first token agree {first:.2f}, whole 32 tokens {same:.2f}")
     assert first >= 0.5  # random weights have flat logits; a real bug gives ~0
+
+
+def test_speculative_verify_graphs_equal_greedy_fp32(prompts):
+    """Repetitive prompts make the n-gram drafter propose; graphed verification must keep greedy."""
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    plain, spec = make(model, True), make(model, True, spec=4)
+    rep = [(p[:20] * 6)[:100] for p in prompts[:6]]
+    try:
+        assert run_engine(spec, rep, new=48) == run_engine(plain, rep, new=48)
+        assert spec.scheduler.spec.proposed > 0
+    finally:
+        plain.close()
+        spec.close()

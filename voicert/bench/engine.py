@@ -103,7 +103,8 @@ class Bench:
         self.vocab = self.model.cfg.vocab_size
         base = dict(device=args.device, dtype=args.dtype, kv_memory_gb=args.kv_gb,
                     batch_window_ms=args.batch_window_ms, max_batch=max(args.streams),
-                    max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs)
+                    max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs,
+                    compile=args.compile)
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
         self.engine = LLMEngine(self.model_dir or "", EngineConfig(**base), model=self.model,
                                 tokenizer=tok)
@@ -254,6 +255,7 @@ class _NullTokenizer:
 
 def render(label: str, args: argparse.Namespace, result: dict) -> str:
     lines = [f"model: {label}; device {args.device}; dtype {args.dtype}"
+             f"{'; CUDA graphs' if args.cuda_graphs else ''}{'; torch.compile' if args.compile else ''}"
              f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
              f"{args.new_tokens} new tokens", "",
              "| metric | voicert | transformers generate() | ratio (x better) |",
@@ -285,9 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--spec", type=int, default=4, help="n-gram draft length (0: skip)")
-    ap.add_argument("--kv-gb", type=float, default=2.0)
+    ap.add_argument("--kv-gb", type=float, default=0.0, help="KV pool size (0: automatic)")
     ap.add_argument("--batch-window-ms", type=float, default=0.0)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
+    ap.add_argument("--compile", action="store_true", help="GPU: torch.compile the forward")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
     ap.add_argument("--json")
     args = ap.parse_args(argv)

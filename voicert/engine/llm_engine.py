@@ -33,8 +33,8 @@ class EngineConfig:
     device: str = "cpu"
     dtype: str = "float32"
     block_size: int = 16
-    num_blocks: int = 0  # 0: from kv_memory_gb (CPU) or free GPU memory
-    kv_memory_gb: float = 1.0  # CPU KV pool size when num_blocks is 0
+    num_blocks: int = 0  # 0: sized from kv_memory_gb
+    kv_memory_gb: float = 0.0  # KV pool size; 0: 1 GB on the CPU, gpu_memory_fraction of free GPU memory
     gpu_memory_fraction: float = 0.85  # of free GPU memory, after weights, for the KV pool
     max_batch: int = 64
     prefill_token_budget: int = 512
@@ -43,6 +43,7 @@ class EngineConfig:
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
+    compile: bool = False  # GPU: torch.compile the forward (fused kernels; slower start)
 
 
 class LLMEngine:
@@ -64,7 +65,10 @@ class LLMEngine:
         num_blocks = cfg.num_blocks or self._pool_blocks()
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
-                                  max_batch=cfg.max_batch, max_context=cfg.max_context_tokens)
+                                  max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
+                                  compile=cfg.compile,
+                                  widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
+                                  prefill_budget=cfg.prefill_token_budget)
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(
             cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens), self.stop_ids)
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
@@ -80,11 +84,13 @@ class LLMEngine:
     def _pool_blocks(self) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,
                                                    _DTYPES[self.cfg.dtype])
-        if self.cfg.device.startswith("cuda"):
+        if self.cfg.kv_memory_gb > 0:
+            budget = self.cfg.kv_memory_gb * (1 << 30)
+        elif self.cfg.device.startswith("cuda"):
             free, _ = torch.cuda.mem_get_info()
             budget = free * self.cfg.gpu_memory_fraction
         else:
-            budget = self.cfg.kv_memory_gb * (1 << 30)
+            budget = 1 << 30
         return max(int(budget // per_block), 2)
 
     # ------------------------------------------------------------ the Engine interface (event loop)

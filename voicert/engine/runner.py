@@ -29,6 +29,7 @@ def rows_for(step: Step) -> list[Row]:
 
 BATCH_LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SPAN_LADDER = (256, 512, 1024, 2048, 4096, 8192)  # attended key span (tokens) per graph
+PREFILL_LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)  # new tokens of a one-sequence prefill
 
 
 def bucket(value: int, ladder: list[int]) -> int | None:
@@ -38,9 +39,14 @@ def bucket(value: int, ladder: list[int]) -> int | None:
 
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
-                 cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048) -> None:
+                 cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048,
+                 compile: bool = False, widths: tuple[int, ...] = (1,),
+                 prefill_budget: int = 512) -> None:
         cfg = model.cfg
         self.model = model
+        # torch.compile fuses the elementwise work (norms, RoPE, SiLU, residuals) into few kernels;
+        # dynamic shapes so one compilation serves every batch size and span
+        self.forward = torch.compile(model, dynamic=True) if compile else model
         self.block_size = block_size
         self.num_blocks = num_blocks
         p = next(model.parameters())
@@ -48,8 +54,12 @@ class ModelRunner:
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [layers, NB, BS, KVH, D]
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        self.graphs = (DecodeGraphs(self, max_batch, max_context)
-                       if cuda_graphs and self.device.type == "cuda" else None)
+        self.graphs = self.prefill_graphs = None
+        if cuda_graphs and self.device.type == "cuda":
+            batches = [b for b in BATCH_LADDER if b < max_batch] + [max_batch]
+            self.graphs = StepGraphs(self, batches, list(widths), max_context, sample_last=False)
+            pw = [w for w in PREFILL_LADDER if w < prefill_budget] + [prefill_budget]
+            self.prefill_graphs = StepGraphs(self, [1], pw, max_context, sample_last=True)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
@@ -89,12 +99,13 @@ class ModelRunner:
         """One forward for the step. Returns, per row, the greedy token after each sampled
         position (prefill rows that finish their prompt: one; decode rows: len(draft) + 1)."""
         rows = rows_for(step)
-        if self.graphs is not None and step.kind == "decode" and all(len(r.tokens) == 1 for r in rows):
-            out = self.graphs.run(rows)
+        graphs = self.graphs if step.kind == "decode" else self.prefill_graphs
+        if graphs is not None:
+            out = graphs.run(rows)
             if out is not None:
                 return out
         input_ids, inp = self.prepare(rows)
-        hidden = self.model(input_ids, inp, self.k_pool, self.v_pool)  # [B, Q, hidden]
+        hidden = self.forward(input_ids, inp, self.k_pool, self.v_pool)  # [B, Q, hidden]
         picks = [(i, j) for i, r in enumerate(rows) for j in range(r.sample_from, len(r.tokens))]
         if not picks:
             return [[] for _ in rows]
@@ -107,70 +118,92 @@ class ModelRunner:
         return out
 
 
-class DecodeGraphs:
-    """CUDA graphs of one greedy decode step (Q = 1) over a ladder of batch sizes and key spans.
+class StepGraphs:
+    """CUDA graphs of one greedy step over ladders of batch size, query width and key span.
+
+    Decode (``sample_last=False``): widths 1 (plain) and k + 1 (verifying k speculative drafts);
+    every query position is sampled. Prefill (``sample_last=True``): one sequence, widths up to the
+    prefill budget; only each row's last real token is sampled.
 
     Inputs live in static device buffers, staged through pinned host buffers and copied without
     blocking; the graph computes the mask, the forward, the logits and the argmax, so one replay
     plus one ``tolist`` is the whole step."""
 
-    def __init__(self, runner: ModelRunner, max_batch: int, max_context: int) -> None:
+    def __init__(self, runner: ModelRunner, batches: list[int], widths: list[int], max_context: int,
+                 sample_last: bool) -> None:
         self.runner = runner
+        self.sample_last = sample_last
         bs = runner.block_size
-        self.batches = [b for b in BATCH_LADDER if b < max_batch] + [max_batch]
+        self.batches = sorted(set(batches))
+        self.widths = sorted(set(widths))
         spans = [s for s in SPAN_LADDER if s < max_context] + [max_context]
         self.blocks = sorted({-(-s // bs) for s in spans})
-        mb, mbk = self.batches[-1], self.blocks[-1]
+        mb, mbk, mw = self.batches[-1], self.blocks[-1], self.widths[-1]
         dev = runner.device
-        # device buffers the graphs read: ids [MB,1], pos [MB,1], slots [MB], tables [MB, MBK]
-        self.ids = torch.zeros(mb, 1, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(mb, 1, dtype=torch.long, device=dev)
-        self.slots = torch.zeros(mb, dtype=torch.long, device=dev)
-        self.tables = torch.zeros(mb, mbk, dtype=torch.long, device=dev)
-        self.out = torch.zeros(mb, dtype=torch.long, device=dev)
+        # static device buffers: ids/pos [MB*W], slots [MB*W], tables [MB*MBK], last [MB], out [MB*W]
+        self.ids = torch.zeros(mb * mw, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(mb * mw, dtype=torch.long, device=dev)
+        self.slots = torch.zeros(mb * mw, dtype=torch.long, device=dev)
+        self.tables = torch.zeros(mb * mbk, dtype=torch.long, device=dev)
+        self.last = torch.zeros(mb, dtype=torch.long, device=dev)
+        self.out = torch.zeros(mb * mw, dtype=torch.long, device=dev)
         self.host = {name: torch.zeros(t.shape, dtype=torch.long).pin_memory()
                      for name, t in (("ids", self.ids), ("pos", self.pos), ("slots", self.slots),
-                                     ("tables", self.tables))}
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+                                     ("tables", self.tables), ("last", self.last))}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._capture()
+
+    def _step(self, forward, b: int, nblk: int, w: int) -> None:
+        ids = self.ids[: b * w].view(b, w)
+        inp = AttnInputs(self.pos[: b * w].view(b, w), self.slots[: b * w],
+                         self.tables[: b * nblk].view(b, nblk))
+        h = forward(ids, inp, self.runner.k_pool, self.runner.v_pool)  # [b, w, hidden]
+        if self.sample_last:
+            h = h[torch.arange(b, device=h.device), self.last[:b]]  # [b, hidden]
+            self.out[:b].copy_(self.runner.model.logits(h).argmax(-1))
+        else:
+            self.out[: b * w].copy_(self.runner.model.logits(h).argmax(-1).view(-1))
 
     @torch.inference_mode()
     def _capture(self) -> None:
-        model, r = self.runner.model, self.runner
+        forward = self.runner.forward
         pool = torch.cuda.graph_pool_handle()
-        for b in reversed(self.batches):
-            for nblk in reversed(self.blocks):
-                inp = AttnInputs(self.pos[:b], self.slots[:b], self.tables[:b, :nblk])
-                stream = torch.cuda.Stream()
-                stream.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(stream):  # warm up kernels / autotuning outside the graph
-                    for _ in range(2):
-                        h = model(self.ids[:b], inp, r.k_pool, r.v_pool)
-                        self.out[:b] = model.logits(h[:, -1]).argmax(-1)
-                torch.cuda.current_stream().wait_stream(stream)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    h = model(self.ids[:b], inp, r.k_pool, r.v_pool)
-                    self.out[:b] = model.logits(h[:, -1]).argmax(-1)
-                self.graphs[(b, nblk)] = graph
+        for w in reversed(self.widths):
+            for b in reversed(self.batches):
+                for nblk in reversed(self.blocks):
+                    if b * w > 8192:
+                        continue  # never scheduled: above any prefill budget or decode batch
+                    stream = torch.cuda.Stream()
+                    stream.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(stream):  # warm up kernels / compilation outside
+                        for _ in range(2):
+                            self._step(forward, b, nblk, w)
+                    torch.cuda.current_stream().wait_stream(stream)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._step(forward, b, nblk, w)
+                    self.graphs[(b, nblk, w)] = graph
         torch.cuda.synchronize()
 
     def run(self, rows: list[Row]) -> list[list[int]] | None:
         """Replay the smallest graph that fits; None when none does (the caller runs eagerly)."""
         n = len(rows)
-        need = max(-(-(r.start + 1) // self.runner.block_size) for r in rows)
-        b, nblk = bucket(n, self.batches), bucket(need, self.blocks)
-        if b is None or nblk is None:
+        width = max(len(r.tokens) for r in rows)
+        need = max(-(-(r.start + len(r.tokens)) // self.runner.block_size) for r in rows)
+        b, nblk, w = bucket(n, self.batches), bucket(need, self.blocks), bucket(width, self.widths)
+        if b is None or nblk is None or w is None or (b, nblk, w) not in self.graphs:
             return None
-        ids, pos, slots, tables = self.runner.layout(rows, b, nblk, 1)
-        h = self.host
-        h["ids"][:b] = torch.tensor(ids)
-        h["pos"][:b] = torch.tensor(pos)
-        h["slots"][:b] = torch.tensor(slots).view(-1)
-        h["tables"][:b, :nblk] = torch.tensor(tables)
-        self.ids[:b].copy_(h["ids"][:b], non_blocking=True)
-        self.pos[:b].copy_(h["pos"][:b], non_blocking=True)
-        self.slots[:b].copy_(h["slots"][:b], non_blocking=True)
-        self.tables[:b, :nblk].copy_(h["tables"][:b, :nblk], non_blocking=True)
-        self.graphs[(b, nblk)].replay()
-        return [[t] for t in self.out[:n].tolist()]  # the one host sync of the step
+        ids, pos, slots, tables = self.runner.layout(rows, b, nblk, w)
+        staged = {"ids": ids, "pos": pos, "slots": slots, "tables": tables,
+                  "last": [len(r.tokens) - 1 for r in rows] + [0] * (b - n)}
+        for name, values in staged.items():
+            flat = torch.tensor(values).view(-1)
+            self.host[name][: flat.numel()] = flat
+            getattr(self, name)[: flat.numel()].copy_(self.host[name][: flat.numel()],
+                                                      non_blocking=True)
+        self.graphs[(b, nblk, w)].replay()
+        if self.sample_last:
+            toks = self.out[:n].tolist()  # the one host sync of the step
+            return [[t] if r.sample_from < len(r.tokens) else [] for t, r in zip(toks, rows)]
+        flat = self.out[: n * w].tolist()  # the one host sync of the step
+        return [flat[i * w: i * w + len(r.tokens)] for i, r in enumerate(rows)]

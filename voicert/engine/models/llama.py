@@ -84,6 +84,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:  # one fused kernel (fp32 accumulation) instead of seven
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -91,10 +93,10 @@ class RMSNorm(nn.Module):
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, Q, H, D]; cos/sin: [B, Q, 1, D/2]. The half-split (rotate_half) convention of HF."""
-    x1, x2 = x.float().chunk(2, dim=-1)
-    out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-    return out.to(x.dtype)
+    """RoPE, HF's half-split convention: x * cos + rotate_half(x) * sin, in x's dtype.
+    x: [B, Q, H, D]; cos/sin: [B, Q, 1, D] (the D/2 angles repeated twice)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
 @dataclass(slots=True)
@@ -128,19 +130,28 @@ class Attention(nn.Module):
                 mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
         # x: [B, Q, hidden]; k_pool/v_pool: [NB, BS, KVH, D] (this layer's slice of the pool)
         b, q_len, _ = x.shape
-        q, k, v = self.qkv(x).split([self.h * self.d, self.kvh * self.d, self.kvh * self.d], dim=-1)
-        q = rotate(q.view(b, q_len, self.h, self.d), cos, sin)  # [B, Q, H, D]
-        k = rotate(k.view(b, q_len, self.kvh, self.d), cos, sin)  # [B, Q, KVH, D]
-        v = v.view(b, q_len, self.kvh, self.d)
+        h, kvh, d = self.h, self.kvh, self.d
+        qkv = self.qkv(x).view(b, q_len, h + 2 * kvh, d)  # [B, Q, H + 2 KVH, D]
+        qk = rotate(qkv[:, :, : h + kvh], cos, sin)  # q and k rotated together: [B, Q, H + KVH, D]
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh:]
         nb, bs = k_pool.shape[:2]
-        k_pool.view(nb * bs, self.kvh, self.d).index_copy_(0, inp.slots, k.reshape(-1, self.kvh, self.d))
-        v_pool.view(nb * bs, self.kvh, self.d).index_copy_(0, inp.slots, v.reshape(-1, self.kvh, self.d))
+        k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))
+        v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
         mb = inp.block_tables.shape[1]
-        keys = k_pool[inp.block_tables].view(b, mb * bs, self.kvh, self.d).transpose(1, 2)  # [B,KVH,L,D]
-        vals = v_pool[inp.block_tables].view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
+        keys = k_pool[inp.block_tables].view(b, mb * bs, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
+        vals = v_pool[inp.block_tables].view(b, mb * bs, kvh, d).transpose(1, 2)
+        if x.is_cuda and h != kvh:
+            # fold the query heads of each KV head into the query axis: [B, KVH, Q*G, D]; the
+            # masked kernels then read each K/V once instead of a repeated copy per query head
+            g = h // kvh
+            qf = q.reshape(b, q_len, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, q_len * g, d)
+            mf = mask.repeat_interleave(g, dim=2) if q_len > 1 else mask  # [B, 1, Q*G | 1, L]
+            out = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=mf)  # [B, KVH, Q*G, D]
+            out = out.view(b, kvh, q_len, g, d).permute(0, 2, 1, 3, 4)  # [B, Q, KVH, G, D]
+            return self.o(out.reshape(b, q_len, h * d))
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
-                                             enable_gqa=self.h != self.kvh)  # [B, H, Q, D]
-        return self.o(out.transpose(1, 2).reshape(b, q_len, self.h * self.d))
+                                             enable_gqa=h != kvh)  # [B, H, Q, D]
+        return self.o(out.transpose(1, 2).reshape(b, q_len, h * d))
 
 
 class MLP(nn.Module):
@@ -179,11 +190,15 @@ class LlamaModel(nn.Module):
                 v_pool: torch.Tensor) -> torch.Tensor:
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
         freqs = inp.positions.unsqueeze(-1).float() * self.inv_freq  # [B, Q, D/2]
-        cos, sin = freqs.cos().unsqueeze(2), freqs.sin().unsqueeze(2)  # [B, Q, 1, D/2]
+        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
+        dtype = self.embed.weight.dtype
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # as HF: in the model's dtype
         span = inp.block_tables.shape[1] * k_pool.shape[2]  # L = MB * BS
         keys = torch.arange(span, device=input_ids.device)  # [L]
         mask = (keys.view(1, 1, -1) <= inp.positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, Q, L]
         h = self.embed(input_ids)
+        if h.is_cuda:  # additive form, built once here instead of converted in every layer
+            mask = torch.zeros((), dtype=h.dtype, device=h.device).masked_fill(~mask, float("-inf"))
         for i, layer in enumerate(self.layers):
             h = h + layer.attn(layer.attn_norm(h), cos, sin, inp, mask, k_pool[i], v_pool[i])
             h = h + layer.mlp(layer.mlp_norm(h))
