@@ -21,14 +21,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--compile", action="store_true")
     args = ap.parse_args(argv)
     dev = "cuda"
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     bs = 16
     per_seq = -(-(args.context + 1) // bs)
-    runner = ModelRunner(model, 1 + per_seq * args.batch, bs, compile=args.compile)
+    runner = ModelRunner(model, 1 + per_seq * args.batch, bs)
     rows = [Row([100], args.context, list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), 0)
             for i in range(args.batch)]
     ids, inp = runner.prepare(rows)

@@ -43,7 +43,6 @@ class EngineConfig:
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
-    compile: bool = False  # GPU: torch.compile the forward (fused kernels; slower start)
 
 
 class LLMEngine:
@@ -66,7 +65,6 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
                                   max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
-                                  compile=cfg.compile,
                                   widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
                                   prefill_budget=cfg.prefill_token_budget)
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(

@@ -3,6 +3,7 @@ padded forward, and hands back greedy tokens. The only host sync per step is the
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import torch
@@ -40,13 +41,11 @@ def bucket(value: int, ladder: list[int]) -> int | None:
 class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
                  cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048,
-                 compile: bool = False, widths: tuple[int, ...] = (1,),
+                 widths: tuple[int, ...] = (1,),
                  prefill_budget: int = 512) -> None:
         cfg = model.cfg
         self.model = model
-        # torch.compile fuses the elementwise work (norms, RoPE, SiLU, residuals) into few kernels;
-        # dynamic shapes so one compilation serves every batch size and span
-        self.forward = torch.compile(model, dynamic=True) if compile else model
+        self.forward = model
         self.block_size = block_size
         self.num_blocks = num_blocks
         p = next(model.parameters())
@@ -166,6 +165,16 @@ class StepGraphs:
 
     @torch.inference_mode()
     def _capture(self) -> None:
+        # Garbage collected mid-capture (a freed pinned buffer records CUDA events) would invalidate
+        # the capture: collect first, and keep the collector off until every graph is captured.
+        gc.collect()
+        gc.disable()
+        try:
+            self._capture_all()
+        finally:
+            gc.enable()
+
+    def _capture_all(self) -> None:
         forward = self.runner.forward
         pool = torch.cuda.graph_pool_handle()
         for w in reversed(self.widths):
@@ -180,7 +189,7 @@ class StepGraphs:
                             self._step(forward, b, nblk, w)
                     torch.cuda.current_stream().wait_stream(stream)
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                         self._step(forward, b, nblk, w)
                     self.graphs[(b, nblk, w)] = graph
         torch.cuda.synchronize()
