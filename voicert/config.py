@@ -114,7 +114,8 @@ class LlmConfig:
     max_batch: int = 64
     prefill_token_budget: int = 512  # padded prompt tokens per prefill step (chunked prefill)
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
-    spec_tokens: int = 0  # n-gram prompt-lookup drafts per step (lossless for greedy); 0: off
+    spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
+    draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster, not identical to fp32)
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode
 

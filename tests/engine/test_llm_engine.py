@@ -150,3 +150,32 @@ async def test_cancel_frees_the_sequence_and_its_blocks(engines):
     assert seen[-1].finish_reason == "cancelled" and len(seen) < 10
     assert "cancel-me" not in plain.live_requests()
     assert plain.blocks.available == free_before
+
+
+async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
+    """Draft = the target itself (drafts nearly always accepted) and draft = random weights of the
+    same shape (drafts nearly never accepted): both must give the target's greedy tokens."""
+    from voicert.bench.engine import SHAPES
+    from voicert.engine.models.llama import LlamaConfig, random_llama
+
+    model, tok = parts
+    plain, _ = engines
+    texts = PROMPTS[:3] + ["Confirm back to me: my name is Anna Smith."]
+    greedy = [tokens_of(ev) for ev in await generate(plain, reqs("dg", texts, 40))]
+    junk = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama")),
+                        torch.float32, "cpu")
+    for name, draft in (("self", model), ("junk", junk)):
+        eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=3), model=model,
+                        tokenizer=tok, draft=draft)
+        try:
+            out = [tokens_of(ev) for ev in await generate(eng, reqs(f"d{name}", texts, 40))]
+            spec = eng.scheduler.spec
+            assert out == greedy, name
+            assert spec.proposed > 0
+            if name == "self":
+                assert spec.acceptance_rate > 0.9 and spec.mean_accepted_length > 3
+            else:
+                assert spec.acceptance_rate < 0.2
+            assert not eng.drafter.state  # every finished sequence released its draft blocks
+        finally:
+            eng.close()

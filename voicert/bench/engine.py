@@ -114,6 +114,7 @@ class Bench:
                                          tokenizer=tok)
         self.hf = self._hf_model() if args.baseline else None
         self.rng = np.random.default_rng(0)
+        self.hops: list[float] = []
 
     def _hf_model(self):
         from transformers import AutoModelForCausalLM, LlamaConfig as HFLlamaConfig
@@ -142,8 +143,10 @@ class Bench:
         times, ids = [], []
         async for ev in engine.submit(req):
             if ev.finish_reason is None:
-                times.append(time.perf_counter_ns())
+                now = time.perf_counter_ns()
+                times.append(now)
                 ids.append(ev.token_id)
+                self.hops.append((now - ev.sampled_ns) / 1e3)  # engine thread -> asyncio, us
         return times, req.submit_ns, ids
 
     async def ours_ttft_cached(self, reps: int) -> list[float]:
@@ -245,6 +248,8 @@ class Bench:
             rows.append(Row(f"TPOT per stream, {n} streams, incl. others' prefill (P50)",
                             pct(tpots, 50), None, "ms"))
             rows.append(Row(f"tokens/s, {n} streams", tps, hf_tps, "tok/s"))
+        rows.append(Row("engine thread -> asyncio hop per token (P50)", pct(self.hops, 50), None, "us"))
+        rows.append(Row("engine thread -> asyncio hop per token (P99)", pct(self.hops, 99), None, "us"))
         spec = await self.spec_compare() if self.spec_engine else {}
         return {"rows": rows, "spec": spec}
 

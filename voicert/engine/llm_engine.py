@@ -17,6 +17,7 @@ import torch
 
 from voicert.engine.base import ChatMessage, EngineStats, GenerationRequest, TokenEvent
 from voicert.engine.detok import IncrementalDetokenizer
+from voicert.engine.draft import DraftModelProposer
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.models.llama import LlamaModel, load_llama
 from voicert.engine.runner import ModelRunner
@@ -39,7 +40,9 @@ class EngineConfig:
     max_batch: int = 64
     prefill_token_budget: int = 512
     batch_window_ms: float = 0.0  # an idle engine waits this long for more arrivals
-    spec_tokens: int = 0  # n-gram drafts per decode step; 0 disables speculation
+    spec_tokens: int = 0  # drafts per decode step; 0 disables speculation
+    draft_model: str = ""  # HF dir / .gguf / embedded of a draft model with the same tokenizer;
+    # empty: drafts come from n-gram prompt lookup
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
@@ -47,7 +50,7 @@ class EngineConfig:
 
 class LLMEngine:
     def __init__(self, model_dir: str, cfg: EngineConfig, model: LlamaModel | None = None,
-                 tokenizer=None) -> None:
+                 tokenizer=None, draft: LlamaModel | None = None) -> None:
         from transformers import AutoConfig, AutoTokenizer
 
         self.cfg = cfg
@@ -67,8 +70,10 @@ class LLMEngine:
                                   max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
                                   widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
                                   prefill_budget=cfg.prefill_token_budget)
+        self.drafter = self._drafter(draft, num_blocks)
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(
-            cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens), self.stop_ids)
+            cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens,
+            external_drafts=self.drafter is not None), self.stop_ids)
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
                  cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -78,6 +83,21 @@ class LLMEngine:
         self.step_batch_sizes: list[int] = []
         self._thread = threading.Thread(target=self._loop, name="voicert-engine", daemon=True)
         self._thread.start()
+
+    def _drafter(self, draft: LlamaModel | None, num_blocks: int) -> DraftModelProposer | None:
+        """The draft model, when speculation uses one (loaded by config or handed in)."""
+        if self.cfg.spec_tokens <= 0 or (draft is None and not self.cfg.draft_model):
+            return None
+        if draft is None:
+            from voicert.config import cache_dir, load_config
+            from voicert.engine.loader import resolve_llm
+
+            path = resolve_llm(self.cfg.draft_model, cache_dir(load_config(environ={}).models))
+            draft = load_llama(path, _DTYPES[self.cfg.dtype], self.cfg.device)
+        if draft.cfg.vocab_size != self.model.cfg.vocab_size:
+            raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                             f"({self.model.cfg.vocab_size}): it must share the tokenizer")
+        return DraftModelProposer(draft, max(num_blocks // 2, 2), self.cfg.block_size)
 
     def _pool_blocks(self) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,
@@ -201,6 +221,8 @@ class LLMEngine:
             if not chunk.seq.prefill_start_ns:
                 chunk.seq.prefill_start_ns = now
         self.step_batch_sizes.append(len(step.chunks) + len(step.seqs))
+        if self.drafter is not None and step.kind == "decode":
+            self.drafter.propose(step.seqs, self.cfg.spec_tokens)
         sampled = self.runner.run(step)
         emitted = self.scheduler.postprocess(step, sampled)
         sampled_ns = time.perf_counter_ns()
@@ -213,6 +235,8 @@ class LLMEngine:
                 self._end(seq, seq.finish_reason)
 
     def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        if self.drafter is not None:
+            self.drafter.release(seq.id)
         with self._lock:
             self._live.discard(seq.id)
             self._stats.finished += 1

@@ -103,6 +103,11 @@ class ModelRunner:
             out = graphs.run(rows)
             if out is not None:
                 return out
+        return self.run_rows(rows)
+
+    @torch.inference_mode()
+    def run_rows(self, rows: list[Row]) -> list[list[int]]:
+        """Eager forward of arbitrary rows; greedy tokens after each sampled position."""
         input_ids, inp = self.prepare(rows)
         hidden = self.forward(input_ids, inp, self.k_pool, self.v_pool)  # [B, Q, hidden]
         picks = [(i, j) for i, r in enumerate(rows) for j in range(r.sample_from, len(r.tokens))]

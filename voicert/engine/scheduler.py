@@ -21,7 +21,8 @@ from voicert.engine.speculative import accept_greedy, ngram_propose
 class SchedulerConfig:
     max_batch: int = 64  # sequences decoding together
     prefill_token_budget: int = 512  # padded prompt tokens per prefill step
-    spec_tokens: int = 0  # n-gram prompt-lookup drafts per decode step (0: plain greedy)
+    spec_tokens: int = 0  # drafts per decode step (0: plain greedy)
+    external_drafts: bool = False  # drafts come from a draft model after scheduling, not n-grams
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.prefill_token_budget < 1 or self.spec_tokens < 0:
@@ -164,9 +165,13 @@ class Scheduler:
         for seq in seqs[: self.cfg.max_batch]:
             if seq.status is not Status.DECODE:
                 continue  # preempted earlier in this loop
-            k = min(self.cfg.spec_tokens, seq.remaining - 1)
-            seq.draft = ngram_propose(seq.tokens, k) if k > 0 else []
-            need = len(seq.tokens) + len(seq.draft)
+            k = max(min(self.cfg.spec_tokens, seq.remaining - 1), 0)
+            if self.cfg.external_drafts:
+                seq.draft = []  # the draft model fills it after scheduling; reserve its k slots
+                need = len(seq.tokens) + k
+            else:
+                seq.draft = ngram_propose(seq.tokens, k) if k > 0 else []
+                need = len(seq.tokens) + len(seq.draft)
             while not self.blocks.can_grow(seq.blocks, need) and seq.draft:
                 seq.draft = []  # drop the drafts before anybody else's KV
                 need = len(seq.tokens)
