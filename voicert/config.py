@@ -140,6 +140,16 @@ class LlmConfig:
 
 
 @dataclass(slots=True)
+class TelemetryConfig:
+    budget_ms: float = 100.0  # TTFT budget: turns above it are flagged; histogram buckets refine here
+    recent_turns: int = 200  # turns the dashboard shows and computes rolling percentiles over
+
+    def __post_init__(self) -> None:
+        _check(self.budget_ms > 0, "telemetry.budget_ms", "must be > 0")
+        _check(1 <= self.recent_turns <= 100000, "telemetry.recent_turns", "must be in [1, 100000]")
+
+
+@dataclass(slots=True)
 class LogConfig:
     level: str = "INFO"
 
@@ -155,6 +165,7 @@ class Config:
     vad: VadConfig = field(default_factory=VadConfig)
     asr: AsrConfig = field(default_factory=AsrConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
 
@@ -261,5 +272,6 @@ def as_dict(cfg: Config) -> dict[str, Any]:
 
 __all__ = [
     "AsrConfig", "Config", "ConfigError", "LlmConfig", "LogConfig", "ModelsConfig", "ServerConfig",
+    "TelemetryConfig",
     "VadConfig", "SUPPORTED_SAMPLE_RATES", "as_dict", "cache_dir", "load_config", "env_overrides",
 ]

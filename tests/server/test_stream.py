@@ -233,6 +233,25 @@ def _get(url):
         return e.code, e.read().decode()
 
 
+async def test_metrics_endpoint_reports_turns_sessions_and_errors(url, server):
+    await one_turn(url)
+    await one_turn(url)  # shares the first one's system-prompt blocks
+    await expect_error(url, [msgpack.packb({"type": "nope"})], p.ErrorCode.UNKNOWN_TYPE)
+    status, body = await asyncio.to_thread(_get, f"http://127.0.0.1:{server.port}/metrics")
+    assert status == 200
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for f in text_string_to_metric_families(body) for s in f.samples}
+    assert values[("voicert_ttft_seconds_count", ())] >= 1
+    assert values[("voicert_stage_latency_seconds_count", (("stage", "asr"),))] >= 1
+    assert values[("voicert_errors_total", (("code", "unknown_type"),))] >= 1
+    assert values[("voicert_asr_batch_size_count", ())] >= 1
+    assert values[("voicert_engine_batch_size_count", ())] >= 1
+    assert values[("voicert_active_sessions", ())] == 0  # every test session has ended
+    assert 0 < values[("voicert_prefix_cache_hit_ratio", ())] <= 1
+
+
 async def test_health_ready_and_unknown_routes(server):
     base = f"http://127.0.0.1:{server.port}"
     assert await asyncio.to_thread(_get, base + "/healthz") == (200, "ok\n")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 import numpy as np
@@ -23,7 +23,8 @@ from voicert.protocol import native as p
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.endpoint import Endpointer, EventKind
 from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
-from voicert.telemetry.latency import Point, TurnTrace, now_ns
+from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
+from voicert.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 Emit = Callable[[p.ServerEvent], Awaitable[None]]
@@ -38,6 +39,7 @@ class Services:
     vad: SileroVad
     asr: WhisperAsr
     engine: Engine
+    metrics: Metrics = field(default_factory=Metrics)
     draining: bool = False  # set at shutdown: no new turns start
 
 
@@ -209,7 +211,10 @@ class Session:
             self.history += [ChatMessage("user", user_text)]
             if reply:
                 self.history.append(ChatMessage("assistant", reply))
-            stages = trace.stages_ms()
+            record = TurnRecord.from_trace(trace, self.id, reason, tokens,
+                                           self.cfg.telemetry.budget_ms)
+            self.svc.metrics.observe_turn(record)
+            stages = record.stages
             self.latencies.append(stages)
             log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason, tokens,
                      prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))

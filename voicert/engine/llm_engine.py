@@ -6,6 +6,7 @@ the simple engine. One step is three lines: schedule, run, postprocess.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import queue
 import threading
@@ -80,7 +81,7 @@ class LLMEngine:
         self._lock = threading.Lock()
         self._live: set[str] = set()
         self._stats = EngineStats()
-        self.step_batch_sizes: list[int] = []
+        self.step_batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
         self._thread = threading.Thread(target=self._loop, name="voicert-engine", daemon=True)
         self._thread.start()
 
@@ -135,6 +136,13 @@ class LLMEngine:
                    "spec_mean_accepted_length": spec.mean_accepted_length,
                    "kv_blocks_free": float(self.blocks.available)}
         return s
+
+    def drain_batch_sizes(self) -> list[int]:
+        """Sequences per engine step since the last call (for metrics)."""
+        out = []
+        while self.step_batch_sizes:
+            out.append(self.step_batch_sizes.popleft())
+        return out
 
     def live_requests(self) -> set[str]:
         with self._lock:

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
@@ -24,6 +25,8 @@ from voicert.engine.simple import SimpleEngine
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.vad import SileroVad
+from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from voicert.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
@@ -39,7 +42,8 @@ def load_services(cfg: Config) -> Services:
     engine = build_engine(cfg)
     engine.warmup()
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
-    return Services(cfg=cfg, vad=vad, asr=asr, engine=engine)
+    return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
+                    metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns))
 
 
 def build_engine(cfg: Config):
@@ -62,13 +66,14 @@ def build_engine(cfg: Config):
         cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda")))
 
 
-def _text_response(status: http.HTTPStatus, body: str) -> Response:
-    from websockets.datastructures import Headers
-
-    data = body.encode()
-    headers = Headers([("Content-Type", "text/plain; charset=utf-8"),
-                       ("Content-Length", str(len(data))), ("Connection", "close")])
+def _response(status: http.HTTPStatus, data: bytes, content_type: str) -> Response:
+    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(data))),
+                       ("Cache-Control", "no-store"), ("Connection", "close")])
     return Response(status.value, status.phrase, headers, data)
+
+
+def _text_response(status: http.HTTPStatus, body: str) -> Response:
+    return _response(status, body.encode(), "text/plain; charset=utf-8")
 
 
 @dataclass
@@ -87,6 +92,11 @@ class VoiceServer:
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
             return _text_response(http.HTTPStatus.OK, "ok\n")
+        if path == "/metrics":
+            m = self.services.metrics
+            m.sample_engine(self.services.engine)
+            m.sample_asr(self.services.asr)
+            return _response(http.HTTPStatus.OK, m.exposition(), METRICS_CONTENT_TYPE)
         if path == "/readyz":
             ok = self.ready and not self.services.draining
             return _text_response(http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE,

@@ -31,6 +31,8 @@ class Connection:
     async def send(self, event: p.ServerEvent) -> None:
         """Send one event; a closed socket is ignored, a reader too slow to drain one frame within
         ``server.send_timeout_s`` is disconnected (its turn is then cancelled by the read loop)."""
+        if isinstance(event, p.Error):
+            self.svc.metrics.observe_error(event.code)
         if self.closed:
             return
         try:
@@ -64,6 +66,7 @@ class Connection:
             self.closed = self.closed or self.ws.state.name != "OPEN"
             if self.session is not None:
                 await self.session.close()
+                self.svc.metrics.sessions.dec()
 
     async def _dispatch(self, frame: bytes | str) -> bool:
         """Handle one client message; True when the session has ended."""
@@ -105,5 +108,6 @@ class Connection:
             raise p.ProtocolError(p.ErrorCode.SHUTTING_DOWN, "server is shutting down")
         sid = uuid.uuid4().hex[:12]
         self.session = Session(sid, start, self.svc, self.send)
+        self.svc.metrics.sessions.inc()
         await self.send(p.SessionStarted(sid, start.sample_rate, start.encoding,
                                          start.turn_detection))

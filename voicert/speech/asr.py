@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import logging
 import time
@@ -55,6 +56,7 @@ class WhisperAsr:
                                   compute_type=cfg.compute_type, cpu_threads=cfg.threads,
                                   num_workers=1)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicert-asr")
+        self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
 
     def transcribe_sync(self, audio: np.ndarray) -> Transcript:
         """audio: [N] float32 16 kHz mono. Blocking; runs on the worker thread."""
@@ -63,6 +65,7 @@ class WhisperAsr:
             audio, language="en", beam_size=self.cfg.beam_size, vad_filter=False,
             condition_on_previous_text=False, without_timestamps=True,
             no_speech_threshold=self.cfg.no_speech_threshold, temperature=0.0)
+        self.batch_sizes.append(1)  # one utterance per decode (no cross-session batching yet)
         texts, dropped = [], 0
         for seg in segments:
             if seg.no_speech_prob > self.cfg.no_speech_threshold and seg.avg_logprob < -0.5:
@@ -76,6 +79,12 @@ class WhisperAsr:
     async def transcribe(self, audio: np.ndarray) -> Transcript:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, self.transcribe_sync, audio)
+
+    def drain_batch_sizes(self) -> list[int]:
+        out = []
+        while self.batch_sizes:
+            out.append(self.batch_sizes.popleft())
+        return out
 
     def warmup(self) -> None:
         """One decode of a short tone so the first real turn does not pay start-up costs."""

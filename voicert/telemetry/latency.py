@@ -48,6 +48,9 @@ STAGES: tuple[Stage, ...] = (
           "last voiced audio received -> endpoint decision (mostly the configured trailing silence)"),
     Stage("asr_ms", Point.ENDPOINT, Point.TRANSCRIPT,
           "endpoint decision -> final transcript back on the event loop"),
+    Stage("dispatch_ms", Point.TRANSCRIPT, Point.SUBMIT,
+          "final transcript on the event loop -> request handed to the engine (transcript sent, "
+          "prompt assembled)"),
     Stage("queue_ms", Point.SUBMIT, Point.PREFILL_START,
           "request handed to the engine -> engine thread starts on it"),
     Stage("prefill_ms", Point.PREFILL_START, Point.FIRST_TOKEN_SAMPLED,
@@ -66,6 +69,10 @@ STAGES: tuple[Stage, ...] = (
           "endpoint decision -> reply finished"),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
+# Back-to-back slices from the last voiced audio to the first token on the wire: they add up to
+# voice_to_first_token_ms, so a waterfall of them shows where a turn's time went.
+WATERFALL: tuple[str, ...] = ("endpoint_ms", "asr_ms", "dispatch_ms", "queue_ms", "prefill_ms",
+                              "handoff_ms", "send_ms")
 
 
 def now_ns() -> int:
@@ -109,3 +116,32 @@ def format_table(rows: list[dict[str, float]], names: tuple[str, ...] = STAGE_NA
         lines.append(f"{label:<4}" + "".join(
             f"{r[n]:>{w}.1f}" if n in r else f"{'-':>{w}}" for n, w in zip(cols, widths)))
     return "\n".join(lines)
+
+
+@dataclass(slots=True)
+class TurnRecord:
+    """One finished turn, as dashboards and metrics see it."""
+
+    session_id: str
+    turn_id: int
+    wall_time: float  # time.time() at the end, a label for charts only (never used for intervals)
+    stages: dict[str, float]
+    finish_reason: str
+    tokens: int
+    budget_ms: float
+    ttft_ms: float | None = None
+    dominant_stage: str | None = None  # the waterfall slice that took longest
+    over_budget: bool = False  # ttft_ms above the configured budget
+
+    @classmethod
+    def from_trace(cls, trace: TurnTrace, session_id: str, finish_reason: str, tokens: int,
+                   budget_ms: float) -> "TurnRecord":
+        stages = trace.stages_ms()
+        slices = {k: stages[k] for k in WATERFALL if k in stages}
+        ttft = stages.get("ttft_ms")
+        return cls(session_id, trace.turn_id, time.time(), stages, finish_reason, tokens, budget_ms,
+                   ttft, max(slices, key=slices.get) if slices else None,
+                   ttft is not None and ttft > budget_ms)
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}

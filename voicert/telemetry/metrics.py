@@ -1,0 +1,114 @@
+"""Prometheus metrics and the recent-turn feed for dashboards.
+
+One :class:`Metrics` per server, with its own registry (so several servers in one process, as in
+the tests, never collide). Turn latencies arrive as :class:`TurnRecord`s; engine and ASR figures are
+sampled from their stats when ``/metrics`` is scraped or the dashboard ticks.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from voicert.telemetry.latency import STAGE_NAMES, TurnRecord
+
+log = logging.getLogger(__name__)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def latency_buckets(budget_ms: float) -> list[float]:
+    """Seconds. Coarse far from the budget, 1 ms steps within 10 ms of it."""
+    ms = {0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 150, 200, 300, 400, 500, 750,
+          1000, 1500, 2000, 3000, 5000, 10000, 30000}
+    ms |= {budget_ms + d for d in range(-10, 11) if budget_ms + d > 0}
+    return sorted(m / 1000 for m in ms)
+
+
+class Metrics:
+    def __init__(self, budget_ms: float = 100.0, recent: int = 200) -> None:
+        self.budget_ms = budget_ms
+        r = self.registry = CollectorRegistry()
+        buckets = latency_buckets(budget_ms)
+        self.stage = Histogram("voicert_stage_latency_seconds",
+                               "Per-stage turn latency (see docs/protocol.md for each interval)",
+                               ["stage"], buckets=buckets, registry=r)
+        self.ttft = Histogram("voicert_ttft_seconds", "Endpoint decision -> first token on the wire",
+                              buckets=buckets, registry=r)
+        self.v2ft = Histogram("voicert_voice_to_first_token_seconds",
+                              "Last voiced audio -> first token on the wire", buckets=buckets,
+                              registry=r)
+        self.turns = Counter("voicert_turns_total", "Finished turns", ["finish_reason"], registry=r)
+        self.over_budget = Counter("voicert_turns_over_budget_total",
+                                   "Turns whose TTFT exceeded the budget", registry=r)
+        self.errors = Counter("voicert_errors_total", "Error events sent, by code", ["code"],
+                              registry=r)
+        self.sessions = Gauge("voicert_active_sessions", "Sessions started and not ended",
+                              registry=r)
+        self.queue_depth = Gauge("voicert_engine_queue_depth", "Requests waiting for the engine",
+                                 registry=r)
+        self.running = Gauge("voicert_engine_running", "Requests the engine is generating",
+                             registry=r)
+        self.batch = Histogram("voicert_engine_batch_size", "Sequences per engine step",
+                               buckets=[1, 2, 4, 8, 16, 32, 64, 128, 256], registry=r)
+        self.prefix_hit = Gauge("voicert_prefix_cache_hit_ratio",
+                                "Prompt tokens served from the prefix cache / looked up", registry=r)
+        self.spec_accept = Gauge("voicert_spec_acceptance_rate",
+                                 "Accepted / proposed speculative drafts", registry=r)
+        self.asr_batch = Histogram("voicert_asr_batch_size", "Utterances per ASR decode",
+                                   buckets=[1, 2, 4, 8, 16, 32, 64], registry=r)
+        self.recent: collections.deque[TurnRecord] = collections.deque(maxlen=recent)
+        self.listeners: set[Callable[[TurnRecord], None]] = set()
+        self.recent_batches: collections.deque[int] = collections.deque(maxlen=recent)
+
+    def observe_turn(self, rec: TurnRecord) -> None:
+        for name in STAGE_NAMES:
+            if name in rec.stages and name not in ("ttft_ms", "voice_to_first_token_ms"):
+                self.stage.labels(name.removesuffix("_ms")).observe(rec.stages[name] / 1000)
+        if rec.ttft_ms is not None:
+            self.ttft.observe(rec.ttft_ms / 1000)
+        if "voice_to_first_token_ms" in rec.stages:
+            self.v2ft.observe(rec.stages["voice_to_first_token_ms"] / 1000)
+        self.turns.labels(rec.finish_reason).inc()
+        if rec.over_budget:
+            self.over_budget.inc()
+        self.recent.append(rec)
+        for listener in list(self.listeners):
+            try:
+                listener(rec)
+            except Exception:  # a broken dashboard feed must never break a turn
+                log.exception("turn listener failed")
+
+    def observe_error(self, code: str) -> None:
+        self.errors.labels(code).inc()
+
+    def sample_engine(self, engine) -> None:
+        """Pull the engine's current figures (any engine: missing ones are skipped)."""
+        stats = engine.stats()
+        extra = stats.extra or {}
+        sched = getattr(engine, "scheduler", None)
+        if sched is not None:
+            self.queue_depth.set(len(sched.waiting))
+            self.running.set(len(sched.running))
+        else:
+            self.running.set(stats.active)
+        drain = getattr(engine, "drain_batch_sizes", None)
+        if drain is not None:
+            for size in drain():
+                self.batch.observe(size)
+                self.recent_batches.append(size)
+        if "prefix_hit_ratio" in extra:
+            self.prefix_hit.set(extra["prefix_hit_ratio"])
+        if "spec_acceptance_rate" in extra:
+            self.spec_accept.set(extra["spec_acceptance_rate"])
+
+    def sample_asr(self, asr) -> None:
+        drain = getattr(asr, "drain_batch_sizes", None)
+        for size in drain() if drain else ():
+            self.asr_batch.observe(size)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
