@@ -1,85 +1,77 @@
-"""``python -m loadgen``: run turns of spoken WAVs against a voicert server and report per-stage
-latency percentiles (server ``turn.latency`` stages plus client-side end-of-audio -> first token).
+"""``python -m loadgen``: simulated callers streaming real speech WAVs to a voicert server.
 
-Sequential sessions, one turn after another (no overlap), real-time pace by default. Concurrency,
-open-loop arrivals, sweeps and plots are built on this in later work."""
+Modes: ``--callers N`` (closed loop), ``--arrival-rate R`` (open loop, Poisson sessions/s), or
+``--sweep 1,2,4,8`` (closed loop at each level; reports the largest level that holds the budget).
+Writes result.json, report.md and PNG plots to ``--out``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import glob
-import json
 import sys
 import time
+from pathlib import Path
 
-import numpy as np
-
-from voicert.client import load_for_streaming, stream_audio
-from voicert.telemetry.latency import STAGE_NAMES
-
-REPORT_STAGES = ("endpoint_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "send_ms",
-                 "ttft_ms", "voice_to_first_token_ms")
+from loadgen.caller import CallerStats
+from loadgen.report import write_all
+from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
+from voicert.client import load_for_streaming
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    a = np.asarray(values, dtype=np.float64)
-    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean()), "n": int(a.size)}
-
-
-def table(rows: dict[str, dict[str, float]]) -> str:
-    lines = ["| stage | P50 ms | P95 ms | P99 ms | mean ms | n |", "|---|---:|---:|---:|---:|---:|"]
-    for name, s in rows.items():
-        lines.append(f"| {name} | {s['p50']:.1f} | {s['p95']:.1f} | {s['p99']:.1f} | "
-                     f"{s['mean']:.1f} | {s['n']} |")
-    return "\n".join(lines)
-
-
-async def run(url: str, files: list[str], turns: int, turns_per_session: int,
-              realtime: bool) -> dict[str, list[float]]:
-    audio = [load_for_streaming(f) for f in files]
-    samples: dict[str, list[float]] = {n: [] for n in (*STAGE_NAMES, "client_ttft_ms")}
-    done = 0
-    while done < turns:
-        k = min(turns_per_session, turns - done)
-        batch = [audio[(done + i) % len(audio)] for i in range(k)]
-        result = await stream_audio(url, batch, realtime=realtime)
-        for turn in result.turns:
-            for name, value in turn.latency.items():
-                samples[name].append(value)
-        # client view: the last frame of the spoken audio (not the trailing silence) was sent ->
-        # first token received; only meaningful for the one-turn-per-session layout
-        if k == 1 and result.turns and result.turns[0].first_token_client_ns:
-            samples["client_ttft_ms"].append(
-                (result.turns[0].first_token_client_ns - result.audio_end_ns) / 1e6)
-        errors = len(result.errors)
-        done += k
-        print(f"  {done}/{turns} turns, errors={errors}", file=sys.stderr, flush=True)
-    return {k: v for k, v in samples.items() if v}
+def by_concurrency(stats: CallerStats) -> dict[int, CallerStats]:
+    """Open loop: group turns by the number of sessions open when each began (session-level
+    counts stay on the lowest level)."""
+    levels: dict[int, CallerStats] = {}
+    for turn in stats.turns:
+        levels.setdefault(turn.concurrency, CallerStats()).turns.append(turn)
+    first = levels.setdefault(min(levels, default=1), CallerStats())
+    first.errors, first.timeouts = stats.errors, stats.timeouts
+    first.dropped, first.sessions = stats.dropped, stats.sessions
+    return levels
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadgen")
+    ap = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
     ap.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
     ap.add_argument("--wav", nargs="+", default=sorted(glob.glob("tests/data/*.wav")))
-    ap.add_argument("--turns", type=int, default=20)
-    ap.add_argument("--turns-per-session", type=int, default=1)
-    ap.add_argument("--fast", action="store_true", help="send audio faster than real time")
-    ap.add_argument("--json", help="write raw samples and percentiles here")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--callers", type=int, default=1, help="closed loop: concurrent callers")
+    mode.add_argument("--arrival-rate", type=float, help="open loop: new sessions per second")
+    mode.add_argument("--sweep", help="closed loop at each level, e.g. 1,2,4,8")
+    ap.add_argument("--duration", type=float, default=30.0, help="seconds per level (after ramp)")
+    ap.add_argument("--ramp", type=float, default=2.0, help="seconds to start all callers")
+    ap.add_argument("--turns", type=int, default=3, help="turns per session")
+    ap.add_argument("--think", type=float, default=1.0, help="mean pause between turns (s)")
+    ap.add_argument("--turn-timeout", type=float, default=30.0)
+    ap.add_argument("--budget-ms", type=float, default=100.0)
+    ap.add_argument("--out", default="artifacts/loadgen")
+    ap.add_argument("--title", default="voicert load")
     args = ap.parse_args(argv)
     if not args.wav:
-        ap.error("no WAV files")
-    t0 = time.perf_counter()
-    samples = asyncio.run(run(args.url, args.wav, args.turns, args.turns_per_session,
-                              not args.fast))
-    stats = {n: percentiles(v) for n, v in samples.items()
-             if n in (*REPORT_STAGES, "client_ttft_ms")}
-    print(table(stats))
-    print(f"\n{args.turns} turns in {time.perf_counter() - t0:.1f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"samples": samples, "stats": stats}, f, indent=1)
+        ap.error("no WAV files (give --wav)")
+    spec = LoadSpec(args.url, [load_for_streaming(w) for w in args.wav], args.duration, args.ramp,
+                    args.turns, args.think, args.turn_timeout)
+    t0 = time.monotonic()
+
+    def progress(n, stats, held):
+        print(f"  {n} sessions: {len(stats.turns)} turns, errors={stats.errors} "
+              f"timeouts={stats.timeouts} dropped={stats.dropped} "
+              f"{'holds' if held else 'misses'} the budget", file=sys.stderr, flush=True)
+
+    best = None
+    if args.sweep:
+        levels_n = [int(x) for x in args.sweep.split(",")]
+        levels, best = asyncio.run(sweep(spec, levels_n, args.budget_ms, progress))
+    elif args.arrival_rate:
+        levels = by_concurrency(asyncio.run(open_loop(spec, args.arrival_rate)))
+    else:
+        levels = {args.callers: asyncio.run(closed_loop(spec, args.callers))}
+    files = write_all(levels, Path(args.out), args.budget_ms, best, args.title,
+                      {"argv": sys.argv[1:] if argv is None else argv,
+                       "wall_s": round(time.monotonic() - t0, 1)})
+    print(files["markdown"].read_text())
+    print("wrote " + ", ".join(str(p) for p in files.values()))
     return 0
 
 

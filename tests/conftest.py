@@ -32,3 +32,25 @@ def services(cfg):
     yield svc
     svc.engine.close()
     svc.asr.close()
+
+
+@pytest.fixture(scope="session")
+async def server(services):
+    """A real server on 127.0.0.1 (a free port) sharing the loaded models; 64 KiB frame limit."""
+    import dataclasses
+
+    from voicert.server.app import VoiceServer
+
+    srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
+        services.cfg, server=dataclasses.replace(services.cfg.server, port=0,
+                                                 max_message_bytes=64 * 1024))))
+    await srv.start()
+    yield srv
+    await srv.shutdown()
+
+
+@pytest.fixture
+def url(server):
+    from voicert.server.app import STREAM_PATH
+
+    return f"ws://127.0.0.1:{server.port}{STREAM_PATH}"

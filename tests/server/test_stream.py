@@ -23,21 +23,6 @@ STAGES = ("endpoint_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "
           "voice_to_first_token_ms")
 
 
-@pytest.fixture(scope="module")
-async def server(services):
-    srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
-        services.cfg, server=dataclasses.replace(services.cfg.server, port=0,
-                                                 max_message_bytes=64 * 1024))))
-    await srv.start()
-    yield srv
-    await srv.shutdown()
-
-
-@pytest.fixture
-def url(server):
-    return f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
-
-
 async def one_turn(url, name="capital_of_france", **kw):
     return await stream_audio(url, [wav(name)], realtime=False, **kw)
 

@@ -1,0 +1,128 @@
+"""One simulated caller: a session of several spoken turns at real-time pace over the native
+protocol, measuring what the caller experiences beside the server's ``turn.latency`` stages."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from voicert.audio.pcm import encode_pcm16
+from voicert.protocol import native as p
+
+FRAME_MS = 20
+
+
+@dataclass
+class TurnSample:
+    """One turn as measured. Client times come from the caller's monotonic clock."""
+
+    concurrency: int
+    stages: dict[str, float] = field(default_factory=dict)  # server turn.latency
+    client_ttft_ms: float | None = None  # last frame of speech sent -> first token received
+    client_done_ms: float | None = None  # last frame of speech sent -> response.done received
+    finish_reason: str = ""
+    transcript: str = ""
+
+
+@dataclass
+class CallerStats:
+    turns: list[TurnSample] = field(default_factory=list)
+    errors: int = 0  # error events received
+    timeouts: int = 0  # turns with no response.done within the turn timeout
+    dropped: int = 0  # sessions whose connection failed or closed unexpectedly
+    sessions: int = 0
+
+
+class Caller:
+    def __init__(self, url: str, clips: list[tuple[np.ndarray, int]], *, turns: int,
+                 think_s: float, turn_timeout_s: float, concurrency: int, seed: int,
+                 trailing_silence_s: float = 1.2) -> None:
+        self.url = url
+        self.clips = clips
+        self.turns = turns
+        self.think_s = think_s
+        self.turn_timeout_s = turn_timeout_s
+        self.concurrency = concurrency
+        self.rng = random.Random(seed)
+        self.silence_s = trailing_silence_s
+
+    async def session(self, stats: CallerStats, stop_at: float) -> None:
+        """One session of up to ``turns`` turns; stops early at ``stop_at`` (monotonic s)."""
+        stats.sessions += 1
+        rate = self.clips[0][1]
+        try:
+            async with connect(self.url, max_size=None, compression=None, open_timeout=10) as ws:
+                await ws.send(p.encode(p.SessionStart(sample_rate=rate)))
+                started = p.decode_server(await asyncio.wait_for(ws.recv(), 10))
+                if started["type"] != "session.started":
+                    stats.errors += 1
+                    return
+                for _ in range(self.turns):
+                    if time.monotonic() >= stop_at:
+                        break
+                    if not await self._turn(ws, stats, rate):
+                        break
+                    await asyncio.sleep(self.think_s * self.rng.uniform(0.5, 1.5))
+                await ws.send(p.encode(p.SessionEnd()))
+        except (ConnectionClosed, OSError, asyncio.TimeoutError):
+            stats.dropped += 1
+
+    async def _turn(self, ws, stats: CallerStats, rate: int) -> bool:
+        """Stream one clip, then read until turn.latency. False when the session should end."""
+        samples, _ = self.clips[self.rng.randrange(len(self.clips))]
+        audio = np.concatenate([samples, np.zeros(int(rate * self.silence_s), np.float32)])
+        n = rate * FRAME_MS // 1000
+        speech_frames = -(-samples.size // n)
+        sample = TurnSample(self.concurrency)
+        speech_end = 0
+        reader = asyncio.create_task(self._read(ws, sample, stats))
+        t0 = time.perf_counter()
+        try:
+            for i in range(0, audio.size, n):
+                await ws.send(p.encode(p.Audio(encode_pcm16(audio[i:i + n]))))
+                if i // n == speech_frames - 1:
+                    speech_end = time.perf_counter_ns()
+                delay = t0 + (i // n + 1) * FRAME_MS / 1000 - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            await asyncio.wait_for(asyncio.shield(reader), self.turn_timeout_s)
+        except asyncio.TimeoutError:
+            stats.timeouts += 1
+            reader.cancel()
+            return False
+        except ConnectionClosed:
+            reader.cancel()
+            raise
+        first, done = reader.result()
+        if first:
+            sample.client_ttft_ms = (first - speech_end) / 1e6
+        if done:
+            sample.client_done_ms = (done - speech_end) / 1e6
+        stats.turns.append(sample)
+        return True
+
+    async def _read(self, ws, sample: TurnSample, stats: CallerStats) -> tuple[int, int]:
+        first = done = 0
+        while True:
+            ev = p.decode_server(await ws.recv())
+            kind = ev["type"]
+            if kind == "response.token" and not first:
+                first = time.perf_counter_ns()
+            elif kind == "transcript.final":
+                sample.transcript = ev["text"]
+                if not ev["text"]:
+                    return first, done  # nothing recognised: no reply will come
+            elif kind == "response.done":
+                done = time.perf_counter_ns()
+                sample.finish_reason = ev["finish_reason"]
+            elif kind == "turn.latency":
+                sample.stages = ev["stages"]
+                return first, done
+            elif kind == "error":
+                stats.errors += 1

@@ -1,0 +1,112 @@
+"""Results: a JSON document, a Markdown table and PNG plots (matplotlib, headless)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from loadgen.caller import CallerStats
+from voicert.telemetry.latency import WATERFALL
+
+ROWS = ("endpoint_ms", "asr_ms", "dispatch_ms", "queue_ms", "prefill_ms", "handoff_ms", "send_ms",
+        "ttft_ms", "voice_to_first_token_ms", "client_ttft_ms", "client_done_ms")
+
+
+def values(stats: CallerStats, name: str) -> list[float]:
+    if name.startswith("client_"):
+        return [v for t in stats.turns if (v := getattr(t, name)) is not None]
+    return [t.stages[name] for t in stats.turns if name in t.stages]
+
+
+def pcts(xs: list[float]) -> dict[str, float]:
+    a = np.asarray(xs, dtype=np.float64)
+    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+            "p99": float(np.percentile(a, 99)), "n": int(a.size)}
+
+
+def summarize(levels: dict[int, CallerStats]) -> dict:
+    out = {}
+    for n, stats in sorted(levels.items()):
+        out[str(n)] = {
+            "turns": len(stats.turns), "sessions": stats.sessions, "errors": stats.errors,
+            "timeouts": stats.timeouts, "dropped": stats.dropped,
+            "stages": {name: pcts(v) for name in ROWS if (v := values(stats, name))},
+        }
+    return out
+
+
+def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> str:
+    lines = [f"### {title}", "",
+             f"Budget: P99 TTFT <= {budget_ms:g} ms. Largest concurrency that held it: "
+             f"{best if best is not None else 'none'}.", "",
+             "| sessions | turns | errors | timeouts | dropped | stage | P50 ms | P95 ms | P99 ms |",
+             "|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for level, s in summary.items():
+        first = True
+        for name, q in s["stages"].items():
+            head = (f"| {level} | {s['turns']} | {s['errors']} | {s['timeouts']} | {s['dropped']} "
+                    if first else "| | | | | ")
+            lines.append(f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | {q['p99']:.1f} |")
+            first = False
+    return "\n".join(lines)
+
+
+def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for n, stats in sorted(levels.items()):
+        for name, style in (("ttft_ms", "-"), ("client_ttft_ms", ":")):
+            xs = np.sort(values(stats, name))
+            if xs.size:
+                ax.plot(xs, np.arange(1, xs.size + 1) / xs.size, style,
+                        label=f"{n} sessions, {'server' if name == 'ttft_ms' else 'client'}")
+    ax.axvline(budget_ms, color="red", lw=1, label=f"budget {budget_ms:g} ms")
+    ax.set_xlabel("time to first token (ms)")
+    ax.set_ylabel("fraction of turns")
+    ax.set_title("TTFT CDF by concurrency")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    files.append(out_dir / "ttft_cdf.png")
+    fig.tight_layout()
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = sorted(levels)
+    bottom = np.zeros(len(names))
+    for stage in WATERFALL:
+        p50 = np.array([np.percentile(v, 50) if (v := values(levels[n], stage)) else 0.0
+                        for n in names])
+        ax.bar([str(n) for n in names], p50, bottom=bottom, label=stage.removesuffix("_ms"))
+        bottom += p50
+    ax.set_xlabel("concurrent sessions")
+    ax.set_ylabel("P50 ms (stacked, last voice -> first token)")
+    ax.set_title("Where the time goes, by concurrency")
+    ax.legend(fontsize=7)
+    files.append(out_dir / "stages_by_concurrency.png")
+    fig.tight_layout()
+    fig.savefig(files[-1], dpi=110)
+    plt.close(fig)
+    return files
+
+
+def write_all(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float, best: int | None,
+              title: str, meta: dict) -> dict[str, Path]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = summarize(levels)
+    (out_dir / "result.json").write_text(json.dumps(
+        {"meta": meta, "budget_ms": budget_ms, "largest_holding_budget": best, "levels": summary},
+        indent=1))
+    md = markdown(summary, budget_ms, best, title)
+    (out_dir / "report.md").write_text(md + "\n")
+    pngs = plots(levels, out_dir, budget_ms)
+    return {"json": out_dir / "result.json", "markdown": out_dir / "report.md",
+            **{p.stem: p for p in pngs}}

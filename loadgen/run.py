@@ -1,0 +1,91 @@
+"""Load modes: closed loop (N callers, each starting a new session when one ends), open loop
+(sessions arrive as a Poisson process), and a sweep over closed-loop concurrency levels."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from loadgen.caller import Caller, CallerStats
+
+
+@dataclass
+class LoadSpec:
+    url: str
+    clips: list[tuple[np.ndarray, int]]
+    duration_s: float = 30.0
+    ramp_s: float = 2.0
+    turns: int = 3  # turns per session
+    think_s: float = 1.0  # mean pause between turns (uniform jitter +-50 %)
+    turn_timeout_s: float = 30.0
+    seed: int = 0
+
+
+async def closed_loop(spec: LoadSpec, callers: int) -> CallerStats:
+    """``callers`` concurrent callers, started evenly over the ramp, each running sessions back to
+    back until the duration ends. Bounded: every session stops at the deadline."""
+    stats = CallerStats()
+    start = time.monotonic()
+    stop_at = start + spec.ramp_s + spec.duration_s
+
+    async def one(i: int) -> None:
+        await asyncio.sleep(spec.ramp_s * i / max(callers, 1))
+        caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
+                        turn_timeout_s=spec.turn_timeout_s, concurrency=callers,
+                        seed=spec.seed * 1000 + i)
+        while time.monotonic() < stop_at:
+            await caller.session(stats, stop_at)
+
+    await asyncio.gather(*(one(i) for i in range(callers)))
+    return stats
+
+
+async def open_loop(spec: LoadSpec, sessions_per_s: float, max_sessions: int = 1000) -> CallerStats:
+    """New sessions arrive as a Poisson process of rate ``sessions_per_s`` for the duration; each
+    runs its turns. The concurrency label of a turn is the number of sessions open at its start."""
+    stats = CallerStats()
+    rng = random.Random(spec.seed)
+    stop_at = time.monotonic() + spec.duration_s
+    open_now = 0
+    tasks = []
+
+    async def one(i: int) -> None:
+        nonlocal open_now
+        open_now += 1
+        caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
+                        turn_timeout_s=spec.turn_timeout_s, concurrency=open_now, seed=i)
+        try:
+            await caller.session(stats, stop_at + spec.turn_timeout_s)
+        finally:
+            open_now -= 1
+
+    i = 0
+    while time.monotonic() < stop_at and i < max_sessions:
+        tasks.append(asyncio.create_task(one(i)))
+        i += 1
+        await asyncio.sleep(rng.expovariate(sessions_per_s))
+    await asyncio.gather(*tasks)
+    return stats
+
+
+async def sweep(spec: LoadSpec, levels: list[int], budget_ms: float,
+                on_level=None) -> tuple[dict[int, CallerStats], int | None]:
+    """Closed loop at each level in turn. Returns the stats per level and the largest level whose
+    server-side P99 TTFT held the budget with no errors, timeouts or drops (None if none did)."""
+    results: dict[int, CallerStats] = {}
+    best = None
+    for n in levels:
+        stats = await closed_loop(spec, n)
+        results[n] = stats
+        ttfts = [t.stages["ttft_ms"] for t in stats.turns if "ttft_ms" in t.stages]
+        held = (bool(ttfts) and float(np.percentile(ttfts, 99)) <= budget_ms
+                and not (stats.errors or stats.timeouts or stats.dropped))
+        if on_level:
+            on_level(n, stats, held)
+        if held:
+            best = n
+    return results, best

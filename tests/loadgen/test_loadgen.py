@@ -1,0 +1,47 @@
+"""The load generator against the real server: closed loop, open loop, sweep, and its reports."""
+
+import json
+
+from loadgen.__main__ import by_concurrency
+from loadgen.report import write_all
+from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
+from tests.conftest import wav
+
+
+def spec(url, **kw):
+    base = dict(duration_s=4.0, ramp_s=0.5, turns=1, think_s=0.2, turn_timeout_s=60.0)
+    base.update(kw)
+    return LoadSpec(url, [wav("capital_of_france"), wav("what_about_germany")], **base)
+
+
+async def test_closed_loop_measures_client_and_server_latency(url, tmp_path):
+    stats = await closed_loop(spec(url), 2)
+    assert stats.turns and not (stats.errors or stats.timeouts or stats.dropped)
+    for t in stats.turns:
+        assert t.concurrency == 2 and t.finish_reason in ("stop", "length")
+        assert t.stages["ttft_ms"] > 0
+        # the caller waits through the endpointer's silence; its view includes the server's TTFT
+        assert t.client_ttft_ms > t.stages["ttft_ms"]
+        assert t.client_done_ms >= t.client_ttft_ms
+    files = write_all({2: stats}, tmp_path, 100.0, None, "test", {"argv": []})
+    doc = json.loads(files["json"].read_text())
+    assert doc["levels"]["2"]["stages"]["ttft_ms"]["n"] == len(stats.turns)
+    md = files["markdown"].read_text()
+    assert "| 2 |" in md and "ttft_ms" in md and "client_ttft_ms" in md
+    for name in ("ttft_cdf", "stages_by_concurrency"):
+        assert files[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+async def test_open_loop_groups_turns_by_open_sessions(url):
+    stats = await open_loop(spec(url, duration_s=2.0), sessions_per_s=1.5)
+    assert stats.sessions >= 1 and stats.turns
+    levels = by_concurrency(stats)
+    assert sum(len(s.turns) for s in levels.values()) == len(stats.turns)
+    assert all(t.concurrency == n for n, s in levels.items() for t in s.turns)
+
+
+async def test_sweep_reports_the_largest_level_within_budget(url):
+    _, best = await sweep(spec(url, duration_s=1.0), [1], budget_ms=60_000)
+    assert best == 1
+    _, none = await sweep(spec(url, duration_s=1.0), [1], budget_ms=0.001)
+    assert none is None
