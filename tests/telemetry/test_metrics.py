@@ -36,7 +36,7 @@ def test_exposition_carries_turns_errors_and_engine_figures():
                                          100))
     m.observe_error("bad_audio")
     m.observe_error("bad_audio")
-    m.sessions.inc()
+    m.session_started()
 
     class FakeStats:  # the shape of EngineStats the sampler reads
         active, extra = 2, {"prefix_hit_ratio": 0.75, "spec_acceptance_rate": 0.5}

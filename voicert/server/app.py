@@ -22,7 +22,9 @@ from voicert.config import Config, cache_dir
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
+from voicert.server import dashboard
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
+from voicert.server.dashboard import static_file
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.vad import SileroVad
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -30,6 +32,7 @@ from voicert.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
+MAX_DASHBOARDS = 16
 
 
 def load_services(cfg: Config) -> Services:
@@ -81,6 +84,7 @@ class VoiceServer:
     services: Services
     connections: set[Connection] = field(default_factory=set)
     ready: bool = True
+    dashboard_conns: set[ServerConnection] = field(default_factory=set)
     _server: Server | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -97,6 +101,13 @@ class VoiceServer:
             m.sample_engine(self.services.engine)
             m.sample_asr(self.services.asr)
             return _response(http.HTTPStatus.OK, m.exposition(), METRICS_CONTENT_TYPE)
+        page = static_file(path)
+        if page is not None:
+            return _response(http.HTTPStatus.OK, *page)
+        if path == dashboard.FEED_PATH:
+            if len(self.dashboard_conns) >= MAX_DASHBOARDS:
+                return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many dashboards\n")
+            return None
         if path == "/readyz":
             ok = self.ready and not self.services.draining
             return _text_response(http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE,
@@ -111,6 +122,13 @@ class VoiceServer:
         return None
 
     async def _handler(self, ws: ServerConnection) -> None:
+        if ws.request is not None and ws.request.path.split("?", 1)[0] == dashboard.FEED_PATH:
+            self.dashboard_conns.add(ws)
+            try:
+                await dashboard.feed(ws, self.services)
+            finally:
+                self.dashboard_conns.discard(ws)
+            return
         conn = Connection(ws, self.services)
         self.connections.add(conn)
         try:
@@ -145,6 +163,8 @@ class VoiceServer:
             if conn.session is not None:
                 await conn.session.close("cancelled")
             await conn.ws.close(CLOSE_GOING_AWAY, "server shutting down")
+        for ws in list(self.dashboard_conns):
+            await ws.close(CLOSE_GOING_AWAY, "server shutting down")
         await self._server.wait_closed()
         self._server = None
 

@@ -66,7 +66,7 @@ class Connection:
             self.closed = self.closed or self.ws.state.name != "OPEN"
             if self.session is not None:
                 await self.session.close()
-                self.svc.metrics.sessions.dec()
+                self.svc.metrics.session_ended()
 
     async def _dispatch(self, frame: bytes | str) -> bool:
         """Handle one client message; True when the session has ended."""
@@ -108,6 +108,6 @@ class Connection:
             raise p.ProtocolError(p.ErrorCode.SHUTTING_DOWN, "server is shutting down")
         sid = uuid.uuid4().hex[:12]
         self.session = Session(sid, start, self.svc, self.send)
-        self.svc.metrics.sessions.inc()
+        self.svc.metrics.session_started()
         await self.send(p.SessionStarted(sid, start.sample_rate, start.encoding,
                                          start.turn_detection))

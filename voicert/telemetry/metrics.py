@@ -62,7 +62,7 @@ class Metrics:
                                    buckets=[1, 2, 4, 8, 16, 32, 64], registry=r)
         self.recent: collections.deque[TurnRecord] = collections.deque(maxlen=recent)
         self.listeners: set[Callable[[TurnRecord], None]] = set()
-        self.recent_batches: collections.deque[int] = collections.deque(maxlen=recent)
+        self.active_sessions = 0
 
     def observe_turn(self, rec: TurnRecord) -> None:
         for name in STAGE_NAMES:
@@ -82,11 +82,20 @@ class Metrics:
             except Exception:  # a broken dashboard feed must never break a turn
                 log.exception("turn listener failed")
 
+    def session_started(self) -> None:
+        self.active_sessions += 1
+        self.sessions.set(self.active_sessions)
+
+    def session_ended(self) -> None:
+        self.active_sessions -= 1
+        self.sessions.set(self.active_sessions)
+
     def observe_error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
-    def sample_engine(self, engine) -> None:
-        """Pull the engine's current figures (any engine: missing ones are skipped)."""
+    def sample_engine(self, engine) -> list[int]:
+        """Pull the engine's current figures (any engine: missing ones are skipped). Returns the
+        batch sizes of the engine steps since the last sample."""
         stats = engine.stats()
         extra = stats.extra or {}
         sched = getattr(engine, "scheduler", None)
@@ -96,14 +105,14 @@ class Metrics:
         else:
             self.running.set(stats.active)
         drain = getattr(engine, "drain_batch_sizes", None)
-        if drain is not None:
-            for size in drain():
-                self.batch.observe(size)
-                self.recent_batches.append(size)
+        sizes = drain() if drain is not None else []
+        for size in sizes:
+            self.batch.observe(size)
         if "prefix_hit_ratio" in extra:
             self.prefix_hit.set(extra["prefix_hit_ratio"])
         if "spec_acceptance_rate" in extra:
             self.spec_accept.set(extra["spec_acceptance_rate"])
+        return sizes
 
     def sample_asr(self, asr) -> None:
         drain = getattr(asr, "drain_batch_sizes", None)
