@@ -248,6 +248,24 @@ async def test_health_ready_and_unknown_routes(server):
     assert info.value.response.status_code == 404
 
 
+async def test_not_ready_until_the_models_are_loaded(services):
+    cfg = dataclasses.replace(services.cfg, server=dataclasses.replace(services.cfg.server, port=0))
+    srv = VoiceServer(config=cfg)
+    await srv.start()
+    base = f"http://127.0.0.1:{srv.port}"
+    try:
+        assert (await asyncio.to_thread(_get, base + "/healthz"))[0] == 200
+        assert (await asyncio.to_thread(_get, base + "/readyz")) == (503, "not ready\n")
+        with pytest.raises(InvalidStatus) as info:
+            async with connect(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"):
+                pass
+        assert info.value.response.status_code == 503
+        srv.services = dataclasses.replace(services, cfg=cfg)  # what loading hands over
+        assert (await asyncio.to_thread(_get, base + "/readyz")) == (200, "ready\n")
+    finally:
+        await srv.shutdown()
+
+
 async def test_graceful_shutdown_lets_the_running_turn_finish(services):
     svc = dataclasses.replace(services, cfg=dataclasses.replace(
         services.cfg, server=dataclasses.replace(services.cfg.server, port=0, shutdown_grace_s=30)))

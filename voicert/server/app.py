@@ -81,21 +81,35 @@ def _text_response(status: http.HTTPStatus, body: str) -> Response:
 
 @dataclass
 class VoiceServer:
-    services: Services
+    """Routes and lifecycle. ``services`` may arrive after the socket is listening (models still
+    loading): until then /healthz answers, /readyz says 503 and every other route 503 "loading"."""
+
+    services: Services | None = None
+    config: Config | None = None
     connections: set[Connection] = field(default_factory=set)
-    ready: bool = True
     dashboard_conns: set[ServerConnection] = field(default_factory=set)
     _server: Server | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
     def cfg(self) -> Config:
-        return self.services.cfg
+        return self.services.cfg if self.services is not None else self.config
+
+    @property
+    def ready(self) -> bool:
+        """Models loaded and warmed up, and not shutting down."""
+        return self.services is not None and not self.services.draining
 
     def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
         if path == "/healthz":
             return _text_response(http.HTTPStatus.OK, "ok\n")
+        if path == "/readyz":
+            return _text_response(
+                http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE,
+                "ready\n" if self.ready else "not ready\n")
+        if self.services is None:
+            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "loading models\n")
         if path == "/metrics":
             m = self.services.metrics
             m.sample_engine(self.services.engine)
@@ -108,10 +122,6 @@ class VoiceServer:
             if len(self.dashboard_conns) >= MAX_DASHBOARDS:
                 return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many dashboards\n")
             return None
-        if path == "/readyz":
-            ok = self.ready and not self.services.draining
-            return _text_response(http.HTTPStatus.OK if ok else http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                  "ready\n" if ok else "not ready\n")
         if path != STREAM_PATH:
             return _text_response(http.HTTPStatus.NOT_FOUND, f"no route {path}\n")
         if self.services.draining:
@@ -152,6 +162,11 @@ class VoiceServer:
         """Stop accepting; let running turns finish within the grace period; close the rest."""
         if self._server is None:
             return
+        if self.services is None:  # stopped while loading
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+            return
         self.services.draining = True
         self._server.close(close_connections=False)
         grace = self.cfg.server.shutdown_grace_s
@@ -190,8 +205,23 @@ class VoiceServer:
             except (NotImplementedError, RuntimeError):
                 pass
         await self.start()
+        if self.services is None:  # listen (healthz, readyz) while the models load
+            loading = asyncio.ensure_future(asyncio.to_thread(load_services, self.config))
+            stop = asyncio.ensure_future(self._stopping.wait())
+            await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not loading.done():  # a thread cannot be interrupted: let it finish, then stop
+                await self.shutdown()
+                self._discard(await loading)
+                return
+            self.services = loading.result()
+            log.info("ready")
         await self._stopping.wait()
         await self.shutdown()
+
+    @staticmethod
+    def _discard(services: Services) -> None:
+        services.engine.close()
+        services.asr.close()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
@@ -205,12 +235,12 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 
 def run_server(cfg: Config) -> None:
-    services = load_services(cfg)
-    server = VoiceServer(services)
+    """Listen at once; load and warm the models; serve until SIGINT/SIGTERM; shut down gracefully."""
+    server = VoiceServer(config=cfg)
     loop = new_event_loop()
     try:
         loop.run_until_complete(server.serve_until_stopped())
     finally:
-        services.engine.close()
-        services.asr.close()
+        if server.services is not None:
+            VoiceServer._discard(server.services)
         loop.close()
