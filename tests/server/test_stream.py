@@ -104,16 +104,21 @@ async def test_push_to_talk_commit_ends_the_turn(url):
         assert "paris" in done["text"].lower()
 
 
-async def test_response_cancel_stops_the_reply(url, services):
+async def start_long_reply(ws) -> None:
+    """Ask for a long reply (spoken question, verbose system prompt) and wait for its first token."""
     x, rate = wav("count_to_five")
+    await ws.send(p.encode(p.SessionStart(
+        sample_rate=rate, system_prompt="Answer at great length, with many details.",
+        max_new_tokens=400)))
+    await recv_until(ws, "session.started")
+    for frame in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 60):
+        await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
+    await recv_until(ws, "response.token")
+
+
+async def test_response_cancel_stops_the_reply(url, services):
     async with connect(url) as ws:
-        await ws.send(p.encode(p.SessionStart(
-            sample_rate=rate, system_prompt="Answer at great length, with many details.",
-            max_new_tokens=400)))
-        await recv_until(ws, "session.started")
-        for frame in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 60):
-            await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
-        await recv_until(ws, "response.token")
+        await start_long_reply(ws)
         await ws.send(p.encode(p.ResponseCancel()))
         done = await recv_until(ws, "response.done")
         assert done["finish_reason"] == "cancelled"
@@ -187,15 +192,8 @@ async def test_message_over_the_size_limit_closes_with_1009(url, server):
 async def test_disconnect_mid_reply_stops_generation_and_frees_state(url, services):
     engine = services.engine
     cancelled_before = engine.stats().cancelled
-    x, rate = wav("count_to_five")
     ws = await connect(url)
-    await ws.send(p.encode(p.SessionStart(
-        sample_rate=rate, system_prompt="Answer at great length, with many details.",
-        max_new_tokens=400)))
-    await recv_until(ws, "session.started")
-    for frame in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 60):
-        await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
-    await recv_until(ws, "response.token")
+    await start_long_reply(ws)
     assert engine.live_requests()
     ws.transport.abort()  # abrupt: no close frame
     for _ in range(100):

@@ -3,6 +3,7 @@ implements :class:`Engine`; requests and token events are plain dataclasses."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
@@ -52,6 +53,41 @@ class EngineStats:
     cancelled: int = 0
     tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+class RequestLedger:
+    """Which requests an engine holds, and its counters; thread-safe (the event loop opens and
+    queries, the engine thread closes)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: set[str] = set()
+        self._stats = EngineStats()
+
+    def opened(self, request_id: str, count: bool = True) -> None:
+        with self._lock:
+            self._live.add(request_id)
+            self._stats.submitted += count
+
+    def closed(self, request_id: str, reason: str, tokens: int) -> None:
+        with self._lock:
+            self._live.discard(request_id)
+            self._stats.finished += 1
+            self._stats.tokens += tokens
+            self._stats.cancelled += reason == "cancelled"
+
+    def holds(self, request_id: str) -> bool:
+        with self._lock:
+            return request_id in self._live
+
+    def live(self) -> set[str]:
+        with self._lock:
+            return set(self._live)
+
+    def snapshot(self) -> EngineStats:
+        with self._lock:
+            s = self._stats
+            return EngineStats(len(self._live), s.submitted, s.finished, s.cancelled, s.tokens)
 
 
 class Engine(Protocol):

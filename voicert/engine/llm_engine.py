@@ -16,7 +16,8 @@ from typing import AsyncIterator
 
 import torch
 
-from voicert.engine.base import ChatMessage, EngineStats, GenerationRequest, TokenEvent
+from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
+                                 TokenEvent)
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.kv_cache import BlockManager
@@ -78,9 +79,7 @@ class LLMEngine:
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
                  cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._live: set[str] = set()
-        self._stats = EngineStats()
+        self.ledger = RequestLedger()
         self.step_batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
         self._thread = threading.Thread(target=self._loop, name="voicert-engine", daemon=True)
         self._thread.start()
@@ -117,9 +116,7 @@ class LLMEngine:
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         stream = TokenStream(asyncio.get_running_loop())
         request.submit_ns = time.perf_counter_ns()
-        with self._lock:
-            self._live.add(request.request_id)
-            self._stats.submitted += 1
+        self.ledger.opened(request.request_id)
         self._inbox.put(("submit", request, stream))
         return stream
 
@@ -127,9 +124,7 @@ class LLMEngine:
         self._inbox.put(("cancel", request_id, None))
 
     def stats(self) -> EngineStats:
-        with self._lock:
-            s = EngineStats(len(self._live), self._stats.submitted, self._stats.finished,
-                            self._stats.cancelled, self._stats.tokens)
+        s = self.ledger.snapshot()
         spec = self.scheduler.spec
         s.extra = {"prefix_hit_ratio": self.blocks.stats.hit_ratio,
                    "spec_acceptance_rate": spec.acceptance_rate,
@@ -145,8 +140,7 @@ class LLMEngine:
         return out
 
     def live_requests(self) -> set[str]:
-        with self._lock:
-            return set(self._live)
+        return self.ledger.live()
 
     def close(self) -> None:
         self._inbox.put(("stop", None, None))
@@ -163,8 +157,7 @@ class LLMEngine:
 
         req = GenerationRequest("warmup", [ChatMessage("user", "Hello")], 4)
         req.submit_ns = time.perf_counter_ns()
-        with self._lock:
-            self._live.add(req.request_id)
+        self.ledger.opened(req.request_id, count=False)
         self._inbox.put(("submit", req, _Sink()))
         done.wait(120)
 
@@ -245,12 +238,7 @@ class LLMEngine:
     def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         if self.drafter is not None:
             self.drafter.release(seq.id)
-        with self._lock:
-            self._live.discard(seq.id)
-            self._stats.finished += 1
-            self._stats.tokens += seq.num_generated
-            if reason == "cancelled":
-                self._stats.cancelled += 1
+        self.ledger.closed(seq.id, reason, seq.num_generated)
         seq.stream.put_threadsafe(TokenEvent(
             seq.num_generated, -1, "", time.perf_counter_ns(), seq.prefill_start_ns or 0,
             len(seq.prompt), finish_reason=reason, error=error))

@@ -13,7 +13,8 @@ from typing import AsyncIterator
 import torch
 
 from voicert.config import LlmConfig
-from voicert.engine.base import ChatMessage, EngineStats, GenerationRequest, TokenEvent
+from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
+                                 TokenEvent)
 from voicert.engine.detok import IncrementalDetokenizer
 
 log = logging.getLogger(__name__)
@@ -97,9 +98,8 @@ class SimpleEngine:
         log.info("llm loaded from %s in %.1f s", model_dir, time.perf_counter() - t0)
         self._inbox: queue.Queue[tuple[GenerationRequest, TokenStream] | None] = queue.Queue()
         self._cancelled: set[str] = set()
-        self._live: set[str] = set()
-        self._lock = threading.Lock()
-        self._stats = EngineStats()
+        self._lock = threading.Lock()  # guards _cancelled
+        self.ledger = RequestLedger()
         self._thread = threading.Thread(target=self._run, name="voicert-engine", daemon=True)
         self._thread.start()
 
@@ -108,26 +108,21 @@ class SimpleEngine:
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         stream = TokenStream(asyncio.get_running_loop())
         request.submit_ns = time.perf_counter_ns()
-        with self._lock:
-            self._live.add(request.request_id)
-            self._stats.submitted += 1
+        self.ledger.opened(request.request_id)
         self._inbox.put((request, stream))
         return stream
 
     def cancel(self, request_id: str) -> None:
-        with self._lock:
-            if request_id in self._live:
+        if self.ledger.holds(request_id):
+            with self._lock:
                 self._cancelled.add(request_id)
 
     def stats(self) -> EngineStats:
-        with self._lock:
-            self._stats.active = len(self._live)
-            return EngineStats(**{k: getattr(self._stats, k) for k in EngineStats.__slots__})
+        return self.ledger.snapshot()
 
     def live_requests(self) -> set[str]:
         """Ids of requests queued or running (tests use it to check that cancel frees state)."""
-        with self._lock:
-            return set(self._live)
+        return self.ledger.live()
 
     def close(self) -> None:
         self._inbox.put(None)
@@ -149,12 +144,8 @@ class SimpleEngine:
 
     def _finish(self, request_id: str, reason: str, tokens: int) -> None:
         with self._lock:
-            self._live.discard(request_id)
             self._cancelled.discard(request_id)
-            self._stats.finished += 1
-            self._stats.tokens += tokens
-            if reason == "cancelled":
-                self._stats.cancelled += 1
+        self.ledger.closed(request_id, reason, tokens)
 
     def _run(self) -> None:
         while (item := self._inbox.get()) is not None:
