@@ -71,6 +71,7 @@ class VadConfig:
     min_silence_ms: int = 400  # trailing silence that ends the turn (the endpoint)
     speech_pad_ms: int = 200  # audio kept before speech start and sent to ASR
     max_utterance_s: float = 30.0  # a turn is cut (endpointed) at this length
+    barge_in: bool = True  # speech (past min_speech_ms) during a reply interrupts it
 
     def __post_init__(self) -> None:
         _check(0 < self.threshold < 1, "vad.threshold", "must be in (0, 1)")
@@ -89,10 +90,16 @@ class AsrConfig:
     threads: int = 0  # 0: CTranslate2 picks
     beam_size: int = 1
     no_speech_threshold: float = 0.6  # segments Whisper thinks are not speech are dropped
+    batch_window_ms: float = 0.0  # the worker waits this long to batch utterances of all sessions
+    max_batch: int = 8  # utterances per batched decode
+    early_final_ms: int = 160  # start the final decode after this much trailing silence; 0: off
 
     def __post_init__(self) -> None:
         _check(self.device in ("cpu", "cuda", "auto"), "asr.device", "must be cpu, cuda or auto")
         _check(self.beam_size >= 1, "asr.beam_size", "must be >= 1")
+        _check(0 <= self.batch_window_ms <= 200, "asr.batch_window_ms", "must be in [0, 200]")
+        _check(1 <= self.max_batch <= 256, "asr.max_batch", "must be in [1, 256]")
+        _check(self.early_final_ms >= 0, "asr.early_final_ms", "must be >= 0 (0: off)")
         _check(0 < self.no_speech_threshold <= 1, "asr.no_speech_threshold", "must be in (0, 1]")
 
 

@@ -62,5 +62,6 @@ def test_server_events_encode_with_type_first_and_decode():
     ev = p.TurnLatency(3, {"ttft_ms": 12.5})
     for binary in (True, False):
         msg = p.decode_server(p.encode(ev, binary))
-        assert msg == {"type": "turn.latency", "turn_id": 3, "stages": {"ttft_ms": 12.5}}
+        assert msg == {"type": "turn.latency", "turn_id": 3, "stages": {"ttft_ms": 12.5},
+                       "early_asr": False, "early_prefill": False}
     assert list(msgpack.unpackb(p.encode(p.Error("bad_audio", "m")))) [0] == "type"

@@ -7,10 +7,8 @@ from voicert.speech.asr import WhisperAsr, resolve_asr_model
 
 
 @pytest.fixture(scope="module")
-def asr():
-    a = WhisperAsr(AsrConfig())
-    yield a
-    a.close()
+def asr(services):
+    return services.asr  # the one ASR worker of the test session
 
 
 def test_embedded_tiny_en_transcribes_the_question(asr):
@@ -25,24 +23,71 @@ def test_silence_gives_no_text(asr):
     assert asr.transcribe_sync(np.zeros(16000 * 2, np.float32)).text == ""
 
 
-async def test_transcribe_runs_off_the_event_loop(asr):
+async def test_transcribe_runs_on_the_worker_thread_not_the_loop(asr):
     import threading
 
     seen = []
-    orig = asr.model.transcribe
+    orig = asr.decode_batch
 
-    def spy(*a, **k):
-        seen.append(threading.current_thread().name)
-        return orig(*a, **k)
+    def spy(audios):
+        seen.append((threading.current_thread().name, len(audios)))
+        return orig(audios)
 
-    asr.model.transcribe = spy
+    asr.decode_batch = spy
     try:
         x, _ = wav("what_about_germany")
         t = await asr.transcribe(x)
     finally:
-        asr.model.transcribe = orig
+        asr.decode_batch = orig
     assert "germany" in t.text.lower()
-    assert seen and seen[0].startswith("voicert-asr")
+    assert seen == [("voicert-asr", 1)]
+
+
+async def test_batched_decode_equals_one_at_a_time(asr):
+    clips = [wav(n)[0] for n in ("capital_of_france", "what_about_germany", "count_to_five")]
+    alone = [asr.transcribe_sync(x).text for x in clips]
+    together = asr.decode_batch(clips)
+    assert [t.text for t in together] == alone
+    assert all(t.batch == 3 for t in together)
+
+
+async def test_worker_batches_queued_jobs_and_serves_finals_first(asr):
+    """Jobs queued while the worker is busy are taken together, finals before early decodes."""
+    import asyncio
+
+    from voicert.speech.asr import EARLY, FINAL
+
+    clips = [wav(n)[0] for n in ("capital_of_france", "what_about_germany", "count_to_five")]
+    order = []
+    orig = asr.decode_batch
+
+    def spy(audios):
+        order.append(len(audios))
+        return orig(audios)
+
+    asr.decode_batch = spy
+    try:
+        blocker = asr.submit(clips[0], FINAL)  # keeps the worker busy while the others queue
+        await asyncio.sleep(0.05)
+        early = asr.submit(clips[1], EARLY)
+        finals = [asr.submit(c, FINAL) for c in clips[1:]]
+        done = await asyncio.gather(blocker.future, *(h.future for h in finals), early.future)
+    finally:
+        asr.decode_batch = orig
+    assert order == [1, 2, 1]  # the two finals together, then the early one
+    assert "germany" in done[1].text.lower() and done[2].batch == 2 and done[3].batch == 1
+
+
+async def test_a_queued_job_can_be_dropped(asr):
+    import asyncio
+
+    x, _ = wav("capital_of_france")
+    busy = asr.submit(x)
+    await asyncio.sleep(0.05)
+    queued = asr.submit(x)
+    assert queued.drop() and queued.future.cancelled()
+    await busy.future
+    assert not busy.drop()  # already decoded: nothing to withdraw
 
 
 def test_bad_model_dir_is_a_config_error(tmp_path):

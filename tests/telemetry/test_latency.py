@@ -1,18 +1,26 @@
 from voicert.telemetry.latency import STAGES, Point, TurnTrace, format_table
 
 
+TIMES_MS = {Point.VOICE_END: 0, Point.ASR_START: 390, Point.ENDPOINT: 400, Point.ASR_DONE: 420,
+            Point.TRANSCRIPT: 421, Point.SUBMIT: 422, Point.PREFILL_START: 423,
+            Point.FIRST_TOKEN_SAMPLED: 433, Point.FIRST_TOKEN_RECEIVED: 434,
+            Point.FIRST_TOKEN_SENT: 435, Point.DONE: 500}
+
+
 def test_stages_come_from_marks_and_first_mark_wins():
     t = TurnTrace(1)
-    base = 1_000_000_000
-    for i, point in enumerate(Point):
-        t.mark(point, base + i * 2_000_000)
-    t.mark(Point.ENDPOINT, base + 999_000_000)  # ignored: first write wins
+    for point, ms in TIMES_MS.items():
+        t.mark(point, 10**9 + ms * 10**6)
+    t.mark(Point.ENDPOINT, 10**9 + 999 * 10**6)  # ignored: first write wins
     s = t.stages_ms()
-    assert s["endpoint_ms"] == 2.0
-    assert s["asr_ms"] == 2.0
-    assert s["ttft_ms"] == 12.0  # ENDPOINT (1) -> FIRST_TOKEN_SENT (7)
-    assert s["voice_to_first_token_ms"] == 14.0
+    assert s["endpoint_ms"] == 400.0
+    assert s["asr_ms"] == 21.0
+    assert s["asr_wait_ms"] == -10.0  # the decode began before the endpoint (early final)
+    assert s["asr_decode_ms"] == 30.0
+    assert s["ttft_ms"] == 35.0
+    assert s["voice_to_first_token_ms"] == 435.0
     assert set(s) == {st.name for st in STAGES}
+    assert len(Point) == len(TIMES_MS)
 
 
 def test_missing_points_leave_stages_out():

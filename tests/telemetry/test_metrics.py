@@ -4,10 +4,15 @@ from voicert.telemetry.latency import WATERFALL, Point, TurnRecord, TurnTrace
 from voicert.telemetry.metrics import Metrics, latency_buckets
 
 
+ORDER = (Point.VOICE_END, Point.ENDPOINT, Point.TRANSCRIPT, Point.SUBMIT, Point.PREFILL_START,
+         Point.FIRST_TOKEN_SAMPLED, Point.FIRST_TOKEN_RECEIVED, Point.FIRST_TOKEN_SENT, Point.DONE)
+
+
 def trace_with(ms_between_points: list[float]) -> TurnTrace:
+    """Marks the main points in order with the given gaps (ASR start/done left out)."""
     t = TurnTrace(3)
     now = 0
-    for point, gap in zip(Point, [0.0, *ms_between_points]):
+    for point, gap in zip(ORDER, [0.0, *ms_between_points]):
         now += int(gap * 1e6)
         t.mark(point, now)
     return t

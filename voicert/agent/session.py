@@ -20,7 +20,7 @@ from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
-from voicert.speech.asr import WhisperAsr
+from voicert.speech.asr import EARLY, FINAL, AsrHandle, WhisperAsr
 from voicert.speech.endpoint import Endpointer, EventKind
 from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
@@ -44,11 +44,29 @@ class Services:
 
 
 @dataclass(slots=True)
+class EarlyDecode:
+    """A final decode started in the trailing silence, valid while no new speech arrives."""
+
+    handle: AsrHandle
+    last_voiced: int  # endpointer window of the last voiced audio it covers
+    utterance_start: int
+    warm_id: str = ""  # the prompt-prefill request started from its transcript, if any
+    warm_task: asyncio.Future | None = None
+
+
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
+@dataclass(slots=True)
 class Turn:
     turn_id: int
     trace: TurnTrace
     task: asyncio.Task | None = None
     request_id: str = ""
+    early_asr: bool = False  # the transcript came from the decode started before the endpoint
+    early_prefill: bool = False  # its prompt was prefilled before the endpoint
     cancel_requested: bool = False
     cancel_reason: str = "cancelled"
 
@@ -72,6 +90,7 @@ class Session:
         self.turn: Turn | None = None
         self._turn_ids = itertools.count(1)
         self.latencies: list[dict[str, float]] = []
+        self.early: EarlyDecode | None = None  # final decode started in the trailing silence
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -88,6 +107,9 @@ class Session:
             result = self.endpointer.step(float(prob))
             if result.voiced:
                 self.last_voice_ns = received_ns
+                self._drop_early()  # the user kept talking: the early decode is stale
+            elif result.event is None:
+                self._maybe_start_early()
             if result.event is None:
                 continue
             pos = result.event.window * FRAME
@@ -95,6 +117,7 @@ class Session:
                 pad = self.cfg.vad.speech_pad_ms * SAMPLE_RATE // 1000
                 self.utterance_start = max(pos - pad, self.audio.base)
                 await self.emit(p.SpeechStarted(audio_ms=pos * 1000 // SAMPLE_RATE))
+                self._barge_in()
             else:
                 end = pos + FRAME
                 await self.emit(p.SpeechStopped(audio_ms=end * 1000 // SAMPLE_RATE))
@@ -114,8 +137,54 @@ class Session:
         self.utterance_start = start
         self._end_turn(self.audio.end)
 
+    def _maybe_start_early(self) -> None:
+        """In server-VAD mode, once the trailing silence reaches ``asr.early_final_ms``, start the
+        final decode of the utterance so far; the endpoint then only has to confirm it."""
+        early_ms = self.cfg.asr.early_final_ms
+        ep = self.endpointer
+        if (not early_ms or self.early is not None or not ep.in_speech
+                or self.start.turn_detection != "server_vad"):
+            return
+        if (ep.window - ep.last_voiced) * 32 < early_ms:
+            return
+        end = (ep.window + 1) * FRAME
+        audio = self.audio.slice(self.utterance_start, end)
+        early = EarlyDecode(self.svc.asr.submit(audio, EARLY), ep.last_voiced, self.utterance_start)
+        early.handle.future.add_done_callback(lambda fut: self._warm_prefill(early, fut))
+        self.early = early
+
+    def _warm_prefill(self, early: "EarlyDecode", fut: asyncio.Future) -> None:
+        """The early transcript is in before the endpoint: prefill the reply's prompt now (one
+        token, thrown away) so the prefix cache leaves the real request only its tail. No token of
+        it ever reaches the client."""
+        if early is not self.early or fut.cancelled() or fut.exception() or not fut.result().text:
+            return
+        messages = self._messages(fut.result().text)
+        request = GenerationRequest(f"{self.id}-warm-{next(_request_ids)}", messages, 1, self.id)
+        early.warm_id = request.request_id
+        early.warm_task = asyncio.ensure_future(_drain(self.svc.engine.submit(request)))
+
+    def _drop_early(self) -> None:
+        if self.early is not None:
+            self.early.handle.drop()  # a decode already running finishes and is ignored
+            if self.early.warm_id:
+                self.svc.engine.cancel(self.early.warm_id)
+            self.early = None
+
+    def _barge_in(self) -> None:
+        """Speech (past min_speech_ms) while a reply streams interrupts it."""
+        turn = self.turn
+        if (self.cfg.vad.barge_in and turn is not None and turn.task is not None
+                and not turn.task.done() and turn.request_id):
+            self._cancel(turn, "interrupted")
+
     def _end_turn(self, end: int) -> None:
         endpoint_ns = now_ns()
+        early, self.early = self.early, None
+        if early is not None and not (early.utterance_start == self.utterance_start
+                                      and early.last_voiced == self.endpointer.last_voiced):
+            early.handle.drop()
+            early = None
         audio = self.audio.slice(self.utterance_start, end)
         self.audio.trim_before(end)
         self.utterance_start = self.audio.end
@@ -128,7 +197,13 @@ class Session:
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
         turn = Turn(trace.turn_id, trace)
-        turn.task = asyncio.create_task(self._run_turn(turn, audio, previous),
+        if early is not None and not early.handle.started:
+            early.handle.drop()  # still queued: a final job (higher priority) replaces it
+            early = None
+        asr = early.handle if early is not None else self.svc.asr.submit(audio, FINAL)
+        turn.early_asr = early is not None
+        turn.early_prefill = early is not None and bool(early.warm_id)
+        turn.task = asyncio.create_task(self._run_turn(turn, asr, previous),
                                         name=f"turn-{self.id}-{turn.turn_id}")
         self.turn = turn
 
@@ -151,32 +226,38 @@ class Session:
         else:
             turn.task.cancel()
 
-    async def _run_turn(self, turn: Turn, audio: np.ndarray, previous: Turn | None) -> None:
-        if previous is not None and previous.task is not None:
-            await asyncio.gather(previous.task, return_exceptions=True)  # its history lands first
-        if self.svc.draining:
-            await self.emit(p.Error(p.ErrorCode.SHUTTING_DOWN.value,
-                                    "server is shutting down; no new turns", fatal=False))
-            return
-        trace = turn.trace
+    async def _run_turn(self, turn: Turn, asr: AsrHandle, previous: Turn | None) -> None:
         try:
-            transcript = await self.svc.asr.transcribe(audio)
+            if previous is not None and previous.task is not None:
+                await asyncio.gather(previous.task, return_exceptions=True)  # its history first
+            if self.svc.draining:
+                await self.emit(p.Error(p.ErrorCode.SHUTTING_DOWN.value,
+                                        "server is shutting down; no new turns", fatal=False))
+                return
+            transcript = await asyncio.shield(asr.future)
         except asyncio.CancelledError:
+            asr.drop()
             raise
         except Exception as exc:
             log.exception("session %s: ASR failed", self.id)
             await self.emit(p.Error(p.ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}"))
             return
+        trace = turn.trace
         trace.mark(Point.TRANSCRIPT)
+        trace.mark(Point.ASR_START, transcript.start_ns)
+        trace.mark(Point.ASR_DONE, transcript.start_ns + int(transcript.decode_ms * 1e6))
         await self.emit(p.TranscriptFinal(turn.turn_id, transcript.text))
         if not transcript.text:
             return  # no speech found: no reply
         await self._reply(turn, transcript.text)
 
+    def _messages(self, user_text: str) -> list[ChatMessage]:
+        return [ChatMessage("system", self.system_prompt), *self.history,
+                ChatMessage("user", user_text)]
+
     async def _reply(self, turn: Turn, user_text: str) -> None:
         trace = turn.trace
-        messages = [ChatMessage("system", self.system_prompt), *self.history,
-                    ChatMessage("user", user_text)]
+        messages = self._messages(user_text)
         turn.request_id = f"{self.id}-{next(_request_ids)}"
         request = GenerationRequest(turn.request_id, messages, self.max_new_tokens, self.id)
         stream = self.svc.engine.submit(request)
@@ -219,7 +300,8 @@ class Session:
             log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason, tokens,
                      prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
             await self.emit(p.ResponseDone(turn.turn_id, reply, tokens, prompt_tokens, reason))
-            await self.emit(p.TurnLatency(turn.turn_id, stages))
+            await self.emit(p.TurnLatency(turn.turn_id, stages, turn.early_asr,
+                                          turn.early_prefill))
 
     async def wait_turn(self, timeout: float | None = None) -> bool:
         """Wait for the running turn (if any) to finish; False on timeout."""

@@ -140,6 +140,8 @@ class ResponseDone:
 class TurnLatency:
     turn_id: int
     stages: dict[str, float]  # stage name -> ms; see voicert.telemetry.latency.STAGES
+    early_asr: bool = False  # the final transcript came from the decode begun in trailing silence
+    early_prefill: bool = False  # the reply's prompt was prefilled before the endpoint
     type: str = field(default="turn.latency", init=False)
 
 

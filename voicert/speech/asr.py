@@ -1,14 +1,22 @@
-"""Final transcription with faster-whisper on one worker thread (never on the event loop)."""
+"""Speech recognition: one worker thread owns the Whisper model (CTranslate2 through faster-whisper)
+and serves every session, never the event loop.
+
+Jobs carry a priority (final transcripts before early/partial decodes). The worker takes the most
+urgent job, waits ``asr.batch_window_ms`` for others, and decodes up to ``asr.max_batch`` utterances
+of one priority in one batched encode + generate (each utterance is one Whisper window: <= 30 s).
+"""
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import importlib.util
+import itertools
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +24,8 @@ import numpy as np
 from voicert.config import AsrConfig, ConfigError
 
 log = logging.getLogger(__name__)
+FINAL, EARLY = 0, 1  # job priorities: lower runs first
+WINDOW_S = 30.0
 
 
 def embedded_whisper_dir() -> Path:
@@ -40,8 +50,44 @@ def resolve_asr_model(spec: str) -> Path:
 class Transcript:
     text: str
     audio_s: float
-    decode_ms: float  # time spent inside faster-whisper on the worker thread
-    dropped_segments: int  # segments Whisper judged not to be speech
+    decode_ms: float  # time of the batched decode this utterance was part of
+    no_speech_prob: float
+    avg_logprob: float
+    batch: int  # utterances decoded together
+    start_ns: int = 0  # when the worker started the decode (perf_counter_ns)
+    rejected: bool = False  # Whisper judged it not to be speech: text is ""
+
+
+@dataclass(order=True)
+class _Job:
+    priority: int
+    seq: int
+    audio: np.ndarray = field(compare=False)
+    loop: asyncio.AbstractEventLoop = field(compare=False)
+    future: asyncio.Future = field(compare=False)
+    started: bool = field(default=False, compare=False)  # the worker has taken it
+
+
+class AsrHandle:
+    """A queued or running decode. Await ``future`` for the Transcript."""
+
+    def __init__(self, job: _Job, owner: "WhisperAsr") -> None:
+        self._job = job
+        self._owner = owner
+        self.future = job.future
+
+    @property
+    def started(self) -> bool:
+        with self._owner._cv:
+            return self._job.started
+
+    def drop(self) -> bool:
+        """Withdraw a job the worker has not taken yet; False if it is already decoding."""
+        with self._owner._cv:
+            if self._job.started:
+                return False
+            self._job.future.cancel()
+            return True
 
 
 class WhisperAsr:
@@ -49,36 +95,111 @@ class WhisperAsr:
 
     def __init__(self, cfg: AsrConfig, model_spec: str = "embedded") -> None:
         from faster_whisper import WhisperModel
+        from faster_whisper.tokenizer import Tokenizer
+        from faster_whisper.transcribe import get_suppressed_tokens
 
         self.cfg = cfg
         self.model_dir = resolve_asr_model(model_spec)
         self.model = WhisperModel(str(self.model_dir), device=cfg.device,
                                   compute_type=cfg.compute_type, cpu_threads=cfg.threads,
                                   num_workers=1)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="voicert-asr")
+        multilingual = self.model.model.is_multilingual
+        self.tokenizer = Tokenizer(self.model.hf_tokenizer, multilingual, task="transcribe",
+                                   language="en" if multilingual else None)
+        self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
+        self.suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
+        self._heap: list[_Job] = []
+        self._cv = threading.Condition()
+        self._seq = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="voicert-asr", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------ decoding (worker thread)
+
+    def decode_batch(self, audios: list[np.ndarray]) -> list[Transcript]:
+        """Greedy transcripts of up to 30 s utterances ([N] float32 16 kHz each), decoded together."""
+        t0 = time.perf_counter_ns()
+        fe = self.model.feature_extractor
+        feats = []
+        for audio in audios:
+            mel = fe(audio[: int(WINDOW_S * 16000)])[..., :-1]  # [80, frames]
+            frames = mel.shape[-1]
+            if frames < fe.nb_max_frames:
+                mel = np.pad(mel, ((0, 0), (0, fe.nb_max_frames - frames)))
+            feats.append(mel[:, : fe.nb_max_frames])
+        enc = self.model.encode(np.stack(feats).astype(np.float32))  # [B, 1500, d]
+        results = self.model.model.generate(
+            enc, [self.prompt] * len(audios), beam_size=self.cfg.beam_size, max_length=224,
+            return_scores=True, return_no_speech_prob=True, suppress_blank=True,
+            suppress_tokens=self.suppress)
+        ms = (time.perf_counter_ns() - t0) / 1e6
+        out = []
+        for audio, res in zip(audios, results):
+            tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
+            avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
+            rejected = (res.no_speech_prob > self.cfg.no_speech_threshold and avg_logprob < -0.5)
+            text = "" if rejected else self.tokenizer.decode(tokens).strip()
+            out.append(Transcript(text, audio.size / 16000, ms, float(res.no_speech_prob),
+                                  float(avg_logprob), len(audios), t0, rejected))
+        self.batch_sizes.append(len(audios))
+        return out
 
     def transcribe_sync(self, audio: np.ndarray) -> Transcript:
-        """audio: [N] float32 16 kHz mono. Blocking; runs on the worker thread."""
-        t0 = time.perf_counter_ns()
-        segments, _info = self.model.transcribe(
-            audio, language="en", beam_size=self.cfg.beam_size, vad_filter=False,
-            condition_on_previous_text=False, without_timestamps=True,
-            no_speech_threshold=self.cfg.no_speech_threshold, temperature=0.0)
-        self.batch_sizes.append(1)  # one utterance per decode (no cross-session batching yet)
-        texts, dropped = [], 0
-        for seg in segments:
-            if seg.no_speech_prob > self.cfg.no_speech_threshold and seg.avg_logprob < -0.5:
-                dropped += 1
-                continue
-            texts.append(seg.text.strip())
-        text = " ".join(t for t in texts if t)
-        return Transcript(text=text, audio_s=audio.size / 16000,
-                          decode_ms=(time.perf_counter_ns() - t0) / 1e6, dropped_segments=dropped)
+        """One utterance, decoded on the calling thread (tests, evaluation)."""
+        return self.decode_batch([audio])[0]
 
-    async def transcribe(self, audio: np.ndarray) -> Transcript:
+    def _take(self) -> list[_Job] | None:
+        with self._cv:
+            while not self._heap and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return None
+            deadline = time.monotonic() + self.cfg.batch_window_ms / 1000
+            while len(self._heap) < self.cfg.max_batch and (left := deadline - time.monotonic()) > 0:
+                self._cv.wait(left)
+            first = heapq.heappop(self._heap)
+            jobs = [first]
+            while self._heap and len(jobs) < self.cfg.max_batch and \
+                    self._heap[0].priority == first.priority:
+                jobs.append(heapq.heappop(self._heap))
+            for job in jobs:
+                job.started = not job.future.cancelled()
+            return jobs
+
+    def _run(self) -> None:
+        while (jobs := self._take()) is not None:
+            live = [j for j in jobs if not j.future.cancelled()]
+            if not live:
+                continue
+            try:
+                results = self.decode_batch([j.audio for j in live])
+            except Exception as exc:  # every waiter hears about it; the worker keeps serving
+                log.exception("ASR batch failed")
+                for j in live:
+                    j.loop.call_soon_threadsafe(_settle, j.future, None, exc)
+                continue
+            for j, r in zip(live, results):
+                j.loop.call_soon_threadsafe(_settle, j.future, r, None)
+
+    # ------------------------------------------------------------ the event-loop side
+
+    def submit(self, audio: np.ndarray, priority: int = FINAL) -> AsrHandle:
+        """Queue an utterance ([N] float32 16 kHz); the handle's future gives its Transcript."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, self.transcribe_sync, audio)
+        job = _Job(priority, next(self._seq), audio, loop, loop.create_future())
+        with self._cv:
+            heapq.heappush(self._heap, job)
+            self._cv.notify()
+        return AsrHandle(job, self)
+
+    async def transcribe(self, audio: np.ndarray, priority: int = FINAL) -> Transcript:
+        return await self.submit(audio, priority).future
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._heap)
 
     def drain_batch_sizes(self) -> list[int]:
         out = []
@@ -92,4 +213,16 @@ class WhisperAsr:
         self.transcribe_sync((0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        self._thread.join(timeout=5)
+
+
+def _settle(fut: asyncio.Future, result: Transcript | None, exc: Exception | None) -> None:
+    if fut.done():
+        return
+    if exc is not None:
+        fut.set_exception(exc)
+    else:
+        fut.set_result(result)

@@ -17,8 +17,13 @@ class Point(enum.Enum):
 
     VOICE_END = "voice_end"
     """Arrival of the audio frame holding the last voiced VAD window of the utterance."""
+    ASR_START = "asr_start"
+    """The ASR worker began decoding the utterance that became the final transcript (before the
+    endpoint when the early final decode was used)."""
     ENDPOINT = "endpoint"
     """The endpoint decision: enough trailing silence, or ``audio.commit``."""
+    ASR_DONE = "asr_done"
+    """The ASR worker finished that decode."""
     TRANSCRIPT = "transcript"
     """The final transcript is back on the event loop from the ASR worker thread."""
     SUBMIT = "submit"
@@ -48,6 +53,11 @@ STAGES: tuple[Stage, ...] = (
           "last voiced audio received -> endpoint decision (mostly the configured trailing silence)"),
     Stage("asr_ms", Point.ENDPOINT, Point.TRANSCRIPT,
           "endpoint decision -> final transcript back on the event loop"),
+    Stage("asr_wait_ms", Point.ENDPOINT, Point.ASR_START,
+          "endpoint decision -> final decode began (negative: an early decode began before the "
+          "endpoint and was confirmed)"),
+    Stage("asr_decode_ms", Point.ASR_START, Point.ASR_DONE,
+          "the final transcript's decode on the ASR worker"),
     Stage("dispatch_ms", Point.TRANSCRIPT, Point.SUBMIT,
           "final transcript on the event loop -> request handed to the engine (transcript sent, "
           "prompt assembled)"),

@@ -1,0 +1,112 @@
+"""Turn-taking behaviour of a session over the real server: early final transcript, early prefill,
+barge-in, and no turns from silence or noise."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+from websockets.asyncio.client import connect
+
+from tests.conftest import wav
+from voicert.audio.pcm import encode_pcm16
+from voicert.client import stream_audio
+from voicert.protocol import native as p
+from voicert.server.app import STREAM_PATH, VoiceServer
+
+
+async def server_with(services, **vad):
+    cfg = services.cfg
+    cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0),
+                              vad=dataclasses.replace(cfg.vad, **vad))
+    srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
+    await srv.start()
+    return srv
+
+
+async def send_realtime(ws, x: np.ndarray, rate: int = 16000) -> None:
+    n = rate // 50
+    t0 = asyncio.get_running_loop().time()
+    for i, start in enumerate(range(0, x.size, n)):
+        await ws.send(p.encode(p.Audio(encode_pcm16(x[start:start + n]))))
+        delay = t0 + (i + 1) * 0.02 - asyncio.get_running_loop().time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
+async def test_early_final_transcript_and_early_prefill(services):
+    # a long endpoint silence leaves the early decode (and the warm prefill) time to finish first
+    srv = await server_with(services, min_silence_ms=1500)
+    try:
+        result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
+                                    [wav("capital_of_france")], trailing_silence_s=2.0)
+    finally:
+        await srv.shutdown()
+    lat = next(e for e in result.events if e["type"] == "turn.latency")
+    assert lat["early_asr"] and lat["early_prefill"]
+    assert lat["stages"]["asr_wait_ms"] < 0  # the decode began before the endpoint
+    assert lat["stages"]["asr_ms"] < 50  # at the endpoint the transcript was (nearly) ready
+    turn = result.turns[0]
+    assert "paris" in turn.reply.lower()
+    tokens = [e for e in result.events if e["type"] == "response.token"]
+    # the warm-up request's token never reached the client
+    assert [t["index"] for t in tokens] == list(range(turn.done["tokens"]))
+
+
+async def test_speech_during_a_reply_interrupts_it(url):
+    x, _ = wav("count_to_five")
+    q, _ = wav("capital_of_france")
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(
+            system_prompt="Answer at great length, with many details.", max_new_tokens=400)))
+        for chunk in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 8):
+            await ws.send(p.encode(p.Audio(encode_pcm16(chunk))))
+        events = []
+        while not any(e["type"] == "response.token" for e in events):
+            events.append(p.decode_server(await asyncio.wait_for(ws.recv(), 60)))
+        for chunk in np.array_split(np.concatenate([q, np.zeros(16000, np.float32)]), 8):
+            await ws.send(p.encode(p.Audio(encode_pcm16(chunk))))
+        while True:
+            ev = p.decode_server(await asyncio.wait_for(ws.recv(), 60))
+            events.append(ev)
+            if ev["type"] == "turn.latency" and ev["turn_id"] == 2:
+                break
+    done = {e["turn_id"]: e for e in events if e["type"] == "response.done"}
+    assert done[1]["finish_reason"] == "interrupted" and done[1]["tokens"] < 400
+    assert done[1]["text"]  # the truncated reply is kept ...
+    assert done[2]["prompt_tokens"] > done[1]["prompt_tokens"] + 5  # ... and in the history
+    assert "paris" in done[2]["text"].lower()
+
+
+def tones(seconds: float) -> np.ndarray:
+    """Music-like: a chord that changes every 250 ms, with a beat."""
+    t = np.arange(int(16000 * seconds)) / 16000
+    out = np.zeros_like(t)
+    for k, f0 in enumerate([220, 262, 330, 392] * int(seconds * 4 + 1)):
+        seg = (t >= k * 0.25) & (t < (k + 1) * 0.25)
+        for mult in (1, 1.25, 1.5):
+            out[seg] += np.sin(2 * np.pi * f0 * mult * t[seg])
+    return (0.15 * out / 3 * (0.6 + 0.4 * np.sin(2 * np.pi * 2 * t))).astype(np.float32)
+
+
+@pytest.mark.parametrize("kind", ["silence", "white_noise", "tones"])
+async def test_no_turn_from_silence_or_noise(url, kind):
+    rng = np.random.default_rng(1)
+    audio = {"silence": np.zeros(16000 * 3, np.float32),
+             "white_noise": (0.1 * rng.standard_normal(16000 * 3)).astype(np.float32),
+             "tones": tones(3.0)}[kind]
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart()))
+        await asyncio.wait_for(ws.recv(), 10)
+        await send_realtime(ws, np.concatenate([audio, np.zeros(16000, np.float32)]))
+        events = []
+        try:
+            while True:
+                events.append(p.decode_server(await asyncio.wait_for(ws.recv(), 3.0)))
+        except asyncio.TimeoutError:
+            pass
+    kinds = [e["type"] for e in events]
+    assert "response.token" not in kinds and "turn.latency" not in kinds, events
+    assert all(not e["text"] for e in events if e["type"] == "transcript.final")
