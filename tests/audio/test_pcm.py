@@ -46,3 +46,19 @@ def test_buffer_slices_by_absolute_position():
     assert b.base == 4 and b.end == 15
     assert b.slice(2, 7).tolist() == [4, 5, 6]
     assert b.slice(13, 99).tolist() == [13, 14]
+
+
+@pytest.mark.parametrize("encoding", ["mulaw", "alaw"])
+def test_g711_decoding_matches_the_reference(encoding):
+    audioop = pytest.importorskip("audioop")  # the stdlib codec (Python < 3.13) as the reference
+    data = bytes(range(256))
+    ref = np.frombuffer((audioop.ulaw2lin if encoding == "mulaw" else audioop.alaw2lin)(data, 2),
+                        "<i2").astype(np.float32) / 32768.0
+    np.testing.assert_array_equal(decode_pcm(data, encoding), ref)
+
+
+def test_g711_round_trip_keeps_speech_recognisable_level():
+    audioop = pytest.importorskip("audioop")
+    x = (0.5 * np.sin(np.linspace(0, 200, 8000))).astype(np.float32)
+    y = decode_pcm(audioop.lin2ulaw(encode_pcm16(x), 2), "mulaw")
+    assert np.abs(x - y).max() < 0.02

@@ -90,6 +90,25 @@ async def test_json_text_frames_and_48k_float_audio(url):
         assert "paris" in done["text"].lower()
 
 
+async def test_telephone_audio_8k_mulaw(url):
+    audioop = pytest.importorskip("audioop")
+    import soxr
+
+    from voicert.audio.pcm import encode_pcm16
+
+    x, _ = wav("capital_of_france")
+    x8 = soxr.resample(np.concatenate([x, np.zeros(16000, np.float32)]), 16000, 8000)
+    ulaw = audioop.lin2ulaw(encode_pcm16(x8.astype(np.float32)), 2)
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(sample_rate=8000, encoding="mulaw")))
+        await recv_until(ws, "session.started")
+        for i in range(0, len(ulaw), 160):  # 20 ms frames, as telephony sends them
+            await ws.send(p.encode(p.Audio(ulaw[i:i + 160])))
+        final = await recv_until(ws, "transcript.final")
+        assert "capital" in final["text"].lower() and "france" in final["text"].lower()
+        await recv_until(ws, "response.done")
+
+
 async def test_push_to_talk_commit_ends_the_turn(url):
     x, rate = wav("capital_of_france")
     async with connect(url) as ws:

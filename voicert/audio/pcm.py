@@ -12,11 +12,36 @@ class AudioFormatError(ValueError):
     """Audio bytes that cannot be decoded in the declared format."""
 
 
-def decode_pcm(data: bytes, encoding: str) -> np.ndarray:
-    """Little-endian mono ``pcm16`` or ``f32`` bytes -> float32 samples in [-1, 1]. [N]
+def _mulaw_table() -> np.ndarray:
+    """G.711 mu-law byte -> linear 16-bit value. [256]"""
+    u = ~np.arange(256, dtype=np.int32) & 0xFF
+    exponent, mantissa = (u >> 4) & 0x07, u & 0x0F
+    magnitude = (((mantissa << 3) + 0x84) << exponent) - 0x84
+    return np.where(u & 0x80, -magnitude, magnitude).astype(np.float32)
 
-    Raises AudioFormatError for a byte count that is not a whole number of samples, or for
-    non-finite float samples."""
+
+def _alaw_table() -> np.ndarray:
+    """G.711 A-law byte -> linear 16-bit value. [256]"""
+    a = np.arange(256, dtype=np.int32) ^ 0x55
+    exponent, mantissa = (a >> 4) & 0x07, a & 0x0F
+    magnitude = np.where(exponent == 0, (mantissa << 4) + 8,
+                         ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0))
+    return np.where(a & 0x80, magnitude, -magnitude).astype(np.float32)
+
+
+MULAW = _mulaw_table() / 32768.0
+ALAW = _alaw_table() / 32768.0
+
+
+def decode_pcm(data: bytes, encoding: str) -> np.ndarray:
+    """Mono audio bytes -> float32 samples in [-1, 1]. [N]
+
+    Encodings: ``pcm16`` (little-endian int16), ``f32`` (little-endian float32), ``mulaw`` and
+    ``alaw`` (G.711, one byte a sample, as telephony sends them). Raises AudioFormatError for a
+    byte count that is not a whole number of samples, or for non-finite float samples."""
+    if encoding in ("mulaw", "alaw"):
+        table = MULAW if encoding == "mulaw" else ALAW
+        return table[np.frombuffer(data, dtype=np.uint8)]
     if encoding == "pcm16":
         if len(data) % 2:
             raise AudioFormatError(f"pcm16 audio must have an even byte count, got {len(data)}")

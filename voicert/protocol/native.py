@@ -18,7 +18,7 @@ from typing import Any, Union
 import msgpack
 
 PROTOCOL_VERSION = 1
-ENCODINGS = ("pcm16", "f32")
+ENCODINGS = ("pcm16", "f32", "mulaw", "alaw")
 TURN_DETECTION = ("server_vad", "manual")
 
 
