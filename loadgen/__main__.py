@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=3, help="turns per session")
     ap.add_argument("--think", type=float, default=1.0, help="mean pause between turns (s)")
     ap.add_argument("--turn-timeout", type=float, default=30.0)
+    ap.add_argument("--max-turns", type=int, default=0, help="stop after this many turns (0: none)")
     ap.add_argument("--budget-ms", type=float, default=100.0)
     ap.add_argument("--out", default="artifacts/loadgen")
     ap.add_argument("--title", default="voicert load")
@@ -51,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.wav:
         ap.error("no WAV files (give --wav)")
     spec = LoadSpec(args.url, [load_for_streaming(w) for w in args.wav], args.duration, args.ramp,
-                    args.turns, args.think, args.turn_timeout)
+                    args.turns, args.think, args.turn_timeout, max_turns=args.max_turns)
     t0 = time.monotonic()
 
     def progress(n, stats, held):

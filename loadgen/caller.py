@@ -52,8 +52,9 @@ class Caller:
         self.rng = random.Random(seed)
         self.silence_s = trailing_silence_s
 
-    async def session(self, stats: CallerStats, stop_at: float) -> None:
-        """One session of up to ``turns`` turns; stops early at ``stop_at`` (monotonic s)."""
+    async def session(self, stats: CallerStats, stop_at: float, max_turns: int = 0) -> None:
+        """One session of up to ``turns`` turns; stops early at ``stop_at`` (monotonic s) or once
+        ``stats`` holds ``max_turns`` turns (0: no limit)."""
         stats.sessions += 1
         rate = self.clips[0][1]
         try:
@@ -64,7 +65,7 @@ class Caller:
                     stats.errors += 1
                     return
                 for _ in range(self.turns):
-                    if time.monotonic() >= stop_at:
+                    if time.monotonic() >= stop_at or (max_turns and len(stats.turns) >= max_turns):
                         break
                     if not await self._turn(ws, stats, rate):
                         break

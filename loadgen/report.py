@@ -10,8 +10,9 @@ import numpy as np
 from loadgen.caller import CallerStats
 from voicert.telemetry.latency import WATERFALL
 
-ROWS = ("endpoint_ms", "asr_ms", "dispatch_ms", "queue_ms", "prefill_ms", "handoff_ms", "send_ms",
-        "ttft_ms", "voice_to_first_token_ms", "client_ttft_ms", "client_done_ms")
+ROWS = ("endpoint_ms", "asr_ms", "asr_wait_ms", "asr_decode_ms", "dispatch_ms", "queue_ms",
+        "prefill_ms", "handoff_ms", "first_token_ms", "send_ms", "ttft_ms", "voice_to_first_token_ms",
+        "client_ttft_ms", "client_done_ms")
 
 
 def values(stats: CallerStats, name: str) -> list[float]:

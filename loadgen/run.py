@@ -23,6 +23,7 @@ class LoadSpec:
     think_s: float = 1.0  # mean pause between turns (uniform jitter +-50 %)
     turn_timeout_s: float = 30.0
     seed: int = 0
+    max_turns: int = 0  # stop once this many turns are done (0: run for the duration)
 
 
 async def closed_loop(spec: LoadSpec, callers: int) -> CallerStats:
@@ -37,8 +38,9 @@ async def closed_loop(spec: LoadSpec, callers: int) -> CallerStats:
         caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
                         turn_timeout_s=spec.turn_timeout_s, concurrency=callers,
                         seed=spec.seed * 1000 + i)
-        while time.monotonic() < stop_at:
-            await caller.session(stats, stop_at)
+        while time.monotonic() < stop_at and not (spec.max_turns and
+                                                  len(stats.turns) >= spec.max_turns):
+            await caller.session(stats, stop_at, spec.max_turns)
 
     await asyncio.gather(*(one(i) for i in range(callers)))
     return stats
