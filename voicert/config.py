@@ -93,6 +93,7 @@ class AsrConfig:
     batch_window_ms: float = 0.0  # the worker waits this long to batch utterances of all sessions
     max_batch: int = 8  # utterances per batched decode
     early_final_ms: int = 160  # start the final decode after this much trailing silence; 0: off
+    partial_interval_ms: int = 0  # re-decode the growing utterance this often for live partials; 0: off
 
     def __post_init__(self) -> None:
         _check(self.device in ("cpu", "cuda", "auto"), "asr.device", "must be cpu, cuda or auto")
@@ -100,6 +101,8 @@ class AsrConfig:
         _check(0 <= self.batch_window_ms <= 200, "asr.batch_window_ms", "must be in [0, 200]")
         _check(1 <= self.max_batch <= 256, "asr.max_batch", "must be in [1, 256]")
         _check(self.early_final_ms >= 0, "asr.early_final_ms", "must be >= 0 (0: off)")
+        _check(self.partial_interval_ms == 0 or self.partial_interval_ms >= 100,
+               "asr.partial_interval_ms", "must be 0 (off) or >= 100")
         _check(0 < self.no_speech_threshold <= 1, "asr.no_speech_threshold", "must be in (0, 1]")
 
 

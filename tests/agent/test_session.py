@@ -17,10 +17,11 @@ from voicert.protocol import native as p
 from voicert.server.app import STREAM_PATH, VoiceServer
 
 
-async def server_with(services, **vad):
+async def server_with(services, asr=None, **vad):
     cfg = services.cfg
     cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0),
-                              vad=dataclasses.replace(cfg.vad, **vad))
+                              vad=dataclasses.replace(cfg.vad, **vad),
+                              asr=dataclasses.replace(cfg.asr, **(asr or {})))
     srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
     await srv.start()
     return srv
@@ -110,3 +111,23 @@ async def test_no_turn_from_silence_or_noise(url, kind):
     kinds = [e["type"] for e in events]
     assert "response.token" not in kinds and "turn.latency" not in kinds, events
     assert all(not e["text"] for e in events if e["type"] == "transcript.final")
+
+
+async def test_live_partial_transcripts_grow_stable_text(services):
+    srv = await server_with(services, asr={"partial_interval_ms": 300})
+    try:
+        result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
+                                    [wav("weather_question")])
+    finally:
+        await srv.shutdown()
+    kinds = [e["type"] for e in result.events]
+    partials = [e for e in result.events if e["type"] == "transcript.partial"]
+    assert partials, kinds
+    assert kinds.index("transcript.partial") < kinds.index("transcript.final")
+    stables = [e["stable"] for e in partials]
+    assert all(b.startswith(a) for a, b in zip(stables, stables[1:]))  # stable only grows
+    assert all(e["turn_id"] == 1 for e in partials)
+    final = next(e for e in result.events if e["type"] == "transcript.final")
+    assert "london" in final["text"].lower()
+    assert "weather" in (partials[-1]["stable"] + " " + partials[-1]["unstable"]).lower()
+

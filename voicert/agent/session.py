@@ -20,8 +20,9 @@ from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
-from voicert.speech.asr import EARLY, FINAL, AsrHandle, WhisperAsr
+from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.endpoint import Endpointer, EventKind
+from voicert.speech.partials import LocalAgreement
 from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
 from voicert.telemetry.metrics import Metrics
@@ -52,6 +53,17 @@ class EarlyDecode:
     utterance_start: int
     warm_id: str = ""  # the prompt-prefill request started from its transcript, if any
     warm_task: asyncio.Future | None = None
+
+
+@dataclass(slots=True)
+class PartialState:
+    """Live partial transcripts of the utterance in progress."""
+
+    agreement: LocalAgreement
+    utterance_start: int
+    next_window: int  # no new partial decode before this endpointer window
+    in_flight: AsrHandle | None = None
+    sent: tuple[str, str] = ("", "")
 
 
 async def _drain(stream) -> None:
@@ -88,9 +100,10 @@ class Session:
         self.utterance_start = 0  # absolute 16 kHz sample where the current utterance starts
         self.last_voice_ns = 0
         self.turn: Turn | None = None
-        self._turn_ids = itertools.count(1)
+        self.next_turn_id = 1  # the id the utterance in progress will get
         self.latencies: list[dict[str, float]] = []
         self.early: EarlyDecode | None = None  # final decode started in the trailing silence
+        self.partial: PartialState | None = None  # live partials of the utterance in progress
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -111,6 +124,7 @@ class Session:
             elif result.event is None:
                 self._maybe_start_early()
             if result.event is None:
+                self._maybe_partial()
                 continue
             pos = result.event.window * FRAME
             if result.event.kind is EventKind.SPEECH_STARTED:
@@ -164,6 +178,34 @@ class Session:
         early.warm_id = request.request_id
         early.warm_task = asyncio.ensure_future(_drain(self.svc.engine.submit(request)))
 
+    def _maybe_partial(self) -> None:
+        """Every ``asr.partial_interval_ms`` of speech, re-decode the utterance so far (lowest
+        priority; skipped while the ASR worker has other work queued)."""
+        interval = self.cfg.asr.partial_interval_ms
+        ep = self.endpointer
+        if not interval or not ep.in_speech:
+            return
+        st = self.partial
+        if st is None or st.utterance_start != self.utterance_start:
+            st = self.partial = PartialState(LocalAgreement(), self.utterance_start, ep.window)
+        if (st.in_flight is not None and not st.in_flight.future.done()) or ep.window < st.next_window:
+            return
+        if self.svc.asr.pending():
+            return  # back off: finals and early decodes of any session go first
+        audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
+        st.in_flight = self.svc.asr.submit(audio, PARTIAL)
+        st.next_window = ep.window + max(interval // 32, 1)
+        st.in_flight.future.add_done_callback(lambda fut: self._on_partial(st, fut))
+
+    def _on_partial(self, st: "PartialState", fut: asyncio.Future) -> None:
+        if st is not self.partial or fut.cancelled() or fut.exception() is not None:
+            return
+        text = fut.result().text
+        stable, unstable = st.agreement.update(text)
+        if (stable, unstable) != st.sent:
+            st.sent = (stable, unstable)
+            asyncio.ensure_future(self.emit(p.TranscriptPartial(self.next_turn_id, stable, unstable)))
+
     def _drop_early(self) -> None:
         if self.early is not None:
             self.early.handle.drop()  # a decode already running finishes and is ignored
@@ -180,6 +222,10 @@ class Session:
 
     def _end_turn(self, end: int) -> None:
         endpoint_ns = now_ns()
+        if self.partial is not None:
+            if self.partial.in_flight is not None:
+                self.partial.in_flight.drop()
+            self.partial = None
         early, self.early = self.early, None
         if early is not None and not (early.utterance_start == self.utterance_start
                                       and early.last_voiced == self.endpointer.last_voiced):
@@ -190,7 +236,8 @@ class Session:
         self.utterance_start = self.audio.end
         if audio.size < FRAME:
             return  # nothing to transcribe
-        trace = TurnTrace(next(self._turn_ids))
+        trace = TurnTrace(self.next_turn_id)
+        self.next_turn_id += 1
         trace.mark(Point.VOICE_END, self.last_voice_ns or endpoint_ns)
         trace.mark(Point.ENDPOINT, endpoint_ns)
         previous = self.turn

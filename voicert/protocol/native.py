@@ -112,6 +112,14 @@ class SpeechStopped:
 
 
 @dataclass(slots=True)
+class TranscriptPartial:
+    turn_id: int  # the turn this utterance will become
+    stable: str  # words two consecutive decodes agreed on (LocalAgreement-2); only ever grows
+    unstable: str  # the rest of the latest decode; may change
+    type: str = field(default="transcript.partial", init=False)
+
+
+@dataclass(slots=True)
 class TranscriptFinal:
     turn_id: int
     text: str
@@ -159,8 +167,8 @@ class SessionEnded:
     type: str = field(default="session.ended", init=False)
 
 
-ServerEvent = Union[SessionStarted, SpeechStarted, SpeechStopped, TranscriptFinal, ResponseToken,
-                    ResponseDone, TurnLatency, Error, SessionEnded]
+ServerEvent = Union[SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal,
+                    ResponseToken, ResponseDone, TurnLatency, Error, SessionEnded]
 
 # ---------------------------------------------------------------- decoding
 
@@ -274,8 +282,8 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
 
 
 _SERVER_TYPES = {cls.__dataclass_fields__["type"].default: cls for cls in (
-    SessionStarted, SpeechStarted, SpeechStopped, TranscriptFinal, ResponseToken, ResponseDone,
-    TurnLatency, Error, SessionEnded)}
+    SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ResponseToken,
+    ResponseDone, TurnLatency, Error, SessionEnded)}
 
 
 def decode_server(frame: bytes | str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import numpy as np
 from voicert.config import AsrConfig, ConfigError
 
 log = logging.getLogger(__name__)
-FINAL, EARLY = 0, 1  # job priorities: lower runs first
+FINAL, EARLY, PARTIAL = 0, 1, 2  # job priorities: lower runs first
 WINDOW_S = 30.0
 
 
