@@ -101,7 +101,6 @@ class Session:
         self.last_voice_ns = 0
         self.turn: Turn | None = None
         self.next_turn_id = 1  # the id the utterance in progress will get
-        self.latencies: list[dict[str, float]] = []
         self.early: EarlyDecode | None = None  # final decode started in the trailing silence
         self.partial: PartialState | None = None  # live partials of the utterance in progress
 
@@ -343,7 +342,6 @@ class Session:
                                            self.cfg.telemetry.budget_ms)
             self.svc.metrics.observe_turn(record)
             stages = record.stages
-            self.latencies.append(stages)
             log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason, tokens,
                      prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
             await self.emit(p.ResponseDone(turn.turn_id, reply, tokens, prompt_tokens, reason))
