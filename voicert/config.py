@@ -40,8 +40,14 @@ class ServerConfig:
     max_sessions: int = 64
     shutdown_grace_s: float = 10.0  # running turns may finish within this, then are cancelled
     send_timeout_s: float = 10.0  # a reader this slow to drain a frame is disconnected
+    auth_tokens: str = ""  # comma-separated bearer tokens every WebSocket route requires; "": none
+    allowed_origins: str = ""  # comma-separated browser origins (scheme://host:port); "": any
+    max_messages_per_s: float = 200.0  # per connection, averaged (20 ms audio frames are 50/s)
+    message_burst: int = 400  # messages a connection may send at once above the average
 
     def __post_init__(self) -> None:
+        _check(self.max_messages_per_s >= 0, "server.max_messages_per_s", "must be >= 0 (0: off)")
+        _check(self.message_burst >= 1, "server.message_burst", "must be >= 1")
         _check(0 <= self.port <= 65535, "server.port", f"{self.port} is not a TCP port (0-65535)")
         _check(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be >= 1024")
         _check(self.max_sessions >= 1, "server.max_sessions", "must be >= 1")

@@ -112,7 +112,9 @@ function legend() {
 
 function connect() {
   const proto = location.protocol === "https:" ? "wss:" : "ws:";
-  const ws = new WebSocket(`${proto}//${location.host}/v1/dashboard`);
+  const token = new URLSearchParams(location.search).get("token");  // when the server wants one
+  const query = token ? `?token=${encodeURIComponent(token)}` : "";
+  const ws = new WebSocket(`${proto}//${location.host}/v1/dashboard${query}`);
   const status = document.getElementById("status");
   ws.onopen = () => { status.textContent = "live"; status.className = "ok"; };
   ws.onclose = () => {

@@ -35,6 +35,7 @@ class ErrorCode(str, enum.Enum):
     UNSUPPORTED_VERSION = "unsupported_protocol_version"
     BAD_AUDIO = "bad_audio"  # odd byte count, NaN / inf samples
     MESSAGE_TOO_LARGE = "message_too_large"
+    RATE_LIMITED = "rate_limited"  # over server.max_messages_per_s: the connection is closed (1008)
     SERVER_BUSY = "server_busy"
     SHUTTING_DOWN = "shutting_down"
     ASR_FAILED = "asr_failed"

@@ -22,7 +22,7 @@ from voicert.config import Config, cache_dir
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
-from voicert.server import dashboard
+from voicert.server import access, dashboard
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
 from voicert.server.dashboard import static_file
 from voicert.speech.asr import WhisperAsr
@@ -119,17 +119,37 @@ class VoiceServer:
         if page is not None:
             return _response(http.HTTPStatus.OK, *page)
         if path == dashboard.FEED_PATH:
+            refusal = self._refuse(request)
+            if refusal is not None:
+                return refusal
             if len(self.dashboard_conns) >= MAX_DASHBOARDS:
                 return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many dashboards\n")
             return None
         if path != STREAM_PATH:
             return _text_response(http.HTTPStatus.NOT_FOUND, f"no route {path}\n")
+        refusal = self._refuse(request)
+        if refusal is not None:
+            return refusal
         if self.services.draining:
             return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
         if len(self.connections) >= self.cfg.server.max_sessions:
             return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
                                   f"session limit ({self.cfg.server.max_sessions}) reached\n")
         return None
+
+    def _refuse(self, request: Request) -> Response | None:
+        """Bearer token and origin checks for a WebSocket route (see server/access.py)."""
+        s = self.cfg.server
+        refusal = access.check(request.path, request.headers.get("Authorization"),
+                               request.headers.get("Origin"), access.split_list(s.auth_tokens),
+                               access.split_list(s.allowed_origins))
+        if refusal is None:
+            return None
+        log.info("refused %s: %s", request.path.split("?", 1)[0], refusal.reason)
+        response = _text_response(refusal.status, refusal.reason + "\n")
+        for name, value in refusal.headers:
+            response.headers[name] = value
+        return response
 
     async def _handler(self, ws: ServerConnection) -> None:
         if ws.request is not None and ws.request.path.split("?", 1)[0] == dashboard.FEED_PATH:

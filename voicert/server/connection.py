@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 
 from websockets.asyncio.server import ServerConnection
@@ -12,12 +13,13 @@ from websockets.exceptions import ConnectionClosed
 from voicert.agent.session import Services, Session
 from voicert.config import SUPPORTED_SAMPLE_RATES
 from voicert.protocol import native as p
+from voicert.server.access import RateLimiter
 
 log = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
-CLOSE_POLICY = 1008  # used for a reader too slow to drain its frames
+CLOSE_POLICY = 1008  # a reader too slow to drain its frames; a sender over the message rate
 
 
 class Connection:
@@ -49,8 +51,18 @@ class Connection:
         await self.send(p.Error(code.value, message, fatal))
 
     async def run(self) -> None:
+        s = self.svc.cfg.server
+        limiter = RateLimiter(s.max_messages_per_s, s.message_burst)
+        closing = None
         try:
             async for frame in self.ws:
+                if closing is not None:
+                    continue  # drain what the client already sent so its close reply can arrive
+                if not limiter.allow(time.monotonic()):
+                    await self.error(p.ErrorCode.RATE_LIMITED,
+                                     f"more than {s.max_messages_per_s:g} messages/s", fatal=True)
+                    closing = asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "message rate limit"))
+                    continue
                 try:
                     if await self._dispatch(frame):
                         break

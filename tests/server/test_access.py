@@ -1,0 +1,101 @@
+"""Access control: bearer tokens (header or query), origin allow-list, message-rate limit."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import http
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from tests.conftest import wav
+from voicert.client import stream_audio
+from voicert.protocol import native as p
+from voicert.server import access
+from voicert.server.app import STREAM_PATH, VoiceServer
+
+
+def test_token_from_header_or_query():
+    assert access.presented_token("/v1/stream", "Bearer abc") == "abc"
+    assert access.presented_token("/v1/stream?token=xyz&a=1", None) == "xyz"
+    assert access.presented_token("/v1/stream?token=q", "bearer h") == "h"  # header first
+    assert access.presented_token("/v1/stream", "Basic abc") is None
+
+
+def test_check_order_and_defaults():
+    assert access.check("/x", None, None, (), ()) is None  # nothing configured: open
+    r = access.check("/x", None, None, ("t",), ())
+    assert r.status is http.HTTPStatus.UNAUTHORIZED and r.headers[0][0] == "WWW-Authenticate"
+    assert access.check("/x?token=t", None, None, ("t",), ()) is None
+    assert access.check("/x", "Bearer t", "https://evil", ("t",), ("https://ok",)).status \
+        is http.HTTPStatus.FORBIDDEN
+    assert access.check("/x", "Bearer t", None, ("t",), ("https://ok",)) is None  # not a browser
+
+
+def test_rate_limiter_allows_bursts_then_the_average():
+    lim = access.RateLimiter(rate=10, burst=3)
+    assert [lim.allow(0.0) for _ in range(4)] == [True, True, True, False]
+    assert lim.allow(0.1)  # one token back after 100 ms
+    assert not lim.allow(0.1)
+    assert access.RateLimiter(0, 1).allow(0.0)  # 0: no limit
+
+
+@pytest.fixture(scope="module")
+async def guarded(services):
+    cfg = services.cfg
+    cfg = dataclasses.replace(cfg, server=dataclasses.replace(
+        cfg.server, port=0, auth_tokens="s3cret, other", allowed_origins="https://ok.example",
+        max_messages_per_s=60, message_burst=30))  # real-time 20 ms frames are 50/s
+    srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
+    await srv.start()
+    yield srv
+    await srv.shutdown()
+
+
+async def refused(url, **kw) -> int:
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(url, **kw):
+            pass
+    return info.value.response.status_code
+
+
+async def test_missing_or_wrong_token_is_401_on_every_websocket_route(guarded):
+    base = f"ws://127.0.0.1:{guarded.port}"
+    assert await refused(base + STREAM_PATH) == 401
+    assert await refused(base + STREAM_PATH, additional_headers={"Authorization": "Bearer nope"}) == 401
+    assert await refused(base + "/v1/dashboard") == 401
+    assert await refused(base + "/v1/dashboard?token=nope") == 401
+
+
+async def test_foreign_browser_origin_is_403(guarded):
+    url = f"ws://127.0.0.1:{guarded.port}{STREAM_PATH}?token=s3cret"
+    assert await refused(url, origin="https://evil.example") == 403
+    async with connect(url, origin="https://ok.example") as ws:
+        await ws.send(p.encode(p.SessionStart()))
+        assert p.decode_server(await ws.recv())["type"] == "session.started"
+
+
+async def test_valid_token_in_header_or_query_completes_a_turn(guarded):
+    url = f"ws://127.0.0.1:{guarded.port}{STREAM_PATH}"
+    async with connect(url, additional_headers={"Authorization": "Bearer other"}) as ws:
+        await ws.send(p.encode(p.SessionStart()))
+        assert p.decode_server(await ws.recv())["type"] == "session.started"
+    result = await stream_audio(url + "?token=s3cret", [wav("capital_of_france")])
+    assert "paris" in result.turns[0].reply.lower()  # real-time audio stays under the rate limit
+
+
+async def test_flooding_messages_closes_with_1008(guarded):
+    url = f"ws://127.0.0.1:{guarded.port}{STREAM_PATH}?token=s3cret"
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart()))
+        await ws.recv()
+        with pytest.raises(ConnectionClosed):
+            for _ in range(200):
+                await ws.send(p.encode(p.Audio(b"\x00\x00" * 160)))
+            for _ in range(50):
+                ev = p.decode_server(await asyncio.wait_for(ws.recv(), 10))
+                if ev["type"] == "error":
+                    assert ev["code"] == "rate_limited" and ev["fatal"]
+        assert ws.close_code == 1008

@@ -1,0 +1,77 @@
+"""Access control for the WebSocket routes: bearer tokens, a browser origin allow-list, and a
+per-connection message-rate limit. Pure functions and a small token bucket; no I/O."""
+
+from __future__ import annotations
+
+import hmac
+import http
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    status: http.HTTPStatus
+    reason: str
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def split_list(value: str) -> tuple[str, ...]:
+    """``"a, b,,c"`` -> ``("a", "b", "c")``."""
+    return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def presented_token(path: str, authorization: str | None) -> str | None:
+    """The client's token: ``Authorization: Bearer <t>`` first, else the ``token`` query parameter."""
+    if authorization:
+        scheme, _, value = authorization.partition(" ")
+        if scheme.lower() == "bearer" and value.strip():
+            return value.strip()
+    values = parse_qs(urlsplit(path).query).get("token")
+    return values[0] if values else None
+
+
+def token_ok(presented: str | None, accepted: tuple[str, ...]) -> bool:
+    """Constant-time comparison against every accepted token (no early exit on a match)."""
+    if presented is None:
+        return False
+    ok = False
+    for token in accepted:
+        ok |= hmac.compare_digest(presented.encode(), token.encode())
+    return ok
+
+
+def check(path: str, authorization: str | None, origin: str | None, tokens: tuple[str, ...],
+          origins: tuple[str, ...]) -> Refusal | None:
+    """None when the request may open a WebSocket; otherwise the HTTP refusal to send.
+
+    No tokens configured: no authentication. No origins configured: any origin. A request without
+    an Origin header (not a browser) is not subject to the origin list."""
+    if origins and origin is not None and origin not in origins:
+        return Refusal(http.HTTPStatus.FORBIDDEN, f"origin {origin[:100]!r} not allowed")
+    if tokens and not token_ok(presented_token(path, authorization), tokens):
+        return Refusal(http.HTTPStatus.UNAUTHORIZED, "missing or invalid bearer token",
+                       (("WWW-Authenticate", 'Bearer realm="voicert"'),))
+    return None
+
+
+class RateLimiter:
+    """Token bucket: ``rate`` messages a second on average, bursts up to ``burst``."""
+
+    def __init__(self, rate: float, burst: float) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.last: float | None = None
+
+    def allow(self, now: float) -> bool:
+        """Take one message at monotonic time ``now`` (seconds); False when over the limit."""
+        if self.rate <= 0:
+            return True
+        if self.last is not None:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
