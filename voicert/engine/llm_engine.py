@@ -227,18 +227,28 @@ class LLMEngine:
         sampled = self.runner.run(step)
         emitted = self.scheduler.postprocess(step, sampled)
         sampled_ns = time.perf_counter_ns()
+        outbox: list = []  # this step's events, handed over in one wake-up per event loop
         for seq, tokens in emitted:
             first = seq.num_generated - len(tokens)
             for j, tok in enumerate(tokens):
-                seq.stream.put_threadsafe(TokenEvent(first + j, tok, seq.detok.push(tok), sampled_ns,
-                                                     seq.prefill_start_ns, len(seq.prompt)))
+                outbox.append((seq.stream, TokenEvent(first + j, tok, seq.detok.push(tok),
+                                                      sampled_ns, seq.prefill_start_ns,
+                                                      len(seq.prompt))))
             if seq.finish_reason is not None:
-                self._end(seq, seq.finish_reason)
+                self._end(seq, seq.finish_reason, outbox=outbox)
+        TokenStream.post_all(outbox)
 
-    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+    def _end(self, seq: Sequence, reason: str, error: str | None = None,
+             outbox: list | None = None) -> None:
+        """Free the engine-side state of a finished sequence and announce its end (in ``outbox``
+        when given, else at once)."""
         if self.drafter is not None:
             self.drafter.release(seq.id)
         self.ledger.closed(seq.id, reason, seq.num_generated)
-        seq.stream.put_threadsafe(TokenEvent(
-            seq.num_generated, -1, "", time.perf_counter_ns(), seq.prefill_start_ns or 0,
-            len(seq.prompt), finish_reason=reason, error=error))
+        final = TokenEvent(seq.num_generated, -1, "", time.perf_counter_ns(),
+                           seq.prefill_start_ns or 0, len(seq.prompt), finish_reason=reason,
+                           error=error)
+        if outbox is not None:
+            outbox.append((seq.stream, final))
+        else:
+            seq.stream.put_threadsafe(final)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from voicert.engine.kv_cache import SCRATCH_BLOCK
@@ -144,16 +145,20 @@ class StepGraphs:
         self.blocks = sorted({-(-s // bs) for s in spans})
         mb, mbk, mw = self.batches[-1], self.blocks[-1], self.widths[-1]
         dev = runner.device
-        # static device buffers: ids/pos [MB*W], slots [MB*W], tables [MB*MBK], last [MB], out [MB*W]
-        self.ids = torch.zeros(mb * mw, dtype=torch.long, device=dev)
-        self.pos = torch.zeros(mb * mw, dtype=torch.long, device=dev)
-        self.slots = torch.zeros(mb * mw, dtype=torch.long, device=dev)
-        self.tables = torch.zeros(mb * mbk, dtype=torch.long, device=dev)
-        self.last = torch.zeros(mb, dtype=torch.long, device=dev)
+        # All inputs live in one int64 device buffer (one H2D copy per step) at fixed offsets:
+        # ids/pos/slots [MB*W] each, tables [MB*MBK], last [MB]. out [MB*W] is separate.
+        sizes = {"ids": mb * mw, "pos": mb * mw, "slots": mb * mw, "tables": mb * mbk, "last": mb}
+        self.offsets: dict[str, int] = {}
+        total = 0
+        for name, n in sizes.items():
+            self.offsets[name] = total
+            total += n
+        self.packed = torch.zeros(total, dtype=torch.long, device=dev)
+        self.host = torch.zeros(total, dtype=torch.long).pin_memory()
+        self.host_np = self.host.numpy()
+        for name, n in sizes.items():
+            setattr(self, name, self.packed[self.offsets[name]: self.offsets[name] + n])
         self.out = torch.zeros(mb * mw, dtype=torch.long, device=dev)
-        self.host = {name: torch.zeros(t.shape, dtype=torch.long).pin_memory()
-                     for name, t in (("ids", self.ids), ("pos", self.pos), ("slots", self.slots),
-                                     ("tables", self.tables), ("last", self.last))}
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._capture()
 
@@ -211,10 +216,10 @@ class StepGraphs:
         staged = {"ids": ids, "pos": pos, "slots": slots, "tables": tables,
                   "last": [len(r.tokens) - 1 for r in rows] + [0] * (b - n)}
         for name, values in staged.items():
-            flat = torch.tensor(values).view(-1)
-            self.host[name][: flat.numel()] = flat
-            getattr(self, name)[: flat.numel()].copy_(self.host[name][: flat.numel()],
-                                                      non_blocking=True)
+            flat = np.asarray(values, dtype=np.int64).reshape(-1)
+            at = self.offsets[name]
+            self.host_np[at: at + flat.size] = flat
+        self.packed.copy_(self.host, non_blocking=True)  # one H2D copy (the previous step synced)
         self.graphs[(b, nblk, w)].replay()
         if self.sample_last:
             toks = self.out[:n].tolist()  # the one host sync of the step

@@ -36,6 +36,23 @@ class TokenStream:
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
+    @staticmethod
+    def post_all(items: list[tuple["TokenStream", TokenEvent]]) -> None:
+        """Called on the engine thread with one step's events: one loop wake-up per event loop,
+        however many streams and tokens the step produced."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, TokenEvent]]] = {}
+        for stream, event in items:
+            loop = getattr(stream, "_loop", None)
+            if loop is None:  # not a TokenStream (e.g. a warm-up sink): deliver directly
+                stream.put_threadsafe(event)
+            else:
+                by_loop.setdefault(loop, []).append((stream, event))
+        for loop, batch in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
     def __aiter__(self) -> "TokenStream":
         return self
 
@@ -46,6 +63,11 @@ class TokenStream:
         if event.finish_reason is not None:
             self._ended = True
         return event
+
+
+def _deliver(batch: list[tuple[TokenStream, TokenEvent]]) -> None:
+    for stream, event in batch:
+        stream._queue.put_nowait(event)
 
 
 def stop_token_ids(tokenizer, model_config) -> set[int]:
