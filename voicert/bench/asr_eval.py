@@ -78,21 +78,24 @@ async def stream_one(url: str, utt: Utterance, timeout: float = 60.0) -> str:
     """The server's final transcript of one utterance, sent as a caller would send it."""
     g711 = read_g711(utt.path)
     if g711 is not None:
-        raw, encoding, rate, _ = g711
-        frame = rate // 50  # 20 ms, one byte a sample
+        speech, encoding, rate, _ = g711
+        step = rate // 50  # 20 ms, one byte a sample
         silence = (b"\xff" if encoding == "mulaw" else b"\xd5") * rate  # 1 s of G.711 silence
-        frames = [(raw + silence)[i:i + frame] for i in range(0, len(raw) + len(silence), frame)]
     else:
         x, rate = read_wav(utt.path)
         encoding = "pcm16"
-        pcm = encode_pcm16(np.concatenate([x, np.zeros(rate, np.float32)]))
+        speech, silence = encode_pcm16(x), bytes(2 * rate)
         step = rate // 50 * 2
-        frames = [pcm[i:i + step] for i in range(0, len(pcm), step)]
     async with connect(url) as ws:
         await ws.send(p.encode(p.SessionStart(sample_rate=rate, encoding=encoding,
                                               max_new_tokens=1)))
-        for f in frames:
-            await ws.send(p.encode(p.Audio(f)))
+        # speech as fast as it goes, the trailing second of silence at real-time pace: the
+        # endpointing then runs as in a live call (the early final decode has time to start)
+        for i in range(0, len(speech), step):
+            await ws.send(p.encode(p.Audio(speech[i:i + step])))
+        for i in range(0, len(silence), step):
+            await ws.send(p.encode(p.Audio(silence[i:i + step])))
+            await asyncio.sleep(0.02)
         while True:
             ev = p.decode_server(await asyncio.wait_for(ws.recv(), timeout))
             if ev["type"] == "transcript.final":
@@ -103,8 +106,8 @@ async def stream_one(url: str, utt: Utterance, timeout: float = 60.0) -> str:
 
 def offline(model, utt: Utterance) -> str:
     segments, _ = model.transcribe(audio_16k(utt.path), language="en", beam_size=1,
-                                   vad_filter=False, condition_on_previous_text=False,
-                                   without_timestamps=True)
+                                   temperature=0.0, vad_filter=False,
+                                   condition_on_previous_text=False, without_timestamps=True)
     return " ".join(s.text.strip() for s in segments)
 
 
