@@ -29,7 +29,6 @@ class TurnResult:
     reply: str = ""
     done: dict | None = None
     latency: dict[str, float] = field(default_factory=dict)
-    first_token_client_ns: int = 0  # client clock: first response.token received
 
 
 @dataclass
@@ -38,7 +37,6 @@ class ClientResult:
     turns: list[TurnResult] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
-    audio_end_ns: int = 0  # client clock: last audio frame sent
 
 
 def frames_for(x: np.ndarray, rate: int, frame_ms: int = FRAME_MS) -> list[bytes]:
@@ -81,8 +79,6 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                     if not ev["text"]:
                         turn_done.set()
                 elif kind == "response.token":
-                    if not turn.first_token_client_ns:
-                        turn.first_token_client_ns = time.perf_counter_ns()
                     turn.reply += ev["text"]
                 elif kind == "response.done":
                     turn.done = ev
@@ -101,8 +97,6 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                 frames = frames_for(np.concatenate([samples, silence]), rate)
                 for i, frame in enumerate(frames):
                     await ws.send(p.encode(p.Audio(frame), binary))
-                    if i * FRAME_MS < samples.size * 1000 // rate:
-                        result.audio_end_ns = time.perf_counter_ns()
                     if realtime:
                         delay = t0 + (i + 1) * FRAME_MS / 1000 - time.perf_counter()
                         if delay > 0:
