@@ -1,6 +1,5 @@
 """The ASR evaluation set through the real server (streaming) and offline faster-whisper."""
 
-import pytest
 
 from voicert.bench.asr_eval import edit_distance, evaluate, load_set, markdown, normalize, wer
 

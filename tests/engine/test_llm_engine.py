@@ -14,7 +14,7 @@ from voicert.engine.models.llama import load_llama
 from voicert.engine.runner import ModelRunner
 from voicert.engine.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.sequence import Sequence
-from voicert.engine.simple import build_prompt
+from voicert.engine.prompt import build_prompt
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 PROMPTS = [

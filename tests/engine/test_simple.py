@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from voicert.engine.base import ChatMessage, GenerationRequest
-from voicert.engine.simple import build_prompt
+from voicert.engine.prompt import build_prompt
 
 PROMPTS = ["What is the capital of France?", "Say hello.", "Name three colors.",
            "What is two plus two?"]

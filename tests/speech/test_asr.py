@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import wav
-from voicert.config import AsrConfig, ConfigError
-from voicert.speech.asr import WhisperAsr, resolve_asr_model
+from voicert.config import ConfigError
+from voicert.speech.asr import resolve_asr_model
 
 
 @pytest.fixture(scope="module")

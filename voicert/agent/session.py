@@ -13,7 +13,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
-import numpy as np
 
 from voicert.audio.buffer import AudioBuffer
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm

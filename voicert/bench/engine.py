@@ -22,9 +22,8 @@ import torch
 
 from voicert.engine.base import ChatMessage, GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
-from voicert.engine.models.llama import LlamaConfig, load_llama, random_llama
+from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SHAPES = {
     "llama-1b-random": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
                             num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -201,7 +200,7 @@ class Bench:
     async def spec_compare(self) -> dict:
         if self.tokenizer is None:
             return {}
-        from voicert.engine.simple import build_prompt
+        from voicert.engine.prompt import build_prompt
 
         prompts = [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
                                                   ChatMessage("user", p)], 2048)

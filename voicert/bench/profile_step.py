@@ -10,8 +10,8 @@ import time
 
 import torch
 
-from voicert.bench.engine import DTYPES, SHAPES
-from voicert.engine.models.llama import LlamaConfig, random_llama
+from voicert.bench.engine import SHAPES
+from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 from voicert.engine.runner import ModelRunner, Row, StepGraphs
 
 

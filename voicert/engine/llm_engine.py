@@ -21,14 +21,14 @@ from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, Re
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.kv_cache import BlockManager
-from voicert.engine.models.llama import LlamaModel, load_llama
+from voicert.engine.models.llama import DTYPES, LlamaModel, load_llama
 from voicert.engine.runner import ModelRunner
 from voicert.engine.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.sequence import Sequence
-from voicert.engine.simple import TokenStream, build_prompt, stop_token_ids
+from voicert.engine.prompt import build_prompt, stop_token_ids
+from voicert.engine.stream import TokenStream
 
 log = logging.getLogger(__name__)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(slots=True)
@@ -58,7 +58,7 @@ class LLMEngine:
         self.cfg = cfg
         t0 = time.perf_counter()
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
-        self.model = model or load_llama(model_dir, _DTYPES[cfg.dtype], cfg.device)
+        self.model = model or load_llama(model_dir, DTYPES[cfg.dtype], cfg.device)
         if cfg.int8:
             if cfg.device != "cpu":
                 raise ValueError("int8 dynamic quantization is a CPU option")
@@ -93,7 +93,7 @@ class LLMEngine:
             from voicert.engine.loader import resolve_llm
 
             path = resolve_llm(self.cfg.draft_model, cache_dir(load_config(environ={}).models))
-            draft = load_llama(path, _DTYPES[self.cfg.dtype], self.cfg.device)
+            draft = load_llama(path, DTYPES[self.cfg.dtype], self.cfg.device)
         if draft.cfg.vocab_size != self.model.cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({self.model.cfg.vocab_size}): it must share the tokenizer")
@@ -101,7 +101,7 @@ class LLMEngine:
 
     def _pool_blocks(self) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,
-                                                   _DTYPES[self.cfg.dtype])
+                                                   DTYPES[self.cfg.dtype])
         if self.cfg.kv_memory_gb > 0:
             budget = self.cfg.kv_memory_gb * (1 << 30)
         elif self.cfg.device.startswith("cuda"):

@@ -16,90 +16,11 @@ from voicert.config import LlmConfig
 from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
                                  TokenEvent)
 from voicert.engine.detok import IncrementalDetokenizer
+from voicert.engine.models.llama import DTYPES
+from voicert.engine.prompt import build_prompt, stop_token_ids
+from voicert.engine.stream import TokenStream
 
 log = logging.getLogger(__name__)
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class TokenStream:
-    """Async iterator over one request's TokenEvents, fed from the engine thread."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        self._ended = False
-
-    def put_threadsafe(self, event: TokenEvent) -> None:
-        """Called on the engine thread; wakes the consumer with one loop callback."""
-        try:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-    @staticmethod
-    def post_all(items: list[tuple["TokenStream", TokenEvent]]) -> None:
-        """Called on the engine thread with one step's events: one loop wake-up per event loop,
-        however many streams and tokens the step produced."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, TokenEvent]]] = {}
-        for stream, event in items:
-            loop = getattr(stream, "_loop", None)
-            if loop is None:  # not a TokenStream (e.g. a warm-up sink): deliver directly
-                stream.put_threadsafe(event)
-            else:
-                by_loop.setdefault(loop, []).append((stream, event))
-        for loop, batch in by_loop.items():
-            try:
-                loop.call_soon_threadsafe(_deliver, batch)
-            except RuntimeError:  # the loop is closed: nobody is listening any more
-                pass
-
-    def __aiter__(self) -> "TokenStream":
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self._ended:
-            raise StopAsyncIteration
-        event = await self._queue.get()
-        if event.finish_reason is not None:
-            self._ended = True
-        return event
-
-
-def _deliver(batch: list[tuple[TokenStream, TokenEvent]]) -> None:
-    for stream, event in batch:
-        stream._queue.put_nowait(event)
-
-
-def stop_token_ids(tokenizer, model_config) -> set[int]:
-    """Ids that end a reply: the tokenizer's EOS, the generation config's EOS, and the usual
-    end-of-turn markers of chat templates when the vocabulary has them."""
-    ids: set[int] = set()
-    for value in (tokenizer.eos_token_id, getattr(model_config, "eos_token_id", None)):
-        if isinstance(value, int):
-            ids.add(value)
-        elif isinstance(value, (list, tuple)):
-            ids.update(v for v in value if isinstance(v, int))
-    vocab = tokenizer.get_vocab()
-    for marker in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>"):
-        if marker in vocab:
-            ids.add(vocab[marker])
-    return ids
-
-
-def build_prompt(tokenizer, messages: list[ChatMessage], budget: int) -> list[int]:
-    """Chat-template ``messages`` into ids, dropping the oldest non-system turns until the prompt
-    fits in ``budget`` tokens. The system prompt and the last user message always stay."""
-    msgs = [{"role": m.role, "content": m.content} for m in messages]
-    while True:
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                            return_dict=False)
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        ids = list(ids)
-        first = 1 if msgs and msgs[0]["role"] == "system" else 0
-        if len(ids) <= budget or len(msgs) - first <= 1:
-            return ids[-budget:]
-        del msgs[first]
 
 
 class SimpleEngine:
@@ -115,7 +36,7 @@ class SimpleEngine:
         self.device = torch.device(cfg.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=_DTYPES[cfg.dtype]).to(self.device).eval()
+            model_dir, dtype=DTYPES[cfg.dtype]).to(self.device).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.config)
         log.info("llm loaded from %s in %.1f s", model_dir, time.perf_counter() - t0)
         self._inbox: queue.Queue[tuple[GenerationRequest, TokenStream] | None] = queue.Queue()
