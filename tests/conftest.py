@@ -32,6 +32,8 @@ def services(cfg):
     yield svc
     svc.engine.close()
     svc.asr.close()
+    if svc.tts is not None:
+        svc.tts.close()
 
 
 @pytest.fixture(scope="session")

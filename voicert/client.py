@@ -5,6 +5,7 @@ and the load generator: :func:`stream_wav` returns what the server sent."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import sys
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,8 @@ class TurnResult:
     reply: str = ""
     done: dict | None = None
     latency: dict[str, float] = field(default_factory=dict)
+    audio: bytearray = field(default_factory=bytearray)  # the spoken reply, in output_audio format
+    audio_pieces: list[str] = field(default_factory=list)  # the text pieces it was spoken in
 
 
 @dataclass
@@ -47,14 +50,15 @@ def frames_for(x: np.ndarray, rate: int, frame_ms: int = FRAME_MS) -> list[bytes
 async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtime: bool = True,
                        trailing_silence_s: float = 1.0, turn_timeout_s: float = 120.0,
                        system_prompt: str | None = None, binary: bool = True,
+                       output_audio: p.OutputAudio | None = None,
                        on_event: Callable[[dict], None] | None = None) -> ClientResult:
     """Open one session; for each (samples, rate) in ``turns`` stream the audio plus trailing
     silence in 20 ms frames, then wait for that turn's ``turn.latency`` before the next."""
     rate = turns[0][1]
     result = ClientResult()
     async with connect(url, max_size=None, compression=None) as ws:
-        await ws.send(p.encode(p.SessionStart(sample_rate=rate, system_prompt=system_prompt),
-                               binary))
+        await ws.send(p.encode(p.SessionStart(sample_rate=rate, system_prompt=system_prompt,
+                                              output_audio=output_audio), binary))
         msg = p.decode_server(await ws.recv())
         if msg["type"] != "session.started":
             raise RuntimeError(f"session refused: {msg}")
@@ -69,7 +73,7 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                 if on_event:
                     on_event(ev)
                 kind = ev["type"]
-                tid = ev.get("turn_id")
+                tid = None if kind.startswith("vad.") else ev.get("turn_id")
                 if tid is not None and tid not in current:
                     current[tid] = TurnResult(tid)
                     result.turns.append(current[tid])
@@ -80,6 +84,11 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                         turn_done.set()
                 elif kind == "response.token":
                     turn.reply += ev["text"]
+                elif kind == "response.audio":
+                    audio = ev["audio"]
+                    turn.audio += audio if isinstance(audio, bytes) else base64.b64decode(audio)
+                    if ev["text"]:
+                        turn.audio_pieces.append(ev["text"])
                 elif kind == "response.done":
                     turn.done = ev
                 elif kind == "turn.latency":

@@ -156,6 +156,25 @@ class LlmConfig:
 
 
 @dataclass(slots=True)
+class TtsConfig:
+    """Speech out. ``engine``: ``espeak`` (embedded eSpeak NG, offline), ``none``, or a voice class
+    on disk as ``package.module:ClassName`` (constructed with this config; see speech/tts.py)."""
+
+    engine: str = "espeak"
+    voice: str = "en-us"  # eSpeak NG voice name; a plug-in voice may read it as a path or name
+    rate_wpm: int = 175
+    pitch: int = 50  # eSpeak NG pitch, 0-99
+    first_clause_chars: int = 24  # the first piece of a reply may end at a comma after this many
+
+    def __post_init__(self) -> None:
+        _check(self.engine in ("espeak", "none") or ":" in self.engine, "tts.engine",
+               "must be espeak, none or package.module:ClassName")
+        _check(80 <= self.rate_wpm <= 450, "tts.rate_wpm", "must be in [80, 450]")
+        _check(0 <= self.pitch <= 99, "tts.pitch", "must be in [0, 99]")
+        _check(self.first_clause_chars >= 1, "tts.first_clause_chars", "must be >= 1")
+
+
+@dataclass(slots=True)
 class TelemetryConfig:
     budget_ms: float = 100.0  # TTFT budget: turns above it are flagged; histogram buckets refine here
     recent_turns: int = 200  # turns the dashboard shows and computes rolling percentiles over
@@ -181,6 +200,7 @@ class Config:
     vad: VadConfig = field(default_factory=VadConfig)
     asr: AsrConfig = field(default_factory=AsrConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
+    tts: TtsConfig = field(default_factory=TtsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     log: LogConfig = field(default_factory=LogConfig)
 

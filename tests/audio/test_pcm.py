@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 
 from voicert.audio.buffer import AudioBuffer
-from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm, encode_pcm16
+from voicert.audio.pcm import (AudioFormatError, StreamResampler, decode_pcm, encode_audio,
+                               encode_pcm16, lin2alaw, lin2ulaw)
 
 
 def test_pcm16_round_trip():
@@ -62,3 +63,30 @@ def test_g711_round_trip_keeps_speech_recognisable_level():
     x = (0.5 * np.sin(np.linspace(0, 200, 8000))).astype(np.float32)
     y = decode_pcm(audioop.lin2ulaw(encode_pcm16(x), 2), "mulaw")
     assert np.abs(x - y).max() < 0.02
+
+
+def test_g711_encoders_bit_exact_against_the_reference_codec():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        audioop = pytest.importorskip("audioop")  # the stdlib reference codec (Python <= 3.12)
+    x = np.arange(-32768, 32768, dtype=np.int16)  # every 16-bit value
+    raw = x.astype("<i2").tobytes()
+    assert lin2ulaw(x).tobytes() == audioop.lin2ulaw(raw, 2)
+    assert lin2alaw(x).tobytes() == audioop.lin2alaw(raw, 2)
+
+
+@pytest.mark.parametrize("encoding", ["mulaw", "alaw"])
+def test_g711_every_code_survives_decode_then_encode(encoding):
+    codes = np.arange(256, dtype=np.uint8)
+    if encoding == "mulaw":
+        codes = codes[codes != 0x7F]  # mu-law has two zeros (+0 0xFF, -0 0x7F); +0 wins
+    x = decode_pcm(codes.tobytes(), encoding)
+    assert np.frombuffer(encode_audio(x * 32767 / 32768, encoding), np.uint8).tolist() == codes.tolist()
+
+
+def test_encode_audio_pcm16_and_unknown():
+    assert decode_pcm(encode_audio(np.array([0.5, -0.5], np.float32), "pcm16"), "pcm16")[0] == pytest.approx(0.5, abs=1e-4)
+    with pytest.raises(AudioFormatError):
+        encode_audio(np.zeros(2, np.float32), "opus")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 
+from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.audio.buffer import AudioBuffer
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config
@@ -22,6 +23,7 @@ from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.endpoint import Endpointer, EventKind
 from voicert.speech.partials import LocalAgreement
+from voicert.speech.tts import TtsWorker
 from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
 from voicert.telemetry.metrics import Metrics
@@ -40,6 +42,7 @@ class Services:
     asr: WhisperAsr
     engine: Engine
     metrics: Metrics = field(default_factory=Metrics)
+    tts: TtsWorker | None = None  # speech out; None when tts.engine is none
     draining: bool = False  # set at shutdown: no new turns start
 
 
@@ -80,11 +83,18 @@ class Turn:
     early_prefill: bool = False  # its prompt was prefilled before the endpoint
     cancel_requested: bool = False
     cancel_reason: str = "cancelled"
+    speech: SpeechOut | None = None  # speaking the reply, when the session asked for audio
 
 
 class Session:
-    def __init__(self, session_id: str, start: p.SessionStart, services: Services, emit: Emit) -> None:
+    """``auto_respond``: reply to each transcribed turn (the native protocol); when False a turn
+    only adds the transcript to the conversation and :meth:`respond` asks for a reply (the
+    Realtime API without turn detection)."""
+
+    def __init__(self, session_id: str, start: p.SessionStart, services: Services, emit: Emit,
+                 auto_respond: bool = True) -> None:
         self.id = session_id
+        self.auto_respond = auto_respond
         self.start = start
         self.svc = services
         self.cfg = services.cfg
@@ -128,11 +138,11 @@ class Session:
             if result.event.kind is EventKind.SPEECH_STARTED:
                 pad = self.cfg.vad.speech_pad_ms * SAMPLE_RATE // 1000
                 self.utterance_start = max(pos - pad, self.audio.base)
-                await self.emit(p.SpeechStarted(audio_ms=pos * 1000 // SAMPLE_RATE))
+                await self.emit(p.SpeechStarted(pos * 1000 // SAMPLE_RATE, self.next_turn_id))
                 self._barge_in()
             else:
                 end = pos + FRAME
-                await self.emit(p.SpeechStopped(audio_ms=end * 1000 // SAMPLE_RATE))
+                await self.emit(p.SpeechStopped(end * 1000 // SAMPLE_RATE, self.next_turn_id))
                 if self.start.turn_detection == "server_vad":
                     self._end_turn(end)
         if not self.endpointer.in_speech and self.start.turn_detection == "server_vad":
@@ -142,12 +152,42 @@ class Session:
             cap = int(self.cfg.vad.max_utterance_s * SAMPLE_RATE)
             self.audio.trim_before(self.audio.end - cap)
 
-    def commit(self) -> None:
-        """Push-to-talk end of turn: everything since the last turn (or since speech started)."""
+    def commit(self) -> bool:
+        """Push-to-talk end of turn: everything since the last turn (or since speech started).
+        False when there was no audio to transcribe (no turn starts)."""
         self.endpointer.reset()
         start = self.utterance_start if self.start.turn_detection == "server_vad" else self.audio.base
         self.utterance_start = start
-        self._end_turn(self.audio.end)
+        return self._end_turn(self.audio.end)
+
+    def clear_audio(self) -> None:
+        """Forget the input audio not yet turned into a turn (and any decode begun on it)."""
+        self._drop_early()
+        if self.partial is not None and self.partial.in_flight is not None:
+            self.partial.in_flight.drop()
+        self.partial = None
+        self.endpointer.reset()
+        self.audio.trim_before(self.audio.end)
+        self.utterance_start = self.audio.end
+
+    def add_user_text(self, text: str) -> None:
+        """A typed user message joins the conversation (after any reply now streaming)."""
+        self.history.append(ChatMessage("user", text))
+
+    def respond(self, max_new_tokens: int | None = None) -> int:
+        """Reply to the conversation as it stands (no audio turn); returns the turn id. A reply
+        still streaming is interrupted first. ``ttft_ms`` runs from this call."""
+        trace = TurnTrace(self.next_turn_id)
+        self.next_turn_id += 1
+        trace.mark(Point.ENDPOINT)
+        previous = self.turn
+        if previous is not None and previous.task is not None and not previous.task.done():
+            self._cancel(previous, "interrupted")
+        turn = Turn(trace.turn_id, trace)
+        turn.task = asyncio.create_task(self._run_response(turn, previous, max_new_tokens),
+                                        name=f"response-{self.id}-{turn.turn_id}")
+        self.turn = turn
+        return turn.turn_id
 
     def _maybe_start_early(self) -> None:
         """In server-VAD mode, once the trailing silence reaches ``asr.early_final_ms``, start the
@@ -155,7 +195,7 @@ class Session:
         early_ms = self.cfg.asr.early_final_ms
         ep = self.endpointer
         if (not early_ms or self.early is not None or not ep.in_speech
-                or self.start.turn_detection != "server_vad"):
+                or self.start.turn_detection != "server_vad" or not self.auto_respond):
             return
         if (ep.window - ep.last_voiced) * 32 < early_ms:
             return
@@ -218,7 +258,7 @@ class Session:
                 and not turn.task.done() and turn.request_id):
             self._cancel(turn, "interrupted")
 
-    def _end_turn(self, end: int) -> None:
+    def _end_turn(self, end: int) -> bool:
         endpoint_ns = now_ns()
         if self.partial is not None:
             if self.partial.in_flight is not None:
@@ -233,7 +273,7 @@ class Session:
         self.audio.trim_before(end)
         self.utterance_start = self.audio.end
         if audio.size < FRAME:
-            return  # nothing to transcribe
+            return False  # nothing to transcribe
         trace = TurnTrace(self.next_turn_id)
         self.next_turn_id += 1
         trace.mark(Point.VOICE_END, self.last_voice_ns or endpoint_ns)
@@ -251,6 +291,7 @@ class Session:
         turn.task = asyncio.create_task(self._run_turn(turn, asr, previous),
                                         name=f"turn-{self.id}-{turn.turn_id}")
         self.turn = turn
+        return True
 
     # ------------------------------------------------------------ turns
 
@@ -266,6 +307,8 @@ class Session:
             return
         turn.cancel_requested = True
         turn.cancel_reason = reason
+        if turn.speech is not None:
+            turn.speech.cancel()
         if turn.request_id:
             self.svc.engine.cancel(turn.request_id)
         else:
@@ -294,19 +337,45 @@ class Session:
         await self.emit(p.TranscriptFinal(turn.turn_id, transcript.text))
         if not transcript.text:
             return  # no speech found: no reply
-        await self._reply(turn, transcript.text)
+        self.history.append(ChatMessage("user", transcript.text))
+        if self.auto_respond:
+            await self._reply(turn)
+
+    async def _run_response(self, turn: Turn, previous: Turn | None,
+                            max_new_tokens: int | None) -> None:
+        if previous is not None and previous.task is not None:
+            await asyncio.gather(previous.task, return_exceptions=True)
+        if self.svc.draining:
+            await self.emit(p.Error(p.ErrorCode.SHUTTING_DOWN.value,
+                                    "server is shutting down; no new turns", fatal=False))
+            return
+        await self._reply(turn, max_new_tokens)
 
     def _messages(self, user_text: str) -> list[ChatMessage]:
         return [ChatMessage("system", self.system_prompt), *self.history,
                 ChatMessage("user", user_text)]
 
-    async def _reply(self, turn: Turn, user_text: str) -> None:
+    def _speech_out(self, turn: Turn) -> SpeechOut | None:
+        fmt, worker = self.start.output_audio, self.svc.tts
+        if fmt is None or worker is None:
+            return None
+
+        async def send(chunk: AudioOut) -> None:
+            await self.emit(p.ResponseAudio(turn.turn_id, chunk.seq, chunk.audio, chunk.text))
+
+        return SpeechOut(worker, fmt, send, turn.trace, self.cfg.tts.first_clause_chars)
+
+    async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
+        """Generate (and, when asked for, speak) the reply to the conversation in ``history``."""
         trace = turn.trace
-        messages = self._messages(user_text)
+        messages = [ChatMessage("system", self.system_prompt), *self.history]
         turn.request_id = f"{self.id}-{next(_request_ids)}"
-        request = GenerationRequest(turn.request_id, messages, self.max_new_tokens, self.id)
+        request = GenerationRequest(turn.request_id, messages,
+                                    max_new_tokens or self.max_new_tokens, self.id)
         stream = self.svc.engine.submit(request)
         trace.mark(Point.SUBMIT, request.submit_ns)
+        turn.speech = speech = self._speech_out(turn)
+        await self.emit(p.ResponseStarted(turn.turn_id))
         parts: list[str] = []
         tokens, prompt_tokens, reason = 0, 0, "error"
         try:
@@ -327,14 +396,22 @@ class Session:
                 tokens += 1
                 await self.emit(p.ResponseToken(turn.turn_id, ev.index, ev.text))
                 trace.mark(Point.FIRST_TOKEN_SENT)
+                if speech is not None:
+                    speech.feed(ev.text)
+            if speech is not None and not turn.cancel_requested:
+                speech.finish()
+                await speech.wait()  # the reply ends when its last audio is sent
+                if turn.cancel_requested:  # barge-in while it was being spoken
+                    reason = turn.cancel_reason
         except asyncio.CancelledError:  # only if cancelled from outside: free the engine anyway
             self.svc.engine.cancel(turn.request_id)
             reason = turn.cancel_reason
             raise
         finally:
+            if speech is not None and (turn.cancel_requested or reason == "error"):
+                speech.cancel()
             trace.mark(Point.DONE)
             reply = "".join(parts).strip()
-            self.history += [ChatMessage("user", user_text)]
             if reply:
                 self.history.append(ChatMessage("assistant", reply))
             record = TurnRecord.from_trace(trace, self.id, reason, tokens,

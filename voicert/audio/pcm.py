@@ -61,6 +61,60 @@ def encode_pcm16(x: np.ndarray) -> bytes:
     return (np.clip(x, -1.0, 1.0) * 32767.0).astype("<i2").tobytes()
 
 
+def _segment(mag: np.ndarray, first_bits: int) -> np.ndarray:
+    """G.711 segment of each magnitude: 0 up to ``first_bits`` bits, then one more per bit. [N]"""
+    top_bit = np.floor(np.log2(np.maximum(mag, 1))).astype(np.int32)  # [N]
+    return np.maximum(top_bit - (first_bits - 1), 0)
+
+
+def lin2ulaw(x16: np.ndarray) -> np.ndarray:
+    """int16 samples [N] -> G.711 mu-law bytes [N] uint8 (the ITU-T / Sun reference rule, 14-bit)."""
+    x = x16.astype(np.int32) >> 2
+    mask = np.where(x < 0, 0x7F, 0xFF)
+    mag = np.minimum(np.abs(x), 8159) + 0x21  # bias so that each segment starts at a power of two
+    seg = _segment(mag, 6)  # [N] 0..8; 8 only for the clipped top, which maps to the last code
+    code = np.where(seg >= 8, 0x7F, (np.minimum(seg, 7) << 4) | ((mag >> (seg + 1)) & 0x0F))
+    return (code ^ mask).astype(np.uint8)
+
+
+def lin2alaw(x16: np.ndarray) -> np.ndarray:
+    """int16 samples [N] -> G.711 A-law bytes [N] uint8 (the ITU-T / Sun reference rule, 13-bit)."""
+    x = x16.astype(np.int32) >> 3
+    mask = np.where(x >= 0, 0xD5, 0x55)
+    mag = np.where(x >= 0, x, -x - 1)
+    seg = _segment(mag, 5)  # [N] 0..7 (13-bit magnitudes never exceed 0xFFF)
+    low = np.where(seg < 2, mag >> 1, mag >> seg) & 0x0F
+    return (((seg << 4) | low) ^ mask).astype(np.uint8)
+
+
+def encode_audio(x: np.ndarray, encoding: str) -> bytes:
+    """float32 samples [N] in [-1, 1] -> bytes in ``pcm16``, ``f32``, ``mulaw`` or ``alaw``."""
+    if encoding == "f32":
+        return np.clip(x, -1.0, 1.0).astype("<f4").tobytes()
+    x16 = (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
+    if encoding == "pcm16":
+        return x16.astype("<i2").tobytes()
+    if encoding == "mulaw":
+        return lin2ulaw(x16).tobytes()
+    if encoding == "alaw":
+        return lin2alaw(x16).tobytes()
+    raise AudioFormatError(f"unknown encoding {encoding!r}")
+
+
+class OutputResampler:
+    """Streaming resampler from a synthesiser's rate to a client's rate (soxr). Identity if equal."""
+
+    def __init__(self, rate_in: int, rate_out: int) -> None:
+        self._stream = None if rate_in == rate_out else soxr.ResampleStream(
+            rate_in, rate_out, 1, dtype="float32", quality="HQ")
+
+    def __call__(self, x: np.ndarray, last: bool = False) -> np.ndarray:
+        """[N] at rate_in -> [M] at rate_out; ``last`` flushes the filter's tail."""
+        if self._stream is None:
+            return x
+        return self._stream.resample_chunk(x, last=last)
+
+
 class StreamResampler:
     """Streaming resampler from ``rate`` to 16 kHz (soxr, high quality). Identity at 16 kHz."""
 

@@ -38,6 +38,7 @@ class ErrorCode(str, enum.Enum):
     RATE_LIMITED = "rate_limited"  # over server.max_messages_per_s: the connection is closed (1008)
     SERVER_BUSY = "server_busy"
     SHUTTING_DOWN = "shutting_down"
+    NO_SPEECH_OUTPUT = "speech_output_unavailable"  # output_audio asked of a server with tts.engine none
     ASR_FAILED = "asr_failed"
     ENGINE_FAILED = "engine_failed"
     INTERNAL = "internal_error"
@@ -53,6 +54,14 @@ class ProtocolError(Exception):
 # ---------------------------------------------------------------- client -> server
 
 
+@dataclass(frozen=True, slots=True)
+class OutputAudio:
+    """The format the client wants the reply's speech in."""
+
+    encoding: str = "pcm16"  # one of ENCODINGS
+    sample_rate: int = 24000
+
+
 @dataclass(slots=True)
 class SessionStart:
     sample_rate: int = 16000
@@ -60,6 +69,7 @@ class SessionStart:
     system_prompt: str | None = None
     turn_detection: str = "server_vad"  # "manual": only audio.commit ends a turn
     max_new_tokens: int | None = None
+    output_audio: OutputAudio | None = None  # None: text only; else the reply is spoken too
     protocol_version: int = PROTOCOL_VERSION
     type: str = field(default="session.start", init=False)
 
@@ -85,7 +95,14 @@ class SessionEnd:
     type: str = field(default="session.end", init=False)
 
 
-ClientEvent = Union[SessionStart, Audio, AudioCommit, ResponseCancel, SessionEnd]
+@dataclass(slots=True)
+class UserText:
+    text: str  # a typed user turn, added to the conversation
+    respond: bool = True  # reply to it now (as after a spoken turn)
+    type: str = field(default="user.text", init=False)
+
+
+ClientEvent = Union[SessionStart, Audio, AudioCommit, ResponseCancel, SessionEnd, UserText]
 
 # ---------------------------------------------------------------- server -> client
 
@@ -96,6 +113,7 @@ class SessionStarted:
     sample_rate: int
     encoding: str
     turn_detection: str
+    output_audio: OutputAudio | None = None
     protocol_version: int = PROTOCOL_VERSION
     type: str = field(default="session.started", init=False)
 
@@ -103,12 +121,14 @@ class SessionStarted:
 @dataclass(slots=True)
 class SpeechStarted:
     audio_ms: int  # position in the session's input audio
+    turn_id: int = 0  # the turn this utterance will become if it ends in a transcript
     type: str = field(default="vad.speech_started", init=False)
 
 
 @dataclass(slots=True)
 class SpeechStopped:
     audio_ms: int
+    turn_id: int = 0
     type: str = field(default="vad.speech_stopped", init=False)
 
 
@@ -125,6 +145,21 @@ class TranscriptFinal:
     turn_id: int
     text: str
     type: str = field(default="transcript.final", init=False)
+
+
+@dataclass(slots=True)
+class ResponseStarted:
+    turn_id: int
+    type: str = field(default="response.started", init=False)
+
+
+@dataclass(slots=True)
+class ResponseAudio:
+    turn_id: int
+    seq: int  # 0-based chunk number within the reply
+    audio: bytes  # the reply's speech in the session's output_audio format (base64 in JSON)
+    text: str = ""  # the sentence or clause this chunk begins, "" for the rest of it
+    type: str = field(default="response.audio", init=False)
 
 
 @dataclass(slots=True)
@@ -169,7 +204,8 @@ class SessionEnded:
 
 
 ServerEvent = Union[SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal,
-                    ResponseToken, ResponseDone, TurnLatency, Error, SessionEnded]
+                    ResponseStarted, ResponseToken, ResponseAudio, ResponseDone, TurnLatency, Error,
+                    SessionEnded]
 
 # ---------------------------------------------------------------- decoding
 
@@ -201,12 +237,16 @@ def _session_start(msg: dict) -> SessionStart:
     max_new = _field(options, "max_new_tokens", int, None)
     if max_new is not None and not 1 <= max_new <= 4096:
         raise ProtocolError(ErrorCode.INVALID, "options.max_new_tokens must be in [1, 4096]")
+    out = _field(options, "output_audio", dict, None)
+    output_audio = None if out is None else OutputAudio(
+        _field(out, "encoding", str, "pcm16"), _field(out, "sample_rate", int, 24000))
     return SessionStart(
         sample_rate=_field(msg, "sample_rate", int, 16000),
         encoding=_field(msg, "encoding", str, "pcm16"),
         system_prompt=_field(msg, "system_prompt", str, None),
         turn_detection=turn,
         max_new_tokens=max_new,
+        output_audio=output_audio,
         protocol_version=version,
     )
 
@@ -229,6 +269,7 @@ _DECODERS = {
     "audio.commit": lambda m, t: AudioCommit(),
     "response.cancel": lambda m, t: ResponseCancel(),
     "session.end": lambda m, t: SessionEnd(),
+    "user.text": lambda m, t: UserText(_field(m, "text", str), _field(m, "respond", bool, True)),
 }
 CLIENT_TYPES = tuple(_DECODERS)
 
@@ -274,7 +315,8 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
              "sample_rate": d["sample_rate"], "encoding": d["encoding"],
              "system_prompt": d["system_prompt"],
              "options": {"turn_detection": d["turn_detection"],
-                         "max_new_tokens": d["max_new_tokens"]}}
+                         "max_new_tokens": d["max_new_tokens"],
+                         "output_audio": d["output_audio"]}}
     if binary:
         return msgpack.packb(d, use_bin_type=True)
     if "audio" in d and isinstance(d["audio"], bytes):
@@ -283,8 +325,8 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
 
 
 _SERVER_TYPES = {cls.__dataclass_fields__["type"].default: cls for cls in (
-    SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ResponseToken,
-    ResponseDone, TurnLatency, Error, SessionEnded)}
+    SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ResponseStarted,
+    ResponseToken, ResponseAudio, ResponseDone, TurnLatency, Error, SessionEnded)}
 
 
 def decode_server(frame: bytes | str) -> dict[str, Any]:

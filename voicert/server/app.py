@@ -26,6 +26,7 @@ from voicert.server import access, dashboard
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
 from voicert.server.dashboard import static_file
 from voicert.speech.asr import WhisperAsr
+from voicert.speech.tts import TtsWorker, load_voice
 from voicert.speech.vad import SileroVad
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.telemetry.metrics import Metrics
@@ -45,8 +46,13 @@ def load_services(cfg: Config) -> Services:
     engine = build_engine(cfg)
     engine.warmup()
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
+    voice = load_voice(cfg.tts)
+    tts = None if voice is None else TtsWorker(voice)
+    if tts is not None:
+        tts.warmup()
+        log.info("tts ready (%s, %d Hz)", cfg.tts.engine, tts.sample_rate)
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
-                    metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns))
+                    metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts)
 
 
 def build_engine(cfg: Config):
@@ -242,6 +248,8 @@ class VoiceServer:
     def _discard(services: Services) -> None:
         services.engine.close()
         services.asr.close()
+        if services.tts is not None:
+            services.tts.close()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

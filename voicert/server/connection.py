@@ -95,6 +95,12 @@ class Connection:
             self.session.commit()
         elif isinstance(event, p.ResponseCancel):
             self.session.cancel_response()
+        elif isinstance(event, p.UserText):
+            if not event.text.strip():
+                raise p.ProtocolError(p.ErrorCode.INVALID, "user.text: 'text' is empty")
+            self.session.add_user_text(event.text)
+            if event.respond:
+                self.session.respond()
         elif isinstance(event, p.SessionEnd):
             await self.session.wait_turn(self.svc.cfg.server.shutdown_grace_s)
             await self.session.close()
@@ -116,10 +122,27 @@ class Connection:
             raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
                                   f"encoding {start.encoding[:32]!r} not supported "
                                   f"(supported: {', '.join(p.ENCODINGS)})")
+        check_output_audio(start.output_audio, self.svc)
         if self.svc.draining:
             raise p.ProtocolError(p.ErrorCode.SHUTTING_DOWN, "server is shutting down")
         sid = uuid.uuid4().hex[:12]
         self.session = Session(sid, start, self.svc, self.send)
         self.svc.metrics.session_started()
         await self.send(p.SessionStarted(sid, start.sample_rate, start.encoding,
-                                         start.turn_detection))
+                                         start.turn_detection, start.output_audio))
+
+
+def check_output_audio(fmt: p.OutputAudio | None, svc: Services) -> None:
+    """Raises ProtocolError unless the server can speak in ``fmt`` (or no speech was asked for)."""
+    if fmt is None:
+        return
+    if svc.tts is None:
+        raise p.ProtocolError(p.ErrorCode.NO_SPEECH_OUTPUT,
+                              "this server has no speech output (tts.engine is none)")
+    if fmt.encoding not in p.ENCODINGS:
+        raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
+                              f"output_audio.encoding {fmt.encoding[:32]!r} not supported "
+                              f"(supported: {', '.join(p.ENCODINGS)})")
+    if fmt.sample_rate not in SUPPORTED_SAMPLE_RATES:
+        raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+                              f"output_audio.sample_rate {fmt.sample_rate} not supported")

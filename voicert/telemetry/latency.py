@@ -36,6 +36,10 @@ class Point(enum.Enum):
     """The session's asyncio task received the first token event from the engine thread."""
     FIRST_TOKEN_SENT = "first_token_sent"
     """The frame carrying the first ``response.token`` was written to the socket."""
+    TTS_START = "tts_start"
+    """The reply's first speakable piece (sentence or clause) was handed to the TTS worker."""
+    FIRST_AUDIO_SENT = "first_audio_sent"
+    """The frame carrying the reply's first speech audio was written to the socket."""
     DONE = "done"
     """The last token was sent and ``response.done`` written."""
 
@@ -75,6 +79,12 @@ STAGES: tuple[Stage, ...] = (
           "endpoint decision -> first token written to the socket (the budgeted figure)"),
     Stage("voice_to_first_token_ms", Point.VOICE_END, Point.FIRST_TOKEN_SENT,
           "last voiced audio received -> first token written to the socket"),
+    Stage("tts_ms", Point.TTS_START, Point.FIRST_AUDIO_SENT,
+          "first speakable piece handed to TTS -> its first audio written to the socket"),
+    Stage("ttfa_ms", Point.ENDPOINT, Point.FIRST_AUDIO_SENT,
+          "endpoint decision -> first reply audio written to the socket (time to first audio)"),
+    Stage("voice_to_first_audio_ms", Point.VOICE_END, Point.FIRST_AUDIO_SENT,
+          "last voiced audio received -> first reply audio written to the socket"),
     Stage("total_ms", Point.ENDPOINT, Point.DONE,
           "endpoint decision -> reply finished"),
 )

@@ -1,0 +1,74 @@
+"""Speech out over the native protocol: the reply is spoken as it streams (real eSpeak NG), and what
+it says is what Whisper hears."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tests.conftest import wav
+from tests.server.test_stream import recv_until
+from voicert.audio.pcm import decode_pcm
+from voicert.client import stream_audio
+from voicert.protocol import native as p
+from websockets.asyncio.client import connect
+
+
+def hear(services, audio: np.ndarray) -> str:
+    """What the server's own Whisper makes of 16 kHz audio."""
+    segments, _ = services.asr.model.transcribe(audio, beam_size=1, language="en")
+    return " ".join(s.text for s in segments).strip()
+
+
+async def test_reply_is_spoken_and_whisper_hears_the_reply(url, services):
+    result = await stream_audio(url, [wav("capital_of_france")], realtime=False,
+                                output_audio=p.OutputAudio("pcm16", 16000))
+    assert not result.errors, result.errors
+    turn = result.turns[0]
+    assert "paris" in turn.reply.lower()
+    audio = decode_pcm(bytes(turn.audio), "pcm16")
+    assert 0.8 < audio.size / 16000 < 10
+    assert "paris" in hear(services, audio).lower()
+    assert " ".join(turn.audio_pieces) == turn.reply.strip()  # every piece spoken, in order
+    lat = turn.latency
+    assert 0 < lat["tts_ms"] < lat["ttfa_ms"] and lat["ttfa_ms"] >= lat["ttft_ms"]
+    kinds = [e["type"] for e in result.events]
+    # the reply is done when its last audio is out
+    assert kinds.index("response.started") < kinds.index("response.token")
+    assert max(i for i, k in enumerate(kinds) if k == "response.audio") < kinds.index("response.done")
+    seqs = [e["seq"] for e in result.events if e["type"] == "response.audio"]
+    assert seqs == list(range(len(seqs)))
+
+
+async def test_telephone_format_mulaw_8k_out(url, services):
+    result = await stream_audio(url, [wav("capital_of_france")], realtime=False,
+                                output_audio=p.OutputAudio("mulaw", 8000))
+    turn = result.turns[0]
+    audio8 = decode_pcm(bytes(turn.audio), "mulaw")  # one byte a sample
+    import soxr
+
+    assert "paris" in hear(services, soxr.resample(audio8, 8000, 16000).astype(np.float32)).lower()
+
+
+async def test_typed_user_text_gets_a_spoken_reply_and_joins_history(url):
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(output_audio=p.OutputAudio("pcm16", 24000))))
+        started = await recv_until(ws, "session.started")
+        assert started["output_audio"] == {"encoding": "pcm16", "sample_rate": 24000}
+        await ws.send(p.encode(p.UserText("What is the capital of France?")))
+        done = await recv_until(ws, "response.done")
+        assert "paris" in done["text"].lower() and done["finish_reason"] == "stop"
+        await ws.send(p.encode(p.UserText("And what about Germany?")))
+        done = await recv_until(ws, "response.done")
+        assert "berlin" in done["text"].lower()
+        latency = await recv_until(ws, "turn.latency")
+        assert latency["stages"]["ttft_ms"] > 0 and latency["stages"]["ttfa_ms"] > 0
+        await ws.send(p.encode(p.UserText("   ")))
+        assert (await recv_until(ws, "error"))["code"] == "invalid_message"
+
+
+async def test_bad_output_audio_formats_are_refused(url):
+    for fmt, code in ((p.OutputAudio("opus", 24000), "unsupported_encoding"),
+                      (p.OutputAudio("pcm16", 12345), "unsupported_sample_rate")):
+        async with connect(url) as ws:
+            await ws.send(p.encode(p.SessionStart(output_audio=fmt)))
+            assert (await recv_until(ws, "error"))["code"] == code

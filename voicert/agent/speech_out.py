@@ -1,0 +1,125 @@
+"""Speaking one reply as its tokens arrive: pieces to the TTS worker, audio back out in order.
+
+The reply's text deltas go through a :class:`SentenceSplitter`; each finished piece becomes a job
+on the shared :class:`TtsWorker` thread. Chunks come back to the event loop
+(``call_soon_threadsafe``) and one pump task resamples them to the client's rate, encodes them
+(pcm16 / mu-law / A-law...) and emits them as ``response.audio`` events, in reply order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+import numpy as np
+
+from voicert.audio.pcm import OutputResampler, encode_audio
+from voicert.protocol.native import OutputAudio
+from voicert.speech.sentences import SentenceSplitter
+from voicert.speech.tts import TtsJob, TtsWorker
+from voicert.telemetry.latency import Point, TurnTrace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioOut:
+    """One chunk of reply speech, encoded for the client."""
+
+    seq: int  # 0-based within the reply
+    audio: bytes
+    text: str  # the piece this chunk starts ("" for the rest of a piece)
+    samples: int  # at the client's rate
+
+
+SendAudio = Callable[[AudioOut], Awaitable[None]]
+_END = object()
+
+
+class SpeechOut:
+    """Speaks one reply. Call :meth:`feed` with each text delta, :meth:`finish` at the end of the
+    text, then ``await`` :meth:`wait` until the last audio is sent. :meth:`cancel` (barge-in) drops
+    queued pieces, stops the one being spoken and stops sending, at once."""
+
+    def __init__(self, worker: TtsWorker, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
+                 first_clause_chars: int = 24) -> None:
+        self.worker, self.fmt, self.send, self.trace = worker, fmt, send, trace
+        self.loop = asyncio.get_running_loop()
+        self.splitter = SentenceSplitter(first_clause_chars)
+        self.resampler = OutputResampler(worker.sample_rate, fmt.sample_rate)
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.jobs: list[TtsJob] = []
+        self.finished = False
+        self.done_pieces = 0
+        self.seq = 0
+        self.samples_sent = 0
+        self._text = ""  # a piece's text not yet attached to a sent chunk
+        self.pump = asyncio.ensure_future(self._pump())
+
+    def feed(self, delta: str) -> None:
+        for piece in self.splitter.push(delta):
+            self._speak(piece)
+
+    def finish(self) -> None:
+        for piece in self.splitter.flush():
+            self._speak(piece)
+        self.finished = True
+        self._maybe_end()
+
+    async def wait(self) -> None:
+        """Until the last chunk is sent, or :meth:`cancel` stopped the speech (never raises it)."""
+        await asyncio.wait({self.pump})
+        if not self.pump.cancelled() and self.pump.exception() is not None:
+            raise self.pump.exception()
+
+    def cancel(self) -> None:
+        for job in self.jobs:
+            job.cancel()
+        self.pump.cancel()
+
+    @property
+    def duration_ms(self) -> float:
+        return self.samples_sent * 1000 / self.fmt.sample_rate
+
+    def _speak(self, piece: str) -> None:
+        index = len(self.jobs)
+        if index == 0:
+            self.trace.mark(Point.TTS_START)
+        first = True
+
+        def on_chunk(chunk: np.ndarray) -> None:  # worker thread
+            nonlocal first
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, (chunk, piece if first else ""))
+            first = False
+
+        def on_done(error: BaseException | None) -> None:  # worker thread
+            self.loop.call_soon_threadsafe(self._piece_done)
+
+        self.jobs.append(self.worker.submit(TtsJob(piece, on_chunk, on_done), index))
+
+    def _piece_done(self) -> None:
+        self.done_pieces += 1
+        self._maybe_end()
+
+    def _maybe_end(self) -> None:
+        if self.finished and self.done_pieces == len(self.jobs):
+            self.queue.put_nowait(_END)
+
+    async def _pump(self) -> None:
+        while True:
+            item = await self.queue.get()
+            last = item is _END
+            chunk, text = (np.zeros(0, np.float32), "") if last else item
+            self._text = f"{self._text} {text}".strip() if text else self._text
+            x = self.resampler(chunk, last=last)  # [M] at the client's rate
+            if x.size:
+                text, self._text = self._text, ""
+                await self.send(AudioOut(self.seq, encode_audio(x, self.fmt.encoding), text, x.size))
+                if self.seq == 0:
+                    self.trace.mark(Point.FIRST_AUDIO_SENT)
+                self.seq += 1
+                self.samples_sent += x.size
+            if last:
+                return

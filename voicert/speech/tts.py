@@ -1,0 +1,228 @@
+"""Speech out: pluggable voices and the worker thread that runs them.
+
+A *voice* turns one piece of text into audio, blocking, handing out chunks as they are made
+(:class:`Voice`). The embedded default is eSpeak NG (formant synthesis, no model weights, no
+downloads) from the ``espeakng-loader`` wheel, which bundles ``libespeak-ng`` and its data; it is
+driven here through ctypes. Any other voice, a neural one whose weights are on disk for instance,
+plugs in by config: ``tts.engine: "package.module:ClassName"``, a class taking the ``TtsConfig`` and
+implementing :class:`Voice`.
+
+One :class:`TtsWorker` thread owns the voice (eSpeak NG is a process-wide singleton and not
+thread-safe). Jobs run by priority: the first piece of any reply before later pieces, so a new
+reply's first audio never waits behind another reply's tail.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import heapq
+import importlib
+import itertools
+import logging
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Protocol
+
+import numpy as np
+
+from voicert.config import TtsConfig
+
+log = logging.getLogger(__name__)
+OnChunk = Callable[[np.ndarray], bool]  # float32 [N] at the voice's rate; False: stop this piece
+
+
+class Voice(Protocol):
+    sample_rate: int
+
+    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
+        """Speak ``text``: call ``on_chunk`` (on the calling thread) with each float32 chunk as it is
+        made, in order, until done or until ``on_chunk`` returns False. Blocking."""
+
+
+class TtsError(RuntimeError):
+    """The configured voice cannot be loaded."""
+
+
+# ---------------------------------------------------------------- eSpeak NG (embedded default)
+
+_SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
+                                   ctypes.c_void_p)
+_AUDIO_OUTPUT_SYNCHRONOUS = 2
+_POS_CHARACTER = 1
+_CHARS_UTF8 = 1
+_PARAM_RATE, _PARAM_PITCH = 1, 3
+_espeak_lock = threading.Lock()
+_espeak_lib: tuple[ctypes.CDLL, int] | None = None
+
+
+def _load_espeak() -> tuple[ctypes.CDLL, int]:
+    """The process's one libespeak-ng, initialised for synchronous synthesis: (lib, sample rate)."""
+    global _espeak_lib
+    with _espeak_lock:
+        if _espeak_lib is None:
+            try:
+                import espeakng_loader
+            except ImportError as exc:
+                raise TtsError("tts.engine espeak needs the espeakng-loader package") from exc
+            lib = ctypes.CDLL(espeakng_loader.get_library_path())
+            lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+            lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
+            lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
+            lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
+                                         ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+            data_parent = str(Path(espeakng_loader.get_data_path()).parent).encode()
+            # 60 ms chunks: small enough that the first one is out within a few ms of the call.
+            rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 60, data_parent, 0)
+            if rate <= 0:
+                raise TtsError(f"espeak_Initialize failed ({rate})")
+            _espeak_lib = (lib, rate)
+        return _espeak_lib
+
+
+class EspeakVoice:
+    """eSpeak NG through ctypes. ``voice`` is an eSpeak voice name (``en-us``, ``en-gb``, ``de``...)."""
+
+    def __init__(self, cfg: TtsConfig) -> None:
+        self.lib, self.sample_rate = _load_espeak()
+        self.voice, self.rate_wpm, self.pitch = cfg.voice, cfg.rate_wpm, cfg.pitch
+        self._sink: OnChunk | None = None
+        self._callback = _SYNTH_CALLBACK(self._on_samples)  # kept alive as long as the voice
+        with _espeak_lock:
+            self._select()
+
+    def _select(self) -> None:
+        """Make this voice eSpeak's current one (the library is global); holds ``_espeak_lock``."""
+        self.lib.espeak_SetSynthCallback(self._callback)
+        if self.lib.espeak_SetVoiceByName(self.voice.encode()) != 0:
+            raise TtsError(f"tts.voice: eSpeak NG has no voice {self.voice!r}")
+        self.lib.espeak_SetParameter(_PARAM_RATE, self.rate_wpm, 0)
+        self.lib.espeak_SetParameter(_PARAM_PITCH, self.pitch, 0)
+
+    def _on_samples(self, wav, n: int, _events) -> int:
+        if n <= 0 or not wav or self._sink is None:
+            return 0
+        chunk = np.ctypeslib.as_array(wav, (n,)).astype(np.float32) / 32768.0  # [n] copy
+        return 0 if self._sink(chunk) else 1  # 1 asks eSpeak to stop
+
+    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
+        data = text.encode("utf-8") + b"\0"
+        with _espeak_lock:
+            self._sink = on_chunk
+            try:
+                self._select()
+                err = self.lib.espeak_Synth(data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8,
+                                            None, None)
+            finally:
+                self._sink = None
+        if err not in (0, 4):  # 4: EE_INTERRUPTED, our own stop
+            raise TtsError(f"espeak_Synth failed ({err})")
+
+
+def load_voice(cfg: TtsConfig) -> Voice | None:
+    """The configured voice, or None when ``tts.engine`` is ``none``. Raises TtsError."""
+    if cfg.engine == "none":
+        return None
+    if cfg.engine == "espeak":
+        return EspeakVoice(cfg)
+    module_name, _, cls_name = cfg.engine.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module_name), cls_name)
+    except (ImportError, AttributeError) as exc:
+        raise TtsError(f"tts.engine {cfg.engine!r}: cannot import it ({exc})") from exc
+    voice = cls(cfg)
+    if not isinstance(getattr(voice, "sample_rate", None), int):
+        raise TtsError(f"tts.engine {cfg.engine!r}: the voice has no integer sample_rate")
+    return voice
+
+
+# ---------------------------------------------------------------- worker
+
+
+@dataclass(slots=True)
+class TtsJob:
+    """One piece of text to speak. ``on_chunk`` and ``on_done`` run on the worker thread."""
+
+    text: str
+    on_chunk: Callable[[np.ndarray], None]
+    on_done: Callable[[BaseException | None], None]
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """Skip it if queued; stop it at its next chunk if running. ``on_done`` still runs."""
+        self.cancelled = True
+
+
+@dataclass
+class TtsWorker:
+    """The thread that owns the voice. :meth:`submit` from any thread; jobs run by
+    (piece index, arrival): first pieces of replies go before later ones."""
+
+    voice: Voice
+    _heap: list = field(default_factory=list)
+    _cv: threading.Condition = field(default_factory=threading.Condition)
+    _seq: itertools.count = field(default_factory=itertools.count)
+    _closed: bool = False
+    _thread: threading.Thread | None = None
+
+    def __post_init__(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="voicert-tts", daemon=True)
+        self._thread.start()
+
+    @property
+    def sample_rate(self) -> int:
+        return self.voice.sample_rate
+
+    def submit(self, job: TtsJob, piece_index: int) -> TtsJob:
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("TTS worker is closed")
+            heapq.heappush(self._heap, (piece_index, next(self._seq), job))
+            self._cv.notify()
+        return job
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._heap and not self._closed:
+                    self._cv.wait()
+                if self._closed:
+                    jobs = [j for _, _, j in self._heap]
+                    self._heap.clear()
+                    for job in jobs:
+                        job.on_done(RuntimeError("TTS worker closed"))
+                    return
+                _, _, job = heapq.heappop(self._heap)
+            self._speak(job)
+
+    def _speak(self, job: TtsJob) -> None:
+        error: BaseException | None = None
+        if not job.cancelled:
+            def on_chunk(chunk: np.ndarray) -> bool:
+                if job.cancelled:
+                    return False
+                job.on_chunk(chunk)
+                return True
+
+            try:
+                self.voice.synthesize(job.text, on_chunk)
+            except Exception as exc:  # a voice failure ends this piece, never the worker
+                log.exception("TTS failed on %r", job.text[:60])
+                error = exc
+        job.on_done(error)
+
+    def warmup(self) -> None:
+        done = threading.Event()
+        self.submit(TtsJob("Ready.", lambda c: None, lambda e: done.set()), 0)
+        done.wait(30)
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(10)
