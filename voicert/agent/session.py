@@ -17,7 +17,7 @@ from typing import Awaitable, Callable
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.audio.buffer import AudioBuffer
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
-from voicert.config import Config
+from voicert.config import Config, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
@@ -84,6 +84,8 @@ class Turn:
     cancel_requested: bool = False
     cancel_reason: str = "cancelled"
     speech: SpeechOut | None = None  # speaking the reply, when the session asked for audio
+    system_prompt: str | None = None  # this reply's own instructions (else the session's)
+    speak: bool | None = None  # speak this reply (None: if the session has output audio)
 
 
 class Session:
@@ -92,9 +94,10 @@ class Session:
     Realtime API without turn detection)."""
 
     def __init__(self, session_id: str, start: p.SessionStart, services: Services, emit: Emit,
-                 auto_respond: bool = True) -> None:
+                 auto_respond: bool = True, vad: VadConfig | None = None) -> None:
         self.id = session_id
         self.auto_respond = auto_respond
+        self.vad_cfg = vad or services.cfg.vad
         self.start = start
         self.svc = services
         self.cfg = services.cfg
@@ -104,7 +107,7 @@ class Session:
         self.history: list[ChatMessage] = []
         self.resampler = StreamResampler(start.sample_rate)
         self.vad = VadStream(services.vad)
-        self.endpointer = Endpointer(self.cfg.vad)
+        self.endpointer = Endpointer(self.vad_cfg)
         self.audio = AudioBuffer()
         self.utterance_start = 0  # absolute 16 kHz sample where the current utterance starts
         self.last_voice_ns = 0
@@ -136,7 +139,7 @@ class Session:
                 continue
             pos = result.event.window * FRAME
             if result.event.kind is EventKind.SPEECH_STARTED:
-                pad = self.cfg.vad.speech_pad_ms * SAMPLE_RATE // 1000
+                pad = self.vad_cfg.speech_pad_ms * SAMPLE_RATE // 1000
                 self.utterance_start = max(pos - pad, self.audio.base)
                 await self.emit(p.SpeechStarted(pos * 1000 // SAMPLE_RATE, self.next_turn_id))
                 self._barge_in()
@@ -146,10 +149,10 @@ class Session:
                 if self.start.turn_detection == "server_vad":
                     self._end_turn(end)
         if not self.endpointer.in_speech and self.start.turn_detection == "server_vad":
-            keep = self.cfg.vad.speech_pad_ms * SAMPLE_RATE // 1000 + FRAME
+            keep = self.vad_cfg.speech_pad_ms * SAMPLE_RATE // 1000 + FRAME
             self.audio.trim_before(self.audio.end - keep)
         else:
-            cap = int(self.cfg.vad.max_utterance_s * SAMPLE_RATE)
+            cap = int(self.vad_cfg.max_utterance_s * SAMPLE_RATE)
             self.audio.trim_before(self.audio.end - cap)
 
     def commit(self) -> bool:
@@ -174,16 +177,32 @@ class Session:
         """A typed user message joins the conversation (after any reply now streaming)."""
         self.history.append(ChatMessage("user", text))
 
-    def respond(self, max_new_tokens: int | None = None) -> int:
+    def reconfigure(self, start: p.SessionStart, auto_respond: bool, vad: VadConfig) -> None:
+        """Change the session's settings mid-conversation (the Realtime API's session.update).
+        A new input rate takes effect with the next audio; new VAD settings reset the endpointer."""
+        if start.sample_rate != self.start.sample_rate:
+            self.resampler = StreamResampler(start.sample_rate)
+        if vad != self.vad_cfg:
+            self.vad_cfg = vad
+            self.endpointer = Endpointer(vad)
+        self.start = start
+        self.auto_respond = auto_respond
+        self.system_prompt = start.system_prompt or self.cfg.llm.system_prompt
+        self.max_new_tokens = start.max_new_tokens or self.cfg.llm.max_new_tokens
+
+    def respond(self, max_new_tokens: int | None = None, instructions: str | None = None,
+                speak: bool | None = None) -> int:
         """Reply to the conversation as it stands (no audio turn); returns the turn id. A reply
-        still streaming is interrupted first. ``ttft_ms`` runs from this call."""
+        still streaming is interrupted first. ``ttft_ms`` runs from this call.
+        ``instructions`` replace the system prompt for this reply only; ``speak`` overrides whether
+        it is spoken (default: when the session has output audio)."""
         trace = TurnTrace(self.next_turn_id)
         self.next_turn_id += 1
         trace.mark(Point.ENDPOINT)
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
-        turn = Turn(trace.turn_id, trace)
+        turn = Turn(trace.turn_id, trace, system_prompt=instructions, speak=speak)
         turn.task = asyncio.create_task(self._run_response(turn, previous, max_new_tokens),
                                         name=f"response-{self.id}-{turn.turn_id}")
         self.turn = turn
@@ -254,7 +273,7 @@ class Session:
     def _barge_in(self) -> None:
         """Speech (past min_speech_ms) while a reply streams interrupts it."""
         turn = self.turn
-        if (self.cfg.vad.barge_in and turn is not None and turn.task is not None
+        if (self.vad_cfg.barge_in and turn is not None and turn.task is not None
                 and not turn.task.done() and turn.request_id):
             self._cancel(turn, "interrupted")
 
@@ -357,7 +376,7 @@ class Session:
 
     def _speech_out(self, turn: Turn) -> SpeechOut | None:
         fmt, worker = self.start.output_audio, self.svc.tts
-        if fmt is None or worker is None:
+        if fmt is None or worker is None or turn.speak is False:
             return None
 
         async def send(chunk: AudioOut) -> None:
@@ -368,7 +387,7 @@ class Session:
     async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
         """Generate (and, when asked for, speak) the reply to the conversation in ``history``."""
         trace = turn.trace
-        messages = [ChatMessage("system", self.system_prompt), *self.history]
+        messages = [ChatMessage("system", turn.system_prompt or self.system_prompt), *self.history]
         turn.request_id = f"{self.id}-{next(_request_ids)}"
         request = GenerationRequest(turn.request_id, messages,
                                     max_new_tokens or self.max_new_tokens, self.id)

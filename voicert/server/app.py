@@ -25,6 +25,7 @@ from voicert.engine.simple import SimpleEngine
 from voicert.server import access, dashboard
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
 from voicert.server.dashboard import static_file
+from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.tts import TtsWorker, load_voice
 from voicert.speech.vad import SileroVad
@@ -33,6 +34,7 @@ from voicert.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
+SESSION_ROUTES = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection}
 MAX_DASHBOARDS = 16
 
 
@@ -131,7 +133,7 @@ class VoiceServer:
             if len(self.dashboard_conns) >= MAX_DASHBOARDS:
                 return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many dashboards\n")
             return None
-        if path != STREAM_PATH:
+        if path not in SESSION_ROUTES:
             return _text_response(http.HTTPStatus.NOT_FOUND, f"no route {path}\n")
         refusal = self._refuse(request)
         if refusal is not None:
@@ -165,9 +167,12 @@ class VoiceServer:
             finally:
                 self.dashboard_conns.discard(ws)
             return
-        conn = Connection(ws, self.services)
+        path = ws.request.path.split("?", 1)[0] if ws.request is not None else STREAM_PATH
+        conn = SESSION_ROUTES[path](ws, self.services)
         self.connections.add(conn)
         try:
+            if isinstance(conn, RealtimeConnection):
+                await conn.open()
             await conn.run()
         finally:
             self.connections.discard(conn)

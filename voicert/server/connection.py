@@ -22,24 +22,26 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008  # a reader too slow to drain its frames; a sender over the message rate
 
 
-class Connection:
+class BaseConnection:
+    """What every front door shares: sending with a slow-reader timeout, the read loop with the
+    message-rate limit, error handling, and closing the session when the socket goes.
+    Subclasses decode frames in :meth:`dispatch` and report client mistakes in :meth:`reject`."""
+
+    client_errors: tuple[type[Exception], ...] = (p.ProtocolError,)
+
     def __init__(self, ws: ServerConnection, services: Services) -> None:
         self.ws = ws
         self.svc = services
-        self.binary = True  # reply in the frame kind the client used for session.start
         self.session: Session | None = None
         self.closed = False
 
-    async def send(self, event: p.ServerEvent) -> None:
-        """Send one event; a closed socket is ignored, a reader too slow to drain one frame within
+    async def send_frame(self, frame: bytes | str) -> None:
+        """Send one frame; a closed socket is ignored, a reader too slow to drain one frame within
         ``server.send_timeout_s`` is disconnected (its turn is then cancelled by the read loop)."""
-        if isinstance(event, p.Error):
-            self.svc.metrics.observe_error(event.code)
         if self.closed:
             return
         try:
-            await asyncio.wait_for(self.ws.send(p.encode(event, self.binary)),
-                                   self.svc.cfg.server.send_timeout_s)
+            await asyncio.wait_for(self.ws.send(frame), self.svc.cfg.server.send_timeout_s)
         except ConnectionClosed:
             self.closed = True
         except TimeoutError:
@@ -47,8 +49,17 @@ class Connection:
             self.closed = True
             asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "slow reader"))
 
-    async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
-        await self.send(p.Error(code.value, message, fatal))
+    async def dispatch(self, frame: bytes | str) -> bool:
+        """Handle one client message; True when the session has ended. May raise client_errors."""
+        raise NotImplementedError
+
+    async def reject(self, exc: Exception) -> None:
+        """Tell the client about a mistake (one of ``client_errors``); the session goes on."""
+        raise NotImplementedError
+
+    async def fatal(self, code: p.ErrorCode, message: str) -> None:
+        """Tell the client the connection is about to close because of ``code``."""
+        raise NotImplementedError
 
     async def run(self) -> None:
         s = self.svc.cfg.server
@@ -59,29 +70,56 @@ class Connection:
                 if closing is not None:
                     continue  # drain what the client already sent so its close reply can arrive
                 if not limiter.allow(time.monotonic()):
-                    await self.error(p.ErrorCode.RATE_LIMITED,
-                                     f"more than {s.max_messages_per_s:g} messages/s", fatal=True)
+                    self.svc.metrics.observe_error(p.ErrorCode.RATE_LIMITED.value)
+                    await self.fatal(p.ErrorCode.RATE_LIMITED,
+                                     f"more than {s.max_messages_per_s:g} messages/s")
                     closing = asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "message rate limit"))
                     continue
                 try:
-                    if await self._dispatch(frame):
+                    if await self.dispatch(frame):
                         break
-                except p.ProtocolError as exc:
-                    await self.error(exc.code, exc.message)
+                except self.client_errors as exc:
+                    await self.reject(exc)
         except ConnectionClosed:
             pass
         except Exception:
             log.exception("connection %s: internal error", self.ws.id)
-            await self.error(p.ErrorCode.INTERNAL, "internal server error", fatal=True)
+            self.svc.metrics.observe_error(p.ErrorCode.INTERNAL.value)
+            await self.fatal(p.ErrorCode.INTERNAL, "internal server error")
             await self.ws.close(1011, "internal error")
         finally:
             self.closed = self.closed or self.ws.state.name != "OPEN"
             if self.session is not None:
                 await self.session.close()
                 self.svc.metrics.session_ended()
+            await self.on_closed()
 
-    async def _dispatch(self, frame: bytes | str) -> bool:
-        """Handle one client message; True when the session has ended."""
+    async def on_closed(self) -> None:
+        """Called once after the read loop ends and the session is closed."""
+
+
+class Connection(BaseConnection):
+    """The native protocol (``/v1/stream``, docs/protocol.md)."""
+
+    def __init__(self, ws: ServerConnection, services: Services) -> None:
+        super().__init__(ws, services)
+        self.binary = True  # reply in the frame kind the client used for session.start
+
+    async def send(self, event: p.ServerEvent) -> None:
+        if isinstance(event, p.Error):
+            self.svc.metrics.observe_error(event.code)
+        await self.send_frame(p.encode(event, self.binary))
+
+    async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
+        await self.send(p.Error(code.value, message, fatal))
+
+    async def reject(self, exc: Exception) -> None:
+        await self.error(exc.code, exc.message)
+
+    async def fatal(self, code: p.ErrorCode, message: str) -> None:
+        await self.send_frame(p.encode(p.Error(code.value, message, True), self.binary))
+
+    async def dispatch(self, frame: bytes | str) -> bool:
         event = p.decode_client(frame)
         if isinstance(event, p.SessionStart):
             await self._start(event, binary=isinstance(frame, bytes))

@@ -1,0 +1,201 @@
+"""``/v1/realtime`` driven by the official ``openai`` SDK's realtime clients (GA and beta), with its
+base URL pointed at the real server. Real models, real socket."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import numpy as np
+import pytest
+import soxr
+
+from tests.conftest import wav
+from voicert.audio.pcm import decode_pcm, encode_audio
+
+openai = pytest.importorskip("openai")
+
+
+def client(server):
+    """The SDK pointed at this server (the beta client needs the WebSocket base URL spelled out:
+    it would otherwise switch to wss://)."""
+    return openai.AsyncOpenAI(api_key="unused", base_url=f"http://127.0.0.1:{server.port}/v1",
+                              websocket_base_url=f"ws://127.0.0.1:{server.port}/v1", max_retries=0)
+
+
+def kind(ev) -> str:
+    return ev["type"] if isinstance(ev, dict) else ev.type
+
+
+async def until(conn, wanted: str, seen: list | None = None, timeout: float = 120):
+    """Read events until one of type ``wanted``; every event read goes into ``seen``."""
+    async def read():
+        while True:
+            ev = await conn.recv()
+            if seen is not None:
+                seen.append(ev)
+            if kind(ev) == wanted:
+                return ev
+    return await asyncio.wait_for(read(), timeout)
+
+
+async def stream_speech(conn, name: str, rate: int, encoding: str, silence_s: float = 1.0):
+    x, r = wav(name)
+    x = np.concatenate([soxr.resample(x, r, rate).astype(np.float32),
+                        np.zeros(int(rate * silence_s), np.float32)])
+    step = rate // 50  # 20 ms
+    for i in range(0, x.size, step):
+        chunk = encode_audio(x[i:i + step], encoding)
+        await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
+
+
+async def test_ga_text_conversation(server):
+    async with client(server).realtime.connect(model="voicert-smollm2") as conn:
+        created = await until(conn, "session.created")
+        assert created.session.model == "voicert-smollm2"
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                           "instructions": "You are a helpful voice assistant. "
+                                                           "Answer in one short sentence."})
+        updated = await until(conn, "session.updated")
+        assert updated.session.output_modalities == ["text"]
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "What is the capital of France?"}]})
+        added = await until(conn, "conversation.item.added")
+        assert added.item.role == "user"
+        await conn.response.create()
+        seen: list = []
+        done = await until(conn, "response.done", seen)
+        kinds = [kind(e) for e in seen]
+        assert kinds.index("response.created") < kinds.index("response.output_text.delta")
+        deltas = "".join(e.delta for e in seen if kind(e) == "response.output_text.delta")
+        text_done = next(e for e in seen if kind(e) == "response.output_text.done")
+        assert "paris" in deltas.lower() and text_done.text == deltas.strip()
+        assert done.response.status == "completed"
+        assert done.response.output[0].content[0].text == text_done.text
+        assert done.response.usage.output_tokens >= sum(1 for k in kinds if k.endswith("text.delta"))
+        # the conversation carries on
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "And what about Germany?"}]})
+        await conn.response.create()
+        done = await until(conn, "response.done")
+        assert "berlin" in done.response.output[0].content[0].text.lower()
+
+
+async def test_ga_speech_in_speech_out_with_server_vad(server, services):
+    async with client(server).realtime.connect(model="voicert") as conn:
+        await until(conn, "session.created")
+        await conn.session.update(session={
+            "type": "realtime", "output_modalities": ["audio"],
+            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                                "turn_detection": {"type": "server_vad", "silence_duration_ms": 400}},
+                      "output": {"format": {"type": "audio/pcm", "rate": 24000}}}})
+        await until(conn, "session.updated")
+        await stream_speech(conn, "capital_of_france", 24000, "pcm16")
+        seen: list = []
+        done = await until(conn, "response.done", seen)
+        kinds = [kind(e) for e in seen]
+        for k in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                  "input_audio_buffer.committed",
+                  "conversation.item.input_audio_transcription.completed", "response.created",
+                  "response.output_audio.delta", "response.output_audio_transcript.delta",
+                  "response.output_audio.done"):
+            assert k in kinds, (k, kinds)
+        item_id = next(e for e in seen if kind(e) == "input_audio_buffer.committed").item_id
+        transcript = next(e for e in seen
+                          if kind(e) == "conversation.item.input_audio_transcription.completed")
+        assert transcript.item_id == item_id and "france" in transcript.transcript.lower()
+        audio = b"".join(base64.b64decode(e.delta) for e in seen
+                         if kind(e) == "response.output_audio.delta")
+        x24 = decode_pcm(audio, "pcm16")
+        heard, _ = services.asr.model.transcribe(soxr.resample(x24, 24000, 16000).astype(np.float32),
+                                                 beam_size=1, language="en")
+        assert "paris" in " ".join(s.text for s in heard).lower()
+        said = "".join(e.delta for e in seen if kind(e) == "response.output_audio_transcript.delta")
+        assert done.response.status == "completed"
+        assert done.response.output[0].content[0].transcript == said.strip()
+
+
+async def test_beta_client_mulaw_manual_commit_and_beta_event_names(server):
+    async with client(server).beta.realtime.connect(model="voicert") as conn:
+        await until(conn, "session.created")
+        await conn.session.update(session={"modalities": ["text"], "turn_detection": None,
+                                           "input_audio_format": "g711_ulaw"})
+        updated = await until(conn, "session.updated")
+        assert updated.session.turn_detection is None
+        await stream_speech(conn, "capital_of_france", 8000, "mulaw", silence_s=0.3)
+        await conn.input_audio_buffer.commit()
+        seen: list = []
+        transcript = await until(conn, "conversation.item.input_audio_transcription.completed", seen)
+        assert "capital" in transcript.transcript.lower()
+        assert "input_audio_buffer.committed" in [kind(e) for e in seen]
+        assert "conversation.item.created" in [kind(e) for e in seen]  # the beta name
+        # manual mode: no response until the client asks for one
+        with pytest.raises(asyncio.TimeoutError):
+            await until(conn, "response.created", timeout=1.5)
+        await conn.response.create()
+        seen = []
+        done = await until(conn, "response.done", seen)
+        deltas = "".join(e.delta for e in seen if kind(e) == "response.text.delta")
+        assert "paris" in deltas.lower() and done.response.status == "completed"
+
+
+async def test_bad_events_get_error_events_and_the_session_goes_on(server):
+    async with client(server).realtime.connect(model="voicert") as conn:
+        await until(conn, "session.created")
+        raw = conn.send_raw if hasattr(conn, "send_raw") else conn._connection.send
+
+        async def error_for(payload: str) -> dict:
+            await raw(payload)
+            ev = await until(conn, "error", timeout=10)
+            return ev.error
+
+        err = await error_for(json.dumps({"type": "no.such.event", "event_id": "evt_1"}))
+        assert err.type == "invalid_request_error" and err.param == "type"
+        assert err.event_id == "evt_1" and "no.such.event" in err.message
+        assert (await error_for("{not json")).code == "invalid_json"
+        assert (await error_for(json.dumps({"type": "conversation.item.truncate"}))).code == \
+            "unsupported_event"
+        assert (await error_for(json.dumps({"type": "input_audio_buffer.commit"}))).code == \
+            "input_audio_buffer_commit_empty"
+        assert (await error_for(json.dumps({"type": "response.cancel"}))).code == \
+            "response_cancel_not_active"
+        assert (await error_for(json.dumps({"type": "input_audio_buffer.append",
+                                            "audio": "!!"}))).code == "invalid_value"
+        assert (await error_for(json.dumps({"type": "input_audio_buffer.append",
+                                            "audio": base64.b64encode(b"abc").decode()}))).code \
+            == "bad_audio"
+        assert (await error_for(json.dumps({"type": "session.update", "session": {
+            "input_audio_format": "opus"}}))).param == "session.input_audio_format"
+        await conn.input_audio_buffer.clear()
+        await until(conn, "input_audio_buffer.cleared", timeout=10)
+        # still a working session
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "What is the capital of France?"}]})
+        await conn.response.create(response={"max_output_tokens": 3})
+        done = await until(conn, "response.done")
+        assert done.response.status == "incomplete"
+        assert done.response.status_details.reason == "max_output_tokens"
+
+
+async def test_response_cancel_mid_reply(server, services):
+    async with client(server).realtime.connect(model="voicert") as conn:
+        await until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Count from one to one hundred."}]})
+        await conn.response.create(response={"max_output_tokens": 400})
+        await until(conn, "response.output_text.delta")
+        await conn.response.cancel()
+        done = await until(conn, "response.done")
+        assert done.response.status == "cancelled"
+        for _ in range(40):
+            if not services.engine.live_requests():
+                break
+            await asyncio.sleep(0.05)
+        assert not services.engine.live_requests()

@@ -1,0 +1,394 @@
+"""A compatible subset of the OpenAI Realtime API (``/v1/realtime``). Sans-I/O: JSON text in, typed
+client events out; server events are built as plain maps. No sockets, no asyncio.
+
+Two flavours of event names are spoken: the GA API's (``response.output_text.delta``,
+``conversation.item.added``...) and the beta API's (``response.text.delta``,
+``conversation.item.created``...), chosen per connection (beta when the client sends
+``OpenAI-Beta: realtime=v1``). Session fields are read in either shape (``audio.input.format`` or
+``input_audio_format``) and written back in the connection's shape. See ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import enum
+import itertools
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any, Union
+
+INVALID_REQUEST = "invalid_request_error"
+SERVER_ERROR = "server_error"
+
+# wire audio format names -> (voicert encoding, sample rate)
+BETA_FORMATS = {"pcm16": ("pcm16", 24000), "g711_ulaw": ("mulaw", 8000),
+                "g711_alaw": ("alaw", 8000)}
+GA_FORMATS = {"audio/pcm": ("pcm16", 24000), "audio/pcmu": ("mulaw", 8000),
+              "audio/pcma": ("alaw", 8000)}
+
+
+class Flavor(enum.Enum):
+    GA = "ga"
+    BETA = "beta"
+
+
+# server event names that differ between the flavours: GA name -> beta name
+_BETA_NAMES = {
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "conversation.item.added": "conversation.item.created",
+}
+
+
+class RealtimeError(Exception):
+    """A client mistake, answered with an ``error`` event; the socket stays open."""
+
+    def __init__(self, code: str, message: str, param: str | None = None,
+                 event_id: str | None = None, kind: str = INVALID_REQUEST) -> None:
+        super().__init__(message)
+        self.code, self.message, self.param, self.event_id, self.kind = (
+            code, message, param, event_id, kind)
+
+
+# ---------------------------------------------------------------- session configuration
+
+
+@dataclass(frozen=True, slots=True)
+class TurnDetection:
+    """``server_vad`` turn detection; ``None`` in :class:`SessionConfig` means manual commits."""
+
+    threshold: float = 0.5
+    prefix_padding_ms: int = 300
+    silence_duration_ms: int = 500
+    create_response: bool = True
+    interrupt_response: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    instructions: str
+    input_format: str = "pcm16"  # beta name; see BETA_FORMATS
+    output_format: str = "pcm16"
+    audio_out: bool = True  # output modalities include audio (else text only)
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
+    transcription: bool = True  # send input audio transcription events
+    max_output_tokens: int | None = None
+    voice: str = "espeak"
+
+    def to_wire(self, flavor: Flavor, session_id: str, model: str) -> dict[str, Any]:
+        td = None if self.turn_detection is None else {
+            "type": "server_vad", "threshold": self.turn_detection.threshold,
+            "prefix_padding_ms": self.turn_detection.prefix_padding_ms,
+            "silence_duration_ms": self.turn_detection.silence_duration_ms,
+            "create_response": self.turn_detection.create_response,
+            "interrupt_response": self.turn_detection.interrupt_response}
+        max_tokens = self.max_output_tokens if self.max_output_tokens is not None else "inf"
+        transcription = {"model": "whisper-1"} if self.transcription else None
+        if flavor is Flavor.BETA:
+            return {"id": session_id, "object": "realtime.session", "model": model,
+                    "modalities": ["text", "audio"] if self.audio_out else ["text"],
+                    "instructions": self.instructions, "voice": self.voice,
+                    "input_audio_format": self.input_format,
+                    "output_audio_format": self.output_format,
+                    "input_audio_transcription": transcription, "turn_detection": td,
+                    "tools": [], "tool_choice": "none", "temperature": 0.8,
+                    "max_response_output_tokens": max_tokens}
+        return {"type": "realtime", "id": session_id, "object": "realtime.session", "model": model,
+                "output_modalities": ["audio"] if self.audio_out else ["text"],
+                "instructions": self.instructions,
+                "audio": {"input": {"format": _ga_format(self.input_format),
+                                    "transcription": transcription, "turn_detection": td},
+                          "output": {"format": _ga_format(self.output_format),
+                                     "voice": self.voice}},
+                "tools": [], "tool_choice": "none", "max_output_tokens": max_tokens}
+
+
+def _ga_format(beta_name: str) -> dict[str, Any]:
+    encoding, rate = BETA_FORMATS[beta_name]
+    ga = next(k for k, v in GA_FORMATS.items() if v == (encoding, rate))
+    return {"type": ga, "rate": rate} if ga == "audio/pcm" else {"type": ga}
+
+
+def _format(value: Any, param: str) -> str:
+    """A wire audio format in either flavour -> its beta name."""
+    if isinstance(value, str) and value in BETA_FORMATS:
+        return value
+    if isinstance(value, dict) and value.get("type") in GA_FORMATS:
+        encoding, rate = GA_FORMATS[value["type"]]
+        if value.get("rate", rate) != rate:
+            raise RealtimeError("invalid_value", f"{param}.rate must be {rate}", f"{param}.rate")
+        return next(k for k, v in BETA_FORMATS.items() if v == (encoding, rate))
+    supported = ", ".join([*BETA_FORMATS, *GA_FORMATS])
+    raise RealtimeError("invalid_value", f"Invalid audio format {value!r:.60}; supported: "
+                        f"{supported}", param)
+
+
+def _turn_detection(value: Any, current: TurnDetection | None, param: str) -> TurnDetection | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise RealtimeError("invalid_type", f"{param} must be an object or null", param)
+    kind = value.get("type", "server_vad")
+    if kind != "server_vad":
+        raise RealtimeError("invalid_value", f"{param}.type {kind!r:.40} is not supported "
+                            "(supported: server_vad, or null for manual commits)", f"{param}.type")
+    td = current or TurnDetection()
+    try:
+        td = replace(td, **{k: value[k] for k in ("threshold", "prefix_padding_ms",
+                                                  "silence_duration_ms", "create_response",
+                                                  "interrupt_response") if value.get(k) is not None})
+    except TypeError:
+        raise RealtimeError("invalid_value", f"{param} has a bad field", param) from None
+    if not (0 < float(td.threshold) < 1 and 0 <= int(td.prefix_padding_ms) <= 2000
+            and 32 <= int(td.silence_duration_ms) <= 10000):
+        raise RealtimeError("invalid_value", f"{param}: threshold in (0, 1), prefix_padding_ms in "
+                            "[0, 2000], silence_duration_ms in [32, 10000]", param)
+    return td
+
+
+def _max_tokens(value: Any, param: str) -> int | None:
+    if value == "inf" or value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 4096:
+        return value
+    raise RealtimeError("invalid_value", f"{param} must be 1-4096 or 'inf'", param)
+
+
+def _audio_out(modalities: Any, param: str) -> bool:
+    if not isinstance(modalities, list) or not modalities or not set(modalities) <= {"text", "audio"}:
+        raise RealtimeError("invalid_value", f"{param} must be a list of 'text' / 'audio'", param)
+    return "audio" in modalities
+
+
+def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
+    """Apply a ``session.update``'s ``session`` map (either flavour) to ``cfg``."""
+    changes: dict[str, Any] = {}
+    if "instructions" in s:
+        if not isinstance(s["instructions"], str):
+            raise RealtimeError("invalid_type", "session.instructions must be a string",
+                                "session.instructions")
+        changes["instructions"] = s["instructions"]
+    for key in ("modalities", "output_modalities"):
+        if key in s:
+            changes["audio_out"] = _audio_out(s[key], f"session.{key}")
+    if "input_audio_format" in s:
+        changes["input_format"] = _format(s["input_audio_format"], "session.input_audio_format")
+    if "output_audio_format" in s:
+        changes["output_format"] = _format(s["output_audio_format"], "session.output_audio_format")
+    if "turn_detection" in s:
+        changes["turn_detection"] = _turn_detection(s["turn_detection"], cfg.turn_detection,
+                                                    "session.turn_detection")
+    if "input_audio_transcription" in s:
+        changes["transcription"] = s["input_audio_transcription"] is not None
+    for key in ("max_response_output_tokens", "max_output_tokens"):
+        if key in s:
+            changes["max_output_tokens"] = _max_tokens(s[key], f"session.{key}")
+    if isinstance(s.get("voice"), str):
+        changes["voice"] = s["voice"]
+    audio = s.get("audio")
+    if isinstance(audio, dict):
+        inp, out = audio.get("input") or {}, audio.get("output") or {}
+        if "format" in inp:
+            changes["input_format"] = _format(inp["format"], "session.audio.input.format")
+        if "format" in out:
+            changes["output_format"] = _format(out["format"], "session.audio.output.format")
+        if "turn_detection" in inp:
+            changes["turn_detection"] = _turn_detection(
+                inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection")
+        if "transcription" in inp:
+            changes["transcription"] = inp["transcription"] is not None
+        if isinstance(out.get("voice"), str):
+            changes["voice"] = out["voice"]
+    return replace(cfg, **changes)
+
+
+# ---------------------------------------------------------------- client events
+
+
+@dataclass(slots=True)
+class SessionUpdate:
+    session: dict[str, Any]
+
+
+@dataclass(slots=True)
+class AudioAppend:
+    audio: bytes
+
+
+@dataclass(slots=True)
+class AudioCommit:
+    pass
+
+
+@dataclass(slots=True)
+class AudioClear:
+    pass
+
+
+@dataclass(slots=True)
+class ItemCreate:
+    item_id: str | None
+    role: str  # user | assistant | system
+    text: str
+
+
+@dataclass(slots=True)
+class ResponseCreate:
+    instructions: str | None = None
+    max_output_tokens: int | None = None
+    audio_out: bool | None = None  # None: the session's modalities
+
+
+@dataclass(slots=True)
+class ResponseCancel:
+    pass
+
+
+ClientEvent = Union[SessionUpdate, AudioAppend, AudioCommit, AudioClear, ItemCreate,
+                    ResponseCreate, ResponseCancel]
+
+# Known API events this server does not implement: answered with an error naming them.
+UNSUPPORTED = ("conversation.item.truncate", "conversation.item.delete",
+               "conversation.item.retrieve", "output_audio_buffer.clear",
+               "transcription_session.update")
+
+
+def _item_create(msg: dict) -> ItemCreate:
+    item = msg.get("item")
+    if not isinstance(item, dict):
+        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'item'.",
+                            "item")
+    if item.get("type", "message") != "message":
+        raise RealtimeError("invalid_value", f"item.type {item.get('type')!r:.40} is not supported "
+                            "(supported: message)", "item.type")
+    role = item.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise RealtimeError("invalid_value", "item.role must be user, assistant or system",
+                            "item.role")
+    content = item.get("content")
+    if not isinstance(content, list) or not content:
+        raise RealtimeError("missing_required_parameter", "item.content must be a non-empty list",
+                            "item.content")
+    texts = []
+    for i, part in enumerate(content):
+        if not isinstance(part, dict) or part.get("type") not in ("input_text", "text", "output_text"):
+            raise RealtimeError("invalid_value", f"item.content[{i}].type must be input_text or "
+                                "text (audio content is sent with input_audio_buffer.append)",
+                                f"item.content[{i}].type")
+        if not isinstance(part.get("text"), str):
+            raise RealtimeError("invalid_type", f"item.content[{i}].text must be a string",
+                                f"item.content[{i}].text")
+        texts.append(part["text"])
+    item_id = item.get("id")
+    return ItemCreate(item_id if isinstance(item_id, str) else None, role, "".join(texts))
+
+
+def _response_create(msg: dict) -> ResponseCreate:
+    r = msg.get("response") or {}
+    if not isinstance(r, dict):
+        raise RealtimeError("invalid_type", "response must be an object", "response")
+    instructions = r.get("instructions")
+    if instructions is not None and not isinstance(instructions, str):
+        raise RealtimeError("invalid_type", "response.instructions must be a string",
+                            "response.instructions")
+    max_tokens = None
+    for key in ("max_output_tokens", "max_response_output_tokens"):
+        if key in r:
+            max_tokens = _max_tokens(r[key], f"response.{key}")
+    audio_out = None
+    for key in ("modalities", "output_modalities"):
+        if key in r:
+            audio_out = _audio_out(r[key], f"response.{key}")
+    return ResponseCreate(instructions, max_tokens, audio_out)
+
+
+def _audio_append(msg: dict) -> AudioAppend:
+    b64 = msg.get("audio")
+    if not isinstance(b64, str):
+        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'audio'.",
+                            "audio")
+    try:
+        return AudioAppend(base64.b64decode(b64, validate=True))
+    except (binascii.Error, ValueError):
+        raise RealtimeError("invalid_value", "audio is not valid base64", "audio") from None
+
+
+def _session_update(msg: dict) -> SessionUpdate:
+    s = msg.get("session")
+    if not isinstance(s, dict):
+        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'session'.",
+                            "session")
+    return SessionUpdate(s)
+
+
+_DECODERS = {
+    "session.update": _session_update,
+    "input_audio_buffer.append": _audio_append,
+    "input_audio_buffer.commit": lambda m: AudioCommit(),
+    "input_audio_buffer.clear": lambda m: AudioClear(),
+    "conversation.item.create": _item_create,
+    "response.create": _response_create,
+    "response.cancel": lambda m: ResponseCancel(),
+}
+CLIENT_TYPES = tuple(_DECODERS)
+
+
+def decode_client(frame: str | bytes) -> tuple[ClientEvent, str | None]:
+    """One client message -> (event, its ``event_id`` if any). Raises :class:`RealtimeError`."""
+    if isinstance(frame, bytes):
+        raise RealtimeError("invalid_json", "binary frames are not supported; send JSON text")
+    try:
+        msg = json.loads(frame)
+    except ValueError:
+        raise RealtimeError("invalid_json", "The message is not valid JSON.") from None
+    if not isinstance(msg, dict):
+        raise RealtimeError("invalid_json", "The message must be a JSON object.")
+    event_id = msg.get("event_id") if isinstance(msg.get("event_id"), str) else None
+    kind = msg.get("type")
+    if not isinstance(kind, str):
+        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'type'.",
+                            "type", event_id)
+    decoder = _DECODERS.get(kind)
+    if decoder is None:
+        if kind in UNSUPPORTED:
+            raise RealtimeError("unsupported_event", f"'{kind}' is not supported by this server.",
+                                "type", event_id)
+        raise RealtimeError("invalid_value", f"Invalid value: '{kind[:64]}'. Supported values "
+                            f"are: {', '.join(CLIENT_TYPES)}.", "type", event_id)
+    try:
+        return decoder(msg), event_id
+    except RealtimeError as exc:
+        exc.event_id = event_id
+        raise
+
+
+# ---------------------------------------------------------------- server events
+
+
+@dataclass(slots=True)
+class EventWriter:
+    """Builds server events as JSON text with fresh ``event_id``s, in the connection's flavour."""
+
+    flavor: Flavor = Flavor.GA
+    _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    def name(self, ga_name: str) -> str:
+        return _BETA_NAMES.get(ga_name, ga_name) if self.flavor is Flavor.BETA else ga_name
+
+    def event(self, ga_name: str, **fields: Any) -> str:
+        msg = {"type": self.name(ga_name), "event_id": f"event_{next(self._ids)}", **fields}
+        return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
+
+    def error(self, exc: RealtimeError) -> str:
+        return self.event("error", error={"type": exc.kind, "code": exc.code, "message": exc.message,
+                                          "param": exc.param, "event_id": exc.event_id})
+
+
+def message_item(item_id: str, role: str, status: str, content: list[dict]) -> dict[str, Any]:
+    return {"id": item_id, "object": "realtime.item", "type": "message", "role": role,
+            "status": status, "content": content}

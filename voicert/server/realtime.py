@@ -1,0 +1,300 @@
+"""``/v1/realtime``: the OpenAI Realtime API subset (protocol/realtime.py) onto the session core.
+
+Client events drive the :class:`Session`; the session's native events are translated into Realtime
+server events here: one user ``message`` item per committed audio turn or typed message, one
+response with one assistant ``message`` item per reply (text, or audio plus its transcript).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import logging
+import uuid
+
+from websockets.asyncio.server import ServerConnection
+
+from voicert.agent.session import Services, Session
+from voicert.engine.base import ChatMessage
+from voicert.protocol import native as p
+from voicert.protocol import realtime as rt
+from voicert.server.connection import BaseConnection, check_output_audio
+
+log = logging.getLogger(__name__)
+REALTIME_PATH = "/v1/realtime"
+
+# our finish reasons -> the Realtime response status and status_details
+_STATUS = {"stop": ("completed", None),
+           "length": ("incomplete", {"type": "incomplete", "reason": "max_output_tokens"}),
+           "cancelled": ("cancelled", {"type": "cancelled", "reason": "client_cancelled"}),
+           "interrupted": ("cancelled", {"type": "cancelled", "reason": "turn_detected"}),
+           "error": ("failed", {"type": "failed", "error": {"type": "server_error",
+                                                            "code": "engine_failed"}})}
+
+
+def flavor_of(headers) -> rt.Flavor:
+    """Beta event names for clients that ask for the beta API (``OpenAI-Beta: realtime=v1``)."""
+    beta = headers.get("OpenAI-Beta", "") if headers is not None else ""
+    return rt.Flavor.BETA if "realtime=v1" in beta else rt.Flavor.GA
+
+
+@dataclasses.dataclass(slots=True)
+class ResponseState:
+    response_id: str
+    item_id: str
+    audio_out: bool
+    output_index: int = 0
+    partial_stable: str = ""
+
+
+class RealtimeConnection(BaseConnection):
+    client_errors = (rt.RealtimeError, p.ProtocolError)
+
+    def __init__(self, ws: ServerConnection, services: Services) -> None:
+        super().__init__(ws, services)
+        request = ws.request
+        self.writer = rt.EventWriter(flavor_of(request.headers if request else None))
+        query = request.path.partition("?")[2] if request else ""
+        params = dict(kv.partition("=")[::2] for kv in query.split("&") if kv)
+        self.model = params.get("model", "voicert")
+        self.session_id = f"sess_{uuid.uuid4().hex[:20]}"
+        can_speak = services.tts is not None
+        self.config = rt.SessionConfig(instructions=services.cfg.llm.system_prompt,
+                                       audio_out=can_speak)
+        self.last_item: str | None = None
+        self.user_items: dict[int, str] = {}  # turn id -> user item id
+        self.responses: dict[int, ResponseState] = {}  # turn id -> the response answering it
+        self.partials: dict[int, str] = {}  # turn id -> stable partial text already sent
+
+    # ------------------------------------------------------------ session core
+
+    def _session_start(self) -> tuple[p.SessionStart, bool]:
+        c = self.config
+        enc, rate = rt.BETA_FORMATS[c.input_format]
+        out_enc, out_rate = rt.BETA_FORMATS[c.output_format]
+        manual = c.turn_detection is None
+        start = p.SessionStart(sample_rate=rate, encoding=enc, system_prompt=c.instructions,
+                               turn_detection="manual" if manual else "server_vad",
+                               max_new_tokens=c.max_output_tokens,
+                               output_audio=p.OutputAudio(out_enc, out_rate) if c.audio_out else None)
+        auto_respond = not manual and c.turn_detection.create_response
+        return start, auto_respond
+
+    def _vad_config(self):
+        td, vad = self.config.turn_detection, self.svc.cfg.vad
+        if td is None:
+            return vad
+        return dataclasses.replace(vad, threshold=td.threshold,
+                                   neg_threshold=min(vad.neg_threshold, td.threshold),
+                                   min_silence_ms=td.silence_duration_ms,
+                                   speech_pad_ms=td.prefix_padding_ms,
+                                   barge_in=td.interrupt_response)
+
+    async def open(self) -> None:
+        start, auto = self._session_start()
+        self.session = Session(self.session_id, start, self.svc, self.on_event, auto_respond=auto,
+                               vad=self._vad_config())
+        self.svc.metrics.session_started()
+        await self.send_event("session.created", session=self._wire_session())
+
+    def _wire_session(self) -> dict:
+        return self.config.to_wire(self.writer.flavor, self.session_id, self.model)
+
+    async def send_event(self, ga_name: str, **fields) -> None:
+        await self.send_frame(self.writer.event(ga_name, **fields))
+
+    async def reject(self, exc: Exception) -> None:
+        if isinstance(exc, p.ProtocolError):  # from the session core (bad audio bytes...)
+            exc = rt.RealtimeError(exc.code.value, exc.message)
+        self.svc.metrics.observe_error(exc.code)
+        await self.send_frame(self.writer.error(exc))
+
+    async def fatal(self, code: p.ErrorCode, message: str) -> None:
+        await self.send_frame(self.writer.error(rt.RealtimeError(code.value, message,
+                                                                 kind=rt.SERVER_ERROR)))
+
+    # ------------------------------------------------------------ client events
+
+    async def dispatch(self, frame: bytes | str) -> bool:
+        event, event_id = rt.decode_client(frame)
+        try:
+            await self._handle(event)
+        except rt.RealtimeError as exc:
+            exc.event_id = exc.event_id or event_id
+            raise
+        return False
+
+    async def _handle(self, event: rt.ClientEvent) -> None:
+        s = self.session
+        if isinstance(event, rt.AudioAppend):
+            await s.on_audio(event.audio)
+        elif isinstance(event, rt.SessionUpdate):
+            await self._update(event.session)
+        elif isinstance(event, rt.AudioCommit):
+            turn_id = s.next_turn_id
+            if not s.commit():
+                raise rt.RealtimeError("input_audio_buffer_commit_empty",
+                                       "Error committing input audio buffer: buffer is empty.")
+            await self._committed(turn_id)
+        elif isinstance(event, rt.AudioClear):
+            s.clear_audio()
+            await self.send_event("input_audio_buffer.cleared")
+        elif isinstance(event, rt.ItemCreate):
+            await self._item_create(event)
+        elif isinstance(event, rt.ResponseCreate):
+            if self.svc.draining:
+                raise rt.RealtimeError(p.ErrorCode.SHUTTING_DOWN.value, "server is shutting down",
+                                       kind=rt.SERVER_ERROR)
+            s.respond(event.max_output_tokens, event.instructions, event.audio_out)
+        elif isinstance(event, rt.ResponseCancel):
+            if s.turn is None or s.turn.task is None or s.turn.task.done():
+                raise rt.RealtimeError("response_cancel_not_active",
+                                       "Cancellation failed: no active response found.")
+            s.cancel_response()
+
+    async def _update(self, changes: dict) -> None:
+        config = rt.update_session(self.config, changes)
+        if config.audio_out and self.svc.tts is None:
+            raise rt.RealtimeError(p.ErrorCode.NO_SPEECH_OUTPUT.value,
+                                   "this server has no speech output; use text modalities",
+                                   "session.modalities")
+        self.config = config
+        start, auto = self._session_start()
+        check_output_audio(start.output_audio, self.svc)
+        self.session.reconfigure(start, auto, self._vad_config())
+        await self.send_event("session.updated", session=self._wire_session())
+
+    async def _item_create(self, event: rt.ItemCreate) -> None:
+        if not event.text.strip():
+            raise rt.RealtimeError("invalid_value", "item.content text is empty", "item.content")
+        item_id = event.item_id or f"item_{uuid.uuid4().hex[:20]}"
+        if event.role == "user":
+            self.session.add_user_text(event.text)
+        else:
+            self.session.history.append(ChatMessage(event.role, event.text))
+        kind = "input_text" if event.role != "assistant" else "output_text"
+        item = rt.message_item(item_id, event.role, "completed", [{"type": kind, "text": event.text}])
+        await self._item_added(item)
+
+    async def _item_added(self, item: dict) -> None:
+        previous, self.last_item = self.last_item, item["id"]
+        await self.send_event("conversation.item.added", previous_item_id=previous, item=item)
+        if self.writer.flavor is rt.Flavor.GA and item["status"] == "completed":
+            await self.send_event("conversation.item.done", previous_item_id=previous, item=item)
+
+    async def _committed(self, turn_id: int) -> None:
+        item_id = self._user_item(turn_id)
+        await self.send_event("input_audio_buffer.committed", previous_item_id=self.last_item,
+                              item_id=item_id)
+        await self._item_added(rt.message_item(item_id, "user", "completed",
+                                               [{"type": "input_audio", "transcript": None}]))
+
+    def _user_item(self, turn_id: int) -> str:
+        if turn_id not in self.user_items:
+            self.user_items[turn_id] = f"item_{uuid.uuid4().hex[:20]}"
+        return self.user_items[turn_id]
+
+    # ------------------------------------------------------------ session events -> Realtime
+
+    async def on_event(self, ev: p.ServerEvent) -> None:
+        """The session's native events, translated."""
+        if isinstance(ev, p.SpeechStarted):
+            await self.send_event("input_audio_buffer.speech_started", audio_start_ms=ev.audio_ms,
+                                  item_id=self._user_item(ev.turn_id))
+        elif isinstance(ev, p.SpeechStopped):
+            await self.send_event("input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_ms,
+                                  item_id=self._user_item(ev.turn_id))
+            if self.config.turn_detection is not None:  # server VAD commits by itself
+                await self._committed(ev.turn_id)
+        elif isinstance(ev, p.TranscriptPartial):
+            await self._transcript_delta(ev)
+        elif isinstance(ev, p.TranscriptFinal):
+            if self.config.transcription:
+                await self.send_event("conversation.item.input_audio_transcription.completed",
+                                      item_id=self._user_item(ev.turn_id), content_index=0,
+                                      transcript=ev.text, usage={"type": "duration", "seconds": 0})
+        elif isinstance(ev, p.ResponseStarted):
+            await self._response_started(ev.turn_id)
+        elif isinstance(ev, p.ResponseToken):
+            r = self.responses.get(ev.turn_id)
+            if r is not None and ev.text:
+                name = ("response.output_audio_transcript.delta" if r.audio_out
+                        else "response.output_text.delta")
+                await self.send_event(name, response_id=r.response_id, item_id=r.item_id,
+                                      output_index=0, content_index=0, delta=ev.text)
+        elif isinstance(ev, p.ResponseAudio):
+            r = self.responses.get(ev.turn_id)
+            if r is not None:
+                await self.send_event("response.output_audio.delta", response_id=r.response_id,
+                                      item_id=r.item_id, output_index=0, content_index=0,
+                                      delta=base64.b64encode(ev.audio).decode("ascii"))
+        elif isinstance(ev, p.ResponseDone):
+            await self._response_done(ev)
+        elif isinstance(ev, p.Error):
+            self.svc.metrics.observe_error(ev.code)
+            kind = rt.INVALID_REQUEST if ev.code in (p.ErrorCode.BAD_AUDIO.value,) else rt.SERVER_ERROR
+            await self.send_frame(self.writer.error(rt.RealtimeError(ev.code, ev.message, kind=kind)))
+
+    async def _transcript_delta(self, ev: p.TranscriptPartial) -> None:
+        sent = self.partials.get(ev.turn_id, "")
+        if not self.config.transcription or not ev.stable.startswith(sent) or ev.stable == sent:
+            return
+        self.partials[ev.turn_id] = ev.stable
+        await self.send_event("conversation.item.input_audio_transcription.delta",
+                              item_id=self._user_item(ev.turn_id), content_index=0,
+                              delta=ev.stable[len(sent):])
+
+    async def _response_started(self, turn_id: int) -> None:
+        s = self.session
+        turn = s.turn
+        audio_out = s.start.output_audio is not None and (turn is None or turn.speak is not False)
+        r = ResponseState(f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}",
+                          audio_out)
+        self.responses[turn_id] = r
+        await self.send_event("response.created", response=self._response(r, "in_progress", []))
+        item = rt.message_item(r.item_id, "assistant", "in_progress", [])
+        await self.send_event("response.output_item.added", response_id=r.response_id,
+                              output_index=0, item=item)
+        await self._item_added(item)
+        part = {"type": "audio", "transcript": ""} if audio_out else {"type": "text", "text": ""}
+        await self.send_event("response.content_part.added", response_id=r.response_id,
+                              item_id=r.item_id, output_index=0, content_index=0, part=part)
+
+    async def _response_done(self, ev: p.ResponseDone) -> None:
+        r = self.responses.pop(ev.turn_id, None)
+        if r is None:
+            return
+        ids = {"response_id": r.response_id, "item_id": r.item_id, "output_index": 0,
+               "content_index": 0}
+        if r.audio_out:
+            await self.send_event("response.output_audio.done", **ids)
+            await self.send_event("response.output_audio_transcript.done", **ids,
+                                  transcript=ev.text)
+            part = {"type": "audio", "transcript": ev.text}
+        else:
+            await self.send_event("response.output_text.done", **ids, text=ev.text)
+            part = {"type": "text", "text": ev.text}
+        await self.send_event("response.content_part.done", **ids, part=part)
+        status, details = _STATUS.get(ev.finish_reason, _STATUS["error"])
+        item_status = "completed" if status == "completed" else "incomplete"
+        item = rt.message_item(r.item_id, "assistant", item_status, [part])
+        await self.send_event("response.output_item.done", response_id=r.response_id,
+                              output_index=0, item=item)
+        if self.writer.flavor is rt.Flavor.GA:
+            await self.send_event("conversation.item.done", previous_item_id=None, item=item)
+        usage = {"total_tokens": ev.prompt_tokens + ev.tokens, "input_tokens": ev.prompt_tokens,
+                 "output_tokens": ev.tokens}
+        await self.send_event("response.done",
+                              response=self._response(r, status, [item], details, usage))
+
+    def _response(self, r: ResponseState, status: str, output: list, details=None,
+                  usage=None) -> dict:
+        modalities = ["audio"] if r.audio_out else ["text"]
+        out = {"id": r.response_id, "object": "realtime.response", "status": status,
+               "status_details": details, "output": output, "usage": usage,
+               "conversation_id": self.session_id}
+        if self.writer.flavor is rt.Flavor.BETA:
+            out["modalities"] = ["text", "audio"] if r.audio_out else ["text"]
+        else:
+            out["output_modalities"] = modalities
+        return out
