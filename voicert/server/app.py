@@ -26,6 +26,7 @@ from voicert.server import access, dashboard
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
 from voicert.server.dashboard import static_file
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
+from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.tts import TtsWorker, load_voice
 from voicert.speech.vad import SileroVad
@@ -34,7 +35,8 @@ from voicert.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
-SESSION_ROUTES = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection}
+SESSION_ROUTES = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection,
+                  TWILIO_PATH: TwilioConnection}
 MAX_DASHBOARDS = 16
 
 

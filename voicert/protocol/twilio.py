@@ -1,0 +1,207 @@
+"""Twilio Media Streams messages (bidirectional ``<Connect><Stream>``). Sans-I/O: JSON text in, typed
+events out, and the JSON for both directions (the server's replies and, for the call simulator,
+what Twilio itself sends). No sockets, no asyncio.
+
+Twilio -> us: ``connected``, ``start``, ``media`` (base64 mu-law, 8 kHz, mono), ``mark`` (echoed when
+our audio before it has played), ``dtmf``, ``stop``. Us -> Twilio: ``media``, ``mark``, ``clear``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+MULAW = "audio/x-mulaw"
+SAMPLE_RATE = 8000
+FRAME_BYTES = 160  # 20 ms of 8 kHz mu-law: the frame size Twilio sends and expects
+
+
+class TwilioError(ValueError):
+    """A message that does not follow the Media Streams format."""
+
+
+@dataclass(slots=True)
+class Connected:
+    protocol: str
+    version: str
+
+
+@dataclass(slots=True)
+class Start:
+    stream_sid: str
+    call_sid: str
+    account_sid: str
+    tracks: list[str]
+    custom_parameters: dict[str, str]
+    encoding: str
+    sample_rate: int
+    channels: int
+
+
+@dataclass(slots=True)
+class Media:
+    track: str
+    chunk: int
+    timestamp_ms: int
+    payload: bytes
+
+
+@dataclass(slots=True)
+class Mark:
+    name: str
+
+
+@dataclass(slots=True)
+class Dtmf:
+    digit: str
+
+
+@dataclass(slots=True)
+class Stop:
+    call_sid: str
+
+
+InboundEvent = Union[Connected, Start, Media, Mark, Dtmf, Stop]
+
+
+def _get(d: Any, key: str, typ: type, where: str) -> Any:
+    if not isinstance(d, dict) or not isinstance(d.get(key), typ):
+        raise TwilioError(f"{where}: missing or bad '{key}'")
+    return d[key]
+
+
+def _int(value: Any, where: str) -> int:
+    """Twilio sends numbers as strings (``"sequenceNumber": "2"``)."""
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise TwilioError(f"{where}: not a number") from None
+
+
+def decode_inbound(text: str | bytes) -> InboundEvent | None:
+    """One message from Twilio -> an event; None for an event type we do not handle (Twilio may
+    add some). Raises TwilioError for malformed messages."""
+    if isinstance(text, bytes):
+        raise TwilioError("binary frame: Media Streams messages are JSON text")
+    try:
+        msg = json.loads(text)
+    except ValueError:
+        raise TwilioError("not valid JSON") from None
+    kind = _get(msg, "event", str, "message")
+    if kind == "connected":
+        return Connected(str(msg.get("protocol", "")), str(msg.get("version", "")))
+    if kind == "start":
+        start = _get(msg, "start", dict, "start")
+        fmt = _get(start, "mediaFormat", dict, "start")
+        return Start(stream_sid=str(msg.get("streamSid") or start.get("streamSid") or ""),
+                     call_sid=str(start.get("callSid", "")),
+                     account_sid=str(start.get("accountSid", "")),
+                     tracks=list(start.get("tracks") or ["inbound"]),
+                     custom_parameters=dict(start.get("customParameters") or {}),
+                     encoding=_get(fmt, "encoding", str, "start.mediaFormat"),
+                     sample_rate=_int(fmt.get("sampleRate"), "start.mediaFormat.sampleRate"),
+                     channels=_int(fmt.get("channels", 1), "start.mediaFormat.channels"))
+    if kind == "media":
+        media = _get(msg, "media", dict, "media")
+        try:
+            payload = base64.b64decode(_get(media, "payload", str, "media"), validate=True)
+        except (binascii.Error, ValueError):
+            raise TwilioError("media.payload is not valid base64") from None
+        return Media(track=str(media.get("track", "inbound")),
+                     chunk=_int(media.get("chunk", 0), "media.chunk"),
+                     timestamp_ms=_int(media.get("timestamp", 0), "media.timestamp"),
+                     payload=payload)
+    if kind == "mark":
+        return Mark(_get(_get(msg, "mark", dict, "mark"), "name", str, "mark"))
+    if kind == "dtmf":
+        return Dtmf(_get(_get(msg, "dtmf", dict, "dtmf"), "digit", str, "dtmf"))
+    if kind == "stop":
+        return Stop(str((msg.get("stop") or {}).get("callSid", "")))
+    return None
+
+
+def _dump(msg: dict[str, Any]) -> str:
+    return json.dumps(msg, separators=(",", ":"))
+
+
+# ---------------------------------------------------------------- us -> Twilio
+
+
+def media_message(stream_sid: str, payload: bytes) -> str:
+    return _dump({"event": "media", "streamSid": stream_sid,
+                  "media": {"payload": base64.b64encode(payload).decode("ascii")}})
+
+
+def mark_message(stream_sid: str, name: str) -> str:
+    return _dump({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
+
+
+def clear_message(stream_sid: str) -> str:
+    return _dump({"event": "clear", "streamSid": stream_sid})
+
+
+def decode_outbound(text: str) -> dict[str, Any]:
+    """A message we sent, as Twilio reads it (for the simulator). Raises TwilioError."""
+    try:
+        msg = json.loads(text)
+    except ValueError:
+        raise TwilioError("not valid JSON") from None
+    kind = _get(msg, "event", str, "message")
+    if kind not in ("media", "mark", "clear"):
+        raise TwilioError(f"Twilio does not accept '{kind}' messages")
+    _get(msg, "streamSid", str, kind)
+    if kind == "media":
+        msg["media"]["payload"] = base64.b64decode(_get(msg["media"], "payload", str, "media"))
+    return msg
+
+
+# ---------------------------------------------------------------- Twilio -> us (the simulator)
+
+
+@dataclass(slots=True)
+class InboundWriter:
+    """Writes what Twilio sends, in its published formats, with running sequence numbers."""
+
+    stream_sid: str
+    call_sid: str
+    account_sid: str = "AC00000000000000000000000000000000"
+    _seq: int = 0
+    _chunk: int = 0
+    custom_parameters: dict[str, str] = field(default_factory=dict)
+
+    def _next(self) -> str:
+        self._seq += 1
+        return str(self._seq)
+
+    def connected(self) -> str:
+        return _dump({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+
+    def start(self, encoding: str = MULAW, sample_rate: int = SAMPLE_RATE) -> str:
+        return _dump({"event": "start", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
+                      "start": {"streamSid": self.stream_sid, "accountSid": self.account_sid,
+                                "callSid": self.call_sid, "tracks": ["inbound"],
+                                "customParameters": self.custom_parameters,
+                                "mediaFormat": {"encoding": encoding, "sampleRate": sample_rate,
+                                                "channels": 1}}})
+
+    def media(self, payload: bytes, timestamp_ms: int) -> str:
+        self._chunk += 1
+        return _dump({"event": "media", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
+                      "media": {"track": "inbound", "chunk": str(self._chunk),
+                                "timestamp": str(timestamp_ms),
+                                "payload": base64.b64encode(payload).decode("ascii")}})
+
+    def mark(self, name: str) -> str:
+        return _dump({"event": "mark", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
+                      "mark": {"name": name}})
+
+    def dtmf(self, digit: str) -> str:
+        return _dump({"event": "dtmf", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
+                      "dtmf": {"track": "inbound_track", "digit": digit}})
+
+    def stop(self) -> str:
+        return _dump({"event": "stop", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
+                      "stop": {"accountSid": self.account_sid, "callSid": self.call_sid}})

@@ -1,0 +1,140 @@
+"""``/twilio``: Twilio Media Streams onto the session core, with the reply spoken back.
+
+The caller's mu-law audio feeds the session (server VAD, barge-in as on any session); the reply is
+spoken in mu-law 8 kHz and sent as 20 ms ``media`` messages, with a ``mark`` after each spoken piece
+so we know what has actually been played (Twilio echoes a mark once the audio before it has played).
+When the caller starts talking while our audio is still queued or playing, we send ``clear`` (Twilio
+drops the unplayed audio) and the session interrupts the reply if it is still being generated.
+
+Twilio has no error channel back to it: malformed messages are logged and counted and the call goes
+on; a call that starts wrong (media before ``start``, a media format other than mu-law 8 kHz mono)
+is closed with 1008 / 1003 and the reason.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from websockets.asyncio.server import ServerConnection
+
+from voicert.agent.session import Services, Session
+from voicert.protocol import native as p
+from voicert.protocol import twilio as tw
+from voicert.server.connection import CLOSE_POLICY, BaseConnection
+
+log = logging.getLogger(__name__)
+TWILIO_PATH = "/twilio"
+CLOSE_UNSUPPORTED_DATA = 1003
+_SILENCE = b"\xff"  # mu-law zero
+
+
+class TwilioConnection(BaseConnection):
+    client_errors = (tw.TwilioError, p.ProtocolError)
+
+    def __init__(self, ws: ServerConnection, services: Services) -> None:
+        super().__init__(ws, services)
+        self.stream_sid = ""
+        self.pending = bytearray()  # reply audio not yet a whole 20 ms frame
+        self.marks: list[str] = []  # marks sent whose audio Twilio has not finished playing
+        self.pieces = 0
+        self.dtmf: list[str] = []
+
+    async def reject(self, exc: Exception) -> None:
+        message = exc.message if isinstance(exc, p.ProtocolError) else str(exc)
+        log.warning("twilio %s: %s", self.stream_sid or self.ws.id, message)
+        self.svc.metrics.observe_error("twilio_bad_message")
+
+    async def fatal(self, code: p.ErrorCode, message: str) -> None:
+        log.warning("twilio %s: closing: %s", self.stream_sid or self.ws.id, message)
+
+    async def dispatch(self, frame: bytes | str) -> bool:
+        event = tw.decode_inbound(frame)
+        if isinstance(event, tw.Media):
+            if self.session is None:
+                await self._refuse(CLOSE_POLICY, "media before start")
+                return True
+            if event.track in ("inbound", "inbound_track"):
+                await self.session.on_audio(event.payload)
+        elif isinstance(event, tw.Start):
+            return await self._start(event)
+        elif isinstance(event, tw.Mark):
+            if event.name in self.marks:  # it and everything before it has been played
+                del self.marks[:self.marks.index(event.name) + 1]
+        elif isinstance(event, tw.Dtmf):
+            self._on_dtmf(event.digit)
+        elif isinstance(event, tw.Stop):
+            if self.session is not None:
+                await self.session.wait_turn(1.0)
+            await self.ws.close(1000, "call ended")
+            return True
+        return False
+
+    async def _refuse(self, code: int, reason: str) -> None:
+        log.warning("twilio %s: %s", self.stream_sid or self.ws.id, reason)
+        self.svc.metrics.observe_error("twilio_refused")
+        await self.ws.close(code, reason)
+
+    async def _start(self, start: tw.Start) -> bool:
+        if self.session is not None:
+            raise tw.TwilioError("a second 'start' on one stream")
+        if (start.encoding, start.sample_rate, start.channels) != (tw.MULAW, tw.SAMPLE_RATE, 1):
+            await self._refuse(CLOSE_UNSUPPORTED_DATA,
+                               f"unsupported media format {start.encoding} {start.sample_rate} Hz "
+                               f"x{start.channels} (expected {tw.MULAW} 8000 Hz mono)")
+            return True
+        if self.svc.draining:
+            await self._refuse(1001, "server shutting down")
+            return True
+        self.stream_sid = start.stream_sid
+        out = p.OutputAudio("mulaw", tw.SAMPLE_RATE) if self.svc.tts is not None else None
+        prompt = start.custom_parameters.get("system_prompt")
+        self.session = Session(f"twilio-{start.call_sid or start.stream_sid}",
+                               p.SessionStart(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
+                               self.svc, self.on_event)
+        self.svc.metrics.session_started()
+        log.info("twilio call %s stream %s started", start.call_sid, start.stream_sid)
+        return False
+
+    def _on_dtmf(self, digit: str) -> None:
+        """Key presses join the conversation as a note the agent can read; no reply is forced."""
+        self.dtmf.append(digit)
+        if self.session is not None:
+            self.session.add_user_text(f"(The caller pressed {digit} on the phone keypad.)")
+
+    # ------------------------------------------------------------ session events -> Twilio
+
+    async def on_event(self, ev: p.ServerEvent) -> None:
+        if isinstance(ev, p.ResponseAudio):
+            if ev.text and ev.seq > 0:
+                await self._mark(f"turn{ev.turn_id}-piece{self.pieces}")
+            self.pieces += 1 if ev.text else 0
+            await self._play(ev.audio)
+        elif isinstance(ev, p.ResponseDone):
+            await self._flush()
+            await self._mark(f"turn{ev.turn_id}-end")
+            self.pieces = 0
+        elif isinstance(ev, p.SpeechStarted):
+            if self.marks or self.pending:  # our audio is still queued at Twilio or playing
+                self.pending.clear()
+                self.marks.clear()
+                await self.send_frame(tw.clear_message(self.stream_sid))
+        elif isinstance(ev, p.Error):
+            self.svc.metrics.observe_error(ev.code)
+            log.warning("twilio %s: %s: %s", self.stream_sid, ev.code, ev.message)
+
+    async def _play(self, audio: bytes) -> None:
+        self.pending += audio
+        whole = len(self.pending) - len(self.pending) % tw.FRAME_BYTES
+        for i in range(0, whole, tw.FRAME_BYTES):
+            await self.send_frame(tw.media_message(self.stream_sid,
+                                                   bytes(self.pending[i:i + tw.FRAME_BYTES])))
+        del self.pending[:whole]
+
+    async def _flush(self) -> None:
+        if self.pending:
+            self.pending += _SILENCE * (tw.FRAME_BYTES - len(self.pending))
+            await self._play(b"")
+
+    async def _mark(self, name: str) -> None:
+        self.marks.append(name)
+        await self.send_frame(tw.mark_message(self.stream_sid, name))
