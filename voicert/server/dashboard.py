@@ -20,14 +20,17 @@ from voicert.telemetry.latency import WATERFALL, TurnRecord
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
-STATIC = {"/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
+STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
+          "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8"),
+          "/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
           "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8")}
 FEED_PATH = "/v1/dashboard"
 TICK_S = 1.0
 
 
 def static_file(path: str, web_dir: Path = WEB_DIR) -> tuple[bytes, str] | None:
-    """(body, content type) for a dashboard route, or None."""
+    """(body, content type) for a static route (the browser client and the dashboard), or None."""
     entry = STATIC.get(path)
     if entry is None:
         return None

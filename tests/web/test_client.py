@@ -1,0 +1,78 @@
+"""The browser client at ``/`` in real headless Debian Chromium with a fake microphone fed from a
+WAV: the page captures it through its AudioWorklet, streams it to ``/v1/stream``, and must show the
+transcript, the streamed reply, its latency, and play the reply's speech; a dropped socket must
+show a visible reconnect."""
+
+from __future__ import annotations
+
+import base64
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from tests.conftest import wav
+from tests.web.browser import ARTIFACTS, Browser, pytestmark, wait_for  # noqa: F401 (pytestmark)
+
+
+def fake_mic_wav(directory: str) -> Path:
+    """1 s of silence, the question, 5 s of silence: PCM16 mono 16 kHz, as Chromium's fake device reads."""
+    x, rate = wav("capital_of_france")
+    pad = np.zeros(rate, np.float32)
+    audio = np.concatenate([pad, x, pad, pad, pad, pad, pad])
+    path = Path(directory) / "mic.wav"
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    return path
+
+
+async def test_browser_client_speaks_through_a_fake_microphone(server):
+    tmp = tempfile.mkdtemp(prefix="voicert-mic-")
+    mic = fake_mic_wav(tmp)
+    browser = Browser(("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                       f"--use-file-for-fake-audio-capture={mic}%noloop",
+                       "--autoplay-policy=no-user-gesture-required"))
+    try:
+        await browser.open()
+        await browser.call("Page.enable")
+        await browser.call("Page.navigate", url=f"http://127.0.0.1:{server.port}/")
+        await wait_for(browser, "document.readyState === 'complete' && !!window.voicert")
+        await browser.js("document.getElementById('start').click()", gesture=True)
+        await wait_for(browser, "document.getElementById('status').textContent === 'live'")
+        user = await wait_for(browser, "[...document.querySelectorAll('.msg.user .text')]"
+                                       ".map(e => e.textContent).join(' ')", timeout=60)
+        assert "france" in user.lower()
+        reply = await wait_for(browser, "(() => { const e = document.querySelector('.msg.agent');"
+                                        " return e && e.dataset.done ? e.textContent : ''; })()",
+                               timeout=60)
+        assert "paris" in reply.lower()
+        latency = await wait_for(browser, "document.querySelector('.lat') ? "
+                                          "document.querySelector('.lat').textContent : ''")
+        assert "ttft" in latency and "ttfa" in latency
+        stats = await browser.js("JSON.stringify(window.voicert.stats)")
+        assert '"audioChunks":0' not in stats, stats  # the reply's speech was scheduled to play
+        assert await browser.js("window.voicert.stats.framesSent") > 100  # > 2 s of mic audio sent
+        shot = await browser.call("Page.captureScreenshot", format="png")
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "client.png").write_bytes(base64.b64decode(shot["data"]))
+
+        # a dropped connection is visible and the client reconnects by itself
+        await browser.js("window.voicert.ws.close(4000, 'test drop')")
+        banner = await wait_for(browser, "document.getElementById('banner').classList.contains('show')"
+                                         " && document.getElementById('banner').textContent")
+        assert "Reconnecting" in banner
+        await wait_for(browser, "document.getElementById('status').textContent === 'live'"
+                                " && window.voicert.stats.reconnects === 1")
+        assert await browser.js("document.getElementById('banner').classList.contains('show')") is False
+
+        # typing works too (a new connection is a new conversation: ask a whole question)
+        await browser.js("document.getElementById('text').value = 'What is the capital of Germany?';"
+                         "document.getElementById('send').click()")
+        await wait_for(browser, "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
+                                " && /berlin/i.test(e.textContent))", timeout=60)
+    finally:
+        await browser.close()
