@@ -17,6 +17,7 @@ from loadgen.caller import CallerStats
 from loadgen.report import write_all
 from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
 from voicert.client import load_for_streaming
+from voicert.protocol import native as p
 
 
 def by_concurrency(stats: CallerStats) -> dict[int, CallerStats]:
@@ -48,11 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-ms", type=float, default=100.0)
     ap.add_argument("--out", default="artifacts/loadgen")
     ap.add_argument("--title", default="voicert load")
+    ap.add_argument("--speak", action="store_true",
+                    help="ask for spoken replies (pcm16 24 kHz): time to first audio is measured too")
     args = ap.parse_args(argv)
     if not args.wav:
         ap.error("no WAV files (give --wav)")
     spec = LoadSpec(args.url, [load_for_streaming(w) for w in args.wav], args.duration, args.ramp,
-                    args.turns, args.think, args.turn_timeout, max_turns=args.max_turns)
+                    args.turns, args.think, args.turn_timeout, max_turns=args.max_turns,
+                    output_audio=p.OutputAudio("pcm16", 24000) if args.speak else None)
     t0 = time.monotonic()
 
     def progress(n, stats, held):

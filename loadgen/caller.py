@@ -26,6 +26,7 @@ class TurnSample:
     stages: dict[str, float] = field(default_factory=dict)  # server turn.latency
     client_ttft_ms: float | None = None  # last frame of speech sent -> first token received
     client_done_ms: float | None = None  # last frame of speech sent -> response.done received
+    client_ttfa_ms: float | None = None  # last frame of speech sent -> first reply audio (--speak)
     finish_reason: str = ""
     transcript: str = ""
 
@@ -37,12 +38,13 @@ class CallerStats:
     timeouts: int = 0  # turns with no response.done within the turn timeout
     dropped: int = 0  # sessions whose connection failed or closed unexpectedly
     sessions: int = 0
+    server: dict[str, float] = field(default_factory=dict)  # batch sizes, GPU use (loadgen/probe.py)
 
 
 class Caller:
     def __init__(self, url: str, clips: list[tuple[np.ndarray, int]], *, turns: int,
                  think_s: float, turn_timeout_s: float, concurrency: int, seed: int,
-                 trailing_silence_s: float = 1.2) -> None:
+                 trailing_silence_s: float = 1.2, output_audio: p.OutputAudio | None = None) -> None:
         self.url = url
         self.clips = clips
         self.turns = turns
@@ -51,6 +53,7 @@ class Caller:
         self.concurrency = concurrency
         self.rng = random.Random(seed)
         self.silence_s = trailing_silence_s
+        self.output_audio = output_audio  # ask for the reply's speech too
 
     async def session(self, stats: CallerStats, stop_at: float, max_turns: int = 0) -> None:
         """One session of up to ``turns`` turns; stops early at ``stop_at`` (monotonic s) or once
@@ -59,7 +62,8 @@ class Caller:
         rate = self.clips[0][1]
         try:
             async with connect(self.url, max_size=None, compression=None, open_timeout=10) as ws:
-                await ws.send(p.encode(p.SessionStart(sample_rate=rate)))
+                await ws.send(p.encode(p.SessionStart(sample_rate=rate,
+                                                      output_audio=self.output_audio)))
                 started = p.decode_server(await asyncio.wait_for(ws.recv(), 10))
                 if started["type"] != "session.started":
                     stats.errors += 1
@@ -100,30 +104,34 @@ class Caller:
         except ConnectionClosed:
             reader.cancel()
             raise
-        first, done = reader.result()
+        first, done, audio = reader.result()
         if first:
             sample.client_ttft_ms = (first - speech_end) / 1e6
+        if audio:
+            sample.client_ttfa_ms = (audio - speech_end) / 1e6
         if done:
             sample.client_done_ms = (done - speech_end) / 1e6
         stats.turns.append(sample)
         return True
 
-    async def _read(self, ws, sample: TurnSample, stats: CallerStats) -> tuple[int, int]:
-        first = done = 0
+    async def _read(self, ws, sample: TurnSample, stats: CallerStats) -> tuple[int, int, int]:
+        first = done = audio = 0
         while True:
             ev = p.decode_server(await ws.recv())
             kind = ev["type"]
             if kind == "response.token" and not first:
                 first = time.perf_counter_ns()
+            elif kind == "response.audio" and not audio:
+                audio = time.perf_counter_ns()
             elif kind == "transcript.final":
                 sample.transcript = ev["text"]
                 if not ev["text"]:
-                    return first, done  # nothing recognised: no reply will come
+                    return first, done, audio  # nothing recognised: no reply will come
             elif kind == "response.done":
                 done = time.perf_counter_ns()
                 sample.finish_reason = ev["finish_reason"]
             elif kind == "turn.latency":
                 sample.stages = ev["stages"]
-                return first, done
+                return first, done, audio
             elif kind == "error":
                 stats.errors += 1

@@ -12,7 +12,7 @@ from voicert.telemetry.latency import WATERFALL
 
 ROWS = ("endpoint_ms", "asr_ms", "asr_wait_ms", "asr_decode_ms", "dispatch_ms", "queue_ms",
         "prefill_ms", "handoff_ms", "first_token_ms", "send_ms", "ttft_ms", "voice_to_first_token_ms",
-        "client_ttft_ms", "client_done_ms")
+        "tts_ms", "ttfa_ms", "client_ttft_ms", "client_ttfa_ms", "client_done_ms")
 
 
 def values(stats: CallerStats, name: str) -> list[float]:
@@ -34,7 +34,10 @@ def summarize(levels: dict[int, CallerStats]) -> dict:
             "turns": len(stats.turns), "sessions": stats.sessions, "errors": stats.errors,
             "timeouts": stats.timeouts, "dropped": stats.dropped,
             "stages": {name: pcts(v) for name in ROWS if (v := values(stats, name))},
+            "server": stats.server,
         }
+        p99 = {k: q["p99"] for k, q in out[str(n)]["stages"].items() if k in WATERFALL}
+        out[str(n)]["dominant_p99"] = max(p99, key=p99.get) if p99 else None
     return out
 
 
@@ -51,6 +54,18 @@ def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> s
                     if first else "| | | | | ")
             lines.append(f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | {q['p99']:.1f} |")
             first = False
+    lines += ["", "Dominant waterfall stage at P99: " + ", ".join(
+        f"{level} sessions: {s['dominant_p99']}" for level, s in summary.items()
+        if s.get("dominant_p99")) + "."]
+    servers = {level: s["server"] for level, s in summary.items() if s.get("server")}
+    if servers:
+        keys = ("engine_batch_mean", "asr_batch_mean", "prefix_hit_ratio", "gpu_util_mean",
+                "gpu_util_max", "gpu_mem_max_mib")
+        lines += ["", "| sessions | " + " | ".join(keys) + " |",
+                  "|---:|" + "---:|" * len(keys)]
+        for level, srv in servers.items():
+            lines.append(f"| {level} | " + " | ".join(
+                f"{srv[k]:.2f}" if k in srv else "-" for k in keys) + " |")
     return "\n".join(lines)
 
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from loadgen.caller import Caller, CallerStats
+from loadgen.probe import LevelProbe, metrics_url
+from voicert.protocol import native as p
 
 
 @dataclass
@@ -24,6 +26,7 @@ class LoadSpec:
     turn_timeout_s: float = 30.0
     seed: int = 0
     max_turns: int = 0  # stop once this many turns are done (0: run for the duration)
+    output_audio: p.OutputAudio | None = None  # ask for spoken replies (time to first audio)
 
 
 async def closed_loop(spec: LoadSpec, callers: int) -> CallerStats:
@@ -37,7 +40,7 @@ async def closed_loop(spec: LoadSpec, callers: int) -> CallerStats:
         await asyncio.sleep(spec.ramp_s * i / max(callers, 1))
         caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
                         turn_timeout_s=spec.turn_timeout_s, concurrency=callers,
-                        seed=spec.seed * 1000 + i)
+                        seed=spec.seed * 1000 + i, output_audio=spec.output_audio)
         while time.monotonic() < stop_at and not (spec.max_turns and
                                                   len(stats.turns) >= spec.max_turns):
             await caller.session(stats, stop_at, spec.max_turns)
@@ -59,7 +62,8 @@ async def open_loop(spec: LoadSpec, sessions_per_s: float, max_sessions: int = 1
         nonlocal open_now
         open_now += 1
         caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
-                        turn_timeout_s=spec.turn_timeout_s, concurrency=open_now, seed=i)
+                        turn_timeout_s=spec.turn_timeout_s, concurrency=open_now, seed=i,
+                        output_audio=spec.output_audio)
         try:
             await caller.session(stats, stop_at + spec.turn_timeout_s)
         finally:
@@ -80,8 +84,11 @@ async def sweep(spec: LoadSpec, levels: list[int], budget_ms: float,
     server-side P99 TTFT held the budget with no errors, timeouts or drops (None if none did)."""
     results: dict[int, CallerStats] = {}
     best = None
+    probe = LevelProbe(metrics_url(spec.url))
     for n in levels:
+        await asyncio.to_thread(probe.begin)
         stats = await closed_loop(spec, n)
+        stats.server = await asyncio.to_thread(probe.end)
         results[n] = stats
         ttfts = [t.stages["ttft_ms"] for t in stats.turns if "ttft_ms" in t.stages]
         held = (bool(ttfts) and float(np.percentile(ttfts, 99)) <= budget_ms

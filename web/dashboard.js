@@ -3,7 +3,7 @@
 
 const COLORS = ["#9e9e9e", "#1f77b4", "#8c564b", "#ff7f0e", "#2ca02c", "#9467bd", "#17becf"];
 const PCT_STAGES = ["endpoint_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "send_ms",
-                    "ttft_ms", "voice_to_first_token_ms"];
+                    "ttft_ms", "voice_to_first_token_ms", "ttfa_ms"];
 const state = { turns: [], waterfall: [], budget: 100, series: [], maxTurns: 200 };
 
 function percentile(xs, q) {

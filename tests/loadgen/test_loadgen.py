@@ -6,6 +6,7 @@ from loadgen.__main__ import by_concurrency
 from loadgen.report import write_all
 from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
 from tests.conftest import wav
+from voicert.protocol import native as p
 
 
 def spec(url, **kw):
@@ -19,6 +20,7 @@ async def test_closed_loop_measures_client_and_server_latency(url, tmp_path):
     assert stats.turns and not (stats.errors or stats.timeouts or stats.dropped)
     for t in stats.turns:
         assert t.concurrency == 2 and t.finish_reason in ("stop", "length")
+        assert t.client_ttfa_ms is None  # no speech asked for
         assert t.stages["ttft_ms"] > 0
         # the caller waits through the endpointer's silence; its view includes the server's TTFT
         assert t.client_ttft_ms > t.stages["ttft_ms"]
@@ -32,6 +34,13 @@ async def test_closed_loop_measures_client_and_server_latency(url, tmp_path):
         assert files[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+async def test_spoken_replies_measure_time_to_first_audio(url):
+    stats = await closed_loop(spec(url, output_audio=p.OutputAudio("pcm16", 24000)), 1)
+    assert stats.turns and not stats.errors
+    for t in stats.turns:
+        assert t.client_ttfa_ms > t.client_ttft_ms and t.stages["ttfa_ms"] > 0
+
+
 async def test_open_loop_groups_turns_by_open_sessions(url):
     stats = await open_loop(spec(url, duration_s=2.0), sessions_per_s=1.5)
     assert stats.sessions >= 1 and stats.turns
@@ -40,8 +49,13 @@ async def test_open_loop_groups_turns_by_open_sessions(url):
     assert all(t.concurrency == n for n, s in levels.items() for t in s.turns)
 
 
-async def test_sweep_reports_the_largest_level_within_budget(url):
-    _, best = await sweep(spec(url, duration_s=1.0), [1], budget_ms=60_000)
+async def test_sweep_reports_the_largest_level_within_budget(url, tmp_path):
+    levels, best = await sweep(spec(url, duration_s=1.0), [1], budget_ms=60_000)
     assert best == 1
+    server = levels[1].server  # from the server's /metrics over the level
+    assert server["engine_batch_mean"] >= 1 and server["asr_batch_mean"] >= 1
+    assert 0 <= server["prefix_hit_ratio"] <= 1
+    md = write_all(levels, tmp_path, 60_000, best, "t", {})["markdown"].read_text()
+    assert "engine_batch_mean" in md and "Dominant waterfall stage at P99: 1 sessions:" in md
     _, none = await sweep(spec(url, duration_s=1.0), [1], budget_ms=0.001)
     assert none is None

@@ -1,0 +1,107 @@
+"""What the server and the GPU did during a load level: engine and ASR batch sizes from the
+server's ``/metrics`` (deltas over the level), and GPU utilisation and memory sampled from
+``nvidia-smi`` when it exists."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import threading
+import urllib.request
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+HISTOGRAMS = {"engine_batch": "voicert_engine_batch_size", "asr_batch": "voicert_asr_batch_size"}
+
+
+def metrics_url(ws_url: str) -> str:
+    """ws://host:port/path -> http://host:port/metrics"""
+    scheme, rest = ws_url.split("://", 1)
+    host = rest.split("/", 1)[0].split("?", 1)[0]
+    return f"{'https' if scheme == 'wss' else 'http'}://{host}/metrics"
+
+
+def scrape(url: str) -> dict[str, float]:
+    """Sum and count of the batch-size histograms, and the gauges we report. {} if unreachable."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            for key, name in HISTOGRAMS.items():
+                if s.name == f"{name}_sum":
+                    out[f"{key}_sum"] = out.get(f"{key}_sum", 0.0) + s.value
+                elif s.name == f"{name}_count":
+                    out[f"{key}_count"] = out.get(f"{key}_count", 0.0) + s.value
+            if s.name == "voicert_prefix_cache_hit_ratio":
+                out["prefix_hit_ratio"] = s.value
+    return out
+
+
+@dataclass
+class GpuSampler:
+    """``nvidia-smi`` every ``period_ms`` on a thread: utilisation % and memory MiB of GPU 0."""
+
+    period_ms: int = 200
+    util: list[float] = field(default_factory=list)
+    mem_mib: list[float] = field(default_factory=list)
+    _proc: subprocess.Popen | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> "GpuSampler":
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            return self
+        self._proc = subprocess.Popen(
+            [exe, "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
+             "-i", "0", f"-lms={self.period_ms}"], stdout=subprocess.PIPE, text=True)
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self._proc.stdout:
+            try:
+                u, m = (float(x) for x in line.split(","))
+            except ValueError:
+                continue
+            self.util.append(u)
+            self.mem_mib.append(m)
+
+    def stop(self) -> dict[str, float]:
+        if self._proc is not None:
+            self._proc.terminate()
+            self._proc.wait(5)
+        if not self.util:
+            return {}
+        return {"gpu_util_mean": sum(self.util) / len(self.util), "gpu_util_max": max(self.util),
+                "gpu_mem_max_mib": max(self.mem_mib), "gpu_samples": len(self.util)}
+
+
+@dataclass
+class LevelProbe:
+    """Bracket one load level: :meth:`begin` before, :meth:`end` after -> the level's figures."""
+
+    url: str
+    _before: dict[str, float] = field(default_factory=dict)
+    _gpu: GpuSampler | None = None
+
+    def begin(self) -> None:
+        self._before = scrape(self.url)
+        self._gpu = GpuSampler().start()
+
+    def end(self) -> dict[str, float]:
+        after = scrape(self.url)
+        out = self._gpu.stop() if self._gpu is not None else {}
+        for key in HISTOGRAMS:
+            n = after.get(f"{key}_count", 0.0) - self._before.get(f"{key}_count", 0.0)
+            if n > 0:
+                out[f"{key}_mean"] = (after[f"{key}_sum"] - self._before.get(f"{key}_sum", 0.0)) / n
+                out[f"{key}_steps"] = n
+        if "prefix_hit_ratio" in after:
+            out["prefix_hit_ratio"] = after["prefix_hit_ratio"]
+        return out
