@@ -123,6 +123,9 @@ def write_all(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float, b
         indent=1))
     md = markdown(summary, budget_ms, best, title)
     (out_dir / "report.md").write_text(md + "\n")
-    pngs = plots(levels, out_dir, budget_ms)
+    try:
+        pngs = plots(levels, out_dir, budget_ms)
+    except ImportError:  # matplotlib is optional (the loadgen extra): the JSON and Markdown stand
+        pngs = []
     return {"json": out_dir / "result.json", "markdown": out_dir / "report.md",
             **{p.stem: p for p in pngs}}
