@@ -32,6 +32,7 @@ class CallResult:
     media_sizes: list[int] = field(default_factory=list)
     marks_echoed: list[str] = field(default_factory=list)
     clears: int = 0
+    played_at_clear: list[int] = field(default_factory=list)  # len(played) when each clear came
     first_audio_after_speech_s: list[float] = field(default_factory=list)  # per utterance
     close_code: int | None = None
     close_reason: str = ""
@@ -109,6 +110,7 @@ class TwilioCall:
                 self.playback.push(msg["mark"]["name"])
             elif msg["event"] == "clear":
                 self.result.clears += 1
+                self.result.played_at_clear.append(len(self.result.played))
                 for name in self.playback.clear():
                     await self._echo(name)
 

@@ -44,10 +44,15 @@ class ServerConfig:
     allowed_origins: str = ""  # comma-separated browser origins (scheme://host:port); "": any
     max_messages_per_s: float = 200.0  # per connection, averaged (20 ms audio frames are 50/s)
     message_burst: int = 400  # messages a connection may send at once above the average
+    gil_switch_interval_ms: float = 5.0  # sys.setswitchinterval: how long a thread may hold the GIL
+    # while another waits. The engine and ASR threads wait on the event loop's Python work; under
+    # load a shorter interval (0.5 ms) hands them the GIL sooner. 5.0 is Python's default.
 
     def __post_init__(self) -> None:
         _check(self.max_messages_per_s >= 0, "server.max_messages_per_s", "must be >= 0 (0: off)")
         _check(self.message_burst >= 1, "server.message_burst", "must be >= 1")
+        _check(0.05 <= self.gil_switch_interval_ms <= 100, "server.gil_switch_interval_ms",
+               "must be in [0.05, 100]")
         _check(0 <= self.port <= 65535, "server.port", f"{self.port} is not a TCP port (0-65535)")
         _check(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be >= 1024")
         _check(self.max_sessions >= 1, "server.max_sessions", "must be >= 1")

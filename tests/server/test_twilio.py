@@ -55,7 +55,11 @@ async def test_caller_talking_over_the_reply_clears_playback(server, services):
         await call.wait_played()
         result = call.result
     assert len(result.played) < len(result.received)  # part of the first reply never played
-    assert "paris" in hear(services, result.played[-8000 * 4:])  # the second reply did
+    # the reply to the second question played in full after the clear (its words depend on the
+    # interrupted history, so only check that it is speech)
+    second = result.played[result.played_at_clear[-1]:]
+    assert len(second) > 8000 // 2 and len(hear(services, second).split()) >= 2
+    assert result.marks_echoed[-1].endswith("-end") and result.marks_echoed[-1] != "turn1-end"
 
 
 async def test_dtmf_is_taken_and_bad_messages_do_not_end_the_call(server, services):
