@@ -83,6 +83,8 @@ class VadConfig:
     speech_pad_ms: int = 200  # audio kept before speech start and sent to ASR
     max_utterance_s: float = 30.0  # a turn is cut (endpointed) at this length
     barge_in: bool = True  # speech (past min_speech_ms) during a reply interrupts it
+    threads: int = 0  # 0: score VAD windows on the event loop; N: on N worker threads (ONNX
+    # releases the GIL, so many sessions' windows are scored in parallel, off the loop)
 
     def __post_init__(self) -> None:
         _check(0 < self.threshold < 1, "vad.threshold", "must be in (0, 1)")
@@ -92,6 +94,7 @@ class VadConfig:
         _check(self.min_silence_ms >= 32, "vad.min_silence_ms", "must be >= 32 (one VAD frame)")
         _check(self.speech_pad_ms >= 0, "vad.speech_pad_ms", "must be >= 0")
         _check(self.max_utterance_s > 1, "vad.max_utterance_s", "must be > 1")
+        _check(0 <= self.threads <= 64, "vad.threads", "must be in [0, 64]")
 
 
 @dataclass(slots=True)
@@ -139,6 +142,8 @@ class LlmConfig:
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster, not identical to fp32)
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode
+    own_stream: bool = True  # GPU: the engine runs on its own high-priority CUDA stream, so that
+    # Whisper (CTranslate2, another stream) never serialises with it on the default stream
 
     def __post_init__(self) -> None:
         _check(self.engine in ("fast", "simple"), "llm.engine", "must be fast or simple")

@@ -131,3 +131,30 @@ async def test_live_partial_transcripts_grow_stable_text(services):
     assert "london" in final["text"].lower()
     assert "weather" in (partials[-1]["stable"] + " " + partials[-1]["unstable"]).lower()
 
+
+
+async def test_vad_on_worker_threads_gives_the_same_turns_as_on_the_loop(services, url):
+    """vad.threads > 0 moves the model off the event loop; the events must not change."""
+    import dataclasses
+    from concurrent.futures import ThreadPoolExecutor
+
+    from voicert.server.app import STREAM_PATH, VoiceServer
+
+    pool = ThreadPoolExecutor(2, thread_name_prefix="test-vad")
+    srv = VoiceServer(dataclasses.replace(services, vad_pool=pool, cfg=dataclasses.replace(
+        services.cfg, server=dataclasses.replace(services.cfg.server, port=0))))
+    await srv.start()
+    try:
+        clips = [wav("capital_of_france"), wav("what_about_germany")]
+        inline = await stream_audio(url, clips, realtime=False)
+        threaded = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", clips,
+                                      realtime=False)
+    finally:
+        await srv.shutdown()
+        pool.shutdown()
+
+    def vad_events(result):
+        return [(e["type"], e["audio_ms"]) for e in result.events if e["type"].startswith("vad.")]
+
+    assert vad_events(threaded) == vad_events(inline) and len(vad_events(inline)) == 4
+    assert [t.transcript for t in threaded.turns] == [t.transcript for t in inline.turns]

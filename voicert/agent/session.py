@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from concurrent.futures import Executor
 import logging
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -43,6 +44,7 @@ class Services:
     engine: Engine
     metrics: Metrics = field(default_factory=Metrics)
     tts: TtsWorker | None = None  # speech out; None when tts.engine is none
+    vad_pool: Executor | None = None  # vad.threads > 0: VAD windows are scored here, off the loop
     draining: bool = False  # set at shutdown: no new turns start
 
 
@@ -127,7 +129,14 @@ class Session:
             raise p.ProtocolError(p.ErrorCode.BAD_AUDIO, str(exc)) from None
         x16 = self.resampler(x)
         self.audio.append(x16)
-        for prob in self.vad.push(x16):
+        if self.svc.vad_pool is not None and self.vad.completes_window(x16.size):
+            # the model runs on a worker thread (ONNX releases the GIL); frames of one session
+            # stay in order because its connection awaits each one
+            probs = await asyncio.get_running_loop().run_in_executor(
+                self.svc.vad_pool, self.vad.push, x16)
+        else:
+            probs = self.vad.push(x16)
+        for prob in probs:
             result = self.endpointer.step(float(prob))
             if result.voiced:
                 self.last_voice_ns = received_ns

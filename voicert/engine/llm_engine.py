@@ -48,6 +48,7 @@ class EngineConfig:
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
+    own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
 
 
 class LLMEngine:
@@ -163,7 +164,18 @@ class LLMEngine:
 
     # ------------------------------------------------------------ the engine thread
 
+    def _use_own_stream(self) -> None:
+        """Put this (engine) thread on a non-blocking CUDA stream of the highest priority. Other GPU
+        users in the process (CTranslate2's Whisper) run on blocking streams, which serialise with
+        the legacy default stream: off it, the engine's kernels overlap theirs and go first."""
+        torch.cuda.synchronize()  # weights and captured graphs were made on other streams
+        # a priority below the range maps to the highest one the device has
+        self._stream = torch.cuda.Stream(device=self.cfg.device, priority=-100)
+        torch.cuda.set_stream(self._stream)
+
     def _loop(self) -> None:
+        if self.cfg.own_stream and str(self.cfg.device).startswith("cuda"):
+            self._use_own_stream()
         sched = self.scheduler
         while True:
             block = not sched.has_work()

@@ -11,6 +11,7 @@ import http
 import logging
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from websockets.asyncio.server import Server, ServerConnection, serve
@@ -55,8 +56,11 @@ def load_services(cfg: Config) -> Services:
     if tts is not None:
         tts.warmup()
         log.info("tts ready (%s, %d Hz)", cfg.tts.engine, tts.sample_rate)
+    vad_pool = (ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
+                if cfg.vad.threads > 0 else None)
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
-                    metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts)
+                    metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts,
+                    vad_pool=vad_pool)
 
 
 def build_engine(cfg: Config):
@@ -76,7 +80,8 @@ def build_engine(cfg: Config):
         batch_window_ms=llm.batch_window_ms, spec_tokens=llm.spec_tokens,
         draft_model=llm.draft_model,
         max_context_tokens=llm.max_context_tokens, int8=llm.int8,
-        cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda")))
+        cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda"),
+        own_stream=llm.own_stream and llm.device.startswith("cuda")))
 
 
 def _response(status: http.HTTPStatus, data: bytes, content_type: str) -> Response:
@@ -257,6 +262,8 @@ class VoiceServer:
         services.asr.close()
         if services.tts is not None:
             services.tts.close()
+        if services.vad_pool is not None:
+            services.vad_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -66,6 +66,10 @@ class VadStream:
         self._pending = np.zeros(0, np.float32)
         self.windows_done = 0
 
+    def completes_window(self, n: int) -> bool:
+        """Whether pushing ``n`` more samples completes a window (and so runs the model)."""
+        return self._pending.size + n >= FRAME
+
     def push(self, samples: np.ndarray) -> np.ndarray:
         """samples [N] float32 16 kHz -> probabilities [W] for the windows completed by this push."""
         buf = np.concatenate([self._pending, samples]) if self._pending.size else samples
