@@ -142,6 +142,8 @@ class LlmConfig:
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster, not identical to fp32)
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode
+    process: bool = False  # run the fast engine in a process of its own (no GIL shared with the
+    # event loop, VAD and ASR threads); startup is a few seconds longer
     own_stream: bool = True  # GPU: the engine runs on its own high-priority CUDA stream, so that
     # Whisper (CTranslate2, another stream) never serialises with it on the default stream
 

@@ -27,12 +27,18 @@ class TokenStream:
         """Called on the engine thread with one step's events: one loop wake-up per event loop,
         however many streams and tokens the step produced."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, TokenEvent]]] = {}
+        by_key: dict[object, list] = {}
         for stream, event in items:
             loop = getattr(stream, "_loop", None)
-            if loop is None:  # not a TokenStream (e.g. a warm-up sink): deliver directly
-                stream.put_threadsafe(event)
-            else:
+            key = getattr(stream, "batch_key", None)
+            if loop is not None:
                 by_loop.setdefault(loop, []).append((stream, event))
+            elif key is not None:  # a sink that takes a step's events at once (engine process)
+                by_key.setdefault(key, []).append((stream, event))
+            else:  # e.g. a warm-up sink: deliver directly
+                stream.put_threadsafe(event)
+        for key, batch in by_key.items():
+            key.deliver(batch)
         for loop, batch in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, batch)

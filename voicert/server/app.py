@@ -69,11 +69,7 @@ def build_engine(cfg: Config):
     llm = cfg.llm
     if llm.engine == "simple":
         return SimpleEngine(model_dir, llm)
-    if llm.threads > 0:
-        import torch
-
-        torch.set_num_threads(llm.threads)
-    return LLMEngine(model_dir, EngineConfig(
+    engine_cfg = EngineConfig(
         device=llm.device, dtype=llm.dtype, block_size=llm.block_size,
         kv_memory_gb=llm.kv_memory_gb, gpu_memory_fraction=llm.gpu_memory_fraction,
         max_batch=llm.max_batch, prefill_token_budget=llm.prefill_token_budget,
@@ -81,7 +77,16 @@ def build_engine(cfg: Config):
         draft_model=llm.draft_model,
         max_context_tokens=llm.max_context_tokens, int8=llm.int8,
         cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda"),
-        own_stream=llm.own_stream and llm.device.startswith("cuda")))
+        own_stream=llm.own_stream and llm.device.startswith("cuda"))
+    if llm.process:
+        from voicert.engine.remote import EngineProcess
+
+        return EngineProcess(model_dir, engine_cfg, threads=llm.threads)
+    if llm.threads > 0:
+        import torch
+
+        torch.set_num_threads(llm.threads)
+    return LLMEngine(model_dir, engine_cfg)
 
 
 def _response(status: http.HTTPStatus, data: bytes, content_type: str) -> Response:

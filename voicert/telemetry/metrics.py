@@ -102,6 +102,9 @@ class Metrics:
         if sched is not None:
             self.queue_depth.set(len(sched.waiting))
             self.running.set(len(sched.running))
+        elif hasattr(engine, "queue_depth"):  # the engine process: figures from its last stats
+            self.queue_depth.set(engine.queue_depth)
+            self.running.set(engine.running)
         else:
             self.running.set(stats.active)
         drain = getattr(engine, "drain_batch_sizes", None)
