@@ -67,6 +67,24 @@ async def test_missing_or_wrong_token_is_401_on_every_websocket_route(guarded):
     assert await refused(base + STREAM_PATH, additional_headers={"Authorization": "Bearer nope"}) == 401
     assert await refused(base + "/v1/dashboard") == 401
     assert await refused(base + "/v1/dashboard?token=nope") == 401
+    assert await refused(base + "/v1/realtime?model=x") == 401
+    assert await refused(base + "/twilio?token=nope") == 401
+
+
+async def test_realtime_and_twilio_accept_the_token(guarded):
+    import json
+
+    from voicert.protocol import twilio as tw
+
+    base = f"ws://127.0.0.1:{guarded.port}"
+    async with connect(base + "/v1/realtime?model=x",
+                       additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+        assert json.loads(await ws.recv())["type"] == "session.created"  # how the SDK sends it
+    async with connect(base + "/twilio?token=s3cret") as ws:  # how a TwiML <Stream> URL carries it
+        await ws.send(tw.InboundWriter("MZ1", "CA1").start())
+        await ws.send(tw.InboundWriter("MZ1", "CA1").stop())
+        await ws.wait_closed()
+        assert ws.close_code == 1000
 
 
 async def test_foreign_browser_origin_is_403(guarded):

@@ -5,7 +5,8 @@ session), the VAD threads and the ASR worker; under load it gets too little host
 kernels (docs/benchmarks.md section 8). Here the :class:`LLMEngine` runs in a child process (spawned:
 CUDA cannot be forked) and this proxy implements the same :class:`Engine` interface in the server:
 
-- requests go down one pipe (pickled :class:`GenerationRequest`, or a cancel);
+- requests go down one pipe (pickled :class:`GenerationRequest`, or a cancel); the child's
+  receiving thread applies the chat template and tokenises, so the engine thread only steps;
 - each engine step's token events come back up another pipe as one message, read by one thread
   here and handed to asyncio with one loop wake-up (as in-process).
 
@@ -69,6 +70,7 @@ def _child(model_dir: str, cfg, threads: int, requests, events) -> None:
         if threads > 0:
             torch.set_num_threads(threads)
         from voicert.engine.llm_engine import LLMEngine
+        from voicert.engine.prompt import build_prompt
 
         engine = LLMEngine(model_dir, cfg)
         engine.warmup()
@@ -84,6 +86,9 @@ def _child(model_dir: str, cfg, threads: int, requests, events) -> None:
         kind = msg[0]
         if kind == "submit":
             request: GenerationRequest = msg[1]
+            if request.prompt_ids is None:  # chat template + tokenise here, not between steps
+                budget = cfg.max_context_tokens - request.max_new_tokens
+                request.prompt_ids = build_prompt(engine.tokenizer, request.messages, budget)
             engine.ledger.opened(request.request_id)
             engine._inbox.put(("submit", request, _Sink(request.request_id, channel)))
         elif kind == "cancel":
