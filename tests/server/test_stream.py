@@ -307,3 +307,39 @@ async def test_graceful_shutdown_lets_the_running_turn_finish(services):
     with pytest.raises(OSError):
         async with connect(url, open_timeout=2):
             pass
+
+
+async def test_slow_reader_is_disconnected_and_its_reply_freed(services):
+    """A client that stops reading (its receive window full) while a long spoken reply streams:
+    after server.send_timeout_s the server gives up on it (close 1008, its reply cancelled if still
+    running), the engine holds nothing for it, and another session is served normally."""
+    import socket
+
+    srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
+        services.cfg, server=dataclasses.replace(services.cfg.server, port=0, send_timeout_s=1.0))))
+    await srv.start()
+    try:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that falls behind
+        sock.connect(("127.0.0.1", srv.port))
+        ws = await connect(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", sock=sock, max_queue=1)
+        await ws.send(p.encode(p.SessionStart(output_audio=p.OutputAudio("f32", 48000),
+                                              max_new_tokens=200)))
+        await recv_until(ws, "session.started")
+        # loopback buffers autotune to megabytes; a small server-side send buffer stands in for a
+        # long network path to a client that has stopped reading
+        server_sock = next(iter(srv.connections)).ws.transport.get_extra_info("socket")
+        server_sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8192)
+        await ws.send(p.encode(p.UserText("Count from one to one hundred, one number at a time.")))
+        await asyncio.sleep(0.5)
+        assert srv.connections  # the reply is streaming into the full socket
+        for _ in range(200):  # never read: wait for the server to give up on this client
+            if not srv.connections:
+                break
+            await asyncio.sleep(0.1)
+        assert not srv.connections
+        assert not services.engine.live_requests()  # the reply was cancelled, its state freed
+        ws.transport.abort()
+        await assert_server_still_serves(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}")
+    finally:
+        await srv.shutdown()

@@ -45,8 +45,13 @@ class BaseConnection:
         except ConnectionClosed:
             self.closed = True
         except TimeoutError:
+            if self.closed:
+                return  # another send already gave up on this reader
             log.warning("connection %s: slow reader, closing", self.ws.id)
             self.closed = True
+            self.svc.metrics.observe_error("slow_reader")
+            if self.session is not None:
+                self.session.cancel_response()  # free the engine now, not when the socket goes
             asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "slow reader"))
 
     async def dispatch(self, frame: bytes | str) -> bool:
