@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-ms", type=float, default=100.0)
     ap.add_argument("--out", default="artifacts/loadgen")
     ap.add_argument("--title", default="voicert load")
+    ap.add_argument("--procs", type=int, default=1,
+                    help="closed loop / sweep: split the callers over this many processes (use "
+                         "several beyond ~64 sessions: one process falls behind real time)")
     ap.add_argument("--speak", action="store_true",
                     help="ask for spoken replies (pcm16 24 kHz): time to first audio is measured too")
     args = ap.parse_args(argv)
@@ -56,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("no WAV files (give --wav)")
     spec = LoadSpec(args.url, [load_for_streaming(w) for w in args.wav], args.duration, args.ramp,
                     args.turns, args.think, args.turn_timeout, max_turns=args.max_turns,
-                    output_audio=p.OutputAudio("pcm16", 24000) if args.speak else None)
+                    output_audio=p.OutputAudio("pcm16", 24000) if args.speak else None,
+                    procs=max(1, args.procs))
     t0 = time.monotonic()
 
     def progress(n, stats, held):

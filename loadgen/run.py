@@ -27,26 +27,64 @@ class LoadSpec:
     seed: int = 0
     max_turns: int = 0  # stop once this many turns are done (0: run for the duration)
     output_audio: p.OutputAudio | None = None  # ask for spoken replies (time to first audio)
+    procs: int = 1  # closed loop: load generator processes the callers are split over
 
 
 async def closed_loop(spec: LoadSpec, callers: int) -> CallerStats:
     """``callers`` concurrent callers, started evenly over the ramp, each running sessions back to
-    back until the duration ends. Bounded: every session stops at the deadline."""
+    back until the duration ends. Bounded: every session stops at the deadline. With
+    ``spec.procs`` > 1 the callers are split over that many processes (one asyncio loop each), so
+    that the load generator keeps real time with many sessions."""
+    if spec.procs > 1 and callers > 1:
+        return await _closed_loop_procs(spec, callers)
+    return await _callers(spec, callers, range(callers), time.monotonic())
+
+
+async def _callers(spec: LoadSpec, total: int, indices: range, start: float) -> CallerStats:
+    """Callers ``indices`` of ``total`` (ramp offsets and seeds by global index) from ``start``."""
     stats = CallerStats()
-    start = time.monotonic()
     stop_at = start + spec.ramp_s + spec.duration_s
 
     async def one(i: int) -> None:
-        await asyncio.sleep(spec.ramp_s * i / max(callers, 1))
+        await asyncio.sleep(max(0.0, start + spec.ramp_s * i / max(total, 1) - time.monotonic()))
         caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
-                        turn_timeout_s=spec.turn_timeout_s, concurrency=callers,
+                        turn_timeout_s=spec.turn_timeout_s, concurrency=total,
                         seed=spec.seed * 1000 + i, output_audio=spec.output_audio)
         while time.monotonic() < stop_at and not (spec.max_turns and
                                                   len(stats.turns) >= spec.max_turns):
             await caller.session(stats, stop_at, spec.max_turns)
 
-    await asyncio.gather(*(one(i) for i in range(callers)))
+    await asyncio.gather(*(one(i) for i in indices))
     return stats
+
+
+def _shard(spec: LoadSpec, total: int, lo: int, hi: int, start_wall: float) -> CallerStats:
+    """A load generator process: callers lo..hi-1, starting at the shared wall-clock instant
+    (wall time is used only to line the processes up; every latency is monotonic)."""
+    start = time.monotonic() + max(0.0, start_wall - time.time())
+    return asyncio.run(_callers(spec, total, range(lo, hi), start))
+
+
+async def _closed_loop_procs(spec: LoadSpec, callers: int) -> CallerStats:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    procs = min(spec.procs, callers)
+    bounds = [callers * k // procs for k in range(procs + 1)]
+    start_wall = time.time() + 2.0  # time for the processes to start and import
+    loop = asyncio.get_running_loop()
+    with ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as pool:
+        parts = await asyncio.gather(*(
+            loop.run_in_executor(pool, _shard, spec, callers, bounds[k], bounds[k + 1], start_wall)
+            for k in range(procs)))
+    merged = CallerStats()
+    for part in parts:
+        merged.turns += part.turns
+        merged.errors += part.errors
+        merged.timeouts += part.timeouts
+        merged.dropped += part.dropped
+        merged.sessions += part.sessions
+    return merged
 
 
 async def open_loop(spec: LoadSpec, sessions_per_s: float, max_sessions: int = 1000) -> CallerStats:

@@ -3,7 +3,8 @@
 # overrides, wait until /readyz, run the load generator's sweep over real speech (tests/data/*.wav),
 # stop the server. Results (report.md, result.json, server.log) go to $OUT/sweep-LABEL.
 # Usage: scripts/gpu/sweep.sh LABEL LEVELS [--set section.key=value ...]
-#   env: DURATION (s per level, default 30), RAMP (s, default 5), PORT (default 8765)
+#   env: DURATION (s per level, default 30), RAMP (s, default 5), PORT (default 8765),
+#        PROCS (load generator processes, default 4: one falls behind real time past ~64 sessions)
 set -euo pipefail
 label=$1; levels=$2; shift 2
 out=${OUT:-artifacts}/sweep-$label; mkdir -p "$out"
@@ -20,5 +21,6 @@ done
 echo "[$label] server ready after $(( $(date +%s) - t0 )) s"
 python3 -m loadgen --url "ws://127.0.0.1:$port/v1/stream" --sweep "$levels" \
   --duration "${DURATION:-30}" --ramp "${RAMP:-5}" --turns 3 --think 1.0 --turn-timeout 30 \
+  --procs "${PROCS:-4}" \
   --out "$out" --title "$label" > "$out/loadgen.log" 2>&1 || { tail -30 "$out/loadgen.log"; exit 1; }
 cat "$out/report.md"

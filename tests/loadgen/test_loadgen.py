@@ -41,6 +41,13 @@ async def test_spoken_replies_measure_time_to_first_audio(url):
         assert t.client_ttfa_ms > t.client_ttft_ms and t.stages["ttfa_ms"] > 0
 
 
+async def test_callers_split_over_processes(url):
+    stats = await closed_loop(spec(url, procs=2), 2)
+    assert stats.turns and not (stats.errors or stats.timeouts or stats.dropped)
+    assert stats.sessions >= 2 and all(t.concurrency == 2 for t in stats.turns)
+    assert all(t.stages["ttft_ms"] > 0 and t.client_ttft_ms > 0 for t in stats.turns)
+
+
 async def test_open_loop_groups_turns_by_open_sessions(url):
     stats = await open_loop(spec(url, duration_s=2.0), sessions_per_s=1.5)
     assert stats.sessions >= 1 and stats.turns
