@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("wav", nargs="+")
     c.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
     c.add_argument("--fast", action="store_true", help="send audio as fast as possible")
+    c.add_argument("--speak", metavar="OUT.wav",
+                   help="ask for spoken replies and write them (all turns, 24 kHz) to this WAV")
     return ap
 
 
@@ -56,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "client":
         from voicert import client
 
-        return client.main(args.wav, args.url, realtime=not args.fast)
+        return client.main(args.wav, args.url, realtime=not args.fast, speak_to=args.speak)
     try:
         cfg = load_config(args.config, _overrides(args))
     except ConfigError as exc:

@@ -128,8 +128,12 @@ def load_for_streaming(path: str) -> tuple[np.ndarray, int]:
     return x, rate
 
 
-def main(files: list[str], url: str, realtime: bool = True) -> int:
+SPEAK_RATE = 24000
+
+
+def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None = None) -> int:
     turns = [load_for_streaming(f) for f in files]
+    output_audio = p.OutputAudio("pcm16", SPEAK_RATE) if speak_to else None
 
     def show(ev: dict) -> None:
         kind = ev["type"]
@@ -153,7 +157,8 @@ def main(files: list[str], url: str, realtime: bool = True) -> int:
             print(f"error {ev['code']}: {ev['message']}", file=sys.stderr)
 
     try:
-        result = asyncio.run(stream_audio(url, turns, realtime=realtime, on_event=show))
+        result = asyncio.run(stream_audio(url, turns, realtime=realtime, on_event=show,
+                                          output_audio=output_audio))
     except OSError as exc:
         print(f"voicert client: cannot connect to {url}: {exc}", file=sys.stderr)
         return 2
@@ -161,4 +166,11 @@ def main(files: list[str], url: str, realtime: bool = True) -> int:
         print("\nall turns (ms):")
         done = [t for t in result.turns if t.latency]
         print(format_table([t.latency for t in done], labels=[str(t.turn_id) for t in done]))
+    if speak_to:
+        from voicert.audio.pcm import decode_pcm
+        from voicert.audio.wav import write_wav
+
+        audio = b"".join(bytes(t.audio) for t in result.turns)
+        write_wav(speak_to, decode_pcm(audio, "pcm16"), SPEAK_RATE)
+        print(f"wrote {len(audio) / 2 / SPEAK_RATE:.1f} s of spoken replies to {speak_to}")
     return 1 if result.errors else 0

@@ -1,0 +1,24 @@
+"""The ``voicert client`` command against the real server."""
+
+import asyncio
+
+from tests.conftest import DATA
+from voicert import cli
+from voicert.audio.wav import read_wav
+
+
+async def test_client_prints_the_turn_and_writes_the_spoken_reply(url, tmp_path, capsys):
+    out = tmp_path / "reply.wav"
+    code = await asyncio.to_thread(cli.main, ["client", str(DATA / "capital_of_france.wav"),
+                                              "--url", url, "--fast", "--speak", str(out)])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "Paris" in printed and "ttft" in printed and "wrote" in printed
+    audio, rate = read_wav(out)
+    assert rate == 24000 and 0.8 < audio.size / rate < 10 and abs(audio).max() > 0.05
+
+
+def test_client_reports_an_unreachable_server(capsys):
+    assert cli.main(["client", str(DATA / "capital_of_france.wav"), "--url",
+                     "ws://127.0.0.1:9/v1/stream", "--fast"]) == 2
+    assert "cannot connect" in capsys.readouterr().err
