@@ -5,6 +5,7 @@ show a visible reconnect."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import tempfile
 import wave
@@ -74,5 +75,36 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
                          "document.getElementById('send').click()")
         await wait_for(browser, "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
                                 " && /berlin/i.test(e.textContent))", timeout=60)
+    finally:
+        await browser.close()
+
+
+async def test_push_to_talk_sends_only_while_held_and_commits_on_release(server):
+    tmp = tempfile.mkdtemp(prefix="voicert-mic-")
+    mic = fake_mic_wav(tmp)  # 1 s silence, the question, then silence
+    browser = Browser(("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
+                       f"--use-file-for-fake-audio-capture={mic}%noloop",
+                       "--autoplay-policy=no-user-gesture-required"))
+    try:
+        await browser.open()
+        await browser.call("Page.enable")
+        await browser.call("Page.navigate", url=f"http://127.0.0.1:{server.port}/")
+        await wait_for(browser, "document.readyState === 'complete' && !!window.voicert")
+        await browser.js("document.querySelector('input[value=push-to-talk]').click()")
+        await browser.js("document.getElementById('start').click()", gesture=True)
+        await wait_for(browser, "document.getElementById('status').textContent === 'live'")
+        assert await browser.js("window.voicert.stats.framesSent") == 0  # nothing until held
+        await browser.js("document.getElementById('ptt').dispatchEvent(new MouseEvent('mousedown'))")
+        await asyncio.sleep(4.5)  # hold through the question
+        await browser.js("document.getElementById('ptt').dispatchEvent(new MouseEvent('mouseup'))")
+        held_frames = await browser.js("window.voicert.stats.framesSent")
+        assert 150 < held_frames < 260  # ~4.5 s of 20 ms frames, and only those
+        user = await wait_for(browser, "[...document.querySelectorAll('.msg.user .text')]"
+                                       ".map(e => e.textContent).join(' ')", timeout=60)
+        assert "france" in user.lower()
+        await wait_for(browser, "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
+                                " && /paris/i.test(e.textContent))", timeout=60)
+        await asyncio.sleep(1.0)
+        assert await browser.js("window.voicert.stats.framesSent") <= held_frames + 1  # released
     finally:
         await browser.close()
