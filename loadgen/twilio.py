@@ -142,12 +142,13 @@ class TwilioCall:
                 if delay > 0:
                     await asyncio.sleep(delay)
 
-    async def wait_played(self, timeout: float = 60.0) -> None:
-        """Until the server's reply has been sent and played out (its last mark echoed)."""
+    async def wait_played(self, timeout: float = 60.0, since: int = 0) -> None:
+        """Until a reply has been sent and played out: a mark echoed after the first ``since``,
+        the last one a reply's end, nothing left to play."""
         deadline = time.perf_counter() + timeout
+        marks = self.result.marks_echoed
         while time.perf_counter() < deadline:
-            if (self.result.marks_echoed and self.result.marks_echoed[-1].endswith("-end")
-                    and not self.playback.queue):
+            if len(marks) > since and marks[-1].endswith("-end") and not self.playback.queue:
                 return
             await asyncio.sleep(0.05)
         raise TimeoutError("the reply was not played within the timeout")
@@ -178,13 +179,9 @@ async def call(url: str, utterances: list[tuple[np.ndarray, int]]) -> CallResult
     """Say each utterance and listen to the whole reply before the next."""
     async with TwilioCall(url) as c:
         for samples, rate in utterances:
-            mark_count = len(c.result.marks_echoed)
+            marks = len(c.result.marks_echoed)
             await c.speak(samples, rate)
-            deadline = time.perf_counter() + 120
-            while len(c.result.marks_echoed) == mark_count or not c.result.marks_echoed[-1].endswith("-end"):
-                if time.perf_counter() > deadline:
-                    raise TimeoutError("no reply")
-                await asyncio.sleep(0.05)
+            await c.wait_played(120, since=marks)
     return c.result
 
 

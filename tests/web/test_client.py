@@ -8,32 +8,27 @@ from __future__ import annotations
 import asyncio
 import base64
 import tempfile
-import wave
 from pathlib import Path
 
 import numpy as np
 
 from tests.conftest import wav
 from tests.web.browser import ARTIFACTS, Browser, pytestmark, wait_for  # noqa: F401 (pytestmark)
+from voicert.audio.wav import write_wav
 
 
 def fake_mic_wav(directory: str) -> Path:
     """1 s of silence, the question, 5 s of silence: PCM16 mono 16 kHz, as Chromium's fake device reads."""
     x, rate = wav("capital_of_france")
     pad = np.zeros(rate, np.float32)
-    audio = np.concatenate([pad, x, pad, pad, pad, pad, pad])
     path = Path(directory) / "mic.wav"
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes((np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes())
+    write_wav(path, np.concatenate([pad, x, pad, pad, pad, pad, pad]), rate)
     return path
 
 
-async def test_browser_client_speaks_through_a_fake_microphone(server):
-    tmp = tempfile.mkdtemp(prefix="voicert-mic-")
-    mic = fake_mic_wav(tmp)
+async def open_client(server) -> Browser:
+    """Headless Chromium whose microphone plays :func:`fake_mic_wav`, on the client page."""
+    mic = fake_mic_wav(tempfile.mkdtemp(prefix="voicert-mic-"))
     browser = Browser(("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                        f"--use-file-for-fake-audio-capture={mic}%noloop",
                        "--autoplay-policy=no-user-gesture-required"))
@@ -42,6 +37,15 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
         await browser.call("Page.enable")
         await browser.call("Page.navigate", url=f"http://127.0.0.1:{server.port}/")
         await wait_for(browser, "document.readyState === 'complete' && !!window.voicert")
+    except BaseException:
+        await browser.close()
+        raise
+    return browser
+
+
+async def test_browser_client_speaks_through_a_fake_microphone(server):
+    browser = await open_client(server)
+    try:
         await browser.js("document.getElementById('start').click()", gesture=True)
         await wait_for(browser, "document.getElementById('status').textContent === 'live'")
         user = await wait_for(browser, "[...document.querySelectorAll('.msg.user .text')]"
@@ -80,16 +84,8 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
 
 
 async def test_push_to_talk_sends_only_while_held_and_commits_on_release(server):
-    tmp = tempfile.mkdtemp(prefix="voicert-mic-")
-    mic = fake_mic_wav(tmp)  # 1 s silence, the question, then silence
-    browser = Browser(("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-                       f"--use-file-for-fake-audio-capture={mic}%noloop",
-                       "--autoplay-policy=no-user-gesture-required"))
+    browser = await open_client(server)  # 1 s silence, the question, then silence
     try:
-        await browser.open()
-        await browser.call("Page.enable")
-        await browser.call("Page.navigate", url=f"http://127.0.0.1:{server.port}/")
-        await wait_for(browser, "document.readyState === 'complete' && !!window.voicert")
         await browser.js("document.querySelector('input[value=push-to-talk]').click()")
         await browser.js("document.getElementById('start').click()", gesture=True)
         await wait_for(browser, "document.getElementById('status').textContent === 'live'")

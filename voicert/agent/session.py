@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from concurrent.futures import Executor
 import logging
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
-
 
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.audio.buffer import AudioBuffer
@@ -175,9 +174,7 @@ class Session:
     def clear_audio(self) -> None:
         """Forget the input audio not yet turned into a turn (and any decode begun on it)."""
         self._drop_early()
-        if self.partial is not None and self.partial.in_flight is not None:
-            self.partial.in_flight.drop()
-        self.partial = None
+        self._drop_partial()
         self.endpointer.reset()
         self.audio.trim_before(self.audio.end)
         self.utterance_start = self.audio.end
@@ -279,6 +276,11 @@ class Session:
                 self.svc.engine.cancel(self.early.warm_id)
             self.early = None
 
+    def _drop_partial(self) -> None:
+        if self.partial is not None and self.partial.in_flight is not None:
+            self.partial.in_flight.drop()
+        self.partial = None
+
     def _barge_in(self) -> None:
         """Speech (past min_speech_ms) while a reply streams interrupts it."""
         turn = self.turn
@@ -288,10 +290,7 @@ class Session:
 
     def _end_turn(self, end: int) -> bool:
         endpoint_ns = now_ns()
-        if self.partial is not None:
-            if self.partial.in_flight is not None:
-                self.partial.in_flight.drop()
-            self.partial = None
+        self._drop_partial()
         early, self.early = self.early, None
         if early is not None and not (early.utterance_start == self.utterance_start
                                       and early.last_voiced == self.endpointer.last_voiced):

@@ -15,7 +15,7 @@ from typing import Awaitable, Callable
 
 import numpy as np
 
-from voicert.audio.pcm import OutputResampler, encode_audio
+from voicert.audio.pcm import Resampler, encode_audio
 from voicert.protocol.native import OutputAudio
 from voicert.speech.sentences import SentenceSplitter
 from voicert.speech.tts import TtsJob, TtsWorker
@@ -31,7 +31,6 @@ class AudioOut:
     seq: int  # 0-based within the reply
     audio: bytes
     text: str  # the piece this chunk starts ("" for the rest of a piece)
-    samples: int  # at the client's rate
 
 
 SendAudio = Callable[[AudioOut], Awaitable[None]]
@@ -48,13 +47,12 @@ class SpeechOut:
         self.worker, self.fmt, self.send, self.trace = worker, fmt, send, trace
         self.loop = asyncio.get_running_loop()
         self.splitter = SentenceSplitter(first_clause_chars)
-        self.resampler = OutputResampler(worker.sample_rate, fmt.sample_rate)
+        self.resampler = Resampler(worker.sample_rate, fmt.sample_rate)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.jobs: list[TtsJob] = []
         self.finished = False
         self.done_pieces = 0
         self.seq = 0
-        self.samples_sent = 0
         self._text = ""  # a piece's text not yet attached to a sent chunk
         self.pump = asyncio.ensure_future(self._pump())
 
@@ -78,10 +76,6 @@ class SpeechOut:
         for job in self.jobs:
             job.cancel()
         self.pump.cancel()
-
-    @property
-    def duration_ms(self) -> float:
-        return self.samples_sent * 1000 / self.fmt.sample_rate
 
     def _speak(self, piece: str) -> None:
         index = len(self.jobs)
@@ -116,10 +110,9 @@ class SpeechOut:
             x = self.resampler(chunk, last=last)  # [M] at the client's rate
             if x.size:
                 text, self._text = self._text, ""
-                await self.send(AudioOut(self.seq, encode_audio(x, self.fmt.encoding), text, x.size))
+                await self.send(AudioOut(self.seq, encode_audio(x, self.fmt.encoding), text))
                 if self.seq == 0:
                     self.trace.mark(Point.FIRST_AUDIO_SENT)
                 self.seq += 1
-                self.samples_sent += x.size
             if last:
                 return

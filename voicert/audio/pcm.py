@@ -91,9 +91,9 @@ def encode_audio(x: np.ndarray, encoding: str) -> bytes:
     """float32 samples [N] in [-1, 1] -> bytes in ``pcm16``, ``f32``, ``mulaw`` or ``alaw``."""
     if encoding == "f32":
         return np.clip(x, -1.0, 1.0).astype("<f4").tobytes()
-    x16 = (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
     if encoding == "pcm16":
-        return x16.astype("<i2").tobytes()
+        return encode_pcm16(x)
+    x16 = (np.clip(x, -1.0, 1.0) * 32767.0).astype(np.int16)
     if encoding == "mulaw":
         return lin2ulaw(x16).tobytes()
     if encoding == "alaw":
@@ -101,8 +101,9 @@ def encode_audio(x: np.ndarray, encoding: str) -> bytes:
     raise AudioFormatError(f"unknown encoding {encoding!r}")
 
 
-class OutputResampler:
-    """Streaming resampler from a synthesiser's rate to a client's rate (soxr). Identity if equal."""
+class Resampler:
+    """Streaming resampler (soxr, high quality) from ``rate_in`` to ``rate_out``; identity if equal.
+    Output may lag input by the filter delay until ``last`` flushes it."""
 
     def __init__(self, rate_in: int, rate_out: int) -> None:
         self._stream = None if rate_in == rate_out else soxr.ResampleStream(
@@ -115,16 +116,9 @@ class OutputResampler:
         return self._stream.resample_chunk(x, last=last)
 
 
-class StreamResampler:
-    """Streaming resampler from ``rate`` to 16 kHz (soxr, high quality). Identity at 16 kHz."""
+class StreamResampler(Resampler):
+    """Client audio at ``rate`` -> the 16 kHz the speech front-end works in."""
 
     def __init__(self, rate: int) -> None:
+        super().__init__(rate, TARGET_RATE)
         self.rate = rate
-        self._stream = None if rate == TARGET_RATE else soxr.ResampleStream(
-            rate, TARGET_RATE, 1, dtype="float32", quality="HQ")
-
-    def __call__(self, x: np.ndarray) -> np.ndarray:
-        """[N] at ``rate`` -> [M] at 16 kHz; output may lag input by the filter delay."""
-        if self._stream is None:
-            return x
-        return self._stream.resample_chunk(x)

@@ -10,6 +10,7 @@ import asyncio
 import http
 import logging
 import signal
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -283,8 +284,6 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
 
 def run_server(cfg: Config) -> None:
     """Listen at once; load and warm the models; serve until SIGINT/SIGTERM; shut down gracefully."""
-    import sys
-
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
     server = VoiceServer(config=cfg)
     loop = new_event_loop()

@@ -156,15 +156,7 @@ class Connection(BaseConnection):
         self.binary = binary
         if self.session is not None:
             raise p.ProtocolError(p.ErrorCode.ALREADY_STARTED, "session already started")
-        if start.sample_rate not in SUPPORTED_SAMPLE_RATES:
-            raise p.ProtocolError(
-                p.ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-                f"sample_rate {start.sample_rate} not supported "
-                f"(supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))})")
-        if start.encoding not in p.ENCODINGS:
-            raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
-                                  f"encoding {start.encoding[:32]!r} not supported "
-                                  f"(supported: {', '.join(p.ENCODINGS)})")
+        check_format(start.encoding, start.sample_rate, "")
         check_output_audio(start.output_audio, self.svc)
         if self.svc.draining:
             raise p.ProtocolError(p.ErrorCode.SHUTTING_DOWN, "server is shutting down")
@@ -182,10 +174,16 @@ def check_output_audio(fmt: p.OutputAudio | None, svc: Services) -> None:
     if svc.tts is None:
         raise p.ProtocolError(p.ErrorCode.NO_SPEECH_OUTPUT,
                               "this server has no speech output (tts.engine is none)")
-    if fmt.encoding not in p.ENCODINGS:
-        raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
-                              f"output_audio.encoding {fmt.encoding[:32]!r} not supported "
-                              f"(supported: {', '.join(p.ENCODINGS)})")
-    if fmt.sample_rate not in SUPPORTED_SAMPLE_RATES:
+    check_format(fmt.encoding, fmt.sample_rate, "output_audio.")
+
+
+def check_format(encoding: str, rate: int, prefix: str) -> None:
+    """Raises ProtocolError for an audio encoding or sample rate the server does not take."""
+    if rate not in SUPPORTED_SAMPLE_RATES:
         raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-                              f"output_audio.sample_rate {fmt.sample_rate} not supported")
+                              f"{prefix}sample_rate {rate} not supported "
+                              f"(supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))})")
+    if encoding not in p.ENCODINGS:
+        raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
+                              f"{prefix}encoding {encoding[:32]!r} not supported "
+                              f"(supported: {', '.join(p.ENCODINGS)})")
