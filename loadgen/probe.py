@@ -1,6 +1,6 @@
-"""What the server and the GPU did during a load level: engine and ASR batch sizes from the
-server's ``/metrics`` (deltas over the level), and GPU utilisation and memory sampled from
-``nvidia-smi`` when it exists."""
+"""What the server and the GPU did during a load level: engine and ASR batch sizes and engine step
+times from the server's ``/metrics`` (deltas over the level), and GPU utilisation and memory sampled
+from ``nvidia-smi`` when it exists."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 HISTOGRAMS = {"engine_batch": "voicert_engine_batch_size", "asr_batch": "voicert_asr_batch_size"}
+STEP = "voicert_engine_step_seconds"  # labelled by kind: prefill | decode
 
 
 def metrics_url(ws_url: str) -> str:
@@ -29,6 +30,11 @@ def scrape(url: str) -> dict[str, float]:
             text = r.read().decode()
     except OSError:
         return {}
+    return parse(text)
+
+
+def parse(text: str) -> dict[str, float]:
+    """The figures :func:`scrape` keeps, from a Prometheus exposition."""
     out: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -37,8 +43,31 @@ def scrape(url: str) -> dict[str, float]:
                     out[f"{key}_sum"] = out.get(f"{key}_sum", 0.0) + s.value
                 elif s.name == f"{name}_count":
                     out[f"{key}_count"] = out.get(f"{key}_count", 0.0) + s.value
+            if s.name == f"{STEP}_bucket":  # cumulative count at or under upper bound "le"
+                out[f"step_{s.labels['kind']}_le_{s.labels['le']}"] = s.value
+            elif s.name in (f"{STEP}_sum", f"{STEP}_count"):
+                out[f"step_{s.labels['kind']}_{s.name.rsplit('_', 1)[1]}"] = s.value
             if s.name == "voicert_prefix_cache_hit_ratio":
                 out["prefix_hit_ratio"] = s.value
+    return out
+
+
+def step_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per step kind over the level: mean step ms, and the P99 as the upper bound of the histogram
+    bucket that holds it (``{kind}_step_ms_mean``, ``{kind}_step_ms_p99_le``)."""
+    out: dict[str, float] = {}
+    for kind in ("prefill", "decode"):
+        n = after.get(f"step_{kind}_count", 0.0) - before.get(f"step_{kind}_count", 0.0)
+        if n <= 0:
+            continue
+        total = after[f"step_{kind}_sum"] - before.get(f"step_{kind}_sum", 0.0)
+        out[f"{kind}_step_ms_mean"] = 1000 * total / n
+        prefix = f"step_{kind}_le_"
+        bounds = sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix))
+        for bound, key in bounds:
+            if after[key] - before.get(key, 0.0) >= 0.99 * n:
+                out[f"{kind}_step_ms_p99_le"] = 1000 * bound
+                break
     return out
 
 
@@ -102,6 +131,7 @@ class LevelProbe:
             if n > 0:
                 out[f"{key}_mean"] = (after[f"{key}_sum"] - self._before.get(f"{key}_sum", 0.0)) / n
                 out[f"{key}_steps"] = n
+        out.update(step_figures(self._before, after))
         if "prefix_hit_ratio" in after:
             out["prefix_hit_ratio"] = after["prefix_hit_ratio"]
         return out

@@ -141,7 +141,9 @@ class LlmConfig:
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster, not identical to fp32)
-    cuda_graphs: bool = True  # GPU: CUDA graphs for decode
+    cuda_graphs: bool = True  # GPU: CUDA graphs for decode and prefill steps
+    prefill_graph_rows: int = 16  # GPU: most prompts one graphed prefill step packs (1: one prompt
+    # per graphed step; steps of several prompts then run eagerly)
     process: bool = False  # run the fast engine in a process of its own (no GIL shared with the
     # event loop, VAD and ASR threads); startup is a few seconds longer
     own_stream: bool = True  # GPU: the engine runs on its own high-priority CUDA stream, so that
@@ -158,6 +160,7 @@ class LlmConfig:
         _check(self.block_size in (8, 16, 32, 64, 128, 256), "llm.block_size",
                "must be a power of two in [8, 256]")
         _check(self.kv_memory_gb >= 0, "llm.kv_memory_gb", "must be >= 0 (0: automatic)")
+        _check(1 <= self.prefill_graph_rows <= 64, "llm.prefill_graph_rows", "must be in [1, 64]")
         _check(0 < self.gpu_memory_fraction < 1, "llm.gpu_memory_fraction", "must be in (0, 1)")
         _check(self.max_batch >= 1, "llm.max_batch", "must be >= 1")
         _check(self.prefill_token_budget >= self.block_size, "llm.prefill_token_budget",

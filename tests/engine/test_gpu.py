@@ -46,7 +46,9 @@ def test_graph_decode_equals_eager_fp32(prompts):
     try:
         assert graphed.runner.graphs is not None and graphed.runner.prefill_graphs is not None
         assert run_engine(graphed, prompts) == run_engine(eager, prompts)
+        assert max(r.batch for r in graphed.drain_steps() if r.kind == "prefill") > 1
         assert run_engine(graphed, prompts, sequential=True) == run_engine(eager, prompts, sequential=True)
+        assert graphed.runner.eager_steps == {"prefill": 0, "decode": 0}  # every step replayed
     finally:
         eager.close()
         graphed.close()

@@ -49,7 +49,9 @@ async def test_same_tokens_as_the_in_process_engine(remote, model_dir):
         assert [e.index for e in events[:-1]] == list(range(24))
     stats = remote.stats()
     assert stats.submitted >= 6 and stats.active == 0
-    assert remote.drain_batch_sizes() and not remote.live_requests()
+    steps = remote.drain_steps()
+    assert {r.kind for r in steps} == {"prefill", "decode"} and not remote.live_requests()
+    assert all(r.batch >= 1 and r.seconds > 0 for r in steps)
     first = together[0][0]
     assert first.prefill_start_ns <= first.sampled_ns  # the child's clock is the server's clock
 

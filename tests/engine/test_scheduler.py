@@ -148,3 +148,29 @@ def test_prompt_that_can_never_fit_fails_cleanly():
     sched.add(s)
     step, failed = sched.schedule()
     assert step is None and failed == [s] and s.finish_reason == "error"
+
+
+def test_prefill_packs_into_captured_shapes_within_the_budget():
+    # graphs exist for rows (1, 2, 4) x widths (8, 16, 32) with rows * width <= 32
+    cfg = SchedulerConfig(prefill_token_budget=32, prefill_batches=(1, 2, 4),
+                          prefill_widths=(8, 16, 32))
+    sched = Scheduler(BlockManager(256, 4), cfg, {STOP})
+    seqs = [seq("a", 5), seq("b", 8, first=200), seq("c", 3, first=300), seq("d", 7, first=400),
+            seq("e", 9, first=500), seq("f", 2, first=600)]
+    for s in seqs:
+        sched.add(s)
+    step, _ = sched.schedule()
+    # a (5 tokens) pads to width 8: b, c, d fit that width; 4 rows * 8 = 32; e (9) is too wide
+    assert step.kind == "prefill" and [c.seq.id for c in step.chunks] == ["a", "b", "c", "d"]
+    sched.postprocess(step, sample(step))
+    steps = []
+    run_all(sched, steps)
+    # next prefill: e (9 -> width 16) with f; 2 rows * 16 = 32
+    assert [c.seq.id for c in steps[1].chunks] == ["e", "f"]
+    for st in steps:
+        if st.kind == "prefill":
+            width = next(w for w in cfg.prefill_widths if w >= max(c.end - c.start for c in st.chunks))
+            rows = next(b for b in cfg.prefill_batches if b >= len(st.chunks))
+            assert rows * width <= 32
+    for s, n, first in zip(seqs, (5, 8, 3, 7, 9, 2), (100, 200, 300, 400, 500, 600)):
+        assert s.tokens[n:] == reference(n, 10, first)

@@ -1,5 +1,6 @@
 from prometheus_client.parser import text_string_to_metric_families
 
+from voicert.engine.base import StepRecord
 from voicert.telemetry.latency import WATERFALL, Point, TurnRecord, TurnTrace
 from voicert.telemetry.metrics import Metrics, latency_buckets
 
@@ -50,8 +51,9 @@ def test_exposition_carries_turns_errors_and_engine_figures():
         def stats(self):
             return FakeStats()
 
-        def drain_batch_sizes(self):
-            return [1, 4, 4]
+        def drain_steps(self):
+            return [StepRecord("prefill", 1, 0.003), StepRecord("decode", 4, 0.0015),
+                    StepRecord("decode", 4, 0.0025)]
 
     m.sample_engine(Engine())
     fams = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
@@ -62,6 +64,9 @@ def test_exposition_carries_turns_errors_and_engine_figures():
     assert samples[("voicert_errors_total", (("code", "bad_audio"),))] == 2
     assert samples[("voicert_stage_latency_seconds_count", (("stage", "asr"),))] == 1
     assert samples[("voicert_engine_batch_size_count", ())] == 3
+    assert samples[("voicert_engine_batch_size_sum", ())] == 9
+    assert samples[("voicert_engine_step_seconds_count", (("kind", "decode"),))] == 2
+    assert samples[("voicert_engine_step_seconds_sum", (("kind", "prefill"),))] == 0.003
     assert samples[("voicert_prefix_cache_hit_ratio", ())] == 0.75
     assert samples[("voicert_active_sessions", ())] == 1
     assert samples[("voicert_engine_running", ())] == 2

@@ -45,6 +45,16 @@ class TokenEvent:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """One engine step, for metrics: what it ran and how long the step took on the engine thread
+    (schedule + forward + the host sync that hands out its tokens)."""
+
+    kind: str  # prefill | decode
+    batch: int  # sequences in the step
+    seconds: float
+
+
 @dataclass(slots=True)
 class EngineStats:
     active: int = 0  # requests queued or running

@@ -17,7 +17,7 @@ from typing import AsyncIterator
 import torch
 
 from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
-                                 TokenEvent)
+                                 StepRecord, TokenEvent)
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.kv_cache import BlockManager
@@ -48,6 +48,8 @@ class EngineConfig:
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
+    prefill_graph_rows: int = 16  # with cuda_graphs: most prompts one graphed prefill step packs
+    # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
     own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
 
 
@@ -72,16 +74,21 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
                                   max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
                                   widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
-                                  prefill_budget=cfg.prefill_token_budget)
+                                  prefill_budget=cfg.prefill_token_budget,
+                                  prefill_rows=cfg.prefill_graph_rows)
         self.drafter = self._drafter(draft, num_blocks)
+        pg = self.runner.prefill_graphs  # pack prefill steps into the captured shapes
+        pg = pg if pg is not None and len(pg.batches) > 1 else None
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(
             cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens,
-            external_drafts=self.drafter is not None), self.stop_ids)
+            external_drafts=self.drafter is not None,
+            prefill_batches=tuple(pg.batches) if pg else (),
+            prefill_widths=tuple(pg.widths) if pg else ()), self.stop_ids)
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
                  cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.ledger = RequestLedger()
-        self.step_batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
+        self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
         self._thread = threading.Thread(target=self._loop, name="voicert-engine", daemon=True)
         self._thread.start()
 
@@ -133,11 +140,11 @@ class LLMEngine:
                    "kv_blocks_free": float(self.blocks.available)}
         return s
 
-    def drain_batch_sizes(self) -> list[int]:
-        """Sequences per engine step since the last call (for metrics)."""
+    def drain_steps(self) -> list[StepRecord]:
+        """The engine steps since the last call (for metrics; the most recent 8192 at most)."""
         out = []
-        while self.step_batch_sizes:
-            out.append(self.step_batch_sizes.popleft())
+        while self.step_records:
+            out.append(self.step_records.popleft())
         return out
 
     def live_requests(self) -> set[str]:
@@ -233,12 +240,13 @@ class LLMEngine:
         for chunk in step.chunks:
             if not chunk.seq.prefill_start_ns:
                 chunk.seq.prefill_start_ns = now
-        self.step_batch_sizes.append(len(step.chunks) + len(step.seqs))
         if self.drafter is not None and step.kind == "decode":
             self.drafter.propose(step.seqs, self.cfg.spec_tokens)
         sampled = self.runner.run(step)
         emitted = self.scheduler.postprocess(step, sampled)
         sampled_ns = time.perf_counter_ns()
+        self.step_records.append(StepRecord(step.kind, len(step.chunks) + len(step.seqs),
+                                            (sampled_ns - now) / 1e9))
         outbox: list = []  # this step's events, handed over in one wake-up per event loop
         for seq, tokens in emitted:
             first = seq.num_generated - len(tokens)

@@ -24,7 +24,8 @@ import threading
 import time
 from typing import AsyncIterator
 
-from voicert.engine.base import EngineStats, GenerationRequest, RequestLedger, TokenEvent
+from voicert.engine.base import (EngineStats, GenerationRequest, RequestLedger, StepRecord,
+                                 TokenEvent)
 from voicert.engine.stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ def _child(model_dir: str, cfg, threads: int, requests, events) -> None:
         elif kind == "cancel":
             engine.cancel(msg[1])
         elif kind == "stats":
-            channel.send(("stats", engine.stats(), engine.drain_batch_sizes(),
+            channel.send(("stats", engine.stats(), engine.drain_steps(),
                           len(engine.scheduler.waiting), len(engine.scheduler.running)))
         elif kind == "stop":
             break
@@ -125,7 +126,7 @@ class EngineProcess:
         self._streams: dict[str, TokenStream] = {}
         self.ledger = RequestLedger()  # this side's view: what is open in the engine
         self._stats: queue.SimpleQueue = queue.SimpleQueue()
-        self._batch_sizes: list[int] = []
+        self._steps: list[StepRecord] = []
         self.queue_depth = self.running = 0
         self._reader = threading.Thread(target=self._read, name="voicert-engine-events",
                                         daemon=True)
@@ -189,15 +190,15 @@ class EngineProcess:
             return self.ledger.snapshot()
         self._send(("stats",))
         try:
-            stats, sizes, self.queue_depth, self.running = self._stats.get(timeout=1.0)
+            stats, steps, self.queue_depth, self.running = self._stats.get(timeout=1.0)
         except queue.Empty:
             return self.ledger.snapshot()
-        self._batch_sizes += sizes
+        self._steps += steps
         return stats
 
-    def drain_batch_sizes(self) -> list[int]:
-        sizes, self._batch_sizes = self._batch_sizes, []
-        return sizes
+    def drain_steps(self) -> list[StepRecord]:
+        steps, self._steps = self._steps, []
+        return steps
 
     def live_requests(self) -> set[str]:
         return self.ledger.live()

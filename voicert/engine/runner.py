@@ -31,7 +31,8 @@ def rows_for(step: Step) -> list[Row]:
 
 BATCH_LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SPAN_LADDER = (256, 512, 1024, 2048, 4096, 8192)  # attended key span (tokens) per graph
-PREFILL_LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)  # new tokens of a one-sequence prefill
+PREFILL_LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)  # new tokens per row of a prefill
+PREFILL_BATCHES = (1, 2, 4, 8, 16)  # rows of a prefill step (graphs with rows * width <= budget)
 
 
 def bucket(value: int, ladder: list[int]) -> int | None:
@@ -43,7 +44,7 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
                  cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048,
                  widths: tuple[int, ...] = (1,),
-                 prefill_budget: int = 512) -> None:
+                 prefill_budget: int = 512, prefill_rows: int = 16) -> None:
         cfg = model.cfg
         self.model = model
         self.forward = model
@@ -55,11 +56,14 @@ class ModelRunner:
         self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [layers, NB, BS, KVH, D]
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
+        self.eager_steps = {"prefill": 0, "decode": 0}  # steps no captured graph could take
         if cuda_graphs and self.device.type == "cuda":
             batches = [b for b in BATCH_LADDER if b < max_batch] + [max_batch]
             self.graphs = StepGraphs(self, batches, list(widths), max_context, sample_last=False)
             pw = [w for w in PREFILL_LADDER if w < prefill_budget] + [prefill_budget]
-            self.prefill_graphs = StepGraphs(self, [1], pw, max_context, sample_last=True)
+            rows = [b for b in PREFILL_BATCHES if b < prefill_rows] + [max(prefill_rows, 1)]
+            self.prefill_graphs = StepGraphs(self, rows, pw, max_context,
+                                             sample_last=True, max_tokens=prefill_budget)
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
@@ -104,6 +108,7 @@ class ModelRunner:
             out = graphs.run(rows)
             if out is not None:
                 return out
+            self.eager_steps[step.kind] += 1
         return self.run_rows(rows)
 
     @torch.inference_mode()
@@ -127,20 +132,23 @@ class StepGraphs:
     """CUDA graphs of one greedy step over ladders of batch size, query width and key span.
 
     Decode (``sample_last=False``): widths 1 (plain) and k + 1 (verifying k speculative drafts);
-    every query position is sampled. Prefill (``sample_last=True``): one sequence, widths up to the
-    prefill budget; only each row's last real token is sampled.
+    every query position is sampled. Prefill (``sample_last=True``): a few rows, widths up to the
+    prefill budget (rows * width <= ``max_tokens``); only each row's last real token is sampled.
+    Graphs are replayed, never launched kernel by kernel: a step is one submission to the GPU, so
+    it does not stretch when another process's kernels time-share the GPU with it.
 
     Inputs live in static device buffers, staged through pinned host buffers and copied without
     blocking; the graph computes the mask, the forward, the logits and the argmax, so one replay
     plus one ``tolist`` is the whole step."""
 
     def __init__(self, runner: ModelRunner, batches: list[int], widths: list[int], max_context: int,
-                 sample_last: bool) -> None:
+                 sample_last: bool, max_tokens: int = 8192) -> None:
         self.runner = runner
+        self.max_tokens = max_tokens
         self.sample_last = sample_last
         bs = runner.block_size
-        self.batches = sorted(set(batches))
         self.widths = sorted(set(widths))
+        self.batches = sorted(b for b in set(batches) if b * self.widths[0] <= max_tokens)
         spans = [s for s in SPAN_LADDER if s < max_context] + [max_context]
         self.blocks = sorted({-(-s // bs) for s in spans})
         mb, mbk, mw = self.batches[-1], self.blocks[-1], self.widths[-1]
@@ -190,8 +198,8 @@ class StepGraphs:
         for w in reversed(self.widths):
             for b in reversed(self.batches):
                 for nblk in reversed(self.blocks):
-                    if b * w > 8192:
-                        continue  # never scheduled: above any prefill budget or decode batch
+                    if b * w > self.max_tokens:
+                        continue  # never scheduled: above the prefill budget
                     stream = torch.cuda.Stream()
                     stream.wait_stream(torch.cuda.current_stream())
                     with torch.cuda.stream(stream):  # warm up kernels / compilation outside

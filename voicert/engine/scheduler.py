@@ -23,6 +23,10 @@ class SchedulerConfig:
     prefill_token_budget: int = 512  # padded prompt tokens per prefill step
     spec_tokens: int = 0  # drafts per decode step (0: plain greedy)
     external_drafts: bool = False  # drafts come from a draft model after scheduling, not n-grams
+    # The shapes a prefill step is padded to (the runner's captured graphs; empty: exact shapes).
+    # With them a step's padded cost is bucket(rows) * bucket(width), kept within the budget.
+    prefill_batches: tuple[int, ...] = ()
+    prefill_widths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.prefill_token_budget < 1 or self.spec_tokens < 0:
@@ -64,6 +68,13 @@ class SpecStats:
     def mean_accepted_length(self) -> float:
         """Tokens a sequence gains per decode step (1.0 without speculation)."""
         return self.emitted / self.seq_steps if self.seq_steps else 0.0
+
+
+def _pad(value: int, ladder: tuple[int, ...]) -> int | None:
+    """The smallest ladder entry >= value (None if above it); ``value`` itself for an empty one."""
+    if not ladder:
+        return value
+    return next((x for x in ladder if x >= value), None)
 
 
 class Scheduler:
@@ -145,6 +156,8 @@ class Scheduler:
         return None, failed
 
     def _prefill_step(self, seqs: list[Sequence]) -> Step:
+        """The oldest pending prompt first (a budget-sized chunk of it), then whole prompts of
+        others that fit in its padded width, while the padded step stays within the budget."""
         budget = self.cfg.prefill_token_budget
         chunks: list[Chunk] = []
         width = 0
@@ -152,12 +165,14 @@ class Scheduler:
             todo = len(seq.tokens) - seq.num_computed
             if not chunks:
                 n = min(todo, budget)
+                width = _pad(n, self.cfg.prefill_widths) or n
             else:
-                n = min(todo, width)  # later rows must not widen the padded batch
-                if n < todo or (len(chunks) + 1) * width > budget:
+                n = todo  # later rows come whole and must not widen the padded batch
+                rows = _pad(len(chunks) + 1, self.cfg.prefill_batches) if self.cfg.prefill_batches \
+                    else len(chunks) + 1
+                if n > width or rows is None or rows * width > budget:
                     continue
             chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
-            width = max(width, n)
         return Step("prefill", chunks=chunks)
 
     def _decode_step(self, seqs: list[Sequence]) -> Step:

@@ -78,6 +78,7 @@ def build_engine(cfg: Config):
         draft_model=llm.draft_model,
         max_context_tokens=llm.max_context_tokens, int8=llm.int8,
         cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda"),
+        prefill_graph_rows=llm.prefill_graph_rows,
         own_stream=llm.own_stream and llm.device.startswith("cuda"))
     if llm.process:
         from voicert.engine.remote import EngineProcess

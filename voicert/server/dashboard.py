@@ -61,12 +61,13 @@ async def feed(ws: ServerConnection, svc: Services) -> None:
                 continue
             except asyncio.TimeoutError:
                 pass
-            sizes = m.sample_engine(svc.engine)
+            steps = m.sample_engine(svc.engine)
             m.sample_asr(svc.asr)
             await ws.send(json.dumps({
                 "type": "system", "t": time.time(), "sessions": m.active_sessions,
                 "queue_depth": m.queue_depth._value.get(), "running": m.running._value.get(),
-                "steps": len(sizes), "mean_batch": sum(sizes) / len(sizes) if sizes else 0.0}))
+                "steps": len(steps),
+                "mean_batch": sum(r.batch for r in steps) / len(steps) if steps else 0.0}))
             next_tick += TICK_S
     except ConnectionClosed:
         pass

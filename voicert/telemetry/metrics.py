@@ -14,6 +14,7 @@ from typing import Callable
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from voicert.engine.base import StepRecord
 from voicert.telemetry.latency import STAGE_NAMES, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,10 @@ class Metrics:
                              registry=r)
         self.batch = Histogram("voicert_engine_batch_size", "Sequences per engine step",
                                buckets=[1, 2, 4, 8, 16, 32, 64, 128, 256], registry=r)
+        self.step = Histogram("voicert_engine_step_seconds",
+                              "Engine step time on the engine thread (schedule, forward, sync)",
+                              ["kind"], buckets=[.0005, .001, .002, .004, .008, .016, .032, .064,
+                                                 .128, .256, .512, 1.024], registry=r)
         self.prefix_hit = Gauge("voicert_prefix_cache_hit_ratio",
                                 "Prompt tokens served from the prefix cache / looked up", registry=r)
         self.spec_accept = Gauge("voicert_spec_acceptance_rate",
@@ -93,9 +98,9 @@ class Metrics:
     def observe_error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
-    def sample_engine(self, engine) -> list[int]:
+    def sample_engine(self, engine) -> list[StepRecord]:
         """Pull the engine's current figures (any engine: missing ones are skipped). Returns the
-        batch sizes of the engine steps since the last sample."""
+        engine steps since the last sample."""
         stats = engine.stats()
         extra = stats.extra or {}
         sched = getattr(engine, "scheduler", None)
@@ -107,15 +112,16 @@ class Metrics:
             self.running.set(engine.running)
         else:
             self.running.set(stats.active)
-        drain = getattr(engine, "drain_batch_sizes", None)
-        sizes = drain() if drain is not None else []
-        for size in sizes:
-            self.batch.observe(size)
+        drain = getattr(engine, "drain_steps", None)
+        steps = drain() if drain is not None else []
+        for rec in steps:
+            self.batch.observe(rec.batch)
+            self.step.labels(rec.kind).observe(rec.seconds)
         if "prefix_hit_ratio" in extra:
             self.prefix_hit.set(extra["prefix_hit_ratio"])
         if "spec_acceptance_rate" in extra:
             self.spec_accept.set(extra["spec_acceptance_rate"])
-        return sizes
+        return steps
 
     def sample_asr(self, asr) -> None:
         drain = getattr(asr, "drain_batch_sizes", None)

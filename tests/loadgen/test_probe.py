@@ -1,0 +1,34 @@
+from voicert.engine.base import StepRecord
+from voicert.telemetry.metrics import Metrics
+
+from loadgen.probe import parse, step_figures
+
+
+class _Stats:
+    active, extra = 0, {}
+
+
+def _engine(steps):
+    class Engine:
+        def stats(self):
+            return _Stats()
+
+        def drain_steps(self):
+            return steps
+
+    return Engine()
+
+
+def test_step_figures_are_deltas_over_the_level():
+    m = Metrics()
+    m.sample_engine(_engine([StepRecord("decode", 8, 0.1)] * 10))  # before the level
+    before = parse(m.exposition().decode())
+    level = [StepRecord("decode", 2, 0.003)] * 99 + [StepRecord("decode", 2, 0.05)]
+    level += [StepRecord("prefill", 1, 0.0015)] * 4
+    m.sample_engine(_engine(level))
+    after = parse(m.exposition().decode())
+    fig = step_figures(before, after)
+    assert abs(fig["decode_step_ms_mean"] - (99 * 3 + 50) / 100) < 1e-6
+    assert fig["decode_step_ms_p99_le"] == 4.0  # 99 of 100 steps are <= 4 ms
+    assert abs(fig["prefill_step_ms_mean"] - 1.5) < 1e-6 and fig["prefill_step_ms_p99_le"] == 2.0
+    assert abs((after["engine_batch_sum"] - before["engine_batch_sum"]) - 204) < 1e-9
