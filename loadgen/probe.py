@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 HISTOGRAMS = {"engine_batch": "voicert_engine_batch_size", "asr_batch": "voicert_asr_batch_size"}
 STEP = "voicert_engine_step_seconds"  # labelled by kind: prefill | decode
+GC = "voicert_gc_pause_seconds"  # labelled by process (server | engine) and generation
 
 
 def metrics_url(ws_url: str) -> str:
@@ -47,6 +48,11 @@ def parse(text: str) -> dict[str, float]:
                 out[f"step_{s.labels['kind']}_le_{s.labels['le']}"] = s.value
             elif s.name in (f"{STEP}_sum", f"{STEP}_count"):
                 out[f"step_{s.labels['kind']}_{s.name.rsplit('_', 1)[1]}"] = s.value
+            if s.name.startswith(GC):  # summed over generations, per process
+                what = s.name[len(GC) + 1:]
+                key = f"gc_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket"
+                                                     else what)
+                out[key] = out.get(key, 0.0) + s.value
             if s.name == "voicert_prefix_cache_hit_ratio":
                 out["prefix_hit_ratio"] = s.value
     return out
@@ -67,6 +73,25 @@ def step_figures(before: dict[str, float], after: dict[str, float]) -> dict[str,
         for bound, key in bounds:
             if after[key] - before.get(key, 0.0) >= 0.99 * n:
                 out[f"{kind}_step_ms_p99_le"] = 1000 * bound
+                break
+    return out
+
+
+def gc_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per process over the level: collections, their total ms, and the longest one as the upper
+    bound of its histogram bucket (``gc_{process}_count``, ``_ms_total``, ``_ms_max_le``)."""
+    out: dict[str, float] = {}
+    for proc in ("server", "engine"):
+        n = after.get(f"gc_{proc}_count", 0.0) - before.get(f"gc_{proc}_count", 0.0)
+        if n <= 0:
+            continue
+        out[f"gc_{proc}_count"] = n
+        out[f"gc_{proc}_ms_total"] = 1000 * (after[f"gc_{proc}_sum"]
+                                             - before.get(f"gc_{proc}_sum", 0.0))
+        prefix = f"gc_{proc}_le_"
+        for bound, key in sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix)):
+            if after[key] - before.get(key, 0.0) >= n:
+                out[f"gc_{proc}_ms_max_le"] = 1000 * bound
                 break
     return out
 
@@ -132,6 +157,7 @@ class LevelProbe:
                 out[f"{key}_mean"] = (after[f"{key}_sum"] - self._before.get(f"{key}_sum", 0.0)) / n
                 out[f"{key}_steps"] = n
         out.update(step_figures(self._before, after))
+        out.update(gc_figures(self._before, after))
         if "prefix_hit_ratio" in after:
             out["prefix_hit_ratio"] = after["prefix_hit_ratio"]
         return out

@@ -1,7 +1,9 @@
 from voicert.engine.base import StepRecord
 from voicert.telemetry.metrics import Metrics
 
-from loadgen.probe import parse, step_figures
+from voicert.telemetry.gcwatch import GcPause
+
+from loadgen.probe import gc_figures, parse, step_figures
 
 
 class _Stats:
@@ -32,3 +34,15 @@ def test_step_figures_are_deltas_over_the_level():
     assert fig["decode_step_ms_p99_le"] == 4.0  # 99 of 100 steps are <= 4 ms
     assert abs(fig["prefill_step_ms_mean"] - 1.5) < 1e-6 and fig["prefill_step_ms_p99_le"] == 2.0
     assert abs((after["engine_batch_sum"] - before["engine_batch_sum"]) - 204) < 1e-9
+
+
+def test_gc_figures_per_process():
+    m = Metrics()
+    m.observe_gc("engine", [GcPause(2, 0.08)])  # before the level
+    before = parse(m.exposition().decode())
+    m.observe_gc("engine", [GcPause(0, 0.0002)] * 9 + [GcPause(2, 0.015)])
+    m.observe_gc("server", [GcPause(1, 0.001)])
+    fig = gc_figures(before, parse(m.exposition().decode()))
+    assert fig["gc_engine_count"] == 10 and abs(fig["gc_engine_ms_total"] - 16.8) < 1e-6
+    assert fig["gc_engine_ms_max_le"] == 20.0  # the 15 ms full collection
+    assert fig["gc_server_count"] == 1 and fig["gc_server_ms_max_le"] == 1.0

@@ -25,6 +25,7 @@ from voicert.speech.endpoint import Endpointer, EventKind
 from voicert.speech.partials import LocalAgreement
 from voicert.speech.tts import TtsWorker
 from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
+from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
 from voicert.telemetry.metrics import Metrics
 
@@ -45,6 +46,7 @@ class Services:
     tts: TtsWorker | None = None  # speech out; None when tts.engine is none
     vad_pool: Executor | None = None  # vad.threads > 0: VAD windows are scored here, off the loop
     draining: bool = False  # set at shutdown: no new turns start
+    gc_watch: GcWatch | None = None  # times this process's garbage collections (for /metrics)
 
 
 @dataclass(slots=True)

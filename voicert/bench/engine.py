@@ -23,6 +23,7 @@ import torch
 from voicert.engine.base import ChatMessage, GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
+from voicert.telemetry.gcwatch import settle
 
 SHAPES = {
     "llama-1b-random": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
@@ -312,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cuda_graphs is None:
         args.cuda_graphs = args.device.startswith("cuda")
     bench = Bench(args)
+    settle()  # as the server does: loaded objects out of the collector's way
     result = asyncio.run(bench.run())
     text = render(bench.label, args, result)
     print(text)

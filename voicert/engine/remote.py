@@ -27,6 +27,7 @@ from typing import AsyncIterator
 from voicert.engine.base import (EngineStats, GenerationRequest, RequestLedger, StepRecord,
                                  TokenEvent)
 from voicert.engine.stream import TokenStream
+from voicert.telemetry.gcwatch import GcPause
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,7 @@ class _Sink:
         self.batch_key.deliver([(self, event)])
 
 
-def _child(model_dir: str, cfg, threads: int, requests, events) -> None:
+def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events) -> None:
     """The engine process: load, warm up, then serve requests until told to stop (or the server
     goes away: the pipe closes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server shuts us down in order
@@ -73,8 +74,13 @@ def _child(model_dir: str, cfg, threads: int, requests, events) -> None:
         from voicert.engine.llm_engine import LLMEngine
         from voicert.engine.prompt import build_prompt
 
+        from voicert.telemetry.gcwatch import GcWatch, settle
+
         engine = LLMEngine(model_dir, cfg)
         engine.warmup()
+        if gc_freeze:
+            settle()
+        gc_watch = GcWatch().install()
     except Exception as exc:  # reported to the server, which fails its start with it
         channel.send(("error", f"{type(exc).__name__}: {exc}"))
         return
@@ -95,7 +101,7 @@ def _child(model_dir: str, cfg, threads: int, requests, events) -> None:
         elif kind == "cancel":
             engine.cancel(msg[1])
         elif kind == "stats":
-            channel.send(("stats", engine.stats(), engine.drain_steps(),
+            channel.send(("stats", engine.stats(), engine.drain_steps(), gc_watch.drain(),
                           len(engine.scheduler.waiting), len(engine.scheduler.running)))
         elif kind == "stop":
             break
@@ -106,12 +112,13 @@ class EngineProcess:
     """The :class:`Engine` interface, served by an :class:`LLMEngine` in a child process.
     The constructor blocks until the child has loaded and warmed up the model."""
 
-    def __init__(self, model_dir: str, cfg, threads: int = 0, start_timeout_s: float = 600) -> None:
+    def __init__(self, model_dir: str, cfg, threads: int = 0, start_timeout_s: float = 600,
+                 gc_freeze: bool = True) -> None:
         ctx = mp.get_context("spawn")
         self._req_r, self._req_w = ctx.Pipe(duplex=False)
         self._ev_r, self._ev_w = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_child, name="voicert-engine",
-                                 args=(model_dir, cfg, threads, self._req_r, self._ev_w), daemon=True)
+                                 args=(model_dir, cfg, threads, gc_freeze, self._req_r, self._ev_w), daemon=True)
         self._proc.start()
         self._req_r.close()
         self._ev_w.close()
@@ -127,6 +134,7 @@ class EngineProcess:
         self.ledger = RequestLedger()  # this side's view: what is open in the engine
         self._stats: queue.SimpleQueue = queue.SimpleQueue()
         self._steps: list[StepRecord] = []
+        self._gc: list[GcPause] = []
         self.queue_depth = self.running = 0
         self._reader = threading.Thread(target=self._read, name="voicert-engine-events",
                                         daemon=True)
@@ -190,15 +198,21 @@ class EngineProcess:
             return self.ledger.snapshot()
         self._send(("stats",))
         try:
-            stats, steps, self.queue_depth, self.running = self._stats.get(timeout=1.0)
+            stats, steps, pauses, self.queue_depth, self.running = self._stats.get(timeout=1.0)
         except queue.Empty:
             return self.ledger.snapshot()
         self._steps += steps
+        self._gc += pauses
         return stats
 
     def drain_steps(self) -> list[StepRecord]:
         steps, self._steps = self._steps, []
         return steps
+
+    def drain_gc(self) -> list[GcPause]:
+        """The engine process's garbage-collector pauses (fetched with :meth:`stats`)."""
+        pauses, self._gc = self._gc, []
+        return pauses
 
     def live_requests(self) -> set[str]:
         return self.ledger.live()

@@ -33,6 +33,7 @@ from voicert.speech.asr import WhisperAsr
 from voicert.speech.tts import TtsWorker, load_voice
 from voicert.speech.vad import SileroVad
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from voicert.telemetry.gcwatch import GcWatch, settle
 from voicert.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,11 @@ def load_services(cfg: Config) -> Services:
         log.info("tts ready (%s, %d Hz)", cfg.tts.engine, tts.sample_rate)
     vad_pool = (ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
                 if cfg.vad.threads > 0 else None)
+    if cfg.server.gc_freeze:
+        log.info("gc: %d loaded objects exempted from collection", settle())
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
                     metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts,
-                    vad_pool=vad_pool)
+                    vad_pool=vad_pool, gc_watch=GcWatch().install())
 
 
 def build_engine(cfg: Config):
@@ -83,7 +86,8 @@ def build_engine(cfg: Config):
     if llm.process:
         from voicert.engine.remote import EngineProcess
 
-        return EngineProcess(model_dir, engine_cfg, threads=llm.threads)
+        return EngineProcess(model_dir, engine_cfg, threads=llm.threads,
+                             gc_freeze=cfg.server.gc_freeze)
     if llm.threads > 0:
         import torch
 
@@ -136,6 +140,8 @@ class VoiceServer:
             m = self.services.metrics
             m.sample_engine(self.services.engine)
             m.sample_asr(self.services.asr)
+            if self.services.gc_watch is not None:
+                m.observe_gc("server", self.services.gc_watch.drain())
             return _response(http.HTTPStatus.OK, m.exposition(), METRICS_CONTENT_TYPE)
         page = static_file(path)
         if page is not None:
@@ -265,6 +271,8 @@ class VoiceServer:
 
     @staticmethod
     def _discard(services: Services) -> None:
+        if services.gc_watch is not None:
+            services.gc_watch.remove()
         services.engine.close()
         services.asr.close()
         if services.tts is not None:

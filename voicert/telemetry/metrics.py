@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from voicert.engine.base import StepRecord
+from voicert.telemetry.gcwatch import GcPause
 from voicert.telemetry.latency import STAGE_NAMES, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ class Metrics:
                               "Engine step time on the engine thread (schedule, forward, sync)",
                               ["kind"], buckets=[.0005, .001, .002, .004, .008, .016, .032, .064,
                                                  .128, .256, .512, 1.024], registry=r)
+        self.gc_pause = Histogram("voicert_gc_pause_seconds",
+                                  "Garbage-collector pauses, by process and generation",
+                                  ["process", "generation"],
+                                  buckets=[.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5],
+                                  registry=r)
         self.prefix_hit = Gauge("voicert_prefix_cache_hit_ratio",
                                 "Prompt tokens served from the prefix cache / looked up", registry=r)
         self.spec_accept = Gauge("voicert_spec_acceptance_rate",
@@ -112,6 +118,9 @@ class Metrics:
             self.running.set(engine.running)
         else:
             self.running.set(stats.active)
+        gc_drain = getattr(engine, "drain_gc", None)  # the engine process's own collector
+        if gc_drain is not None:
+            self.observe_gc("engine", gc_drain())
         drain = getattr(engine, "drain_steps", None)
         steps = drain() if drain is not None else []
         for rec in steps:
@@ -122,6 +131,10 @@ class Metrics:
         if "spec_acceptance_rate" in extra:
             self.spec_accept.set(extra["spec_acceptance_rate"])
         return steps
+
+    def observe_gc(self, process: str, pauses: list[GcPause]) -> None:
+        for p in pauses:
+            self.gc_pause.labels(process, str(p.generation)).observe(p.seconds)
 
     def sample_asr(self, asr) -> None:
         drain = getattr(asr, "drain_batch_sizes", None)
