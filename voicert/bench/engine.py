@@ -149,12 +149,13 @@ class Bench:
                 self.hops.append((now - ev.sampled_ns) / 1e3)  # engine thread -> asyncio, us
         return times, req.submit_ns, ids
 
-    async def ours_ttft_cached(self, reps: int) -> list[float]:
-        prefix = self.tokens(500)
-        await self._stream(self.engine, prefix + self.tokens(100), 1, "warm")
+    async def ours_ttft_cached(self, reps: int, cached: int = 500, new: int = 100) -> list[float]:
+        """TTFT of prompts whose first ``cached`` tokens an earlier request left in the cache."""
+        prefix = self.tokens(cached)
+        await self._stream(self.engine, prefix + self.tokens(new), 1, "warm")
         out = []
         for _ in range(reps):
-            times, t0, _ = await self._stream(self.engine, prefix + self.tokens(100), 1, "ttft")
+            times, t0, _ = await self._stream(self.engine, prefix + self.tokens(new), 1, "ttft")
             out.append((times[0] - t0) / 1e6)
         return out
 
@@ -186,9 +187,9 @@ class Bench:
         sync(self.args.device)
         return time.perf_counter() - t0
 
-    def hf_ttft(self, reps: int) -> list[float]:
-        self.hf_time([self.tokens(600)], 1)
-        return [self.hf_time([self.tokens(600)], 1) * 1000 for _ in range(reps)]
+    def hf_ttft(self, reps: int, total: int = 600) -> list[float]:
+        self.hf_time([self.tokens(total)], 1)
+        return [self.hf_time([self.tokens(total)], 1) * 1000 for _ in range(reps)]
 
     def hf_concurrent(self, streams: int, new: int) -> tuple[float, float]:
         prompts = [self.tokens(self.args.prompt_tokens) for _ in range(streams)]
@@ -239,6 +240,11 @@ class Bench:
         rows.append(Row("TTFT, 600-token prompt, 500 cached (P50)", pct(ours, 50),
                         pct(base, 50) if base else None, "ms"))
         rows.append(Row("TTFT, 600-token prompt, 500 cached (P99)", pct(ours, 99), None, "ms"))
+        # a voice turn: 20 new tokens after a cached 150-token system prompt
+        ours = await self.ours_ttft_cached(a.reps, cached=150, new=20)
+        base = self.hf_ttft(max(3, a.reps // 4), total=170) if self.hf else None
+        rows.append(Row("TTFT, 20-token turn after a cached 150-token system prompt (P50)",
+                        pct(ours, 50), pct(base, 50) if base else None, "ms"))
         for n in a.streams:
             await self.ours_concurrent(min(n, 2), 4)  # warm this path
             tps, tpots, steady = await self.ours_concurrent(n, a.new_tokens)

@@ -86,19 +86,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda:  # one fused kernel (fp32 accumulation) instead of seven
-            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
-        dtype = x.dtype
+        if x.is_cuda or x.dtype == torch.float32:  # one op (CUDA: one fused kernel) instead of
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # seven
+        dtype = x.dtype  # HF's order for half types on the CPU: normalise in fp32, then cast
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE, HF's half-split convention: x * cos + rotate_half(x) * sin, in x's dtype.
-    x: [B, Q, H, D]; cos/sin: [B, Q, 1, D] (the D/2 angles repeated twice)."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE, HF's half-split convention, x * cos + rotate_half(x) * sin, in x's dtype, with the
+    sign of rotate_half folded into ``sin_signed`` = [-sin, sin] (negation is exact, so the result
+    is bit-identical). x: [B, Q, H, D]; cos/sin_signed: [B, Q, 1, D]."""
     x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
+    return x * cos + torch.cat([x2, x1], dim=-1) * sin_signed
 
 
 @dataclass(slots=True)
@@ -140,8 +141,9 @@ class Attention(nn.Module):
         k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))
         v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
         mb = inp.block_tables.shape[1]
-        keys = k_pool[inp.block_tables].view(b, mb * bs, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
-        vals = v_pool[inp.block_tables].view(b, mb * bs, kvh, d).transpose(1, 2)
+        table = inp.block_tables.view(-1)  # [B*MB]; index_select copies whole blocks
+        keys = k_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
+        vals = v_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)
         if x.is_cuda and h != kvh:
             # fold the query heads of each KV head into the query axis: [B, KVH, Q*G, D]; the
             # masked kernels then read each K/V once instead of a repeated copy per query head
@@ -195,12 +197,14 @@ class LlamaModel(nn.Module):
         angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
         dtype = self.embed.weight.dtype
         cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # as HF: in the model's dtype
+        half = sin.shape[-1] // 2
+        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign folded in
         span = inp.block_tables.shape[1] * k_pool.shape[2]  # L = MB * BS
         keys = torch.arange(span, device=input_ids.device)  # [L]
         mask = (keys.view(1, 1, -1) <= inp.positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, Q, L]
         h = self.embed(input_ids)
-        if h.is_cuda:  # additive form, built once here instead of converted in every layer
-            mask = torch.zeros((), dtype=h.dtype, device=h.device).masked_fill(~mask, float("-inf"))
+        # additive form, built once here instead of converted in every layer
+        mask = torch.zeros((), dtype=h.dtype, device=h.device).masked_fill(~mask, float("-inf"))
         for i, layer in enumerate(self.layers):
             h = h + layer.attn(layer.attn_norm(h), cos, sin, inp, mask, k_pool[i], v_pool[i])
             h = h + layer.mlp(layer.mlp_norm(h))
