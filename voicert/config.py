@@ -142,6 +142,8 @@ class LlmConfig:
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
+    draft_heads: str = ""  # draft heads on the target's hidden state ("embedded": shipped for the
+    # embedded SmolLM2; or a .safetensors file); used when spec_tokens > 0
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster, not identical to fp32)
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode and prefill steps
     prefill_graph_rows: int = 16  # GPU: most prompts one graphed prefill step packs (1: one prompt

@@ -25,10 +25,10 @@ def run_engine(engine, prompts, new=32, sequential=False):
     return asyncio.run(main())
 
 
-def make(model, graphs, spec=0):
+def make(model, graphs, spec=0, heads=""):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
-                       spec_tokens=spec)
+                       spec_tokens=spec, draft_heads=heads)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -81,3 +81,18 @@ def test_speculative_verify_graphs_equal_greedy_fp32(prompts):
     finally:
         plain.close()
         spec.close()
+
+
+def test_draft_head_graphs_equal_greedy_fp32(prompts):
+    """The embedded heads fit the SmolLM2 shape: graphed steps that also emit the heads' drafts
+    must keep greedy tokens, and drafts must be proposed (prefill and decode graphs)."""
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    plain, heads = make(model, True), make(model, True, spec=2, heads="embedded")
+    try:
+        assert run_engine(heads, prompts, new=40) == run_engine(plain, prompts, new=40)
+        assert heads.scheduler.spec.proposed > 0
+        assert heads.runner.eager_steps == {"prefill": 0, "decode": 0}
+    finally:
+        plain.close()
+        heads.close()

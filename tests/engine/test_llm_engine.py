@@ -179,3 +179,23 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
             assert not eng.drafter.state  # every finished sequence released its draft blocks
         finally:
             eng.close()
+
+
+async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, parts, engines):
+    """The shipped draft heads propose; the target's greedy tokens come out, several at a time."""
+    from voicert.engine.heads import EMBEDDED_HEADS
+
+    assert EMBEDDED_HEADS.is_file()
+    model, tok = parts
+    plain, _ = engines
+    texts = PROMPTS[:3] + ["Repeat my address back to me: 42 Baker Street, London."]
+    greedy = [tokens_of(ev) for ev in await generate(plain, reqs("hg", texts, 48))]
+    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2,
+                                            draft_heads="embedded"), model=model, tokenizer=tok)
+    try:
+        out = [tokens_of(ev) for ev in await generate(eng, reqs("hs", texts, 48))]
+        spec = eng.scheduler.spec
+        assert out == greedy
+        assert spec.proposed > 0 and spec.mean_accepted_length > 1.2  # they do guess right
+    finally:
+        eng.close()

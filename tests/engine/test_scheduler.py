@@ -174,3 +174,30 @@ def test_prefill_packs_into_captured_shapes_within_the_budget():
             assert rows * width <= 32
     for s, n, first in zip(seqs, (5, 8, 3, 7, 9, 2), (100, 200, 300, 400, 500, 600)):
         assert s.tokens[n:] == reference(n, 10, first)
+
+
+def test_head_drafts_come_from_the_last_step_and_keep_greedy():
+    """With head drafts, a sequence's next drafts are the guesses made where its last emitted token
+    was sampled; here the 'heads' guess right (the reference) or wrong (a constant)."""
+    for right in (True, False):
+        sched = Scheduler(BlockManager(256, 4), SchedulerConfig(spec_tokens=2, head_drafts=True),
+                          {STOP})
+        s = seq("h", 6, max_new=12)
+        sched.add(s)
+        while sched.has_work():
+            step, _ = sched.schedule()
+            toks = sample(step)
+            drafts = []
+            for row, t in zip(step.chunks or step.seqs, toks):
+                base = (row.seq.tokens[:row.end] if step.kind == "prefill"
+                        else row.tokens + row.draft)
+                guesses = []
+                for j in range(len(t)):  # the context up to and including this position's token
+                    ctx = (base if step.kind == "prefill" else base[:len(row.tokens) + j]) + [t[j]]
+                    nxt = next_token(ctx)
+                    guesses.append([nxt, next_token(ctx + [nxt])] if right else [1, 1])
+                drafts.append(guesses)
+            sched.postprocess(step, toks, drafts)
+        assert s.tokens[6:] == reference(6, 12)
+        spec = sched.spec
+        assert (spec.accepted > 0) == right and spec.proposed > 0

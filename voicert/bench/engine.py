@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import statistics
 import sys
@@ -107,11 +108,16 @@ class Bench:
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
         self.engine = LLMEngine(self.model_dir or "", EngineConfig(**base), model=self.model,
                                 tokenizer=tok)
-        self.spec_engine = None
+        self.spec_engines: dict[str, LLMEngine] = {}  # label -> an engine that speculates
         if args.spec:
-            self.spec_engine = LLMEngine(self.model_dir or "", EngineConfig(**base,
-                                         spec_tokens=args.spec), model=self.engine.model,
-                                         tokenizer=tok)
+            self.spec_engines[f"n-gram prompt lookup, k={args.spec}"] = LLMEngine(
+                self.model_dir or "", EngineConfig(**base, spec_tokens=args.spec),
+                model=self.engine.model, tokenizer=tok)
+        if args.heads:
+            self.spec_engines[f"draft heads ({args.heads}), k={args.heads_k}"] = LLMEngine(
+                self.model_dir or "", EngineConfig(**base, spec_tokens=args.heads_k,
+                                                   draft_heads=args.heads),
+                model=self.engine.model, tokenizer=tok)
         self.hf = self._hf_model() if args.baseline else None
         self.rng = np.random.default_rng(0)
         self.hops: list[float] = []
@@ -199,36 +205,48 @@ class Bench:
 
     # ---------------------------------------------------------------- speculative
 
-    async def spec_compare(self) -> dict:
+    async def _voice_run(self, eng: LLMEngine, prompts: list[list[int]]) -> tuple[float, list]:
+        """Mean TPOT (ms) over the voice prompts one at a time, and each reply's tokens."""
+        tpots, outs = [], []
+        for p in prompts:
+            req = GenerationRequest(f"v-{time.perf_counter_ns()}", [], self.args.new_tokens,
+                                    prompt_ids=p)
+            times, ids = [], []
+            async for ev in eng.submit(req):
+                if ev.finish_reason is None:
+                    times.append(time.perf_counter_ns())
+                    ids.append(ev.token_id)
+            outs.append(ids)
+            if len(times) > 1:
+                tpots.append((times[-1] - times[0]) / 1e6 / (len(times) - 1))
+        return statistics.mean(tpots), outs
+
+    async def spec_compare(self) -> list[dict]:
+        """Each speculating engine against plain greedy, batch 1, on the voice prompt set."""
         if self.tokenizer is None:
-            return {}
+            return []
         from voicert.engine.prompt import build_prompt
 
         prompts = [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
                                                   ChatMessage("user", p)], 2048)
                    for p in VOICE_PROMPTS]
-        res = {}
-        for name, eng in (("greedy", self.engine), ("ngram", self.spec_engine)):
-            tpots, outs = [], []
-            for p in prompts:
-                req = GenerationRequest(f"{name}-{time.perf_counter_ns()}", [], self.args.new_tokens,
-                                        prompt_ids=p)
-                times, ids = [], []
-                async for ev in eng.submit(req):
-                    if ev.finish_reason is None:
-                        times.append(time.perf_counter_ns())
-                        ids.append(ev.token_id)
-                outs.append(ids)
-                if len(times) > 1:
-                    tpots.append((times[-1] - times[0]) / 1e6 / (len(times) - 1))
-            res[name] = {"tpot_ms": statistics.mean(tpots), "outputs": outs}
-        spec = self.spec_engine.scheduler.spec
-        same = sum(a == b for a, b in zip(res["greedy"]["outputs"], res["ngram"]["outputs"]))
-        return {"greedy_tpot_ms": res["greedy"]["tpot_ms"], "ngram_tpot_ms": res["ngram"]["tpot_ms"],
-                "speedup": res["greedy"]["tpot_ms"] / res["ngram"]["tpot_ms"],
-                "identical": f"{same}/{len(prompts)}", "acceptance_rate": spec.acceptance_rate,
-                "mean_accepted_length": spec.mean_accepted_length,
-                "sample": self.tokenizer.decode(res["ngram"]["outputs"][0])}
+        await self._voice_run(self.engine, prompts[:1])  # warm
+        greedy_tpot, greedy = await self._voice_run(self.engine, prompts)
+        out = []
+        for name, eng in self.spec_engines.items():
+            await self._voice_run(eng, prompts[:1])
+            before = dataclasses.replace(eng.scheduler.spec)
+            tpot, outs = await self._voice_run(eng, prompts)
+            spec = eng.scheduler.spec
+            steps, emitted = spec.seq_steps - before.seq_steps, spec.emitted - before.emitted
+            proposed, accepted = spec.proposed - before.proposed, spec.accepted - before.accepted
+            out.append({"name": name, "greedy_tpot_ms": greedy_tpot, "tpot_ms": tpot,
+                        "speedup": greedy_tpot / tpot,
+                        "identical": f"{sum(a == b for a, b in zip(greedy, outs))}/{len(prompts)}",
+                        "acceptance_rate": accepted / proposed if proposed else 0.0,
+                        "mean_accepted_length": emitted / steps if steps else 0.0,
+                        "sample": self.tokenizer.decode(outs[0])})
+        return out
 
     # ---------------------------------------------------------------- all
 
@@ -256,7 +274,7 @@ class Bench:
             rows.append(Row(f"tokens/s, {n} streams", tps, hf_tps, "tok/s"))
         rows.append(Row("engine thread -> asyncio hop per token (P50)", pct(self.hops, 50), None, "us"))
         rows.append(Row("engine thread -> asyncio hop per token (P99)", pct(self.hops, 99), None, "us"))
-        spec = await self.spec_compare() if self.spec_engine else {}
+        spec = await self.spec_compare() if self.spec_engines else []
         return {"rows": rows, "spec": spec}
 
 
@@ -285,14 +303,14 @@ def render(label: str, args: argparse.Namespace, result: dict) -> str:
         base = f"{r.baseline:.1f}" if r.baseline is not None else "-"
         ratio = f"{r.ratio:.1f}x" if r.ratio is not None else "-"
         lines.append(f"| {r.name} | {r.ours:.1f} {r.unit} | {base} | {ratio} |")
-    s = result["spec"]
-    if s:
-        lines += ["", "| speculative (batch 1, voice prompt set) | greedy TPOT ms | n-gram TPOT ms | "
-                  "speedup | identical | acceptance | mean accepted length |",
-                  "|---|---:|---:|---:|---:|---:|---:|",
-                  f"| n-gram prompt lookup, k={args.spec} | {s['greedy_tpot_ms']:.1f} | "
-                  f"{s['ngram_tpot_ms']:.1f} | {s['speedup']:.2f}x | {s['identical']} | "
-                  f"{s['acceptance_rate']:.2f} | {s['mean_accepted_length']:.2f} |"]
+    if result["spec"]:
+        lines += ["", "| speculative (batch 1, voice prompt set) | greedy TPOT ms | speculative TPOT ms "
+                  "| speedup | identical | acceptance | mean accepted length |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
+        for s in result["spec"]:
+            lines.append(f"| {s['name']} | {s['greedy_tpot_ms']:.2f} | {s['tpot_ms']:.2f} | "
+                         f"{s['speedup']:.2f}x | {s['identical']} | {s['acceptance_rate']:.2f} | "
+                         f"{s['mean_accepted_length']:.2f} |")
     return "\n".join(lines)
 
 
@@ -308,6 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=100)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--spec", type=int, default=4, help="n-gram draft length (0: skip)")
+    ap.add_argument("--heads", default="", help="draft heads to compare too (embedded | a file)")
+    ap.add_argument("--heads-k", type=int, default=2, help="drafts per step from the heads")
     ap.add_argument("--kv-gb", type=float, default=0.0, help="KV pool size (0: automatic)")
     ap.add_argument("--batch-window-ms", type=float, default=0.0)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
@@ -329,8 +349,8 @@ def main(argv: list[str] | None = None) -> int:
                        "rows": [asdict(r) | {"ratio": r.ratio} for r in result["rows"]],
                        "spec": result["spec"], "table": text}, f, indent=1, default=str)
     bench.engine.close()
-    if bench.spec_engine:
-        bench.spec_engine.close()
+    for eng in bench.spec_engines.values():
+        eng.close()
     return 0
 
 

@@ -20,6 +20,7 @@ from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, Re
                                  StepRecord, TokenEvent)
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
+from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.models.llama import DTYPES, LlamaModel, load_llama
 from voicert.engine.runner import ModelRunner
@@ -44,7 +45,9 @@ class EngineConfig:
     batch_window_ms: float = 0.0  # an idle engine waits this long for more arrivals
     spec_tokens: int = 0  # drafts per decode step; 0 disables speculation
     draft_model: str = ""  # HF dir / .gguf / embedded of a draft model with the same tokenizer;
-    # empty: drafts come from n-gram prompt lookup
+    # empty: drafts come from n-gram prompt lookup (or draft heads)
+    draft_heads: str = ""  # draft heads (a .safetensors file, or "embedded": the ones shipped for
+    # the embedded SmolLM2); with spec_tokens > 0 they propose the drafts
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
@@ -71,17 +74,18 @@ class LLMEngine:
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
         num_blocks = cfg.num_blocks or self._pool_blocks()
         self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.heads = self._heads()
         self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
                                   max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
                                   widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
                                   prefill_budget=cfg.prefill_token_budget,
-                                  prefill_rows=cfg.prefill_graph_rows)
+                                  prefill_rows=cfg.prefill_graph_rows, heads=self.heads)
         self.drafter = self._drafter(draft, num_blocks)
         pg = self.runner.prefill_graphs  # pack prefill steps into the captured shapes
         pg = pg if pg is not None and len(pg.batches) > 1 else None
         self.scheduler = Scheduler(self.blocks, SchedulerConfig(
             cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens,
-            external_drafts=self.drafter is not None,
+            external_drafts=self.drafter is not None, head_drafts=self.heads is not None,
             prefill_batches=tuple(pg.batches) if pg else (),
             prefill_widths=tuple(pg.widths) if pg else ()), self.stop_ids)
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
@@ -106,6 +110,21 @@ class LLMEngine:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({self.model.cfg.vocab_size}): it must share the tokenizer")
         return DraftModelProposer(draft, max(num_blocks // 2, 2), self.cfg.block_size)
+
+    def _heads(self) -> DraftHeads | None:
+        """The draft heads, when speculation uses them (``draft_heads`` and ``spec_tokens`` set)."""
+        if self.cfg.spec_tokens <= 0 or not self.cfg.draft_heads:
+            return None
+        if self.cfg.draft_model:
+            raise ValueError("draft_model and draft_heads are alternatives: set one")
+        path = EMBEDDED_HEADS if self.cfg.draft_heads == "embedded" else self.cfg.draft_heads
+        mcfg = self.model.cfg
+        heads = load_heads(path, mcfg.hidden_size, mcfg.vocab_size, DTYPES[self.cfg.dtype],
+                           self.cfg.device)
+        if self.cfg.spec_tokens > heads.num_heads:
+            raise ValueError(f"spec_tokens ({self.cfg.spec_tokens}) is more than the "
+                             f"{heads.num_heads} draft heads in {path}")
+        return heads
 
     def _pool_blocks(self) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,
@@ -242,8 +261,8 @@ class LLMEngine:
                 chunk.seq.prefill_start_ns = now
         if self.drafter is not None and step.kind == "decode":
             self.drafter.propose(step.seqs, self.cfg.spec_tokens)
-        sampled = self.runner.run(step)
-        emitted = self.scheduler.postprocess(step, sampled)
+        result = self.runner.run_step(step)
+        emitted = self.scheduler.postprocess(step, result.tokens, result.drafts)
         sampled_ns = time.perf_counter_ns()
         self.step_records.append(StepRecord(step.kind, len(step.chunks) + len(step.seqs),
                                             (sampled_ns - now) / 1e9))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from voicert.engine.heads import DraftHeads
 from voicert.engine.kv_cache import SCRATCH_BLOCK
 from voicert.engine.models.llama import AttnInputs, LlamaModel
 from voicert.engine.scheduler import Step
@@ -20,6 +21,14 @@ class Row:
     start: int  # absolute position of tokens[0]
     table: list[int]  # the sequence's block ids
     sample_from: int  # logits from this row index onwards are sampled (len(tokens): none)
+
+
+@dataclass(slots=True)
+class StepOutput:
+    tokens: list[list[int]]  # per row: the greedy token after each sampled position
+    # with draft heads: per row, per sampled position, the heads' guesses of the tokens after
+    # that position's greedy token; None without heads
+    drafts: list[list[list[int]]] | None = None
 
 
 def rows_for(step: Step) -> list[Row]:
@@ -44,9 +53,11 @@ class ModelRunner:
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
                  cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048,
                  widths: tuple[int, ...] = (1,),
-                 prefill_budget: int = 512, prefill_rows: int = 16) -> None:
+                 prefill_budget: int = 512, prefill_rows: int = 16,
+                 heads: DraftHeads | None = None) -> None:
         cfg = model.cfg
         self.model = model
+        self.heads = heads
         self.forward = model
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -98,10 +109,14 @@ class ModelRunner:
                          block_tables=torch.tensor(tables, device=dev))  # [B, MB]
         return torch.tensor(ids, device=dev), inp
 
-    @torch.inference_mode()
     def run(self, step: Step) -> list[list[int]]:
         """One forward for the step. Returns, per row, the greedy token after each sampled
         position (prefill rows that finish their prompt: one; decode rows: len(draft) + 1)."""
+        return self.run_step(step).tokens
+
+    @torch.inference_mode()
+    def run_step(self, step: Step) -> StepOutput:
+        """:meth:`run`, plus the draft heads' guesses at each sampled position (with heads)."""
         rows = rows_for(step)
         graphs = self.graphs if step.kind == "decode" else self.prefill_graphs
         if graphs is not None:
@@ -109,23 +124,36 @@ class ModelRunner:
             if out is not None:
                 return out
             self.eager_steps[step.kind] += 1
-        return self.run_rows(rows)
+        return self.forward_rows(rows)
 
-    @torch.inference_mode()
     def run_rows(self, rows: list[Row]) -> list[list[int]]:
         """Eager forward of arbitrary rows; greedy tokens after each sampled position."""
+        return self.forward_rows(rows).tokens
+
+    @torch.inference_mode()
+    def forward_rows(self, rows: list[Row]) -> StepOutput:
         input_ids, inp = self.prepare(rows)
         hidden = self.forward(input_ids, inp, self.k_pool, self.v_pool)  # [B, Q, hidden]
         picks = [(i, j) for i, r in enumerate(rows) for j in range(r.sample_from, len(r.tokens))]
         if not picks:
-            return [[] for _ in rows]
+            return StepOutput([[] for _ in rows], [[] for _ in rows] if self.heads else None)
         bi = torch.tensor([i for i, _ in picks], device=self.device)
         qi = torch.tensor([j for _, j in picks], device=self.device)
-        tokens = self.model.logits(hidden[bi, qi]).argmax(-1).tolist()  # [P]; the one host sync
-        out: list[list[int]] = [[] for _ in rows]
-        for (i, _), t in zip(picks, tokens):
-            out[i].append(t)
+        h = self.with_heads(hidden[bi, qi])  # [1 + heads, P, hidden]
+        best = self.model.logits(h).argmax(-1).tolist()  # [1 + heads][P]; the one host sync
+        out = StepOutput([[] for _ in rows], [[] for _ in rows] if self.heads else None)
+        for p, (i, _) in enumerate(picks):
+            out.tokens[i].append(best[0][p])
+            if out.drafts is not None:
+                out.drafts[i].append([row[p] for row in best[1:]])
         return out
+
+    def with_heads(self, h: torch.Tensor) -> torch.Tensor:
+        """h [P, hidden] -> [1 + heads, P, hidden]: the target's own input to the LM head first,
+        then each draft head's (one LM-head matmul reads the weights once for all)."""
+        if self.heads is None:
+            return h.unsqueeze(0)
+        return torch.cat([h.unsqueeze(0), self.heads(h)])
 
 
 class StepGraphs:
@@ -166,7 +194,9 @@ class StepGraphs:
         self.host_np = self.host.numpy()
         for name, n in sizes.items():
             setattr(self, name, self.packed[self.offsets[name]: self.offsets[name] + n])
-        self.out = torch.zeros(mb * mw, dtype=torch.long, device=dev)
+        # out[0]: greedy tokens; out[1 + i]: draft head i's guesses (with heads)
+        nh = runner.heads.num_heads if runner.heads is not None else 0
+        self.out = torch.zeros(1 + nh, mb * mw, dtype=torch.long, device=dev)
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._capture()
 
@@ -177,9 +207,9 @@ class StepGraphs:
         h = forward(ids, inp, self.runner.k_pool, self.runner.v_pool)  # [b, w, hidden]
         if self.sample_last:
             h = h[torch.arange(b, device=h.device), self.last[:b]]  # [b, hidden]
-            self.out[:b].copy_(self.runner.model.logits(h).argmax(-1))
-        else:
-            self.out[: b * w].copy_(self.runner.model.logits(h).argmax(-1).view(-1))
+        h = self.runner.with_heads(h.reshape(-1, h.shape[-1]))  # [1 + heads, N, hidden]
+        best = self.runner.model.logits(h).argmax(-1)  # [1 + heads, N]
+        self.out[:, : best.shape[1]].copy_(best)
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -212,7 +242,7 @@ class StepGraphs:
                     self.graphs[(b, nblk, w)] = graph
         torch.cuda.synchronize()
 
-    def run(self, rows: list[Row]) -> list[list[int]] | None:
+    def run(self, rows: list[Row]) -> StepOutput | None:
         """Replay the smallest graph that fits; None when none does (the caller runs eagerly)."""
         n = len(rows)
         width = max(len(r.tokens) for r in rows)
@@ -229,8 +259,15 @@ class StepGraphs:
             self.host_np[at: at + flat.size] = flat
         self.packed.copy_(self.host, non_blocking=True)  # one H2D copy (the previous step synced)
         self.graphs[(b, nblk, w)].replay()
+        heads = self.runner.heads is not None
         if self.sample_last:
-            toks = self.out[:n].tolist()  # the one host sync of the step
-            return [[t] if r.sample_from < len(r.tokens) else [] for t, r in zip(toks, rows)]
-        flat = self.out[: n * w].tolist()  # the one host sync of the step
-        return [flat[i * w: i * w + len(r.tokens)] for i, r in enumerate(rows)]
+            best = self.out[:, :n].tolist()  # the one host sync of the step
+            keep = [r.sample_from < len(r.tokens) for r in rows]
+            return StepOutput([[t] if k else [] for t, k in zip(best[0], keep)],
+                              [[[d[i] for d in best[1:]]] if k else [] for i, k in enumerate(keep)]
+                              if heads else None)
+        best = self.out[:, : n * w].tolist()  # the one host sync of the step
+        spans = [(i * w, i * w + len(r.tokens)) for i, r in enumerate(rows)]
+        return StepOutput([best[0][a:z] for a, z in spans],
+                          [[[d[p] for d in best[1:]] for p in range(a, z)] for a, z in spans]
+                          if heads else None)

@@ -23,6 +23,7 @@ class SchedulerConfig:
     prefill_token_budget: int = 512  # padded prompt tokens per prefill step
     spec_tokens: int = 0  # drafts per decode step (0: plain greedy)
     external_drafts: bool = False  # drafts come from a draft model after scheduling, not n-grams
+    head_drafts: bool = False  # drafts are the draft heads' guesses from the sequence's last step
     # The shapes a prefill step is padded to (the runner's captured graphs; empty: exact shapes).
     # With them a step's padded cost is bucket(rows) * bucket(width), kept within the budget.
     prefill_batches: tuple[int, ...] = ()
@@ -185,7 +186,12 @@ class Scheduler:
                 seq.draft = []  # the draft model fills it after scheduling; reserve its k slots
                 need = len(seq.tokens) + k
             else:
-                seq.draft = ngram_propose(seq.tokens, k) if k > 0 else []
+                if k <= 0:
+                    seq.draft = []
+                elif self.cfg.head_drafts:
+                    seq.draft = seq.head_draft[:k]
+                else:
+                    seq.draft = ngram_propose(seq.tokens, k)
                 need = len(seq.tokens) + len(seq.draft)
             while not self.blocks.can_grow(seq.blocks, need) and seq.draft:
                 seq.draft = []  # drop the drafts before anybody else's KV
@@ -225,23 +231,29 @@ class Scheduler:
 
     # ---------------------------------------------------------------- results
 
-    def postprocess(self, step: Step, sampled: list[list[int]]) -> list[tuple[Sequence, list[int]]]:
+    def postprocess(self, step: Step, sampled: list[list[int]],
+                    drafts: list[list[list[int]]] | None = None) -> list[tuple[Sequence, list[int]]]:
         """Apply one step's argmax tokens (one list per row: prefill rows that sample give one
-        token; decode rows give len(draft) + 1). Returns (sequence, tokens to emit) for every row
-        that produced tokens; finished sequences have ``finish_reason`` set and blocks freed."""
+        token; decode rows give len(draft) + 1) and, with draft heads, their guesses at each of
+        those positions. Returns (sequence, tokens to emit) for every row that produced tokens;
+        finished sequences have ``finish_reason`` set and blocks freed."""
         out: list[tuple[Sequence, list[int]]] = []
         if step.kind == "prefill":
-            for chunk, toks in zip(step.chunks, sampled):
+            for i, (chunk, toks) in enumerate(zip(step.chunks, sampled)):
                 seq = chunk.seq
                 seq.num_computed = chunk.end
                 self.blocks.register_full(seq.blocks, seq.tokens, seq.num_computed)
                 if chunk.samples:
                     seq.status = Status.DECODE
+                    if drafts is not None:
+                        seq.head_draft = drafts[i][0]
                     out.append((seq, self._append(seq, toks[:1])))
             return out
-        for seq, toks in zip(step.seqs, sampled):
+        for i, (seq, toks) in enumerate(zip(step.seqs, sampled)):
             self.spec.seq_steps += 1
             new = accept_greedy(seq.draft, toks) if seq.draft else toks[:1]
+            if drafts is not None:  # the guesses made where the last emitted token was sampled
+                seq.head_draft = drafts[i][len(new) - 1]
             self.spec.proposed += len(seq.draft)
             self.spec.accepted += len(new) - 1
             self.spec.emitted += len(new)

@@ -31,6 +31,7 @@ class Sequence:
     prefill_start_ns: int = 0
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     draft: list[int] = field(default_factory=list)  # speculative tokens for the next step
+    head_draft: list[int] = field(default_factory=list)  # draft heads' guess after the last token
     detok: Any = None
 
     def __post_init__(self) -> None:

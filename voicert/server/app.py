@@ -78,7 +78,7 @@ def build_engine(cfg: Config):
         kv_memory_gb=llm.kv_memory_gb, gpu_memory_fraction=llm.gpu_memory_fraction,
         max_batch=llm.max_batch, prefill_token_budget=llm.prefill_token_budget,
         batch_window_ms=llm.batch_window_ms, spec_tokens=llm.spec_tokens,
-        draft_model=llm.draft_model,
+        draft_model=llm.draft_model, draft_heads=llm.draft_heads,
         max_context_tokens=llm.max_context_tokens, int8=llm.int8,
         cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda"),
         prefill_graph_rows=llm.prefill_graph_rows,
