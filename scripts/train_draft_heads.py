@@ -136,6 +136,7 @@ def evaluate(model: LlamaModel, heads: DraftHeads, data) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="embedded", help="embedded | HF dir | .gguf")
     ap.add_argument("--prompts", type=int, default=1024)
     ap.add_argument("--heads", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=6)
@@ -145,7 +146,7 @@ def main() -> None:
     torch.manual_seed(0)
     t0 = time.perf_counter()
     cfg = load_config(environ={})
-    model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
+    model_dir = str(resolve_llm(args.model, cache_dir(cfg.models)))
     engine = LLMEngine(model_dir, EngineConfig(kv_memory_gb=2, max_batch=64))
     try:
         train = replies(engine, prompts(args.prompts, random.Random(0)), args.new_tokens)
