@@ -12,7 +12,7 @@ import torch
 from voicert.engine.heads import DraftHeads
 from voicert.engine.kv_cache import SCRATCH_BLOCK
 from voicert.engine.models.llama import AttnInputs, LlamaModel
-from voicert.engine.scheduler import Step
+from voicert.engine.scheduler import Step, bucket
 
 
 @dataclass(slots=True)
@@ -42,11 +42,6 @@ BATCH_LADDER = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
 SPAN_LADDER = (256, 512, 1024, 2048, 4096, 8192)  # attended key span (tokens) per graph
 PREFILL_LADDER = (16, 32, 64, 128, 256, 512, 1024, 2048)  # new tokens per row of a prefill
 PREFILL_BATCHES = (1, 2, 4, 8, 16)  # rows of a prefill step (graphs with rows * width <= budget)
-
-
-def bucket(value: int, ladder: list[int]) -> int | None:
-    """The smallest ladder entry >= value, or None."""
-    return next((x for x in ladder if x >= value), None)
 
 
 class ModelRunner:

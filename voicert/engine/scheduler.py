@@ -71,8 +71,9 @@ class SpecStats:
         return self.emitted / self.seq_steps if self.seq_steps else 0.0
 
 
-def _pad(value: int, ladder: tuple[int, ...]) -> int | None:
-    """The smallest ladder entry >= value (None if above it); ``value`` itself for an empty one."""
+def bucket(value: int, ladder: tuple[int, ...] | list[int]) -> int | None:
+    """The smallest entry of a sorted ladder >= value (None if above it); ``value`` itself for an
+    empty ladder (exact shapes)."""
     if not ladder:
         return value
     return next((x for x in ladder if x >= value), None)
@@ -166,11 +167,10 @@ class Scheduler:
             todo = len(seq.tokens) - seq.num_computed
             if not chunks:
                 n = min(todo, budget)
-                width = _pad(n, self.cfg.prefill_widths) or n
+                width = bucket(n, self.cfg.prefill_widths) or n
             else:
                 n = todo  # later rows come whole and must not widen the padded batch
-                rows = _pad(len(chunks) + 1, self.cfg.prefill_batches) if self.cfg.prefill_batches \
-                    else len(chunks) + 1
+                rows = bucket(len(chunks) + 1, self.cfg.prefill_batches)
                 if n > width or rows is None or rows * width > budget:
                     continue
             chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
