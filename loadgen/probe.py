@@ -58,22 +58,30 @@ def parse(text: str) -> dict[str, float]:
     return out
 
 
+def _delta(before: dict[str, float], after: dict[str, float], key: str) -> float:
+    return after.get(key, 0.0) - before.get(key, 0.0)
+
+
+def _bound_holding(before: dict[str, float], after: dict[str, float], prefix: str,
+                   count: float) -> float | None:
+    """The smallest histogram upper bound (keys ``{prefix}{le}``) under which at least ``count``
+    of the level's observations fell; None if none."""
+    bounds = sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix))
+    return next((b for b, key in bounds if _delta(before, after, key) >= count), None)
+
+
 def step_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     """Per step kind over the level: mean step ms, and the P99 as the upper bound of the histogram
     bucket that holds it (``{kind}_step_ms_mean``, ``{kind}_step_ms_p99_le``)."""
     out: dict[str, float] = {}
     for kind in ("prefill", "decode"):
-        n = after.get(f"step_{kind}_count", 0.0) - before.get(f"step_{kind}_count", 0.0)
+        n = _delta(before, after, f"step_{kind}_count")
         if n <= 0:
             continue
-        total = after[f"step_{kind}_sum"] - before.get(f"step_{kind}_sum", 0.0)
-        out[f"{kind}_step_ms_mean"] = 1000 * total / n
-        prefix = f"step_{kind}_le_"
-        bounds = sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix))
-        for bound, key in bounds:
-            if after[key] - before.get(key, 0.0) >= 0.99 * n:
-                out[f"{kind}_step_ms_p99_le"] = 1000 * bound
-                break
+        out[f"{kind}_step_ms_mean"] = 1000 * _delta(before, after, f"step_{kind}_sum") / n
+        p99 = _bound_holding(before, after, f"step_{kind}_le_", 0.99 * n)
+        if p99 is not None:
+            out[f"{kind}_step_ms_p99_le"] = 1000 * p99
     return out
 
 
@@ -82,17 +90,14 @@ def gc_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, f
     bound of its histogram bucket (``gc_{process}_count``, ``_ms_total``, ``_ms_max_le``)."""
     out: dict[str, float] = {}
     for proc in ("server", "engine"):
-        n = after.get(f"gc_{proc}_count", 0.0) - before.get(f"gc_{proc}_count", 0.0)
+        n = _delta(before, after, f"gc_{proc}_count")
         if n <= 0:
             continue
         out[f"gc_{proc}_count"] = n
-        out[f"gc_{proc}_ms_total"] = 1000 * (after[f"gc_{proc}_sum"]
-                                             - before.get(f"gc_{proc}_sum", 0.0))
-        prefix = f"gc_{proc}_le_"
-        for bound, key in sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix)):
-            if after[key] - before.get(key, 0.0) >= n:
-                out[f"gc_{proc}_ms_max_le"] = 1000 * bound
-                break
+        out[f"gc_{proc}_ms_total"] = 1000 * _delta(before, after, f"gc_{proc}_sum")
+        longest = _bound_holding(before, after, f"gc_{proc}_le_", n)
+        if longest is not None:
+            out[f"gc_{proc}_ms_max_le"] = 1000 * longest
     return out
 
 
