@@ -28,7 +28,7 @@ from voicert.config import cache_dir, load_config
 from voicert.engine.base import ChatMessage, GenerationRequest
 from voicert.engine.heads import DraftHeads
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
-from voicert.engine.models.llama import AttnInputs, LlamaModel
+from voicert.engine.runner import ModelRunner, Row
 from voicert.engine.loader import resolve_llm
 from voicert.engine.prompt import build_prompt
 
@@ -83,25 +83,21 @@ def replies(engine: LLMEngine, texts: list[str], new: int) -> list[tuple[list[in
 
 
 @torch.inference_mode()
-def hidden_states(model: LlamaModel, tokens: list[int], block: int = 16) -> torch.Tensor:
-    """The final hidden state at every position of ``tokens`` (one forward): [n, hidden]."""
-    n = len(tokens)
-    nb = -(-n // block) + 1  # block 0 is scratch
-    cfg = model.cfg
-    shape = (cfg.num_layers, nb, block, cfg.num_kv_heads, cfg.head_dim)
-    k_pool, v_pool = torch.zeros(shape), torch.zeros(shape)
-    inp = AttnInputs(torch.arange(n).view(1, n), torch.arange(block, block + n),
-                     torch.arange(1, nb).view(1, -1))
-    return model(torch.tensor([tokens]), inp, k_pool, v_pool)[0]
+def hidden_states(runner: ModelRunner, tokens: list[int]) -> torch.Tensor:
+    """The target's final hidden state at every position of ``tokens`` (one forward over blocks
+    1, 2, ... of the runner's pool): [n, hidden]."""
+    table = list(range(1, 1 + -(-len(tokens) // runner.block_size)))
+    ids, inp = runner.prepare([Row(tokens, 0, table, len(tokens))])
+    return runner.forward(ids, inp, runner.k_pool, runner.v_pool)[0]
 
 
-def features(model: LlamaModel, data, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def features(runner: ModelRunner, data, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Hidden state at each reply position p (from the last prompt token on) and the tokens at
     p + 2 .. p + 1 + heads (-100 past the end)."""
     xs, ys = [], []
     for prompt, out in data:
         toks = prompt + out
-        h = hidden_states(model, toks)
+        h = hidden_states(runner, toks)
         for p in range(len(prompt) - 1, len(toks) - 2):
             xs.append(h[p])
             ys.append([toks[p + 2 + i] if p + 2 + i < len(toks) else -100 for i in range(heads)])
@@ -109,12 +105,12 @@ def features(model: LlamaModel, data, heads: int) -> tuple[torch.Tensor, torch.T
 
 
 @torch.no_grad()
-def evaluate(model: LlamaModel, heads: DraftHeads, data) -> tuple[float, float]:
+def evaluate(runner: ModelRunner, heads: DraftHeads, data) -> tuple[float, float]:
     """(tokens per step of greedy speculation with the heads' drafts, head 1 top-1 accuracy)."""
     steps = total = hits = tries = 0
-    w = model.lm_head.weight
+    w = runner.model.lm_head.weight
     for prompt, out in data:
-        h = hidden_states(model, prompt + out)
+        h = hidden_states(runner, prompt + out)
         guess = (heads(h) @ w.T).argmax(-1)  # [heads, n]
         pos = 0
         while pos < len(out):
@@ -154,7 +150,9 @@ def main() -> None:
     finally:
         engine.close()
     model = engine.model
-    x, y = features(model, train, args.heads)
+    longest = max(len(p) + len(o) for p, o in train + held_out)
+    runner = ModelRunner(model, 2 + longest // 16, 16)  # block 0 is scratch
+    x, y = features(runner, train, args.heads)
     print(f"{len(train)} replies, {len(x)} positions ({time.perf_counter() - t0:.0f} s)")
     heads = DraftHeads(x.shape[1], args.heads)
     for p in heads.proj:  # start as the identity: every head guesses the LM head's own token
@@ -174,7 +172,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             total += loss.item() * len(idx)
-        tps, acc = evaluate(model, heads, held_out)
+        tps, acc = evaluate(runner, heads, held_out)
         print(f"epoch {epoch}: loss {total / len(x):.3f}; held-out voice prompts: "
               f"{tps:.2f} tokens/step, head 1 accuracy {acc:.2f} ({time.perf_counter() - t0:.0f} s)")
     from safetensors.torch import save_file
