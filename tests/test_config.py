@@ -30,6 +30,8 @@ def test_env_names_map_to_dotted_keys():
     ({"server.nope": "1"}, "server.nope: unknown key"),
     ({"vad.threshold": "1.5"}, "vad.threshold"),
     ({"llm.device": "tpu"}, "llm.device"),
+    ({"llm.prefill_graph_rows": "0"}, "llm.prefill_graph_rows"),
+    ({"server.gc_freeze": "maybe"}, "server.gc_freeze"),
     ({"port": "1"}, "section.key"),
 ])
 def test_bad_values_name_the_key(overrides, message):
