@@ -30,7 +30,8 @@ class CallResult:
     played: bytearray = field(default_factory=bytearray)  # mu-law the caller heard
     received: bytearray = field(default_factory=bytearray)  # all mu-law the server sent
     media_sizes: list[int] = field(default_factory=list)
-    marks_echoed: list[str] = field(default_factory=list)
+    marks_echoed: list[str] = field(default_factory=list)  # played or dropped by a clear, in order
+    marks_played: list[str] = field(default_factory=list)  # echoed because their audio played
     clears: int = 0
     played_at_clear: list[int] = field(default_factory=list)  # len(played) when each clear came
     first_audio_after_speech_s: list[float] = field(default_factory=list)  # per utterance
@@ -121,6 +122,7 @@ class TwilioCall:
     async def _player(self) -> None:
         while True:
             for name in self.playback.advance(time.perf_counter(), self.result):
+                self.result.marks_played.append(name)
                 await self._echo(name)
             await asyncio.sleep(FRAME_S / 2)
 
@@ -143,10 +145,11 @@ class TwilioCall:
                     await asyncio.sleep(delay)
 
     async def wait_played(self, timeout: float = 60.0, since: int = 0) -> None:
-        """Until a reply has been sent and played out: a mark echoed after the first ``since``,
-        the last one a reply's end, nothing left to play."""
+        """Until a reply has been sent and played out: a mark played after the first ``since``
+        played marks, the last one a reply's end, nothing left to play. Marks a ``clear`` dropped
+        do not count (a reply cut off by barge-in was not played out)."""
         deadline = time.perf_counter() + timeout
-        marks = self.result.marks_echoed
+        marks = self.result.marks_played
         while time.perf_counter() < deadline:
             if len(marks) > since and marks[-1].endswith("-end") and not self.playback.queue:
                 return
@@ -179,7 +182,7 @@ async def call(url: str, utterances: list[tuple[np.ndarray, int]]) -> CallResult
     """Say each utterance and listen to the whole reply before the next."""
     async with TwilioCall(url) as c:
         for samples, rate in utterances:
-            marks = len(c.result.marks_echoed)
+            marks = len(c.result.marks_played)
             await c.speak(samples, rate)
             await c.wait_played(120, since=marks)
     return c.result

@@ -59,7 +59,7 @@ async def test_caller_talking_over_the_reply_clears_playback(server, services):
     # interrupted history, so only check that it is speech)
     second = result.played[result.played_at_clear[-1]:]
     assert len(second) > 8000 // 2 and len(hear(services, second).split()) >= 2
-    assert result.marks_echoed[-1].endswith("-end") and result.marks_echoed[-1] != "turn1-end"
+    assert result.marks_played[-1].endswith("-end") and result.marks_played[-1] != "turn1-end"
 
 
 async def test_dtmf_is_taken_and_bad_messages_do_not_end_the_call(server, services):
