@@ -152,6 +152,8 @@ class LlmConfig:
     # event loop, VAD and ASR threads); startup is a few seconds longer
     own_stream: bool = True  # GPU: the engine runs on its own high-priority CUDA stream, so that
     # Whisper (CTranslate2, another stream) never serialises with it on the default stream
+    fused_kernels: bool = True  # GPU: Triton kernels (norm + residual, RoPE + KV write, paged
+    # decode attention, SiLU * up) instead of ~20 small torch kernels per layer
 
     def __post_init__(self) -> None:
         _check(self.engine in ("fast", "simple"), "llm.engine", "must be fast or simple")

@@ -25,10 +25,10 @@ def run_engine(engine, prompts, new=32, sequential=False):
     return asyncio.run(main())
 
 
-def make(model, graphs, spec=0, heads=""):
+def make(model, graphs, spec=0, heads="", fused=True):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
-                       spec_tokens=spec, draft_heads=heads)
+                       spec_tokens=spec, draft_heads=heads, fused_kernels=fused)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -52,6 +52,24 @@ def test_graph_decode_equals_eager_fp32(prompts):
     finally:
         eager.close()
         graphed.close()
+
+
+def test_fused_kernels_equal_the_torch_path_fp32(prompts):
+    """Triton kernels (graphed, as served) against the torch path (eager) in fp32: same tokens,
+    with decode, multi-prompt prefill and speculative verification all exercised."""
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    fused_model = random_llama(cfg, torch.float32, "cuda")
+    torch_model = random_llama(cfg, torch.float32, "cuda")  # same seed: same weights
+    fused, ref = make(fused_model, True, spec=4), make(torch_model, False, fused=False)
+    rep = [(p[:20] * 6)[:100] for p in prompts[:6]]
+    try:
+        assert fused_model.use_kernels and not torch_model.use_kernels
+        assert run_engine(fused, prompts) == run_engine(ref, prompts)
+        assert run_engine(fused, rep, new=48) == run_engine(ref, rep, new=48)
+        assert fused.scheduler.spec.proposed > 0
+    finally:
+        fused.close()
+        ref.close()
 
 
 def test_bf16_agreement_with_fp32_is_reported(prompts):

@@ -21,10 +21,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=True,
+                    help="the Triton kernels (voicert.engine.kernels) or the torch path")
     args = ap.parse_args(argv)
     dev = "cuda"
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
+    model.use_kernels = args.fused_kernels
     bs = 16
     per_seq = -(-(args.context + 1) // bs)
     runner = ModelRunner(model, 1 + per_seq * args.batch, bs)

@@ -54,6 +54,7 @@ class EngineConfig:
     prefill_graph_rows: int = 16  # with cuda_graphs: most prompts one graphed prefill step packs
     # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
     own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
+    fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
 
 
 class LLMEngine:
@@ -70,6 +71,8 @@ class LLMEngine:
                 raise ValueError("int8 dynamic quantization is a CPU option")
             self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear},
                                                                 dtype=torch.qint8)
+        if cfg.fused_kernels:
+            self.model.use_kernels = self._kernels_usable()
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
         num_blocks = cfg.num_blocks or self._pool_blocks()
@@ -95,6 +98,22 @@ class LLMEngine:
         self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
         self._thread = threading.Thread(target=self._loop, name="voicert-engine", daemon=True)
         self._thread.start()
+
+    def _kernels_usable(self) -> bool:
+        """Whether the Triton kernels can run this model here (CUDA, Triton importable, a
+        power-of-two head dim); otherwise the torch path runs, and the reason is logged."""
+        if not str(self.cfg.device).startswith("cuda"):
+            raise ValueError("fused_kernels is a GPU option")
+        d = self.model.cfg.head_dim
+        if d & (d - 1) or d < 16:
+            log.warning("fused kernels off: head_dim %d is not a power of two >= 16", d)
+            return False
+        try:
+            import voicert.engine.kernels  # noqa: F401
+        except ImportError as exc:
+            log.warning("fused kernels off: %s", exc)
+            return False
+        return True
 
     def _drafter(self, draft: LlamaModel | None, num_blocks: int) -> DraftModelProposer | None:
         """The draft model, when speculation uses one (loaded by config or handed in)."""

@@ -82,7 +82,8 @@ def build_engine(cfg: Config):
         max_context_tokens=llm.max_context_tokens, int8=llm.int8,
         cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda"),
         prefill_graph_rows=llm.prefill_graph_rows,
-        own_stream=llm.own_stream and llm.device.startswith("cuda"))
+        own_stream=llm.own_stream and llm.device.startswith("cuda"),
+        fused_kernels=llm.fused_kernels and llm.device.startswith("cuda"))
     if llm.process:
         from voicert.engine.remote import EngineProcess
 

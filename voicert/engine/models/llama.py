@@ -140,11 +140,37 @@ class Attention(nn.Module):
         nb, bs = k_pool.shape[:2]
         k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))
         v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
+        return self.o(self.attend(q, inp, mask, k_pool, v_pool))
+
+    def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
+                      v_pool: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` through the Triton kernels: RoPE and the KV write in one launch, and
+        attention straight from the paged pool when the query rows fit the decode kernel."""
+        from voicert.engine import kernels
+
+        b, q_len, _ = x.shape
+        h, kvh, d = self.h, self.kvh, self.d
+        qkv = self.qkv(x)  # [B, Q, (H + 2 KVH) * D]
+        kernels.rope_kv_write(qkv.view(b * q_len, -1), cos.view(b * q_len, d),
+                              sin.view(b * q_len, d), inp.slots, k_pool, v_pool, h, kvh)
+        if kernels.attn_rows(q_len, h, kvh) <= kernels.MAX_ATTN_ROWS:
+            return self.o(kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables,
+                                                  inp.positions, h, kvh))
+        q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
+        return self.o(self.attend(q, inp, mask, k_pool, v_pool))
+
+    def attend(self, q: torch.Tensor, inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
+               v_pool: torch.Tensor) -> torch.Tensor:
+        """q [B, Q, H, D] over the pool's blocks of each sequence (gathered) -> [B, Q, H * D]."""
+        b, q_len = q.shape[:2]
+        h, kvh, d = self.h, self.kvh, self.d
+        bs = k_pool.shape[1]
         mb = inp.block_tables.shape[1]
         table = inp.block_tables.view(-1)  # [B*MB]; index_select copies whole blocks
         keys = k_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
         vals = v_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)
-        if x.is_cuda and h != kvh:
+        if q.is_cuda and h != kvh:
             # fold the query heads of each KV head into the query axis: [B, KVH, Q*G, D]; the
             # masked kernels then read each K/V once instead of a repeated copy per query head
             g = h // kvh
@@ -152,10 +178,10 @@ class Attention(nn.Module):
             mf = mask.repeat_interleave(g, dim=2) if q_len > 1 else mask  # [B, 1, Q*G | 1, L]
             out = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=mf)  # [B, KVH, Q*G, D]
             out = out.view(b, kvh, q_len, g, d).permute(0, 2, 1, 3, 4)  # [B, Q, KVH, G, D]
-            return self.o(out.reshape(b, q_len, h * d))
+            return out.reshape(b, q_len, h * d)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
                                              enable_gqa=h != kvh)  # [B, H, Q, D]
-        return self.o(out.transpose(1, 2).reshape(b, q_len, h * d))
+        return out.transpose(1, 2).reshape(b, q_len, h * d)
 
 
 class MLP(nn.Module):
@@ -167,6 +193,11 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
+
+    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
+        from voicert.engine import kernels
+
+        return self.down(kernels.silu_mul(self.gate_up(x)))
 
 
 class Block(nn.Module):
@@ -189,6 +220,8 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # run the layers through voicert.engine.kernels (Triton; the engine sets it on CUDA)
+        self.use_kernels = False
 
     def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
                 v_pool: torch.Tensor) -> torch.Tensor:
@@ -205,10 +238,28 @@ class LlamaModel(nn.Module):
         h = self.embed(input_ids)
         # additive form, built once here instead of converted in every layer
         mask = torch.zeros((), dtype=h.dtype, device=h.device).masked_fill(~mask, float("-inf"))
+        if self.use_kernels:
+            return self._layers_fused(h, cos, sin, inp, mask, k_pool, v_pool)
         for i, layer in enumerate(self.layers):
             h = h + layer.attn(layer.attn_norm(h), cos, sin, inp, mask, k_pool[i], v_pool[i])
             h = h + layer.mlp(layer.mlp_norm(h))
         return self.norm(h)
+
+    def _layers_fused(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
+                      v_pool: torch.Tensor) -> torch.Tensor:
+        """The layer stack through the Triton kernels: each residual add rides in the next
+        RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added)."""
+        from voicert.engine import kernels
+
+        eps = self.cfg.rms_norm_eps
+        out, residual = h, None
+        for i, layer in enumerate(self.layers):
+            x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
+            out = layer.attn.forward_fused(x, cos, sin, inp, mask, k_pool[i], v_pool[i])
+            x, residual = kernels.add_rms_norm(out, residual, layer.mlp_norm.weight, eps)
+            out = layer.mlp.forward_fused(x)
+        return kernels.add_rms_norm(out, residual, self.norm.weight, eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., vocab] in float32."""

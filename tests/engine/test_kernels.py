@@ -1,0 +1,118 @@
+"""The Triton kernels against the torch path they replace. On a machine without CUDA they run in
+Triton's interpreter on CPU tensors (slow: the model here is tiny); on the GPU machine, compiled."""
+
+import os
+
+import torch
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+if DEV == "cpu":  # read when the kernels are decorated, i.e. at their import
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+
+from voicert.engine import kernels  # noqa: E402
+
+
+def _interpreter_index_fix() -> None:
+    """Triton 3.6's interpreter turns a scalar (a one-element array) into a loop bound with
+    ``int(array)``, which NumPy >= 2.4 refuses for arrays of one dimension: take the element."""
+    from triton.runtime import interpreter
+
+    patch = interpreter._patch_lang_tensor
+
+    def patched(tensor, scope):
+        patch(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    interpreter._patch_lang_tensor = patched
+
+
+if DEV == "cpu":
+    _interpreter_index_fix()
+from voicert.engine.models.llama import AttnInputs, LlamaConfig, random_llama  # noqa: E402
+from voicert.engine.runner import ModelRunner, Row  # noqa: E402
+
+TINY = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=160, num_layers=2,
+                   num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
+                   rope_theta=10000.0, max_position=4096, tie_word_embeddings=True)
+
+
+def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
+    return torch.allclose(a.float(), b.float(), atol=tol, rtol=tol)
+
+
+def test_add_rms_norm_matches_torch():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 3, 96, generator=g).to(DEV)
+    res = torch.randn(5, 3, 96, generator=g).to(DEV)
+    w = torch.randn(96, generator=g).to(DEV)
+    want_res = res + x
+    want = torch.nn.functional.rms_norm(want_res, (96,), w, 1e-5)
+    got, got_res = kernels.add_rms_norm(x, res.clone(), w, 1e-5)
+    assert close(got_res, want_res, 0) and close(got, want)
+    alone, same = kernels.add_rms_norm(x, None, w, 1e-5)
+    assert same is x and close(alone, torch.nn.functional.rms_norm(x, (96,), w, 1e-5))
+
+
+def test_silu_mul_matches_torch():
+    gu = torch.randn(4, 2, 2 * 1500, generator=torch.Generator().manual_seed(1)).to(DEV)
+    gate, up = gu.chunk(2, dim=-1)
+    assert close(kernels.silu_mul(gu), torch.nn.functional.silu(gate) * up)
+
+
+def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
+    model.use_kernels = fused
+    ids, inp = runner.prepare(rows)
+    with torch.inference_mode():
+        return model(ids, inp, runner.k_pool, runner.v_pool)  # [B, Q, hidden]
+
+
+@pytest.mark.parametrize("case", ["decode", "verify", "prefill-on-prefix", "long-split"])
+def test_fused_forward_matches_torch_forward(case):
+    """Same hidden states and the same KV pool contents as the torch path, over the shapes the
+    engine runs: batched decode of ragged lengths, speculative verify rows (padded), a prefill
+    on top of a cached prefix (gather + SDPA fallback) and a long context (split keys)."""
+    model = random_llama(TINY, torch.float32, DEV)
+    g = torch.Generator().manual_seed(2)
+    bs, lengths = 16, {"decode": [5, 40, 17], "verify": [30, 9], "prefill-on-prefix": [20, 33],
+                       "long-split": [300]}[case]
+    tables, nxt = [], 1
+    for n in lengths:  # each sequence's blocks, room for a few more tokens
+        k = -(-(n + 40) // bs)
+        tables.append(list(range(nxt, nxt + k)))
+        nxt += k
+    runners = [ModelRunner(model, nxt, bs) for _ in range(2)]
+    prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
+    for runner in runners:  # both pools hold the same cached prefixes (torch path)
+        run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
+    width = {"decode": 1, "verify": 3, "prefill-on-prefix": 24, "long-split": 1}[case]
+    rows = [Row(torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
+                n, t, 0) for i, (n, t) in enumerate(zip(lengths, tables))]
+    want = run_layers(model, runners[0], rows, False)
+    got = run_layers(model, runners[1], rows, True)
+    for i, r in enumerate(rows):  # padding positions are don't-care
+        assert close(got[i, : len(r.tokens)], want[i, : len(r.tokens)], 1e-4), f"row {i}"
+    assert close(runners[1].k_pool[:, 1:], runners[0].k_pool[:, 1:], 1e-5)  # block 0: scratch
+    assert close(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:], 1e-5)
+
+
+def test_paged_attention_splits_keys_for_a_small_batch():
+    """The split-keys path (several programs per KV head, then a combine) is the one taken at
+    batch 1; it must agree with a single pass over the same keys."""
+    model = random_llama(TINY, torch.float32, DEV)
+    attn = model.layers[0].attn
+    b, q_len, span_blocks, bs = 1, 2, 20, 16
+    pool = torch.randn(2, 1 + span_blocks, bs, 2, 16, generator=torch.Generator().manual_seed(3))
+    k_pool, v_pool = pool[0].to(DEV), pool[1].to(DEV)
+    qkv = torch.randn(b, q_len, (6 + 4) * 16, generator=torch.Generator().manual_seed(4)).to(DEV)
+    table = torch.arange(1, 1 + span_blocks, device=DEV).view(1, -1)
+    pos = torch.tensor([[250, 251]], device=DEV)
+    inp = AttnInputs(pos, torch.zeros(2, dtype=torch.long, device=DEV), table)
+    got = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, 6, 2)
+    span = torch.arange(span_blocks * bs, device=DEV)
+    mask = torch.zeros(()).to(DEV).masked_fill(~(span.view(1, 1, -1) <= pos.unsqueeze(-1)).unsqueeze(1),
+                                               float("-inf"))
+    q = qkv.view(b, q_len, 10, 16)[:, :, :6]
+    want = attn.attend(q, inp, mask, k_pool, v_pool)
+    assert close(got, want, 1e-5)

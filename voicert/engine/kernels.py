@@ -1,0 +1,267 @@
+"""Fused GPU kernels (Triton) for the decode path: fewer, larger launches per layer.
+
+A small model's decode step is launch-bound: SmolLM2-135M runs ~20 kernels in each of its 30
+layers, most of them tiny (RMSNorm, the four ops of RoPE, two KV writes, two KV gathers, layout
+copies, SiLU, the multiply, residual adds). These kernels fold them into four per layer:
+
+- :func:`add_rms_norm`: residual add + RMSNorm (one pass; the sum is kept as the new residual);
+- :func:`rope_kv_write`: RoPE on q and k in place, and k/v written into their KV-pool slots;
+- :func:`paged_attention`: attention of a few query tokens per sequence straight from the paged
+  pool through the block table (no gathered copy), split over the key axis when the batch is
+  small (flash-decoding), then :func:`_combine` of the splits;
+- :func:`silu_mul`: SiLU(gate) * up.
+
+Numerics follow the torch path's order (the residual sum is rounded to the model dtype before it is
+normalised; SiLU is rounded before the multiply) but reductions run in a different order, so fp32
+results agree to rounding, not bit for bit. Matmuls in fp32 run in IEEE fp32 (never TF32).
+
+Everything here is launched from :class:`voicert.engine.models.llama.LlamaModel` when the model's
+``use_kernels`` is set (the engine sets it on CUDA). With ``TRITON_INTERPRET=1`` set before this
+module is imported, the same kernels run on CPU tensors (tests do this; it is slow).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
+_SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+# ----------------------------------------------------------------------------- RMSNorm
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
+                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < n_cols
+    x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+    if HAS_RES:
+        r = tl.load(res_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
+        s = (r + x).to(res_ptr.dtype.element_ty)  # rounded as the torch path's h + a
+        tl.store(res_ptr + row * n_cols + cols, s, mask=m)
+        x = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
+    y = (x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w
+    tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=m)
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., n] (contiguous). With ``residual`` (same shape): residual += x in place, and returns
+    (rms_norm(residual) * weight, residual). Without: returns (rms_norm(x) * weight, x)."""
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    rows = x.numel() // n
+    res = residual if residual is not None else x
+    _add_rms_norm_kernel[(rows,)](x, res, weight, out, n, eps, HAS_RES=residual is not None,
+                                  BLOCK=_pow2(n), num_warps=4 if n <= 4096 else 8)
+    return out, res
+
+
+# ----------------------------------------------------------------------------- SiLU * up
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = cols < inter
+    g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * inter + cols, (act * u).to(out_ptr.dtype.element_ty), mask=m)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """gate_up [..., 2I] (gate first, contiguous) -> silu(gate) * up [..., I]."""
+    inter = gate_up.shape[-1] // 2
+    out = gate_up.new_empty(*gate_up.shape[:-1], inter)
+    rows = gate_up.numel() // (2 * inter)
+    block = min(1024, _pow2(inter))
+    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
+    return out
+
+
+# ----------------------------------------------------------------------------- RoPE + KV write
+
+
+@triton.jit
+def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kvh_n,
+                    n_q_heads, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = D // 2
+    row = qkv_ptr + t * (n_rot + kvh_n) * D  # this token's [H + 2 KVH, D]
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HALF)
+    hm = (heads < n_rot)[:, None]
+    lo = row + heads[:, None] * D + d[None, :]
+    x1 = tl.load(lo, mask=hm, other=0.0).to(tl.float32)
+    x2 = tl.load(lo + HALF, mask=hm, other=0.0).to(tl.float32)
+    c1 = tl.load(cos_ptr + t * D + d).to(tl.float32)[None, :]
+    c2 = tl.load(cos_ptr + t * D + HALF + d).to(tl.float32)[None, :]
+    s1 = tl.load(sin_ptr + t * D + d).to(tl.float32)[None, :]  # -sin (the sign of rotate_half)
+    s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)[None, :]
+    o1 = (x1 * c1 + x2 * s1).to(qkv_ptr.dtype.element_ty)
+    o2 = (x2 * c2 + x1 * s2).to(qkv_ptr.dtype.element_ty)
+    tl.store(lo, o1, mask=hm)  # q and k rotated in place
+    tl.store(lo + HALF, o2, mask=hm)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    kh = heads - n_q_heads  # rows n_q_heads.. of the rotated block are k heads
+    km = ((heads >= n_q_heads) & (heads < n_rot))[:, None]
+    kdst = k_ptr + slot * kvh_n * D + kh[:, None] * D + d[None, :]
+    tl.store(kdst, o1, mask=km)
+    tl.store(kdst + HALF, o2, mask=km)
+    vh = tl.arange(0, BLOCK_KV)
+    dd = tl.arange(0, D)
+    vm = (vh < kvh_n)[:, None]
+    v = tl.load(row + (n_rot + vh)[:, None] * D + dd[None, :], mask=vm, other=0.0)
+    tl.store(v_ptr + slot * kvh_n * D + vh[:, None] * D + dd[None, :], v, mask=vm)
+
+
+def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
+                  slots: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                  num_heads: int, num_kv_heads: int) -> None:
+    """qkv [T, (H + 2 KVH) * D] contiguous; cos/sin_signed [T, D] (sin_signed = [-sin, sin], as the
+    torch path); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one layer's, contiguous).
+    Rotates q and k in place in ``qkv`` and writes each token's k and v into its slot."""
+    d = k_pool.shape[-1]
+    n_rot = num_heads + num_kv_heads
+    _rope_kv_kernel[(qkv.shape[0],)](qkv, cos, sin_signed, slots, k_pool, v_pool, n_rot,
+                                     num_kv_heads, num_heads, D=d, BLOCK_H=_pow2(n_rot),
+                                     BLOCK_KV=_pow2(num_kv_heads), num_warps=4)
+
+
+# ----------------------------------------------------------------------------- paged attention
+
+
+@triton.jit
+def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_ptr, ml_ptr,
+                       q_len, n_q_heads, kvh_n, q_stride, max_blocks, split_keys, scale,
+                       G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    s = tl.program_id(2)
+    r = tl.arange(0, ROWS)  # query rows: token r // G, query head kvh * G + r % G
+    qi = r // G
+    head = kvh * G + r % G
+    valid = qi < q_len
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
+                mask=valid[:, None], other=0.0)  # [ROWS, D]
+    pos = tl.load(pos_ptr + b * q_len + qi, mask=valid, other=-1)  # last key each row may see
+    last = tl.max(pos, axis=0)
+    start = s * split_keys
+    end = tl.minimum(start + split_keys, last + 1)
+    m_i = tl.full([ROWS], -1.0e30, tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        km = keys < end
+        page = tl.load(table_ptr + b * max_blocks + keys // BS, mask=km, other=0).to(tl.int64)
+        slot = page * BS + keys % BS
+        kv_off = (slot * kvh_n + kvh)[:, None] * D + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0)  # [BLOCK_N, D]
+        if IEEE:
+            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(k))
+        sc = sc * scale
+        sc = tl.where((keys[None, :] <= pos[:, None]) & km[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    if SPLIT:
+        base = ((b * kvh_n + kvh) * tl.num_programs(2) + s) * ROWS
+        tl.store(part_ptr + (base + r)[:, None] * D + d[None, :], acc)
+        tl.store(ml_ptr + (base + r) * 2, m_i)
+        tl.store(ml_ptr + (base + r) * 2 + 1, l_i)
+    else:
+        o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
+def _combine_kernel(part_ptr, ml_ptr, out_ptr, q_len, n_q_heads, kvh_n, splits,
+                    G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    r = tl.arange(0, ROWS)
+    d = tl.arange(0, D)
+    qi = r // G
+    head = kvh * G + r % G
+    m_all = tl.full([ROWS], -1.0e30, tl.float32)
+    for s in range(0, splits):
+        base = ((b * kvh_n + kvh) * splits + s) * ROWS
+        m_all = tl.maximum(m_all, tl.load(ml_ptr + (base + r) * 2))
+    l_all = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for s in range(0, splits):
+        base = ((b * kvh_n + kvh) * splits + s) * ROWS
+        w = tl.exp(tl.load(ml_ptr + (base + r) * 2) - m_all)
+        l_all += w * tl.load(ml_ptr + (base + r) * 2 + 1)
+        acc += w[:, None] * tl.load(part_ptr + (base + r)[:, None] * D + d[None, :])
+    o = acc / tl.maximum(l_all, 1.0e-30)[:, None]
+    dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
+    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=(qi < q_len)[:, None])
+
+
+def attn_rows(q_len: int, num_heads: int, num_kv_heads: int) -> int:
+    """Query rows one attention program holds: q_len tokens x the query heads of one KV head."""
+    return max(16, _pow2(q_len * (num_heads // num_kv_heads)))
+
+
+def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                    block_tables: torch.Tensor, positions: torch.Tensor, num_heads: int,
+                    num_kv_heads: int) -> torch.Tensor:
+    """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
+    written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D];
+    block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]).
+    Returns [B, Q, H * D]. Takes Q * H / KVH <= MAX_ATTN_ROWS (see :func:`attn_rows`)."""
+    b, q_len = qkv.shape[:2]
+    nb, bs, kvh, d = k_pool.shape
+    g = num_heads // num_kv_heads
+    rows = attn_rows(q_len, num_heads, num_kv_heads)
+    assert rows <= MAX_ATTN_ROWS, "too many query rows for the paged decode kernel"
+    span = block_tables.shape[1] * bs
+    block_n = 64 if d <= 64 else 32
+    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // max(1, b * kvh)))
+    split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
+    splits = triton.cdiv(span, split_keys)
+    out = qkv.new_empty(b, q_len, num_heads * d)
+    ieee = qkv.dtype == torch.float32
+    grid = (b, kvh, splits)
+    if splits == 1:
+        _paged_attn_kernel[grid](qkv, k_pool, v_pool, block_tables, positions, out, out, out,
+                                 q_len, num_heads, kvh, qkv.shape[-1], block_tables.shape[1],
+                                 split_keys, d ** -0.5, G=g, D=d, BS=bs, ROWS=rows,
+                                 BLOCK_N=block_n, SPLIT=False, IEEE=ieee, num_warps=4)
+        return out
+    part = torch.empty(b * kvh * splits * rows * d, dtype=torch.float32, device=qkv.device)
+    ml = torch.empty(b * kvh * splits * rows * 2, dtype=torch.float32, device=qkv.device)
+    _paged_attn_kernel[grid](qkv, k_pool, v_pool, block_tables, positions, out, part, ml,
+                             q_len, num_heads, kvh, qkv.shape[-1], block_tables.shape[1],
+                             split_keys, d ** -0.5, G=g, D=d, BS=bs, ROWS=rows,
+                             BLOCK_N=block_n, SPLIT=True, IEEE=ieee, num_warps=4)
+    _combine_kernel[(b, kvh)](part, ml, out, q_len, num_heads, kvh, splits, G=g, D=d, ROWS=rows,
+                              num_warps=4)
+    return out
