@@ -28,6 +28,7 @@ import triton.language as tl
 
 MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
+_MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all in one load)
 
 
 def _pow2(n: int) -> int:
@@ -202,25 +203,22 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
 
 @triton.jit
 def _combine_kernel(part_ptr, ml_ptr, out_ptr, q_len, n_q_heads, kvh_n, splits,
-                    G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr):
+                    G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
+    sp = tl.arange(0, SPLITS)  # all splits in one load: [SPLITS, ROWS] and [SPLITS, ROWS, D]
     r = tl.arange(0, ROWS)
     d = tl.arange(0, D)
     qi = r // G
     head = kvh * G + r % G
-    m_all = tl.full([ROWS], -1.0e30, tl.float32)
-    for s in range(0, splits):
-        base = ((b * kvh_n + kvh) * splits + s) * ROWS
-        m_all = tl.maximum(m_all, tl.load(ml_ptr + (base + r) * 2))
-    l_all = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, D], tl.float32)
-    for s in range(0, splits):
-        base = ((b * kvh_n + kvh) * splits + s) * ROWS
-        w = tl.exp(tl.load(ml_ptr + (base + r) * 2) - m_all)
-        l_all += w * tl.load(ml_ptr + (base + r) * 2 + 1)
-        acc += w[:, None] * tl.load(part_ptr + (base + r)[:, None] * D + d[None, :])
-    o = acc / tl.maximum(l_all, 1.0e-30)[:, None]
+    idx = ((b * kvh_n + kvh) * splits + sp)[:, None] * ROWS + r[None, :]  # [SPLITS, ROWS]
+    sm = (sp < splits)[:, None]
+    m = tl.load(ml_ptr + idx * 2, mask=sm, other=-1.0e30)
+    l_s = tl.load(ml_ptr + idx * 2 + 1, mask=sm, other=0.0)
+    w = tl.exp(m - tl.max(m, axis=0)[None, :])  # [SPLITS, ROWS]
+    l_all = tl.sum(w * l_s, axis=0)  # [ROWS]
+    acc = tl.load(part_ptr + idx[:, :, None] * D + d[None, None, :], mask=sm[:, :, None], other=0.0)
+    o = tl.sum(w[:, :, None] * acc, axis=0) / tl.maximum(l_all, 1.0e-30)[:, None]  # [ROWS, D]
     dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
     tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=(qi < q_len)[:, None])
 
@@ -244,7 +242,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     assert rows <= MAX_ATTN_ROWS, "too many query rows for the paged decode kernel"
     span = block_tables.shape[1] * bs
     block_n = 64 if d <= 64 else 32
-    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // max(1, b * kvh)))
+    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // max(1, b * kvh), _MAX_SPLITS))
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
     out = qkv.new_empty(b, q_len, num_heads * d)
@@ -263,5 +261,5 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
                              split_keys, d ** -0.5, G=g, D=d, BS=bs, ROWS=rows,
                              BLOCK_N=block_n, SPLIT=True, IEEE=ieee, num_warps=4)
     _combine_kernel[(b, kvh)](part, ml, out, q_len, num_heads, kvh, splits, G=g, D=d, ROWS=rows,
-                              num_warps=4)
+                              SPLITS=_pow2(splits), num_warps=4)
     return out
