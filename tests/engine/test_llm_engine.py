@@ -41,9 +41,11 @@ def parts(model_dir):
 @pytest.fixture(scope="module")
 def engines(model_dir, parts):
     model, tok = parts
-    plain = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25), model=model, tokenizer=tok)
-    spec = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=4), model=model,
-                     tokenizer=tok)
+    # the served CPU path: the forward as a TorchScript trace (bit-identical to eager; test_runner)
+    plain = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=True), model=model,
+                      tokenizer=tok)
+    spec = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=4, torchscript=True),
+                     model=model, tokenizer=tok)
     yield plain, spec
     plain.close()
     spec.close()
@@ -59,7 +61,7 @@ def test_greedy_equals_transformers_10_prompts_x_64_tokens_batched(model_dir, pa
 
     model, tok = parts
     sched = Scheduler(BlockManager(256, 16), SchedulerConfig(), stop_ids=set())
-    runner = ModelRunner(model, 256, 16)
+    runner = ModelRunner(model, 256, 16, torchscript=True)  # as served on the CPU
     seqs = [Sequence(GenerationRequest(str(i), [], 64), prompt_ids(tok, t))
             for i, t in enumerate(PROMPTS)]
     for s in seqs:

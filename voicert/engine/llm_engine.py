@@ -55,6 +55,7 @@ class EngineConfig:
     # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
     own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
     fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
+    torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
 
 
 class LLMEngine:
@@ -82,7 +83,8 @@ class LLMEngine:
                                   max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
                                   widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
                                   prefill_budget=cfg.prefill_token_budget,
-                                  prefill_rows=cfg.prefill_graph_rows, heads=self.heads)
+                                  prefill_rows=cfg.prefill_graph_rows, heads=self.heads,
+                                  torchscript=cfg.torchscript)
         self.drafter = self._drafter(draft, num_blocks)
         pg = self.runner.prefill_graphs  # pack prefill steps into the captured shapes
         pg = pg if pg is not None and len(pg.batches) > 1 else None

@@ -4,6 +4,7 @@ padded forward, and hands back greedy tokens. The only host sync per step is the
 from __future__ import annotations
 
 import gc
+import logging
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +14,8 @@ from voicert.engine.heads import DraftHeads
 from voicert.engine.kv_cache import SCRATCH_BLOCK
 from voicert.engine.models.llama import AttnInputs, LlamaModel
 from voicert.engine.scheduler import Step, bucket
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -49,7 +52,7 @@ class ModelRunner:
                  cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048,
                  widths: tuple[int, ...] = (1,),
                  prefill_budget: int = 512, prefill_rows: int = 16,
-                 heads: DraftHeads | None = None) -> None:
+                 heads: DraftHeads | None = None, torchscript: bool = False) -> None:
         cfg = model.cfg
         self.model = model
         self.heads = heads
@@ -63,6 +66,8 @@ class ModelRunner:
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
         self.eager_steps = {"prefill": 0, "decode": 0}  # steps no captured graph could take
+        if torchscript and self.device.type == "cpu":
+            self.forward = traced_forward(model, self.k_pool, self.v_pool, block_size)
         if cuda_graphs and self.device.type == "cuda":
             batches = [b for b in BATCH_LADDER if b < max_batch] + [max_batch]
             self.graphs = StepGraphs(self, batches, list(widths), max_context, sample_last=False)
@@ -149,6 +154,50 @@ class ModelRunner:
         if self.heads is None:
             return h.unsqueeze(0)
         return torch.cat([h.unsqueeze(0), self.heads(h)])
+
+
+class _Unpacked(torch.nn.Module):
+    """The model's forward over plain tensors (a trace takes tensors, not AttnInputs)."""
+
+    def __init__(self, model: LlamaModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids, positions, slots, block_tables, k_pool, v_pool):
+        return self.model(ids, AttnInputs(positions, slots, block_tables), k_pool, v_pool)
+
+
+class TracedForward:
+    """The model's forward as a frozen TorchScript trace, called like the model. On the CPU a
+    decode step is mostly per-op overhead (~25 small ops per layer, each through Python and the
+    dispatcher; the INT8 Linear modules add Python of their own); TorchScript's interpreter runs
+    the same ATen ops from C++. Same ops, so the same bits (tests compare hidden states and KV
+    writes with the eager forward over batch sizes, query widths and context lengths)."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def __call__(self, ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
+                 v_pool: torch.Tensor) -> torch.Tensor:
+        return self.fn(ids, inp.positions, inp.slots, inp.block_tables, k_pool, v_pool)
+
+
+def traced_forward(model: LlamaModel, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                   block_size: int):
+    """A :class:`TracedForward` of ``model`` (traced on a one-token row that writes the scratch
+    slot), or the model itself when tracing fails (logged). Shapes are not baked in: the trace
+    records them as size ops, so any batch, width and block-table length runs through it."""
+    scratch = SCRATCH_BLOCK * block_size
+    example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
+               torch.full((1,), scratch, dtype=torch.long),
+               torch.full((1, 1), SCRATCH_BLOCK, dtype=torch.long), k_pool, v_pool)
+    try:
+        with torch.inference_mode():
+            traced = torch.jit.trace(_Unpacked(model).eval(), example, check_trace=False)
+            return TracedForward(torch.jit.freeze(traced, optimize_numerics=False))
+    except Exception as exc:  # an op the tracer cannot take: the eager forward still works
+        log.warning("TorchScript trace of the forward failed (%s); running it eagerly", exc)
+        return model
 
 
 class StepGraphs:

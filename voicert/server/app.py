@@ -83,7 +83,8 @@ def build_engine(cfg: Config):
         cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda"),
         prefill_graph_rows=llm.prefill_graph_rows,
         own_stream=llm.own_stream and llm.device.startswith("cuda"),
-        fused_kernels=llm.fused_kernels and llm.device.startswith("cuda"))
+        fused_kernels=llm.fused_kernels and llm.device.startswith("cuda"),
+        torchscript=llm.torchscript and llm.device == "cpu")
     if llm.process:
         from voicert.engine.remote import EngineProcess
 
