@@ -102,10 +102,14 @@ class LLMEngine:
         self._thread.start()
 
     def _kernels_usable(self) -> bool:
-        """Whether the Triton kernels can run this model here (CUDA, Triton importable, a
-        power-of-two head dim); otherwise the torch path runs, and the reason is logged."""
+        """Whether the Triton kernels can run this model here (CUDA of compute capability 8.0 or
+        newer, Triton importable, a power-of-two head dim); otherwise the torch path runs, and
+        the reason is logged."""
         if not str(self.cfg.device).startswith("cuda"):
             raise ValueError("fused_kernels is a GPU option")
+        if torch.cuda.get_device_capability(self.cfg.device) < (8, 0):
+            log.warning("fused kernels off: they need compute capability 8.0 or newer")
+            return False
         d = self.model.cfg.head_dim
         if d & (d - 1) or d < 16:
             log.warning("fused kernels off: head_dim %d is not a power of two >= 16", d)
