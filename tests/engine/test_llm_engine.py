@@ -201,3 +201,10 @@ async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, pa
         assert spec.proposed > 0 and spec.mean_accepted_length > 1.2  # they do guess right
     finally:
         eng.close()
+
+
+def test_gpu_only_options_are_refused_on_the_cpu(model_dir, parts):
+    model, tok = parts
+    with pytest.raises(ValueError, match="GPU option"):
+        LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.05, fused_kernels=True), model=model,
+                  tokenizer=tok)
