@@ -72,6 +72,9 @@ class LLMEngine:
                 raise ValueError("int8 dynamic quantization is a CPU option")
             self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear},
                                                                 dtype=torch.qint8)
+            if cfg.spec_tokens > 0:  # one activation scale per tensor: rows change each other
+                log.warning("int8 with speculation: a verify step quantizes its rows together, so "
+                            "the output is not token-identical to int8 greedy decoding")
         if cfg.fused_kernels:
             self.model.use_kernels = self._kernels_usable()
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
