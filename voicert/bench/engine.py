@@ -249,6 +249,34 @@ class Bench:
                         "sample": self.tokenizer.decode(outs[0])})
         return out
 
+    async def int8_check(self) -> dict | None:
+        """INT8 replies against fp32 replies on the voice prompt set (real model, replies end at
+        EOS): how many are token-identical, the mean shared prefix, and the share of the fp32
+        reply's words the INT8 reply also says."""
+        if self.tokenizer is None or not self.args.int8:
+            return None
+        from voicert.engine.prompt import build_prompt
+
+        prompts = [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
+                                                  ChatMessage("user", p)], 2048)
+                   for p in VOICE_PROMPTS]
+        cfg = dataclasses.replace(self.engine.cfg, int8=False, kv_memory_gb=0.25)
+        fp32 = LLMEngine(self.model_dir, cfg, model=load_llama(self.model_dir),
+                         tokenizer=self.tokenizer)
+        try:
+            _, ref = await self._voice_run(fp32, prompts)
+        finally:
+            fp32.close()
+        _, ours = await self._voice_run(self.engine, prompts)
+        prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+                  for x, y in zip(ours, ref)]
+        texts = [(self.tokenizer.decode(x), self.tokenizer.decode(y)) for x, y in zip(ours, ref)]
+        overlap = [len(set(a.lower().split()) & set(b.lower().split())) / max(1, len(set(b.lower().split())))
+                   for a, b in texts]
+        return {"identical": f"{sum(x == y for x, y in zip(ours, ref))}/{len(ref)}",
+                "prefix": statistics.mean(prefix), "overlap": statistics.mean(overlap),
+                "samples": texts[:3]}
+
     # ---------------------------------------------------------------- all
 
     async def run(self) -> dict:
@@ -276,7 +304,7 @@ class Bench:
         rows.append(Row("engine thread -> asyncio hop per token (P50)", pct(self.hops, 50), None, "us"))
         rows.append(Row("engine thread -> asyncio hop per token (P99)", pct(self.hops, 99), None, "us"))
         spec = await self.spec_compare() if self.spec_engines else []
-        return {"rows": rows, "spec": spec}
+        return {"rows": rows, "spec": spec, "int8": await self.int8_check()}
 
 
 class _NullTokenizer:
@@ -314,6 +342,13 @@ def render(label: str, args: argparse.Namespace, result: dict) -> str:
             lines.append(f"| {s['name']} | {s['greedy_tpot_ms']:.2f} | {s['tpot_ms']:.2f} | "
                          f"{s['speedup']:.2f}x | {s['identical']} | {s['acceptance_rate']:.2f} | "
                          f"{s['mean_accepted_length']:.2f} |")
+    if result.get("int8"):
+        q = result["int8"]
+        lines += ["", "| INT8 vs fp32 replies, voice prompt set | token-identical | mean shared "
+                  "prefix (tokens) | fp32 reply words also in the INT8 reply |", "|---|---:|---:|---:|",
+                  f"| {args.new_tokens} new tokens at most, EOS ends | {q['identical']} | "
+                  f"{q['prefix']:.1f} | {q['overlap']:.2f} |", ""]
+        lines += [f"- INT8: {a!r}\n  fp32: {b!r}" for a, b in q["samples"]]
     return "\n".join(lines)
 
 
@@ -358,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump({"label": bench.label, "args": vars(args),
                        "rows": [asdict(r) | {"ratio": r.ratio} for r in result["rows"]],
-                       "spec": result["spec"], "table": text}, f, indent=1, default=str)
+                       "spec": result["spec"], "int8": result["int8"], "table": text}, f,
+                      indent=1, default=str)
     bench.engine.close()
     for eng in bench.spec_engines.values():
         eng.close()
