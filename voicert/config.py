@@ -144,7 +144,8 @@ class LlmConfig:
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     draft_heads: str = ""  # draft heads on the target's hidden state ("embedded": shipped for the
     # embedded SmolLM2; or a .safetensors file); used when spec_tokens > 0
-    int8: bool = False  # CPU: dynamic INT8 Linear layers (faster, not identical to fp32)
+    int8: bool = False  # CPU: dynamic INT8 Linear layers (faster; replies differ from fp32 and
+    # depend on what shares a step: batching and prefix caching are not exact under it)
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode and prefill steps
     prefill_graph_rows: int = 16  # GPU: most prompts one graphed prefill step packs (1: one prompt
     # per graphed step; steps of several prompts then run eagerly)
