@@ -2,13 +2,15 @@
 
 A small model's decode step is launch-bound: SmolLM2-135M runs ~20 kernels in each of its 30
 layers, most of them tiny (RMSNorm, the four ops of RoPE, two KV writes, two KV gathers, layout
-copies, SiLU, the multiply, residual adds). These kernels fold them into four per layer:
+copies, SiLU, the multiply, residual adds). These kernels fold them into five or six launches
+per layer (two norms, RoPE + KV write, attention and at small batch its combine, SiLU * up)
+beside the layer's four GEMMs:
 
 - :func:`add_rms_norm`: residual add + RMSNorm (one pass; the sum is kept as the new residual);
 - :func:`rope_kv_write`: RoPE on q and k in place, and k/v written into their KV-pool slots;
 - :func:`paged_attention`: attention of a few query tokens per sequence straight from the paged
   pool through the block table (no gathered copy), split over the key axis when the batch is
-  small (flash-decoding), then :func:`_combine` of the splits;
+  small (flash-decoding), then one combine launch over the splits;
 - :func:`silu_mul`: SiLU(gate) * up.
 
 Numerics follow the torch path's order (the residual sum is rounded to the model dtype before it is
