@@ -167,8 +167,8 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
     junk = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama")),
                         torch.float32, "cpu")
     for name, draft in (("self", model), ("junk", junk)):
-        eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=3), model=model,
-                        tokenizer=tok, draft=draft)
+        eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=3, torchscript=True),
+                        model=model, tokenizer=tok, draft=draft)  # as served on the CPU
         try:
             out = [tokens_of(ev) for ev in await generate(eng, reqs(f"d{name}", texts, 40))]
             spec = eng.scheduler.spec

@@ -24,8 +24,9 @@ class DraftState:
 
 
 class DraftModelProposer:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int) -> None:
-        self.runner = ModelRunner(model, num_blocks, block_size)
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
+                 torchscript: bool = False) -> None:
+        self.runner = ModelRunner(model, num_blocks, block_size, torchscript=torchscript)
         self.blocks = BlockManager(num_blocks, block_size)
         self.state: dict[str, DraftState] = {}
 

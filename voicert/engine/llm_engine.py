@@ -137,7 +137,8 @@ class LLMEngine:
         if draft.cfg.vocab_size != self.model.cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({self.model.cfg.vocab_size}): it must share the tokenizer")
-        return DraftModelProposer(draft, max(num_blocks // 2, 2), self.cfg.block_size)
+        return DraftModelProposer(draft, max(num_blocks // 2, 2), self.cfg.block_size,
+                                  torchscript=self.cfg.torchscript)
 
     def _heads(self) -> DraftHeads | None:
         """The draft heads, when speculation uses them (``draft_heads`` and ``spec_tokens`` set)."""
