@@ -1,6 +1,7 @@
 """The model runner's CPU TorchScript forward against the eager forward: the same ops, so the same
 bits, over the shapes the engine runs (batch sizes, query widths, context lengths)."""
 
+import dataclasses
 import random
 
 import pytest
@@ -12,6 +13,11 @@ from voicert.engine.runner import ModelRunner, Row, TracedForward
 TINY = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_layers=3,
                    num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
                    rope_theta=10000.0, max_position=4096, tie_word_embeddings=True)
+# Qwen2's q/k/v biases and Llama 3's RoPE scaling, untied head
+QWEN_LLAMA3 = dataclasses.replace(
+    TINY, attention_bias=True, tie_word_embeddings=False,
+    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
 
 
 def rows_of(shape, bs, rng):
@@ -27,9 +33,10 @@ def rows_of(shape, bs, rng):
     return rows
 
 
-@pytest.mark.parametrize("int8", [False, True])
-def test_torchscript_forward_is_bit_identical_to_eager(int8):
-    model = random_llama(TINY, torch.float32, "cpu")
+@pytest.mark.parametrize("cfg,int8", [(TINY, False), (TINY, True), (QWEN_LLAMA3, False)],
+                         ids=["fp32", "int8", "bias-llama3-rope"])
+def test_torchscript_forward_is_bit_identical_to_eager(cfg, int8):
+    model = random_llama(cfg, torch.float32, "cpu")
     if int8:
         model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
     eager, traced = ModelRunner(model, 120, 16), ModelRunner(model, 120, 16, torchscript=True)
