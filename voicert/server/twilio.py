@@ -38,6 +38,7 @@ class TwilioConnection(BaseConnection):
         self.marks: list[str] = []  # marks sent whose audio Twilio has not finished playing
         self.pieces = 0
         self.dtmf: list[str] = []
+        self.cleared_before = 0  # replies of turns below this id were cleared at Twilio (barge-in)
 
     async def reject(self, exc: Exception) -> None:
         message = exc.message if isinstance(exc, p.ProtocolError) else str(exc)
@@ -105,18 +106,26 @@ class TwilioConnection(BaseConnection):
 
     async def on_event(self, ev: p.ServerEvent) -> None:
         if isinstance(ev, p.ResponseAudio):
+            if ev.turn_id < self.cleared_before:
+                return  # a chunk already on its way when the caller talked over the reply
             if ev.text and ev.seq > 0:
                 await self._mark(f"turn{ev.turn_id}-piece{self.pieces}")
             self.pieces += 1 if ev.text else 0
             await self._play(ev.audio)
         elif isinstance(ev, p.ResponseDone):
+            if ev.turn_id < self.cleared_before:  # cut off and cleared: nothing left to play,
+                self.pieces = 0  # so no end mark (it would read as "played to the end")
+                return
             await self._flush()
             await self._mark(f"turn{ev.turn_id}-end")
             self.pieces = 0
         elif isinstance(ev, p.SpeechStarted):
-            if self.marks or self.pending:  # our audio is still queued at Twilio or playing
+            # the caller talks over a reply that is still queued at Twilio or playing: the
+            # session interrupts it (barge-in), and Twilio drops what it has not played yet
+            if self.svc.cfg.vad.barge_in and (self.marks or self.pending):
                 self.pending.clear()
                 self.marks.clear()
+                self.cleared_before = ev.turn_id
                 await self.send_frame(tw.clear_message(self.stream_sid))
         elif isinstance(ev, p.Error):
             self.svc.metrics.observe_error(ev.code)
