@@ -248,20 +248,14 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
     out = qkv.new_empty(b, q_len, num_heads * d)
-    ieee = qkv.dtype == torch.float32
-    grid = (b, kvh, splits)
-    if splits == 1:
-        _paged_attn_kernel[grid](qkv, k_pool, v_pool, block_tables, positions, out, out, out,
-                                 q_len, num_heads, kvh, qkv.shape[-1], block_tables.shape[1],
-                                 split_keys, d ** -0.5, G=g, D=d, BS=bs, ROWS=rows,
-                                 BLOCK_N=block_n, SPLIT=False, IEEE=ieee, num_warps=4)
-        return out
-    part = torch.empty(b * kvh * splits * rows * d, dtype=torch.float32, device=qkv.device)
-    ml = torch.empty(b * kvh * splits * rows * 2, dtype=torch.float32, device=qkv.device)
-    _paged_attn_kernel[grid](qkv, k_pool, v_pool, block_tables, positions, out, part, ml,
-                             q_len, num_heads, kvh, qkv.shape[-1], block_tables.shape[1],
-                             split_keys, d ** -0.5, G=g, D=d, BS=bs, ROWS=rows,
-                             BLOCK_N=block_n, SPLIT=True, IEEE=ieee, num_warps=4)
-    _combine_kernel[(b, kvh)](part, ml, out, q_len, num_heads, kvh, splits, G=g, D=d, ROWS=rows,
-                              SPLITS=_pow2(splits), num_warps=4)
+    split = splits > 1  # partial results go to scratch, then one combine launch writes out
+    part = out.new_empty(b * kvh * splits * rows * d, dtype=torch.float32) if split else out
+    ml = out.new_empty(b * kvh * splits * rows * 2, dtype=torch.float32) if split else out
+    _paged_attn_kernel[(b, kvh, splits)](
+        qkv, k_pool, v_pool, block_tables, positions, out, part, ml, q_len, num_heads, kvh,
+        qkv.shape[-1], block_tables.shape[1], split_keys, d ** -0.5, G=g, D=d, BS=bs, ROWS=rows,
+        BLOCK_N=block_n, SPLIT=split, IEEE=qkv.dtype == torch.float32, num_warps=4)
+    if split:
+        _combine_kernel[(b, kvh)](part, ml, out, q_len, num_heads, kvh, splits, G=g, D=d,
+                                  ROWS=rows, SPLITS=_pow2(splits), num_warps=4)
     return out
