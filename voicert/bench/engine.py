@@ -222,15 +222,19 @@ class Bench:
                 tpots.append((times[-1] - times[0]) / 1e6 / (len(times) - 1))
         return statistics.mean(tpots), outs
 
+    def voice_prompts(self) -> list[list[int]]:
+        """The voice prompt set as token ids, under the voice system prompt."""
+        from voicert.engine.prompt import build_prompt
+
+        return [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
+                                              ChatMessage("user", p)], 2048)
+                for p in VOICE_PROMPTS]
+
     async def spec_compare(self) -> list[dict]:
         """Each speculating engine against plain greedy, batch 1, on the voice prompt set."""
         if self.tokenizer is None:
             return []
-        from voicert.engine.prompt import build_prompt
-
-        prompts = [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
-                                                  ChatMessage("user", p)], 2048)
-                   for p in VOICE_PROMPTS]
+        prompts = self.voice_prompts()
         await self._voice_run(self.engine, prompts[:1])  # warm
         greedy_tpot, greedy = await self._voice_run(self.engine, prompts)
         out = []
@@ -255,14 +259,10 @@ class Bench:
         reply's words the INT8 reply also says."""
         if self.tokenizer is None or not self.args.int8:
             return None
-        from voicert.engine.prompt import build_prompt
-
-        prompts = [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
-                                                  ChatMessage("user", p)], 2048)
-                   for p in VOICE_PROMPTS]
+        prompts = self.voice_prompts()
         cfg = dataclasses.replace(self.engine.cfg, int8=False, kv_memory_gb=0.25)
-        fp32 = LLMEngine(self.model_dir, cfg, model=load_llama(self.model_dir),
-                         tokenizer=self.tokenizer)
+        # self.model is still fp32: quantize_dynamic gave the engine a quantized copy
+        fp32 = LLMEngine(self.model_dir, cfg, model=self.model, tokenizer=self.tokenizer)
         try:
             _, ref = await self._voice_run(fp32, prompts)
         finally:
