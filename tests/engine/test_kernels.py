@@ -109,10 +109,56 @@ def test_paged_attention_splits_keys_for_a_small_batch():
     table = torch.arange(1, 1 + span_blocks, device=DEV).view(1, -1)
     pos = torch.tensor([[250, 251]], device=DEV)
     inp = AttnInputs(pos, torch.zeros(2, dtype=torch.long, device=DEV), table)
-    got = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, 6, 2)
+    count = kernels.counters(DEV, 8)
+    got = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, 6, 2, count)
+    again = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, 6, 2, count)
+    assert not count.any(), "the last split program leaves its counter at zero"
+    assert torch.equal(got, again)
     span = torch.arange(span_blocks * bs, device=DEV)
     mask = torch.zeros(()).to(DEV).masked_fill(~(span.view(1, 1, -1) <= pos.unsqueeze(-1)).unsqueeze(1),
                                                float("-inf"))
     q = qkv.view(b, q_len, 10, 16)[:, :, :6]
     want = attn.attend(q, inp, mask, k_pool, v_pool)
     assert close(got, want, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_rows_matches_torch_argmax_ties_included(dtype):
+    """Many programs per row, the last one to finish picks: the same index as torch.argmax,
+    including ties across and within chunks (the first column wins) and a ragged last chunk."""
+    g = torch.Generator().manual_seed(5)
+    v = 3 * 4096 + 77  # four chunks, the last one short
+    x = torch.randn(6, v, generator=g).to(dtype)
+    x[1, [10, 5000, 9000]] = 50.0  # tie across chunks: 10
+    x[2, [4200, 4100]] = 50.0  # tie within a chunk: 4100
+    x[3, v - 1] = 50.0  # in the short chunk
+    x[4] = 1.0  # all equal: 0
+    x = x.to(DEV)
+    count = kernels.counters(DEV, 16)
+    got = kernels.argmax_rows(x, count)
+    assert got.dtype == torch.long and torch.equal(got, x.float().argmax(-1))
+    assert got[1:5].tolist() == [10, 4100, v - 1, 0]
+    assert not count.any()
+    buf = torch.full((2, 10), -1, dtype=torch.long, device=DEV)  # rows written into a strided view
+    kernels.argmax_rows(x.view(2, 3, v), count, out=buf[:, :3])
+    assert torch.equal(buf[:, :3].reshape(-1), got) and (buf[:, 3:] == -1).all()
+
+
+def test_model_greedy_uses_the_kernel_and_matches_the_torch_path():
+    model = random_llama(TINY, torch.float32, DEV)
+    h = torch.randn(2, 3, 96, generator=torch.Generator().manual_seed(6)).to(DEV)
+    model.use_kernels = False
+    want = model.greedy(h)
+    model.use_kernels = True
+    assert torch.equal(model.greedy(h), want)
+
+
+def test_rope_tables_hold_the_torch_paths_cos_and_sin():
+    model = random_llama(TINY, torch.float32, DEV)
+    cos, sin = model.rope_tables()
+    pos = torch.tensor([[0, 1, 517, 4095]], device=DEV)
+    c, s = model._rope(pos)  # [1, 4, 1, D]: halves repeated, sin with rotate_half's sign
+    half = TINY.head_dim // 2
+    assert cos.shape == (TINY.max_position, half)
+    assert torch.equal(c[0, :, 0, :half], cos[pos[0]]) and torch.equal(c[0, :, 0, half:], cos[pos[0]])
+    assert torch.equal(s[0, :, 0, half:], sin[pos[0]]) and torch.equal(s[0, :, 0, :half], -sin[pos[0]])

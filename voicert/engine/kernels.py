@@ -7,11 +7,19 @@ per layer (two norms, RoPE + KV write, attention and at small batch its combine,
 beside the layer's four GEMMs:
 
 - :func:`add_rms_norm`: residual add + RMSNorm (one pass; the sum is kept as the new residual);
-- :func:`rope_kv_write`: RoPE on q and k in place, and k/v written into their KV-pool slots;
+- :func:`rope_kv_write`: RoPE on q and k in place (cos and sin read from the model's tables by
+  position), and k/v written into their KV-pool slots;
 - :func:`paged_attention`: attention of a few query tokens per sequence straight from the paged
   pool through the block table (no gathered copy), split over the key axis when the batch is
-  small (flash-decoding), then one combine launch over the splits;
-- :func:`silu_mul`: SiLU(gate) * up.
+  small (flash-decoding); the last split program of each KV head to finish combines the splits;
+- :func:`silu_mul`: SiLU(gate) * up;
+- :func:`argmax_rows`: the greedy token of each row of logits, many programs per row, the last
+  one to finish reducing their partial results.
+
+"The last program to finish" is a counter per output row, bumped with an acquire-release atomic
+after the program's partial results are stored; the program that reads ``count - 1`` reads the
+others' partials (from L2, past its own L1) and sets the counter back to zero for the next launch.
+Counters are owned by the caller (the model: one engine thread runs it) and must start at zero.
 
 Numerics follow the torch path's order (the residual sum is rounded to the model dtype before it is
 normalised; SiLU is rounded before the multiply) but reductions run in a different order, so fp32
@@ -99,8 +107,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kvh_n,
-                    n_q_heads, D: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KV: tl.constexpr):
+def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kvh_n,
+                    n_q_heads, n_pos, D: tl.constexpr, BLOCK_H: tl.constexpr,
+                    BLOCK_KV: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     row = qkv_ptr + t * (n_rot + kvh_n) * D  # this token's [H + 2 KVH, D]
@@ -110,12 +119,11 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kv
     lo = row + heads[:, None] * D + d[None, :]
     x1 = tl.load(lo, mask=hm, other=0.0).to(tl.float32)
     x2 = tl.load(lo + HALF, mask=hm, other=0.0).to(tl.float32)
-    c1 = tl.load(cos_ptr + t * D + d).to(tl.float32)[None, :]
-    c2 = tl.load(cos_ptr + t * D + HALF + d).to(tl.float32)[None, :]
-    s1 = tl.load(sin_ptr + t * D + d).to(tl.float32)[None, :]  # -sin (the sign of rotate_half)
-    s2 = tl.load(sin_ptr + t * D + HALF + d).to(tl.float32)[None, :]
-    o1 = (x1 * c1 + x2 * s1).to(qkv_ptr.dtype.element_ty)
-    o2 = (x2 * c2 + x1 * s2).to(qkv_ptr.dtype.element_ty)
+    p = tl.minimum(tl.load(pos_ptr + t), n_pos - 1)  # the tables' row for this position
+    c = tl.load(cos_ptr + p * HALF + d).to(tl.float32)[None, :]
+    sn = tl.load(sin_ptr + p * HALF + d).to(tl.float32)[None, :]
+    o1 = (x1 * c + x2 * -sn).to(qkv_ptr.dtype.element_ty)  # x * cos + rotate_half(x) * sin
+    o2 = (x2 * c + x1 * sn).to(qkv_ptr.dtype.element_ty)
     tl.store(lo, o1, mask=hm)  # q and k rotated in place
     tl.store(lo + HALF, o2, mask=hm)
     slot = tl.load(slot_ptr + t).to(tl.int64)
@@ -131,27 +139,48 @@ def _rope_kv_kernel(qkv_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kv
     tl.store(v_ptr + slot * kvh_n * D + vh[:, None] * D + dd[None, :], v, mask=vm)
 
 
-def rope_kv_write(qkv: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor,
-                  slots: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                  num_heads: int, num_kv_heads: int) -> None:
-    """qkv [T, (H + 2 KVH) * D] contiguous; cos/sin_signed [T, D] (sin_signed = [-sin, sin], as the
-    torch path); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one layer's, contiguous).
-    Rotates q and k in place in ``qkv`` and writes each token's k and v into its slot."""
+def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor, slots: torch.Tensor, k_pool: torch.Tensor,
+                  v_pool: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
+    """qkv [T, (H + 2 KVH) * D] contiguous; positions [T] int64; cos/sin [P, D/2], the model's
+    tables of cos and sin of each position's angles (positions past P - 1 read row P - 1: the
+    caller keeps positions below P); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one
+    layer's, contiguous). Rotates q and k in place in ``qkv`` (HF's half-split RoPE) and writes
+    each token's k and v into its slot."""
     d = k_pool.shape[-1]
     n_rot = num_heads + num_kv_heads
-    _rope_kv_kernel[(qkv.shape[0],)](qkv, cos, sin_signed, slots, k_pool, v_pool, n_rot,
-                                     num_kv_heads, num_heads, D=d, BLOCK_H=_pow2(n_rot),
-                                     BLOCK_KV=_pow2(num_kv_heads), num_warps=4)
+    _rope_kv_kernel[(qkv.shape[0],)](qkv, positions, cos, sin, slots, k_pool, v_pool, n_rot,
+                                     num_kv_heads, num_heads, cos.shape[0], D=d,
+                                     BLOCK_H=_pow2(n_rot), BLOCK_KV=_pow2(num_kv_heads),
+                                     num_warps=4)
 
 
 # ----------------------------------------------------------------------------- paged attention
 
 
 @triton.jit
+def _combine(part_ptr, ml_ptr, base, splits, r, d, SPLITS: tl.constexpr, D: tl.constexpr,
+             ROWS: tl.constexpr):
+    """The splits' partial results of one (sequence, KV head) merged: [ROWS, D] float32. Loads
+    from L2 (``.cg``): the other programs' stores are not in this program's L1."""
+    sp = tl.arange(0, SPLITS)  # all splits in one load: [SPLITS, ROWS] and [SPLITS, ROWS, D]
+    idx = (base + sp)[:, None] * ROWS + r[None, :]  # [SPLITS, ROWS]
+    sm = (sp < splits)[:, None]
+    m = tl.load(ml_ptr + idx * 2, mask=sm, other=-1.0e30, cache_modifier=".cg")
+    l_s = tl.load(ml_ptr + idx * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
+    w = tl.exp(m - tl.max(m, axis=0)[None, :])  # [SPLITS, ROWS]
+    l_all = tl.sum(w * l_s, axis=0)  # [ROWS]
+    acc = tl.load(part_ptr + idx[:, :, None] * D + d[None, None, :], mask=sm[:, :, None],
+                  other=0.0, cache_modifier=".cg")
+    return tl.sum(w[:, :, None] * acc, axis=0) / tl.maximum(l_all, 1.0e-30)[:, None]
+
+
+@triton.jit
 def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_ptr, ml_ptr,
-                       q_len, n_q_heads, kvh_n, q_stride, max_blocks, split_keys, scale,
-                       G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr, ROWS: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, IEEE: tl.constexpr):
+                       count_ptr, q_len, n_q_heads, kvh_n, q_stride, max_blocks, split_keys,
+                       scale, G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+                       ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+                       IEEE: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
@@ -192,37 +221,22 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-    if SPLIT:
-        base = ((b * kvh_n + kvh) * tl.num_programs(2) + s) * ROWS
-        tl.store(part_ptr + (base + r)[:, None] * D + d[None, :], acc)
-        tl.store(ml_ptr + (base + r) * 2, m_i)
-        tl.store(ml_ptr + (base + r) * 2 + 1, l_i)
-    else:
-        o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-        dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
-
-
-@triton.jit
-def _combine_kernel(part_ptr, ml_ptr, out_ptr, q_len, n_q_heads, kvh_n, splits,
-                    G: tl.constexpr, D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr):
-    b = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
-    sp = tl.arange(0, SPLITS)  # all splits in one load: [SPLITS, ROWS] and [SPLITS, ROWS, D]
-    r = tl.arange(0, ROWS)
-    d = tl.arange(0, D)
-    qi = r // G
-    head = kvh * G + r % G
-    idx = ((b * kvh_n + kvh) * splits + sp)[:, None] * ROWS + r[None, :]  # [SPLITS, ROWS]
-    sm = (sp < splits)[:, None]
-    m = tl.load(ml_ptr + idx * 2, mask=sm, other=-1.0e30)
-    l_s = tl.load(ml_ptr + idx * 2 + 1, mask=sm, other=0.0)
-    w = tl.exp(m - tl.max(m, axis=0)[None, :])  # [SPLITS, ROWS]
-    l_all = tl.sum(w * l_s, axis=0)  # [ROWS]
-    acc = tl.load(part_ptr + idx[:, :, None] * D + d[None, None, :], mask=sm[:, :, None], other=0.0)
-    o = tl.sum(w[:, :, None] * acc, axis=0) / tl.maximum(l_all, 1.0e-30)[:, None]  # [ROWS, D]
     dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
-    tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=(qi < q_len)[:, None])
+    if SPLITS == 1:
+        o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+    else:  # partial results to scratch; the last of this (b, kvh)'s programs merges them
+        splits = tl.num_programs(2)
+        base = (b * kvh_n + kvh) * splits
+        tl.store(part_ptr + ((base + s) * ROWS + r)[:, None] * D + d[None, :], acc)
+        tl.store(ml_ptr + ((base + s) * ROWS + r) * 2, m_i)
+        tl.store(ml_ptr + ((base + s) * ROWS + r) * 2 + 1, l_i)
+        tl.debug_barrier()  # every thread's stores issued before the release below
+        count = count_ptr + b * kvh_n + kvh
+        if tl.atomic_add(count, 1, sem="acq_rel") == splits - 1:
+            o = _combine(part_ptr, ml_ptr, base, splits, r, d, SPLITS, D, ROWS)
+            tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+            tl.atomic_xchg(count, 0)  # ready for the next launch
 
 
 def attn_rows(q_len: int, num_heads: int, num_kv_heads: int) -> int:
@@ -230,12 +244,19 @@ def attn_rows(q_len: int, num_heads: int, num_kv_heads: int) -> int:
     return max(16, _pow2(q_len * (num_heads // num_kv_heads)))
 
 
+def counters(device: torch.device | str, n: int = 4096) -> torch.Tensor:
+    """Zeroed int32 counters for :func:`paged_attention` and :func:`argmax_rows` (each launch
+    leaves them at zero again). One set per caller that launches on one stream at a time."""
+    return torch.zeros(n, dtype=torch.int32, device=device)
+
+
 def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     block_tables: torch.Tensor, positions: torch.Tensor, num_heads: int,
-                    num_kv_heads: int) -> torch.Tensor:
+                    num_kv_heads: int, count: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
     written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D];
-    block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]).
+    block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]);
+    count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call).
     Returns [B, Q, H * D]. Takes Q * H / KVH <= MAX_ATTN_ROWS (see :func:`attn_rows`)."""
     b, q_len = qkv.shape[:2]
     nb, bs, kvh, d = k_pool.shape
@@ -248,14 +269,69 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
     out = qkv.new_empty(b, q_len, num_heads * d)
-    split = splits > 1  # partial results go to scratch, then one combine launch writes out
+    split = splits > 1  # partial results go to scratch; the last program per KV head merges them
     part = out.new_empty(b * kvh * splits * rows * d, dtype=torch.float32) if split else out
     ml = out.new_empty(b * kvh * splits * rows * 2, dtype=torch.float32) if split else out
+    if count is None:
+        count = counters(qkv.device, b * kvh)
+    assert count.numel() >= b * kvh
     _paged_attn_kernel[(b, kvh, splits)](
-        qkv, k_pool, v_pool, block_tables, positions, out, part, ml, q_len, num_heads, kvh,
-        qkv.shape[-1], block_tables.shape[1], split_keys, d ** -0.5, G=g, D=d, BS=bs, ROWS=rows,
-        BLOCK_N=block_n, SPLIT=split, IEEE=qkv.dtype == torch.float32, num_warps=4)
-    if split:
-        _combine_kernel[(b, kvh)](part, ml, out, q_len, num_heads, kvh, splits, G=g, D=d,
-                                  ROWS=rows, SPLITS=_pow2(splits), num_warps=4)
+        qkv, k_pool, v_pool, block_tables, positions, out, part, ml, count, q_len, num_heads,
+        kvh, qkv.shape[-1], block_tables.shape[1], split_keys, d ** -0.5, G=g, D=d, BS=bs,
+        ROWS=rows, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
+        IEEE=qkv.dtype == torch.float32, num_warps=4)
+    return out
+
+
+# ----------------------------------------------------------------------------- greedy pick
+
+_ARGMAX_BLOCK = 4096  # logits per program
+
+
+@triton.jit
+def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, count_ptr, out_ptr, n_cols, inner, out_stride,
+                   BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    c = tl.program_id(1)
+    chunks = tl.num_programs(1)
+    cols = c * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=float("-inf"))
+    x = x.to(tl.float32)
+    best = tl.max(x, axis=0)
+    at = tl.min(tl.where(x == best, cols, n_cols), axis=0)  # the first column holding the max
+    tl.store(part_v_ptr + row * chunks + c, best)
+    tl.store(part_i_ptr + row * chunks + c, at)
+    tl.debug_barrier()
+    if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == chunks - 1:
+        k = tl.arange(0, CHUNKS)
+        km = k < chunks
+        v = tl.load(part_v_ptr + row * chunks + k, mask=km, other=float("-inf"),
+                    cache_modifier=".cg")
+        i = tl.load(part_i_ptr + row * chunks + k, mask=km, other=n_cols, cache_modifier=".cg")
+        top = tl.max(v, axis=0)
+        pick = tl.min(tl.where(v == top, i, n_cols), axis=0)  # ties: the lowest column
+        tl.store(out_ptr + (row // inner) * out_stride + row % inner, pick.to(tl.int64))
+        tl.atomic_xchg(count_ptr + row, 0)
+
+
+def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., V] (contiguous) -> the index of each row's largest value, int64 [...] (ties: the
+    first, as ``torch.argmax``). count: zeroed int32 counters, one per row (None: fresh ones).
+    out: where to write, a [R // inner, inner] view with any row stride of a longer buffer."""
+    n = x.shape[-1]
+    rows = x.numel() // n
+    if out is None:
+        out = torch.empty(x.shape[:-1], dtype=torch.long, device=x.device)
+    out2 = out.view(-1, out.shape[-1]) if out.dim() > 0 else out.view(1, 1)
+    assert out2.shape[0] * out2.shape[1] == rows and out2.stride(-1) == 1
+    if count is None:
+        count = counters(x.device, rows)
+    assert count.numel() >= rows
+    chunks = triton.cdiv(n, _ARGMAX_BLOCK)
+    part_v = torch.empty(rows * chunks, dtype=torch.float32, device=x.device)
+    part_i = torch.empty(rows * chunks, dtype=torch.int32, device=x.device)
+    _argmax_kernel[(rows, chunks)](x, part_v, part_i, count, out2, n, out2.shape[1],
+                                   out2.stride(0), BLOCK=_ARGMAX_BLOCK, CHUNKS=_pow2(chunks),
+                                   num_warps=8)
     return out

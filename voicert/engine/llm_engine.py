@@ -22,7 +22,7 @@ from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
-from voicert.engine.models.llama import DTYPES, LlamaModel, load_llama
+from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel, load_llama
 from voicert.engine.runner import ModelRunner
 from voicert.engine.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.sequence import Sequence
@@ -114,6 +114,11 @@ class LLMEngine:
             log.warning("fused kernels off: they need compute capability 8.0 or newer")
             return False
         d = self.model.cfg.head_dim
+        table = min(self.model.cfg.max_position, ROPE_TABLE_MAX)
+        if self.cfg.max_context_tokens > table:
+            log.warning("fused kernels off: max_context_tokens %d is past their RoPE table (%d)",
+                        self.cfg.max_context_tokens, table)
+            return False
         if d & (d - 1) or d < 16:
             log.warning("fused kernels off: head_dim %d is not a power of two >= 16", d)
             return False

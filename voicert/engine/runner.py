@@ -140,7 +140,7 @@ class ModelRunner:
         bi = torch.tensor([i for i, _ in picks], device=self.device)
         qi = torch.tensor([j for _, j in picks], device=self.device)
         h = self.with_heads(hidden[bi, qi])  # [1 + heads, P, hidden]
-        best = self.model.logits(h).argmax(-1).tolist()  # [1 + heads][P]; the one host sync
+        best = self.model.greedy(h).tolist()  # [1 + heads][P]; the one host sync
         out = StepOutput([[] for _ in rows], [[] for _ in rows] if self.heads else None)
         for p, (i, _) in enumerate(picks):
             out.tokens[i].append(best[0][p])
@@ -210,7 +210,7 @@ class StepGraphs:
     it does not stretch when another process's kernels time-share the GPU with it.
 
     Inputs live in static device buffers, staged through pinned host buffers and copied without
-    blocking; the graph computes the mask, the forward, the logits and the argmax, so one replay
+    blocking; the graph computes the forward, the logits and the argmax, so one replay
     plus one ``tolist`` is the whole step."""
 
     def __init__(self, runner: ModelRunner, batches: list[int], widths: list[int], max_context: int,
@@ -252,8 +252,7 @@ class StepGraphs:
         if self.sample_last:
             h = h[torch.arange(b, device=h.device), self.last[:b]]  # [b, hidden]
         h = self.runner.with_heads(h.reshape(-1, h.shape[-1]))  # [1 + heads, N, hidden]
-        best = self.runner.model.logits(h).argmax(-1)  # [1 + heads, N]
-        self.out[:, : best.shape[1]].copy_(best)
+        self.runner.model.greedy(h, out=self.out[:, : h.shape[1]])  # [1 + heads, N]
 
     @torch.inference_mode()
     def _capture(self) -> None:

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+ROPE_TABLE_MAX = 1 << 17  # positions the fused kernels' RoPE tables hold at most
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -142,21 +143,22 @@ class Attention(nn.Module):
         v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
         return self.o(self.attend(q, inp, mask, k_pool, v_pool))
 
-    def forward_fused(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
-                      v_pool: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` through the Triton kernels: RoPE and the KV write in one launch, and
-        attention straight from the paged pool when the query rows fit the decode kernel."""
+    def forward_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                      inp: AttnInputs, mask: torch.Tensor | None, k_pool: torch.Tensor,
+                      v_pool: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """:meth:`forward` through the Triton kernels: RoPE (from the model's cos/sin tables) and
+        the KV write in one launch, and attention straight from the paged pool when the query rows
+        fit the decode kernel (``mask`` is only read when they do not)."""
         from voicert.engine import kernels
 
         b, q_len, _ = x.shape
         h, kvh, d = self.h, self.kvh, self.d
         qkv = self.qkv(x)  # [B, Q, (H + 2 KVH) * D]
-        kernels.rope_kv_write(qkv.view(b * q_len, -1), cos.view(b * q_len, d),
-                              sin.view(b * q_len, d), inp.slots, k_pool, v_pool, h, kvh)
+        kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
+                              k_pool, v_pool, h, kvh)
         if kernels.attn_rows(q_len, h, kvh) <= kernels.MAX_ATTN_ROWS:
             return self.o(kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables,
-                                                  inp.positions, h, kvh))
+                                                  inp.positions, h, kvh, count))
         q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
         return self.o(self.attend(q, inp, mask, k_pool, v_pool))
 
@@ -222,44 +224,96 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         # run the layers through voicert.engine.kernels (Triton; the engine sets it on CUDA)
         self.use_kernels = False
+        self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._counters: torch.Tensor | None = None
 
     def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
                 v_pool: torch.Tensor) -> torch.Tensor:
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
-        freqs = inp.positions.unsqueeze(-1).float() * self.inv_freq  # [B, Q, D/2]
-        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
-        dtype = self.embed.weight.dtype
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # as HF: in the model's dtype
-        half = sin.shape[-1] // 2
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign folded in
-        span = inp.block_tables.shape[1] * k_pool.shape[2]  # L = MB * BS
-        keys = torch.arange(span, device=input_ids.device)  # [L]
-        mask = (keys.view(1, 1, -1) <= inp.positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, Q, L]
-        h = self.embed(input_ids)
-        # additive form, built once here instead of converted in every layer
-        mask = torch.zeros((), dtype=h.dtype, device=h.device).masked_fill(~mask, float("-inf"))
         if self.use_kernels:
-            return self._layers_fused(h, cos, sin, inp, mask, k_pool, v_pool)
+            return self._forward_fused(input_ids, inp, k_pool, v_pool)
+        cos, sin = self._rope(inp.positions)
+        mask = self._mask(inp, k_pool.shape[2])
+        h = self.embed(input_ids)
         for i, layer in enumerate(self.layers):
             h = h + layer.attn(layer.attn_norm(h), cos, sin, inp, mask, k_pool[i], v_pool[i])
             h = h + layer.mlp(layer.mlp_norm(h))
         return self.norm(h)
 
-    def _layers_fused(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                      inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
-                      v_pool: torch.Tensor) -> torch.Tensor:
-        """The layer stack through the Triton kernels: each residual add rides in the next
-        RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added)."""
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin [B, Q, 1, D] of each position's angles, in the model's dtype."""
+        freqs = positions.unsqueeze(-1).float() * self.inv_freq  # [B, Q, D/2]
+        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
+        dtype = self.embed.weight.dtype
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # as HF: in the model's dtype
+        half = sin.shape[-1] // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign
+
+    def _mask(self, inp: AttnInputs, block_size: int) -> torch.Tensor:
+        """Additive causal mask [B, 1, Q, L] over each row's gathered keys (L = MB * BS), in the
+        model's dtype, built once per forward instead of in every layer."""
+        span = inp.block_tables.shape[1] * block_size
+        keys = torch.arange(span, device=inp.positions.device)  # [L]
+        allowed = (keys.view(1, 1, -1) <= inp.positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, Q, L]
+        zero = torch.zeros((), dtype=self.embed.weight.dtype, device=keys.device)
+        return zero.masked_fill(~allowed, float("-inf"))
+
+    def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [P, D/2] of every position's angles in the model's dtype, for the fused
+        kernels (P = max_position, at most ROPE_TABLE_MAX): built once, with the same torch ops as
+        :meth:`_rope`, so the kernels rotate by the same numbers without per-step trig kernels."""
+        dev, dtype = self.inv_freq.device, self.embed.weight.dtype
+        t = self._rope_tables
+        if t is None or t[0].device != dev or t[0].dtype != dtype:
+            n = min(self.cfg.max_position, ROPE_TABLE_MAX)
+            freqs = torch.arange(n, device=dev).float().unsqueeze(-1) * self.inv_freq  # [P, D/2]
+            self._rope_tables = (freqs.cos().to(dtype).contiguous(),
+                                 freqs.sin().to(dtype).contiguous())
+        return self._rope_tables
+
+    def kernel_counters(self) -> torch.Tensor:
+        """The zeroed int32 counters the fused kernels' last-program merges use (one set per
+        model: one engine thread launches its steps on one stream)."""
         from voicert.engine import kernels
 
-        eps = self.cfg.rms_norm_eps
-        out, residual = h, None
+        dev = self.inv_freq.device
+        if self._counters is None or self._counters.device != dev:
+            self._counters = kernels.counters(dev)
+        return self._counters
+
+    def _forward_fused(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
+                       v_pool: torch.Tensor) -> torch.Tensor:
+        """The layer stack through the Triton kernels: each residual add rides in the next
+        RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added).
+        A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and the
+        mask is built only when the query rows are too many for the paged attention kernel."""
+        from voicert.engine import kernels
+
+        cfg = self.cfg
+        rope, count = self.rope_tables(), self.kernel_counters()
+        wide = kernels.attn_rows(input_ids.shape[1], cfg.num_heads,
+                                 cfg.num_kv_heads) > kernels.MAX_ATTN_ROWS
+        mask = self._mask(inp, k_pool.shape[2]) if wide else None
+        eps = cfg.rms_norm_eps
+        out, residual = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
             x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
-            out = layer.attn.forward_fused(x, cos, sin, inp, mask, k_pool[i], v_pool[i])
+            out = layer.attn.forward_fused(x, rope, inp, mask, k_pool[i], v_pool[i], count)
             x, residual = kernels.add_rms_norm(out, residual, layer.mlp_norm.weight, eps)
             out = layer.mlp.forward_fused(x)
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps)[0]
+
+    def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """hidden [..., hidden] -> the greedy token of each row, int64 [...] (the argmax of
+        :meth:`logits`; ties: the lowest id). With the fused kernels one launch picks from the
+        LM head's output in place (no float32 copy of the logits); ``out``, if given, receives
+        the tokens (a [rows, inner] view, see ``kernels.argmax_rows``)."""
+        if self.use_kernels:
+            from voicert.engine import kernels
+
+            return kernels.argmax_rows(self.lm_head(hidden), self.kernel_counters(), out)
+        best = self.logits(hidden).argmax(-1)
+        return best if out is None else out.copy_(best)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., vocab] in float32."""
