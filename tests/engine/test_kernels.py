@@ -68,14 +68,17 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
         return model(ids, inp, runner.k_pool, runner.v_pool)  # [B, Q, hidden]
 
 
-@pytest.mark.parametrize("case", ["decode", "verify", "prefill-on-prefix", "long-split"])
+@pytest.mark.parametrize("case", ["decode", "decode-wide", "verify", "verify-one",
+                                  "prefill-on-prefix", "long-split"])
 def test_fused_forward_matches_torch_forward(case):
     """Same hidden states and the same KV pool contents as the torch path, over the shapes the
-    engine runs: batched decode of ragged lengths, speculative verify rows (padded), a prefill
-    on top of a cached prefix (gather + SDPA fallback) and a long context (split keys)."""
+    engine runs: batched decode of ragged lengths (3 rows: the GEMV projections; 6: BLAS),
+    speculative verify rows (padded; one sequence: GEMV), a prefill on top of a cached prefix
+    (gather + SDPA fallback) and a long context at batch 1 (split keys, GEMV)."""
     model = random_llama(TINY, torch.float32, DEV)
     g = torch.Generator().manual_seed(2)
-    bs, lengths = 16, {"decode": [5, 40, 17], "verify": [30, 9], "prefill-on-prefix": [20, 33],
+    bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
+                       "verify": [30, 9], "verify-one": [45], "prefill-on-prefix": [20, 33],
                        "long-split": [300]}[case]
     tables, nxt = [], 1
     for n in lengths:  # each sequence's blocks, room for a few more tokens
@@ -86,7 +89,7 @@ def test_fused_forward_matches_torch_forward(case):
     prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
     for runner in runners:  # both pools hold the same cached prefixes (torch path)
         run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
-    width = {"decode": 1, "verify": 3, "prefill-on-prefix": 24, "long-split": 1}[case]
+    width = {"verify": 3, "verify-one": 3, "prefill-on-prefix": 24}.get(case, 1)
     rows = [Row(torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
                 n, t, 0) for i, (n, t) in enumerate(zip(lengths, tables))]
     want = run_layers(model, runners[0], rows, False)
@@ -162,3 +165,27 @@ def test_rope_tables_hold_the_torch_paths_cos_and_sin():
     assert cos.shape == (TINY.max_position, half)
     assert torch.equal(c[0, :, 0, :half], cos[pos[0]]) and torch.equal(c[0, :, 0, half:], cos[pos[0]])
     assert torch.equal(s[0, :, 0, half:], sin[pos[0]]) and torch.equal(s[0, :, 0, :half], -sin[pos[0]])
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4])
+def test_gemv_prologues_match_the_unfused_kernels(rows):
+    """The small-batch GEMV with its input made in its prologue equals the two launches it
+    replaces: residual add + RMSNorm then matmul (the new residual too), SiLU * up then matmul,
+    plain matmul with a bias; N not a multiple of the block."""
+    g = torch.Generator().manual_seed(7)
+    n, k = 200, 96
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(DEV)
+    x, res, w, nw, bias = rnd(rows, k), rnd(rows, k), rnd(n, k) * 0.1, rnd(k), rnd(n)
+    want_x, want_res = kernels.add_rms_norm(x, res.clone(), nw, 1e-5)
+    got, got_res = kernels.gemv(x, w, bias, kernels.PRO_NORM, res, nw, 1e-5)
+    assert close(got_res, want_res, 0) and close(got, want_x @ w.T + bias, 1e-4)
+    assert close(res, want_res - x, 1e-6), "the residual passed in is left as it was"
+    got, same = kernels.gemv(x, w, None, kernels.PRO_NORM, None, nw, 1e-5)
+    assert same is x and close(got, kernels.add_rms_norm(x, None, nw, 1e-5)[0] @ w.T, 1e-4)
+    gu = rnd(rows, 2 * k)
+    got, _ = kernels.gemv(gu, w, None, kernels.PRO_SILU)
+    assert close(got, kernels.silu_mul(gu) @ w.T, 1e-4)
+    got, _ = kernels.gemv(x, w, bias, config=(8, 32, 2))
+    assert close(got, x @ w.T + bias, 1e-4)

@@ -1,7 +1,10 @@
 """Where one decode step's time goes: ``python -m voicert.bench.profile_step``.
 
 Runs eager decode steps of a random-weight model (timing only) under torch.profiler and prints the
-kernels by total device time, plus the replay time of the CUDA graph for the same step."""
+kernels by total device time; then times the CUDA graph of the same step two ways: one step at a
+time as the engine runs it (staging, replay, ``tolist``), and replays back to back with one sync at
+the end (the GPU's own time per step, launch gaps inside the graph included). The difference is
+what the host adds per step."""
 
 from __future__ import annotations
 
@@ -23,8 +26,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=True,
                     help="the Triton kernels (voicert.engine.kernels) or the torch path")
+    ap.add_argument("--gemv-rows", type=int, default=None,
+                    help="fused kernels: GEMV projections up to this many rows (0: BLAS)")
     args = ap.parse_args(argv)
     dev = "cuda"
+    if args.gemv_rows is not None:
+        from voicert.engine import kernels
+
+        kernels.GEMV_MAX_ROWS = args.gemv_rows
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     model.use_kernels = args.fused_kernels
@@ -42,19 +51,32 @@ def main(argv: list[str] | None = None) -> None:
                                                 torch.profiler.ProfilerActivity.CPU]) as prof:
             for _ in range(5):
                 h = runner.forward(ids, inp, runner.k_pool, runner.v_pool)
-                model.logits(h[:, -1]).argmax(-1)
+                model.greedy(h[:, -1])
             torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25))
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
     graphs = StepGraphs(runner, [args.batch], [1], args.context + 64, sample_last=False)
     times = []
-    for _ in range(50):
+    for _ in range(200):
         torch.cuda.synchronize()
-        t = time.perf_counter()
+        t = time.perf_counter_ns()
         graphs.run(rows)
-        times.append((time.perf_counter() - t) * 1000)
+        times.append((time.perf_counter_ns() - t) / 1e6)
     times.sort()
-    print(f"graph step (replay + staging + tolist), batch {args.batch}, context {args.context}: "
-          f"P50 {times[25]:.3f} ms, min {times[0]:.3f} ms")
+    graphs.run(rows)  # staged: the replays below reuse these inputs
+    graph = next(iter(graphs.graphs.values()))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    back = []
+    for _ in range(10):
+        start.record()
+        for _ in range(50):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        back.append(start.elapsed_time(end) / 50)
+    back.sort()
+    print(f"batch {args.batch}, context {args.context}: graph step (staging + replay + tolist) "
+          f"P50 {times[100]:.3f} ms, min {times[0]:.3f} ms; replays back to back "
+          f"{back[5]:.3f} ms per step (GPU time); host adds {times[100] - back[5]:.3f} ms")
 
 
 if __name__ == "__main__":

@@ -335,3 +335,102 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
                                    out2.stride(0), BLOCK=_ARGMAX_BLOCK, CHUNKS=_pow2(chunks),
                                    num_warps=8)
     return out
+
+
+# ----------------------------------------------------------------------------- small-batch GEMV
+
+GEMV_MAX_ROWS = 4  # rows (tokens) up to which the fused GEMV replaces the BLAS matmul
+GEMV_FOR = ("qkv", "o", "gate_up", "down")  # the layer's projections that take it
+PRO_NONE, PRO_NORM, PRO_SILU = 0, 1, 2  # what the GEMV computes its input vector from
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, res_ptr, res_out_ptr, nw_ptr, w_ptr, b_ptr, out_ptr, M, N, K, eps,
+                 PRO: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """out[M, N] = v[M, K] @ w[N, K]^T (+ bias), each program BLOCK_N outputs over all of K.
+    v is x (PRO_NONE); rms_norm(res + x) * nw (PRO_NORM; program 0 stores res + x to res_out);
+    or silu(x[:, :K]) * x[:, K:] (PRO_SILU). Rounded to the model dtype where the unfused kernels
+    round (the sum, the normalised value, the activation, the product)."""
+    pid = tl.program_id(0)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = n < N
+    mm = tl.arange(0, BLOCK_M)
+    rm = mm < M
+    dt = out_ptr.dtype.element_ty
+    x_stride = 2 * K if PRO == 2 else K
+    if PRO == 1:  # the row's mean square first (the whole row: every program needs it)
+        ss = tl.zeros([BLOCK_M], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k = k0 + tl.arange(0, BLOCK_K)
+            msk = rm[:, None] & (k < K)[None, :]
+            s = tl.load(x_ptr + mm[:, None] * K + k[None, :], mask=msk, other=0.0).to(tl.float32)
+            if HAS_RES:
+                r = tl.load(res_ptr + mm[:, None] * K + k[None, :], mask=msk, other=0.0)
+                s = (r.to(tl.float32) + s).to(dt).to(tl.float32)
+            ss += tl.sum(s * s, axis=1)
+        rstd = 1.0 / tl.sqrt(ss / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        km = k < K
+        msk = rm[:, None] & km[None, :]
+        v = tl.load(x_ptr + mm[:, None] * x_stride + k[None, :], mask=msk, other=0.0)
+        v = v.to(tl.float32)
+        if PRO == 1:
+            if HAS_RES:
+                r = tl.load(res_ptr + mm[:, None] * K + k[None, :], mask=msk, other=0.0)
+                v = (r.to(tl.float32) + v).to(dt)
+                if pid == 0:
+                    tl.store(res_out_ptr + mm[:, None] * K + k[None, :], v, mask=msk)
+                v = v.to(tl.float32)
+            g = tl.load(nw_ptr + k, mask=km, other=0.0).to(tl.float32)
+            v = (v * rstd[:, None]).to(dt).to(tl.float32) * g[None, :]
+        elif PRO == 2:
+            u = tl.load(x_ptr + mm[:, None] * x_stride + K + k[None, :], mask=msk, other=0.0)
+            v = (v / (1.0 + tl.exp(-v))).to(dt).to(tl.float32) * u.to(tl.float32)
+        v = v.to(dt).to(tl.float32)  # the matmul's input, as the unfused path stores it
+        w = tl.load(w_ptr + n[:, None] * K + k[None, :], mask=nm[:, None] & km[None, :],
+                    other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_K]
+        acc += tl.sum(v[:, None, :] * w[None, :, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+    tl.store(out_ptr + mm[:, None] * N + n[None, :], acc.to(dt), mask=rm[:, None] & nm[None, :])
+
+
+def gemv_config(n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) for an [N, K] weight: enough programs to fill the GPU,
+    each streaming whole rows of the weight."""
+    block_k = 512 if k >= 4096 else 256
+    block_n = 8 if n * k >= 1 << 24 else 4
+    return block_n, block_k, 4
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+         prologue: int = PRO_NONE, residual: torch.Tensor | None = None,
+         norm_weight: torch.Tensor | None = None, eps: float = 0.0,
+         config: tuple[int, int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A few rows (<= GEMV_MAX_ROWS) times weight [N, K]^T, with the input computed on the fly:
+
+    - PRO_NONE: x [..., K] -> x @ W^T;
+    - PRO_NORM: x [..., K] (a sublayer's output), residual [..., K] or None -> (rms_norm(h) *
+      norm_weight) @ W^T with h = residual + x (or x); returns (out, h), h in a new tensor;
+    - PRO_SILU: x [..., 2K] (gate, up) -> (silu(gate) * up) @ W^T.
+
+    Returns (out [..., N], the new residual or None)."""
+    nn_, kk = weight.shape
+    rows = x.numel() // x.shape[-1]
+    assert rows <= GEMV_MAX_ROWS and x.is_contiguous() and weight.is_contiguous()
+    out = x.new_empty(*x.shape[:-1], nn_)
+    res_out = None
+    if prologue == PRO_NORM:
+        res_out = x if residual is None else torch.empty_like(x)
+    block_n, block_k, warps = config or gemv_config(nn_, kk)
+    dummy = out
+    _gemv_kernel[(triton.cdiv(nn_, block_n),)](
+        x, residual if residual is not None else dummy, res_out if res_out is not None else dummy,
+        norm_weight if norm_weight is not None else dummy, weight,
+        bias if bias is not None else dummy, out, rows, nn_, kk, eps, PRO=prologue,
+        HAS_RES=residual is not None, HAS_BIAS=bias is not None, BLOCK_M=max(1, _pow2(rows)),
+        BLOCK_N=block_n, BLOCK_K=block_k, num_warps=warps)
+    return out, res_out

@@ -143,24 +143,24 @@ class Attention(nn.Module):
         v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
         return self.o(self.attend(q, inp, mask, k_pool, v_pool))
 
-    def forward_fused(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                      inp: AttnInputs, mask: torch.Tensor | None, k_pool: torch.Tensor,
-                      v_pool: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-        """:meth:`forward` through the Triton kernels: RoPE (from the model's cos/sin tables) and
-        the KV write in one launch, and attention straight from the paged pool when the query rows
-        fit the decode kernel (``mask`` is only read when they do not)."""
+    def attend_fused(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                     inp: AttnInputs, mask: torch.Tensor | None, k_pool: torch.Tensor,
+                     v_pool: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """The attention between the two projections through the Triton kernels: qkv [B, Q,
+        (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
+        in one launch, then attention straight from the paged pool when the query rows fit the
+        decode kernel (``mask`` is only read when they do not: gather + SDPA)."""
         from voicert.engine import kernels
 
-        b, q_len, _ = x.shape
+        b, q_len, _ = qkv.shape
         h, kvh, d = self.h, self.kvh, self.d
-        qkv = self.qkv(x)  # [B, Q, (H + 2 KVH) * D]
         kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
                               k_pool, v_pool, h, kvh)
         if kernels.attn_rows(q_len, h, kvh) <= kernels.MAX_ATTN_ROWS:
-            return self.o(kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables,
-                                                  inp.positions, h, kvh, count))
+            return kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables, inp.positions,
+                                           h, kvh, count)
         q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
-        return self.o(self.attend(q, inp, mask, k_pool, v_pool))
+        return self.attend(q, inp, mask, k_pool, v_pool)
 
     def attend(self, q: torch.Tensor, inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
                v_pool: torch.Tensor) -> torch.Tensor:
@@ -195,11 +195,6 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up(x).chunk(2, dim=-1)
         return self.down(F.silu(gate) * up)
-
-    def forward_fused(self, x: torch.Tensor) -> torch.Tensor:
-        from voicert.engine import kernels
-
-        return self.down(kernels.silu_mul(self.gate_up(x)))
 
 
 class Block(nn.Module):
@@ -285,7 +280,9 @@ class LlamaModel(nn.Module):
                        v_pool: torch.Tensor) -> torch.Tensor:
         """The layer stack through the Triton kernels: each residual add rides in the next
         RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added).
-        A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and the
+        For a few tokens (<= ``kernels.GEMV_MAX_ROWS``) the projections in ``kernels.GEMV_FOR``
+        run as GEMVs that compute their input in their prologue (the norm before qkv and gate_up,
+        SiLU * up before down): one launch instead of two, and no BLAS split-K pass. A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and the
         mask is built only when the query rows are too many for the paged attention kernel."""
         from voicert.engine import kernels
 
@@ -295,12 +292,28 @@ class LlamaModel(nn.Module):
                                  cfg.num_kv_heads) > kernels.MAX_ATTN_ROWS
         mask = self._mask(inp, k_pool.shape[2]) if wide else None
         eps = cfg.rms_norm_eps
+        gemv = set(kernels.GEMV_FOR) if input_ids.numel() <= kernels.GEMV_MAX_ROWS else set()
         out, residual = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
-            x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
-            out = layer.attn.forward_fused(x, rope, inp, mask, k_pool[i], v_pool[i], count)
-            x, residual = kernels.add_rms_norm(out, residual, layer.mlp_norm.weight, eps)
-            out = layer.mlp.forward_fused(x)
+            attn, mlp = layer.attn, layer.mlp
+            if "qkv" in gemv:  # the norm in the GEMV's prologue
+                qkv, residual = kernels.gemv(out, attn.qkv.weight, attn.qkv.bias, kernels.PRO_NORM,
+                                             residual, layer.attn_norm.weight, eps)
+            else:
+                x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
+                qkv = attn.qkv(x)
+            a = attn.attend_fused(qkv, rope, inp, mask, k_pool[i], v_pool[i], count)
+            out = kernels.gemv(a, attn.o.weight)[0] if "o" in gemv else attn.o(a)
+            if "gate_up" in gemv:
+                gate_up, residual = kernels.gemv(out, mlp.gate_up.weight, None, kernels.PRO_NORM,
+                                                 residual, layer.mlp_norm.weight, eps)
+            else:
+                x, residual = kernels.add_rms_norm(out, residual, layer.mlp_norm.weight, eps)
+                gate_up = mlp.gate_up(x)
+            if "down" in gemv:  # SiLU * up in the GEMV's prologue
+                out = kernels.gemv(gate_up, mlp.down.weight, None, kernels.PRO_SILU)[0]
+            else:
+                out = mlp.down(kernels.silu_mul(gate_up))
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps)[0]
 
     def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
