@@ -72,9 +72,9 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
                                   "prefill-on-prefix", "long-split"])
 def test_fused_forward_matches_torch_forward(case):
     """Same hidden states and the same KV pool contents as the torch path, over the shapes the
-    engine runs: batched decode of ragged lengths (3 rows: the GEMV projections; 6: BLAS),
-    speculative verify rows (padded; one sequence: GEMV), a prefill on top of a cached prefix
-    (gather + SDPA fallback) and a long context at batch 1 (split keys, GEMV)."""
+    engine runs: batched decode of ragged lengths, speculative verify rows (padded), a prefill
+    on top of a cached prefix (gather + SDPA fallback) and a long context at batch 1 (split
+    keys)."""
     model = random_llama(TINY, torch.float32, DEV)
     g = torch.Generator().manual_seed(2)
     bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
@@ -166,26 +166,3 @@ def test_rope_tables_hold_the_torch_paths_cos_and_sin():
     assert torch.equal(c[0, :, 0, :half], cos[pos[0]]) and torch.equal(c[0, :, 0, half:], cos[pos[0]])
     assert torch.equal(s[0, :, 0, half:], sin[pos[0]]) and torch.equal(s[0, :, 0, :half], -sin[pos[0]])
 
-
-@pytest.mark.parametrize("rows", [1, 3, 4])
-def test_gemv_prologues_match_the_unfused_kernels(rows):
-    """The small-batch GEMV with its input made in its prologue equals the two launches it
-    replaces: residual add + RMSNorm then matmul (the new residual too), SiLU * up then matmul,
-    plain matmul with a bias; N not a multiple of the block."""
-    g = torch.Generator().manual_seed(7)
-    n, k = 200, 96
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=g).to(DEV)
-    x, res, w, nw, bias = rnd(rows, k), rnd(rows, k), rnd(n, k) * 0.1, rnd(k), rnd(n)
-    want_x, want_res = kernels.add_rms_norm(x, res.clone(), nw, 1e-5)
-    got, got_res = kernels.gemv(x, w, bias, kernels.PRO_NORM, res, nw, 1e-5)
-    assert close(got_res, want_res, 0) and close(got, want_x @ w.T + bias, 1e-4)
-    assert close(res, want_res - x, 1e-6), "the residual passed in is left as it was"
-    got, same = kernels.gemv(x, w, None, kernels.PRO_NORM, None, nw, 1e-5)
-    assert same is x and close(got, kernels.add_rms_norm(x, None, nw, 1e-5)[0] @ w.T, 1e-4)
-    gu = rnd(rows, 2 * k)
-    got, _ = kernels.gemv(gu, w, None, kernels.PRO_SILU)
-    assert close(got, kernels.silu_mul(gu) @ w.T, 1e-4)
-    got, _ = kernels.gemv(x, w, bias, config=(8, 32, 2))
-    assert close(got, x @ w.T + bias, 1e-4)

@@ -325,7 +325,6 @@ def render(label: str, args: argparse.Namespace, result: dict) -> str:
     lines = [f"model: {label}; device {args.device}; dtype {args.dtype}"
              f"{'; CUDA graphs' if args.cuda_graphs else ''}"
              f"{'; fused Triton kernels' if args.fused_kernels else ''}"
-             f"{f' (GEMV projections up to {args.gemv_rows} rows)' if args.fused_kernels else ''}"
              f"{'; TorchScript forward' if args.torchscript else ''}"
              f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
              f"{args.new_tokens} new tokens", "",
@@ -372,9 +371,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
                     help="GPU: the Triton kernels (default on a GPU)")
-    ap.add_argument("--gemv-rows", type=int, default=None,
-                    help="fused kernels: steps of up to this many tokens run their projections as "
-                         "fused GEMVs (0: BLAS always; default kernels.GEMV_MAX_ROWS)")
     ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=None,
                     help="CPU: the forward as a frozen TorchScript trace (default on the CPU)")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")
@@ -388,12 +384,6 @@ def main(argv: list[str] | None = None) -> int:
         args.fused_kernels = args.device.startswith("cuda")
     if args.torchscript is None:
         args.torchscript = args.device == "cpu"
-    if args.fused_kernels:
-        from voicert.engine import kernels
-
-        if args.gemv_rows is None:
-            args.gemv_rows = kernels.GEMV_MAX_ROWS
-        kernels.GEMV_MAX_ROWS = args.gemv_rows
     bench = Bench(args)
     settle()  # as the server does: loaded objects out of the collector's way
     result = asyncio.run(bench.run())

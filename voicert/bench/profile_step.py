@@ -26,14 +26,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=True,
                     help="the Triton kernels (voicert.engine.kernels) or the torch path")
-    ap.add_argument("--gemv-rows", type=int, default=None,
-                    help="fused kernels: GEMV projections up to this many rows (0: BLAS)")
     args = ap.parse_args(argv)
     dev = "cuda"
-    if args.gemv_rows is not None:
-        from voicert.engine import kernels
-
-        kernels.GEMV_MAX_ROWS = args.gemv_rows
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     model.use_kernels = args.fused_kernels

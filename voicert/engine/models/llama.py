@@ -280,9 +280,7 @@ class LlamaModel(nn.Module):
                        v_pool: torch.Tensor) -> torch.Tensor:
         """The layer stack through the Triton kernels: each residual add rides in the next
         RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added).
-        For a few tokens (<= ``kernels.GEMV_MAX_ROWS``) the projections in ``kernels.GEMV_FOR``
-        run as GEMVs that compute their input in their prologue (the norm before qkv and gate_up,
-        SiLU * up before down): one launch instead of two, and no BLAS split-K pass. A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and the
+        A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and the
         mask is built only when the query rows are too many for the paged attention kernel."""
         from voicert.engine import kernels
 
@@ -292,28 +290,14 @@ class LlamaModel(nn.Module):
                                  cfg.num_kv_heads) > kernels.MAX_ATTN_ROWS
         mask = self._mask(inp, k_pool.shape[2]) if wide else None
         eps = cfg.rms_norm_eps
-        gemv = set(kernels.GEMV_FOR) if input_ids.numel() <= kernels.GEMV_MAX_ROWS else set()
         out, residual = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
-            attn, mlp = layer.attn, layer.mlp
-            if "qkv" in gemv:  # the norm in the GEMV's prologue
-                qkv, residual = kernels.gemv(out, attn.qkv.weight, attn.qkv.bias, kernels.PRO_NORM,
-                                             residual, layer.attn_norm.weight, eps)
-            else:
-                x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
-                qkv = attn.qkv(x)
-            a = attn.attend_fused(qkv, rope, inp, mask, k_pool[i], v_pool[i], count)
-            out = kernels.gemv(a, attn.o.weight)[0] if "o" in gemv else attn.o(a)
-            if "gate_up" in gemv:
-                gate_up, residual = kernels.gemv(out, mlp.gate_up.weight, None, kernels.PRO_NORM,
-                                                 residual, layer.mlp_norm.weight, eps)
-            else:
-                x, residual = kernels.add_rms_norm(out, residual, layer.mlp_norm.weight, eps)
-                gate_up = mlp.gate_up(x)
-            if "down" in gemv:  # SiLU * up in the GEMV's prologue
-                out = kernels.gemv(gate_up, mlp.down.weight, None, kernels.PRO_SILU)[0]
-            else:
-                out = mlp.down(kernels.silu_mul(gate_up))
+            x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
+            a = layer.attn.attend_fused(layer.attn.qkv(x), rope, inp, mask, k_pool[i], v_pool[i],
+                                        count)
+            x, residual = kernels.add_rms_norm(layer.attn.o(a), residual, layer.mlp_norm.weight,
+                                               eps)
+            out = layer.mlp.down(kernels.silu_mul(layer.mlp.gate_up(x)))
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps)[0]
 
     def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
