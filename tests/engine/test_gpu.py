@@ -25,10 +25,10 @@ def run_engine(engine, prompts, new=32, sequential=False):
     return asyncio.run(main())
 
 
-def make(model, graphs, spec=0, heads="", fused=True):
+def make(model, graphs, spec=0, heads="", fused=True, overlap=True):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
-                       spec_tokens=spec, draft_heads=heads, fused_kernels=fused)
+                       spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -114,3 +114,44 @@ def test_draft_head_graphs_equal_greedy_fp32(prompts):
     finally:
         plain.close()
         heads.close()
+
+
+def test_overlapped_decode_equals_step_by_step_fp32(prompts):
+    """Decode steps queued before the previous step's tokens are read (their input tokens fed on
+    the GPU) give the same tokens as stepping one at a time, with sequences ending at different
+    lengths, on a stop token and by a cancel mid-reply; every KV block comes back."""
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    step, over = make(model, True, overlap=False), make(model, True)
+
+    def run(engine, stop=None, cancel_after=None):
+        engine.scheduler.stop_ids = {stop} if stop is not None else set()
+
+        async def main():
+            async def one(i, p):
+                req = GenerationRequest(f"o{i}", [], 8 + 5 * i, prompt_ids=p)
+                got = []
+                async for e in engine.submit(req):
+                    if e.finish_reason is not None:
+                        return got, e.finish_reason
+                    got.append(e.token_id)
+                    if i == 0 and cancel_after is not None and len(got) == cancel_after:
+                        engine.cancel(req.request_id)
+            return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts[:8])))
+        return asyncio.run(main())
+
+    try:
+        free = over.blocks.available
+        want = run(step)
+        assert run(over) == want and over.ahead_steps > 0
+        stop = want[5][0][len(want[5][0]) // 2]  # a token one reply makes midway: it stops there
+        want = run(step, stop)
+        assert any(r == "stop" for _, r in want)
+        assert run(over, stop) == want
+        got = run(over, cancel_after=3)
+        assert got[0][1] == "cancelled" and got[0][0] == run(step)[0][0][: len(got[0][0])]
+        assert got[1:] == run(step)[1:]
+        assert over.blocks.available == free and step.runner.eager_steps["decode"] == 0
+    finally:
+        step.close()
+        over.close()

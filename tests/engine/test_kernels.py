@@ -166,3 +166,14 @@ def test_rope_tables_hold_the_torch_paths_cos_and_sin():
     assert torch.equal(c[0, :, 0, :half], cos[pos[0]]) and torch.equal(c[0, :, 0, half:], cos[pos[0]])
     assert torch.equal(s[0, :, 0, half:], sin[pos[0]]) and torch.equal(s[0, :, 0, :half], -sin[pos[0]])
 
+
+
+def test_feed_tokens_takes_marked_inputs_from_the_previous_output():
+    from voicert.engine.runner import feed_tokens
+
+    out = torch.tensor([50, 51, 52, 53], device=DEV)
+    for use_kernels in (True, False):
+        ids = torch.tensor([7, 8, 9, 10, 11], device=DEV)
+        src = torch.tensor([2, -1, 0, -1, 3], device=DEV)
+        feed_tokens(ids, src, out, use_kernels)
+        assert ids.tolist() == [52, 8, 50, 10, 53]

@@ -201,3 +201,74 @@ def test_head_drafts_come_from_the_last_step_and_keep_greedy():
         assert s.tokens[6:] == reference(6, 12)
         spec = sched.spec
         assert (spec.accepted > 0) == right and spec.proposed > 0
+
+
+def run_overlapped(sched: Scheduler, cancel: dict[int, str] | None = None) -> int:
+    """Drive the scheduler as the engine does with ``overlap``: after launching a step, plan the
+    next one before reading this one's tokens. The stand-in 'GPU' computes a step's tokens when
+    they are read, from the sequences' tokens by then (what feeding the previous token on the
+    GPU amounts to). ``cancel``: {step number: request id} cancelled between launch and read.
+    Returns how many steps were launched ahead."""
+    ahead, n, launched_ahead = None, 0, 0
+    while sched.has_work() or ahead is not None:
+        if ahead is not None:
+            step, ahead = ahead, None
+        else:
+            step, failed = sched.schedule()
+            assert not failed
+            if step is None:
+                continue
+        ahead = sched.plan_ahead(step)
+        launched_ahead += ahead is not None
+        for s in ahead.seqs if ahead is not None else []:  # room for the slot it writes
+            assert len(s.blocks.table) * sched.blocks.block_size >= len(s.tokens) + 1
+        if cancel and n in cancel:
+            sched.cancel(cancel[n])
+        sched.postprocess(step, sample(step))
+        n += 1
+    return launched_ahead
+
+
+def test_overlapped_steps_give_the_same_tokens_and_free_every_block():
+    """Steps planned ahead of their inputs: the same tokens as plain stepping for sequences that
+    end by length, by a stop token (its row in the step already planned is ignored) and by a
+    cancel between launch and read; every block comes back; no ahead step past a length limit."""
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, SchedulerConfig(), {15})
+    a, b, c = seq("a", 6, max_new=4), seq("b", 8, max_new=50, first=300), seq("c", 7, max_new=40,
+                                                                               first=500)
+    for s in (a, b, c):
+        sched.add(s)
+    ahead = run_overlapped(sched, cancel={4: "c"})
+    assert ahead > 0
+    assert a.finish_reason == "length" and a.tokens[6:] == [10, 11, 12, 13]
+    assert b.finish_reason == "stop" and b.tokens[8:] == [12, 13, 14]  # 15 stops it
+    got_c = c.tokens[7:]
+    assert c.finish_reason == "cancelled" and got_c == [11, 12, 13, 14][: len(got_c)]
+    assert bm.available == 63
+
+
+def test_no_step_is_planned_ahead_when_anything_else_may_want_it():
+    bm = BlockManager(64, 4)
+    sched = Scheduler(bm, SchedulerConfig(), {STOP})
+    a = seq("a", 6, max_new=3)
+    sched.add(a)
+    step, _ = sched.schedule()
+    assert sched.plan_ahead(step) is None  # a prefill step
+    sched.postprocess(step, sample(step))
+    sched.add(seq("late", 4, first=400))
+    step, _ = sched.schedule()  # decode of a; "late" waits for its prefill
+    assert step.kind == "prefill" or sched.plan_ahead(step) is None
+    spec = Scheduler(BlockManager(64, 4), SchedulerConfig(spec_tokens=2), {STOP})
+    spec.add(seq("s", 6))
+    step, _ = spec.schedule()
+    spec.postprocess(step, sample(step))
+    step, _ = spec.schedule()
+    assert step.kind == "decode" and spec.plan_ahead(step) is None  # speculation: drafts first
+    last = Scheduler(BlockManager(64, 4), SchedulerConfig(), {STOP})
+    one = seq("one", 6, max_new=2)
+    last.add(one)
+    step, _ = last.schedule()
+    last.postprocess(step, sample(step))
+    step, _ = last.schedule()
+    assert one.remaining == 1 and last.plan_ahead(step) is None  # its last token: nothing after

@@ -105,7 +105,8 @@ class Bench:
         base = dict(device=args.device, dtype=args.dtype, kv_memory_gb=args.kv_gb,
                     batch_window_ms=args.batch_window_ms, max_batch=max(args.streams),
                     max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs,
-                    fused_kernels=args.fused_kernels, torchscript=args.torchscript)
+                    fused_kernels=args.fused_kernels, torchscript=args.torchscript,
+                    overlap=args.overlap)
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
         self.engine = LLMEngine(self.model_dir or "", EngineConfig(**base), model=self.model,
                                 tokenizer=tok)
@@ -325,6 +326,7 @@ def render(label: str, args: argparse.Namespace, result: dict) -> str:
     lines = [f"model: {label}; device {args.device}; dtype {args.dtype}"
              f"{'; CUDA graphs' if args.cuda_graphs else ''}"
              f"{'; fused Triton kernels' if args.fused_kernels else ''}"
+             f"{'; overlapped decode steps' if args.overlap and args.cuda_graphs else ''}"
              f"{'; TorchScript forward' if args.torchscript else ''}"
              f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
              f"{args.new_tokens} new tokens", "",
@@ -371,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
                     help="GPU: the Triton kernels (default on a GPU)")
+    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                    help="GPU: queue each plain decode step before reading the last one's tokens")
     ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=None,
                     help="CPU: the forward as a frozen TorchScript trace (default on the CPU)")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")

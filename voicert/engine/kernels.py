@@ -336,3 +336,23 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
                                    num_warps=8)
     return out
 
+
+
+# ----------------------------------------------------------------------------- step inputs
+
+
+@triton.jit
+def _feed_kernel(ids_ptr, src_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = t < n
+    src = tl.load(src_ptr + t, mask=m, other=-1)
+    fed = tl.load(out_ptr + tl.maximum(src, 0), mask=m & (src >= 0), other=0)
+    tl.store(ids_ptr + t, fed, mask=m & (src >= 0))
+
+
+def feed_tokens(ids: torch.Tensor, src: torch.Tensor, out: torch.Tensor) -> None:
+    """ids[t] = out[src[t]] where src[t] >= 0, in place (ids, src [T] int64; out [N] int64): a
+    step's input tokens taken from the previous step's output without a trip through the host."""
+    n = ids.numel()
+    block = min(1024, _pow2(n))
+    _feed_kernel[(triton.cdiv(n, block),)](ids, src, out, n, BLOCK=block)

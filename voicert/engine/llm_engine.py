@@ -23,8 +23,8 @@ from voicert.engine.draft import DraftModelProposer
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel, load_llama
-from voicert.engine.runner import ModelRunner
-from voicert.engine.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.runner import ModelRunner, Pending
+from voicert.engine.scheduler import Scheduler, SchedulerConfig, Step
 from voicert.engine.sequence import Sequence
 from voicert.engine.prompt import build_prompt, stop_token_ids
 from voicert.engine.stream import TokenStream
@@ -56,6 +56,8 @@ class EngineConfig:
     own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
     fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
     torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
+    overlap: bool = True  # with CUDA graphs: plain decoding launches the next step before reading
+    # this one's tokens (the runner feeds them on the GPU); the host's per-step work overlaps it
 
 
 class LLMEngine:
@@ -99,6 +101,8 @@ class LLMEngine:
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
                  cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
+        self.ahead_steps = 0  # decode steps launched before the previous step's tokens were read
         self.ledger = RequestLedger()
         self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
         self._thread = threading.Thread(target=self._loop, name="voicert-engine", daemon=True)
@@ -238,7 +242,7 @@ class LLMEngine:
             self._use_own_stream()
         sched = self.scheduler
         while True:
-            block = not sched.has_work()
+            block = not sched.has_work() and self._ahead is None
             if not self._drain_inbox(block):
                 return
             if block and self.cfg.batch_window_ms > 0:  # idle engine: gather a batch
@@ -250,6 +254,7 @@ class LLMEngine:
                 self._step()
             except Exception as exc:  # fail the requests in flight, keep serving
                 log.exception("engine step failed")
+                self._ahead = None
                 for seq in list(sched.running) + list(sched.waiting):
                     sched.cancel(seq.id)
                     self._end(seq, "error", str(exc))
@@ -284,18 +289,31 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     def _step(self) -> None:
-        step, failed = self.scheduler.schedule()
-        for seq in failed:
-            self._end(seq, "error", "prompt does not fit in the KV pool")
-        if step is None:
-            return
+        """One engine step: launch the next step (or take the one launched ahead), launch the one
+        after it too when the scheduler allows (plain decoding: its input tokens are fed on the
+        GPU), then read this step's tokens and hand them out while the GPU runs the next."""
         now = time.perf_counter_ns()
-        for chunk in step.chunks:
-            if not chunk.seq.prefill_start_ns:
-                chunk.seq.prefill_start_ns = now
-        if self.drafter is not None and step.kind == "decode":
-            self.drafter.propose(step.seqs, self.cfg.spec_tokens)
-        result = self.runner.run_step(step)
+        if self._ahead is not None:
+            (step, pending), self._ahead = self._ahead, None
+        else:
+            step, failed = self.scheduler.schedule()
+            for seq in failed:
+                self._end(seq, "error", "prompt does not fit in the KV pool")
+            if step is None:
+                return
+            for chunk in step.chunks:
+                if not chunk.seq.prefill_start_ns:
+                    chunk.seq.prefill_start_ns = now
+            if self.drafter is not None and step.kind == "decode":
+                self.drafter.propose(step.seqs, self.cfg.spec_tokens)
+            pending = self.runner.launch(step)
+        if self.cfg.overlap and self.runner.graphs is not None and self._inbox.empty():
+            nxt = self.scheduler.plan_ahead(step)
+            if nxt is not None:
+                ahead = self.runner.launch_ahead(nxt)
+                self._ahead = (nxt, ahead) if ahead is not None else None
+                self.ahead_steps += ahead is not None
+        result = pending.result()
         emitted = self.scheduler.postprocess(step, result.tokens, result.drafts)
         sampled_ns = time.perf_counter_ns()
         self.step_records.append(StepRecord(step.kind, len(step.chunks) + len(step.seqs),

@@ -65,6 +65,7 @@ class ModelRunner:
         self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [layers, NB, BS, KVH, D]
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
+        self._last_decode: Pending | None = None  # the last launched step, if a decode replay
         self.eager_steps = {"prefill": 0, "decode": 0}  # steps no captured graph could take
         if torchscript and self.device.type == "cpu":
             self.forward = traced_forward(model, self.k_pool, self.v_pool, block_size)
@@ -114,17 +115,41 @@ class ModelRunner:
         position (prefill rows that finish their prompt: one; decode rows: len(draft) + 1)."""
         return self.run_step(step).tokens
 
-    @torch.inference_mode()
     def run_step(self, step: Step) -> StepOutput:
         """:meth:`run`, plus the draft heads' guesses at each sampled position (with heads)."""
+        return self.launch(step).result()
+
+    @torch.inference_mode()
+    def launch(self, step: Step) -> "Pending":
+        """Start the step's forward; its tokens come from the returned handle's ``result()``.
+        A step replayed from a CUDA graph is only queued on the GPU (the host is free until it
+        asks for the result); one that no graph fits runs eagerly here and is done."""
         rows = rows_for(step)
         graphs = self.graphs if step.kind == "decode" else self.prefill_graphs
+        self._last_decode = None
         if graphs is not None:
-            out = graphs.run(rows)
-            if out is not None:
-                return out
+            pending = graphs.launch(rows)
+            if pending is not None:
+                if graphs is self.graphs:
+                    self._last_decode = pending
+                return pending
             self.eager_steps[step.kind] += 1
-        return self.forward_rows(rows)
+        return Pending(output=self.forward_rows(rows))
+
+    @torch.inference_mode()
+    def launch_ahead(self, step: Step) -> "Pending | None":
+        """Queue the plain decode step that follows the one just launched, before that one's
+        tokens are read: each row feeds the token the previous replay leaves on the GPU (row i of
+        ``step`` is row i of the previous decode step; each sequence's blocks already hold one
+        more slot). None when it cannot: the previous step was not a replayed one-token decode
+        step of the same rows, or no graph fits."""
+        prev = self._last_decode
+        if prev is None or prev.width != 1 or len(prev.rows) != len(step.seqs):
+            return None
+        rows = [Row([0], len(s.tokens), s.blocks.table, 0) for s in step.seqs]
+        pending = self.graphs.launch(rows, feed=list(range(len(rows))))
+        self._last_decode = pending
+        return pending
 
     def run_rows(self, rows: list[Row]) -> list[list[int]]:
         """Eager forward of arbitrary rows; greedy tokens after each sampled position."""
@@ -200,6 +225,24 @@ def traced_forward(model: LlamaModel, k_pool: torch.Tensor, v_pool: torch.Tensor
         return model
 
 
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A launched step. ``result()`` waits for it (the step's one host sync) and reads its tokens."""
+
+    output: StepOutput | None = None  # set when done
+    graphs: "StepGraphs | None" = None
+    rows: list[Row] | None = None
+    width: int = 0
+    slot: int = 0  # which pinned output buffer the tokens are copied into
+    done: torch.cuda.Event | None = None
+
+    def result(self) -> StepOutput:
+        if self.output is None:
+            self.done.synchronize()
+            self.output = self.graphs.collect(self)
+        return self.output
+
+
 class StepGraphs:
     """CUDA graphs of one greedy step over ladders of batch size, query width and key span.
 
@@ -210,8 +253,12 @@ class StepGraphs:
     it does not stretch when another process's kernels time-share the GPU with it.
 
     Inputs live in static device buffers, staged through pinned host buffers and copied without
-    blocking; the graph computes the forward, the logits and the argmax, so one replay
-    plus one ``tolist`` is the whole step."""
+    blocking; the graph computes the forward, the logits and the argmax, and its tokens are
+    copied back into pinned memory behind it, so a step is one H2D copy, one replay, one D2H copy.
+    Decode graphs can take a row's input token from the previous replay's output on the GPU
+    (``feed``): a step can be queued before the host has read the tokens of the one before it.
+    Two sets of pinned buffers alternate, so staging step N + 1 never overwrites the inputs of
+    step N before its copy has run, nor its output before the host has read it."""
 
     def __init__(self, runner: ModelRunner, batches: list[int], widths: list[int], max_context: int,
                  sample_last: bool, max_tokens: int = 8192) -> None:
@@ -226,26 +273,35 @@ class StepGraphs:
         mb, mbk, mw = self.batches[-1], self.blocks[-1], self.widths[-1]
         dev = runner.device
         # All inputs live in one int64 device buffer (one H2D copy per step) at fixed offsets:
-        # ids/pos/slots [MB*W] each, tables [MB*MBK], last [MB]. out [MB*W] is separate.
-        sizes = {"ids": mb * mw, "pos": mb * mw, "slots": mb * mw, "tables": mb * mbk, "last": mb}
+        # ids/pos/slots/src [MB*W] each, tables [MB*MBK], last [MB]. out [MB*W] is separate.
+        # src[t] >= 0: token t's input is out[0, src[t]] of the previous replay, not ids[t].
+        sizes = {"ids": mb * mw, "pos": mb * mw, "slots": mb * mw, "src": mb * mw,
+                 "tables": mb * mbk, "last": mb}
         self.offsets: dict[str, int] = {}
         total = 0
         for name, n in sizes.items():
             self.offsets[name] = total
             total += n
         self.packed = torch.zeros(total, dtype=torch.long, device=dev)
-        self.host = torch.zeros(total, dtype=torch.long).pin_memory()
-        self.host_np = self.host.numpy()
+        self.host = [torch.zeros(total, dtype=torch.long).pin_memory() for _ in range(2)]
+        self.host_np = [h.numpy() for h in self.host]
         for name, n in sizes.items():
             setattr(self, name, self.packed[self.offsets[name]: self.offsets[name] + n])
         # out[0]: greedy tokens; out[1 + i]: draft head i's guesses (with heads)
         nh = runner.heads.num_heads if runner.heads is not None else 0
         self.out = torch.zeros(1 + nh, mb * mw, dtype=torch.long, device=dev)
+        self.out_host = [torch.zeros(1 + nh, mb * mw, dtype=torch.long).pin_memory()
+                         for _ in range(2)]
+        self.done = [torch.cuda.Event() for _ in range(2)]
+        self.turn = 0  # which set of pinned buffers (and event) the next launch uses
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._capture()
 
     def _step(self, forward, b: int, nblk: int, w: int) -> None:
         ids = self.ids[: b * w].view(b, w)
+        if not self.sample_last:  # decode: inputs fed from the previous replay's tokens
+            feed_tokens(self.ids[: b * w], self.src[: b * w], self.out[0],
+                        self.runner.model.use_kernels)
         inp = AttnInputs(self.pos[: b * w].view(b, w), self.slots[: b * w],
                          self.tables[: b * nblk].view(b, nblk))
         h = forward(ids, inp, self.runner.k_pool, self.runner.v_pool)  # [b, w, hidden]
@@ -286,7 +342,15 @@ class StepGraphs:
         torch.cuda.synchronize()
 
     def run(self, rows: list[Row]) -> StepOutput | None:
-        """Replay the smallest graph that fits; None when none does (the caller runs eagerly)."""
+        """Replay the smallest graph that fits and wait for its tokens; None when none fits (the
+        caller runs eagerly)."""
+        pending = self.launch(rows)
+        return pending.result() if pending is not None else None
+
+    def launch(self, rows: list[Row], feed: list[int] | None = None) -> Pending | None:
+        """Stage, replay and queue the copy back of the smallest graph that fits; None when none
+        does. ``feed`` (decode graphs): per row, the index into the previous replay's flat output
+        whose token the row feeds instead of its own (``rows[i].tokens`` is then a placeholder)."""
         n = len(rows)
         width = max(len(r.tokens) for r in rows)
         need = max(-(-(r.start + len(r.tokens)) // self.runner.block_size) for r in rows)
@@ -294,23 +358,50 @@ class StepGraphs:
         if b is None or nblk is None or w is None or (b, nblk, w) not in self.graphs:
             return None
         ids, pos, slots, tables = self.runner.layout(rows, b, nblk, w)
-        staged = {"ids": ids, "pos": pos, "slots": slots, "tables": tables,
+        src = [-1] * (b * w)
+        if feed is not None:
+            for i, j in enumerate(feed):
+                src[i * w] = j
+        staged = {"ids": ids, "pos": pos, "slots": slots, "src": src, "tables": tables,
                   "last": [len(r.tokens) - 1 for r in rows] + [0] * (b - n)}
+        slot = self.turn
+        self.turn ^= 1
+        host_np = self.host_np[slot]
         for name, values in staged.items():
             flat = np.asarray(values, dtype=np.int64).reshape(-1)
             at = self.offsets[name]
-            self.host_np[at: at + flat.size] = flat
-        self.packed.copy_(self.host, non_blocking=True)  # one H2D copy (the previous step synced)
+            host_np[at: at + flat.size] = flat
+        self.packed.copy_(self.host[slot], non_blocking=True)  # one H2D copy
         self.graphs[(b, nblk, w)].replay()
+        used = n if self.sample_last else n * w
+        self.out_host[slot][:, :used].copy_(self.out[:, :used], non_blocking=True)
+        self.done[slot].record()
+        return Pending(graphs=self, rows=rows, width=w, slot=slot, done=self.done[slot])
+
+    def collect(self, pending: Pending) -> StepOutput:
+        """The tokens of a launched step whose copy back has completed."""
+        rows, w = pending.rows, pending.width
+        n = len(rows)
         heads = self.runner.heads is not None
         if self.sample_last:
-            best = self.out[:, :n].tolist()  # the one host sync of the step
+            best = self.out_host[pending.slot][:, :n].tolist()
             keep = [r.sample_from < len(r.tokens) for r in rows]
             return StepOutput([[t] if k else [] for t, k in zip(best[0], keep)],
                               [[[d[i] for d in best[1:]]] if k else [] for i, k in enumerate(keep)]
                               if heads else None)
-        best = self.out[:, : n * w].tolist()  # the one host sync of the step
+        best = self.out_host[pending.slot][:, : n * w].tolist()
         spans = [(i * w, i * w + len(r.tokens)) for i, r in enumerate(rows)]
         return StepOutput([best[0][a:z] for a, z in spans],
                           [[[d[p] for d in best[1:]] for p in range(a, z)] for a, z in spans]
                           if heads else None)
+
+
+def feed_tokens(ids: torch.Tensor, src: torch.Tensor, out: torch.Tensor, use_kernels: bool) -> None:
+    """ids[t] = out[src[t]] where src[t] >= 0, in place (ids, src [T] int64; out [N] int64)."""
+    if use_kernels:
+        from voicert.engine import kernels
+
+        kernels.feed_tokens(ids, src, out)
+        return
+    picked = out.index_select(0, src.clamp(min=0))
+    ids.copy_(torch.where(src >= 0, picked, ids))

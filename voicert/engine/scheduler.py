@@ -211,6 +211,28 @@ class Scheduler:
                 self.running.append(seq)
         return Step("decode", seqs=picked)
 
+    def plan_ahead(self, step: Step) -> Step | None:
+        """The plain decode step after ``step``, to launch before ``step``'s tokens are known (the
+        runner feeds them on the GPU), so the host's work on one step overlaps the GPU's on the
+        next. Given only while nothing else could want that step: plain greedy decoding (no
+        speculation), every running sequence in ``step``, none waiting, none about to reach its
+        length limit. Grows each sequence's blocks by the one slot the step writes; None (and
+        nothing changed) otherwise. A sequence that stops or is cancelled meanwhile has its row
+        ignored by :meth:`postprocess`."""
+        if step.kind != "decode" or self.cfg.spec_tokens or self.waiting:
+            return None
+        if len(self.running) != len(step.seqs) or any(s.draft or s.remaining < 2 or
+                                                      s.status is not Status.DECODE
+                                                      for s in step.seqs):
+            return None
+        need = sum(self.blocks.blocks_for(len(s.tokens) + 1) - len(s.blocks.table)
+                   for s in step.seqs)
+        if need > self.blocks.available:
+            return None
+        for s in step.seqs:
+            self.blocks.grow(s.blocks, len(s.tokens) + 1)
+        return Step("decode", seqs=list(step.seqs))
+
     def _preempt_one(self, keep: set[int], victim: Sequence | None = None) -> bool:
         """Free ``victim`` or else the most recently admitted sequence not in ``keep`` (ids); it
         goes back to the front of the queue and recomputes (mostly from the prefix cache) when
@@ -250,6 +272,8 @@ class Scheduler:
                     out.append((seq, self._append(seq, toks[:1])))
             return out
         for i, (seq, toks) in enumerate(zip(step.seqs, sampled)):
+            if seq.status is not Status.DECODE:
+                continue  # stopped or cancelled after the step was launched
             self.spec.seq_steps += 1
             new = accept_greedy(seq.draft, toks) if seq.draft else toks[:1]
             if drafts is not None:  # the guesses made where the last emitted token was sampled

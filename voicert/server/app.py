@@ -84,6 +84,7 @@ def build_engine(cfg: Config):
         prefill_graph_rows=llm.prefill_graph_rows,
         own_stream=llm.own_stream and llm.device.startswith("cuda"),
         fused_kernels=llm.fused_kernels and llm.device.startswith("cuda"),
+        overlap=llm.overlap,
         torchscript=llm.torchscript and llm.device == "cpu")
     if llm.process:
         from voicert.engine.remote import EngineProcess
