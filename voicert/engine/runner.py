@@ -233,12 +233,11 @@ class Pending:
     graphs: "StepGraphs | None" = None
     rows: list[Row] | None = None
     width: int = 0
-    slot: int = 0  # which pinned output buffer the tokens are copied into
-    done: torch.cuda.Event | None = None
+    slot: int = 0  # which pinned staging / output buffers it used
+    copied: bool = False  # its tokens are being copied into pinned memory (see StepGraphs.stash)
 
     def result(self) -> StepOutput:
         if self.output is None:
-            self.done.synchronize()
             self.output = self.graphs.collect(self)
         return self.output
 
@@ -253,12 +252,12 @@ class StepGraphs:
     it does not stretch when another process's kernels time-share the GPU with it.
 
     Inputs live in static device buffers, staged through pinned host buffers and copied without
-    blocking; the graph computes the forward, the logits and the argmax, and its tokens are
-    copied back into pinned memory behind it, so a step is one H2D copy, one replay, one D2H copy.
-    Decode graphs can take a row's input token from the previous replay's output on the GPU
-    (``feed``): a step can be queued before the host has read the tokens of the one before it.
-    Two sets of pinned buffers alternate, so staging step N + 1 never overwrites the inputs of
-    step N before its copy has run, nor its output before the host has read it."""
+    blocking; the graph computes the forward, the logits and the argmax, so a step is one H2D
+    copy, one replay and one read of its tokens. Decode graphs can take a row's input token from
+    the previous replay's output on the GPU (``feed``): a step can be queued before the host has
+    read the tokens of the one before it, whose tokens are then copied into pinned memory first
+    (``stash``). Two sets of pinned buffers alternate, so staging step N + 1 never overwrites the
+    inputs of step N before its copy has run, nor its output before the host has read it."""
 
     def __init__(self, runner: ModelRunner, batches: list[int], widths: list[int], max_context: int,
                  sample_last: bool, max_tokens: int = 8192) -> None:
@@ -294,6 +293,7 @@ class StepGraphs:
                          for _ in range(2)]
         self.done = [torch.cuda.Event() for _ in range(2)]
         self.turn = 0  # which set of pinned buffers (and event) the next launch uses
+        self._latest: Pending | None = None  # the last launch (its tokens are in self.out)
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._capture()
 
@@ -364,6 +364,9 @@ class StepGraphs:
                 src[i * w] = j
         staged = {"ids": ids, "pos": pos, "slots": slots, "src": src, "tables": tables,
                   "last": [len(r.tokens) - 1 for r in rows] + [0] * (b - n)}
+        last = self._latest
+        if last is not None and last.output is None and not last.copied:
+            self.stash(last)  # not read yet: the replay below overwrites its output on the GPU
         slot = self.turn
         self.turn ^= 1
         host_np = self.host_np[slot]
@@ -373,23 +376,39 @@ class StepGraphs:
             host_np[at: at + flat.size] = flat
         self.packed.copy_(self.host[slot], non_blocking=True)  # one H2D copy
         self.graphs[(b, nblk, w)].replay()
-        used = n if self.sample_last else n * w
-        self.out_host[slot][:, :used].copy_(self.out[:, :used], non_blocking=True)
-        self.done[slot].record()
-        return Pending(graphs=self, rows=rows, width=w, slot=slot, done=self.done[slot])
+        self._latest = Pending(graphs=self, rows=rows, width=w, slot=slot)
+        return self._latest
+
+    def _used(self, pending: Pending) -> int:
+        return len(pending.rows) * (1 if self.sample_last else pending.width)
+
+    def stash(self, pending: Pending) -> None:
+        """Queue the copy of ``pending``'s tokens into its pinned output buffer, so that a later
+        replay may overwrite them on the GPU before the host reads them."""
+        used = self._used(pending)
+        self.out_host[pending.slot][:, :used].copy_(self.out[:, :used], non_blocking=True)
+        self.done[pending.slot].record()
+        pending.copied = True
+
+    def tokens(self, pending: Pending) -> list[list[int]]:
+        """[1 + heads][used] tokens of a launched step: the step's one host sync. Read from the
+        GPU output when nothing was queued after it, else from its pinned copy."""
+        used = self._used(pending)
+        if not pending.copied:
+            return self.out[:, :used].tolist()
+        self.done[pending.slot].synchronize()
+        return self.out_host[pending.slot][:, :used].tolist()
 
     def collect(self, pending: Pending) -> StepOutput:
-        """The tokens of a launched step whose copy back has completed."""
+        """The tokens of a launched step, as a :class:`StepOutput` (waits for them)."""
         rows, w = pending.rows, pending.width
-        n = len(rows)
         heads = self.runner.heads is not None
+        best = self.tokens(pending)
         if self.sample_last:
-            best = self.out_host[pending.slot][:, :n].tolist()
             keep = [r.sample_from < len(r.tokens) for r in rows]
             return StepOutput([[t] if k else [] for t, k in zip(best[0], keep)],
                               [[[d[i] for d in best[1:]]] if k else [] for i, k in enumerate(keep)]
                               if heads else None)
-        best = self.out_host[pending.slot][:, : n * w].tolist()
         spans = [(i * w, i * w + len(r.tokens)) for i, r in enumerate(rows)]
         return StepOutput([best[0][a:z] for a, z in spans],
                           [[[d[p] for d in best[1:]] for p in range(a, z)] for a, z in spans]
