@@ -103,13 +103,15 @@ def test_speculative_verify_graphs_equal_greedy_fp32(prompts):
 
 def test_draft_head_graphs_equal_greedy_fp32(prompts):
     """The embedded heads fit the SmolLM2 shape: graphed steps that also emit the heads' drafts
-    must keep greedy tokens, and drafts must be proposed (prefill and decode graphs)."""
+    must keep greedy tokens, and drafts must be proposed (prefill and decode graphs), with verify
+    steps overlapped (queued before the last one's tokens are read)."""
     cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
     model = random_llama(cfg, torch.float32, "cuda")
     plain, heads = make(model, True), make(model, True, spec=2, heads="embedded")
     try:
         assert run_engine(heads, prompts, new=40) == run_engine(plain, prompts, new=40)
         assert heads.scheduler.spec.proposed > 0
+        assert heads.ahead_steps > 0  # verify steps fed from the last one's results on the GPU
         assert heads.runner.eager_steps == {"prefill": 0, "decode": 0}
     finally:
         plain.close()
@@ -155,3 +157,31 @@ def test_overlapped_decode_equals_step_by_step_fp32(prompts):
     finally:
         step.close()
         over.close()
+
+
+def test_overlapped_verify_steps_with_accepted_drafts_equal_greedy_fp32(prompts, tmp_path):
+    """Heads that guess 'the same token again' (zero layers: the LM head sees the target's own
+    state) are right whenever the random model repeats itself, so drafts get accepted and verify
+    steps fed on the GPU must shift their positions and slots by the accepted count."""
+    from safetensors.torch import save_file
+
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    hid = cfg.hidden_size
+    path = tmp_path / "repeat-heads.safetensors"
+    save_file({f"proj.{i}.{p}": torch.zeros((hid, hid) if p == "weight" else (hid,))
+               for i in range(2) for p in ("weight", "bias")}, str(path),
+              metadata={"vocab_size": str(cfg.vocab_size)})
+    plain = make(model, True, overlap=False)
+    over, step = make(model, True, spec=2, heads=str(path)), make(model, True, spec=2,
+                                                                  heads=str(path), overlap=False)
+    try:
+        want = run_engine(plain, prompts, new=60)
+        assert run_engine(over, prompts, new=60) == want
+        assert run_engine(step, prompts, new=60) == want
+        assert over.scheduler.spec.accepted > 0 and over.ahead_steps > 0
+        assert step.ahead_steps == 0
+    finally:
+        plain.close()
+        over.close()
+        step.close()

@@ -168,12 +168,33 @@ def test_rope_tables_hold_the_torch_paths_cos_and_sin():
 
 
 
-def test_feed_tokens_takes_marked_inputs_from_the_previous_output():
-    from voicert.engine.runner import feed_tokens
 
-    out = torch.tensor([50, 51, 52, 53], device=DEV)
+def test_feed_step_takes_inputs_from_the_previous_steps_results():
+    """A verify step (W = 3) fed from the previous one: row 0 from previous row 1, whose drafts
+    were accepted once (n = 1); row 1 from previous row 0 (n = 0); row 2 staged by the host.
+    The kernel and the torch fallback agree, and so do their accept counts."""
+    from voicert.engine.runner import accept_counts, feed_step
+
+    bs, w = 4, 3
+    out = torch.tensor([[10, 11, 12, 20, 21, 22, 30, 31, 32],  # greedy tokens, rows of W
+                        [40, 41, 42, 50, 51, 52, 60, 61, 62],  # head 0's guesses
+                        [70, 71, 72, 80, 81, 82, 90, 91, 92]], device=DEV)  # head 1's
+    acc = torch.tensor([0, 1, 2], device=DEV)
+    tables = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4], [9, 9, 9, 9]], device=DEV)
     for use_kernels in (True, False):
-        ids = torch.tensor([7, 8, 9, 10, 11], device=DEV)
-        src = torch.tensor([2, -1, 0, -1, 3], device=DEV)
-        feed_tokens(ids, src, out, use_kernels)
-        assert ids.tolist() == [52, 8, 50, 10, 53]
+        ids = torch.tensor([[0, 0, 0], [0, 0, 0], [7, 8, 9]], device=DEV)
+        pos = torch.tensor([[8, 9, 10], [3, 4, 5], [1, 2, 3]], device=DEV)  # laid out for n = 2
+        slots = torch.full((3, 3), -1, device=DEV)
+        src = torch.tensor([[1, -1, -1], [0, -1, -1], [-1, -1, -1]], device=DEV)
+        feed_step(ids, pos, slots, src, tables, out, acc, bs, use_kernels)
+        assert ids.tolist() == [[21, 51, 81], [10, 40, 70], [7, 8, 9]]
+        assert pos.tolist() == [[7, 8, 9], [1, 2, 3], [1, 2, 3]]
+        assert slots.tolist() == [[6 * 4 + 3, 7 * 4, 7 * 4 + 1], [1 * 4 + 1, 1 * 4 + 2, 1 * 4 + 3],
+                                  [-1, -1, -1]]
+        got = torch.full((4,), -1, device=DEV)
+        step_out = torch.tensor([51, 81, 5, 99, 40, 0, 8, 5, 1], device=DEV)  # accepts 2, 0, 1
+        accept_counts(ids, step_out, got, use_kernels)
+        assert got[:3].tolist() == [2, 0, 1] and got[3] == -1
+        one = torch.zeros(2, dtype=torch.long, device=DEV)
+        accept_counts(ids[:2, :1].contiguous(), step_out, one, use_kernels)  # W = 1: nothing
+        assert one.tolist() == [0, 0]

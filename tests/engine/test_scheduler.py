@@ -176,6 +176,22 @@ def test_prefill_packs_into_captured_shapes_within_the_budget():
         assert s.tokens[n:] == reference(n, 10, first)
 
 
+def sample_with_heads(step, right: bool = True) -> tuple[list[list[int]], list]:
+    """:func:`sample`, plus two 'draft heads' guesses at each sampled position: right (what the
+    model will emit next) or wrong (a constant)."""
+    toks = sample(step)
+    drafts = []
+    for row, t in zip(step.chunks or step.seqs, toks):
+        base = (row.seq.tokens[:row.end] if step.kind == "prefill" else row.tokens + row.draft)
+        guesses = []
+        for j in range(len(t)):  # the context up to and including this position's token
+            ctx = (base if step.kind == "prefill" else base[:len(row.tokens) + j]) + [t[j]]
+            nxt = next_token(ctx)
+            guesses.append([nxt, next_token(ctx + [nxt])] if right else [1, 1])
+        drafts.append(guesses)
+    return toks, drafts
+
+
 def test_head_drafts_come_from_the_last_step_and_keep_greedy():
     """With head drafts, a sequence's next drafts are the guesses made where its last emitted token
     was sampled; here the 'heads' guess right (the reference) or wrong (a constant)."""
@@ -186,24 +202,14 @@ def test_head_drafts_come_from_the_last_step_and_keep_greedy():
         sched.add(s)
         while sched.has_work():
             step, _ = sched.schedule()
-            toks = sample(step)
-            drafts = []
-            for row, t in zip(step.chunks or step.seqs, toks):
-                base = (row.seq.tokens[:row.end] if step.kind == "prefill"
-                        else row.tokens + row.draft)
-                guesses = []
-                for j in range(len(t)):  # the context up to and including this position's token
-                    ctx = (base if step.kind == "prefill" else base[:len(row.tokens) + j]) + [t[j]]
-                    nxt = next_token(ctx)
-                    guesses.append([nxt, next_token(ctx + [nxt])] if right else [1, 1])
-                drafts.append(guesses)
-            sched.postprocess(step, toks, drafts)
+            sched.postprocess(step, *sample_with_heads(step, right))
         assert s.tokens[6:] == reference(6, 12)
         spec = sched.spec
         assert (spec.accepted > 0) == right and spec.proposed > 0
 
 
-def run_overlapped(sched: Scheduler, cancel: dict[int, str] | None = None) -> int:
+def run_overlapped(sched: Scheduler, cancel: dict[int, str] | None = None,
+                   heads: bool = False) -> int:
     """Drive the scheduler as the engine does with ``overlap``: after launching a step, plan the
     next one before reading this one's tokens. The stand-in 'GPU' computes a step's tokens when
     they are read, from the sequences' tokens by then (what feeding the previous token on the
@@ -213,6 +219,7 @@ def run_overlapped(sched: Scheduler, cancel: dict[int, str] | None = None) -> in
     while sched.has_work() or ahead is not None:
         if ahead is not None:
             step, ahead = ahead, None
+            sched.bind_ahead(step)
         else:
             step, failed = sched.schedule()
             assert not failed
@@ -220,11 +227,12 @@ def run_overlapped(sched: Scheduler, cancel: dict[int, str] | None = None) -> in
                 continue
         ahead = sched.plan_ahead(step)
         launched_ahead += ahead is not None
-        for s in ahead.seqs if ahead is not None else []:  # room for the slot it writes
-            assert len(s.blocks.table) * sched.blocks.block_size >= len(s.tokens) + 1
+        k = sched.cfg.spec_tokens
+        for s in ahead.seqs if ahead is not None else []:  # room for the slots it may write
+            assert len(s.blocks.table) * sched.blocks.block_size >= len(s.tokens) + 2 * k + 1
         if cancel and n in cancel:
             sched.cancel(cancel[n])
-        sched.postprocess(step, sample(step))
+        sched.postprocess(step, *(sample_with_heads(step) if heads else (sample(step),)))
         n += 1
     return launched_ahead
 
@@ -272,3 +280,16 @@ def test_no_step_is_planned_ahead_when_anything_else_may_want_it():
     last.postprocess(step, sample(step))
     step, _ = last.schedule()
     assert one.remaining == 1 and last.plan_ahead(step) is None  # its last token: nothing after
+
+
+def test_overlapped_steps_with_head_drafts_keep_greedy_tokens():
+    """Speculation with draft heads, each step planned before the last one's tokens are read:
+    greedy tokens, drafts accepted, steps planned ahead; blocks come back."""
+    bm = BlockManager(256, 4)
+    sched = Scheduler(bm, SchedulerConfig(spec_tokens=2, head_drafts=True), {STOP})
+    a, b = seq("a", 6, max_new=30), seq("b", 9, max_new=25, first=300)
+    sched.add(a)
+    sched.add(b)
+    assert run_overlapped(sched, heads=True) > 0
+    assert a.tokens[6:] == reference(6, 30) and b.tokens[9:] == reference(9, 25, first=300)
+    assert sched.spec.accepted > 0 and bm.available == 255

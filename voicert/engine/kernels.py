@@ -342,17 +342,53 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
 
 
 @triton.jit
-def _feed_kernel(ids_ptr, src_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    t = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = t < n
-    src = tl.load(src_ptr + t, mask=m, other=-1)
-    fed = tl.load(out_ptr + tl.maximum(src, 0), mask=m & (src >= 0), other=0)
-    tl.store(ids_ptr + t, fed, mask=m & (src >= 0))
+def _feed_kernel(ids_ptr, pos_ptr, slot_ptr, src_ptr, table_ptr, out_ptr, acc_ptr, out_stride,
+                 n_out, max_blocks, W: tl.constexpr, BS: tl.constexpr, BLOCK_W: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    j = tl.load(src_ptr + i * W)
+    if j >= 0:
+        n = tl.load(acc_ptr + j)  # drafts the previous step accepted in its row j
+        t = tl.arange(0, BLOCK_W)
+        tm = t < W
+        tok = tl.load(out_ptr + t * out_stride + j * W + n, mask=tm & (t < n_out), other=0)
+        tl.store(ids_ptr + i * W + t, tok, mask=tm)
+        p = tl.load(pos_ptr + i * W + t, mask=tm, other=0) - (W - 1) + n
+        tl.store(pos_ptr + i * W + t, p, mask=tm)
+        page = tl.load(table_ptr + i * max_blocks + p // BS, mask=tm, other=0)
+        tl.store(slot_ptr + i * W + t, page * BS + p % BS, mask=tm)
 
 
-def feed_tokens(ids: torch.Tensor, src: torch.Tensor, out: torch.Tensor) -> None:
-    """ids[t] = out[src[t]] where src[t] >= 0, in place (ids, src [T] int64; out [N] int64): a
-    step's input tokens taken from the previous step's output without a trip through the host."""
-    n = ids.numel()
-    block = min(1024, _pow2(n))
-    _feed_kernel[(triton.cdiv(n, block),)](ids, src, out, n, BLOCK=block)
+@triton.jit
+def _accept_kernel(ids_ptr, out_ptr, acc_ptr, W: tl.constexpr, BLOCK_W: tl.constexpr):
+    i = tl.program_id(0).to(tl.int64)
+    t = tl.arange(0, BLOCK_W)
+    m = t < W - 1
+    d = tl.load(ids_ptr + i * W + 1 + t, mask=m, other=0)
+    g = tl.load(out_ptr + i * W + t, mask=m, other=0)
+    first_miss = tl.min(tl.where(m & (d == g), W - 1, t), axis=0)
+    tl.store(acc_ptr + i, first_miss.to(tl.int64))
+
+
+def feed_step(ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, src: torch.Tensor,
+              tables: torch.Tensor, out: torch.Tensor, acc: torch.Tensor, block_size: int) -> None:
+    """A decode step's inputs taken from the previous step's results on the GPU, in place.
+
+    ids/pos/slots/src [B, W] int64 (W = 1 + drafts per row); tables [B, MB]; out [1 + heads, N]
+    (the previous step's greedy tokens, then each draft head's guesses, at every position of its
+    [B', W] rows); acc [B'] (drafts its rows accepted, see :func:`accept_counts`). For each row i
+    with src[i, 0] = j >= 0: n = acc[j]; the row feeds the greedy token after the last accepted
+    position (out[0, j * W + n]) and the heads' guesses there (out[1 + h, j * W + n]); its staged
+    positions, laid out for the most drafts the previous step could accept (n = W - 1), move to
+    pos - (W - 1) + n, and its KV slots follow through its block table. Rows with src < 0 keep
+    their staged inputs."""
+    b, w = ids.shape
+    _feed_kernel[(b,)](ids, pos, slots, src, tables, out, acc, out.stride(0), out.shape[0],
+                       tables.shape[1], W=w, BS=block_size, BLOCK_W=_pow2(w), num_warps=1)
+
+
+def accept_counts(ids: torch.Tensor, out: torch.Tensor, acc: torch.Tensor) -> None:
+    """acc[i] = how many of row i's drafts (ids[i, 1:]) the step's greedy tokens (out [B * W],
+    row-major) confirm before the first disagreement: what ``accept_greedy`` keeps, less the
+    target's own token. ids [B, W] int64; acc [>= B] int64, written in place."""
+    b, w = ids.shape
+    _accept_kernel[(b,)](ids, out, acc, W=w, BLOCK_W=max(2, _pow2(w)), num_warps=1)

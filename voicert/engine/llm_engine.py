@@ -295,6 +295,7 @@ class LLMEngine:
         now = time.perf_counter_ns()
         if self._ahead is not None:
             (step, pending), self._ahead = self._ahead, None
+            self.scheduler.bind_ahead(step)
         else:
             step, failed = self.scheduler.schedule()
             for seq in failed:

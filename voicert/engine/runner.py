@@ -138,15 +138,18 @@ class ModelRunner:
 
     @torch.inference_mode()
     def launch_ahead(self, step: Step) -> "Pending | None":
-        """Queue the plain decode step that follows the one just launched, before that one's
-        tokens are read: each row feeds the token the previous replay leaves on the GPU (row i of
-        ``step`` is row i of the previous decode step; each sequence's blocks already hold one
-        more slot). None when it cannot: the previous step was not a replayed one-token decode
-        step of the same rows, or no graph fits."""
+        """Queue the decode step that follows the one just launched, before that one's tokens
+        are read. Row i of ``step`` is row i of the previous decode step and has its width
+        (1 + drafts): it feeds, on the GPU, the greedy token after the previous step's last
+        accepted draft and (with draft heads) the heads' guesses there, at the positions that
+        follow (see :func:`feed_step`); each sequence's blocks already hold the slots the most
+        accepted drafts would need. None when it cannot: the previous step was not a replayed
+        decode step of the same rows, or no graph fits."""
         prev = self._last_decode
-        if prev is None or prev.width != 1 or len(prev.rows) != len(step.seqs):
+        if prev is None or len(prev.rows) != len(step.seqs):
             return None
-        rows = [Row([0], len(s.tokens), s.blocks.table, 0) for s in step.seqs]
+        w = prev.width  # laid out for the most accepted drafts (w - 1); feed_step moves it back
+        rows = [Row([0] * w, len(s.tokens) + w - 1, s.blocks.table, 0) for s in step.seqs]
         pending = self.graphs.launch(rows, feed=list(range(len(rows))))
         self._last_decode = pending
         return pending
@@ -289,6 +292,7 @@ class StepGraphs:
         # out[0]: greedy tokens; out[1 + i]: draft head i's guesses (with heads)
         nh = runner.heads.num_heads if runner.heads is not None else 0
         self.out = torch.zeros(1 + nh, mb * mw, dtype=torch.long, device=dev)
+        self.acc = torch.zeros(mb, dtype=torch.long, device=dev)  # drafts accepted per row
         self.out_host = [torch.zeros(1 + nh, mb * mw, dtype=torch.long).pin_memory()
                          for _ in range(2)]
         self.done = [torch.cuda.Event() for _ in range(2)]
@@ -299,9 +303,11 @@ class StepGraphs:
 
     def _step(self, forward, b: int, nblk: int, w: int) -> None:
         ids = self.ids[: b * w].view(b, w)
-        if not self.sample_last:  # decode: inputs fed from the previous replay's tokens
-            feed_tokens(self.ids[: b * w], self.src[: b * w], self.out[0],
-                        self.runner.model.use_kernels)
+        kern = self.runner.model.use_kernels
+        if not self.sample_last:  # decode: inputs fed from the previous replay's results
+            feed_step(ids, self.pos[: b * w].view(b, w), self.slots[: b * w].view(b, w),
+                      self.src[: b * w].view(b, w), self.tables[: b * nblk].view(b, nblk),
+                      self.out, self.acc, self.runner.block_size, kern)
         inp = AttnInputs(self.pos[: b * w].view(b, w), self.slots[: b * w],
                          self.tables[: b * nblk].view(b, nblk))
         h = forward(ids, inp, self.runner.k_pool, self.runner.v_pool)  # [b, w, hidden]
@@ -309,6 +315,8 @@ class StepGraphs:
             h = h[torch.arange(b, device=h.device), self.last[:b]]  # [b, hidden]
         h = self.runner.with_heads(h.reshape(-1, h.shape[-1]))  # [1 + heads, N, hidden]
         self.runner.model.greedy(h, out=self.out[:, : h.shape[1]])  # [1 + heads, N]
+        if not self.sample_last:  # what the next step, if fed from this one, starts from
+            accept_counts(ids, self.out[0], self.acc, kern)
 
     @torch.inference_mode()
     def _capture(self) -> None:
@@ -349,8 +357,9 @@ class StepGraphs:
 
     def launch(self, rows: list[Row], feed: list[int] | None = None) -> Pending | None:
         """Stage, replay and queue the copy back of the smallest graph that fits; None when none
-        does. ``feed`` (decode graphs): per row, the index into the previous replay's flat output
-        whose token the row feeds instead of its own (``rows[i].tokens`` is then a placeholder)."""
+        does. ``feed`` (decode graphs): per row, the row of the previous replay (of the same
+        width) whose results it takes its inputs from (see :func:`feed_step`; its tokens and
+        positions here are placeholders for the most drafts accepted)."""
         n = len(rows)
         width = max(len(r.tokens) for r in rows)
         need = max(-(-(r.start + len(r.tokens)) // self.runner.block_size) for r in rows)
@@ -415,12 +424,34 @@ class StepGraphs:
                           if heads else None)
 
 
-def feed_tokens(ids: torch.Tensor, src: torch.Tensor, out: torch.Tensor, use_kernels: bool) -> None:
-    """ids[t] = out[src[t]] where src[t] >= 0, in place (ids, src [T] int64; out [N] int64)."""
+def feed_step(ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, src: torch.Tensor,
+              tables: torch.Tensor, out: torch.Tensor, acc: torch.Tensor, block_size: int,
+              use_kernels: bool) -> None:
+    """``kernels.feed_step`` (one launch), or the same in torch ops when the kernels are off."""
     if use_kernels:
         from voicert.engine import kernels
 
-        kernels.feed_tokens(ids, src, out)
+        kernels.feed_step(ids, pos, slots, src, tables, out, acc, block_size)
         return
-    picked = out.index_select(0, src.clamp(min=0))
-    ids.copy_(torch.where(src >= 0, picked, ids))
+    b, w = ids.shape
+    fed = src[:, :1] >= 0  # [B, 1]
+    j = src[:, 0].clamp(min=0)
+    n = acc.index_select(0, j).unsqueeze(1)  # [B, 1]
+    t = torch.arange(w, device=ids.device).clamp(max=out.shape[0] - 1).unsqueeze(0)  # [1, W]
+    ids.copy_(torch.where(fed, out[t, j.unsqueeze(1) * w + n], ids))
+    pos.copy_(torch.where(fed, pos - (w - 1) + n, pos))
+    page = tables.gather(1, pos // block_size)
+    slots.copy_(torch.where(fed, page * block_size + pos % block_size, slots))
+
+
+def accept_counts(ids: torch.Tensor, out: torch.Tensor, acc: torch.Tensor,
+                  use_kernels: bool) -> None:
+    """``kernels.accept_counts``, or the same in torch ops when the kernels are off."""
+    if use_kernels:
+        from voicert.engine import kernels
+
+        kernels.accept_counts(ids, out, acc)
+        return
+    b, w = ids.shape
+    agree = ids[:, 1:] == out[: b * w].view(b, w)[:, :-1]  # [B, W - 1]
+    acc[:b].copy_(agree.long().cumprod(1).sum(1))

@@ -212,26 +212,40 @@ class Scheduler:
         return Step("decode", seqs=picked)
 
     def plan_ahead(self, step: Step) -> Step | None:
-        """The plain decode step after ``step``, to launch before ``step``'s tokens are known (the
-        runner feeds them on the GPU), so the host's work on one step overlaps the GPU's on the
-        next. Given only while nothing else could want that step: plain greedy decoding (no
-        speculation), every running sequence in ``step``, none waiting, none about to reach its
-        length limit. Grows each sequence's blocks by the one slot the step writes; None (and
-        nothing changed) otherwise. A sequence that stops or is cancelled meanwhile has its row
-        ignored by :meth:`postprocess`."""
-        if step.kind != "decode" or self.cfg.spec_tokens or self.waiting:
+        """The decode step after ``step``, to launch before ``step``'s tokens are known (the
+        runner feeds its inputs on the GPU from ``step``'s results), so the host's work on one
+        step overlaps the GPU's on the next. Given only while nothing else could want that step
+        and its shape is known: plain greedy decoding, or speculation with draft heads where
+        every row carries all ``spec_tokens`` drafts (the heads' guesses come out of the step
+        itself; n-gram and draft-model drafts need the tokens first); every running sequence in
+        ``step``; none waiting; none close enough to its length limit that the next step would
+        carry fewer drafts. Grows each sequence's blocks by the slots the step may write (the
+        most drafts accepted); None (and nothing changed) otherwise. Call :meth:`bind_ahead`
+        once ``step`` is postprocessed. A sequence that stops or is cancelled meanwhile has its
+        row ignored by :meth:`postprocess`."""
+        k = self.cfg.spec_tokens
+        if step.kind != "decode" or self.waiting or (k and not self.cfg.head_drafts):
             return None
-        if len(self.running) != len(step.seqs) or any(s.draft or s.remaining < 2 or
-                                                      s.status is not Status.DECODE
+        if len(self.running) != len(step.seqs) or any(len(s.draft) != k or s.remaining < 2 * k + 2
+                                                      or s.status is not Status.DECODE
                                                       for s in step.seqs):
             return None
-        need = sum(self.blocks.blocks_for(len(s.tokens) + 1) - len(s.blocks.table)
+        need = sum(self.blocks.blocks_for(len(s.tokens) + 2 * k + 1) - len(s.blocks.table)
                    for s in step.seqs)
         if need > self.blocks.available:
             return None
         for s in step.seqs:
-            self.blocks.grow(s.blocks, len(s.tokens) + 1)
+            self.blocks.grow(s.blocks, len(s.tokens) + 2 * k + 1)
         return Step("decode", seqs=list(step.seqs))
+
+    def bind_ahead(self, step: Step) -> None:
+        """Give a step planned ahead the drafts it was launched with, now that the step before
+        it is postprocessed: each row's heads' guesses after its last token, as
+        :meth:`_decode_step` would have taken them."""
+        k = self.cfg.spec_tokens
+        for s in step.seqs:
+            if s.status is Status.DECODE:
+                s.draft = s.head_draft[:k] if k else []
 
     def _preempt_one(self, keep: set[int], victim: Sequence | None = None) -> bool:
         """Free ``victim`` or else the most recently admitted sequence not in ``keep`` (ids); it
