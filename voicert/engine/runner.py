@@ -289,6 +289,7 @@ class StepGraphs:
         self.host_np = [h.numpy() for h in self.host]
         for name, n in sizes.items():
             setattr(self, name, self.packed[self.offsets[name]: self.offsets[name] + n])
+        self.src.fill_(-1)  # warm-up and capture run on these buffers: feed nothing there
         # out[0]: greedy tokens; out[1 + i]: draft head i's guesses (with heads)
         nh = runner.heads.num_heads if runner.heads is not None else 0
         self.out = torch.zeros(1 + nh, mb * mw, dtype=torch.long, device=dev)
