@@ -157,8 +157,9 @@ class LlmConfig:
     # and bits as eager, without Python between them: ~2x per INT8 decode step on 2 cores)
     fused_kernels: bool = True  # GPU: Triton kernels (norm + residual, RoPE + KV write, paged
     # decode attention, SiLU * up) instead of ~20 small torch kernels per layer
-    overlap: bool = True  # GPU (CUDA graphs): plain decoding queues the next step before reading
-    # this one's tokens (fed on the GPU), so the host's work per step hides behind the GPU's
+    overlap: bool = True  # GPU (CUDA graphs): decoding (plain, or with draft heads) queues the next
+    # step before reading this one's tokens (fed on the GPU): the host's per-step work hides behind
+    # the GPU's
 
     def __post_init__(self) -> None:
         _check(self.engine in ("fast", "simple"), "llm.engine", "must be fast or simple")

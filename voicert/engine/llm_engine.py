@@ -56,8 +56,8 @@ class EngineConfig:
     own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
     fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
     torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
-    overlap: bool = True  # with CUDA graphs: plain decoding launches the next step before reading
-    # this one's tokens (the runner feeds them on the GPU); the host's per-step work overlaps it
+    overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
+    # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
 
 
 class LLMEngine:
@@ -290,8 +290,8 @@ class LLMEngine:
 
     def _step(self) -> None:
         """One engine step: launch the next step (or take the one launched ahead), launch the one
-        after it too when the scheduler allows (plain decoding: its input tokens are fed on the
-        GPU), then read this step's tokens and hand them out while the GPU runs the next."""
+        after it too when the scheduler allows (plain decoding or draft-head speculation: its
+        inputs are fed on the GPU from this step's results), then read this step's tokens and hand them out while the GPU runs the next."""
         now = time.perf_counter_ns()
         if self._ahead is not None:
             (step, pending), self._ahead = self._ahead, None

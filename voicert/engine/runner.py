@@ -276,7 +276,8 @@ class StepGraphs:
         dev = runner.device
         # All inputs live in one int64 device buffer (one H2D copy per step) at fixed offsets:
         # ids/pos/slots/src [MB*W] each, tables [MB*MBK], last [MB]. out [MB*W] is separate.
-        # src[t] >= 0: token t's input is out[0, src[t]] of the previous replay, not ids[t].
+        # src[i * W] >= 0: row i takes its inputs from that row of the previous replay's
+        # results (feed_step); -1: the staged ones.
         sizes = {"ids": mb * mw, "pos": mb * mw, "slots": mb * mw, "src": mb * mw,
                  "tables": mb * mbk, "last": mb}
         self.offsets: dict[str, int] = {}
@@ -357,7 +358,7 @@ class StepGraphs:
         return pending.result() if pending is not None else None
 
     def launch(self, rows: list[Row], feed: list[int] | None = None) -> Pending | None:
-        """Stage, replay and queue the copy back of the smallest graph that fits; None when none
+        """Stage and replay the smallest graph that fits (queued, not waited for); None when none
         does. ``feed`` (decode graphs): per row, the row of the previous replay (of the same
         width) whose results it takes its inputs from (see :func:`feed_step`; its tokens and
         positions here are placeholders for the most drafts accepted)."""
