@@ -291,7 +291,8 @@ class LLMEngine:
     def _step(self) -> None:
         """One engine step: launch the next step (or take the one launched ahead), launch the one
         after it too when the scheduler allows (plain decoding or draft-head speculation: its
-        inputs are fed on the GPU from this step's results), then read this step's tokens and hand them out while the GPU runs the next."""
+        inputs are fed on the GPU from this step's results), then read this step's tokens and
+        hand them out while the GPU runs the next."""
         now = time.perf_counter_ns()
         if self._ahead is not None:
             (step, pending), self._ahead = self._ahead, None
