@@ -27,8 +27,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=True,
                     help="the Triton kernels (voicert.engine.kernels) or the torch path")
+    ap.add_argument("--split-target", type=int, default=None,
+                    help="fused kernels: attention programs to aim for when splitting keys "
+                         "(kernels._SPLIT_TARGET; fewer: fewer, longer splits)")
     args = ap.parse_args(argv)
     dev = "cuda"
+    if args.split_target is not None:
+        from voicert.engine import kernels
+
+        kernels._SPLIT_TARGET = args.split_target
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     model.use_kernels = args.fused_kernels

@@ -159,13 +159,14 @@ def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
 
 
 @triton.jit
-def _combine(part_ptr, ml_ptr, base, splits, r, d, SPLITS: tl.constexpr, D: tl.constexpr,
-             ROWS: tl.constexpr):
-    """The splits' partial results of one (sequence, KV head) merged: [ROWS, D] float32. Loads
-    from L2 (``.cg``): the other programs' stores are not in this program's L1."""
+def _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS: tl.constexpr,
+             D: tl.constexpr, ROWS: tl.constexpr):
+    """The ``active`` splits' partial results of one (sequence, KV head) merged, for the
+    ``valid`` query rows: [ROWS, D] float32. Loads from L2 (``.cg``): the other programs' stores
+    are not in this program's L1."""
     sp = tl.arange(0, SPLITS)  # all splits in one load: [SPLITS, ROWS] and [SPLITS, ROWS, D]
     idx = (base + sp)[:, None] * ROWS + r[None, :]  # [SPLITS, ROWS]
-    sm = (sp < splits)[:, None]
+    sm = (sp < active)[:, None] & valid[None, :]
     m = tl.load(ml_ptr + idx * 2, mask=sm, other=-1.0e30, cache_modifier=".cg")
     l_s = tl.load(ml_ptr + idx * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
     w = tl.exp(m - tl.max(m, axis=0)[None, :])  # [SPLITS, ROWS]
@@ -228,13 +229,17 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
     else:  # partial results to scratch; the last of this (b, kvh)'s programs merges them
         splits = tl.num_programs(2)
         base = (b * kvh_n + kvh) * splits
-        tl.store(part_ptr + ((base + s) * ROWS + r)[:, None] * D + d[None, :], acc)
-        tl.store(ml_ptr + ((base + s) * ROWS + r) * 2, m_i)
-        tl.store(ml_ptr + ((base + s) * ROWS + r) * 2 + 1, l_i)
+        active = tl.cdiv(last + 1, split_keys)  # splits holding keys; the rest have nothing
+        if s < active:
+            keep = valid[:, None]  # padded query rows are never read
+            tl.store(part_ptr + ((base + s) * ROWS + r)[:, None] * D + d[None, :], acc,
+                     mask=keep)
+            tl.store(ml_ptr + ((base + s) * ROWS + r) * 2, m_i, mask=valid)
+            tl.store(ml_ptr + ((base + s) * ROWS + r) * 2 + 1, l_i, mask=valid)
         tl.debug_barrier()  # every thread's stores issued before the release below
         count = count_ptr + b * kvh_n + kvh
         if tl.atomic_add(count, 1, sem="acq_rel") == splits - 1:
-            o = _combine(part_ptr, ml_ptr, base, splits, r, d, SPLITS, D, ROWS)
+            o = _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS, D, ROWS)
             tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
             tl.atomic_xchg(count, 0)  # ready for the next launch
 
