@@ -305,11 +305,12 @@ class LlamaModel(nn.Module):
         :meth:`logits`; ties: the lowest id). With the fused kernels one launch picks from the
         LM head's output in place (no float32 copy of the logits); ``out``, if given, receives
         the tokens (a [rows, inner] view, see ``kernels.argmax_rows``)."""
-        if self.use_kernels:
+        count = self.kernel_counters() if self.use_kernels else None
+        if count is not None and hidden.numel() // hidden.shape[-1] <= count.numel():
             from voicert.engine import kernels
 
-            return kernels.argmax_rows(self.lm_head(hidden), self.kernel_counters(), out)
-        best = self.logits(hidden).argmax(-1)
+            return kernels.argmax_rows(self.lm_head(hidden), count, out)
+        best = self.logits(hidden).argmax(-1)  # (more rows than counters: the torch path)
         return best if out is None else out.copy_(best)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
