@@ -175,7 +175,7 @@ def test_feed_step_takes_inputs_from_the_previous_steps_results():
     The kernel and the torch fallback agree, and so do their accept counts."""
     from voicert.engine.runner import accept_counts, feed_step
 
-    bs, w = 4, 3
+    bs = 4
     out = torch.tensor([[10, 11, 12, 20, 21, 22, 30, 31, 32],  # greedy tokens, rows of W
                         [40, 41, 42, 50, 51, 52, 60, 61, 62],  # head 0's guesses
                         [70, 71, 72, 80, 81, 82, 90, 91, 92]], device=DEV)  # head 1's

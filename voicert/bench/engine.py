@@ -374,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
                     help="GPU: the Triton kernels (default on a GPU)")
     ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                    help="GPU: queue each plain decode step before reading the last one's tokens")
+                    help="GPU: queue each decode step (plain or draft heads) before reading "
+                         "the last one's tokens")
     ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=None,
                     help="CPU: the forward as a frozen TorchScript trace (default on the CPU)")
     ap.add_argument("--no-baseline", dest="baseline", action="store_false")

@@ -76,11 +76,10 @@ def main(argv: list[str] | None = None) -> None:
         end.synchronize()
         back.append(start.elapsed_time(end) / 50)
     back.sort()
-    feed = list(range(args.batch))  # overlapped: each step queued before the last one is read
-    pending = graphs.launch(rows)
+    pending = graphs.launch(rows)  # overlapped: each step queued before the last one is read
     t = time.perf_counter_ns()
     for _ in range(200):
-        nxt = graphs.launch(rows, feed=feed)
+        nxt = graphs.launch(rows, fed=True)
         pending.result()
         pending = nxt
     pending.result()

@@ -312,7 +312,7 @@ class LLMEngine:
         if self.cfg.overlap and self.runner.graphs is not None and self._inbox.empty():
             nxt = self.scheduler.plan_ahead(step)
             if nxt is not None:
-                ahead = self.runner.launch_ahead(nxt)
+                ahead = self.runner.launch_ahead(nxt, pending)
                 self._ahead = (nxt, ahead) if ahead is not None else None
                 self.ahead_steps += ahead is not None
         result = pending.result()

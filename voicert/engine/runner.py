@@ -65,7 +65,6 @@ class ModelRunner:
         self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [layers, NB, BS, KVH, D]
         self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
-        self._last_decode: Pending | None = None  # the last launched step, if a decode replay
         self.eager_steps = {"prefill": 0, "decode": 0}  # steps no captured graph could take
         if torchscript and self.device.type == "cpu":
             self.forward = traced_forward(model, self.k_pool, self.v_pool, block_size)
@@ -126,33 +125,28 @@ class ModelRunner:
         asks for the result); one that no graph fits runs eagerly here and is done."""
         rows = rows_for(step)
         graphs = self.graphs if step.kind == "decode" else self.prefill_graphs
-        self._last_decode = None
         if graphs is not None:
             pending = graphs.launch(rows)
             if pending is not None:
-                if graphs is self.graphs:
-                    self._last_decode = pending
                 return pending
             self.eager_steps[step.kind] += 1
         return Pending(output=self.forward_rows(rows))
 
     @torch.inference_mode()
-    def launch_ahead(self, step: Step) -> "Pending | None":
-        """Queue the decode step that follows the one just launched, before that one's tokens
-        are read. Row i of ``step`` is row i of the previous decode step and has its width
-        (1 + drafts): it feeds, on the GPU, the greedy token after the previous step's last
-        accepted draft and (with draft heads) the heads' guesses there, at the positions that
-        follow (see :func:`feed_step`); each sequence's blocks already hold the slots the most
-        accepted drafts would need. None when it cannot: the previous step was not a replayed
-        decode step of the same rows, or no graph fits."""
-        prev = self._last_decode
-        if prev is None or len(prev.rows) != len(step.seqs):
+    def launch_ahead(self, step: Step, after: "Pending") -> "Pending | None":
+        """Queue the decode step that follows ``after`` (just launched), before ``after``'s
+        tokens are read. Row i of ``step`` is row i of ``after`` and has its width (1 + drafts):
+        it feeds, on the GPU, the greedy token after ``after``'s last accepted draft and (with
+        draft heads) the heads' guesses there, at the positions that follow (see
+        :func:`feed_step`); each sequence's blocks already hold the slots the most accepted
+        drafts would need. None when it cannot: ``after`` is not the latest replay of the decode
+        graphs or has other rows, or no graph fits."""
+        graphs = self.graphs
+        if graphs is None or after is not graphs.latest or len(after.rows) != len(step.seqs):
             return None
-        w = prev.width  # laid out for the most accepted drafts (w - 1); feed_step moves it back
+        w = after.width  # laid out for the most accepted drafts (w - 1); feed_step moves it back
         rows = [Row([0] * w, len(s.tokens) + w - 1, s.blocks.table, 0) for s in step.seqs]
-        pending = self.graphs.launch(rows, feed=list(range(len(rows))))
-        self._last_decode = pending
-        return pending
+        return graphs.launch(rows, fed=True)
 
     def run_rows(self, rows: list[Row]) -> list[list[int]]:
         """Eager forward of arbitrary rows; greedy tokens after each sampled position."""
@@ -257,7 +251,7 @@ class StepGraphs:
     Inputs live in static device buffers, staged through pinned host buffers and copied without
     blocking; the graph computes the forward, the logits and the argmax, so a step is one H2D
     copy, one replay and one read of its tokens. Decode graphs can take a row's input token from
-    the previous replay's output on the GPU (``feed``): a step can be queued before the host has
+    the previous replay's output on the GPU (``fed``): a step can be queued before the host has
     read the tokens of the one before it, whose tokens are then copied into pinned memory first
     (``stash``). Two sets of pinned buffers alternate, so staging step N + 1 never overwrites the
     inputs of step N before its copy has run, nor its output before the host has read it."""
@@ -299,7 +293,7 @@ class StepGraphs:
                          for _ in range(2)]
         self.done = [torch.cuda.Event() for _ in range(2)]
         self.turn = 0  # which set of pinned buffers (and event) the next launch uses
-        self._latest: Pending | None = None  # the last launch (its tokens are in self.out)
+        self.latest: Pending | None = None  # the last launch (its tokens are in self.out)
         self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         self._capture()
 
@@ -357,11 +351,11 @@ class StepGraphs:
         pending = self.launch(rows)
         return pending.result() if pending is not None else None
 
-    def launch(self, rows: list[Row], feed: list[int] | None = None) -> Pending | None:
+    def launch(self, rows: list[Row], fed: bool = False) -> Pending | None:
         """Stage and replay the smallest graph that fits (queued, not waited for); None when none
-        does. ``feed`` (decode graphs): per row, the row of the previous replay (of the same
-        width) whose results it takes its inputs from (see :func:`feed_step`; its tokens and
-        positions here are placeholders for the most drafts accepted)."""
+        does. ``fed`` (decode graphs): row i takes its inputs from row i of the previous replay
+        (of the same width; see :func:`feed_step`), its tokens and positions here being
+        placeholders for the most drafts accepted."""
         n = len(rows)
         width = max(len(r.tokens) for r in rows)
         need = max(-(-(r.start + len(r.tokens)) // self.runner.block_size) for r in rows)
@@ -370,12 +364,11 @@ class StepGraphs:
             return None
         ids, pos, slots, tables = self.runner.layout(rows, b, nblk, w)
         src = [-1] * (b * w)
-        if feed is not None:
-            for i, j in enumerate(feed):
-                src[i * w] = j
+        if fed:
+            src[: n * w: w] = range(n)
         staged = {"ids": ids, "pos": pos, "slots": slots, "src": src, "tables": tables,
                   "last": [len(r.tokens) - 1 for r in rows] + [0] * (b - n)}
-        last = self._latest
+        last = self.latest
         if last is not None and last.output is None and not last.copied:
             self.stash(last)  # not read yet: the replay below overwrites its output on the GPU
         slot = self.turn
@@ -387,8 +380,8 @@ class StepGraphs:
             host_np[at: at + flat.size] = flat
         self.packed.copy_(self.host[slot], non_blocking=True)  # one H2D copy
         self.graphs[(b, nblk, w)].replay()
-        self._latest = Pending(graphs=self, rows=rows, width=w, slot=slot)
-        return self._latest
+        self.latest = Pending(graphs=self, rows=rows, width=w, slot=slot)
+        return self.latest
 
     def _used(self, pending: Pending) -> int:
         return len(pending.rows) * (1 if self.sample_last else pending.width)

@@ -148,15 +148,15 @@ class Attention(nn.Module):
                      v_pool: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """The attention between the two projections through the Triton kernels: qkv [B, Q,
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
-        in one launch, then attention straight from the paged pool when the query rows fit the
-        decode kernel (``mask`` is only read when they do not: gather + SDPA)."""
+        in one launch, then attention straight from the paged pool (``mask`` None: the caller
+        found the query rows fit the decode kernel) or gathered + SDPA under ``mask``."""
         from voicert.engine import kernels
 
         b, q_len, _ = qkv.shape
         h, kvh, d = self.h, self.kvh, self.d
         kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
                               k_pool, v_pool, h, kvh)
-        if kernels.attn_rows(q_len, h, kvh) <= kernels.MAX_ATTN_ROWS:
+        if mask is None:
             return kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables, inp.positions,
                                            h, kvh, count)
         q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
