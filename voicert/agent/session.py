@@ -251,15 +251,19 @@ class Session:
         if not interval or not ep.in_speech:
             return
         st = self.partial
+        step = max(interval // 32, 1)  # endpointer windows (32 ms) between partial decodes
         if st is None or st.utterance_start != self.utterance_start:
-            st = self.partial = PartialState(LocalAgreement(), self.utterance_start, ep.window)
+            # the first one after an interval of speech: at its start there is nothing to hear,
+            # and an empty decode would hold the worker while the first words arrive
+            st = self.partial = PartialState(LocalAgreement(), self.utterance_start,
+                                             ep.window + step)
         if (st.in_flight is not None and not st.in_flight.future.done()) or ep.window < st.next_window:
             return
         if self.svc.asr.pending():
             return  # back off: finals and early decodes of any session go first
         audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
         st.in_flight = self.svc.asr.submit(audio, PARTIAL)
-        st.next_window = ep.window + max(interval // 32, 1)
+        st.next_window = ep.window + step
         st.in_flight.future.add_done_callback(lambda fut: self._on_partial(st, fut))
 
     def _on_partial(self, st: "PartialState", fut: asyncio.Future) -> None:
