@@ -52,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", type=int, default=1,
                     help="closed loop / sweep: split the callers over this many processes (use "
                          "several beyond ~64 sessions: one process falls behind real time)")
+    ap.add_argument("--chaos", action="store_true",
+                    help="while the callers talk, kill the engine process, drop connections and "
+                         "send hostile messages; report lost turns and memory (loadgen/chaos.py)")
+    ap.add_argument("--chaos-every", type=float, default=10.0, help="seconds between chaos actions")
     ap.add_argument("--speak", action="store_true",
                     help="ask for spoken replies (pcm16 24 kHz): time to first audio is measured too")
     args = ap.parse_args(argv)
@@ -69,6 +73,15 @@ def main(argv: list[str] | None = None) -> int:
               f"{'holds' if held else 'misses'} the budget", file=sys.stderr, flush=True)
 
     best = None
+    if args.chaos:
+        from loadgen import chaos
+
+        print(f"chaos: {args.callers} callers for {args.duration:g} s, an action every "
+              f"{args.chaos_every:g} s", file=sys.stderr, flush=True)
+        stats, log = asyncio.run(chaos.run(spec, args.callers, args.chaos_every))
+        text, ok = chaos.report(stats, log)
+        print(text)
+        return 0 if ok else 1
     if args.sweep:
         levels_n = [int(x) for x in args.sweep.split(",")]
         levels, best = asyncio.run(sweep(spec, levels_n, args.budget_ms, progress))

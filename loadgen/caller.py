@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from voicert.audio.pcm import encode_pcm16
 from voicert.protocol import native as p
@@ -37,6 +37,7 @@ class CallerStats:
     errors: int = 0  # error events received
     timeouts: int = 0  # turns with no response.done within the turn timeout
     dropped: int = 0  # sessions whose connection failed or closed unexpectedly
+    refused: int = 0  # sessions the server refused at the door (503: restarting, at its limit)
     sessions: int = 0
     server: dict[str, float] = field(default_factory=dict)  # batch sizes, GPU use (loadgen/probe.py)
 
@@ -75,6 +76,9 @@ class Caller:
                         break
                     await asyncio.sleep(self.think_s * self.rng.uniform(0.5, 1.5))
                 await ws.send(p.encode(p.SessionEnd()))
+        except InvalidHandshake:
+            stats.refused += 1
+            await asyncio.sleep(0.5)  # as a client would, before it tries again
         except (ConnectionClosed, OSError, asyncio.TimeoutError):
             stats.dropped += 1
 

@@ -78,7 +78,11 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         from voicert.server.app import run_server
 
-        run_server(cfg)
+        code = run_server(cfg)
+        if code:
+            print("voicert: stopped: a part of the server failed and could not be restarted "
+                  "(see the log)", file=sys.stderr)
+            return code
     except ConfigError as exc:
         print(f"voicert: {exc}", file=sys.stderr)
         return 2

@@ -41,7 +41,9 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0  # running turns may finish within this, then are cancelled
     send_timeout_s: float = 10.0  # a reader this slow to drain a frame is disconnected
     auth_tokens: str = ""  # comma-separated bearer tokens every WebSocket route requires; "": none
-    allowed_origins: str = ""  # comma-separated browser origins (scheme://host:port); "": any
+    allowed_origins: str = ""  # comma-separated browser origins (scheme://host:port) besides the
+    # server's own page; "": only its own page; "*": any. Clients that send no Origin (not a
+    # browser: SDKs, telephony) are not subject to it
     max_messages_per_s: float = 200.0  # per connection, averaged (20 ms audio frames are 50/s)
     message_burst: int = 400  # messages a connection may send at once above the average
     gil_switch_interval_ms: float = 5.0  # sys.setswitchinterval: how long a thread may hold the GIL
@@ -49,6 +51,11 @@ class ServerConfig:
     # load a shorter interval (0.5 ms) hands them the GIL sooner. 5.0 is Python's default.
     gc_freeze: bool = True  # once loaded, exempt the models' objects from garbage collection, in
     # the server and the engine process (full collections then take ~1 ms, not tens of ms)
+    start_timeout_s: float = 10.0  # a socket that has not started a session by then is closed
+    idle_timeout_s: float = 120.0  # a session whose client sent nothing for this long is closed
+    max_connections: int = 256  # open sockets, sessions or not (max_sessions counts sessions)
+    max_history_items: int = 200  # conversation items a session keeps (the oldest go first)
+    max_text_chars: int = 16000  # one text message (user.text, an item, instructions, a prompt)
 
     def __post_init__(self) -> None:
         _check(self.max_messages_per_s >= 0, "server.max_messages_per_s", "must be >= 0 (0: off)")
@@ -60,6 +67,12 @@ class ServerConfig:
         _check(self.max_sessions >= 1, "server.max_sessions", "must be >= 1")
         _check(self.shutdown_grace_s >= 0, "server.shutdown_grace_s", "must be >= 0")
         _check(self.send_timeout_s > 0, "server.send_timeout_s", "must be > 0")
+        _check(self.start_timeout_s > 0, "server.start_timeout_s", "must be > 0")
+        _check(self.idle_timeout_s > 0, "server.idle_timeout_s", "must be > 0")
+        _check(self.max_connections >= self.max_sessions, "server.max_connections",
+               "must be >= server.max_sessions")
+        _check(self.max_history_items >= 2, "server.max_history_items", "must be >= 2")
+        _check(self.max_text_chars >= 100, "server.max_text_chars", "must be >= 100")
 
 
 @dataclass(slots=True)
@@ -160,6 +173,8 @@ class LlmConfig:
     overlap: bool = True  # GPU (CUDA graphs): decoding (plain, or with draft heads) queues the next
     # step before reading this one's tokens (fed on the GPU): the host's per-step work hides behind
     # the GPU's
+    restart_max: int = 5  # an engine that fails is rebuilt; more failures than this within
+    restart_window_s: float = 300.0  # this window and the server gives up and exits non-zero
 
     def __post_init__(self) -> None:
         _check(self.engine in ("fast", "simple"), "llm.engine", "must be fast or simple")
@@ -180,6 +195,8 @@ class LlmConfig:
         _check(0 <= self.batch_window_ms <= 100, "llm.batch_window_ms", "must be in [0, 100]")
         _check(0 <= self.spec_tokens <= 16, "llm.spec_tokens", "must be in [0, 16]")
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
+        _check(0 <= self.restart_max <= 1000, "llm.restart_max", "must be in [0, 1000]")
+        _check(self.restart_window_s > 0, "llm.restart_window_s", "must be > 0")
 
 
 @dataclass(slots=True)

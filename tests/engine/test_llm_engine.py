@@ -208,3 +208,31 @@ def test_gpu_only_options_are_refused_on_the_cpu(model_dir, parts):
     with pytest.raises(ValueError, match="GPU option"):
         LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.05, fused_kernels=True), model=model,
                   tokenizer=tok)
+
+
+async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monkeypatch):
+    plain, _ = engines
+    _, tok = parts
+    # wrong types from an untrusted door (a Twilio customParameter that was a number)
+    bad = GenerationRequest("bad-types", [ChatMessage("system", 123), ChatMessage("user", "Hi")], 8)
+    events = [e async for e in plain.submit(bad)]
+    assert [e.finish_reason for e in events] == ["error"] and "bad request" in events[0].error
+    # a chat template that raises on the engine thread fails that request, not the engine
+    real = plain.prompts.build
+
+    def build(messages, budget):
+        if any("explode" in m.content for m in messages):
+            raise ValueError("template exploded")
+        return real(messages, budget)
+
+    monkeypatch.setattr(plain.prompts, "build", build)
+    boom = GenerationRequest("boom", [SYSTEM, ChatMessage("user", "explode")], 8)
+    ok = GenerationRequest("fine", [SYSTEM, ChatMessage("user", "Say hello.")], 8, ignore_eos=True)
+    a, b = await asyncio.gather(_collect(plain.submit(boom)), _collect(plain.submit(ok)))
+    assert a[-1].finish_reason == "error" and "template exploded" in a[-1].error
+    assert b[-1].finish_reason == "length" and len(b) == 9
+    assert plain.alive and not plain.live_requests()
+
+
+async def _collect(stream):
+    return [e async for e in stream]

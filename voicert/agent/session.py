@@ -14,6 +14,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.audio.buffer import AudioBuffer
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
@@ -105,9 +106,11 @@ class Session:
         self.svc = services
         self.cfg = services.cfg
         self.emit = emit
+        srv = services.cfg.server
+        self.history = Conversation(srv.max_history_items, srv.max_text_chars)
+        self._check_text(start.system_prompt, "system_prompt")
         self.system_prompt = start.system_prompt or self.cfg.llm.system_prompt
         self.max_new_tokens = start.max_new_tokens or self.cfg.llm.max_new_tokens
-        self.history: list[ChatMessage] = []
         self.resampler = StreamResampler(start.sample_rate)
         self.vad = VadStream(services.vad)
         self.endpointer = Endpointer(self.vad_cfg)
@@ -181,13 +184,29 @@ class Session:
         self.audio.trim_before(self.audio.end)
         self.utterance_start = self.audio.end
 
-    def add_user_text(self, text: str) -> None:
-        """A typed user message joins the conversation (after any reply now streaming)."""
-        self.history.append(ChatMessage("user", text))
+    def _check_text(self, text: str | None, what: str) -> None:
+        """Raises ProtocolError(TEXT_TOO_LONG) for a client text over ``server.max_text_chars``."""
+        if text is None:
+            return
+        try:
+            self.history.check_text(text)
+        except TextTooLong as exc:
+            raise p.ProtocolError(p.ErrorCode.TEXT_TOO_LONG, f"{what}: {exc}") from None
+
+    def add_user_text(self, text: str) -> Item:
+        """A typed user message joins the conversation (after any reply now streaming).
+        Raises ProtocolError(TEXT_TOO_LONG)."""
+        return self.add_item(Role.USER, text)
+
+    def add_item(self, role: Role | str, text: str, item_id: str | None = None) -> Item:
+        """Any message joins the conversation. Raises ProtocolError(TEXT_TOO_LONG)."""
+        self._check_text(text, f"{Role(role).value} text")
+        return self.history.add(role, text, item_id)
 
     def reconfigure(self, start: p.SessionStart, auto_respond: bool, vad: VadConfig) -> None:
         """Change the session's settings mid-conversation (the Realtime API's session.update).
         A new input rate takes effect with the next audio; new VAD settings reset the endpointer."""
+        self._check_text(start.system_prompt, "instructions")
         if start.sample_rate != self.start.sample_rate:
             self.resampler = StreamResampler(start.sample_rate)
         if vad != self.vad_cfg:
@@ -203,7 +222,9 @@ class Session:
         """Reply to the conversation as it stands (no audio turn); returns the turn id. A reply
         still streaming is interrupted first. ``ttft_ms`` runs from this call.
         ``instructions`` replace the system prompt for this reply only; ``speak`` overrides whether
-        it is spoken (default: when the session has output audio)."""
+        it is spoken (default: when the session has output audio). Raises ProtocolError
+        (TEXT_TOO_LONG) for instructions over the limit."""
+        self._check_text(instructions, "instructions")
         trace = TurnTrace(self.next_turn_id)
         self.next_turn_id += 1
         trace.mark(Point.ENDPOINT)
@@ -370,7 +391,7 @@ class Session:
         await self.emit(p.TranscriptFinal(turn.turn_id, transcript.text))
         if not transcript.text:
             return  # no speech found: no reply
-        self.history.append(ChatMessage("user", transcript.text))
+        self.history.add(Role.USER, transcript.text[:self.history.max_text_chars])
         if self.auto_respond:
             await self._reply(turn)
 
@@ -385,7 +406,7 @@ class Session:
         await self._reply(turn, max_new_tokens)
 
     def _messages(self, user_text: str) -> list[ChatMessage]:
-        return [ChatMessage("system", self.system_prompt), *self.history,
+        return [ChatMessage("system", self.system_prompt), *self.history.messages(),
                 ChatMessage("user", user_text)]
 
     def _speech_out(self, turn: Turn) -> SpeechOut | None:
@@ -401,7 +422,8 @@ class Session:
     async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
         """Generate (and, when asked for, speak) the reply to the conversation in ``history``."""
         trace = turn.trace
-        messages = [ChatMessage("system", turn.system_prompt or self.system_prompt), *self.history]
+        messages = [ChatMessage("system", turn.system_prompt or self.system_prompt),
+                    *self.history.messages()]
         turn.request_id = f"{self.id}-{next(_request_ids)}"
         request = GenerationRequest(turn.request_id, messages,
                                     max_new_tokens or self.max_new_tokens, self.id)
@@ -446,7 +468,7 @@ class Session:
             trace.mark(Point.DONE)
             reply = "".join(parts).strip()
             if reply:
-                self.history.append(ChatMessage("assistant", reply))
+                self.history.add(Role.ASSISTANT, reply[:self.history.max_text_chars])
             record = TurnRecord.from_trace(trace, self.id, reason, tokens,
                                            self.cfg.telemetry.budget_ms)
             self.svc.metrics.observe_turn(record)
@@ -456,6 +478,11 @@ class Session:
             await self.emit(p.ResponseDone(turn.turn_id, reply, tokens, prompt_tokens, reason))
             await self.emit(p.TurnLatency(turn.turn_id, stages, turn.early_asr,
                                           turn.early_prefill))
+
+    def idle(self) -> bool:
+        """No turn or reply is running."""
+        turn = self.turn
+        return turn is None or turn.task is None or turn.task.done()
 
     async def wait_turn(self, timeout: float | None = None) -> bool:
         """Wait for the running turn (if any) to finish; False on timeout."""

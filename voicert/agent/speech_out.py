@@ -19,6 +19,7 @@ from voicert.audio.pcm import Resampler, encode_audio
 from voicert.protocol.native import OutputAudio
 from voicert.speech.sentences import SentenceSplitter
 from voicert.speech.tts import TtsJob, TtsWorker
+from voicert.speech.worker import WorkerClosed
 from voicert.telemetry.latency import Point, TurnTrace
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,13 @@ class SpeechOut:
         def on_done(error: BaseException | None) -> None:  # worker thread
             self.loop.call_soon_threadsafe(self._piece_done)
 
-        self.jobs.append(self.worker.submit(TtsJob(piece, on_chunk, on_done), index))
+        job = TtsJob(piece, on_chunk, on_done)
+        self.jobs.append(job)
+        try:
+            self.worker.submit(job, index)
+        except WorkerClosed:  # the voice is down: this piece is not spoken, the reply goes on
+            log.warning("speech out: the TTS worker is down; piece not spoken")
+            self._piece_done()
 
     def _piece_done(self) -> None:
         self.done_pieces += 1

@@ -3,9 +3,30 @@ implements :class:`Engine`; requests and token events are plain dataclasses."""
 
 from __future__ import annotations
 
+import enum
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
+
+
+class FinishReason(enum.StrEnum):
+    """Why a request's stream ended (the final TokenEvent's ``finish_reason``)."""
+
+    STOP = "stop"  # the model ended its reply
+    LENGTH = "length"  # max_new_tokens reached
+    CANCELLED = "cancelled"  # Engine.cancel
+    ERROR = "error"  # the request failed (bad input, a failed step, the engine went down)
+
+
+class EngineState(enum.Enum):
+    """An engine's lifecycle as its supervisor sees it (readiness follows it)."""
+
+    STARTING = "starting"
+    SERVING = "serving"
+    RESTARTING = "restarting"  # failed; being rebuilt with back-off: requests fail at once
+    FAILED = "failed"  # could not be brought back: the server exits
+    CLOSED = "closed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +84,53 @@ class EngineStats:
     cancelled: int = 0
     tokens: int = 0
     extra: dict[str, float] = field(default_factory=dict)
+
+
+ROLES = ("system", "user", "assistant")
+
+
+def request_problem(request: "GenerationRequest") -> str | None:
+    """What makes ``request`` unservable (wrong types from an untrusted door, an empty prompt), or
+    None. Engines check this when a request is submitted, so a bad request fails alone."""
+    if not isinstance(request.request_id, str) or not request.request_id:
+        return "request_id must be a non-empty string"
+    if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) \
+            or request.max_new_tokens < 1:
+        return "max_new_tokens must be a positive integer"
+    if request.prompt_ids is not None:
+        if not request.prompt_ids or not all(isinstance(t, int) and t >= 0
+                                             for t in request.prompt_ids):
+            return "prompt_ids must be non-empty non-negative integers"
+        return None
+    if not isinstance(request.messages, list) or not request.messages:
+        return "messages must be a non-empty list"
+    for i, m in enumerate(request.messages):
+        if not isinstance(m, ChatMessage) or m.role not in ROLES or not isinstance(m.content, str):
+            return f"messages[{i}] must be a ChatMessage with a role in {ROLES} and string content"
+    return None
+
+
+def final_event(reason: str, error: str | None = None, index: int = 0, prefill_start_ns: int = 0,
+                prompt_tokens: int = 0) -> "TokenEvent":
+    """The last event of a request's stream."""
+    return TokenEvent(index, -1, "", time.perf_counter_ns(), prefill_start_ns, prompt_tokens,
+                      finish_reason=reason, error=error)
+
+
+class EndedStream:
+    """A stream that was over before it began: one final event (a refused request)."""
+
+    def __init__(self, event: "TokenEvent") -> None:
+        self._event: TokenEvent | None = event
+
+    def __aiter__(self) -> "EndedStream":
+        return self
+
+    async def __anext__(self) -> "TokenEvent":
+        if self._event is None:
+            raise StopAsyncIteration
+        event, self._event = self._event, None
+        return event
 
 
 class RequestLedger:

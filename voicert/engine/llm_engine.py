@@ -12,12 +12,14 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import AsyncIterator
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
 
 import torch
 
-from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
-                                 StepRecord, TokenEvent)
+from voicert.engine.base import (ChatMessage, EndedStream, EngineStats, FinishReason,
+                                 GenerationRequest, RequestLedger, StepRecord, TokenEvent,
+                                 final_event, request_problem)
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
@@ -26,7 +28,7 @@ from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel, load
 from voicert.engine.runner import ModelRunner, Pending
 from voicert.engine.scheduler import Scheduler, SchedulerConfig, Step
 from voicert.engine.sequence import Sequence
-from voicert.engine.prompt import build_prompt, stop_token_ids
+from voicert.engine.prompt import PromptBuilder, stop_token_ids
 from voicert.engine.stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -58,9 +60,48 @@ class EngineConfig:
     torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
     overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
     # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
+    models_cache: str = ""  # where a GGUF draft model is converted (the server's models.cache_dir)
+
+
+@dataclass(frozen=True, slots=True)
+class _Submit:
+    request: GenerationRequest
+    sink: Any  # a TokenStream, or anything with put_threadsafe(TokenEvent)
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancel:
+    request_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """Requests waiting and running, published by the engine thread after each step (readers on
+    other threads take this snapshot; they never look into the scheduler)."""
+
+    waiting: int = 0
+    running: int = 0
+    prefix_hit_ratio: float = 0.0
+    spec_acceptance_rate: float = 0.0
+    spec_mean_accepted_length: float = 0.0
+    kv_blocks_free: int = 0
+
+    def extra(self) -> dict[str, float]:
+        return {"prefix_hit_ratio": self.prefix_hit_ratio,
+                "spec_acceptance_rate": self.spec_acceptance_rate,
+                "spec_mean_accepted_length": self.spec_mean_accepted_length,
+                "kv_blocks_free": float(self.kv_blocks_free)}
 
 
 class LLMEngine:
+    """The fast engine on its own thread. ``on_failure`` (set by a supervisor) is called once, on
+    the engine thread, if that thread ever dies; every request open then has been failed."""
+
     def __init__(self, model_dir: str, cfg: EngineConfig, model: LlamaModel | None = None,
                  tokenizer=None, draft: LlamaModel | None = None) -> None:
         from transformers import AutoConfig, AutoTokenizer
@@ -81,6 +122,7 @@ class LLMEngine:
             self.model.use_kernels = self._kernels_usable()
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
+        self.prompts = PromptBuilder(self.tokenizer)  # used on the engine thread only
         num_blocks = cfg.num_blocks or self._pool_blocks()
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.heads = self._heads()
@@ -100,7 +142,10 @@ class LLMEngine:
             prefill_widths=tuple(pg.widths) if pg else ()), self.stop_ids)
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
                  cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Submit | _Cancel | _Stop] = queue.SimpleQueue()
+        self.load = EngineLoad(kv_blocks_free=self.blocks.available)
+        self.failure: str | None = None  # why the engine thread died, if it did
+        self.on_failure: Callable[[str], None] | None = None
         self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
         self.ahead_steps = 0  # decode steps launched before the previous step's tokens were read
         self.ledger = RequestLedger()
@@ -138,10 +183,12 @@ class LLMEngine:
         if self.cfg.spec_tokens <= 0 or (draft is None and not self.cfg.draft_model):
             return None
         if draft is None:
-            from voicert.config import cache_dir, load_config
+            from voicert.config import ModelsConfig, cache_dir
             from voicert.engine.loader import resolve_llm
 
-            path = resolve_llm(self.cfg.draft_model, cache_dir(load_config(environ={}).models))
+            cache = (Path(self.cfg.models_cache) if self.cfg.models_cache
+                     else cache_dir(ModelsConfig()))  # the user's cache dir, as the server's default
+            path = resolve_llm(self.cfg.draft_model, cache)
             draft = load_llama(path, DTYPES[self.cfg.dtype], self.cfg.device)
         if draft.cfg.vocab_size != self.model.cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
@@ -179,23 +226,41 @@ class LLMEngine:
     # ------------------------------------------------------------ the Engine interface (event loop)
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        stream = TokenStream(asyncio.get_running_loop())
         request.submit_ns = time.perf_counter_ns()
-        self.ledger.opened(request.request_id)
-        self._inbox.put(("submit", request, stream))
+        problem = request_problem(request)
+        if problem is not None or self.failure is not None:
+            error = f"bad request: {problem}" if problem else f"engine failed: {self.failure}"
+            return EndedStream(final_event(FinishReason.ERROR, error))
+        stream = TokenStream(asyncio.get_running_loop())
+        self.admit(request, stream)
         return stream
 
+    def admit(self, request: GenerationRequest, sink, count: bool = True) -> None:
+        """Queue a checked request whose events go to ``sink`` (anything with
+        ``put_threadsafe(TokenEvent)``; the engine process's per-request sinks). Any thread."""
+        self.ledger.opened(request.request_id, count=count)
+        self._inbox.put(_Submit(request, sink))
+
     def cancel(self, request_id: str) -> None:
-        self._inbox.put(("cancel", request_id, None))
+        self._inbox.put(_Cancel(request_id))
+
+    @property
+    def alive(self) -> bool:
+        return self.failure is None and self._thread.is_alive()
 
     def stats(self) -> EngineStats:
+        """Counters and the load the engine thread last published (never blocks, never reads the
+        scheduler from this thread)."""
         s = self.ledger.snapshot()
-        spec = self.scheduler.spec
-        s.extra = {"prefix_hit_ratio": self.blocks.stats.hit_ratio,
-                   "spec_acceptance_rate": spec.acceptance_rate,
-                   "spec_mean_accepted_length": spec.mean_accepted_length,
-                   "kv_blocks_free": float(self.blocks.available)}
+        s.extra = self.load.extra()
         return s
+
+    def _publish_load(self) -> None:
+        """Engine thread: snapshot the figures other threads may read."""
+        sched, spec = self.scheduler, self.scheduler.spec
+        self.load = EngineLoad(len(sched.waiting), len(sched.running), self.blocks.stats.hit_ratio,
+                               spec.acceptance_rate, spec.mean_accepted_length,
+                               self.blocks.available)
 
     def drain_steps(self) -> list[StepRecord]:
         """The engine steps since the last call (for metrics; the most recent 8192 at most)."""
@@ -208,7 +273,7 @@ class LLMEngine:
         return self.ledger.live()
 
     def close(self) -> None:
-        self._inbox.put(("stop", None, None))
+        self._inbox.put(_Stop())
         self._thread.join(timeout=10)
 
     def warmup(self) -> None:
@@ -222,8 +287,7 @@ class LLMEngine:
 
         req = GenerationRequest("warmup", [ChatMessage("user", "Hello")], 4)
         req.submit_ns = time.perf_counter_ns()
-        self.ledger.opened(req.request_id, count=False)
-        self._inbox.put(("submit", req, _Sink()))
+        self.admit(req, _Sink(), count=False)
         done.wait(120)
 
     # ------------------------------------------------------------ the engine thread
@@ -238,6 +302,13 @@ class LLMEngine:
         torch.cuda.set_stream(self._stream)
 
     def _loop(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a bug, not a request: fail everything open, tell the supervisor
+            log.exception("engine thread died")
+            self._die(f"{type(exc).__name__}: {exc}")
+
+    def _serve(self) -> None:
         if self.cfg.own_stream and str(self.cfg.device).startswith("cuda"):
             self._use_own_stream()
         sched = self.scheduler
@@ -257,7 +328,28 @@ class LLMEngine:
                 self._ahead = None
                 for seq in list(sched.running) + list(sched.waiting):
                     sched.cancel(seq.id)
-                    self._end(seq, "error", str(exc))
+                    self._end(seq, FinishReason.ERROR, f"engine step failed: {exc}")
+            self._publish_load()
+
+    def _die(self, why: str) -> None:
+        """The engine thread is ending abnormally: every open request ends with an error."""
+        self.failure = why
+        error = f"engine failed: {why}"
+        if self.on_failure is not None:
+            self.on_failure(why)  # first, so that whoever hears of a failed request sees it down
+        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
+            try:
+                self.scheduler.cancel(seq.id)
+            except Exception:  # the scheduler may be what broke; the requests still end
+                pass
+            self._end(seq, FinishReason.ERROR, error)
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, _Submit):
+                self._refuse(item, error)
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Apply queued submits and cancels; False when asked to stop."""
@@ -266,24 +358,32 @@ class LLMEngine:
         except queue.Empty:
             return True
         while True:
-            kind, payload, stream = item
-            if kind == "stop":
+            if isinstance(item, _Stop):
                 return False
-            if kind == "submit":
-                self._admit(payload, stream)
+            if isinstance(item, _Submit):
+                try:
+                    self._admit(item.request, item.sink)
+                except Exception as exc:  # this request is unservable; the others go on
+                    log.warning("engine: request %s refused: %s", item.request.request_id, exc)
+                    self._refuse(item, f"request refused: {type(exc).__name__}: {exc}")
             else:
-                seq = self.scheduler.cancel(payload)
+                seq = self.scheduler.cancel(item.request_id)
                 if seq is not None:
-                    self._end(seq, "cancelled")
+                    self._end(seq, FinishReason.CANCELLED)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return True
 
+    def _refuse(self, item: _Submit, error: str) -> None:
+        """End a request that never reached the scheduler."""
+        self.ledger.closed(item.request.request_id, FinishReason.ERROR, 0)
+        item.sink.put_threadsafe(final_event(FinishReason.ERROR, error))
+
     def _admit(self, request: GenerationRequest, stream) -> None:
         budget = self.cfg.max_context_tokens - request.max_new_tokens
         prompt = (list(request.prompt_ids) if request.prompt_ids is not None
-                  else build_prompt(self.tokenizer, request.messages, budget))
+                  else self.prompts.build(request.messages, budget))
         seq = Sequence(request, prompt, stream=stream, arrival_ns=time.perf_counter_ns(),
                        detok=IncrementalDetokenizer(self.tokenizer))
         self.scheduler.add(seq)

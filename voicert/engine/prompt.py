@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import collections
+
 from voicert.engine.base import ChatMessage
 
 
@@ -21,17 +23,89 @@ def stop_token_ids(tokenizer, model_config) -> set[int]:
     return ids
 
 
-def build_prompt(tokenizer, messages: list[ChatMessage], budget: int) -> list[int]:
-    """Chat-template ``messages`` into ids, dropping the oldest non-system turns until the prompt
-    fits in ``budget`` tokens. The system prompt and the last user message always stay."""
-    msgs = [{"role": m.role, "content": m.content} for m in messages]
-    while True:
-        ids = tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                            return_dict=False)
+class PromptBuilder:
+    """Chat-templates a conversation into prompt ids that fit a token budget, dropping the oldest
+    non-system turns. The result is the longest suffix of the conversation that fits (the system
+    prompt always stays, and so does the last message, cut from the front if it alone is too long).
+
+    Cost per call: each message's token count is computed once and cached (by role and text), the
+    number of turns to keep is estimated from those counts, and the template is rendered about twice
+    around that estimate, never once per dropped turn. So a call is linear in the new text plus the
+    budget, however long the history; the engine thread never re-templates a long history over and
+    over. Not thread-safe: one builder per thread that builds prompts."""
+
+    def __init__(self, tokenizer, cache_entries: int = 8192) -> None:
+        self.tok = tokenizer
+        self._costs: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+        self._max = cache_entries
+        self._overhead: int | None = None  # template tokens around one message (measured once)
+
+    def _render(self, msgs: list[ChatMessage]) -> list[int]:
+        ids = self.tok.apply_chat_template([{"role": m.role, "content": m.content} for m in msgs],
+                                           add_generation_prompt=True, tokenize=True,
+                                           return_dict=False)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
-        ids = list(ids)
-        first = 1 if msgs and msgs[0]["role"] == "system" else 0
-        if len(ids) <= budget or len(msgs) - first <= 1:
-            return ids[-budget:]
-        del msgs[first]
+        return list(ids)
+
+    def _cost(self, m: ChatMessage) -> int:
+        """Tokens ``m`` adds to a prompt, estimated: its text's tokens plus the template's."""
+        if self._overhead is None:
+            probe = ChatMessage("user", "hello")
+            one, two = self._render([probe]), self._render([probe, probe])
+            self._overhead = max(len(two) - len(one) - len(self._text_tokens(probe)), 0)
+        key = (m.role, m.content)
+        cost = self._costs.get(key)
+        if cost is None:
+            cost = len(self._text_tokens(m)) + self._overhead
+            self._costs[key] = cost
+            if len(self._costs) > self._max:
+                self._costs.popitem(last=False)
+        else:
+            self._costs.move_to_end(key)
+        return cost
+
+    def _text_tokens(self, m: ChatMessage) -> list[int]:
+        return self.tok.encode(m.content, add_special_tokens=False)
+
+    def build(self, messages: list[ChatMessage], budget: int) -> list[int]:
+        first = 1 if messages and messages[0].role == "system" else 0
+        head, turns = list(messages[:first]), list(messages[first:])
+        if not turns:
+            return self._render(head)[-budget:]
+        # estimate: the most recent turns whose counted tokens fit
+        left = budget - sum(self._cost(m) for m in head)
+        guess = 0
+        while guess < len(turns) and left - self._cost(turns[-1 - guess]) >= 0:
+            left -= self._cost(turns[-1 - guess])
+            guess += 1
+        fits: dict[int, list[int] | None] = {}
+
+        def fit(k: int) -> bool:
+            if k not in fits:
+                ids = self._render(head + turns[-k:])
+                fits[k] = ids if len(ids) <= budget else None
+            return fits[k] is not None
+
+        # the exact answer, the largest k with fit(k) (monotone: more turns, more tokens), found
+        # by galloping from the guess and bisecting: O(log(guess error)) renders
+        lo, hi = 0, len(turns) + 1  # fit(lo) holds (0: trivially), fit(hi) does not
+        k, step = min(max(guess, 1), len(turns)), 1
+        while lo + 1 < hi:
+            if fit(k):
+                lo, k = k, min(k + step, hi - 1)
+            else:
+                hi, k = k, max(k - step, lo + 1)
+            step *= 2
+            if lo + 1 < hi and (k <= lo or k >= hi):
+                k = (lo + hi) // 2
+        if lo == 0:  # even the last message alone is too long: cut it from the front
+            return self._render(head + turns[-1:])[-budget:]
+        return fits[lo]
+
+
+def build_prompt(tokenizer, messages: list[ChatMessage], budget: int) -> list[int]:
+    """Chat-template ``messages`` into ids, dropping the oldest non-system turns until the prompt
+    fits in ``budget`` tokens. The system prompt and the last user message always stay.
+    (A one-off :class:`PromptBuilder`; engines keep one, whose token counts carry over.)"""
+    return PromptBuilder(tokenizer).build(messages, budget)

@@ -5,10 +5,11 @@ session), the VAD threads and the ASR worker; under load it gets too little host
 kernels (docs/benchmarks.md section 8). Here the :class:`LLMEngine` runs in a child process (spawned:
 CUDA cannot be forked) and this proxy implements the same :class:`Engine` interface in the server:
 
-- requests go down one pipe (pickled :class:`GenerationRequest`, or a cancel); the child's
+- requests go down one pipe as typed messages (``voicert.engine.ipc``, msgspec); the child's
   receiving thread applies the chat template and tokenises, so the engine thread only steps;
 - each engine step's token events come back up another pipe as one message, read by one thread
-  here and handed to asyncio with one loop wake-up (as in-process).
+  here and handed to asyncio with one loop wake-up (as in-process); the child pushes its figures
+  twice a second, so reading them never waits on it.
 
 Timestamps stay comparable: ``time.perf_counter_ns`` is the system-wide monotonic clock on Linux.
 """
@@ -16,36 +17,44 @@ Timestamps stay comparable: ``time.perf_counter_ns`` is the system-wide monotoni
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import multiprocessing as mp
-import queue
+import os
 import signal
 import threading
 import time
-from typing import AsyncIterator
+from typing import AsyncIterator, Callable
 
-from voicert.engine.base import (EngineStats, GenerationRequest, RequestLedger, StepRecord,
-                                 TokenEvent)
+from voicert.engine import ipc
+from voicert.engine.base import (EndedStream, EngineStats, FinishReason, GenerationRequest,
+                                 RequestLedger, StepRecord, TokenEvent, final_event,
+                                 request_problem)
 from voicert.engine.stream import TokenStream
 from voicert.telemetry.gcwatch import GcPause
 
 log = logging.getLogger(__name__)
+STATS_INTERVAL_S = 0.5
+EXIT_ENGINE_DIED = 70  # the child's exit status when its engine thread died
 
 
 class _Channel:
-    """Child side: sends messages up the event pipe from several threads (engine, main)."""
+    """Child side: sends messages up the event pipe from several threads (engine, main, stats)."""
 
     def __init__(self, conn) -> None:
         self.conn = conn
         self.lock = threading.Lock()
+        self.codec = ipc.Codec()
+        self.steps = None  # the engine's drain_steps, once it exists: step records ride along
 
     def send(self, msg) -> None:
-        with self.lock:
-            self.conn.send(msg)
+        with self.lock:  # the encoder too is used under the lock: one thread at a time
+            self.conn.send_bytes(self.codec.encode(msg))
 
     def deliver(self, batch: list[tuple["_Sink", TokenEvent]]) -> None:
         """One engine step's events, as one message."""
-        self.send(("events", [(sink.request_id, ev) for sink, ev in batch]))
+        steps = self.steps() if self.steps is not None else []
+        self.send(ipc.Events([(sink.request_id, ev) for sink, ev in batch], steps))
 
 
 class _Sink:
@@ -61,9 +70,19 @@ class _Sink:
         self.batch_key.deliver([(self, event)])
 
 
+def _push_stats(engine, gc_watch, channel: _Channel, stop: threading.Event) -> None:
+    """Child: send the engine's figures every STATS_INTERVAL_S until ``stop``."""
+    while not stop.wait(STATS_INTERVAL_S):
+        try:
+            channel.send(ipc.Stats(engine.load, engine.drain_steps(),
+                                   gc_watch.drain()))
+        except OSError:
+            return
+
+
 def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events) -> None:
     """The engine process: load, warm up, then serve requests until told to stop (or the server
-    goes away: the pipe closes)."""
+    goes away: the pipe closes). If the engine thread dies, the process says why and exits."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server shuts us down in order
     channel = _Channel(events)
     try:
@@ -72,45 +91,72 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events)
         if threads > 0:
             torch.set_num_threads(threads)
         from voicert.engine.llm_engine import LLMEngine
-        from voicert.engine.prompt import build_prompt
+        from voicert.engine.prompt import PromptBuilder
 
         from voicert.telemetry.gcwatch import GcWatch, settle
 
         engine = LLMEngine(model_dir, cfg)
         engine.warmup()
+        prompts = PromptBuilder(engine.tokenizer)  # this (receiving) thread's own
         if gc_freeze:
             settle()
         gc_watch = GcWatch().install()
     except Exception as exc:  # reported to the server, which fails its start with it
-        channel.send(("error", f"{type(exc).__name__}: {exc}"))
+        channel.send(ipc.StartFailed(f"{type(exc).__name__}: {exc}"))
         return
-    channel.send(("ready", None))
+
+    def on_failure(why: str) -> None:  # engine thread: its open requests were failed already
+        try:
+            channel.send(ipc.Failed(why))
+        finally:
+            os._exit(EXIT_ENGINE_DIED)
+
+    engine.on_failure = on_failure
+    engine.drain_steps()  # the warm-up's steps are not serving's
+    channel.steps = engine.drain_steps
+    channel.send(ipc.Ready(os.getpid()))
+    stop = threading.Event()
+    threading.Thread(target=_push_stats, args=(engine, gc_watch, channel, stop),
+                     name="voicert-engine-stats", daemon=True).start()
+    decoder = ipc.Codec().to_engine
     while True:
         try:
-            msg = requests.recv()
+            msg = decoder.decode(requests.recv_bytes())
         except (EOFError, OSError):
             break
-        kind = msg[0]
-        if kind == "submit":
-            request: GenerationRequest = msg[1]
-            if request.prompt_ids is None:  # chat template + tokenise here, not between steps
-                budget = cfg.max_context_tokens - request.max_new_tokens
-                request.prompt_ids = build_prompt(engine.tokenizer, request.messages, budget)
-            engine.ledger.opened(request.request_id)
-            engine._inbox.put(("submit", request, _Sink(request.request_id, channel)))
-        elif kind == "cancel":
-            engine.cancel(msg[1])
-        elif kind == "stats":
-            channel.send(("stats", engine.stats(), engine.drain_steps(), gc_watch.drain(),
-                          len(engine.scheduler.waiting), len(engine.scheduler.running)))
-        elif kind == "stop":
+        if isinstance(msg, ipc.Submit):
+            _submit(engine, prompts, cfg, msg.request, channel)
+        elif isinstance(msg, ipc.Cancel):
+            engine.cancel(msg.request_id)
+        elif isinstance(msg, ipc.Stop):
             break
+    stop.set()
     engine.close()
+
+
+def _submit(engine, prompts, cfg, request: GenerationRequest, channel: _Channel) -> None:
+    """Child: template and tokenise here (not between engine steps), then hand the request over.
+    A request that cannot be templated fails alone."""
+    sink = _Sink(request.request_id, channel)
+    if request.prompt_ids is None:
+        try:
+            budget = cfg.max_context_tokens - request.max_new_tokens
+            request.prompt_ids = prompts.build(request.messages, budget)
+        except Exception as exc:
+            log.warning("engine: request %s refused: %s", request.request_id, exc)
+            sink.put_threadsafe(final_event(FinishReason.ERROR,
+                                            f"request refused: {type(exc).__name__}: {exc}"))
+            return
+    engine.admit(request, sink)
 
 
 class EngineProcess:
     """The :class:`Engine` interface, served by an :class:`LLMEngine` in a child process.
-    The constructor blocks until the child has loaded and warmed up the model."""
+    The constructor blocks until the child has loaded and warmed up the model.
+
+    If the child dies (killed, crashed, its engine thread failed), every open request ends with an
+    error at once, later submits end the same way, ``alive`` turns False and ``on_failure`` (set by
+    a supervisor) is called once, from the reader thread. The child is reaped."""
 
     def __init__(self, model_dir: str, cfg, threads: int = 0, start_timeout_s: float = 600,
                  gc_freeze: bool = True) -> None:
@@ -122,97 +168,143 @@ class EngineProcess:
         self._proc.start()
         self._req_r.close()
         self._ev_w.close()
+        self._codec = ipc.Codec()  # the submitting (event-loop) side's; the reader has its own
         if not self._ev_r.poll(start_timeout_s):
             self._proc.kill()
-            raise RuntimeError(f"engine process did not start within {start_timeout_s:.0f} s")
-        kind, info = self._ev_r.recv()
-        if kind != "ready":
             self._proc.join(5)
-            raise RuntimeError(f"engine process failed to start: {info}")
-        self._send_lock = threading.Lock()
+            raise RuntimeError(f"engine process did not start within {start_timeout_s:.0f} s")
+        try:
+            first = self._codec.from_engine.decode(self._ev_r.recv_bytes())
+        except (EOFError, OSError):
+            first = ipc.StartFailed(f"it exited (status {self._proc.exitcode})")
+        if not isinstance(first, ipc.Ready):
+            self._proc.join(5)
+            raise RuntimeError(f"engine process failed to start: {first.error}")
+        self.pid = first.pid
+        self._lock = threading.Lock()  # guards _streams, failure, and the request pipe
         self._streams: dict[str, TokenStream] = {}
+        self.failure: str | None = None
+        self.on_failure: Callable[[str], None] | None = None
         self.ledger = RequestLedger()  # this side's view: what is open in the engine
-        self._stats: queue.SimpleQueue = queue.SimpleQueue()
-        self._steps: list[StepRecord] = []
-        self._gc: list[GcPause] = []
-        self.queue_depth = self.running = 0
+        self._stats: ipc.Stats | None = None
+        self._steps: collections.deque[StepRecord] = collections.deque(maxlen=8192)
+        self._gc: collections.deque[GcPause] = collections.deque(maxlen=4096)
+        self._closing = False
         self._reader = threading.Thread(target=self._read, name="voicert-engine-events",
                                         daemon=True)
         self._reader.start()
-        log.info("engine process %d ready", self._proc.pid)
+        log.info("engine process %d ready", self.pid)
 
-    def _send(self, msg) -> None:
-        with self._send_lock:
-            self._req_w.send(msg)
+    @property
+    def alive(self) -> bool:
+        return self.failure is None
+
+    @property
+    def queue_depth(self) -> int:
+        return self._stats.load.waiting if self._stats is not None else 0
+
+    @property
+    def running(self) -> int:
+        return self._stats.load.running if self._stats is not None else 0
 
     def _read(self) -> None:
+        decoder = ipc.Codec().from_engine
+        why = "engine process exited"
         while True:
             try:
-                msg = self._ev_r.recv()
+                msg = decoder.decode(self._ev_r.recv_bytes())
             except (EOFError, OSError):
                 break
-            if msg[0] == "events":
-                out = []
-                for rid, ev in msg[1]:
-                    stream = self._streams.get(rid)
-                    if ev.finish_reason is not None:
-                        self._streams.pop(rid, None)
-                        self.ledger.closed(rid, ev.finish_reason, ev.index)
-                    if stream is not None:
-                        out.append((stream, ev))
-                TokenStream.post_all(out)
-            elif msg[0] == "stats":
-                self._stats.put(msg[1:])
-        self._fail_open_streams()
+            if isinstance(msg, ipc.Events):
+                self._steps.extend(msg.steps)
+                self._deliver(msg.items)
+            elif isinstance(msg, ipc.Stats):
+                self._stats = msg
+                self._steps.extend(msg.steps)
+                self._gc.extend(msg.gc)
+            elif isinstance(msg, ipc.Failed):
+                why = f"engine failed: {msg.error}"
+        self._proc.join(5)  # reap it (no defunct child)
+        if self._closing:
+            why = "engine closed"
+        else:
+            why = f"{why} (status {self._proc.exitcode})"
+            log.error("engine process %d is gone: %s", self.pid, why)
+        if not self._closing and self.on_failure is not None:
+            self.on_failure(why)  # first, so that whoever hears of a failed request sees it down
+        self._fail_open_streams(why)
 
-    def _fail_open_streams(self) -> None:
-        """The engine process is gone: end every open request with an error."""
-        if self._streams:
-            log.error("engine process exited with %d request(s) open", len(self._streams))
-        now = time.perf_counter_ns()
-        out = [(stream, TokenEvent(0, -1, "", now, 0, 0, finish_reason="error",
-                                   error="engine process exited"))
-               for stream in self._streams.values()]
-        for rid in list(self._streams):
-            self.ledger.closed(rid, "error", 0)
-        self._streams.clear()
+    def _deliver(self, items: list[tuple[str, TokenEvent]]) -> None:
+        out = []
+        with self._lock:
+            for rid, ev in items:
+                stream = self._streams.get(rid)
+                if ev.finish_reason is not None:
+                    self._streams.pop(rid, None)
+                    self.ledger.closed(rid, ev.finish_reason, ev.index)
+                if stream is not None:
+                    out.append((stream, ev))
         TokenStream.post_all(out)
+
+    def _fail_open_streams(self, why: str) -> None:
+        """The engine process is gone: end every open request with an error; refuse later ones."""
+        with self._lock:
+            self.failure = why
+            streams, self._streams = self._streams, {}
+            for rid in streams:
+                self.ledger.closed(rid, FinishReason.ERROR, 0)
+        if streams:
+            log.error("engine process: %d request(s) failed with it", len(streams))
+        TokenStream.post_all([(stream, final_event(FinishReason.ERROR, why))
+                              for stream in streams.values()])
 
     # ------------------------------------------------------------ the Engine interface
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        stream = TokenStream(asyncio.get_running_loop())
         request.submit_ns = time.perf_counter_ns()
-        self._streams[request.request_id] = stream
-        self.ledger.opened(request.request_id)
-        self._send(("submit", request))
+        problem = request_problem(request)
+        if problem is not None:
+            return EndedStream(final_event(FinishReason.ERROR, f"bad request: {problem}"))
+        stream = TokenStream(asyncio.get_running_loop())
+        with self._lock:
+            if self.failure is not None:
+                return EndedStream(final_event(FinishReason.ERROR, self.failure))
+            try:
+                self._req_w.send_bytes(self._codec.encode(ipc.Submit(request)))
+            except OSError as exc:  # the child is going away; the reader will notice too
+                return EndedStream(final_event(FinishReason.ERROR, f"engine unreachable: {exc}"))
+            self._streams[request.request_id] = stream
+            self.ledger.opened(request.request_id)
         return stream
 
     def cancel(self, request_id: str) -> None:
-        if self._proc.is_alive():
-            self._send(("cancel", request_id))
+        with self._lock:
+            if self.failure is None:
+                try:
+                    self._req_w.send_bytes(self._codec.encode(ipc.Cancel(request_id)))
+                except OSError:
+                    pass  # gone: its streams end through the reader
 
     def stats(self) -> EngineStats:
-        """The engine's counters, fetched from the child (blocks for its reply, < 1 s)."""
-        if not self._proc.is_alive():
-            return self.ledger.snapshot()
-        self._send(("stats",))
-        try:
-            stats, steps, pauses, self.queue_depth, self.running = self._stats.get(timeout=1.0)
-        except queue.Empty:
-            return self.ledger.snapshot()
-        self._steps += steps
-        self._gc += pauses
+        """Request counters as this side has seen them (exact: every request's end comes through
+        here), with the figures the child last pushed (at most STATS_INTERVAL_S old). Never blocks."""
+        stats = self.ledger.snapshot()
+        if self._stats is not None and self.failure is None:
+            stats.extra = self._stats.load.extra()
         return stats
 
     def drain_steps(self) -> list[StepRecord]:
-        steps, self._steps = self._steps, []
-        return steps
+        out = []
+        while self._steps:
+            out.append(self._steps.popleft())
+        return out
 
     def drain_gc(self) -> list[GcPause]:
-        """The engine process's garbage-collector pauses (fetched with :meth:`stats`)."""
-        pauses, self._gc = self._gc, []
-        return pauses
+        """The engine process's garbage-collector pauses (pushed with its stats)."""
+        out = []
+        while self._gc:
+            out.append(self._gc.popleft())
+        return out
 
     def live_requests(self) -> set[str]:
         return self.ledger.live()
@@ -220,13 +312,21 @@ class EngineProcess:
     def warmup(self) -> None:
         """The child warmed up before it said it was ready."""
 
+    def kill(self) -> None:
+        """Kill the child at once (tests and chaos checks: what a crash looks like)."""
+        self._proc.kill()
+
     def close(self) -> None:
+        self._closing = True
         if self._proc.is_alive():
-            try:
-                self._send(("stop",))
-            except OSError:
-                pass
+            with self._lock:
+                try:
+                    self._req_w.send_bytes(self._codec.encode(ipc.Stop()))
+                except OSError:
+                    pass
             self._proc.join(15)
         if self._proc.is_alive():
             self._proc.kill()
+            self._proc.join(5)
         self._req_w.close()
+        self._reader.join(5)

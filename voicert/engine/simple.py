@@ -13,11 +13,12 @@ from typing import AsyncIterator
 import torch
 
 from voicert.config import LlmConfig
-from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
-                                 TokenEvent)
+from voicert.engine.base import (ChatMessage, EndedStream, EngineStats, FinishReason,
+                                 GenerationRequest, RequestLedger, TokenEvent, final_event,
+                                 request_problem)
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.models.llama import DTYPES
-from voicert.engine.prompt import build_prompt, stop_token_ids
+from voicert.engine.prompt import PromptBuilder, build_prompt, stop_token_ids
 from voicert.engine.stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class SimpleEngine:
         self.model = AutoModelForCausalLM.from_pretrained(
             model_dir, dtype=DTYPES[cfg.dtype]).to(self.device).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.config)
+        self.prompts = PromptBuilder(self.tokenizer)  # used on the engine thread only
         log.info("llm loaded from %s in %.1f s", model_dir, time.perf_counter() - t0)
         self._inbox: queue.Queue[tuple[GenerationRequest, TokenStream] | None] = queue.Queue()
         self._cancelled: set[str] = set()
@@ -49,8 +51,11 @@ class SimpleEngine:
     # ------------------------------------------------------------ the Engine interface (event loop)
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        stream = TokenStream(asyncio.get_running_loop())
         request.submit_ns = time.perf_counter_ns()
+        problem = request_problem(request)
+        if problem is not None:
+            return EndedStream(final_event(FinishReason.ERROR, f"bad request: {problem}"))
+        stream = TokenStream(asyncio.get_running_loop())
         self.ledger.opened(request.request_id)
         self._inbox.put((request, stream))
         return stream
@@ -62,6 +67,10 @@ class SimpleEngine:
 
     def stats(self) -> EngineStats:
         return self.ledger.snapshot()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def live_requests(self) -> set[str]:
         """Ids of requests queued or running (tests use it to check that cancel frees state)."""
@@ -110,7 +119,7 @@ class SimpleEngine:
             stream.put_threadsafe(TokenEvent(0, -1, "", start_ns, start_ns, 0, "cancelled"))
             return
         budget = self.cfg.max_context_tokens - request.max_new_tokens
-        prompt = build_prompt(self.tokenizer, request.messages, budget)
+        prompt = self.prompts.build(request.messages, budget)
         n_prompt = len(prompt)
         detok = IncrementalDetokenizer(self.tokenizer)
         input_ids = torch.tensor([prompt], device=self.device)  # [1, S]

@@ -37,6 +37,10 @@ class ErrorCode(str, enum.Enum):
     MESSAGE_TOO_LARGE = "message_too_large"
     RATE_LIMITED = "rate_limited"  # over server.max_messages_per_s: the connection is closed (1008)
     SERVER_BUSY = "server_busy"
+    SESSION_LIMIT = "session_limit"  # server.max_sessions reached: the connection is closed (1013)
+    TEXT_TOO_LONG = "text_too_long"  # a text over server.max_text_chars; nothing was added
+    START_TIMEOUT = "start_timeout"  # no session.start within server.start_timeout_s (closed, 1008)
+    IDLE_TIMEOUT = "idle_timeout"  # nothing from the client for server.idle_timeout_s (closed, 1000)
     SHUTTING_DOWN = "shutting_down"
     NO_SPEECH_OUTPUT = "speech_output_unavailable"  # output_audio asked of a server with tts.engine none
     ASR_FAILED = "asr_failed"

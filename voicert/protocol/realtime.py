@@ -118,7 +118,8 @@ def _format(value: Any, param: str) -> str:
     """A wire audio format in either flavour -> its beta name."""
     if isinstance(value, str) and value in BETA_FORMATS:
         return value
-    if isinstance(value, dict) and value.get("type") in GA_FORMATS:
+    if isinstance(value, dict) and isinstance(value.get("type"), str) \
+            and value["type"] in GA_FORMATS:
         encoding, rate = GA_FORMATS[value["type"]]
         if value.get("rate", rate) != rate:
             raise RealtimeError("invalid_value", f"{param}.rate must be {rate}", f"{param}.rate")
@@ -126,6 +127,27 @@ def _format(value: Any, param: str) -> str:
     supported = ", ".join([*BETA_FORMATS, *GA_FORMATS])
     raise RealtimeError("invalid_value", f"Invalid audio format {value!r:.60}; supported: "
                         f"{supported}", param)
+
+
+def _number(value: Any, param: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise RealtimeError("invalid_type", f"{param} must be a number", param)
+    return float(value)
+
+
+def _whole(value: Any, param: str) -> int:
+    """An integer field; a float with no fraction (``300.0``) is taken, as JSON does not tell."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise RealtimeError("invalid_type", f"{param} must be an integer", param)
+    return value
+
+
+def _flag(value: Any, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise RealtimeError("invalid_type", f"{param} must be a boolean", param)
+    return value
 
 
 def _turn_detection(value: Any, current: TurnDetection | None, param: str) -> TurnDetection | None:
@@ -138,14 +160,15 @@ def _turn_detection(value: Any, current: TurnDetection | None, param: str) -> Tu
         raise RealtimeError("invalid_value", f"{param}.type {kind!r:.40} is not supported "
                             "(supported: server_vad, or null for manual commits)", f"{param}.type")
     td = current or TurnDetection()
-    try:
-        td = replace(td, **{k: value[k] for k in ("threshold", "prefix_padding_ms",
-                                                  "silence_duration_ms", "create_response",
-                                                  "interrupt_response") if value.get(k) is not None})
-    except TypeError:
-        raise RealtimeError("invalid_value", f"{param} has a bad field", param) from None
-    if not (0 < float(td.threshold) < 1 and 0 <= int(td.prefix_padding_ms) <= 2000
-            and 32 <= int(td.silence_duration_ms) <= 10000):
+    fields: dict[str, Any] = {}
+    for key, parse in (("threshold", _number), ("prefix_padding_ms", _whole),
+                       ("silence_duration_ms", _whole), ("create_response", _flag),
+                       ("interrupt_response", _flag)):
+        if value.get(key) is not None:
+            fields[key] = parse(value[key], f"{param}.{key}")
+    td = replace(td, **fields)
+    if not (0 < td.threshold < 1 and 0 <= td.prefix_padding_ms <= 2000
+            and 32 <= td.silence_duration_ms <= 10000):
         raise RealtimeError("invalid_value", f"{param}: threshold in (0, 1), prefix_padding_ms in "
                             "[0, 2000], silence_duration_ms in [32, 10000]", param)
     return td
@@ -160,7 +183,9 @@ def _max_tokens(value: Any, param: str) -> int | None:
 
 
 def _audio_out(modalities: Any, param: str) -> bool:
-    if not isinstance(modalities, list) or not modalities or not set(modalities) <= {"text", "audio"}:
+    if not isinstance(modalities, list) or not modalities \
+            or not all(m in ("text", "audio") for m in modalities if isinstance(m, str)) \
+            or not all(isinstance(m, str) for m in modalities):
         raise RealtimeError("invalid_value", f"{param} must be a list of 'text' / 'audio'", param)
     return "audio" in modalities
 
@@ -191,8 +216,14 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
     if isinstance(s.get("voice"), str):
         changes["voice"] = s["voice"]
     audio = s.get("audio")
-    if isinstance(audio, dict):
+    if audio is not None:
+        if not isinstance(audio, dict):
+            raise RealtimeError("invalid_type", "session.audio must be an object", "session.audio")
         inp, out = audio.get("input") or {}, audio.get("output") or {}
+        for name, part in (("input", inp), ("output", out)):
+            if not isinstance(part, dict):
+                raise RealtimeError("invalid_type", f"session.audio.{name} must be an object",
+                                    f"session.audio.{name}")
         if "format" in inp:
             changes["input_format"] = _format(inp["format"], "session.audio.input.format")
         if "format" in out:
@@ -344,7 +375,7 @@ def decode_client(frame: str | bytes) -> tuple[ClientEvent, str | None]:
         raise RealtimeError("invalid_json", "binary frames are not supported; send JSON text")
     try:
         msg = json.loads(frame)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise RealtimeError("invalid_json", "The message is not valid JSON.") from None
     if not isinstance(msg, dict):
         raise RealtimeError("invalid_json", "The message must be a JSON object.")

@@ -81,6 +81,19 @@ def _int(value: Any, where: str) -> int:
         raise TwilioError(f"{where}: not a number") from None
 
 
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise TwilioError(f"{where}: must be a list of strings")
+    return list(value)
+
+
+def _parameters(value: Any) -> dict[str, str]:
+    """``<Parameter>`` values of the TwiML: Twilio sends them as strings, and only strings pass."""
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise TwilioError("start.customParameters: must be an object of strings")
+    return dict(value)
+
+
 def decode_inbound(text: str | bytes) -> InboundEvent | None:
     """One message from Twilio -> an event; None for an event type we do not handle (Twilio may
     add some). Raises TwilioError for malformed messages."""
@@ -88,7 +101,7 @@ def decode_inbound(text: str | bytes) -> InboundEvent | None:
         raise TwilioError("binary frame: Media Streams messages are JSON text")
     try:
         msg = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise TwilioError("not valid JSON") from None
     kind = _get(msg, "event", str, "message")
     if kind == "connected":
@@ -99,8 +112,8 @@ def decode_inbound(text: str | bytes) -> InboundEvent | None:
         return Start(stream_sid=str(msg.get("streamSid") or start.get("streamSid") or ""),
                      call_sid=str(start.get("callSid", "")),
                      account_sid=str(start.get("accountSid", "")),
-                     tracks=list(start.get("tracks") or ["inbound"]),
-                     custom_parameters=dict(start.get("customParameters") or {}),
+                     tracks=_strings(start.get("tracks") or ["inbound"], "start.tracks"),
+                     custom_parameters=_parameters(start.get("customParameters") or {}),
                      encoding=_get(fmt, "encoding", str, "start.mediaFormat"),
                      sample_rate=_int(fmt.get("sampleRate"), "start.mediaFormat.sampleRate"),
                      channels=_int(fmt.get("channels", 1), "start.mediaFormat.channels"))
@@ -119,7 +132,10 @@ def decode_inbound(text: str | bytes) -> InboundEvent | None:
     if kind == "dtmf":
         return Dtmf(_get(_get(msg, "dtmf", dict, "dtmf"), "digit", str, "dtmf"))
     if kind == "stop":
-        return Stop(str((msg.get("stop") or {}).get("callSid", "")))
+        stop = msg.get("stop") or {}
+        if not isinstance(stop, dict):
+            raise TwilioError("stop: must be an object")
+        return Stop(str(stop.get("callSid", "")))
     return None
 
 

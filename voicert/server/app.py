@@ -20,10 +20,13 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
-from voicert.config import Config, cache_dir
+from voicert.config import Config, LlmConfig, cache_dir
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
+from voicert.engine.base import EngineState
+from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
+from voicert.server.logs import quiet_handshake_logger
 from voicert.server import access, dashboard
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
 from voicert.server.dashboard import static_file
@@ -35,12 +38,14 @@ from voicert.speech.vad import SileroVad
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.telemetry.gcwatch import GcWatch, settle
 from voicert.telemetry.metrics import Metrics
+from voicert.telemetry.sampler import Sampler
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
 SESSION_ROUTES = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection,
                   TWILIO_PATH: TwilioConnection}
 MAX_DASHBOARDS = 16
+CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before sockets are aborted
 
 
 def load_services(cfg: Config) -> Services:
@@ -51,7 +56,6 @@ def load_services(cfg: Config) -> Services:
     asr.warmup()
     log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
     engine = build_engine(cfg)
-    engine.warmup()
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     voice = load_voice(cfg.tts)
     tts = None if voice is None else TtsWorker(voice)
@@ -67,25 +71,38 @@ def load_services(cfg: Config) -> Services:
                     vad_pool=vad_pool, gc_watch=GcWatch().install())
 
 
-def build_engine(cfg: Config):
-    """The configured LLM engine (``llm.engine``), weights resolved (and converted) by config."""
+def build_engine(cfg: Config) -> SupervisedEngine:
+    """The configured LLM engine (``llm.engine``), weights resolved (and converted) by config,
+    under a supervisor that rebuilds it if it fails (engine/supervisor.py)."""
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
-    llm = cfg.llm
-    if llm.engine == "simple":
-        return SimpleEngine(model_dir, llm)
-    engine_cfg = EngineConfig(
+    policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s)
+    return SupervisedEngine(lambda: _start_engine(cfg, model_dir), policy)
+
+
+def _engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
+    """The fast engine's settings from the ``llm`` section (device-only options off elsewhere)."""
+    cuda = llm.device.startswith("cuda")
+    return EngineConfig(
         device=llm.device, dtype=llm.dtype, block_size=llm.block_size,
         kv_memory_gb=llm.kv_memory_gb, gpu_memory_fraction=llm.gpu_memory_fraction,
         max_batch=llm.max_batch, prefill_token_budget=llm.prefill_token_budget,
         batch_window_ms=llm.batch_window_ms, spec_tokens=llm.spec_tokens,
         draft_model=llm.draft_model, draft_heads=llm.draft_heads,
         max_context_tokens=llm.max_context_tokens, int8=llm.int8,
-        cuda_graphs=llm.cuda_graphs and llm.device.startswith("cuda"),
-        prefill_graph_rows=llm.prefill_graph_rows,
-        own_stream=llm.own_stream and llm.device.startswith("cuda"),
-        fused_kernels=llm.fused_kernels and llm.device.startswith("cuda"),
-        overlap=llm.overlap,
-        torchscript=llm.torchscript and llm.device == "cpu")
+        cuda_graphs=llm.cuda_graphs and cuda, prefill_graph_rows=llm.prefill_graph_rows,
+        own_stream=llm.own_stream and cuda, fused_kernels=llm.fused_kernels and cuda,
+        overlap=llm.overlap, torchscript=llm.torchscript and llm.device == "cpu",
+        models_cache=models_cache)
+
+
+def _start_engine(cfg: Config, model_dir: str):
+    """One engine, started (and warmed up when it runs in this process)."""
+    llm = cfg.llm
+    if llm.engine == "simple":
+        engine = SimpleEngine(model_dir, llm)
+        engine.warmup()
+        return engine
+    engine_cfg = _engine_config(llm, str(cache_dir(cfg.models)))
     if llm.process:
         from voicert.engine.remote import EngineProcess
 
@@ -95,7 +112,9 @@ def build_engine(cfg: Config):
         import torch
 
         torch.set_num_threads(llm.threads)
-    return LLMEngine(model_dir, engine_cfg)
+    engine = LLMEngine(model_dir, engine_cfg)
+    engine.warmup()
+    return engine
 
 
 def _response(status: http.HTTPStatus, data: bytes, content_type: str) -> Response:
@@ -119,15 +138,31 @@ class VoiceServer:
     dashboard_conns: set[ServerConnection] = field(default_factory=set)
     _server: Server | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
+    _loop: asyncio.AbstractEventLoop | None = None
+    sampler: Sampler | None = None
 
     @property
     def cfg(self) -> Config:
         return self.services.cfg if self.services is not None else self.config
 
+    exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
+
     @property
     def ready(self) -> bool:
-        """Models loaded and warmed up, and not shutting down."""
-        return self.services is not None and not self.services.draining
+        """Models loaded and warmed up, the engine and speech workers up, not shutting down."""
+        svc = self.services
+        if svc is None or svc.draining:
+            return False
+        return (getattr(svc.engine, "healthy", True) and getattr(svc.asr, "alive", True)
+                and (svc.tts is None or getattr(svc.tts, "alive", True)))
+
+    def _on_give_up(self, why: str) -> None:
+        """A supervisor could not bring its part back (any thread): stop serving, exit non-zero."""
+        log.critical("stopping: %s could not be kept up", why)
+        self.exit_code = 3
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._stopping.set)
 
     def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         path = request.path.split("?", 1)[0]
@@ -140,12 +175,9 @@ class VoiceServer:
         if self.services is None:
             return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "loading models\n")
         if path == "/metrics":
-            m = self.services.metrics
-            m.sample_engine(self.services.engine)
-            m.sample_asr(self.services.asr)
-            if self.services.gc_watch is not None:
-                m.observe_gc("server", self.services.gc_watch.drain())
-            return _response(http.HTTPStatus.OK, m.exposition(), METRICS_CONTENT_TYPE)
+            self._sampler_for(self.services).sample()
+            return _response(http.HTTPStatus.OK, self.services.metrics.exposition(),
+                             METRICS_CONTENT_TYPE)
         page = static_file(path)
         if page is not None:
             return _response(http.HTTPStatus.OK, *page)
@@ -163,9 +195,16 @@ class VoiceServer:
             return refusal
         if self.services.draining:
             return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
-        if len(self.connections) >= self.cfg.server.max_sessions:
+        if not self.ready:
             return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                  f"session limit ({self.cfg.server.max_sessions}) reached\n")
+                                  "not ready (engine restarting)\n")
+        s = self.cfg.server
+        if self.services.metrics.active_sessions >= s.max_sessions:
+            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                  f"session limit ({s.max_sessions}) reached\n")
+        if len(self.connections) >= s.max_connections:
+            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                                  f"connection limit ({s.max_connections}) reached\n")
         return None
 
     def _refuse(self, request: Request) -> Response | None:
@@ -173,7 +212,7 @@ class VoiceServer:
         s = self.cfg.server
         refusal = access.check(request.path, request.headers.get("Authorization"),
                                request.headers.get("Origin"), access.split_list(s.auth_tokens),
-                               access.split_list(s.allowed_origins))
+                               access.split_list(s.allowed_origins), request.headers.get("Host"))
         if refusal is None:
             return None
         log.info("refused %s: %s", request.path.split("?", 1)[0], refusal.reason)
@@ -186,7 +225,7 @@ class VoiceServer:
         if ws.request is not None and ws.request.path.split("?", 1)[0] == dashboard.FEED_PATH:
             self.dashboard_conns.add(ws)
             try:
-                await dashboard.feed(ws, self.services)
+                await dashboard.feed(ws, self.services, self._sampler_for(self.services))
             finally:
                 self.dashboard_conns.discard(ws)
             return
@@ -194,18 +233,41 @@ class VoiceServer:
         conn = SESSION_ROUTES[path](ws, self.services)
         self.connections.add(conn)
         try:
-            if isinstance(conn, RealtimeConnection):
-                await conn.open()
+            if isinstance(conn, RealtimeConnection) and not await conn.open():
+                return
             await conn.run()
         finally:
             self.connections.discard(conn)
 
     async def start(self) -> None:
         s = self.cfg.server
+        self._loop = asyncio.get_running_loop()
+        if self.services is not None:
+            self._watch_services(self.services)
         self._server = await serve(self._handler, s.host, s.port, process_request=self._process_request,
                                    max_size=s.max_message_bytes, max_queue=64,
-                                   compression=None, ping_interval=20, ping_timeout=20)
+                                   compression=None, ping_interval=20, ping_timeout=20,
+                                   logger=quiet_handshake_logger())
         log.info("voicert listening on ws://%s:%d%s", s.host, self.port, STREAM_PATH)
+
+    def _sampler_for(self, svc: Services) -> Sampler:
+        """The process's one sampler (started with the services; also made on first use)."""
+        if self.sampler is None or self.sampler.svc is not svc:
+            if self.sampler is not None:
+                asyncio.ensure_future(self.sampler.stop())
+            self.sampler = Sampler(svc)
+            self.sampler.start()
+        return self.sampler
+
+    def _watch_services(self, svc: Services) -> None:
+        """Sample their figures; hear from the engine's supervisor and the speech workers if they
+        give up."""
+        self._sampler_for(svc)
+        for part in (svc.engine, getattr(svc.asr, "worker", None), svc.tts):
+            if part is not None and hasattr(part, "on_give_up"):
+                part.on_give_up = self._on_give_up
+        if getattr(svc.engine, "state", None) is EngineState.FAILED:
+            self._on_give_up(svc.engine.last_failure or "engine failed")
 
     @property
     def port(self) -> int:
@@ -228,14 +290,30 @@ class VoiceServer:
         if sessions:
             log.info("shutdown: waiting up to %.1f s for %d session(s)", grace, len(sessions))
             await asyncio.gather(*(s.wait_turn(grace) for s in sessions))
-        for conn in list(self.connections):
-            if conn.session is not None:
-                await conn.session.close("cancelled")
-            await conn.ws.close(CLOSE_GOING_AWAY, "server shutting down")
-        for ws in list(self.dashboard_conns):
-            await ws.close(CLOSE_GOING_AWAY, "server shutting down")
+        # every connection at once: a peer that never answers the close costs its own close
+        # timeout, not everyone's; whatever is still open after CLOSE_WAIT_S is aborted
+        sockets = [c.ws for c in self.connections] + list(self.dashboard_conns)
+        closing = [asyncio.ensure_future(self._close(c)) for c in list(self.connections)]
+        closing += [asyncio.ensure_future(ws.close(CLOSE_GOING_AWAY, "server shutting down"))
+                    for ws in self.dashboard_conns]
+        if closing:
+            done, late = await asyncio.wait(closing, timeout=CLOSE_WAIT_S)
+            for task in late:
+                task.cancel()
+            for ws in sockets:
+                if ws.transport is not None and not ws.transport.is_closing():
+                    ws.transport.abort()
+            await asyncio.gather(*closing, return_exceptions=True)
         await self._server.wait_closed()
         self._server = None
+        if self.sampler is not None:
+            await self.sampler.stop()
+
+    @staticmethod
+    async def _close(conn: Connection) -> None:
+        if conn.session is not None:
+            await conn.session.close("cancelled")
+        await conn.ws.close(CLOSE_GOING_AWAY, "server shutting down")
 
     def request_stop(self) -> None:
         self._stopping.set()
@@ -268,6 +346,7 @@ class VoiceServer:
                 self._discard(await loading)
                 return
             self.services = loading.result()
+            self._watch_services(self.services)
             log.info("ready")
         await self._stopping.wait()
         await self.shutdown()
@@ -294,7 +373,7 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-def run_server(cfg: Config) -> None:
+def run_server(cfg: Config) -> int:
     """Listen at once; load and warm the models; serve until SIGINT/SIGTERM; shut down gracefully."""
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
     server = VoiceServer(config=cfg)
@@ -305,3 +384,4 @@ def run_server(cfg: Config) -> None:
         if server.services is not None:
             VoiceServer._discard(server.services)
         loop.close()
+    return server.exit_code

@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY = 1008  # a reader too slow to drain its frames; a sender over the message rate
+CLOSE_TRY_AGAIN = 1013  # the server has no room for another session now
 
 
 class BaseConnection:
@@ -34,6 +35,68 @@ class BaseConnection:
         self.svc = services
         self.session: Session | None = None
         self.closed = False
+        self.claimed = False  # this connection counts against server.max_sessions
+        self.opened_at = self.last_message = 0.0  # loop times: socket opened, client's last message
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    def claim_session(self) -> None:
+        """Count this connection's session against ``server.max_sessions``; raises
+        ProtocolError(SESSION_LIMIT) when there is no room (sockets without a session don't count)."""
+        limit = self.svc.cfg.server.max_sessions
+        if self.svc.metrics.active_sessions >= limit:
+            self.svc.metrics.observe_error(p.ErrorCode.SESSION_LIMIT.value)
+            raise p.ProtocolError(p.ErrorCode.SESSION_LIMIT,
+                                  f"the server is at its session limit ({limit}); try again later")
+        self.claimed = True
+        self.svc.metrics.session_started()
+
+    def release_session(self) -> None:
+        if self.claimed:
+            self.claimed = False
+            self.svc.metrics.session_ended()
+
+    # ------------------------------------------------------------ timeouts
+
+    def _arm_watchdog(self) -> None:
+        """One timer per connection (not one per message). When it fires, a socket without a
+        session past ``server.start_timeout_s``, or a session whose client has sent nothing for
+        ``server.idle_timeout_s`` while no reply runs, is closed; otherwise it re-arms."""
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        self._watchdog = asyncio.get_running_loop().call_at(self._deadline(), self._on_watchdog)
+
+    def _deadline(self) -> float:
+        s = self.svc.cfg.server
+        if self.session is None:
+            return self.opened_at + s.start_timeout_s
+        return self.last_message + s.idle_timeout_s
+
+    def _on_watchdog(self) -> None:
+        self._watchdog = None
+        if self.closed:
+            return
+        s = self.svc.cfg.server
+        now = asyncio.get_running_loop().time()
+        if now < self._deadline():
+            self._arm_watchdog()
+        elif self.session is None:
+            asyncio.ensure_future(self._time_out(
+                p.ErrorCode.START_TIMEOUT, f"no session started within {s.start_timeout_s:g} s",
+                CLOSE_POLICY))
+        elif not self.session.idle():  # a reply still running is activity
+            self.last_message = now
+            self._arm_watchdog()
+        else:
+            asyncio.ensure_future(self._time_out(
+                p.ErrorCode.IDLE_TIMEOUT, f"nothing received for {s.idle_timeout_s:g} s",
+                CLOSE_NORMAL))
+
+    async def _time_out(self, code: p.ErrorCode, message: str, close_code: int) -> None:
+        log.info("connection %s: %s: closing", self.ws.id, message)
+        self.svc.metrics.observe_error(code.value)
+        await self.fatal(code, message)
+        self.closed = True
+        await self.ws.close(close_code, code.value)
 
     async def send_frame(self, frame: bytes | str) -> None:
         """Send one frame; a closed socket is ignored, a reader too slow to drain one frame within
@@ -70,8 +133,12 @@ class BaseConnection:
         s = self.svc.cfg.server
         limiter = RateLimiter(s.max_messages_per_s, s.message_burst)
         closing = None
+        loop = asyncio.get_running_loop()
+        self.opened_at = self.last_message = loop.time()
+        self._arm_watchdog()
         try:
             async for frame in self.ws:
+                self.last_message = loop.time()
                 if closing is not None:
                     continue  # drain what the client already sent so its close reply can arrive
                 if not limiter.allow(time.monotonic()):
@@ -93,10 +160,12 @@ class BaseConnection:
             await self.fatal(p.ErrorCode.INTERNAL, "internal server error")
             await self.ws.close(1011, "internal error")
         finally:
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             self.closed = self.closed or self.ws.state.name != "OPEN"
             if self.session is not None:
                 await self.session.close()
-                self.svc.metrics.session_ended()
+            self.release_session()
             await self.on_closed()
 
     async def on_closed(self) -> None:
@@ -160,9 +229,20 @@ class Connection(BaseConnection):
         check_output_audio(start.output_audio, self.svc)
         if self.svc.draining:
             raise p.ProtocolError(p.ErrorCode.SHUTTING_DOWN, "server is shutting down")
+        try:
+            self.claim_session()
+        except p.ProtocolError as exc:
+            await self.fatal(exc.code, exc.message)
+            self.closed = True
+            await self.ws.close(CLOSE_TRY_AGAIN, "session limit reached")
+            return
         sid = uuid.uuid4().hex[:12]
-        self.session = Session(sid, start, self.svc, self.send)
-        self.svc.metrics.session_started()
+        try:
+            self.session = Session(sid, start, self.svc, self.send)
+        except p.ProtocolError:
+            self.release_session()
+            raise
+        self._arm_watchdog()  # the idle timeout from now on
         await self.send(p.SessionStarted(sid, start.sample_rate, start.encoding,
                                          start.turn_detection, start.output_audio))
 

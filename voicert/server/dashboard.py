@@ -2,14 +2,13 @@
 
 Feed messages (JSON text frames): ``snapshot`` once (budget, waterfall stage names, recent turns),
 then ``turn`` for every finished turn and ``system`` once a second (sessions, engine queue, mean
-batch size). A dashboard that cannot keep up loses turns, never slows a session down."""
+batch size, event-loop lag; from the server's one sampler, telemetry/sampler.py). A dashboard that cannot keep up loses turns, never slows a session down."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-import time
 from pathlib import Path
 
 from websockets.asyncio.server import ServerConnection
@@ -17,6 +16,7 @@ from websockets.exceptions import ConnectionClosed
 
 from voicert.agent.session import Services
 from voicert.telemetry.latency import WATERFALL, TurnRecord
+from voicert.telemetry.sampler import Sampler, SystemSample
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[2] / "web"
@@ -26,7 +26,6 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
           "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8")}
 FEED_PATH = "/v1/dashboard"
-TICK_S = 1.0
 
 
 def static_file(path: str, web_dir: Path = WEB_DIR) -> tuple[bytes, str] | None:
@@ -37,39 +36,33 @@ def static_file(path: str, web_dir: Path = WEB_DIR) -> tuple[bytes, str] | None:
     return (web_dir / entry[0]).read_bytes(), entry[1]
 
 
-async def feed(ws: ServerConnection, svc: Services) -> None:
+async def feed(ws: ServerConnection, svc: Services, sampler: Sampler) -> None:
+    """One dashboard: a snapshot, then every finished turn and every system sample."""
     m = svc.metrics
-    queue: asyncio.Queue[TurnRecord] = asyncio.Queue(maxsize=256)
+    queue: asyncio.Queue[dict] = asyncio.Queue(maxsize=256)
+
+    def push(msg: dict) -> None:
+        try:
+            queue.put_nowait(msg)
+        except asyncio.QueueFull:
+            pass  # this viewer is behind: it misses a message, the session does not wait
 
     def on_turn(rec: TurnRecord) -> None:
-        try:
-            queue.put_nowait(rec)
-        except asyncio.QueueFull:
-            pass  # this viewer is behind: it misses a turn, the session does not wait
+        push({"type": "turn", "turn": rec.as_dict()})
+
+    def on_sample(sample: SystemSample) -> None:
+        push(sample.as_dict())
 
     m.listeners.add(on_turn)
+    sampler.listeners.add(on_sample)
     try:
         await ws.send(json.dumps({"type": "snapshot", "budget_ms": m.budget_ms,
                                   "waterfall": list(WATERFALL), "max_turns": m.recent.maxlen,
                                   "turns": [r.as_dict() for r in m.recent]}))
-        next_tick = time.monotonic()
         while True:
-            timeout = max(next_tick - time.monotonic(), 0)
-            try:
-                rec = await asyncio.wait_for(queue.get(), timeout)
-                await ws.send(json.dumps({"type": "turn", "turn": rec.as_dict()}))
-                continue
-            except asyncio.TimeoutError:
-                pass
-            steps = m.sample_engine(svc.engine)
-            m.sample_asr(svc.asr)
-            await ws.send(json.dumps({
-                "type": "system", "t": time.time(), "sessions": m.active_sessions,
-                "queue_depth": m.queue_depth._value.get(), "running": m.running._value.get(),
-                "steps": len(steps),
-                "mean_batch": sum(r.batch for r in steps) / len(steps) if steps else 0.0}))
-            next_tick += TICK_S
+            await ws.send(json.dumps(await queue.get()))
     except ConnectionClosed:
         pass
     finally:
         m.listeners.discard(on_turn)
+        sampler.listeners.discard(on_sample)

@@ -15,10 +15,9 @@ import uuid
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
-from voicert.engine.base import ChatMessage
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
-from voicert.server.connection import BaseConnection, check_output_audio
+from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
 
 log = logging.getLogger(__name__)
 REALTIME_PATH = "/v1/realtime"
@@ -90,12 +89,20 @@ class RealtimeConnection(BaseConnection):
                                    speech_pad_ms=td.prefix_padding_ms,
                                    barge_in=td.interrupt_response)
 
-    async def open(self) -> None:
+    async def open(self) -> bool:
+        """The session starts with the socket; False (and the socket closing) when the server has
+        no room for it."""
+        try:
+            self.claim_session()
+        except p.ProtocolError as exc:
+            await self.fatal(exc.code, exc.message)
+            await self.ws.close(CLOSE_TRY_AGAIN, "session limit reached")
+            return False
         start, auto = self._session_start()
         self.session = Session(self.session_id, start, self.svc, self.on_event, auto_respond=auto,
                                vad=self._vad_config())
-        self.svc.metrics.session_started()
         await self.send_event("session.created", session=self._wire_session())
+        return True
 
     def _wire_session(self) -> dict:
         return self.config.to_wire(self.writer.flavor, self.session_id, self.model)
@@ -158,20 +165,21 @@ class RealtimeConnection(BaseConnection):
             raise rt.RealtimeError(p.ErrorCode.NO_SPEECH_OUTPUT.value,
                                    "this server has no speech output; use text modalities",
                                    "session.modalities")
-        self.config = config
-        start, auto = self._session_start()
-        check_output_audio(start.output_audio, self.svc)
-        self.session.reconfigure(start, auto, self._vad_config())
+        old, self.config = self.config, config
+        try:
+            start, auto = self._session_start()
+            check_output_audio(start.output_audio, self.svc)
+            self.session.reconfigure(start, auto, self._vad_config())
+        except Exception:  # refused: the session keeps its settings
+            self.config = old
+            raise
         await self.send_event("session.updated", session=self._wire_session())
 
     async def _item_create(self, event: rt.ItemCreate) -> None:
         if not event.text.strip():
             raise rt.RealtimeError("invalid_value", "item.content text is empty", "item.content")
         item_id = event.item_id or f"item_{uuid.uuid4().hex[:20]}"
-        if event.role == "user":
-            self.session.add_user_text(event.text)
-        else:
-            self.session.history.append(ChatMessage(event.role, event.text))
+        self.session.add_item(event.role, event.text)
         kind = "input_text" if event.role != "assistant" else "output_text"
         item = rt.message_item(item_id, event.role, "completed", [{"type": kind, "text": event.text}])
         await self._item_added(item)

@@ -20,7 +20,7 @@ from websockets.asyncio.server import ServerConnection
 from voicert.agent.session import Services, Session
 from voicert.protocol import native as p
 from voicert.protocol import twilio as tw
-from voicert.server.connection import CLOSE_POLICY, BaseConnection
+from voicert.server.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, BaseConnection
 
 log = logging.getLogger(__name__)
 TWILIO_PATH = "/twilio"
@@ -89,10 +89,19 @@ class TwilioConnection(BaseConnection):
         self.stream_sid = start.stream_sid
         out = p.OutputAudio("mulaw", tw.SAMPLE_RATE) if self.svc.tts is not None else None
         prompt = start.custom_parameters.get("system_prompt")
-        self.session = Session(f"twilio-{start.call_sid or start.stream_sid}",
-                               p.SessionStart(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
-                               self.svc, self.on_event)
-        self.svc.metrics.session_started()
+        try:
+            self.claim_session()
+        except p.ProtocolError as exc:
+            await self._refuse(CLOSE_TRY_AGAIN, exc.message)
+            return True
+        try:
+            self.session = Session(f"twilio-{start.call_sid or start.stream_sid}",
+                                   p.SessionStart(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
+                                   self.svc, self.on_event)
+        except p.ProtocolError as exc:  # e.g. a system_prompt over server.max_text_chars
+            self.release_session()
+            await self._refuse(CLOSE_POLICY, exc.message)
+            return True
         log.info("twilio call %s stream %s started", start.call_sid, start.stream_sid)
         return False
 

@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import heapq
 import importlib.util
-import itertools
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from voicert.config import AsrConfig, ConfigError
+from voicert.speech.worker import PriorityWorker, WorkerClosed
 
 log = logging.getLogger(__name__)
 FINAL, EARLY, PARTIAL = 0, 1, 2  # job priorities: lower runs first
@@ -58,14 +56,36 @@ class Transcript:
     rejected: bool = False  # Whisper judged it not to be speech: text is ""
 
 
-@dataclass(order=True)
+@dataclass(eq=False, slots=True)
 class _Job:
-    priority: int
-    seq: int
-    audio: np.ndarray = field(compare=False)
-    loop: asyncio.AbstractEventLoop = field(compare=False)
-    future: asyncio.Future = field(compare=False)
-    started: bool = field(default=False, compare=False)  # the worker has taken it
+    audio: np.ndarray  # [N] float32 16 kHz
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    started: bool = False  # the worker has taken it
+
+
+class _AsrWorker(PriorityWorker[_Job]):
+    """The thread that owns the Whisper model: batches of one priority, decoded together."""
+
+    def __init__(self, asr: "WhisperAsr") -> None:
+        self.asr = asr
+        super().__init__("asr", max_batch=asr.cfg.max_batch,
+                         batch_window_s=asr.cfg.batch_window_ms / 1000)
+
+    def taken(self, job: _Job) -> None:
+        job.started = not job.future.cancelled()
+
+    def handle(self, jobs: list[_Job]) -> None:
+        live = [j for j in jobs if j.started]
+        if live:
+            for j, r in zip(live, self.asr.decode_batch([j.audio for j in live])):
+                j.loop.call_soon_threadsafe(_settle, j.future, r, None)
+
+    def fail(self, job: _Job, exc: BaseException) -> None:
+        try:
+            job.loop.call_soon_threadsafe(_settle, job.future, None, exc)
+        except RuntimeError:  # its loop is closed: nobody waits for it
+            pass
 
 
 class AsrHandle:
@@ -78,12 +98,12 @@ class AsrHandle:
 
     @property
     def started(self) -> bool:
-        with self._owner._cv:
+        with self._owner._worker._cv:
             return self._job.started
 
     def drop(self) -> bool:
         """Withdraw a job the worker has not taken yet; False if it is already decoding."""
-        with self._owner._cv:
+        with self._owner._worker._cv:
             if self._job.started:
                 return False
             self._job.future.cancel()
@@ -109,12 +129,7 @@ class WhisperAsr:
         self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         self.suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
-        self._heap: list[_Job] = []
-        self._cv = threading.Condition()
-        self._seq = itertools.count()
-        self._closed = False
-        self._thread = threading.Thread(target=self._run, name="voicert-asr", daemon=True)
-        self._thread.start()
+        self._worker = _AsrWorker(self)
 
     # ------------------------------------------------------------ decoding (worker thread)
 
@@ -150,56 +165,31 @@ class WhisperAsr:
         """One utterance, decoded on the calling thread (tests, evaluation)."""
         return self.decode_batch([audio])[0]
 
-    def _take(self) -> list[_Job] | None:
-        with self._cv:
-            while not self._heap and not self._closed:
-                self._cv.wait()
-            if self._closed:
-                return None
-            deadline = time.monotonic() + self.cfg.batch_window_ms / 1000
-            while len(self._heap) < self.cfg.max_batch and (left := deadline - time.monotonic()) > 0:
-                self._cv.wait(left)
-            first = heapq.heappop(self._heap)
-            jobs = [first]
-            while self._heap and len(jobs) < self.cfg.max_batch and \
-                    self._heap[0].priority == first.priority:
-                jobs.append(heapq.heappop(self._heap))
-            for job in jobs:
-                job.started = not job.future.cancelled()
-            return jobs
-
-    def _run(self) -> None:
-        while (jobs := self._take()) is not None:
-            live = [j for j in jobs if not j.future.cancelled()]
-            if not live:
-                continue
-            try:
-                results = self.decode_batch([j.audio for j in live])
-            except Exception as exc:  # every waiter hears about it; the worker keeps serving
-                log.exception("ASR batch failed")
-                for j in live:
-                    j.loop.call_soon_threadsafe(_settle, j.future, None, exc)
-                continue
-            for j, r in zip(live, results):
-                j.loop.call_soon_threadsafe(_settle, j.future, r, None)
-
     # ------------------------------------------------------------ the event-loop side
 
     def submit(self, audio: np.ndarray, priority: int = FINAL) -> AsrHandle:
         """Queue an utterance ([N] float32 16 kHz); the handle's future gives its Transcript."""
         loop = asyncio.get_running_loop()
-        job = _Job(priority, next(self._seq), audio, loop, loop.create_future())
-        with self._cv:
-            heapq.heappush(self._heap, job)
-            self._cv.notify()
+        job = _Job(audio, loop, loop.create_future())
+        try:
+            self._worker.put(job, priority)
+        except WorkerClosed as exc:
+            job.future.set_exception(exc)
         return AsrHandle(job, self)
 
     async def transcribe(self, audio: np.ndarray, priority: int = FINAL) -> Transcript:
         return await self.submit(audio, priority).future
 
     def pending(self) -> int:
-        with self._cv:
-            return len(self._heap)
+        return self._worker.pending()
+
+    @property
+    def alive(self) -> bool:
+        return self._worker.alive
+
+    @property
+    def worker(self) -> PriorityWorker:
+        return self._worker
 
     def drain_batch_sizes(self) -> list[int]:
         out = []
@@ -213,10 +203,7 @@ class WhisperAsr:
         self.transcribe_sync((0.1 * np.sin(2 * np.pi * 220 * t)).astype(np.float32))
 
     def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        self._thread.join(timeout=5)
+        self._worker.close()
 
 
 def _settle(fut: asyncio.Future, result: Transcript | None, exc: Exception | None) -> None:

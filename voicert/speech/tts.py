@@ -15,18 +15,17 @@ reply's first audio never waits behind another reply's tail.
 from __future__ import annotations
 
 import ctypes
-import heapq
 import importlib
-import itertools
 import logging
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Protocol
 
 import numpy as np
 
 from voicert.config import TtsConfig
+from voicert.speech.worker import PriorityWorker
 
 log = logging.getLogger(__name__)
 OnChunk = Callable[[np.ndarray], bool]  # float32 [N] at the voice's rate; False: stop this piece
@@ -153,51 +152,28 @@ class TtsJob:
         self.cancelled = True
 
 
-@dataclass
-class TtsWorker:
+class TtsWorker(PriorityWorker[TtsJob]):
     """The thread that owns the voice. :meth:`submit` from any thread; jobs run by
     (piece index, arrival): first pieces of replies go before later ones."""
 
-    voice: Voice
-    _heap: list = field(default_factory=list)
-    _cv: threading.Condition = field(default_factory=threading.Condition)
-    _seq: itertools.count = field(default_factory=itertools.count)
-    _closed: bool = False
-    _thread: threading.Thread | None = None
-
-    def __post_init__(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="voicert-tts", daemon=True)
-        self._thread.start()
+    def __init__(self, voice: Voice) -> None:
+        self.voice = voice
+        super().__init__("tts")
 
     @property
     def sample_rate(self) -> int:
         return self.voice.sample_rate
 
     def submit(self, job: TtsJob, piece_index: int) -> TtsJob:
-        with self._cv:
-            if self._closed:
-                raise RuntimeError("TTS worker is closed")
-            heapq.heappush(self._heap, (piece_index, next(self._seq), job))
-            self._cv.notify()
-        return job
+        """Queue a piece; raises WorkerClosed once the worker is closed or down."""
+        return self.put(job, piece_index)
 
-    def pending(self) -> int:
-        with self._cv:
-            return len(self._heap)
-
-    def _run(self) -> None:
-        while True:
-            with self._cv:
-                while not self._heap and not self._closed:
-                    self._cv.wait()
-                if self._closed:
-                    jobs = [j for _, _, j in self._heap]
-                    self._heap.clear()
-                    for job in jobs:
-                        job.on_done(RuntimeError("TTS worker closed"))
-                    return
-                _, _, job = heapq.heappop(self._heap)
+    def handle(self, jobs: list[TtsJob]) -> None:
+        for job in jobs:
             self._speak(job)
+
+    def fail(self, job: TtsJob, exc: BaseException) -> None:
+        job.on_done(exc)
 
     def _speak(self, job: TtsJob) -> None:
         error: BaseException | None = None
@@ -220,9 +196,3 @@ class TtsWorker:
         self.submit(TtsJob("Ready.", lambda c: None, lambda e: done.set()), 0)
         done.wait(30)
 
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify()
-        if self._thread is not None:
-            self._thread.join(10)

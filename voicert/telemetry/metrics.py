@@ -11,7 +11,8 @@ import collections
 import logging
 from typing import Callable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
+                               generate_latest)
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from voicert.engine.base import StepRecord
@@ -69,6 +70,18 @@ class Metrics:
                                 "Prompt tokens served from the prefix cache / looked up", registry=r)
         self.spec_accept = Gauge("voicert_spec_acceptance_rate",
                                  "Accepted / proposed speculative drafts", registry=r)
+        self.engine_up = Gauge("voicert_engine_up", "1 while the LLM engine serves; 0 while it is "
+                               "down or restarting", registry=r)
+        self.engine_restarts = Gauge("voicert_engine_restarts", "Times the engine was rebuilt after "
+                                     "a failure", registry=r)
+        self.engine_pid = Gauge("voicert_engine_pid", "The engine process's pid (0: in the server "
+                                "process)", registry=r)
+        self.loop_lag = Histogram("voicert_loop_lag_seconds",
+                                  "How late a timer on the process's event loop fires (the wait "
+                                  "any callback has for the loop)", ["process"],
+                                  buckets=[.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1],
+                                  registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
         self.asr_batch = Histogram("voicert_asr_batch_size", "Utterances per ASR decode",
                                    buckets=[1, 2, 4, 8, 16, 32, 64], registry=r)
         self.recent: collections.deque[TurnRecord] = collections.deque(maxlen=recent)
@@ -109,13 +122,10 @@ class Metrics:
         engine steps since the last sample."""
         stats = engine.stats()
         extra = stats.extra or {}
-        sched = getattr(engine, "scheduler", None)
-        if sched is not None:
-            self.queue_depth.set(len(sched.waiting))
-            self.running.set(len(sched.running))
-        elif hasattr(engine, "queue_depth"):  # the engine process: figures from its last stats
-            self.queue_depth.set(engine.queue_depth)
-            self.running.set(engine.running)
+        load = getattr(engine, "load", None)  # (waiting, running) as the engine last published
+        if isinstance(load, tuple):
+            self.queue_depth.set(load[0])
+            self.running.set(load[1])
         else:
             self.running.set(stats.active)
         gc_drain = getattr(engine, "drain_gc", None)  # the engine process's own collector
@@ -126,6 +136,9 @@ class Metrics:
         for rec in steps:
             self.batch.observe(rec.batch)
             self.step.labels(rec.kind).observe(rec.seconds)
+        self.engine_up.set(extra.get("engine_up", 1.0))
+        self.engine_restarts.set(extra.get("engine_restarts", 0.0))
+        self.engine_pid.set(getattr(engine, "pid", 0) or 0)
         if "prefix_hit_ratio" in extra:
             self.prefix_hit.set(extra["prefix_hit_ratio"])
         if "spec_acceptance_rate" in extra:

@@ -1,0 +1,81 @@
+"""Prompt building: the longest suffix of the conversation that fits the budget (as dropping the
+oldest turn one at a time would find), with a bounded number of template renders however long the
+history is."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from voicert.engine.base import ChatMessage
+from voicert.engine.prompt import PromptBuilder
+
+SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from voicert.config import cache_dir, load_config
+    from voicert.engine.loader import resolve_llm
+
+    return AutoTokenizer.from_pretrained(
+        str(resolve_llm("embedded", cache_dir(load_config(environ={}).models))))
+
+
+def one_at_a_time(tok, messages, budget):
+    """The reference: drop the oldest non-system turn until the prompt fits."""
+    msgs = [{"role": m.role, "content": m.content} for m in messages]
+    while True:
+        ids = list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False))
+        first = 1 if msgs and msgs[0]["role"] == "system" else 0
+        if len(ids) <= budget or len(msgs) - first <= 1:
+            return ids[-budget:]
+        del msgs[first]
+
+
+class CountingTokenizer:
+    def __init__(self, tok):
+        self.tok, self.renders = tok, 0
+
+    def apply_chat_template(self, *args, **kwargs):
+        self.renders += 1
+        return self.tok.apply_chat_template(*args, **kwargs)
+
+    def encode(self, *args, **kwargs):
+        return self.tok.encode(*args, **kwargs)
+
+
+def conversation(rng, n):
+    words = "the a table for four people tonight book weather Paris yes no maybe".split()
+    out = []
+    for i in range(n):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
+        out.append(ChatMessage("user" if i % 2 == 0 else "assistant", text))
+    return out
+
+
+def test_same_prompt_as_dropping_one_turn_at_a_time(tokenizer):
+    rng = random.Random(1)
+    builder = PromptBuilder(tokenizer)
+    for trial in range(60):
+        msgs = [SYSTEM, *conversation(rng, rng.randint(1, 30))]
+        if trial % 5 == 0:
+            msgs = msgs[1:]  # no system prompt
+        budget = rng.choice([40, 64, 100, 200, 400, 2000])
+        assert builder.build(msgs, budget) == one_at_a_time(tokenizer, msgs, budget)
+
+
+def test_a_long_history_takes_a_few_renders_not_one_per_dropped_turn(tokenizer):
+    counting = CountingTokenizer(tokenizer)
+    builder = PromptBuilder(counting)
+    msgs = [SYSTEM, *conversation(random.Random(2), 300)]
+    ids = builder.build(msgs, 1984)
+    assert len(ids) <= 1984 and counting.renders <= 8  # 2 of them measure the template once
+    assert ids == one_at_a_time(tokenizer, msgs, 1984)
+    counting.renders = 0
+    builder.build(msgs + [ChatMessage("user", "and one more")], 1984)  # next turn: counts cached
+    assert counting.renders <= 6

@@ -1,0 +1,147 @@
+"""One worker thread that serves jobs by priority, shared by the ASR and TTS workers.
+
+Jobs wait in a heap keyed by (priority, arrival): lower priorities run first, equal ones in
+order. The thread takes the most urgent job, optionally waits ``batch_window_s`` for more and takes
+up to ``max_batch`` of the same priority, and hands them to :meth:`PriorityWorker.handle`.
+
+Supervised: a job that raises fails alone (:meth:`PriorityWorker.fail`, then the next job); if the
+thread itself dies, its jobs are failed and a new thread takes over, at most ``max_restarts`` times,
+after which ``alive`` is False (readiness says 503) and ``on_give_up`` tells the server, which exits
+non-zero rather than leave turns waiting on a worker that is gone.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from typing import Callable, Generic, TypeVar
+
+log = logging.getLogger(__name__)
+J = TypeVar("J")
+
+
+class WorkerClosed(RuntimeError):
+    """The worker was closed before the job ran."""
+
+
+class PriorityWorker(Generic[J]):
+    def __init__(self, name: str, max_batch: int = 1, batch_window_s: float = 0.0,
+                 max_restarts: int = 5) -> None:
+        self.name = name
+        self.max_batch = max_batch
+        self.batch_window_s = batch_window_s
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.on_give_up: Callable[[str], None] | None = None
+        self._heap: list[tuple[int, int, J]] = []
+        self._cv = threading.Condition()
+        self._seq = itertools.count()
+        self._closed = False
+        self._gone = False  # the thread died more often than allowed
+        self._thread = self._spawn()
+
+    # ------------------------------------------------------------ for subclasses
+
+    def handle(self, jobs: list[J]) -> None:
+        """Run the taken jobs (the worker thread). An exception fails them all (:meth:`fail`)."""
+        raise NotImplementedError
+
+    def fail(self, job: J, exc: BaseException) -> None:
+        """Tell a job's owner it will not run (the worker thread, or the closing thread)."""
+        raise NotImplementedError
+
+    def taken(self, job: J) -> None:
+        """Called for each job as the thread takes it, under the queue's lock."""
+
+    # ------------------------------------------------------------ any thread
+
+    def put(self, job: J, priority: int) -> J:
+        with self._cv:
+            if self._closed or self._gone:
+                raise WorkerClosed(f"{self.name} worker is {'closed' if self._closed else 'down'}")
+            heapq.heappush(self._heap, (priority, next(self._seq), job))
+            self._cv.notify()
+        return job
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._heap)
+
+    @property
+    def alive(self) -> bool:
+        return not self._gone and self._thread.is_alive()
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            queued = [job for _, _, job in self._heap]
+            self._heap.clear()
+            self._cv.notify_all()
+        for job in queued:
+            self.fail(job, WorkerClosed(f"{self.name} worker closed"))
+        self._thread.join(10)
+
+    # ------------------------------------------------------------ the worker thread
+
+    def _spawn(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, name=f"voicert-{self.name}", daemon=True)
+        thread.start()
+        return thread
+
+    def _take(self) -> list[J] | None:
+        with self._cv:
+            while not self._heap and not self._closed:
+                self._cv.wait()
+            if self._closed:
+                return None
+            deadline = time.monotonic() + self.batch_window_s
+            while len(self._heap) < self.max_batch and (left := deadline - time.monotonic()) > 0:
+                self._cv.wait(left)
+                if self._closed:
+                    return None
+            priority, _, first = heapq.heappop(self._heap)
+            jobs = [first]
+            while self._heap and len(jobs) < self.max_batch and self._heap[0][0] == priority:
+                jobs.append(heapq.heappop(self._heap)[2])
+            for job in jobs:
+                self.taken(job)
+            return jobs
+
+    def _run(self) -> None:
+        jobs: list[J] = []
+        try:
+            while (jobs := self._take()) is not None:
+                try:
+                    self.handle(jobs)
+                except Exception as exc:  # these jobs fail; the worker keeps serving
+                    log.exception("%s worker: a job failed", self.name)
+                    for job in jobs:
+                        self.fail(job, exc)
+                jobs = []
+        except BaseException as exc:  # the thread itself is dying: fail what it held, replace it
+            log.exception("%s worker thread died", self.name)
+            for job in jobs:
+                self.fail(job, exc)
+            self._replace(f"{type(exc).__name__}: {exc}")
+
+    def _replace(self, why: str) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            if self.restarts >= self.max_restarts:
+                self._gone = True
+                queued = [job for _, _, job in self._heap]
+                self._heap.clear()
+            else:
+                self.restarts += 1
+                self._thread = self._spawn()
+                log.warning("%s worker restarted (restart %d)", self.name, self.restarts)
+                return
+        for job in queued:
+            self.fail(job, WorkerClosed(f"{self.name} worker is down: {why}"))
+        log.critical("%s worker cannot be kept up: %s", self.name, why)
+        if self.on_give_up is not None:
+            self.on_give_up(f"{self.name} worker: {why}")
