@@ -38,6 +38,7 @@ class CallerStats:
     timeouts: int = 0  # turns with no response.done within the turn timeout
     dropped: int = 0  # sessions whose connection failed or closed unexpectedly
     refused: int = 0  # sessions the server refused at the door (503: restarting, at its limit)
+    unreachable: int = 0  # sessions that could not connect at all (server down)
     sessions: int = 0
     server: dict[str, float] = field(default_factory=dict)  # batch sizes, GPU use (loadgen/probe.py)
 
@@ -62,7 +63,17 @@ class Caller:
         stats.sessions += 1
         rate = self.clips[0][1]
         try:
-            async with connect(self.url, max_size=None, compression=None, open_timeout=10) as ws:
+            ws = await connect(self.url, max_size=None, compression=None, open_timeout=10)
+        except InvalidHandshake:
+            stats.refused += 1
+            await asyncio.sleep(0.5)  # as a client would, before it tries again
+            return
+        except (OSError, asyncio.TimeoutError):
+            stats.unreachable += 1
+            await asyncio.sleep(0.5)
+            return
+        try:
+            async with ws:
                 await ws.send(p.encode(p.SessionStart(sample_rate=rate,
                                                       output_audio=self.output_audio)))
                 started = p.decode_server(await asyncio.wait_for(ws.recv(), 10))
@@ -76,9 +87,6 @@ class Caller:
                         break
                     await asyncio.sleep(self.think_s * self.rng.uniform(0.5, 1.5))
                 await ws.send(p.encode(p.SessionEnd()))
-        except InvalidHandshake:
-            stats.refused += 1
-            await asyncio.sleep(0.5)  # as a client would, before it tries again
         except (ConnectionClosed, OSError, asyncio.TimeoutError):
             stats.dropped += 1
 

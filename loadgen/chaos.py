@@ -8,7 +8,9 @@ type-confused, deeply nested, oversized, an unauthenticated Twilio ``start`` wit
 prompt). Each hostile message must be answered (a typed error, or a close with a code) and never
 take anything else down.
 
-The report: turns completed; turns that failed with a typed error (those in flight at a kill, and
+Each kill counts against the server's ``llm.restart_max`` within ``llm.restart_window_s`` (past
+it the server gives up and exits, by design): keep ``duration / (3 * chaos-every)`` below it, or
+raise it for the run. The report: turns completed; turns that failed with a typed error (those in flight at a kill, and
 those asked while the engine was restarting); turns *lost* (no answer: a timeout, or a session
 dropped); hostile messages left unanswered; the server's memory and open files before and after.
 Target: no lost turns and no unanswered hostile message.
@@ -106,10 +108,14 @@ async def kill_engine(url: str, log: ChaosLog) -> None:
 
 async def drop_connection(url: str, clip, log: ChaosLog) -> None:
     samples, rate = clip
-    try:
-        ws = await connect(url, open_timeout=10)
-    except (OSError, InvalidHandshake):
-        return  # refused (engine restarting): nothing to drop
+    for _ in range(60):  # while the engine restarts new sockets are refused: try again
+        try:
+            ws = await connect(url, open_timeout=10)
+            break
+        except (OSError, InvalidHandshake):
+            await asyncio.sleep(0.5)
+    else:
+        return
     await ws.send(p.encode(p.SessionStart(sample_rate=rate)))
     n = rate // 50
     for i in range(0, samples.size // 2, n):  # half an utterance, then vanish mid-turn
@@ -187,6 +193,7 @@ def report(stats: CallerStats, log: ChaosLog) -> tuple[str, bool]:
         f"| turns failed with a typed error (in flight at a kill, or while restarting) | {failed} |",
         f"| turns lost (no answer: timeouts + dropped sessions) | {lost} |",
         f"| sessions refused at the door (503 while restarting, limits) | {stats.refused} |",
+        f"| session attempts that found no server (it exited) | {stats.unreachable} |",
         f"| error events received by callers | {stats.errors} |",
         f"| engine kills | {log.kills}{' (skipped: ' + log.kills_skipped + ')' if log.kills_skipped else ''} |",
         f"| connections dropped mid-turn | {log.drops} |",
@@ -197,7 +204,7 @@ def report(stats: CallerStats, log: ChaosLog) -> tuple[str, bool]:
     ]
     for problem in log.hostile_unanswered:
         lines.append(f"\nunanswered: {problem}")
-    ok = lost == 0 and not log.hostile_unanswered and done > 0
+    ok = lost == 0 and not log.hostile_unanswered and done > 0 and not stats.unreachable
     lines.append(f"\ntarget (no lost turn, every hostile message answered): "
                  f"{'met' if ok else 'NOT met'}")
     return "\n".join(lines), ok

@@ -175,6 +175,7 @@ class LlmConfig:
     # the GPU's
     restart_max: int = 5  # an engine that fails is rebuilt; more failures than this within
     restart_window_s: float = 300.0  # this window and the server gives up and exits non-zero
+    restart_wait_s: float = 30.0  # a reply asked for while the engine restarts waits this long
 
     def __post_init__(self) -> None:
         _check(self.engine in ("fast", "simple"), "llm.engine", "must be fast or simple")
@@ -197,6 +198,7 @@ class LlmConfig:
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
         _check(0 <= self.restart_max <= 1000, "llm.restart_max", "must be in [0, 1000]")
         _check(self.restart_window_s > 0, "llm.restart_window_s", "must be > 0")
+        _check(self.restart_wait_s >= 0, "llm.restart_wait_s", "must be >= 0 (0: fail at once)")
 
 
 @dataclass(slots=True)

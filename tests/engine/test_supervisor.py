@@ -4,6 +4,8 @@ many failures make it give up and say so."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import threading
 
 import pytest
@@ -80,7 +82,7 @@ async def test_a_failed_engine_is_rebuilt_and_serves_again():
         sup.close()
 
 
-async def test_requests_while_down_end_at_once_with_a_typed_error():
+async def test_without_a_wait_requests_while_down_end_at_once_with_a_typed_error():
     gate = threading.Event()
     builds = []
 
@@ -90,7 +92,7 @@ async def test_requests_while_down_end_at_once_with_a_typed_error():
             gate.wait(10)  # the rebuild takes a while
         return FakeEngine()
 
-    sup = SupervisedEngine(build, FAST)
+    sup = SupervisedEngine(build, dataclasses.replace(FAST, wait_s=0))
     try:
         sup.engine.die("killed")
         assert sup.state is EngineState.RESTARTING
@@ -144,3 +146,60 @@ def test_an_engine_that_cannot_start_fails_the_supervisor_at_once():
 
     with pytest.raises(RuntimeError, match="bad weights"):
         SupervisedEngine(build, FAST)
+
+
+def slow_rebuild():
+    """A build function whose rebuilds wait for the returned gate."""
+    gate = threading.Event()
+    builds = []
+
+    def build():
+        builds.append(1)
+        if len(builds) > 1:
+            gate.wait(10)
+        return FakeEngine()
+
+    return build, gate
+
+
+async def test_a_request_made_during_a_restart_waits_and_is_served_by_the_new_engine():
+    build, gate = slow_rebuild()
+    sup = SupervisedEngine(build, FAST)
+    try:
+        sup.engine.die("killed")
+        waiting = asyncio.ensure_future(first_event(sup.submit(request("patient"))))
+        await asyncio.sleep(0)  # it waits (no event yet) while the engine is rebuilt...
+        assert not waiting.done()
+        gate.set()
+        ev = await asyncio.wait_for(waiting, 10)
+        assert ev.finish_reason == "stop" and sup.engine.submitted == ["patient"]
+    finally:
+        gate.set()
+        sup.close()
+
+
+async def test_a_waiting_request_can_be_cancelled():
+    build, gate = slow_rebuild()
+    sup = SupervisedEngine(build, FAST)
+    try:
+        sup.engine.die("killed")
+        waiting = asyncio.ensure_future(first_event(sup.submit(request("changed-mind"))))
+        await asyncio.sleep(0)
+        sup.cancel("changed-mind")
+        ev = await asyncio.wait_for(waiting, 10)
+        assert ev.finish_reason == "cancelled"
+    finally:
+        gate.set()
+        sup.close()
+
+
+async def test_a_request_that_waits_too_long_ends_with_a_typed_error():
+    build, gate = slow_rebuild()
+    sup = SupervisedEngine(build, dataclasses.replace(FAST, wait_s=0.05))
+    try:
+        sup.engine.die("killed")
+        ev = await asyncio.wait_for(first_event(sup.submit(request())), 10)
+        assert ev.finish_reason == "error" and "unavailable" in ev.error
+    finally:
+        gate.set()
+        sup.close()

@@ -75,7 +75,8 @@ def build_engine(cfg: Config) -> SupervisedEngine:
     """The configured LLM engine (``llm.engine``), weights resolved (and converted) by config,
     under a supervisor that rebuilds it if it fails (engine/supervisor.py)."""
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
-    policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s)
+    policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s,
+                           wait_s=cfg.llm.restart_wait_s)
     return SupervisedEngine(lambda: _start_engine(cfg, model_dir), policy)
 
 
