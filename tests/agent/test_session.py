@@ -114,10 +114,13 @@ async def test_no_turn_from_silence_or_noise(url, kind):
 
 
 async def test_live_partial_transcripts_grow_stable_text(services):
-    srv = await server_with(services, asr={"partial_interval_ms": 300})
+    # The partial schedule itself is tested on a fake clock (test_turns.py); here, real models over
+    # a real socket. A 2 s endpoint leaves partial decodes time to finish before the turn ends even
+    # when a busy machine makes them slow (they go on through the trailing silence).
+    srv = await server_with(services, asr={"partial_interval_ms": 300}, min_silence_ms=2000)
     try:
         result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
-                                    [wav("weather_question")])
+                                    [wav("weather_question")], trailing_silence_s=3.0)
     finally:
         await srv.shutdown()
     kinds = [e["type"] for e in result.events]

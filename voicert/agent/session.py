@@ -16,16 +16,15 @@ from typing import Awaitable, Callable
 
 from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
 from voicert.agent.speech_out import AudioOut, SpeechOut
-from voicert.audio.buffer import AudioBuffer
+from voicert.agent.turns import (DecodeKind, Detection, DropDecode, PartialTranscript, SpeechStarted,
+                                 SpeechStopped, StartDecode, TurnEnded, TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
-from voicert.speech.endpoint import Endpointer, EventKind
-from voicert.speech.partials import LocalAgreement
 from voicert.speech.tts import TtsWorker
-from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
+from voicert.speech.vad import SileroVad, VadStream
 from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
 from voicert.telemetry.metrics import Metrics
@@ -48,28 +47,6 @@ class Services:
     vad_pool: Executor | None = None  # vad.threads > 0: VAD windows are scored here, off the loop
     draining: bool = False  # set at shutdown: no new turns start
     gc_watch: GcWatch | None = None  # times this process's garbage collections (for /metrics)
-
-
-@dataclass(slots=True)
-class EarlyDecode:
-    """A final decode started in the trailing silence, valid while no new speech arrives."""
-
-    handle: AsrHandle
-    last_voiced: int  # endpointer window of the last voiced audio it covers
-    utterance_start: int
-    warm_id: str = ""  # the prompt-prefill request started from its transcript, if any
-    warm_task: asyncio.Future | None = None
-
-
-@dataclass(slots=True)
-class PartialState:
-    """Live partial transcripts of the utterance in progress."""
-
-    agreement: LocalAgreement
-    utterance_start: int
-    next_window: int  # no new partial decode before this endpointer window
-    in_flight: AsrHandle | None = None
-    sent: tuple[str, str] = ("", "")
 
 
 async def _drain(stream) -> None:
@@ -113,16 +90,19 @@ class Session:
         self.max_new_tokens = start.max_new_tokens or self.cfg.llm.max_new_tokens
         self.resampler = StreamResampler(start.sample_rate)
         self.vad = VadStream(services.vad)
-        self.endpointer = Endpointer(self.vad_cfg)
-        self.audio = AudioBuffer()
-        self.utterance_start = 0  # absolute 16 kHz sample where the current utterance starts
-        self.last_voice_ns = 0
+        self.turns = TurnTaking(self.vad_cfg, Detection(start.turn_detection),
+                                self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
+                                auto_respond)
         self.turn: Turn | None = None
-        self.next_turn_id = 1  # the id the utterance in progress will get
-        self.early: EarlyDecode | None = None  # final decode started in the trailing silence
-        self.partial: PartialState | None = None  # live partials of the utterance in progress
+        self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
+        self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
 
     # ------------------------------------------------------------ audio and endpointing
+
+    @property
+    def next_turn_id(self) -> int:
+        """The id the utterance in progress (or the next reply) will get."""
+        return self.turns.next_turn_id
 
     async def on_audio(self, data: bytes) -> None:
         """Raises ProtocolError(BAD_AUDIO) for bytes that are not whole samples or not finite."""
@@ -132,7 +112,7 @@ class Session:
         except AudioFormatError as exc:
             raise p.ProtocolError(p.ErrorCode.BAD_AUDIO, str(exc)) from None
         x16 = self.resampler(x)
-        self.audio.append(x16)
+        self.turns.push(x16)
         if self.svc.vad_pool is not None and self.vad.completes_window(x16.size):
             # the model runs on a worker thread (ONNX releases the GIL); frames of one session
             # stay in order because its connection awaits each one
@@ -140,49 +120,58 @@ class Session:
                 self.svc.vad_pool, self.vad.push, x16)
         else:
             probs = self.vad.push(x16)
-        for prob in probs:
-            result = self.endpointer.step(float(prob))
-            if result.voiced:
-                self.last_voice_ns = received_ns
-                self._drop_early()  # the user kept talking: the early decode is stale
-            elif result.event is None:
-                self._maybe_start_early()
-            if result.event is None:
-                self._maybe_partial()
-                continue
-            pos = result.event.window * FRAME
-            if result.event.kind is EventKind.SPEECH_STARTED:
-                pad = self.vad_cfg.speech_pad_ms * SAMPLE_RATE // 1000
-                self.utterance_start = max(pos - pad, self.audio.base)
-                await self.emit(p.SpeechStarted(pos * 1000 // SAMPLE_RATE, self.next_turn_id))
-                self._barge_in()
-            else:
-                end = pos + FRAME
-                await self.emit(p.SpeechStopped(end * 1000 // SAMPLE_RATE, self.next_turn_id))
-                if self.start.turn_detection == "server_vad":
-                    self._end_turn(end)
-        if not self.endpointer.in_speech and self.start.turn_detection == "server_vad":
-            keep = self.vad_cfg.speech_pad_ms * SAMPLE_RATE // 1000 + FRAME
-            self.audio.trim_before(self.audio.end - keep)
-        else:
-            cap = int(self.vad_cfg.max_utterance_s * SAMPLE_RATE)
-            self.audio.trim_before(self.audio.end - cap)
+        if probs.size:
+            actions = self.turns.on_windows(probs, received_ns, now_ns(), self._asr_busy)
+            for action in actions:
+                await self._act(action)
+
+    def _asr_busy(self) -> bool:
+        return self.svc.asr.pending() > 0
 
     def commit(self) -> bool:
         """Push-to-talk end of turn: everything since the last turn (or since speech started).
         False when there was no audio to transcribe (no turn starts)."""
-        self.endpointer.reset()
-        start = self.utterance_start if self.start.turn_detection == "server_vad" else self.audio.base
-        self.utterance_start = start
-        return self._end_turn(self.audio.end)
+        actions = self.turns.commit(now_ns())
+        for action in actions:
+            self._act_now(action)
+        return any(isinstance(a, TurnEnded) for a in actions)
 
     def clear_audio(self) -> None:
         """Forget the input audio not yet turned into a turn (and any decode begun on it)."""
-        self._drop_early()
-        self._drop_partial()
-        self.endpointer.reset()
-        self.audio.trim_before(self.audio.end)
-        self.utterance_start = self.audio.end
+        for action in self.turns.clear():
+            self._act_now(action)
+
+    async def _act(self, action) -> None:
+        """Carry out one turn-taking decision (agent/turns.py)."""
+        if isinstance(action, SpeechStarted):
+            await self.emit(p.SpeechStarted(action.audio_ms, action.turn_id))
+            self._barge_in()
+        elif isinstance(action, SpeechStopped):
+            await self.emit(p.SpeechStopped(action.audio_ms, action.turn_id))
+        elif isinstance(action, PartialTranscript):
+            await self.emit(p.TranscriptPartial(action.turn_id, action.stable, action.unstable))
+        else:
+            self._act_now(action)
+
+    def _act_now(self, action) -> None:
+        """The decisions that need no sending: decodes and the end of a turn."""
+        if isinstance(action, StartDecode):
+            kind = EARLY if action.kind is DecodeKind.EARLY else PARTIAL
+            handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
+            done = (self._on_early if action.kind is DecodeKind.EARLY else self._on_partial)
+            handle.future.add_done_callback(lambda fut, i=action.decode_id: done(i, fut))
+        elif isinstance(action, DropDecode):
+            handle = self.decodes.pop(action.decode_id, None)
+            if handle is not None:
+                handle.drop()  # a decode already running finishes and is ignored
+            warm_id = self.warm.pop(action.decode_id, None)
+            if warm_id:
+                self.svc.engine.cancel(warm_id)
+        elif isinstance(action, TurnEnded):
+            self._start_turn(action)
+        elif isinstance(action, PartialTranscript):
+            asyncio.ensure_future(self.emit(
+                p.TranscriptPartial(action.turn_id, action.stable, action.unstable)))
 
     def _check_text(self, text: str | None, what: str) -> None:
         """Raises ProtocolError(TEXT_TOO_LONG) for a client text over ``server.max_text_chars``."""
@@ -209,9 +198,8 @@ class Session:
         self._check_text(start.system_prompt, "instructions")
         if start.sample_rate != self.start.sample_rate:
             self.resampler = StreamResampler(start.sample_rate)
-        if vad != self.vad_cfg:
-            self.vad_cfg = vad
-            self.endpointer = Endpointer(vad)
+        self.vad_cfg = vad
+        self.turns.reconfigure(vad, Detection(start.turn_detection), auto_respond)
         self.start = start
         self.auto_respond = auto_respond
         self.system_prompt = start.system_prompt or self.cfg.llm.system_prompt
@@ -225,8 +213,7 @@ class Session:
         it is spoken (default: when the session has output audio). Raises ProtocolError
         (TEXT_TOO_LONG) for instructions over the limit."""
         self._check_text(instructions, "instructions")
-        trace = TurnTrace(self.next_turn_id)
-        self.next_turn_id += 1
+        trace = TurnTrace(self.turns.new_turn_id())
         trace.mark(Point.ENDPOINT)
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
@@ -237,76 +224,23 @@ class Session:
         self.turn = turn
         return turn.turn_id
 
-    def _maybe_start_early(self) -> None:
-        """In server-VAD mode, once the trailing silence reaches ``asr.early_final_ms``, start the
-        final decode of the utterance so far; the endpoint then only has to confirm it."""
-        early_ms = self.cfg.asr.early_final_ms
-        ep = self.endpointer
-        if (not early_ms or self.early is not None or not ep.in_speech
-                or self.start.turn_detection != "server_vad" or not self.auto_respond):
-            return
-        if (ep.window - ep.last_voiced) * 32 < early_ms:
-            return
-        end = (ep.window + 1) * FRAME
-        audio = self.audio.slice(self.utterance_start, end)
-        early = EarlyDecode(self.svc.asr.submit(audio, EARLY), ep.last_voiced, self.utterance_start)
-        early.handle.future.add_done_callback(lambda fut: self._warm_prefill(early, fut))
-        self.early = early
-
-    def _warm_prefill(self, early: "EarlyDecode", fut: asyncio.Future) -> None:
+    def _on_early(self, decode_id: int, fut: asyncio.Future) -> None:
         """The early transcript is in before the endpoint: prefill the reply's prompt now (one
         token, thrown away) so the prefix cache leaves the real request only its tail. No token of
         it ever reaches the client."""
-        if early is not self.early or fut.cancelled() or fut.exception() or not fut.result().text:
+        if (not self.turns.early_is_current(decode_id) or fut.cancelled() or fut.exception()
+                or not fut.result().text):
             return
         messages = self._messages(fut.result().text)
         request = GenerationRequest(f"{self.id}-warm-{next(_request_ids)}", messages, 1, self.id)
-        early.warm_id = request.request_id
-        early.warm_task = asyncio.ensure_future(_drain(self.svc.engine.submit(request)))
+        self.warm[decode_id] = request.request_id
+        asyncio.ensure_future(_drain(self.svc.engine.submit(request)))
 
-    def _maybe_partial(self) -> None:
-        """Every ``asr.partial_interval_ms`` of speech, re-decode the utterance so far (lowest
-        priority; skipped while the ASR worker has other work queued)."""
-        interval = self.cfg.asr.partial_interval_ms
-        ep = self.endpointer
-        if not interval or not ep.in_speech:
-            return
-        st = self.partial
-        step = max(interval // 32, 1)  # endpointer windows (32 ms) between partial decodes
-        if st is None or st.utterance_start != self.utterance_start:
-            # the first one after an interval of speech: at its start there is nothing to hear,
-            # and an empty decode would hold the worker while the first words arrive
-            st = self.partial = PartialState(LocalAgreement(), self.utterance_start,
-                                             ep.window + step)
-        if (st.in_flight is not None and not st.in_flight.future.done()) or ep.window < st.next_window:
-            return
-        if self.svc.asr.pending():
-            return  # back off: finals and early decodes of any session go first
-        audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
-        st.in_flight = self.svc.asr.submit(audio, PARTIAL)
-        st.next_window = ep.window + step
-        st.in_flight.future.add_done_callback(lambda fut: self._on_partial(st, fut))
-
-    def _on_partial(self, st: "PartialState", fut: asyncio.Future) -> None:
-        if st is not self.partial or fut.cancelled() or fut.exception() is not None:
-            return
-        text = fut.result().text
-        stable, unstable = st.agreement.update(text)
-        if (stable, unstable) != st.sent:
-            st.sent = (stable, unstable)
-            asyncio.ensure_future(self.emit(p.TranscriptPartial(self.next_turn_id, stable, unstable)))
-
-    def _drop_early(self) -> None:
-        if self.early is not None:
-            self.early.handle.drop()  # a decode already running finishes and is ignored
-            if self.early.warm_id:
-                self.svc.engine.cancel(self.early.warm_id)
-            self.early = None
-
-    def _drop_partial(self) -> None:
-        if self.partial is not None and self.partial.in_flight is not None:
-            self.partial.in_flight.drop()
-        self.partial = None
+    def _on_partial(self, decode_id: int, fut: asyncio.Future) -> None:
+        self.decodes.pop(decode_id, None)
+        ok = not fut.cancelled() and fut.exception() is None
+        for action in self.turns.partial_done(decode_id, fut.result().text if ok else None):
+            self._act_now(action)
 
     def _barge_in(self) -> None:
         """Speech (past min_speech_ms) while a reply streams interrupts it."""
@@ -315,37 +249,27 @@ class Session:
                 and not turn.task.done() and turn.request_id):
             self._cancel(turn, "interrupted")
 
-    def _end_turn(self, end: int) -> bool:
-        endpoint_ns = now_ns()
-        self._drop_partial()
-        early, self.early = self.early, None
-        if early is not None and not (early.utterance_start == self.utterance_start
-                                      and early.last_voiced == self.endpointer.last_voiced):
-            early.handle.drop()
-            early = None
-        audio = self.audio.slice(self.utterance_start, end)
-        self.audio.trim_before(end)
-        self.utterance_start = self.audio.end
-        if audio.size < FRAME:
-            return False  # nothing to transcribe
-        trace = TurnTrace(self.next_turn_id)
-        self.next_turn_id += 1
-        trace.mark(Point.VOICE_END, self.last_voice_ns or endpoint_ns)
-        trace.mark(Point.ENDPOINT, endpoint_ns)
+    def _start_turn(self, ended: TurnEnded) -> None:
+        """An utterance is over: transcribe it (or take the early decode that already did) and
+        answer it, after the turn before it has unwound."""
+        trace = TurnTrace(ended.turn_id)
+        trace.mark(Point.VOICE_END, ended.voice_end_ns)
+        trace.mark(Point.ENDPOINT, ended.endpoint_ns)
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
-        turn = Turn(trace.turn_id, trace)
-        if early is not None and not early.handle.started:
-            early.handle.drop()  # still queued: a final job (higher priority) replaces it
+        turn = Turn(ended.turn_id, trace)
+        early = self.decodes.pop(ended.early_decode, None) if ended.early_decode else None
+        warm_id = self.warm.pop(ended.early_decode, "") if ended.early_decode else ""
+        if early is not None and not early.started:
+            early.drop()  # still queued: a final job (higher priority) replaces it
             early = None
-        asr = early.handle if early is not None else self.svc.asr.submit(audio, FINAL)
+        asr = early if early is not None else self.svc.asr.submit(ended.audio, FINAL)
         turn.early_asr = early is not None
-        turn.early_prefill = early is not None and bool(early.warm_id)
+        turn.early_prefill = early is not None and bool(warm_id)
         turn.task = asyncio.create_task(self._run_turn(turn, asr, previous),
                                         name=f"turn-{self.id}-{turn.turn_id}")
         self.turn = turn
-        return True
 
     # ------------------------------------------------------------ turns
 
@@ -479,6 +403,13 @@ class Session:
             await self.emit(p.TurnLatency(turn.turn_id, stages, turn.early_asr,
                                           turn.early_prefill))
 
+    def speaks(self, turn_id: int) -> bool:
+        """Whether that turn's reply is spoken (the session has output audio and the reply did not
+        ask for text only)."""
+        turn = self.turn
+        own = turn if turn is not None and turn.turn_id == turn_id else None
+        return self.start.output_audio is not None and (own is None or own.speak is not False)
+
     def idle(self) -> bool:
         """No turn or reply is running."""
         turn = self.turn
@@ -493,7 +424,10 @@ class Session:
         return bool(done)
 
     async def close(self, reason: str = "cancelled") -> None:
-        """Stop the running turn (the engine frees its request) and wait until it has unwound."""
+        """Stop the running turn (the engine frees its request) and wait until it has unwound;
+        withdraw the decodes and warm prefills still in flight."""
+        for action in self.turns.clear():
+            self._act_now(action)
         turn = self.turn
         if turn is not None and turn.task is not None and not turn.task.done():
             self._cancel(turn, reason)

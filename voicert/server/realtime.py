@@ -154,7 +154,7 @@ class RealtimeConnection(BaseConnection):
                                        kind=rt.SERVER_ERROR)
             s.respond(event.max_output_tokens, event.instructions, event.audio_out)
         elif isinstance(event, rt.ResponseCancel):
-            if s.turn is None or s.turn.task is None or s.turn.task.done():
+            if s.idle():
                 raise rt.RealtimeError("response_cancel_not_active",
                                        "Cancellation failed: no active response found.")
             s.cancel_response()
@@ -253,9 +253,7 @@ class RealtimeConnection(BaseConnection):
                               delta=ev.stable[len(sent):])
 
     async def _response_started(self, turn_id: int) -> None:
-        s = self.session
-        turn = s.turn
-        audio_out = s.start.output_audio is not None and (turn is None or turn.speak is not False)
+        audio_out = self.session.speaks(turn_id)
         r = ResponseState(f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}",
                           audio_out)
         self.responses[turn_id] = r

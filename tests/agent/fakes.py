@@ -1,0 +1,106 @@
+"""Fake services for agent tests: no models, no threads, no sleeping. The VAD scores energy, the
+ASR answers from a script when the test says so, the engine streams a scripted reply as fast as
+the test lets it."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from voicert.engine.base import EngineStats, TokenEvent, final_event
+from voicert.speech.asr import Transcript
+
+
+class EnergyVad:
+    """Stands in for SileroVad: a window is speech when its mean magnitude is over 0.05."""
+
+    def probs(self, windows: np.ndarray, state) -> np.ndarray:
+        return np.where(np.abs(windows).mean(axis=1) > 0.05, 0.9, 0.05).astype(np.float32)
+
+
+@dataclass
+class FakeDecode:
+    audio: np.ndarray
+    priority: int
+    future: asyncio.Future
+    started: bool = False
+    dropped: bool = False
+
+    def drop(self) -> bool:
+        if self.started:
+            return False
+        self.dropped = True
+        self.future.cancel()
+        return True
+
+
+class FakeAsr:
+    """Every decode waits until the test calls :meth:`answer` (or ``auto`` answers at once)."""
+
+    def __init__(self, text: str = "what is the capital of france", auto: bool = True) -> None:
+        self.text = text
+        self.auto = auto
+        self.decodes: list[FakeDecode] = []
+
+    def submit(self, audio: np.ndarray, priority: int = 0) -> FakeDecode:
+        decode = FakeDecode(audio, priority, asyncio.get_running_loop().create_future())
+        self.decodes.append(decode)
+        if self.auto:
+            self.answer(decode)
+        return decode
+
+    def answer(self, decode: FakeDecode, text: str | None = None) -> None:
+        decode.started = True
+        if not decode.future.done():
+            decode.future.set_result(Transcript(self.text if text is None else text,
+                                                decode.audio.size / 16000, 1.0, 0.0, 0.0, 1))
+
+    def pending(self) -> int:
+        return sum(1 for d in self.decodes if not d.future.done())
+
+
+@dataclass
+class FakeEngine:
+    """Streams ``reply`` word by word. With ``gate`` set, each token waits for the test to call
+    :meth:`release`; cancel ends the stream with ``cancelled`` at the next token."""
+
+    reply: str = "The capital of France is Paris."
+    gated: bool = False
+    requests: list = field(default_factory=list)
+    cancelled: set = field(default_factory=set)
+    _gates: dict = field(default_factory=dict)
+
+    def submit(self, request):
+        self.requests.append(request)
+        return self._stream(request)
+
+    async def _stream(self, request):
+        words = self.reply.split(" ")
+        n = min(len(words), request.max_new_tokens)
+        for i in range(n):
+            if self.gated:
+                gate = self._gates.setdefault(request.request_id, asyncio.Event())
+                await gate.wait()
+                gate.clear()
+            if request.request_id in self.cancelled:
+                yield final_event("cancelled", index=i)
+                return
+            text = (" " if i else "") + words[i]
+            yield TokenEvent(i, 100 + i, text, 1, 1, 10)
+        yield final_event("stop" if n == len(words) else "length", index=n)
+
+    def release(self, request_id: str | None = None) -> None:
+        rid = request_id or self.requests[-1].request_id
+        self._gates.setdefault(rid, asyncio.Event()).set()
+
+    def cancel(self, request_id: str) -> None:
+        self.cancelled.add(request_id)
+        self.release(request_id)
+
+    def stats(self):
+        return EngineStats()
+
+    def close(self):
+        pass

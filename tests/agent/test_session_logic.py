@@ -1,0 +1,159 @@
+"""The session with fake services (tests/agent/fakes.py): no models, no sleeping, whatever the
+machine's load. A spoken turn end to end, barge-in that keeps what was said, cancel, the early
+final decode with its warm prefill, typed text, history."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tests.agent.fakes import EnergyVad, FakeAsr, FakeEngine
+from voicert.agent.session import Services, Session
+from voicert.audio.pcm import encode_pcm16
+from voicert.config import Config
+from voicert.protocol import native as p
+from voicert.speech.asr import EARLY, FINAL
+
+
+def make(asr=None, engine=None, early_final_ms=0, **vad):
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, asr=dataclasses.replace(cfg.asr, early_final_ms=early_final_ms),
+                              vad=dataclasses.replace(cfg.vad, **vad))
+    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr or FakeAsr(), engine=engine or FakeEngine())
+    events: list = []
+
+    async def emit(ev):
+        events.append(ev)
+
+    return Session("s1", p.SessionStart(), svc, emit), svc, events
+
+
+async def say(session, seconds_voice=1.0, seconds_silence=0.6):
+    """Speech-like audio then silence, in 20 ms frames, as a client sends it (no pacing needed:
+    turn-taking runs on audio time)."""
+    x = np.concatenate([0.3 * np.sin(np.arange(int(16000 * seconds_voice)) * 0.05),
+                        np.zeros(int(16000 * seconds_silence))]).astype(np.float32)
+    for i in range(0, x.size, 320):
+        await session.on_audio(encode_pcm16(x[i:i + 320]))
+
+
+async def until(cond, limit: int = 100_000) -> None:
+    """Let the session's tasks run until ``cond()`` holds (a bounded number of loop turns: a
+    broken session fails the test instead of hanging it)."""
+    for _ in range(limit):
+        if cond():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("condition never held")
+
+
+def kinds(events):
+    return [type(e).__name__ for e in events]
+
+
+async def test_a_spoken_turn_is_transcribed_answered_and_remembered():
+    session, svc, events = make()
+    await say(session)
+    assert await session.wait_turn(10)
+    assert kinds(events)[:3] == ["SpeechStarted", "SpeechStopped", "TranscriptFinal"]
+    tokens = [e for e in events if isinstance(e, p.ResponseToken)]
+    assert "".join(t.text for t in tokens) == "The capital of France is Paris."
+    assert [t.index for t in tokens] == list(range(len(tokens)))
+    done = next(e for e in events if isinstance(e, p.ResponseDone))
+    assert done.finish_reason == "stop" and done.text == "The capital of France is Paris."
+    assert isinstance(events[-1], p.TurnLatency)
+    assert [(m.role, m.content) for m in session.history.messages()] == [
+        ("user", "what is the capital of france"), ("assistant", "The capital of France is Paris.")]
+    (decode,) = svc.asr.decodes
+    assert decode.priority == FINAL
+
+
+async def test_speech_during_a_reply_interrupts_it_and_keeps_what_was_said():
+    engine = FakeEngine(reply="one two three four five six", gated=True)
+    session, svc, events = make(engine=engine)
+    await say(session)
+    await until(lambda: engine.requests)
+    first = engine.requests[0].request_id
+    for n in (1, 2):  # two tokens out...
+        engine.release(first)
+        await until(lambda: sum(isinstance(e, p.ResponseToken) for e in events) >= n)
+    await say(session)  # ...then the caller talks over the reply
+    await until(lambda: len(engine.requests) >= 2)
+    engine.gated = False
+    engine.release()
+    assert await session.wait_turn(10)
+    done = [e for e in events if isinstance(e, p.ResponseDone)]
+    assert done[0].finish_reason == "interrupted" and done[0].text == "one two"
+    assert done[1].finish_reason == "stop"
+    # the interrupted reply is in the history the second reply was asked with
+    second = [(m.role, m.content) for m in engine.requests[1].messages]
+    assert ("assistant", "one two") in second
+
+
+async def test_response_cancel_stops_the_reply():
+    engine = FakeEngine(gated=True)
+    session, _, events = make(engine=engine)
+    session.add_user_text("Hello?")
+    session.respond()
+    await until(lambda: engine.requests)
+    engine.release()
+    await until(lambda: any(isinstance(e, p.ResponseToken) for e in events))
+    session.cancel_response()
+    assert await session.wait_turn(10)
+    done = next(e for e in events if isinstance(e, p.ResponseDone))
+    assert done.finish_reason == "cancelled" and done.tokens == 1
+
+
+async def test_the_early_decode_and_its_warm_prefill_serve_the_turn():
+    asr = FakeAsr(auto=False)
+    engine = FakeEngine()
+    session, _, events = make(asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600)
+    await say(session, seconds_silence=0.3)  # past 160 ms of silence, before the endpoint
+    (early,) = asr.decodes
+    assert early.priority == EARLY
+    asr.answer(early)  # the transcript is back before the endpoint...
+    await until(lambda: engine.requests)
+    warm = engine.requests[0]
+    assert warm.max_new_tokens == 1 and warm.messages[-1].content == asr.text  # ...prefilled
+    await say(session, seconds_voice=0, seconds_silence=0.5)  # the endpoint confirms it
+    assert await session.wait_turn(10)
+    assert len(asr.decodes) == 1  # no second decode
+    latency = events[-1]
+    assert isinstance(latency, p.TurnLatency) and latency.early_asr and latency.early_prefill
+    assert not any(isinstance(e, p.ResponseToken) and e.text == "The" and e.index != 0
+                   for e in events)  # the warm request's token never reached the client
+
+
+async def test_talking_on_after_the_early_decode_drops_it_and_its_prefill():
+    asr = FakeAsr(auto=False)
+    engine = FakeEngine()
+    session, _, _ = make(asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600)
+    await say(session, seconds_silence=0.3)
+    asr.answer(asr.decodes[0])
+    await until(lambda: engine.requests)
+    await say(session, seconds_silence=0.0)  # the caller goes on talking
+    assert engine.requests[0].request_id in engine.cancelled  # the warm prefill is withdrawn
+
+
+async def test_typed_text_is_answered_and_too_long_text_is_refused():
+    session, svc, events = make()
+    session.add_user_text("What is the capital of France?")
+    session.respond()
+    assert await session.wait_turn(10)
+    assert any(isinstance(e, p.ResponseDone) for e in events)
+    with pytest.raises(p.ProtocolError) as err:
+        session.add_user_text("x" * (svc.cfg.server.max_text_chars + 1))
+    assert err.value.code is p.ErrorCode.TEXT_TOO_LONG
+    assert len(session.history) == 2  # nothing was added
+
+
+async def test_close_withdraws_decodes_in_flight():
+    asr = FakeAsr(auto=False)
+    session, _, _ = make(asr=asr, early_final_ms=160, min_silence_ms=600)
+    await say(session, seconds_silence=0.3)
+    (early,) = asr.decodes
+    await session.close()
+    assert early.dropped

@@ -1,0 +1,282 @@
+"""Turn-taking for one session: audio and VAD probabilities in, decisions out.
+
+Synchronous and pure: no asyncio, no models, no clock of its own. The session appends the audio it
+received (16 kHz), scores VAD windows however it likes, and passes the probabilities in with the
+time the audio arrived; :class:`TurnTaking` answers with what to do, as small typed actions:
+
+- :class:`SpeechStarted` / :class:`SpeechStopped`: tell the client (and barge in on a reply);
+- :class:`StartDecode` / :class:`DropDecode`: run or withdraw an ASR decode (an *early* final decode
+  in the trailing silence, or a *partial* decode of the utterance so far);
+- :class:`TurnEnded`: the utterance is over (endpoint, or a manual commit): its audio, when the
+  voice ended and the endpoint came, and the early decode that already covers exactly it, if any;
+- :class:`PartialTranscript`: the stable / unstable words of live partials changed.
+
+Tests drive it with scripted probabilities and times (tests/agent/test_turns.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass
+from typing import Callable, Union
+
+import numpy as np
+
+from voicert.audio.buffer import AudioBuffer
+from voicert.config import VadConfig
+from voicert.speech.endpoint import WINDOW_MS, Endpointer, EventKind
+from voicert.speech.partials import LocalAgreement
+from voicert.speech.vad import FRAME, SAMPLE_RATE
+
+
+class Detection(enum.StrEnum):
+    SERVER_VAD = "server_vad"  # the endpointer ends turns
+    MANUAL = "manual"  # the client commits (push-to-talk)
+
+
+class DecodeKind(enum.Enum):
+    EARLY = "early"  # the final decode, started in the trailing silence before the endpoint
+    PARTIAL = "partial"  # a live partial of the utterance so far
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    turn_id: int
+    audio_ms: int  # stream position of the first voiced window
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    turn_id: int
+    audio_ms: int  # stream position where the endpoint was decided
+
+
+@dataclass(frozen=True, slots=True)
+class StartDecode:
+    decode_id: int
+    kind: DecodeKind
+    audio: np.ndarray  # [N] float32 16 kHz: the utterance so far
+
+
+@dataclass(frozen=True, slots=True)
+class DropDecode:
+    decode_id: int
+    kind: DecodeKind
+
+
+@dataclass(frozen=True, slots=True)
+class TurnEnded:
+    turn_id: int
+    audio: np.ndarray  # [N] float32 16 kHz: the whole utterance
+    voice_end_ns: int  # arrival of the audio holding its last voiced window (endpoint_ns if none)
+    endpoint_ns: int
+    early_decode: int | None  # the early decode covering exactly this audio, if still valid
+
+
+@dataclass(frozen=True, slots=True)
+class PartialTranscript:
+    turn_id: int
+    stable: str
+    unstable: str
+
+
+Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, PartialTranscript]
+
+
+@dataclass(slots=True)
+class _Early:
+    decode_id: int
+    last_voiced: int  # endpointer window of the last voiced audio it covers
+    utterance_start: int
+
+
+@dataclass(slots=True)
+class _Partials:
+    agreement: LocalAgreement
+    utterance_start: int
+    next_window: int  # no new partial decode before this endpointer window
+    in_flight: int | None = None  # decode id
+    sent: tuple[str, str] = ("", "")
+
+
+class TurnTaking:
+    """``early_final_ms``: start the final decode after this much trailing silence (0: off; only
+    with server VAD and auto-respond). ``partial_interval_ms``: a partial decode this often while
+    speech goes on (0: off)."""
+
+    def __init__(self, vad: VadConfig, detection: Detection = Detection.SERVER_VAD,
+                 early_final_ms: int = 0, partial_interval_ms: int = 0,
+                 auto_respond: bool = True) -> None:
+        self.vad = vad
+        self.detection = detection
+        self.early_final_ms = early_final_ms
+        self.partial_interval_ms = partial_interval_ms
+        self.auto_respond = auto_respond
+        self.endpointer = Endpointer(vad)
+        self.audio = AudioBuffer()
+        self.utterance_start = 0  # absolute 16 kHz sample where the current utterance starts
+        self.last_voice_ns = 0
+        self.next_turn_id = 1  # the id the utterance in progress will get
+        self._ids = itertools.count(1)
+        self._early: _Early | None = None
+        self._partials: _Partials | None = None
+
+    # ------------------------------------------------------------ settings
+
+    def reconfigure(self, vad: VadConfig, detection: Detection, auto_respond: bool) -> None:
+        """New settings (Realtime ``session.update``); new VAD settings reset the endpointer."""
+        if vad != self.vad:
+            self.vad = vad
+            self.endpointer = Endpointer(vad)
+        self.detection = detection
+        self.auto_respond = auto_respond
+
+    def new_turn_id(self) -> int:
+        """Take a turn id for a turn that is not an utterance (a reply asked for by text)."""
+        turn_id, self.next_turn_id = self.next_turn_id, self.next_turn_id + 1
+        return turn_id
+
+    # ------------------------------------------------------------ audio
+
+    def push(self, x16: np.ndarray) -> None:
+        """Audio received (16 kHz float32 [N]), before its VAD windows are scored."""
+        self.audio.append(x16)
+
+    def on_windows(self, probs: np.ndarray, received_ns: int, decided_ns: int,
+                   asr_busy: Callable[[], bool] = lambda: False) -> list[Action]:
+        """Speech probabilities of the VAD windows the last pushed audio completed, in order.
+        ``received_ns``: when that audio arrived; ``decided_ns``: now (the windows were scored).
+        ``asr_busy``: whether the ASR worker has work queued (partials back off then)."""
+        out: list[Action] = []
+        for prob in probs:
+            result = self.endpointer.step(float(prob))
+            if result.voiced:
+                self.last_voice_ns = received_ns
+                self._drop_early(out)  # the user kept talking: the early decode is stale
+            elif result.event is None:
+                self._maybe_start_early(out)
+            if result.event is None:
+                self._maybe_partial(out, asr_busy)
+                continue
+            pos = result.event.window * FRAME
+            if result.event.kind is EventKind.SPEECH_STARTED:
+                pad = self.vad.speech_pad_ms * SAMPLE_RATE // 1000
+                self.utterance_start = max(pos - pad, self.audio.base)
+                out.append(SpeechStarted(self.next_turn_id, pos * 1000 // SAMPLE_RATE))
+            else:
+                end = pos + FRAME
+                out.append(SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE))
+                if self.detection is Detection.SERVER_VAD:
+                    self._end_turn(end, decided_ns, out)
+        self._trim()
+        return out
+
+    def commit(self, now_ns: int) -> list[Action]:
+        """The client ends the turn (push-to-talk): everything since the last turn (or since speech
+        started). No TurnEnded when there was no audio to transcribe."""
+        self.endpointer.reset()
+        if self.detection is not Detection.SERVER_VAD:
+            self.utterance_start = self.audio.base
+        out: list[Action] = []
+        self._end_turn(self.audio.end, now_ns, out)
+        return out
+
+    def clear(self) -> list[Action]:
+        """Forget the input audio not yet turned into a turn (and any decode begun on it)."""
+        out: list[Action] = []
+        self._drop_early(out)
+        self._drop_partials(out)
+        self.endpointer.reset()
+        self.audio.trim_before(self.audio.end)
+        self.utterance_start = self.audio.end
+        return out
+
+    # ------------------------------------------------------------ decode results
+
+    def early_is_current(self, decode_id: int) -> bool:
+        """Whether that early decode still stands for the utterance in progress."""
+        return self._early is not None and self._early.decode_id == decode_id
+
+    def partial_done(self, decode_id: int, text: str | None) -> list[Action]:
+        """A partial decode finished (``text`` None: it failed or was dropped)."""
+        st = self._partials
+        if st is None or st.in_flight != decode_id:
+            return []
+        st.in_flight = None
+        if text is None:
+            return []
+        stable, unstable = st.agreement.update(text)
+        if (stable, unstable) == st.sent:
+            return []
+        st.sent = (stable, unstable)
+        return [PartialTranscript(self.next_turn_id, stable, unstable)]
+
+    # ------------------------------------------------------------ internals
+
+    def _trim(self) -> None:
+        if not self.endpointer.in_speech and self.detection is Detection.SERVER_VAD:
+            # the pre-roll, and the voiced windows that may yet become speech (min_speech_ms)
+            run = -(-max(self.vad.min_speech_ms, WINDOW_MS) // WINDOW_MS)
+            keep = self.vad.speech_pad_ms * SAMPLE_RATE // 1000 + run * FRAME
+            self.audio.trim_before(self.audio.end - keep)
+        else:
+            self.audio.trim_before(self.audio.end - int(self.vad.max_utterance_s * SAMPLE_RATE))
+
+    def _maybe_start_early(self, out: list[Action]) -> None:
+        ep = self.endpointer
+        if (not self.early_final_ms or self._early is not None or not ep.in_speech
+                or self.detection is not Detection.SERVER_VAD or not self.auto_respond):
+            return
+        if (ep.window - ep.last_voiced) * WINDOW_MS < self.early_final_ms:
+            return
+        audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
+        self._early = _Early(next(self._ids), ep.last_voiced, self.utterance_start)
+        out.append(StartDecode(self._early.decode_id, DecodeKind.EARLY, audio))
+
+    def _maybe_partial(self, out: list[Action], asr_busy: Callable[[], bool]) -> None:
+        interval, ep = self.partial_interval_ms, self.endpointer
+        if not interval or not ep.in_speech:
+            return
+        step = max(interval // WINDOW_MS, 1)  # endpointer windows between partial decodes
+        st = self._partials
+        if st is None or st.utterance_start != self.utterance_start:
+            # the first one after an interval of speech: at its start there is nothing to hear,
+            # and an empty decode would hold the worker while the first words arrive
+            st = self._partials = _Partials(LocalAgreement(), self.utterance_start,
+                                            ep.window + step)
+        if st.in_flight is not None or ep.window < st.next_window:
+            return
+        if asr_busy():
+            return  # back off: finals and early decodes of any session go first
+        st.in_flight = next(self._ids)
+        st.next_window = ep.window + step
+        audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
+        out.append(StartDecode(st.in_flight, DecodeKind.PARTIAL, audio))
+
+    def _drop_early(self, out: list[Action]) -> None:
+        if self._early is not None:
+            out.append(DropDecode(self._early.decode_id, DecodeKind.EARLY))
+            self._early = None
+
+    def _drop_partials(self, out: list[Action]) -> None:
+        if self._partials is not None and self._partials.in_flight is not None:
+            out.append(DropDecode(self._partials.in_flight, DecodeKind.PARTIAL))
+        self._partials = None
+
+    def _end_turn(self, end: int, endpoint_ns: int, out: list[Action]) -> None:
+        self._drop_partials(out)
+        early, self._early = self._early, None
+        if early is not None and not (early.utterance_start == self.utterance_start
+                                      and early.last_voiced == self.endpointer.last_voiced):
+            out.append(DropDecode(early.decode_id, DecodeKind.EARLY))
+            early = None
+        audio = self.audio.slice(self.utterance_start, end)
+        self.audio.trim_before(end)
+        self.utterance_start = self.audio.end
+        if audio.size < FRAME:
+            if early is not None:
+                out.append(DropDecode(early.decode_id, DecodeKind.EARLY))
+            return  # nothing to transcribe
+        out.append(TurnEnded(self.new_turn_id(), audio, self.last_voice_ns or endpoint_ns,
+                             endpoint_ns, early.decode_id if early is not None else None))
