@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import yaml
 
 ENV_PREFIX = "VOICERT_"
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "configs" / "default.yaml"  # in the wheel too
 SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 
 

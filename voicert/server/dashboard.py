@@ -19,7 +19,7 @@ from voicert.telemetry.latency import WATERFALL, TurnRecord
 from voicert.telemetry.sampler import Sampler, SystemSample
 
 log = logging.getLogger(__name__)
-WEB_DIR = Path(__file__).resolve().parents[2] / "web"
+WEB_DIR = Path(__file__).resolve().parents[1] / "web"  # package data: in the wheel too
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/app.js": ("app.js", "text/javascript; charset=utf-8"),
           "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8"),
