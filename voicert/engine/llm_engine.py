@@ -24,7 +24,8 @@ from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
-from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel, load_llama
+from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel
+from voicert.engine.models.registry import load_model
 from voicert.engine.runner import ModelRunner, Pending
 from voicert.engine.scheduler import Scheduler, SchedulerConfig, Step
 from voicert.engine.sequence import Sequence
@@ -109,7 +110,7 @@ class LLMEngine:
         self.cfg = cfg
         t0 = time.perf_counter()
         self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
-        self.model = model or load_llama(model_dir, DTYPES[cfg.dtype], cfg.device)
+        self.model = model or load_model(model_dir, DTYPES[cfg.dtype], cfg.device)
         if cfg.int8:
             if cfg.device != "cpu":
                 raise ValueError("int8 dynamic quantization is a CPU option")
@@ -189,7 +190,7 @@ class LLMEngine:
             cache = (Path(self.cfg.models_cache) if self.cfg.models_cache
                      else cache_dir(ModelsConfig()))  # the user's cache dir, as the server's default
             path = resolve_llm(self.cfg.draft_model, cache)
-            draft = load_llama(path, DTYPES[self.cfg.dtype], self.cfg.device)
+            draft = load_model(path, DTYPES[self.cfg.dtype], self.cfg.device)
         if draft.cfg.vocab_size != self.model.cfg.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
                              f"({self.model.cfg.vocab_size}): it must share the tokenizer")

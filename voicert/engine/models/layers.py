@@ -1,0 +1,147 @@
+"""Layers shared by the decoder architectures: RMSNorm, rotary embeddings, paged attention (torch or
+the fused Triton kernels), the gated MLP, the pre-norm block. An architecture file (llama.py) builds
+its model from these and converts its checkpoint's weights; a new architecture reuses what fits and
+adds only what differs (see registry.py).
+
+Attention reads and writes a paged KV pool (see ``voicert.engine.kv_cache``): each forward writes the
+new tokens' K/V into their slots, then attends over each sequence's blocks through its block table.
+Shapes: B sequences, Q new tokens per sequence (right-padded), L = max_blocks * block_size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from voicert.engine.models.llama import LlamaConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda or x.dtype == torch.float32:  # one op (CUDA: one fused kernel) instead of
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)  # seven
+        dtype = x.dtype  # HF's order for half types on the CPU: normalise in fp32, then cast
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """RoPE, HF's half-split convention, x * cos + rotate_half(x) * sin, in x's dtype, with the
+    sign of rotate_half folded into ``sin_signed`` = [-sin, sin] (negation is exact, so the result
+    is bit-identical). x: [B, Q, H, D]; cos/sin_signed: [B, Q, 1, D]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([x2, x1], dim=-1) * sin_signed
+
+
+@dataclass(slots=True)
+class AttnInputs:
+    """Per-forward attention metadata, built by the model runner.
+
+    positions:     [B, Q] int64, absolute position of each new token (padding: 0)
+    slots:         [B*Q] int64, flat KV-pool slot (block * block_size + offset) each new token writes;
+                   padding tokens write the scratch slot 0
+    block_tables:  [B, MB] int64, the blocks of each sequence (padded with 0)
+
+    Query q of sequence b attends to key positions 0..positions[b, q] (causal over the cached
+    prefix and the new tokens); the mask is derived from ``positions`` inside the forward, so a
+    captured CUDA graph recomputes it from its static inputs.
+    """
+
+    positions: torch.Tensor
+    slots: torch.Tensor
+    block_tables: torch.Tensor
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d,
+                             bias=cfg.attention_bias)
+        self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
+                mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+        # x: [B, Q, hidden]; k_pool/v_pool: [NB, BS, KVH, D] (this layer's slice of the pool)
+        b, q_len, _ = x.shape
+        h, kvh, d = self.h, self.kvh, self.d
+        qkv = self.qkv(x).view(b, q_len, h + 2 * kvh, d)  # [B, Q, H + 2 KVH, D]
+        qk = rotate(qkv[:, :, : h + kvh], cos, sin)  # q and k rotated together: [B, Q, H + KVH, D]
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh:]
+        nb, bs = k_pool.shape[:2]
+        k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))
+        v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
+        return self.o(self.attend(q, inp, mask, k_pool, v_pool))
+
+    def attend_fused(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
+                     inp: AttnInputs, mask: torch.Tensor | None, k_pool: torch.Tensor,
+                     v_pool: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+        """The attention between the two projections through the Triton kernels: qkv [B, Q,
+        (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
+        in one launch, then attention straight from the paged pool (``mask`` None: the caller
+        found the query rows fit the decode kernel) or gathered + SDPA under ``mask``."""
+        from voicert.engine import kernels
+
+        b, q_len, _ = qkv.shape
+        h, kvh, d = self.h, self.kvh, self.d
+        kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
+                              k_pool, v_pool, h, kvh)
+        if mask is None:
+            return kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables, inp.positions,
+                                           h, kvh, count)
+        q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
+        return self.attend(q, inp, mask, k_pool, v_pool)
+
+    def attend(self, q: torch.Tensor, inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
+               v_pool: torch.Tensor) -> torch.Tensor:
+        """q [B, Q, H, D] over the pool's blocks of each sequence (gathered) -> [B, Q, H * D]."""
+        b, q_len = q.shape[:2]
+        h, kvh, d = self.h, self.kvh, self.d
+        bs = k_pool.shape[1]
+        mb = inp.block_tables.shape[1]
+        table = inp.block_tables.view(-1)  # [B*MB]; index_select copies whole blocks
+        keys = k_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
+        vals = v_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)
+        if q.is_cuda and h != kvh:
+            # fold the query heads of each KV head into the query axis: [B, KVH, Q*G, D]; the
+            # masked kernels then read each K/V once instead of a repeated copy per query head
+            g = h // kvh
+            qf = q.reshape(b, q_len, kvh, g, d).permute(0, 2, 1, 3, 4).reshape(b, kvh, q_len * g, d)
+            mf = mask.repeat_interleave(g, dim=2) if q_len > 1 else mask  # [B, 1, Q*G | 1, L]
+            out = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=mf)  # [B, KVH, Q*G, D]
+            out = out.view(b, kvh, q_len, g, d).permute(0, 2, 1, 3, 4)  # [B, Q, KVH, G, D]
+            return out.reshape(b, q_len, h * d)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
+                                             enable_gqa=h != kvh)  # [B, H, Q, D]
+        return out.transpose(1, 2).reshape(b, q_len, h * d)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LlamaConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
