@@ -14,6 +14,7 @@ from tests.agent.fakes import EnergyVad, FakeAsr, FakeEngine
 from voicert.agent.session import Services, Session
 from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config
+from voicert.core import events as ev
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL
 
@@ -25,8 +26,8 @@ def make(asr=None, engine=None, early_final_ms=0, **vad):
     svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr or FakeAsr(), engine=engine or FakeEngine())
     events: list = []
 
-    async def emit(ev):
-        events.append(ev)
+    async def emit(event):
+        events.append(event)
 
     return Session("s1", p.SessionStart(), svc, emit), svc, events
 
@@ -58,13 +59,13 @@ async def test_a_spoken_turn_is_transcribed_answered_and_remembered():
     session, svc, events = make()
     await say(session)
     assert await session.wait_turn(10)
-    assert kinds(events)[:3] == ["SpeechStarted", "SpeechStopped", "TranscriptFinal"]
-    tokens = [e for e in events if isinstance(e, p.ResponseToken)]
+    assert kinds(events)[:4] == ["SpeechStarted", "SpeechStopped", "TranscriptFinal", "ReplyStarted"]
+    tokens = [e for e in events if isinstance(e, ev.ReplyToken)]
     assert "".join(t.text for t in tokens) == "The capital of France is Paris."
     assert [t.index for t in tokens] == list(range(len(tokens)))
-    done = next(e for e in events if isinstance(e, p.ResponseDone))
+    done = next(e for e in events if isinstance(e, ev.ReplyDone))
     assert done.finish_reason == "stop" and done.text == "The capital of France is Paris."
-    assert isinstance(events[-1], p.TurnLatency)
+    assert isinstance(events[-1], ev.TurnLatency)
     assert [(m.role, m.content) for m in session.history.messages()] == [
         ("user", "what is the capital of france"), ("assistant", "The capital of France is Paris.")]
     (decode,) = svc.asr.decodes
@@ -79,13 +80,13 @@ async def test_speech_during_a_reply_interrupts_it_and_keeps_what_was_said():
     first = engine.requests[0].request_id
     for n in (1, 2):  # two tokens out...
         engine.release(first)
-        await until(lambda: sum(isinstance(e, p.ResponseToken) for e in events) >= n)
+        await until(lambda: sum(isinstance(e, ev.ReplyToken) for e in events) >= n)
     await say(session)  # ...then the caller talks over the reply
     await until(lambda: len(engine.requests) >= 2)
     engine.gated = False
     engine.release()
     assert await session.wait_turn(10)
-    done = [e for e in events if isinstance(e, p.ResponseDone)]
+    done = [e for e in events if isinstance(e, ev.ReplyDone)]
     assert done[0].finish_reason == "interrupted" and done[0].text == "one two"
     assert done[1].finish_reason == "stop"
     # the interrupted reply is in the history the second reply was asked with
@@ -100,10 +101,10 @@ async def test_response_cancel_stops_the_reply():
     session.respond()
     await until(lambda: engine.requests)
     engine.release()
-    await until(lambda: any(isinstance(e, p.ResponseToken) for e in events))
+    await until(lambda: any(isinstance(e, ev.ReplyToken) for e in events))
     session.cancel_response()
     assert await session.wait_turn(10)
-    done = next(e for e in events if isinstance(e, p.ResponseDone))
+    done = next(e for e in events if isinstance(e, ev.ReplyDone))
     assert done.finish_reason == "cancelled" and done.tokens == 1
 
 
@@ -122,8 +123,8 @@ async def test_the_early_decode_and_its_warm_prefill_serve_the_turn():
     assert await session.wait_turn(10)
     assert len(asr.decodes) == 1  # no second decode
     latency = events[-1]
-    assert isinstance(latency, p.TurnLatency) and latency.early_asr and latency.early_prefill
-    assert not any(isinstance(e, p.ResponseToken) and e.text == "The" and e.index != 0
+    assert isinstance(latency, ev.TurnLatency) and latency.early_asr and latency.early_prefill
+    assert not any(isinstance(e, ev.ReplyToken) and e.text == "The" and e.index != 0
                    for e in events)  # the warm request's token never reached the client
 
 
@@ -143,7 +144,7 @@ async def test_typed_text_is_answered_and_too_long_text_is_refused():
     session.add_user_text("What is the capital of France?")
     session.respond()
     assert await session.wait_turn(10)
-    assert any(isinstance(e, p.ResponseDone) for e in events)
+    assert any(isinstance(e, ev.ReplyDone) for e in events)
     with pytest.raises(p.ProtocolError) as err:
         session.add_user_text("x" * (svc.cfg.server.max_text_chars + 1))
     assert err.value.code is p.ErrorCode.TEXT_TOO_LONG

@@ -240,3 +240,30 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
     finally:
         await srv.shutdown()
         engine.close()
+
+
+async def test_an_engine_that_cannot_be_kept_up_stops_the_server_with_an_error(services):
+    from tests.engine.test_supervisor import FakeEngine
+    from voicert.engine.base import EngineState
+    from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
+
+    builds = []
+
+    def build():
+        builds.append(1)
+        if len(builds) > 1:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return FakeEngine()
+
+    engine = SupervisedEngine(build, RestartPolicy(max_restarts=1, window_s=60, backoff_s=0.01))
+    srv = VoiceServer(dataclasses.replace(services, engine=engine, cfg=dataclasses.replace(
+        services.cfg, server=dataclasses.replace(services.cfg.server, port=0))))
+    await srv.start()
+    try:
+        engine.engine.die("engine thread died")
+        await asyncio.wait_for(srv._stopping.wait(), 30)  # what serve_until_stopped waits on
+        assert engine.state is EngineState.FAILED and srv.exit_code == 3
+        assert (await asyncio.to_thread(_get, f"http://127.0.0.1:{srv.port}/readyz"))[0] == 503
+    finally:
+        await srv.shutdown()
+        engine.close()

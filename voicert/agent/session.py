@@ -16,6 +16,7 @@ from typing import Awaitable, Callable
 
 from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
 from voicert.agent.speech_out import AudioOut, SpeechOut
+from voicert.core import events as ev
 from voicert.agent.turns import (DecodeKind, Detection, DropDecode, PartialTranscript, SpeechStarted,
                                  SpeechStopped, StartDecode, TurnEnded, TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
@@ -30,7 +31,7 @@ from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
 from voicert.telemetry.metrics import Metrics
 
 log = logging.getLogger(__name__)
-Emit = Callable[[p.ServerEvent], Awaitable[None]]
+Emit = Callable[[ev.SessionEvent], Awaitable[None]]
 _request_ids = itertools.count(1)
 
 
@@ -144,12 +145,12 @@ class Session:
     async def _act(self, action) -> None:
         """Carry out one turn-taking decision (agent/turns.py)."""
         if isinstance(action, SpeechStarted):
-            await self.emit(p.SpeechStarted(action.audio_ms, action.turn_id))
+            await self.emit(ev.SpeechStarted(action.turn_id, action.audio_ms))
             self._barge_in()
         elif isinstance(action, SpeechStopped):
-            await self.emit(p.SpeechStopped(action.audio_ms, action.turn_id))
+            await self.emit(ev.SpeechStopped(action.turn_id, action.audio_ms))
         elif isinstance(action, PartialTranscript):
-            await self.emit(p.TranscriptPartial(action.turn_id, action.stable, action.unstable))
+            await self.emit(ev.TranscriptPartial(action.turn_id, action.stable, action.unstable))
         else:
             self._act_now(action)
 
@@ -171,7 +172,7 @@ class Session:
             self._start_turn(action)
         elif isinstance(action, PartialTranscript):
             asyncio.ensure_future(self.emit(
-                p.TranscriptPartial(action.turn_id, action.stable, action.unstable)))
+                ev.TranscriptPartial(action.turn_id, action.stable, action.unstable)))
 
     def _check_text(self, text: str | None, what: str) -> None:
         """Raises ProtocolError(TEXT_TOO_LONG) for a client text over ``server.max_text_chars``."""
@@ -297,7 +298,7 @@ class Session:
             if previous is not None and previous.task is not None:
                 await asyncio.gather(previous.task, return_exceptions=True)  # its history first
             if self.svc.draining:
-                await self.emit(p.Error(p.ErrorCode.SHUTTING_DOWN.value,
+                await self.emit(ev.SessionError(p.ErrorCode.SHUTTING_DOWN.value,
                                         "server is shutting down; no new turns", fatal=False))
                 return
             transcript = await asyncio.shield(asr.future)
@@ -306,13 +307,13 @@ class Session:
             raise
         except Exception as exc:
             log.exception("session %s: ASR failed", self.id)
-            await self.emit(p.Error(p.ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}"))
+            await self.emit(ev.SessionError(p.ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}"))
             return
         trace = turn.trace
         trace.mark(Point.TRANSCRIPT)
         trace.mark(Point.ASR_START, transcript.start_ns)
         trace.mark(Point.ASR_DONE, transcript.start_ns + int(transcript.decode_ms * 1e6))
-        await self.emit(p.TranscriptFinal(turn.turn_id, transcript.text))
+        await self.emit(ev.TranscriptFinal(turn.turn_id, transcript.text))
         if not transcript.text:
             return  # no speech found: no reply
         self.history.add(Role.USER, transcript.text[:self.history.max_text_chars])
@@ -324,7 +325,7 @@ class Session:
         if previous is not None and previous.task is not None:
             await asyncio.gather(previous.task, return_exceptions=True)
         if self.svc.draining:
-            await self.emit(p.Error(p.ErrorCode.SHUTTING_DOWN.value,
+            await self.emit(ev.SessionError(p.ErrorCode.SHUTTING_DOWN.value,
                                     "server is shutting down; no new turns", fatal=False))
             return
         await self._reply(turn, max_new_tokens)
@@ -339,7 +340,7 @@ class Session:
             return None
 
         async def send(chunk: AudioOut) -> None:
-            await self.emit(p.ResponseAudio(turn.turn_id, chunk.seq, chunk.audio, chunk.text))
+            await self.emit(ev.ReplyAudio(turn.turn_id, chunk.seq, chunk.audio, chunk.text))
 
         return SpeechOut(worker, fmt, send, turn.trace, self.cfg.tts.first_clause_chars)
 
@@ -354,29 +355,29 @@ class Session:
         stream = self.svc.engine.submit(request)
         trace.mark(Point.SUBMIT, request.submit_ns)
         turn.speech = speech = self._speech_out(turn)
-        await self.emit(p.ResponseStarted(turn.turn_id))
+        await self.emit(ev.ReplyStarted(turn.turn_id, speech is not None))
         parts: list[str] = []
         tokens, prompt_tokens, reason = 0, 0, "error"
         try:
-            async for ev in stream:
-                prompt_tokens = ev.prompt_tokens
-                if ev.finish_reason is not None:
-                    reason = turn.cancel_reason if ev.finish_reason == "cancelled" else ev.finish_reason
-                    if ev.error:
-                        await self.emit(p.Error(p.ErrorCode.ENGINE_FAILED.value, ev.error))
+            async for tok in stream:
+                prompt_tokens = tok.prompt_tokens
+                if tok.finish_reason is not None:
+                    reason = turn.cancel_reason if tok.finish_reason == "cancelled" else tok.finish_reason
+                    if tok.error:
+                        await self.emit(ev.SessionError(p.ErrorCode.ENGINE_FAILED.value, tok.error))
                     break
                 if turn.cancel_requested:
                     continue  # the engine stops within a step; tokens already made are dropped
-                if ev.index == 0:
-                    trace.mark(Point.PREFILL_START, ev.prefill_start_ns)
-                    trace.mark(Point.FIRST_TOKEN_SAMPLED, ev.sampled_ns)
+                if tok.index == 0:
+                    trace.mark(Point.PREFILL_START, tok.prefill_start_ns)
+                    trace.mark(Point.FIRST_TOKEN_SAMPLED, tok.sampled_ns)
                     trace.mark(Point.FIRST_TOKEN_RECEIVED)
-                parts.append(ev.text)
+                parts.append(tok.text)
                 tokens += 1
-                await self.emit(p.ResponseToken(turn.turn_id, ev.index, ev.text))
+                await self.emit(ev.ReplyToken(turn.turn_id, tok.index, tok.text))
                 trace.mark(Point.FIRST_TOKEN_SENT)
                 if speech is not None:
-                    speech.feed(ev.text)
+                    speech.feed(tok.text)
             if speech is not None and not turn.cancel_requested:
                 speech.finish()
                 await speech.wait()  # the reply ends when its last audio is sent
@@ -399,16 +400,9 @@ class Session:
             stages = record.stages
             log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason, tokens,
                      prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
-            await self.emit(p.ResponseDone(turn.turn_id, reply, tokens, prompt_tokens, reason))
-            await self.emit(p.TurnLatency(turn.turn_id, stages, turn.early_asr,
+            await self.emit(ev.ReplyDone(turn.turn_id, reply, tokens, prompt_tokens, ev.ReplyEnd(reason)))
+            await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr,
                                           turn.early_prefill))
-
-    def speaks(self, turn_id: int) -> bool:
-        """Whether that turn's reply is spoken (the session has output audio and the reply did not
-        ask for text only)."""
-        turn = self.turn
-        own = turn if turn is not None and turn.turn_id == turn_id else None
-        return self.start.output_audio is not None and (own is None or own.speak is not False)
 
     def idle(self) -> bool:
         """No turn or reply is running."""

@@ -17,6 +17,8 @@ from typing import Any, Union
 
 import msgpack
 
+from voicert.core import events as ev
+
 PROTOCOL_VERSION = 1
 ENCODINGS = ("pcm16", "f32", "mulaw", "alaw")
 TURN_DETECTION = ("server_vad", "manual")
@@ -210,6 +212,33 @@ class SessionEnded:
 ServerEvent = Union[SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal,
                     ResponseStarted, ResponseToken, ResponseAudio, ResponseDone, TurnLatency, Error,
                     SessionEnded]
+
+
+def from_core(event: ev.SessionEvent) -> ServerEvent:
+    """A session's event (voicert.core.events) as the native protocol's server event."""
+    if isinstance(event, ev.ReplyToken):
+        return ResponseToken(event.turn_id, event.index, event.text)
+    if isinstance(event, ev.ReplyAudio):
+        return ResponseAudio(event.turn_id, event.seq, event.audio, event.text)
+    if isinstance(event, ev.SpeechStarted):
+        return SpeechStarted(event.audio_ms, event.turn_id)
+    if isinstance(event, ev.SpeechStopped):
+        return SpeechStopped(event.audio_ms, event.turn_id)
+    if isinstance(event, ev.TranscriptPartial):
+        return TranscriptPartial(event.turn_id, event.stable, event.unstable)
+    if isinstance(event, ev.TranscriptFinal):
+        return TranscriptFinal(event.turn_id, event.text)
+    if isinstance(event, ev.ReplyStarted):
+        return ResponseStarted(event.turn_id)
+    if isinstance(event, ev.ReplyDone):
+        return ResponseDone(event.turn_id, event.text, event.tokens, event.prompt_tokens,
+                            event.finish_reason.value)
+    if isinstance(event, ev.TurnLatency):
+        return TurnLatency(event.turn_id, event.stages, event.early_asr, event.early_prefill)
+    if isinstance(event, ev.SessionError):
+        return Error(event.code, event.message, event.fatal)
+    raise TypeError(f"no native event for {type(event).__name__}")
+
 
 # ---------------------------------------------------------------- decoding
 

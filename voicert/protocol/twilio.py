@@ -159,6 +159,24 @@ def clear_message(stream_sid: str) -> str:
     return _dump({"event": "clear", "streamSid": stream_sid})
 
 
+@dataclass(frozen=True, slots=True)
+class Serializer:
+    """Our messages to one Twilio stream (voicert.transport.telephony.Serializer)."""
+
+    stream_sid: str
+    frame_bytes: int = FRAME_BYTES
+    silence: bytes = b"\xff"  # mu-law zero
+
+    def media(self, payload: bytes) -> str:
+        return media_message(self.stream_sid, payload)
+
+    def mark(self, name: str) -> str:
+        return mark_message(self.stream_sid, name)
+
+    def clear(self) -> str:
+        return clear_message(self.stream_sid)
+
+
 def decode_outbound(text: str) -> dict[str, Any]:
     """A message we sent, as Twilio reads it (for the simulator). Raises TwilioError."""
     try:

@@ -11,6 +11,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from voicert.agent.session import Services, Session
+from voicert.core import events as ev
 from voicert.config import SUPPORTED_SAMPLE_RATES
 from voicert.protocol import native as p
 from voicert.server.access import RateLimiter
@@ -184,6 +185,10 @@ class Connection(BaseConnection):
             self.svc.metrics.observe_error(event.code)
         await self.send_frame(p.encode(event, self.binary))
 
+    async def on_event(self, event: ev.SessionEvent) -> None:
+        """The session's events, on the native wire."""
+        await self.send(p.from_core(event))
+
     async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
         await self.send(p.Error(code.value, message, fatal))
 
@@ -238,7 +243,7 @@ class Connection(BaseConnection):
             return
         sid = uuid.uuid4().hex[:12]
         try:
-            self.session = Session(sid, start, self.svc, self.send)
+            self.session = Session(sid, start, self.svc, self.on_event)
         except p.ProtocolError:
             self.release_session()
             raise

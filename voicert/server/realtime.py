@@ -15,6 +15,7 @@ import uuid
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
+from voicert.core import events as core
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
 from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
@@ -204,46 +205,46 @@ class RealtimeConnection(BaseConnection):
 
     # ------------------------------------------------------------ session events -> Realtime
 
-    async def on_event(self, ev: p.ServerEvent) -> None:
-        """The session's native events, translated."""
-        if isinstance(ev, p.SpeechStarted):
+    async def on_event(self, ev: core.SessionEvent) -> None:
+        """The session's events, as Realtime server events."""
+        if isinstance(ev, core.SpeechStarted):
             await self.send_event("input_audio_buffer.speech_started", audio_start_ms=ev.audio_ms,
                                   item_id=self._user_item(ev.turn_id))
-        elif isinstance(ev, p.SpeechStopped):
+        elif isinstance(ev, core.SpeechStopped):
             await self.send_event("input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_ms,
                                   item_id=self._user_item(ev.turn_id))
             if self.config.turn_detection is not None:  # server VAD commits by itself
                 await self._committed(ev.turn_id)
-        elif isinstance(ev, p.TranscriptPartial):
+        elif isinstance(ev, core.TranscriptPartial):
             await self._transcript_delta(ev)
-        elif isinstance(ev, p.TranscriptFinal):
+        elif isinstance(ev, core.TranscriptFinal):
             if self.config.transcription:
                 await self.send_event("conversation.item.input_audio_transcription.completed",
                                       item_id=self._user_item(ev.turn_id), content_index=0,
                                       transcript=ev.text, usage={"type": "duration", "seconds": 0})
-        elif isinstance(ev, p.ResponseStarted):
-            await self._response_started(ev.turn_id)
-        elif isinstance(ev, p.ResponseToken):
+        elif isinstance(ev, core.ReplyStarted):
+            await self._response_started(ev.turn_id, ev.spoken)
+        elif isinstance(ev, core.ReplyToken):
             r = self.responses.get(ev.turn_id)
             if r is not None and ev.text:
                 name = ("response.output_audio_transcript.delta" if r.audio_out
                         else "response.output_text.delta")
                 await self.send_event(name, response_id=r.response_id, item_id=r.item_id,
                                       output_index=0, content_index=0, delta=ev.text)
-        elif isinstance(ev, p.ResponseAudio):
+        elif isinstance(ev, core.ReplyAudio):
             r = self.responses.get(ev.turn_id)
             if r is not None:
                 await self.send_event("response.output_audio.delta", response_id=r.response_id,
                                       item_id=r.item_id, output_index=0, content_index=0,
                                       delta=base64.b64encode(ev.audio).decode("ascii"))
-        elif isinstance(ev, p.ResponseDone):
+        elif isinstance(ev, core.ReplyDone):
             await self._response_done(ev)
-        elif isinstance(ev, p.Error):
+        elif isinstance(ev, core.SessionError):
             self.svc.metrics.observe_error(ev.code)
             kind = rt.INVALID_REQUEST if ev.code in (p.ErrorCode.BAD_AUDIO.value,) else rt.SERVER_ERROR
             await self.send_frame(self.writer.error(rt.RealtimeError(ev.code, ev.message, kind=kind)))
 
-    async def _transcript_delta(self, ev: p.TranscriptPartial) -> None:
+    async def _transcript_delta(self, ev: core.TranscriptPartial) -> None:
         sent = self.partials.get(ev.turn_id, "")
         if not self.config.transcription or not ev.stable.startswith(sent) or ev.stable == sent:
             return
@@ -252,8 +253,7 @@ class RealtimeConnection(BaseConnection):
                               item_id=self._user_item(ev.turn_id), content_index=0,
                               delta=ev.stable[len(sent):])
 
-    async def _response_started(self, turn_id: int) -> None:
-        audio_out = self.session.speaks(turn_id)
+    async def _response_started(self, turn_id: int, audio_out: bool) -> None:
         r = ResponseState(f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}",
                           audio_out)
         self.responses[turn_id] = r
@@ -266,7 +266,7 @@ class RealtimeConnection(BaseConnection):
         await self.send_event("response.content_part.added", response_id=r.response_id,
                               item_id=r.item_id, output_index=0, content_index=0, part=part)
 
-    async def _response_done(self, ev: p.ResponseDone) -> None:
+    async def _response_done(self, ev: core.ReplyDone) -> None:
         r = self.responses.pop(ev.turn_id, None)
         if r is None:
             return

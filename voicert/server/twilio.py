@@ -18,14 +18,15 @@ import logging
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
+from voicert.core import events as core
 from voicert.protocol import native as p
 from voicert.protocol import twilio as tw
 from voicert.server.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, BaseConnection
+from voicert.transport.telephony import Playback
 
 log = logging.getLogger(__name__)
 TWILIO_PATH = "/twilio"
 CLOSE_UNSUPPORTED_DATA = 1003
-_SILENCE = b"\xff"  # mu-law zero
 
 
 class TwilioConnection(BaseConnection):
@@ -34,11 +35,8 @@ class TwilioConnection(BaseConnection):
     def __init__(self, ws: ServerConnection, services: Services) -> None:
         super().__init__(ws, services)
         self.stream_sid = ""
-        self.pending = bytearray()  # reply audio not yet a whole 20 ms frame
-        self.marks: list[str] = []  # marks sent whose audio Twilio has not finished playing
-        self.pieces = 0
+        self.playback: Playback | None = None  # from 'start' on
         self.dtmf: list[str] = []
-        self.cleared_before = 0  # replies of turns below this id were cleared at Twilio (barge-in)
 
     async def reject(self, exc: Exception) -> None:
         message = exc.message if isinstance(exc, p.ProtocolError) else str(exc)
@@ -59,8 +57,8 @@ class TwilioConnection(BaseConnection):
         elif isinstance(event, tw.Start):
             return await self._start(event)
         elif isinstance(event, tw.Mark):
-            if event.name in self.marks:  # it and everything before it has been played
-                del self.marks[:self.marks.index(event.name) + 1]
+            if self.playback is not None:
+                self.playback.mark_played(event.name)
         elif isinstance(event, tw.Dtmf):
             self._on_dtmf(event.digit)
         elif isinstance(event, tw.Stop):
@@ -87,6 +85,7 @@ class TwilioConnection(BaseConnection):
             await self._refuse(1001, "server shutting down")
             return True
         self.stream_sid = start.stream_sid
+        self.playback = Playback(tw.Serializer(start.stream_sid))
         out = p.OutputAudio("mulaw", tw.SAMPLE_RATE) if self.svc.tts is not None else None
         prompt = start.custom_parameters.get("system_prompt")
         try:
@@ -113,46 +112,20 @@ class TwilioConnection(BaseConnection):
 
     # ------------------------------------------------------------ session events -> Twilio
 
-    async def on_event(self, ev: p.ServerEvent) -> None:
-        if isinstance(ev, p.ResponseAudio):
-            if ev.turn_id < self.cleared_before:
-                return  # a chunk already on its way when the caller talked over the reply
-            if ev.text and ev.seq > 0:
-                await self._mark(f"turn{ev.turn_id}-piece{self.pieces}")
-            self.pieces += 1 if ev.text else 0
-            await self._play(ev.audio)
-        elif isinstance(ev, p.ResponseDone):
-            if ev.turn_id < self.cleared_before:  # cut off and cleared: nothing left to play,
-                self.pieces = 0  # so no end mark (it would read as "played to the end")
-                return
-            await self._flush()
-            await self._mark(f"turn{ev.turn_id}-end")
-            self.pieces = 0
-        elif isinstance(ev, p.SpeechStarted):
+    async def on_event(self, ev: core.SessionEvent) -> None:
+        play = self.playback
+        frames: list[str] = []
+        if isinstance(ev, core.ReplyAudio):
+            frames = play.audio(ev.turn_id, ev.seq, ev.text, ev.audio)
+        elif isinstance(ev, core.ReplyDone):
+            frames = play.reply_done(ev.turn_id)
+        elif isinstance(ev, core.SpeechStarted):
             # the caller talks over a reply that is still queued at Twilio or playing: the
             # session interrupts it (barge-in), and Twilio drops what it has not played yet
-            if self.svc.cfg.vad.barge_in and (self.marks or self.pending):
-                self.pending.clear()
-                self.marks.clear()
-                self.cleared_before = ev.turn_id
-                await self.send_frame(tw.clear_message(self.stream_sid))
-        elif isinstance(ev, p.Error):
+            if self.svc.cfg.vad.barge_in:
+                frames = play.speech_started(ev.turn_id)
+        elif isinstance(ev, core.SessionError):
             self.svc.metrics.observe_error(ev.code)
             log.warning("twilio %s: %s: %s", self.stream_sid, ev.code, ev.message)
-
-    async def _play(self, audio: bytes) -> None:
-        self.pending += audio
-        whole = len(self.pending) - len(self.pending) % tw.FRAME_BYTES
-        for i in range(0, whole, tw.FRAME_BYTES):
-            await self.send_frame(tw.media_message(self.stream_sid,
-                                                   bytes(self.pending[i:i + tw.FRAME_BYTES])))
-        del self.pending[:whole]
-
-    async def _flush(self) -> None:
-        if self.pending:
-            self.pending += _SILENCE * (tw.FRAME_BYTES - len(self.pending))
-            await self._play(b"")
-
-    async def _mark(self, name: str) -> None:
-        self.marks.append(name)
-        await self.send_frame(tw.mark_message(self.stream_sid, name))
+        for frame in frames:
+            await self.send_frame(frame)

@@ -1,0 +1,94 @@
+"""What a session tells the connection that drives it. Each door maps these onto its own wire
+(``protocol/native.py`` onto the native protocol; ``server/realtime.py`` onto Realtime events;
+``server/twilio.py`` onto Twilio media, marks and clear); the session knows no wire format.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Union
+
+
+class ReplyEnd(enum.StrEnum):
+    """Why a reply ended (a reply's finish reason; the engine's plus ``interrupted``)."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    CANCELLED = "cancelled"  # the client cancelled it
+    INTERRUPTED = "interrupted"  # the caller talked over it (barge-in), or a new turn replaced it
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStarted:
+    turn_id: int  # the turn this utterance will become if it ends in a transcript
+    audio_ms: int  # position in the session's input audio
+
+
+@dataclass(frozen=True, slots=True)
+class SpeechStopped:
+    turn_id: int
+    audio_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptPartial:
+    turn_id: int
+    stable: str  # words two consecutive decodes agreed on; only ever grows
+    unstable: str  # the rest of the latest decode; may change
+
+
+@dataclass(frozen=True, slots=True)
+class TranscriptFinal:
+    turn_id: int
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyStarted:
+    turn_id: int
+    spoken: bool  # its speech will follow as ReplyAudio
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyToken:
+    turn_id: int
+    index: int
+    text: str  # the text this token adds
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyAudio:
+    turn_id: int
+    seq: int  # 0-based chunk number within the reply
+    audio: bytes  # encoded in the session's output format
+    text: str = ""  # the sentence or clause this chunk begins, "" within one
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyDone:
+    turn_id: int
+    text: str
+    tokens: int
+    prompt_tokens: int
+    finish_reason: ReplyEnd
+
+
+@dataclass(frozen=True, slots=True)
+class TurnLatency:
+    turn_id: int
+    stages: dict[str, float]  # stage name -> ms (telemetry/latency.py)
+    early_asr: bool = False
+    early_prefill: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SessionError:
+    code: str  # a stable error code (protocol/native.py ErrorCode values)
+    message: str
+    fatal: bool = False
+
+
+SessionEvent = Union[SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ReplyStarted,
+                     ReplyToken, ReplyAudio, ReplyDone, TurnLatency, SessionError]
