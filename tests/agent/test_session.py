@@ -38,17 +38,20 @@ async def send_realtime(ws, x: np.ndarray, rate: int = 16000) -> None:
 
 
 async def test_early_final_transcript_and_early_prefill(services):
-    # a long endpoint silence leaves the early decode (and the warm prefill) time to finish first
-    srv = await server_with(services, min_silence_ms=1500)
+    # The decisions themselves are tested on a fake clock (test_turns.py, test_session_logic.py);
+    # here, real models over a real socket. A 3 s endpoint silence leaves the early decode and
+    # the warm prefill time to finish first even when a busy machine makes them slow.
+    srv = await server_with(services, min_silence_ms=3000)
     try:
         result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
-                                    [wav("capital_of_france")], trailing_silence_s=2.0)
+                                    [wav("capital_of_france")], trailing_silence_s=4.0)
     finally:
         await srv.shutdown()
     lat = next(e for e in result.events if e["type"] == "turn.latency")
     assert lat["early_asr"] and lat["early_prefill"]
     assert lat["stages"]["asr_wait_ms"] < 0  # the decode began before the endpoint
-    assert lat["stages"]["asr_ms"] < 50  # at the endpoint the transcript was (nearly) ready
+    # at the endpoint the transcript was ready: the turn waited less for it than the silence
+    assert lat["stages"]["asr_ms"] < lat["stages"]["endpoint_ms"]
     turn = result.turns[0]
     assert "paris" in turn.reply.lower()
     tokens = [e for e in result.events if e["type"] == "response.token"]
@@ -117,7 +120,8 @@ async def test_live_partial_transcripts_grow_stable_text(services):
     # The partial schedule itself is tested on a fake clock (test_turns.py); here, real models over
     # a real socket. A 2 s endpoint leaves partial decodes time to finish before the turn ends even
     # when a busy machine makes them slow (they go on through the trailing silence).
-    srv = await server_with(services, asr={"partial_interval_ms": 300}, min_silence_ms=2000)
+    srv = await server_with(services, asr={"partial_interval_ms": 300, "early_final_ms": 0},
+                            min_silence_ms=2000)  # no early final: partials go on in the silence
     try:
         result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
                                     [wav("weather_question")], trailing_silence_s=3.0)
