@@ -8,9 +8,11 @@ import dataclasses
 
 import numpy as np
 
-from voicert.agent.turns import (DecodeKind, Detection, DropDecode, PartialTranscript,
-                                 SpeechStarted, SpeechStopped, StartDecode, TurnEnded, TurnTaking)
+from voicert.agent.turns import (DecodeKind, Detection, DropDecode, StartDecode, TurnEnded,
+                                 TurnTaking)
 from voicert.config import VadConfig
+from voicert.core.events import SpeechStarted, SpeechStopped
+from voicert.core.events import TranscriptPartial as PartialTranscript
 from voicert.speech.vad import FRAME
 
 WINDOW_NS = 32_000_000  # one VAD window of audio

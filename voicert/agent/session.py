@@ -17,8 +17,8 @@ from typing import Awaitable, Callable
 from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.core import events as ev
-from voicert.agent.turns import (DecodeKind, Detection, DropDecode, PartialTranscript, SpeechStarted,
-                                 SpeechStopped, StartDecode, TurnEnded, TurnTaking)
+from voicert.agent.turns import (DecodeKind, Detection, DropDecode, StartDecode, TurnEnded,
+                                 TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
@@ -144,13 +144,10 @@ class Session:
 
     async def _act(self, action) -> None:
         """Carry out one turn-taking decision (agent/turns.py)."""
-        if isinstance(action, SpeechStarted):
-            await self.emit(ev.SpeechStarted(action.turn_id, action.audio_ms))
-            self._barge_in()
-        elif isinstance(action, SpeechStopped):
-            await self.emit(ev.SpeechStopped(action.turn_id, action.audio_ms))
-        elif isinstance(action, PartialTranscript):
-            await self.emit(ev.TranscriptPartial(action.turn_id, action.stable, action.unstable))
+        if isinstance(action, (ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptPartial)):
+            await self.emit(action)  # core events: the door maps them onto its wire
+            if isinstance(action, ev.SpeechStarted):
+                self._barge_in()
         else:
             self._act_now(action)
 
@@ -170,9 +167,8 @@ class Session:
                 self.svc.engine.cancel(warm_id)
         elif isinstance(action, TurnEnded):
             self._start_turn(action)
-        elif isinstance(action, PartialTranscript):
-            asyncio.ensure_future(self.emit(
-                ev.TranscriptPartial(action.turn_id, action.stable, action.unstable)))
+        elif isinstance(action, ev.TranscriptPartial):
+            asyncio.ensure_future(self.emit(action))
 
     def _check_text(self, text: str | None, what: str) -> None:
         """Raises ProtocolError(TEXT_TOO_LONG) for a client text over ``server.max_text_chars``."""

@@ -4,12 +4,12 @@ Synchronous and pure: no asyncio, no models, no clock of its own. The session ap
 received (16 kHz), scores VAD windows however it likes, and passes the probabilities in with the
 time the audio arrived; :class:`TurnTaking` answers with what to do, as small typed actions:
 
-- :class:`SpeechStarted` / :class:`SpeechStopped`: tell the client (and barge in on a reply);
+- ``SpeechStarted`` / ``SpeechStopped`` (core events): tell the client (and barge in on a reply);
 - :class:`StartDecode` / :class:`DropDecode`: run or withdraw an ASR decode (an *early* final decode
   in the trailing silence, or a *partial* decode of the utterance so far);
 - :class:`TurnEnded`: the utterance is over (endpoint, or a manual commit): its audio, when the
   voice ended and the endpoint came, and the early decode that already covers exactly it, if any;
-- :class:`PartialTranscript`: the stable / unstable words of live partials changed.
+- ``TranscriptPartial`` (a core event): the stable / unstable words of live partials changed.
 
 Tests drive it with scripted probabilities and times (tests/agent/test_turns.py).
 """
@@ -25,6 +25,7 @@ import numpy as np
 
 from voicert.audio.buffer import AudioBuffer
 from voicert.config import VadConfig
+from voicert.core.events import SpeechStarted, SpeechStopped, TranscriptPartial
 from voicert.speech.endpoint import WINDOW_MS, Endpointer, EventKind
 from voicert.speech.partials import LocalAgreement
 from voicert.speech.vad import FRAME, SAMPLE_RATE
@@ -38,18 +39,6 @@ class Detection(enum.StrEnum):
 class DecodeKind(enum.Enum):
     EARLY = "early"  # the final decode, started in the trailing silence before the endpoint
     PARTIAL = "partial"  # a live partial of the utterance so far
-
-
-@dataclass(frozen=True, slots=True)
-class SpeechStarted:
-    turn_id: int
-    audio_ms: int  # stream position of the first voiced window
-
-
-@dataclass(frozen=True, slots=True)
-class SpeechStopped:
-    turn_id: int
-    audio_ms: int  # stream position where the endpoint was decided
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,14 +63,7 @@ class TurnEnded:
     early_decode: int | None  # the early decode covering exactly this audio, if still valid
 
 
-@dataclass(frozen=True, slots=True)
-class PartialTranscript:
-    turn_id: int
-    stable: str
-    unstable: str
-
-
-Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, PartialTranscript]
+Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, TranscriptPartial]
 
 
 @dataclass(slots=True)
@@ -210,7 +192,7 @@ class TurnTaking:
         if (stable, unstable) == st.sent:
             return []
         st.sent = (stable, unstable)
-        return [PartialTranscript(self.next_turn_id, stable, unstable)]
+        return [TranscriptPartial(self.next_turn_id, stable, unstable)]
 
     # ------------------------------------------------------------ internals
 
