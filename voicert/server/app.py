@@ -140,13 +140,12 @@ class VoiceServer:
     _server: Server | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
-    sampler: Sampler | None = None
+    sampler: Sampler | None = None  # the process's one telemetry sampler
+    exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
 
     @property
     def cfg(self) -> Config:
         return self.services.cfg if self.services is not None else self.config
-
-    exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
 
     @property
     def ready(self) -> bool:
