@@ -72,6 +72,36 @@ class Conversation:
             self.dropped += 1
         return item
 
+    def find(self, item_id: str) -> Item | None:
+        return next((item for item in self._items if item.item_id == item_id), None)
+
+    def truncate(self, item_id: str, chars: int) -> Item:
+        """Keep only the first ``chars`` characters of an assistant item (what the listener heard
+        before an interruption). Raises KeyError for an unknown item, ValueError for another role
+        or a negative length."""
+        for i, item in enumerate(self._items):
+            if item.item_id != item_id:
+                continue
+            if item.role is not Role.ASSISTANT:
+                raise ValueError(f"item {item_id!r} is a {item.role.value} item; only assistant "
+                                 "items are truncated")
+            if chars < 0:
+                raise ValueError("chars must be >= 0")
+            cut = Item(item.item_id, item.role, item.text[:chars])
+            self._items[i] = cut
+            self._chars -= len(item.text) - len(cut.text)
+            return cut
+        raise KeyError(item_id)
+
+    def delete(self, item_id: str) -> Item:
+        """Remove an item. Raises KeyError for an unknown one."""
+        item = self.find(item_id)
+        if item is None:
+            raise KeyError(item_id)
+        self._items.remove(item)
+        self._chars -= len(item.text)
+        return item
+
     def messages(self) -> list[ChatMessage]:
         return [item.message() for item in self._items]
 
