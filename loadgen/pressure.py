@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
     res = asyncio.run(run(args.url, args.wav, args.items, args.chars, args.runs))
-    print(f"| spoken turn, last frame -> response.done (s) | median | runs |\n|---|---:|---|")
+    print("| spoken turn, last frame -> response.done (s) | median | runs |\n|---|---:|---|")
     for name, xs in res.items():
         print(f"| {name} | {statistics.median(xs):.2f} | {', '.join(f'{x:.2f}' for x in xs)} |")
     return 0

@@ -10,7 +10,6 @@ import json
 import logging
 import socket
 
-import numpy as np
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus

@@ -110,6 +110,15 @@ def request_problem(request: "GenerationRequest") -> str | None:
     return None
 
 
+def refusal(request: "GenerationRequest") -> "EndedStream | None":
+    """The stream to hand back at once for a request that cannot be served (see
+    :func:`request_problem`), or None when it may be submitted."""
+    problem = request_problem(request)
+    if problem is None:
+        return None
+    return EndedStream(final_event(FinishReason.ERROR, f"bad request: {problem}"))
+
+
 def final_event(reason: str, error: str | None = None, index: int = 0, prefill_start_ns: int = 0,
                 prompt_tokens: int = 0) -> "TokenEvent":
     """The last event of a request's stream."""

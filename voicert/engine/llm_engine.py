@@ -19,7 +19,7 @@ import torch
 
 from voicert.engine.base import (ChatMessage, EndedStream, EngineStats, FinishReason,
                                  GenerationRequest, RequestLedger, StepRecord, TokenEvent,
-                                 final_event, request_problem)
+                                 final_event, refusal)
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
@@ -228,10 +228,11 @@ class LLMEngine:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         request.submit_ns = time.perf_counter_ns()
-        problem = request_problem(request)
-        if problem is not None or self.failure is not None:
-            error = f"bad request: {problem}" if problem else f"engine failed: {self.failure}"
-            return EndedStream(final_event(FinishReason.ERROR, error))
+        refused = refusal(request)
+        if refused is not None:
+            return refused
+        if self.failure is not None:
+            return EndedStream(final_event(FinishReason.ERROR, f"engine failed: {self.failure}"))
         stream = TokenStream(asyncio.get_running_loop())
         self.admit(request, stream)
         return stream
@@ -327,9 +328,7 @@ class LLMEngine:
             except Exception as exc:  # fail the requests in flight, keep serving
                 log.exception("engine step failed")
                 self._ahead = None
-                for seq in list(sched.running) + list(sched.waiting):
-                    sched.cancel(seq.id)
-                    self._end(seq, FinishReason.ERROR, f"engine step failed: {exc}")
+                self._fail_all(f"engine step failed: {exc}")
             self._publish_load()
 
     def _die(self, why: str) -> None:
@@ -338,12 +337,7 @@ class LLMEngine:
         error = f"engine failed: {why}"
         if self.on_failure is not None:
             self.on_failure(why)  # first, so that whoever hears of a failed request sees it down
-        for seq in list(self.scheduler.running) + list(self.scheduler.waiting):
-            try:
-                self.scheduler.cancel(seq.id)
-            except Exception:  # the scheduler may be what broke; the requests still end
-                pass
-            self._end(seq, FinishReason.ERROR, error)
+        self._fail_all(error)
         while True:
             try:
                 item = self._inbox.get_nowait()
@@ -351,6 +345,16 @@ class LLMEngine:
                 break
             if isinstance(item, _Submit):
                 self._refuse(item, error)
+
+    def _fail_all(self, error: str) -> None:
+        """End every sequence the scheduler holds with ``error`` and free its state."""
+        sched = self.scheduler
+        for seq in list(sched.running) + list(sched.waiting):
+            try:
+                sched.cancel(seq.id)
+            except Exception:  # the scheduler may be what broke; the requests still end
+                log.exception("engine: cancelling %s", seq.id)
+            self._end(seq, FinishReason.ERROR, error)
 
     def _drain_inbox(self, block: bool, timeout: float | None = None) -> bool:
         """Apply queued submits and cancels; False when asked to stop."""

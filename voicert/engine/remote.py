@@ -29,7 +29,7 @@ from typing import AsyncIterator, Callable
 from voicert.engine import ipc
 from voicert.engine.base import (EndedStream, EngineStats, FinishReason, GenerationRequest,
                                  RequestLedger, StepRecord, TokenEvent, final_event,
-                                 request_problem)
+                                 refusal)
 from voicert.engine.stream import TokenStream
 from voicert.telemetry.gcwatch import GcPause
 
@@ -262,9 +262,9 @@ class EngineProcess:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         request.submit_ns = time.perf_counter_ns()
-        problem = request_problem(request)
-        if problem is not None:
-            return EndedStream(final_event(FinishReason.ERROR, f"bad request: {problem}"))
+        refused = refusal(request)
+        if refused is not None:
+            return refused
         stream = TokenStream(asyncio.get_running_loop())
         with self._lock:
             if self.failure is not None:

@@ -13,9 +13,8 @@ from typing import AsyncIterator
 import torch
 
 from voicert.config import LlmConfig
-from voicert.engine.base import (ChatMessage, EndedStream, EngineStats, FinishReason,
-                                 GenerationRequest, RequestLedger, TokenEvent, final_event,
-                                 request_problem)
+from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
+                                 TokenEvent, refusal)
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.models.llama import DTYPES
 from voicert.engine.prompt import PromptBuilder, build_prompt, stop_token_ids
@@ -52,9 +51,9 @@ class SimpleEngine:
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         request.submit_ns = time.perf_counter_ns()
-        problem = request_problem(request)
-        if problem is not None:
-            return EndedStream(final_event(FinishReason.ERROR, f"bad request: {problem}"))
+        refused = refusal(request)
+        if refused is not None:
+            return refused
         stream = TokenStream(asyncio.get_running_loop())
         self.ledger.opened(request.request_id)
         self._inbox.put((request, stream))
