@@ -56,6 +56,7 @@ class ServerConfig:
     max_connections: int = 256  # open sockets, sessions or not (max_sessions counts sessions)
     max_history_items: int = 200  # conversation items a session keeps (the oldest go first)
     max_text_chars: int = 16000  # one text message (user.text, an item, instructions, a prompt)
+    max_completions: int = 64  # /v1/chat/completions requests running at once (more get 429)
 
     def __post_init__(self) -> None:
         _check(self.max_messages_per_s >= 0, "server.max_messages_per_s", "must be >= 0 (0: off)")
@@ -73,6 +74,7 @@ class ServerConfig:
                "must be >= server.max_sessions")
         _check(self.max_history_items >= 2, "server.max_history_items", "must be >= 2")
         _check(self.max_text_chars >= 100, "server.max_text_chars", "must be >= 100")
+        _check(self.max_completions >= 0, "server.max_completions", "must be >= 0 (0: off)")
 
 
 @dataclass(slots=True)

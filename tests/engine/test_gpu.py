@@ -44,11 +44,11 @@ def test_graph_decode_equals_eager_fp32(prompts):
     model = random_llama(cfg, torch.float32, "cuda")
     eager, graphed = make(model, False), make(model, True)
     try:
-        assert graphed.runner.graphs is not None and graphed.runner.prefill_graphs is not None
+        assert graphed.core.runner.graphs is not None and graphed.core.runner.prefill_graphs is not None
         assert run_engine(graphed, prompts) == run_engine(eager, prompts)
         assert max(r.batch for r in graphed.drain_steps() if r.kind == "prefill") > 1
         assert run_engine(graphed, prompts, sequential=True) == run_engine(eager, prompts, sequential=True)
-        assert graphed.runner.eager_steps == {"prefill": 0, "decode": 0}  # every step replayed
+        assert graphed.core.runner.eager_steps == {"prefill": 0, "decode": 0}  # every step replayed
     finally:
         eager.close()
         graphed.close()
@@ -66,7 +66,7 @@ def test_fused_kernels_equal_the_torch_path_fp32(prompts):
         assert fused_model.use_kernels and not torch_model.use_kernels
         assert run_engine(fused, prompts) == run_engine(ref, prompts)
         assert run_engine(fused, rep, new=48) == run_engine(ref, rep, new=48)
-        assert fused.scheduler.spec.proposed > 0
+        assert fused.core.scheduler.spec.proposed > 0
     finally:
         fused.close()
         ref.close()
@@ -95,7 +95,7 @@ def test_speculative_verify_graphs_equal_greedy_fp32(prompts):
     rep = [(p[:20] * 6)[:100] for p in prompts[:6]]
     try:
         assert run_engine(spec, rep, new=48) == run_engine(plain, rep, new=48)
-        assert spec.scheduler.spec.proposed > 0
+        assert spec.core.scheduler.spec.proposed > 0
     finally:
         plain.close()
         spec.close()
@@ -110,9 +110,9 @@ def test_draft_head_graphs_equal_greedy_fp32(prompts):
     plain, heads = make(model, True), make(model, True, spec=2, heads="embedded")
     try:
         assert run_engine(heads, prompts, new=40) == run_engine(plain, prompts, new=40)
-        assert heads.scheduler.spec.proposed > 0
-        assert heads.ahead_steps > 0  # verify steps fed from the last one's results on the GPU
-        assert heads.runner.eager_steps == {"prefill": 0, "decode": 0}
+        assert heads.core.scheduler.spec.proposed > 0
+        assert heads.core.ahead_steps > 0  # verify steps fed from the last one's results on the GPU
+        assert heads.core.runner.eager_steps == {"prefill": 0, "decode": 0}
     finally:
         plain.close()
         heads.close()
@@ -127,7 +127,7 @@ def test_overlapped_decode_equals_step_by_step_fp32(prompts):
     step, over = make(model, True, overlap=False), make(model, True)
 
     def run(engine, stop=None, cancel_after=None):
-        engine.scheduler.stop_ids = {stop} if stop is not None else set()
+        engine.core.scheduler.stop_ids = {stop} if stop is not None else set()
 
         async def main():
             async def one(i, p):
@@ -143,9 +143,9 @@ def test_overlapped_decode_equals_step_by_step_fp32(prompts):
         return asyncio.run(main())
 
     try:
-        free = over.blocks.available
+        free = over.core.blocks.available
         want = run(step)
-        assert run(over) == want and over.ahead_steps > 0
+        assert run(over) == want and over.core.ahead_steps > 0
         stop = want[5][0][len(want[5][0]) // 2]  # a token one reply makes midway: it stops there
         want = run(step, stop)
         assert any(r == "stop" for _, r in want)
@@ -153,7 +153,7 @@ def test_overlapped_decode_equals_step_by_step_fp32(prompts):
         got = run(over, cancel_after=3)
         assert got[0][1] == "cancelled" and got[0][0] == run(step)[0][0][: len(got[0][0])]
         assert got[1:] == run(step)[1:]
-        assert over.blocks.available == free and step.runner.eager_steps["decode"] == 0
+        assert over.core.blocks.available == free and step.core.runner.eager_steps["decode"] == 0
     finally:
         step.close()
         over.close()
@@ -179,8 +179,8 @@ def test_overlapped_verify_steps_with_accepted_drafts_equal_greedy_fp32(prompts,
         want = run_engine(plain, prompts, new=60)
         assert run_engine(over, prompts, new=60) == want
         assert run_engine(step, prompts, new=60) == want
-        assert over.scheduler.spec.accepted > 0 and over.ahead_steps > 0
-        assert step.ahead_steps == 0
+        assert over.core.scheduler.spec.accepted > 0 and over.core.ahead_steps > 0
+        assert step.core.ahead_steps == 0
     finally:
         plain.close()
         over.close()

@@ -96,19 +96,19 @@ def tokens_of(events):
 
 async def test_cached_equals_uncached_and_history_prefix_is_reused(engines):
     plain, _ = engines
-    hits_before = plain.blocks.stats.hits
+    hits_before = plain.core.blocks.stats.hits
     cold = [tokens_of(ev) for ev in await generate(plain, reqs("cold", PROMPTS[:4]))]
     warm = [tokens_of(ev) for ev in await generate(plain, reqs("warm", PROMPTS[:4]))]
     assert warm == cold
-    assert plain.blocks.stats.hits > hits_before
+    assert plain.core.blocks.stats.hits > hits_before
     # a second turn: the whole first turn (system + question + reply) is already cached
     first = (await generate(plain, reqs("t1", ["What is the capital of France?"])))[0]
     reply = "".join(e.text for e in first)
     history = (ChatMessage("user", "What is the capital of France?"),
                ChatMessage("assistant", reply.strip()))
-    hits = plain.blocks.stats.hits
+    hits = plain.core.blocks.stats.hits
     second = (await generate(plain, reqs("t2", ["And what about Germany?"], history=history)))[0]
-    reused = plain.blocks.stats.hits - hits
+    reused = plain.core.blocks.stats.hits - hits
     assert reused >= second[-1].prompt_tokens - 2 * plain.cfg.block_size - 12
     assert "Berlin" in "".join(e.text for e in second)
 
@@ -124,10 +124,10 @@ async def test_ngram_speculation_equals_greedy_with_batching(engines):
     plain, spec = engines
     texts = PROMPTS[4:7] + ["Confirm back to me: my name is Anna Smith and my number is 555 0199."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("g", texts, 64))]
-    before = spec.scheduler.spec.accepted
+    before = spec.core.scheduler.spec.accepted
     fast = [tokens_of(ev) for ev in await generate(spec, reqs("s", texts, 64))]
     assert fast == greedy
-    assert spec.scheduler.spec.accepted > before  # it did speculate, and kept some drafts
+    assert spec.core.scheduler.spec.accepted > before  # it did speculate, and kept some drafts
 
 
 async def test_stream_events_are_ordered_and_text_matches(engines):
@@ -141,7 +141,7 @@ async def test_stream_events_are_ordered_and_text_matches(engines):
 
 async def test_cancel_frees_the_sequence_and_its_blocks(engines):
     plain, _ = engines
-    free_before = plain.blocks.available
+    free_before = plain.core.blocks.available
     req = GenerationRequest("cancel-me", [ChatMessage("system", "Answer at great length."),
                                           ChatMessage("user", "Count from one to two hundred.")], 300)
     seen = []
@@ -151,7 +151,7 @@ async def test_cancel_frees_the_sequence_and_its_blocks(engines):
             plain.cancel("cancel-me")
     assert seen[-1].finish_reason == "cancelled" and len(seen) < 10
     assert "cancel-me" not in plain.live_requests()
-    assert plain.blocks.available == free_before
+    assert plain.core.blocks.available == free_before
 
 
 async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
@@ -171,14 +171,14 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
                         model=model, tokenizer=tok, draft=draft)  # as served on the CPU
         try:
             out = [tokens_of(ev) for ev in await generate(eng, reqs(f"d{name}", texts, 40))]
-            spec = eng.scheduler.spec
+            spec = eng.core.scheduler.spec
             assert out == greedy, name
             assert spec.proposed > 0
             if name == "self":
                 assert spec.acceptance_rate > 0.9 and spec.mean_accepted_length > 3
             else:
                 assert spec.acceptance_rate < 0.2
-            assert not eng.drafter.state  # every finished sequence released its draft blocks
+            assert not eng.core.drafter.state  # every finished sequence released its draft blocks
         finally:
             eng.close()
 
@@ -196,7 +196,7 @@ async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, pa
                                             draft_heads="embedded"), model=model, tokenizer=tok)
     try:
         out = [tokens_of(ev) for ev in await generate(eng, reqs("hs", texts, 48))]
-        spec = eng.scheduler.spec
+        spec = eng.core.scheduler.spec
         assert out == greedy
         assert spec.proposed > 0 and spec.mean_accepted_length > 1.2  # they do guess right
     finally:
@@ -218,14 +218,14 @@ async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monke
     events = [e async for e in plain.submit(bad)]
     assert [e.finish_reason for e in events] == ["error"] and "bad request" in events[0].error
     # a chat template that raises on the engine thread fails that request, not the engine
-    real = plain.prompts.build
+    real = plain.core.prompts.build
 
     def build(messages, budget):
         if any("explode" in m.content for m in messages):
             raise ValueError("template exploded")
         return real(messages, budget)
 
-    monkeypatch.setattr(plain.prompts, "build", build)
+    monkeypatch.setattr(plain.core.prompts, "build", build)
     boom = GenerationRequest("boom", [SYSTEM, ChatMessage("user", "explode")], 8)
     ok = GenerationRequest("fine", [SYSTEM, ChatMessage("user", "Say hello.")], 8, ignore_eos=True)
     a, b = await asyncio.gather(_collect(plain.submit(boom)), _collect(plain.submit(ok)))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
+from voicert.agent.reply import Reply, ReplyOutcome
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.core import events as ev
 from voicert.agent.turns import (DecodeKind, Detection, DropDecode, StartDecode, TurnEnded,
@@ -60,12 +61,11 @@ class Turn:
     turn_id: int
     trace: TurnTrace
     task: asyncio.Task | None = None
-    request_id: str = ""
+    reply: Reply | None = None  # once the reply's request is in the engine
     early_asr: bool = False  # the transcript came from the decode started before the endpoint
     early_prefill: bool = False  # its prompt was prefilled before the endpoint
     cancel_requested: bool = False
     cancel_reason: str = "cancelled"
-    speech: SpeechOut | None = None  # speaking the reply, when the session asked for audio
     system_prompt: str | None = None  # this reply's own instructions (else the session's)
     speak: bool | None = None  # speak this reply (None: if the session has output audio)
 
@@ -243,7 +243,7 @@ class Session:
         """Speech (past min_speech_ms) while a reply streams interrupts it."""
         turn = self.turn
         if (self.vad_cfg.barge_in and turn is not None and turn.task is not None
-                and not turn.task.done() and turn.request_id):
+                and not turn.task.done() and turn.reply is not None):
             self._cancel(turn, "interrupted")
 
     def _start_turn(self, ended: TurnEnded) -> None:
@@ -282,10 +282,8 @@ class Session:
             return
         turn.cancel_requested = True
         turn.cancel_reason = reason
-        if turn.speech is not None:
-            turn.speech.cancel()
-        if turn.request_id:
-            self.svc.engine.cancel(turn.request_id)
+        if turn.reply is not None:
+            turn.reply.cancel(reason)
         else:
             turn.task.cancel()
 
@@ -341,64 +339,32 @@ class Session:
         return SpeechOut(worker, fmt, send, turn.trace, self.cfg.tts.first_clause_chars)
 
     async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
-        """Generate (and, when asked for, speak) the reply to the conversation in ``history``."""
-        trace = turn.trace
+        """Generate (and, when asked for, speak) the reply to the conversation in ``history``;
+        what was sent joins the history, the turn's latency is recorded and announced."""
         messages = [ChatMessage("system", turn.system_prompt or self.system_prompt),
                     *self.history.messages()]
-        turn.request_id = f"{self.id}-{next(_request_ids)}"
-        request = GenerationRequest(turn.request_id, messages,
+        request = GenerationRequest(f"{self.id}-{next(_request_ids)}", messages,
                                     max_new_tokens or self.max_new_tokens, self.id)
-        stream = self.svc.engine.submit(request)
-        trace.mark(Point.SUBMIT, request.submit_ns)
-        turn.speech = speech = self._speech_out(turn)
-        await self.emit(ev.ReplyStarted(turn.turn_id, speech is not None))
-        parts: list[str] = []
-        tokens, prompt_tokens, reason = 0, 0, "error"
+        reply = turn.reply = Reply(self.svc.engine, request, turn.turn_id, turn.trace, self.emit,
+                                   self._speech_out(turn))
         try:
-            async for tok in stream:
-                prompt_tokens = tok.prompt_tokens
-                if tok.finish_reason is not None:
-                    reason = turn.cancel_reason if tok.finish_reason == "cancelled" else tok.finish_reason
-                    if tok.error:
-                        await self.emit(ev.SessionError(p.ErrorCode.ENGINE_FAILED.value, tok.error))
-                    break
-                if turn.cancel_requested:
-                    continue  # the engine stops within a step; tokens already made are dropped
-                if tok.index == 0:
-                    trace.mark(Point.PREFILL_START, tok.prefill_start_ns)
-                    trace.mark(Point.FIRST_TOKEN_SAMPLED, tok.sampled_ns)
-                    trace.mark(Point.FIRST_TOKEN_RECEIVED)
-                parts.append(tok.text)
-                tokens += 1
-                await self.emit(ev.ReplyToken(turn.turn_id, tok.index, tok.text))
-                trace.mark(Point.FIRST_TOKEN_SENT)
-                if speech is not None:
-                    speech.feed(tok.text)
-            if speech is not None and not turn.cancel_requested:
-                speech.finish()
-                await speech.wait()  # the reply ends when its last audio is sent
-                if turn.cancel_requested:  # barge-in while it was being spoken
-                    reason = turn.cancel_reason
-        except asyncio.CancelledError:  # only if cancelled from outside: free the engine anyway
-            self.svc.engine.cancel(turn.request_id)
-            reason = turn.cancel_reason
-            raise
+            await reply.run()
         finally:
-            if speech is not None and (turn.cancel_requested or reason == "error"):
-                speech.cancel()
-            trace.mark(Point.DONE)
-            reply = "".join(parts).strip()
-            if reply:
-                self.history.add(Role.ASSISTANT, reply[:self.history.max_text_chars])
-            record = TurnRecord.from_trace(trace, self.id, reason, tokens,
-                                           self.cfg.telemetry.budget_ms)
-            self.svc.metrics.observe_turn(record)
-            stages = record.stages
-            log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason, tokens,
-                     prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
-            await self.emit(ev.ReplyDone(turn.turn_id, reply, tokens, prompt_tokens, ev.ReplyEnd(reason)))
-            await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr,
-                                          turn.early_prefill))
+            if reply.outcome is not None:
+                await self._reply_done(turn, reply.outcome)
+
+    async def _reply_done(self, turn: Turn, out: ReplyOutcome) -> None:
+        if out.text:
+            self.history.add(Role.ASSISTANT, out.text[:self.history.max_text_chars])
+        record = TurnRecord.from_trace(turn.trace, self.id, out.reason, out.tokens,
+                                       self.cfg.telemetry.budget_ms)
+        self.svc.metrics.observe_turn(record)
+        stages = record.stages
+        log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, out.reason,
+                 out.tokens, out.prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
+        await self.emit(ev.ReplyDone(turn.turn_id, out.text, out.tokens, out.prompt_tokens,
+                                     ev.ReplyEnd(out.reason)))
+        await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr, turn.early_prefill))
 
     def idle(self) -> bool:
         """No turn or reply is running."""

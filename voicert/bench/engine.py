@@ -241,9 +241,9 @@ class Bench:
         out = []
         for name, eng in self.spec_engines.items():
             await self._voice_run(eng, prompts[:1])
-            before = dataclasses.replace(eng.scheduler.spec)
+            before = dataclasses.replace(eng.core.scheduler.spec)
             tpot, outs = await self._voice_run(eng, prompts)
-            spec = eng.scheduler.spec
+            spec = eng.core.scheduler.spec
             steps, emitted = spec.seq_steps - before.seq_steps, spec.emitted - before.emitted
             proposed, accepted = spec.proposed - before.proposed, spec.accepted - before.accepted
             out.append({"name": name, "greedy_tpot_ms": greedy_tpot, "tpot_ms": tpot,

@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Protocol
 
+import msgspec
+
 
 class FinishReason(enum.StrEnum):
     """Why a request's stream ended (the final TokenEvent's ``finish_reason``)."""
@@ -63,6 +65,21 @@ class TokenEvent:
     prefill_start_ns: int
     prompt_tokens: int
     finish_reason: str | None = None  # stop | length | cancelled | error
+    error: str | None = None
+
+
+class TokenOut(msgspec.Struct, frozen=True, array_like=True, gc=False):
+    """What the engine core produces: one generated token id, or a request's final record
+    (``finish_reason`` set, ``token_id`` -1). No text: the client detokenises
+    (:class:`~voicert.engine.stream.TokenStream`), so the core's thread (or process) only steps."""
+
+    request_id: str
+    index: int  # 0-based position in the reply; the final record repeats the token count
+    token_id: int
+    sampled_ns: int
+    prefill_start_ns: int
+    prompt_tokens: int
+    finish_reason: str | None = None
     error: str | None = None
 
 
@@ -124,6 +141,11 @@ def final_event(reason: str, error: str | None = None, index: int = 0, prefill_s
     """The last event of a request's stream."""
     return TokenEvent(index, -1, "", time.perf_counter_ns(), prefill_start_ns, prompt_tokens,
                       finish_reason=reason, error=error)
+
+
+def final_out(request_id: str, reason: str, error: str | None = None) -> "TokenOut":
+    """The final record of a request that ends before (or without) reaching the engine core."""
+    return TokenOut(request_id, 0, -1, time.perf_counter_ns(), 0, 0, reason, error)
 
 
 class EndedStream:

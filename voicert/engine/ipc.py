@@ -3,8 +3,8 @@ msgspec (msgpack) over a pipe. One union per direction; nothing else crosses.
 
 Server -> engine: :class:`Submit`, :class:`Cancel`, :class:`Stop`.
 Engine -> server: :class:`Ready` or :class:`StartFailed` once, then :class:`Events` (one engine
-step's token events), :class:`Stats` (pushed every ``stats_interval_s``: the server never waits for
-them) and, if the engine thread dies, :class:`Failed` before the process exits.
+step's records: token ids; the server detokenises), :class:`Stats` (pushed every
+``stats_interval_s``: the server never waits for them) and, if the engine thread dies, :class:`Failed` before the process exits.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Union
 
 import msgspec
 
-from voicert.engine.base import GenerationRequest, StepRecord, TokenEvent
-from voicert.engine.llm_engine import EngineLoad
+from voicert.engine.base import GenerationRequest, StepRecord, TokenOut
+from voicert.engine.core import EngineLoad
 from voicert.telemetry.gcwatch import GcPause
 
 
@@ -39,7 +39,7 @@ class StartFailed(msgspec.Struct, tag=True, array_like=True):
 
 
 class Events(msgspec.Struct, tag=True, array_like=True):
-    items: list[tuple[str, TokenEvent]]  # (request id, event), in the order they were made
+    items: list[TokenOut]  # token ids and final records, in the order they were made
     steps: list[StepRecord] = []  # the engine step(s) that made them (for metrics)
 
 

@@ -2,14 +2,15 @@
 
 In one process the engine thread shares the GIL with the event loop (every audio frame of every
 session), the VAD threads and the ASR worker; under load it gets too little host time to launch its
-kernels (docs/benchmarks.md section 8). Here the :class:`LLMEngine` runs in a child process (spawned:
-CUDA cannot be forked) and this proxy implements the same :class:`Engine` interface in the server:
+kernels (docs/benchmarks.md section 8). Here the :class:`EngineCore` runs on an
+:class:`EngineThread` in a child process (spawned: CUDA cannot be forked) and this client implements
+the same :class:`Engine` interface in the server:
 
 - requests go down one pipe as typed messages (``voicert.engine.ipc``, msgspec); the child's
   receiving thread applies the chat template and tokenises, so the engine thread only steps;
-- each engine step's token events come back up another pipe as one message, read by one thread
-  here and handed to asyncio with one loop wake-up (as in-process); the child pushes its figures
-  twice a second, so reading them never waits on it.
+- each engine step's records (token ids) come back up another pipe as one message, read by one
+  thread here and handed to asyncio with one loop wake-up (as in-process), where each stream
+  detokenises them; the child pushes its figures twice a second, so reading them never waits on it.
 
 Timestamps stay comparable: ``time.perf_counter_ns`` is the system-wide monotonic clock on Linux.
 """
@@ -24,13 +25,17 @@ import os
 import signal
 import threading
 import time
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from voicert.engine import ipc
 from voicert.engine.base import (EndedStream, EngineStats, FinishReason, GenerationRequest,
-                                 RequestLedger, StepRecord, TokenEvent, final_event,
-                                 refusal)
+                                 RequestLedger, StepRecord, TokenEvent, TokenOut, final_event,
+                                 final_out, refusal)
+from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.stream import TokenStream
+
+if TYPE_CHECKING:
+    from voicert.engine.llm_engine import EngineThread
 from voicert.telemetry.gcwatch import GcPause
 
 log = logging.getLogger(__name__)
@@ -45,37 +50,17 @@ class _Channel:
         self.conn = conn
         self.lock = threading.Lock()
         self.codec = ipc.Codec()
-        self.steps = None  # the engine's drain_steps, once it exists: step records ride along
 
     def send(self, msg) -> None:
         with self.lock:  # the encoder too is used under the lock: one thread at a time
             self.conn.send_bytes(self.codec.encode(msg))
 
-    def deliver(self, batch: list[tuple["_Sink", TokenEvent]]) -> None:
-        """One engine step's events, as one message."""
-        steps = self.steps() if self.steps is not None else []
-        self.send(ipc.Events([(sink.request_id, ev) for sink, ev in batch], steps))
 
-
-class _Sink:
-    """Child side: stands in for a request's TokenStream; the engine's step hands it events."""
-
-    __slots__ = ("request_id", "batch_key")
-
-    def __init__(self, request_id: str, channel: _Channel) -> None:
-        self.request_id = request_id
-        self.batch_key = channel  # TokenStream.post_all groups a step's events by this
-
-    def put_threadsafe(self, event: TokenEvent) -> None:
-        self.batch_key.deliver([(self, event)])
-
-
-def _push_stats(engine, gc_watch, channel: _Channel, stop: threading.Event) -> None:
+def _push_stats(engine: "EngineThread", gc_watch, channel: _Channel, stop: threading.Event) -> None:
     """Child: send the engine's figures every STATS_INTERVAL_S until ``stop``."""
     while not stop.wait(STATS_INTERVAL_S):
         try:
-            channel.send(ipc.Stats(engine.load, engine.drain_steps(),
-                                   gc_watch.drain()))
+            channel.send(ipc.Stats(engine.load, engine.core.drain_steps(), gc_watch.drain()))
         except OSError:
             return
 
@@ -90,14 +75,14 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events)
 
         if threads > 0:
             torch.set_num_threads(threads)
-        from voicert.engine.llm_engine import LLMEngine
+        from voicert.engine.core import EngineCore
+        from voicert.engine.llm_engine import EngineThread
         from voicert.engine.prompt import PromptBuilder
-
         from voicert.telemetry.gcwatch import GcWatch, settle
 
-        engine = LLMEngine(model_dir, cfg)
-        engine.warmup()
-        prompts = PromptBuilder(engine.tokenizer)  # this (receiving) thread's own
+        core = EngineCore(model_dir, cfg)
+        core.warmup()
+        prompts = PromptBuilder(core.tokenizer)  # this (receiving) thread's
         if gc_freeze:
             settle()
         gc_watch = GcWatch().install()
@@ -105,15 +90,17 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events)
         channel.send(ipc.StartFailed(f"{type(exc).__name__}: {exc}"))
         return
 
-    def on_failure(why: str) -> None:  # engine thread: its open requests were failed already
+    def deliver(outs: list[TokenOut]) -> None:  # engine thread: one step's records, one message
+        channel.send(ipc.Events(outs, core.drain_steps()))
+
+    def on_failure(why: str) -> None:  # engine thread: its open requests are failed next
         try:
             channel.send(ipc.Failed(why))
         finally:
             os._exit(EXIT_ENGINE_DIED)
 
+    engine = EngineThread(core, deliver)
     engine.on_failure = on_failure
-    engine.drain_steps()  # the warm-up's steps are not serving's
-    channel.steps = engine.drain_steps
     channel.send(ipc.Ready(os.getpid()))
     stop = threading.Event()
     threading.Thread(target=_push_stats, args=(engine, gc_watch, channel, stop),
@@ -127,27 +114,27 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events)
         if isinstance(msg, ipc.Submit):
             _submit(engine, prompts, cfg, msg.request, channel)
         elif isinstance(msg, ipc.Cancel):
-            engine.cancel(msg.request_id)
+            engine.abort(msg.request_id)
         elif isinstance(msg, ipc.Stop):
             break
     stop.set()
-    engine.close()
+    engine.stop()
 
 
-def _submit(engine, prompts, cfg, request: GenerationRequest, channel: _Channel) -> None:
+def _submit(engine: "EngineThread", prompts, cfg, request: GenerationRequest,
+            channel: _Channel) -> None:
     """Child: template and tokenise here (not between engine steps), then hand the request over.
     A request that cannot be templated fails alone."""
-    sink = _Sink(request.request_id, channel)
     if request.prompt_ids is None:
         try:
             budget = cfg.max_context_tokens - request.max_new_tokens
             request.prompt_ids = prompts.build(request.messages, budget)
         except Exception as exc:
             log.warning("engine: request %s refused: %s", request.request_id, exc)
-            sink.put_threadsafe(final_event(FinishReason.ERROR,
-                                            f"request refused: {type(exc).__name__}: {exc}"))
+            channel.send(ipc.Events([final_out(request.request_id, FinishReason.ERROR,
+                                               f"request refused: {type(exc).__name__}: {exc}")]))
             return
-    engine.admit(request, sink)
+    engine.add(request)
 
 
 class EngineProcess:
@@ -181,6 +168,9 @@ class EngineProcess:
             self._proc.join(5)
             raise RuntimeError(f"engine process failed to start: {first.error}")
         self.pid = first.pid
+        from transformers import AutoTokenizer
+
+        self._tokenizer = AutoTokenizer.from_pretrained(model_dir)  # detokenising, on this side
         self._lock = threading.Lock()  # guards _streams, failure, and the request pipe
         self._streams: dict[str, TokenStream] = {}
         self.failure: str | None = None
@@ -198,6 +188,11 @@ class EngineProcess:
     @property
     def alive(self) -> bool:
         return self.failure is None
+
+    @property
+    def load(self):
+        """The figures the child last pushed (an EngineLoad; None before the first push)."""
+        return self._stats.load if self._stats is not None else None
 
     @property
     def queue_depth(self) -> int:
@@ -234,16 +229,16 @@ class EngineProcess:
             self.on_failure(why)  # first, so that whoever hears of a failed request sees it down
         self._fail_open_streams(why)
 
-    def _deliver(self, items: list[tuple[str, TokenEvent]]) -> None:
+    def _deliver(self, items: list[TokenOut]) -> None:
         out = []
         with self._lock:
-            for rid, ev in items:
-                stream = self._streams.get(rid)
-                if ev.finish_reason is not None:
-                    self._streams.pop(rid, None)
-                    self.ledger.closed(rid, ev.finish_reason, ev.index)
+            for rec in items:
+                stream = self._streams.get(rec.request_id)
+                if rec.finish_reason is not None and stream is not None:
+                    self._streams.pop(rec.request_id, None)
+                    self.ledger.closed(rec.request_id, rec.finish_reason, rec.index)
                 if stream is not None:
-                    out.append((stream, ev))
+                    out.append((stream, rec))
         TokenStream.post_all(out)
 
     def _fail_open_streams(self, why: str) -> None:
@@ -265,7 +260,7 @@ class EngineProcess:
         refused = refusal(request)
         if refused is not None:
             return refused
-        stream = TokenStream(asyncio.get_running_loop())
+        stream = TokenStream(asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
         with self._lock:
             if self.failure is not None:
                 return EndedStream(final_event(FinishReason.ERROR, self.failure))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
 
 from voicert.engine.base import GenerationRequest
 from voicert.engine.kv_cache import SeqBlocks
@@ -21,7 +20,6 @@ class Status(enum.Enum):
 class Sequence:
     request: GenerationRequest
     prompt: list[int]
-    stream: Any = None  # where token events go (the engine's TokenStream)
     tokens: list[int] = field(default_factory=list)  # prompt + generated
     num_computed: int = 0  # leading tokens whose KV is in the pool
     blocks: SeqBlocks | None = None
@@ -32,7 +30,6 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     draft: list[int] = field(default_factory=list)  # speculative tokens for the next step
     head_draft: list[int] = field(default_factory=list)  # draft heads' guess after the last token
-    detok: Any = None
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -1,44 +1,47 @@
-"""Token streams: the engine thread produces TokenEvents, an asyncio task consumes them."""
+"""Token streams: an engine thread (or the engine process's reader thread) produces a request's
+records, an asyncio task consumes them as :class:`~voicert.engine.base.TokenEvent`s."""
 
 from __future__ import annotations
 
 import asyncio
 
-from voicert.engine.base import TokenEvent
+from voicert.engine.base import TokenEvent, TokenOut
+from voicert.engine.detok import IncrementalDetokenizer
 
 
 class TokenStream:
-    """Async iterator over one request's TokenEvents, fed from the engine thread."""
+    """Async iterator over one request's TokenEvents, fed from another thread.
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    Fed :class:`TokenOut` records (token ids, from the engine core), it detokenises them here, on the
+    consumer's event loop, with its own :class:`IncrementalDetokenizer` (so the engine thread or
+    process only steps); fed TokenEvents (the simple engine), it passes them through."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop,
+                 detok: IncrementalDetokenizer | None = None) -> None:
         self._loop = loop
-        self._queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._detok = detok
+        self._queue: asyncio.Queue[TokenEvent | TokenOut] = asyncio.Queue()
         self._ended = False
 
-    def put_threadsafe(self, event: TokenEvent) -> None:
-        """Called on the engine thread; wakes the consumer with one loop callback."""
+    def put_threadsafe(self, event: TokenEvent | TokenOut) -> None:
+        """Called on a producer thread; wakes the consumer with one loop callback."""
         try:
             self._loop.call_soon_threadsafe(self._queue.put_nowait, event)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
     @staticmethod
-    def post_all(items: list[tuple["TokenStream", TokenEvent]]) -> None:
-        """Called on the engine thread with one step's events: one loop wake-up per event loop,
-        however many streams and tokens the step produced."""
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[TokenStream, TokenEvent]]] = {}
-        by_key: dict[object, list] = {}
+    def post_all(items: list[tuple["TokenStream", TokenEvent | TokenOut]]) -> None:
+        """Called on a producer thread with one step's records: one loop wake-up per event loop,
+        however many streams and tokens the step produced. Sinks without a loop (a warm-up's)
+        get theirs directly."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for stream, event in items:
             loop = getattr(stream, "_loop", None)
-            key = getattr(stream, "batch_key", None)
             if loop is not None:
                 by_loop.setdefault(loop, []).append((stream, event))
-            elif key is not None:  # a sink that takes a step's events at once (engine process)
-                by_key.setdefault(key, []).append((stream, event))
-            else:  # e.g. a warm-up sink: deliver directly
+            else:
                 stream.put_threadsafe(event)
-        for key, batch in by_key.items():
-            key.deliver(batch)
         for loop, batch in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, batch)
@@ -51,12 +54,19 @@ class TokenStream:
     async def __anext__(self) -> TokenEvent:
         if self._ended:
             raise StopAsyncIteration
-        event = await self._queue.get()
-        if event.finish_reason is not None:
+        item = await self._queue.get()
+        if item.finish_reason is not None:
             self._ended = True
-        return event
+        return self._event(item) if isinstance(item, TokenOut) else item
+
+    def _event(self, out: TokenOut) -> TokenEvent:
+        text = ""
+        if out.token_id >= 0 and self._detok is not None:
+            text = self._detok.push(out.token_id)
+        return TokenEvent(out.index, out.token_id, text, out.sampled_ns, out.prefill_start_ns,
+                          out.prompt_tokens, out.finish_reason, out.error)
 
 
-def _deliver(batch: list[tuple[TokenStream, TokenEvent]]) -> None:
+def _deliver(batch: list[tuple[TokenStream, TokenEvent | TokenOut]]) -> None:
     for stream, event in batch:
         stream._queue.put_nowait(event)

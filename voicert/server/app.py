@@ -15,8 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from websockets.asyncio.server import Server, ServerConnection, serve
-from websockets.datastructures import Headers
+from websockets.asyncio.server import Server, ServerConnection
 from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
@@ -28,8 +27,10 @@ from voicert.engine.base import EngineState
 from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
 from voicert.server.logs import quiet_handshake_logger
 from voicert.server import access, dashboard
+from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
-from voicert.server.dashboard import static_file
+from voicert.server.dashboard import STATIC, static_file
+from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, route_path, text
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.speech.asr import WhisperAsr
@@ -118,16 +119,6 @@ def _start_engine(cfg: Config, model_dir: str):
     return engine
 
 
-def _response(status: http.HTTPStatus, data: bytes, content_type: str) -> Response:
-    headers = Headers([("Content-Type", content_type), ("Content-Length", str(len(data))),
-                       ("Cache-Control", "no-store"), ("Connection", "close")])
-    return Response(status.value, status.phrase, headers, data)
-
-
-def _text_response(status: http.HTTPStatus, body: str) -> Response:
-    return _response(status, body.encode(), "text/plain; charset=utf-8")
-
-
 @dataclass
 class VoiceServer:
     """Routes and lifecycle. ``services`` may arrive after the socket is listening (models still
@@ -137,7 +128,8 @@ class VoiceServer:
     config: Config | None = None
     connections: set[Connection] = field(default_factory=set)
     dashboard_conns: set[ServerConnection] = field(default_factory=set)
-    _server: Server | None = None
+    _server: Listener | None = None  # while listening
+    _listener: Listener | None = None
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
     sampler: Sampler | None = None  # the process's one telemetry sampler
@@ -164,50 +156,69 @@ class VoiceServer:
         if loop is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self._stopping.set)
 
-    def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
-        path = request.path.split("?", 1)[0]
-        if path == "/healthz":
-            return _text_response(http.HTTPStatus.OK, "ok\n")
-        if path == "/readyz":
-            return _text_response(
-                http.HTTPStatus.OK if self.ready else http.HTTPStatus.SERVICE_UNAVAILABLE,
-                "ready\n" if self.ready else "not ready\n")
+    def routes(self) -> Routes:
+        """The route table: plain HTTP by method and path, and the WebSocket doors."""
+        routes = Routes()
+        routes.add("GET", "/healthz", self._healthz)
+        routes.add("GET", "/readyz", self._readyz)
+        routes.add("GET", "/metrics", self._metrics)
+        for path in STATIC:
+            routes.add("GET", path, self._static)
+        chat = ChatCompletions(lambda: self.services, lambda: self.ready)
+        routes.add("POST", CHAT_PATH, chat.completions)
+        routes.add("GET", MODELS_PATH, chat.models)
+        for path in (*SESSION_ROUTES, dashboard.FEED_PATH):
+            routes.add_websocket(path)
+        return routes
+
+    async def _healthz(self, request: HttpRequest) -> HttpResponse:
+        return text(http.HTTPStatus.OK, "ok\n")
+
+    async def _readyz(self, request: HttpRequest) -> HttpResponse:
+        ready = self.ready
+        return text(http.HTTPStatus.OK if ready else http.HTTPStatus.SERVICE_UNAVAILABLE,
+                    "ready\n" if ready else "not ready\n")
+
+    async def _metrics(self, request: HttpRequest) -> HttpResponse:
         if self.services is None:
-            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "loading models\n")
-        if path == "/metrics":
-            self._sampler_for(self.services).sample()
-            return _response(http.HTTPStatus.OK, self.services.metrics.exposition(),
-                             METRICS_CONTENT_TYPE)
-        page = static_file(path)
-        if page is not None:
-            return _response(http.HTTPStatus.OK, *page)
-        if path == dashboard.FEED_PATH:
-            refusal = self._refuse(request)
-            if refusal is not None:
-                return refusal
-            if len(self.dashboard_conns) >= MAX_DASHBOARDS:
-                return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many dashboards\n")
-            return None
-        if path not in SESSION_ROUTES:
-            return _text_response(http.HTTPStatus.NOT_FOUND, f"no route {path}\n")
-        refusal = self._refuse(request)
+            return text(http.HTTPStatus.SERVICE_UNAVAILABLE, "loading models\n")
+        self._sampler_for(self.services).sample()
+        return HttpResponse(http.HTTPStatus.OK, self.services.metrics.exposition(),
+                            METRICS_CONTENT_TYPE)
+
+    async def _static(self, request: HttpRequest) -> HttpResponse:
+        body, content_type = static_file(request.path)
+        return HttpResponse(http.HTTPStatus.OK, body, content_type)
+
+    def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
+        """Checks before a WebSocket handshake completes: route, loading, access, limits."""
+        path, _ = route_path(request.path)
+        if self._listener is None or path not in self._listener.routes.websocket:
+            return ws.respond(http.HTTPStatus.NOT_FOUND, f"no route {path}\n")
+        if self.services is None:
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "loading models\n")
+        refusal = self._refuse(ws, request)
         if refusal is not None:
             return refusal
+        if path == dashboard.FEED_PATH:
+            if len(self.dashboard_conns) >= MAX_DASHBOARDS:
+                return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "too many dashboards\n")
+            return None
         if self.services.draining:
-            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
         if not self.ready:
-            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                  "not ready (engine restarting)\n")
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                              "not ready (engine restarting)\n")
         s = self.cfg.server
         if self.services.metrics.active_sessions >= s.max_sessions:
-            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                  f"session limit ({s.max_sessions}) reached\n")
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                              f"session limit ({s.max_sessions}) reached\n")
         if len(self.connections) >= s.max_connections:
-            return _text_response(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                                  f"connection limit ({s.max_connections}) reached\n")
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
+                              f"connection limit ({s.max_connections}) reached\n")
         return None
 
-    def _refuse(self, request: Request) -> Response | None:
+    def _refuse(self, ws: ServerConnection, request: Request) -> Response | None:
         """Bearer token and origin checks for a WebSocket route (see server/access.py)."""
         s = self.cfg.server
         refusal = access.check(request.path, request.headers.get("Authorization"),
@@ -215,21 +226,21 @@ class VoiceServer:
                                access.split_list(s.allowed_origins), request.headers.get("Host"))
         if refusal is None:
             return None
-        log.info("refused %s: %s", request.path.split("?", 1)[0], refusal.reason)
-        response = _text_response(refusal.status, refusal.reason + "\n")
+        log.info("refused %s: %s", route_path(request.path)[0], refusal.reason)
+        response = ws.respond(refusal.status, refusal.reason + "\n")
         for name, value in refusal.headers:
             response.headers[name] = value
         return response
 
     async def _handler(self, ws: ServerConnection) -> None:
-        if ws.request is not None and ws.request.path.split("?", 1)[0] == dashboard.FEED_PATH:
+        path = route_path(ws.request.path)[0] if ws.request is not None else STREAM_PATH
+        if path == dashboard.FEED_PATH:
             self.dashboard_conns.add(ws)
             try:
                 await dashboard.feed(ws, self.services, self._sampler_for(self.services))
             finally:
                 self.dashboard_conns.discard(ws)
             return
-        path = ws.request.path.split("?", 1)[0] if ws.request is not None else STREAM_PATH
         conn = SESSION_ROUTES[path](ws, self.services)
         self.connections.add(conn)
         try:
@@ -244,10 +255,13 @@ class VoiceServer:
         self._loop = asyncio.get_running_loop()
         if self.services is not None:
             self._watch_services(self.services)
-        self._server = await serve(self._handler, s.host, s.port, process_request=self._process_request,
-                                   max_size=s.max_message_bytes, max_queue=64,
-                                   compression=None, ping_interval=20, ping_timeout=20,
-                                   logger=quiet_handshake_logger())
+        ws_server = Server(self._handler, process_request=self._process_request,
+                           logger=quiet_handshake_logger())
+        self._listener = Listener(self.routes(), ws_server, max_body_bytes=s.max_message_bytes,
+                                  ws_options=dict(max_size=s.max_message_bytes, max_queue=64,
+                                                  ping_interval=20, ping_timeout=20))
+        await self._listener.start(s.host, s.port)
+        self._server = self._listener
         log.info("voicert listening on ws://%s:%d%s", s.host, self.port, STREAM_PATH)
 
     def _sampler_for(self, svc: Services) -> Sampler:
@@ -271,8 +285,8 @@ class VoiceServer:
 
     @property
     def port(self) -> int:
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        assert self._listener is not None
+        return self._listener.port
 
     async def shutdown(self) -> None:
         """Stop accepting; let running turns finish within the grace period; close the rest."""
@@ -304,6 +318,7 @@ class VoiceServer:
                 if ws.transport is not None and not ws.transport.is_closing():
                     ws.transport.abort()
             await asyncio.gather(*closing, return_exceptions=True)
+        self._server.abort_requests()
         await self._server.wait_closed()
         self._server = None
         if self.sampler is not None:

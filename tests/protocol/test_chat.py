@@ -1,0 +1,106 @@
+"""The chat completions codec: what a body asks for, what it is refused for, stop strings."""
+
+import json
+
+import pytest
+from hypothesis import given, strategies as st
+
+from voicert.protocol import chat
+
+
+def parse(**body):
+    body.setdefault("model", "m")
+    body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    return chat.parse_request(json.dumps(body).encode(), max_text_chars=1000)
+
+
+def refused(**body) -> chat.ChatError:
+    with pytest.raises(chat.ChatError) as info:
+        parse(**body)
+    return info.value
+
+
+def test_a_plain_request_maps_roles_and_text_parts():
+    req = parse(messages=[{"role": "developer", "content": "be brief"},
+                          {"role": "user", "content": [{"type": "text", "text": "a"},
+                                                       {"type": "text", "text": "b"}]},
+                          {"role": "assistant", "content": "ok", "name": "bot"}],
+                max_completion_tokens=7, stream=True, stream_options={"include_usage": True},
+                stop="\n", temperature=0, n=1, seed=3, user="u")
+    assert req.messages == [("system", "be brief"), ("user", "ab"), ("assistant", "ok")]
+    assert (req.max_tokens, req.stream, req.include_usage, req.stop) == (7, True, True, ("\n",))
+    assert req.id.startswith("chatcmpl-")
+
+
+@pytest.mark.parametrize("body, param, code", [
+    ({"temperature": 0.7}, "temperature", "unsupported_value"),
+    ({"n": 2}, "n", "unsupported_value"),
+    ({"top_p": True}, "top_p", "unsupported_value"),
+    ({"tools": []}, "tools", "unsupported_parameter"),
+    ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+    ({"max_tokens": 0}, "max_tokens", "invalid_value"),
+    ({"max_tokens": "5"}, "max_tokens", "invalid_value"),
+    ({"stream": "yes"}, "stream", "invalid_value"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+    ({"stop": ["a"] * 5}, "stop", "invalid_value"),
+    ({"stop": [""]}, "stop", "invalid_value"),
+    ({"model": ""}, "model", "invalid_value"),
+    ({"messages": []}, "messages", "invalid_value"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "unsupported_value"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content",
+     "unsupported_value"),
+    ({"messages": [{"role": "user", "content": "x" * 1001}]}, "messages[0].content",
+     "string_above_max_length"),
+    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+     "messages[0].tool_calls", "unsupported_parameter"),
+])
+def test_what_voicert_would_not_honour_is_refused_with_the_parameter_named(body, param, code):
+    err = refused(**body)
+    assert (err.status, err.param, err.code) == (400, param, code)
+    assert err.body()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("raw", [b"", b"{", b"[]", b"\xff", b"[" * 100000])
+def test_a_body_that_is_not_a_json_object_is_refused(raw):
+    with pytest.raises(chat.ChatError) as info:
+        chat.parse_request(raw, 1000)
+    assert info.value.status == 400
+
+
+def test_a_stop_string_split_across_deltas_is_cut_and_never_sent():
+    m = chat.StopMatcher(("STOP",))
+    assert m.push("hello ST") == ("hello ", False)  # "ST" could begin the stop string
+    assert m.push("OP and more") == ("", True)
+
+
+def test_held_back_text_that_did_not_become_a_stop_string_is_sent_later():
+    m = chat.StopMatcher(("\n\n",))
+    assert m.push("one\n") == ("one", False)
+    assert m.push("two") == ("\ntwo", False)
+    assert m.push("!\n") == ("!", False)
+    assert m.flush() == "\n"
+
+
+@given(st.text(alphabet="ab\n", max_size=40), st.lists(st.integers(1, 5), max_size=20),
+       st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3))
+def test_streamed_output_is_the_text_cut_where_a_stop_string_first_appeared(text, cuts, stops):
+    """The reply ends with the first delta after which the text holds a stop string; what was
+    sent is that text up to the stop string's earliest occurrence, and nothing after it."""
+    m = chat.StopMatcher(tuple(stops))
+    out, pos, want = [], 0, None
+    for n in cuts + [len(text)]:
+        piece, hit = m.push(text[pos:pos + n])
+        out.append(piece)
+        pos += n
+        found = [i for i in (text[:pos].find(s) for s in stops) if i >= 0]
+        assert hit == bool(found)
+        if found:
+            want = text[:min(found)]
+            break
+        if pos >= len(text):
+            break
+    if want is None:
+        out.append(m.flush())
+        want = text
+    assert "".join(out) == want

@@ -1,0 +1,115 @@
+"""``/v1/chat/completions`` and ``/v1/models`` driven by the official ``openai`` SDK: whole and
+streamed replies equal each other (greedy), usage, stop strings, refusals, auth, and a client that
+goes away mid-stream frees its engine request."""
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from voicert.server.completions import EMBEDDED_MODEL_ID
+
+openai = pytest.importorskip("openai")
+MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Name three colours."}]
+
+
+def client(port: int, key: str = "unused"):
+    return openai.AsyncOpenAI(api_key=key, base_url=f"http://127.0.0.1:{port}/v1", max_retries=0,
+                              timeout=120)
+
+
+async def test_models_lists_the_served_model(server):
+    models = await client(server.port).models.list()
+    assert [m.id for m in models.data] == [EMBEDDED_MODEL_ID]
+
+
+async def test_a_streamed_reply_equals_the_whole_one_and_reports_usage(server):
+    api = client(server.port)
+    whole = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
+                                              max_tokens=24)
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].finish_reason in ("stop", "length")
+    assert whole.usage.prompt_tokens > 10 and 0 < whole.usage.completion_tokens <= 24
+    stream = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
+                                               max_tokens=24, stream=True,
+                                               stream_options={"include_usage": True})
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
+        whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert not server.services.engine.live_requests()
+
+
+async def test_a_stop_string_ends_the_reply_before_it(server):
+    api = client(server.port)
+    full = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
+                                             max_tokens=24)
+    text = full.choices[0].message.content
+    stop = text[len(text) // 2:len(text) // 2 + 2]
+    cut = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
+                                            max_tokens=24, stop=[stop])
+    assert cut.choices[0].message.content == text[:text.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+    await _until_idle(server)
+
+
+async def test_refusals_are_openai_errors_naming_the_parameter(server):
+    api = client(server.port)
+    with pytest.raises(openai.BadRequestError) as info:
+        await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
+                                          temperature=0.8)
+    assert info.value.body["param"] == "temperature"
+    with pytest.raises(openai.BadRequestError) as info:
+        await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES, tools=[
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
+    assert info.value.body["param"] == "tools"
+    with pytest.raises(openai.NotFoundError) as info:
+        await api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    assert info.value.body["code"] == "model_not_found"
+
+
+async def test_bearer_tokens_guard_the_routes_when_configured(server):
+    from voicert.server.app import VoiceServer
+
+    svc = server.services
+    cfg = dataclasses.replace(svc.cfg, server=dataclasses.replace(svc.cfg.server, port=0,
+                                                                  auth_tokens="s3cret"))
+    srv = VoiceServer(dataclasses.replace(svc, cfg=cfg))
+    await srv.start()
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            await client(srv.port, "wrong").models.list()
+        reply = await client(srv.port, "s3cret").chat.completions.create(
+            model=EMBEDDED_MODEL_ID, messages=MESSAGES, max_tokens=4)
+        assert reply.usage.completion_tokens >= 1
+    finally:
+        await srv.shutdown()
+
+
+async def test_a_client_that_leaves_mid_stream_frees_its_engine_request(server):
+    body = ('{"model":"%s","stream":true,"max_tokens":400,"messages":'
+            '[{"role":"user","content":"Count from one to two hundred."}]}' % EMBEDDED_MODEL_ID)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                  f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    await writer.drain()
+    seen = b""
+    while seen.count(b"data: ") < 3:  # the role chunk and two tokens: it is generating
+        seen += await asyncio.wait_for(reader.read(4096), 60)
+    cancelled = server.services.engine.stats().cancelled
+    writer.close()
+    await _until_idle(server)
+    assert server.services.engine.stats().cancelled == cancelled + 1
+
+
+async def _until_idle(server, timeout_s: float = 60) -> None:
+    """Wait (bounded) until the engine holds no request: cancellation takes one engine step."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while server.services.engine.live_requests():
+        assert loop.time() < deadline, "the engine still holds a request"
+        await asyncio.sleep(0.01)

@@ -1,0 +1,87 @@
+"""The HTTP side of the listening socket: routes by method and path, bodies, limits, and the
+WebSocket upgrade hand-off on the same port."""
+
+import asyncio
+
+import pytest
+from websockets.asyncio.client import connect
+
+from voicert.server import http as vhttp
+
+
+async def raw(port: int, data: bytes, read_timeout: float = 30) -> bytes:
+    """Send raw bytes; return everything the server sends back before it closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    try:
+        return await asyncio.wait_for(reader.read(), read_timeout)
+    finally:
+        writer.close()
+
+
+def status_of(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+async def test_a_websocket_path_without_an_upgrade_says_upgrade_required(server):
+    got = await raw(server.port, b"GET /v1/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status_of(got) == 426 and b"upgrade: websocket" in got.lower()
+
+
+async def test_a_wrong_method_is_refused_with_the_allowed_ones(server):
+    got = await raw(server.port, b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert status_of(got) == 405 and b"allow: get" in got.lower()
+
+
+async def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
+    limit = server.cfg.server.max_message_bytes
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+            f"Content-Length: {limit + 1}\r\n\r\n").encode()
+    assert status_of(await raw(server.port, head)) == 413
+
+
+async def test_a_chunked_body_over_the_limit_is_refused(server):
+    limit = server.cfg.server.max_message_bytes
+    piece = b"x" * 4096
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(limit // 4096 + 2))
+    got = await raw(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                    b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+    assert status_of(got) == 413
+
+
+@pytest.mark.parametrize("junk", [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+                                  b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n"])
+async def test_a_malformed_request_gets_a_4xx_and_the_server_goes_on(server, junk):
+    assert 400 <= status_of(await raw(server.port, junk)) < 500
+    assert status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+
+
+async def test_a_request_that_never_completes_is_closed_after_the_head_timeout(server, monkeypatch):
+    monkeypatch.setattr(vhttp, "HEAD_TIMEOUT_S", 0.2)
+    got = await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # no blank line
+    assert status_of(got) == 408
+
+
+async def test_a_query_string_does_not_change_the_route(server):
+    got = await raw(server.port, b"GET /healthz?probe=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert status_of(got) == 200 and got.endswith(b"ok\n")
+
+
+async def test_a_websocket_upgrade_on_the_same_port_is_served_by_websockets(server):
+    async with connect(f"ws://127.0.0.1:{server.port}/v1/stream") as ws:
+        await ws.ping()
+
+
+def test_routes_find_handlers_and_refusals():
+    async def h(request):
+        return vhttp.text(200, "x")
+
+    routes = vhttp.Routes()
+    routes.add("GET", "/a", h)
+    routes.add_websocket("/ws")
+    assert routes.find("GET", "/a") is h
+    assert routes.find("PUT", "/a").status == 405
+    assert routes.find("GET", "/ws").status == 426
+    assert routes.find("GET", "/nope").status == 404
+    assert vhttp.route_path("/a/b?x=1&y") == ("/a/b", "x=1&y")

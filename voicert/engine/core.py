@@ -1,0 +1,306 @@
+"""The engine core: continuous batching over a paged, prefix-cached KV pool, greedy decoding with
+optional speculation. Synchronous and single-threaded: no threads, no asyncio, no streams.
+
+The caller (an :class:`~voicert.engine.llm_engine.EngineThread`, in the server process or in the
+engine process) owns the only thread that touches it: it ``add``s and ``abort``s requests and calls
+``step`` while ``has_work``. Every call returns the :class:`~voicert.engine.base.TokenOut` records it
+produced (token ids and timestamps, keyed by request id); turning ids into text is the client's job
+(:class:`~voicert.engine.detok.IncrementalDetokenizer`). One step is three lines: schedule, run,
+postprocess.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest, StepRecord, TokenOut
+from voicert.engine.draft import DraftModelProposer
+from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
+from voicert.engine.kv_cache import BlockManager
+from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel
+from voicert.engine.models.registry import load_model
+from voicert.engine.prompt import PromptBuilder, stop_token_ids
+from voicert.engine.runner import ModelRunner, Pending
+from voicert.engine.scheduler import Scheduler, SchedulerConfig, Step
+from voicert.engine.sequence import Sequence
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    device: str = "cpu"
+    dtype: str = "float32"
+    block_size: int = 16
+    num_blocks: int = 0  # 0: sized from kv_memory_gb
+    kv_memory_gb: float = 0.0  # KV pool size; 0: 1 GB on the CPU, gpu_memory_fraction of free GPU memory
+    gpu_memory_fraction: float = 0.85  # of free GPU memory, after weights, for the KV pool
+    max_batch: int = 64
+    prefill_token_budget: int = 512
+    batch_window_ms: float = 0.0  # an idle engine waits this long for more arrivals
+    spec_tokens: int = 0  # drafts per decode step; 0 disables speculation
+    draft_model: str = ""  # HF dir / .gguf / embedded of a draft model with the same tokenizer;
+    # empty: drafts come from n-gram prompt lookup (or draft heads)
+    draft_heads: str = ""  # draft heads (a .safetensors file, or "embedded": the ones shipped for
+    # the embedded SmolLM2); with spec_tokens > 0 they propose the drafts
+    max_context_tokens: int = 2048
+    int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
+    cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
+    prefill_graph_rows: int = 16  # with cuda_graphs: most prompts one graphed prefill step packs
+    # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
+    own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
+    fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
+    torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
+    overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
+    # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
+    models_cache: str = ""  # where a GGUF draft model is converted (the server's models.cache_dir)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """Requests waiting and running and the cache figures, as of the end of a step (the core's
+    owner publishes this snapshot; readers on other threads never look into the scheduler)."""
+
+    waiting: int = 0
+    running: int = 0
+    prefix_hit_ratio: float = 0.0
+    spec_acceptance_rate: float = 0.0
+    spec_mean_accepted_length: float = 0.0
+    kv_blocks_free: int = 0
+
+    def extra(self) -> dict[str, float]:
+        return {"prefix_hit_ratio": self.prefix_hit_ratio,
+                "spec_acceptance_rate": self.spec_acceptance_rate,
+                "spec_mean_accepted_length": self.spec_mean_accepted_length,
+                "kv_blocks_free": float(self.kv_blocks_free)}
+
+
+class EngineCore:
+    """Model, KV pool, scheduler and runner behind three calls. Contract: one thread only; ``add``
+    a checked request (:func:`~voicert.engine.base.request_problem`), ``abort`` any id at any time,
+    ``step`` while ``has_work()``. A request's records end with one whose ``finish_reason`` is set;
+    after that the core holds nothing of it. ``add`` raises for a request it cannot serve (the
+    prompt cannot be templated): the caller fails that request alone."""
+
+    def __init__(self, model_dir: str, cfg: EngineConfig, model: LlamaModel | None = None,
+                 tokenizer=None, draft: LlamaModel | None = None) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.cfg = cfg
+        t0 = time.perf_counter()
+        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+        self.model = model or load_model(model_dir, DTYPES[cfg.dtype], cfg.device)
+        if cfg.int8:
+            if cfg.device != "cpu":
+                raise ValueError("int8 dynamic quantization is a CPU option")
+            self.model = torch.ao.quantization.quantize_dynamic(self.model, {torch.nn.Linear},
+                                                                dtype=torch.qint8)
+            if cfg.spec_tokens > 0:  # one activation scale per tensor: rows change each other
+                log.warning("int8 with speculation: a verify step quantizes its rows together, so "
+                            "the output is not token-identical to int8 greedy decoding")
+        if cfg.fused_kernels:
+            self.model.use_kernels = self._kernels_usable()
+        hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
+        self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
+        self.prompts = PromptBuilder(self.tokenizer)
+        num_blocks = cfg.num_blocks or self._pool_blocks()
+        self.blocks = BlockManager(num_blocks, cfg.block_size)
+        self.heads = self._heads()
+        self.runner = ModelRunner(self.model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
+                                  max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
+                                  widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
+                                  prefill_budget=cfg.prefill_token_budget,
+                                  prefill_rows=cfg.prefill_graph_rows, heads=self.heads,
+                                  torchscript=cfg.torchscript)
+        self.drafter = self._drafter(draft, num_blocks)
+        pg = self.runner.prefill_graphs  # pack prefill steps into the captured shapes
+        pg = pg if pg is not None and len(pg.batches) > 1 else None
+        self.scheduler = Scheduler(self.blocks, SchedulerConfig(
+            cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens,
+            external_drafts=self.drafter is not None, head_drafts=self.heads is not None,
+            prefill_batches=tuple(pg.batches) if pg else (),
+            prefill_widths=tuple(pg.widths) if pg else ()), self.stop_ids)
+        log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
+                 cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
+        self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
+        self.ahead_steps = 0  # decode steps launched before the previous step's tokens were read
+        self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
+
+    def _kernels_usable(self) -> bool:
+        """Whether the Triton kernels can run this model here (CUDA of compute capability 8.0 or
+        newer, Triton importable, a power-of-two head dim); otherwise the torch path runs, and
+        the reason is logged."""
+        if not str(self.cfg.device).startswith("cuda"):
+            raise ValueError("fused_kernels is a GPU option")
+        if torch.cuda.get_device_capability(self.cfg.device) < (8, 0):
+            log.warning("fused kernels off: they need compute capability 8.0 or newer")
+            return False
+        d = self.model.cfg.head_dim
+        table = min(self.model.cfg.max_position, ROPE_TABLE_MAX)
+        if self.cfg.max_context_tokens > table:
+            log.warning("fused kernels off: max_context_tokens %d is past their RoPE table (%d)",
+                        self.cfg.max_context_tokens, table)
+            return False
+        if d & (d - 1) or d < 16:
+            log.warning("fused kernels off: head_dim %d is not a power of two >= 16", d)
+            return False
+        try:
+            import voicert.engine.kernels  # noqa: F401
+        except ImportError as exc:
+            log.warning("fused kernels off: %s", exc)
+            return False
+        return True
+
+    def _drafter(self, draft: LlamaModel | None, num_blocks: int) -> DraftModelProposer | None:
+        """The draft model, when speculation uses one (loaded by config or handed in)."""
+        if self.cfg.spec_tokens <= 0 or (draft is None and not self.cfg.draft_model):
+            return None
+        if draft is None:
+            from voicert.config import ModelsConfig, cache_dir
+            from voicert.engine.loader import resolve_llm
+
+            cache = (Path(self.cfg.models_cache) if self.cfg.models_cache
+                     else cache_dir(ModelsConfig()))  # the user's cache dir, as the server's default
+            path = resolve_llm(self.cfg.draft_model, cache)
+            draft = load_model(path, DTYPES[self.cfg.dtype], self.cfg.device)
+        if draft.cfg.vocab_size != self.model.cfg.vocab_size:
+            raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                             f"({self.model.cfg.vocab_size}): it must share the tokenizer")
+        return DraftModelProposer(draft, max(num_blocks // 2, 2), self.cfg.block_size,
+                                  torchscript=self.cfg.torchscript)
+
+    def _heads(self) -> DraftHeads | None:
+        """The draft heads, when speculation uses them (``draft_heads`` and ``spec_tokens`` set)."""
+        if self.cfg.spec_tokens <= 0 or not self.cfg.draft_heads:
+            return None
+        if self.cfg.draft_model:
+            raise ValueError("draft_model and draft_heads are alternatives: set one")
+        path = EMBEDDED_HEADS if self.cfg.draft_heads == "embedded" else self.cfg.draft_heads
+        mcfg = self.model.cfg
+        heads = load_heads(path, mcfg.hidden_size, mcfg.vocab_size, DTYPES[self.cfg.dtype],
+                           self.cfg.device)
+        if self.cfg.spec_tokens > heads.num_heads:
+            raise ValueError(f"spec_tokens ({self.cfg.spec_tokens}) is more than the "
+                             f"{heads.num_heads} draft heads in {path}")
+        return heads
+
+    def _pool_blocks(self) -> int:
+        per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,
+                                                   DTYPES[self.cfg.dtype])
+        if self.cfg.kv_memory_gb > 0:
+            budget = self.cfg.kv_memory_gb * (1 << 30)
+        elif self.cfg.device.startswith("cuda"):
+            free, _ = torch.cuda.mem_get_info()
+            budget = free * self.cfg.gpu_memory_fraction
+        else:
+            budget = 1 << 30
+        return max(int(budget // per_block), 2)
+
+    # ------------------------------------------------------------ the three calls
+
+    def add(self, request: GenerationRequest) -> None:
+        """Queue a checked request (its prompt templated here unless ``prompt_ids`` is given)."""
+        budget = self.cfg.max_context_tokens - request.max_new_tokens
+        prompt = (list(request.prompt_ids) if request.prompt_ids is not None
+                  else self.prompts.build(request.messages, budget))
+        self.scheduler.add(Sequence(request, prompt, arrival_ns=time.perf_counter_ns()))
+
+    def abort(self, request_id: str) -> list[TokenOut]:
+        """Stop a request and free its state; its final record (``cancelled``), or nothing when the
+        core does not hold it (finished, never added)."""
+        seq = self.scheduler.cancel(request_id)
+        return [] if seq is None else [self._end(seq, FinishReason.CANCELLED)]
+
+    def warmup(self) -> None:
+        """Run a short request through the whole path once (blocking; before a thread owns the
+        core). Its steps are not counted."""
+        self.add(GenerationRequest("warmup", [ChatMessage("user", "Hello")], 4))
+        while self.has_work():
+            self.step()
+        self.drain_steps()
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or self._ahead is not None
+
+    def step(self, run_ahead: bool = True) -> list[TokenOut]:
+        """One engine step: launch the next step (or take the one launched ahead), launch the one
+        after it too when allowed (``run_ahead``: the caller has no arrivals waiting) and the
+        scheduler can plan it (plain decoding or draft-head speculation: its inputs are fed on the
+        GPU from this step's results), then read this step's tokens while the GPU runs the next.
+        Returns the step's records: tokens in order, each finished request's final one."""
+        now = time.perf_counter_ns()
+        out: list[TokenOut] = []
+        if self._ahead is not None:
+            (step, pending), self._ahead = self._ahead, None
+            self.scheduler.bind_ahead(step)
+        else:
+            step, failed = self.scheduler.schedule()
+            for seq in failed:
+                out.append(self._end(seq, FinishReason.ERROR, "prompt does not fit in the KV pool"))
+            if step is None:
+                return out
+            for chunk in step.chunks:
+                if not chunk.seq.prefill_start_ns:
+                    chunk.seq.prefill_start_ns = now
+            if self.drafter is not None and step.kind == "decode":
+                self.drafter.propose(step.seqs, self.cfg.spec_tokens)
+            pending = self.runner.launch(step)
+        if run_ahead and self.cfg.overlap and self.runner.graphs is not None:
+            nxt = self.scheduler.plan_ahead(step)
+            if nxt is not None:
+                ahead = self.runner.launch_ahead(nxt, pending)
+                self._ahead = (nxt, ahead) if ahead is not None else None
+                self.ahead_steps += ahead is not None
+        result = pending.result()
+        emitted = self.scheduler.postprocess(step, result.tokens, result.drafts)
+        sampled_ns = time.perf_counter_ns()
+        self.step_records.append(StepRecord(step.kind, len(step.chunks) + len(step.seqs),
+                                            (sampled_ns - now) / 1e9))
+        for seq, tokens in emitted:
+            first = seq.num_generated - len(tokens)
+            n_prompt = len(seq.prompt)
+            out.extend(TokenOut(seq.id, first + j, tok, sampled_ns, seq.prefill_start_ns, n_prompt)
+                       for j, tok in enumerate(tokens))
+            if seq.finish_reason is not None:
+                out.append(self._end(seq, seq.finish_reason))
+        return out
+
+    def fail_all(self, error: str) -> list[TokenOut]:
+        """End every request the core holds with ``error`` and free its state (after a failed
+        step, or when the owning thread is dying)."""
+        self._ahead = None
+        out = []
+        sched = self.scheduler
+        for seq in list(sched.running) + list(sched.waiting):
+            try:
+                sched.cancel(seq.id)
+            except Exception:  # the scheduler may be what broke; the requests still end
+                log.exception("engine: cancelling %s", seq.id)
+            out.append(self._end(seq, FinishReason.ERROR, error))
+        return out
+
+    def load(self) -> EngineLoad:
+        """A snapshot of the figures other threads may read (take it on the core's thread)."""
+        sched, spec = self.scheduler, self.scheduler.spec
+        return EngineLoad(len(sched.waiting), len(sched.running), self.blocks.stats.hit_ratio,
+                          spec.acceptance_rate, spec.mean_accepted_length, self.blocks.available)
+
+    def drain_steps(self) -> list[StepRecord]:
+        """The steps since the last call (for metrics; the most recent 8192 at most)."""
+        out = []
+        while self.step_records:
+            out.append(self.step_records.popleft())
+        return out
+
+    def _end(self, seq: Sequence, reason: str, error: str | None = None) -> TokenOut:
+        """Free the engine-side state of a finished sequence; its final record."""
+        if self.drafter is not None:
+            self.drafter.release(seq.id)
+        return TokenOut(seq.id, seq.num_generated, -1, time.perf_counter_ns(),
+                        seq.prefill_start_ns or 0, len(seq.prompt), reason, error)

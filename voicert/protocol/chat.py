@@ -1,0 +1,228 @@
+"""OpenAI chat completions (``POST /v1/chat/completions``), sans-I/O: a JSON body in, a typed
+:class:`ChatRequest` or a :class:`ChatError` out; response bodies and stream chunks built as plain
+maps. No sockets, no asyncio. See ``docs/protocol.md``.
+
+voicert's engine decodes greedily, one choice, no tools (yet): a request that asks for something it
+would not honour (``temperature`` above 0, ``n`` above 1, ``tools``, ``logprobs``...) is refused
+with the parameter named, never silently served differently.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_STOP_STRINGS = 4
+# accepted as long as they ask for nothing greedy decoding does not give
+_NEUTRAL = {"temperature": 0, "top_p": 1, "n": 1, "presence_penalty": 0, "frequency_penalty": 0}
+_IGNORABLE = {"user", "seed", "store", "metadata", "service_tier"}  # change nothing we serve
+_KNOWN = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+          "stop", *_NEUTRAL, *_IGNORABLE}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class ChatError(Exception):
+    """A refused request: the HTTP status and the OpenAI error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (
+            status, message, param, code, kind)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.code}}
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRequest:
+    model: str
+    messages: list[tuple[str, str]]  # (system | user | assistant, text)
+    max_tokens: int | None = None  # None: the server's default
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage
+    stop: tuple[str, ...] = ()
+    id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def _bad(message: str, param: str | None = None, code: str = "invalid_value") -> ChatError:
+    return ChatError(400, message, param, code)
+
+
+def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
+    """The request a body asks for, or :class:`ChatError` saying what is wrong with it."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise _bad(f"body is not JSON: {exc}", code="invalid_json") from None
+    if not isinstance(data, dict):
+        raise _bad("body must be a JSON object")
+    unknown = sorted(set(data) - _KNOWN)
+    if unknown:
+        raise _bad(f"unsupported parameter: {unknown[0]}", unknown[0], "unsupported_parameter")
+    for key, neutral in _NEUTRAL.items():
+        value = data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or value != neutral):
+            raise _bad(f"{key} must be {neutral} or absent: voicert decodes greedily, one choice",
+                       key, "unsupported_value")
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model must be a non-empty string", "model")
+    stream = data.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise _bad("stream must be a boolean", "stream")
+    return ChatRequest(model, _messages(data.get("messages"), max_text_chars),
+                       _max_tokens(data), bool(stream), _include_usage(data, bool(stream)),
+                       _stop(data.get("stop")))
+
+
+def _messages(raw: Any, max_text_chars: int) -> list[tuple[str, str]]:
+    if not isinstance(raw, list) or not raw:
+        raise _bad("messages must be a non-empty array", "messages")
+    out = []
+    for i, m in enumerate(raw):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise _bad(f"{where} must be an object", where)
+        role = m.get("role")
+        if role not in _ROLES:
+            raise _bad(f"{where}.role {role!r} is not supported (system, developer, user, "
+                       f"assistant)", f"{where}.role", "unsupported_value")
+        extra = sorted(set(m) - {"role", "content", "name"})
+        if extra:
+            raise _bad(f"{where}.{extra[0]} is not supported", f"{where}.{extra[0]}",
+                       "unsupported_parameter")
+        content = _content(m.get("content"), where)
+        if len(content) > max_text_chars:
+            raise _bad(f"{where}.content is over {max_text_chars} characters",
+                       f"{where}.content", "string_above_max_length")
+        out.append((_ROLES[role], content))
+    return out
+
+
+def _content(raw: Any, where: str) -> str:
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        parts = []
+        for j, part in enumerate(raw):
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise _bad(f"{where}.content[{j}]: only text parts are supported",
+                           f"{where}.content", "unsupported_value")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise _bad(f"{where}.content must be a string or an array of text parts", f"{where}.content")
+
+
+def _max_tokens(data: dict) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = data.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _bad(f"{key} must be a positive integer", key)
+        return value
+    return None
+
+
+def _include_usage(data: dict, stream: bool) -> bool:
+    opts = data.get("stream_options")
+    if opts is None:
+        return False
+    if not stream:
+        raise _bad("stream_options is only allowed with stream: true", "stream_options")
+    if not isinstance(opts, dict) or set(opts) - {"include_usage"} \
+            or not isinstance(opts.get("include_usage", False), bool):
+        raise _bad("stream_options supports include_usage (a boolean) only", "stream_options")
+    return bool(opts.get("include_usage", False))
+
+
+def _stop(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    stops = [raw] if isinstance(raw, str) else raw
+    if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(
+            isinstance(s, str) and s for s in stops):
+        raise _bad(f"stop must be a non-empty string or up to {MAX_STOP_STRINGS} of them", "stop")
+    return tuple(stops)
+
+
+class StopMatcher:
+    """Cuts streamed text at the first stop string. ``push`` returns the text safe to send now
+    (it holds back a tail that could still grow into a stop string) and whether a stop string
+    was reached; ``flush`` returns what is held back at the end of the reply."""
+
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+        self.held = ""
+
+    def push(self, delta: str) -> tuple[str, bool]:
+        if not self.stops:
+            return delta, False
+        text = self.held + delta
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.held = ""
+            return text[:cut], True
+        keep = max((n for s in self.stops for n in range(len(s) - 1, 0, -1)
+                    if text.endswith(s[:n])), default=0)
+        self.held = text[len(text) - keep:] if keep else ""
+        return text[:len(text) - keep], False
+
+    def flush(self) -> str:
+        held, self.held = self.held, ""
+        return held
+
+
+def finish_reason(engine_reason: str) -> str:
+    """The OpenAI finish reason for how a reply ended (the model's end, or a stop string: stop)."""
+    return "length" if engine_reason == "length" else "stop"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def completion(req: ChatRequest, model: str, text: str, reason: str,
+               prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    """A whole (non-streamed) response body."""
+    return {"id": req.id, "object": "chat.completion", "created": req.created, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
+                                                 "refusal": None},
+                         "logprobs": None, "finish_reason": reason}],
+            "usage": usage(prompt_tokens, completion_tokens)}
+
+
+def chunk(req: ChatRequest, model: str, delta: dict[str, Any] | None = None,
+          reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+    """One stream chunk: a delta, the finish reason, or (``usage_``: no choices) the usage."""
+    body: dict[str, Any] = {"id": req.id, "object": "chat.completion.chunk",
+                            "created": req.created, "model": model}
+    if usage_ is not None:
+        body["choices"] = []
+        body["usage"] = usage_
+    else:
+        body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": None,
+                            "finish_reason": reason}]
+        if req.include_usage:
+            body["usage"] = None
+    return body
+
+
+def sse(payload: dict[str, Any] | str) -> bytes:
+    """One server-sent event (``data: ...``)."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n".encode()
+
+
+def models_list(model: str, created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
+                                        "owned_by": "voicert"}]}

@@ -1,0 +1,185 @@
+"""``POST /v1/chat/completions`` and ``GET /v1/models``: this server's engine for any OpenAI client
+(whole responses and server-sent-event streams, usage, bearer auth as the WebSocket routes).
+
+The requests share the engine (and its prefix cache and batches) with the voice sessions; at most
+``server.max_completions`` run at once, more get 429. A client that goes away mid-stream cancels its
+request in the engine. The wire shapes are built in ``voicert/protocol/chat.py``.
+"""
+
+from __future__ import annotations
+
+import http
+import itertools
+import logging
+import time
+from pathlib import Path
+from typing import AsyncIterator, Callable
+
+from voicert.agent.session import Services
+from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest, TokenEvent
+from voicert.protocol import chat
+from voicert.server import access
+from voicert.server.http import HttpRequest, HttpResponse, json_response
+
+log = logging.getLogger(__name__)
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+EMBEDDED_MODEL_ID = "smollm2-135m-instruct"
+
+
+def served_model_id(llm_setting: str) -> str:
+    """The model id clients name (``models.llm``: the embedded model's name, else the file or
+    directory name without a ``.gguf`` suffix)."""
+    if llm_setting == "embedded":
+        return EMBEDDED_MODEL_ID
+    name = Path(llm_setting.rstrip("/")).name
+    return name[:-5] if name.endswith(".gguf") else name
+
+
+def _error(exc: chat.ChatError, headers: list[tuple[str, str]] | None = None) -> HttpResponse:
+    response = json_response(exc.status, exc.body())
+    response.headers.extend(headers or [])
+    return response
+
+
+class ChatCompletions:
+    """The two routes. ``services`` returns the loaded services (None while loading); ``ready``
+    says whether new work is taken (loaded, engine healthy, not draining)."""
+
+    def __init__(self, services: Callable[[], Services | None], ready: Callable[[], bool]) -> None:
+        self._services = services
+        self._ready = ready
+        self.running = 0
+        self._ids = itertools.count(1)
+        self._started = int(time.time())
+
+    # ------------------------------------------------------------ routes
+
+    async def models(self, request: HttpRequest) -> HttpResponse:
+        svc = self._services()
+        refusal = self._check(request, svc)
+        if refusal is not None:
+            return refusal
+        return json_response(http.HTTPStatus.OK,
+                             chat.models_list(served_model_id(svc.cfg.models.llm), self._started))
+
+    async def completions(self, request: HttpRequest) -> HttpResponse:
+        svc = self._services()
+        refusal = self._check(request, svc)
+        if refusal is not None:
+            return refusal
+        cfg = svc.cfg
+        try:
+            req = chat.parse_request(request.body, cfg.server.max_text_chars)
+            model = served_model_id(cfg.models.llm)
+            if req.model != model:
+                raise chat.ChatError(404, f"model {req.model!r} is not served here (this "
+                                     f"server serves {model!r}; see GET {MODELS_PATH})",
+                                     "model", "model_not_found")
+            max_new = req.max_tokens or max(cfg.llm.max_context_tokens // 4, 1)
+            if max_new >= cfg.llm.max_context_tokens:
+                raise chat.ChatError(400, f"max_tokens must be below the context length "
+                                     f"({cfg.llm.max_context_tokens})", "max_tokens")
+        except chat.ChatError as exc:
+            return _error(exc)
+        if cfg.server.max_completions == 0:
+            return _error(chat.ChatError(403, "chat completions are off here "
+                                         "(server.max_completions: 0)", None, "disabled",
+                                         "permission_error"))
+        if self.running >= cfg.server.max_completions:
+            return _error(chat.ChatError(429, f"{self.running} completions running (the limit, "
+                                         f"server.max_completions); retry shortly", None,
+                                         "rate_limit_exceeded", "rate_limit_error"),
+                          [("Retry-After", "1")])
+        engine_req = GenerationRequest(f"http-{next(self._ids)}-{req.id}",
+                                       [ChatMessage(r, t) for r, t in req.messages], max_new,
+                                       session_id="http")
+        if req.stream:
+            return HttpResponse(http.HTTPStatus.OK, content_type="text/event-stream",
+                                stream=self._stream(svc, req, engine_req, model))
+        return await self._whole(svc, req, engine_req, model)
+
+    def _check(self, request: HttpRequest, svc: Services | None) -> HttpResponse | None:
+        """Loading, draining, access: the refusals every route here shares."""
+        if svc is None or not self._ready():
+            why = "loading models" if svc is None else "not ready"
+            return _error(chat.ChatError(503, why, code="unavailable", kind="server_error"),
+                          [("Retry-After", "1")])
+        s = svc.cfg.server
+        refusal = access.check(request.path, request.header("Authorization"),
+                               request.header("Origin"), access.split_list(s.auth_tokens),
+                               access.split_list(s.allowed_origins), request.header("Host"))
+        if refusal is None:
+            return None
+        log.info("refused %s: %s", request.path, refusal.reason)
+        kind = "authentication_error" if refusal.status == 401 else "permission_error"
+        return _error(chat.ChatError(refusal.status, refusal.reason, None, None, kind),
+                      list(refusal.headers))
+
+    # ------------------------------------------------------------ generating
+
+    async def _tokens(self, svc: Services, engine_req: GenerationRequest,
+                      stops: chat.StopMatcher) -> AsyncIterator[tuple[str, TokenEvent]]:
+        """(text to send, event) per engine event; cancels the request in the engine when a stop
+        string ends it early or the consumer goes away."""
+        self.running += 1
+        done = False
+        try:
+            async for ev in svc.engine.submit(engine_req):
+                if ev.finish_reason is not None:
+                    done = True
+                    yield stops.flush(), ev
+                    return
+                piece, hit = stops.push(ev.text)
+                if hit:
+                    svc.engine.cancel(engine_req.request_id)
+                    done = True
+                    yield piece, TokenEvent(ev.index + 1, -1, "", ev.sampled_ns,
+                                            ev.prefill_start_ns, ev.prompt_tokens,
+                                            FinishReason.STOP)
+                    return
+                yield piece, ev
+        finally:
+            self.running -= 1
+            if not done:
+                svc.engine.cancel(engine_req.request_id)
+
+    async def _whole(self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest,
+                     model: str) -> HttpResponse:
+        stops = chat.StopMatcher(req.stop)
+        parts: list[str] = []
+        async for piece, ev in self._tokens(svc, engine_req, stops):
+            parts.append(piece)
+            if ev.finish_reason is not None:
+                break
+        if ev.finish_reason == FinishReason.ERROR or ev.finish_reason == FinishReason.CANCELLED:
+            return _error(chat.ChatError(503, f"generation failed: {ev.error or ev.finish_reason}",
+                                         code="engine_error", kind="server_error"))
+        return json_response(http.HTTPStatus.OK, chat.completion(
+            req, model, "".join(parts), chat.finish_reason(ev.finish_reason), ev.prompt_tokens,
+            ev.index))
+
+    async def _stream(self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest,
+                      model: str) -> AsyncIterator[bytes]:
+        stops = chat.StopMatcher(req.stop)
+        yield chat.sse(chat.chunk(req, model, {"role": "assistant", "content": ""}))
+        tokens = self._tokens(svc, engine_req, stops)
+        try:
+            async for piece, ev in tokens:
+                if piece:
+                    yield chat.sse(chat.chunk(req, model, {"content": piece}))
+                if ev.finish_reason is None:
+                    continue
+                if ev.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
+                    yield chat.sse(chat.ChatError(503, f"generation failed: "
+                                                  f"{ev.error or ev.finish_reason}",
+                                                  code="engine_error", kind="server_error").body())
+                    return
+                yield chat.sse(chat.chunk(req, model, reason=chat.finish_reason(ev.finish_reason)))
+                if req.include_usage:
+                    yield chat.sse(chat.chunk(req, model,
+                                              usage_=chat.usage(ev.prompt_tokens, ev.index)))
+                yield chat.sse("[DONE]")
+                return
+        finally:
+            await tokens.aclose()
