@@ -156,8 +156,15 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(server):
         assert err.type == "invalid_request_error" and err.param == "type"
         assert err.event_id == "evt_1" and "no.such.event" in err.message
         assert (await error_for("{not json")).code == "invalid_json"
-        assert (await error_for(json.dumps({"type": "conversation.item.truncate"}))).code == \
+        assert (await error_for(json.dumps({"type": "output_audio_buffer.clear"}))).code == \
             "unsupported_event"
+        assert (await error_for(json.dumps({"type": "conversation.item.truncate"}))).code == \
+            "missing_required_parameter"
+        err = await error_for(json.dumps({"type": "session.update", "session": {"tools": [
+            {"type": "function", "name": "f", "parameters": {"type": "object"}}]}}))
+        assert (err.code, err.param) == ("unsupported_value", "session.tools")
+        err = await error_for(json.dumps({"type": "session.update", "session": {"colour": 1}}))
+        assert (err.code, err.param) == ("unknown_parameter", "session.colour")
         assert (await error_for(json.dumps({"type": "input_audio_buffer.commit"}))).code == \
             "input_audio_buffer_commit_empty"
         assert (await error_for(json.dumps({"type": "response.cancel"}))).code == \
@@ -199,3 +206,87 @@ async def test_response_cancel_mid_reply(server, services):
                 break
             await asyncio.sleep(0.05)
         assert not services.engine.live_requests()
+
+
+async def recv_raw(conn, wanted: str, seen: list, timeout: float = 120) -> dict:
+    """Read raw server events (JSON) until one of type ``wanted``; all go into ``seen``."""
+    async def read():
+        while True:
+            ev = json.loads(await conn.recv_bytes())
+            seen.append(ev)
+            if ev["type"] == wanted:
+                return ev
+    return await asyncio.wait_for(read(), timeout)
+
+
+def assert_ga_models(events: list[dict]) -> None:
+    """Every server event validates against the official SDK's GA models, warnings as errors."""
+    import warnings
+
+    from pydantic import TypeAdapter
+
+    from openai.types.realtime import RealtimeServerEvent
+
+    adapter = TypeAdapter(RealtimeServerEvent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for ev in events:
+            adapter.validate_python(ev)
+
+
+async def test_truncate_after_an_interruption_keeps_what_was_heard_and_delete_retrieve(server):
+    seen: list = []
+    async with client(server).realtime.connect(model="voicert") as conn:
+        await recv_raw(conn, "session.created", seen)
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
+                                           "audio": {"input": {"turn_detection": None}}})
+        await recv_raw(conn, "session.updated", seen)
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "Count from one to forty in words."}]})
+        user = (await recv_raw(conn, "conversation.item.added", seen))["item"]
+        await conn.response.create(response={"max_output_tokens": 200})
+        assistant = (await recv_raw(conn, "response.output_item.added", seen))["item"]
+        audio_ms, done = 0.0, None
+        while audio_ms < 2500 and done is None:  # the listener interrupts after 2.5 s of it
+            ev = json.loads(await asyncio.wait_for(conn.recv_bytes(), 120))
+            seen.append(ev)
+            if ev["type"] == "response.output_audio.delta":
+                audio_ms += len(base64.b64decode(ev["delta"])) / 48  # pcm16, 24 kHz
+            elif ev["type"] == "response.done":
+                done = ev
+        assert audio_ms > 500, "too little speech to truncate"
+        cut_ms = int(audio_ms / 2)
+        if done is None:
+            await conn.response.cancel()
+        await conn.conversation.item.truncate(item_id=assistant["id"], content_index=0,
+                                              audio_end_ms=cut_ms)
+        done = done or await recv_raw(conn, "response.done", seen)
+        full = done["response"]["output"][0]["content"][0]["transcript"]
+        truncated = await recv_raw(conn, "conversation.item.truncated", seen)
+        assert (truncated["item_id"], truncated["audio_end_ms"]) == (assistant["id"], cut_ms)
+        await conn.conversation.item.retrieve(item_id=assistant["id"])
+        item = (await recv_raw(conn, "conversation.item.retrieved", seen))["item"]
+        heard = item["content"][0]["transcript"]
+        assert item["content"][0]["type"] == "output_audio"
+        assert full.startswith(heard) and 0 < len(heard) < len(full), (heard, full)
+        # errors, shaped as the API shapes them
+        await conn.conversation.item.truncate(item_id=assistant["id"], content_index=0,
+                                              audio_end_ms=10 ** 7)
+        err = (await recv_raw(conn, "error", seen))["error"]
+        assert err["param"] == "audio_end_ms" and "already shorter" in err["message"]
+        await conn.conversation.item.truncate(item_id=user["id"], content_index=0, audio_end_ms=0)
+        assert (await recv_raw(conn, "error", seen))["error"]["param"] == "item_id"
+        # delete, then the item is gone
+        await conn.conversation.item.delete(item_id=user["id"])
+        assert (await recv_raw(conn, "conversation.item.deleted", seen))["item_id"] == user["id"]
+        for _ in range(2):
+            await conn.conversation.item.retrieve(item_id=user["id"])
+            assert "not found" in (await recv_raw(conn, "error", seen))["error"]["message"]
+            await conn.conversation.item.delete(item_id=user["id"])
+        # a text reply too: its item's content is output_text (GA)
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await conn.response.create(response={"max_output_tokens": 8})
+        done = await recv_raw(conn, "response.done", seen)
+        assert done["response"]["output"][0]["content"][0]["type"] == "output_text"
+    assert_ga_models(seen)

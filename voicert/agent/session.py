@@ -189,6 +189,20 @@ class Session:
         self._check_text(text, f"{Role(role).value} text")
         return self.history.add(role, text, item_id)
 
+    def item(self, item_id: str) -> Item | None:
+        """A conversation item by id (None when unknown or dropped off the old end)."""
+        return self.history.find(item_id)
+
+    def truncate_item(self, item_id: str, chars: int) -> Item:
+        """Cut an assistant item to its first ``chars`` characters: what the listener heard
+        before an interruption, so that the next reply does not build on unheard words. Raises
+        KeyError (unknown item) or ValueError (not an assistant item)."""
+        return self.history.truncate(item_id, chars)
+
+    def delete_item(self, item_id: str) -> Item:
+        """Remove an item from the conversation. Raises KeyError for an unknown one."""
+        return self.history.delete(item_id)
+
     def reconfigure(self, start: p.SessionStart, auto_respond: bool, vad: VadConfig) -> None:
         """Change the session's settings mid-conversation (the Realtime API's session.update).
         A new input rate takes effect with the next audio; new VAD settings reset the endpointer."""
@@ -307,10 +321,11 @@ class Session:
         trace.mark(Point.TRANSCRIPT)
         trace.mark(Point.ASR_START, transcript.start_ns)
         trace.mark(Point.ASR_DONE, transcript.start_ns + int(transcript.decode_ms * 1e6))
-        await self.emit(ev.TranscriptFinal(turn.turn_id, transcript.text))
         if not transcript.text:
+            await self.emit(ev.TranscriptFinal(turn.turn_id, ""))
             return  # no speech found: no reply
-        self.history.add(Role.USER, transcript.text[:self.history.max_text_chars])
+        item = self.history.add(Role.USER, transcript.text[:self.history.max_text_chars])
+        await self.emit(ev.TranscriptFinal(turn.turn_id, transcript.text, item.item_id))
         if self.auto_respond:
             await self._reply(turn)
 
@@ -354,8 +369,8 @@ class Session:
                 await self._reply_done(turn, reply.outcome)
 
     async def _reply_done(self, turn: Turn, out: ReplyOutcome) -> None:
-        if out.text:
-            self.history.add(Role.ASSISTANT, out.text[:self.history.max_text_chars])
+        item = (self.history.add(Role.ASSISTANT, out.text[:self.history.max_text_chars])
+                if out.text else None)
         record = TurnRecord.from_trace(turn.trace, self.id, out.reason, out.tokens,
                                        self.cfg.telemetry.budget_ms)
         self.svc.metrics.observe_turn(record)
@@ -363,7 +378,7 @@ class Session:
         log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, out.reason,
                  out.tokens, out.prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
         await self.emit(ev.ReplyDone(turn.turn_id, out.text, out.tokens, out.prompt_tokens,
-                                     ev.ReplyEnd(out.reason)))
+                                     ev.ReplyEnd(out.reason), item.item_id if item else ""))
         await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr, turn.early_prefill))
 
     def idle(self) -> bool:

@@ -43,6 +43,7 @@ class TranscriptPartial:
 class TranscriptFinal:
     turn_id: int
     text: str
+    item_id: str = ""  # the conversation item it became ("" when none: no speech found)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +74,7 @@ class ReplyDone:
     tokens: int
     prompt_tokens: int
     finish_reason: ReplyEnd
+    item_id: str = ""  # the assistant item it became in the conversation ("" when nothing was sent)
 
 
 @dataclass(frozen=True, slots=True)

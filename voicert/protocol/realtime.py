@@ -190,8 +190,53 @@ def _audio_out(modalities: Any, param: str) -> bool:
     return "audio" in modalities
 
 
+# session fields of either flavour: those that change what voicert does are applied; the rest
+# are accepted only at values that ask for nothing voicert would not do (see _check_inert)
+_SESSION_KEYS = {"type", "model", "id", "object", "instructions", "modalities", "output_modalities",
+                 "input_audio_format", "output_audio_format", "turn_detection",
+                 "input_audio_transcription", "max_response_output_tokens", "max_output_tokens",
+                 "voice", "audio", "tools", "tool_choice", "temperature", "tracing", "truncation",
+                 "speed", "include", "prompt", "input_audio_noise_reduction", "expires_at",
+                 "client_secret"}
+_AUDIO_INPUT_KEYS = {"format", "transcription", "turn_detection", "noise_reduction"}
+_AUDIO_OUTPUT_KEYS = {"format", "voice", "speed"}
+
+
+def _unknown(keys: set[str], known: set[str], where: str) -> None:
+    extra = sorted(k for k in keys if k not in known)
+    if extra:
+        raise RealtimeError("unknown_parameter", f"Unknown parameter: '{where}.{extra[0]}'.",
+                            f"{where}.{extra[0]}")
+
+
+def _unsupported(param: str, what: str) -> RealtimeError:
+    return RealtimeError("unsupported_value", f"{param}: {what} is not supported by this server",
+                         param)
+
+
+def _check_inert(s: dict[str, Any]) -> None:
+    """Refuse what voicert would not do (function calling until it lands, noise reduction, a
+    stored prompt, other speeds) rather than accept it and do something else."""
+    tools = s.get("tools")
+    if tools is not None and (not isinstance(tools, list) or tools):
+        raise _unsupported("session.tools", "function calling")
+    choice = s.get("tool_choice")
+    if choice is not None and choice not in ("auto", "none"):
+        raise _unsupported("session.tool_choice", f"tool_choice {choice!r:.40}")
+    for key in ("prompt", "input_audio_noise_reduction"):
+        if s.get(key) is not None:
+            raise _unsupported(f"session.{key}", key.replace("_", " "))
+    if s.get("include"):
+        raise _unsupported("session.include", "include")
+    if s.get("speed") not in (None, 1, 1.0):
+        raise _unsupported("session.speed", "a speed other than 1.0")
+
+
 def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
-    """Apply a ``session.update``'s ``session`` map (either flavour) to ``cfg``."""
+    """Apply a ``session.update``'s ``session`` map (either flavour) to ``cfg``. Unknown fields,
+    and known ones asking for what this server does not do, are refused (nothing is applied)."""
+    _unknown(set(s), _SESSION_KEYS, "session")
+    _check_inert(s)
     changes: dict[str, Any] = {}
     if "instructions" in s:
         if not isinstance(s["instructions"], str):
@@ -213,17 +258,24 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
     for key in ("max_response_output_tokens", "max_output_tokens"):
         if key in s:
             changes["max_output_tokens"] = _max_tokens(s[key], f"session.{key}")
-    if isinstance(s.get("voice"), str):
-        changes["voice"] = s["voice"]
+    if "voice" in s:
+        changes["voice"] = _voice(s["voice"], "session.voice")
     audio = s.get("audio")
     if audio is not None:
         if not isinstance(audio, dict):
             raise RealtimeError("invalid_type", "session.audio must be an object", "session.audio")
         inp, out = audio.get("input") or {}, audio.get("output") or {}
-        for name, part in (("input", inp), ("output", out)):
+        _unknown(set(audio), {"input", "output"}, "session.audio")
+        for name, part, known in (("input", inp, _AUDIO_INPUT_KEYS),
+                                  ("output", out, _AUDIO_OUTPUT_KEYS)):
             if not isinstance(part, dict):
                 raise RealtimeError("invalid_type", f"session.audio.{name} must be an object",
                                     f"session.audio.{name}")
+            _unknown(set(part), known, f"session.audio.{name}")
+        if inp.get("noise_reduction") is not None:
+            raise _unsupported("session.audio.input.noise_reduction", "noise reduction")
+        if out.get("speed") not in (None, 1, 1.0):
+            raise _unsupported("session.audio.output.speed", "a speed other than 1.0")
         if "format" in inp:
             changes["input_format"] = _format(inp["format"], "session.audio.input.format")
         if "format" in out:
@@ -233,9 +285,15 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
                 inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection")
         if "transcription" in inp:
             changes["transcription"] = inp["transcription"] is not None
-        if isinstance(out.get("voice"), str):
-            changes["voice"] = out["voice"]
+        if "voice" in out:
+            changes["voice"] = _voice(out["voice"], "session.audio.output.voice")
     return replace(cfg, **changes)
+
+
+def _voice(value: Any, param: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise RealtimeError("invalid_type", f"{param} must be a non-empty string", param)
+    return value
 
 
 # ---------------------------------------------------------------- client events
@@ -280,13 +338,50 @@ class ResponseCancel:
     pass
 
 
+@dataclass(slots=True)
+class ItemTruncate:
+    item_id: str
+    content_index: int
+    audio_end_ms: int
+
+
+@dataclass(slots=True)
+class ItemDelete:
+    item_id: str
+
+
+@dataclass(slots=True)
+class ItemRetrieve:
+    item_id: str
+
+
 ClientEvent = Union[SessionUpdate, AudioAppend, AudioCommit, AudioClear, ItemCreate,
-                    ResponseCreate, ResponseCancel]
+                    ResponseCreate, ResponseCancel, ItemTruncate, ItemDelete, ItemRetrieve]
 
 # Known API events this server does not implement: answered with an error naming them.
-UNSUPPORTED = ("conversation.item.truncate", "conversation.item.delete",
-               "conversation.item.retrieve", "output_audio_buffer.clear",
-               "transcription_session.update")
+UNSUPPORTED = ("output_audio_buffer.clear", "transcription_session.update")
+
+
+def _item_id(msg: dict) -> str:
+    item_id = msg.get("item_id")
+    if not isinstance(item_id, str) or not item_id:
+        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'item_id'.",
+                            "item_id")
+    return item_id
+
+
+def _item_truncate(msg: dict) -> ItemTruncate:
+    item_id = _item_id(msg)
+    for key in ("content_index", "audio_end_ms"):
+        if key not in msg:
+            raise RealtimeError("missing_required_parameter",
+                                f"Missing required parameter: '{key}'.", key)
+    index, end = _whole(msg["content_index"], "content_index"), _whole(msg["audio_end_ms"],
+                                                                       "audio_end_ms")
+    if index < 0 or end < 0:
+        raise RealtimeError("invalid_value", "content_index and audio_end_ms must be >= 0",
+                            "audio_end_ms" if end < 0 else "content_index")
+    return ItemTruncate(item_id, index, end)
 
 
 def _item_create(msg: dict) -> ItemCreate:
@@ -365,6 +460,9 @@ _DECODERS = {
     "conversation.item.create": _item_create,
     "response.create": _response_create,
     "response.cancel": lambda m: ResponseCancel(),
+    "conversation.item.truncate": _item_truncate,
+    "conversation.item.delete": lambda m: ItemDelete(_item_id(m)),
+    "conversation.item.retrieve": lambda m: ItemRetrieve(_item_id(m)),
 }
 CLIENT_TYPES = tuple(_DECODERS)
 

@@ -32,10 +32,59 @@ _STATUS = {"stop": ("completed", None),
                                                             "code": "engine_failed"}})}
 
 
+def _no_item(item_id: str) -> rt.RealtimeError:
+    return rt.RealtimeError("invalid_value", f"Item with item_id not found: {item_id[:64]}",
+                            "item_id")
+
+
 def flavor_of(headers) -> rt.Flavor:
     """Beta event names for clients that ask for the beta API (``OpenAI-Beta: realtime=v1``)."""
     beta = headers.get("OpenAI-Beta", "") if headers is not None else ""
     return rt.Flavor.BETA if "realtime=v1" in beta else rt.Flavor.GA
+
+
+MAX_SPOKEN_ITEMS = 64  # assistant audio items whose timeline is kept for truncation
+# bytes per millisecond of output audio, by (beta) format name
+_BYTES_PER_MS = {name: rate / 1000 * (2 if enc == "pcm16" else 1)
+                 for name, (enc, rate) in rt.BETA_FORMATS.items()}
+
+
+@dataclasses.dataclass(slots=True)
+class Spoken:
+    """An assistant item's speech as sent: when each piece of its text began, so a truncation at
+    ``audio_end_ms`` knows which words were heard."""
+
+    bytes_per_ms: float
+    pieces: list[tuple[float, str]] = dataclasses.field(default_factory=list)  # (start ms, text)
+    sent_ms: float = 0.0  # audio sent so far
+    text: str = ""  # the reply's text, once done
+    core_id: str = ""  # its conversation item, once done
+    truncate_at: int | None = None  # a truncation asked for before the reply was done
+
+    def add(self, audio: bytes, text: str) -> None:
+        if text:
+            self.pieces.append((self.sent_ms, text))
+        self.sent_ms += len(audio) / self.bytes_per_ms
+
+    def heard_chars(self, audio_end_ms: float) -> int:
+        """How much of ``text`` was heard by ``audio_end_ms``: every piece whose audio had ended
+        by then, and of the piece playing then, the share of its words its audio had reached."""
+        heard, pos = 0, 0
+        for i, (start, piece) in enumerate(self.pieces):
+            piece = piece.strip()
+            at = self.text.find(piece, pos)
+            if at < 0 or start >= audio_end_ms:
+                break
+            end = self.pieces[i + 1][0] if i + 1 < len(self.pieces) else self.sent_ms
+            pos = at + len(piece)
+            if audio_end_ms >= end:
+                heard = pos
+                continue
+            words = piece.split()
+            n = int(len(words) * (audio_end_ms - start) / max(end - start, 1e-6))
+            heard = at + len(" ".join(words[:n]))
+            break
+        return heard
 
 
 @dataclasses.dataclass(slots=True)
@@ -45,6 +94,7 @@ class ResponseState:
     audio_out: bool
     output_index: int = 0
     partial_stable: str = ""
+    spoken: Spoken | None = None
 
 
 class RealtimeConnection(BaseConnection):
@@ -65,6 +115,9 @@ class RealtimeConnection(BaseConnection):
         self.user_items: dict[int, str] = {}  # turn id -> user item id
         self.responses: dict[int, ResponseState] = {}  # turn id -> the response answering it
         self.partials: dict[int, str] = {}  # turn id -> stable partial text already sent
+        self.items: dict[str, str] = {}  # wire item id -> the session's conversation item id
+        self.wire_items: dict[str, dict] = {}  # wire item id -> the item as last sent
+        self.spoken: dict[str, Spoken] = {}  # assistant audio items, by wire id (bounded)
 
     # ------------------------------------------------------------ session core
 
@@ -159,6 +212,16 @@ class RealtimeConnection(BaseConnection):
                 raise rt.RealtimeError("response_cancel_not_active",
                                        "Cancellation failed: no active response found.")
             s.cancel_response()
+        elif isinstance(event, rt.ItemTruncate):
+            await self._truncate(event)
+        elif isinstance(event, rt.ItemDelete):
+            await self._delete(event.item_id)
+        elif isinstance(event, rt.ItemRetrieve):
+            item = self.wire_items.get(event.item_id)
+            core_id = self.items.get(event.item_id)
+            if item is None or (core_id is not None and self.session.item(core_id) is None):
+                raise _no_item(event.item_id)  # never made, deleted, or dropped off the old end
+            await self.send_event("conversation.item.retrieved", item=item)
 
     async def _update(self, changes: dict) -> None:
         config = rt.update_session(self.config, changes)
@@ -176,16 +239,83 @@ class RealtimeConnection(BaseConnection):
             raise
         await self.send_event("session.updated", session=self._wire_session())
 
+    async def _truncate(self, event: rt.ItemTruncate) -> None:
+        """Cut an assistant audio item to what the listener heard (its transcript too, so the next
+        reply does not build on unheard words)."""
+        spoken = self.spoken.get(event.item_id)
+        if spoken is None:
+            if event.item_id in self.wire_items:
+                raise rt.RealtimeError("invalid_value", "Only assistant messages with audio can "
+                                       "be truncated.", "item_id")
+            raise _no_item(event.item_id)
+        if event.content_index != 0:
+            raise rt.RealtimeError("invalid_value", "content_index must be 0 (the item's one "
+                                   "audio part)", "content_index")
+        if event.audio_end_ms > spoken.sent_ms + 1:
+            raise rt.RealtimeError("invalid_value", f"Audio content of {spoken.sent_ms:.0f}ms is "
+                                   f"already shorter than {event.audio_end_ms}ms", "audio_end_ms")
+        if spoken.core_id:
+            self._apply_truncation(event.item_id, spoken, event.audio_end_ms)
+        else:  # still being generated: applied when it is done
+            spoken.truncate_at = event.audio_end_ms
+        await self.send_event("conversation.item.truncated", item_id=event.item_id,
+                              content_index=0, audio_end_ms=event.audio_end_ms)
+
+    def _apply_truncation(self, wire_id: str, spoken: Spoken, audio_end_ms: int) -> None:
+        chars = spoken.heard_chars(audio_end_ms)
+        try:
+            cut = self.session.truncate_item(spoken.core_id, chars)
+        except (KeyError, ValueError):  # dropped off the old end meanwhile
+            return
+        part = {"type": self._part_type(True), "transcript": cut.text}
+        item = self.wire_items.get(wire_id)
+        if item is not None:
+            self.wire_items[wire_id] = {**item, "content": [part]}
+
+    def _remember(self, item: dict) -> None:
+        """Keep the item as sent (for retrieve), bounded like the conversation itself."""
+        self.wire_items[item["id"]] = item
+        while len(self.wire_items) > 2 * self.svc.cfg.server.max_history_items:
+            old = next(iter(self.wire_items))
+            self.wire_items.pop(old)
+            self.items.pop(old, None)
+
+    async def _delete(self, wire_id: str) -> None:
+        core_id = self.items.get(wire_id)
+        if core_id is None:
+            if wire_id in self.wire_items:
+                raise rt.RealtimeError("invalid_value", f"Item '{wire_id[:64]}' is still in "
+                                       "progress; it can be deleted once it is done", "item_id")
+            raise _no_item(wire_id)
+        try:
+            self.session.delete_item(core_id)
+        except KeyError:
+            raise _no_item(wire_id) from None
+        self.items.pop(wire_id, None)
+        self.wire_items.pop(wire_id, None)
+        self.spoken.pop(wire_id, None)
+        await self.send_event("conversation.item.deleted", item_id=wire_id)
+
+    def _part_type(self, audio: bool) -> str:
+        """Content part types as the connection's flavour names them."""
+        if self.writer.flavor is rt.Flavor.BETA:
+            return "audio" if audio else "text"
+        return "output_audio" if audio else "output_text"
+
     async def _item_create(self, event: rt.ItemCreate) -> None:
         if not event.text.strip():
             raise rt.RealtimeError("invalid_value", "item.content text is empty", "item.content")
         item_id = event.item_id or f"item_{uuid.uuid4().hex[:20]}"
-        self.session.add_item(event.role, event.text)
-        kind = "input_text" if event.role != "assistant" else "output_text"
+        if item_id in self.wire_items:
+            raise rt.RealtimeError("invalid_value", f"Item '{item_id[:64]}' already exists",
+                                   "item.id")
+        self.items[item_id] = self.session.add_item(event.role, event.text).item_id
+        kind = "input_text" if event.role != "assistant" else self._part_type(False)
         item = rt.message_item(item_id, event.role, "completed", [{"type": kind, "text": event.text}])
         await self._item_added(item)
 
     async def _item_added(self, item: dict) -> None:
+        self._remember(item)
         previous, self.last_item = self.last_item, item["id"]
         await self.send_event("conversation.item.added", previous_item_id=previous, item=item)
         if self.writer.flavor is rt.Flavor.GA and item["status"] == "completed":
@@ -218,6 +348,7 @@ class RealtimeConnection(BaseConnection):
         elif isinstance(ev, core.TranscriptPartial):
             await self._transcript_delta(ev)
         elif isinstance(ev, core.TranscriptFinal):
+            self._transcribed(ev)
             if self.config.transcription:
                 await self.send_event("conversation.item.input_audio_transcription.completed",
                                       item_id=self._user_item(ev.turn_id), content_index=0,
@@ -234,6 +365,8 @@ class RealtimeConnection(BaseConnection):
         elif isinstance(ev, core.ReplyAudio):
             r = self.responses.get(ev.turn_id)
             if r is not None:
+                if r.spoken is not None:
+                    r.spoken.add(ev.audio, ev.text)
                 await self.send_event("response.output_audio.delta", response_id=r.response_id,
                                       item_id=r.item_id, output_index=0, content_index=0,
                                       delta=base64.b64encode(ev.audio).decode("ascii"))
@@ -243,6 +376,17 @@ class RealtimeConnection(BaseConnection):
             self.svc.metrics.observe_error(ev.code)
             kind = rt.INVALID_REQUEST if ev.code in (p.ErrorCode.BAD_AUDIO.value,) else rt.SERVER_ERROR
             await self.send_frame(self.writer.error(rt.RealtimeError(ev.code, ev.message, kind=kind)))
+
+    def _transcribed(self, ev: core.TranscriptFinal) -> None:
+        """A user audio item now has its transcript (and a conversation item, if it had speech)."""
+        wire_id = self.user_items.get(ev.turn_id)
+        if wire_id is None or not ev.item_id:
+            return
+        self.items[wire_id] = ev.item_id
+        item = self.wire_items.get(wire_id)
+        if item is not None:
+            self.wire_items[wire_id] = {**item, "content": [{"type": "input_audio",
+                                                             "transcript": ev.text}]}
 
     async def _transcript_delta(self, ev: core.TranscriptPartial) -> None:
         sent = self.partials.get(ev.turn_id, "")
@@ -256,12 +400,18 @@ class RealtimeConnection(BaseConnection):
     async def _response_started(self, turn_id: int, audio_out: bool) -> None:
         r = ResponseState(f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}",
                           audio_out)
+        if audio_out:
+            r.spoken = self.spoken[r.item_id] = Spoken(_BYTES_PER_MS[self.config.output_format])
+            while len(self.spoken) > MAX_SPOKEN_ITEMS:
+                self.spoken.pop(next(iter(self.spoken)))
         self.responses[turn_id] = r
         await self.send_event("response.created", response=self._response(r, "in_progress", []))
         item = rt.message_item(r.item_id, "assistant", "in_progress", [])
         await self.send_event("response.output_item.added", response_id=r.response_id,
                               output_index=0, item=item)
         await self._item_added(item)
+        # content_part events name parts "audio" / "text" in both flavours; items' content does
+        # not (GA: output_audio / output_text; see _part_type)
         part = {"type": "audio", "transcript": ""} if audio_out else {"type": "text", "text": ""}
         await self.send_event("response.content_part.added", response_id=r.response_id,
                               item_id=r.item_id, output_index=0, content_index=0, part=part)
@@ -281,9 +431,17 @@ class RealtimeConnection(BaseConnection):
             await self.send_event("response.output_text.done", **ids, text=ev.text)
             part = {"type": "text", "text": ev.text}
         await self.send_event("response.content_part.done", **ids, part=part)
+        part = {**part, "type": self._part_type(r.audio_out)}  # as the item's content
         status, details = _STATUS.get(ev.finish_reason, _STATUS["error"])
         item_status = "completed" if status == "completed" else "incomplete"
         item = rt.message_item(r.item_id, "assistant", item_status, [part])
+        self._remember(item)
+        if ev.item_id:
+            self.items[r.item_id] = ev.item_id
+        if r.spoken is not None:
+            r.spoken.text, r.spoken.core_id = ev.text, ev.item_id
+            if r.spoken.truncate_at is not None and ev.item_id:
+                self._apply_truncation(r.item_id, r.spoken, r.spoken.truncate_at)
         await self.send_event("response.output_item.done", response_id=r.response_id,
                               output_index=0, item=item)
         if self.writer.flavor is rt.Flavor.GA:

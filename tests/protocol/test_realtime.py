@@ -1,0 +1,77 @@
+"""Realtime codec pieces: item events, and session fields that are refused rather than ignored."""
+
+import json
+
+import pytest
+
+from voicert.protocol import realtime as rt
+from voicert.server.realtime import Spoken
+
+
+def decode(**msg):
+    return rt.decode_client(json.dumps(msg))[0]
+
+
+def test_item_events_decode_to_typed_events():
+    assert decode(type="conversation.item.truncate", item_id="i", content_index=0,
+                  audio_end_ms=1500) == rt.ItemTruncate("i", 0, 1500)
+    assert decode(type="conversation.item.delete", item_id="i") == rt.ItemDelete("i")
+    assert decode(type="conversation.item.retrieve", item_id="i") == rt.ItemRetrieve("i")
+
+
+@pytest.mark.parametrize("msg, param", [
+    ({"type": "conversation.item.truncate", "content_index": 0, "audio_end_ms": 1}, "item_id"),
+    ({"type": "conversation.item.truncate", "item_id": "i", "content_index": 0}, "audio_end_ms"),
+    ({"type": "conversation.item.truncate", "item_id": "i", "content_index": 0,
+      "audio_end_ms": -5}, "audio_end_ms"),
+    ({"type": "conversation.item.truncate", "item_id": "i", "content_index": "0",
+      "audio_end_ms": 5}, "content_index"),
+    ({"type": "conversation.item.delete", "item_id": 7}, "item_id"),
+    ({"type": "conversation.item.retrieve"}, "item_id"),
+])
+def test_bad_item_events_name_the_parameter(msg, param):
+    with pytest.raises(rt.RealtimeError) as info:
+        rt.decode_client(json.dumps(msg))
+    assert info.value.param == param
+
+
+CFG = rt.SessionConfig(instructions="x")
+
+
+@pytest.mark.parametrize("session, param", [
+    ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
+    ({"tool_choice": "required"}, "session.tool_choice"),
+    ({"prompt": {"id": "pmpt_1"}}, "session.prompt"),
+    ({"speed": 1.5}, "session.speed"),
+    ({"input_audio_noise_reduction": {"type": "near_field"}}, "session.input_audio_noise_reduction"),
+    ({"audio": {"input": {"noise_reduction": {"type": "far_field"}}}},
+     "session.audio.input.noise_reduction"),
+    ({"audio": {"output": {"speed": 2}}}, "session.audio.output.speed"),
+    ({"audio": {"output": {"pitch": 2}}}, "session.audio.output.pitch"),
+    ({"colour": "blue"}, "session.colour"),
+    ({"voice": 3}, "session.voice"),
+])
+def test_session_fields_asking_for_what_voicert_does_not_do_are_refused(session, param):
+    with pytest.raises(rt.RealtimeError) as info:
+        rt.update_session(CFG, session)
+    assert info.value.param == param
+
+
+def test_neutral_values_of_unimplemented_fields_are_accepted():
+    cfg = rt.update_session(CFG, {"type": "realtime", "model": "m", "tools": [],
+                                  "tool_choice": "auto", "tracing": "auto", "speed": 1.0,
+                                  "include": [], "prompt": None, "voice": "alloy"})
+    assert cfg.voice == "alloy"
+
+
+def test_heard_text_is_every_piece_played_and_the_share_of_the_one_playing():
+    spoken = Spoken(bytes_per_ms=48)
+    spoken.add(b"\0" * 48 * 1000, "One two three four.")  # 0-1000 ms
+    spoken.add(b"\0" * 48 * 500, "")
+    spoken.add(b"\0" * 48 * 1000, " Five six.")  # 1500-2500 ms
+    spoken.text = "One two three four. Five six. Seven."
+    assert spoken.heard_chars(0) == 0
+    assert spoken.text[:spoken.heard_chars(750)] == "One two"  # half of 0-1500 ms: 2 of 4 words
+    assert spoken.text[:spoken.heard_chars(1500)] == "One two three four."
+    assert spoken.text[:spoken.heard_chars(2000)] == "One two three four. Five"
+    assert spoken.text[:spoken.heard_chars(2500)] == "One two three four. Five six."
