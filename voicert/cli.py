@@ -72,7 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             from voicert.config import cache_dir
             from voicert.engine.loader import resolve_llm
             from voicert.speech.asr import resolve_asr_model
+            from voicert.speech.vad import silero_model_path
 
+            print(f"vad: {silero_model_path()}")
             print(f"asr: {resolve_asr_model(cfg.models.asr)}")
             print(f"llm: {resolve_llm(cfg.models.llm, cache_dir(cfg.models))}")
             return 0

@@ -43,3 +43,47 @@ def test_resampled_48k_speech_is_detected(model):
     x48 = soxr.resample(x, 16000, 48000).astype(np.float32)
     y = StreamResampler(48000)(x48)
     assert (VadStream(model).push(y) > 0.5).mean() > 0.4
+
+
+async def test_batched_scoring_equals_scoring_each_session_alone(model):
+    """Sessions with different audio, pushing frames of different sizes in the same loop ticks
+    (so jobs of 0, 1 and 2 windows share a batch): every probability equals the one the session
+    gets scored alone, exactly."""
+    import asyncio
+
+    from voicert.speech.vad import VadBatcher
+
+    rng = np.random.default_rng(1)
+    clips = [wav(name)[0] for name in ("capital_of_france", "count_to_five", "tell_me_a_joke")]
+    clips.append((0.05 * rng.standard_normal(16000 * 2)).astype(np.float32))
+    frames = [320, 512, 800, 1024]  # 20, 32, 50, 64 ms
+    alone = [VadStream(model).push(c) for c in clips]
+    batcher = VadBatcher(model)
+    streams = [VadStream(model) for _ in clips]
+
+    async def feed(i: int) -> np.ndarray:
+        clip, step = clips[i], frames[i]
+        out = [await streams[i].push_batched(clip[j:j + step], batcher)
+               for j in range(0, clip.size, step)]
+        return np.concatenate(out)
+
+    batched = await asyncio.gather(*(feed(i) for i in range(len(clips))))
+    for a, b in zip(alone, batched):
+        np.testing.assert_array_equal(a, b)
+    assert batcher.rows == sum(a.size for a in alone)
+    assert batcher.batches < batcher.rows / 2  # windows of several sessions shared model calls
+
+
+async def test_a_failing_batch_fails_its_sessions_and_the_next_one_works(model):
+    import asyncio
+
+    from voicert.speech.vad import VadBatcher
+
+    batcher = VadBatcher(model)
+    bad = VadStream(model)
+    bad.state.state = np.zeros((3, 1, 7), np.float32)  # a state of the wrong shape
+    with pytest.raises(Exception):
+        await bad.push_batched(np.zeros(FRAME, np.float32), batcher)
+    ok = VadStream(model)
+    assert (await ok.push_batched(np.zeros(FRAME, np.float32), batcher)).shape == (1,)
+    assert asyncio.get_running_loop().is_running()

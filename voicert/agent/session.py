@@ -26,7 +26,7 @@ from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.tts import TtsWorker
-from voicert.speech.vad import SileroVad, VadStream
+from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
 from voicert.telemetry.metrics import Metrics
@@ -46,7 +46,8 @@ class Services:
     engine: Engine
     metrics: Metrics = field(default_factory=Metrics)
     tts: TtsWorker | None = None  # speech out; None when tts.engine is none
-    vad_pool: Executor | None = None  # vad.threads > 0: VAD windows are scored here, off the loop
+    vad_pool: Executor | None = None  # vad.threads > 0: VAD batches are scored here, off the loop
+    vad_batcher: VadBatcher | None = None  # every session's windows of a tick in one model call
     draining: bool = False  # set at shutdown: no new turns start
     gc_watch: GcWatch | None = None  # times this process's garbage collections (for /metrics)
 
@@ -114,11 +115,10 @@ class Session:
             raise p.ProtocolError(p.ErrorCode.BAD_AUDIO, str(exc)) from None
         x16 = self.resampler(x)
         self.turns.push(x16)
-        if self.svc.vad_pool is not None and self.vad.completes_window(x16.size):
-            # the model runs on a worker thread (ONNX releases the GIL); frames of one session
-            # stay in order because its connection awaits each one
-            probs = await asyncio.get_running_loop().run_in_executor(
-                self.svc.vad_pool, self.vad.push, x16)
+        if self.svc.vad_batcher is not None:
+            # scored with every other session's windows of this loop tick (one model call per
+            # window position); frames of one session stay in order: its connection awaits each
+            probs = await self.vad.push_batched(x16, self.svc.vad_batcher)
         else:
             probs = self.vad.push(x16)
         if probs.size:

@@ -35,7 +35,7 @@ from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.tts import TtsWorker, load_voice
-from voicert.speech.vad import SileroVad
+from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.telemetry.gcwatch import GcWatch, settle
 from voicert.telemetry.metrics import Metrics
@@ -65,11 +65,12 @@ def load_services(cfg: Config) -> Services:
         log.info("tts ready (%s, %d Hz)", cfg.tts.engine, tts.sample_rate)
     vad_pool = (ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
                 if cfg.vad.threads > 0 else None)
+    vad_batcher = VadBatcher(vad, vad_pool)
     if cfg.server.gc_freeze:
         log.info("gc: %d loaded objects exempted from collection", settle())
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
                     metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts,
-                    vad_pool=vad_pool, gc_watch=GcWatch().install())
+                    vad_pool=vad_pool, vad_batcher=vad_batcher, gc_watch=GcWatch().install())
 
 
 def build_engine(cfg: Config) -> SupervisedEngine:

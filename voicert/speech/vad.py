@@ -1,12 +1,19 @@
-"""Streaming Silero VAD (the ONNX model faster-whisper ships) through onnxruntime.
+"""Streaming Silero VAD through onnxruntime, batched across sessions.
 
-One :class:`SileroVad` holds the ONNX session and is shared by all sessions (``InferenceSession.run`` is
-thread-safe); each session owns a :class:`VadStream` with its recurrent state and audio context.
+One :class:`SileroVad` holds the ONNX session (the model the ``silero-vad`` package ships, MIT; its
+inputs have a batch dimension: one call scores one 32 ms window for each of B streams). Each session
+owns a :class:`VadStream` (framing, and its recurrent state and audio context in a
+:class:`VadState`). A :class:`VadBatcher` on the event loop gathers the windows every session
+completed in one loop iteration and scores them with one model call per window position, so the
+cost per tick grows far slower than the number of sessions; a stream's probabilities are exactly
+those it would get scored alone (the rows do not mix: tests/speech/test_vad.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -15,67 +22,152 @@ import onnxruntime
 SAMPLE_RATE = 16000
 FRAME = 512  # samples per VAD window: 32 ms at 16 kHz
 CONTEXT = 64  # samples of the previous window the model sees in front of each window
+STATE = 128
+_SR = np.array(SAMPLE_RATE, np.int64)
 
 
 def silero_model_path() -> str:
-    """Path of the Silero VAD ONNX file inside the installed faster-whisper package."""
-    import faster_whisper
-
-    assets = os.path.join(os.path.dirname(faster_whisper.__file__), "assets")
-    names = sorted(n for n in os.listdir(assets) if n.startswith("silero") and n.endswith(".onnx"))
-    if not names:
-        raise FileNotFoundError(f"no Silero VAD ONNX model in {assets}")
-    return os.path.join(assets, names[-1])
-
-
-class SileroVad:
-    """The shared model. ``probs`` scores consecutive 32 ms windows of one stream."""
-
-    def __init__(self, path: str | None = None) -> None:
-        opts = onnxruntime.SessionOptions()
-        opts.inter_op_num_threads = 1
-        opts.intra_op_num_threads = 1
-        opts.log_severity_level = 4
-        self.session = onnxruntime.InferenceSession(
-            path or silero_model_path(), providers=["CPUExecutionProvider"], sess_options=opts)
-
-    def probs(self, windows: np.ndarray, state: "VadState") -> np.ndarray:
-        """windows: [W, FRAME] float32 consecutive audio -> speech probabilities [W].
-
-        Updates ``state`` (recurrent h/c and the context tail) in place."""
-        tails = np.concatenate([state.context[None, :], windows[:-1, -CONTEXT:]], axis=0)  # [W, 64]
-        x = np.concatenate([tails, windows], axis=1).astype(np.float32)  # [W, 576]
-        out, state.h, state.c = self.session.run(None, {"input": x, "h": state.h, "c": state.c})
-        state.context = windows[-1, -CONTEXT:].copy()
-        return out.reshape(-1)
+    """The batched Silero VAD ONNX file inside the installed ``silero-vad`` package."""
+    try:
+        import silero_vad
+    except ImportError:
+        raise FileNotFoundError("Silero VAD needs the package silero-vad "
+                                "(pip install --no-deps silero-vad)") from None
+    path = os.path.join(os.path.dirname(silero_vad.__file__), "data", "silero_vad.onnx")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no Silero VAD ONNX model at {path}")
+    return path
 
 
 @dataclass(slots=True)
 class VadState:
-    h: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), np.float32))
-    c: np.ndarray = field(default_factory=lambda: np.zeros((1, 1, 128), np.float32))
+    """One stream's recurrent state and the tail of its last window."""
+
+    state: np.ndarray = field(default_factory=lambda: np.zeros((2, 1, STATE), np.float32))
     context: np.ndarray = field(default_factory=lambda: np.zeros(CONTEXT, np.float32))
+
+
+class SileroVad:
+    """The shared model (``InferenceSession.run`` is thread-safe)."""
+
+    def __init__(self, path: str | None = None, threads: int = 1) -> None:
+        opts = onnxruntime.SessionOptions()
+        opts.inter_op_num_threads = 1
+        opts.intra_op_num_threads = threads
+        opts.log_severity_level = 4
+        self.session = onnxruntime.InferenceSession(
+            path or silero_model_path(), providers=["CPUExecutionProvider"], sess_options=opts)
+
+    def score(self, windows: np.ndarray, states: list[VadState]) -> np.ndarray:
+        """One window for each of B streams: windows [B, FRAME] float32 -> probabilities [B].
+        Updates each stream's state and context in place."""
+        contexts = np.stack([s.context for s in states])  # [B, CONTEXT]
+        x = np.concatenate([contexts, windows], axis=1).astype(np.float32, copy=False)  # [B, 576]
+        h = np.concatenate([s.state for s in states], axis=1)  # [2, B, STATE]
+        out, h = self.session.run(None, {"input": x, "state": h, "sr": _SR})  # [B, 1], [2, B, STATE]
+        for i, s in enumerate(states):
+            s.state = h[:, i:i + 1].copy()
+            s.context = windows[i, -CONTEXT:].copy()
+        return out.reshape(-1)
+
+    def probs(self, windows: np.ndarray, state: VadState) -> np.ndarray:
+        """One stream: windows [W, FRAME] consecutive audio -> probabilities [W] (W calls)."""
+        return np.array([self.score(windows[i:i + 1], [state])[0] for i in range(len(windows))],
+                        np.float32)
 
 
 class VadStream:
     """Per-session framing: push any number of 16 kHz samples, get one probability per full window."""
 
-    def __init__(self, model: SileroVad) -> None:
+    def __init__(self, model) -> None:
         self.model = model
         self.state = VadState()
         self._pending = np.zeros(0, np.float32)
         self.windows_done = 0
 
-    def completes_window(self, n: int) -> bool:
-        """Whether pushing ``n`` more samples completes a window (and so runs the model)."""
-        return self._pending.size + n >= FRAME
-
-    def push(self, samples: np.ndarray) -> np.ndarray:
-        """samples [N] float32 16 kHz -> probabilities [W] for the windows completed by this push."""
+    def frame(self, samples: np.ndarray) -> np.ndarray:
+        """samples [N] float32 16 kHz -> the windows [W, FRAME] they complete (W may be 0)."""
         buf = np.concatenate([self._pending, samples]) if self._pending.size else samples
         n = buf.size // FRAME
         self._pending = buf[n * FRAME:].copy()
-        if n == 0:
-            return np.zeros(0, np.float32)
         self.windows_done += n
-        return self.model.probs(buf[: n * FRAME].reshape(n, FRAME), self.state)
+        return buf[: n * FRAME].reshape(n, FRAME)
+
+    def push(self, samples: np.ndarray) -> np.ndarray:
+        """samples [N] -> probabilities [W] for the windows completed, scored here and now."""
+        windows = self.frame(samples)
+        if not len(windows):
+            return np.zeros(0, np.float32)
+        return self.model.probs(windows, self.state)
+
+    async def push_batched(self, samples: np.ndarray, batcher: "VadBatcher") -> np.ndarray:
+        """As :meth:`push`, scored together with every other session's windows of this tick."""
+        windows = self.frame(samples)
+        if not len(windows):
+            return np.zeros(0, np.float32)
+        return await batcher.score(self.state, windows)
+
+
+@dataclass(slots=True)
+class _Job:
+    state: VadState
+    windows: np.ndarray  # [W, FRAME]
+    done: asyncio.Future
+
+
+class VadBatcher:
+    """Scores the windows all sessions submit in one event-loop iteration together: window k of
+    every job goes into the k-th model call of the batch. With an ``executor`` the calls run there
+    (the loop stays free; onnxruntime releases the GIL), else on the loop.
+
+    Contract: a stream submits its next windows only after its previous ones were scored (a
+    session awaits each frame), so a stream is in at most one job at a time."""
+
+    def __init__(self, model: SileroVad, executor: Executor | None = None) -> None:
+        self.model = model
+        self.executor = executor
+        self._jobs: list[_Job] = []
+        self.batches = 0  # model calls made (for metrics and tests)
+        self.rows = 0  # windows scored
+
+    def score(self, state: VadState, windows: np.ndarray) -> asyncio.Future:
+        loop = asyncio.get_running_loop()
+        if not self._jobs:
+            loop.call_soon(self._flush)  # after every task already woken this iteration
+        job = _Job(state, windows, loop.create_future())
+        self._jobs.append(job)
+        return job.done
+
+    def _flush(self) -> None:
+        jobs, self._jobs = self._jobs, []
+        if self.executor is None:
+            self._finish(jobs, self._run, jobs)
+        else:
+            fut = asyncio.get_running_loop().run_in_executor(self.executor, self._run, jobs)
+            fut.add_done_callback(lambda f: self._finish(jobs, f.result))
+
+    @staticmethod
+    def _finish(jobs: list[_Job], result, *args) -> None:
+        try:
+            probs = result(*args)
+        except BaseException as exc:  # every waiting session hears of it
+            for job in jobs:
+                if not job.done.done():
+                    job.done.set_exception(exc)
+            return
+        for job, p in zip(jobs, probs):
+            if not job.done.done():
+                job.done.set_result(p)
+
+    def _run(self, jobs: list[_Job]) -> list[np.ndarray]:
+        """Window position by window position: one model call for all jobs that have one."""
+        out = [np.zeros(len(j.windows), np.float32) for j in jobs]
+        for k in range(max(len(j.windows) for j in jobs)):
+            rows = [i for i, j in enumerate(jobs) if len(j.windows) > k]
+            probs = self.model.score(np.stack([jobs[i].windows[k] for i in rows]),
+                                     [jobs[i].state for i in rows])
+            for i, p in zip(rows, probs):
+                out[i][k] = p
+            self.batches += 1
+            self.rows += len(rows)
+        return out
