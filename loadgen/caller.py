@@ -16,6 +16,36 @@ from voicert.audio.pcm import encode_pcm16
 from voicert.protocol import native as p
 
 FRAME_MS = 20
+MAX_VALID_SLIP_MS = 10.0  # a level whose frames left later than this at P99 measured the generator
+
+
+@dataclass
+class SlipHistogram:
+    """How late each audio frame left against its real-time schedule, in 0.1 ms bins up to 2 s
+    (the last bin holds everything later). Mergeable across load-generator processes."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * 20001)
+
+    def add(self, ms: float) -> None:
+        self.counts[min(max(int(ms * 10), 0), len(self.counts) - 1)] += 1
+
+    def merge(self, other: "SlipHistogram") -> None:
+        self.counts = [a + b for a, b in zip(self.counts, other.counts)]
+
+    @property
+    def n(self) -> int:
+        return sum(self.counts)
+
+    def percentile(self, q: float) -> float:
+        """The q-th percentile in ms (the upper edge of its bin); 0 with no samples."""
+        total, seen = self.n, 0
+        if not total:
+            return 0.0
+        for i, c in enumerate(self.counts):
+            seen += c
+            if seen >= total * q / 100:
+                return (i + 1) / 10
+        return len(self.counts) / 10
 
 
 @dataclass
@@ -41,6 +71,17 @@ class CallerStats:
     unreachable: int = 0  # sessions that could not connect at all (server down)
     sessions: int = 0
     server: dict[str, float] = field(default_factory=dict)  # batch sizes, GPU use (loadgen/probe.py)
+    slip: SlipHistogram = field(default_factory=SlipHistogram)  # this generator's own lateness
+
+    def merge(self, other: "CallerStats") -> None:
+        self.turns += other.turns
+        self.errors += other.errors
+        self.timeouts += other.timeouts
+        self.dropped += other.dropped
+        self.refused += other.refused
+        self.unreachable += other.unreachable
+        self.sessions += other.sessions
+        self.slip.merge(other.slip)
 
 
 class Caller:
@@ -102,6 +143,7 @@ class Caller:
         t0 = time.perf_counter()
         try:
             for i in range(0, audio.size, n):
+                stats.slip.add((time.perf_counter() - t0) * 1000 - (i // n) * FRAME_MS)
                 await ws.send(p.encode(p.Audio(encode_pcm16(audio[i:i + n]))))
                 if i // n == speech_frames - 1:
                     speech_end = time.perf_counter_ns()

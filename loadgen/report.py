@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loadgen.caller import CallerStats
+from loadgen.caller import MAX_VALID_SLIP_MS, CallerStats
 from voicert.telemetry.latency import WATERFALL
 
 ROWS = ("endpoint_ms", "asr_ms", "asr_wait_ms", "asr_decode_ms", "dispatch_ms", "queue_ms",
@@ -35,6 +35,9 @@ def summarize(levels: dict[int, CallerStats]) -> dict:
             "timeouts": stats.timeouts, "dropped": stats.dropped,
             "stages": {name: pcts(v) for name in ROWS if (v := values(stats, name))},
             "server": stats.server,
+            "loadgen_slip_ms": {"p50": stats.slip.percentile(50), "p99": stats.slip.percentile(99),
+                                "max": stats.slip.percentile(100), "frames": stats.slip.n},
+            "valid": stats.slip.percentile(99) <= MAX_VALID_SLIP_MS,
         }
         p99 = {k: q["p99"] for k, q in out[str(n)]["stages"].items() if k in WATERFALL}
         out[str(n)]["dominant_p99"] = max(p99, key=p99.get) if p99 else None
@@ -54,6 +57,11 @@ def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> s
                     if first else "| | | | | ")
             lines.append(f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | {q['p99']:.1f} |")
             first = False
+    slips = ", ".join(f"{level} sessions: P99 {s['loadgen_slip_ms']['p99']:.1f} ms"
+                      + ("" if s.get("valid", True) else " INVALID")
+                      for level, s in summary.items() if "loadgen_slip_ms" in s)
+    lines += ["", f"Load generator schedule slip (how late its audio frames left; a level over "
+              f"{MAX_VALID_SLIP_MS:g} ms at P99 measured the generator, not the server): {slips}."]
     lines += ["", "Dominant waterfall stage at P99: " + ", ".join(
         f"{level} sessions: {s['dominant_p99']}" for level, s in summary.items()
         if s.get("dominant_p99")) + "."]
