@@ -59,3 +59,27 @@ def test_no_clear_when_nothing_is_playing():
     play.reply_done(1)
     play.mark_played("turn1-end")
     assert play.speech_started(2) == []
+
+
+def test_a_reply_cut_off_keeps_only_the_pieces_the_caller_heard():
+    from voicert.transport.telephony import heard_chars
+
+    play = playback()
+    play.audio(3, 0, "One two three.", b"\x01" * 320)
+    play.audio(3, 1, " Four five.", b"\x01" * 320)
+    play.audio(3, 2, " Six seven.", b"\x01" * 320)
+    play.mark_played("turn3-piece1")  # the first piece played
+    assert play.heard(3) is None  # not cut off (yet)
+    assert kinds(play.speech_started(4)) == ["clear"]
+    play.mark_played("turn3-piece2")  # an echo after the clear changes nothing
+    assert play.heard(3) == ["One two three."] and play.heard(2) is None
+    text = "One two three. Four five. Six seven."
+    assert text[:heard_chars(text, play.heard(3))] == "One two three."
+
+
+def test_a_reply_played_to_its_end_is_not_cut():
+    play = playback()
+    play.audio(5, 0, "All of it.", b"\x01" * 320)
+    play.reply_done(5)
+    play.mark_played("turn5-end")
+    assert play.speech_started(6) == [] and play.heard(5) is None

@@ -22,7 +22,7 @@ from voicert.core import events as core
 from voicert.protocol import native as p
 from voicert.protocol import twilio as tw
 from voicert.server.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, BaseConnection
-from voicert.transport.telephony import Playback
+from voicert.transport.telephony import Playback, heard_chars
 
 log = logging.getLogger(__name__)
 TWILIO_PATH = "/twilio"
@@ -119,6 +119,12 @@ class TwilioConnection(BaseConnection):
             frames = play.audio(ev.turn_id, ev.seq, ev.text, ev.audio)
         elif isinstance(ev, core.ReplyDone):
             frames = play.reply_done(ev.turn_id)
+            heard = play.heard(ev.turn_id)
+            if heard is not None and ev.item_id:  # cut off: keep only what the caller heard
+                try:
+                    self.session.truncate_item(ev.item_id, heard_chars(ev.text, heard))
+                except (KeyError, ValueError):  # dropped off the conversation's old end
+                    pass
         elif isinstance(ev, core.SpeechStarted):
             # the caller talks over a reply that is still queued at Twilio or playing: the
             # session interrupts it (barge-in), and Twilio drops what it has not played yet

@@ -27,6 +27,17 @@ class Serializer(Protocol):
     def clear(self) -> str: ...
 
 
+def heard_chars(text: str, pieces: list[str]) -> int:
+    """How many leading characters of a reply's ``text`` the spoken ``pieces`` (in order) cover."""
+    pos = 0
+    for piece in pieces:
+        at = text.find(piece.strip(), pos)
+        if at < 0:
+            break
+        pos = at + len(piece.strip())
+    return pos
+
+
 class Playback:
     def __init__(self, serializer: Serializer) -> None:
         self.ser = serializer
@@ -35,15 +46,23 @@ class Playback:
         self.unmarked = False  # audio sent after the last mark: it may still be playing
         self.pieces = 0  # spoken pieces of the reply in progress
         self.cleared_before = 0  # replies of turns below this id were cleared (barge-in)
+        self.turn = -1  # the reply whose audio was sent last
+        self.texts: list[str] = []  # its pieces' texts, in order
+        self.played = 0  # how many of its pieces the provider reported played (echoed marks)
+        self.cut: tuple[int, list[str]] | None = None  # (turn, pieces heard) of a cleared reply
 
     def audio(self, turn_id: int, seq: int, text: str, audio: bytes) -> list[str]:
         """A chunk of reply speech (``text``: the piece it starts, "" within a piece)."""
         if turn_id < self.cleared_before:
             return []  # a chunk already on its way when the caller talked over the reply
+        if turn_id != self.turn:
+            self.turn, self.texts, self.played = turn_id, [], 0
         out = []
         if text and seq > 0:
             out.append(self._mark(f"turn{turn_id}-piece{self.pieces}"))
-        self.pieces += 1 if text else 0
+        if text:
+            self.pieces += 1
+            self.texts.append(text)
         return out + self._play(audio)
 
     def reply_done(self, turn_id: int) -> list[str]:
@@ -61,6 +80,7 @@ class Playback:
         playing at the provider, clear it and drop what of it is still on its way."""
         if not self.playing:
             return []
+        self.cut = (self.turn, self.texts[:self.played])
         self.pending.clear()
         self.marks.clear()
         self.unmarked = False
@@ -71,6 +91,19 @@ class Playback:
         """The provider echoed a mark: it, and everything before it, has played."""
         if name in self.marks:
             del self.marks[:self.marks.index(name) + 1]
+            turn, _, piece = name.partition("-piece")
+            if turn == f"turn{self.turn}" and piece.isdigit():
+                self.played = max(self.played, int(piece))  # the pieces before this mark
+            elif name == f"turn{self.turn}-end":
+                self.played = len(self.texts)
+
+    def heard(self, turn_id: int) -> list[str] | None:
+        """The pieces of reply ``turn_id`` the caller heard before they talked over it and it
+        was cleared (pieces whose audio the provider reported played); None when it was not cut
+        off that way."""
+        if self.cut is None or self.cut[0] != turn_id:
+            return None
+        return self.cut[1]
 
     @property
     def playing(self) -> bool:
