@@ -15,6 +15,7 @@ from voicert.core import events as ev
 from voicert.config import SUPPORTED_SAMPLE_RATES
 from voicert.protocol import native as p
 from voicert.server.access import RateLimiter
+from voicert.transport.spoken import PacingClock, bytes_per_ms
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,7 @@ class Connection(BaseConnection):
     def __init__(self, ws: ServerConnection, services: Services) -> None:
         super().__init__(ws, services)
         self.binary = True  # reply in the frame kind the client used for session.start
+        self.clock = PacingClock()  # what the client has heard of a spoken reply
 
     async def send(self, event: p.ServerEvent) -> None:
         if isinstance(event, p.Error):
@@ -187,7 +189,30 @@ class Connection(BaseConnection):
 
     async def on_event(self, event: ev.SessionEvent) -> None:
         """The session's events, on the native wire."""
+        self._pace(event)
         await self.send(p.from_core(event))
+
+    def _pace(self, event: ev.SessionEvent) -> None:
+        """A spoken reply the caller talked over keeps, in the conversation, only what had played
+        by the server's pacing clock (transport/spoken.py)."""
+        clock, now = self.clock, time.perf_counter_ns()
+        cut = None
+        if isinstance(event, ev.ReplyStarted) and event.spoken:
+            fmt = self.session.start.output_audio
+            if fmt is not None:
+                clock.started(event.turn_id, bytes_per_ms(fmt.encoding, fmt.sample_rate))
+        elif isinstance(event, ev.ReplyAudio):
+            clock.audio(event.turn_id, event.audio, event.text, now)
+        elif isinstance(event, ev.SpeechStarted):
+            clock.speech_started(now)
+        elif isinstance(event, ev.ReplyDone):
+            cut = clock.done(event.turn_id, event.text, event.item_id,
+                             event.finish_reason == ev.ReplyEnd.INTERRUPTED)
+        if cut is not None:
+            try:
+                self.session.truncate_item(cut.item_id, cut.heard_chars(cut.cut_ms))
+            except (KeyError, ValueError):  # dropped off the conversation's old end
+                pass
 
     async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
         await self.send(p.Error(code.value, message, fatal))

@@ -19,6 +19,7 @@ from voicert.core import events as core
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
 from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
+from voicert.transport.spoken import SpokenReply, bytes_per_ms
 
 log = logging.getLogger(__name__)
 REALTIME_PATH = "/v1/realtime"
@@ -45,46 +46,7 @@ def flavor_of(headers) -> rt.Flavor:
 
 MAX_SPOKEN_ITEMS = 64  # assistant audio items whose timeline is kept for truncation
 # bytes per millisecond of output audio, by (beta) format name
-_BYTES_PER_MS = {name: rate / 1000 * (2 if enc == "pcm16" else 1)
-                 for name, (enc, rate) in rt.BETA_FORMATS.items()}
-
-
-@dataclasses.dataclass(slots=True)
-class Spoken:
-    """An assistant item's speech as sent: when each piece of its text began, so a truncation at
-    ``audio_end_ms`` knows which words were heard."""
-
-    bytes_per_ms: float
-    pieces: list[tuple[float, str]] = dataclasses.field(default_factory=list)  # (start ms, text)
-    sent_ms: float = 0.0  # audio sent so far
-    text: str = ""  # the reply's text, once done
-    core_id: str = ""  # its conversation item, once done
-    truncate_at: int | None = None  # a truncation asked for before the reply was done
-
-    def add(self, audio: bytes, text: str) -> None:
-        if text:
-            self.pieces.append((self.sent_ms, text))
-        self.sent_ms += len(audio) / self.bytes_per_ms
-
-    def heard_chars(self, audio_end_ms: float) -> int:
-        """How much of ``text`` was heard by ``audio_end_ms``: every piece whose audio had ended
-        by then, and of the piece playing then, the share of its words its audio had reached."""
-        heard, pos = 0, 0
-        for i, (start, piece) in enumerate(self.pieces):
-            piece = piece.strip()
-            at = self.text.find(piece, pos)
-            if at < 0 or start >= audio_end_ms:
-                break
-            end = self.pieces[i + 1][0] if i + 1 < len(self.pieces) else self.sent_ms
-            pos = at + len(piece)
-            if audio_end_ms >= end:
-                heard = pos
-                continue
-            words = piece.split()
-            n = int(len(words) * (audio_end_ms - start) / max(end - start, 1e-6))
-            heard = at + len(" ".join(words[:n]))
-            break
-        return heard
+_BYTES_PER_MS = {name: bytes_per_ms(enc, rate) for name, (enc, rate) in rt.BETA_FORMATS.items()}
 
 
 @dataclasses.dataclass(slots=True)
@@ -94,7 +56,7 @@ class ResponseState:
     audio_out: bool
     output_index: int = 0
     partial_stable: str = ""
-    spoken: Spoken | None = None
+    spoken: SpokenReply | None = None
 
 
 class RealtimeConnection(BaseConnection):
@@ -117,7 +79,7 @@ class RealtimeConnection(BaseConnection):
         self.partials: dict[int, str] = {}  # turn id -> stable partial text already sent
         self.items: dict[str, str] = {}  # wire item id -> the session's conversation item id
         self.wire_items: dict[str, dict] = {}  # wire item id -> the item as last sent
-        self.spoken: dict[str, Spoken] = {}  # assistant audio items, by wire id (bounded)
+        self.spoken: dict[str, SpokenReply] = {}  # assistant audio items, by wire id (bounded)
 
     # ------------------------------------------------------------ session core
 
@@ -254,17 +216,17 @@ class RealtimeConnection(BaseConnection):
         if event.audio_end_ms > spoken.sent_ms + 1:
             raise rt.RealtimeError("invalid_value", f"Audio content of {spoken.sent_ms:.0f}ms is "
                                    f"already shorter than {event.audio_end_ms}ms", "audio_end_ms")
-        if spoken.core_id:
+        if spoken.item_id:
             self._apply_truncation(event.item_id, spoken, event.audio_end_ms)
         else:  # still being generated: applied when it is done
-            spoken.truncate_at = event.audio_end_ms
+            spoken.cut_ms = event.audio_end_ms
         await self.send_event("conversation.item.truncated", item_id=event.item_id,
                               content_index=0, audio_end_ms=event.audio_end_ms)
 
-    def _apply_truncation(self, wire_id: str, spoken: Spoken, audio_end_ms: int) -> None:
+    def _apply_truncation(self, wire_id: str, spoken: SpokenReply, audio_end_ms: float) -> None:
         chars = spoken.heard_chars(audio_end_ms)
         try:
-            cut = self.session.truncate_item(spoken.core_id, chars)
+            cut = self.session.truncate_item(spoken.item_id, chars)
         except (KeyError, ValueError):  # dropped off the old end meanwhile
             return
         part = {"type": self._part_type(True), "transcript": cut.text}
@@ -401,7 +363,7 @@ class RealtimeConnection(BaseConnection):
         r = ResponseState(f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}",
                           audio_out)
         if audio_out:
-            r.spoken = self.spoken[r.item_id] = Spoken(_BYTES_PER_MS[self.config.output_format])
+            r.spoken = self.spoken[r.item_id] = SpokenReply(_BYTES_PER_MS[self.config.output_format])
             while len(self.spoken) > MAX_SPOKEN_ITEMS:
                 self.spoken.pop(next(iter(self.spoken)))
         self.responses[turn_id] = r
@@ -439,9 +401,9 @@ class RealtimeConnection(BaseConnection):
         if ev.item_id:
             self.items[r.item_id] = ev.item_id
         if r.spoken is not None:
-            r.spoken.text, r.spoken.core_id = ev.text, ev.item_id
-            if r.spoken.truncate_at is not None and ev.item_id:
-                self._apply_truncation(r.item_id, r.spoken, r.spoken.truncate_at)
+            r.spoken.text, r.spoken.item_id = ev.text, ev.item_id
+            if r.spoken.cut_ms is not None and ev.item_id:
+                self._apply_truncation(r.item_id, r.spoken, r.spoken.cut_ms)
         await self.send_event("response.output_item.done", response_id=r.response_id,
                               output_index=0, item=item)
         if self.writer.flavor is rt.Flavor.GA:

@@ -5,7 +5,6 @@ import json
 import pytest
 
 from voicert.protocol import realtime as rt
-from voicert.server.realtime import Spoken
 
 
 def decode(**msg):
@@ -62,16 +61,3 @@ def test_neutral_values_of_unimplemented_fields_are_accepted():
                                   "tool_choice": "auto", "tracing": "auto", "speed": 1.0,
                                   "include": [], "prompt": None, "voice": "alloy"})
     assert cfg.voice == "alloy"
-
-
-def test_heard_text_is_every_piece_played_and_the_share_of_the_one_playing():
-    spoken = Spoken(bytes_per_ms=48)
-    spoken.add(b"\0" * 48 * 1000, "One two three four.")  # 0-1000 ms
-    spoken.add(b"\0" * 48 * 500, "")
-    spoken.add(b"\0" * 48 * 1000, " Five six.")  # 1500-2500 ms
-    spoken.text = "One two three four. Five six. Seven."
-    assert spoken.heard_chars(0) == 0
-    assert spoken.text[:spoken.heard_chars(750)] == "One two"  # half of 0-1500 ms: 2 of 4 words
-    assert spoken.text[:spoken.heard_chars(1500)] == "One two three four."
-    assert spoken.text[:spoken.heard_chars(2000)] == "One two three four. Five"
-    assert spoken.text[:spoken.heard_chars(2500)] == "One two three four. Five six."
