@@ -1,0 +1,138 @@
+"""The Realtime door's mapping on fake services (tests/agent/fakes.py): no models, no socket, no
+sleeping. Client events in, the server events out validated against the official SDK's GA
+models."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import numpy as np
+import pytest
+
+from tests.agent.fakes import EnergyVad, FakeAsr, FakeEngine
+from tests.agent.test_session_logic import until
+from voicert.agent.session import Services
+from voicert.audio.pcm import encode_pcm16
+from voicert.config import Config
+from voicert.server.realtime import RealtimeConnection
+
+pytest.importorskip("openai")
+
+
+class FakeRequest:
+    path = "/v1/realtime?model=m"
+    headers: dict = {}
+
+
+class FakeWs:
+    """Stands in for a websockets connection: what is sent is kept."""
+
+    id = "ws-1"
+    request = FakeRequest()
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.closed: tuple | None = None
+
+    async def send(self, frame) -> None:
+        self.sent.append(json.loads(frame))
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closed = (code, reason)
+
+
+async def open_door(engine=None):
+    svc = Services(cfg=Config(), vad=EnergyVad(), asr=FakeAsr(), engine=engine or FakeEngine())
+    ws = FakeWs()
+    conn = RealtimeConnection(ws, svc)
+    assert await conn.open()
+    return conn, ws, svc
+
+
+async def send(conn, **event) -> None:
+    await conn.dispatch(json.dumps(event))
+
+
+def types(ws) -> list[str]:
+    return [e["type"] for e in ws.sent]
+
+
+def assert_ga(ws) -> None:
+    import warnings
+
+    from openai.types.realtime import RealtimeServerEvent
+    from pydantic import TypeAdapter
+
+    adapter = TypeAdapter(RealtimeServerEvent)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for event in ws.sent:
+            adapter.validate_python(event)
+
+
+async def test_a_typed_question_gets_a_text_response_in_the_ga_shapes():
+    conn, ws, _ = await open_door()
+    await send(conn, type="session.update", session={"type": "realtime",
+                                                     "output_modalities": ["text"]})
+    await send(conn, type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+    await send(conn, type="response.create")
+    await until(lambda: "response.done" in types(ws))
+    t = types(ws)
+    assert t[:3] == ["session.created", "session.updated", "conversation.item.added"]
+    assert t.index("response.created") < t.index("response.output_text.delta") < \
+        t.index("response.output_text.done") < t.index("response.done")
+    deltas = "".join(e["delta"] for e in ws.sent if e["type"] == "response.output_text.delta")
+    done = ws.sent[-1]["response"]
+    assert deltas == "The capital of France is Paris." and done["status"] == "completed"
+    assert done["output"][0]["content"] == [{"type": "output_text", "text": deltas}]
+    assert_ga(ws)
+
+
+async def test_speech_over_a_reply_interrupts_it_as_turn_detected():
+    engine = FakeEngine(reply="one two three four five", gated=True)
+    conn, ws, _ = await open_door(engine)
+    await send(conn, type="session.update", session={"type": "realtime",
+                                                     "output_modalities": ["text"]})
+    voice = encode_pcm16((0.3 * np.sin(np.arange(24000) * 0.05)).astype(np.float32))
+    silence = encode_pcm16(np.zeros(24000 * 6 // 10, np.float32))
+
+    async def speak() -> None:  # 1 s of voice, 0.6 s of silence at 24 kHz, 20 ms frames
+        audio = voice + silence
+        for i in range(0, len(audio), 960):
+            await send(conn, type="input_audio_buffer.append",
+                       audio=base64.b64encode(audio[i:i + 960]).decode())
+
+    await speak()
+    await until(lambda: engine.requests)
+    engine.release()
+    await until(lambda: "response.output_text.delta" in types(ws))
+    await speak()  # the caller talks over the reply
+    await until(lambda: types(ws).count("response.done") >= 1)
+    first = next(e for e in ws.sent if e["type"] == "response.done")["response"]
+    assert first["status"] == "cancelled"
+    assert first["status_details"]["reason"] == "turn_detected"
+    engine.gated = False
+    engine.release()
+    await until(lambda: types(ws).count("response.done") == 2)
+    assert conn.session.history.messages()[1].content == "one"  # what was said of the first
+    assert_ga(ws)
+
+
+async def test_items_are_deleted_and_retrieved_by_their_wire_ids():
+    conn, ws, _ = await open_door()
+    await send(conn, type="conversation.item.create", item={
+        "id": "item_a", "type": "message", "role": "user",
+        "content": [{"type": "input_text", "text": "Remember: blue."}]})
+    await send(conn, type="conversation.item.retrieve", item_id="item_a")
+    assert ws.sent[-1]["item"]["content"][0]["text"] == "Remember: blue."
+    await send(conn, type="conversation.item.delete", item_id="item_a")
+    assert ws.sent[-1] == {**ws.sent[-1], "type": "conversation.item.deleted", "item_id": "item_a"}
+    assert not conn.session.history.messages()
+    from voicert.protocol.realtime import RealtimeError
+
+    for kind in ("conversation.item.retrieve", "conversation.item.delete"):
+        with pytest.raises(RealtimeError, match="not found"):
+            await send(conn, type=kind, item_id="item_a")
+    assert_ga(ws)
