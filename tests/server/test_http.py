@@ -85,3 +85,13 @@ def test_routes_find_handlers_and_refusals():
     assert routes.find("GET", "/ws").status == 426
     assert routes.find("GET", "/nope").status == 404
     assert vhttp.route_path("/a/b?x=1&y") == ("/a/b", "x=1&y")
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(server):
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    await writer.drain()
+    writer.write_eof()
+    got = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    assert status_of(got) == 200 and got.endswith(b"ok\n")

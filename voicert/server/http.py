@@ -139,7 +139,15 @@ class HttpDoor(asyncio.Protocol):
             self._finish(text(status, f"bad request: {exc}\n"))
 
     def eof_received(self) -> bool | None:
+        """The client closed its sending side. With a whole request in hand, keep the connection
+        to answer it (a client may half-close after its request); otherwise close."""
+        if self.task is not None:
+            return True
         self.h11.receive_data(b"")
+        try:
+            self._next_events()
+        except h11.RemoteProtocolError:
+            pass
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
