@@ -10,6 +10,7 @@ import numpy as np
 from loadgen.caller import MAX_VALID_SLIP_MS, CallerStats
 from voicert.telemetry.latency import WATERFALL
 
+MIN_TURNS_FOR_P99 = 100  # below this, a P99 is little more than the largest sample
 ROWS = ("endpoint_ms", "asr_ms", "asr_wait_ms", "asr_decode_ms", "dispatch_ms", "queue_ms",
         "prefill_ms", "handoff_ms", "first_token_ms", "send_ms", "ttft_ms", "voice_to_first_token_ms",
         "tts_ms", "ttfa_ms", "client_ttft_ms", "client_ttfa_ms", "client_done_ms")
@@ -55,8 +56,13 @@ def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> s
         for name, q in s["stages"].items():
             head = (f"| {level} | {s['turns']} | {s['errors']} | {s['timeouts']} | {s['dropped']} "
                     if first else "| | | | | ")
-            lines.append(f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | {q['p99']:.1f} |")
+            few = "*" if q["n"] < MIN_TURNS_FOR_P99 else ""
+            lines.append(f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | "
+                         f"{q['p99']:.1f}{few} |")
             first = False
+    if any(q["n"] < MIN_TURNS_FOR_P99 for s in summary.values() for q in s["stages"].values()):
+        lines += ["", f"\\* fewer than {MIN_TURNS_FOR_P99} turns: that P99 is close to the "
+                  f"largest value seen, not a P99 (run longer or with more sessions)."]
     slips = ", ".join(f"{level} sessions: P99 {s['loadgen_slip_ms']['p99']:.1f} ms"
                       + ("" if s.get("valid", True) else " INVALID")
                       for level, s in summary.items() if "loadgen_slip_ms" in s)

@@ -86,3 +86,4 @@ def test_a_level_whose_generator_fell_behind_is_marked_invalid(tmp_path):
     assert merged.slip.percentile(99) == 35.1 and SlipHistogram().percentile(99) == 0.0
     md = write_all({1: on_time, 2: late}, tmp_path, 100.0, 1, "t", {})["markdown"].read_text()
     assert "1 sessions: P99 0.5 ms," in md and "2 sessions: P99 35.1 ms INVALID" in md
+    assert "| ttft_ms | 5.0 | 5.0 | 5.0* |" in md and "fewer than 100 turns" in md
