@@ -31,6 +31,7 @@ from voicert.engine import ipc
 from voicert.engine.base import (EndedStream, EngineStats, FinishReason, GenerationRequest,
                                  RequestLedger, StepRecord, TokenEvent, TokenOut, final_event,
                                  final_out, refusal)
+from voicert.engine.core import EngineLoad
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.stream import TokenStream
 
@@ -190,17 +191,9 @@ class EngineProcess:
         return self.failure is None
 
     @property
-    def load(self):
-        """The figures the child last pushed (an EngineLoad; None before the first push)."""
-        return self._stats.load if self._stats is not None else None
-
-    @property
-    def queue_depth(self) -> int:
-        return self._stats.load.waiting if self._stats is not None else 0
-
-    @property
-    def running(self) -> int:
-        return self._stats.load.running if self._stats is not None else 0
+    def load(self) -> EngineLoad:
+        """The figures the child last pushed (all zero before the first push)."""
+        return self._stats.load if self._stats is not None else EngineLoad()
 
     def _read(self) -> None:
         decoder = ipc.Codec().from_engine

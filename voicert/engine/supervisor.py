@@ -217,10 +217,7 @@ class SupervisedEngine:
     @property
     def load(self):
         """(waiting, running) as the engine last published them, or None if it does not."""
-        engine = self.engine
-        if hasattr(engine, "queue_depth"):
-            return engine.queue_depth, engine.running
-        load = getattr(engine, "load", None)
+        load = getattr(self.engine, "load", None)
         return None if load is None else (load.waiting, load.running)
 
     @property

@@ -195,16 +195,16 @@ class Connection(BaseConnection):
     def _pace(self, event: ev.SessionEvent) -> None:
         """A spoken reply the caller talked over keeps, in the conversation, only what had played
         by the server's pacing clock (transport/spoken.py)."""
-        clock, now = self.clock, time.perf_counter_ns()
+        clock = self.clock
         cut = None
         if isinstance(event, ev.ReplyStarted) and event.spoken:
             fmt = self.session.start.output_audio
             if fmt is not None:
                 clock.started(event.turn_id, bytes_per_ms(fmt.encoding, fmt.sample_rate))
         elif isinstance(event, ev.ReplyAudio):
-            clock.audio(event.turn_id, event.audio, event.text, now)
+            clock.audio(event.turn_id, event.audio, event.text, time.perf_counter_ns())
         elif isinstance(event, ev.SpeechStarted):
-            clock.speech_started(now)
+            clock.speech_started(time.perf_counter_ns())
         elif isinstance(event, ev.ReplyDone):
             cut = clock.done(event.turn_id, event.text, event.item_id,
                              event.finish_reason == ev.ReplyEnd.INTERRUPTED)

@@ -22,7 +22,8 @@ from voicert.core import events as core
 from voicert.protocol import native as p
 from voicert.protocol import twilio as tw
 from voicert.server.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, BaseConnection
-from voicert.transport.telephony import Playback, heard_chars
+from voicert.transport.spoken import covered_chars
+from voicert.transport.telephony import Playback
 
 log = logging.getLogger(__name__)
 TWILIO_PATH = "/twilio"
@@ -122,7 +123,7 @@ class TwilioConnection(BaseConnection):
             heard = play.heard(ev.turn_id)
             if heard is not None and ev.item_id:  # cut off: keep only what the caller heard
                 try:
-                    self.session.truncate_item(ev.item_id, heard_chars(ev.text, heard))
+                    self.session.truncate_item(ev.item_id, covered_chars(ev.text, heard))
                 except (KeyError, ValueError):  # dropped off the conversation's old end
                     pass
         elif isinstance(ev, core.SpeechStarted):

@@ -15,6 +15,17 @@ from dataclasses import dataclass, field
 BYTES_PER_SAMPLE = {"pcm16": 2, "f32": 4, "mulaw": 1, "alaw": 1}
 
 
+def covered_chars(text: str, pieces: list[str]) -> int:
+    """How many leading characters of a reply's ``text`` the spoken ``pieces`` (in order) cover."""
+    pos = 0
+    for piece in pieces:
+        at = text.find(piece.strip(), pos)
+        if at < 0:
+            break
+        pos = at + len(piece.strip())
+    return pos
+
+
 def bytes_per_ms(encoding: str, sample_rate: int) -> float:
     return BYTES_PER_SAMPLE[encoding] * sample_rate / 1000
 

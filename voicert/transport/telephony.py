@@ -27,17 +27,6 @@ class Serializer(Protocol):
     def clear(self) -> str: ...
 
 
-def heard_chars(text: str, pieces: list[str]) -> int:
-    """How many leading characters of a reply's ``text`` the spoken ``pieces`` (in order) cover."""
-    pos = 0
-    for piece in pieces:
-        at = text.find(piece.strip(), pos)
-        if at < 0:
-            break
-        pos = at + len(piece.strip())
-    return pos
-
-
 class Playback:
     def __init__(self, serializer: Serializer) -> None:
         self.ser = serializer
