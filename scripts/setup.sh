@@ -38,5 +38,9 @@ echo "setup: installing voicert$extra and its dependencies"
 # its own PyTorch path, which we do not use: installed without them too.
 .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("silero_vad") is None)' \
   || "${PIP[@]}" install --no-deps "silero-vad>=6.2"
+# The semantic end-of-turn model (smart-turn v3, BSD-2-Clause) ships inside pipecat-ai; voicert only
+# reads its ONNX file, so the framework's own dependencies are not installed.
+.venv/bin/python -c 'import importlib.metadata as m; m.distribution("pipecat-ai")' 2>/dev/null \
+  || "${PIP[@]}" install --no-deps "pipecat-ai>=1.14"
 echo "setup: preparing models (the first run converts the GGUF once, ~30 s)"
 .venv/bin/voicert prepare

@@ -115,6 +115,34 @@ class VadConfig:
 
 
 @dataclass(slots=True)
+class TurnConfig:
+    """When an utterance is over. ``silence``: after ``vad.min_silence_ms`` of silence, always.
+    ``semantic``: judged at a short pause (``pause_ms``) by a turn-completion model on the audio
+    and / or the early transcript's last words; a complete turn ends there, an incomplete one
+    waits for more speech up to ``max_silence_ms`` of silence."""
+
+    detector: str = "silence"  # silence | semantic
+    model: str = "smart_turn"  # semantic: the audio model (smart_turn: pipecat-ai's smart-turn v3) | none
+    text_cue: bool = True  # semantic: a transcript ending mid-phrase ("for", "the", "and"...) holds the turn
+    pause_ms: int = 192  # semantic: silence before the turn is judged
+    max_silence_ms: int = 1600  # semantic: an utterance judged incomplete ends after this much silence
+    threshold: float = 0.5  # semantic: the audio model's probability of "complete" that ends the turn
+    threads: int = 1  # the audio model's inference threads (one judgement at a time per thread)
+
+    def __post_init__(self) -> None:
+        _check(self.detector in ("silence", "semantic"), "turn.detector",
+               "must be silence or semantic")
+        _check(self.model in ("smart_turn", "none"), "turn.model", "must be smart_turn or none")
+        _check(self.model != "none" or self.text_cue or self.detector == "silence", "turn.model",
+               "semantic turn detection needs the audio model or turn.text_cue")
+        _check(64 <= self.pause_ms <= 2000, "turn.pause_ms", "must be in [64, 2000]")
+        _check(self.pause_ms < self.max_silence_ms <= 10000, "turn.max_silence_ms",
+               "must be above turn.pause_ms and at most 10000")
+        _check(0 < self.threshold < 1, "turn.threshold", "must be in (0, 1)")
+        _check(1 <= self.threads <= 16, "turn.threads", "must be in [1, 16]")
+
+
+@dataclass(slots=True)
 class AsrConfig:
     device: str = "cpu"
     compute_type: str = "int8"
@@ -246,6 +274,7 @@ class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
     vad: VadConfig = field(default_factory=VadConfig)
+    turn: TurnConfig = field(default_factory=TurnConfig)
     asr: AsrConfig = field(default_factory=AsrConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)

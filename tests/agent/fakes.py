@@ -104,3 +104,18 @@ class FakeEngine:
 
     def close(self):
         pass
+
+
+class FakeJudge:
+    """Stands in for the turn-completion model: answers ``prob`` for every pause (or raises)."""
+
+    def __init__(self, prob: float = 0.9, fail: bool = False) -> None:
+        self.prob = prob
+        self.fail = fail
+        self.calls: list[np.ndarray] = []
+
+    async def score(self, audio: np.ndarray) -> float:
+        self.calls.append(audio)
+        if self.fail:
+            raise RuntimeError("model failed")
+        return self.prob

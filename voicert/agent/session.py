@@ -18,13 +18,14 @@ from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
 from voicert.agent.reply import Reply, ReplyOutcome
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.core import events as ev
-from voicert.agent.turns import (DecodeKind, Detection, DropDecode, StartDecode, TurnEnded,
-                                 TurnTaking)
+from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, StartDecode,
+                                 TurnEnded, TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
+from voicert.speech.smart_turn import Judge
 from voicert.speech.tts import TtsWorker
 from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
@@ -50,6 +51,7 @@ class Services:
     vad_batcher: VadBatcher | None = None  # every session's windows of a tick in one model call
     draining: bool = False  # set at shutdown: no new turns start
     gc_watch: GcWatch | None = None  # times this process's garbage collections (for /metrics)
+    turn_judge: Judge | None = None  # turn.detector semantic with an audio model: it scores pauses
 
 
 async def _drain(stream) -> None:
@@ -94,10 +96,11 @@ class Session:
         self.vad = VadStream(services.vad)
         self.turns = TurnTaking(self.vad_cfg, Detection(start.turn_detection),
                                 self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
-                                auto_respond)
+                                auto_respond, self.cfg.turn)
         self.turn: Turn | None = None
         self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
+        self.judging: set[asyncio.Task] = set()  # turn-completion judgements in flight
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -167,8 +170,24 @@ class Session:
                 self.svc.engine.cancel(warm_id)
         elif isinstance(action, TurnEnded):
             self._start_turn(action)
-        elif isinstance(action, ev.TranscriptPartial):
+        elif isinstance(action, JudgeTurn):
+            task = asyncio.create_task(self._judge(action), name=f"judge-{self.id}")
+            self.judging.add(task)
+            task.add_done_callback(self.judging.discard)
+        elif isinstance(action, (ev.TranscriptPartial, ev.SpeechStopped)):
             asyncio.ensure_future(self.emit(action))
+
+    async def _judge(self, action: JudgeTurn) -> None:
+        """Score a pause with the turn-completion model (off the loop), then let turn-taking
+        decide; a failed model leaves the decision to the words."""
+        prob: float | None = None
+        if self.svc.turn_judge is not None:
+            try:
+                prob = await self.svc.turn_judge.score(action.audio)
+            except Exception:
+                log.exception("session %s: the turn-completion model failed", self.id)
+        for decided in self.turns.judged(action.judge_id, prob, now_ns()):
+            await self._act(decided)
 
     def _check_text(self, text: str | None, what: str) -> None:
         """Raises ProtocolError(TEXT_TOO_LONG) for a client text over ``server.max_text_chars``."""
@@ -239,13 +258,23 @@ class Session:
         """The early transcript is in before the endpoint: prefill the reply's prompt now (one
         token, thrown away) so the prefix cache leaves the real request only its tail. No token of
         it ever reaches the client."""
-        if (not self.turns.early_is_current(decode_id) or fut.cancelled() or fut.exception()
-                or not fut.result().text):
+        failed = fut.cancelled() or fut.exception() is not None
+        if self.turns.early_is_current(decode_id):
+            # the transcript is also the text cue of a semantic judgement of this pause
+            decided = self.turns.early_done(decode_id, None if failed else fut.result().text,
+                                            now_ns())
+            if decided:
+                asyncio.ensure_future(self._act_all(decided))
+        if not self.turns.early_is_current(decode_id) or failed or not fut.result().text:
             return
         messages = self._messages(fut.result().text)
         request = GenerationRequest(f"{self.id}-warm-{next(_request_ids)}", messages, 1, self.id)
         self.warm[decode_id] = request.request_id
         asyncio.ensure_future(_drain(self.svc.engine.submit(request)))
+
+    async def _act_all(self, actions: list) -> None:
+        for action in actions:
+            await self._act(action)
 
     def _on_partial(self, decode_id: int, fut: asyncio.Future) -> None:
         self.decodes.pop(decode_id, None)
@@ -399,6 +428,8 @@ class Session:
         withdraw the decodes and warm prefills still in flight."""
         for action in self.turns.clear():
             self._act_now(action)
+        for task in list(self.judging):
+            task.cancel()
         turn = self.turn
         if turn is not None and turn.task is not None and not turn.task.done():
             self._cancel(turn, reason)

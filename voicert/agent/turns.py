@@ -9,13 +9,21 @@ time the audio arrived; :class:`TurnTaking` answers with what to do, as small ty
   in the trailing silence, or a *partial* decode of the utterance so far);
 - :class:`TurnEnded`: the utterance is over (endpoint, or a manual commit): its audio, when the
   voice ended and the endpoint came, and the early decode that already covers exactly it, if any;
-- ``TranscriptPartial`` (a core event): the stable / unstable words of live partials changed.
+- ``TranscriptPartial`` (a core event): the stable / unstable words of live partials changed;
+- :class:`JudgeTurn`: (semantic turn detection) score this utterance with the turn-completion model
+  and pass the probability to :meth:`TurnTaking.judged`.
+
+With ``turn.detector: semantic`` an utterance is judged at a short pause (``turn.pause_ms``): from
+the audio model's probability and the early transcript's last words (``turn.text_cue``, passed in
+with :meth:`TurnTaking.early_done`). Complete: the turn ends there. Incomplete: the endpointer waits
+for more speech up to ``turn.max_silence_ms`` of silence.
 
 Tests drive it with scripted probabilities and times (tests/agent/test_turns.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import itertools
 from dataclasses import dataclass
@@ -24,10 +32,11 @@ from typing import Callable, Union
 import numpy as np
 
 from voicert.audio.buffer import AudioBuffer
-from voicert.config import VadConfig
+from voicert.config import TurnConfig, VadConfig
 from voicert.core.events import SpeechStarted, SpeechStopped, TranscriptPartial
 from voicert.speech.endpoint import WINDOW_MS, Endpointer, EventKind
 from voicert.speech.partials import LocalAgreement
+from voicert.speech.turn_text import continues
 from voicert.speech.vad import FRAME, SAMPLE_RATE
 
 
@@ -63,7 +72,19 @@ class TurnEnded:
     early_decode: int | None  # the early decode covering exactly this audio, if still valid
 
 
-Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, TranscriptPartial]
+@dataclass(frozen=True, slots=True)
+class JudgeTurn:
+    judge_id: int
+    audio: np.ndarray  # [N] float32 16 kHz: the utterance up to the pause
+
+
+class Verdict(enum.StrEnum):
+    COMPLETE = "complete"
+    INCOMPLETE = "incomplete"
+
+
+Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, TranscriptPartial,
+               JudgeTurn]
 
 
 @dataclass(slots=True)
@@ -71,6 +92,16 @@ class _Early:
     decode_id: int
     last_voiced: int  # endpointer window of the last voiced audio it covers
     utterance_start: int
+
+
+@dataclass(slots=True)
+class _Judgement:
+    judge_id: int
+    need_audio: bool  # the audio model's probability is awaited
+    need_text: bool  # the early decode's transcript is awaited
+    prob: float | None = None
+    text: str | None = None
+    verdict: Verdict | None = None  # once decided (incomplete: the endpointer's maximum decides)
 
 
 @dataclass(slots=True)
@@ -85,32 +116,52 @@ class _Partials:
 class TurnTaking:
     """``early_final_ms``: start the final decode after this much trailing silence (0: off; only
     with server VAD and auto-respond). ``partial_interval_ms``: a partial decode this often while
-    speech goes on (0: off)."""
+    speech goes on (0: off). ``turn``: when an utterance is over (default: after
+    ``vad.min_silence_ms`` of silence)."""
 
     def __init__(self, vad: VadConfig, detection: Detection = Detection.SERVER_VAD,
                  early_final_ms: int = 0, partial_interval_ms: int = 0,
-                 auto_respond: bool = True) -> None:
+                 auto_respond: bool = True, turn: TurnConfig | None = None) -> None:
         self.vad = vad
+        self.turn = turn or TurnConfig()
         self.detection = detection
         self.early_final_ms = early_final_ms
         self.partial_interval_ms = partial_interval_ms
         self.auto_respond = auto_respond
-        self.endpointer = Endpointer(vad)
+        self.endpointer = Endpointer(self._endpointer_vad())
         self.audio = AudioBuffer()
         self.utterance_start = 0  # absolute 16 kHz sample where the current utterance starts
         self.last_voice_ns = 0
         self.next_turn_id = 1  # the id the utterance in progress will get
         self._ids = itertools.count(1)
         self._early: _Early | None = None
+        self._early_text: tuple[int, str] | None = None  # (decode id, transcript) once it is in
         self._partials: _Partials | None = None
+        self._judgement: _Judgement | None = None
+        self.verdicts: dict[Verdict, int] = {v: 0 for v in Verdict}  # judgements, for telemetry
+
+    @property
+    def semantic(self) -> bool:
+        """Utterances are judged at a pause (not only ended by silence)."""
+        return self.turn.detector == "semantic" and self.detection is Detection.SERVER_VAD
+
+    def _endpointer_vad(self) -> VadConfig:
+        # semantic: the endpointer's silence is the maximum; the judgement ends turns earlier
+        if self.turn.detector != "semantic":
+            return self.vad
+        return dataclasses.replace(self.vad, min_silence_ms=self.turn.max_silence_ms)
 
     # ------------------------------------------------------------ settings
 
-    def reconfigure(self, vad: VadConfig, detection: Detection, auto_respond: bool) -> None:
-        """New settings (Realtime ``session.update``); new VAD settings reset the endpointer."""
-        if vad != self.vad:
-            self.vad = vad
-            self.endpointer = Endpointer(vad)
+    def reconfigure(self, vad: VadConfig, detection: Detection, auto_respond: bool,
+                    turn: TurnConfig | None = None) -> None:
+        """New settings (Realtime ``session.update``); new VAD or turn settings reset the
+        endpointer."""
+        turn = turn or self.turn
+        if vad != self.vad or turn != self.turn:
+            self.vad, self.turn = vad, turn
+            self.endpointer = Endpointer(self._endpointer_vad())
+            self._judgement = None
         self.detection = detection
         self.auto_respond = auto_respond
 
@@ -136,8 +187,12 @@ class TurnTaking:
             if result.voiced:
                 self.last_voice_ns = received_ns
                 self._drop_early(out)  # the user kept talking: the early decode is stale
+                self._judgement = None  # and a judgement of the pause is moot
             elif result.event is None:
                 self._maybe_start_early(out)
+                self._maybe_judge(out, decided_ns)
+                if not self.endpointer.in_speech:
+                    continue  # the judgement ended the turn
             if result.event is None:
                 self._maybe_partial(out, asr_busy)
                 continue
@@ -158,6 +213,7 @@ class TurnTaking:
         """The client ends the turn (push-to-talk): everything since the last turn (or since speech
         started). No TurnEnded when there was no audio to transcribe."""
         self.endpointer.reset()
+        self._judgement = None
         if self.detection is not Detection.SERVER_VAD:
             self.utterance_start = self.audio.base
         out: list[Action] = []
@@ -169,6 +225,7 @@ class TurnTaking:
         out: list[Action] = []
         self._drop_early(out)
         self._drop_partials(out)
+        self._judgement = None
         self.endpointer.reset()
         self.audio.trim_before(self.audio.end)
         self.utterance_start = self.audio.end
@@ -179,6 +236,27 @@ class TurnTaking:
     def early_is_current(self, decode_id: int) -> bool:
         """Whether that early decode still stands for the utterance in progress."""
         return self._early is not None and self._early.decode_id == decode_id
+
+    def early_done(self, decode_id: int, text: str | None, now_ns: int) -> list[Action]:
+        """An early decode finished (``text`` None: it failed). Its transcript is the text cue of
+        a judgement of the same pause; may end the turn."""
+        if not self.early_is_current(decode_id):
+            return []
+        self._early_text = (decode_id, text or "")
+        st = self._judgement
+        if st is None or not st.need_text or st.verdict is not None:
+            return []
+        st.text = text or ""
+        return self._decide(now_ns)
+
+    def judged(self, judge_id: int, prob: float | None, now_ns: int) -> list[Action]:
+        """The turn-completion model's P(complete) for a :class:`JudgeTurn` (None: it failed; the
+        text cue alone decides). May end the turn: SpeechStopped and TurnEnded."""
+        st = self._judgement
+        if st is None or st.judge_id != judge_id or st.verdict is not None:
+            return []
+        st.need_audio, st.prob = False, prob
+        return self._decide(now_ns)
 
     def partial_done(self, decode_id: int, text: str | None) -> list[Action]:
         """A partial decode finished (``text`` None: it failed or was dropped)."""
@@ -205,16 +283,62 @@ class TurnTaking:
         else:
             self.audio.trim_before(self.audio.end - int(self.vad.max_utterance_s * SAMPLE_RATE))
 
+    def _early_ms(self) -> int:
+        """Trailing silence that starts the early decode (0: none). Semantic detection with the
+        text cue needs its transcript by the pause, so it starts there at the latest."""
+        if self.semantic and self.turn.text_cue:
+            return min(self.early_final_ms or self.turn.pause_ms, self.turn.pause_ms)
+        return self.early_final_ms
+
     def _maybe_start_early(self, out: list[Action]) -> None:
-        ep = self.endpointer
-        if (not self.early_final_ms or self._early is not None or not ep.in_speech
+        ep, early_ms = self.endpointer, self._early_ms()
+        if (not early_ms or self._early is not None or not ep.in_speech
                 or self.detection is not Detection.SERVER_VAD or not self.auto_respond):
             return
-        if (ep.window - ep.last_voiced) * WINDOW_MS < self.early_final_ms:
+        if (ep.window - ep.last_voiced) * WINDOW_MS < early_ms:
             return
         audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
         self._early = _Early(next(self._ids), ep.last_voiced, self.utterance_start)
         out.append(StartDecode(self._early.decode_id, DecodeKind.EARLY, audio))
+
+    def _maybe_judge(self, out: list[Action], now_ns: int) -> None:
+        """Semantic detection: at ``turn.pause_ms`` of silence, judge the utterance once."""
+        ep = self.endpointer
+        if (not self.semantic or not ep.in_speech or self._judgement is not None
+                or (ep.window - ep.last_voiced) * WINDOW_MS < self.turn.pause_ms):
+            return
+        early = self._early
+        need_text = self.turn.text_cue and early is not None
+        st = self._judgement = _Judgement(next(self._ids), self.turn.model != "none", need_text)
+        if need_text and self._early_text is not None and self._early_text[0] == early.decode_id:
+            st.text = self._early_text[1]  # the early decode finished before the pause
+        if st.need_audio:
+            audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
+            out.append(JudgeTurn(st.judge_id, audio))
+        out.extend(self._decide(now_ns))
+
+    def _decide(self, now_ns: int) -> list[Action]:
+        """The verdict, once every cue awaited is in. Complete: the turn ends now."""
+        st = self._judgement
+        if st is None or st.need_audio or (st.need_text and st.text is None):
+            return []
+        text = st.text or ""
+        if st.need_text and continues(text):
+            complete = False  # the words stop mid-phrase ("a table for"): wait for the rest
+        elif st.prob is None:
+            complete = True  # no audio opinion (none asked, or it failed): the words decide
+        else:
+            complete = st.prob >= self.turn.threshold or text.rstrip().endswith("?")
+        st.verdict = Verdict.COMPLETE if complete else Verdict.INCOMPLETE
+        self.verdicts[st.verdict] += 1
+        if not complete:
+            return []
+        ep = self.endpointer
+        end = (ep.window + 1) * FRAME
+        out: list[Action] = [SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE)]
+        ep.reset()
+        self._end_turn(end, now_ns, out)
+        return out
 
     def _maybe_partial(self, out: list[Action], asr_busy: Callable[[], bool]) -> None:
         interval, ep = self.partial_interval_ms, self.endpointer
@@ -240,6 +364,7 @@ class TurnTaking:
         if self._early is not None:
             out.append(DropDecode(self._early.decode_id, DecodeKind.EARLY))
             self._early = None
+        self._early_text = None
 
     def _drop_partials(self, out: list[Action]) -> None:
         if self._partials is not None and self._partials.in_flight is not None:
@@ -248,6 +373,8 @@ class TurnTaking:
 
     def _end_turn(self, end: int, endpoint_ns: int, out: list[Action]) -> None:
         self._drop_partials(out)
+        self._judgement = None
+        self._early_text = None
         early, self._early = self._early, None
         if early is not None and not (early.utterance_start == self.utterance_start
                                       and early.last_voiced == self.endpointer.last_voiced):

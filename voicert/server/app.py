@@ -37,6 +37,7 @@ from voicert.speech.asr import WhisperAsr
 from voicert.speech.tts import TtsWorker, load_voice
 from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from voicert.speech.smart_turn import SmartTurn, TurnJudge
 from voicert.telemetry.gcwatch import GcWatch, settle
 from voicert.telemetry.metrics import Metrics
 from voicert.telemetry.sampler import Sampler
@@ -52,6 +53,7 @@ CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before s
 def load_services(cfg: Config) -> Services:
     """Load and warm up VAD, ASR and the LLM (blocking; seconds once GGUF conversion is cached)."""
     t0 = time.perf_counter()
+    judge = load_turn_judge(cfg)  # first: a missing model wheel is a config error, said at once
     vad = SileroVad()
     asr = WhisperAsr(cfg.asr, cfg.models.asr)
     asr.warmup()
@@ -70,7 +72,20 @@ def load_services(cfg: Config) -> Services:
         log.info("gc: %d loaded objects exempted from collection", settle())
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
                     metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts,
-                    vad_pool=vad_pool, vad_batcher=vad_batcher, gc_watch=GcWatch().install())
+                    vad_pool=vad_pool, vad_batcher=vad_batcher, gc_watch=GcWatch().install(),
+                    turn_judge=judge)
+
+
+def load_turn_judge(cfg: Config) -> TurnJudge | None:
+    """The turn-completion model when ``turn.detector`` is semantic with an audio model (raises
+    SmartTurnMissing, a ConfigError, when its wheel is not installed)."""
+    if cfg.turn.detector != "semantic" or cfg.turn.model == "none":
+        return None
+    judge = TurnJudge(SmartTurn(threads=1), cfg.turn.threads)
+    judge.warmup()
+    log.info("turn detection: semantic (%s, judged at %d ms of silence, at most %d ms)",
+             judge.model.path.name, cfg.turn.pause_ms, cfg.turn.max_silence_ms)
+    return judge
 
 
 def build_engine(cfg: Config) -> SupervisedEngine:
@@ -377,6 +392,8 @@ class VoiceServer:
             services.tts.close()
         if services.vad_pool is not None:
             services.vad_pool.shutdown(wait=False, cancel_futures=True)
+        if isinstance(services.turn_judge, TurnJudge):
+            services.turn_judge.close()
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

@@ -1,0 +1,85 @@
+"""Semantic end of turn through the session, with fake services (no models, no sleeping): a pause
+after an incomplete phrase does not end the turn, a complete utterance ends at the short pause
+with the early decode's transcript, a failing model leaves the words to decide."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from tests.agent.fakes import EnergyVad, FakeAsr, FakeEngine, FakeJudge
+from tests.agent.test_session_logic import until
+from voicert.agent.session import Services, Session
+from voicert.agent.turns import Verdict
+from voicert.audio.pcm import encode_pcm16
+from voicert.config import Config, TurnConfig
+from voicert.core import events as ev
+from voicert.protocol import native as p
+
+
+def make(asr, judge, **turn):
+    cfg = dataclasses.replace(Config(), turn=dataclasses.replace(TurnConfig(detector="semantic"),
+                                                                 **turn))
+    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=FakeEngine(), turn_judge=judge)
+    events: list = []
+
+    async def emit(event):
+        events.append(event)
+
+    return Session("s1", p.SessionStart(), svc, emit), events
+
+
+def audio(*parts: tuple[str, float]) -> np.ndarray:
+    """('voice' | 'silence', seconds) pieces."""
+    out = []
+    for kind, seconds in parts:
+        n = int(16000 * seconds)
+        out.append(0.3 * np.sin(np.arange(n) * 0.05) if kind == "voice" else np.zeros(n))
+    return np.concatenate(out).astype(np.float32)
+
+
+async def send(session, x: np.ndarray) -> None:
+    for i in range(0, x.size, 320):
+        await session.on_audio(encode_pcm16(x[i:i + 320]))
+
+
+def finals(events):
+    return [e.text for e in events if isinstance(e, ev.TranscriptFinal)]
+
+
+async def test_a_pause_after_an_incomplete_phrase_keeps_the_turn_open():
+    asr = FakeAsr(auto=False)
+    session, events = make(asr, FakeJudge(0.95))
+    await send(session, audio(("voice", 1.0), ("silence", 0.3)))
+    early = asr.decodes[-1]
+    asr.answer(early, "I would like to book a table for")
+    await until(lambda: session.turns.verdicts[Verdict.INCOMPLETE] == 1)
+    await send(session, audio(("silence", 0.5), ("voice", 0.8), ("silence", 0.3)))
+    assert finals(events) == [] and early.future.done()
+    asr.answer(asr.decodes[-1], "I would like to book a table for four people tonight.")
+    await until(lambda: finals(events))
+    assert finals(events) == ["I would like to book a table for four people tonight."]
+    assert await session.wait_turn(10)
+    stopped = [e for e in events if isinstance(e, ev.SpeechStopped)]
+    assert len(stopped) == 1
+
+
+async def test_a_complete_utterance_ends_at_the_short_pause():
+    asr, judge = FakeAsr(auto=False), FakeJudge(0.9)
+    session, events = make(asr, judge)
+    await send(session, audio(("voice", 1.0), ("silence", 0.25)))  # 250 ms: under today's 400
+    asr.answer(asr.decodes[-1], "What is the capital of France?")
+    await until(lambda: finals(events))
+    assert len(judge.calls) == 1 and len(asr.decodes) == 1  # the early decode is the final one
+    assert await session.wait_turn(10)
+    assert any(isinstance(e, ev.ReplyDone) for e in events)
+
+
+async def test_a_failing_model_leaves_the_decision_to_the_words():
+    asr = FakeAsr(auto=False)
+    session, events = make(asr, FakeJudge(fail=True))
+    await send(session, audio(("voice", 1.0), ("silence", 0.25)))
+    asr.answer(asr.decodes[-1], "Thank you, that is all.")
+    await until(lambda: finals(events))
+    assert await session.wait_turn(10)

@@ -1,0 +1,172 @@
+"""Semantic end of turn on a fake clock (no models, no sleeping): the judgement at a short pause,
+its cues (the audio model's probability, the early transcript's last words), a complete utterance
+ending at the pause, an incomplete one waiting for the rest up to the maximum silence, stale
+judgements, and the silence detector unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from voicert.agent.turns import (DecodeKind, DropDecode, JudgeTurn, StartDecode, TurnEnded,
+                                 TurnTaking, Verdict)
+from voicert.config import TurnConfig, VadConfig
+from voicert.core.events import SpeechStopped
+from voicert.speech.vad import FRAME
+
+from test_turns import SILENCE, VOICE, WINDOW_NS, Script
+
+
+def semantic(early_final_ms: int = 160, **turn) -> TurnTaking:
+    cfg = dataclasses.replace(TurnConfig(detector="semantic"), **turn)
+    return TurnTaking(VadConfig(), early_final_ms=early_final_ms, turn=cfg)
+
+
+def speak(s: Script, voiced: int = 20) -> int:
+    """Silence, then speech; returns the last voiced window."""
+    s.feed(SILENCE, 5)
+    s.feed(VOICE, voiced)
+    return s.window
+
+
+def test_a_complete_utterance_ends_at_the_pause_once_both_cues_are_in():
+    s = Script(semantic())
+    last = speak(s)
+    s.feed(SILENCE, 6)  # 192 ms: the pause
+    (w_early, early), = s.of(StartDecode)
+    assert early.kind is DecodeKind.EARLY and w_early == last + 5  # 160 ms
+    (w_judge, judge), = s.of(JudgeTurn)
+    assert w_judge == last + 6 and judge.audio.size == (w_judge + 1) * FRAME  # from the start: the pre-roll reaches it
+    assert s.of(TurnEnded) == []  # the transcript is not in yet
+    assert s.turns.judged(judge.judge_id, 0.9, 10) == []  # nor the words
+    now = (last + 8) * WINDOW_NS
+    out = s.turns.early_done(early.decode_id, "What is the capital of France?", now)
+    stopped, ended = out
+    assert isinstance(stopped, SpeechStopped) and stopped.audio_ms == (w_judge + 1) * 32
+    assert isinstance(ended, TurnEnded) and ended.early_decode == early.decode_id
+    assert ended.endpoint_ns == now and ended.voice_end_ns == last * WINDOW_NS
+    assert s.turns.verdicts[Verdict.COMPLETE] == 1
+    s.feed(SILENCE, 60)  # no second endpoint for the same utterance
+    assert s.of(SpeechStopped) == [] and s.of(TurnEnded) == []
+
+
+def test_words_that_stop_mid_phrase_hold_the_turn_until_the_speaker_goes_on():
+    s = Script(semantic())
+    speak(s)
+    s.feed(SILENCE, 6)
+    (_, early), = s.of(StartDecode)
+    (_, judge), = s.of(JudgeTurn)
+    assert s.turns.early_done(early.decode_id, "I would like to book a table for", 1) == []
+    assert s.turns.judged(judge.judge_id, 0.97, 2) == []  # the audio model alone would cut here
+    assert s.turns.verdicts[Verdict.INCOMPLETE] == 1
+    s.feed(SILENCE, 20)  # a 0.8 s pause in all: still the same turn
+    assert s.of(TurnEnded) == []
+    s.feed(VOICE, 15)  # "four people tonight"
+    assert any(isinstance(a, DropDecode) and a.decode_id == early.decode_id for _, a in s.actions)
+    last = s.window
+    s.feed(SILENCE, 6)
+    starts = [a for _, a in s.of(StartDecode)]
+    judges = [a for _, a in s.of(JudgeTurn)]
+    assert len(starts) == 2 and len(judges) == 2  # the new pause is judged afresh
+    s.turns.judged(judges[1].judge_id, 0.8, 3)
+    stopped, ended = s.turns.early_done(starts[1].decode_id,
+                                        "I would like to book a table for four people tonight.",
+                                        (last + 7) * WINDOW_NS)
+    assert ended.early_decode == starts[1].decode_id
+    # the whole utterance, both halves and the pause between them
+    assert ended.audio.size == (last + 7) * FRAME
+
+
+def test_an_utterance_judged_incomplete_ends_at_the_maximum_silence():
+    s = Script(semantic(max_silence_ms=1600))
+    last = speak(s)
+    s.feed(SILENCE, 6)
+    (_, early), = s.of(StartDecode)
+    (_, judge), = s.of(JudgeTurn)
+    s.turns.early_done(early.decode_id, "So what I was thinking is that", 1)
+    s.turns.judged(judge.judge_id, 0.1, 2)
+    s.feed(SILENCE, 60)
+    (w_stop, _), = s.of(SpeechStopped)
+    assert w_stop == last + 50  # 1600 ms / 32 ms
+    (_, ended), = s.of(TurnEnded)
+    assert ended.early_decode == early.decode_id  # the early decode still covers it
+
+
+def test_the_audio_model_decides_when_the_words_could_end_there():
+    s = Script(semantic())
+    speak(s)
+    s.feed(SILENCE, 6)
+    (_, early), = s.of(StartDecode)
+    (_, judge), = s.of(JudgeTurn)
+    s.turns.early_done(early.decode_id, "Book a table for four people.", 1)
+    assert s.turns.judged(judge.judge_id, 0.2, 2) == []
+    assert s.turns.verdicts[Verdict.INCOMPLETE] == 1
+
+
+def test_a_question_mark_in_the_transcript_outweighs_a_hesitant_audio_score():
+    s = Script(semantic())
+    speak(s)
+    s.feed(SILENCE, 6)
+    (_, early), = s.of(StartDecode)
+    (_, judge), = s.of(JudgeTurn)
+    s.turns.judged(judge.judge_id, 0.2, 1)
+    out = s.turns.early_done(early.decode_id, "Can you tell me a short joke?", 2)
+    assert isinstance(out[-1], TurnEnded)
+
+
+def test_an_early_transcript_in_before_the_pause_is_used_at_once():
+    s = Script(semantic(model="none"))
+    speak(s)
+    s.feed(SILENCE, 5)
+    (_, early), = s.of(StartDecode)
+    assert s.turns.early_done(early.decode_id, "Thank you, that is all.", 1) == []
+    out = s.feed(SILENCE, 1)  # the pause: no audio model, the words are in: decided now
+    assert s.of(JudgeTurn) == [] and isinstance(out[-1], TurnEnded)
+
+
+def test_a_failed_audio_model_leaves_the_words_to_decide():
+    s = Script(semantic())
+    speak(s)
+    s.feed(SILENCE, 6)
+    (_, early), = s.of(StartDecode)
+    (_, judge), = s.of(JudgeTurn)
+    s.turns.early_done(early.decode_id, "What time is it.", 1)
+    assert isinstance(s.turns.judged(judge.judge_id, None, 2)[-1], TurnEnded)
+
+
+def test_speech_after_the_pause_makes_a_late_judgement_moot():
+    s = Script(semantic())
+    speak(s)
+    s.feed(SILENCE, 6)
+    (_, early), = s.of(StartDecode)
+    (_, judge), = s.of(JudgeTurn)
+    s.feed(VOICE, 3)
+    assert s.turns.judged(judge.judge_id, 0.99, 1) == []
+    assert s.turns.early_done(early.decode_id, "Hello.", 2) == []
+    assert s.of(TurnEnded) == []
+
+
+def test_without_the_text_cue_the_audio_model_alone_decides_and_no_early_decode_is_needed():
+    s = Script(semantic(early_final_ms=0, text_cue=False))
+    speak(s)
+    s.feed(SILENCE, 6)
+    assert s.of(StartDecode) == []
+    (_, judge), = s.of(JudgeTurn)
+    stopped, ended = s.turns.judged(judge.judge_id, 0.7, 5)
+    assert ended.early_decode is None and ended.endpoint_ns == 5
+
+
+def test_the_text_cue_starts_the_early_decode_by_the_pause_when_early_finals_are_off():
+    s = Script(semantic(early_final_ms=0, pause_ms=256))
+    last = speak(s)
+    s.feed(SILENCE, 8)
+    (w, early), = s.of(StartDecode)
+    assert early.kind is DecodeKind.EARLY and w == last + 8
+
+
+def test_the_silence_detector_is_todays_behaviour():
+    s = Script(TurnTaking(VadConfig(), early_final_ms=160, turn=TurnConfig(detector="silence")))
+    last = speak(s)
+    s.feed(SILENCE, 30)
+    assert s.of(JudgeTurn) == []
+    (w_stop, _), = s.of(SpeechStopped)
+    assert w_stop == last + 13  # vad.min_silence_ms 400

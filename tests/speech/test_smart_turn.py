@@ -1,0 +1,58 @@
+"""The smart-turn v3 model from the pipecat-ai wheel: its input features equal the reference
+implementation the wheel ships, batched scores equal one-at-a-time, and a missing wheel is a
+config error that says how to install it."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+
+import numpy as np
+import pytest
+
+from tests.conftest import wav
+from voicert.config import ConfigError
+from voicert.speech import smart_turn
+from voicert.speech.smart_turn import SmartTurn, features, mel_extractor
+
+
+def _reference():
+    dist = importlib.metadata.distribution("pipecat-ai")
+    path = dist.locate_file("pipecat/audio/turn/smart_turn/_whisper_features.py")
+    spec = importlib.util.spec_from_file_location("pipecat_whisper_features", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.compute_whisper_log_mel_features
+
+
+@pytest.fixture(scope="module")
+def model():
+    return SmartTurn()
+
+
+def test_features_equal_the_reference_shipped_with_the_model():
+    reference = _reference()
+    x, _ = wav("capital_of_france")
+    for audio in (x, np.tile(x, 5)):  # shorter than the 8 s window, and longer
+        window = audio[-smart_turn.N_SAMPLES:]
+        padded = np.pad(window, (smart_turn.N_SAMPLES - window.size, 0))
+        np.testing.assert_allclose(features(audio, mel_extractor()), reference(padded),
+                                   atol=1e-4)
+
+
+def test_a_batch_scores_as_each_utterance_alone(model):
+    a, _ = wav("capital_of_france")
+    b, _ = wav("tell_me_a_joke")
+    together = model.score([a, b, a[:8000]])
+    alone = np.concatenate([model.score([a]), model.score([b]), model.score([a[:8000]])])
+    np.testing.assert_allclose(together, alone, atol=1e-5)
+    assert together.shape == (3,) and ((0 <= together) & (together <= 1)).all()
+
+
+def test_a_missing_wheel_is_a_config_error_naming_the_key(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(ConfigError, match=r"turn\.model=smart_turn.*pip install --no-deps pipecat-ai"):
+        smart_turn.model_path()

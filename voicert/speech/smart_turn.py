@@ -1,0 +1,114 @@
+"""Semantic end of turn from the audio: Pipecat's smart-turn v3 model on onnxruntime.
+
+The model (BSD-2-Clause, Daily) ships inside the ``pipecat-ai`` wheel; voicert installs that wheel
+``--no-deps`` and only reads the ONNX file from it (no pipecat code is imported). It takes the last
+8 s of an utterance as 80 Whisper log-mel bins x 800 frames, the waveform normalised to zero mean
+and unit variance first, shorter audio left-padded with zeros, and returns the probability that
+the speaker has finished their turn.
+
+:class:`SmartTurn` is the model (synchronous; one call scores a batch). :class:`TurnJudge` is the
+client a session awaits: each judgement runs on the judge's own threads, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from voicert.config import ConfigError
+
+SAMPLE_RATE = 16000
+WINDOW_S = 8
+N_SAMPLES = SAMPLE_RATE * WINDOW_S  # 128000: the model's input length
+_DIST = "pipecat-ai"
+
+
+class SmartTurnMissing(ConfigError):
+    """The model's wheel is not installed (the message says how to install it)."""
+
+
+def model_path() -> Path:
+    """The smart-turn v3 ONNX file inside the installed ``pipecat-ai`` wheel (the newest v3.x
+    it ships). Raises SmartTurnMissing."""
+    hint = ("turn.model=smart_turn needs the smart-turn model from the pipecat-ai wheel: "
+            "pip install --no-deps pipecat-ai  (or set turn.model=none, or turn.detector=silence)")
+    try:
+        dist = importlib.metadata.distribution(_DIST)
+    except importlib.metadata.PackageNotFoundError:
+        raise SmartTurnMissing(hint) from None
+    found = sorted(str(f) for f in dist.files or ()
+                   if f.name.startswith("smart-turn-v3") and f.name.endswith(".onnx"))
+    if not found:
+        raise SmartTurnMissing(f"{hint} (the installed pipecat-ai has no smart-turn v3 model)")
+    return Path(str(dist.locate_file(found[-1])))
+
+
+def mel_extractor():
+    """Whisper's log-mel front end (faster-whisper's numpy implementation) for 8 s windows."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    return FeatureExtractor(feature_size=80, chunk_length=WINDOW_S)
+
+
+def features(audio: np.ndarray, extractor) -> np.ndarray:
+    """The model's input for one utterance: [N] float32 16 kHz -> [80, 800] float32. Keeps the
+    last 8 s; shorter audio is padded with zeros in front (as the model was trained)."""
+    x = np.asarray(audio, dtype=np.float32)[-N_SAMPLES:]
+    x = np.pad(x, (N_SAMPLES - x.size, 0))
+    x = (x - x.mean()) / np.sqrt(x.var() + 1e-7)
+    return extractor(x, padding=0).astype(np.float32)  # [80, 800]
+
+
+class SmartTurn:
+    """The model, loaded once. ``threads``: onnxruntime intra-op threads per call."""
+
+    def __init__(self, path: Path | None = None, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        self.path = path or model_path()
+        self._session = ort.InferenceSession(str(self.path), sess_options=opts,
+                                             providers=["CPUExecutionProvider"])
+        self._mel = mel_extractor()
+
+    def score(self, utterances: list[np.ndarray]) -> np.ndarray:
+        """P(turn complete) per utterance ([N] float32 16 kHz each, the audio up to now) -> [B]."""
+        batch = np.stack([features(u, self._mel) for u in utterances])  # [B, 80, 800]
+        out = self._session.run(None, {"input_features": batch})[0]  # [B, 1] sigmoid
+        return np.asarray(out, dtype=np.float32).reshape(-1)
+
+
+class Judge(Protocol):
+    """What a session needs of a turn judge (tests give a fake)."""
+
+    async def score(self, audio: np.ndarray) -> float: ...
+
+
+class TurnJudge:
+    """Scores utterances for sessions, on ``threads`` threads of its own (ONNX releases the GIL).
+    Each judgement is ~10-60 ms of CPU (one core), so it never runs on the event loop."""
+
+    def __init__(self, model: SmartTurn, threads: int = 1) -> None:
+        self.model = model
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="voicert-turn")
+
+    async def score(self, audio: np.ndarray) -> float:
+        """P(turn complete) for the utterance so far ([N] float32 16 kHz)."""
+        loop = asyncio.get_running_loop()
+        probs = await loop.run_in_executor(self._pool, self.model.score, [audio])
+        return float(probs[0])
+
+    def warmup(self) -> None:
+        """One judgement of silence, so the first caller's does not pay onnxruntime's start."""
+        self.model.score([np.zeros(SAMPLE_RATE, np.float32)])
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
