@@ -38,14 +38,19 @@ def services(cfg):
 
 @pytest.fixture(scope="session")
 async def server(services):
-    """A real server on 127.0.0.1 (a free port) sharing the loaded models; 64 KiB frame limit."""
+    """A real server on 127.0.0.1 (a free port) sharing the loaded models; 64 KiB frame limit.
+    Turns end by silence (``turn.detector: silence``) here: the tests on it send a fixed trailing
+    silence and are about other things. The default semantic detector has its own tests
+    (tests/agent/test_turns_semantic.py, test_session_semantic.py, and over real models in
+    tests/agent/test_session.py)."""
     import dataclasses
 
     from voicert.server.app import VoiceServer
 
+    cfg = services.cfg
     srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
-        services.cfg, server=dataclasses.replace(services.cfg.server, port=0,
-                                                 max_message_bytes=64 * 1024))))
+        cfg, server=dataclasses.replace(cfg.server, port=0, max_message_bytes=64 * 1024),
+        turn=dataclasses.replace(cfg.turn, detector="silence"))))
     await srv.start()
     yield srv
     await srv.shutdown()

@@ -110,12 +110,30 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                         delay = t0 + (i + 1) * FRAME_MS / 1000 - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
-                await asyncio.wait_for(turn_done.wait(), turn_timeout_s)
+                await asyncio.wait_for(_silence_until(ws, turn_done, rate, binary),
+                                       turn_timeout_s)
             await ws.send(p.encode(p.SessionEnd(), binary))
             await asyncio.wait_for(read_task, 30)
         finally:
             read_task.cancel()
     return result
+
+
+async def _silence_until(ws, done: asyncio.Event, rate: int, binary: bool) -> None:
+    """Go on sending silence at real-time pace until ``done``, as a live microphone would: a
+    server that judged the pause incomplete (turn.detector semantic) ends the turn only after its
+    maximum silence, which it counts in audio received."""
+    frame = frames_for(np.zeros(rate * FRAME_MS // 1000, np.float32), rate)[0]
+    t0 = time.perf_counter()
+    i = 0
+    while not done.is_set():
+        await ws.send(p.encode(p.Audio(frame), binary))
+        i += 1
+        try:
+            await asyncio.wait_for(done.wait(), max(0.0, t0 + i * FRAME_MS / 1000
+                                                    - time.perf_counter()))
+        except asyncio.TimeoutError:
+            pass
 
 
 def load_for_streaming(path: str) -> tuple[np.ndarray, int]:

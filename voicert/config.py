@@ -123,11 +123,13 @@ class TurnConfig:
 
     detector: str = "silence"  # silence | semantic
     model: str = "smart_turn"  # semantic: the audio model (smart_turn: pipecat-ai's smart-turn v3) | none
+    model_path: str = ""  # a smart-turn v3 ONNX file on disk; "" = the one in the pipecat-ai wheel
     text_cue: bool = True  # semantic: a transcript ending mid-phrase ("for", "the", "and"...) holds the turn
     pause_ms: int = 192  # semantic: silence before the turn is judged
     max_silence_ms: int = 1600  # semantic: an utterance judged incomplete ends after this much silence
     threshold: float = 0.5  # semantic: the audio model's probability of "complete" that ends the turn
-    threads: int = 1  # the audio model's inference threads (one judgement at a time per thread)
+    threads: int = 1  # onnxruntime threads per judgement (the audio model: ~50 ms on one core)
+    concurrency: int = 1  # judgements run at once (each on its own thread)
 
     def __post_init__(self) -> None:
         _check(self.detector in ("silence", "semantic"), "turn.detector",
@@ -140,6 +142,7 @@ class TurnConfig:
                "must be above turn.pause_ms and at most 10000")
         _check(0 < self.threshold < 1, "turn.threshold", "must be in (0, 1)")
         _check(1 <= self.threads <= 16, "turn.threads", "must be in [1, 16]")
+        _check(1 <= self.concurrency <= 64, "turn.concurrency", "must be in [1, 64]")
 
 
 @dataclass(slots=True)
@@ -153,6 +156,9 @@ class AsrConfig:
     max_batch: int = 8  # utterances per batched decode
     early_final_ms: int = 160  # start the final decode after this much trailing silence; 0: off
     partial_interval_ms: int = 0  # re-decode the growing utterance this often for live partials; 0: off
+    min_window_s: float = 30.0  # the encoder sees at least this much audio (padded); 30: Whisper's
+    # full window, as trained; less: the utterance + window_pad_s, a shorter (faster) encoder pass
+    window_pad_s: float = 1.0  # silence after the utterance in a shortened window
 
     def __post_init__(self) -> None:
         _check(self.device in ("cpu", "cuda", "auto"), "asr.device", "must be cpu, cuda or auto")
@@ -163,6 +169,8 @@ class AsrConfig:
         _check(self.partial_interval_ms == 0 or self.partial_interval_ms >= 100,
                "asr.partial_interval_ms", "must be 0 (off) or >= 100")
         _check(0 < self.no_speech_threshold <= 1, "asr.no_speech_threshold", "must be in (0, 1]")
+        _check(1 <= self.min_window_s <= 30, "asr.min_window_s", "must be in [1, 30]")
+        _check(0 <= self.window_pad_s <= 10, "asr.window_pad_s", "must be in [0, 10]")
 
 
 @dataclass(slots=True)

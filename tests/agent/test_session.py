@@ -17,11 +17,12 @@ from voicert.protocol import native as p
 from voicert.server.app import STREAM_PATH, VoiceServer
 
 
-async def server_with(services, asr=None, **vad):
+async def server_with(services, asr=None, turn=None, **vad):
     cfg = services.cfg
     cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0),
                               vad=dataclasses.replace(cfg.vad, **vad),
-                              asr=dataclasses.replace(cfg.asr, **(asr or {})))
+                              asr=dataclasses.replace(cfg.asr, **(asr or {})),
+                              turn=dataclasses.replace(cfg.turn, **(turn or {})))
     srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
     await srv.start()
     return srv
@@ -41,7 +42,7 @@ async def test_early_final_transcript_and_early_prefill(services):
     # The decisions themselves are tested on a fake clock (test_turns.py, test_session_logic.py);
     # here, real models over a real socket. A 3 s endpoint silence leaves the early decode and
     # the warm prefill time to finish first even when a busy machine makes them slow.
-    srv = await server_with(services, min_silence_ms=3000)
+    srv = await server_with(services, turn={"detector": "silence"}, min_silence_ms=3000)
     try:
         result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
                                     [wav("capital_of_france")], trailing_silence_s=4.0)
@@ -57,6 +58,20 @@ async def test_early_final_transcript_and_early_prefill(services):
     tokens = [e for e in result.events if e["type"] == "response.token"]
     # the warm-up request's token never reached the client
     assert [t["index"] for t in tokens] == list(range(turn.done["tokens"]))
+
+
+async def test_a_pause_after_an_incomplete_phrase_does_not_cut_the_speaker_off(services):
+    # the default semantic detector, real models: "My name is John and I want to | (750 ms)
+    # change my booking." is one turn. Its verdict waits for both cues, whatever the load.
+    assert services.cfg.turn.detector == "semantic" and services.turn_judge is not None
+    srv = await server_with(services)
+    try:
+        result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", [wav("turns/p03")],
+                                    trailing_silence_s=2.5)
+    finally:
+        await srv.shutdown()
+    finals = [e["text"] for e in result.events if e["type"] == "transcript.final"]
+    assert len(finals) == 1 and "john" in finals[0].lower() and "change" in finals[0].lower()
 
 
 async def test_speech_during_a_reply_interrupts_it(url):
@@ -149,7 +164,8 @@ async def test_vad_on_worker_threads_gives_the_same_turns_as_on_the_loop(service
 
     pool = ThreadPoolExecutor(2, thread_name_prefix="test-vad")
     srv = VoiceServer(dataclasses.replace(services, vad_pool=pool, cfg=dataclasses.replace(
-        services.cfg, server=dataclasses.replace(services.cfg.server, port=0))))
+        services.cfg, server=dataclasses.replace(services.cfg.server, port=0),
+        turn=dataclasses.replace(services.cfg.turn, detector="silence"))))  # as the url fixture
     await srv.start()
     try:
         clips = [wav("capital_of_france"), wav("what_about_germany")]

@@ -61,3 +61,30 @@ def test_neutral_values_of_unimplemented_fields_are_accepted():
                                   "tool_choice": "auto", "tracing": "auto", "speed": 1.0,
                                   "include": [], "prompt": None, "voice": "alloy"})
     assert cfg.voice == "alloy"
+
+
+def test_semantic_vad_parses_with_its_eagerness_and_goes_back_on_the_wire_in_its_own_shape():
+    cfg = rt.update_session(CFG, {"turn_detection": {"type": "semantic_vad", "eagerness": "low",
+                                                     "create_response": False}})
+    td = cfg.turn_detection
+    assert (td.type, td.eagerness, td.create_response) == ("semantic_vad", "low", False)
+    assert td.to_wire() == {"type": "semantic_vad", "eagerness": "low",
+                            "create_response": False, "interrupt_response": True}
+    back = rt.update_session(cfg, {"turn_detection": {"type": "server_vad",
+                                                      "silence_duration_ms": 300}})
+    assert back.turn_detection.type == "server_vad"
+    assert back.turn_detection.silence_duration_ms == 300 and back.turn_detection.create_response
+
+
+@pytest.mark.parametrize("td, param", [
+    ({"type": "semantic_vad", "eagerness": "eager"}, "session.turn_detection.eagerness"),
+    ({"type": "semantic_vad", "silence_duration_ms": 300},
+     "session.turn_detection.silence_duration_ms"),
+    ({"type": "server_vad", "eagerness": "low"}, "session.turn_detection.eagerness"),
+    ({"type": "server_vad", "idle_timeout_ms": 5000}, "session.turn_detection.idle_timeout_ms"),
+    ({"type": "other_vad"}, "session.turn_detection.type"),
+])
+def test_turn_detection_fields_that_do_not_apply_are_refused_by_name(td, param):
+    with pytest.raises(rt.RealtimeError) as info:
+        rt.update_session(CFG, {"turn_detection": td})
+    assert info.value.param == param

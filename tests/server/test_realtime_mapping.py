@@ -136,3 +136,22 @@ async def test_items_are_deleted_and_retrieved_by_their_wire_ids():
         with pytest.raises(RealtimeError, match="not found"):
             await send(conn, type=kind, item_id="item_a")
     assert_ga(ws)
+
+
+async def test_semantic_vad_gives_the_session_the_semantic_detector_by_eagerness():
+    conn, ws, svc = await open_door()
+    await send(conn, type="session.update",
+               session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                   "type": "semantic_vad", "eagerness": "high"}}}})
+    updated = ws.sent[-1]
+    assert updated["type"] == "session.updated"
+    assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
+    turns = conn.session.turns
+    assert turns.semantic and turns.turn.max_silence_ms < svc.cfg.turn.max_silence_ms
+    assert turns.turn.model == "none"  # no audio model on this server: the words judge
+    await send(conn, type="session.update",
+               session={"type": "realtime", "audio": {"input": {"turn_detection": {
+                   "type": "server_vad", "silence_duration_ms": 600}}}})
+    assert not conn.session.turns.semantic
+    assert conn.session.turns.endpointer.cfg.min_silence_ms == 600
+    assert_ga(ws)

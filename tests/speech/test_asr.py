@@ -93,3 +93,37 @@ async def test_a_queued_job_can_be_dropped(asr):
 def test_bad_model_dir_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not a CTranslate2 Whisper directory"):
         resolve_asr_model(str(tmp_path))
+
+
+def test_the_encoder_window_fits_the_utterance_but_never_under_its_minimum():
+    from voicert.config import AsrConfig
+    from voicert.speech.asr import window_frames
+
+    short = AsrConfig(min_window_s=8, window_pad_s=1)
+    assert window_frames(250, short) == 800  # 2.5 s of speech: the 8 s minimum
+    assert window_frames(1230, short) == 1400  # 12.3 s + 1 s of silence, in whole seconds
+    assert window_frames(2990, short) == 3000  # never past Whisper's 30 s
+    assert window_frames(250, AsrConfig(min_window_s=30)) == 3000  # as trained
+
+
+def test_a_shortened_window_runs_a_shorter_encoder_pass_and_still_transcribes(services):
+    import dataclasses
+
+    from voicert.speech.asr import WhisperAsr
+
+    short = WhisperAsr(dataclasses.replace(services.cfg.asr, min_window_s=8))
+    try:
+        x, _ = wav("count_to_five")
+        enc = short.model.encode(np.zeros((1, 80, 800), np.float32))
+        assert enc.shape[1] == 400  # 8 s of mel frames, not Whisper's 1500 positions
+        assert "count" in short.transcribe_sync(x).text.lower()
+    finally:
+        short.close()
+
+
+def test_generation_is_bounded_by_the_audio_length():
+    from voicert.speech.asr import max_tokens
+
+    assert max_tokens(1.0, 4) == 24  # a short answer cannot run away for 224 tokens
+    assert max_tokens(3.2, 4) == 46
+    assert max_tokens(30.0, 4) == 224

@@ -21,7 +21,7 @@ from voicert.core import events as ev
 from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, StartDecode,
                                  TurnEnded, TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
-from voicert.config import Config, VadConfig
+from voicert.config import Config, TurnConfig, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
@@ -79,7 +79,8 @@ class Session:
     Realtime API without turn detection)."""
 
     def __init__(self, session_id: str, start: p.SessionStart, services: Services, emit: Emit,
-                 auto_respond: bool = True, vad: VadConfig | None = None) -> None:
+                 auto_respond: bool = True, vad: VadConfig | None = None,
+                 turn: TurnConfig | None = None) -> None:
         self.id = session_id
         self.auto_respond = auto_respond
         self.vad_cfg = vad or services.cfg.vad
@@ -96,7 +97,7 @@ class Session:
         self.vad = VadStream(services.vad)
         self.turns = TurnTaking(self.vad_cfg, Detection(start.turn_detection),
                                 self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
-                                auto_respond, self.cfg.turn)
+                                auto_respond, turn or self.cfg.turn)
         self.turn: Turn | None = None
         self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
@@ -222,14 +223,15 @@ class Session:
         """Remove an item from the conversation. Raises KeyError for an unknown one."""
         return self.history.delete(item_id)
 
-    def reconfigure(self, start: p.SessionStart, auto_respond: bool, vad: VadConfig) -> None:
+    def reconfigure(self, start: p.SessionStart, auto_respond: bool, vad: VadConfig,
+                    turn: TurnConfig | None = None) -> None:
         """Change the session's settings mid-conversation (the Realtime API's session.update).
         A new input rate takes effect with the next audio; new VAD settings reset the endpointer."""
         self._check_text(start.system_prompt, "instructions")
         if start.sample_rate != self.start.sample_rate:
             self.resampler = StreamResampler(start.sample_rate)
         self.vad_cfg = vad
-        self.turns.reconfigure(vad, Detection(start.turn_detection), auto_respond)
+        self.turns.reconfigure(vad, Detection(start.turn_detection), auto_respond, turn)
         self.start = start
         self.auto_respond = auto_respond
         self.system_prompt = start.system_prompt or self.cfg.llm.system_prompt

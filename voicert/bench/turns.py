@@ -78,6 +78,7 @@ class Outcome:
     server_v2ft_ms: float | None = None
     endpoint_ms: float | None = None
     endpoint_audio_ms: float | None = None  # speech_stopped's position - the last voiced sample's
+    no_reply: bool = False  # the last turn never got an answer
 
 
 async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: int,
@@ -132,7 +133,10 @@ async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: 
             await asyncio.sleep(max(0.0, t0 + i * FRAME_S - time.perf_counter()))
             if receiver.done():
                 break
-        await asyncio.wait_for(done.wait(), timeout=30)
+        try:
+            await asyncio.wait_for(done.wait(), timeout=20)
+        except asyncio.TimeoutError:
+            out.no_reply = True  # e.g. the transcript came back empty: nothing to answer
         receiver.cancel()
     out.cut_off = out.cut_off or len(out.finals) > 1
     if first_token_ns is not None:
@@ -153,7 +157,7 @@ def summarize(mode: str, outcomes: list[Outcome], semantic: bool) -> dict:
     server = [o.server_v2ft_ms for o in complete if o.server_v2ft_ms is not None]
     endpoint = [o.endpoint_ms for o in complete if o.endpoint_ms is not None]
     return {"mode": mode, "pauses": len(pauses), "cut_offs": sum(o.cut_off for o in pauses),
-            "complete": len(complete),
+            "complete": len(complete), "no_reply": sum(o.no_reply for o in outcomes),
             "waited_max": sum(o.waited_max for o in complete) if semantic else None,
             "client_v2ft_p50": _pct(client, 50), "client_v2ft_p95": _pct(client, 95),
             "server_v2ft_p50": _pct(server, 50), "endpoint_p50": _pct(endpoint, 50),
@@ -165,14 +169,14 @@ def markdown(rows: list[dict]) -> str:
         return "-" if v is None else f"{v:.0f}"
 
     lines = ["| detector | false cut-offs (pause set) | waited the maximum (complete set) | "
-             "voice-to-first-token P50 / P95, client | server P50 | endpoint stage P50 / P95 |",
-             "|---|---:|---:|---:|---:|---:|"]
+             "voice-to-first-token P50 / P95, client | server P50 | endpoint stage P50 / P95 | "
+             "unanswered |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         waited = "-" if r["waited_max"] is None else f"{r['waited_max']} / {r['complete']}"
         lines.append(f"| {r['mode']} | {r['cut_offs']} / {r['pauses']} | {waited} | "
                      f"{ms(r['client_v2ft_p50'])} / {ms(r['client_v2ft_p95'])} ms | "
                      f"{ms(r['server_v2ft_p50'])} ms | "
-                     f"{ms(r['endpoint_p50'])} / {ms(r['endpoint_p95'])} ms |")
+                     f"{ms(r['endpoint_p50'])} / {ms(r['endpoint_p95'])} ms | {r['no_reply']} |")
     return "\n".join(lines)
 
 
@@ -235,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         keep = set(args.only.split(","))
         utts = [u for u in utts if u.id in keep]
     services = load_services(cfg)
-    if any(MODES[m].model != "none" and MODES[m].detector == "semantic" for m in modes):
-        services.turn_judge = load_turn_judge(dataclasses.replace(cfg, turn=MODES["semantic"]))
+    wants_model = any(MODES[m].model != "none" and MODES[m].detector == "semantic" for m in modes)
+    if wants_model and services.turn_judge is None:
+        turn = dataclasses.replace(cfg.turn, detector="semantic", model="smart_turn")
+        services.turn_judge = load_turn_judge(dataclasses.replace(cfg, turn=turn))
     print(f"{len(utts)} utterances; turn.pause_ms {cfg.turn.pause_ms}, turn.max_silence_ms "
           f"{cfg.turn.max_silence_ms}, vad.min_silence_ms {cfg.vad.min_silence_ms}, "
           f"asr.early_final_ms {cfg.asr.early_final_ms}")
@@ -245,7 +251,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for mode, outcomes in result["utterances"].items():
         for o in outcomes:
-            flag = ("CUT " if o["cut_off"] else "") + ("MAX " if o["waited_max"] else "")
+            flag = (("CUT " if o["cut_off"] else "") + ("MAX " if o["waited_max"] else "")
+                    + ("UNANSWERED " if o["no_reply"] else ""))
             if flag:
                 print(f"{mode:15s} {o['id']} {flag}{o['finals']}")
     if args.json:

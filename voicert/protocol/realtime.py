@@ -58,15 +58,32 @@ class RealtimeError(Exception):
 # ---------------------------------------------------------------- session configuration
 
 
+EAGERNESS = ("low", "medium", "high", "auto")
+
+
 @dataclass(frozen=True, slots=True)
 class TurnDetection:
-    """``server_vad`` turn detection; ``None`` in :class:`SessionConfig` means manual commits."""
+    """``server_vad`` (silence) or ``semantic_vad`` (judged at a pause: ``eagerness``) turn
+    detection; ``None`` in :class:`SessionConfig` means manual commits."""
 
+    type: str = "server_vad"
     threshold: float = 0.5
     prefix_padding_ms: int = 300
     silence_duration_ms: int = 500
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: str = "auto"  # semantic_vad: low waits longer for the speaker, high cuts in sooner
+
+    def to_wire(self) -> dict[str, Any]:
+        if self.type == "semantic_vad":
+            return {"type": "semantic_vad", "eagerness": self.eagerness,
+                    "create_response": self.create_response,
+                    "interrupt_response": self.interrupt_response}
+        return {"type": "server_vad", "threshold": self.threshold,
+                "prefix_padding_ms": self.prefix_padding_ms,
+                "silence_duration_ms": self.silence_duration_ms,
+                "create_response": self.create_response,
+                "interrupt_response": self.interrupt_response}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,12 +98,7 @@ class SessionConfig:
     voice: str = "espeak"
 
     def to_wire(self, flavor: Flavor, session_id: str, model: str) -> dict[str, Any]:
-        td = None if self.turn_detection is None else {
-            "type": "server_vad", "threshold": self.turn_detection.threshold,
-            "prefix_padding_ms": self.turn_detection.prefix_padding_ms,
-            "silence_duration_ms": self.turn_detection.silence_duration_ms,
-            "create_response": self.turn_detection.create_response,
-            "interrupt_response": self.turn_detection.interrupt_response}
+        td = None if self.turn_detection is None else self.turn_detection.to_wire()
         max_tokens = self.max_output_tokens if self.max_output_tokens is not None else "inf"
         transcription = {"model": "whisper-1"} if self.transcription else None
         if flavor is Flavor.BETA:
@@ -156,14 +168,22 @@ def _turn_detection(value: Any, current: TurnDetection | None, param: str) -> Tu
     if not isinstance(value, dict):
         raise RealtimeError("invalid_type", f"{param} must be an object or null", param)
     kind = value.get("type", "server_vad")
-    if kind != "server_vad":
+    if kind not in ("server_vad", "semantic_vad"):
         raise RealtimeError("invalid_value", f"{param}.type {kind!r:.40} is not supported "
-                            "(supported: server_vad, or null for manual commits)", f"{param}.type")
-    td = current or TurnDetection()
+                            "(supported: server_vad, semantic_vad, or null for manual commits)",
+                            f"{param}.type")
+    td = current if current is not None and current.type == kind else TurnDetection(type=kind)
     fields: dict[str, Any] = {}
-    for key, parse in (("threshold", _number), ("prefix_padding_ms", _whole),
-                       ("silence_duration_ms", _whole), ("create_response", _flag),
-                       ("interrupt_response", _flag)):
+    keys = ((("eagerness", _eagerness),) if kind == "semantic_vad" else
+            (("threshold", _number), ("prefix_padding_ms", _whole),
+             ("silence_duration_ms", _whole)))
+    allowed = {"type", "create_response", "interrupt_response", *(k for k, _ in keys)}
+    for key in value:
+        if key not in allowed and value[key] is not None:
+            raise RealtimeError("invalid_value", f"{param}.{key:.40} is not supported with "
+                                f"type {kind} (supported: {', '.join(sorted(allowed))})",
+                                f"{param}.{key:.40}")
+    for key, parse in (*keys, ("create_response", _flag), ("interrupt_response", _flag)):
         if value.get(key) is not None:
             fields[key] = parse(value[key], f"{param}.{key}")
     td = replace(td, **fields)
@@ -172,6 +192,13 @@ def _turn_detection(value: Any, current: TurnDetection | None, param: str) -> Tu
         raise RealtimeError("invalid_value", f"{param}: threshold in (0, 1), prefix_padding_ms in "
                             "[0, 2000], silence_duration_ms in [32, 10000]", param)
     return td
+
+
+def _eagerness(value: Any, param: str) -> str:
+    if value not in EAGERNESS:
+        raise RealtimeError("invalid_value", f"{param} must be one of {', '.join(EAGERNESS)}",
+                            param)
+    return value
 
 
 def _max_tokens(value: Any, param: str) -> int | None:

@@ -14,12 +14,13 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
-from voicert.config import Config, LlmConfig, cache_dir
+from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
@@ -81,7 +82,12 @@ def load_turn_judge(cfg: Config) -> TurnJudge | None:
     SmartTurnMissing, a ConfigError, when its wheel is not installed)."""
     if cfg.turn.detector != "semantic" or cfg.turn.model == "none":
         return None
-    judge = TurnJudge(SmartTurn(threads=1), cfg.turn.threads)
+    path = None
+    if cfg.turn.model_path:
+        path = Path(cfg.turn.model_path).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"turn.model_path: {path} is not a file (a smart-turn v3 .onnx)")
+    judge = TurnJudge(SmartTurn(path, threads=cfg.turn.threads), cfg.turn.concurrency)
     judge.warmup()
     log.info("turn detection: semantic (%s, judged at %d ms of silence, at most %d ms)",
              judge.model.path.name, cfg.turn.pause_ms, cfg.turn.max_silence_ms)

@@ -15,6 +15,7 @@ import uuid
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
+from voicert.config import TurnConfig
 from voicert.core import events as core
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
@@ -95,6 +96,20 @@ class RealtimeConnection(BaseConnection):
         auto_respond = not manual and c.turn_detection.create_response
         return start, auto_respond
 
+    def _turn_config(self) -> TurnConfig:
+        """``semantic_vad``: the semantic detector, its maximum silence by eagerness (without the
+        audio model loaded on this server, the transcript's words judge alone)."""
+        td, turn = self.config.turn_detection, self.svc.cfg.turn
+        if td is None or td.type != "semantic_vad":
+            return dataclasses.replace(turn, detector="silence")
+        longest = {"low": min(2 * turn.max_silence_ms, 10000),
+                   "high": max(turn.pause_ms + 320, 800)}
+        return dataclasses.replace(
+            turn, detector="semantic",
+            max_silence_ms=longest.get(td.eagerness, turn.max_silence_ms),
+            model=turn.model if self.svc.turn_judge is not None else "none",
+            text_cue=turn.text_cue or self.svc.turn_judge is None)
+
     def _vad_config(self):
         td, vad = self.config.turn_detection, self.svc.cfg.vad
         if td is None:
@@ -116,7 +131,7 @@ class RealtimeConnection(BaseConnection):
             return False
         start, auto = self._session_start()
         self.session = Session(self.session_id, start, self.svc, self.on_event, auto_respond=auto,
-                               vad=self._vad_config())
+                               vad=self._vad_config(), turn=self._turn_config())
         await self.send_event("session.created", session=self._wire_session())
         return True
 
@@ -195,7 +210,7 @@ class RealtimeConnection(BaseConnection):
         try:
             start, auto = self._session_start()
             check_output_audio(start.output_audio, self.svc)
-            self.session.reconfigure(start, auto, self._vad_config())
+            self.session.reconfigure(start, auto, self._vad_config(), self._turn_config())
         except Exception:  # refused: the session keeps its settings
             self.config = old
             raise

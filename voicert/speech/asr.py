@@ -44,6 +44,25 @@ def resolve_asr_model(spec: str) -> Path:
     return path
 
 
+def window_frames(frames: int, cfg: AsrConfig) -> int:
+    """Mel frames (100 a second) the encoder sees for a batch whose longest utterance has
+    ``frames``: Whisper's full 30 s window (3000), or, with ``asr.min_window_s`` under 30, the audio
+    padded with silence to ``max(min_window_s, its length + asr.window_pad_s)`` in whole seconds,
+    at most 30 s (the encoder's cost grows with its input)."""
+    full = int(WINDOW_S * 100)
+    if cfg.min_window_s >= WINDOW_S:
+        return full
+    seconds = max(cfg.min_window_s, frames / 100 + cfg.window_pad_s)
+    return min(full, int(np.ceil(seconds)) * 100)
+
+
+def max_tokens(audio_s: float, prompt: int) -> int:
+    """Generation bound for an utterance: the prompt plus 10 tokens a second of audio plus 10
+    (speech runs at ~3-5 tokens a second), at most Whisper's 224. A decode that loops on a
+    phrase ("where contrast? where contrast? ...") stops there instead of running 224 tokens."""
+    return min(224, prompt + int(10 * audio_s) + 10)
+
+
 @dataclass(frozen=True, slots=True)
 class Transcript:
     text: str
@@ -137,16 +156,13 @@ class WhisperAsr:
         """Greedy transcripts of up to 30 s utterances ([N] float32 16 kHz each), decoded together."""
         t0 = time.perf_counter_ns()
         fe = self.model.feature_extractor
-        feats = []
-        for audio in audios:
-            mel = fe(audio[: int(WINDOW_S * 16000)])[..., :-1]  # [80, frames]
-            frames = mel.shape[-1]
-            if frames < fe.nb_max_frames:
-                mel = np.pad(mel, ((0, 0), (0, fe.nb_max_frames - frames)))
-            feats.append(mel[:, : fe.nb_max_frames])
-        enc = self.model.encode(np.stack(feats).astype(np.float32))  # [B, 1500, d]
+        mels = [fe(audio[: int(WINDOW_S * 16000)])[..., :-1] for audio in audios]  # [80, frames]
+        width = window_frames(max(m.shape[-1] for m in mels), self.cfg)
+        feats = [np.pad(m, ((0, 0), (0, width - m.shape[-1])))[:, :width] for m in mels]
+        enc = self.model.encode(np.stack(feats).astype(np.float32))  # [B, width / 2, d]
         results = self.model.model.generate(
-            enc, [self.prompt] * len(audios), beam_size=self.cfg.beam_size, max_length=224,
+            enc, [self.prompt] * len(audios), beam_size=self.cfg.beam_size,
+            max_length=max_tokens(max(a.size for a in audios) / 16000, len(self.prompt)),
             return_scores=True, return_no_speech_prob=True, suppress_blank=True,
             suppress_tokens=self.suppress)
         ms = (time.perf_counter_ns() - t0) / 1e6

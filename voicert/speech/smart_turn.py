@@ -93,12 +93,12 @@ class Judge(Protocol):
 
 
 class TurnJudge:
-    """Scores utterances for sessions, on ``threads`` threads of its own (ONNX releases the GIL).
-    Each judgement is ~10-60 ms of CPU (one core), so it never runs on the event loop."""
+    """Scores utterances for sessions, ``concurrency`` at a time on threads of its own (ONNX
+    releases the GIL). A judgement is ~50 ms of one core, so it never runs on the event loop."""
 
-    def __init__(self, model: SmartTurn, threads: int = 1) -> None:
+    def __init__(self, model: SmartTurn, concurrency: int = 1) -> None:
         self.model = model
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="voicert-turn")
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="voicert-turn")
 
     async def score(self, audio: np.ndarray) -> float:
         """P(turn complete) for the utterance so far ([N] float32 16 kHz)."""
