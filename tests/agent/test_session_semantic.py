@@ -16,6 +16,7 @@ from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config, TurnConfig
 from voicert.core import events as ev
 from voicert.protocol import native as p
+from voicert.speech.asr import FINAL
 
 
 def make(asr, judge, **turn):
@@ -72,6 +73,7 @@ async def test_a_complete_utterance_ends_at_the_short_pause():
     asr.answer(asr.decodes[-1], "What is the capital of France?")
     await until(lambda: finals(events))
     assert len(judge.calls) == 1 and len(asr.decodes) == 1  # the early decode is the final one
+    assert asr.decodes[0].priority == FINAL  # the verdict waits for it: no queueing behind finals
     assert await session.wait_turn(10)
     assert any(isinstance(e, ev.ReplyDone) for e in events)
 

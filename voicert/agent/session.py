@@ -159,6 +159,8 @@ class Session:
         """The decisions that need no sending: decodes and the end of a turn."""
         if isinstance(action, StartDecode):
             kind = EARLY if action.kind is DecodeKind.EARLY else PARTIAL
+            if kind == EARLY and self.turns.semantic and self.turns.turn.text_cue:
+                kind = FINAL  # the semantic verdict waits for it: the endpoint is behind it
             handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
             done = (self._on_early if action.kind is DecodeKind.EARLY else self._on_partial)
             handle.future.add_done_callback(lambda fut, i=action.decode_id: done(i, fut))
