@@ -130,6 +130,9 @@ class TurnConfig:
     threshold: float = 0.5  # semantic: the audio model's probability of "complete" that ends the turn
     threads: int = 1  # onnxruntime threads per judgement (the audio model: ~50 ms on one core)
     concurrency: int = 1  # judgements run at once (each on its own thread)
+    backchannels: bool = True  # speech over a reply ("mm-hm", "yeah") interrupts it only once it
+    # has gone on for interrupt_ms, or when its transcript is not a backchannel
+    interrupt_ms: int = 480  # backchannels: voiced speech over a reply that interrupts it at once
 
     def __post_init__(self) -> None:
         _check(self.detector in ("silence", "semantic"), "turn.detector",
@@ -143,6 +146,7 @@ class TurnConfig:
         _check(0 < self.threshold < 1, "turn.threshold", "must be in (0, 1)")
         _check(1 <= self.threads <= 16, "turn.threads", "must be in [1, 16]")
         _check(1 <= self.concurrency <= 64, "turn.concurrency", "must be in [1, 64]")
+        _check(96 <= self.interrupt_ms <= 5000, "turn.interrupt_ms", "must be in [96, 5000]")
 
 
 @dataclass(slots=True)

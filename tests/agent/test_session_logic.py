@@ -59,7 +59,8 @@ async def test_a_spoken_turn_is_transcribed_answered_and_remembered():
     session, svc, events = make()
     await say(session)
     assert await session.wait_turn(10)
-    assert kinds(events)[:4] == ["SpeechStarted", "SpeechStopped", "TranscriptFinal", "ReplyStarted"]
+    assert kinds(events)[:5] == ["SpeechStarted", "BargeIn", "SpeechStopped", "TranscriptFinal",
+                                 "ReplyStarted"]
     tokens = [e for e in events if isinstance(e, ev.ReplyToken)]
     assert "".join(t.text for t in tokens) == "The capital of France is Paris."
     assert [t.index for t in tokens] == list(range(len(tokens)))

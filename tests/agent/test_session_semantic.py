@@ -85,3 +85,38 @@ async def test_a_failing_model_leaves_the_decision_to_the_words():
     asr.answer(asr.decodes[-1], "Thank you, that is all.")
     await until(lambda: finals(events))
     assert await session.wait_turn(10)
+
+
+async def test_a_backchannel_over_a_reply_lets_it_go_on_and_a_real_interjection_stops_it():
+    engine = FakeEngine(reply="one two three four five six seven eight", gated=True)
+    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="silence"))
+    asr = FakeAsr("what is the capital of france")
+    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=engine)
+    events: list = []
+
+    async def emit(event):
+        events.append(event)
+
+    session = Session("s1", p.SessionStart(), svc, emit)
+    await send(session, audio(("voice", 1.0), ("silence", 0.6)))
+    await until(lambda: engine.requests)
+    first = engine.requests[0].request_id
+    engine.release(first)
+    asr.text = "Mm-hm."
+    await send(session, audio(("voice", 0.25), ("silence", 0.6)))  # under turn.interrupt_ms
+    await until(lambda: session.backchannels == 1)
+    assert session._replying() and first not in engine.cancelled
+    assert [e.text for e in events if isinstance(e, ev.TranscriptFinal)] == [
+        "what is the capital of france"]  # the backchannel is not a turn
+    asr.text = "Wait."
+    await send(session, audio(("voice", 0.25), ("silence", 0.6)))
+    await until(lambda: first in engine.cancelled)
+    await until(lambda: len(engine.requests) == 2)  # the interjection is answered
+    engine.gated = False
+    engine.release()
+    await until(lambda: len([e for e in events if isinstance(e, ev.ReplyDone)]) == 2)
+    done = [e for e in events if isinstance(e, ev.ReplyDone)]
+    assert done[0].finish_reason == "interrupted"
+    assert [e.text for e in events if isinstance(e, ev.TranscriptFinal)][-1] == "Wait."
+    barge = [e for e in events if isinstance(e, ev.BargeIn)]
+    assert len(barge) == 2  # the first utterance (nothing playing) and the interjection

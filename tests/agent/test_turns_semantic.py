@@ -1,16 +1,19 @@
 """Semantic end of turn on a fake clock (no models, no sleeping): the judgement at a short pause,
 its cues (the audio model's probability, the early transcript's last words), a complete utterance
 ending at the pause, an incomplete one waiting for the rest up to the maximum silence, stale
-judgements, and the silence detector unchanged."""
+judgements, and the silence detector unchanged. Speech over a reply: held as a possible
+backchannel, or interrupting."""
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from voicert.agent.turns import (DecodeKind, DropDecode, JudgeTurn, StartDecode, TurnEnded,
                                  TurnTaking, Verdict)
 from voicert.config import TurnConfig, VadConfig
-from voicert.core.events import SpeechStopped
+from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped
 from voicert.speech.vad import FRAME
 
 from test_turns import SILENCE, VOICE, WINDOW_NS, Script
@@ -170,3 +173,51 @@ def test_the_silence_detector_is_todays_behaviour():
     assert s.of(JudgeTurn) == []
     (w_stop, _), = s.of(SpeechStopped)
     assert w_stop == last + 13  # vad.min_silence_ms 400
+
+
+# ---------------------------------------------------------------- speech over a reply
+
+
+def over_reply(s: Script, voiced: int) -> list:
+    """Speech while a reply runs: ``voiced`` windows, then silence."""
+    out = []
+    for prob in [SILENCE] * 3 + [VOICE] * voiced + [SILENCE] * 20:
+        s.window += 1
+        received = s.window * WINDOW_NS
+        s.turns.push(np.full(FRAME, 0.3 if prob >= 0.5 else 0.0, np.float32))
+        acts = s.turns.on_windows(np.array([prob]), received, received + 1_000, replying=True)
+        s.actions += [(s.window, a) for a in acts]
+        out += acts
+    return out
+
+
+def test_short_speech_over_a_reply_does_not_interrupt_and_ends_as_an_overlap():
+    s = Script(TurnTaking(VadConfig(), turn=TurnConfig(detector="silence")))
+    out = over_reply(s, voiced=8)  # 256 ms: "mm-hm"
+    assert not any(isinstance(a, BargeIn) for a in out)
+    (ended,) = [a for a in out if isinstance(a, TurnEnded)]
+    assert ended.overlap  # the session screens its transcript
+
+
+def test_speech_over_a_reply_that_goes_on_interrupts_once_it_reaches_interrupt_ms():
+    s = Script(TurnTaking(VadConfig(), turn=TurnConfig(detector="silence", interrupt_ms=480)))
+    over_reply(s, voiced=30)
+    (w_barge, barge), = s.of(BargeIn)
+    (w_start, started), = s.of(SpeechStarted)
+    assert w_barge == 3 + 15 - 1 and barge.turn_id == started.turn_id  # the 15th voiced window
+    (_, ended), = s.of(TurnEnded)
+    assert not ended.overlap  # it already interrupted: an ordinary turn
+
+
+def test_without_backchannels_or_a_reply_speech_interrupts_at_once():
+    for turns, replying in ((TurnConfig(detector="silence", backchannels=False), True),
+                            (TurnConfig(detector="silence"), False)):
+        s = Script(TurnTaking(VadConfig(), turn=turns))
+        s.feed(SILENCE, 3)
+        for _ in range(8):
+            s.window += 1
+            s.turns.push(np.full(FRAME, 0.3, np.float32))
+            s.actions += [(s.window, a) for a in s.turns.on_windows(
+                np.array([VOICE]), s.window * WINDOW_NS, 0, replying=replying)]
+        kinds = [type(a).__name__ for _, a in s.actions]
+        assert kinds == ["SpeechStarted", "BargeIn"]

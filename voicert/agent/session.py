@@ -26,6 +26,7 @@ from voicert.engine.base import ChatMessage, Engine, GenerationRequest
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.smart_turn import Judge
+from voicert.speech.turn_text import is_backchannel
 from voicert.speech.tts import TtsWorker
 from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
@@ -101,7 +102,8 @@ class Session:
         self.turn: Turn | None = None
         self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
-        self.judging: set[asyncio.Task] = set()  # turn-completion judgements in flight
+        self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
+        self.backchannels = 0  # utterances over a reply let go as backchannels
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -126,9 +128,16 @@ class Session:
         else:
             probs = self.vad.push(x16)
         if probs.size:
-            actions = self.turns.on_windows(probs, received_ns, now_ns(), self._asr_busy)
+            actions = self.turns.on_windows(probs, received_ns, now_ns(), self._asr_busy,
+                                            self._replying())
             for action in actions:
                 await self._act(action)
+
+    def _replying(self) -> bool:
+        """A reply is in the engine and not yet over (speech now may be a backchannel)."""
+        turn = self.turn
+        return (turn is not None and turn.task is not None and not turn.task.done()
+                and turn.reply is not None)
 
     def _asr_busy(self) -> bool:
         return self.svc.asr.pending() > 0
@@ -148,10 +157,12 @@ class Session:
 
     async def _act(self, action) -> None:
         """Carry out one turn-taking decision (agent/turns.py)."""
-        if isinstance(action, (ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptPartial)):
-            await self.emit(action)  # core events: the door maps them onto its wire
-            if isinstance(action, ev.SpeechStarted):
+        if isinstance(action, ev.BargeIn):
+            if self.vad_cfg.barge_in:  # the door stops the audio still playing, too
                 self._barge_in()
+                await self.emit(action)
+        elif isinstance(action, (ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptPartial)):
+            await self.emit(action)  # core events: the door maps them onto its wire
         else:
             self._act_now(action)
 
@@ -287,7 +298,7 @@ class Session:
             self._act_now(action)
 
     def _barge_in(self) -> None:
-        """Speech (past min_speech_ms) while a reply streams interrupts it."""
+        """Speech that interrupts (a BargeIn) stops the reply streaming, if any."""
         turn = self.turn
         if (self.vad_cfg.barge_in and turn is not None and turn.task is not None
                 and not turn.task.done() and turn.reply is not None):
@@ -295,7 +306,42 @@ class Session:
 
     def _start_turn(self, ended: TurnEnded) -> None:
         """An utterance is over: transcribe it (or take the early decode that already did) and
-        answer it, after the turn before it has unwound."""
+        answer it, after the turn before it has unwound. Short speech over a running reply
+        (``ended.overlap``) is screened first: a backchannel leaves the reply alone."""
+        early = self.decodes.pop(ended.early_decode, None) if ended.early_decode else None
+        warm_id = self.warm.pop(ended.early_decode, "") if ended.early_decode else ""
+        if early is not None and not early.started:
+            early.drop()  # still queued: a final job (higher priority) replaces it
+            early = None
+        asr = early if early is not None else self.svc.asr.submit(ended.audio, FINAL)
+        if ended.overlap and self._replying():
+            task = asyncio.create_task(self._screen(ended, asr, early is not None, bool(warm_id)),
+                                       name=f"screen-{self.id}-{ended.turn_id}")
+            self.judging.add(task)
+            task.add_done_callback(self.judging.discard)
+            return
+        self._answer(ended, asr, early is not None, bool(warm_id))
+
+    async def _screen(self, ended: TurnEnded, asr: AsrHandle, early_asr: bool,
+                      warm: bool) -> None:
+        """Speech over a reply that has not interrupted it yet: a backchannel ("mm-hm") is let
+        go (the reply goes on, nothing joins the conversation); anything else interrupts now and
+        is answered."""
+        try:
+            transcript = await asyncio.shield(asr.future)
+        except asyncio.CancelledError:
+            asr.drop()
+            raise
+        except Exception:
+            transcript = None  # the turn reports the failure
+        if transcript is not None and (is_backchannel(transcript.text) or not transcript.text):
+            self.backchannels += 1
+            log.debug("session %s: backchannel %r over the reply", self.id, transcript.text)
+            return
+        await self._act(ev.BargeIn(ended.turn_id))
+        self._answer(ended, asr, early_asr, warm)
+
+    def _answer(self, ended: TurnEnded, asr: AsrHandle, early_asr: bool, warm: bool) -> None:
         trace = TurnTrace(ended.turn_id)
         trace.mark(Point.VOICE_END, ended.voice_end_ns)
         trace.mark(Point.ENDPOINT, ended.endpoint_ns)
@@ -303,14 +349,8 @@ class Session:
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
         turn = Turn(ended.turn_id, trace)
-        early = self.decodes.pop(ended.early_decode, None) if ended.early_decode else None
-        warm_id = self.warm.pop(ended.early_decode, "") if ended.early_decode else ""
-        if early is not None and not early.started:
-            early.drop()  # still queued: a final job (higher priority) replaces it
-            early = None
-        asr = early if early is not None else self.svc.asr.submit(ended.audio, FINAL)
-        turn.early_asr = early is not None
-        turn.early_prefill = early is not None and bool(warm_id)
+        turn.early_asr = early_asr
+        turn.early_prefill = early_asr and warm
         turn.task = asyncio.create_task(self._run_turn(turn, asr, previous),
                                         name=f"turn-{self.id}-{turn.turn_id}")
         self.turn = turn

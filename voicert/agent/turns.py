@@ -11,7 +11,12 @@ time the audio arrived; :class:`TurnTaking` answers with what to do, as small ty
   voice ended and the endpoint came, and the early decode that already covers exactly it, if any;
 - ``TranscriptPartial`` (a core event): the stable / unstable words of live partials changed;
 - :class:`JudgeTurn`: (semantic turn detection) score this utterance with the turn-completion model
-  and pass the probability to :meth:`TurnTaking.judged`.
+  and pass the probability to :meth:`TurnTaking.judged`;
+- :class:`BargeIn`: the speaker talks over the agent: stop the reply (and the audio still playing).
+
+With ``turn.backchannels`` speech that starts while a reply runs does not interrupt at once: it
+does once it has gone on for ``turn.interrupt_ms``; a shorter utterance ends as a turn marked
+``overlap``, and the session interrupts only if its transcript is not a backchannel ("mm-hm").
 
 With ``turn.detector: semantic`` an utterance is judged at a short pause (``turn.pause_ms``): from
 the audio model's probability and the early transcript's last words (``turn.text_cue``, passed in
@@ -33,7 +38,7 @@ import numpy as np
 
 from voicert.audio.buffer import AudioBuffer
 from voicert.config import TurnConfig, VadConfig
-from voicert.core.events import SpeechStarted, SpeechStopped, TranscriptPartial
+from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped, TranscriptPartial
 from voicert.speech.endpoint import WINDOW_MS, Endpointer, EventKind
 from voicert.speech.partials import LocalAgreement
 from voicert.speech.turn_text import continues
@@ -70,6 +75,7 @@ class TurnEnded:
     voice_end_ns: int  # arrival of the audio holding its last voiced window (endpoint_ns if none)
     endpoint_ns: int
     early_decode: int | None  # the early decode covering exactly this audio, if still valid
+    overlap: bool = False  # short speech over a reply that has not interrupted it (yet)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,7 +90,7 @@ class Verdict(enum.StrEnum):
 
 
 Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, TranscriptPartial,
-               JudgeTurn]
+               JudgeTurn, BargeIn]
 
 
 @dataclass(slots=True)
@@ -138,6 +144,7 @@ class TurnTaking:
         self._early_text: tuple[int, str] | None = None  # (decode id, transcript) once it is in
         self._partials: _Partials | None = None
         self._judgement: _Judgement | None = None
+        self._overlap_voiced: int | None = None  # voiced windows of speech over a reply, held
         self.verdicts: dict[Verdict, int] = {v: 0 for v in Verdict}  # judgements, for telemetry
 
     @property
@@ -177,13 +184,20 @@ class TurnTaking:
         self.audio.append(x16)
 
     def on_windows(self, probs: np.ndarray, received_ns: int, decided_ns: int,
-                   asr_busy: Callable[[], bool] = lambda: False) -> list[Action]:
+                   asr_busy: Callable[[], bool] = lambda: False,
+                   replying: bool = False) -> list[Action]:
         """Speech probabilities of the VAD windows the last pushed audio completed, in order.
         ``received_ns``: when that audio arrived; ``decided_ns``: now (the windows were scored).
-        ``asr_busy``: whether the ASR worker has work queued (partials back off then)."""
+        ``asr_busy``: whether the ASR worker has work queued (partials back off then).
+        ``replying``: a reply is being generated or sent (speech may be a backchannel)."""
         out: list[Action] = []
         for prob in probs:
             result = self.endpointer.step(float(prob))
+            if result.voiced and self._overlap_voiced is not None and self.endpointer.in_speech:
+                self._overlap_voiced += 1
+                if self._overlap_voiced * WINDOW_MS >= self.turn.interrupt_ms:
+                    self._overlap_voiced = None  # more than a backchannel: a real interruption
+                    out.append(BargeIn(self.next_turn_id))
             if result.voiced:
                 self.last_voice_ns = received_ns
                 self._drop_early(out)  # the user kept talking: the early decode is stale
@@ -201,6 +215,10 @@ class TurnTaking:
                 pad = self.vad.speech_pad_ms * SAMPLE_RATE // 1000
                 self.utterance_start = max(pos - pad, self.audio.base)
                 out.append(SpeechStarted(self.next_turn_id, pos * 1000 // SAMPLE_RATE))
+                if replying and self.turn.backchannels:
+                    self._overlap_voiced = self.endpointer.window - result.event.window + 1
+                else:
+                    out.append(BargeIn(self.next_turn_id))
             else:
                 end = pos + FRAME
                 out.append(SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE))
@@ -226,6 +244,7 @@ class TurnTaking:
         self._drop_early(out)
         self._drop_partials(out)
         self._judgement = None
+        self._overlap_voiced = None
         self.endpointer.reset()
         self.audio.trim_before(self.audio.end)
         self.utterance_start = self.audio.end
@@ -374,6 +393,7 @@ class TurnTaking:
     def _end_turn(self, end: int, endpoint_ns: int, out: list[Action]) -> None:
         self._drop_partials(out)
         self._judgement = None
+        overlap, self._overlap_voiced = self._overlap_voiced is not None, None
         self._early_text = None
         early, self._early = self._early, None
         if early is not None and not (early.utterance_start == self.utterance_start
@@ -388,4 +408,5 @@ class TurnTaking:
                 out.append(DropDecode(early.decode_id, DecodeKind.EARLY))
             return  # nothing to transcribe
         out.append(TurnEnded(self.new_turn_id(), audio, self.last_voice_ns or endpoint_ns,
-                             endpoint_ns, early.decode_id if early is not None else None))
+                             endpoint_ns, early.decode_id if early is not None else None,
+                             overlap))

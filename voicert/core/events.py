@@ -27,6 +27,15 @@ class SpeechStarted:
 
 
 @dataclass(frozen=True, slots=True)
+class BargeIn:
+    """The speaker talks over the agent and that interrupts it: stop the reply and the audio still
+    playing. Right after SpeechStarted, or (turn.backchannels, while a reply runs) once the speech
+    has gone on for turn.interrupt_ms, or at its end when it was not a backchannel."""
+
+    turn_id: int  # the utterance that interrupts
+
+
+@dataclass(frozen=True, slots=True)
 class SpeechStopped:
     turn_id: int
     audio_ms: int
@@ -92,5 +101,5 @@ class SessionError:
     fatal: bool = False
 
 
-SessionEvent = Union[SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ReplyStarted,
-                     ReplyToken, ReplyAudio, ReplyDone, TurnLatency, SessionError]
+SessionEvent = Union[SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial, TranscriptFinal,
+                     ReplyStarted, ReplyToken, ReplyAudio, ReplyDone, TurnLatency, SessionError]

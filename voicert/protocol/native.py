@@ -132,6 +132,12 @@ class SpeechStarted:
 
 
 @dataclass(slots=True)
+class BargeIn:
+    turn_id: int = 0  # the utterance that interrupts the agent
+    type: str = field(default="vad.barge_in", init=False)
+
+
+@dataclass(slots=True)
 class SpeechStopped:
     audio_ms: int
     turn_id: int = 0
@@ -209,9 +215,9 @@ class SessionEnded:
     type: str = field(default="session.ended", init=False)
 
 
-ServerEvent = Union[SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal,
-                    ResponseStarted, ResponseToken, ResponseAudio, ResponseDone, TurnLatency, Error,
-                    SessionEnded]
+ServerEvent = Union[SessionStarted, SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial,
+                    TranscriptFinal, ResponseStarted, ResponseToken, ResponseAudio, ResponseDone,
+                    TurnLatency, Error, SessionEnded]
 
 
 def from_core(event: ev.SessionEvent) -> ServerEvent:
@@ -222,6 +228,8 @@ def from_core(event: ev.SessionEvent) -> ServerEvent:
         return ResponseAudio(event.turn_id, event.seq, event.audio, event.text)
     if isinstance(event, ev.SpeechStarted):
         return SpeechStarted(event.audio_ms, event.turn_id)
+    if isinstance(event, ev.BargeIn):
+        return BargeIn(event.turn_id)
     if isinstance(event, ev.SpeechStopped):
         return SpeechStopped(event.audio_ms, event.turn_id)
     if isinstance(event, ev.TranscriptPartial):
@@ -358,8 +366,8 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
 
 
 _SERVER_TYPES = {cls.__dataclass_fields__["type"].default: cls for cls in (
-    SessionStarted, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ResponseStarted,
-    ResponseToken, ResponseAudio, ResponseDone, TurnLatency, Error, SessionEnded)}
+    SessionStarted, SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial, TranscriptFinal,
+    ResponseStarted, ResponseToken, ResponseAudio, ResponseDone, TurnLatency, Error, SessionEnded)}
 
 
 def decode_server(frame: bytes | str) -> dict[str, Any]:

@@ -203,7 +203,7 @@ class Connection(BaseConnection):
                 clock.started(event.turn_id, bytes_per_ms(fmt.encoding, fmt.sample_rate))
         elif isinstance(event, ev.ReplyAudio):
             clock.audio(event.turn_id, event.audio, event.text, time.perf_counter_ns())
-        elif isinstance(event, ev.SpeechStarted):
+        elif isinstance(event, ev.BargeIn):
             clock.speech_started(time.perf_counter_ns())
         elif isinstance(event, ev.ReplyDone):
             cut = clock.done(event.turn_id, event.text, event.item_id,

@@ -100,6 +100,8 @@ class RealtimeConnection(BaseConnection):
         """``semantic_vad``: the semantic detector, its maximum silence by eagerness (without the
         audio model loaded on this server, the transcript's words judge alone)."""
         td, turn = self.config.turn_detection, self.svc.cfg.turn
+        # Realtime clients stop playing at speech_started: speech over a reply interrupts at once
+        turn = dataclasses.replace(turn, backchannels=False)
         if td is None or td.type != "semantic_vad":
             return dataclasses.replace(turn, detector="silence")
         longest = {"low": min(2 * turn.max_silence_ms, 10000),

@@ -126,9 +126,9 @@ class TwilioConnection(BaseConnection):
                     self.session.truncate_item(ev.item_id, covered_chars(ev.text, heard))
                 except (KeyError, ValueError):  # dropped off the conversation's old end
                     pass
-        elif isinstance(ev, core.SpeechStarted):
+        elif isinstance(ev, core.BargeIn):
             # the caller talks over a reply that is still queued at Twilio or playing: the
-            # session interrupts it (barge-in), and Twilio drops what it has not played yet
+            # session interrupts it, and Twilio drops what it has not played yet
             if self.svc.cfg.vad.barge_in:
                 frames = play.speech_started(ev.turn_id)
         elif isinstance(ev, core.SessionError):

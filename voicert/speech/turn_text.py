@@ -35,3 +35,21 @@ def continues(text: str) -> bool:
         return True
     words = _WORD.findall(stripped.lower().replace("’", "'"))
     return bool(words) and words[-1] in _CONTINUES
+
+
+# what a listener says to show they follow, not to take the turn (whole utterances)
+_BACKCHANNELS = frozenset([
+    "mm-hm", "mhm", "mm-hmm", "mm hmm", "mm", "hm", "hmm", "uh-huh", "uh huh", "um-hum", "yeah",
+    "yep", "yes", "ok", "okay", "right", "sure", "alright", "all right", "i see", "got it", "cool",
+    "nice", "great", "true", "exactly", "ah", "oh", "yeah yeah", "okay okay", "right right",
+    "yes yes", "oh okay", "ah okay", "oh i see", "yeah okay", "okay yeah", "yeah right", "oh right",
+    "mm-hm yeah", "uh-huh yeah", "sure sure", "makes sense", "that makes sense",
+])
+_NOT_WORD = re.compile(r"[^a-z' -]+")
+
+
+def is_backchannel(text: str) -> bool:
+    """True when the whole utterance is a backchannel ("Mm-hm.", "Yeah, okay.", "I see"): the
+    listener follows along. "Wait", "stop", "no" and anything longer are not."""
+    words = " ".join(_NOT_WORD.sub(" ", text.lower().replace("’", "'")).split())
+    return bool(words) and words in _BACKCHANNELS

@@ -160,7 +160,9 @@ function handle(msg) {
       banner("");
       break;
     case "vad.speech_started":
-      stopPlayback();  // the user talks over the reply: stop speaking at once (barge-in)
+      break;  // may be a backchannel ("mm-hm"): the reply goes on unless vad.barge_in follows
+    case "vad.barge_in":
+      stopPlayback();  // the user talks over the reply: stop speaking at once
       break;
     case "transcript.partial":
       showPartial(msg.stable, msg.unstable);
