@@ -132,7 +132,7 @@ class TurnConfig:
     concurrency: int = 1  # judgements run at once (each on its own thread)
     backchannels: bool = True  # speech over a reply ("mm-hm", "yeah") interrupts it only once it
     # has gone on for interrupt_ms, or when its transcript is not a backchannel
-    interrupt_ms: int = 480  # backchannels: voiced speech over a reply that interrupts it at once
+    interrupt_ms: int = 640  # backchannels: voiced speech over a reply that interrupts it at once
 
     def __post_init__(self) -> None:
         _check(self.detector in ("silence", "semantic"), "turn.detector",

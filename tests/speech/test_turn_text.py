@@ -2,7 +2,7 @@
 
 import pytest
 
-from voicert.speech.turn_text import continues
+from voicert.speech.turn_text import continues, is_backchannel
 
 
 @pytest.mark.parametrize("text", [
@@ -21,3 +21,15 @@ def test_a_transcript_that_stops_mid_phrase_continues(text):
 ])
 def test_a_transcript_that_could_end_there_does_not(text):
     assert not continues(text)
+
+
+@pytest.mark.parametrize("text", ["Mm-hm.", "Mmm, Mmm.", "Hmm.", "Uh-huh.", "Yeah.", "Yeah, okay.",
+                                  "Okay", "Right.", "I see.", "Sure.", "Got it."])
+def test_a_backchannel_is_recognised(text):
+    assert is_backchannel(text)
+
+
+@pytest.mark.parametrize("text", ["", "Wait.", "Stop, stop.", "No.", "Uh-uh.", "Hold on, what?",
+                                  "Okay, so what about tomorrow?", "Yeah, but why?"])
+def test_an_interjection_is_not_a_backchannel(text):
+    assert not is_backchannel(text)

@@ -14,6 +14,12 @@ per session, and prints, for each turn detector side by side (same models, same 
 
 Modes: ``silence`` (today: ``vad.min_silence_ms``), ``semantic`` (audio model + text cue),
 ``semantic-audio`` (the audio model only), ``semantic-text`` (the early transcript's words only).
+
+Then speech over a reply (``--no-barge-in`` skips it): a question gets a long reply; once its first
+token is in, a "backchannel" clip ("mm-hm", "yeah") or an "interject" clip ("wait", "stop, stop")
+is spoken over it. **False interruptions**: backchannels that stopped the reply; **missed
+interruptions**: interjections that did not. With ``turn.backchannels`` on and off (today: every
+utterance over a reply interrupts it).
 """
 
 from __future__ import annotations
@@ -146,6 +152,57 @@ async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: 
     return out
 
 
+async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float = 30) -> bool | None:
+    """Speak ``clip`` over the reply to ``question`` (both at real-time pace, silence between
+    and after, as a live line); True when the reply was interrupted, None when it ended before
+    the clip was heard out (no verdict)."""
+    q, _ = read_wav(question)
+    x, _ = read_wav(clip.path)
+    first_token = asyncio.Event()
+    reply_done: asyncio.Future = asyncio.get_running_loop().create_future()
+    clip_end_ns = 0
+    async with connect(url, max_size=None) as ws:
+        await ws.send(p.encode(p.SessionStart(
+            sample_rate=16000, max_new_tokens=400,
+            system_prompt="Answer at great length, with many details and examples.")))
+
+        async def receive() -> None:
+            async for raw in ws:
+                event = p.decode_server(raw)
+                if event.get("turn_id") != 1:
+                    continue
+                if event["type"] == "response.token":
+                    first_token.set()
+                elif event["type"] == "response.done" and not reply_done.done():
+                    reply_done.set_result((event["finish_reason"], time.perf_counter_ns()))
+
+        receiver = asyncio.create_task(receive())
+        silence = np.zeros(FRAME, np.float32)
+        frames = [q[i:i + FRAME] for i in range(0, q.size, FRAME)]
+        t0, i, clip_at = time.perf_counter(), 0, None
+        deadline = t0 + timeout_s
+        while not reply_done.done() and time.perf_counter() < deadline:
+            if clip_at is None and first_token.is_set():
+                clip_at = i
+                frames = (frames[:i] + [silence] * (i - len(frames))
+                          + [x[j:j + FRAME] for j in range(0, x.size, FRAME)])
+            frame = frames[i] if i < len(frames) else silence
+            await ws.send(p.encode(p.Audio(encode_pcm16(frame))))
+            i += 1
+            if clip_at is not None and i == len(frames):
+                clip_end_ns = time.perf_counter_ns()
+            if clip_end_ns and time.perf_counter_ns() - clip_end_ns > 3e9:
+                break  # heard out and 3 s later the reply still runs: not interrupted
+            await asyncio.sleep(max(0.0, t0 + i * FRAME_S - time.perf_counter()))
+        receiver.cancel()
+    if not reply_done.done():
+        return False if clip_end_ns else None
+    reason, _ = reply_done.result()
+    if reason == "interrupted":
+        return True
+    return False if clip_end_ns else None  # it finished before the clip was heard out
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -202,12 +259,43 @@ async def run_mode(services, cfg: Config, mode: str, utts: list[Utterance],
 async def evaluate(services, cfg: Config, modes: list[str], utts: list[Utterance],
                    max_new_tokens: int = 4) -> dict:
     rows, details = [], {}
+    turn_set = [u for u in utts if u.kind in ("pause", "complete")]
     for mode in modes:
-        row, outcomes = await run_mode(services, cfg, mode, utts, max_new_tokens)
+        row, outcomes = await run_mode(services, cfg, mode, turn_set, max_new_tokens)
         rows.append(row)
         details[mode] = [dataclasses.asdict(o) for o in outcomes]
         print(markdown([row]).splitlines()[-1], flush=True)
     return {"rows": rows, "utterances": details}
+
+
+async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> list[dict]:
+    """Backchannels and interjections over a reply, turn.backchannels on and off."""
+    from voicert.server.app import STREAM_PATH, VoiceServer
+
+    clips = [u for u in utts if u.kind in ("backchannel", "interject")]
+    question = SET_DIR / "c07.wav"
+    rows = []
+    for on in (True, False):
+        turn = dataclasses.replace(cfg.turn, detector="silence", backchannels=on)
+        mode_cfg = dataclasses.replace(cfg, turn=turn,
+                                       server=dataclasses.replace(cfg.server, port=0))
+        server = VoiceServer(dataclasses.replace(services, cfg=mode_cfg))
+        await server.start()
+        url = f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
+        try:
+            verdicts = {u.id: await over_reply(url, question, u) for u in clips}
+        finally:
+            await server.shutdown()
+        back = [verdicts[u.id] for u in clips if u.kind == "backchannel"]
+        inter = [verdicts[u.id] for u in clips if u.kind == "interject"]
+        row = {"backchannels": on, "false": sum(v is True for v in back),
+               "backchannel_n": sum(v is not None for v in back),
+               "missed": sum(v is False for v in inter),
+               "interject_n": sum(v is not None for v in inter), "verdicts": verdicts}
+        rows.append(row)
+        print(f"| {'on' if on else 'off (every utterance interrupts)'} | {row['false']} / "
+              f"{row['backchannel_n']} | {row['missed']} / {row['interject_n']} |", flush=True)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -217,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--modes", default="silence,semantic,semantic-audio,semantic-text")
     ap.add_argument("--only", default="", help="comma-separated utterance ids")
+    ap.add_argument("--no-barge-in", action="store_true", help="skip speech over a reply")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -248,6 +337,10 @@ def main(argv: list[str] | None = None) -> int:
           f"asr.early_final_ms {cfg.asr.early_final_ms}")
     print(markdown([]))
     result = asyncio.run(evaluate(services, cfg, modes, utts))
+    if not args.no_barge_in:
+        print("\n| turn.backchannels | false interruptions (backchannels) | missed interruptions "
+              "(interjections) |\n|---|---:|---:|")
+        result["barge_in"] = asyncio.run(evaluate_barge_in(services, cfg, utts))
     print()
     for mode, outcomes in result["utterances"].items():
         for o in outcomes:

@@ -48,8 +48,14 @@ _BACKCHANNELS = frozenset([
 _NOT_WORD = re.compile(r"[^a-z' -]+")
 
 
+_HUM = re.compile(r"^(u?h?m+(-?h?m+)*|h+m+|mhm+|uh-?huh)$")  # mm, mmm, mm-hm, hmm, mhm, uh-huh
+
+
 def is_backchannel(text: str) -> bool:
-    """True when the whole utterance is a backchannel ("Mm-hm.", "Yeah, okay.", "I see"): the
-    listener follows along. "Wait", "stop", "no" and anything longer are not."""
+    """True when the whole utterance is a backchannel ("Mm-hm.", "Mmm, mmm.", "Yeah, okay.",
+    "I see"): the listener follows along. "Wait", "stop", "no", "uh-uh" (no) and anything longer
+    are not."""
     words = " ".join(_NOT_WORD.sub(" ", text.lower().replace("’", "'")).split())
-    return bool(words) and words in _BACKCHANNELS
+    if not words:
+        return False
+    return words in _BACKCHANNELS or all(_HUM.match(w) for w in words.split())

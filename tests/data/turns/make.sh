@@ -4,6 +4,8 @@
 # "|" marks where a "pause" utterance stops mid-sentence).
 #   pause:    an incomplete phrase, a 0.7-1.0 s pause, then the rest (must not be cut at the pause)
 #   complete: a whole question or request (should end quickly)
+#   backchannel: said over the agent's reply: must not interrupt it
+#   interject: said over the agent's reply: must interrupt it
 set -euo pipefail
 cd "$(dirname "$0")"
 rm -f turns.tsv
@@ -39,3 +41,15 @@ say c09 complete en-gb 150 0 "Who wrote Romeo and Juliet?"
 say c10 complete en-us+f3 160 0 "My flight number is two four seven."
 say c11 complete en-us 150 0 "Is it going to rain tomorrow?"
 say c12 complete en-gb+m3 140 0 "Play some relaxing music."
+say b01 backchannel en-us 150 0 "Mm-hm."
+say b02 backchannel en-gb 150 0 "Yeah."
+say b03 backchannel en-us+f3 160 0 "Okay."
+say b04 backchannel en-gb+m3 150 0 "Right."
+say b05 backchannel en-us 140 0 "Uh-huh."
+say b06 backchannel en-us+m3 160 0 "I see."
+say b07 backchannel en-gb+f3 150 0 "Yeah, okay."
+say b08 backchannel en-us 170 0 "Sure."
+say i01 interject en-us 150 0 "Wait."
+say i02 interject en-gb 150 0 "Stop, stop."
+say i03 interject en-us+f3 160 0 "Hold on, what did you say?"
+say i04 interject en-gb+m3 150 0 "No, that is wrong."
