@@ -42,5 +42,11 @@ echo "setup: installing voicert$extra and its dependencies"
 # reads its ONNX file, so the framework's own dependencies are not installed.
 .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pipecat-ai")' 2>/dev/null \
   || "${PIP[@]}" install --no-deps "pipecat-ai>=1.14"
+# Optional input noise suppression (asr.denoise: rnnoise; off by default): only librnnoise.so is
+# loaded from pyrnnoise. Installed for the tests.
+if [ -n "$extra" ]; then
+  .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pyrnnoise")' 2>/dev/null \
+    || "${PIP[@]}" install --no-deps "pyrnnoise>=0.4.5"
+fi
 echo "setup: preparing models (the first run converts the GGUF once, ~30 s)"
 .venv/bin/voicert prepare

@@ -163,6 +163,8 @@ class AsrConfig:
     min_window_s: float = 30.0  # the encoder sees at least this much audio (padded); 30: Whisper's
     # full window, as trained; less: the utterance + window_pad_s, a shorter (faster) encoder pass
     window_pad_s: float = 1.0  # silence after the utterance in a shortened window
+    denoise: str = "none"  # none | rnnoise: input noise suppression before VAD and ASR (raised
+    # tiny.en's WER on our eval set, 32.7 -> 42.3 %: off by default; docs/benchmarks.md section 12)
 
     def __post_init__(self) -> None:
         _check(self.device in ("cpu", "cuda", "auto"), "asr.device", "must be cpu, cuda or auto")
@@ -175,6 +177,7 @@ class AsrConfig:
         _check(0 < self.no_speech_threshold <= 1, "asr.no_speech_threshold", "must be in (0, 1]")
         _check(1 <= self.min_window_s <= 30, "asr.min_window_s", "must be in [1, 30]")
         _check(0 <= self.window_pad_s <= 10, "asr.window_pad_s", "must be in [0, 10]")
+        _check(self.denoise in ("none", "rnnoise"), "asr.denoise", "must be none or rnnoise")
 
 
 @dataclass(slots=True)

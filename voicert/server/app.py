@@ -38,6 +38,7 @@ from voicert.speech.asr import WhisperAsr
 from voicert.speech.tts import TtsWorker, load_voice
 from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from voicert.speech.denoise import RnNoise
 from voicert.speech.smart_turn import SmartTurn, TurnJudge
 from voicert.telemetry.gcwatch import GcWatch, settle
 from voicert.telemetry.metrics import Metrics
@@ -74,7 +75,7 @@ def load_services(cfg: Config) -> Services:
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
                     metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts,
                     vad_pool=vad_pool, vad_batcher=vad_batcher, gc_watch=GcWatch().install(),
-                    turn_judge=judge)
+                    turn_judge=judge, denoise=RnNoise() if cfg.asr.denoise == "rnnoise" else None)
 
 
 def load_turn_judge(cfg: Config) -> TurnJudge | None:
