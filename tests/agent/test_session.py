@@ -184,3 +184,26 @@ async def test_vad_on_worker_threads_gives_the_same_turns_as_on_the_loop(service
 
     assert speech_spans(threaded) == speech_spans(inline) and speech_spans(inline)[1] == 4
     assert [t.transcript for t in threaded.turns] == [t.transcript for t in inline.turns]
+
+
+async def test_a_session_with_noise_suppression_still_hears_the_question(services):
+    import importlib.metadata
+
+    try:
+        importlib.metadata.distribution("pyrnnoise")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("pyrnnoise is not installed")
+    from voicert.speech.denoise import RnNoise
+
+    cfg = services.cfg
+    srv = VoiceServer(dataclasses.replace(services, denoise=RnNoise(), cfg=dataclasses.replace(
+        cfg, server=dataclasses.replace(cfg.server, port=0),
+        asr=dataclasses.replace(cfg.asr, denoise="rnnoise"),
+        turn=dataclasses.replace(cfg.turn, detector="silence"))))
+    await srv.start()
+    try:
+        result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
+                                    [wav("weather_question")])
+    finally:
+        await srv.shutdown()
+    assert "weather" in result.turns[0].transcript.lower()
