@@ -64,6 +64,9 @@ async def test_a_pause_after_an_incomplete_phrase_keeps_the_turn_open():
     assert await session.wait_turn(10)
     stopped = [e for e in events if isinstance(e, ev.SpeechStopped)]
     assert len(stopped) == 1
+    metrics = session.svc.metrics.registry
+    for verdict in ("incomplete", "complete"):  # each judgement counted for /metrics
+        assert metrics.get_sample_value("voicert_turn_verdicts_total", {"verdict": verdict}) == 1
 
 
 async def test_a_complete_utterance_ends_at_the_short_pause():
@@ -105,6 +108,8 @@ async def test_a_backchannel_over_a_reply_lets_it_go_on_and_a_real_interjection_
     asr.text = "Mm-hm."
     await send(session, audio(("voice", 0.25), ("silence", 0.6)))  # under turn.interrupt_ms
     await until(lambda: session.backchannels == 1)
+    assert svc.metrics.registry.get_sample_value("voicert_speech_over_reply_total",
+                                                 {"outcome": "backchannel"}) == 1
     assert session._replying() and first not in engine.cancelled
     assert [e.text for e in events if isinstance(e, ev.TranscriptFinal)] == [
         "what is the capital of france"]  # the backchannel is not a turn

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
@@ -19,7 +20,7 @@ from voicert.agent.reply import Reply, ReplyOutcome
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.core import events as ev
 from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, StartDecode,
-                                 TurnEnded, TurnTaking)
+                                 TurnEnded, TurnJudged, TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config, TurnConfig, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
@@ -189,6 +190,8 @@ class Session:
                 self.svc.engine.cancel(warm_id)
         elif isinstance(action, TurnEnded):
             self._start_turn(action)
+        elif isinstance(action, TurnJudged):
+            self.svc.metrics.verdicts.labels(action.verdict.value).inc()
         elif isinstance(action, JudgeTurn):
             task = asyncio.create_task(self._judge(action), name=f"judge-{self.id}")
             self.judging.add(task)
@@ -201,10 +204,12 @@ class Session:
         decide; a failed model leaves the decision to the words."""
         prob: float | None = None
         if self.svc.turn_judge is not None:
+            t0 = time.perf_counter_ns()
             try:
                 prob = await self.svc.turn_judge.score(action.audio)
             except Exception:
                 log.exception("session %s: the turn-completion model failed", self.id)
+            self.svc.metrics.judge_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
         for decided in self.turns.judged(action.judge_id, prob, now_ns()):
             await self._act(decided)
 
@@ -341,8 +346,10 @@ class Session:
             transcript = None  # the turn reports the failure
         if transcript is not None and (is_backchannel(transcript.text) or not transcript.text):
             self.backchannels += 1
+            self.svc.metrics.overlaps.labels("backchannel").inc()
             log.debug("session %s: backchannel %r over the reply", self.id, transcript.text)
             return
+        self.svc.metrics.overlaps.labels("interruption").inc()
         await self._act(ev.BargeIn(ended.turn_id))
         self._answer(ended, asr, early_asr, warm)
 

@@ -89,8 +89,14 @@ class Verdict(enum.StrEnum):
     INCOMPLETE = "incomplete"
 
 
+@dataclass(frozen=True, slots=True)
+class TurnJudged:
+    judge_id: int
+    verdict: Verdict  # complete: the TurnEnded follows
+
+
 Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, TranscriptPartial,
-               JudgeTurn, BargeIn]
+               JudgeTurn, TurnJudged, BargeIn]
 
 
 @dataclass(slots=True)
@@ -350,11 +356,12 @@ class TurnTaking:
             complete = st.prob >= self.turn.threshold or text.rstrip().endswith("?")
         st.verdict = Verdict.COMPLETE if complete else Verdict.INCOMPLETE
         self.verdicts[st.verdict] += 1
+        judged = TurnJudged(st.judge_id, st.verdict)
         if not complete:
-            return []
+            return [judged]
         ep = self.endpointer
         end = (ep.window + 1) * FRAME
-        out: list[Action] = [SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE)]
+        out: list[Action] = [judged, SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE)]
         ep.reset()
         self._end_turn(end, now_ns, out)
         return out

@@ -49,6 +49,15 @@ class Metrics:
                                    "Turns whose TTFT exceeded the budget", registry=r)
         self.errors = Counter("voicert_errors_total", "Error events sent, by code", ["code"],
                               registry=r)
+        self.verdicts = Counter("voicert_turn_verdicts_total",
+                                "Semantic end-of-turn judgements of a pause, by verdict",
+                                ["verdict"], registry=r)
+        self.judge_seconds = Histogram("voicert_turn_judge_seconds",
+                                       "Turn-completion model: one judgement, queue included",
+                                       buckets=[.005, .01, .02, .05, .1, .2, .5, 1, 2], registry=r)
+        self.overlaps = Counter("voicert_speech_over_reply_total",
+                                "Short speech over a reply, screened: backchannel (let go) or "
+                                "interruption", ["outcome"], registry=r)
         self.sessions = Gauge("voicert_active_sessions", "Sessions started and not ended",
                               registry=r)
         self.queue_depth = Gauge("voicert_engine_queue_depth", "Requests waiting for the engine",
