@@ -51,9 +51,12 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                        trailing_silence_s: float = 1.0, turn_timeout_s: float = 120.0,
                        system_prompt: str | None = None, binary: bool = True,
                        output_audio: p.OutputAudio | None = None,
-                       on_event: Callable[[dict], None] | None = None) -> ClientResult:
+                       on_event: Callable[[dict], None] | None = None,
+                       until_answered: bool = True) -> ClientResult:
     """Open one session; for each (samples, rate) in ``turns`` stream the audio plus trailing
-    silence in 20 ms frames, then wait for that turn's ``turn.latency`` before the next."""
+    silence in 20 ms frames, then wait for that turn's ``turn.latency`` before the next, sending
+    silence meanwhile as a live microphone would (``until_answered``; False: nothing more, so that
+    the server receives exactly the same audio on every run)."""
     rate = turns[0][1]
     result = ClientResult()
     async with connect(url, max_size=None, compression=None) as ws:
@@ -110,8 +113,9 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                         delay = t0 + (i + 1) * FRAME_MS / 1000 - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
-                await asyncio.wait_for(_silence_until(ws, turn_done, rate, binary),
-                                       turn_timeout_s)
+                waiting = (_silence_until(ws, turn_done, rate, binary) if until_answered
+                           else turn_done.wait())
+                await asyncio.wait_for(waiting, turn_timeout_s)
             await ws.send(p.encode(p.SessionEnd(), binary))
             await asyncio.wait_for(read_task, 30)
         finally:
