@@ -324,7 +324,7 @@ class Session:
             early.drop()  # still queued: a final job (higher priority) replaces it
             early = None
         asr = early if early is not None else self.svc.asr.submit(ended.audio, FINAL)
-        if ended.overlap and self._replying():
+        if ended.overlap:  # the reply may have ended meanwhile: a backchannel still needs no answer
             task = asyncio.create_task(self._screen(ended, asr, early is not None, bool(warm_id)),
                                        name=f"screen-{self.id}-{ended.turn_id}")
             self.judging.add(task)
