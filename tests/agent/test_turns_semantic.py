@@ -57,7 +57,7 @@ def test_a_complete_utterance_ends_at_the_pause_once_both_cues_are_in():
     assert isinstance(stopped, SpeechStopped) and stopped.audio_ms == (w_judge + 1) * 32
     assert isinstance(ended, TurnEnded) and ended.early_decode == early.decode_id
     assert ended.endpoint_ns == now and ended.voice_end_ns == last * WINDOW_NS
-    assert s.turns.verdicts[Verdict.COMPLETE] == 1
+    assert [a.verdict for a in out if isinstance(a, TurnJudged)] == [Verdict.COMPLETE]
     s.feed(SILENCE, 60)  # no second endpoint for the same utterance
     assert s.of(SpeechStopped) == [] and s.of(TurnEnded) == []
 
@@ -70,7 +70,6 @@ def test_words_that_stop_mid_phrase_hold_the_turn_until_the_speaker_goes_on():
     (_, judge), = s.of(JudgeTurn)
     assert s.turns.early_done(early.decode_id, "I would like to book a table for", 1) == []
     assert incomplete(s.turns.judged(judge.judge_id, 0.97, 2))  # the audio model alone would cut here
-    assert s.turns.verdicts[Verdict.INCOMPLETE] == 1
     s.feed(SILENCE, 20)  # a 0.8 s pause in all: still the same turn
     assert s.of(TurnEnded) == []
     s.feed(VOICE, 15)  # "four people tonight"
@@ -112,7 +111,6 @@ def test_the_audio_model_decides_when_the_words_could_end_there():
     (_, judge), = s.of(JudgeTurn)
     s.turns.early_done(early.decode_id, "Book a table for four people.", 1)
     assert incomplete(s.turns.judged(judge.judge_id, 0.2, 2))
-    assert s.turns.verdicts[Verdict.INCOMPLETE] == 1
 
 
 def test_a_question_mark_in_the_transcript_outweighs_a_hesitant_audio_score():

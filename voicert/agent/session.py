@@ -107,7 +107,6 @@ class Session:
         self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
-        self.backchannels = 0  # utterances over a reply let go as backchannels
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -134,10 +133,8 @@ class Session:
         else:
             probs = self.vad.push(x16)
         if probs.size:
-            actions = self.turns.on_windows(probs, received_ns, now_ns(), self._asr_busy,
-                                            self._replying())
-            for action in actions:
-                await self._act(action)
+            await self._act_all(self.turns.on_windows(probs, received_ns, now_ns(),
+                                                      self._asr_busy, self._replying()))
 
     def _replying(self) -> bool:
         """A reply is in the engine and not yet over (speech now may be a backchannel)."""
@@ -193,9 +190,7 @@ class Session:
         elif isinstance(action, TurnJudged):
             self.svc.metrics.verdicts.labels(action.verdict.value).inc()
         elif isinstance(action, JudgeTurn):
-            task = asyncio.create_task(self._judge(action), name=f"judge-{self.id}")
-            self.judging.add(task)
-            task.add_done_callback(self.judging.discard)
+            self._spawn(self._judge(action), f"judge-{self.id}")
         elif isinstance(action, (ev.TranscriptPartial, ev.SpeechStopped)):
             asyncio.ensure_future(self.emit(action))
 
@@ -210,8 +205,13 @@ class Session:
             except Exception:
                 log.exception("session %s: the turn-completion model failed", self.id)
             self.svc.metrics.judge_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
-        for decided in self.turns.judged(action.judge_id, prob, now_ns()):
-            await self._act(decided)
+        await self._act_all(self.turns.judged(action.judge_id, prob, now_ns()))
+
+    def _spawn(self, coro, name: str) -> None:
+        """A judgement or an overlap screen: cancelled with the session."""
+        task = asyncio.create_task(coro, name=name)
+        self.judging.add(task)
+        task.add_done_callback(self.judging.discard)
 
     def _check_text(self, text: str | None, what: str) -> None:
         """Raises ProtocolError(TEXT_TOO_LONG) for a client text over ``server.max_text_chars``."""
@@ -309,10 +309,8 @@ class Session:
 
     def _barge_in(self) -> None:
         """Speech that interrupts (a BargeIn) stops the reply streaming, if any."""
-        turn = self.turn
-        if (self.vad_cfg.barge_in and turn is not None and turn.task is not None
-                and not turn.task.done() and turn.reply is not None):
-            self._cancel(turn, "interrupted")
+        if self.vad_cfg.barge_in and self._replying():
+            self._cancel(self.turn, "interrupted")
 
     def _start_turn(self, ended: TurnEnded) -> None:
         """An utterance is over: transcribe it (or take the early decode that already did) and
@@ -325,10 +323,8 @@ class Session:
             early = None
         asr = early if early is not None else self.svc.asr.submit(ended.audio, FINAL)
         if ended.overlap:  # the reply may have ended meanwhile: a backchannel still needs no answer
-            task = asyncio.create_task(self._screen(ended, asr, early is not None, bool(warm_id)),
-                                       name=f"screen-{self.id}-{ended.turn_id}")
-            self.judging.add(task)
-            task.add_done_callback(self.judging.discard)
+            self._spawn(self._screen(ended, asr, early is not None, bool(warm_id)),
+                        f"screen-{self.id}-{ended.turn_id}")
             return
         self._answer(ended, asr, early is not None, bool(warm_id))
 
@@ -345,7 +341,6 @@ class Session:
         except Exception:
             transcript = None  # the turn reports the failure
         if transcript is not None and (is_backchannel(transcript.text) or not transcript.text):
-            self.backchannels += 1
             self.svc.metrics.overlaps.labels("backchannel").inc()
             log.debug("session %s: backchannel %r over the reply", self.id, transcript.text)
             return

@@ -104,6 +104,7 @@ class _Early:
     decode_id: int
     last_voiced: int  # endpointer window of the last voiced audio it covers
     utterance_start: int
+    text: str | None = None  # its transcript, once in (the text cue of a semantic judgement)
 
 
 @dataclass(slots=True)
@@ -147,11 +148,9 @@ class TurnTaking:
         self.next_turn_id = 1  # the id the utterance in progress will get
         self._ids = itertools.count(1)
         self._early: _Early | None = None
-        self._early_text: tuple[int, str] | None = None  # (decode id, transcript) once it is in
         self._partials: _Partials | None = None
         self._judgement: _Judgement | None = None
         self._overlap_voiced: int | None = None  # voiced windows of speech over a reply, held
-        self.verdicts: dict[Verdict, int] = {v: 0 for v in Verdict}  # judgements, for telemetry
 
     @property
     def semantic(self) -> bool:
@@ -210,8 +209,7 @@ class TurnTaking:
                 self._judgement = None  # and a judgement of the pause is moot
             elif result.event is None:
                 self._maybe_start_early(out)
-                self._maybe_judge(out, decided_ns)
-                if not self.endpointer.in_speech:
+                if self._maybe_judge(out, decided_ns):
                     continue  # the judgement ended the turn
             if result.event is None:
                 self._maybe_partial(out, asr_busy)
@@ -267,7 +265,7 @@ class TurnTaking:
         a judgement of the same pause; may end the turn."""
         if not self.early_is_current(decode_id):
             return []
-        self._early_text = (decode_id, text or "")
+        self._early.text = text or ""
         st = self._judgement
         if st is None or not st.need_text or st.verdict is not None:
             return []
@@ -326,21 +324,23 @@ class TurnTaking:
         self._early = _Early(next(self._ids), ep.last_voiced, self.utterance_start)
         out.append(StartDecode(self._early.decode_id, DecodeKind.EARLY, audio))
 
-    def _maybe_judge(self, out: list[Action], now_ns: int) -> None:
-        """Semantic detection: at ``turn.pause_ms`` of silence, judge the utterance once."""
+    def _maybe_judge(self, out: list[Action], now_ns: int) -> bool:
+        """Semantic detection: at ``turn.pause_ms`` of silence, judge the utterance once. True
+        when the verdict (already in) ended the turn."""
         ep = self.endpointer
         if (not self.semantic or not ep.in_speech or self._judgement is not None
                 or (ep.window - ep.last_voiced) * WINDOW_MS < self.turn.pause_ms):
-            return
+            return False
         early = self._early
         need_text = self.turn.text_cue and early is not None
         st = self._judgement = _Judgement(next(self._ids), self.turn.model != "none", need_text)
-        if need_text and self._early_text is not None and self._early_text[0] == early.decode_id:
-            st.text = self._early_text[1]  # the early decode finished before the pause
+        if need_text:
+            st.text = early.text  # set when the early decode finished before the pause
         if st.need_audio:
             audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
             out.append(JudgeTurn(st.judge_id, audio))
         out.extend(self._decide(now_ns))
+        return not ep.in_speech  # a complete verdict reset the endpointer
 
     def _decide(self, now_ns: int) -> list[Action]:
         """The verdict, once every cue awaited is in. Complete: the turn ends now."""
@@ -355,7 +355,6 @@ class TurnTaking:
         else:
             complete = st.prob >= self.turn.threshold or text.rstrip().endswith("?")
         st.verdict = Verdict.COMPLETE if complete else Verdict.INCOMPLETE
-        self.verdicts[st.verdict] += 1
         judged = TurnJudged(st.judge_id, st.verdict)
         if not complete:
             return [judged]
@@ -390,7 +389,6 @@ class TurnTaking:
         if self._early is not None:
             out.append(DropDecode(self._early.decode_id, DecodeKind.EARLY))
             self._early = None
-        self._early_text = None
 
     def _drop_partials(self, out: list[Action]) -> None:
         if self._partials is not None and self._partials.in_flight is not None:
@@ -401,7 +399,6 @@ class TurnTaking:
         self._drop_partials(out)
         self._judgement = None
         overlap, self._overlap_voiced = self._overlap_voiced is not None, None
-        self._early_text = None
         early, self._early = self._early, None
         if early is not None and not (early.utterance_start == self.utterance_start
                                       and early.last_voiced == self.endpointer.last_voiced):
