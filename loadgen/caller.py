@@ -13,6 +13,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from voicert.audio.pcm import encode_pcm16
+from voicert.client import send_silence_until
 from voicert.protocol import native as p
 
 FRAME_MS = 20
@@ -150,18 +151,8 @@ class Caller:
                 delay = t0 + (i // n + 1) * FRAME_MS / 1000 - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
-            # then silence until the reply is done, as a live line would go on sending: a server
-            # that judged the pause incomplete ends the turn after its maximum silence of audio
-            silence = encode_pcm16(np.zeros(n, np.float32))
-            i = audio.size // n + 1
-            deadline = time.perf_counter() + self.turn_timeout_s
-            while not reader.done():
-                if time.perf_counter() > deadline:
-                    raise asyncio.TimeoutError
-                await ws.send(p.encode(p.Audio(silence)))
-                i += 1
-                await asyncio.wait({reader}, timeout=max(0.0, t0 + i * FRAME_MS / 1000
-                                                         - time.perf_counter()))
+            # then silence until the reply is done, as a live line would go on sending
+            await asyncio.wait_for(send_silence_until(ws, reader, rate), self.turn_timeout_s)
             reader.result()
         except asyncio.TimeoutError:
             stats.timeouts += 1

@@ -113,9 +113,13 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                         delay = t0 + (i + 1) * FRAME_MS / 1000 - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
-                waiting = (_silence_until(ws, turn_done, rate, binary) if until_answered
-                           else turn_done.wait())
-                await asyncio.wait_for(waiting, turn_timeout_s)
+                answered = asyncio.ensure_future(turn_done.wait())
+                try:
+                    waiting = (send_silence_until(ws, answered, rate, binary) if until_answered
+                               else answered)
+                    await asyncio.wait_for(waiting, turn_timeout_s)
+                finally:
+                    answered.cancel()
             await ws.send(p.encode(p.SessionEnd(), binary))
             await asyncio.wait_for(read_task, 30)
         finally:
@@ -123,21 +127,18 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
     return result
 
 
-async def _silence_until(ws, done: asyncio.Event, rate: int, binary: bool) -> None:
-    """Go on sending silence at real-time pace until ``done``, as a live microphone would: a
-    server that judged the pause incomplete (turn.detector semantic) ends the turn only after its
-    maximum silence, which it counts in audio received."""
+async def send_silence_until(ws, done: asyncio.Future, rate: int, binary: bool = True) -> None:
+    """Go on sending silence at real-time pace until ``done`` (a future or task), as a live
+    microphone or phone line would: a server that judged the pause incomplete (turn.detector
+    semantic) ends the turn only after its maximum silence, which it counts in audio received."""
     frame = frames_for(np.zeros(rate * FRAME_MS // 1000, np.float32), rate)[0]
     t0 = time.perf_counter()
     i = 0
-    while not done.is_set():
+    while not done.done():
         await ws.send(p.encode(p.Audio(frame), binary))
         i += 1
-        try:
-            await asyncio.wait_for(done.wait(), max(0.0, t0 + i * FRAME_MS / 1000
-                                                    - time.perf_counter()))
-        except asyncio.TimeoutError:
-            pass
+        await asyncio.wait({done}, timeout=max(0.0, t0 + i * FRAME_MS / 1000
+                                               - time.perf_counter()))
 
 
 def load_for_streaming(path: str) -> tuple[np.ndarray, int]:

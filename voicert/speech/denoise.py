@@ -10,12 +10,12 @@ RNNoise takes 10 ms frames of 48 kHz int16-scaled floats. :class:`Denoiser` is o
 from __future__ import annotations
 
 import ctypes
-import importlib.metadata
 from pathlib import Path
 
 import numpy as np
 
 from voicert.config import ConfigError
+from voicert.packaged import wheel_file
 
 RATE = 48000
 FRAME = 480  # RNNoise's frame: 10 ms at 48 kHz
@@ -24,14 +24,8 @@ FRAME = 480  # RNNoise's frame: 10 ms at 48 kHz
 def library_path() -> Path:
     """``librnnoise.so`` inside the installed ``pyrnnoise`` wheel. Raises ConfigError."""
     hint = "asr.denoise=rnnoise needs the pyrnnoise wheel: pip install --no-deps pyrnnoise"
-    try:
-        dist = importlib.metadata.distribution("pyrnnoise")
-    except importlib.metadata.PackageNotFoundError:
-        raise ConfigError(hint) from None
-    libs = [f for f in dist.files or () if f.name.startswith("librnnoise.")]
-    if not libs:
-        raise ConfigError(f"{hint} (the installed pyrnnoise has no library for this platform)")
-    return Path(str(dist.locate_file(libs[0])))
+    return wheel_file("pyrnnoise", lambda name: name.startswith("librnnoise."), hint,
+                      "has no library for this platform")
 
 
 class RnNoise:

@@ -13,7 +13,6 @@ client a session awaits: each judgement runs on the judge's own threads, never o
 from __future__ import annotations
 
 import asyncio
-import importlib.metadata
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
@@ -21,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from voicert.config import ConfigError
+from voicert.packaged import wheel_file
 
 SAMPLE_RATE = 16000
 WINDOW_S = 8
@@ -38,14 +38,10 @@ def model_path() -> Path:
     hint = ("turn.model=smart_turn needs the smart-turn model from the pipecat-ai wheel: "
             "pip install --no-deps pipecat-ai  (or set turn.model=none, or turn.detector=silence)")
     try:
-        dist = importlib.metadata.distribution(_DIST)
-    except importlib.metadata.PackageNotFoundError:
-        raise SmartTurnMissing(hint) from None
-    found = sorted(str(f) for f in dist.files or ()
-                   if f.name.startswith("smart-turn-v3") and f.name.endswith(".onnx"))
-    if not found:
-        raise SmartTurnMissing(f"{hint} (the installed pipecat-ai has no smart-turn v3 model)")
-    return Path(str(dist.locate_file(found[-1])))
+        return wheel_file(_DIST, lambda name: name.startswith("smart-turn-v3")
+                          and name.endswith(".onnx"), hint, "has no smart-turn v3 model")
+    except ConfigError as exc:
+        raise SmartTurnMissing(str(exc)) from None
 
 
 def mel_extractor():
