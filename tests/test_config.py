@@ -32,6 +32,13 @@ def test_env_names_map_to_dotted_keys():
     ({"llm.device": "tpu"}, "llm.device"),
     ({"llm.prefill_graph_rows": "0"}, "llm.prefill_graph_rows"),
     ({"server.gc_freeze": "maybe"}, "server.gc_freeze"),
+    ({"turn.detector": "vibes"}, "turn.detector"),
+    ({"turn.pause_ms": "1700", "turn.max_silence_ms": "1600"}, "turn.max_silence_ms"),
+    ({"turn.model": "none", "turn.text_cue": "false"}, "turn.model"),
+    ({"turn.model": "none", "turn.model_path": "/x.onnx"}, "turn.model_path"),
+    ({"turn.interrupt_ms": "10"}, "turn.interrupt_ms"),
+    ({"asr.denoise": "magic"}, "asr.denoise"),
+    ({"asr.min_window_s": "0.5"}, "asr.min_window_s"),
     ({"port": "1"}, "section.key"),
 ])
 def test_bad_values_name_the_key(overrides, message):

@@ -140,6 +140,8 @@ class TurnConfig:
         _check(self.model in ("smart_turn", "none"), "turn.model", "must be smart_turn or none")
         _check(self.model != "none" or self.text_cue or self.detector == "silence", "turn.model",
                "semantic turn detection needs the audio model or turn.text_cue")
+        _check(not self.model_path or self.model == "smart_turn", "turn.model_path",
+               "is a smart-turn model: set turn.model=smart_turn, or leave it empty")
         _check(64 <= self.pause_ms <= 2000, "turn.pause_ms", "must be in [64, 2000]")
         _check(self.pause_ms < self.max_silence_ms <= 10000, "turn.max_silence_ms",
                "must be above turn.pause_ms and at most 10000")

@@ -56,3 +56,15 @@ def test_a_missing_wheel_is_a_config_error_naming_the_key(monkeypatch):
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
     with pytest.raises(ConfigError, match=r"turn\.model=smart_turn.*pip install --no-deps pipecat-ai"):
         smart_turn.model_path()
+
+
+def test_a_model_path_that_is_not_a_file_is_a_config_error_naming_the_key(tmp_path):
+    import dataclasses
+
+    from voicert.config import Config, TurnConfig
+    from voicert.server.app import load_turn_judge
+
+    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="semantic",
+                                                        model_path=str(tmp_path / "nope.onnx")))
+    with pytest.raises(ConfigError, match=r"turn\.model_path: .*nope\.onnx is not a file"):
+        load_turn_judge(cfg)
