@@ -287,6 +287,35 @@ class LogConfig:
 
 
 @dataclass(slots=True)
+class ToolsConfig:
+    """Function calling. ``functions``: Python callables the server itself runs when the model
+    calls them (``module:function``; their JSON schema comes from the type hints, their
+    description from the docstring). Sessions may declare more tools, which their client runs."""
+
+    functions: list[str] = field(default_factory=list)
+    choice: str = "auto"  # the default tool_choice: auto | none | required
+    parallel: bool = True  # the model may make several calls in one reply
+    timeout_s: float = 10.0  # a server-side call that runs longer fails with a timeout
+    max_rounds: int = 4  # model -> tools -> model rounds in one reply
+    filler: str = "One moment."  # said when the tools have not answered after filler_after_ms
+    filler_after_ms: int = 800
+
+    def __post_init__(self) -> None:
+        for ref in self.functions:
+            mod, _, fn = ref.partition(":")
+            _check(bool(mod) and fn.isidentifier() and all(
+                part.isidentifier() for part in mod.split(".")), "tools.functions",
+                f"{ref!r:.80} is not module:function")
+        _check(self.choice in ("auto", "none", "required"), "tools.choice",
+               "must be auto, none or required")
+        _check(0 < self.timeout_s <= 600, "tools.timeout_s", "must be in (0, 600]")
+        _check(1 <= self.max_rounds <= 16, "tools.max_rounds", "must be in [1, 16]")
+        _check(len(self.filler) <= 200, "tools.filler", "must be at most 200 characters")
+        _check(0 <= self.filler_after_ms <= 60000, "tools.filler_after_ms",
+               "must be in [0, 60000]")
+
+
+@dataclass(slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     models: ModelsConfig = field(default_factory=ModelsConfig)
@@ -295,6 +324,7 @@ class Config:
     asr: AsrConfig = field(default_factory=AsrConfig)
     llm: LlmConfig = field(default_factory=LlmConfig)
     tts: TtsConfig = field(default_factory=TtsConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
@@ -318,6 +348,14 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     elif typ is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
+    elif typ == list[str]:
+        if isinstance(value, str):  # a flag or an environment variable: comma-separated
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if value is None:
+            return []
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            return list(value)
+        raise ConfigError(f"config {key}: expected a list of strings, got {value!r}")
     raise ConfigError(f"config {key}: expected {typ.__name__}, got {value!r}")
 
 

@@ -220,10 +220,10 @@ async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monke
     # a chat template that raises on the engine thread fails that request, not the engine
     real = plain.core.prompts.build
 
-    def build(messages, budget):
+    def build(messages, budget, tools=None):
         if any("explode" in m.content for m in messages):
             raise ValueError("template exploded")
-        return real(messages, budget)
+        return real(messages, budget, tools)
 
     monkeypatch.setattr(plain.core.prompts, "build", build)
     boom = GenerationRequest("boom", [SYSTEM, ChatMessage("user", "explode")], 8)

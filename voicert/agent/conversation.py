@@ -16,12 +16,20 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from voicert.engine.base import ChatMessage
+from voicert.engine.tools import ToolCall
 
 
 class Role(enum.StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"  # a function call's output
+
+
+class ItemKind(enum.StrEnum):
+    MESSAGE = "message"
+    FUNCTION_CALL = "function_call"  # the assistant called a tool (text: its arguments' JSON)
+    FUNCTION_CALL_OUTPUT = "function_call_output"  # what the call returned (text: the output)
 
 
 class TextTooLong(ValueError):
@@ -37,9 +45,16 @@ class Item:
     item_id: str
     role: Role
     text: str
+    kind: ItemKind = ItemKind.MESSAGE
+    call_id: str = ""  # function_call and function_call_output: the call
+    name: str = ""  # function_call: the tool
 
     def message(self) -> ChatMessage:
         return ChatMessage(self.role.value, self.text)
+
+    @property
+    def call(self) -> ToolCall:
+        return ToolCall(self.call_id, self.name, self.text)
 
 
 class Conversation:
@@ -54,6 +69,11 @@ class Conversation:
         self._prefix = id_prefix
         self.dropped = 0  # items dropped off the old end so far
 
+    def new_id(self) -> str:
+        """An item id no item of this conversation has (for an item announced before it is
+        added, such as a tool call while it is decoded)."""
+        return f"{self._prefix}_{next(self._ids)}"
+
     def check_text(self, text: str) -> None:
         """Raises TextTooLong if ``text`` could not be added."""
         if len(text) > self.max_text_chars:
@@ -63,9 +83,26 @@ class Conversation:
         """Append an item (an id is made if none is given). Raises TextTooLong; may drop the
         oldest items to stay within bounds."""
         self.check_text(text)
-        item = Item(item_id or f"{self._prefix}_{next(self._ids)}", Role(role), text)
+        return self._append(Item(item_id or self.new_id(), Role(role), text))
+
+    def add_call(self, call: ToolCall, item_id: str | None = None) -> Item:
+        """The assistant's call of a tool joins the conversation. Raises TextTooLong."""
+        self.check_text(call.arguments)
+        return self._append(Item(item_id or self.new_id(), Role.ASSISTANT,
+                                 call.arguments, ItemKind.FUNCTION_CALL, call.call_id, call.name))
+
+    def add_output(self, call_id: str, output: str, item_id: str | None = None) -> Item:
+        """A call's output joins the conversation. Raises TextTooLong, or KeyError when no call
+        with ``call_id`` is in it."""
+        self.check_text(output)
+        if not any(i.kind is ItemKind.FUNCTION_CALL and i.call_id == call_id for i in self._items):
+            raise KeyError(call_id)
+        return self._append(Item(item_id or self.new_id(), Role.TOOL,
+                                 output, ItemKind.FUNCTION_CALL_OUTPUT, call_id))
+
+    def _append(self, item: Item) -> Item:
         self._items.append(item)
-        self._chars += len(text)
+        self._chars += len(item.text)
         while len(self._items) > 1 and (len(self._items) > self.max_items
                                         or self._chars > self.max_chars):
             self._chars -= len(self._items.popleft().text)
@@ -82,9 +119,9 @@ class Conversation:
         for i, item in enumerate(self._items):
             if item.item_id != item_id:
                 continue
-            if item.role is not Role.ASSISTANT:
-                raise ValueError(f"item {item_id!r} is a {item.role.value} item; only assistant "
-                                 "items are truncated")
+            if item.role is not Role.ASSISTANT or item.kind is not ItemKind.MESSAGE:
+                raise ValueError(f"item {item_id!r} is a {item.role.value} {item.kind.value} item;"
+                                 " only assistant messages are truncated")
             if chars < 0:
                 raise ValueError("chars must be >= 0")
             cut = Item(item.item_id, item.role, item.text[:chars])
@@ -103,7 +140,28 @@ class Conversation:
         return item
 
     def messages(self) -> list[ChatMessage]:
-        return [item.message() for item in self._items]
+        """The conversation as the engine takes it: an assistant message and the calls right
+        after it are one message (calls alone: one with no text); each output is a tool
+        message."""
+        out: list[ChatMessage] = []
+        for item in self._items:
+            if item.kind is ItemKind.FUNCTION_CALL:
+                last = out[-1] if out else None
+                if last is not None and last.role == "assistant":
+                    out[-1] = ChatMessage("assistant", last.content, (*last.tool_calls, item.call))
+                else:
+                    out.append(ChatMessage("assistant", "", (item.call,)))
+            elif item.kind is ItemKind.FUNCTION_CALL_OUTPUT:
+                out.append(ChatMessage("tool", item.text, tool_call_id=item.call_id))
+            else:
+                out.append(item.message())
+        return out
+
+    def pending_calls(self) -> list[Item]:
+        """Function calls with no output yet, oldest first."""
+        answered = {i.call_id for i in self._items if i.kind is ItemKind.FUNCTION_CALL_OUTPUT}
+        return [i for i in self._items
+                if i.kind is ItemKind.FUNCTION_CALL and i.call_id not in answered]
 
     def __len__(self) -> int:
         return len(self._items)

@@ -4,17 +4,23 @@ The session builds the request and decides what happens to the outcome (history,
 closing events); a :class:`Reply` only streams: it submits the request, marks the latency points of
 its first token, emits a :class:`~voicert.core.events.ReplyToken` per token, feeds the speech, and
 ends with a :class:`ReplyOutcome`. It can be tested alone with a fake engine and a fake emit.
+
+When the request offers tools, the text goes through a :class:`~voicert.agent.tool_calls.CallParser`:
+what is said is emitted and spoken as before; a call's text never is: it becomes ``ToolCall*``
+events (the session gives each call its id and item) and the outcome's ``calls``.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
+from voicert.agent import tool_calls as tc
 from voicert.agent.speech_out import SpeechOut
 from voicert.core import events as ev
 from voicert.engine.base import Engine, FinishReason, GenerationRequest
+from voicert.engine.tools import ToolCall
 from voicert.protocol import native as p
 from voicert.telemetry.latency import Point, TurnTrace
 
@@ -27,6 +33,17 @@ class ReplyOutcome:
     tokens: int  # tokens sent
     prompt_tokens: int
     reason: str  # stop | length | error | the reason given to cancel (interrupted, cancelled...)
+    calls: tuple[ToolCall, ...] = ()  # complete tool calls, in order (duplicates dropped)
+    broken_calls: int = 0  # calls the reply ended inside of, or that did not parse
+    call_items: dict[str, str] = field(default_factory=dict)  # call id -> its announced item id
+
+
+class CallIds:
+    """How a reply names its calls and their items (the session's counters)."""
+
+    def call_id(self) -> str: ...
+
+    def item_id(self) -> str: ...
 
 
 class Reply:
@@ -37,7 +54,9 @@ class Reply:
     audio has been sent."""
 
     def __init__(self, engine: Engine, request: GenerationRequest, turn_id: int,
-                 trace: TurnTrace, emit: Emit, speech: SpeechOut | None = None) -> None:
+                 trace: TurnTrace, emit: Emit, speech: SpeechOut | None = None,
+                 ids: CallIds | None = None, server_tools: frozenset[str] = frozenset(),
+                 announce: bool = True) -> None:
         self.engine = engine
         self.request = request
         self.turn_id = turn_id
@@ -50,6 +69,14 @@ class Reply:
         self._tokens = 0
         self._prompt_tokens = 0
         self.outcome: ReplyOutcome | None = None  # set when run() ends, however it ends
+        self.parser = tc.CallParser() if request.tools else None
+        self.ids = ids
+        self.server_tools = server_tools  # names of the tools the server runs itself
+        self.announce = announce  # emit ReplyStarted (False: a later round of the same reply)
+        self._open: dict[int, tuple[str, str]] = {}  # call index -> (call id, item id)
+        self._calls: list[ToolCall] = []
+        self._broken = 0
+        self._held: dict[int, list[tc.Piece]] = {}  # call index -> its pieces, while it repeats
 
     @property
     def request_id(self) -> str:
@@ -67,10 +94,13 @@ class Reply:
     async def run(self) -> ReplyOutcome:
         stream = self.engine.submit(self.request)
         self.trace.mark(Point.SUBMIT, self.request.submit_ns)
-        await self.emit(ev.ReplyStarted(self.turn_id, self.speech is not None))
+        if self.announce:
+            await self.emit(ev.ReplyStarted(self.turn_id, self.speech is not None))
         reason = FinishReason.ERROR.value
         try:
             reason = await self._stream(stream)
+            if self.parser is not None and not self.cancel_requested:
+                await self._pieces(self.parser.close(), -1)
             if self.speech is not None and not self.cancel_requested:
                 self.speech.finish()
                 await self.speech.wait()  # the reply ends when its last audio is sent
@@ -85,7 +115,8 @@ class Reply:
                 self.speech.cancel()
             self.trace.mark(Point.DONE)
             self.outcome = ReplyOutcome("".join(self._parts).strip(), self._tokens,
-                                        self._prompt_tokens, reason)
+                                        self._prompt_tokens, reason, tuple(self._calls),
+                                        self._broken, dict(self._open.values()))
         return self.outcome
 
     async def _stream(self, stream) -> str:
@@ -104,10 +135,65 @@ class Reply:
                 self.trace.mark(Point.PREFILL_START, tok.prefill_start_ns)
                 self.trace.mark(Point.FIRST_TOKEN_SAMPLED, tok.sampled_ns)
                 self.trace.mark(Point.FIRST_TOKEN_RECEIVED)
-            self._parts.append(tok.text)
             self._tokens += 1
-            await self.emit(ev.ReplyToken(self.turn_id, tok.index, tok.text))
-            self.trace.mark(Point.FIRST_TOKEN_SENT)
-            if self.speech is not None:
-                self.speech.feed(tok.text)
+            if self.parser is not None:
+                await self._pieces(self.parser.feed(tok.text), tok.index)
+            else:
+                await self._say(tok.text, tok.index)
         return FinishReason.ERROR.value  # a stream that ended without its final event
+
+    async def _say(self, text: str, index: int) -> None:
+        self._parts.append(text)
+        await self.emit(ev.ReplyToken(self.turn_id, index, text))
+        self.trace.mark(Point.FIRST_TOKEN_SENT)
+        if self.speech is not None:
+            self.speech.feed(text)
+
+    async def _pieces(self, pieces: list[tc.Piece], index: int) -> None:
+        """Emit what the parser made of a token's text (index -1: the end of the reply). A call
+        that so far repeats an earlier one of this reply (name and arguments) is held back; if it
+        ends as an exact repeat (small models loop), it is dropped unseen."""
+        for piece in pieces:
+            if isinstance(piece, tc.Said):
+                await self._say(piece.text, max(index, 0))
+                continue
+            if isinstance(piece, tc.CallBroken):
+                self._held.pop(piece.index, None)
+                self._broken += 1
+                continue
+            if isinstance(piece, tc.CallOpened) and any(c.name == piece.name for c in self._calls):
+                self._held[piece.index] = []
+            held = self._held.get(piece.index)
+            if held is None:
+                await self._piece(piece)
+                continue
+            held.append(piece)
+            name = held[0].name
+            args = "".join(p.delta for p in held if isinstance(p, tc.CallArgs))
+            if isinstance(piece, tc.CallClosed) and any(
+                    c.name == name and c.arguments == args for c in self._calls):
+                del self._held[piece.index]  # an exact repeat
+            elif not any(c.name == name and c.arguments.startswith(args) for c in self._calls):
+                del self._held[piece.index]  # it differs: a call of its own
+                for p in held:
+                    await self._piece(p)
+
+    async def _piece(self, piece: tc.Piece) -> None:
+        if isinstance(piece, tc.CallOpened):
+            ids = (self.ids.call_id(), self.ids.item_id()) if self.ids else (
+                f"call_{self.request_id}_{piece.index}", "")
+            self._open[piece.index] = ids
+            await self.emit(ev.ToolCallStarted(self.turn_id, ids[0], piece.name, ids[1]))
+            self.trace.mark(Point.FIRST_TOKEN_SENT)
+        elif isinstance(piece, tc.CallArgs):
+            await self.emit(ev.ToolCallArguments(self.turn_id, self._open[piece.index][0],
+                                                 piece.delta))
+        elif isinstance(piece, tc.CallClosed):
+            await self._closed(piece)
+
+    async def _closed(self, piece: tc.CallClosed) -> None:
+        call_id, item_id = self._open[piece.index]
+        self._calls.append(ToolCall(call_id, piece.name, piece.arguments))
+        self.trace.mark(Point.TOOL_CALL)
+        await self.emit(ev.ToolCallDone(self.turn_id, call_id, piece.name, piece.arguments,
+                                        item_id, piece.name in self.server_tools))

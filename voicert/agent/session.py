@@ -11,12 +11,14 @@ import asyncio
 import itertools
 import logging
 import time
+import uuid
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable
 
 from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
 from voicert.agent.reply import Reply, ReplyOutcome
+from voicert.agent.toolbox import Toolbox
 from voicert.agent.speech_out import AudioOut, SpeechOut
 from voicert.core import events as ev
 from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, StartDecode,
@@ -24,6 +26,7 @@ from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, S
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config, TurnConfig, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
+from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.denoise import RnNoise
@@ -56,6 +59,7 @@ class Services:
     gc_watch: GcWatch | None = None  # times this process's garbage collections (for /metrics)
     turn_judge: Judge | None = None  # turn.detector semantic with an audio model: it scores pauses
     denoise: RnNoise | None = None  # asr.denoise rnnoise: each session's input goes through it
+    toolbox: Toolbox | None = None  # tools.functions: the tools the server runs itself
 
 
 async def _drain(stream) -> None:
@@ -75,6 +79,44 @@ class Turn:
     cancel_reason: str = "cancelled"
     system_prompt: str | None = None  # this reply's own instructions (else the session's)
     speak: bool | None = None  # speak this reply (None: if the session has output audio)
+    tool_choice: ToolChoice | None = None  # this reply's own (else the session's)
+    audio_seq: int = 0  # the next ReplyAudio chunk's number (one count over all its rounds)
+
+
+@dataclass(slots=True)
+class ReplyTally:
+    """A reply over several rounds (model, tools, model...), as its one ReplyDone reports it."""
+
+    texts: list[str] = field(default_factory=list)
+    tokens: int = 0
+    prompt_tokens: int = 0
+    item_id: str = ""  # the last assistant message item
+    waiting: tuple[str, ...] = ()  # calls left for the client to answer
+
+    def add(self, out: ReplyOutcome, item: Item | None) -> None:
+        if out.text:
+            self.texts.append(out.text)
+        self.tokens += out.tokens
+        self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
+        if item is not None:
+            self.item_id = item.item_id
+
+    @property
+    def text(self) -> str:
+        return " ".join(self.texts)
+
+
+class _Ids:
+    """Call and item ids for a reply's tool calls (see agent/reply.py CallIds)."""
+
+    def __init__(self, history: Conversation) -> None:
+        self.history = history
+
+    def call_id(self) -> str:
+        return f"call_{uuid.uuid4().hex[:24]}"
+
+    def item_id(self) -> str:
+        return self.history.new_id()
 
 
 class Session:
@@ -107,6 +149,9 @@ class Session:
         self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
+        self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
+        self.tool_choice = ToolChoice(ToolChoiceMode(self.cfg.tools.choice))
+        self.set_tools(start.tools, start.tool_choice)
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -246,6 +291,44 @@ class Session:
         """Remove an item from the conversation. Raises KeyError for an unknown one."""
         return self.history.delete(item_id)
 
+    def set_tools(self, tools: tuple[ToolSpec, ...] | None, choice: ToolChoice | None) -> None:
+        """The tools the client declares (None: unchanged) and the session's tool_choice (None:
+        unchanged). Raises ProtocolError(INVALID) for a tool named like a server-side tool, or a
+        named choice that is no tool."""
+        tools = self.tools if tools is None else tuple(tools)
+        server = self.svc.toolbox.names if self.svc.toolbox is not None else frozenset()
+        clash = sorted({t.name for t in tools} & server)
+        if clash:
+            raise p.ProtocolError(p.ErrorCode.INVALID, f"tool {clash[0]!r} is a server-side tool;"
+                                  " declare another name")
+        choice = self.tool_choice if choice is None else choice
+        names = server | {t.name for t in tools}
+        if choice.name and choice.name not in names:
+            raise p.ProtocolError(p.ErrorCode.INVALID, f"tool_choice names {choice.name!r}, "
+                                  "which is not among the tools")
+        self.tools, self.tool_choice = tools, choice
+
+    def waiting_calls(self) -> list[Item]:
+        """The client's calls that have no output yet."""
+        server = self.svc.toolbox.names if self.svc.toolbox is not None else frozenset()
+        return [i for i in self.history.pending_calls() if i.name not in server]
+
+    def set_system_prompt(self, text: str) -> None:
+        """Raises ProtocolError(TEXT_TOO_LONG)."""
+        self._check_text(text, "system_prompt")
+        self.system_prompt = text or self.cfg.llm.system_prompt
+
+    def offered_tools(self) -> tuple[ToolSpec, ...]:
+        """Every tool a reply may call: the server's, then the client's."""
+        server = self.svc.toolbox.specs if self.svc.toolbox is not None else ()
+        return (*server, *self.tools)
+
+    def add_tool_output(self, call_id: str, output: str, item_id: str | None = None) -> Item:
+        """A call's output (from the client) joins the conversation. Raises
+        ProtocolError(TEXT_TOO_LONG), or KeyError when no call has ``call_id``."""
+        self._check_text(output, "tool output")
+        return self.history.add_output(call_id, output, item_id)
+
     def reconfigure(self, start: p.SessionStart, auto_respond: bool, vad: VadConfig,
                     turn: TurnConfig | None = None) -> None:
         """Change the session's settings mid-conversation (the Realtime API's session.update).
@@ -261,7 +344,7 @@ class Session:
         self.max_new_tokens = start.max_new_tokens or self.cfg.llm.max_new_tokens
 
     def respond(self, max_new_tokens: int | None = None, instructions: str | None = None,
-                speak: bool | None = None) -> int:
+                speak: bool | None = None, tool_choice: ToolChoice | None = None) -> int:
         """Reply to the conversation as it stands (no audio turn); returns the turn id. A reply
         still streaming is interrupted first. ``ttft_ms`` runs from this call.
         ``instructions`` replace the system prompt for this reply only; ``speak`` overrides whether
@@ -273,7 +356,8 @@ class Session:
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
-        turn = Turn(trace.turn_id, trace, system_prompt=instructions, speak=speak)
+        turn = Turn(trace.turn_id, trace, system_prompt=instructions, speak=speak,
+                    tool_choice=tool_choice)
         turn.task = asyncio.create_task(self._run_response(turn, previous, max_new_tokens),
                                         name=f"response-{self.id}-{turn.turn_id}")
         self.turn = turn
@@ -428,37 +512,115 @@ class Session:
         if fmt is None or worker is None or turn.speak is False:
             return None
 
-        async def send(chunk: AudioOut) -> None:
-            await self.emit(ev.ReplyAudio(turn.turn_id, chunk.seq, chunk.audio, chunk.text))
+        async def send(chunk: AudioOut) -> None:  # numbered across the reply's rounds
+            seq, turn.audio_seq = turn.audio_seq, turn.audio_seq + 1
+            await self.emit(ev.ReplyAudio(turn.turn_id, seq, chunk.audio, chunk.text))
 
         return SpeechOut(worker, fmt, send, turn.trace, self.cfg.tts.first_clause_chars)
 
-    async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
-        """Generate (and, when asked for, speak) the reply to the conversation in ``history``;
-        what was sent joins the history, the turn's latency is recorded and announced."""
+    def _request(self, turn: Turn, max_new_tokens: int | None, round_: int) -> GenerationRequest:
+        """The engine request for one round of a reply. The first round uses the turn's (else the
+        session's) tool_choice; later rounds, after tool outputs, let the model choose (``auto``:
+        a forced choice would call again forever), and the last allowed round offers no tool."""
         messages = [ChatMessage("system", turn.system_prompt or self.system_prompt),
                     *self.history.messages()]
-        request = GenerationRequest(f"{self.id}-{next(_request_ids)}", messages,
-                                    max_new_tokens or self.max_new_tokens, self.id)
-        reply = turn.reply = Reply(self.svc.engine, request, turn.turn_id, turn.trace, self.emit,
-                                   self._speech_out(turn))
-        try:
-            await reply.run()
-        finally:
-            if reply.outcome is not None:
-                await self._reply_done(turn, reply.outcome)
+        tools = self.offered_tools()
+        choice = (turn.tool_choice or self.tool_choice) if round_ == 0 else ToolChoice()
+        if round_ >= self.cfg.tools.max_rounds or choice.mode is ToolChoiceMode.NONE:
+            tools, choice = (), ToolChoice()
+        return GenerationRequest(f"{self.id}-{next(_request_ids)}", messages,
+                                 max_new_tokens or self.max_new_tokens, self.id, tools=tools,
+                                 tool_choice=choice, parallel_tool_calls=self.cfg.tools.parallel)
 
-    async def _reply_done(self, turn: Turn, out: ReplyOutcome) -> None:
+    async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
+        """Generate (and, when asked for, speak) the reply to the conversation in ``history``;
+        what was sent joins the history, the turn's latency is recorded and announced. A reply
+        that calls server-side tools runs them and goes on with their outputs (up to
+        ``tools.max_rounds`` rounds); one that calls a client's tool ends, and the client sends
+        the output and asks for the rest."""
+        tally = ReplyTally()
+        server = self.svc.toolbox.names if self.svc.toolbox is not None else frozenset()
+        out: ReplyOutcome | None = None
+        try:
+            for round_ in range(self.cfg.tools.max_rounds + 1):
+                request = self._request(turn, max_new_tokens, round_)
+                reply = turn.reply = Reply(self.svc.engine, request, turn.turn_id, turn.trace,
+                                           self.emit, self._speech_out(turn), _Ids(self.history),
+                                           server, announce=round_ == 0)
+                try:
+                    await reply.run()
+                finally:
+                    out = reply.outcome
+                    if out is not None:
+                        tally.add(out, self._keep(out))
+                if out.broken_calls:
+                    await self.emit(ev.SessionError(p.ErrorCode.INVALID.value,
+                                                    f"{out.broken_calls} tool call(s) cut off "
+                                                    f"({out.reason}); not made", fatal=False))
+                if not out.calls or out.reason != "stop" or turn.cancel_requested:
+                    break
+                if any(c.name not in server for c in out.calls):
+                    tally.waiting = tuple(c.call_id for c in out.calls if c.name not in server)
+                    await self._run_tools(turn, [c for c in out.calls if c.name in server], tally)
+                    break
+                await self._run_tools(turn, list(out.calls), tally)
+                if turn.cancel_requested:
+                    break
+        finally:
+            if out is not None:
+                await self._reply_done(turn, out, tally)
+
+    def _keep(self, out: ReplyOutcome) -> Item | None:
+        """What a round sent joins the history: its text, then its calls. The text item, if any."""
         item = (self.history.add(Role.ASSISTANT, out.text[:self.history.max_text_chars])
                 if out.text else None)
-        record = TurnRecord.from_trace(turn.trace, self.id, out.reason, out.tokens,
+        for call in out.calls:
+            self.history.add_call(call, out.call_items.get(call.call_id))
+        return item
+
+    async def _run_tools(self, turn: Turn, calls: list, tally: ReplyTally) -> None:
+        """Run the server-side calls at once, each with the toolbox's timeout; their outputs join
+        the history and are announced. If they take longer than ``tools.filler_after_ms``, the
+        filler is said (once) meanwhile."""
+        if not calls:
+            return
+        runs = [asyncio.ensure_future(self.svc.toolbox.run(c)) for c in calls]
+        try:
+            done, _ = await asyncio.wait(runs, timeout=self.cfg.tools.filler_after_ms / 1000)
+            if len(done) < len(runs) and self.cfg.tools.filler:
+                await self._say_filler(turn, tally)
+            outcomes = await asyncio.gather(*runs)
+        finally:
+            for run in runs:
+                run.cancel()
+        for call, result in zip(calls, outcomes):
+            item = self.history.add_output(call.call_id, result.output[:self.history.max_text_chars])
+            self.svc.metrics.tool_calls.labels("error" if result.error else "ok").inc()
+            self.svc.metrics.tool_seconds.observe(result.seconds)
+            await self.emit(ev.ToolResult(turn.turn_id, call.call_id, result.output,
+                                          item.item_id, result.error))
+
+    async def _say_filler(self, turn: Turn, tally: ReplyTally) -> None:
+        """The filler while tools run: sent as text, and spoken when the reply is."""
+        text = self.cfg.tools.filler
+        await self.emit(ev.ReplyToken(turn.turn_id, -1, text))
+        tally.texts.append(text)
+        speech = self._speech_out(turn)
+        if speech is not None:
+            speech.feed(text)
+            speech.finish()
+            await speech.wait()
+
+    async def _reply_done(self, turn: Turn, out: ReplyOutcome, tally: ReplyTally) -> None:
+        record = TurnRecord.from_trace(turn.trace, self.id, out.reason, tally.tokens,
                                        self.cfg.telemetry.budget_ms)
         self.svc.metrics.observe_turn(record)
         stages = record.stages
         log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, out.reason,
-                 out.tokens, out.prompt_tokens, " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
-        await self.emit(ev.ReplyDone(turn.turn_id, out.text, out.tokens, out.prompt_tokens,
-                                     ev.ReplyEnd(out.reason), item.item_id if item else ""))
+                 tally.tokens, tally.prompt_tokens,
+                 " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
+        await self.emit(ev.ReplyDone(turn.turn_id, tally.text, tally.tokens, tally.prompt_tokens,
+                                     ev.ReplyEnd(out.reason), tally.item_id, tally.waiting))
         await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr, turn.early_prefill))
 
     def idle(self) -> bool:

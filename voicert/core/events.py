@@ -77,6 +77,46 @@ class ReplyAudio:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """The reply calls a tool: its name is decoded, its arguments follow."""
+
+    turn_id: int
+    call_id: str
+    name: str
+    item_id: str  # the function_call item it becomes
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallArguments:
+    turn_id: int
+    call_id: str
+    delta: str  # more of the arguments' JSON text
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDone:
+    """A call's arguments are complete (schema-valid when the engine decoded them guided)."""
+
+    turn_id: int
+    call_id: str
+    name: str
+    arguments: str  # JSON text of an object
+    item_id: str
+    runs_on_server: bool  # a configured tool the server runs; else the client answers it
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """A server-side tool's output joined the conversation (the reply goes on after it)."""
+
+    turn_id: int
+    call_id: str
+    output: str
+    item_id: str
+    error: bool = False  # the tool failed or timed out (``output`` says how)
+
+
+@dataclass(frozen=True, slots=True)
 class ReplyDone:
     turn_id: int
     text: str
@@ -84,6 +124,7 @@ class ReplyDone:
     prompt_tokens: int
     finish_reason: ReplyEnd
     item_id: str = ""  # the assistant item it became in the conversation ("" when nothing was sent)
+    calls: tuple[str, ...] = ()  # ids of the tool calls it made that wait for the client's output
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,4 +143,5 @@ class SessionError:
 
 
 SessionEvent = Union[SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial, TranscriptFinal,
-                     ReplyStarted, ReplyToken, ReplyAudio, ReplyDone, TurnLatency, SessionError]
+                     ReplyStarted, ReplyToken, ReplyAudio, ToolCallStarted, ToolCallArguments,
+                     ToolCallDone, ToolResult, ReplyDone, TurnLatency, SessionError]

@@ -11,6 +11,8 @@ from typing import AsyncIterator, Protocol
 
 import msgspec
 
+from voicert.engine.tools import AUTO, ToolCall, ToolChoice, ToolSpec
+
 
 class FinishReason(enum.StrEnum):
     """Why a request's stream ended (the final TokenEvent's ``finish_reason``)."""
@@ -33,8 +35,10 @@ class EngineState(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
-    role: str  # system | user | assistant
+    role: str  # system | user | assistant | tool
     content: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls (its content: any text before them)
+    tool_call_id: str = ""  # a tool message: the call it answers
 
 
 @dataclass(slots=True)
@@ -49,6 +53,9 @@ class GenerationRequest:
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
     prompt_ids: list[int] | None = None  # benchmarks: exact prompt tokens instead of messages
     submit_ns: int = 0  # set by Engine.submit (perf_counter_ns)
+    tools: tuple[ToolSpec, ...] = ()  # functions the model may call (engine/tools.py)
+    tool_choice: ToolChoice = AUTO
+    parallel_tool_calls: bool = True  # several calls in one reply (else at most one)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +110,7 @@ class EngineStats:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def request_problem(request: "GenerationRequest") -> str | None:
@@ -124,6 +131,16 @@ def request_problem(request: "GenerationRequest") -> str | None:
     for i, m in enumerate(request.messages):
         if not isinstance(m, ChatMessage) or m.role not in ROLES or not isinstance(m.content, str):
             return f"messages[{i}] must be a ChatMessage with a role in {ROLES} and string content"
+        if not all(isinstance(c, ToolCall) for c in m.tool_calls):
+            return f"messages[{i}].tool_calls must be ToolCalls"
+    if not all(isinstance(t, ToolSpec) for t in request.tools) \
+            or not isinstance(request.tool_choice, ToolChoice):
+        return "tools must be ToolSpecs and tool_choice a ToolChoice"
+    names = {t.name for t in request.tools}
+    if len(names) != len(request.tools):
+        return "tool names must be unique"
+    if request.tool_choice.name and request.tool_choice.name not in names:
+        return f"tool_choice names {request.tool_choice.name!r}, which is not among the tools"
     return None
 
 

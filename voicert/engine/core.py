@@ -21,6 +21,7 @@ import torch
 
 from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest, StepRecord, TokenOut
 from voicert.engine.draft import DraftModelProposer
+from voicert.engine.guided import GuideError, Guides
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel
@@ -29,6 +30,7 @@ from voicert.engine.prompt import PromptBuilder, stop_token_ids
 from voicert.engine.runner import ModelRunner, Pending
 from voicert.engine.scheduler import Scheduler, SchedulerConfig, Step
 from voicert.engine.sequence import Sequence
+from voicert.engine.tools import offered
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +111,7 @@ class EngineCore:
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
         self.prompts = PromptBuilder(self.tokenizer)
+        self.guides = Guides(self.tokenizer, self.model.cfg.vocab_size, self.prompts.call_format)
         num_blocks = cfg.num_blocks or self._pool_blocks()
         self.blocks = BlockManager(num_blocks, cfg.block_size)
         self.heads = self._heads()
@@ -131,6 +134,8 @@ class EngineCore:
         self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
         self.ahead_steps = 0  # decode steps launched before the previous step's tokens were read
         self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
+        self.guided_steps = 0  # steps with a grammar-guided row, and the host time their masks took
+        self.guide_ns = 0
 
     def _kernels_usable(self) -> bool:
         """Whether the Triton kernels can run this model here (CUDA of compute capability 8.0 or
@@ -207,9 +212,12 @@ class EngineCore:
     def add(self, request: GenerationRequest) -> None:
         """Queue a checked request (its prompt templated here unless ``prompt_ids`` is given)."""
         budget = self.cfg.max_context_tokens - request.max_new_tokens
+        guide = self.guides.for_request(request)  # raises GuideError for an unusable schema
+        tools = offered(request.tools, request.tool_choice)
         prompt = (list(request.prompt_ids) if request.prompt_ids is not None
-                  else self.prompts.build(request.messages, budget))
-        self.scheduler.add(Sequence(request, prompt, arrival_ns=time.perf_counter_ns()))
+                  else self.prompts.build(request.messages, budget, tools))
+        self.scheduler.add(Sequence(request, prompt, arrival_ns=time.perf_counter_ns(),
+                                    guide=guide))
 
     def abort(self, request_id: str) -> list[TokenOut]:
         """Stop a request and free its state; its final record (``cancelled``), or nothing when the
@@ -250,6 +258,9 @@ class EngineCore:
                     chunk.seq.prefill_start_ns = now
             if self.drafter is not None and step.kind == "decode":
                 self.drafter.propose(step.seqs, self.cfg.spec_tokens)
+                for seq in step.seqs:
+                    if seq.guide is not None:
+                        seq.draft = []  # picked under a mask, one token a step
             pending = self.runner.launch(step)
         if run_ahead and self.cfg.overlap and self.runner.graphs is not None:
             nxt = self.scheduler.plan_ahead(step)
@@ -258,7 +269,14 @@ class EngineCore:
                 self._ahead = (nxt, ahead) if ahead is not None else None
                 self.ahead_steps += ahead is not None
         result = pending.result()
+        if step.guided:
+            t0 = time.perf_counter_ns()
+            self._guide_picks(step, pending, result.tokens)
         emitted = self.scheduler.postprocess(step, result.tokens, result.drafts)
+        if step.guided:
+            self._guide_advance(emitted)
+            self.guide_ns += time.perf_counter_ns() - t0
+            self.guided_steps += 1
         sampled_ns = time.perf_counter_ns()
         self.step_records.append(StepRecord(step.kind, len(step.chunks) + len(step.seqs),
                                             (sampled_ns - now) / 1e9))
@@ -270,6 +288,30 @@ class EngineCore:
             if seq.finish_reason is not None:
                 out.append(self._end(seq, seq.finish_reason))
         return out
+
+    def _guide_picks(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
+        """Replace each guided row's greedy token that its grammar refuses by the best one it
+        allows (in place; guided rows carry no drafts, so one token per row)."""
+        seqs = ([c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs)
+        for i, seq in enumerate(seqs):
+            if seq.guide is not None and tokens[i]:
+                tokens[i][0] = seq.guide.pick(tokens[i][0], lambda i=i: pending.logits(i, 0))
+
+    def _guide_advance(self, emitted: list[tuple[Sequence, list[int]]]) -> None:
+        """Move each guided sequence's grammar past its new token; one whose grammar allows
+        nothing more is finished (``stop``) now rather than after one more step."""
+        for seq, toks in emitted:
+            if seq.guide is None or seq.finish_reason is not None:
+                continue
+            try:
+                for tok in toks:
+                    seq.guide.advance(tok)
+            except GuideError:  # cannot happen for a token pick() chose; fail the one request
+                log.exception("engine: grammar of %s", seq.id)
+                self.scheduler.finish(seq, FinishReason.ERROR)
+                continue
+            if seq.guide.finished:
+                self.scheduler.finish(seq, FinishReason.STOP)
 
     def fail_all(self, error: str) -> list[TokenOut]:
         """End every request the core holds with ``error`` and free its state (after a failed

@@ -5,6 +5,8 @@ from __future__ import annotations
 import collections
 
 from voicert.engine.base import ChatMessage
+from voicert.engine.tools import (ToolSpec, call_format, hermes_system_block, template_message,
+                                  template_supports_tools)
 
 
 def stop_token_ids(tokenizer, model_config) -> set[int]:
@@ -36,14 +38,26 @@ class PromptBuilder:
 
     def __init__(self, tokenizer, cache_entries: int = 8192) -> None:
         self.tok = tokenizer
-        self._costs: collections.OrderedDict[tuple[str, str], int] = collections.OrderedDict()
+        self._costs: collections.OrderedDict[ChatMessage, int] = collections.OrderedDict()
         self._max = cache_entries
         self._overhead: int | None = None  # template tokens around one message (measured once)
+        template = getattr(tokenizer, "chat_template", None)
+        self.native_tools = template_supports_tools(template)  # else: hermes_system_block
+        self.call_format = call_format(template)
+        self._tools: list[ToolSpec] = []  # offered to the build in progress
 
     def _render(self, msgs: list[ChatMessage]) -> list[int]:
-        ids = self.tok.apply_chat_template([{"role": m.role, "content": m.content} for m in msgs],
-                                           add_generation_prompt=True, tokenize=True,
-                                           return_dict=False)
+        tools, native = self._tools, self.native_tools
+        if tools and not native:  # the tools go into the system prompt, in the Hermes convention
+            block = hermes_system_block(tools)
+            msgs = ([ChatMessage("system", msgs[0].content + block), *msgs[1:]]
+                    if msgs and msgs[0].role == "system" else [ChatMessage("system", block.lstrip()),
+                                                               *msgs])
+        rendered = [template_message(m.role, m.content, m.tool_calls, m.tool_call_id, native)
+                    for m in msgs]
+        extra = {"tools": [t.openai() for t in tools]} if tools and native else {}
+        ids = self.tok.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
+                                           return_dict=False, **extra)
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)
@@ -54,10 +68,12 @@ class PromptBuilder:
             probe = ChatMessage("user", "hello")
             one, two = self._render([probe]), self._render([probe, probe])
             self._overhead = max(len(two) - len(one) - len(self._text_tokens(probe)), 0)
-        key = (m.role, m.content)
+        key = m
         cost = self._costs.get(key)
         if cost is None:
-            cost = len(self._text_tokens(m)) + self._overhead
+            cost = len(self._text_tokens(m)) + self._overhead + sum(
+                len(self.tok.encode(c.arguments, add_special_tokens=False)) + 16
+                for c in m.tool_calls)
             self._costs[key] = cost
             if len(self._costs) > self._max:
                 self._costs.popitem(last=False)
@@ -68,7 +84,17 @@ class PromptBuilder:
     def _text_tokens(self, m: ChatMessage) -> list[int]:
         return self.tok.encode(m.content, add_special_tokens=False)
 
-    def build(self, messages: list[ChatMessage], budget: int) -> list[int]:
+    def build(self, messages: list[ChatMessage], budget: int,
+              tools: list[ToolSpec] | None = None) -> list[int]:
+        """The prompt ids (see the class doc). ``tools``: the functions offered to the model, shown
+        as the template shows them (or in the system prompt, when it cannot)."""
+        self._tools = list(tools or ())
+        try:
+            return self._build(messages, budget)
+        finally:
+            self._tools = []
+
+    def _build(self, messages: list[ChatMessage], budget: int) -> list[int]:
         first = 1 if messages and messages[0].role == "system" else 0
         head, turns = list(messages[:first]), list(messages[first:])
         if not turns:

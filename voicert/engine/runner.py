@@ -130,6 +130,9 @@ class ModelRunner:
             if pending is not None:
                 return pending
             self.eager_steps[step.kind] += 1
+        if step.guided:
+            out, logits, at = self.forward_rows(rows, keep_logits=True)
+            return Pending(output=out, eager_logits=logits, eager_at=at)
         return Pending(output=self.forward_rows(rows))
 
     @torch.inference_mode()
@@ -153,21 +156,28 @@ class ModelRunner:
         return self.forward_rows(rows).tokens
 
     @torch.inference_mode()
-    def forward_rows(self, rows: list[Row]) -> StepOutput:
+    def forward_rows(self, rows: list[Row], keep_logits: bool = False):
+        """Eager forward; a StepOutput, or with ``keep_logits`` (StepOutput, the target's logits
+        [P, V] at the sampled positions, {(row, position in row): index into them})."""
         input_ids, inp = self.prepare(rows)
         hidden = self.forward(input_ids, inp, self.k_pool, self.v_pool)  # [B, Q, hidden]
         picks = [(i, j) for i, r in enumerate(rows) for j in range(r.sample_from, len(r.tokens))]
         if not picks:
-            return StepOutput([[] for _ in rows], [[] for _ in rows] if self.heads else None)
+            out = StepOutput([[] for _ in rows], [[] for _ in rows] if self.heads else None)
+            return (out, None, {}) if keep_logits else out
         bi = torch.tensor([i for i, _ in picks], device=self.device)
         qi = torch.tensor([j for _, j in picks], device=self.device)
         h = self.with_heads(hidden[bi, qi])  # [1 + heads, P, hidden]
-        best = self.model.greedy(h).tolist()  # [1 + heads][P]; the one host sync
+        logits = self.model.logits(h) if keep_logits else None  # [1 + heads, P, V]
+        best = (logits.argmax(-1) if keep_logits else self.model.greedy(h)).tolist()  # host sync
         out = StepOutput([[] for _ in rows], [[] for _ in rows] if self.heads else None)
         for p, (i, _) in enumerate(picks):
             out.tokens[i].append(best[0][p])
             if out.drafts is not None:
                 out.drafts[i].append([row[p] for row in best[1:]])
+        if keep_logits:
+            at = {(i, j - rows[i].sample_from): p for p, (i, j) in enumerate(picks)}
+            return out, logits[0], at
         return out
 
     def with_heads(self, h: torch.Tensor) -> torch.Tensor:
@@ -232,11 +242,21 @@ class Pending:
     width: int = 0
     slot: int = 0  # which pinned staging / output buffers it used
     copied: bool = False  # its tokens are being copied into pinned memory (see StepGraphs.stash)
+    eager_logits: torch.Tensor | None = None  # an eager guided step: logits [P, V] it sampled from
+    eager_at: dict[tuple[int, int], int] | None = None  # (row, sample) -> index into eager_logits
 
     def result(self) -> StepOutput:
         if self.output is None:
             self.output = self.graphs.collect(self)
         return self.output
+
+    def logits(self, row: int, sample: int = 0) -> torch.Tensor:
+        """The target model's logits [V] (on its device) that row ``row``'s ``sample``-th token was
+        picked from. Valid after :meth:`result` and until the next step is launched; for a step
+        the scheduler marked ``guided``."""
+        if self.eager_logits is not None:
+            return self.eager_logits[self.eager_at[(row, sample)]]
+        return self.graphs.logits(self, row, sample)
 
 
 class StepGraphs:
@@ -288,6 +308,9 @@ class StepGraphs:
         # out[0]: greedy tokens; out[1 + i]: draft head i's guesses (with heads)
         nh = runner.heads.num_heads if runner.heads is not None else 0
         self.out = torch.zeros(1 + nh, mb * mw, dtype=torch.long, device=dev)
+        # the LM head's output of the last replay, [(1 + heads) * rows, V] (read for guided rows)
+        vocab = runner.model.cfg.vocab_size
+        self.head_out = torch.empty((1 + nh) * mb * mw * vocab, dtype=runner.dtype, device=dev)
         self.acc = torch.zeros(mb, dtype=torch.long, device=dev)  # drafts accepted per row
         self.out_host = [torch.zeros(1 + nh, mb * mw, dtype=torch.long).pin_memory()
                          for _ in range(2)]
@@ -310,7 +333,9 @@ class StepGraphs:
         if self.sample_last:
             h = h[torch.arange(b, device=h.device), self.last[:b]]  # [b, hidden]
         h = self.runner.with_heads(h.reshape(-1, h.shape[-1]))  # [1 + heads, N, hidden]
-        self.runner.model.greedy(h, out=self.out[:, : h.shape[1]])  # [1 + heads, N]
+        head_out = self.head_out[: h.shape[0] * h.shape[1] * self.vocab].view(
+            h.shape[0], h.shape[1], self.vocab)  # [1 + heads, N, V]
+        self.runner.model.greedy(h, out=self.out[:, : h.shape[1]], head_out=head_out)
         if not self.sample_last:  # what the next step, if fed from this one, starts from
             accept_counts(ids, self.out[0], self.acc, kern)
 
@@ -402,6 +427,17 @@ class StepGraphs:
             return self.out[:, :used].tolist()
         self.done[pending.slot].synchronize()
         return self.out_host[pending.slot][:, :used].tolist()
+
+    @property
+    def vocab(self) -> int:
+        return self.runner.model.cfg.vocab_size
+
+    def logits(self, pending: Pending, row: int, sample: int) -> torch.Tensor:
+        """Row ``row``'s logits [V] at its ``sample``-th sampled position, from the LM head's
+        output of the latest replay (which must be ``pending``)."""
+        assert pending is self.latest, "logits are only kept for the latest replay"
+        flat = row if self.sample_last else row * pending.width + sample
+        return self.head_out[flat * self.vocab: (flat + 1) * self.vocab]
 
     def collect(self, pending: Pending) -> StepOutput:
         """The tokens of a launched step, as a :class:`StepOutput` (waits for them)."""

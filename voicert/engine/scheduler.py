@@ -52,6 +52,12 @@ class Step:
     chunks: list[Chunk] = field(default_factory=list)  # prefill
     seqs: list[Sequence] = field(default_factory=list)  # decode; each seq.draft is set
 
+    @property
+    def guided(self) -> bool:
+        """A row of the step decodes under a grammar (the runner keeps its logits readable)."""
+        return any(c.seq.guide is not None for c in self.chunks) or any(
+            s.guide is not None for s in self.seqs)
+
 
 @dataclass(slots=True)
 class SpecStats:
@@ -109,6 +115,12 @@ class Scheduler:
             if seq.id == request_id:
                 return self._finish(seq, "cancelled")
         return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        """End a running sequence that is complete for a reason the scheduler cannot see (its
+        grammar allows nothing more); its blocks are freed."""
+        if seq.status is not Status.FINISHED:
+            self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str) -> Sequence:
         seq.status = Status.FINISHED
@@ -182,6 +194,8 @@ class Scheduler:
             if seq.status is not Status.DECODE:
                 continue  # preempted earlier in this loop
             k = max(min(self.cfg.spec_tokens, seq.remaining - 1), 0)
+            if seq.guide is not None:
+                k = 0  # a guided row picks each token under its mask: nothing to verify
             if self.cfg.external_drafts:
                 seq.draft = []  # the draft model fills it after scheduling; reserve its k slots
                 need = len(seq.tokens) + k
@@ -224,8 +238,8 @@ class Scheduler:
         once ``step`` is postprocessed. A sequence that stops or is cancelled meanwhile has its
         row ignored by :meth:`postprocess`."""
         k = self.cfg.spec_tokens
-        if step.kind != "decode" or self.waiting or (k and not self.cfg.head_drafts):
-            return None
+        if step.kind != "decode" or self.waiting or (k and not self.cfg.head_drafts) or step.guided:
+            return None  # (a guided row's token may be replaced after the step: fed would be wrong)
         if len(self.running) != len(step.seqs) or any(len(s.draft) != k or s.remaining < 2 * k + 2
                                                       or s.status is not Status.DECODE
                                                       for s in step.seqs):

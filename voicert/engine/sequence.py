@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from voicert.engine.base import GenerationRequest
+from voicert.engine.guided import Guide
 from voicert.engine.kv_cache import SeqBlocks
 
 
@@ -30,6 +31,7 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens served from the prefix cache at admission
     draft: list[int] = field(default_factory=list)  # speculative tokens for the next step
     head_draft: list[int] = field(default_factory=list)  # draft heads' guess after the last token
+    guide: Guide | None = None  # decoding under a grammar (a tool call's schema)
 
     def __post_init__(self) -> None:
         if not self.tokens:

@@ -18,6 +18,8 @@ from typing import Any, Union
 import msgpack
 
 from voicert.core import events as ev
+from voicert.engine.tools import ToolChoice, ToolSpec
+from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tools_from_wire
 
 PROTOCOL_VERSION = 1
 ENCODINGS = ("pcm16", "f32", "mulaw", "alaw")
@@ -77,7 +79,29 @@ class SessionStart:
     max_new_tokens: int | None = None
     output_audio: OutputAudio | None = None  # None: text only; else the reply is spoken too
     protocol_version: int = PROTOCOL_VERSION
+    tools: tuple[ToolSpec, ...] = ()  # functions the client runs when the model calls them
+    tool_choice: ToolChoice | None = None  # None: the server's tools.choice
     type: str = field(default="session.start", init=False)
+
+
+@dataclass(slots=True)
+class SessionUpdate:
+    """Change the tools, the tool choice or the system prompt mid-session (None: unchanged)."""
+
+    tools: tuple[ToolSpec, ...] | None = None
+    tool_choice: ToolChoice | None = None
+    system_prompt: str | None = None
+    type: str = field(default="session.update", init=False)
+
+
+@dataclass(slots=True)
+class ToolResultIn:
+    """The output of a call the client ran (``tool.call`` gave its ``call_id``)."""
+
+    call_id: str
+    output: str
+    respond: bool = True  # once no call waits for its output, the reply goes on
+    type: str = field(default="tool.result", init=False)
 
 
 @dataclass(slots=True)
@@ -108,7 +132,8 @@ class UserText:
     type: str = field(default="user.text", init=False)
 
 
-ClientEvent = Union[SessionStart, Audio, AudioCommit, ResponseCancel, SessionEnd, UserText]
+ClientEvent = Union[SessionStart, Audio, AudioCommit, ResponseCancel, SessionEnd, UserText,
+                    SessionUpdate, ToolResultIn]
 
 # ---------------------------------------------------------------- server -> client
 
@@ -189,7 +214,46 @@ class ResponseDone:
     tokens: int
     prompt_tokens: int
     finish_reason: str  # stop | length | cancelled | interrupted | error
+    tool_calls: list[str] = field(default_factory=list)  # calls waiting for the client's tool.result
     type: str = field(default="response.done", init=False)
+
+
+@dataclass(slots=True)
+class ToolCallStarted:
+    turn_id: int
+    call_id: str
+    name: str
+    type: str = field(default="tool.call.started", init=False)
+
+
+@dataclass(slots=True)
+class ToolCallDelta:
+    turn_id: int
+    call_id: str
+    delta: str  # more of the arguments' JSON text
+    type: str = field(default="tool.call.delta", init=False)
+
+
+@dataclass(slots=True)
+class ToolCallOut:
+    """A complete call. ``server``: the server runs it (a ``tool.output`` follows); else the
+    client runs it and answers with ``tool.result``."""
+
+    turn_id: int
+    call_id: str
+    name: str
+    arguments: str  # JSON text of an object, valid against the tool's schema
+    server: bool = False
+    type: str = field(default="tool.call", init=False)
+
+
+@dataclass(slots=True)
+class ToolOutput:
+    turn_id: int
+    call_id: str
+    output: str
+    error: bool = False
+    type: str = field(default="tool.output", init=False)
 
 
 @dataclass(slots=True)
@@ -217,7 +281,8 @@ class SessionEnded:
 
 ServerEvent = Union[SessionStarted, SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial,
                     TranscriptFinal, ResponseStarted, ResponseToken, ResponseAudio, ResponseDone,
-                    TurnLatency, Error, SessionEnded]
+                    ToolCallStarted, ToolCallDelta, ToolCallOut, ToolOutput, TurnLatency, Error,
+                    SessionEnded]
 
 
 def from_core(event: ev.SessionEvent) -> ServerEvent:
@@ -240,7 +305,16 @@ def from_core(event: ev.SessionEvent) -> ServerEvent:
         return ResponseStarted(event.turn_id)
     if isinstance(event, ev.ReplyDone):
         return ResponseDone(event.turn_id, event.text, event.tokens, event.prompt_tokens,
-                            event.finish_reason.value)
+                            event.finish_reason.value, list(event.calls))
+    if isinstance(event, ev.ToolCallStarted):
+        return ToolCallStarted(event.turn_id, event.call_id, event.name)
+    if isinstance(event, ev.ToolCallArguments):
+        return ToolCallDelta(event.turn_id, event.call_id, event.delta)
+    if isinstance(event, ev.ToolCallDone):
+        return ToolCallOut(event.turn_id, event.call_id, event.name, event.arguments,
+                           event.runs_on_server)
+    if isinstance(event, ev.ToolResult):
+        return ToolOutput(event.turn_id, event.call_id, event.output, event.error)
     if isinstance(event, ev.TurnLatency):
         return TurnLatency(event.turn_id, event.stages, event.early_asr, event.early_prefill)
     if isinstance(event, ev.SessionError):
@@ -281,6 +355,7 @@ def _session_start(msg: dict) -> SessionStart:
     out = _field(options, "output_audio", dict, None)
     output_audio = None if out is None else OutputAudio(
         _field(out, "encoding", str, "pcm16"), _field(out, "sample_rate", int, 24000))
+    tools, choice = _tools(options, "options.")
     return SessionStart(
         sample_rate=_field(msg, "sample_rate", int, 16000),
         encoding=_field(msg, "encoding", str, "pcm16"),
@@ -289,7 +364,37 @@ def _session_start(msg: dict) -> SessionStart:
         max_new_tokens=max_new,
         output_audio=output_audio,
         protocol_version=version,
+        tools=tools or (),
+        tool_choice=choice,
     )
+
+
+def _tools(msg: dict, prefix: str) -> tuple[tuple[ToolSpec, ...] | None, ToolChoice | None]:
+    """A message's ``tools`` and ``tool_choice`` (None when absent)."""
+    try:
+        tools = (tools_from_wire(msg["tools"], f"{prefix}tools")
+                 if msg.get("tools") is not None else None)
+        choice = (choice_from_wire(msg["tool_choice"], f"{prefix}tool_choice")
+                  if msg.get("tool_choice") is not None else None)
+    except WireError as exc:
+        raise ProtocolError(ErrorCode.INVALID, str(exc)) from None
+    return tools, choice
+
+
+def _session_update(msg: dict) -> SessionUpdate:
+    tools, choice = _tools(msg, "")
+    return SessionUpdate(tools, choice, _field(msg, "system_prompt", str, None))
+
+
+def _tool_result(msg: dict) -> ToolResultIn:
+    output = msg.get("output")
+    if output is not None and not isinstance(output, str):
+        import json as _json
+
+        output = _json.dumps(output)  # an object is sent on as its JSON
+    if output is None:
+        raise ProtocolError(ErrorCode.INVALID, "tool.result: missing field 'output'")
+    return ToolResultIn(_field(msg, "call_id", str), output, _field(msg, "respond", bool, True))
 
 
 def _audio(msg: dict, text_frame: bool) -> Audio:
@@ -311,6 +416,8 @@ _DECODERS = {
     "response.cancel": lambda m, t: ResponseCancel(),
     "session.end": lambda m, t: SessionEnd(),
     "user.text": lambda m, t: UserText(_field(m, "text", str), _field(m, "respond", bool, True)),
+    "session.update": lambda m, t: _session_update(m),
+    "tool.result": lambda m, t: _tool_result(m),
 }
 CLIENT_TYPES = tuple(_DECODERS)
 
@@ -357,7 +464,14 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
              "system_prompt": d["system_prompt"],
              "options": {"turn_detection": d["turn_detection"],
                          "max_new_tokens": d["max_new_tokens"],
-                         "output_audio": d["output_audio"]}}
+                         "output_audio": d["output_audio"],
+                         "tools": [_tool_map(t) for t in event.tools],
+                         "tool_choice": (choice_to_wire(event.tool_choice)
+                                         if event.tool_choice else None)}}
+    elif isinstance(event, SessionUpdate):
+        d = {"type": d["type"], "system_prompt": event.system_prompt,
+             "tools": None if event.tools is None else [_tool_map(t) for t in event.tools],
+             "tool_choice": choice_to_wire(event.tool_choice) if event.tool_choice else None}
     if binary:
         return msgpack.packb(d, use_bin_type=True)
     if "audio" in d and isinstance(d["audio"], bytes):
@@ -365,9 +479,14 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 
+def _tool_map(spec: ToolSpec) -> dict:
+    return {"name": spec.name, "description": spec.description, "parameters": spec.schema}
+
+
 _SERVER_TYPES = {cls.__dataclass_fields__["type"].default: cls for cls in (
     SessionStarted, SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial, TranscriptFinal,
-    ResponseStarted, ResponseToken, ResponseAudio, ResponseDone, TurnLatency, Error, SessionEnded)}
+    ResponseStarted, ResponseToken, ResponseAudio, ResponseDone, ToolCallStarted, ToolCallDelta,
+    ToolCallOut, ToolOutput, TurnLatency, Error, SessionEnded)}
 
 
 def decode_server(frame: bytes | str) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from websockets.asyncio.server import Server, ServerConnection
 from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
+from voicert.agent.toolbox import Toolbox
 from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
@@ -56,6 +57,7 @@ def load_services(cfg: Config) -> Services:
     """Load and warm up VAD, ASR and the LLM (blocking; seconds once GGUF conversion is cached)."""
     t0 = time.perf_counter()
     judge = load_turn_judge(cfg)  # first: a missing model wheel is a config error, said at once
+    toolbox = Toolbox.from_config(cfg.tools)  # and a tool that does not import
     vad = SileroVad()
     asr = WhisperAsr(cfg.asr, cfg.models.asr)
     asr.warmup()
@@ -75,7 +77,8 @@ def load_services(cfg: Config) -> Services:
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
                     metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts,
                     vad_pool=vad_pool, vad_batcher=vad_batcher, gc_watch=GcWatch().install(),
-                    turn_judge=judge, denoise=RnNoise() if cfg.asr.denoise == "rnnoise" else None)
+                    turn_judge=judge, denoise=RnNoise() if cfg.asr.denoise == "rnnoise" else None,
+                    toolbox=toolbox)
 
 
 def load_turn_judge(cfg: Config) -> TurnJudge | None:

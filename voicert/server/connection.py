@@ -243,6 +243,12 @@ class Connection(BaseConnection):
             self.session.add_user_text(event.text)
             if event.respond:
                 self.session.respond()
+        elif isinstance(event, p.SessionUpdate):
+            self.session.set_tools(event.tools, event.tool_choice)
+            if event.system_prompt is not None:
+                self.session.set_system_prompt(event.system_prompt)
+        elif isinstance(event, p.ToolResultIn):
+            self._tool_result(event)
         elif isinstance(event, p.SessionEnd):
             await self.session.wait_turn(self.svc.cfg.server.shutdown_grace_s)
             await self.session.close()
@@ -250,6 +256,17 @@ class Connection(BaseConnection):
             await self.ws.close(CLOSE_NORMAL)
             return True
         return False
+
+    def _tool_result(self, event: p.ToolResultIn) -> None:
+        """A client tool's output joins the conversation; once no call waits any more (and the
+        client asks for it), the reply goes on."""
+        try:
+            self.session.add_tool_output(event.call_id, event.output)
+        except KeyError:
+            raise p.ProtocolError(p.ErrorCode.INVALID, f"tool.result: no call has call_id "
+                                  f"{event.call_id[:64]!r}") from None
+        if event.respond and not self.session.waiting_calls():
+            self.session.respond()
 
     async def _start(self, start: p.SessionStart, binary: bool) -> None:
         self.binary = binary

@@ -40,6 +40,8 @@ class Point(enum.Enum):
     """The reply's first speakable piece (sentence or clause) was handed to the TTS worker."""
     FIRST_AUDIO_SENT = "first_audio_sent"
     """The frame carrying the reply's first speech audio was written to the socket."""
+    TOOL_CALL = "tool_call"
+    """The reply's first tool call was complete (its arguments decoded and sent)."""
     DONE = "done"
     """The last token was sent and ``response.done`` written."""
 
@@ -85,6 +87,8 @@ STAGES: tuple[Stage, ...] = (
           "endpoint decision -> first reply audio written to the socket (time to first audio)"),
     Stage("voice_to_first_audio_ms", Point.VOICE_END, Point.FIRST_AUDIO_SENT,
           "last voiced audio received -> first reply audio written to the socket"),
+    Stage("tool_call_ms", Point.ENDPOINT, Point.TOOL_CALL,
+          "endpoint decision -> the first tool call's arguments complete"),
     Stage("total_ms", Point.ENDPOINT, Point.DONE,
           "endpoint decision -> reply finished"),
 )

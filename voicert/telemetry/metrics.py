@@ -58,6 +58,11 @@ class Metrics:
         self.overlaps = Counter("voicert_speech_over_reply_total",
                                 "Short speech over a reply, screened: backchannel (let go) or "
                                 "interruption", ["outcome"], registry=r)
+        self.tool_calls = Counter("voicert_tool_calls_total",
+                                  "Server-side tool calls run, by outcome (ok | error)",
+                                  ["outcome"], registry=r)
+        self.tool_seconds = Histogram("voicert_tool_seconds", "Server-side tool calls: one call",
+                                      buckets=[.01, .05, .1, .25, .5, 1, 2, 5, 10, 30], registry=r)
         self.sessions = Gauge("voicert_active_sessions", "Sessions started and not ended",
                               registry=r)
         self.queue_depth = Gauge("voicert_engine_queue_depth", "Requests waiting for the engine",

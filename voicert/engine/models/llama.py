@@ -175,17 +175,22 @@ class LlamaModel(nn.Module):
             out = layer.mlp.down(kernels.silu_mul(layer.mlp.gate_up(x)))
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps)[0]
 
-    def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
+               head_out: torch.Tensor | None = None) -> torch.Tensor:
         """hidden [..., hidden] -> the greedy token of each row, int64 [...] (the argmax of
         :meth:`logits`; ties: the lowest id). With the fused kernels one launch picks from the
         LM head's output in place (no float32 copy of the logits); ``out``, if given, receives
-        the tokens (a [rows, inner] view, see ``kernels.argmax_rows``)."""
+        the tokens (a [rows, inner] view, see ``kernels.argmax_rows``). ``head_out``, if given,
+        receives the LM head's output (contiguous, [..., vocab] in the model's dtype) so a caller
+        can pick again from it under a mask (engine/guided.py); the same values either way."""
+        head = (self.lm_head(hidden) if head_out is None
+                else torch.matmul(hidden, self.lm_head.weight.t(), out=head_out))  # [..., V]
         count = self.kernel_counters() if self.use_kernels else None
         if count is not None and hidden.numel() // hidden.shape[-1] <= count.numel():
             from voicert.engine import kernels
 
-            return kernels.argmax_rows(self.lm_head(hidden), count, out)
-        best = self.logits(hidden).argmax(-1)  # (more rows than counters: the torch path)
+            return kernels.argmax_rows(head, count, out)
+        best = head.float().argmax(-1)  # (more rows than counters: the torch path)
         return best if out is None else out.copy_(best)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

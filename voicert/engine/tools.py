@@ -1,0 +1,204 @@
+"""Tools as the engine sees them: what a request offers the model, how a chat template writes a
+call, and the grammar that holds a call's arguments to its tool's JSON schema while it is decoded.
+
+Torch-free and I/O-free. The agent declares :class:`ToolSpec` s and a :class:`ToolChoice` on a
+:class:`~voicert.engine.base.GenerationRequest`; the engine renders them into the prompt (the chat
+template's own tool support when it has one, else :func:`hermes_system_block`) and decodes under
+:func:`call_grammar` (llguidance Lark, applied as token masks: see ``engine/guided.py``). The
+reply's text is parsed back into calls by ``agent/tool_calls.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class ToolChoiceMode(enum.StrEnum):
+    AUTO = "auto"  # the model decides: text, or calls
+    NONE = "none"  # no call: the tools are not offered
+    REQUIRED = "required"  # at least one call, and nothing else
+    NAMED = "named"  # exactly a call of ``ToolChoice.name``
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: ToolChoiceMode = ToolChoiceMode.AUTO
+    name: str = ""  # the tool, with NAMED
+
+    def __post_init__(self) -> None:
+        if (self.mode is ToolChoiceMode.NAMED) != bool(self.name):
+            raise ValueError("a named tool choice needs a name, and only it")
+
+
+AUTO = ToolChoice()
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """One function the model may call. ``parameters`` is its JSON schema, as canonical JSON text
+    (so specs are hashable and a prompt that offers them renders byte-identically every turn)."""
+
+    name: str
+    description: str = ""
+    parameters: str = '{"type": "object", "properties": {}}'
+
+    @classmethod
+    def of(cls, name: str, description: str = "", parameters: dict | None = None) -> "ToolSpec":
+        """Raises ValueError for a name that a call could not carry or a schema that is not an
+        object schema."""
+        if not name or not isinstance(name, str) or len(name) > 64 or not all(
+                c.isalnum() or c in "_-" for c in name):
+            raise ValueError(f"tool name {name!r:.70} must be 1-64 letters, digits, _ or -")
+        schema = {"type": "object", "properties": {}} if parameters is None else parameters
+        if not isinstance(schema, dict) or schema.get("type", "object") != "object":
+            raise ValueError(f"tool {name}: parameters must be a JSON schema of type object")
+        return cls(name, description or "", json.dumps(schema, sort_keys=True))
+
+    @property
+    def schema(self) -> dict:
+        return json.loads(self.parameters)
+
+    def openai(self) -> dict:
+        """The OpenAI / Hugging Face chat-template shape of this tool."""
+        return {"type": "function", "function": {"name": self.name,
+                                                 "description": self.description,
+                                                 "parameters": self.schema}}
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One call the model made: ``arguments`` is JSON text of an object."""
+
+    call_id: str
+    name: str
+    arguments: str
+
+    def openai(self) -> dict:
+        return {"id": self.call_id, "type": "function",
+                "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
+
+
+class CallFormat(enum.StrEnum):
+    """How a model family writes a tool call in its reply."""
+
+    HERMES = "hermes"  # <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call> (Qwen2.5,
+    # Hermes, SmolLM2; the fallback for templates with no tool support)
+    LLAMA3 = "llama3"  # the whole reply is {"name": ..., "parameters": {...}} (Llama 3.1-3.3)
+
+
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+# whitespace inside a call is fixed (no run of spaces a small model could loop on)
+_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+MAX_PARALLEL_CALLS = 4
+
+
+def call_format(chat_template: str | None) -> CallFormat:
+    """The format a chat template's tool support implies (HERMES when it has none)."""
+    template = chat_template or ""
+    if HERMES_OPEN in template:
+        return CallFormat.HERMES
+    if "tools" in template and '"parameters"' in template:
+        return CallFormat.LLAMA3
+    return CallFormat.HERMES
+
+
+def template_supports_tools(chat_template: str | None) -> bool:
+    """The template renders a ``tools`` list itself (else :func:`hermes_system_block` does)."""
+    return "tools" in (chat_template or "")
+
+
+def _call_schema(tool: ToolSpec, fmt: CallFormat) -> dict:
+    key = "parameters" if fmt is CallFormat.LLAMA3 else "arguments"
+    return {"type": "object", "properties": {"name": {"const": tool.name}, key: tool.schema},
+            "required": ["name", key], "additionalProperties": False}
+
+
+def _calls_schema(tools: list[ToolSpec], fmt: CallFormat) -> str:
+    schemas = [_call_schema(t, fmt) for t in tools]
+    schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    return json.dumps({**schema, "x-guidance": _JSON_STYLE})
+
+
+def offered(tools: tuple[ToolSpec, ...], choice: ToolChoice) -> list[ToolSpec]:
+    """The tools the model may call under ``choice``. Raises ValueError for a named tool that is
+    not among ``tools``."""
+    if choice.mode is ToolChoiceMode.NONE:
+        return []
+    if choice.mode is ToolChoiceMode.NAMED:
+        named = [t for t in tools if t.name == choice.name]
+        if not named:
+            raise ValueError(f"tool_choice names {choice.name!r}, which is not among the tools")
+        return named
+    return list(tools)
+
+
+def call_grammar(tools: tuple[ToolSpec, ...], choice: ToolChoice, fmt: CallFormat,
+                 parallel: bool = True) -> str | None:
+    """The llguidance Lark grammar a reply is decoded under, or None (no tool may be called).
+
+    AUTO: free text, or (HERMES) free text then calls, each call's JSON held to its tool's schema
+    from the moment ``<tool_call>`` appears; (LLAMA3) a reply that opens with ``{`` is a call.
+    REQUIRED / NAMED: calls only. ``parallel``: up to :data:`MAX_PARALLEL_CALLS` calls, else one.
+    After the last call only the end of the reply may follow."""
+    tools_ = offered(tools, choice)
+    if not tools_:
+        return None
+    calls = MAX_PARALLEL_CALLS if parallel else 1
+    body = f"%json {_calls_schema(tools_, fmt)}"
+    free = choice.mode is ToolChoiceMode.AUTO
+    lines = ["%llguidance {}"]
+    if fmt is CallFormat.LLAMA3:
+        lines.append("start: call" + (" | TEXT" if free else ""))
+        lines.append(f"call: {body}")
+        lines.append("TEXT: /[^{](.|\\n)*/")
+        return "\n".join(lines) + "\n"
+    more = "".join(f' ("\\n{HERMES_OPEN}" body' for _ in range(calls - 1)) + ")?" * (calls - 1)
+    if free:
+        lines.append(f"start: TEXT | pre body{more}")
+        lines.append(f'pre[lazy]: TEXT "{HERMES_OPEN}"')
+    else:
+        lines.append(f'start: "{HERMES_OPEN}" body{more}')
+    lines.append(f'body: "\\n" {body} "\\n{HERMES_CLOSE}"')
+    # a reply may not open with a bare JSON object or a code fence: a model that reaches for one
+    # wants to call, and is steered into the call's own syntax instead
+    lines.append("TEXT: /([^`{](.|\\n)*)?/")
+    return "\n".join(lines) + "\n"
+
+
+def hermes_system_block(tools: list[ToolSpec]) -> str:
+    """What a system prompt gains when the chat template cannot show tools itself (the Hermes
+    function-calling convention, which Qwen2.5 and SmolLM2 were tuned on)."""
+    listed = "\n".join(json.dumps(t.openai(), sort_keys=True) for t in tools)
+    return ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{listed}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments "
+            "within <tool_call></tool_call> XML tags:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+            "</tool_call>")
+
+
+def hermes_call_text(calls: tuple[ToolCall, ...]) -> str:
+    """An assistant's calls written as the HERMES format writes them."""
+    return "\n".join(f'{HERMES_OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": '
+                     f"{c.arguments}}}\n{HERMES_CLOSE}" for c in calls)
+
+
+def template_message(role: str, content: str, calls: tuple[ToolCall, ...], call_id: str,
+                     native: bool) -> dict[str, Any]:
+    """One message as a chat template takes it. ``native``: the template renders tool calls and
+    tool results itself; else they are written into the text (HERMES)."""
+    if role == "assistant" and calls:
+        if native:
+            return {"role": "assistant", "content": content,
+                    "tool_calls": [c.openai() for c in calls]}
+        text = hermes_call_text(calls)
+        return {"role": "assistant", "content": f"{content}\n{text}" if content else text}
+    if role == "tool":
+        if native:
+            return {"role": "tool", "content": content, "tool_call_id": call_id}
+        return {"role": "tool", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    return {"role": role, "content": content}
