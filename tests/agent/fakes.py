@@ -68,6 +68,7 @@ class FakeEngine:
 
     reply: str = "The capital of France is Paris."
     gated: bool = False
+    script: list = field(default_factory=list)  # replies for the next requests, in order (then reply)
     requests: list = field(default_factory=list)
     cancelled: set = field(default_factory=set)
     _gates: dict = field(default_factory=dict)
@@ -77,7 +78,7 @@ class FakeEngine:
         return self._stream(request)
 
     async def _stream(self, request):
-        words = self.reply.split(" ")
+        words = (self.script.pop(0) if self.script else self.reply).split(" ")
         n = min(len(words), request.max_new_tokens)
         for i in range(n):
             if self.gated:

@@ -236,3 +236,43 @@ async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monke
 
 async def _collect(stream):
     return [e async for e in stream]
+
+
+async def test_guided_tool_calls_equal_transformers_with_and_without_speculation(model_dir,
+                                                                                  engines):
+    """A tool call decoded under its schema's masks: the fast engine (plain, and with speculation,
+    which guided rows skip) gives exactly the transformers engine's tokens under the same masks."""
+    from voicert.config import LlmConfig
+    from voicert.engine.simple import SimpleEngine
+    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+
+    book = ToolSpec.of("book_table", "Book a table at the restaurant", {
+        "type": "object", "required": ["people", "time"], "additionalProperties": False,
+        "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 20},
+                       "time": {"type": "string", "maxLength": 16}}})
+    hours = ToolSpec.of("opening_hours", "When the restaurant is open", {
+        "type": "object", "properties": {"day": {"type": "string"}}})
+    choices = [ToolChoice(ToolChoiceMode.REQUIRED), ToolChoice(ToolChoiceMode.NAMED, "book_table"),
+               ToolChoice()]
+    asks = ["Book a table for four people at 7:30 tonight please", "A table for two at eight.",
+            "When are you open on Sunday?"]
+
+    def requests(tag):
+        return [GenerationRequest(f"{tag}{i}", [SYSTEM, ChatMessage("user", a)], 48,
+                                  tools=(hours, book), tool_choice=c)
+                for i, (a, c) in enumerate(zip(asks, choices))]
+
+    async def tokens(engine, tag):
+        got = await asyncio.gather(*[_collect(engine.submit(r)) for r in requests(tag)])
+        return [[e.token_id for e in events if e.finish_reason is None] for events in got]
+
+    plain, spec = engines
+    ref_engine = SimpleEngine(model_dir, LlmConfig(engine="simple"))
+    try:
+        ref = await tokens(ref_engine, "ref")
+    finally:
+        ref_engine.close()
+    assert await tokens(plain, "plain") == ref
+    assert await tokens(spec, "spec") == ref
+    tok = plain.core.tokenizer
+    assert tok.decode(ref[0]).startswith("<tool_call>\n{\"name\": ")

@@ -92,13 +92,13 @@ class _Call:
         self.text = ""
         self.name: str | None = None
         self.args_from: int | None = None  # index in text where the arguments' "{" is
+        self._scanned = 0  # text before this index has been through args_scan
         self.args_scan = _ObjectScan()
         self.args = ""
         self.outer = _ObjectScan()  # the call's own object (LLAMA3 ends with it)
 
     def feed(self, delta: str) -> list[Piece]:
         out: list[Piece] = []
-        start = len(self.text)
         self.text += delta
         for ch in delta:
             self.outer.push(ch)
@@ -111,14 +111,14 @@ class _Call:
             m = _ARGS.search(self.text)
             if m and m.end() < len(self.text) and self.text[m.end()] == "{":
                 self.args_from = m.end()
-                start = m.end()
         if self.args_from is not None and self.name is not None and not self.args_scan.done:
             new = []
-            for ch in self.text[max(start, self.args_from):]:
+            for ch in self.text[max(self._scanned, self.args_from):]:
                 if self.args_scan.done:
                     break
                 self.args_scan.push(ch)
                 new.append(ch)
+            self._scanned = len(self.text)
             if new:
                 self.args += "".join(new)
                 out.append(CallArgs(self.index, "".join(new)))
@@ -165,19 +165,17 @@ class CallParser:
             if self._call is not None:
                 text = self._in_call(text, out)
                 continue
-            if self._after_call:  # the newline between calls is not said
-                text = text.lstrip("\n")
+            if self._after_call:  # the space between calls, or after the last, is not said
+                text = text.lstrip()
                 self._after_call = not text
                 if not text:
                     break
             if not self._started:
                 stripped = text.lstrip()
-                if not stripped:
-                    self._held = text
-                    return out
-                if stripped.startswith(PYTHON_TAG):
-                    stripped = stripped[len(PYTHON_TAG):]
-                elif PYTHON_TAG.startswith(stripped):
+                if stripped.startswith(PYTHON_TAG):  # Llama's marker of a call: not said
+                    text = stripped[len(PYTHON_TAG):]
+                    continue
+                if not stripped or PYTHON_TAG.startswith(stripped):
                     self._held = text
                     return out
                 self._started = True

@@ -16,9 +16,11 @@ from voicert.config import LlmConfig
 from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
                                  TokenEvent, refusal)
 from voicert.engine.detok import IncrementalDetokenizer
+from voicert.engine.guided import Guides
 from voicert.engine.models.llama import DTYPES
 from voicert.engine.prompt import PromptBuilder, build_prompt, stop_token_ids
 from voicert.engine.stream import TokenStream
+from voicert.engine.tools import offered
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +41,7 @@ class SimpleEngine:
             model_dir, dtype=DTYPES[cfg.dtype]).to(self.device).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.config)
         self.prompts = PromptBuilder(self.tokenizer)  # used on the engine thread only
+        self.guides = Guides(self.tokenizer, self.model.config.vocab_size, self.prompts.call_format)
         log.info("llm loaded from %s in %.1f s", model_dir, time.perf_counter() - t0)
         self._inbox: queue.Queue[tuple[GenerationRequest, TokenStream] | None] = queue.Queue()
         self._cancelled: set[str] = set()
@@ -118,7 +121,9 @@ class SimpleEngine:
             stream.put_threadsafe(TokenEvent(0, -1, "", start_ns, start_ns, 0, "cancelled"))
             return
         budget = self.cfg.max_context_tokens - request.max_new_tokens
-        prompt = self.prompts.build(request.messages, budget)
+        guide = self.guides.for_request(request)  # the same masks as the fast engine's
+        prompt = self.prompts.build(request.messages, budget,
+                                    offered(request.tools, request.tool_choice))
         n_prompt = len(prompt)
         detok = IncrementalDetokenizer(self.tokenizer)
         input_ids = torch.tensor([prompt], device=self.device)  # [1, S]
@@ -132,13 +137,20 @@ class SimpleEngine:
             out = self.model(input_ids=input_ids, past_key_values=past, use_cache=True)
             past = out.past_key_values
             token = int(out.logits[0, -1].argmax())  # greedy; logits: [1, S, V]
+            if guide is not None:
+                token = guide.pick(token, out.logits[0, -1])
             sampled = time.perf_counter_ns()
             if token in self.stop_ids:
                 reason = "stop"
                 break
+            if guide is not None:
+                guide.advance(token)
             stream.put_threadsafe(TokenEvent(index, token, detok.push(token), sampled, start_ns,
                                              n_prompt))
             index += 1
+            if guide is not None and guide.finished:
+                reason = "stop"
+                break
             input_ids = torch.tensor([[token]], device=self.device)  # [1, 1]
         del past  # free the KV cache before announcing the end
         self._finish(rid, reason, index)

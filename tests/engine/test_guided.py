@@ -1,0 +1,156 @@
+"""Grammar-guided decoding in the engine core: a tool call decoded under its schema always parses
+and validates, whatever the model wants; rows without a grammar are untouched by the rows with one.
+
+A random SmolLM2-shaped model (2 layers) is the adversary here: its greedy tokens are noise, so the
+masks decide nearly every token of a call."""
+
+import json
+
+import jsonschema
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from voicert.agent.tool_calls import CallClosed, CallParser
+from voicert.bench.engine import SHAPES
+from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest
+from voicert.engine.core import EngineConfig, EngineCore
+from voicert.engine.guided import GuideError
+from voicert.engine.models.llama import LlamaConfig, random_llama
+from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+
+REQUIRED = ToolChoice(ToolChoiceMode.REQUIRED)
+BOOK = ToolSpec.of("book_table", "Book a table", {
+    "type": "object", "additionalProperties": False, "required": ["people", "time"],
+    "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12},
+                   "time": {"type": "string", "enum": ["18:00", "19:30", "21:00"]}}})
+CANCEL = ToolSpec.of("cancel", "Cancel a booking", {
+    "type": "object", "additionalProperties": False, "required": ["booking_id"],
+    "properties": {"booking_id": {"type": "string", "pattern": "^B[0-9]{4}$"}}})
+
+
+@pytest.fixture(scope="module")
+def core():
+    from transformers import AutoTokenizer
+
+    from voicert.config import cache_dir, load_config
+    from voicert.engine.loader import resolve_llm
+
+    model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+    torch.manual_seed(0)
+    model = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+                                                  num_hidden_layers=2)), torch.float32, "cpu")
+    return EngineCore(model_dir, EngineConfig(num_blocks=256), model=model,
+                      tokenizer=AutoTokenizer.from_pretrained(model_dir))
+
+
+def _run(core: EngineCore, *requests: GenerationRequest) -> dict[str, tuple[list[int], str]]:
+    for r in requests:
+        core.add(r)
+    toks: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    ends: dict[str, str] = {}
+    for _ in range(4000):
+        if not core.has_work():
+            break
+        for o in core.step():
+            if o.finish_reason is not None:
+                ends[o.request_id] = o.finish_reason
+            else:
+                toks[o.request_id].append(o.token_id)
+    assert not core.has_work()
+    return {rid: (toks[rid], ends[rid]) for rid in toks}
+
+
+def _calls(core: EngineCore, ids: list[int]) -> list[CallClosed]:
+    parser = CallParser()
+    pieces = parser.feed(core.tokenizer.decode(ids)) + parser.close()
+    return [p for p in pieces if isinstance(p, CallClosed)]
+
+
+def _ask(rid: str, tools, choice=REQUIRED, n: int = 200, parallel: bool = False):
+    return GenerationRequest(rid, [ChatMessage("user", "Book me a table for four at half seven")],
+                             n, tools=tuple(tools), tool_choice=choice,
+                             parallel_tool_calls=parallel)
+
+
+def test_a_required_call_is_one_of_the_tools_with_schema_valid_arguments(core):
+    (ids, end), = _run(core, _ask("r", [BOOK, CANCEL])).values()
+    assert end == FinishReason.STOP  # the grammar ended the reply once the call was complete
+    calls = _calls(core, ids)
+    assert len(calls) == 1 and calls[0].name in ("book_table", "cancel")
+    spec = BOOK if calls[0].name == "book_table" else CANCEL
+    jsonschema.validate(json.loads(calls[0].arguments), spec.schema)
+
+
+def test_a_named_choice_calls_that_tool(core):
+    (ids, end), = _run(core, _ask("n", [BOOK, CANCEL], ToolChoice(ToolChoiceMode.NAMED,
+                                                                   "cancel"))).values()
+    calls = _calls(core, ids)
+    assert end == FinishReason.STOP and [c.name for c in calls] == ["cancel"]
+    assert json.loads(calls[0].arguments)["booking_id"][0] == "B"
+
+
+def test_choice_none_offers_no_tool_and_decodes_as_plain_greedy(core):
+    plain = _run(core, GenerationRequest("p", [ChatMessage("user", "Hi")], 12, ignore_eos=True))
+    none = _run(core, GenerationRequest("p", [ChatMessage("user", "Hi")], 12, ignore_eos=True,
+                                        tools=(BOOK,),
+                                        tool_choice=ToolChoice(ToolChoiceMode.NONE)))
+    assert plain == none
+
+
+def test_rows_without_a_grammar_are_token_identical_beside_guided_rows(core):
+    a = GenerationRequest("a", [ChatMessage("user", "Tell me a story")], 40, ignore_eos=True)
+    b = GenerationRequest("b", [ChatMessage("user", "What is the weather?")], 24, ignore_eos=True)
+    alone = _run(core, a, b)
+    for r in (a, b):
+        r.submit_ns = 0
+    mixed = _run(core, a, _ask("g1", [BOOK]), b, _ask("g2", [CANCEL, BOOK], parallel=True))
+    assert mixed["a"] == alone["a"] and mixed["b"] == alone["b"]
+    for rid in ("g1", "g2"):
+        assert _calls(core, mixed[rid][0]), rid
+
+
+def test_an_unusable_schema_fails_that_request_alone(core):
+    bad = ToolSpec.of("odd", "", {"type": "object", "properties": {"x": {"$ref": "#/nope"}}})
+    with pytest.raises(GuideError):
+        core.add(_ask("bad", [bad]))
+    assert not core.has_work()
+
+
+# ------------------------------------------------------------------ property: random schemas
+
+_leaf = st.one_of(
+    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+              st.integers(-50, 50), st.integers(0, 1000)),
+    st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 12)),
+    st.builds(lambda vals: {"type": "string", "enum": vals},
+              st.lists(st.text("abcxyz ", min_size=1, max_size=6), min_size=1, max_size=4,
+                       unique=True)),
+    st.just({"type": "boolean"}),
+    st.just({"type": "null"}),
+)
+_value = st.recursive(_leaf, lambda inner: st.one_of(
+    st.builds(lambda item, n: {"type": "array", "items": item, "maxItems": n}, inner,
+              st.integers(0, 3)),
+    st.builds(lambda props: {"type": "object", "properties": props,
+                             "required": sorted(props)[: len(props) // 2 + 1] if props else [],
+                             "additionalProperties": False},
+              st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), inner, max_size=3)),
+), max_leaves=6)
+_schema = st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), _value, min_size=0,
+                          max_size=4).map(lambda props: {
+                              "type": "object", "properties": props, "required": sorted(props),
+                              "additionalProperties": False})
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                 HealthCheck.function_scoped_fixture])
+@given(schema=_schema)
+def test_a_guided_call_always_validates_against_a_random_schema(core, schema):
+    tool = ToolSpec.of("f", "a function", schema)
+    (ids, end), = _run(core, _ask("h", [tool], n=400)).values()
+    assert end == FinishReason.STOP, core.tokenizer.decode(ids)
+    calls = _calls(core, ids)
+    assert len(calls) == 1 and calls[0].name == "f"
+    jsonschema.validate(json.loads(calls[0].arguments), schema)
