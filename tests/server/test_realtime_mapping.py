@@ -155,3 +155,86 @@ async def test_semantic_vad_gives_the_session_the_semantic_detector_by_eagerness
     assert not conn.session.turns.semantic
     assert conn.session.turns.endpointer.cfg.min_silence_ms == 600
     assert_ga(ws)
+
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("beta", [False, True])
+async def test_a_function_call_round_trip_in_the_api_shapes(beta, monkeypatch):
+    """session.tools -> a function_call item streamed as argument deltas -> the client's
+    function_call_output item -> response.create -> the reply that uses it."""
+    if beta:
+        monkeypatch.setattr(FakeRequest, "headers", {"OpenAI-Beta": "realtime=v1"})
+    engine = FakeEngine(script=[f"Let me check. {CALL}", "It is sunny in Paris."])
+    conn, ws, _ = await open_door(engine)
+    await send(conn, type="session.update", session={
+        "type": "realtime", "output_modalities": ["text"], "tools": [WEATHER],
+        "tool_choice": "auto"} if not beta else {"modalities": ["text"], "tools": [WEATHER]})
+    assert ws.sent[-1]["session"]["tools"][0]["name"] == "get_weather"
+    await send(conn, type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text",
+                                                        "text": "Weather in Paris?"}]})
+    await send(conn, type="response.create")
+    await until(lambda: "response.done" in types(ws))
+    done = ws.sent[-1]["response"]
+    message, call = done["output"]
+    assert message["type"] == "message" and call["type"] == "function_call"
+    assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
+    deltas = "".join(e["delta"] for e in ws.sent
+                     if e["type"] == "response.function_call_arguments.delta")
+    assert deltas == call["arguments"]
+    texts = "".join(e["delta"] for e in ws.sent if e["type"].endswith("text.delta"))
+    assert texts.strip() == "Let me check."  # the call's text is never sent as text
+    assert {e["output_index"] for e in ws.sent
+            if e["type"] == "response.function_call_arguments.delta"} == {1}
+    await send(conn, type="conversation.item.create", item={
+        "type": "function_call_output", "call_id": call["call_id"], "output": '{"sky": "sunny"}'})
+    await send(conn, type="response.create")
+    await until(lambda: types(ws).count("response.done") == 2)
+    assert ws.sent[-1]["response"]["output"][0]["content"][0]["text"] == "It is sunny in Paris."
+    assert engine.requests[-1].messages[-1].content == '{"sky": "sunny"}'
+    if not beta:
+        assert_ga(ws)
+
+
+async def test_a_server_side_tool_is_answered_by_the_server_within_one_response():
+    from tests.agent.test_session_tools import book_table
+    from voicert.agent.toolbox import Toolbox, describe
+
+    engine = FakeEngine(script=['<tool_call>\n{"name": "book_table", "arguments": {"people": 2, '
+                                '"time": "20:00"}}\n</tool_call>', "Booked for two at eight."])
+    conn, ws, svc = await open_door(engine)
+    svc.toolbox = Toolbox([describe(book_table)])
+    await send(conn, type="session.update", session={"type": "realtime",
+                                                     "output_modalities": ["text"]})
+    await send(conn, type="conversation.item.create", item={
+        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Book"}]})
+    await send(conn, type="response.create")
+    await until(lambda: "response.done" in types(ws))
+    outputs = [e["item"] for e in ws.sent if e["type"] == "conversation.item.added"
+               and e["item"]["type"] == "function_call_output"]
+    assert len(outputs) == 1 and json.loads(outputs[0]["output"])["booked"] is True
+    done = ws.sent[-1]["response"]
+    assert [o["type"] for o in done["output"]] == ["function_call", "message"]
+    assert done["output"][1]["content"][0]["text"] == "Booked for two at eight."
+    assert_ga(ws)
+
+
+async def test_tool_errors_are_shaped_as_the_api_shapes_them():
+    conn, ws, _ = await open_door()
+    with pytest.raises(Exception) as bad_output:
+        await send(conn, type="conversation.item.create", item={
+            "type": "function_call_output", "call_id": "call_nope", "output": "x"})
+    assert bad_output.value.param == "item.call_id"
+    with pytest.raises(Exception) as bad_tool:
+        await send(conn, type="session.update", session={"tools": [{"type": "function",
+                                                                    "name": "has space"}]})
+    assert bad_tool.value.param == "session.tools[0].name"
+    with pytest.raises(Exception) as bad_choice:
+        await send(conn, type="response.create", response={
+            "tool_choice": {"type": "function", "name": "nope"}})
+    assert bad_choice.value.param == "response.tool_choice"

@@ -26,7 +26,7 @@ from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, S
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config, TurnConfig, VadConfig
 from voicert.engine.base import ChatMessage, Engine, GenerationRequest
-from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.engine.tools import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.denoise import RnNoise
@@ -322,6 +322,12 @@ class Session:
         """Every tool a reply may call: the server's, then the client's."""
         server = self.svc.toolbox.specs if self.svc.toolbox is not None else ()
         return (*server, *self.tools)
+
+    def add_call(self, call: "ToolCall") -> Item:
+        """A function call the client records joins the conversation. Raises
+        ProtocolError(TEXT_TOO_LONG)."""
+        self._check_text(call.arguments, "tool call arguments")
+        return self.history.add_call(call)
 
     def add_tool_output(self, call_id: str, output: str, item_id: str | None = None) -> Item:
         """A call's output (from the client) joins the conversation. Raises

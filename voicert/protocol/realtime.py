@@ -18,6 +18,10 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
+from voicert.engine.tools import AUTO, ToolChoice, ToolSpec
+from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tool_to_wire, \
+    tools_from_wire
+
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
@@ -96,6 +100,8 @@ class SessionConfig:
     transcription: bool = True  # send input audio transcription events
     max_output_tokens: int | None = None
     voice: str = "espeak"
+    tools: tuple[ToolSpec, ...] = ()  # functions the client runs
+    tool_choice: ToolChoice = AUTO
 
     def to_wire(self, flavor: Flavor, session_id: str, model: str) -> dict[str, Any]:
         td = None if self.turn_detection is None else self.turn_detection.to_wire()
@@ -108,7 +114,8 @@ class SessionConfig:
                     "input_audio_format": self.input_format,
                     "output_audio_format": self.output_format,
                     "input_audio_transcription": transcription, "turn_detection": td,
-                    "tools": [], "tool_choice": "none", "temperature": 0.8,
+                    "tools": [tool_to_wire(t) for t in self.tools],
+                    "tool_choice": choice_to_wire(self.tool_choice), "temperature": 0.8,
                     "max_response_output_tokens": max_tokens}
         return {"type": "realtime", "id": session_id, "object": "realtime.session", "model": model,
                 "output_modalities": ["audio"] if self.audio_out else ["text"],
@@ -117,7 +124,8 @@ class SessionConfig:
                                     "transcription": transcription, "turn_detection": td},
                           "output": {"format": _ga_format(self.output_format),
                                      "voice": self.voice}},
-                "tools": [], "tool_choice": "none", "max_output_tokens": max_tokens}
+                "tools": [tool_to_wire(t) for t in self.tools],
+                "tool_choice": choice_to_wire(self.tool_choice), "max_output_tokens": max_tokens}
 
 
 def _ga_format(beta_name: str) -> dict[str, Any]:
@@ -242,14 +250,8 @@ def _unsupported(param: str, what: str) -> RealtimeError:
 
 
 def _check_inert(s: dict[str, Any]) -> None:
-    """Refuse what voicert would not do (function calling until it lands, noise reduction, a
-    stored prompt, other speeds) rather than accept it and do something else."""
-    tools = s.get("tools")
-    if tools is not None and (not isinstance(tools, list) or tools):
-        raise _unsupported("session.tools", "function calling")
-    choice = s.get("tool_choice")
-    if choice is not None and choice not in ("auto", "none"):
-        raise _unsupported("session.tool_choice", f"tool_choice {choice!r:.40}")
+    """Refuse what voicert would not do (noise reduction, a stored prompt, other speeds) rather
+    than accept it and do something else."""
     for key in ("prompt", "input_audio_noise_reduction"):
         if s.get(key) is not None:
             raise _unsupported(f"session.{key}", key.replace("_", " "))
@@ -287,6 +289,13 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
             changes["max_output_tokens"] = _max_tokens(s[key], f"session.{key}")
     if "voice" in s:
         changes["voice"] = _voice(s["voice"], "session.voice")
+    try:
+        if s.get("tools") is not None:
+            changes["tools"] = tools_from_wire(s["tools"], "session.tools")
+        if s.get("tool_choice") is not None:
+            changes["tool_choice"] = choice_from_wire(s["tool_choice"], "session.tool_choice")
+    except WireError as exc:
+        raise RealtimeError("invalid_value", str(exc), exc.param) from None
     audio = s.get("audio")
     if audio is not None:
         if not isinstance(audio, dict):
@@ -349,8 +358,11 @@ class AudioClear:
 @dataclass(slots=True)
 class ItemCreate:
     item_id: str | None
-    role: str  # user | assistant | system
-    text: str
+    role: str  # user | assistant | system (a message); assistant (function_call); tool (output)
+    text: str  # a message's text, a function_call's arguments, a function_call_output's output
+    kind: str = "message"  # message | function_call | function_call_output
+    call_id: str = ""
+    name: str = ""  # function_call: the tool
 
 
 @dataclass(slots=True)
@@ -358,6 +370,7 @@ class ResponseCreate:
     instructions: str | None = None
     max_output_tokens: int | None = None
     audio_out: bool | None = None  # None: the session's modalities
+    tool_choice: ToolChoice | None = None  # None: the session's
 
 
 @dataclass(slots=True)
@@ -416,9 +429,12 @@ def _item_create(msg: dict) -> ItemCreate:
     if not isinstance(item, dict):
         raise RealtimeError("missing_required_parameter", "Missing required parameter: 'item'.",
                             "item")
-    if item.get("type", "message") != "message":
-        raise RealtimeError("invalid_value", f"item.type {item.get('type')!r:.40} is not supported "
-                            "(supported: message)", "item.type")
+    kind = item.get("type", "message")
+    if kind in ("function_call", "function_call_output"):
+        return _call_item(item, kind)
+    if kind != "message":
+        raise RealtimeError("invalid_value", f"item.type {kind!r:.40} is not supported (supported: "
+                            "message, function_call, function_call_output)", "item.type")
     role = item.get("role")
     if role not in ("user", "assistant", "system"):
         raise RealtimeError("invalid_value", "item.role must be user, assistant or system",
@@ -441,6 +457,31 @@ def _item_create(msg: dict) -> ItemCreate:
     return ItemCreate(item_id if isinstance(item_id, str) else None, role, "".join(texts))
 
 
+def _call_item(item: dict, kind: str) -> ItemCreate:
+    """A function_call (the client records a call) or function_call_output (a call's result)."""
+    call_id = item.get("call_id")
+    if not isinstance(call_id, str) or not call_id:
+        raise RealtimeError("missing_required_parameter",
+                            "Missing required parameter: 'item.call_id'.", "item.call_id")
+    item_id = item.get("id") if isinstance(item.get("id"), str) else None
+    if kind == "function_call_output":
+        output = item.get("output")
+        if not isinstance(output, str):
+            raise RealtimeError("invalid_type", "item.output must be a string", "item.output")
+        return ItemCreate(item_id, "tool", output, kind, call_id)
+    name, arguments = item.get("name"), item.get("arguments", "{}")
+    if not isinstance(name, str) or not name:
+        raise RealtimeError("missing_required_parameter", "Missing required parameter: "
+                            "'item.name'.", "item.name")
+    try:
+        if not isinstance(arguments, str) or not isinstance(json.loads(arguments), dict):
+            raise ValueError
+    except ValueError:
+        raise RealtimeError("invalid_value", "item.arguments must be JSON text of an object",
+                            "item.arguments") from None
+    return ItemCreate(item_id, "assistant", arguments, kind, call_id, name)
+
+
 def _response_create(msg: dict) -> ResponseCreate:
     r = msg.get("response") or {}
     if not isinstance(r, dict):
@@ -457,7 +498,15 @@ def _response_create(msg: dict) -> ResponseCreate:
     for key in ("modalities", "output_modalities"):
         if key in r:
             audio_out = _audio_out(r[key], f"response.{key}")
-    return ResponseCreate(instructions, max_tokens, audio_out)
+    if r.get("tools") is not None:  # tools are the session's; a response may narrow the choice
+        raise _unsupported("response.tools", "per-response tools (set session.tools)")
+    choice = None
+    if r.get("tool_choice") is not None:
+        try:
+            choice = choice_from_wire(r["tool_choice"], "response.tool_choice")
+        except WireError as exc:
+            raise RealtimeError("invalid_value", str(exc), exc.param) from None
+    return ResponseCreate(instructions, max_tokens, audio_out, choice)
 
 
 def _audio_append(msg: dict) -> AudioAppend:
@@ -548,3 +597,14 @@ class EventWriter:
 def message_item(item_id: str, role: str, status: str, content: list[dict]) -> dict[str, Any]:
     return {"id": item_id, "object": "realtime.item", "type": "message", "role": role,
             "status": status, "content": content}
+
+
+def call_item(item_id: str, call_id: str, name: str, arguments: str,
+              status: str) -> dict[str, Any]:
+    return {"id": item_id, "object": "realtime.item", "type": "function_call", "status": status,
+            "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def output_item(item_id: str, call_id: str, output: str) -> dict[str, Any]:
+    return {"id": item_id, "object": "realtime.item", "type": "function_call_output",
+            "status": "completed", "call_id": call_id, "output": output}

@@ -2,7 +2,11 @@
 
 Client events drive the :class:`Session`; the session's native events are translated into Realtime
 server events here: one user ``message`` item per committed audio turn or typed message, one
-response with one assistant ``message`` item per reply (text, or audio plus its transcript).
+response per reply, whose output is its ``function_call`` items (in the order they were made) and,
+once it says anything, one assistant ``message`` item (text, or audio plus its transcript). A call
+of a session tool waits for the client's ``function_call_output`` item and ``response.create``; a
+call of a server-side tool (``tools.functions``) is answered by the server, whose
+``function_call_output`` item joins the conversation, and the response goes on.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from websockets.asyncio.server import ServerConnection
 from voicert.agent.session import Services, Session
 from voicert.config import TurnConfig
 from voicert.core import events as core
+from voicert.engine.tools import ToolCall
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
 from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
@@ -53,11 +58,18 @@ _BYTES_PER_MS = {name: bytes_per_ms(enc, rate) for name, (enc, rate) in rt.BETA_
 @dataclasses.dataclass(slots=True)
 class ResponseState:
     response_id: str
-    item_id: str
+    item_id: str  # its message item's wire id (sent once the reply says something)
     audio_out: bool
-    output_index: int = 0
-    partial_stable: str = ""
+    message_index: int | None = None  # the message item's output_index, once it is open
+    outputs: int = 0  # output items opened so far
+    done_items: dict[int, dict] = dataclasses.field(default_factory=dict)  # output_index -> item
+    calls: dict[str, tuple[str, int]] = dataclasses.field(default_factory=dict)  # call id ->
+    # (wire item id, output_index)
     spoken: SpokenReply | None = None
+
+    def open_output(self) -> int:
+        self.outputs += 1
+        return self.outputs - 1
 
 
 class RealtimeConnection(BaseConnection):
@@ -92,7 +104,8 @@ class RealtimeConnection(BaseConnection):
         start = p.SessionStart(sample_rate=rate, encoding=enc, system_prompt=c.instructions,
                                turn_detection="manual" if manual else "server_vad",
                                max_new_tokens=c.max_output_tokens,
-                               output_audio=p.OutputAudio(out_enc, out_rate) if c.audio_out else None)
+                               output_audio=p.OutputAudio(out_enc, out_rate) if c.audio_out else None,
+                               tools=c.tools, tool_choice=c.tool_choice)
         auto_respond = not manual and c.turn_detection.create_response
         return start, auto_respond
 
@@ -185,7 +198,13 @@ class RealtimeConnection(BaseConnection):
             if self.svc.draining:
                 raise rt.RealtimeError(p.ErrorCode.SHUTTING_DOWN.value, "server is shutting down",
                                        kind=rt.SERVER_ERROR)
-            s.respond(event.max_output_tokens, event.instructions, event.audio_out)
+            if event.tool_choice is not None and event.tool_choice.name and \
+                    event.tool_choice.name not in {t.name for t in s.offered_tools()}:
+                raise rt.RealtimeError("invalid_value", f"response.tool_choice names "
+                                       f"{event.tool_choice.name[:64]!r}, which is not a tool",
+                                       "response.tool_choice")
+            s.respond(event.max_output_tokens, event.instructions, event.audio_out,
+                      event.tool_choice)
         elif isinstance(event, rt.ResponseCancel):
             if s.idle():
                 raise rt.RealtimeError("response_cancel_not_active",
@@ -212,9 +231,15 @@ class RealtimeConnection(BaseConnection):
         try:
             start, auto = self._session_start()
             check_output_audio(start.output_audio, self.svc)
+            self.session.set_tools(config.tools, config.tool_choice)
             self.session.reconfigure(start, auto, self._vad_config(), self._turn_config())
-        except Exception:  # refused: the session keeps its settings
+        except p.ProtocolError as exc:  # refused: the session keeps its settings
             self.config = old
+            self.session.set_tools(old.tools, old.tool_choice)
+            raise rt.RealtimeError("invalid_value", exc.message, "session.tools") from None
+        except Exception:
+            self.config = old
+            self.session.set_tools(old.tools, old.tool_choice)
             raise
         await self.send_event("session.updated", session=self._wire_session())
 
@@ -282,6 +307,9 @@ class RealtimeConnection(BaseConnection):
         return "output_audio" if audio else "output_text"
 
     async def _item_create(self, event: rt.ItemCreate) -> None:
+        if event.kind != "message":
+            await self._call_item_create(event)
+            return
         if not event.text.strip():
             raise rt.RealtimeError("invalid_value", "item.content text is empty", "item.content")
         item_id = event.item_id or f"item_{uuid.uuid4().hex[:20]}"
@@ -291,6 +319,27 @@ class RealtimeConnection(BaseConnection):
         self.items[item_id] = self.session.add_item(event.role, event.text).item_id
         kind = "input_text" if event.role != "assistant" else self._part_type(False)
         item = rt.message_item(item_id, event.role, "completed", [{"type": kind, "text": event.text}])
+        await self._item_added(item)
+
+    async def _call_item_create(self, event: rt.ItemCreate) -> None:
+        """A function_call_output (a client tool's result) or a function_call the client
+        records."""
+        item_id = event.item_id or f"item_{uuid.uuid4().hex[:20]}"
+        if item_id in self.wire_items:
+            raise rt.RealtimeError("invalid_value", f"Item '{item_id[:64]}' already exists",
+                                   "item.id")
+        if event.kind == "function_call_output":
+            try:
+                core_item = self.session.add_tool_output(event.call_id, event.text)
+            except KeyError:
+                raise rt.RealtimeError("invalid_value", f"No function call with call_id "
+                                       f"'{event.call_id[:64]}' in the conversation",
+                                       "item.call_id") from None
+            item = rt.output_item(item_id, event.call_id, event.text)
+        else:
+            core_item = self.session.add_call(ToolCall(event.call_id, event.name, event.text))
+            item = rt.call_item(item_id, event.call_id, event.name, event.text, "completed")
+        self.items[item_id] = core_item.item_id
         await self._item_added(item)
 
     async def _item_added(self, item: dict) -> None:
@@ -337,18 +386,30 @@ class RealtimeConnection(BaseConnection):
         elif isinstance(ev, core.ReplyToken):
             r = self.responses.get(ev.turn_id)
             if r is not None and ev.text:
+                await self._open_message(r)
                 name = ("response.output_audio_transcript.delta" if r.audio_out
                         else "response.output_text.delta")
                 await self.send_event(name, response_id=r.response_id, item_id=r.item_id,
-                                      output_index=0, content_index=0, delta=ev.text)
+                                      output_index=r.message_index, content_index=0,
+                                      delta=ev.text)
         elif isinstance(ev, core.ReplyAudio):
             r = self.responses.get(ev.turn_id)
             if r is not None:
+                await self._open_message(r)
                 if r.spoken is not None:
                     r.spoken.add(ev.audio, ev.text)
                 await self.send_event("response.output_audio.delta", response_id=r.response_id,
-                                      item_id=r.item_id, output_index=0, content_index=0,
+                                      item_id=r.item_id, output_index=r.message_index,
+                                      content_index=0,
                                       delta=base64.b64encode(ev.audio).decode("ascii"))
+        elif isinstance(ev, (core.ToolCallStarted, core.ToolCallArguments, core.ToolCallDone)):
+            r = self.responses.get(ev.turn_id)
+            if r is not None:
+                await self._call_event(r, ev)
+        elif isinstance(ev, core.ToolResult):
+            wire_id = f"item_{uuid.uuid4().hex[:20]}"
+            self.items[wire_id] = ev.item_id
+            await self._item_added(rt.output_item(wire_id, ev.call_id, ev.output))
         elif isinstance(ev, core.ReplyDone):
             await self._response_done(ev)
         elif isinstance(ev, core.SessionError):
@@ -379,28 +440,72 @@ class RealtimeConnection(BaseConnection):
     async def _response_started(self, turn_id: int, audio_out: bool) -> None:
         r = ResponseState(f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}",
                           audio_out)
-        if audio_out:
+        self.responses[turn_id] = r
+        await self.send_event("response.created", response=self._response(r, "in_progress", []))
+
+    async def _open_message(self, r: ResponseState) -> None:
+        """The response's message item, opened with its first text or audio."""
+        if r.message_index is not None:
+            return
+        r.message_index = r.open_output()
+        if r.audio_out:
             r.spoken = self.spoken[r.item_id] = SpokenReply(_BYTES_PER_MS[self.config.output_format])
             while len(self.spoken) > MAX_SPOKEN_ITEMS:
                 self.spoken.pop(next(iter(self.spoken)))
-        self.responses[turn_id] = r
-        await self.send_event("response.created", response=self._response(r, "in_progress", []))
         item = rt.message_item(r.item_id, "assistant", "in_progress", [])
         await self.send_event("response.output_item.added", response_id=r.response_id,
-                              output_index=0, item=item)
+                              output_index=r.message_index, item=item)
         await self._item_added(item)
         # content_part events name parts "audio" / "text" in both flavours; items' content does
         # not (GA: output_audio / output_text; see _part_type)
-        part = {"type": "audio", "transcript": ""} if audio_out else {"type": "text", "text": ""}
+        part = {"type": "audio", "transcript": ""} if r.audio_out else {"type": "text", "text": ""}
         await self.send_event("response.content_part.added", response_id=r.response_id,
-                              item_id=r.item_id, output_index=0, content_index=0, part=part)
+                              item_id=r.item_id, output_index=r.message_index, content_index=0,
+                              part=part)
+
+    async def _call_event(self, r: ResponseState, ev) -> None:
+        """A function_call output item: added with its name, its arguments streamed, done."""
+        if isinstance(ev, core.ToolCallStarted):
+            wire_id, index = f"item_{uuid.uuid4().hex[:20]}", r.open_output()
+            r.calls[ev.call_id] = (wire_id, index)
+            self.items[wire_id] = ev.item_id
+            item = rt.call_item(wire_id, ev.call_id, ev.name, "", "in_progress")
+            await self.send_event("response.output_item.added", response_id=r.response_id,
+                                  output_index=index, item=item)
+            await self._item_added(item)
+            return
+        wire_id, index = r.calls[ev.call_id]
+        ids = {"response_id": r.response_id, "item_id": wire_id, "output_index": index,
+               "call_id": ev.call_id}
+        if isinstance(ev, core.ToolCallArguments):
+            await self.send_event("response.function_call_arguments.delta", **ids, delta=ev.delta)
+            return
+        await self.send_event("response.function_call_arguments.done", **ids, name=ev.name,
+                              arguments=ev.arguments)
+        item = rt.call_item(wire_id, ev.call_id, ev.name, ev.arguments, "completed")
+        r.done_items[index] = item
+        self._remember(item)
+        await self.send_event("response.output_item.done", response_id=r.response_id,
+                              output_index=index, item=item)
+        if self.writer.flavor is rt.Flavor.GA:
+            await self.send_event("conversation.item.done", previous_item_id=None, item=item)
 
     async def _response_done(self, ev: core.ReplyDone) -> None:
         r = self.responses.pop(ev.turn_id, None)
         if r is None:
             return
-        ids = {"response_id": r.response_id, "item_id": r.item_id, "output_index": 0,
-               "content_index": 0}
+        status, details = _STATUS.get(ev.finish_reason, _STATUS["error"])
+        if r.message_index is not None:
+            await self._message_done(r, ev, status)
+        output = [r.done_items[i] for i in sorted(r.done_items)]
+        usage = {"total_tokens": ev.prompt_tokens + ev.tokens, "input_tokens": ev.prompt_tokens,
+                 "output_tokens": ev.tokens}
+        await self.send_event("response.done",
+                              response=self._response(r, status, output, details, usage))
+
+    async def _message_done(self, r: ResponseState, ev: core.ReplyDone, status: str) -> None:
+        ids = {"response_id": r.response_id, "item_id": r.item_id,
+               "output_index": r.message_index, "content_index": 0}
         if r.audio_out:
             await self.send_event("response.output_audio.done", **ids)
             await self.send_event("response.output_audio_transcript.done", **ids,
@@ -411,7 +516,6 @@ class RealtimeConnection(BaseConnection):
             part = {"type": "text", "text": ev.text}
         await self.send_event("response.content_part.done", **ids, part=part)
         part = {**part, "type": self._part_type(r.audio_out)}  # as the item's content
-        status, details = _STATUS.get(ev.finish_reason, _STATUS["error"])
         item_status = "completed" if status == "completed" else "incomplete"
         item = rt.message_item(r.item_id, "assistant", item_status, [part])
         self._remember(item)
@@ -421,14 +525,11 @@ class RealtimeConnection(BaseConnection):
             r.spoken.text, r.spoken.item_id = ev.text, ev.item_id
             if r.spoken.cut_ms is not None and ev.item_id:
                 self._apply_truncation(r.item_id, r.spoken, r.spoken.cut_ms)
+        r.done_items[r.message_index] = item
         await self.send_event("response.output_item.done", response_id=r.response_id,
-                              output_index=0, item=item)
+                              output_index=r.message_index, item=item)
         if self.writer.flavor is rt.Flavor.GA:
             await self.send_event("conversation.item.done", previous_item_id=None, item=item)
-        usage = {"total_tokens": ev.prompt_tokens + ev.tokens, "input_tokens": ev.prompt_tokens,
-                 "output_tokens": ev.tokens}
-        await self.send_event("response.done",
-                              response=self._response(r, status, [item], details, usage))
 
     def _response(self, r: ResponseState, status: str, output: list, details=None,
                   usage=None) -> dict:
