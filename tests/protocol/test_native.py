@@ -65,3 +65,54 @@ def test_server_events_encode_with_type_first_and_decode():
         assert msg == {"type": "turn.latency", "turn_id": 3, "stages": {"ttft_ms": 12.5},
                        "early_asr": False, "early_prefill": False}
     assert list(msgpack.unpackb(p.encode(p.Error("bad_audio", "m")))) [0] == "type"
+
+
+def test_tools_travel_in_session_start_and_session_update_and_results_come_back():
+    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+
+    weather = ToolSpec.of("weather", "Weather now", {"type": "object", "properties": {
+        "city": {"type": "string"}}})
+    named = ToolChoice(ToolChoiceMode.NAMED, "weather")
+    for binary in (True, False):
+        for ev in (p.SessionStart(tools=(weather,), tool_choice=named),
+                   p.SessionUpdate(tools=(), tool_choice=ToolChoice(ToolChoiceMode.NONE)),
+                   p.SessionUpdate(system_prompt="Be brief."),
+                   p.ToolResultIn("call_1", '{"t": 21}', respond=False)):
+            assert p.decode_client(p.encode(ev, binary)) == ev
+    # the OpenAI shapes are read too; an object output is sent on as its JSON
+    start = p.decode_client(json.dumps({"type": "session.start", "options": {
+        "tools": [{"type": "function", "function": {"name": "weather"}}],
+        "tool_choice": "required"}}))
+    assert start.tools[0].name == "weather" and start.tool_choice.mode is ToolChoiceMode.REQUIRED
+    result = p.decode_client(json.dumps({"type": "tool.result", "call_id": "c", "output": {"a": 1}}))
+    assert result.output == '{"a": 1}'
+
+
+@pytest.mark.parametrize("msg", [
+    {"type": "session.start", "options": {"tools": {"name": "x"}}},
+    {"type": "session.start", "options": {"tools": [{"name": "bad name"}]}},
+    {"type": "session.start", "options": {"tool_choice": "maybe"}},
+    {"type": "session.update", "tools": [{"name": "f", "parameters": [1]}]},
+    {"type": "tool.result", "output": "x"},
+    {"type": "tool.result", "call_id": "c"},
+])
+def test_bad_tools_and_results_are_invalid_messages(msg):
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode_client(json.dumps(msg))
+    assert info.value.code is p.ErrorCode.INVALID
+
+
+def test_tool_events_go_out_from_the_core_events():
+    from voicert.core import events as ev
+
+    sent = [p.decode_server(p.encode(p.from_core(e))) for e in (
+        ev.ToolCallStarted(2, "call_1", "weather", "item_3"),
+        ev.ToolCallArguments(2, "call_1", '{"city"'),
+        ev.ToolCallDone(2, "call_1", "weather", '{"city": "Oslo"}', "item_3", False),
+        ev.ToolResult(2, "call_1", "cold", "item_4"),
+        ev.ReplyDone(2, "Let me look.", 9, 40, ev.ReplyEnd.STOP, "item_2", ("call_1",)))]
+    assert [m["type"] for m in sent] == ["tool.call.started", "tool.call.delta", "tool.call",
+                                         "tool.output", "response.done"]
+    assert sent[2] == {"type": "tool.call", "turn_id": 2, "call_id": "call_1", "name": "weather",
+                       "arguments": '{"city": "Oslo"}', "server": False}
+    assert sent[4]["tool_calls"] == ["call_1"]

@@ -38,8 +38,11 @@ CFG = rt.SessionConfig(instructions="x")
 
 
 @pytest.mark.parametrize("session, param", [
-    ({"tools": [{"type": "function", "name": "f"}]}, "session.tools"),
-    ({"tool_choice": "required"}, "session.tool_choice"),
+    ({"tools": [{"type": "mcp", "server_label": "f"}]}, "session.tools[0].type"),
+    ({"tools": [{"type": "function", "name": "f"}, {"name": "f"}]}, "session.tools[1].name"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]},
+     "session.tools[0].name"),
+    ({"tool_choice": "sometimes"}, "session.tool_choice"),
     ({"prompt": {"id": "pmpt_1"}}, "session.prompt"),
     ({"speed": 1.5}, "session.speed"),
     ({"input_audio_noise_reduction": {"type": "near_field"}}, "session.input_audio_noise_reduction"),
@@ -54,6 +57,21 @@ def test_session_fields_asking_for_what_voicert_does_not_do_are_refused(session,
     with pytest.raises(rt.RealtimeError) as info:
         rt.update_session(CFG, session)
     assert info.value.param == param
+
+
+def test_tools_and_tool_choice_are_read_in_every_shape_and_written_back_flat():
+    from voicert.engine.tools import ToolChoiceMode
+
+    cfg = rt.update_session(CFG, {"tools": [
+        {"type": "function", "name": "a", "parameters": {"type": "object"}},
+        {"type": "function", "function": {"name": "b", "description": "B"}}],
+        "tool_choice": {"type": "function", "name": "b"}})
+    assert [t.name for t in cfg.tools] == ["a", "b"]
+    assert cfg.tool_choice.mode is ToolChoiceMode.NAMED and cfg.tool_choice.name == "b"
+    wire = cfg.to_wire(rt.Flavor.GA, "s", "m")
+    assert wire["tools"][1] == {"type": "function", "name": "b", "description": "B",
+                                "parameters": {"type": "object", "properties": {}}}
+    assert wire["tool_choice"] == {"type": "function", "name": "b"}
 
 
 def test_neutral_values_of_unimplemented_fields_are_accepted():

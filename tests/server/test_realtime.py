@@ -161,8 +161,8 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(server):
         assert (await error_for(json.dumps({"type": "conversation.item.truncate"}))).code == \
             "missing_required_parameter"
         err = await error_for(json.dumps({"type": "session.update", "session": {"tools": [
-            {"type": "function", "name": "f", "parameters": {"type": "object"}}]}}))
-        assert (err.code, err.param) == ("unsupported_value", "session.tools")
+            {"type": "mcp", "server_label": "x"}]}}))  # only function tools
+        assert (err.code, err.param) == ("invalid_value", "session.tools[0].type")
         err = await error_for(json.dumps({"type": "session.update", "session": {"colour": 1}}))
         assert (err.code, err.param) == ("unknown_parameter", "session.colour")
         assert (await error_for(json.dumps({"type": "input_audio_buffer.commit"}))).code == \
@@ -290,3 +290,48 @@ async def test_truncate_after_an_interruption_keeps_what_was_heard_and_delete_re
         done = await recv_raw(conn, "response.done", seen)
         assert done["response"]["output"][0]["content"][0]["type"] == "output_text"
     assert_ga_models(seen)
+
+
+BOOK = {"type": "function", "name": "book_table", "description": "Book a restaurant table",
+        "parameters": {"type": "object", "additionalProperties": False,
+                       "required": ["people", "time"],
+                       "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12},
+                                      "time": {"type": "string", "maxLength": 8}}}}
+
+
+@pytest.mark.parametrize("beta", [False, True])
+async def test_a_forced_tool_choice_gives_a_schema_valid_call_whose_output_is_used(server, beta):
+    """The official SDK (GA and beta): a named tool_choice makes the embedded model call the tool
+    with arguments valid against its schema; the client's function_call_output joins the
+    conversation and the next response is made from it."""
+    import jsonschema
+
+    sdk = client(server)
+    connect = sdk.beta.realtime.connect if beta else sdk.realtime.connect
+    async with connect(model="voicert") as conn:
+        await until(conn, "session.created")
+        session = ({"modalities": ["text"], "tools": [BOOK]} if beta else
+                   {"type": "realtime", "output_modalities": ["text"], "tools": [BOOK]})
+        await conn.session.update(session=session)
+        await until(conn, "session.updated")
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "A table for four at 7pm, please."}]})
+        await conn.response.create(response={"tool_choice": {"type": "function",
+                                                             "name": "book_table"}})
+        seen: list = []
+        done = await until(conn, "response.done", seen)
+        calls = [o for o in done.response.output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "book_table"
+        jsonschema.validate(json.loads(calls[0].arguments), BOOK["parameters"])
+        deltas = "".join(e.delta for e in seen
+                         if kind(e) == "response.function_call_arguments.delta")
+        assert deltas == calls[0].arguments
+        await conn.conversation.item.create(item={
+            "type": "function_call_output", "call_id": calls[0].call_id,
+            "output": json.dumps({"booked": True, "table": 12})})
+        await conn.response.create()
+        done = await until(conn, "response.done")
+        assert done.response.status in ("completed", "incomplete")
+        message = [o for o in done.response.output if o.type == "message"]
+        assert message and message[0].content[0].text  # it answered in words
