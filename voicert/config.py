@@ -289,8 +289,9 @@ class LogConfig:
 @dataclass(slots=True)
 class ToolsConfig:
     """Function calling. ``functions``: Python callables the server itself runs when the model
-    calls them (``module:function``; their JSON schema comes from the type hints, their
-    description from the docstring). Sessions may declare more tools, which their client runs."""
+    calls them (``module:function``, or ``path/to/file.py:function``, a path relative to the
+    working directory; their JSON schema comes from the type hints, their description from the
+    docstring). Sessions may declare more tools, which their client runs."""
 
     functions: list[str] = field(default_factory=list)
     choice: str = "auto"  # the default tool_choice: auto | none | required
@@ -302,10 +303,10 @@ class ToolsConfig:
 
     def __post_init__(self) -> None:
         for ref in self.functions:
-            mod, _, fn = ref.partition(":")
-            _check(bool(mod) and fn.isidentifier() and all(
-                part.isidentifier() for part in mod.split(".")), "tools.functions",
-                f"{ref!r:.80} is not module:function")
+            mod, _, fn = ref.rpartition(":")
+            _check(bool(mod) and fn.isidentifier() and (mod.endswith(".py") or all(
+                part.isidentifier() for part in mod.split("."))), "tools.functions",
+                f"{ref!r:.80} is not module:function or path/to/file.py:function")
         _check(self.choice in ("auto", "none", "required"), "tools.choice",
                "must be auto, none or required")
         _check(0 < self.timeout_s <= 600, "tools.timeout_s", "must be in (0, 600]")
@@ -406,24 +407,44 @@ def load_config(
     environ: Mapping[str, str] | None = None,
 ) -> Config:
     """Load the YAML file (default ``configs/default.yaml`` when it exists), then apply environment
-    variables and ``overrides`` (``{"server.port": 9000}``). Raises ConfigError with the key at fault."""
+    variables and ``overrides`` (``{"server.port": 9000}``). Raises ConfigError with the key at fault.
+    A file may start from another (``extends: path``, relative to the file): its keys win."""
     tree: dict[str, Any] = {}
     file = Path(path) if path else DEFAULT_CONFIG_PATH
     if path and not file.is_file():
         raise ConfigError(f"config file {file} does not exist")
     if file.is_file():
-        try:
-            loaded = yaml.safe_load(file.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {file}: not valid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {file}: top level must be a mapping")
-        tree = {k: (dict(v) if isinstance(v, dict) else v) for k, v in loaded.items()}
+        tree = _read_tree(file)
     for dotted, value in env_overrides(os.environ if environ is None else environ).items():
         _set_path(tree, dotted, value)
     for dotted, value in (overrides or {}).items():
         _set_path(tree, dotted, value)
     return _build(Config, tree, "")
+
+
+def _read_tree(file: Path, depth: int = 0) -> dict[str, Any]:
+    """A config file's sections, over those of the file it ``extends`` (if any)."""
+    try:
+        loaded = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {file}: not valid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {file}: top level must be a mapping")
+    tree: dict[str, Any] = {}
+    base = loaded.pop("extends", None)
+    if base is not None:
+        if not isinstance(base, str) or depth >= 4:
+            raise ConfigError(f"config file {file}: extends must name one file (at most 4 deep)")
+        parent = (file.parent / base).resolve()
+        if not parent.is_file():
+            raise ConfigError(f"config file {file}: extends {base}, which does not exist")
+        tree = _read_tree(parent, depth + 1)
+    for key, value in loaded.items():
+        if isinstance(value, dict) and isinstance(tree.get(key), dict):
+            tree[key] = {**tree[key], **value}
+        else:
+            tree[key] = dict(value) if isinstance(value, dict) else value
+    return tree
 
 
 def cache_dir(cfg: ModelsConfig) -> Path:

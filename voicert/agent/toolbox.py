@@ -78,16 +78,41 @@ def _hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 
 def load_function(ref: str) -> Callable[..., Any]:
-    """``module:function`` -> the callable. Raises ConfigError naming ``tools.functions``."""
-    mod_name, _, fn_name = ref.partition(":")
+    """``module:function`` or ``path/to/file.py:function`` -> the callable. Raises ConfigError
+    naming ``tools.functions``."""
+    mod_name, _, fn_name = ref.rpartition(":")
     try:
-        module = importlib.import_module(mod_name)
+        module = _load_file(mod_name) if mod_name.endswith(".py") else \
+            importlib.import_module(mod_name)
     except Exception as exc:
         raise ConfigError(f"config tools.functions: cannot import {mod_name!r} ({exc})") from None
     fn = getattr(module, fn_name, None)
     if not callable(fn):
         raise ConfigError(f"config tools.functions: {mod_name} has no function {fn_name!r}")
     return fn
+
+
+def _load_file(path: str):
+    """A module from a .py file (each file loaded once per process, under a name of its own)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    file = Path(path).expanduser().resolve()
+    name = f"voicert_tools_{abs(hash(str(file))):x}"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, file)
+    if spec is None or not file.is_file():
+        raise FileNotFoundError(f"no file {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # before running it: dataclasses look their module up
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 class Toolbox:
