@@ -21,7 +21,7 @@ import torch
 
 from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest, StepRecord, TokenOut
 from voicert.engine.draft import DraftModelProposer
-from voicert.engine.guided import GuideError, Guides
+from voicert.engine.guided import GuideError, Guides, masked_argmax
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel
@@ -293,9 +293,12 @@ class EngineCore:
         """Replace each guided row's greedy token that its grammar refuses by the best one it
         allows (in place; guided rows carry no drafts, so one token per row)."""
         seqs = ([c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs)
-        for i, seq in enumerate(seqs):
-            if seq.guide is not None and tokens[i]:
-                tokens[i][0] = seq.guide.pick(tokens[i][0], lambda i=i: pending.logits(i, 0))
+        refused = [i for i, seq in enumerate(seqs)
+                   if seq.guide is not None and tokens[i] and not seq.guide.allows(tokens[i][0])]
+        if refused:  # their logits, their masks: one batch
+            best = masked_argmax([seqs[i].guide for i in refused], pending.logits_rows(refused))
+            for i, tok in zip(refused, best):
+                tokens[i][0] = tok
 
     def _guide_advance(self, emitted: list[tuple[Sequence, list[int]]]) -> None:
         """Move each guided sequence's grammar past its new token; one whose grammar allows

@@ -14,7 +14,6 @@ Not thread-safe: the engine thread owns every guide.
 from __future__ import annotations
 
 import logging
-import time
 
 import numpy as np
 import torch
@@ -37,9 +36,7 @@ class Guide:
     def __init__(self, matcher, vocab_size: int) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
-        self._bits = np.zeros(-(-vocab_size // 32), dtype=np.int32)  # llguidance's packed mask
         self.masked_steps = 0  # steps whose greedy token the grammar refused
-        self.mask_ns = 0  # time spent computing and applying masks
 
     def allows(self, token: int) -> bool:
         return self.matcher.validate_tokens([token]) == 1
@@ -50,20 +47,8 @@ class Guide:
         ``logits`` is only read in the second case; it may be a callable returning them."""
         if self.allows(token):
             return token
-        t0 = time.perf_counter_ns()
         row = logits() if callable(logits) else logits  # [V]
-        allowed = torch.from_numpy(self.allowed()).to(row.device, non_blocking=True)  # bool [V]
-        best = int(row[: self.vocab_size].float().masked_fill(~allowed, float("-inf")).argmax())
-        self.masked_steps += 1
-        self.mask_ns += time.perf_counter_ns() - t0
-        return best
-
-    def allowed(self) -> np.ndarray:
-        """bool [V]: the tokens the grammar allows next (computed by llguidance; unpacked here,
-        not with llguidance.torch, whose torch.compile'd kernel takes ~20 s to build)."""
-        self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        bits = np.unpackbits(self._bits.view(np.uint8), bitorder="little")
-        return bits[: self.vocab_size].astype(bool)
+        return masked_argmax([self], row.unsqueeze(0))[0]
 
     def advance(self, token: int) -> None:
         if not self.matcher.consume_token(token):
@@ -72,6 +57,30 @@ class Guide:
     @property
     def finished(self) -> bool:
         return self.matcher.is_stopped()
+
+
+def unpack_allowed(packed: torch.Tensor, vocab: int) -> torch.Tensor:
+    """llguidance's bitmask, int32 [R, ceil(V / 32)] (bit j of word w: token 32 w + j) -> bool
+    [R, V], on the mask's device. Plain torch ops: llguidance.torch's kernel is torch.compile'd
+    (~20 s to build on first use)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=packed.device)
+    bits = (packed.unsqueeze(-1) >> shifts) & 1  # [R, W, 32] (an arithmetic shift keeps bit j)
+    return bits.view(packed.shape[0], -1)[:, :vocab].bool()
+
+
+def masked_argmax(guides: list[Guide], logits: torch.Tensor) -> list[int]:
+    """logits [R, >= V] (any device): for each row, the best token its guide's grammar allows.
+    The masks are computed on the host (a few us a row) and applied in one batch: one copy, one
+    masked argmax, one sync, however many rows."""
+    vocab = guides[0].vocab_size
+    words = -(-vocab // 32)
+    packed = np.empty((len(guides), words), dtype=np.int32)  # [R, W]
+    for i, guide in enumerate(guides):
+        guide.matcher.unsafe_compute_mask_ptr(packed[i].ctypes.data, words * 4)
+        guide.masked_steps += 1
+    allowed = unpack_allowed(torch.from_numpy(packed).to(logits.device), vocab)  # bool [R, V]
+    best = logits[:, :vocab].float().masked_fill(~allowed, float("-inf")).argmax(-1)  # [R]
+    return best.tolist()
 
 
 class Guides:

@@ -250,13 +250,15 @@ class Pending:
             self.output = self.graphs.collect(self)
         return self.output
 
-    def logits(self, row: int, sample: int = 0) -> torch.Tensor:
-        """The target model's logits [V] (on its device) that row ``row``'s ``sample``-th token was
-        picked from. Valid after :meth:`result` and until the next step is launched; for a step
-        the scheduler marked ``guided``."""
+    def logits_rows(self, rows: list[int]) -> torch.Tensor:
+        """The target model's logits [len(rows), V] (on its device) that each of ``rows`` picked
+        its first sampled token from. Valid after :meth:`result` and until the next step is
+        launched; for a step the scheduler marked ``guided``."""
         if self.eager_logits is not None:
-            return self.eager_logits[self.eager_at[(row, sample)]]
-        return self.graphs.logits(self, row, sample)
+            at = torch.tensor([self.eager_at[(r, 0)] for r in rows],
+                              device=self.eager_logits.device)
+            return self.eager_logits.index_select(0, at)
+        return self.graphs.logits_rows(self, rows)
 
 
 class StepGraphs:
@@ -432,12 +434,14 @@ class StepGraphs:
     def vocab(self) -> int:
         return self.runner.model.cfg.vocab_size
 
-    def logits(self, pending: Pending, row: int, sample: int) -> torch.Tensor:
-        """Row ``row``'s logits [V] at its ``sample``-th sampled position, from the LM head's
+    def logits_rows(self, pending: Pending, rows: list[int]) -> torch.Tensor:
+        """[len(rows), V]: each row's logits at its first sampled position, from the LM head's
         output of the latest replay (which must be ``pending``)."""
         assert pending is self.latest, "logits are only kept for the latest replay"
-        flat = row if self.sample_last else row * pending.width + sample
-        return self.head_out[flat * self.vocab: (flat + 1) * self.vocab]
+        width = 1 if self.sample_last else pending.width
+        flat = torch.tensor([r * width for r in rows], device=self.head_out.device)
+        table = self.head_out[: self.head_out.numel() // self.vocab * self.vocab].view(-1, self.vocab)
+        return table.index_select(0, flat)
 
     def collect(self, pending: Pending) -> StepOutput:
         """The tokens of a launched step, as a :class:`StepOutput` (waits for them)."""
