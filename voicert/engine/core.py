@@ -296,7 +296,8 @@ class EngineCore:
         refused = [i for i, seq in enumerate(seqs)
                    if seq.guide is not None and tokens[i] and not seq.guide.allows(tokens[i][0])]
         if refused:  # their logits, their masks: one batch
-            best = masked_argmax([seqs[i].guide for i in refused], pending.logits_rows(refused))
+            best = masked_argmax([seqs[i].guide for i in refused], pending.logits_rows(refused),
+                                 self.guides.executor)
             for i, tok in zip(refused, best):
                 tokens[i][0] = tok
 
