@@ -154,3 +154,25 @@ def test_a_guided_call_always_validates_against_a_random_schema(core, schema):
     calls = _calls(core, ids)
     assert len(calls) == 1 and calls[0].name == "f"
     jsonschema.validate(json.loads(calls[0].arguments), schema)
+
+
+def test_masks_from_the_thread_pool_equal_masks_computed_one_by_one(core):
+    import llguidance
+
+    from voicert.engine.guided import PARALLEL_ROWS, masked_argmax
+
+    def guides():
+        out = []
+        for i in range(PARALLEL_ROWS + 2):
+            guide = core.guides.for_request(_ask(f"m{i}", [BOOK, CANCEL]))
+            guide.advance(core.tokenizer.encode("<tool_call>", add_special_tokens=False)[0])
+            out.append(guide)
+        return out
+
+    logits = torch.randn(PARALLEL_ROWS + 2, core.model.cfg.vocab_size,
+                         generator=torch.Generator().manual_seed(1))
+    serial = masked_argmax(guides(), logits)
+    pooled = masked_argmax(guides(), logits, llguidance.LLExecutor())
+    assert serial == pooled
+    allowed = guides()[0]
+    assert all(allowed.allows(t) for t in serial)
