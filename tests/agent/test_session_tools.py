@@ -150,3 +150,21 @@ async def test_a_client_tool_may_not_take_a_server_tool_name():
     session, _, _ = make([])
     with pytest.raises(p.ProtocolError, match="server-side"):
         session.set_tools((ToolSpec.of("book_table"),), None)
+
+
+async def test_cancelling_while_a_tool_runs_ends_the_reply_at_once():
+    global GATE
+    GATE = asyncio.Event()  # never set: the tool would run until its timeout
+    session, engine, events = make([call("slow_lookup", day="monday"), "Never said."],
+                                   filler="", filler_after_ms=0)
+    session.add_user_text("when are you open on monday")
+    session.respond()
+    for _ in range(1000):
+        if of(events, ev.ToolCallDone):
+            break
+        await asyncio.sleep(0)
+    session.cancel_response()
+    assert await session.wait_turn(timeout=5)
+    done, = of(events, ev.ReplyDone)
+    assert done.finish_reason is ev.ReplyEnd.CANCELLED
+    assert len(engine.requests) == 1 and not of(events, ev.ToolResult)

@@ -459,14 +459,15 @@ class Session:
             self._cancel(self.turn, "cancelled")
 
     def _cancel(self, turn: Turn, reason: str) -> None:
-        """Stop a turn. Once its request is in the engine, the engine is asked to stop and the turn
-        ends when the engine confirms (within one step, state freed); before that, the task is
-        cancelled outright."""
+        """Stop a turn. While a request is in the engine, the engine is asked to stop and the turn
+        ends when the engine confirms (within one step, state freed); otherwise (before it, or
+        while tools run between rounds) the task is cancelled outright (a tool already running on
+        a thread finishes there, unheard)."""
         if turn.cancel_requested:
             return
         turn.cancel_requested = True
         turn.cancel_reason = reason
-        if turn.reply is not None:
+        if turn.reply is not None and turn.reply.outcome is None:
             turn.reply.cancel(reason)
         else:
             turn.task.cancel()
@@ -618,15 +619,16 @@ class Session:
             await speech.wait()
 
     async def _reply_done(self, turn: Turn, out: ReplyOutcome, tally: ReplyTally) -> None:
-        record = TurnRecord.from_trace(turn.trace, self.id, out.reason, tally.tokens,
+        reason = turn.cancel_reason if turn.cancel_requested else out.reason
+        record = TurnRecord.from_trace(turn.trace, self.id, reason, tally.tokens,
                                        self.cfg.telemetry.budget_ms)
         self.svc.metrics.observe_turn(record)
         stages = record.stages
-        log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, out.reason,
+        log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason,
                  tally.tokens, tally.prompt_tokens,
                  " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
         await self.emit(ev.ReplyDone(turn.turn_id, tally.text, tally.tokens, tally.prompt_tokens,
-                                     ev.ReplyEnd(out.reason), tally.item_id, tally.waiting))
+                                     ev.ReplyEnd(reason), tally.item_id, tally.waiting))
         await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr, turn.early_prefill))
 
     def idle(self) -> bool:

@@ -118,6 +118,14 @@ function agentEl(turnId) {
   return app.agentEls.get(turnId);
 }
 
+function toolLine(turnId, text, callId, failed) {
+  const line = document.createElement("div");
+  line.className = failed ? "tool failed" : "tool";
+  line.textContent = text;
+  line.title = callId;
+  agentEl(turnId).appendChild(line);
+}
+
 function showPartial(stable, unstable) {
   const p = $("partial");
   p.textContent = stable ? `${stable} ` : "";
@@ -193,6 +201,12 @@ function handle(msg) {
       }
       break;
     }
+    case "tool.call":  // the model called a tool: shown, never spoken
+      toolLine(msg.turn_id, `${msg.name}(${msg.arguments})`, msg.call_id);
+      break;
+    case "tool.output":
+      toolLine(msg.turn_id, `\u2192 ${msg.output.slice(0, 200)}`, msg.call_id, msg.error);
+      break;
     case "turn.latency":
       showLatency(msg.turn_id, msg.stages);
       break;
