@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 from tests.agent.fakes import EnergyVad, FakeAsr, FakeEngine
+from tests.agent.test_session_logic import until
 from voicert.agent.conversation import ItemKind
 from voicert.agent.session import Services, Session
 from voicert.agent.toolbox import Toolbox, describe
@@ -110,10 +111,7 @@ async def test_a_slow_tool_gets_the_filler_said_before_its_output():
                               filler="One moment.", filler_after_ms=0)
     session.add_user_text("when are you open on sunday")
     session.respond()
-    for _ in range(1000):
-        if of(events, ev.ReplyToken):
-            break
-        await asyncio.sleep(0)
+    await until(lambda: of(events, ev.ReplyToken))
     assert [e.text for e in of(events, ev.ReplyToken)] == ["One moment."]
     assert not of(events, ev.ToolResult)
     GATE.set()
@@ -159,10 +157,7 @@ async def test_cancelling_while_a_tool_runs_ends_the_reply_at_once():
                                    filler="", filler_after_ms=0)
     session.add_user_text("when are you open on monday")
     session.respond()
-    for _ in range(1000):
-        if of(events, ev.ToolCallDone):
-            break
-        await asyncio.sleep(0)
+    await until(lambda: of(events, ev.ToolCallDone))
     session.cancel_response()
     assert await session.wait_turn(timeout=5)
     done, = of(events, ev.ReplyDone)

@@ -296,7 +296,7 @@ class Session:
         unchanged). Raises ProtocolError(INVALID) for a tool named like a server-side tool, or a
         named choice that is no tool."""
         tools = self.tools if tools is None else tuple(tools)
-        server = self.svc.toolbox.names if self.svc.toolbox is not None else frozenset()
+        server = self._server_tools
         clash = sorted({t.name for t in tools} & server)
         if clash:
             raise p.ProtocolError(p.ErrorCode.INVALID, f"tool {clash[0]!r} is a server-side tool;"
@@ -308,9 +308,14 @@ class Session:
                                   "which is not among the tools")
         self.tools, self.tool_choice = tools, choice
 
+    @property
+    def _server_tools(self) -> frozenset[str]:
+        """Names of the tools the server runs itself."""
+        return self.svc.toolbox.names if self.svc.toolbox is not None else frozenset()
+
     def waiting_calls(self) -> list[Item]:
         """The client's calls that have no output yet."""
-        server = self.svc.toolbox.names if self.svc.toolbox is not None else frozenset()
+        server = self._server_tools
         return [i for i in self.history.pending_calls() if i.name not in server]
 
     def set_system_prompt(self, text: str) -> None:
@@ -323,7 +328,7 @@ class Session:
         server = self.svc.toolbox.specs if self.svc.toolbox is not None else ()
         return (*server, *self.tools)
 
-    def add_call(self, call: "ToolCall") -> Item:
+    def add_call(self, call: ToolCall) -> Item:
         """A function call the client records joins the conversation. Raises
         ProtocolError(TEXT_TOO_LONG)."""
         self._check_text(call.arguments, "tool call arguments")
@@ -546,7 +551,7 @@ class Session:
         ``tools.max_rounds`` rounds); one that calls a client's tool ends, and the client sends
         the output and asks for the rest."""
         tally = ReplyTally()
-        server = self.svc.toolbox.names if self.svc.toolbox is not None else frozenset()
+        server = self._server_tools
         out: ReplyOutcome | None = None
         try:
             for round_ in range(self.cfg.tools.max_rounds + 1):
