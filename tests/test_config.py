@@ -40,6 +40,11 @@ def test_env_names_map_to_dotted_keys():
     ({"asr.denoise": "magic"}, "asr.denoise"),
     ({"asr.min_window_s": "0.5"}, "asr.min_window_s"),
     ({"port": "1"}, "section.key"),
+    ({"tools.functions": "no_colon"}, "tools.functions"),
+    ({"tools.functions": "[1, 2]"}, "tools.functions: expected a list of strings"),
+    ({"tools.choice": "sometimes"}, "tools.choice"),
+    ({"tools.max_rounds": "0"}, "tools.max_rounds"),
+    ({"tools.timeout_s": "0"}, "tools.timeout_s"),
 ])
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
@@ -57,3 +62,28 @@ def test_missing_and_malformed_files(tmp_path):
     scalar.write_text("server: 5\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(scalar, environ={})
+
+
+def test_a_file_extends_others_in_order_and_its_own_keys_win(tmp_path):
+    (tmp_path / "base.yaml").write_text("server:\n  port: 9001\n  host: 0.0.0.0\n")
+    (tmp_path / "agent.yaml").write_text("server:\n  port: 9002\ntools:\n  functions: [m:f]\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("extends: [base.yaml, agent.yaml]\nllm:\n  max_new_tokens: 7\n")
+    cfg = load_config(top, environ={})
+    assert (cfg.server.port, cfg.server.host) == (9002, "0.0.0.0")
+    assert cfg.tools.functions == ["m:f"] and cfg.llm.max_new_tokens == 7
+    one = tmp_path / "one.yaml"
+    one.write_text("extends: base.yaml\nserver:\n  port: 9003\n")
+    assert load_config(one, environ={}).server == load_config(
+        None, {"server.port": "9003", "server.host": "0.0.0.0"}, environ={}).server
+    (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
+    with pytest.raises(ConfigError, match="at most 4 deep"):
+        load_config(tmp_path / "loop.yaml", environ={})
+    (tmp_path / "gone.yaml").write_text("extends: nowhere.yaml\n")
+    with pytest.raises(ConfigError, match="nowhere.yaml, which does not exist"):
+        load_config(tmp_path / "gone.yaml", environ={})
+
+
+def test_tool_functions_come_comma_separated_from_a_flag():
+    cfg = load_config(None, {"tools.functions": "a.b:f, c.py:g"}, environ={})
+    assert cfg.tools.functions == ["a.b:f", "c.py:g"]

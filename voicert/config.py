@@ -408,7 +408,8 @@ def load_config(
 ) -> Config:
     """Load the YAML file (default ``configs/default.yaml`` when it exists), then apply environment
     variables and ``overrides`` (``{"server.port": 9000}``). Raises ConfigError with the key at fault.
-    A file may start from another (``extends: path``, relative to the file): its keys win."""
+    A file may start from others (``extends: path`` or a list of paths, relative to the file,
+    applied in order): its own keys win."""
     tree: dict[str, Any] = {}
     file = Path(path) if path else DEFAULT_CONFIG_PATH
     if path and not file.is_file():
@@ -423,7 +424,7 @@ def load_config(
 
 
 def _read_tree(file: Path, depth: int = 0) -> dict[str, Any]:
-    """A config file's sections, over those of the file it ``extends`` (if any)."""
+    """A config file's sections, over those of the files it ``extends`` (if any)."""
     try:
         loaded = yaml.safe_load(file.read_text()) or {}
     except yaml.YAMLError as exc:
@@ -431,20 +432,26 @@ def _read_tree(file: Path, depth: int = 0) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"config file {file}: top level must be a mapping")
     tree: dict[str, Any] = {}
-    base = loaded.pop("extends", None)
-    if base is not None:
-        if not isinstance(base, str) or depth >= 4:
-            raise ConfigError(f"config file {file}: extends must name one file (at most 4 deep)")
+    bases = loaded.pop("extends", None) or []
+    bases = [bases] if isinstance(bases, str) else bases
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases) or depth >= 4:
+        raise ConfigError(f"config file {file}: extends must name files (at most 4 deep)")
+    for base in bases:
         parent = (file.parent / base).resolve()
         if not parent.is_file():
             raise ConfigError(f"config file {file}: extends {base}, which does not exist")
-        tree = _read_tree(parent, depth + 1)
-    for key, value in loaded.items():
+        _merge(tree, _read_tree(parent, depth + 1))
+    _merge(tree, loaded)
+    return tree
+
+
+def _merge(tree: dict[str, Any], over: dict[str, Any]) -> None:
+    """``over``'s keys into ``tree``, section by section."""
+    for key, value in over.items():
         if isinstance(value, dict) and isinstance(tree.get(key), dict):
             tree[key] = {**tree[key], **value}
         else:
             tree[key] = dict(value) if isinstance(value, dict) else value
-    return tree
 
 
 def cache_dir(cfg: ModelsConfig) -> Path:
