@@ -5,7 +5,7 @@
 set -uo pipefail
 [ -d /root/models ] || bash scripts/gpu/receive.sh .carry/bundle/part04 .carry/bundle/SHA256 || exit 1
 python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site \
-  /root/whl/*.whl .carry/extra/silero_vad-*.whl .carry/toolswhl/*.whl
+  /root/whl/*.whl .carry/extra/silero_vad-*.whl .carry/toolswhl/llguidance-*.whl
 python3 -c 'import av' 2>/dev/null || { mkdir -p /root/site/av && echo '"""stub"""' > /root/site/av/__init__.py; }
 source scripts/gpu/env.sh
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
