@@ -7,6 +7,7 @@ masks decide nearly every token of a call."""
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -176,3 +177,43 @@ def test_masks_from_the_thread_pool_equal_masks_computed_one_by_one(core):
     assert serial == pooled
     allowed = guides()[0]
     assert all(allowed.allows(t) for t in serial)
+
+
+def test_a_tokenizer_json_llguidance_misreads_is_read_from_the_tokens_bytes(core, monkeypatch):
+    """As seen on the GPU machine: a GGUF-converted tokenizer under another transformers version,
+    whose JSON llguidance read as plain text ("Ċ" for a newline). The check catches it and the
+    tokens' own bytes are used; the masks are the same as from a well-read tokenizer."""
+    import json as _json
+
+    import llguidance
+    import llguidance.hf
+
+    from voicert.engine.guided import Guides, TokenBytes, round_trips
+
+    tok = core.tokenizer
+    good = llguidance.hf.from_tokenizer(tok, n_vocab=core.model.cfg.vocab_size)
+    spec = _json.loads(tok.backend_tokenizer.to_str())
+    # byte-level no more: the pieces are read as text ("Ċ", not a newline)
+    spec["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    bad = llguidance.LLTokenizer(_json.dumps(spec), n_vocab=core.model.cfg.vocab_size)
+    assert round_trips(good, tok) and not round_trips(bad, tok)
+    monkeypatch.setattr(llguidance.hf, "from_tokenizer", lambda *a, **k: bad)
+    guides = Guides(tok, core.model.cfg.vocab_size, core.guides.call_format)
+    fixed = guides._ll_tokenizer()
+    assert round_trips(fixed, tok)
+    wrapped = TokenBytes(tok, core.model.cfg.vocab_size)
+    assert wrapped.tokens[tok.encode("\n", add_special_tokens=False)[0]] == b"\n"
+    grammar = llguidance.LLMatcher.grammar_from_lark(core.guides.grammar(_ask("t", [BOOK])))
+    a, b = llguidance.LLMatcher(good, grammar), llguidance.LLMatcher(fixed, grammar)
+    ids = tok.encode('<tool_call>\n{"name": "book_table", "arguments": {"people": 4, "time": "',
+                     add_special_tokens=False)
+    assert a.validate_tokens(ids) == b.validate_tokens(ids) == len(ids)
+    a.consume_tokens(ids)
+    b.consume_tokens(ids)
+    words = -(-core.model.cfg.vocab_size // 32)
+    ma, mb = np.zeros(words, np.int32), np.zeros(words, np.int32)
+    a.unsafe_compute_mask_ptr(ma.ctypes.data, words * 4)
+    b.unsafe_compute_mask_ptr(mb.ctypes.data, words * 4)
+    assert (ma == mb).all()

@@ -25,6 +25,51 @@ from voicert.engine.tools import call_grammar
 log = logging.getLogger(__name__)
 
 
+PROBE = '<tool_call>\n{"name": "book", "arguments": {"n": 4, "é": "ü"}}\n</tool_call> ok.'
+
+
+def round_trips(ll, tokenizer) -> bool:
+    """llguidance decodes the tokenizer's ids of a probe text to the bytes the tokenizer does."""
+    ids = tokenizer.encode(PROBE, add_special_tokens=False)
+    want = tokenizer.decode(ids, clean_up_tokenization_spaces=False).encode()
+    return ll.decode_bytes(ids) == want
+
+
+class TokenBytes:
+    """A tokenizer as llguidance.TokenizerWrapper takes it: each id's bytes (byte-level BPE
+    pieces mapped back through GPT-2's byte table, SentencePiece pieces with their spaces and
+    <0xNN> byte tokens), the special ids, and encoding."""
+
+    def __init__(self, tokenizer, vocab_size: int) -> None:
+        from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder",
+                                                               {}) or ())
+        pieces = tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))
+        self.tokens = [_piece_bytes(p, i in special, byte_of) for i, p in enumerate(pieces)]
+        self.tokens += [b""] * (vocab_size - len(self.tokens))  # the model's padding ids
+        self.eos_token_id = tokenizer.eos_token_id
+        self.bos_token_id = tokenizer.bos_token_id
+        self.special_token_ids = sorted(special)
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False)
+
+
+def _piece_bytes(piece: str | None, special: bool, byte_of: dict[str, int]) -> bytes:
+    if piece is None:
+        return b""
+    if special:
+        return piece.encode()
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    if all(c in byte_of for c in piece):
+        return bytes(byte_of[c] for c in piece)
+    return piece.replace("\u2581", " ").encode()
+
+
 class GuideError(ValueError):
     """A request's grammar could not be compiled (a schema llguidance does not take)."""
 
@@ -109,10 +154,24 @@ class Guides:
             self.executor = llguidance.LLExecutor()
 
     def _ll_tokenizer(self):
+        """llguidance's view of the tokenizer: from its tokenizer.json, checked against the
+        tokenizer itself; when the two disagree (seen: a GGUF-converted tokenizer under another
+        transformers version, whose JSON llguidance read as text, not byte-level BPE), from each
+        token's bytes instead. Raises GuideError when neither reads the tokens right."""
         if self._ll is None:
+            import llguidance
             import llguidance.hf
 
-            self._ll = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
+            ll = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
+            if not round_trips(ll, self.tokenizer):
+                log.warning("guided decoding: llguidance misread tokenizer.json; reading the "
+                            "tokens' bytes instead")
+                ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(
+                    TokenBytes(self.tokenizer, self.vocab_size)), n_vocab=self.vocab_size)
+                if not round_trips(ll, self.tokenizer):
+                    raise GuideError("this tokenizer's tokens cannot be read as bytes: tool "
+                                     "calls cannot be decoded under their schemas")
+            self._ll = ll
         return self._ll
 
     def grammar(self, request: GenerationRequest) -> str | None:
