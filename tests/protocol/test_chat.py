@@ -27,16 +27,37 @@ def test_a_plain_request_maps_roles_and_text_parts():
                           {"role": "assistant", "content": "ok", "name": "bot"}],
                 max_completion_tokens=7, stream=True, stream_options={"include_usage": True},
                 stop="\n", temperature=0, n=1, seed=3, user="u")
-    assert req.messages == [("system", "be brief"), ("user", "ab"), ("assistant", "ok")]
+    assert [(m.role, m.content) for m in req.messages] == [
+        ("system", "be brief"), ("user", "ab"), ("assistant", "ok")]
     assert (req.max_tokens, req.stream, req.include_usage, req.stop) == (7, True, True, ("\n",))
     assert req.id.startswith("chatcmpl-")
+
+
+def test_tools_and_a_tool_conversation_are_read():
+    req = parse(tools=[{"type": "function", "function": {"name": "weather", "parameters": {
+                    "type": "object", "properties": {"city": {"type": "string"}}}}}],
+                tool_choice="required", parallel_tool_calls=False,
+                messages=[{"role": "user", "content": "weather?"},
+                          {"role": "assistant", "content": None, "tool_calls": [{
+                              "id": "call_1", "type": "function",
+                              "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
+                          {"role": "tool", "tool_call_id": "call_1", "content": "cold"}])
+    assert [t.name for t in req.tools] == ["weather"] and not req.parallel_tool_calls
+    assert req.tool_choice.mode.value == "required"
+    assert req.messages[1].tool_calls[0].arguments == '{"city": "Oslo"}'
+    assert (req.messages[2].role, req.messages[2].tool_call_id) == ("tool", "call_1")
 
 
 @pytest.mark.parametrize("body, param, code", [
     ({"temperature": 0.7}, "temperature", "unsupported_value"),
     ({"n": 2}, "n", "unsupported_value"),
     ({"top_p": True}, "top_p", "unsupported_value"),
-    ({"tools": []}, "tools", "unsupported_parameter"),
+    ({"tools": {}}, "tools", "invalid_value"),
+    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].name",
+     "invalid_value"),
+    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
+     "invalid_value"),
+    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "invalid_value"),
     ({"logprobs": True}, "logprobs", "unsupported_parameter"),
     ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
     ({"max_tokens": 0}, "max_tokens", "invalid_value"),
@@ -47,7 +68,13 @@ def test_a_plain_request_maps_roles_and_text_parts():
     ({"stop": [""]}, "stop", "invalid_value"),
     ({"model": ""}, "model", "invalid_value"),
     ({"messages": []}, "messages", "invalid_value"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", "unsupported_value"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id",
+     "invalid_value"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role",
+     "unsupported_value"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {
+        "name": "f", "arguments": "[1]"}}]}]}, "messages[0].tool_calls[0].function.arguments",
+     "invalid_value"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content",
      "unsupported_value"),
     ({"messages": [{"role": "user", "content": "x" * 1001}]}, "messages[0].content",

@@ -113,3 +113,44 @@ async def _until_idle(server, timeout_s: float = 60) -> None:
     while server.services.engine.live_requests():
         assert loop.time() < deadline, "the engine still holds a request"
         await asyncio.sleep(0.01)
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city now",
+    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 24}}}}}
+
+
+async def test_a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed(server):
+    """The official SDK with tools: a forced choice gives a schema-valid call (the same one whole
+    and streamed, its arguments streamed as deltas); the tool's output then gets a reply."""
+    import json
+
+    import jsonschema
+
+    api = client(server.port)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    one = {"parallel_tool_calls": False}  # (in parallel, the 135M model repeats its call)
+    whole = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=ask,
+                                              tools=[WEATHER], tool_choice=choice, max_tokens=48,
+                                              **one)
+    msg = whole.choices[0].message
+    assert whole.choices[0].finish_reason == "tool_calls" and not msg.content
+    call, = msg.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    stream = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=ask,
+                                               tools=[WEATHER], tool_choice=choice,
+                                               max_tokens=48, stream=True, **one)
+    chunks = [c async for c in stream]
+    deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
+    assert deltas[0].id and deltas[0].function.name == "get_weather"
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    after = await api.chat.completions.create(
+        model=EMBEDDED_MODEL_ID, tools=[WEATHER], max_tokens=24,
+        messages=[*ask, msg.model_dump(exclude_none=True),
+                  {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"}])
+    assert after.choices[0].message.content  # it answers in words
+    assert not server.services.engine.live_requests()

@@ -5,7 +5,7 @@ TIMES_MS = {Point.VOICE_END: 0, Point.ASR_START: 390, Point.ENDPOINT: 400, Point
             Point.TRANSCRIPT: 421, Point.SUBMIT: 422, Point.PREFILL_START: 423,
             Point.FIRST_TOKEN_SAMPLED: 433, Point.FIRST_TOKEN_RECEIVED: 434,
             Point.FIRST_TOKEN_SENT: 435, Point.TTS_START: 450, Point.FIRST_AUDIO_SENT: 453,
-            Point.DONE: 500}
+            Point.TOOL_CALL: 470, Point.DONE: 500}
 
 
 def test_stages_come_from_marks_and_first_mark_wins():
@@ -21,6 +21,7 @@ def test_stages_come_from_marks_and_first_mark_wins():
     assert s["ttft_ms"] == 35.0
     assert s["voice_to_first_token_ms"] == 435.0
     assert s["tts_ms"] == 3.0 and s["ttfa_ms"] == 53.0 and s["voice_to_first_audio_ms"] == 453.0
+    assert s["tool_call_ms"] == 70.0
     assert set(s) == {st.name for st in STAGES}
     assert len(Point) == len(TIMES_MS)
 

@@ -2,9 +2,11 @@
 :class:`ChatRequest` or a :class:`ChatError` out; response bodies and stream chunks built as plain
 maps. No sockets, no asyncio. See ``docs/protocol.md``.
 
-voicert's engine decodes greedily, one choice, no tools (yet): a request that asks for something it
-would not honour (``temperature`` above 0, ``n`` above 1, ``tools``, ``logprobs``...) is refused
-with the parameter named, never silently served differently.
+voicert's engine decodes greedily, one choice: a request that asks for something it would not
+honour (``temperature`` above 0, ``n`` above 1, ``logprobs``...) is refused with the parameter
+named, never silently served differently. ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` are
+served: calls are decoded under their schemas, returned as ``tool_calls``; the conversation may
+hold assistant ``tool_calls`` and ``tool`` messages.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from voicert.engine.base import ChatMessage
+from voicert.engine.tools import AUTO, ToolCall, ToolChoice, ToolSpec
+from voicert.protocol.tools import WireError, choice_from_wire, tools_from_wire
+
 MAX_STOP_STRINGS = 4
 # accepted as long as they ask for nothing greedy decoding does not give
 _NEUTRAL = {"temperature": 0, "top_p": 1, "n": 1, "presence_penalty": 0, "frequency_penalty": 0}
 _IGNORABLE = {"user", "seed", "store", "metadata", "service_tier"}  # change nothing we serve
 _KNOWN = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-          "stop", *_NEUTRAL, *_IGNORABLE}
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+          "stop", "tools", "tool_choice", "parallel_tool_calls", *_NEUTRAL, *_IGNORABLE}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
 
 
 class ChatError(Exception):
@@ -41,11 +48,14 @@ class ChatError(Exception):
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
     model: str
-    messages: list[tuple[str, str]]  # (system | user | assistant, text)
+    messages: list[ChatMessage]
     max_tokens: int | None = None  # None: the server's default
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage
     stop: tuple[str, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = AUTO
+    parallel_tool_calls: bool = True
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -77,12 +87,29 @@ def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
     stream = data.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise _bad("stream must be a boolean", "stream")
+    tools, choice = _tools(data)
+    parallel = data.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool):
+        raise _bad("parallel_tool_calls must be a boolean", "parallel_tool_calls")
     return ChatRequest(model, _messages(data.get("messages"), max_text_chars),
                        _max_tokens(data), bool(stream), _include_usage(data, bool(stream)),
-                       _stop(data.get("stop")))
+                       _stop(data.get("stop")), tools, choice, parallel)
 
 
-def _messages(raw: Any, max_text_chars: int) -> list[tuple[str, str]]:
+def _tools(data: dict) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
+    try:
+        tools = tools_from_wire(data["tools"]) if data.get("tools") is not None else ()
+        choice = (choice_from_wire(data["tool_choice"]) if data.get("tool_choice") is not None
+                  else AUTO)
+    except WireError as exc:
+        raise _bad(str(exc), exc.param) from None
+    if choice.name and choice.name not in {t.name for t in tools}:
+        raise _bad(f"tool_choice names {choice.name!r}, which is not among the tools",
+                   "tool_choice")
+    return tools, choice
+
+
+def _messages(raw: Any, max_text_chars: int) -> list[ChatMessage]:
     if not isinstance(raw, list) or not raw:
         raise _bad("messages must be a non-empty array", "messages")
     out = []
@@ -93,17 +120,46 @@ def _messages(raw: Any, max_text_chars: int) -> list[tuple[str, str]]:
         role = m.get("role")
         if role not in _ROLES:
             raise _bad(f"{where}.role {role!r} is not supported (system, developer, user, "
-                       f"assistant)", f"{where}.role", "unsupported_value")
-        extra = sorted(set(m) - {"role", "content", "name"})
+                       f"assistant, tool)", f"{where}.role", "unsupported_value")
+        allowed = {"role", "content", "name"} | ({"tool_calls", "refusal"} if role == "assistant"
+                                                 else {"tool_call_id"} if role == "tool" else set())
+        extra = sorted(set(m) - allowed)
         if extra:
             raise _bad(f"{where}.{extra[0]} is not supported", f"{where}.{extra[0]}",
                        "unsupported_parameter")
-        content = _content(m.get("content"), where)
+        calls = _calls(m.get("tool_calls"), where) if role == "assistant" else ()
+        content = "" if calls and m.get("content") is None else _content(m.get("content"), where)
         if len(content) > max_text_chars:
             raise _bad(f"{where}.content is over {max_text_chars} characters",
                        f"{where}.content", "string_above_max_length")
-        out.append((_ROLES[role], content))
+        call_id = m.get("tool_call_id", "") if role == "tool" else ""
+        if role == "tool" and (not isinstance(call_id, str) or not call_id):
+            raise _bad(f"{where}.tool_call_id must be a non-empty string", f"{where}.tool_call_id")
+        out.append(ChatMessage(_ROLES[role], content, calls, call_id))
     return out
+
+
+def _calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
+    """An assistant message's ``tool_calls``."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise _bad(f"{where}.tool_calls must be an array", f"{where}.tool_calls")
+    calls = []
+    for j, c in enumerate(raw):
+        at = f"{where}.tool_calls[{j}]"
+        fn = c.get("function") if isinstance(c, dict) else None
+        if not isinstance(fn, dict) or not isinstance(c.get("id"), str) or not isinstance(
+                fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+            raise _bad(f"{at} must be {{id, type: function, function: {{name, arguments}}}}", at)
+        try:
+            if not isinstance(json.loads(fn["arguments"]), dict):
+                raise ValueError
+        except ValueError:
+            raise _bad(f"{at}.function.arguments must be JSON text of an object",
+                       f"{at}.function.arguments") from None
+        calls.append(ToolCall(c["id"], fn["name"], fn["arguments"]))
+    return tuple(calls)
 
 
 def _content(raw: Any, where: str) -> str:
@@ -181,9 +237,17 @@ class StopMatcher:
         return held
 
 
-def finish_reason(engine_reason: str) -> str:
-    """The OpenAI finish reason for how a reply ended (the model's end, or a stop string: stop)."""
-    return "length" if engine_reason == "length" else "stop"
+def finish_reason(engine_reason: str, called: bool = False) -> str:
+    """The OpenAI finish reason for how a reply ended (the model's end, or a stop string: stop;
+    a reply that made tool calls: tool_calls)."""
+    if engine_reason == "length":
+        return "length"
+    return "tool_calls" if called else "stop"
+
+
+def call_wire(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.call_id, "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
@@ -192,12 +256,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 def completion(req: ChatRequest, model: str, text: str, reason: str,
-               prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+               prompt_tokens: int, completion_tokens: int,
+               calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
     """A whole (non-streamed) response body."""
+    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else ""),
+                               "refusal": None}
+    if calls:
+        message["tool_calls"] = [call_wire(c) for c in calls]
     return {"id": req.id, "object": "chat.completion", "created": req.created, "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text,
-                                                 "refusal": None},
-                         "logprobs": None, "finish_reason": reason}],
+            "choices": [{"index": 0, "message": message, "logprobs": None,
+                         "finish_reason": reason}],
             "usage": usage(prompt_tokens, completion_tokens)}
 
 

@@ -12,11 +12,14 @@ import http
 import itertools
 import logging
 import time
+import uuid
 from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from voicert.agent.session import Services
-from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest, TokenEvent
+from voicert.agent import tool_calls as tc
+from voicert.engine.base import FinishReason, GenerationRequest, TokenEvent
+from voicert.engine.tools import ToolCall
 from voicert.protocol import chat
 from voicert.server import access
 from voicert.server.http import HttpRequest, HttpResponse, json_response
@@ -91,9 +94,10 @@ class ChatCompletions:
                                          f"server.max_completions); retry shortly", None,
                                          "rate_limit_exceeded", "rate_limit_error"),
                           [("Retry-After", "1")])
-        engine_req = GenerationRequest(f"http-{next(self._ids)}-{req.id}",
-                                       [ChatMessage(r, t) for r, t in req.messages], max_new,
-                                       session_id="http")
+        engine_req = GenerationRequest(f"http-{next(self._ids)}-{req.id}", list(req.messages),
+                                       max_new, session_id="http", tools=req.tools,
+                                       tool_choice=req.tool_choice,
+                                       parallel_tool_calls=req.parallel_tool_calls)
         if req.stream:
             return HttpResponse(http.HTTPStatus.OK, content_type="text/event-stream",
                                 stream=self._stream(svc, req, engine_req, model))
@@ -147,35 +151,41 @@ class ChatCompletions:
     async def _whole(self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest,
                      model: str) -> HttpResponse:
         stops = chat.StopMatcher(req.stop)
-        parts: list[str] = []
+        calls = _Calls(bool(req.tools))
         async for piece, ev in self._tokens(svc, engine_req, stops):
-            parts.append(piece)
+            calls.feed(piece)
             if ev.finish_reason is not None:
                 break
+        calls.close()
         if ev.finish_reason == FinishReason.ERROR or ev.finish_reason == FinishReason.CANCELLED:
             return _error(chat.ChatError(503, f"generation failed: {ev.error or ev.finish_reason}",
                                          code="engine_error", kind="server_error"))
         return json_response(http.HTTPStatus.OK, chat.completion(
-            req, model, "".join(parts), chat.finish_reason(ev.finish_reason), ev.prompt_tokens,
-            ev.index))
+            req, model, calls.text.strip() if req.tools else calls.text,
+            chat.finish_reason(ev.finish_reason, bool(calls.done)), ev.prompt_tokens, ev.index,
+            tuple(calls.done)))
 
     async def _stream(self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest,
                       model: str) -> AsyncIterator[bytes]:
         stops = chat.StopMatcher(req.stop)
         yield chat.sse(chat.chunk(req, model, {"role": "assistant", "content": ""}))
         tokens = self._tokens(svc, engine_req, stops)
+        calls = _Calls(bool(req.tools))
         try:
             async for piece, ev in tokens:
-                if piece:
-                    yield chat.sse(chat.chunk(req, model, {"content": piece}))
+                for delta in calls.feed(piece) if piece else []:
+                    yield chat.sse(chat.chunk(req, model, delta))
                 if ev.finish_reason is None:
                     continue
+                for delta in calls.close():
+                    yield chat.sse(chat.chunk(req, model, delta))
                 if ev.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
                     yield chat.sse(chat.ChatError(503, f"generation failed: "
                                                   f"{ev.error or ev.finish_reason}",
                                                   code="engine_error", kind="server_error").body())
                     return
-                yield chat.sse(chat.chunk(req, model, reason=chat.finish_reason(ev.finish_reason)))
+                yield chat.sse(chat.chunk(req, model, reason=chat.finish_reason(
+                    ev.finish_reason, bool(calls.done))))
                 if req.include_usage:
                     yield chat.sse(chat.chunk(req, model,
                                               usage_=chat.usage(ev.prompt_tokens, ev.index)))
@@ -183,3 +193,41 @@ class ChatCompletions:
                 return
         finally:
             await tokens.aclose()
+
+
+class _Calls:
+    """A completion's text as stream deltas: content, and (when tools were offered) each call as
+    ``tool_calls`` deltas, its id and name first, then its arguments as they are decoded."""
+
+    def __init__(self, tools: bool) -> None:
+        self.parser = tc.CallParser() if tools else None
+        self.text = ""
+        self.done: list[ToolCall] = []
+        self._ids: dict[int, str] = {}
+
+    def feed(self, piece: str) -> list[dict]:
+        if self.parser is None:
+            self.text += piece
+            return [{"content": piece}] if piece else []
+        return self._deltas(self.parser.feed(piece))
+
+    def close(self) -> list[dict]:
+        return self._deltas(self.parser.close()) if self.parser is not None else []
+
+    def _deltas(self, pieces: list) -> list[dict]:
+        out = []
+        for p in pieces:
+            if isinstance(p, tc.Said):
+                self.text += p.text
+                out.append({"content": p.text})
+            elif isinstance(p, tc.CallOpened):
+                self._ids[p.index] = f"call_{uuid.uuid4().hex[:24]}"
+                out.append({"tool_calls": [{"index": p.index, "id": self._ids[p.index],
+                                            "type": "function",
+                                            "function": {"name": p.name, "arguments": ""}}]})
+            elif isinstance(p, tc.CallArgs):
+                out.append({"tool_calls": [{"index": p.index,
+                                            "function": {"arguments": p.delta}}]})
+            elif isinstance(p, tc.CallClosed):
+                self.done.append(ToolCall(self._ids[p.index], p.name, p.arguments))
+        return out
