@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Protocol
 
 from voicert.agent import tool_calls as tc
 from voicert.agent.speech_out import SpeechOut
@@ -38,7 +38,7 @@ class ReplyOutcome:
     call_items: dict[str, str] = field(default_factory=dict)  # call id -> its announced item id
 
 
-class CallIds:
+class CallIds(Protocol):
     """How a reply names its calls and their items (the session's counters)."""
 
     def call_id(self) -> str: ...
