@@ -185,3 +185,60 @@ def test_overlapped_verify_steps_with_accepted_drafts_equal_greedy_fp32(prompts,
         plain.close()
         over.close()
         step.close()
+
+
+def test_guided_rows_in_graph_steps_equal_eager_fp32():
+    """Tool calls decoded under their grammars beside plain rows: the graphed steps (the refused
+    rows picked again from the graph's kept LM-head output) give the eager path's tokens, and
+    every call parses. The tokenizer: VOICERT_TEST_TOKENIZER (a dir), else the embedded one."""
+    import json
+    import os
+
+    from transformers import AutoTokenizer
+
+    from voicert.agent.tool_calls import CallClosed, CallParser
+    from voicert.engine.base import ChatMessage
+    from voicert.engine.core import EngineConfig as CoreConfig, EngineCore
+    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+
+    tok_dir = os.environ.get("VOICERT_TEST_TOKENIZER")
+    if not tok_dir:
+        from voicert.config import cache_dir, load_config
+        from voicert.engine.loader import resolve_llm
+
+        tok_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    tool = ToolSpec.of("book", "Book a table", {
+        "type": "object", "required": ["people", "note"], "additionalProperties": False,
+        "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12},
+                       "note": {"type": "string", "maxLength": 12}}})
+
+    def run(graphs: bool) -> dict:
+        core = EngineCore("", CoreConfig(device="cuda", dtype="float32", num_blocks=512,
+                                         cuda_graphs=graphs, max_batch=16,
+                                         max_context_tokens=1024, fused_kernels=True),
+                          model=model, tokenizer=tok)
+        for i in range(12):
+            guided = i % 2 == 0
+            core.add(GenerationRequest(
+                f"r{i}", [ChatMessage("user", f"Request number {i}, please.")], 48,
+                ignore_eos=not guided, tools=(tool,) if guided else (),
+                tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
+        out: dict = {f"r{i}": [] for i in range(12)}
+        while core.has_work():
+            for o in core.step():
+                if o.finish_reason is None:
+                    out[o.request_id].append(o.token_id)
+        if graphs:
+            assert core.runner.eager_steps["decode"] == 0 and core.guided_steps > 0
+        return out
+
+    graphed, eager = run(True), run(False)
+    assert graphed == eager
+    for i in range(0, 12, 2):
+        parser = CallParser()
+        pieces = parser.feed(tok.decode(graphed[f"r{i}"])) + parser.close()
+        calls = [p for p in pieces if isinstance(p, CallClosed)]
+        assert calls and json.loads(calls[0].arguments)["people"] >= 1
