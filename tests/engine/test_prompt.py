@@ -79,3 +79,21 @@ def test_a_long_history_takes_a_few_renders_not_one_per_dropped_turn(tokenizer):
     counting.renders = 0
     builder.build(msgs + [ChatMessage("user", "and one more")], 1984)  # next turn: counts cached
     assert counting.renders <= 6
+
+
+def test_a_tool_output_whose_call_was_dropped_goes_too(tokenizer):
+    from voicert.engine.tools import ToolCall
+
+    call = ChatMessage("assistant", "", (ToolCall("c1", "f", '{"x": 1}'),))
+    messages = [SYSTEM, ChatMessage("user", "word " * 300), call,
+                ChatMessage("tool", "result of the call", tool_call_id="c1"),
+                ChatMessage("user", "thanks")]
+    builder = PromptBuilder(tokenizer)
+    full = builder.build(messages, 4096)
+    text = tokenizer.decode(full)
+    assert "<tool_call>" in text and "<tool_response>" in text
+    # a budget that keeps the tool output but not its call: the output is dropped with it
+    budget = len(builder.build([SYSTEM, *messages[3:]], 4096)) + 2
+    text = tokenizer.decode(builder.build(messages, budget))
+    assert "<tool_response>" not in text and text.rstrip().endswith("assistant")
+    assert "thanks" in text

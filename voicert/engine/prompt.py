@@ -127,6 +127,10 @@ class PromptBuilder:
                 k = (lo + hi) // 2
         if lo == 0:  # even the last message alone is too long: cut it from the front
             return self._render(head + turns[-1:])[-budget:]
+        kept = turns[-lo:]
+        orphans = next((i for i, m in enumerate(kept) if m.role != "tool"), len(kept) - 1)
+        if orphans:  # tool outputs whose call was dropped: they go too (fewer tokens: it fits)
+            return self._render(head + kept[orphans:])
         return fits[lo]
 
 
