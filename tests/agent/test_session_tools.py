@@ -163,3 +163,17 @@ async def test_cancelling_while_a_tool_runs_ends_the_reply_at_once():
     done, = of(events, ev.ReplyDone)
     assert done.finish_reason is ev.ReplyEnd.CANCELLED
     assert len(engine.requests) == 1 and not of(events, ev.ToolResult)
+
+
+async def test_what_was_heard_of_a_reply_over_tool_rounds_is_cut_in_its_last_message():
+    session, _, events = make([f"Let me check. {call('book_table', people=2, time='18:00')}",
+                               "Booked for two at six."])
+    await reply_to(session, "book for two at six")
+    done, = of(events, ev.ReplyDone)
+    assert done.text == "Let me check. Booked for two at six."
+    assert done.text[done.item_offset:] == "Booked for two at six."
+    # the listener heard up to "Booked for" of the whole reply's text
+    cut = session.keep_heard(done.item_id, len("Let me check. Booked for"), done.item_offset)
+    assert cut.text == "Booked for"
+    assert session.keep_heard(done.item_id, 5, done.item_offset).text == ""  # not even reached
+    assert session.keep_heard("item_nope", 5) is None

@@ -91,6 +91,7 @@ class ReplyTally:
     tokens: int = 0
     prompt_tokens: int = 0
     item_id: str = ""  # the last assistant message item
+    item_offset: int = 0  # where that item's text starts in ``text``
     waiting: tuple[str, ...] = ()  # calls left for the client to answer
 
     def add(self, out: ReplyOutcome, item: Item | None) -> None:
@@ -100,6 +101,7 @@ class ReplyTally:
         self.prompt_tokens = out.prompt_tokens or self.prompt_tokens
         if item is not None:
             self.item_id = item.item_id
+            self.item_offset = len(self.text) - len(out.text)
 
     @property
     def text(self) -> str:
@@ -281,11 +283,15 @@ class Session:
         """A conversation item by id (None when unknown or dropped off the old end)."""
         return self.history.find(item_id)
 
-    def truncate_item(self, item_id: str, chars: int) -> Item:
-        """Cut an assistant item to its first ``chars`` characters: what the listener heard
-        before an interruption, so that the next reply does not build on unheard words. Raises
-        KeyError (unknown item) or ValueError (not an assistant item)."""
-        return self.history.truncate(item_id, chars)
+    def keep_heard(self, item_id: str, heard_chars: int, offset: int = 0) -> Item | None:
+        """Cut a reply's assistant item to what the listener heard before an interruption, so
+        that the next reply does not build on unheard words: ``heard_chars`` of the reply's whole
+        text, in which the item's text starts at ``offset`` (ReplyDone's ``item_offset``). None
+        when the item is gone (dropped off the old end) or is not an assistant message."""
+        try:
+            return self.history.truncate(item_id, max(heard_chars - offset, 0))
+        except (KeyError, ValueError):
+            return None
 
     def delete_item(self, item_id: str) -> Item:
         """Remove an item from the conversation. Raises KeyError for an unknown one."""
@@ -633,7 +639,8 @@ class Session:
                  tally.tokens, tally.prompt_tokens,
                  " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
         await self.emit(ev.ReplyDone(turn.turn_id, tally.text, tally.tokens, tally.prompt_tokens,
-                                     ev.ReplyEnd(reason), tally.item_id, tally.waiting))
+                                     ev.ReplyEnd(reason), tally.item_id, tally.waiting,
+                                     tally.item_offset))
         await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr, turn.early_prefill))
 
     def idle(self) -> bool:

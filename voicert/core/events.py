@@ -125,6 +125,8 @@ class ReplyDone:
     finish_reason: ReplyEnd
     item_id: str = ""  # the assistant item it became in the conversation ("" when nothing was sent)
     calls: tuple[str, ...] = ()  # ids of the tool calls it made that wait for the client's output
+    item_offset: int = 0  # where item_id's text starts in ``text`` (a reply over tool rounds says
+    # several messages; ``text`` is all of them, the item the last)
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,10 +209,7 @@ class Connection(BaseConnection):
             cut = clock.done(event.turn_id, event.text, event.item_id,
                              event.finish_reason == ev.ReplyEnd.INTERRUPTED)
         if cut is not None:
-            try:
-                self.session.truncate_item(cut.item_id, cut.heard_chars(cut.cut_ms))
-            except (KeyError, ValueError):  # dropped off the conversation's old end
-                pass
+            self.session.keep_heard(cut.item_id, cut.heard_chars(cut.cut_ms), event.item_offset)
 
     async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
         await self.send(p.Error(code.value, message, fatal))

@@ -266,10 +266,9 @@ class RealtimeConnection(BaseConnection):
                               content_index=0, audio_end_ms=event.audio_end_ms)
 
     def _apply_truncation(self, wire_id: str, spoken: SpokenReply, audio_end_ms: float) -> None:
-        chars = spoken.heard_chars(audio_end_ms)
-        try:
-            cut = self.session.truncate_item(spoken.item_id, chars)
-        except (KeyError, ValueError):  # dropped off the old end meanwhile
+        cut = self.session.keep_heard(spoken.item_id, spoken.heard_chars(audio_end_ms),
+                                      spoken.item_offset)
+        if cut is None:  # dropped off the old end meanwhile
             return
         part = {"type": self._part_type(True), "transcript": cut.text}
         item = self.wire_items.get(wire_id)
@@ -523,6 +522,7 @@ class RealtimeConnection(BaseConnection):
             self.items[r.item_id] = ev.item_id
         if r.spoken is not None:
             r.spoken.text, r.spoken.item_id = ev.text, ev.item_id
+            r.spoken.item_offset = ev.item_offset
             if r.spoken.cut_ms is not None and ev.item_id:
                 self._apply_truncation(r.item_id, r.spoken, r.spoken.cut_ms)
         r.done_items[r.message_index] = item

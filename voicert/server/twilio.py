@@ -122,10 +122,7 @@ class TwilioConnection(BaseConnection):
             frames = play.reply_done(ev.turn_id)
             heard = play.heard(ev.turn_id)
             if heard is not None and ev.item_id:  # cut off: keep only what the caller heard
-                try:
-                    self.session.truncate_item(ev.item_id, covered_chars(ev.text, heard))
-                except (KeyError, ValueError):  # dropped off the conversation's old end
-                    pass
+                self.session.keep_heard(ev.item_id, covered_chars(ev.text, heard), ev.item_offset)
         elif isinstance(ev, core.BargeIn):
             # the caller talks over a reply that is still queued at Twilio or playing: the
             # session interrupts it, and Twilio drops what it has not played yet

@@ -39,6 +39,7 @@ class SpokenReply:
     sent_ms: float = 0.0  # audio sent so far
     text: str = ""  # the reply's text, once done
     item_id: str = ""  # its conversation item, once done
+    item_offset: int = 0  # where that item's text starts in ``text``
     cut_ms: float | None = None  # where the listener cut it off, if they did
 
     def add(self, audio: bytes, text: str) -> None:
