@@ -145,7 +145,7 @@ _schema = st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), _value,
                               "additionalProperties": False})
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 @given(schema=_schema)
 def test_a_guided_call_always_validates_against_a_random_schema(core, schema):

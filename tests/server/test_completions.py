@@ -65,8 +65,8 @@ async def test_refusals_are_openai_errors_naming_the_parameter(server):
     assert info.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as info:
         await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES, tools=[
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}])
-    assert info.value.body["param"] == "tools"
+            {"type": "function", "function": {"name": "no spaces", "parameters": {}}}])
+    assert info.value.body["param"] == "tools[0].name"
     with pytest.raises(openai.NotFoundError) as info:
         await api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
     assert info.value.body["code"] == "model_not_found"
