@@ -137,9 +137,11 @@ async def test_a_forced_choice_applies_to_the_first_round_only():
 
 async def test_a_repeated_identical_call_is_made_once():
     twice = call("book_table", people=2, time="18:00")
-    session, _, events = make([f"{twice}\n{twice}", "Booked."])
+    session, engine, events = make([f"{twice}\n{twice}\n{twice}", "Booked."])
     await reply_to(session, "book")
     assert len(of(events, ev.ToolCallStarted)) == 1 and len(of(events, ev.ToolResult)) == 1
+    assert engine.requests[0].request_id in engine.cancelled  # the loop was stopped
+    assert of(events, ev.ReplyDone)[-1].text == "Booked."  # and the reply went on
 
 
 async def test_a_client_tool_may_not_take_a_server_tool_name():

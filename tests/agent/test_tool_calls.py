@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from voicert.agent.tool_calls import CallArgs, CallBroken, CallClosed, CallOpened, CallParser, Said
+from voicert.agent.tool_calls import (CallArgs, CallBroken, CallClosed, CallOpened, CallParser,
+                                       RepeatFilter, Said)
 
 HERMES = ('Sure, one moment. <tool_call>\n{"name": "book", "arguments": {"people": 4, '
           '"note": "a } \\" {"}}\n</tool_call>\n<tool_call>\n{"name": "hours", "arguments": {}}'
@@ -77,3 +78,38 @@ def test_a_call_that_is_not_json_is_broken():
     pieces = _parse("<tool_call>\nnot json\n</tool_call> after", 4)
     assert isinstance([p for p in pieces if not isinstance(p, Said)][-1], CallBroken)
     assert _said(pieces) == "after"
+
+
+def _filtered(text: str, step: int):
+    parser, repeats, out = CallParser(), RepeatFilter(), []
+    for i in range(0, len(text), step):
+        out += repeats.push(parser.feed(text[i:i + step]))
+    return out + repeats.push(parser.close())
+
+
+CALL_A = '<tool_call>\n{"name": "book", "arguments": {"n": 4}}\n</tool_call>'
+CALL_B = '<tool_call>\n{"name": "book", "arguments": {"n": 40}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_an_exact_repeat_of_a_call_is_dropped_unseen(step):
+    out = _filtered(f"{CALL_A}\n{CALL_A}\n{CALL_A}", step)
+    assert [type(p).__name__ for p in out].count("CallOpened") == 1
+    assert [(p.name, p.arguments) for p in out if isinstance(p, CallClosed)] == [
+        ("book", '{"n": 4}')]
+
+
+@pytest.mark.parametrize("step", [1, 5, 1000])
+def test_a_call_that_only_starts_like_an_earlier_one_comes_out_whole(step):
+    out = _filtered(f"{CALL_A}\n{CALL_B}", step)
+    closed = [p for p in out if isinstance(p, CallClosed)]
+    assert [c.arguments for c in closed] == ['{"n": 4}', '{"n": 40}']
+    assert "".join(p.delta for p in out if isinstance(p, CallArgs) and p.index == 1) == '{"n": 40}'
+    assert [type(p).__name__ for p in out if getattr(p, "index", None) == 1][0] == "CallOpened"
+
+
+def test_a_repeat_cut_off_by_the_length_limit_is_not_reported():
+    out = _filtered(f'{CALL_A}\n<tool_call>\n{{"name": "book", "arguments": {{"n"', 3)
+    assert not [p for p in out if isinstance(p, CallBroken)]
+    out = _filtered('<tool_call>\n{"name": "book", "arg', 3)
+    assert [p for p in out if isinstance(p, CallBroken)]

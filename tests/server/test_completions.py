@@ -131,18 +131,19 @@ async def test_a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed(se
     api = client(server.port)
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     choice = {"type": "function", "function": {"name": "get_weather"}}
-    one = {"parallel_tool_calls": False}  # (in parallel, the 135M model repeats its call)
+    one = {}  # parallel calls allowed: the 135M model repeats its call, which stops it
     whole = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=ask,
-                                              tools=[WEATHER], tool_choice=choice, max_tokens=48,
+                                              tools=[WEATHER], tool_choice=choice, max_tokens=96,
                                               **one)
     msg = whole.choices[0].message
     assert whole.choices[0].finish_reason == "tool_calls" and not msg.content
+    assert whole.usage.completion_tokens < 96  # its repeated call stopped it
     call, = msg.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
     stream = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=ask,
                                                tools=[WEATHER], tool_choice=choice,
-                                               max_tokens=48, stream=True, **one)
+                                               max_tokens=96, stream=True, **one)
     chunks = [c async for c in stream]
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].id and deltas[0].function.name == "get_weather"

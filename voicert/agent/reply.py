@@ -76,7 +76,8 @@ class Reply:
         self._open: dict[int, tuple[str, str]] = {}  # call index -> (call id, item id)
         self._calls: list[ToolCall] = []
         self._broken = 0
-        self._held: dict[int, list[tc.Piece]] = {}  # call index -> its pieces, while it repeats
+        self.repeats = tc.RepeatFilter()
+        self._looped = False  # stopped for repeating its calls: the reply ends as a stop
 
     @property
     def request_id(self) -> str:
@@ -127,7 +128,8 @@ class Reply:
                 if tok.error:
                     await self.emit(ev.SessionError(p.ErrorCode.ENGINE_FAILED.value, tok.error))
                 if tok.finish_reason == FinishReason.CANCELLED:
-                    return self.cancel_reason
+                    return FinishReason.STOP.value if self._looped and not \
+                        self.cancel_requested else self.cancel_reason
                 return tok.finish_reason
             if self.cancel_requested:
                 continue  # the engine stops within a step; tokens already made are dropped
@@ -150,33 +152,18 @@ class Reply:
             self.speech.feed(text)
 
     async def _pieces(self, pieces: list[tc.Piece], index: int) -> None:
-        """Emit what the parser made of a token's text (index -1: the end of the reply). A call
-        that so far repeats an earlier one of this reply (name and arguments) is held back; if it
-        ends as an exact repeat (small models loop), it is dropped unseen."""
-        for piece in pieces:
+        """Emit what the parser made of a token's text (index -1: the end of the reply); a call
+        that repeats an earlier one of this reply is dropped unseen (tc.RepeatFilter)."""
+        for piece in self.repeats.push(pieces):
             if isinstance(piece, tc.Said):
                 await self._say(piece.text, max(index, 0))
-                continue
-            if isinstance(piece, tc.CallBroken):
-                self._held.pop(piece.index, None)
+            elif isinstance(piece, tc.CallBroken):
                 self._broken += 1
-                continue
-            if isinstance(piece, tc.CallOpened) and any(c.name == piece.name for c in self._calls):
-                self._held[piece.index] = []
-            held = self._held.get(piece.index)
-            if held is None:
+            else:
                 await self._piece(piece)
-                continue
-            held.append(piece)
-            name = held[0].name
-            args = "".join(p.delta for p in held if isinstance(p, tc.CallArgs))
-            if isinstance(piece, tc.CallClosed) and any(
-                    c.name == name and c.arguments == args for c in self._calls):
-                del self._held[piece.index]  # an exact repeat
-            elif not any(c.name == name and c.arguments.startswith(args) for c in self._calls):
-                del self._held[piece.index]  # it differs: a call of its own
-                for p in held:
-                    await self._piece(p)
+        if self.repeats.looping and not self._looped:  # the model repeats its calls: enough
+            self._looped = True
+            self.engine.cancel(self.request_id)
 
     async def _piece(self, piece: tc.Piece) -> None:
         if isinstance(piece, tc.CallOpened):

@@ -239,6 +239,55 @@ class CallParser:
         return out
 
 
+class RepeatFilter:
+    """Drops a call that exactly repeats an earlier call of the same reply (small models loop:
+    the same call again and again until the length limit). Contract: :meth:`push` every piece of
+    a :class:`CallParser`, in order; it returns the pieces to act on. A call that so far repeats
+    an earlier complete one (its name, its arguments a prefix of that one's) is held back; once
+    it differs its pieces come out, and if it ends as an exact repeat (or is cut off while still
+    a repeat) it is dropped unseen. ``looping`` is set by the first exact repeat: under greedy
+    decoding the rest of the reply is more of the same, and the caller may stop generating."""
+
+    def __init__(self) -> None:
+        self.looping = False
+        self.done: list[tuple[str, str]] = []  # (name, arguments) of the calls let through
+        self._held: dict[int, list[Piece]] = {}  # call index -> its pieces, while it repeats
+
+    def push(self, pieces: list[Piece]) -> list[Piece]:
+        out: list[Piece] = []
+        for piece in pieces:
+            if isinstance(piece, Said):
+                out.append(piece)
+                continue
+            if isinstance(piece, CallOpened) and any(n == piece.name for n, _ in self.done):
+                self._held[piece.index] = []
+            held = self._held.get(piece.index)
+            if held is None:
+                self._let_through(piece, out)
+            elif isinstance(piece, CallBroken):
+                del self._held[piece.index]  # a repeat cut off: never shown, not reported
+            else:
+                held.append(piece)
+                self._settle(piece, held, out)
+        return out
+
+    def _settle(self, piece: Piece, held: list[Piece], out: list[Piece]) -> None:
+        name = held[0].name
+        args = "".join(p.delta for p in held if isinstance(p, CallArgs))
+        if isinstance(piece, CallClosed) and (name, args) in self.done:
+            del self._held[piece.index]  # an exact repeat
+            self.looping = True
+        elif not any(n == name and a.startswith(args) for n, a in self.done):
+            del self._held[piece.index]  # it differs: a call of its own
+            for p in held:
+                self._let_through(p, out)
+
+    def _let_through(self, piece: Piece, out: list[Piece]) -> None:
+        if isinstance(piece, CallClosed):
+            self.done.append((piece.name, piece.arguments))
+        out.append(piece)
+
+
 def _partial_suffix(text: str, marker: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
     for n in range(min(len(marker) - 1, len(text)), 0, -1):

@@ -8,6 +8,7 @@ request in the engine. The wire shapes are built in ``voicert/protocol/chat.py``
 
 from __future__ import annotations
 
+import dataclasses
 import http
 import itertools
 import logging
@@ -152,10 +153,18 @@ class ChatCompletions:
                      model: str) -> HttpResponse:
         stops = chat.StopMatcher(req.stop)
         calls = _Calls(bool(req.tools))
-        async for piece, ev in self._tokens(svc, engine_req, stops):
-            calls.feed(piece)
-            if ev.finish_reason is not None:
-                break
+        tokens = self._tokens(svc, engine_req, stops)
+        try:
+            async for piece, ev in tokens:
+                calls.feed(piece)
+                if ev.finish_reason is not None:
+                    break
+                if calls.repeats.looping:  # repeating its calls: the reply is complete
+                    ev = dataclasses.replace(ev, index=ev.index + 1,
+                                             finish_reason=FinishReason.STOP)
+                    break
+        finally:
+            await tokens.aclose()
         calls.close()
         if ev.finish_reason == FinishReason.ERROR or ev.finish_reason == FinishReason.CANCELLED:
             return _error(chat.ChatError(503, f"generation failed: {ev.error or ev.finish_reason}",
@@ -175,6 +184,9 @@ class ChatCompletions:
             async for piece, ev in tokens:
                 for delta in calls.feed(piece) if piece else []:
                     yield chat.sse(chat.chunk(req, model, delta))
+                if ev.finish_reason is None and calls.repeats.looping:
+                    ev = dataclasses.replace(ev, index=ev.index + 1,
+                                             finish_reason=FinishReason.STOP)
                 if ev.finish_reason is None:
                     continue
                 for delta in calls.close():
@@ -201,6 +213,7 @@ class _Calls:
 
     def __init__(self, tools: bool) -> None:
         self.parser = tc.CallParser() if tools else None
+        self.repeats = tc.RepeatFilter()  # (small models repeat a call until the length limit)
         self.text = ""
         self.done: list[ToolCall] = []
         self._ids: dict[int, str] = {}
@@ -216,7 +229,7 @@ class _Calls:
 
     def _deltas(self, pieces: list) -> list[dict]:
         out = []
-        for p in pieces:
+        for p in self.repeats.push(pieces):
             if isinstance(p, tc.Said):
                 self.text += p.text
                 out.append({"content": p.text})
