@@ -113,7 +113,10 @@ def test_rows_without_a_grammar_are_token_identical_beside_guided_rows(core):
 
 
 def test_an_unusable_schema_fails_that_request_alone(core):
-    bad = ToolSpec.of("odd", "", {"type": "object", "properties": {"x": {"$ref": "#/nope"}}})
+    odd = {"type": "object", "properties": {"x": {"$ref": "#/nope"}}}
+    with pytest.raises(ValueError, match="nope"):  # refused where it is declared
+        ToolSpec.of("odd", "", odd)
+    bad = ToolSpec("odd", "", json.dumps(odd))  # built around that check: the engine's own
     with pytest.raises(GuideError):
         core.add(_ask("bad", [bad]))
     assert not core.has_work()

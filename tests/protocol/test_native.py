@@ -93,6 +93,10 @@ def test_tools_travel_in_session_start_and_session_update_and_results_come_back(
     {"type": "session.start", "options": {"tools": [{"name": "bad name"}]}},
     {"type": "session.start", "options": {"tool_choice": "maybe"}},
     {"type": "session.update", "tools": [{"name": "f", "parameters": [1]}]},
+    {"type": "session.update", "tools": [{"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/nowhere"}}}}]},
+    {"type": "session.start", "options": {"tools": [{"name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"type": "strin"}}}}]}},
     {"type": "tool.result", "output": "x"},
     {"type": "tool.result", "call_id": "c"},
 ])

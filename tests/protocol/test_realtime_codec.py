@@ -41,7 +41,10 @@ CFG = rt.SessionConfig(instructions="x")
     ({"tools": [{"type": "mcp", "server_label": "f"}]}, "session.tools[0].type"),
     ({"tools": [{"type": "function", "name": "f"}, {"name": "f"}]}, "session.tools[1].name"),
     ({"tools": [{"type": "function", "name": "f", "parameters": {"type": "array"}}]},
-     "session.tools[0].name"),
+     "session.tools[0].parameters"),
+    ({"tools": [{"type": "function", "name": "f", "parameters": {
+        "type": "object", "properties": {"x": {"$ref": "#/nowhere"}}}}]},
+     "session.tools[0].parameters"),
     ({"tool_choice": "sometimes"}, "session.tool_choice"),
     ({"prompt": {"id": "pmpt_1"}}, "session.prompt"),
     ({"speed": 1.5}, "session.speed"),

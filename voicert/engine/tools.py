@@ -16,6 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 
+class ToolSchemaError(ValueError):
+    """A tool's parameters are not a JSON schema the engine can decode a call under."""
+
+
 class ToolChoiceMode(enum.StrEnum):
     AUTO = "auto"  # the model decides: text, or calls
     NONE = "none"  # no call: the tools are not offered
@@ -47,15 +51,21 @@ class ToolSpec:
 
     @classmethod
     def of(cls, name: str, description: str = "", parameters: dict | None = None) -> "ToolSpec":
-        """Raises ValueError for a name that a call could not carry or a schema that is not an
-        object schema."""
+        """Raises ValueError for a name that a call could not carry, a schema that is not an
+        object schema, or one the engine could not decode under (llguidance's own check: a
+        dangling ``$ref``, an unknown type...), so a door refuses it when it is declared rather
+        than failing every reply that offers it."""
         if not name or not isinstance(name, str) or len(name) > 64 or not all(
                 c.isalnum() or c in "_-" for c in name):
             raise ValueError(f"tool name {name!r:.70} must be 1-64 letters, digits, _ or -")
         schema = {"type": "object", "properties": {}} if parameters is None else parameters
         if not isinstance(schema, dict) or schema.get("type", "object") != "object":
-            raise ValueError(f"tool {name}: parameters must be a JSON schema of type object")
-        return cls(name, description or "", json.dumps(schema, sort_keys=True))
+            raise ToolSchemaError(f"tool {name}: parameters must be a JSON schema of type object")
+        text = json.dumps(schema, sort_keys=True)
+        problem = _schema_problem(text)
+        if problem:
+            raise ToolSchemaError(f"tool {name}: parameters: {problem[:300]}")
+        return cls(name, description or "", text)
 
     @property
     def schema(self) -> dict:
@@ -66,6 +76,17 @@ class ToolSpec:
         return {"type": "function", "function": {"name": self.name,
                                                  "description": self.description,
                                                  "parameters": self.schema}}
+
+
+def _schema_problem(schema_json: str) -> str:
+    """Why llguidance cannot decode under a JSON schema, or ""."""
+    import llguidance
+
+    try:
+        return llguidance.LLMatcher.validate_grammar(
+            llguidance.LLMatcher.grammar_from_json_schema(schema_json))
+    except Exception as exc:  # a schema it cannot even read
+        return str(exc)
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSchemaError, ToolSpec
 
 MAX_TOOLS = 64
 MAX_SCHEMA_CHARS = 16000
@@ -52,6 +52,8 @@ def tools_from_wire(value: Any, where: str = "tools") -> tuple[ToolSpec, ...]:
                             f"{at}.parameters")
         try:
             spec = ToolSpec.of(name, description, params)
+        except ToolSchemaError as exc:
+            raise WireError(f"{at}: {exc}", f"{at}.parameters") from None
         except ValueError as exc:
             raise WireError(f"{at}: {exc}", f"{at}.name") from None
         if any(s.name == spec.name for s in specs):
