@@ -22,3 +22,15 @@ def test_client_reports_an_unreachable_server(capsys):
     assert cli.main(["client", str(DATA / "capital_of_france.wav"), "--url",
                      "ws://127.0.0.1:9/v1/stream", "--fast"]) == 2
     assert "cannot connect" in capsys.readouterr().err
+
+
+def test_an_llm_url_means_an_openai_compatible_server_and_its_errors_are_messages(capsys):
+    args = cli.build_parser().parse_args(["serve", "--llm", "http://10.0.0.5:8000/v1"])
+    assert cli._overrides(args) == {"llm.engine": "openai", "llm.base_url": "http://10.0.0.5:8000/v1"}
+    assert cli._overrides(cli.build_parser().parse_args(["serve", "--llm", "x.gguf"])) == {
+        "models.llm": "x.gguf"}
+    code = cli.main(["prepare", "--llm", "http://127.0.0.1:9/v1",
+                     "--set", "llm.connect_timeout_s=5"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "llm.model: not set" in err and "Traceback" not in err

@@ -20,8 +20,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
         out["server.host"] = args.host
     if getattr(args, "port", None) is not None:
         out["server.port"] = str(args.port)
-    if getattr(args, "llm", None):
-        out["models.llm"] = args.llm
+    llm = getattr(args, "llm", None)
+    if llm and llm.startswith(("http://", "https://")):  # an OpenAI-compatible server
+        out["llm.engine"] = "openai"
+        out["llm.base_url"] = llm
+    elif llm:
+        out["models.llm"] = llm
     if getattr(args, "asr", None):
         out["models.asr"] = args.asr
     return out
@@ -31,7 +35,9 @@ def _config_args(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--config", help="YAML config file (default: configs/default.yaml)")
     sub.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
                      help="override one config value (repeatable)")
-    sub.add_argument("--llm", help="LLM: 'embedded', an HF checkpoint dir, or a .gguf file")
+    sub.add_argument("--llm", help="LLM: 'embedded', an HF checkpoint dir, a .gguf file, or the "
+                     "URL of an OpenAI-compatible server (http://host:8000/v1: vLLM, SGLang, "
+                     "llama.cpp, another voicert; the model: --set llm.model=NAME)")
     sub.add_argument("--asr", help="ASR: 'embedded' or a CTranslate2 Whisper dir")
 
 
@@ -76,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
 
             print(f"vad: {silero_model_path()}")
             print(f"asr: {resolve_asr_model(cfg.models.asr)}")
-            print(f"llm: {resolve_llm(cfg.models.llm, cache_dir(cfg.models))}")
+            if cfg.llm.engine == "openai":
+                from voicert.engine.openai_compat import resolve_model
+
+                print(f"llm: {resolve_model(cfg.llm)} at {cfg.llm.base_url}")
+            else:
+                print(f"llm: {resolve_llm(cfg.models.llm, cache_dir(cfg.models))}")
             return 0
         from voicert.server.app import run_server
 

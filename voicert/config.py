@@ -184,7 +184,8 @@ class AsrConfig:
 
 @dataclass(slots=True)
 class LlmConfig:
-    engine: str = "fast"  # fast: paged KV + prefix cache + continuous batching; simple: transformers
+    engine: str = "fast"  # fast: paged KV + prefix cache + continuous batching; simple: transformers;
+    # openai: a client of an OpenAI-compatible server (vLLM, SGLang, llama.cpp, another voicert)
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0  # 0: torch's default
@@ -223,9 +224,31 @@ class LlmConfig:
     restart_max: int = 5  # an engine that fails is rebuilt; more failures than this within
     restart_window_s: float = 300.0  # this window and the server gives up and exits non-zero
     restart_wait_s: float = 30.0  # a reply asked for while the engine restarts waits this long
+    apology: str = "Sorry, I can't answer right now. Please try again in a moment."  # said (and
+    # shown) when a reply fails before any of it was said; "": none. Never joins the history
+    # engine: openai
+    base_url: str = ""  # the server's API root, e.g. http://vllm:8000/v1
+    model: str = ""  # the model to ask for; "": the server's only one
+    api_key: str = ""  # "": $VOICERT_LLM_API_KEY, else $OPENAI_API_KEY, else none
+    extra: dict = field(default_factory=dict)  # more request fields (sampling, a server's own)
+    connect_timeout_s: float = 2.0
+    first_token_timeout_s: float = 5.0  # from the request to its first token, retries included
+    stall_timeout_s: float = 10.0  # after the first token: the longest silence of a stream
+    retries: int = 2  # further attempts when a request fails before its first token
 
     def __post_init__(self) -> None:
-        _check(self.engine in ("fast", "simple"), "llm.engine", "must be fast or simple")
+        _check(self.engine in ("fast", "simple", "openai"), "llm.engine",
+               "must be fast, simple or openai")
+        _check(self.engine != "openai" or self.base_url.startswith(("http://", "https://")),
+               "llm.base_url", "must be an http:// or https:// URL (the server's /v1 root) with "
+               "llm.engine: openai")
+        reserved = {"model", "messages", "max_tokens", "stream", "stream_options", "tools",
+                    "tool_choice", "parallel_tool_calls"} & set(self.extra)
+        _check(not reserved, "llm.extra", f"may not set {sorted(reserved)} (voicert sets them)")
+        _check(self.connect_timeout_s > 0, "llm.connect_timeout_s", "must be > 0")
+        _check(self.first_token_timeout_s > 0, "llm.first_token_timeout_s", "must be > 0")
+        _check(self.stall_timeout_s > 0, "llm.stall_timeout_s", "must be > 0")
+        _check(0 <= self.retries <= 10, "llm.retries", "must be in [0, 10]")
         _check(self.device == "cpu" or self.device.startswith("cuda"), "llm.device",
                "must be cpu, cuda or cuda:N")
         _check(self.dtype in ("float32", "bfloat16", "float16"), "llm.dtype",
@@ -349,6 +372,12 @@ def _coerce(value: Any, typ: Any, key: str) -> Any:
     elif typ is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
+    elif typ is dict:
+        if value is None:
+            return {}
+        if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+            return dict(value)
+        raise ConfigError(f"config {key}: expected a mapping (YAML or JSON object), got {value!r}")
     elif typ == list[str]:
         if isinstance(value, str):  # a flag or an environment variable: comma-separated
             value = [v.strip() for v in value.split(",") if v.strip()]

@@ -71,6 +71,7 @@ class FakeEngine:
     script: list = field(default_factory=list)  # replies for the next requests, in order (then reply)
     requests: list = field(default_factory=list)
     cancelled: set = field(default_factory=set)
+    fail: str = ""  # set: every request ends at once with this error (an engine, or server, down)
     _gates: dict = field(default_factory=dict)
 
     def submit(self, request):
@@ -78,6 +79,9 @@ class FakeEngine:
         return self._stream(request)
 
     async def _stream(self, request):
+        if self.fail:
+            yield final_event("error", self.fail)
+            return
         words = (self.script.pop(0) if self.script else self.reply).split(" ")
         n = min(len(words), request.max_new_tokens)
         for i in range(n):

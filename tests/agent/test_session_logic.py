@@ -159,3 +159,33 @@ async def test_close_withdraws_decodes_in_flight():
     (early,) = asr.decodes
     await session.close()
     assert early.dropped
+
+
+async def test_a_reply_that_fails_before_a_word_is_apologised_for_and_kept_out_of_history():
+    engine = FakeEngine(fail="the LLM server is unavailable")
+    session, svc, events = make(engine=engine)
+    session.add_user_text("Hello?")
+    session.respond()
+    assert await session.wait_turn(10)
+    error = next(e for e in events if isinstance(e, ev.SessionError))
+    assert error.code == p.ErrorCode.ENGINE_FAILED.value and "unavailable" in error.message
+    tokens = [e.text for e in events if isinstance(e, ev.ReplyToken)]
+    assert tokens == [svc.cfg.llm.apology]
+    done = next(e for e in events if isinstance(e, ev.ReplyDone))
+    assert done.finish_reason == "error" and done.text == svc.cfg.llm.apology
+    assert [m.role for m in session.history.messages()] == ["user"]  # no apology to build on
+    # the session goes on: the next turn is answered
+    engine.fail = ""
+    session.add_user_text("Hello again?")
+    session.respond()
+    assert await session.wait_turn(10)
+    assert [e for e in events if isinstance(e, ev.ReplyDone)][-1].finish_reason == "stop"
+
+
+async def test_no_apology_when_it_is_configured_off():
+    session, svc, events = make(engine=FakeEngine(fail="down"))
+    session.cfg = dataclasses.replace(svc.cfg, llm=dataclasses.replace(svc.cfg.llm, apology=""))
+    session.add_user_text("Hello?")
+    session.respond()
+    assert await session.wait_turn(10)
+    assert not [e for e in events if isinstance(e, ev.ReplyToken)]

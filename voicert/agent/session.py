@@ -25,7 +25,7 @@ from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, S
                                  TurnEnded, TurnJudged, TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.config import Config, TurnConfig, VadConfig
-from voicert.engine.base import ChatMessage, Engine, GenerationRequest
+from voicert.engine.base import ChatMessage, Engine, FinishReason, GenerationRequest
 from voicert.engine.tools import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
@@ -584,6 +584,9 @@ class Session:
                 await self._run_tools(turn, list(out.calls), tally)
                 if turn.cancel_requested:
                     break
+            if out is not None and out.reason == FinishReason.ERROR and not tally.texts \
+                    and not turn.cancel_requested and self.cfg.llm.apology:
+                await self._say_aside(turn, tally, self.cfg.llm.apology)
         finally:
             if out is not None:
                 await self._reply_done(turn, out, tally)
@@ -606,7 +609,7 @@ class Session:
         try:
             done, _ = await asyncio.wait(runs, timeout=self.cfg.tools.filler_after_ms / 1000)
             if len(done) < len(runs) and self.cfg.tools.filler:
-                await self._say_filler(turn, tally)
+                await self._say_aside(turn, tally, self.cfg.tools.filler)
             outcomes = await asyncio.gather(*runs)
         finally:
             for run in runs:
@@ -618,9 +621,9 @@ class Session:
             await self.emit(ev.ToolResult(turn.turn_id, call.call_id, result.output,
                                           item.item_id, result.error))
 
-    async def _say_filler(self, turn: Turn, tally: ReplyTally) -> None:
-        """The filler while tools run: sent as text, and spoken when the reply is."""
-        text = self.cfg.tools.filler
+    async def _say_aside(self, turn: Turn, tally: ReplyTally, text: str) -> None:
+        """Words of the server's own (the filler while tools run, the apology for a failed reply):
+        sent as text and spoken when the reply is; in the reply's text, never in the history."""
         await self.emit(ev.ReplyToken(turn.turn_id, -1, text))
         tally.texts.append(text)
         speech = self._speech_out(turn)

@@ -30,6 +30,10 @@ class TokenStream:
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
+    def put(self, event: TokenEvent | TokenOut) -> None:
+        """Called on the consumer's own event loop (a producer task there)."""
+        self._queue.put_nowait(event)
+
     @staticmethod
     def post_all(items: list[tuple["TokenStream", TokenEvent | TokenOut]]) -> None:
         """Called on a producer thread with one step's records: one loop wake-up per event loop,

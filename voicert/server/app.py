@@ -7,6 +7,7 @@ Shutdown order: stop accepting, stop starting new turns, let running turns finis
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http
 import logging
 import signal
@@ -25,7 +26,7 @@ from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
-from voicert.engine.base import EngineState
+from voicert.engine.base import Engine, EngineState
 from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
 from voicert.server.logs import quiet_handshake_logger
 from voicert.server import access, dashboard
@@ -62,7 +63,7 @@ def load_services(cfg: Config) -> Services:
     asr = WhisperAsr(cfg.asr, cfg.models.asr)
     asr.warmup()
     log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
-    engine = build_engine(cfg)
+    cfg, engine = build_engine(cfg)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     voice = load_voice(cfg.tts)
     tts = None if voice is None else TtsWorker(voice)
@@ -98,13 +99,22 @@ def load_turn_judge(cfg: Config) -> TurnJudge | None:
     return judge
 
 
-def build_engine(cfg: Config) -> SupervisedEngine:
-    """The configured LLM engine (``llm.engine``), weights resolved (and converted) by config,
-    under a supervisor that rebuilds it if it fails (engine/supervisor.py)."""
+def build_engine(cfg: Config) -> tuple[Config, Engine]:
+    """The configured LLM engine (``llm.engine``) and the config as it resolved it. The built-in
+    engines: weights resolved (and converted) by config, under a supervisor that rebuilds the
+    engine if it fails (engine/supervisor.py). ``openai``: a client of that server, ``llm.model``
+    resolved by asking it (engine/openai_compat.py)."""
+    if cfg.llm.engine == "openai":
+        from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
+
+        model = resolve_model(cfg.llm)
+        log.info("llm: %s at %s", model, cfg.llm.base_url)
+        cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, model=model))
+        return cfg, OpenAICompatEngine(cfg.llm, model)
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
     policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s,
                            wait_s=cfg.llm.restart_wait_s)
-    return SupervisedEngine(lambda: _start_engine(cfg, model_dir), policy)
+    return cfg, SupervisedEngine(lambda: _start_engine(cfg, model_dir), policy)
 
 
 def _engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import AsyncIterator, Callable
 
 from voicert.agent.session import Services
+from voicert.config import Config
 from voicert.agent import tool_calls as tc
 from voicert.engine.base import FinishReason, GenerationRequest, TokenEvent
 from voicert.engine.tools import ToolCall
@@ -31,9 +32,13 @@ MODELS_PATH = "/v1/models"
 EMBEDDED_MODEL_ID = "smollm2-135m-instruct"
 
 
-def served_model_id(llm_setting: str) -> str:
-    """The model id clients name (``models.llm``: the embedded model's name, else the file or
-    directory name without a ``.gguf`` suffix)."""
+def served_model_id(cfg: Config) -> str:
+    """The model id clients name: over ``llm.engine: openai`` the upstream's (``llm.model``, as
+    resolved at start-up); else from ``models.llm``: the embedded model's name, or the file or
+    directory name without a ``.gguf`` suffix."""
+    if cfg.llm.engine == "openai":
+        return cfg.llm.model
+    llm_setting = cfg.models.llm
     if llm_setting == "embedded":
         return EMBEDDED_MODEL_ID
     name = Path(llm_setting.rstrip("/")).name
@@ -65,7 +70,7 @@ class ChatCompletions:
         if refusal is not None:
             return refusal
         return json_response(http.HTTPStatus.OK,
-                             chat.models_list(served_model_id(svc.cfg.models.llm), self._started))
+                             chat.models_list(served_model_id(svc.cfg), self._started))
 
     async def completions(self, request: HttpRequest) -> HttpResponse:
         svc = self._services()
@@ -75,7 +80,7 @@ class ChatCompletions:
         cfg = svc.cfg
         try:
             req = chat.parse_request(request.body, cfg.server.max_text_chars)
-            model = served_model_id(cfg.models.llm)
+            model = served_model_id(cfg)
             if req.model != model:
                 raise chat.ChatError(404, f"model {req.model!r} is not served here (this "
                                      f"server serves {model!r}; see GET {MODELS_PATH})",
