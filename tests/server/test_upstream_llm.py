@@ -116,3 +116,29 @@ async def test_an_llm_server_that_is_down_gets_an_apology_and_the_session_lives_
                 assert done["text"] == b.cfg.llm.apology
     finally:
         await b.shutdown()
+
+
+async def test_a_tool_call_made_by_the_remote_model_reaches_the_caller(server, services):
+    import json
+
+    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+
+    weather = ToolSpec.of("get_weather", "The weather in a city.",
+                          {"type": "object", "properties": {"city": {"type": "string"}},
+                           "required": ["city"]})
+    b = await voicert_b(services, f"http://127.0.0.1:{server.port}/v1")
+    try:
+        async with connect(f"ws://127.0.0.1:{b.port}{STREAM_PATH}") as ws:
+            await ws.send(p.encode(p.SessionStart(
+                tools=(weather,), tool_choice=ToolChoice(ToolChoiceMode.NAMED, "get_weather"))))
+            await ws.send(p.encode(p.UserText("What's the weather like in Paris?")))
+            events = await events_until(ws, lambda ev: ev["type"] == "response.done")
+        started = next(e for e in events if e["type"] == "tool.call.started")
+        call = next(e for e in events if e["type"] == "tool.call")
+        assert started["name"] == call["name"] == "get_weather"
+        assert isinstance(json.loads(call["arguments"])["city"], str)
+        deltas = [e["delta"] for e in events if e["type"] == "tool.call.delta"]
+        assert "".join(deltas) == call["arguments"]  # streamed as A decoded them
+        assert not [e for e in events if e["type"] == "error"]
+    finally:
+        await b.shutdown()
