@@ -210,6 +210,8 @@ class LlmConfig:
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode and prefill steps
     prefill_graph_rows: int = 16  # GPU: most prompts one graphed prefill step packs (1: one prompt
     # per graphed step; steps of several prompts then run eagerly)
+    gpus: int = 1  # engine replicas, one per GPU (0..gpus-1), each in a process of its own;
+    # conversations stay on their replica (its prefix cache) while it is not much busier
     process: bool = False  # run the fast engine in a process of its own (no GIL shared with the
     # event loop, VAD and ASR threads); startup is a few seconds longer
     own_stream: bool = True  # GPU: the engine runs on its own high-priority CUDA stream, so that
@@ -249,6 +251,9 @@ class LlmConfig:
         _check(self.first_token_timeout_s > 0, "llm.first_token_timeout_s", "must be > 0")
         _check(self.stall_timeout_s > 0, "llm.stall_timeout_s", "must be > 0")
         _check(0 <= self.retries <= 10, "llm.retries", "must be in [0, 10]")
+        _check(1 <= self.gpus <= 64, "llm.gpus", "must be in [1, 64]")
+        _check(self.gpus == 1 or (self.engine == "fast" and self.device == "cuda"), "llm.gpus",
+               "above 1 needs llm.engine: fast and llm.device: cuda (one engine per GPU)")
         _check(self.device == "cpu" or self.device.startswith("cuda"), "llm.device",
                "must be cpu, cuda or cuda:N")
         _check(self.dtype in ("float32", "bfloat16", "float16"), "llm.dtype",

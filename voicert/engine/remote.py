@@ -66,10 +66,14 @@ def _push_stats(engine: "EngineThread", gc_watch, channel: _Channel, stop: threa
             return
 
 
-def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events) -> None:
+def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
+           gpu: str | None = None) -> None:
     """The engine process: load, warm up, then serve requests until told to stop (or the server
-    goes away: the pipe closes). If the engine thread dies, the process says why and exits."""
+    goes away: the pipe closes). If the engine thread dies, the process says why and exits.
+    ``gpu``: the one GPU this process sees (CUDA_VISIBLE_DEVICES, set before CUDA starts)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server shuts us down in order
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     channel = _Channel(events)
     try:
         import torch
@@ -147,12 +151,15 @@ class EngineProcess:
     a supervisor) is called once, from the reader thread. The child is reaped."""
 
     def __init__(self, model_dir: str, cfg, threads: int = 0, start_timeout_s: float = 600,
-                 gc_freeze: bool = True) -> None:
+                 gc_freeze: bool = True, gpu: str | None = None) -> None:
+        """``gpu``: the index of the one GPU the child uses (its ``cuda``), for one engine per
+        GPU; None: the devices this process sees."""
         ctx = mp.get_context("spawn")
         self._req_r, self._req_w = ctx.Pipe(duplex=False)
         self._ev_r, self._ev_w = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_child, name="voicert-engine",
-                                 args=(model_dir, cfg, threads, gc_freeze, self._req_r, self._ev_w), daemon=True)
+                                 args=(model_dir, cfg, threads, gc_freeze, self._req_r,
+                                       self._ev_w, gpu), daemon=True)
         self._proc.start()
         self._req_r.close()
         self._ev_w.close()

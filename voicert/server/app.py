@@ -114,7 +114,37 @@ def build_engine(cfg: Config) -> tuple[Config, Engine]:
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
     policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s,
                            wait_s=cfg.llm.restart_wait_s)
+    if cfg.llm.gpus > 1:
+        return cfg, _start_replicas(cfg, model_dir, policy)
     return cfg, SupervisedEngine(lambda: _start_engine(cfg, model_dir), policy)
+
+
+def _start_replicas(cfg: Config, model_dir: str, policy: RestartPolicy) -> Engine:
+    """``llm.gpus`` engine processes, one per GPU, started at once, each under its supervisor."""
+    from voicert.engine.remote import EngineProcess
+    from voicert.engine.replicas import ReplicaEngine
+
+    engine_cfg = _engine_config(cfg.llm, str(cache_dir(cfg.models)))
+
+    def start(gpu: int) -> SupervisedEngine:
+        return SupervisedEngine(lambda: EngineProcess(
+            model_dir, engine_cfg, threads=cfg.llm.threads, gc_freeze=cfg.server.gc_freeze,
+            gpu=str(gpu)), policy)
+
+    with ThreadPoolExecutor(cfg.llm.gpus) as pool:
+        futures = [pool.submit(start, i) for i in range(cfg.llm.gpus)]
+        replicas, errors = [], []
+        for f in futures:
+            try:
+                replicas.append(f.result())
+            except Exception as exc:
+                errors.append(exc)
+    if errors:
+        for r in replicas:
+            r.close()
+        raise errors[0]
+    log.info("llm: %d engine replicas, one per GPU", len(replicas))
+    return ReplicaEngine(replicas)
 
 
 def _engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
