@@ -204,12 +204,12 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
     from voicert.engine.base import EngineState
     from voicert.engine.remote import EngineProcess
     from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
-    from voicert.server.app import _engine_config, cache_dir, resolve_llm
+    from voicert.engine.factory import cache_dir, engine_config, resolve_llm
 
     cfg = services.cfg
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
     engine = SupervisedEngine(
-        lambda: EngineProcess(model_dir, _engine_config(cfg.llm), threads=1),
+        lambda: EngineProcess(model_dir, engine_config(cfg.llm), threads=1),
         RestartPolicy(max_restarts=3, window_s=600, backoff_s=0.05))
     srv = VoiceServer(dataclasses.replace(services, engine=engine, cfg=dataclasses.replace(
         cfg, server=dataclasses.replace(cfg.server, port=0))))

@@ -45,8 +45,10 @@ class Placement:
     replica a conversation's replica may have and still keep it (at least, and a quarter of the
     least busy one's load)."""
 
-    def __init__(self, replicas: int, slack: int = 4, max_conversations: int = 65536) -> None:
+    def __init__(self, replicas: int, slack: int = 4, max_conversations: int = 65536,
+                 affinity: bool = True) -> None:
         self.replicas = replicas
+        self.affinity = affinity  # False: always the least busy (benchmarks: what affinity buys)
         self.slack = slack
         self.max_conversations = max_conversations
         self._home: collections.OrderedDict[str, int] = collections.OrderedDict()
@@ -61,7 +63,7 @@ class Placement:
         if not candidates:
             return -1
         least = min(candidates, key=lambda i: (loads[i], (i - self._next) % self.replicas))
-        home = self._home.get(key)
+        home = self._home.get(key) if self.affinity else None
         if home is not None and usable[home] and \
                 loads[home] - loads[least] <= max(self.slack, loads[least] // 4):
             self.kept += 1

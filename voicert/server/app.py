@@ -7,7 +7,6 @@ Shutdown order: stop accepting, stop starting new turns, let running turns finis
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import http
 import logging
 import signal
@@ -22,12 +21,9 @@ from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
 from voicert.agent.toolbox import Toolbox
-from voicert.config import Config, ConfigError, LlmConfig, cache_dir
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
-from voicert.engine.loader import resolve_llm
-from voicert.engine.simple import SimpleEngine
-from voicert.engine.base import Engine, EngineState
-from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
+from voicert.config import Config, ConfigError
+from voicert.engine.base import EngineState
+from voicert.engine.factory import build_engine
 from voicert.server.logs import quiet_handshake_logger
 from voicert.server import access, dashboard
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
@@ -97,92 +93,6 @@ def load_turn_judge(cfg: Config) -> TurnJudge | None:
     log.info("turn detection: semantic (%s, judged at %d ms of silence, at most %d ms)",
              judge.model.path.name, cfg.turn.pause_ms, cfg.turn.max_silence_ms)
     return judge
-
-
-def build_engine(cfg: Config) -> tuple[Config, Engine]:
-    """The configured LLM engine (``llm.engine``) and the config as it resolved it. The built-in
-    engines: weights resolved (and converted) by config, under a supervisor that rebuilds the
-    engine if it fails (engine/supervisor.py). ``openai``: a client of that server, ``llm.model``
-    resolved by asking it (engine/openai_compat.py)."""
-    if cfg.llm.engine == "openai":
-        from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
-
-        model = resolve_model(cfg.llm)
-        log.info("llm: %s at %s", model, cfg.llm.base_url)
-        cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, model=model))
-        return cfg, OpenAICompatEngine(cfg.llm, model)
-    model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
-    policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s,
-                           wait_s=cfg.llm.restart_wait_s)
-    if cfg.llm.gpus > 1:
-        return cfg, _start_replicas(cfg, model_dir, policy)
-    return cfg, SupervisedEngine(lambda: _start_engine(cfg, model_dir), policy)
-
-
-def _start_replicas(cfg: Config, model_dir: str, policy: RestartPolicy) -> Engine:
-    """``llm.gpus`` engine processes, one per GPU, started at once, each under its supervisor."""
-    from voicert.engine.remote import EngineProcess
-    from voicert.engine.replicas import ReplicaEngine
-
-    engine_cfg = _engine_config(cfg.llm, str(cache_dir(cfg.models)))
-
-    def start(gpu: int) -> SupervisedEngine:
-        return SupervisedEngine(lambda: EngineProcess(
-            model_dir, engine_cfg, threads=cfg.llm.threads, gc_freeze=cfg.server.gc_freeze,
-            gpu=str(gpu)), policy)
-
-    with ThreadPoolExecutor(cfg.llm.gpus) as pool:
-        futures = [pool.submit(start, i) for i in range(cfg.llm.gpus)]
-        replicas, errors = [], []
-        for f in futures:
-            try:
-                replicas.append(f.result())
-            except Exception as exc:
-                errors.append(exc)
-    if errors:
-        for r in replicas:
-            r.close()
-        raise errors[0]
-    log.info("llm: %d engine replicas, one per GPU", len(replicas))
-    return ReplicaEngine(replicas)
-
-
-def _engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
-    """The fast engine's settings from the ``llm`` section (device-only options off elsewhere)."""
-    cuda = llm.device.startswith("cuda")
-    return EngineConfig(
-        device=llm.device, dtype=llm.dtype, block_size=llm.block_size,
-        kv_memory_gb=llm.kv_memory_gb, gpu_memory_fraction=llm.gpu_memory_fraction,
-        max_batch=llm.max_batch, prefill_token_budget=llm.prefill_token_budget,
-        batch_window_ms=llm.batch_window_ms, spec_tokens=llm.spec_tokens,
-        draft_model=llm.draft_model, draft_heads=llm.draft_heads,
-        max_context_tokens=llm.max_context_tokens, int8=llm.int8,
-        cuda_graphs=llm.cuda_graphs and cuda, prefill_graph_rows=llm.prefill_graph_rows,
-        own_stream=llm.own_stream and cuda, fused_kernels=llm.fused_kernels and cuda,
-        overlap=llm.overlap, torchscript=llm.torchscript and llm.device == "cpu",
-        models_cache=models_cache)
-
-
-def _start_engine(cfg: Config, model_dir: str):
-    """One engine, started (and warmed up when it runs in this process)."""
-    llm = cfg.llm
-    if llm.engine == "simple":
-        engine = SimpleEngine(model_dir, llm)
-        engine.warmup()
-        return engine
-    engine_cfg = _engine_config(llm, str(cache_dir(cfg.models)))
-    if llm.process:
-        from voicert.engine.remote import EngineProcess
-
-        return EngineProcess(model_dir, engine_cfg, threads=llm.threads,
-                             gc_freeze=cfg.server.gc_freeze)
-    if llm.threads > 0:
-        import torch
-
-        torch.set_num_threads(llm.threads)
-    engine = LLMEngine(model_dir, engine_cfg)
-    engine.warmup()
-    return engine
 
 
 @dataclass

@@ -1,0 +1,216 @@
+"""Engine replicas under conversation load: ``python -m voicert.bench.replicas``.
+
+Drives the server's engine (``build_engine`` on a config: engine processes, one per GPU with
+``--gpus 2``) with simulated voice conversations, the same command running every GPU count in
+turn, and prints one Markdown table: per GPU count and number of sessions, TTFT (submit to the
+first token on this side, IPC and detokenising included) P50/P95/P99, the tokens generated per
+second, how placements kept conversations on their replica, each replica's share, and this
+process's own event-loop lag (a level whose lag P99 is over 10 ms measured the client, not the
+engines, and is marked so).
+
+A session: the speaker talks for ``--think`` seconds (uniform in [0.5x, 1.5x]), then asks; the
+request is the shared system prompt, the conversation so far and the new question, and the reply
+is ``--new`` tokens (``ignore_eos``: random-weight models do not end by themselves). Turns that
+start in the first ``--warmup`` seconds are not counted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import random
+import sys
+import time
+
+import numpy as np
+
+from voicert.bench.engine import VOICE_PROMPTS
+from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.engine.replicas import Placement
+
+SYSTEM = ("You are the voice assistant of a restaurant group. Callers book and change tables, ask "
+          "about opening hours, menus, allergens, parking and gift cards. Answer in one or two "
+          "short sentences, confirm names, dates, times and party sizes back to the caller, and "
+          "never read out long lists. If you are not sure, ask one short question.")
+
+
+@dataclasses.dataclass
+class Level:
+    gpus: int
+    sessions: int
+    ttft_ms: list[float]
+    tokens: int
+    seconds: float
+    lag_ms: list[float]
+    shares: list[int]
+    kept: float
+    moved: float
+    prefix_hit: float
+
+    def row(self) -> dict:
+        t = np.asarray(self.ttft_ms) if self.ttft_ms else np.asarray([float("nan")])
+        lag = np.percentile(self.lag_ms, 99) if self.lag_ms else 0.0
+        total = sum(self.shares) or 1
+        return {"gpus": self.gpus, "sessions": self.sessions, "turns": len(self.ttft_ms),
+                "ttft_p50": float(np.percentile(t, 50)), "ttft_p95": float(np.percentile(t, 95)),
+                "ttft_p99": float(np.percentile(t, 99)),
+                "tokens_per_s": self.tokens / self.seconds,
+                "kept": self.kept, "moved": self.moved, "prefix_hit": self.prefix_hit,
+                "shares": [round(s / total, 3) for s in self.shares],
+                "client_lag_p99_ms": float(lag), "valid": bool(lag <= 10.0)}
+
+
+async def _session(engine, index: int, args, deadline: float, counted_from: float,
+                   out: list[float], tokens: list[int], rng: random.Random) -> None:
+    history: list[ChatMessage] = []
+    turn = 0
+    await asyncio.sleep(rng.uniform(0, args.think))  # sessions start spread out
+    loop = asyncio.get_running_loop()
+    while loop.time() < deadline:
+        await asyncio.sleep(rng.uniform(0.5, 1.5) * args.think)
+        if loop.time() >= deadline:
+            return
+        question = f"{rng.choice(VOICE_PROMPTS)} (caller {index}, turn {turn})"
+        messages = [ChatMessage("system", SYSTEM), *history[-8:], ChatMessage("user", question)]
+        request = GenerationRequest(f"b{index}-{turn}", messages, args.new,
+                                    session_id=f"s{index}", ignore_eos=True)
+        counted = loop.time() >= counted_from
+        t0 = time.perf_counter_ns()
+        first = None
+        parts = []
+        async for ev in engine.submit(request):
+            if ev.finish_reason is not None:
+                if ev.finish_reason == "error":
+                    raise RuntimeError(f"request failed: {ev.error}")
+                break
+            if first is None:
+                first = time.perf_counter_ns()
+            parts.append(ev.text)
+        if counted and first is not None:
+            out.append((first - t0) / 1e6)
+            tokens[0] += len(parts)
+        history += [ChatMessage("user", question), ChatMessage("assistant", "".join(parts)[:400])]
+        turn += 1
+
+
+async def _lag(stop: asyncio.Event, out: list[float], period_s: float = 0.01) -> None:
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        t0 = loop.time()
+        await asyncio.sleep(period_s)
+        out.append(max(loop.time() - t0 - period_s, 0.0) * 1000)
+
+
+async def run_level(engine, gpus: int, sessions: int, args) -> Level:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    counted_from = start + args.warmup
+    deadline = counted_from + args.duration
+    ttft: list[float] = []
+    tokens = [0]
+    lag: list[float] = []
+    stop = asyncio.Event()
+    before = engine.stats().extra
+    shares_before = _shares(engine)
+    lag_task = asyncio.ensure_future(_lag(stop, lag))
+    rng = random.Random(sessions * 7919 + gpus)
+    await asyncio.gather(*(_session(engine, i, args, deadline, counted_from, ttft, tokens,
+                                    random.Random(rng.random())) for i in range(sessions)))
+    stop.set()
+    await lag_task
+    after = engine.stats().extra
+    shares = [a - b for a, b in zip(_shares(engine), shares_before)]
+    return Level(gpus, sessions, ttft, tokens[0], args.duration, lag, shares,
+                 after.get("placement_kept", 0) - before.get("placement_kept", 0),
+                 after.get("placement_moved", 0) - before.get("placement_moved", 0),
+                 after.get("prefix_hit_ratio", float("nan")))
+
+
+def _shares(engine) -> list[int]:
+    replicas = getattr(engine, "replicas", [engine])
+    return [r.stats().submitted for r in replicas]
+
+
+def build(model_dir: str, gpus: int, config: str | None):
+    from voicert.config import load_config
+    from voicert.engine.factory import build_engine
+
+    cfg = load_config(config, {"models.llm": model_dir, "llm.gpus": str(gpus),
+                               "llm.process": "true", "llm.max_batch": "256"}, environ={})
+    return build_engine(cfg)[1]
+
+
+def render(rows: list[dict], label: str) -> str:
+    out = [f"Engine replicas, {label}", "",
+           "| GPUs | placement | sessions | turns | TTFT P50 | P95 | P99 (ms) | tokens/s "
+           "| kept / moved | replica shares | prefix hit | client lag P99 |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    for r in rows:
+        mark = "" if r["valid"] else " (client-bound: invalid)"
+        placement = "-" if r["gpus"] == 1 else ("affinity" if r.get("affinity", True)
+                                                else "load only")
+        out.append(f"| {r['gpus']} | {placement} | {r['sessions']} | {r['turns']} | {r['ttft_p50']:.1f} | "
+                   f"{r['ttft_p95']:.1f} | {r['ttft_p99']:.1f} | {r['tokens_per_s']:.0f} | "
+                   f"{r['kept']:.0f} / {r['moved']:.0f} | "
+                   f"{' / '.join(f'{s:.2f}' for s in r['shares'])} | {r['prefix_hit']:.2f} | "
+                   f"{r['client_lag_p99_ms']:.1f}{mark} |")
+    return "\n".join(out)
+
+
+async def main_async(args) -> list[dict]:
+    rows = []
+    for gpus in args.gpus:
+        levels = [s * gpus for s in args.sessions]
+        t0 = time.perf_counter()
+        engine = await asyncio.to_thread(build, args.model, gpus, args.config)
+        print(f"# {gpus} GPU(s): engines up in {time.perf_counter() - t0:.0f} s",
+              file=sys.stderr, flush=True)
+        try:
+            variants = [True, False] if gpus > 1 and args.compare_affinity else [True]
+            for affinity in variants:
+                if gpus > 1:
+                    engine.placement = Placement(gpus, affinity=affinity)
+                for sessions in levels:
+                    row = (await run_level(engine, gpus, sessions, args)).row()
+                    row["affinity"] = affinity
+                    print(json.dumps(row), file=sys.stderr, flush=True)
+                    rows.append(row)
+        finally:
+            engine.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m voicert.bench.replicas", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="HF checkpoint dir (or anything models.llm takes)")
+    ap.add_argument("--label", default="", help="what the model is (say 'random weights')")
+    ap.add_argument("--config", default="configs/gpu.yaml")
+    ap.add_argument("--gpus", default="1,2", help="GPU counts to run, each in turn")
+    ap.add_argument("--sessions", default="64,128,256",
+                    help="sessions per level per GPU (N GPUs run N times as many)")
+    ap.add_argument("--think", type=float, default=3.0, help="mean seconds between turns")
+    ap.add_argument("--new", type=int, default=48, help="tokens per reply")
+    ap.add_argument("--duration", type=float, default=20.0, help="counted seconds per level")
+    ap.add_argument("--warmup", type=float, default=6.0, help="uncounted seconds per level")
+    ap.add_argument("--compare-affinity", action="store_true",
+                    help="also run each multi-GPU level with placement by load alone")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
+    args = ap.parse_args(argv)
+    args.gpus = [int(g) for g in args.gpus.split(",")]
+    args.sessions = [int(s) for s in args.sessions.split(",")]
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    rows = asyncio.run(main_async(args))
+    print(json.dumps(rows) if args.json else render(rows, args.label or args.model))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
