@@ -151,6 +151,8 @@ def render(rows: list[dict], label: str) -> str:
         mark = "" if r["valid"] else " (client-bound: invalid)"
         placement = "-" if r["gpus"] == 1 else ("affinity" if r.get("affinity", True)
                                                 else "load only")
+        if r.get("remote"):
+            placement = "remote (OpenAI API)"
         out.append(f"| {r['gpus']} | {placement} | {r['sessions']} | {r['turns']} | {r['ttft_p50']:.1f} | "
                    f"{r['ttft_p95']:.1f} | {r['ttft_p99']:.1f} | {r['tokens_per_s']:.0f} | "
                    f"{r['kept']:.0f} / {r['moved']:.0f} | "
@@ -159,8 +161,28 @@ def render(rows: list[dict], label: str) -> str:
     return "\n".join(out)
 
 
+def build_remote(url: str, extra: dict):
+    """The LLM stage as a client of an OpenAI-compatible server (the server's only model)."""
+    from voicert.config import LlmConfig
+    from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
+
+    cfg = LlmConfig(engine="openai", base_url=url, extra=extra, max_context_tokens=4096,
+                    first_token_timeout_s=60, stall_timeout_s=60, retries=0)
+    return OpenAICompatEngine(cfg, resolve_model(cfg))
+
+
 async def main_async(args) -> list[dict]:
     rows = []
+    if args.remote:
+        engine = await asyncio.to_thread(build_remote, args.remote, json.loads(args.remote_extra))
+        try:
+            for sessions in args.sessions:
+                row = (await run_level(engine, 1, sessions, args)).row()
+                row["remote"] = args.remote
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                rows.append(row)
+        finally:
+            engine.close()
     for gpus in args.gpus:
         levels = [s * gpus for s in args.sessions]
         t0 = time.perf_counter()
@@ -197,9 +219,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=float, default=6.0, help="uncounted seconds per level")
     ap.add_argument("--compare-affinity", action="store_true",
                     help="also run each multi-GPU level with placement by load alone")
+    ap.add_argument("--remote", default="", help="also run the levels (one GPU's) through the "
+                    "LLM stage's client of this OpenAI-compatible server (e.g. vLLM's /v1)")
+    ap.add_argument("--remote-extra", default='{"ignore_eos": true}',
+                    help="request fields for the remote server (JSON)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
     args = ap.parse_args(argv)
-    args.gpus = [int(g) for g in args.gpus.split(",")]
+    args.gpus = [int(g) for g in args.gpus.split(",") if g]
     args.sessions = [int(s) for s in args.sessions.split(",")]
     try:
         import uvloop
