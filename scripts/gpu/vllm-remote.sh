@@ -7,14 +7,19 @@
 # Usage: bash scripts/gpu/vllm-remote.sh LAST_PART [1b|8b] [sessions]
 set -uo pipefail
 last=$1; shape=${2:-8b}; sessions=${3:-64}
+if [ ! -d /root/vsite/vllm ]; then
 cat "$last" >> /root/vb.tar
 [ "$(sha256sum /root/vb.tar | cut -d' ' -f1)" = "$(cat .carry/vllm/SHA256)" ] || { echo "vb.tar: bad sha256"; exit 3; }
 mkdir -p /root/vb /root/vsite && tar xf /root/vb.tar -C /root/vb \
   && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite /root/vb/deps/*.whl \
   && tar xJf /root/vb/vllm.tar.xz -C /root/vsite || exit 4
+fi
 python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .carry/toolswhl/*.whl
+[ -d .carry/vfix ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite .carry/vfix/*.whl
+PYTHONPATH=/root/vsite python3 -c "import vllm.entrypoints.openai.api_server" 2>&1 | tail -3 | tee $OUT/vllm-import.txt
+grep -q Error $OUT/vllm-import.txt && exit 5
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
-python3 scripts/gpu/random_llama.py .carry/tok /root/llama-$shape $shape 2>&1 | tail -1 | tee $OUT/model.txt
+[ -f /root/llama-$shape/model.safetensors.index.json ] || python3 scripts/gpu/random_llama.py .carry/tok /root/llama-$shape $shape 2>&1 | tail -1 | tee $OUT/model.txt
 (cd /root && CUDA_VISIBLE_DEVICES=1 VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONPATH=/root/vsite \
   python3 -m vllm.entrypoints.openai.api_server --model /root/llama-$shape --load-format dummy \
   --dtype bfloat16 --gpu-memory-utilization 0.5 --enable-prefix-caching --max-model-len 4096 \
@@ -24,12 +29,12 @@ export PYTHONPATH=$PWD:/root/site
 CUDA_VISIBLE_DEVICES=0 python3 -m voicert.bench.replicas --model /root/llama-$shape --gpus 1 \
   --sessions "$sessions" --think 3 --new 48 --duration 20 --warmup 6 --json \
   2> $OUT/builtin.log > $OUT/builtin.json
-for i in $(seq 1 120); do
+for i in $(seq 1 100); do
   python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/v1/models', timeout=2)" 2>/dev/null && break
   sleep 2
 done
 tail -3 $OUT/vllm.log
-python3 -m voicert.bench.replicas --model /root/llama-$shape --gpus "" --remote http://127.0.0.1:8000/v1 \
+PYTHONPATH=$PWD:/root/site:/root/vsite python3 -m voicert.bench.replicas --model /root/llama-$shape --gpus "" --remote http://127.0.0.1:8000/v1 \
   --sessions "$sessions" --think 3 --new 48 --duration 20 --warmup 6 --json \
   2> $OUT/remote.log > $OUT/remote.json
 python3 -c "
@@ -37,4 +42,5 @@ import json, sys
 from voicert.bench.replicas import render
 rows = json.load(open('$OUT/builtin.json')) + json.load(open('$OUT/remote.json'))
 print(render(rows, sys.argv[1]))" "$label (built-in on GPU 0, vLLM 0.26.0 on GPU 1)" | tee $OUT/remote.md
-tail -5 $OUT/remote.log $OUT/builtin.log
+tail -n 5 $OUT/remote.log $OUT/builtin.log
+pkill -f vllm.entrypoints.openai.api_server  # the background server holds this command's output open
