@@ -161,6 +161,15 @@ async def test_cancel_closes_the_stream_so_the_server_stops():
         engine.close()
 
 
+async def test_a_cancel_right_after_submit_still_ends_the_stream():
+    engine = OpenAICompatEngine(LlmConfig(engine="openai", base_url="http://127.0.0.1:9/v1"), "m")
+    stream = engine.submit(request())
+    engine.cancel("r1")  # before its task has run at all
+    # (a guard, not a timing: without the fix this stream never ends)
+    assert (await asyncio.wait_for(collect(stream), 60))[-1].finish_reason == "cancelled"
+    assert not engine.live_requests() and engine.stats().cancelled == 1
+
+
 async def test_failures_before_the_first_token_are_retried():
     async with Upstream() as up:
         up.script = [up.status(503, "warming up"), up.status(429, "busy")]

@@ -122,9 +122,17 @@ class OpenAICompatEngine:
         loop = asyncio.get_running_loop()
         stream = TokenStream(loop)
         self._ledger.opened(request.request_id)
-        self._tasks[request.request_id] = loop.create_task(
-            self._serve(request, stream), name=f"llm-{request.request_id}")
+        task = loop.create_task(self._serve(request, stream), name=f"llm-{request.request_id}")
+        task.add_done_callback(lambda t: self._unstarted(t, request.request_id, stream))
+        self._tasks[request.request_id] = task
         return stream
+
+    def _unstarted(self, task: asyncio.Task, request_id: str, stream: TokenStream) -> None:
+        """A task cancelled before it ran never reached ``_serve``'s handlers: end its stream."""
+        if request_id in self._tasks and self._tasks[request_id] is task:
+            self._tasks.pop(request_id)
+            self._ledger.closed(request_id, FinishReason.CANCELLED, 0)
+            stream.put(final_event(FinishReason.CANCELLED))
 
     def cancel(self, request_id: str) -> None:
         task = self._tasks.get(request_id)
