@@ -278,18 +278,22 @@ class LlmConfig:
 
 @dataclass(slots=True)
 class TtsConfig:
-    """Speech out. ``engine``: ``espeak`` (embedded eSpeak NG, offline), ``none``, or a voice class
-    on disk as ``package.module:ClassName`` (constructed with this config; see speech/tts.py)."""
+    """Speech out. ``engine``: ``auto`` (a neural Piper voice when piper-tts is installed, else
+    eSpeak NG), ``piper``, ``espeak`` (embedded eSpeak NG), ``none``, or a voice class on disk as
+    ``package.module:ClassName`` (constructed with this config; see speech/tts.py)."""
 
-    engine: str = "espeak"
-    voice: str = "en-us"  # eSpeak NG voice name; a plug-in voice may read it as a path or name
+    engine: str = "auto"
+    voice: str = ""  # "": the engine's own (Piper: the embedded en_US voice; eSpeak: en-us); Piper:
+    # a .onnx voice on disk; eSpeak: a voice name (en, de...; with auto, a name picks eSpeak)
+    device: str = "cpu"  # Piper: cuda runs it on onnxruntime's CUDA provider where installed
     rate_wpm: int = 175
     pitch: int = 50  # eSpeak NG pitch, 0-99
     first_clause_chars: int = 24  # the first piece of a reply may end at a comma after this many
 
     def __post_init__(self) -> None:
-        _check(self.engine in ("espeak", "none") or ":" in self.engine, "tts.engine",
-               "must be espeak, none or package.module:ClassName")
+        _check(self.engine in ("auto", "piper", "espeak", "none") or ":" in self.engine,
+               "tts.engine", "must be auto, piper, espeak, none or package.module:ClassName")
+        _check(self.device in ("cpu", "cuda"), "tts.device", "must be cpu or cuda")
         _check(80 <= self.rate_wpm <= 450, "tts.rate_wpm", "must be in [80, 450]")
         _check(0 <= self.pitch <= 99, "tts.pitch", "must be in [0, 99]")
         _check(self.first_clause_chars >= 1, "tts.first_clause_chars", "must be >= 1")

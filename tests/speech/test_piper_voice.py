@@ -56,7 +56,7 @@ def test_a_faster_rate_speaks_shorter(voice):
 
 def test_auto_picks_piper_and_an_espeak_voice_name_picks_espeak():
     assert isinstance(load_voice(TtsConfig()), piper_voice.PiperTts)
-    assert isinstance(load_voice(TtsConfig(voice="en-gb")), EspeakVoice)
+    assert isinstance(load_voice(TtsConfig(voice="en")), EspeakVoice)
     assert isinstance(load_voice(TtsConfig(engine="espeak")), EspeakVoice)
 
 

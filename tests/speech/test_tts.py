@@ -39,7 +39,7 @@ def run_job(worker, text, index=0):
 
 
 def test_espeak_speaks_in_small_chunks_at_its_rate():
-    voice = load_voice(TtsConfig())
+    voice = load_voice(TtsConfig(engine="espeak"))
     assert isinstance(voice, EspeakVoice) and voice.sample_rate == 22050
     chunks = []
     voice.synthesize("The capital of France is Paris.", lambda c: chunks.append(c) or True)
@@ -50,14 +50,14 @@ def test_espeak_speaks_in_small_chunks_at_its_rate():
 
 
 def test_espeak_stops_when_asked_and_rejects_unknown_voices():
-    voice = load_voice(TtsConfig())
+    voice = load_voice(TtsConfig(engine="espeak"))
     chunks = []
     voice.synthesize("One two three four five six seven eight nine ten.",
                      lambda c: chunks.append(c) or len(chunks) < 2)
     assert len(chunks) == 2
     with pytest.raises(TtsError, match="no voice"):
         EspeakVoice(TtsConfig(voice="xx-nope"))
-    load_voice(TtsConfig())  # the default voice is selected again for later tests
+    load_voice(TtsConfig(engine="espeak"))  # the default voice is selected again for later tests
 
 
 def test_plugin_voice_by_dotted_path_and_bad_config():

@@ -9,7 +9,7 @@ there), over a set of agent replies (confirmations with names, numbers, dates an
 - **real-time factor**: synthesis time over audio duration, for whole replies;
 - **intelligibility**: the reply synthesized, resampled to 16 kHz and transcribed by the embedded
   Whisper tiny.en; the word error rate of that transcript against the reply's text (the "round
-  trip" WER). Whisper is weak on formant speech as on accents: a lower WER means a voice that is
+  trip" WER, in percent). Whisper is weak on formant speech as on accents: a lower WER means a voice that is
   easier to understand, for this listener.
 
 Prints one Markdown table (``--json`` for the rows).
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['voice']} | {r['sample_rate']} | {r['first_audio_p50_ms']:.1f} | "
               f"{r['first_audio_p95_ms']:.1f} | {r['rtf_mean']:.3f} | {r['rtf_max']:.3f} | "
-              f"{100 * r['wer']:.1f} % |")
+              f"{r['wer']:.1f} % |")
     return 0
 
 

@@ -65,7 +65,7 @@ def load_services(cfg: Config) -> Services:
     tts = None if voice is None else TtsWorker(voice)
     if tts is not None:
         tts.warmup()
-        log.info("tts ready (%s, %d Hz)", cfg.tts.engine, tts.sample_rate)
+        log.info("tts ready (%s, %d Hz)", getattr(voice, "name", cfg.tts.engine), tts.sample_rate)
     vad_pool = (ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
                 if cfg.vad.threads > 0 else None)
     vad_batcher = VadBatcher(vad, vad_pool)

@@ -1,11 +1,12 @@
 """Speech out: pluggable voices and the worker thread that runs them.
 
 A *voice* turns one piece of text into audio, blocking, handing out chunks as they are made
-(:class:`Voice`). The embedded default is eSpeak NG (formant synthesis, no model weights, no
-downloads) from the ``espeakng-loader`` wheel, which bundles ``libespeak-ng`` and its data; it is
-driven here through ctypes. Any other voice, a neural one whose weights are on disk for instance,
-plugs in by config: ``tts.engine: "package.module:ClassName"``, a class taking the ``TtsConfig`` and
-implementing :class:`Voice`.
+(:class:`Voice`). The default (``tts.engine: auto``) is a neural Piper voice when ``piper-tts`` and
+the embedded voice's wheel are installed (``speech/piper_voice.py``), else eSpeak NG (formant
+synthesis, no model weights) from the ``espeakng-loader`` wheel, which bundles ``libespeak-ng`` and
+its data, driven here through ctypes. Any other voice plugs in by config:
+``tts.engine: "package.module:ClassName"``, a class taking the ``TtsConfig`` and implementing
+:class:`Voice`.
 
 One :class:`TtsWorker` thread owns the voice (eSpeak NG is a process-wide singleton and not
 thread-safe). Jobs run by priority: the first piece of any reply before later pieces, so a new
@@ -24,7 +25,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from voicert.config import TtsConfig
+from voicert.config import ConfigError, TtsConfig
 from voicert.speech.worker import PriorityWorker
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,8 @@ class Voice(Protocol):
         made, in order, until done or until ``on_chunk`` returns False. Blocking."""
 
 
-class TtsError(RuntimeError):
-    """The configured voice cannot be loaded."""
+class TtsError(ConfigError):
+    """The configured voice cannot be loaded (a config error: the message names the key)."""
 
 
 # ---------------------------------------------------------------- eSpeak NG (embedded default)
@@ -84,7 +85,8 @@ class EspeakVoice:
 
     def __init__(self, cfg: TtsConfig) -> None:
         self.lib, self.sample_rate = _load_espeak()
-        self.voice, self.rate_wpm, self.pitch = cfg.voice, cfg.rate_wpm, cfg.pitch
+        self.voice, self.rate_wpm, self.pitch = cfg.voice or "en-us", cfg.rate_wpm, cfg.pitch
+        self.name = f"eSpeak NG {self.voice}"
         self._sink: OnChunk | None = None
         self._callback = _SYNTH_CALLBACK(self._on_samples)  # kept alive as long as the voice
         with _espeak_lock:
@@ -119,11 +121,27 @@ class EspeakVoice:
 
 
 def load_voice(cfg: TtsConfig) -> Voice | None:
-    """The configured voice, or None when ``tts.engine`` is ``none``. Raises TtsError."""
+    """The configured voice, or None when ``tts.engine`` is ``none``. Raises TtsError.
+    ``auto``: Piper when installed and ``tts.voice`` is ``""`` or a ``.onnx`` voice, else eSpeak NG
+    (``tts.voice`` an eSpeak voice name)."""
     if cfg.engine == "none":
         return None
     if cfg.engine == "espeak":
         return EspeakVoice(cfg)
+    if cfg.engine in ("piper", "auto"):
+        if cfg.engine == "auto" and cfg.voice and not cfg.voice.endswith(".onnx"):
+            return EspeakVoice(cfg)
+        from voicert.speech import piper_voice
+
+        try:
+            return piper_voice.PiperTts(cfg)
+        except piper_voice.PiperUnavailable as exc:
+            if cfg.engine == "piper":
+                raise TtsError(f"tts.engine piper: {exc}") from None
+            log.info("tts: Piper is not installed (%s); speaking with eSpeak NG", exc)
+            return EspeakVoice(cfg)
+        except ValueError as exc:
+            raise TtsError(f"tts.voice: {exc}") from None
     module_name, _, cls_name = cfg.engine.partition(":")
     try:
         cls = getattr(importlib.import_module(module_name), cls_name)
