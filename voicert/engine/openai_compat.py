@@ -30,8 +30,8 @@ import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 from voicert.config import ConfigError
-from voicert.engine.base import (EngineStats, FinishReason, GenerationRequest, RequestLedger,
-                                 TokenEvent, final_event, refusal)
+from voicert.engine.base import (EndedStream, EngineStats, FinishReason, GenerationRequest,
+                                 RequestLedger, TokenEvent, final_event, refusal)
 from voicert.engine.stream import TokenStream
 from voicert.protocol.chat_upstream import (StreamReader, UpstreamError, fit_messages,
                                             request_body, sse_data)
@@ -117,7 +117,8 @@ class OpenAICompatEngine:
         if ended is not None:
             return ended
         if request.prompt_ids is not None:
-            return _ended(FinishReason.ERROR, "bad request: prompt_ids need the built-in engine")
+            return EndedStream(final_event(FinishReason.ERROR,
+                                           "bad request: prompt_ids need the built-in engine"))
         request.submit_ns = time.perf_counter_ns()
         loop = asyncio.get_running_loop()
         stream = TokenStream(loop)
@@ -230,9 +231,7 @@ class OpenAICompatEngine:
                         text = reader.feed(payload)
                         counts.prompt = reader.prompt_tokens or counts.prompt
                         if text:
-                            stream.put(TokenEvent(counts.tokens, -1, text, time.perf_counter_ns(),
-                                                  counts.start_ns, counts.prompt))
-                            counts.tokens += 1
+                            counts.put(stream, text)
                             timer.reschedule(loop.time() + self.cfg.stall_timeout_s)
                         if reader.done:
                             break
@@ -262,9 +261,7 @@ class OpenAICompatEngine:
                           f"a finish reason")
         tail = reader.close()
         if tail:
-            stream.put(TokenEvent(counts.tokens, -1, tail, time.perf_counter_ns(),
-                                  counts.start_ns, counts.prompt))
-            counts.tokens += 1
+            counts.put(stream, tail)
         counts.prompt = reader.prompt_tokens or counts.prompt
         return _FINISH.get(reader.finish_reason or "stop", FinishReason.STOP)
 
@@ -279,6 +276,12 @@ class _Counts:
         self.prompt = 0
         self.start_ns = 0
 
+    def put(self, stream: TokenStream, text: str) -> None:
+        """One more token event of text, stamped now."""
+        stream.put(TokenEvent(self.tokens, -1, text, time.perf_counter_ns(), self.start_ns,
+                              self.prompt))
+        self.tokens += 1
+
 
 def _message(exc) -> str:
     body = getattr(exc, "body", None)
@@ -288,8 +291,3 @@ def _message(exc) -> str:
             return str(err["message"])[:300]
     return str(exc)[:300]
 
-
-def _ended(reason: str, error: str) -> AsyncIterator[TokenEvent]:
-    from voicert.engine.base import EndedStream
-
-    return EndedStream(final_event(reason, error))

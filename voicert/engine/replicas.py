@@ -90,7 +90,7 @@ class ReplicaEngine:
         # __del__ may run inside a locked section of the same thread)
         self._open = [0] * len(replicas)  # requests placed on each and not yet ended
         self._where: dict[str, int] = {}  # open request id -> its replica
-        self._on_give_up: Callable[[str], None] | None = None
+        self.on_give_up: Callable[[str], None] | None = None  # set by the server: all are down
         for i, replica in enumerate(replicas):
             if hasattr(replica, "on_give_up"):
                 replica.on_give_up = self._gave_up_callback(i)
@@ -117,19 +117,11 @@ class ReplicaEngine:
                  if getattr(r, "last_failure", None)]
         return "; ".join(fails) or None
 
-    @property
-    def on_give_up(self) -> Callable[[str], None] | None:
-        return self._on_give_up
-
-    @on_give_up.setter
-    def on_give_up(self, callback: Callable[[str], None] | None) -> None:
-        self._on_give_up = callback
-
     def _gave_up_callback(self, index: int) -> Callable[[str], None]:
         def gave_up(why: str) -> None:
             if self.state is EngineState.FAILED:
-                if self._on_give_up is not None:
-                    self._on_give_up(f"every engine replica failed; last: replica {index}: {why}")
+                if self.on_give_up is not None:
+                    self.on_give_up(f"every engine replica failed; last: replica {index}: {why}")
             else:
                 log.critical("engine replica %d (GPU %d) is down for good (%s); the others go "
                              "on serving", index, index, why)
