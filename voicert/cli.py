@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         from voicert.server.app import run_server
 
         code = run_server(cfg)
+        if code == 2:
+            print("voicert: the server could not start (see the message above)", file=sys.stderr)
+            return code
         if code:
             print("voicert: stopped: a part of the server failed and could not be restarted "
                   "(see the log)", file=sys.stderr)

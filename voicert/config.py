@@ -57,6 +57,9 @@ class ServerConfig:
     max_history_items: int = 200  # conversation items a session keeps (the oldest go first)
     max_text_chars: int = 16000  # one text message (user.text, an item, instructions, a prompt)
     max_completions: int = 64  # /v1/chat/completions requests running at once (more get 429)
+    workers: int = 1  # front-end processes, each with its own event loop, VAD, ASR and voice,
+    # sharing the listening port (SO_REUSEPORT) and one engine host process (its batches and its
+    # prefix cache); 1: everything in one process
 
     def __post_init__(self) -> None:
         _check(self.max_messages_per_s >= 0, "server.max_messages_per_s", "must be >= 0 (0: off)")
@@ -75,6 +78,7 @@ class ServerConfig:
         _check(self.max_history_items >= 2, "server.max_history_items", "must be >= 2")
         _check(self.max_text_chars >= 100, "server.max_text_chars", "must be >= 100")
         _check(self.max_completions >= 0, "server.max_completions", "must be >= 0 (0: off)")
+        _check(1 <= self.workers <= 64, "server.workers", "must be in [1, 64]")
 
 
 @dataclass(slots=True)
@@ -360,6 +364,11 @@ class Config:
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
     log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        _check(self.server.workers == 1 or self.llm.engine != "simple", "server.workers",
+               "above 1 needs llm.engine: fast or openai (workers share one engine host; the "
+               "simple engine runs in one process)")
 
 
 def _coerce(value: Any, typ: Any, key: str) -> Any:

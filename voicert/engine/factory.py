@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from voicert.config import Config, LlmConfig, cache_dir
 from voicert.engine.base import Engine
@@ -15,14 +16,19 @@ from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
 from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
 
+if TYPE_CHECKING:
+    from voicert.engine.host import HostAddresses
+
 log = logging.getLogger(__name__)
 
 
-def build_engine(cfg: Config) -> tuple[Config, Engine]:
+def build_engine(cfg: Config, hosts: "HostAddresses | None" = None) -> tuple[Config, Engine]:
     """The configured LLM engine (``llm.engine``) and the config as it resolved it. The built-in
     engines: weights resolved (and converted) by config, under a supervisor that rebuilds the
     engine if it fails (engine/supervisor.py). ``openai``: a client of that server, ``llm.model``
-    resolved by asking it (engine/openai_compat.py)."""
+    resolved by asking it (engine/openai_compat.py). ``hosts`` (a front-end worker's): clients of
+    the engine hosts the primary process started, each under its supervisor (one per GPU behind a
+    :class:`~voicert.engine.replicas.ReplicaEngine`)."""
     if cfg.llm.engine == "openai":
         from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
 
@@ -30,9 +36,11 @@ def build_engine(cfg: Config) -> tuple[Config, Engine]:
         log.info("llm: %s at %s", model, cfg.llm.base_url)
         cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, model=model))
         return cfg, OpenAICompatEngine(cfg.llm, model)
-    model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
     policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s,
                            wait_s=cfg.llm.restart_wait_s)
+    if hosts is not None:
+        return cfg, _connect_hosts(hosts, policy, cfg.llm.restart_wait_s)
+    model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
     if cfg.llm.gpus > 1:
         return cfg, _start_replicas(cfg, model_dir, policy)
     return cfg, SupervisedEngine(lambda: _start_engine(cfg, model_dir), policy)
@@ -64,6 +72,39 @@ def _start_replicas(cfg: Config, model_dir: str, policy: RestartPolicy) -> Engin
         raise errors[0]
     log.info("llm: %d engine replicas, one per GPU", len(replicas))
     return ReplicaEngine(replicas)
+
+
+class _HostConnector:
+    """Connects a worker to one engine host: the first time it waits for the host to load (up to
+    ``START_WAIT_S``), later (the host died) for the one started in its place, up to ``wait_s``,
+    after which the supervisor backs off and calls again."""
+
+    START_WAIT_S = 600.0
+
+    def __init__(self, hosts: "HostAddresses", address: str, wait_s: float, tokenizer) -> None:
+        self.hosts, self.address, self.tokenizer = hosts, address, tokenizer
+        self.wait_s = max(wait_s, 1.0)
+        self.timeout_s = self.START_WAIT_S
+
+    def __call__(self):
+        from voicert.engine.host import SharedEngineClient
+
+        client = SharedEngineClient(self.address, self.hosts.authkey, self.hosts.model_dir,
+                                    self.timeout_s, self.tokenizer)
+        self.timeout_s = self.wait_s
+        return client
+
+
+def _connect_hosts(hosts: "HostAddresses", policy: RestartPolicy, wait_s: float) -> Engine:
+    """A worker's engine: a supervised client of each engine host (several: replicas)."""
+    from transformers import AutoTokenizer
+
+    from voicert.engine.replicas import ReplicaEngine
+
+    tokenizer = AutoTokenizer.from_pretrained(hosts.model_dir)  # loaded once, for every link
+    engines = [SupervisedEngine(_HostConnector(hosts, address, wait_s, tokenizer), policy)
+               for address in hosts.addresses]
+    return engines[0] if len(engines) == 1 else ReplicaEngine(engines)
 
 
 def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:

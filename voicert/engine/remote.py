@@ -66,6 +66,22 @@ def _push_stats(engine: "EngineThread", gc_watch, channel: _Channel, stop: threa
             return
 
 
+def load_core(model_dir: str, cfg, threads: int, gc_freeze: bool):
+    """Child: the engine core, loaded and warmed up, and a watch on this process's collector."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
+    from voicert.engine.core import EngineCore
+    from voicert.telemetry.gcwatch import GcWatch, settle
+
+    core = EngineCore(model_dir, cfg)
+    core.warmup()
+    if gc_freeze:
+        settle()
+    return core, GcWatch().install()
+
+
 def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
            gpu: str | None = None) -> None:
     """The engine process: load, warm up, then serve requests until told to stop (or the server
@@ -76,21 +92,11 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     channel = _Channel(events)
     try:
-        import torch
-
-        if threads > 0:
-            torch.set_num_threads(threads)
-        from voicert.engine.core import EngineCore
+        core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
         from voicert.engine.llm_engine import EngineThread
         from voicert.engine.prompt import PromptBuilder
-        from voicert.telemetry.gcwatch import GcWatch, settle
 
-        core = EngineCore(model_dir, cfg)
-        core.warmup()
         prompts = PromptBuilder(core.tokenizer)  # this (receiving) thread's
-        if gc_freeze:
-            settle()
-        gc_watch = GcWatch().install()
     except Exception as exc:  # reported to the server, which fails its start with it
         channel.send(ipc.StartFailed(f"{type(exc).__name__}: {exc}"))
         return
@@ -117,7 +123,7 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
         except (EOFError, OSError):
             break
         if isinstance(msg, ipc.Submit):
-            _submit(engine, prompts, cfg, msg.request, channel)
+            _submit(engine, prompts, cfg, msg.request, channel.send)
         elif isinstance(msg, ipc.Cancel):
             engine.abort(msg.request_id)
         elif isinstance(msg, ipc.Stop):
@@ -127,59 +133,46 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
 
 
 def _submit(engine: "EngineThread", prompts, cfg, request: GenerationRequest,
-            channel: _Channel) -> None:
+            send: Callable[[ipc.FromEngine], None]) -> bool:
     """Child: template and tokenise here (not between engine steps), then hand the request over.
-    A request that cannot be templated fails alone."""
+    A request that cannot be templated fails alone (its final record goes out through ``send``;
+    False)."""
     if request.prompt_ids is None:
         try:
             budget = cfg.max_context_tokens - request.max_new_tokens
             request.prompt_ids = prompts.build(request.messages, budget)
         except Exception as exc:
             log.warning("engine: request %s refused: %s", request.request_id, exc)
-            channel.send(ipc.Events([final_out(request.request_id, FinishReason.ERROR,
-                                               f"request refused: {type(exc).__name__}: {exc}")]))
-            return
+            send(ipc.Events([final_out(request.request_id, FinishReason.ERROR,
+                                       f"request refused: {type(exc).__name__}: {exc}")]))
+            return False
     engine.add(request)
+    return True
 
 
-class EngineProcess:
-    """The :class:`Engine` interface, served by an :class:`LLMEngine` in a child process.
-    The constructor blocks until the child has loaded and warmed up the model.
+class EngineLink:
+    """The :class:`Engine` interface over a connection to an engine core that runs elsewhere: in
+    a child process of this one (:class:`EngineProcess`) or in an engine host that several server
+    processes share (``voicert.engine.host``). Requests go out on ``send_conn``; one reader thread
+    takes the engine's messages from ``recv_conn`` (the same object for a duplex socket).
 
-    If the child dies (killed, crashed, its engine thread failed), every open request ends with an
-    error at once, later submits end the same way, ``alive`` turns False and ``on_failure`` (set by
-    a supervisor) is called once, from the reader thread. The child is reaped."""
+    If the far side goes away (killed, crashed, its engine thread failed), every open request ends
+    with an error at once, later submits end the same way, ``alive`` turns False and
+    ``on_failure`` (set by a supervisor) is called once, from the reader thread."""
 
-    def __init__(self, model_dir: str, cfg, threads: int = 0, start_timeout_s: float = 600,
-                 gc_freeze: bool = True, gpu: str | None = None) -> None:
-        """``gpu``: the index of the one GPU the child uses (its ``cuda``), for one engine per
-        GPU; None: the devices this process sees."""
-        ctx = mp.get_context("spawn")
-        self._req_r, self._req_w = ctx.Pipe(duplex=False)
-        self._ev_r, self._ev_w = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, name="voicert-engine",
-                                 args=(model_dir, cfg, threads, gc_freeze, self._req_r,
-                                       self._ev_w, gpu), daemon=True)
-        self._proc.start()
-        self._req_r.close()
-        self._ev_w.close()
+    def __init__(self, send_conn, recv_conn, model_dir: str, pid: int, tokenizer=None) -> None:
+        """``tokenizer``: the model's (loaded from ``model_dir`` when None), for detokenising
+        on this side."""
+        self._req_w = send_conn
+        self._ev_r = recv_conn
         self._codec = ipc.Codec()  # the submitting (event-loop) side's; the reader has its own
-        if not self._ev_r.poll(start_timeout_s):
-            self._proc.kill()
-            self._proc.join(5)
-            raise RuntimeError(f"engine process did not start within {start_timeout_s:.0f} s")
-        try:
-            first = self._codec.from_engine.decode(self._ev_r.recv_bytes())
-        except (EOFError, OSError):
-            first = ipc.StartFailed(f"it exited (status {self._proc.exitcode})")
-        if not isinstance(first, ipc.Ready):
-            self._proc.join(5)
-            raise RuntimeError(f"engine process failed to start: {first.error}")
-        self.pid = first.pid
-        from transformers import AutoTokenizer
+        self.pid = pid
+        if tokenizer is None:
+            from transformers import AutoTokenizer
 
-        self._tokenizer = AutoTokenizer.from_pretrained(model_dir)  # detokenising, on this side
-        self._lock = threading.Lock()  # guards _streams, failure, and the request pipe
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        self._tokenizer = tokenizer
+        self._lock = threading.Lock()  # guards _streams, failure, and the request connection
         self._streams: dict[str, TokenStream] = {}
         self.failure: str | None = None
         self.on_failure: Callable[[str], None] | None = None
@@ -191,7 +184,6 @@ class EngineProcess:
         self._reader = threading.Thread(target=self._read, name="voicert-engine-events",
                                         daemon=True)
         self._reader.start()
-        log.info("engine process %d ready", self.pid)
 
     @property
     def alive(self) -> bool:
@@ -219,15 +211,18 @@ class EngineProcess:
                 self._gc.extend(msg.gc)
             elif isinstance(msg, ipc.Failed):
                 why = f"engine failed: {msg.error}"
-        self._proc.join(5)  # reap it (no defunct child)
         if self._closing:
             why = "engine closed"
         else:
-            why = f"{why} (status {self._proc.exitcode})"
+            why = self._gone(why)
             log.error("engine process %d is gone: %s", self.pid, why)
         if not self._closing and self.on_failure is not None:
             self.on_failure(why)  # first, so that whoever hears of a failed request sees it down
         self._fail_open_streams(why)
+
+    def _gone(self, why: str) -> str:
+        """The far side stopped talking; ``why`` with what more is known."""
+        return why
 
     def _deliver(self, items: list[TokenOut]) -> None:
         out = []
@@ -306,6 +301,56 @@ class EngineProcess:
 
     def warmup(self) -> None:
         """The child warmed up before it said it was ready."""
+
+    def close(self) -> None:
+        """Say :class:`~voicert.engine.ipc.Stop` (to an engine host: this side leaves, and its
+        open requests are aborted there; their streams end here as closed) and wait for the far
+        side to hang up."""
+        self._closing = True
+        with self._lock:
+            try:
+                self._req_w.send_bytes(self._codec.encode(ipc.Stop()))
+            except OSError:
+                pass
+        self._reader.join(5)
+        self._req_w.close()
+
+
+class EngineProcess(EngineLink):
+    """An engine core in a child process of this one (``llm.process``), served over two pipes.
+    The constructor blocks until the child has loaded and warmed up the model. The child is
+    reaped when it goes."""
+
+    def __init__(self, model_dir: str, cfg, threads: int = 0, start_timeout_s: float = 600,
+                 gc_freeze: bool = True, gpu: str | None = None) -> None:
+        """``gpu``: the index of the one GPU the child uses (its ``cuda``), for one engine per
+        GPU; None: the devices this process sees."""
+        ctx = mp.get_context("spawn")
+        req_r, req_w = ctx.Pipe(duplex=False)
+        ev_r, ev_w = ctx.Pipe(duplex=False)
+        self._proc = ctx.Process(target=_child, name="voicert-engine",
+                                 args=(model_dir, cfg, threads, gc_freeze, req_r, ev_w, gpu),
+                                 daemon=True)
+        self._proc.start()
+        req_r.close()
+        ev_w.close()
+        if not ev_r.poll(start_timeout_s):
+            self._proc.kill()
+            self._proc.join(5)
+            raise RuntimeError(f"engine process did not start within {start_timeout_s:.0f} s")
+        try:
+            first = ipc.Codec().from_engine.decode(ev_r.recv_bytes())
+        except (EOFError, OSError):
+            first = ipc.StartFailed(f"it exited (status {self._proc.exitcode})")
+        if not isinstance(first, ipc.Ready):
+            self._proc.join(5)
+            raise RuntimeError(f"engine process failed to start: {first.error}")
+        super().__init__(req_w, ev_r, model_dir, first.pid)
+        log.info("engine process %d ready", self.pid)
+
+    def _gone(self, why: str) -> str:
+        self._proc.join(5)  # reap it (no defunct child)
+        return f"{why} (status {self._proc.exitcode})"
 
     def kill(self) -> None:
         """Kill the child at once (tests and chaos checks: what a crash looks like)."""

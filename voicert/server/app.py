@@ -32,6 +32,7 @@ from voicert.server.dashboard import STATIC, static_file
 from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, route_path, text
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
+from voicert.server.workers import WorkerRole
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.tts import TtsWorker, load_voice
 from voicert.speech.vad import SileroVad, VadBatcher
@@ -50,8 +51,10 @@ MAX_DASHBOARDS = 16
 CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before sockets are aborted
 
 
-def load_services(cfg: Config) -> Services:
-    """Load and warm up VAD, ASR and the LLM (blocking; seconds once GGUF conversion is cached)."""
+def load_services(cfg: Config, hosts=None) -> Services:
+    """Load and warm up VAD, ASR and the LLM (blocking; seconds once GGUF conversion is cached).
+    ``hosts``: a worker's engine hosts (``server.workers``), connected to instead of loading the
+    LLM here."""
     t0 = time.perf_counter()
     judge = load_turn_judge(cfg)  # first: a missing model wheel is a config error, said at once
     toolbox = Toolbox.from_config(cfg.tools)  # and a tool that does not import
@@ -59,7 +62,7 @@ def load_services(cfg: Config) -> Services:
     asr = WhisperAsr(cfg.asr, cfg.models.asr)
     asr.warmup()
     log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
-    cfg, engine = build_engine(cfg)
+    cfg, engine = build_engine(cfg, hosts)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     voice = load_voice(cfg.tts)
     tts = None if voice is None else TtsWorker(voice)
@@ -110,6 +113,7 @@ class VoiceServer:
     _loop: asyncio.AbstractEventLoop | None = None
     sampler: Sampler | None = None  # the process's one telemetry sampler
     exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
+    role: WorkerRole | None = None  # one of several workers (server.workers): its socket, hosts
 
     @property
     def cfg(self) -> Config:
@@ -236,9 +240,13 @@ class VoiceServer:
         self._listener = Listener(self.routes(), ws_server, max_body_bytes=s.max_message_bytes,
                                   ws_options=dict(max_size=s.max_message_bytes, max_queue=64,
                                                   ping_interval=20, ping_timeout=20))
-        await self._listener.start(s.host, s.port)
+        if self.role is not None:
+            await self._listener.start(s.host, s.port, sock=self.role.sock)
+            log.info("worker %d serving on port %d", self.role.index, self.port)
+        else:
+            await self._listener.start(s.host, s.port)
+            log.info("voicert listening on ws://%s:%d%s", s.host, self.port, STREAM_PATH)
         self._server = self._listener
-        log.info("voicert listening on ws://%s:%d%s", s.host, self.port, STREAM_PATH)
 
     def _sampler_for(self, svc: Services) -> Sampler:
         """The process's one sampler (started with the services; also made on first use)."""
@@ -258,6 +266,20 @@ class VoiceServer:
                 part.on_give_up = self._on_give_up
         if getattr(svc.engine, "state", None) is EngineState.FAILED:
             self._on_give_up(svc.engine.last_failure or "engine failed")
+
+    def _join_peers(self, svc: Services) -> None:
+        """A worker: its turns to the other workers' dashboards and theirs to ours; stop if the
+        primary is gone."""
+        bus = self.role.bus
+        svc.metrics.publish = bus.publish
+
+        def primary_gone() -> None:
+            if not self._stopping.is_set():
+                log.error("the primary process is gone: shutting down")
+                self._stopping.set()
+
+        bus.on_primary_gone = primary_gone
+        bus.start(asyncio.get_running_loop(), svc.metrics.add_peer_turn)
 
     @property
     def port(self) -> int:
@@ -322,14 +344,16 @@ class VoiceServer:
             log.info("signal received: shutting down (again to force)")
             self._stopping.set()
 
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        # a worker hears signals from the primary only (SIGTERM), not the terminal's Ctrl-C
+        for sig in (signal.SIGTERM,) if self.role else (signal.SIGINT, signal.SIGTERM):
             try:
                 loop.add_signal_handler(sig, on_signal)
             except (NotImplementedError, RuntimeError):
                 pass
         await self.start()
         if self.services is None:  # listen (healthz, readyz) while the models load
-            loading = asyncio.ensure_future(asyncio.to_thread(load_services, self.config))
+            hosts = self.role.hosts if self.role is not None else None
+            loading = asyncio.ensure_future(asyncio.to_thread(load_services, self.config, hosts))
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not loading.done():  # a thread cannot be interrupted: let it finish, then stop
@@ -338,6 +362,8 @@ class VoiceServer:
                 return
             self.services = loading.result()
             self._watch_services(self.services)
+            if self.role is not None:
+                self._join_peers(self.services)
             log.info("ready")
         await self._stopping.wait()
         await self.shutdown()
@@ -366,10 +392,16 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
-def run_server(cfg: Config) -> int:
-    """Listen at once; load and warm the models; serve until SIGINT/SIGTERM; shut down gracefully."""
+def run_server(cfg: Config, role: WorkerRole | None = None) -> int:
+    """Listen at once; load and warm the models; serve until SIGINT/SIGTERM; shut down gracefully.
+    With ``server.workers`` above 1 this process becomes the primary of that many workers
+    (server/workers.py); ``role``: this process is one of them."""
+    if role is None and cfg.server.workers > 1:
+        from voicert.server.workers import run_primary
+
+        return run_primary(cfg)
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
-    server = VoiceServer(config=cfg)
+    server = VoiceServer(config=cfg, role=role)
     loop = new_event_loop()
     try:
         loop.run_until_complete(server.serve_until_stopped())

@@ -17,6 +17,7 @@ import asyncio
 import http
 import json
 import logging
+import socket
 from dataclasses import dataclass, field
 from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
@@ -307,9 +308,14 @@ class Listener:
         self.doors: set[HttpDoor] = set()
         self.server: asyncio.Server | None = None
 
-    async def start(self, host: str, port: int) -> None:
+    async def start(self, host: str, port: int, sock: socket.socket | None = None) -> None:
+        """Listen at ``host:port``, or on ``sock`` (bound and listening already: a worker's
+        share of the port) when given."""
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: HttpDoor(self), host, port)
+        if sock is not None:
+            self.server = await loop.create_server(lambda: HttpDoor(self), sock=sock)
+        else:
+            self.server = await loop.create_server(lambda: HttpDoor(self), host, port)
         self.ws_server.wrap(self.server)
 
     def websocket_connection(self) -> ServerConnection:

@@ -3,17 +3,25 @@
 One :class:`Metrics` per server, with its own registry (so several servers in one process, as in
 the tests, never collide). Turn latencies arrive as :class:`TurnRecord`s; engine and ASR figures are
 sampled from their stats when ``/metrics`` is scraped or the dashboard ticks.
+
+With front-end workers (``server.workers``) each worker process writes its figures to one shared
+directory (prometheus_client's multiprocess mode, :func:`use_multiprocess_dir`) and any worker's
+``/metrics`` shows all of them: counters and histograms summed, session gauges summed over live
+workers, engine gauges (the one shared engine, seen by every worker) the largest live value. The
+recent-turn feed gets the other workers' turns through the primary (:meth:`Metrics.add_peer_turn`).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import os
 from typing import Callable
 
 from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               generate_latest)
+                               generate_latest, values)
 from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from voicert.engine.base import StepRecord
 from voicert.telemetry.gcwatch import GcPause
@@ -21,6 +29,16 @@ from voicert.telemetry.latency import STAGE_NAMES, TurnRecord
 
 log = logging.getLogger(__name__)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def use_multiprocess_dir(path: str) -> None:
+    """Make this process's metrics live in ``path`` (shared with the other workers). A worker
+    calls it once, before it makes its :class:`Metrics`."""
+    os.environ[MULTIPROC_ENV] = path
+    values.ValueClass = values.get_value_class()  # prometheus_client reads the variable on import
 
 
 def latency_buckets(budget_ms: float) -> list[float]:
@@ -34,6 +52,7 @@ def latency_buckets(budget_ms: float) -> list[float]:
 class Metrics:
     def __init__(self, budget_ms: float = 100.0, recent: int = 200) -> None:
         self.budget_ms = budget_ms
+        self.multiprocess_dir = os.environ.get(MULTIPROC_ENV)  # set: one of several workers
         r = self.registry = CollectorRegistry()
         buckets = latency_buckets(budget_ms)
         self.stage = Histogram("voicert_stage_latency_seconds",
@@ -64,11 +83,14 @@ class Metrics:
         self.tool_seconds = Histogram("voicert_tool_seconds", "Server-side tool calls: one call",
                                       buckets=[.01, .05, .1, .25, .5, 1, 2, 5, 10, 30], registry=r)
         self.sessions = Gauge("voicert_active_sessions", "Sessions started and not ended",
-                              registry=r)
+                              registry=r,
+                                multiprocess_mode="livesum")
         self.queue_depth = Gauge("voicert_engine_queue_depth", "Requests waiting for the engine",
-                                 registry=r)
+                                 registry=r,
+                                multiprocess_mode="livemax")
         self.running = Gauge("voicert_engine_running", "Requests the engine is generating",
-                             registry=r)
+                             registry=r,
+                                multiprocess_mode="livemax")
         self.batch = Histogram("voicert_engine_batch_size", "Sequences per engine step",
                                buckets=[1, 2, 4, 8, 16, 32, 64, 128, 256], registry=r)
         self.step = Histogram("voicert_engine_step_seconds",
@@ -81,25 +103,32 @@ class Metrics:
                                   buckets=[.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5],
                                   registry=r)
         self.prefix_hit = Gauge("voicert_prefix_cache_hit_ratio",
-                                "Prompt tokens served from the prefix cache / looked up", registry=r)
+                                "Prompt tokens served from the prefix cache / looked up", registry=r,
+                                multiprocess_mode="livemax")
         self.spec_accept = Gauge("voicert_spec_acceptance_rate",
-                                 "Accepted / proposed speculative drafts", registry=r)
+                                 "Accepted / proposed speculative drafts", registry=r,
+                                multiprocess_mode="livemax")
         self.engine_up = Gauge("voicert_engine_up", "1 while the LLM engine serves; 0 while it is "
-                               "down or restarting", registry=r)
+                               "down or restarting", registry=r,
+                                multiprocess_mode="livemin")
         self.engine_restarts = Gauge("voicert_engine_restarts", "Times the engine was rebuilt after "
-                                     "a failure", registry=r)
+                                     "a failure", registry=r,
+                                multiprocess_mode="livemax")
         self.engine_pid = Gauge("voicert_engine_pid", "The engine process's pid (0: in the server "
-                                "process)", registry=r)
+                                "process)", registry=r,
+                                multiprocess_mode="livemax")
         self.loop_lag = Histogram("voicert_loop_lag_seconds",
                                   "How late a timer on the process's event loop fires (the wait "
                                   "any callback has for the loop)", ["process"],
                                   buckets=[.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1],
                                   registry=r)
-        ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
+        if self.multiprocess_dir is None:  # (with workers: per process, so left out)
+            ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
         self.asr_batch = Histogram("voicert_asr_batch_size", "Utterances per ASR decode",
                                    buckets=[1, 2, 4, 8, 16, 32, 64], registry=r)
         self.recent: collections.deque[TurnRecord] = collections.deque(maxlen=recent)
         self.listeners: set[Callable[[TurnRecord], None]] = set()
+        self.publish: Callable[[TurnRecord], None] | None = None  # workers: to the other workers
         self.active_sessions = 0
 
     def observe_turn(self, rec: TurnRecord) -> None:
@@ -113,6 +142,16 @@ class Metrics:
         self.turns.labels(rec.finish_reason).inc()
         if rec.over_budget:
             self.over_budget.inc()
+        self._show(rec)
+        if self.publish is not None:
+            self.publish(rec)
+
+    def add_peer_turn(self, rec: TurnRecord) -> None:
+        """Another worker's finished turn: into the recent-turn feed (its numbers are already in
+        the shared metrics)."""
+        self._show(rec)
+
+    def _show(self, rec: TurnRecord) -> None:
         self.recent.append(rec)
         for listener in list(self.listeners):
             try:
@@ -169,4 +208,9 @@ class Metrics:
             self.asr_batch.observe(size)
 
     def exposition(self) -> bytes:
-        return generate_latest(self.registry)
+        """The text format: this registry's, or every worker's when there are several."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)
+        return generate_latest(merged)

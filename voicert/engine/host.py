@@ -1,0 +1,361 @@
+"""One engine core shared by several server processes (``server.workers``).
+
+The engine host is a process of its own (spawned: CUDA cannot be forked) that loads one
+:class:`~voicert.engine.core.EngineCore` and serves every front-end worker over a Unix socket in a
+private directory: each worker connects with :class:`SharedEngineClient` (the :class:`Engine`
+interface, an :class:`~voicert.engine.remote.EngineLink`) and speaks the same typed messages as
+the engine process (``voicert.engine.ipc``). All workers' requests share the engine's batches and
+its prefix cache.
+
+In the host, per client: a receiving thread (template and tokenise, then hand the request to the
+engine thread) and a sending thread with an outbox, so a worker that reads slowly never holds up
+the engine step. Request ids are namespaced by client (two workers may use the same id). A client
+that hangs up has its open requests aborted. The engine's step records and collector pauses go to
+one client only (the lowest-numbered connected one), so the workers' metrics count each step once.
+
+If the engine thread dies, every client is told (:class:`~voicert.engine.ipc.Failed`) and the host
+exits; whoever started it (:class:`EngineHost`, watched by the primary process) starts another at
+the same address, and each worker's supervisor reconnects.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Client, Connection, Listener
+
+import msgspec
+
+from voicert.engine import ipc
+from voicert.engine.base import TokenOut
+from voicert.engine.remote import (EXIT_ENGINE_DIED, STATS_INTERVAL_S, EngineLink, _submit,
+                                   load_core)
+
+log = logging.getLogger(__name__)
+FAMILY = "AF_UNIX"
+SEP = "/"  # client id SEP the client's request id: the id the engine core sees
+
+
+@dataclass(frozen=True, slots=True)
+class HostAddresses:
+    """Where a worker finds its engine hosts (one per GPU with ``llm.gpus``), the key they
+    check, and the model they serve (for the worker's tokenizer)."""
+
+    addresses: tuple[str, ...]
+    authkey: bytes
+    model_dir: str
+
+
+class _Client:
+    """Host side of one connected worker: its connection, its open requests, and a sending thread
+    (messages are queued; only that thread encodes and writes, except a last word on failure)."""
+
+    def __init__(self, cid: int, conn: Connection) -> None:
+        self.cid = cid
+        self.conn = conn
+        self.open: set[str] = set()  # its request ids (as it knows them) not yet finished
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.write_lock = threading.Lock()
+        self.sender = threading.Thread(target=self._send_loop, name=f"voicert-host-send-{cid}",
+                                       daemon=True)
+        self.sender.start()
+
+    def post(self, msg: ipc.FromEngine) -> None:
+        self.outbox.put(msg)
+
+    def _send_loop(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        while True:
+            msg = self.outbox.get()
+            if msg is None:
+                return
+            try:
+                with self.write_lock:
+                    self.conn.send_bytes(encoder.encode(msg))
+            except OSError:
+                return  # gone: its receiving thread cleans up
+
+    def say_now(self, msg: ipc.FromEngine) -> None:
+        """Write at once, from any thread (the engine's last word before the host exits)."""
+        try:
+            with self.write_lock:
+                self.conn.send_bytes(msgspec.msgpack.encode(msg))
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self.outbox.put(None)
+
+
+class _Hub:
+    """The host's clients: routes each step's records to the workers that asked for them."""
+
+    def __init__(self, core, cfg) -> None:
+        self.core = core
+        self.cfg = cfg
+        self.engine = None  # the EngineThread, set once made
+        self.lock = threading.Lock()  # guards clients and each client's ``open``
+        self.clients: dict[int, _Client] = {}
+        self._next_id = 0
+
+    def reporter(self) -> _Client | None:
+        """The client that gets the engine's step records and collector pauses (caller holds the
+        lock)."""
+        return self.clients[min(self.clients)] if self.clients else None
+
+    def deliver(self, outs: list[TokenOut]) -> None:
+        """Engine thread: one step's records, one message per client that has any."""
+        groups: dict[int, list[TokenOut]] = {}
+        for rec in outs:
+            cid, _, rid = rec.request_id.partition(SEP)
+            groups.setdefault(int(cid), []).append(msgspec.structs.replace(rec, request_id=rid))
+        steps = self.core.drain_steps()
+        with self.lock:
+            reporter = self.reporter()
+            for cid, items in groups.items():
+                client = self.clients.get(cid)
+                if client is None:
+                    continue  # it hung up: its requests were aborted
+                for rec in items:
+                    if rec.finish_reason is not None:
+                        client.open.discard(rec.request_id)
+                if client is reporter:
+                    client.post(ipc.Events(items, steps))
+                    steps = []
+                else:
+                    client.post(ipc.Events(items))
+            if steps and reporter is not None:
+                reporter.post(ipc.Events([], steps))
+
+    def engine_failed(self, why: str) -> None:
+        """Engine thread died: tell every client, then exit (the primary starts another host)."""
+        try:
+            with self.lock:
+                clients = list(self.clients.values())
+            for client in clients:
+                client.say_now(ipc.Failed(why))
+        finally:
+            os._exit(EXIT_ENGINE_DIED)
+
+    def push_stats(self, gc_watch, stop: threading.Event) -> None:
+        """Every STATS_INTERVAL_S: the engine's load to every client; steps and pauses to one."""
+        while not stop.wait(STATS_INTERVAL_S):
+            load = self.engine.load
+            with self.lock:
+                reporter = self.reporter()
+                for client in self.clients.values():
+                    if client is reporter:
+                        client.post(ipc.Stats(load, self.core.drain_steps(), gc_watch.drain()))
+                    else:
+                        client.post(ipc.Stats(load, [], []))
+
+    def accept(self, listener: Listener) -> None:
+        """Accept workers until the listener closes; each gets a receiving thread."""
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return
+            except Exception as exc:  # a peer that failed the handshake: not a worker of ours
+                log.warning("engine host: refused a connection: %s", exc)
+                continue
+            with self.lock:
+                cid, self._next_id = self._next_id, self._next_id + 1
+                client = self.clients[cid] = _Client(cid, conn)
+                client.post(ipc.Ready(os.getpid()))
+            threading.Thread(target=self.serve, args=(client,), name=f"voicert-host-recv-{cid}",
+                             daemon=True).start()
+            log.info("engine host: worker connection %d", cid)
+
+    def serve(self, client: _Client) -> None:
+        """Receiving thread of one client: its requests into the engine until it hangs up (or
+        says Stop); then its open requests are aborted."""
+        from voicert.engine.prompt import PromptBuilder
+
+        prompts = PromptBuilder(self.core.tokenizer)  # this thread's
+        decoder = ipc.Codec().to_engine
+        prefix = f"{client.cid}{SEP}"
+        while True:
+            try:
+                msg = decoder.decode(client.conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            except msgspec.DecodeError as exc:  # our own workers send these: a bug, said loudly
+                log.error("engine host: undecodable message from worker connection %d: %s",
+                          client.cid, exc)
+                break
+            if isinstance(msg, ipc.Submit):
+                self._submit(client, prompts, msg.request, prefix)
+            elif isinstance(msg, ipc.Cancel):
+                self.engine.abort(prefix + msg.request_id)
+            elif isinstance(msg, ipc.Stop):
+                break
+        self._hang_up(client, prefix)
+
+    def _submit(self, client: _Client, prompts, request, prefix: str) -> None:
+        rid = request.request_id
+        with self.lock:
+            client.open.add(rid)
+        request.request_id = prefix + rid
+        refused = lambda msg: self._refused(client, rid, msg)  # noqa: E731
+        if not _submit(self.engine, prompts, self.cfg, request, refused):
+            with self.lock:
+                client.open.discard(rid)
+
+    @staticmethod
+    def _refused(client: _Client, rid: str, msg: ipc.Events) -> None:
+        """A request that could not be templated: its final record, under the client's id."""
+        client.post(ipc.Events([msgspec.structs.replace(rec, request_id=rid)
+                                for rec in msg.items]))
+
+    def _hang_up(self, client: _Client, prefix: str) -> None:
+        with self.lock:
+            self.clients.pop(client.cid, None)
+            still_open = list(client.open)
+        for rid in still_open:
+            self.engine.abort(prefix + rid)
+        client.stop()
+        client.sender.join(2)
+        client.conn.close()
+        log.info("engine host: worker connection %d closed (%d request(s) aborted)",
+                 client.cid, len(still_open))
+
+
+def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, authkey: bytes,
+          status, gpu: str | None, log_level: str) -> None:
+    """The engine host process: load and warm up, listen at ``address``, say Ready on ``status``
+    (or StartFailed), serve workers until the primary says Stop or goes away."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the primary shuts us down in order
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s")
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    codec = ipc.Codec()
+    try:
+        core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
+        from voicert.engine.llm_engine import EngineThread
+
+        if os.path.exists(address):  # left by a host that crashed (our own private directory)
+            os.unlink(address)
+        listener = Listener(address, FAMILY, authkey=authkey)
+    except Exception as exc:
+        status.send_bytes(codec.encode(ipc.StartFailed(f"{type(exc).__name__}: {exc}")))
+        return
+    hub = _Hub(core, cfg)
+    hub.engine = engine = EngineThread(core, hub.deliver)
+    engine.on_failure = hub.engine_failed
+    stop = threading.Event()
+    threading.Thread(target=hub.push_stats, args=(gc_watch, stop), name="voicert-engine-stats",
+                     daemon=True).start()
+    threading.Thread(target=hub.accept, args=(listener,), name="voicert-host-accept",
+                     daemon=True).start()
+    status.send_bytes(codec.encode(ipc.Ready(os.getpid())))
+    try:
+        while not isinstance(codec.to_engine.decode(status.recv_bytes()), ipc.Stop):
+            pass
+    except (EOFError, OSError):
+        pass  # the primary is gone
+    stop.set()
+    listener.close()
+    engine.stop()
+
+
+class EngineHost:
+    """Starts and stops one engine host process (the primary's handle). ``wait_ready`` blocks
+    until it serves at ``address`` or raises with the reason it could not start."""
+
+    def __init__(self, model_dir: str, cfg, address: str, authkey: bytes, threads: int = 0,
+                 gc_freeze: bool = True, gpu: str | None = None, log_level: str = "INFO") -> None:
+        ctx = mp.get_context("spawn")
+        self.address = address
+        self.status, child_status = ctx.Pipe()  # Ready/StartFailed up; Stop down
+        self.proc = ctx.Process(target=_host, name="voicert-engine-host",
+                                args=(model_dir, cfg, threads, gc_freeze, address, authkey,
+                                      child_status, gpu, log_level), daemon=True)
+        self.proc.start()
+        child_status.close()
+        self.pid: int | None = None
+
+    def wait_ready(self, timeout_s: float = 600) -> int:
+        """Block until the host serves (its pid) or raise ``RuntimeError`` with why it could
+        not start."""
+        if not self.status.poll(timeout_s):
+            self.kill()
+            raise RuntimeError(f"engine host did not start within {timeout_s:.0f} s")
+        return self.read_status()
+
+    def read_status(self) -> int:
+        """Its first word, once ``status`` is readable: its pid when it serves; else raises
+        ``RuntimeError`` with why it could not start."""
+        try:
+            first = ipc.Codec().from_engine.decode(self.status.recv_bytes())
+        except (EOFError, OSError):
+            self.proc.join(5)
+            first = ipc.StartFailed(f"it exited (status {self.proc.exitcode})")
+        if not isinstance(first, ipc.Ready):
+            self.proc.join(5)
+            raise RuntimeError(f"engine host failed to start: {first.error}")
+        self.pid = first.pid
+        return first.pid
+
+    @property
+    def sentinel(self) -> int:
+        return self.proc.sentinel
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+
+    def stop(self, timeout_s: float = 15) -> None:
+        """Ask it to stop (its clients see the connection close), then make sure it has."""
+        if self.proc.is_alive():
+            try:
+                self.status.send_bytes(ipc.Codec().encode(ipc.Stop()))
+            except OSError:
+                pass
+            self.proc.join(timeout_s)
+        if self.proc.is_alive():
+            self.kill()
+        self.status.close()
+
+
+class SharedEngineClient(EngineLink):
+    """A worker's :class:`Engine`: a connection to the engine host at ``address``. It waits up to
+    ``connect_timeout_s`` for a host to accept (one may be starting or restarting) and raises
+    ``RuntimeError`` if none does. ``close`` leaves the host (it aborts this side's requests)."""
+
+    def __init__(self, address: str, authkey: bytes, model_dir: str,
+                 connect_timeout_s: float = 600, tokenizer=None) -> None:
+        conn = _connect(address, authkey, connect_timeout_s)
+        deadline = time.monotonic() + connect_timeout_s
+        if not conn.poll(max(deadline - time.monotonic(), 1.0)):
+            conn.close()
+            raise RuntimeError(f"engine host at {address} did not say it was ready")
+        first = ipc.Codec().from_engine.decode(conn.recv_bytes())
+        if not isinstance(first, ipc.Ready):
+            conn.close()
+            raise RuntimeError(f"engine host at {address} answered {type(first).__name__}")
+        super().__init__(conn, conn, model_dir, first.pid, tokenizer)
+        log.info("connected to the engine host (pid %d)", self.pid)
+
+    def _gone(self, why: str) -> str:
+        return "engine host went away" if why == "engine process exited" else why
+
+
+def _connect(address: str, authkey: bytes, timeout_s: float) -> Connection:
+    """Connect, retrying while the socket is missing or refuses (a host still loading)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return Client(address, FAMILY, authkey=authkey)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"no engine host at {address} after {timeout_s:.0f} s: "
+                                   f"{exc}") from None
+            time.sleep(0.1)

@@ -1,0 +1,401 @@
+"""Front-end workers: ``server.workers: N`` processes serving one port, sharing one engine.
+
+One event loop runs out of host time at ~100 callers (every audio frame, VAD batch, turn decision
+and token of every session goes through it). With workers, the process started by ``voicert
+serve`` becomes the *primary*; it serves no socket itself:
+
+- it binds N listening sockets to the same port with ``SO_REUSEPORT`` (the kernel spreads new
+  connections over them) and hands one to each worker;
+- it starts the engine host (``voicert.engine.host``; one per GPU with ``llm.gpus``): one engine
+  core whose batches and prefix cache every worker shares;
+- it spawns the workers: each is a whole server (its own uvloop, VAD, Whisper, voice, turn judge,
+  sessions) whose engine is a supervised client of the host;
+- it relays each worker's finished turns to the others (:class:`PeerBus`), so every dashboard
+  shows every turn; ``/metrics`` on any worker shows all of them (a shared multiprocess directory);
+- it supervises: a worker that dies is started again on its socket, an engine host that dies is
+  started again at its address (the workers reconnect), each at most ``llm.restart_max`` times
+  within ``llm.restart_window_s``; more, or a worker that gave up on a part (exit status 3), stops
+  the server with status 3;
+- on SIGINT or SIGTERM it asks every worker to shut down gracefully (``server.shutdown_grace_s``),
+  then stops the engine hosts. A second signal makes the workers exit at once.
+
+Per-server limits (``max_sessions``, ``max_connections``, ``max_completions``) are split evenly
+over the workers.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import multiprocessing as mp
+import os
+import secrets
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+
+import msgspec
+
+from voicert.config import Config, cache_dir
+from voicert.telemetry.latency import TurnRecord
+
+log = logging.getLogger(__name__)
+EXIT_GAVE_UP = 3  # a part could not be kept up (the same status a single server exits with)
+EXIT_START_FAILED = 2  # a worker or the engine could not start (a config error, a port in use)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def listening_sockets(host: str, port: int, n: int) -> list[socket.socket]:
+    """``n`` sockets listening on the same address with SO_REUSEPORT (``port`` 0: the first one's
+    free port for all). Raises OSError naming the address if it is taken."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    out: list[socket.socket] = []
+    try:
+        for _ in range(n):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            out.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind(addr)
+            sock.listen(1024)
+            sock.setblocking(False)
+            addr = sock.getsockname()  # the port, once chosen
+    except OSError as exc:
+        for sock in out:
+            sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return out
+
+
+def worker_limits(cfg: Config, workers: int) -> Config:
+    """The config one of ``workers`` workers runs with: the per-server limits split evenly."""
+    s = cfg.server
+
+    def share(n: int) -> int:
+        return max(1, math.ceil(n / workers)) if n > 0 else 0
+
+    server = dataclasses.replace(s, max_sessions=share(s.max_sessions),
+                                 max_connections=share(s.max_connections),
+                                 max_completions=share(s.max_completions))
+    return dataclasses.replace(cfg, server=server)
+
+
+class PeerBus:
+    """A worker's line to the primary: its finished turns out, the other workers' turns in (to
+    the recent-turn feed). If the primary goes away, ``on_primary_gone`` is called."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._encoder = msgspec.msgpack.Encoder()
+        self._lock = threading.Lock()
+        self.on_primary_gone = None
+
+    def publish(self, rec: TurnRecord) -> None:
+        try:
+            with self._lock:
+                self.conn.send_bytes(self._encoder.encode(rec))
+        except OSError:
+            pass  # the primary is gone: the reader says so
+
+    def start(self, loop, on_peer_turn) -> None:
+        threading.Thread(target=self._read, args=(loop, on_peer_turn), name="voicert-peer-bus",
+                         daemon=True).start()
+
+    def _read(self, loop, on_peer_turn) -> None:
+        decoder = msgspec.msgpack.Decoder(TurnRecord)
+        while True:
+            try:
+                rec = decoder.decode(self.conn.recv_bytes())
+            except (EOFError, OSError):
+                break
+            except msgspec.DecodeError:
+                log.exception("peer bus: undecodable turn record")
+                continue
+            loop.call_soon_threadsafe(on_peer_turn, rec)
+        if self.on_primary_gone is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.on_primary_gone)
+
+
+@dataclass
+class WorkerRole:
+    """What makes a server process one of several workers (the primary hands it over)."""
+
+    index: int
+    sock: socket.socket  # its share of the port, bound and listening
+    hosts: object | None  # HostAddresses of the engine hosts; None: llm.engine openai
+    bus: PeerBus
+    metrics_dir: str
+
+
+def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, bus_conn: Connection,
+                 metrics_dir: str, log_level: str) -> None:
+    """A worker process: one whole server on its socket, its engine the shared host."""
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s %(levelname)s [w{index}] "
+                        "%(name)s: %(message)s")
+    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the primary forwards the signals (as SIGTERM)
+    from voicert.telemetry.metrics import use_multiprocess_dir
+
+    use_multiprocess_dir(metrics_dir)
+    from voicert.server.app import run_server
+
+    from voicert.config import ConfigError
+
+    role = WorkerRole(index, sock, hosts, PeerBus(bus_conn), metrics_dir)
+    try:
+        code = run_server(cfg, role)
+    except (ConfigError, OSError) as exc:  # said once, as the single server says it
+        print(f"voicert: {exc}", file=sys.stderr, flush=True)
+        code = EXIT_START_FAILED
+    except Exception:
+        log.exception("worker %d failed", index)
+        code = 1
+    os._exit(code)  # not sys.exit: no atexit work in a spawned child (loaded models, threads)
+
+
+class _Restarts:
+    """Failures within a window: ``allow()`` is False once there were more than ``max`` of them
+    within ``window_s``."""
+
+    def __init__(self, max_restarts: int, window_s: float) -> None:
+        self.max, self.window_s = max_restarts, window_s
+        self.times: collections.deque[float] = collections.deque()
+        self.count = 0
+
+    def allow(self, now: float) -> bool:
+        self.times.append(now)
+        while self.times and now - self.times[0] > self.window_s:
+            self.times.popleft()
+        self.count += 1
+        return len(self.times) <= self.max
+
+
+class Primary:
+    """Runs ``server.workers`` worker processes and the engine host(s); see the module doc."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.n = cfg.server.workers
+        self.ctx = mp.get_context("spawn")
+        self.dir = tempfile.mkdtemp(prefix="voicert-")  # private (0700): sockets, metrics
+        self.metrics_dir = os.path.join(self.dir, "metrics")
+        os.mkdir(self.metrics_dir)
+        self.authkey = secrets.token_bytes(32)
+        self.sockets: list[socket.socket] = []
+        self.workers: list[mp.process.BaseProcess | None] = [None] * self.n
+        self.buses: list[Connection | None] = [None] * self.n
+        self.hosts: list = []  # EngineHost, one per GPU
+        self.host_addresses = None
+        self.model_dir: str | None = None
+        self.engine_cfg = None
+        self.stopping = False
+        self.exit_code = 0
+        self.start_error: str | None = None  # why the server could not start (exit status 2)
+        llm = cfg.llm
+        self.restarts = _Restarts(llm.restart_max, llm.restart_window_s)
+        self._wake_r, self._wake_w = os.pipe()
+        self._signals = 0
+
+    # ------------------------------------------------------------ start
+
+    def start(self) -> None:
+        """Bind the port, start the engine host(s) and the workers (they load at the same time).
+        Raises OSError for a port that is taken, RuntimeError if the engine cannot start."""
+        from voicert.engine.host import HostAddresses
+
+        s = self.cfg.server
+        self.sockets = listening_sockets(s.host, s.port, self.n)
+        port = self.sockets[0].getsockname()[1]
+        log.info("voicert listening on ws://%s:%d/v1/stream (%d workers)", s.host, port, self.n)
+        if self.cfg.llm.engine != "openai":
+            from voicert.engine.factory import engine_config
+            from voicert.engine.loader import resolve_llm
+
+            self.model_dir = str(resolve_llm(self.cfg.models.llm, cache_dir(self.cfg.models)))
+            self.engine_cfg = engine_config(self.cfg.llm, str(cache_dir(self.cfg.models)))
+            addresses = tuple(os.path.join(self.dir, f"engine-{i}.sock")
+                              for i in range(self.cfg.llm.gpus))
+            self.host_addresses = HostAddresses(addresses, self.authkey, self.model_dir)
+            self.hosts = [self._start_host(i) for i in range(len(addresses))]
+        for i in range(self.n):
+            self._start_worker(i)
+
+    def _start_host(self, i: int):
+        from voicert.engine.host import EngineHost
+
+        gpu = str(i) if self.cfg.llm.gpus > 1 else None
+        return EngineHost(self.model_dir, self.engine_cfg, self.host_addresses.addresses[i],
+                          self.authkey, threads=self.cfg.llm.threads,
+                          gc_freeze=self.cfg.server.gc_freeze, gpu=gpu,
+                          log_level=self.cfg.log.level)
+
+    def _start_worker(self, i: int) -> None:
+        ours, theirs = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker_main, name=f"voicert-worker-{i}",
+                                args=(i, worker_limits(self.cfg, self.n), self.sockets[i],
+                                      self.host_addresses, theirs, self.metrics_dir,
+                                      self.cfg.log.level))
+        proc.start()
+        theirs.close()
+        self.workers[i], self.buses[i] = proc, ours
+        log.info("worker %d started (pid %d)", i, proc.pid)
+
+    # ------------------------------------------------------------ run
+
+    def on_signal(self, signum, frame) -> None:
+        """SIGINT/SIGTERM (main thread): the first asks for a graceful stop, the next forces."""
+        self._signals += 1
+        os.write(self._wake_w, b"s")
+
+    def run(self) -> int:
+        """Start, then supervise until a signal (or a part that gives up); stop everything."""
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self.on_signal)
+        try:
+            self.start()
+            self._supervise()
+        finally:
+            self._stop_all()
+        return self.exit_code
+
+    def _supervise(self) -> None:
+        while not self.stopping:
+            sentinels = {p.sentinel: ("worker", i) for i, p in enumerate(self.workers) if p}
+            sentinels.update({h.sentinel: ("host", i) for i, h in enumerate(self.hosts)})
+            buses = {c: i for i, c in enumerate(self.buses) if c is not None}
+            starting = {h.status: i for i, h in enumerate(self.hosts) if h.pid is None}
+            ready = wait([self._wake_r, *sentinels, *buses, *starting])
+            for obj in ready:
+                if obj == self._wake_r:
+                    os.read(self._wake_r, 64)
+                    log.info("signal received: shutting down (again to force)")
+                    self.stopping = True
+                elif obj in buses:
+                    self._relay(buses[obj])
+                elif obj in starting:
+                    self._host_started(starting[obj])
+                else:
+                    kind, i = sentinels[obj]
+                    if kind == "worker":
+                        self._worker_exited(i)
+                    else:
+                        self._host_exited(i)
+
+    def _relay(self, i: int) -> None:
+        """Worker ``i`` finished a turn: pass it to the others."""
+        conn = self.buses[i]
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            self.buses[i] = None  # its process is ending: the sentinel says how
+            return
+        for j, other in enumerate(self.buses):
+            if j != i and other is not None:
+                try:
+                    other.send_bytes(data)
+                except OSError:
+                    pass
+
+    def _worker_exited(self, i: int) -> None:
+        from prometheus_client import multiprocess
+
+        proc = self.workers[i]
+        proc.join()
+        multiprocess.mark_process_dead(proc.pid, self.metrics_dir)
+        self.workers[i] = None
+        if self.buses[i] is not None:
+            self.buses[i].close()
+            self.buses[i] = None
+        if self.stopping:
+            return
+        if proc.exitcode == EXIT_GAVE_UP:
+            log.critical("worker %d gave up on a part of the server: stopping", i)
+            self._give_up()
+        elif proc.exitcode == EXIT_START_FAILED:
+            self.start_error = f"worker {i} could not start (see its message above)"
+            self.exit_code = EXIT_START_FAILED
+            self.stopping = True
+        elif not self.restarts.allow(time.monotonic()):
+            log.critical("worker %d exited (status %s); too many restarts: stopping", i,
+                         proc.exitcode)
+            self._give_up()
+        else:
+            log.error("worker %d exited (status %s): starting it again", i, proc.exitcode)
+            self._start_worker(i)
+
+    def _host_started(self, i: int) -> None:
+        """Host ``i`` said whether it serves. One that cannot start stops the server (status 2):
+        trying again would fail the same way."""
+        try:
+            pid = self.hosts[i].read_status()
+        except RuntimeError as exc:
+            log.critical("%s", exc)
+            self.start_error = str(exc)
+            self.exit_code = EXIT_START_FAILED
+            self.stopping = True
+            return
+        log.info("engine host ready (pid %d)", pid)
+
+    def _host_exited(self, i: int) -> None:
+        host = self.hosts[i]
+        host.proc.join()
+        if self.stopping:
+            return
+        if host.pid is None:  # before it said Ready (a StartFailed would have been read first)
+            self._host_started(i)
+            return
+        if not self.restarts.allow(time.monotonic()):
+            log.critical("engine host exited (status %s); too many restarts: stopping",
+                         host.proc.exitcode)
+            self._give_up()
+            return
+        log.error("engine host exited (status %s): starting another", host.proc.exitcode)
+        self.hosts[i] = self._start_host(i)  # the workers reconnect when it is ready
+
+    def _give_up(self) -> None:
+        self.exit_code = EXIT_GAVE_UP
+        self.stopping = True
+
+    # ------------------------------------------------------------ stop
+
+    def _stop_all(self) -> None:
+        """Workers first (each drains its sessions within the grace period), then the hosts."""
+        self.stopping = True
+        live = [p for p in self.workers if p is not None and p.is_alive()]
+        for p in live:
+            os.kill(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.cfg.server.shutdown_grace_s + 10
+        forced = self._signals
+        while any(p.is_alive() for p in live) and time.monotonic() < deadline:
+            wait([p.sentinel for p in live if p.is_alive()] + [self._wake_r], timeout=0.5)
+            if self._signals > max(forced, 1):  # another signal: make them exit now
+                forced = self._signals
+                for p in live:
+                    if p.is_alive():
+                        os.kill(p.pid, signal.SIGTERM)
+        for p in live:
+            if p.is_alive():
+                log.warning("worker pid %d did not stop: killing it", p.pid)
+                p.kill()
+            p.join(5)
+        for host in self.hosts:
+            host.stop()
+        for sock in self.sockets:
+            sock.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def run_primary(cfg: Config) -> int:
+    """``voicert serve`` with ``server.workers`` above 1 (the exit status)."""
+    return Primary(cfg).run()
