@@ -1,0 +1,34 @@
+"""The trivial server that validates the load generator: it recognises each clip the generator
+sends and answers when the clip's last frame arrives, so every turn is answered once, after the
+caller's last frame left, and what the caller measures is its own overhead."""
+
+import glob
+
+from websockets.asyncio.server import serve
+
+from loadgen.run import LoadSpec, closed_loop
+from loadgen.trivial import _session, clip_table
+from voicert.client import load_for_streaming
+
+CLIPS = sorted(glob.glob("tests/data/*.wav"))
+
+
+def test_every_clip_is_recognised_by_its_first_sound():
+    table = clip_table(CLIPS)
+    assert len(table) == len(CLIPS)  # one distinct first sound each
+    assert all(0 < left < 200 for left in table.values())
+
+
+async def test_the_generator_measures_each_answer_after_its_last_frame():
+    table = clip_table(CLIPS)
+    async with serve(lambda ws: _session(ws, table), "127.0.0.1", 0) as server:
+        port = server.sockets[0].getsockname()[1]
+        spec = LoadSpec(f"ws://127.0.0.1:{port}/v1/stream",
+                        [load_for_streaming(c) for c in CLIPS], duration_s=3.0, ramp_s=0.2,
+                        turns=2, think_s=0.1, turn_timeout_s=30.0)
+        stats = await closed_loop(spec, 3)
+    assert stats.turns and not (stats.errors or stats.timeouts or stats.dropped)
+    for t in stats.turns:
+        assert t.finish_reason == "stop"
+        # answered on the last frame: the server's interval lies within the caller's
+        assert 0 < t.stages["ttft_ms"] <= t.client_ttft_ms <= t.client_done_ms
