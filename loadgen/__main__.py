@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="while the callers talk, kill the engine process, drop connections and "
                          "send hostile messages; report lost turns and memory (loadgen/chaos.py)")
     ap.add_argument("--chaos-every", type=float, default=10.0, help="seconds between chaos actions")
+    ap.add_argument("--server-pid", type=int,
+                    help="the server's pid on this machine: report the CPU cores its processes "
+                         "(workers, engine host) used per level")
     ap.add_argument("--speak", action="store_true",
                     help="ask for spoken replies (pcm16 24 kHz): time to first audio is measured too")
     args = ap.parse_args(argv)
@@ -64,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = LoadSpec(args.url, [load_for_streaming(w) for w in args.wav], args.duration, args.ramp,
                     args.turns, args.think, args.turn_timeout, max_turns=args.max_turns,
                     output_audio=p.OutputAudio("pcm16", 24000) if args.speak else None,
-                    procs=max(1, args.procs))
+                    procs=max(1, args.procs), server_pid=args.server_pid)
     t0 = time.monotonic()
 
     def progress(n, stats, held):

@@ -1,12 +1,15 @@
 """What the server and the GPU did during a load level: engine and ASR batch sizes and engine step
-times from the server's ``/metrics`` (deltas over the level), and GPU utilisation and memory sampled
-from ``nvidia-smi`` when it exists."""
+times from the server's ``/metrics`` (deltas over the level), GPU utilisation and memory sampled
+from ``nvidia-smi`` when it exists, and, given the server's pid on this machine, the CPU cores its
+processes used (the process and its descendants: workers, engine host; from ``/proc``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
+import time
 import urllib.request
 from dataclasses import dataclass, field
 
@@ -141,21 +144,56 @@ class GpuSampler:
                 "gpu_mem_max_mib": max(self.mem_mib), "gpu_samples": len(self.util)}
 
 
+def tree_cpu_seconds(pid: int, proc: str = "/proc") -> float | None:
+    """CPU seconds (user + system) used so far by ``pid`` and every process descended from it;
+    None if ``pid`` is not running here."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir(proc):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()  # after "pid (comm)"
+        except OSError:
+            continue  # gone meanwhile
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    if pid not in cpu:
+        return None
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        parent = frontier.pop()
+        children = [p for p, pp in parents.items() if pp == parent and p not in tree]
+        tree.update(children)
+        frontier += children
+    return sum(cpu[p] for p in tree)
+
+
 @dataclass
 class LevelProbe:
-    """Bracket one load level: :meth:`begin` before, :meth:`end` after -> the level's figures."""
+    """Bracket one load level: :meth:`begin` before, :meth:`end` after -> the level's figures.
+    ``server_pid``: the server's process on this machine, for the CPU cores it used."""
 
     url: str
+    server_pid: int | None = None
     _before: dict[str, float] = field(default_factory=dict)
     _gpu: GpuSampler | None = None
+    _cpu0: tuple[float, float] | None = None  # (wall s, CPU s) at begin
 
     def begin(self) -> None:
         self._before = scrape(self.url)
         self._gpu = GpuSampler().start()
+        cpu = tree_cpu_seconds(self.server_pid) if self.server_pid else None
+        self._cpu0 = (time.monotonic(), cpu) if cpu is not None else None
 
     def end(self) -> dict[str, float]:
         after = scrape(self.url)
         out = self._gpu.stop() if self._gpu is not None else {}
+        cpu = tree_cpu_seconds(self.server_pid) if self._cpu0 is not None else None
+        if cpu is not None:
+            out["server_cores"] = (cpu - self._cpu0[1]) / (time.monotonic() - self._cpu0[0])
         for key in HISTOGRAMS:
             n = after.get(f"{key}_count", 0.0) - self._before.get(f"{key}_count", 0.0)
             if n > 0:

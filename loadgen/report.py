@@ -73,7 +73,8 @@ def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> s
         if s.get("dominant_p99")) + "."]
     servers = {level: s["server"] for level, s in summary.items() if s.get("server")}
     if servers:
-        keys = ("engine_batch_mean", "asr_batch_mean", "prefix_hit_ratio", "gpu_util_mean",
+        keys = ("server_cores", "engine_batch_mean", "asr_batch_mean", "prefix_hit_ratio",
+                "gpu_util_mean",
                 "gpu_util_max", "gpu_mem_max_mib", "prefill_step_ms_mean", "prefill_step_ms_p99_le",
                 "decode_step_ms_mean", "decode_step_ms_p99_le", "gc_server_count",
                 "gc_server_ms_total", "gc_server_ms_max_le", "gc_engine_count", "gc_engine_ms_total",

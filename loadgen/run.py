@@ -28,6 +28,7 @@ class LoadSpec:
     max_turns: int = 0  # stop once this many turns are done (0: run for the duration)
     output_audio: p.OutputAudio | None = None  # ask for spoken replies (time to first audio)
     procs: int = 1  # closed loop: load generator processes the callers are split over
+    server_pid: int | None = None  # the server's pid on this machine: its CPU use per level
 
 
 async def closed_loop(spec: LoadSpec, callers: int) -> CallerStats:
@@ -120,7 +121,7 @@ async def sweep(spec: LoadSpec, levels: list[int], budget_ms: float, on_level=No
     that kept its own schedule (frames at most ``max_slip_ms`` late at P99; None if none did)."""
     results: dict[int, CallerStats] = {}
     best = None
-    probe = LevelProbe(metrics_url(spec.url))
+    probe = LevelProbe(metrics_url(spec.url), spec.server_pid)
     for n in levels:
         await asyncio.to_thread(probe.begin)
         stats = await closed_loop(spec, n)

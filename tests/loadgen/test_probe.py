@@ -1,3 +1,5 @@
+import os
+
 from voicert.engine.base import StepRecord
 from voicert.telemetry.metrics import Metrics
 
@@ -46,3 +48,24 @@ def test_gc_figures_per_process():
     assert fig["gc_engine_count"] == 10 and abs(fig["gc_engine_ms_total"] - 16.8) < 1e-6
     assert fig["gc_engine_ms_max_le"] == 20.0  # the 15 ms full collection
     assert fig["gc_server_count"] == 1 and fig["gc_server_ms_max_le"] == 1.0
+
+
+def test_cpu_of_a_server_counts_its_descendants_and_nothing_else(tmp_path):
+    from loadgen.probe import tree_cpu_seconds
+
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def proc(pid, ppid, utime, stime, comm="python3 (x)"):
+        d = tmp_path / str(pid)
+        d.mkdir()
+        rest = ["S", str(ppid)] + ["0"] * 9 + [str(utime), str(stime)] + ["0"] * 10
+        (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(rest) + "\n")
+
+    proc(10, 1, 2 * tick, tick)  # the primary
+    proc(11, 10, 5 * tick, 0)  # a worker (its name has a ") " in it, as names may)
+    proc(12, 11, tick, tick, comm="odd) name")  # its child
+    proc(20, 1, 100 * tick, 0)  # someone else
+    (tmp_path / "self").mkdir()
+    assert tree_cpu_seconds(10, str(tmp_path)) == 10.0
+    assert tree_cpu_seconds(11, str(tmp_path)) == 7.0
+    assert tree_cpu_seconds(99, str(tmp_path)) is None

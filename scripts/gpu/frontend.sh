@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Front-end workers on one GPU (issue 14): the load generator checked against the trivial server,
+# then load sweeps of the whole voice pipeline (real speech, Whisper tiny.en and SmolLM2 on the GPU)
+# with one server process and with server.workers=N, back to back on the same machine.
+# Needs /root/models and /root/whl from the bundle (scripts/gpu/receive.sh .carry/fb/partNN ...).
+# Usage: bash scripts/gpu/frontend.sh STEP...   steps: install | trivial | w1 | wN
+#   env: LEVELS (default 64,128,256), WORKERS (default 4), TRIVIAL_LEVELS (default 64,256,1024)
+set -uo pipefail
+levels=${LEVELS:-64,128,256}
+workers=${WORKERS:-4}
+limits=(--set server.max_sessions=1024 --set server.max_connections=1024)
+for step in "$@"; do
+  case $step in
+    install)
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site /root/whl/*.whl
+      python3 -c 'import av' 2>/dev/null || { mkdir -p /root/site/av && echo '"""stub"""' > /root/site/av/__init__.py; }
+      source scripts/gpu/env.sh
+      nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
+      nproc | tee -a $OUT/gpu.txt ;;
+    trivial)
+      source scripts/gpu/env.sh
+      clips=(tests/data/capital_of_france.wav tests/data/count_to_five.wav tests/data/tell_me_a_joke.wav
+             tests/data/what_about_germany.wav tests/data/weather_question.wav)
+      mkdir -p $OUT/trivial; python3 -m loadgen.trivial --port 8766 --procs 4 --wav "${clips[@]}" &
+      tpid=$!
+      sleep 3
+      python3 -m loadgen --url ws://127.0.0.1:8766/v1/stream --wav "${clips[@]}" \
+        --sweep "${TRIVIAL_LEVELS:-64,256,1024}" --duration 10 --ramp 5 --turns 3 --think 1.0 \
+        --procs 8 --out $OUT/trivial --title trivial > $OUT/trivial/loadgen.log 2>&1 \
+        || tail -20 $OUT/trivial/loadgen.log
+      kill $tpid; wait $tpid 2>/dev/null
+      grep -E "^\| [0-9]+ \||client_ttft|voice_to|slip" $OUT/trivial/report.md ;;
+    w1)
+      source scripts/gpu/env.sh
+      DURATION=15 RAMP=5 PROCS=6 OUT=$OUT bash scripts/gpu/sweep.sh w1 "$levels" "${limits[@]}" \
+        | grep -vi warn ;;
+    wN)
+      source scripts/gpu/env.sh
+      WORKERS=$workers DURATION=15 RAMP=5 PROCS=6 OUT=$OUT bash scripts/gpu/sweep.sh w$workers "$levels" \
+        "${limits[@]}" --set server.workers=$workers --set vad.threads=2 | grep -vi warn ;;
+  esac
+  date -u
+done
+rm -f $OUT/*/*.png
