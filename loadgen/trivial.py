@@ -106,6 +106,10 @@ def _serve(sock: socket.socket, table: dict[bytes, int]) -> None:
     loop.run_until_complete(main())
 
 
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadgen.trivial",
                                  description=__doc__.split("\n")[0])
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         proc.start()
     print(f"trivial server on ws://{args.host}:{socks[0].getsockname()[1]}/v1/stream "
           f"({args.procs} processes)", flush=True)
-    signal.signal(signal.SIGTERM, lambda *a: None)
+    signal.signal(signal.SIGTERM, _interrupt)  # stop as on Ctrl-C: the children with us
     try:
         for proc in procs:
             proc.join()

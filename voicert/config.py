@@ -57,6 +57,10 @@ class ServerConfig:
     max_history_items: int = 200  # conversation items a session keeps (the oldest go first)
     max_text_chars: int = 16000  # one text message (user.text, an item, instructions, a prompt)
     max_completions: int = 64  # /v1/chat/completions requests running at once (more get 429)
+    blas_threads: int = 1  # numpy's BLAS threads in each server process (0: the library's
+    # default, one per core). The front end's matrix products are small (Whisper's log-mel
+    # filterbank, per decode); a pool of one per core spin-waits between them and took 11 of 16
+    # cores at 64 callers (docs/benchmarks.md section 16)
     workers: int = 1  # front-end processes, each with its own event loop, VAD, ASR and voice,
     # sharing the listening port (SO_REUSEPORT) and one engine host process (its batches and its
     # prefix cache); 1: everything in one process
@@ -79,6 +83,7 @@ class ServerConfig:
         _check(self.max_text_chars >= 100, "server.max_text_chars", "must be >= 100")
         _check(self.max_completions >= 0, "server.max_completions", "must be >= 0 (0: off)")
         _check(1 <= self.workers <= 64, "server.workers", "must be in [1, 64]")
+        _check(self.blas_threads >= 0, "server.blas_threads", "must be >= 0 (0: one per core)")
 
 
 @dataclass(slots=True)

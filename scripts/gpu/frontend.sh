@@ -24,11 +24,11 @@ for step in "$@"; do
       mkdir -p $OUT/trivial; python3 -m loadgen.trivial --port 8766 --procs 4 --wav "${clips[@]}" &
       tpid=$!
       sleep 3
-      python3 -m loadgen --url ws://127.0.0.1:8766/v1/stream --wav "${clips[@]}" \
+      timeout 200 python3 -m loadgen --url ws://127.0.0.1:8766/v1/stream --wav "${clips[@]}" \
         --sweep "${TRIVIAL_LEVELS:-64,256,1024}" --duration 10 --ramp 5 --turns 3 --think 1.0 \
         --procs 8 --out $OUT/trivial --title trivial > $OUT/trivial/loadgen.log 2>&1 \
         || tail -20 $OUT/trivial/loadgen.log
-      kill $tpid; wait $tpid 2>/dev/null
+      kill $tpid; wait $tpid 2>/dev/null; pkill -f loadgen.trivial
       grep -E "^\| [0-9]+ \||client_ttft|voice_to|slip" $OUT/trivial/report.md ;;
     w1)
       source scripts/gpu/env.sh

@@ -382,6 +382,18 @@ class VoiceServer:
             services.turn_judge.close()
 
 
+def limit_blas_threads(n: int) -> None:
+    """Keep numpy's BLAS pool (OpenBLAS) in this process to ``n`` threads (0: leave it). Its
+    default, one thread per core, spin-waits after every small product the front end makes
+    (Whisper's log-mel filterbank on each decode) and so keeps every core busy."""
+    if n <= 0:
+        return
+    import numpy  # noqa: F401  (loaded first: threadpoolctl limits the libraries loaded now)
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=n, user_api="blas")
+
+
 def new_event_loop() -> asyncio.AbstractEventLoop:
     """uvloop when importable, asyncio's default loop otherwise."""
     try:
@@ -401,6 +413,7 @@ def run_server(cfg: Config, role: WorkerRole | None = None) -> int:
 
         return run_primary(cfg)
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
+    limit_blas_threads(cfg.server.blas_threads)
     server = VoiceServer(config=cfg, role=role)
     loop = new_event_loop()
     try:
