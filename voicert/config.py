@@ -176,6 +176,8 @@ class AsrConfig:
     window_pad_s: float = 1.0  # silence after the utterance in a shortened window
     denoise: str = "none"  # none | rnnoise: input noise suppression before VAD and ASR (raised
     # tiny.en's WER on our eval set, 32.7 -> 42.3 %: off by default; docs/benchmarks.md section 12)
+    shared: bool = True  # with server.workers above 1: one Whisper, in a speech host process,
+    # decodes every worker's utterances (batched together); false: one Whisper per worker
 
     def __post_init__(self) -> None:
         _check(self.device in ("cpu", "cuda", "auto"), "asr.device", "must be cpu, cuda or auto")

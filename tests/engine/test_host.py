@@ -10,7 +10,7 @@ import pytest
 
 from voicert.config import cache_dir, load_config
 from voicert.engine.base import ChatMessage, EngineState, GenerationRequest
-from voicert.engine.host import EngineHost, SharedEngineClient
+from voicert.engine.host import SharedEngineClient, start_engine_host
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
@@ -30,8 +30,8 @@ def address(tmp_path):
     return str(tmp_path / "engine.sock")
 
 
-def start_host(model_dir, address) -> EngineHost:
-    host = EngineHost(model_dir, EngineConfig(kv_memory_gb=0.25), address, KEY, threads=1)
+def start_host(model_dir, address) :
+    host = start_engine_host(model_dir, EngineConfig(kv_memory_gb=0.25), address, KEY, threads=1)
     host.wait_ready()
     return host
 
@@ -138,11 +138,11 @@ async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_
 
 
 def test_a_host_that_cannot_load_fails_its_start_with_the_reason(tmp_path):
-    host = EngineHost(str(tmp_path), EngineConfig(kv_memory_gb=0.1), str(tmp_path / "s"), KEY)
+    host = start_engine_host(str(tmp_path), EngineConfig(kv_memory_gb=0.1), str(tmp_path / "s"), KEY)
     with pytest.raises(RuntimeError, match="engine host failed to start"):
         host.wait_ready(120)
 
 
 def test_no_host_is_a_clear_error_after_the_connect_timeout(tmp_path):
-    with pytest.raises(RuntimeError, match="no engine host at"):
+    with pytest.raises(RuntimeError, match="no host at"):
         SharedEngineClient(str(tmp_path / "none.sock"), KEY, str(tmp_path), connect_timeout_s=0.3)

@@ -19,7 +19,9 @@ import urllib.request
 import pytest
 from websockets.asyncio.client import connect
 
+from tests.conftest import wav
 from tests.server.test_stream import recv_until
+from voicert.client import stream_audio
 from voicert.protocol import native as p
 
 START_S = 300  # models load in three processes at once on a busy 2-core machine
@@ -154,9 +156,22 @@ async def test_a_killed_engine_host_is_replaced_and_the_workers_reconnect(served
         await text_turn(served, "What is two plus two?")
 
 
-def test_sigint_stops_the_workers_and_the_engine_host_and_exits_cleanly(served):
+async def test_a_killed_speech_host_is_replaced_and_the_workers_reconnect(served):
+    first = int(served.wait_for(r"speech host ready \(pid (\d+)\)")[0].group(1))
+    os.kill(first, signal.SIGKILL)
+    served.wait_for(r"speech host exited \(status -9\): starting another", timeout=60)
+    second = int(served.wait_for(r"speech host ready \(pid (\d+)\)", count=2)[1].group(1))
+    for w in (0, 1):
+        served.wait_for(rf"\[w{w}\] voicert\.speech\.host: connected to the speech host "
+                        rf"\(pid {second}\)", timeout=120)
+    # a spoken turn goes through the new Whisper, whichever worker takes it
+    result = await stream_audio(url(served), [wav("capital_of_france")], realtime=False)
+    assert "france" in result.turns[0].transcript.lower()
+
+
+def test_sigint_stops_the_workers_and_the_hosts_and_exits_cleanly(served):
     pids = [int(m.group(2)) for m in served.matches(r"worker (\d) started \(pid (\d+)\)")]
-    pids += [int(m.group(1)) for m in served.matches(r"engine host ready \(pid (\d+)\)")]
+    pids += [int(m.group(1)) for m in served.matches(r"host ready \(pid (\d+)\)")]
     served.proc.send_signal(signal.SIGINT)
     assert served.proc.wait(120) == 0
     for pid in pids:

@@ -21,24 +21,23 @@ the same address, and each worker's supervisor reconnects.
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
-import queue
 import signal
 import threading
 import time
 from dataclasses import dataclass
-from multiprocessing.connection import Client, Connection, Listener
+from multiprocessing.connection import Listener
 
 import msgspec
 
 from voicert.engine import ipc
 from voicert.engine.base import TokenOut
+from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, connect,
+                             say_status, wait_stop)
 from voicert.engine.remote import (EXIT_ENGINE_DIED, STATS_INTERVAL_S, EngineLink, _submit,
                                    load_core)
 
 log = logging.getLogger(__name__)
-FAMILY = "AF_UNIX"
 SEP = "/"  # client id SEP the client's request id: the id the engine core sees
 
 
@@ -52,47 +51,6 @@ class HostAddresses:
     model_dir: str
 
 
-class _Client:
-    """Host side of one connected worker: its connection, its open requests, and a sending thread
-    (messages are queued; only that thread encodes and writes, except a last word on failure)."""
-
-    def __init__(self, cid: int, conn: Connection) -> None:
-        self.cid = cid
-        self.conn = conn
-        self.open: set[str] = set()  # its request ids (as it knows them) not yet finished
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
-        self.write_lock = threading.Lock()
-        self.sender = threading.Thread(target=self._send_loop, name=f"voicert-host-send-{cid}",
-                                       daemon=True)
-        self.sender.start()
-
-    def post(self, msg: ipc.FromEngine) -> None:
-        self.outbox.put(msg)
-
-    def _send_loop(self) -> None:
-        encoder = msgspec.msgpack.Encoder()
-        while True:
-            msg = self.outbox.get()
-            if msg is None:
-                return
-            try:
-                with self.write_lock:
-                    self.conn.send_bytes(encoder.encode(msg))
-            except OSError:
-                return  # gone: its receiving thread cleans up
-
-    def say_now(self, msg: ipc.FromEngine) -> None:
-        """Write at once, from any thread (the engine's last word before the host exits)."""
-        try:
-            with self.write_lock:
-                self.conn.send_bytes(msgspec.msgpack.encode(msg))
-        except OSError:
-            pass
-
-    def stop(self) -> None:
-        self.outbox.put(None)
-
-
 class _Hub:
     """The host's clients: routes each step's records to the workers that asked for them."""
 
@@ -101,10 +59,10 @@ class _Hub:
         self.cfg = cfg
         self.engine = None  # the EngineThread, set once made
         self.lock = threading.Lock()  # guards clients and each client's ``open``
-        self.clients: dict[int, _Client] = {}
+        self.clients: dict[int, Peer] = {}
         self._next_id = 0
 
-    def reporter(self) -> _Client | None:
+    def reporter(self) -> Peer | None:
         """The client that gets the engine's step records and collector pauses (caller holds the
         lock)."""
         return self.clients[min(self.clients)] if self.clients else None
@@ -167,13 +125,13 @@ class _Hub:
                 continue
             with self.lock:
                 cid, self._next_id = self._next_id, self._next_id + 1
-                client = self.clients[cid] = _Client(cid, conn)
+                client = self.clients[cid] = Peer(cid, conn)
                 client.post(ipc.Ready(os.getpid()))
             threading.Thread(target=self.serve, args=(client,), name=f"voicert-host-recv-{cid}",
                              daemon=True).start()
             log.info("engine host: worker connection %d", cid)
 
-    def serve(self, client: _Client) -> None:
+    def serve(self, client: Peer) -> None:
         """Receiving thread of one client: its requests into the engine until it hangs up (or
         says Stop); then its open requests are aborted."""
         from voicert.engine.prompt import PromptBuilder
@@ -198,7 +156,7 @@ class _Hub:
                 break
         self._hang_up(client, prefix)
 
-    def _submit(self, client: _Client, prompts, request, prefix: str) -> None:
+    def _submit(self, client: Peer, prompts, request, prefix: str) -> None:
         rid = request.request_id
         with self.lock:
             client.open.add(rid)
@@ -209,12 +167,12 @@ class _Hub:
                 client.open.discard(rid)
 
     @staticmethod
-    def _refused(client: _Client, rid: str, msg: ipc.Events) -> None:
+    def _refused(client: Peer, rid: str, msg: ipc.Events) -> None:
         """A request that could not be templated: its final record, under the client's id."""
         client.post(ipc.Events([msgspec.structs.replace(rec, request_id=rid)
                                 for rec in msg.items]))
 
-    def _hang_up(self, client: _Client, prefix: str) -> None:
+    def _hang_up(self, client: Peer, prefix: str) -> None:
         with self.lock:
             self.clients.pop(client.cid, None)
             still_open = list(client.open)
@@ -228,7 +186,7 @@ class _Hub:
 
 
 def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, authkey: bytes,
-          status, gpu: str | None, log_level: str) -> None:
+          gpu: str | None, log_level: str, status) -> None:
     """The engine host process: load and warm up, listen at ``address``, say Ready on ``status``
     (or StartFailed), serve workers until the primary says Stop or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the primary shuts us down in order
@@ -236,7 +194,6 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
                         format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s")
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
-    codec = ipc.Codec()
     try:
         core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
         from voicert.engine.llm_engine import EngineThread
@@ -245,7 +202,7 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
             os.unlink(address)
         listener = Listener(address, FAMILY, authkey=authkey)
     except Exception as exc:
-        status.send_bytes(codec.encode(ipc.StartFailed(f"{type(exc).__name__}: {exc}")))
+        say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
         return
     hub = _Hub(core, cfg)
     hub.engine = engine = EngineThread(core, hub.deliver)
@@ -255,74 +212,20 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
                      daemon=True).start()
     threading.Thread(target=hub.accept, args=(listener,), name="voicert-host-accept",
                      daemon=True).start()
-    status.send_bytes(codec.encode(ipc.Ready(os.getpid())))
-    try:
-        while not isinstance(codec.to_engine.decode(status.recv_bytes()), ipc.Stop):
-            pass
-    except (EOFError, OSError):
-        pass  # the primary is gone
+    say_status(status, HostReady(os.getpid()))
+    wait_stop(status)  # until the primary says stop, or is gone
     stop.set()
     listener.close()
     engine.stop()
 
 
-class EngineHost:
-    """Starts and stops one engine host process (the primary's handle). ``wait_ready`` blocks
-    until it serves at ``address`` or raises with the reason it could not start."""
-
-    def __init__(self, model_dir: str, cfg, address: str, authkey: bytes, threads: int = 0,
-                 gc_freeze: bool = True, gpu: str | None = None, log_level: str = "INFO") -> None:
-        ctx = mp.get_context("spawn")
-        self.address = address
-        self.status, child_status = ctx.Pipe()  # Ready/StartFailed up; Stop down
-        self.proc = ctx.Process(target=_host, name="voicert-engine-host",
-                                args=(model_dir, cfg, threads, gc_freeze, address, authkey,
-                                      child_status, gpu, log_level), daemon=True)
-        self.proc.start()
-        child_status.close()
-        self.pid: int | None = None
-
-    def wait_ready(self, timeout_s: float = 600) -> int:
-        """Block until the host serves (its pid) or raise ``RuntimeError`` with why it could
-        not start."""
-        if not self.status.poll(timeout_s):
-            self.kill()
-            raise RuntimeError(f"engine host did not start within {timeout_s:.0f} s")
-        return self.read_status()
-
-    def read_status(self) -> int:
-        """Its first word, once ``status`` is readable: its pid when it serves; else raises
-        ``RuntimeError`` with why it could not start."""
-        try:
-            first = ipc.Codec().from_engine.decode(self.status.recv_bytes())
-        except (EOFError, OSError):
-            self.proc.join(5)
-            first = ipc.StartFailed(f"it exited (status {self.proc.exitcode})")
-        if not isinstance(first, ipc.Ready):
-            self.proc.join(5)
-            raise RuntimeError(f"engine host failed to start: {first.error}")
-        self.pid = first.pid
-        return first.pid
-
-    @property
-    def sentinel(self) -> int:
-        return self.proc.sentinel
-
-    def kill(self) -> None:
-        self.proc.kill()
-        self.proc.join(5)
-
-    def stop(self, timeout_s: float = 15) -> None:
-        """Ask it to stop (its clients see the connection close), then make sure it has."""
-        if self.proc.is_alive():
-            try:
-                self.status.send_bytes(ipc.Codec().encode(ipc.Stop()))
-            except OSError:
-                pass
-            self.proc.join(timeout_s)
-        if self.proc.is_alive():
-            self.kill()
-        self.status.close()
+def start_engine_host(model_dir: str, cfg, address: str, authkey: bytes, threads: int = 0,
+               gc_freeze: bool = True, gpu: str | None = None,
+               log_level: str = "INFO") -> HostProcess:
+    """Start one engine host process serving at ``address`` (the primary's handle; its
+    ``wait_ready`` blocks until it serves or raises with the reason it could not start)."""
+    return HostProcess("engine host", _host, (model_dir, cfg, threads, gc_freeze, address,
+                                              authkey, gpu, log_level))
 
 
 class SharedEngineClient(EngineLink):
@@ -332,7 +235,7 @@ class SharedEngineClient(EngineLink):
 
     def __init__(self, address: str, authkey: bytes, model_dir: str,
                  connect_timeout_s: float = 600, tokenizer=None) -> None:
-        conn = _connect(address, authkey, connect_timeout_s)
+        conn = connect(address, authkey, connect_timeout_s)
         deadline = time.monotonic() + connect_timeout_s
         if not conn.poll(max(deadline - time.monotonic(), 1.0)):
             conn.close()
@@ -346,16 +249,3 @@ class SharedEngineClient(EngineLink):
 
     def _gone(self, why: str) -> str:
         return "engine host went away" if why == "engine process exited" else why
-
-
-def _connect(address: str, authkey: bytes, timeout_s: float) -> Connection:
-    """Connect, retrying while the socket is missing or refuses (a host still loading)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return Client(address, FAMILY, authkey=authkey)
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
-            if time.monotonic() >= deadline:
-                raise RuntimeError(f"no engine host at {address} after {timeout_s:.0f} s: "
-                                   f"{exc}") from None
-            time.sleep(0.1)

@@ -51,17 +51,23 @@ MAX_DASHBOARDS = 16
 CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before sockets are aborted
 
 
-def load_services(cfg: Config, hosts=None) -> Services:
+def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = None) -> Services:
     """Load and warm up VAD, ASR and the LLM (blocking; seconds once GGUF conversion is cached).
-    ``hosts``: a worker's engine hosts (``server.workers``), connected to instead of loading the
-    LLM here."""
+    A worker (``server.workers``) connects to its ``hosts`` (the engine) and ``speech`` (the
+    speech host's address and key) instead of loading those here."""
     t0 = time.perf_counter()
     judge = load_turn_judge(cfg)  # first: a missing model wheel is a config error, said at once
     toolbox = Toolbox.from_config(cfg.tools)  # and a tool that does not import
     vad = SileroVad()
-    asr = WhisperAsr(cfg.asr, cfg.models.asr)
-    asr.warmup()
-    log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
+    if speech is not None:
+        from voicert.speech.host import SharedAsr
+
+        asr = SharedAsr(*speech)
+        log.info("asr: the speech host (pid %d) after %.1f s", asr.pid, time.perf_counter() - t0)
+    else:
+        asr = WhisperAsr(cfg.asr, cfg.models.asr)
+        asr.warmup()
+        log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
     cfg, engine = build_engine(cfg, hosts)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     voice = load_voice(cfg.tts)
@@ -352,8 +358,10 @@ class VoiceServer:
                 pass
         await self.start()
         if self.services is None:  # listen (healthz, readyz) while the models load
-            hosts = self.role.hosts if self.role is not None else None
-            loading = asyncio.ensure_future(asyncio.to_thread(load_services, self.config, hosts))
+            role = self.role
+            loading = asyncio.ensure_future(asyncio.to_thread(
+                load_services, self.config, role.hosts if role else None,
+                role.speech if role else None))
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not loading.done():  # a thread cannot be interrupted: let it finish, then stop
@@ -388,9 +396,11 @@ def limit_blas_threads(n: int) -> None:
     (Whisper's log-mel filterbank on each decode) and so keeps every core busy."""
     if n <= 0:
         return
-    import numpy  # noqa: F401  (loaded first: threadpoolctl limits the libraries loaded now)
+    import importlib
+
     from threadpoolctl import threadpool_limits
 
+    importlib.import_module("numpy")  # loaded first: threadpoolctl limits the libraries loaded now
     threadpool_limits(limits=n, user_api="blas")
 
 

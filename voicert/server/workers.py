@@ -132,12 +132,13 @@ class WorkerRole:
     index: int
     sock: socket.socket  # its share of the port, bound and listening
     hosts: object | None  # HostAddresses of the engine hosts; None: llm.engine openai
+    speech: tuple[str, bytes] | None  # the speech host's address and key; None: its own Whisper
     bus: PeerBus
     metrics_dir: str
 
 
-def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, bus_conn: Connection,
-                 metrics_dir: str, log_level: str) -> None:
+def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, speech,
+                 bus_conn: Connection, metrics_dir: str, log_level: str) -> None:
     """A worker process: one whole server on its socket, its engine the shared host."""
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s %(levelname)s [w{index}] "
                         "%(name)s: %(message)s")
@@ -150,7 +151,7 @@ def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, bus_conn: 
 
     from voicert.config import ConfigError
 
-    role = WorkerRole(index, sock, hosts, PeerBus(bus_conn), metrics_dir)
+    role = WorkerRole(index, sock, hosts, speech, PeerBus(bus_conn), metrics_dir)
     try:
         code = run_server(cfg, role)
     except (ConfigError, OSError) as exc:  # said once, as the single server says it
@@ -193,8 +194,10 @@ class Primary:
         self.sockets: list[socket.socket] = []
         self.workers: list[mp.process.BaseProcess | None] = [None] * self.n
         self.buses: list[Connection | None] = [None] * self.n
-        self.hosts: list = []  # EngineHost, one per GPU
+        self.hosts: list = []  # HostProcess: the engine hosts (one per GPU), the speech host
+        self._host_starters: list = []  # what starts each again
         self.host_addresses = None
+        self.speech: tuple[str, bytes] | None = None  # the speech host's address and key
         self.model_dir: str | None = None
         self.engine_cfg = None
         self.stopping = False
@@ -225,15 +228,26 @@ class Primary:
             addresses = tuple(os.path.join(self.dir, f"engine-{i}.sock")
                               for i in range(self.cfg.llm.gpus))
             self.host_addresses = HostAddresses(addresses, self.authkey, self.model_dir)
-            self.hosts = [self._start_host(i) for i in range(len(addresses))]
+            self._host_starters += [lambda i=i: self._start_engine_host(i)
+                                    for i in range(len(addresses))]
+        if self.cfg.asr.shared:
+            self.speech = (os.path.join(self.dir, "speech.sock"), self.authkey)
+            self._host_starters.append(self._start_speech_host)
+        self.hosts = [start() for start in self._host_starters]
         for i in range(self.n):
             self._start_worker(i)
 
-    def _start_host(self, i: int):
-        from voicert.engine.host import EngineHost
+    def _start_speech_host(self):
+        from voicert.speech.host import start_speech_host
+
+        return start_speech_host(self.cfg.asr, self.cfg.models.asr, self.speech[0], self.authkey,
+                                 log_level=self.cfg.log.level)
+
+    def _start_engine_host(self, i: int):
+        from voicert.engine.host import start_engine_host
 
         gpu = str(i) if self.cfg.llm.gpus > 1 else None
-        return EngineHost(self.model_dir, self.engine_cfg, self.host_addresses.addresses[i],
+        return start_engine_host(self.model_dir, self.engine_cfg, self.host_addresses.addresses[i],
                           self.authkey, threads=self.cfg.llm.threads,
                           gc_freeze=self.cfg.server.gc_freeze, gpu=gpu,
                           log_level=self.cfg.log.level)
@@ -242,7 +256,7 @@ class Primary:
         ours, theirs = self.ctx.Pipe()
         proc = self.ctx.Process(target=_worker_main, name=f"voicert-worker-{i}",
                                 args=(i, worker_limits(self.cfg, self.n), self.sockets[i],
-                                      self.host_addresses, theirs, self.metrics_dir,
+                                      self.host_addresses, self.speech, theirs, self.metrics_dir,
                                       self.cfg.log.level))
         proc.start()
         theirs.close()
@@ -343,7 +357,7 @@ class Primary:
             self.exit_code = EXIT_START_FAILED
             self.stopping = True
             return
-        log.info("engine host ready (pid %d)", pid)
+        log.info("%s ready (pid %d)", self.hosts[i].what, pid)
 
     def _host_exited(self, i: int) -> None:
         host = self.hosts[i]
@@ -354,12 +368,12 @@ class Primary:
             self._host_started(i)
             return
         if not self.restarts.allow(time.monotonic()):
-            log.critical("engine host exited (status %s); too many restarts: stopping",
+            log.critical("%s exited (status %s); too many restarts: stopping", host.what,
                          host.proc.exitcode)
             self._give_up()
             return
-        log.error("engine host exited (status %s): starting another", host.proc.exitcode)
-        self.hosts[i] = self._start_host(i)  # the workers reconnect when it is ready
+        log.error("%s exited (status %s): starting another", host.what, host.proc.exitcode)
+        self.hosts[i] = self._host_starters[i]()  # the workers reconnect when it is ready
 
     def _give_up(self) -> None:
         self.exit_code = EXIT_GAVE_UP

@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Callable
+
 import numpy as np
 
 from voicert.config import AsrConfig, ConfigError
@@ -77,10 +79,14 @@ class Transcript:
 
 @dataclass(eq=False, slots=True)
 class _Job:
+    """One utterance to decode and who hears of it: ``settle(transcript, error)`` from the worker
+    thread; ``withdrawn()`` (under the worker's lock) True when nobody wants it any more."""
+
     audio: np.ndarray  # [N] float32 16 kHz
-    loop: asyncio.AbstractEventLoop
-    future: asyncio.Future
+    settle: Callable[[Transcript | None, BaseException | None], None]
+    withdrawn: Callable[[], bool]
     started: bool = False  # the worker has taken it
+    on_taken: Callable[[], None] | None = None  # told as the worker takes it (under its lock)
 
 
 class _AsrWorker(PriorityWorker[_Job]):
@@ -92,28 +98,27 @@ class _AsrWorker(PriorityWorker[_Job]):
                          batch_window_s=asr.cfg.batch_window_ms / 1000)
 
     def taken(self, job: _Job) -> None:
-        job.started = not job.future.cancelled()
+        job.started = not job.withdrawn()
+        if job.started and job.on_taken is not None:
+            job.on_taken()
 
     def handle(self, jobs: list[_Job]) -> None:
         live = [j for j in jobs if j.started]
         if live:
             for j, r in zip(live, self.asr.decode_batch([j.audio for j in live])):
-                j.loop.call_soon_threadsafe(_settle, j.future, r, None)
+                j.settle(r, None)
 
     def fail(self, job: _Job, exc: BaseException) -> None:
-        try:
-            job.loop.call_soon_threadsafe(_settle, job.future, None, exc)
-        except RuntimeError:  # its loop is closed: nobody waits for it
-            pass
+        job.settle(None, exc)
 
 
 class AsrHandle:
     """A queued or running decode. Await ``future`` for the Transcript."""
 
-    def __init__(self, job: _Job, owner: "WhisperAsr") -> None:
+    def __init__(self, job: _Job, owner: "WhisperAsr", future: asyncio.Future) -> None:
         self._job = job
         self._owner = owner
-        self.future = job.future
+        self.future = future
 
     @property
     def started(self) -> bool:
@@ -125,7 +130,7 @@ class AsrHandle:
         with self._owner._worker._cv:
             if self._job.started:
                 return False
-            self._job.future.cancel()
+            self.future.cancel()
             return True
 
 
@@ -186,12 +191,21 @@ class WhisperAsr:
     def submit(self, audio: np.ndarray, priority: int = FINAL) -> AsrHandle:
         """Queue an utterance ([N] float32 16 kHz); the handle's future gives its Transcript."""
         loop = asyncio.get_running_loop()
-        job = _Job(audio, loop, loop.create_future())
+        future = loop.create_future()
+        job = _Job(audio, lambda r, e: settle_soon(loop, future, r, e), future.cancelled)
         try:
             self._worker.put(job, priority)
         except WorkerClosed as exc:
-            job.future.set_exception(exc)
-        return AsrHandle(job, self)
+            future.set_exception(exc)
+        return AsrHandle(job, self, future)
+
+    def submit_job(self, audio: np.ndarray, priority: int,
+                   settle: Callable[[Transcript | None, BaseException | None], None],
+                   withdrawn: Callable[[], bool], on_taken: Callable[[], None] | None = None
+                   ) -> None:
+        """Queue an utterance for a caller that is not an event loop (the speech host): ``settle``
+        is called from the worker thread; raises WorkerClosed if the worker is closed."""
+        self._worker.put(_Job(audio, settle, withdrawn, on_taken=on_taken), priority)
 
     async def transcribe(self, audio: np.ndarray, priority: int = FINAL) -> Transcript:
         return await self.submit(audio, priority).future
@@ -220,6 +234,15 @@ class WhisperAsr:
 
     def close(self) -> None:
         self._worker.close()
+
+
+def settle_soon(loop: asyncio.AbstractEventLoop, fut: asyncio.Future,
+                result: Transcript | None, exc: BaseException | None) -> None:
+    """Settle ``fut`` on its loop, from any thread (unless it is done: cancelled, say)."""
+    try:
+        loop.call_soon_threadsafe(_settle, fut, result, exc)
+    except RuntimeError:  # its loop is closed: nobody waits for it
+        pass
 
 
 def _settle(fut: asyncio.Future, result: Transcript | None, exc: Exception | None) -> None:

@@ -1,0 +1,98 @@
+"""One Whisper shared by several workers (asr.shared): each worker gets exactly the transcript
+its own Whisper would give, decodes from both are batched together, a dropped decode is not
+answered, and a host that dies fails the open decodes at once; the workers reconnect to the next."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from tests.conftest import wav
+from voicert.config import load_config
+from voicert.speech.asr import FINAL, PARTIAL, WhisperAsr
+from voicert.speech.host import SharedAsr, start_speech_host
+
+KEY = b"test-key"
+
+
+@pytest.fixture(scope="module")
+def cfg():
+    return load_config(environ={}).asr
+
+
+@pytest.fixture()
+def address(tmp_path):
+    return str(tmp_path / "speech.sock")
+
+
+def start(cfg, address):
+    host = start_speech_host(cfg, "embedded", address, KEY)
+    host.wait_ready(300)
+    return host
+
+
+async def test_two_workers_get_their_own_whispers_transcripts_decoded_together(cfg, address):
+    host = start(cfg, address)
+    a, b = SharedAsr(address, KEY, 30), SharedAsr(address, KEY, 30)
+    local = WhisperAsr(cfg, "embedded")
+    try:
+        france, germany = wav("capital_of_france")[0], wav("what_about_germany")[0]
+        want = [local.transcribe_sync(france).text, local.transcribe_sync(germany).text]
+        got = await asyncio.gather(a.transcribe(france, FINAL), b.transcribe(germany, FINAL),
+                                   a.transcribe(germany, FINAL), b.transcribe(france, FINAL))
+        assert [t.text for t in got] == [want[0], want[1], want[1], want[0]]
+        assert "france" in want[0].lower()
+        assert max(t.batch for t in got) >= 2  # two workers' utterances in one decode
+        await asyncio.sleep(1.2)  # the host's figures come every 0.5 s, to one worker
+        sizes = a.drain_batch_sizes() + b.drain_batch_sizes()
+        assert sum(sizes) == 4 and a.alive and b.alive and a.pending() == 0
+    finally:
+        local.close()
+        a.close()
+        b.close()
+        host.stop()
+
+
+async def test_a_dropped_decode_is_not_answered_and_the_next_one_is(cfg, address):
+    host = start(cfg, address)
+    a = SharedAsr(address, KEY, 30)
+    try:
+        audio = wav("count_to_five")[0]
+        handles = [a.submit(audio, PARTIAL) for _ in range(6)]
+        dropped = [h for h in handles[1:] if h.drop()]
+        assert all(h.future.cancelled() for h in dropped)
+        final = await a.transcribe(wav("capital_of_france")[0], FINAL)
+        assert "france" in final.text.lower()
+        assert (await handles[0].future).text  # taken before the drops: answered
+    finally:
+        a.close()
+        host.stop()
+
+
+async def test_a_host_that_dies_fails_open_decodes_and_the_workers_reconnect(cfg, address):
+    host = start(cfg, address)
+    a = SharedAsr(address, KEY, 30)
+    try:
+        long = np.tile(wav("count_to_five")[0], 6)[: 16000 * 29]
+        pending = [a.submit(long, FINAL) for _ in range(8)]
+        await asyncio.sleep(0.2)
+        host.kill()
+        results = await asyncio.gather(*(h.future for h in pending), return_exceptions=True)
+        assert any(isinstance(r, RuntimeError) and "went away" in str(r) for r in results)
+        for _ in range(50):
+            if not a.alive:
+                break
+            await asyncio.sleep(0.1)
+        assert not a.alive
+        with pytest.raises(RuntimeError, match="unavailable"):
+            await a.transcribe(long, FINAL)
+        host = start(cfg, address)  # the primary starts another at the same address
+        for _ in range(300):
+            if a.alive:
+                break
+            await asyncio.sleep(0.1)
+        assert a.alive
+        assert "france" in (await a.transcribe(wav("capital_of_france")[0], FINAL)).text.lower()
+    finally:
+        a.close()
+        host.stop()

@@ -1,0 +1,160 @@
+"""Serving several worker processes from one process over a Unix socket (the engine host, the
+speech host): a connected peer's outbox and sending thread on the host side, and the client's
+connect that waits for a host still loading. The messages are each host's own (msgspec)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import threading
+import time
+from multiprocessing.connection import Client, Connection
+from typing import Callable, Union
+
+import msgspec
+
+FAMILY = "AF_UNIX"
+
+
+class HostReady(msgspec.Struct, tag=True, array_like=True):
+    pid: int
+
+
+class HostFailed(msgspec.Struct, tag=True, array_like=True):
+    error: str
+
+
+class HostStop(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+_Status = Union[HostReady, HostFailed, HostStop]
+
+
+def say_status(conn: Connection, msg: _Status) -> None:
+    """A host process, on its status pipe: HostReady or HostFailed once (then it hears HostStop)."""
+    conn.send_bytes(msgspec.msgpack.encode(msg))
+
+
+def wait_stop(conn: Connection) -> None:
+    """A host process: block until the primary says HostStop or goes away."""
+    decoder = msgspec.msgpack.Decoder(_Status)
+    try:
+        while not isinstance(decoder.decode(conn.recv_bytes()), HostStop):
+            pass
+    except (EOFError, OSError):
+        pass
+
+
+class HostProcess:
+    """The primary's handle on one host process (``target(*args, status)``, spawned): its status
+    pipe says whether it started; ``stop`` asks it to stop, then makes sure."""
+
+    def __init__(self, what: str, target: Callable, args: tuple) -> None:
+        ctx = mp.get_context("spawn")
+        self.what = what  # "engine host", "speech host": for messages
+        self.status, child_status = ctx.Pipe()  # HostReady/HostFailed up; HostStop down
+        self.proc = ctx.Process(target=target, name=f"voicert-{what.replace(' ', '-')}",
+                                args=(*args, child_status), daemon=True)
+        self.proc.start()
+        child_status.close()
+        self.pid: int | None = None
+
+    def wait_ready(self, timeout_s: float = 600) -> int:
+        """Block until the host serves (its pid) or raise ``RuntimeError`` with why it could
+        not start."""
+        if not self.status.poll(timeout_s):
+            self.kill()
+            raise RuntimeError(f"{self.what} did not start within {timeout_s:.0f} s")
+        return self.read_status()
+
+    def read_status(self) -> int:
+        """Its first word, once ``status`` is readable: its pid when it serves; else raises
+        ``RuntimeError`` with why it could not start."""
+        try:
+            first = msgspec.msgpack.decode(self.status.recv_bytes(), type=_Status)
+        except (EOFError, OSError):
+            self.proc.join(5)
+            first = HostFailed(f"it exited (status {self.proc.exitcode})")
+        if not isinstance(first, HostReady):
+            self.proc.join(5)
+            raise RuntimeError(f"{self.what} failed to start: {first.error}")
+        self.pid = first.pid
+        return first.pid
+
+    @property
+    def sentinel(self) -> int:
+        return self.proc.sentinel
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.join(5)
+
+    def stop(self, timeout_s: float = 15) -> None:
+        """Ask it to stop (its clients see the connection close), then make sure it has."""
+        if self.proc.is_alive():
+            try:
+                say_status(self.status, HostStop())
+            except OSError:
+                pass
+            self.proc.join(timeout_s)
+        if self.proc.is_alive():
+            self.kill()
+        self.status.close()
+
+
+class Peer:
+    """Host side of one connected worker: its connection, what it has open, and a sending thread
+    (messages are queued, so a worker that reads slowly never holds up the host's own threads;
+    only that thread encodes and writes, except a last word on failure)."""
+
+    def __init__(self, cid: int, conn: Connection) -> None:
+        self.cid = cid
+        self.conn = conn
+        self.open: set = set()  # its requests or jobs (by its own ids) not yet finished
+        self.gone = False  # it hung up (what it still had queued is withdrawn)
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.write_lock = threading.Lock()
+        self.sender = threading.Thread(target=self._send_loop, name=f"voicert-host-send-{cid}",
+                                       daemon=True)
+        self.sender.start()
+
+    def post(self, msg) -> None:
+        self.outbox.put(msg)
+
+    def _send_loop(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        while True:
+            msg = self.outbox.get()
+            if msg is None:
+                return
+            try:
+                with self.write_lock:
+                    self.conn.send_bytes(encoder.encode(msg))
+            except OSError:
+                return  # gone: its receiving thread cleans up
+
+    def say_now(self, msg) -> None:
+        """Write at once, from any thread (the engine's last word before the host exits)."""
+        try:
+            with self.write_lock:
+                self.conn.send_bytes(msgspec.msgpack.encode(msg))
+        except OSError:
+            pass
+
+    def stop(self) -> None:
+        self.outbox.put(None)
+
+
+
+def connect(address: str, authkey: bytes, timeout_s: float) -> Connection:
+    """Connect, retrying while the socket is missing or refuses (a host still loading)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return Client(address, FAMILY, authkey=authkey)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"no host at {address} after {timeout_s:.0f} s: "
+                                   f"{exc}") from None
+            time.sleep(0.1)

@@ -1,0 +1,360 @@
+"""One Whisper shared by several server processes (``server.workers`` with ``asr.shared``).
+
+With a Whisper per worker, N models take turns on the GPU and each batches only its own
+sessions' utterances (docs/benchmarks.md section 16: ASR P99 went from 28 to 831 ms with four
+workers at 128 callers). The speech host is a process of its own that loads one
+:class:`~voicert.speech.asr.WhisperAsr` (its priority queue and batching as in one process) and
+decodes every worker's utterances together. Each worker talks to it through :class:`SharedAsr`,
+which has the event-loop side of ``WhisperAsr``'s interface (``submit`` -> a handle with a
+``future``, ``started`` and ``drop``; ``pending``, ``alive``), over a Unix socket with typed
+messages (below).
+
+If the host dies, every open decode fails at once (the session reports ``asr_failed`` for that
+turn), the workers say they are not ready, and each reconnects to the host the primary starts in
+its place.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+import os
+import signal
+import threading
+import time
+from multiprocessing.connection import Connection, Listener
+from typing import Union
+
+import msgspec
+import numpy as np
+
+from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, connect,
+                             say_status, wait_stop)
+from voicert.speech.asr import Transcript, settle_soon
+
+log = logging.getLogger(__name__)
+STATS_INTERVAL_S = 0.5
+EXIT_ASR_DIED = 71  # the host's exit status when its Whisper thread gave up
+
+
+class Decode(msgspec.Struct, tag=True, array_like=True):
+    job: int  # the worker's own id for it
+    audio: bytes  # [N] float32 16 kHz, little-endian
+    priority: int  # speech.asr FINAL | EARLY | PARTIAL
+
+
+class Drop(msgspec.Struct, tag=True, array_like=True):
+    job: int
+
+
+class Leave(msgspec.Struct, tag=True, array_like=True):
+    pass
+
+
+class Hello(msgspec.Struct, tag=True, array_like=True):
+    pid: int
+
+
+class Taken(msgspec.Struct, tag=True, array_like=True):
+    job: int
+
+
+class Decoded(msgspec.Struct, tag=True, array_like=True):
+    job: int
+    transcript: Transcript
+
+
+class DecodeFailed(msgspec.Struct, tag=True, array_like=True):
+    job: int
+    error: str
+
+
+class AsrStats(msgspec.Struct, tag=True, array_like=True):
+    pending: int  # utterances queued in the host (all workers')
+    batches: list[int]  # decode batch sizes since the last (to one worker only)
+
+
+ToHost = Union[Decode, Drop, Leave]
+FromHost = Union[Hello, Taken, Decoded, DecodeFailed, AsrStats]
+
+
+# ------------------------------------------------------------------ the host process
+
+
+class _Hub:
+    def __init__(self, asr) -> None:
+        self.asr = asr
+        self.lock = threading.Lock()
+        self.peers: dict[int, Peer] = {}
+        self._ids = itertools.count()
+
+    def accept(self, listener: Listener) -> None:
+        while True:
+            try:
+                conn = listener.accept()
+            except OSError:
+                return
+            except Exception as exc:  # failed the handshake: not one of our workers
+                log.warning("speech host: refused a connection: %s", exc)
+                continue
+            with self.lock:
+                cid = next(self._ids)
+                peer = self.peers[cid] = Peer(cid, conn)
+                peer.post(Hello(os.getpid()))
+            threading.Thread(target=self.serve, args=(peer,), daemon=True,
+                             name=f"voicert-speech-recv-{peer.cid}").start()
+            log.info("speech host: worker connection %d", peer.cid)
+
+    def serve(self, peer: Peer) -> None:
+        """One worker's decodes into the shared queue until it hangs up."""
+        decoder = msgspec.msgpack.Decoder(ToHost)
+        dropped: set[int] = set()  # its jobs it no longer wants (if still queued: skipped)
+        while True:
+            try:
+                msg = decoder.decode(peer.conn.recv_bytes())
+            except (EOFError, OSError, msgspec.DecodeError):
+                break
+            if isinstance(msg, Decode):
+                self._decode(peer, msg, dropped)
+            elif isinstance(msg, Drop):
+                dropped.add(msg.job)
+            elif isinstance(msg, Leave):
+                break
+        with self.lock:
+            self.peers.pop(peer.cid, None)
+        peer.gone = True  # its queued jobs are withdrawn as the worker thread reaches them
+        peer.stop()
+        peer.sender.join(2)
+        peer.conn.close()
+        log.info("speech host: worker connection %d closed", peer.cid)
+
+    def _decode(self, peer: Peer, msg: Decode, dropped: set) -> None:
+        job = msg.job
+        audio = np.frombuffer(msg.audio, np.float32)  # [N]
+
+        def settle(result: Transcript | None, exc: BaseException | None) -> None:
+            dropped.discard(job)
+            if exc is None:
+                peer.post(Decoded(job, result))
+            else:
+                peer.post(DecodeFailed(job, f"{type(exc).__name__}: {exc}"))
+
+        try:
+            self.asr.submit_job(audio, msg.priority, settle,
+                                lambda: peer.gone or job in dropped,
+                                lambda: peer.post(Taken(job)))
+        except Exception as exc:  # the worker thread is closed or gone
+            settle(None, exc)
+
+    def push_stats(self, stop: threading.Event) -> None:
+        while not stop.wait(STATS_INTERVAL_S):
+            pending = self.asr.pending()
+            with self.lock:
+                peers = [self.peers[c] for c in sorted(self.peers)]
+            for i, peer in enumerate(peers):  # batch sizes to the first only: counted once
+                peer.post(AsrStats(pending, self.asr.drain_batch_sizes() if i == 0 else []))
+
+
+def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: str | None,
+                 log_level: str, status: Connection) -> None:
+    """The speech host process: load and warm Whisper, listen at ``address``, say so on
+    ``status``, decode for every worker until the primary says stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=log_level.upper(),
+                        format="%(asctime)s %(levelname)s [speech] %(name)s: %(message)s")
+    if gpu is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    try:
+        from voicert.speech.asr import WhisperAsr
+
+        asr = WhisperAsr(asr_cfg, model_spec)
+        asr.warmup()
+        asr.drain_batch_sizes()  # the warm-up's decode is no one's
+        if os.path.exists(address):
+            os.unlink(address)
+        listener = Listener(address, FAMILY, authkey=authkey)
+    except Exception as exc:
+        say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    asr.worker.on_give_up = lambda why: os._exit(EXIT_ASR_DIED)
+    hub = _Hub(asr)
+    stop = threading.Event()
+    threading.Thread(target=hub.push_stats, args=(stop,), name="voicert-speech-stats",
+                     daemon=True).start()
+    threading.Thread(target=hub.accept, args=(listener,), name="voicert-speech-accept",
+                     daemon=True).start()
+    say_status(status, HostReady(os.getpid()))
+    wait_stop(status)
+    stop.set()
+    listener.close()
+    asr.close()
+
+
+def start_speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes,
+                      log_level: str = "INFO") -> HostProcess:
+    """Start the speech host serving at ``address`` (the primary's handle)."""
+    return HostProcess("speech host", _speech_host,
+                       (asr_cfg, model_spec, address, authkey, None, log_level))
+
+
+# ------------------------------------------------------------------ the worker's side
+
+
+class RemoteAsrHandle:
+    """A decode in the speech host. Await ``future`` for the Transcript. ``started`` turns True
+    when the host says it took the job (a moment after it did)."""
+
+    def __init__(self, owner: "SharedAsr", job: int, future: asyncio.Future) -> None:
+        self._owner = owner
+        self.job = job
+        self.future = future
+        self.started = False
+
+    def drop(self) -> bool:
+        """Withdraw it; False if the host has (said it has) taken it already. A job the host took
+        meanwhile is decoded and its result ignored."""
+        if self.started:
+            return False
+        self.future.cancel()
+        self._owner._send(Drop(self.job))
+        return True
+
+
+class SharedAsr:
+    """A worker's ASR: the speech host at ``address``. The constructor waits up to
+    ``connect_timeout_s`` for it (it may still be loading); after that, a host that goes away is
+    reconnected to in the background (``alive`` False meanwhile; decodes fail at once)."""
+
+    def __init__(self, address: str, authkey: bytes, connect_timeout_s: float = 600) -> None:
+        self.address, self.authkey = address, authkey
+        self._lock = threading.Lock()  # guards _conn, _jobs, and writing
+        self._jobs: dict[int, tuple[asyncio.AbstractEventLoop, RemoteAsrHandle]] = {}
+        self._ids = itertools.count()
+        self._encoder = msgspec.msgpack.Encoder()
+        self._pending = 0
+        self._batches: collections.deque[int] = collections.deque(maxlen=4096)
+        self._closing = False
+        self.pid = 0
+        self._conn: Connection | None = self._connect(connect_timeout_s)
+        self._reader = threading.Thread(target=self._read, name="voicert-speech-events",
+                                        daemon=True)
+        self._reader.start()
+
+    def _connect(self, timeout_s: float) -> Connection:
+        conn = connect(self.address, self.authkey, timeout_s)
+        if not conn.poll(max(timeout_s, 1.0)):
+            conn.close()
+            raise RuntimeError(f"speech host at {self.address} did not say hello")
+        hello = msgspec.msgpack.decode(conn.recv_bytes(), type=FromHost)
+        if not isinstance(hello, Hello):
+            conn.close()
+            raise RuntimeError(f"speech host at {self.address} answered {type(hello).__name__}")
+        self.pid = hello.pid
+        log.info("connected to the speech host (pid %d)", hello.pid)
+        return conn
+
+    # ------------------------------------------------------------ the event-loop side
+
+    def submit(self, audio: np.ndarray, priority: int) -> RemoteAsrHandle:
+        """Queue an utterance ([N] float32 16 kHz); the handle's future gives its Transcript."""
+        loop = asyncio.get_running_loop()
+        handle = RemoteAsrHandle(self, next(self._ids), loop.create_future())
+        msg = Decode(handle.job, np.ascontiguousarray(audio, np.float32).tobytes(), priority)
+        with self._lock:
+            if self._conn is not None:
+                self._jobs[handle.job] = (loop, handle)
+                try:
+                    self._conn.send_bytes(self._encoder.encode(msg))
+                    return handle
+                except OSError:
+                    self._jobs.pop(handle.job, None)
+        handle.future.set_exception(RuntimeError("speech host unavailable"))
+        return handle
+
+    async def transcribe(self, audio: np.ndarray, priority: int) -> Transcript:
+        return await self.submit(audio, priority).future
+
+    def _send(self, msg) -> None:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    self._conn.send_bytes(self._encoder.encode(msg))
+                except OSError:
+                    pass
+
+    def pending(self) -> int:
+        """Utterances queued in the host, every worker's (as it last said)."""
+        return self._pending
+
+    @property
+    def alive(self) -> bool:
+        return self._conn is not None
+
+    def drain_batch_sizes(self) -> list[int]:
+        out = []
+        while self._batches:
+            out.append(self._batches.popleft())
+        return out
+
+    def warmup(self) -> None:
+        """The host warmed up before it said it was ready."""
+
+    def close(self) -> None:
+        self._closing = True
+        self._send(Leave())
+        self._reader.join(5)
+
+    # ------------------------------------------------------------ the reader thread
+
+    def _read(self) -> None:
+        decoder = msgspec.msgpack.Decoder(FromHost)
+        while not self._closing:
+            conn = self._conn
+            try:
+                while True:
+                    self._on(decoder.decode(conn.recv_bytes()))
+            except (EOFError, OSError, msgspec.DecodeError):
+                pass
+            with self._lock:
+                self._conn = None
+                jobs, self._jobs = self._jobs, {}
+            conn.close()
+            why = "speech host went away"
+            for loop, handle in jobs.values():
+                settle_soon(loop, handle.future, None, RuntimeError(why))
+            if self._closing:
+                return
+            log.error("%s: %d decode(s) failed; reconnecting", why, len(jobs))
+            self._reconnect()
+
+    def _reconnect(self) -> None:
+        while not self._closing:
+            try:
+                conn = self._connect(5.0)
+            except (RuntimeError, OSError):
+                time.sleep(0.5)
+                continue
+            with self._lock:
+                self._conn = conn
+            return
+
+    def _on(self, msg) -> None:
+        if isinstance(msg, Taken):
+            with self._lock:
+                entry = self._jobs.get(msg.job)
+            if entry is not None:
+                entry[1].started = True
+        elif isinstance(msg, (Decoded, DecodeFailed)):
+            with self._lock:
+                entry = self._jobs.pop(msg.job, None)
+            if entry is not None:
+                loop, handle = entry
+                if isinstance(msg, Decoded):
+                    settle_soon(loop, handle.future, msg.transcript, None)
+                else:
+                    settle_soon(loop, handle.future, None, RuntimeError(msg.error))
+        elif isinstance(msg, AsrStats):
+            self._pending = msg.pending
+            self._batches.extend(msg.batches)
