@@ -1,6 +1,9 @@
-"""The ``voicert client`` command against the real server."""
+"""The ``voicert`` commands: the client against the real server, and what ``serve`` says when it
+cannot start."""
 
 import asyncio
+
+import pytest
 
 from tests.conftest import DATA
 from voicert import cli
@@ -34,3 +37,29 @@ def test_an_llm_url_means_an_openai_compatible_server_and_its_errors_are_message
     assert code == 2
     err = capsys.readouterr().err
     assert "llm.model: not set" in err and "Traceback" not in err
+
+
+def test_a_missing_llm_is_one_message_and_leaves_no_pending_task(capsys, caplog):
+    import gc
+
+    from voicert.cli import main
+
+    code = main(["serve", "--port", "0", "--llm", "/nope", "--set", "tts.engine=none"])
+    gc.collect()  # a task left pending is reported when it is collected
+    assert code == 2
+    assert "models.llm: /nope does not exist" in capsys.readouterr().err
+    assert not [r for r in caplog.records if "was destroyed" in r.getMessage()]
+
+
+@pytest.mark.parametrize("setting, message", [
+    ("llm.device=cuda", "llm.device: cuda, but torch"),
+    ("asr.device=cuda", "asr.device: cuda, but CTranslate2 sees no CUDA device")])
+def test_a_gpu_setting_on_a_machine_without_one_is_a_message(setting, message, capsys):
+    import torch
+
+    from voicert.cli import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    code = main(["serve", "--port", "0", "--set", setting, "--set", "tts.engine=none"])
+    assert code == 2 and message in capsys.readouterr().err

@@ -4,6 +4,7 @@ connect that waits for a host still loading. The messages are each host's own (m
 
 from __future__ import annotations
 
+import logging
 import multiprocessing as mp
 import queue
 import threading
@@ -13,6 +14,7 @@ from typing import Callable, Union
 
 import msgspec
 
+log = logging.getLogger(__name__)
 FAMILY = "AF_UNIX"
 
 
@@ -44,6 +46,20 @@ def wait_stop(conn: Connection) -> None:
             pass
     except (EOFError, OSError):
         pass
+
+
+def accept_peers(listener, what: str, on_peer: Callable[[Connection], None]) -> None:
+    """A host's accepting thread: each connection that passes the key handshake goes to
+    ``on_peer``; returns when the listener is closed."""
+    while True:
+        try:
+            conn = listener.accept()
+        except OSError:
+            return
+        except Exception as exc:  # failed the handshake: not one of our workers
+            log.warning("%s: refused a connection: %s", what, exc)
+            continue
+        on_peer(conn)
 
 
 class HostProcess:

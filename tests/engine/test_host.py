@@ -25,9 +25,16 @@ def model_dir():
     return str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
 
 
-@pytest.fixture()
-def address(tmp_path):
-    return str(tmp_path / "engine.sock")
+@pytest.fixture(scope="module")
+def address(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("host") / "engine.sock")
+
+
+@pytest.fixture(scope="module")
+def host(model_dir, address):
+    host = start_host(model_dir, address)
+    yield host
+    host.stop()
 
 
 def start_host(model_dir, address) :
@@ -44,9 +51,8 @@ async def collect(engine, rid: str, text: str, n: int = 24):
     return [ev async for ev in engine.submit(request(rid, text, n))]
 
 
-async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(model_dir,
-                                                                              address):
-    host = start_host(model_dir, address)
+async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(model_dir, address,
+                                                                              host):
     a = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     b = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     local = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25))
@@ -73,12 +79,10 @@ async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(m
         local.close()
         a.close()
         b.close()
-        host.stop()
 
 
 async def test_a_worker_that_hangs_up_has_its_requests_aborted_and_the_others_go_on(model_dir,
-                                                                                   address):
-    host = start_host(model_dir, address)
+                                                                                   address, host):
     a = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     b = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     try:
@@ -100,13 +104,12 @@ async def test_a_worker_that_hangs_up_has_its_requests_aborted_and_the_others_go
         assert load.running == 0 and load.waiting == 0
     finally:
         b.close()
-        host.stop()
 
 
 async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_to_the_next(
-        model_dir, address):
+        model_dir, address, host):
     policy = RestartPolicy(max_restarts=3, window_s=600, backoff_s=0.05)
-    host = start_host(model_dir, address)
+    replacement = None
     workers = [SupervisedEngine(lambda: SharedEngineClient(address, KEY, model_dir,
                                                            connect_timeout_s=60), policy)
                for _ in range(2)]
@@ -122,7 +125,7 @@ async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_
         await asyncio.gather(read(0), read(1))
         for evs in events:
             assert evs[-1].finish_reason == "error" and "went away" in evs[-1].error
-        host = start_host(model_dir, address)  # the primary starts another at the same address
+        replacement = start_host(model_dir, address)  # the primary starts another there
         for w in workers:
             for _ in range(300):
                 if w.state is EngineState.SERVING and w.restarts == 1:
@@ -134,7 +137,8 @@ async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_
     finally:
         for w in workers:
             w.close()
-        host.stop()
+        if replacement is not None:
+            replacement.stop()
 
 
 def test_a_host_that_cannot_load_fails_its_start_with_the_reason(tmp_path):

@@ -9,7 +9,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from voicert.config import Config, LlmConfig, cache_dir
+from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.engine.base import Engine
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
@@ -38,6 +38,8 @@ def build_engine(cfg: Config, hosts: "HostAddresses | None" = None) -> tuple[Con
         return cfg, OpenAICompatEngine(cfg.llm, model)
     policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s,
                            wait_s=cfg.llm.restart_wait_s)
+    if hosts is None:
+        check_device(cfg.llm)
     if hosts is not None:
         return cfg, _connect_hosts(hosts, policy, cfg.llm.restart_wait_s)
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
@@ -105,6 +107,25 @@ def _connect_hosts(hosts: "HostAddresses", policy: RestartPolicy, wait_s: float)
     engines = [SupervisedEngine(_HostConnector(hosts, address, wait_s, tokenizer), policy)
                for address in hosts.addresses]
     return engines[0] if len(engines) == 1 else ReplicaEngine(engines)
+
+
+def check_device(llm: LlmConfig) -> None:
+    """``llm.device`` names a device this machine has (raises ConfigError naming the key)."""
+    if not llm.device.startswith("cuda") or llm.engine == "openai":
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    index = int(llm.device.partition(":")[2] or 0)
+    if count == 0:
+        why = "torch here was built without CUDA" if torch.version.cuda is None else \
+            "torch sees no CUDA device"
+        raise ConfigError(f"llm.device: {llm.device}, but {why}; use cpu (or configs/gpu.yaml "
+                          "on a GPU machine)")
+    for gpu in range(llm.gpus):
+        if index + gpu >= count:
+            raise ConfigError(f"llm.device: {llm.device} with llm.gpus {llm.gpus}, but torch "
+                              f"sees {count} CUDA device(s)")
 
 
 def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:

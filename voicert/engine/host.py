@@ -14,7 +14,7 @@ that hangs up has its open requests aborted. The engine's step records and colle
 one client only (the lowest-numbered connected one), so the workers' metrics count each step once.
 
 If the engine thread dies, every client is told (:class:`~voicert.engine.ipc.Failed`) and the host
-exits; whoever started it (:class:`EngineHost`, watched by the primary process) starts another at
+exits; whoever started it (:func:`start_engine_host`, the primary process) starts another at
 the same address, and each worker's supervisor reconnects.
 """
 
@@ -32,10 +32,10 @@ import msgspec
 
 from voicert.engine import ipc
 from voicert.engine.base import TokenOut
-from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, connect,
-                             say_status, wait_stop)
 from voicert.engine.remote import (EXIT_ENGINE_DIED, STATS_INTERVAL_S, EngineLink, _submit,
                                    load_core)
+from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, accept_peers,
+                             connect, say_status, wait_stop)
 
 log = logging.getLogger(__name__)
 SEP = "/"  # client id SEP the client's request id: the id the engine core sees
@@ -113,23 +113,15 @@ class _Hub:
                     else:
                         client.post(ipc.Stats(load, [], []))
 
-    def accept(self, listener: Listener) -> None:
-        """Accept workers until the listener closes; each gets a receiving thread."""
-        while True:
-            try:
-                conn = listener.accept()
-            except OSError:
-                return
-            except Exception as exc:  # a peer that failed the handshake: not a worker of ours
-                log.warning("engine host: refused a connection: %s", exc)
-                continue
-            with self.lock:
-                cid, self._next_id = self._next_id, self._next_id + 1
-                client = self.clients[cid] = Peer(cid, conn)
-                client.post(ipc.Ready(os.getpid()))
-            threading.Thread(target=self.serve, args=(client,), name=f"voicert-host-recv-{cid}",
-                             daemon=True).start()
-            log.info("engine host: worker connection %d", cid)
+    def join(self, conn) -> None:
+        """A worker connected (the accepting thread): it gets a receiving thread."""
+        with self.lock:
+            cid, self._next_id = self._next_id, self._next_id + 1
+            client = self.clients[cid] = Peer(cid, conn)
+            client.post(ipc.Ready(os.getpid()))
+        threading.Thread(target=self.serve, args=(client,), name=f"voicert-host-recv-{cid}",
+                         daemon=True).start()
+        log.info("engine host: worker connection %d", cid)
 
     def serve(self, client: Peer) -> None:
         """Receiving thread of one client: its requests into the engine until it hangs up (or
@@ -210,8 +202,8 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
     stop = threading.Event()
     threading.Thread(target=hub.push_stats, args=(gc_watch, stop), name="voicert-engine-stats",
                      daemon=True).start()
-    threading.Thread(target=hub.accept, args=(listener,), name="voicert-host-accept",
-                     daemon=True).start()
+    threading.Thread(target=accept_peers, args=(listener, "engine host", hub.join),
+                     name="voicert-host-accept", daemon=True).start()
     say_status(status, HostReady(os.getpid()))
     wait_stop(status)  # until the primary says stop, or is gone
     stop.set()

@@ -274,10 +274,12 @@ class VoiceServer:
             self._on_give_up(svc.engine.last_failure or "engine failed")
 
     def _join_peers(self, svc: Services) -> None:
-        """A worker: its turns to the other workers' dashboards and theirs to ours; stop if the
-        primary is gone."""
+        """A worker: its turns and figures to the other workers' dashboards and theirs to ours;
+        stop if the primary is gone."""
         bus = self.role.bus
         svc.metrics.publish = bus.publish
+        sampler = self._sampler_for(svc)
+        sampler.publish = bus.publish_sample
 
         def primary_gone() -> None:
             if not self._stopping.is_set():
@@ -285,7 +287,7 @@ class VoiceServer:
                 self._stopping.set()
 
         bus.on_primary_gone = primary_gone
-        bus.start(asyncio.get_running_loop(), svc.metrics.add_peer_turn)
+        bus.start(asyncio.get_running_loop(), svc.metrics.add_peer_turn, sampler.add_peer_sample)
 
     @property
     def port(self) -> int:
@@ -368,6 +370,9 @@ class VoiceServer:
                 await self.shutdown()
                 self._discard(await loading)
                 return
+            stop.cancel()  # (not left pending when the loop closes)
+            if loading.exception() is not None:  # a config error, a model that would not load
+                await self.shutdown()  # stop listening; the error is the caller's to report
             self.services = loading.result()
             self._watch_services(self.services)
             if self.role is not None:

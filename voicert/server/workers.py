@@ -7,17 +7,19 @@ serve`` becomes the *primary*; it serves no socket itself:
 - it binds N listening sockets to the same port with ``SO_REUSEPORT`` (the kernel spreads new
   connections over them) and hands one to each worker;
 - it starts the engine host (``voicert.engine.host``; one per GPU with ``llm.gpus``): one engine
-  core whose batches and prefix cache every worker shares;
-- it spawns the workers: each is a whole server (its own uvloop, VAD, Whisper, voice, turn judge,
-  sessions) whose engine is a supervised client of the host;
-- it relays each worker's finished turns to the others (:class:`PeerBus`), so every dashboard
-  shows every turn; ``/metrics`` on any worker shows all of them (a shared multiprocess directory);
-- it supervises: a worker that dies is started again on its socket, an engine host that dies is
-  started again at its address (the workers reconnect), each at most ``llm.restart_max`` times
+  core whose batches and prefix cache every worker shares; and, with ``asr.shared``, the speech
+  host (``voicert.speech.host``): one Whisper batching every worker's utterances;
+- it spawns the workers: each is a whole server (its own uvloop, VAD, voice, turn judge,
+  sessions) whose engine and ASR are clients of the hosts;
+- it relays each worker's finished turns and figures to the others (:class:`PeerBus`), so every
+  dashboard shows every turn and every worker's sessions; ``/metrics`` on any worker shows all
+  of them (a shared multiprocess directory);
+- it supervises: a worker that dies is started again on its socket, a host that dies is started
+  again at its address (the workers reconnect), each at most ``llm.restart_max`` times
   within ``llm.restart_window_s``; more, or a worker that gave up on a part (exit status 3), stops
   the server with status 3;
 - on SIGINT or SIGTERM it asks every worker to shut down gracefully (``server.shutdown_grace_s``),
-  then stops the engine hosts. A second signal makes the workers exit at once.
+  then stops the hosts. A second signal makes the workers exit at once.
 
 Per-server limits (``max_sessions``, ``max_connections``, ``max_completions``) are split evenly
 over the workers.
@@ -46,6 +48,7 @@ import msgspec
 
 from voicert.config import Config, cache_dir
 from voicert.telemetry.latency import TurnRecord
+from voicert.telemetry.sampler import SystemSample
 
 log = logging.getLogger(__name__)
 EXIT_GAVE_UP = 3  # a part could not be kept up (the same status a single server exits with)
@@ -89,38 +92,58 @@ def worker_limits(cfg: Config, workers: int) -> Config:
     return dataclasses.replace(cfg, server=server)
 
 
-class PeerBus:
-    """A worker's line to the primary: its finished turns out, the other workers' turns in (to
-    the recent-turn feed). If the primary goes away, ``on_primary_gone`` is called."""
+class PeerTurn(msgspec.Struct, tag=True, array_like=True):
+    turn: TurnRecord  # a turn another worker finished
 
-    def __init__(self, conn: Connection) -> None:
+
+class PeerSample(msgspec.Struct, tag=True, array_like=True):
+    worker: int
+    sample: SystemSample  # another worker's figures, once a second
+
+
+class PeerBus:
+    """A worker's line to the primary (which relays to the other workers): its finished turns
+    and its figures out, the other workers' in (to the dashboards). If the primary goes away,
+    ``on_primary_gone`` is called."""
+
+    def __init__(self, conn: Connection, worker: int = 0) -> None:
         self.conn = conn
+        self.worker = worker
         self._encoder = msgspec.msgpack.Encoder()
         self._lock = threading.Lock()
         self.on_primary_gone = None
 
     def publish(self, rec: TurnRecord) -> None:
+        self._send(PeerTurn(rec))
+
+    def publish_sample(self, sample: SystemSample) -> None:
+        self._send(PeerSample(self.worker, sample))
+
+    def _send(self, msg: PeerTurn | PeerSample) -> None:
         try:
             with self._lock:
-                self.conn.send_bytes(self._encoder.encode(rec))
+                self.conn.send_bytes(self._encoder.encode(msg))
         except OSError:
             pass  # the primary is gone: the reader says so
 
-    def start(self, loop, on_peer_turn) -> None:
-        threading.Thread(target=self._read, args=(loop, on_peer_turn), name="voicert-peer-bus",
-                         daemon=True).start()
+    def start(self, loop, on_peer_turn, on_peer_sample) -> None:
+        threading.Thread(target=self._read, args=(loop, on_peer_turn, on_peer_sample),
+                         name="voicert-peer-bus", daemon=True).start()
 
-    def _read(self, loop, on_peer_turn) -> None:
-        decoder = msgspec.msgpack.Decoder(TurnRecord)
+    def _read(self, loop, on_peer_turn, on_peer_sample) -> None:
+        decoder = msgspec.msgpack.Decoder(PeerTurn | PeerSample)
         while True:
             try:
-                rec = decoder.decode(self.conn.recv_bytes())
+                msg = decoder.decode(self.conn.recv_bytes())
             except (EOFError, OSError):
                 break
             except msgspec.DecodeError:
-                log.exception("peer bus: undecodable turn record")
+                log.exception("peer bus: undecodable message")
                 continue
-            loop.call_soon_threadsafe(on_peer_turn, rec)
+            if isinstance(msg, PeerTurn):
+                loop.call_soon_threadsafe(on_peer_turn, msg.turn)
+            else:
+                loop.call_soon_threadsafe(on_peer_sample, msg.worker, msg.sample)
         if self.on_primary_gone is not None and not loop.is_closed():
             loop.call_soon_threadsafe(self.on_primary_gone)
 
@@ -151,7 +174,7 @@ def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, speech,
 
     from voicert.config import ConfigError
 
-    role = WorkerRole(index, sock, hosts, speech, PeerBus(bus_conn), metrics_dir)
+    role = WorkerRole(index, sock, hosts, speech, PeerBus(bus_conn, index), metrics_dir)
     try:
         code = run_server(cfg, role)
     except (ConfigError, OSError) as exc:  # said once, as the single server says it
@@ -181,7 +204,8 @@ class _Restarts:
 
 
 class Primary:
-    """Runs ``server.workers`` worker processes and the engine host(s); see the module doc."""
+    """Runs ``server.workers`` worker processes, the engine host(s) and the speech host; see the
+    module doc."""
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -211,8 +235,9 @@ class Primary:
     # ------------------------------------------------------------ start
 
     def start(self) -> None:
-        """Bind the port, start the engine host(s) and the workers (they load at the same time).
-        Raises OSError for a port that is taken, RuntimeError if the engine cannot start."""
+        """Bind the port, start the hosts and the workers (they all load at the same time; a host
+        that cannot start is heard of in :meth:`_supervise`). Raises OSError for a port that is
+        taken, ConfigError for a model that cannot be resolved."""
         from voicert.engine.host import HostAddresses
 
         s = self.cfg.server
@@ -220,9 +245,10 @@ class Primary:
         port = self.sockets[0].getsockname()[1]
         log.info("voicert listening on ws://%s:%d/v1/stream (%d workers)", s.host, port, self.n)
         if self.cfg.llm.engine != "openai":
-            from voicert.engine.factory import engine_config
+            from voicert.engine.factory import check_device, engine_config
             from voicert.engine.loader import resolve_llm
 
+            check_device(self.cfg.llm)
             self.model_dir = str(resolve_llm(self.cfg.models.llm, cache_dir(self.cfg.models)))
             self.engine_cfg = engine_config(self.cfg.llm, str(cache_dir(self.cfg.models)))
             addresses = tuple(os.path.join(self.dir, f"engine-{i}.sock")
@@ -247,10 +273,11 @@ class Primary:
         from voicert.engine.host import start_engine_host
 
         gpu = str(i) if self.cfg.llm.gpus > 1 else None
-        return start_engine_host(self.model_dir, self.engine_cfg, self.host_addresses.addresses[i],
-                          self.authkey, threads=self.cfg.llm.threads,
-                          gc_freeze=self.cfg.server.gc_freeze, gpu=gpu,
-                          log_level=self.cfg.log.level)
+        return start_engine_host(self.model_dir, self.engine_cfg,
+                                 self.host_addresses.addresses[i], self.authkey,
+                                 threads=self.cfg.llm.threads,
+                                 gc_freeze=self.cfg.server.gc_freeze, gpu=gpu,
+                                 log_level=self.cfg.log.level)
 
     def _start_worker(self, i: int) -> None:
         ours, theirs = self.ctx.Pipe()

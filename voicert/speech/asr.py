@@ -144,6 +144,12 @@ class WhisperAsr:
 
         self.cfg = cfg
         self.model_dir = resolve_asr_model(model_spec)
+        if cfg.device == "cuda":
+            import ctranslate2
+
+            if ctranslate2.get_cuda_device_count() == 0:
+                raise ConfigError("asr.device: cuda, but CTranslate2 sees no CUDA device here; "
+                                  "use cpu (or auto)")
         self.model = WhisperModel(str(self.model_dir), device=cfg.device,
                                   compute_type=cfg.compute_type, cpu_threads=cfg.threads,
                                   num_workers=1)

@@ -30,8 +30,8 @@ from typing import Union
 import msgspec
 import numpy as np
 
-from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, connect,
-                             say_status, wait_stop)
+from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, accept_peers,
+                             connect, say_status, wait_stop)
 from voicert.speech.asr import Transcript, settle_soon
 
 log = logging.getLogger(__name__)
@@ -90,22 +90,15 @@ class _Hub:
         self.peers: dict[int, Peer] = {}
         self._ids = itertools.count()
 
-    def accept(self, listener: Listener) -> None:
-        while True:
-            try:
-                conn = listener.accept()
-            except OSError:
-                return
-            except Exception as exc:  # failed the handshake: not one of our workers
-                log.warning("speech host: refused a connection: %s", exc)
-                continue
-            with self.lock:
-                cid = next(self._ids)
-                peer = self.peers[cid] = Peer(cid, conn)
-                peer.post(Hello(os.getpid()))
-            threading.Thread(target=self.serve, args=(peer,), daemon=True,
-                             name=f"voicert-speech-recv-{peer.cid}").start()
-            log.info("speech host: worker connection %d", peer.cid)
+    def join(self, conn: Connection) -> None:
+        """A worker connected (the accepting thread): it gets a receiving thread."""
+        with self.lock:
+            cid = next(self._ids)
+            peer = self.peers[cid] = Peer(cid, conn)
+            peer.post(Hello(os.getpid()))
+        threading.Thread(target=self.serve, args=(peer,), daemon=True,
+                         name=f"voicert-speech-recv-{cid}").start()
+        log.info("speech host: worker connection %d", cid)
 
     def serve(self, peer: Peer) -> None:
         """One worker's decodes into the shared queue until it hangs up."""
@@ -183,8 +176,8 @@ def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: st
     stop = threading.Event()
     threading.Thread(target=hub.push_stats, args=(stop,), name="voicert-speech-stats",
                      daemon=True).start()
-    threading.Thread(target=hub.accept, args=(listener,), name="voicert-speech-accept",
-                     daemon=True).start()
+    threading.Thread(target=accept_peers, args=(listener, "speech host", hub.join),
+                     name="voicert-speech-accept", daemon=True).start()
     say_status(status, HostReady(os.getpid()))
     wait_stop(status)
     stop.set()

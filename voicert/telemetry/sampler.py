@@ -33,6 +33,18 @@ class SystemSample:
     mean_batch: float  # sequences per engine step in the interval
     loop_lag_ms: float  # the largest event-loop lag seen in the interval
 
+    def merged(self, others: list["SystemSample"]) -> "SystemSample":
+        """This worker's sample with the other workers' (``server.workers``): sessions and steps
+        add up, the engine's figures are the one shared engine's, the loop lag is the worst."""
+        if not others:
+            return self
+        every = [self, *others]
+        steps = sum(s.steps for s in every)
+        batch = sum(s.mean_batch * s.steps for s in every)
+        return SystemSample(self.t, sum(s.sessions for s in every), self.queue_depth,
+                            self.running, steps, batch / steps if steps else 0.0,
+                            max(s.loop_lag_ms for s in every))
+
     def as_dict(self) -> dict:
         return {"type": "system", "t": self.t, "sessions": self.sessions,
                 "queue_depth": self.queue_depth, "running": self.running, "steps": self.steps,
@@ -52,6 +64,17 @@ class Sampler:
         self._batch = 0  # their sequences
         self._max_lag = 0.0
         self._tasks: list[asyncio.Task] = []
+        self.publish: Callable[[SystemSample], None] | None = None  # workers: to the others
+        self._peers: dict[int, tuple[float, SystemSample]] = {}  # worker -> (when heard, sample)
+
+    def fresh_peers(self) -> list[SystemSample]:
+        """The other workers' latest samples, heard within three intervals."""
+        now = time.monotonic()
+        return [peer for heard, peer in self._peers.values() if now - heard < 3 * self.interval_s]
+
+    def add_peer_sample(self, worker: int, sample: SystemSample) -> None:
+        """Another worker's latest figures (merged into what the dashboards see for a while)."""
+        self._peers[worker] = (time.monotonic(), sample)
 
     def start(self) -> None:
         self._tasks = [asyncio.ensure_future(self._ticks()), asyncio.ensure_future(self._probe())]
@@ -81,6 +104,9 @@ class Sampler:
                               round(self._max_lag * 1000, 2))
         self._steps = self._batch = 0
         self._max_lag = 0.0
+        if self.publish is not None:
+            self.publish(sample)
+        sample = sample.merged(self.fresh_peers())
         self.latest = sample
         for listener in list(self.listeners):
             try:

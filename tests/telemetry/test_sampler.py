@@ -1,0 +1,32 @@
+"""The dashboards' system figures with several workers: sessions and engine steps add up over the
+workers, the engine's queue is the shared engine's, the loop lag is the worst worker's, and a
+worker that stopped reporting drops out."""
+
+from voicert.telemetry.sampler import Sampler, SystemSample
+
+
+class _Svc:  # what a Sampler reads; only the merge is under test here
+    metrics = None
+
+
+def test_workers_samples_merge_into_one_view():
+    ours = SystemSample(t=1.0, sessions=3, queue_depth=2, running=5, steps=10, mean_batch=2.0,
+                        loop_lag_ms=0.4)
+    theirs = SystemSample(t=1.0, sessions=4, queue_depth=2, running=5, steps=0, mean_batch=0.0,
+                          loop_lag_ms=3.5)
+    merged = ours.merged([theirs])
+    assert (merged.sessions, merged.steps, merged.mean_batch) == (7, 10, 2.0)
+    assert (merged.queue_depth, merged.running, merged.loop_lag_ms) == (2, 5, 3.5)
+    assert ours.merged([]) is ours
+
+
+def test_a_peer_that_stopped_reporting_is_left_out(monkeypatch):
+    sampler = Sampler(_Svc(), interval_s=1.0)
+    clock = [100.0]
+    monkeypatch.setattr("voicert.telemetry.sampler.time.monotonic", lambda: clock[0])
+    sampler.add_peer_sample(1, SystemSample(0.0, 4, 0, 0, 0, 0.0, 0.1))
+    sampler.add_peer_sample(2, SystemSample(0.0, 6, 0, 0, 0, 0.0, 0.1))
+    clock[0] += 2.0
+    sampler.add_peer_sample(2, SystemSample(0.0, 6, 0, 0, 0, 0.0, 0.1))
+    clock[0] += 2.0  # worker 1 last spoke 4 s ago (3 intervals is the limit), worker 2 2 s ago
+    assert [s.sessions for s in sampler.fresh_peers()] == [6]
