@@ -336,3 +336,26 @@ async def test_a_forced_tool_choice_gives_a_schema_valid_call_whose_output_is_us
         assert done.response.status in ("completed", "incomplete")
         message = [o for o in done.response.output if o.type == "message"]
         assert message and message[0].content[0].text  # it answered in words
+
+
+async def test_a_responses_own_tools_are_offered_for_that_response_only(server):
+    """``response.tools`` (GA): tools given with one response.create are that reply's, in place of
+    the session's (none here); the next response does not have them."""
+    async with client(server).realtime.connect(model="voicert") as conn:
+        await until(conn, "session.created")
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await until(conn, "session.updated")
+        await conn.conversation.item.create(item={
+            "type": "message", "role": "user",
+            "content": [{"type": "input_text", "text": "A table for two at 8pm, please."}]})
+        await conn.response.create(response={
+            "tools": [BOOK], "tool_choice": {"type": "function", "name": "book_table"}})
+        done = await until(conn, "response.done")
+        calls = [o for o in done.response.output if o.type == "function_call"]
+        assert len(calls) == 1 and calls[0].name == "book_table"
+        await conn.response.create(response={"tool_choice": {"type": "function",
+                                                             "name": "book_table"}})
+        error = await until(conn, "error")
+        assert error.error.param == "response.tool_choice"
+        await conn.response.create(response={"tools": [{"type": "function", "name": 7}]})
+        assert (await until(conn, "error")).error.param.startswith("response.tools")

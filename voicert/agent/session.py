@@ -80,6 +80,7 @@ class Turn:
     system_prompt: str | None = None  # this reply's own instructions (else the session's)
     speak: bool | None = None  # speak this reply (None: if the session has output audio)
     tool_choice: ToolChoice | None = None  # this reply's own (else the session's)
+    tools: tuple[ToolSpec, ...] | None = None  # this reply's client tools (else the session's)
     audio_seq: int = 0  # the next ReplyAudio chunk's number (one count over all its rounds)
 
 
@@ -302,17 +303,22 @@ class Session:
         unchanged). Raises ProtocolError(INVALID) for a tool named like a server-side tool, or a
         named choice that is no tool."""
         tools = self.tools if tools is None else tuple(tools)
+        choice = self.tool_choice if choice is None else choice
+        self._check_tools(tools, choice)
+        self.tools, self.tool_choice = tools, choice
+
+    def _check_tools(self, tools: tuple[ToolSpec, ...], choice: ToolChoice | None) -> None:
+        """Raises ProtocolError(INVALID) for a tool named like a server-side tool, or a named
+        choice that is none of the tools (the server's or these)."""
         server = self._server_tools
         clash = sorted({t.name for t in tools} & server)
         if clash:
             raise p.ProtocolError(p.ErrorCode.INVALID, f"tool {clash[0]!r} is a server-side tool;"
                                   " declare another name")
-        choice = self.tool_choice if choice is None else choice
-        names = server | {t.name for t in tools}
-        if choice.name and choice.name not in names:
+        if choice is not None and choice.name and choice.name not in server | {
+                t.name for t in tools}:
             raise p.ProtocolError(p.ErrorCode.INVALID, f"tool_choice names {choice.name!r}, "
                                   "which is not among the tools")
-        self.tools, self.tool_choice = tools, choice
 
     @property
     def _server_tools(self) -> frozenset[str]:
@@ -329,10 +335,11 @@ class Session:
         self._check_text(text, "system_prompt")
         self.system_prompt = text or self.cfg.llm.system_prompt
 
-    def offered_tools(self) -> tuple[ToolSpec, ...]:
-        """Every tool a reply may call: the server's, then the client's."""
+    def offered_tools(self, client: tuple[ToolSpec, ...] | None = None) -> tuple[ToolSpec, ...]:
+        """Every tool a reply may call: the server's, then the client's (``client``: a reply's
+        own, in place of the session's)."""
         server = self.svc.toolbox.specs if self.svc.toolbox is not None else ()
-        return (*server, *self.tools)
+        return (*server, *(self.tools if client is None else client))
 
     def add_call(self, call: ToolCall) -> Item:
         """A function call the client records joins the conversation. Raises
@@ -361,20 +368,24 @@ class Session:
         self.max_new_tokens = start.max_new_tokens or self.cfg.llm.max_new_tokens
 
     def respond(self, max_new_tokens: int | None = None, instructions: str | None = None,
-                speak: bool | None = None, tool_choice: ToolChoice | None = None) -> int:
+                speak: bool | None = None, tool_choice: ToolChoice | None = None,
+                tools: tuple[ToolSpec, ...] | None = None) -> int:
         """Reply to the conversation as it stands (no audio turn); returns the turn id. A reply
         still streaming is interrupted first. ``ttft_ms`` runs from this call.
         ``instructions`` replace the system prompt for this reply only; ``speak`` overrides whether
-        it is spoken (default: when the session has output audio). Raises ProtocolError
-        (TEXT_TOO_LONG) for instructions over the limit."""
+        it is spoken (default: when the session has output audio); ``tools`` replace the client's
+        tools for this reply only (the server's stay). Raises ProtocolError (TEXT_TOO_LONG) for
+        instructions over the limit, (INVALID) for tools or a tool_choice that do not fit."""
         self._check_text(instructions, "instructions")
+        if tools is not None or tool_choice is not None:
+            self._check_tools(self.tools if tools is None else tools, tool_choice)
         trace = TurnTrace(self.turns.new_turn_id())
         trace.mark(Point.ENDPOINT)
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
         turn = Turn(trace.turn_id, trace, system_prompt=instructions, speak=speak,
-                    tool_choice=tool_choice)
+                    tool_choice=tool_choice, tools=tools)
         turn.task = asyncio.create_task(self._run_response(turn, previous, max_new_tokens),
                                         name=f"response-{self.id}-{turn.turn_id}")
         self.turn = turn
@@ -542,7 +553,7 @@ class Session:
         a forced choice would call again forever), and the last allowed round offers no tool."""
         messages = [ChatMessage("system", turn.system_prompt or self.system_prompt),
                     *self.history.messages()]
-        tools = self.offered_tools()
+        tools = self.offered_tools(turn.tools)
         choice = (turn.tool_choice or self.tool_choice) if round_ == 0 else ToolChoice()
         if round_ >= self.cfg.tools.max_rounds or choice.mode is ToolChoiceMode.NONE:
             tools, choice = (), ToolChoice()

@@ -371,6 +371,7 @@ class ResponseCreate:
     max_output_tokens: int | None = None
     audio_out: bool | None = None  # None: the session's modalities
     tool_choice: ToolChoice | None = None  # None: the session's
+    tools: tuple[ToolSpec, ...] | None = None  # this response's client tools (None: the session's)
 
 
 @dataclass(slots=True)
@@ -498,15 +499,15 @@ def _response_create(msg: dict) -> ResponseCreate:
     for key in ("modalities", "output_modalities"):
         if key in r:
             audio_out = _audio_out(r[key], f"response.{key}")
-    if r.get("tools") is not None:  # tools are the session's; a response may narrow the choice
-        raise _unsupported("response.tools", "per-response tools (set session.tools)")
-    choice = None
-    if r.get("tool_choice") is not None:
-        try:
+    choice = tools = None
+    try:
+        if r.get("tools") is not None:  # this response's tools, in place of the session's
+            tools = tools_from_wire(r["tools"], "response.tools")
+        if r.get("tool_choice") is not None:
             choice = choice_from_wire(r["tool_choice"], "response.tool_choice")
-        except WireError as exc:
-            raise RealtimeError("invalid_value", str(exc), exc.param) from None
-    return ResponseCreate(instructions, max_tokens, audio_out, choice)
+    except WireError as exc:
+        raise RealtimeError("invalid_value", str(exc), exc.param) from None
+    return ResponseCreate(instructions, max_tokens, audio_out, choice, tools)
 
 
 def _audio_append(msg: dict) -> AudioAppend:

@@ -199,12 +199,17 @@ class RealtimeConnection(BaseConnection):
                 raise rt.RealtimeError(p.ErrorCode.SHUTTING_DOWN.value, "server is shutting down",
                                        kind=rt.SERVER_ERROR)
             if event.tool_choice is not None and event.tool_choice.name and \
-                    event.tool_choice.name not in {t.name for t in s.offered_tools()}:
+                    event.tool_choice.name not in {t.name for t in s.offered_tools(event.tools)}:
                 raise rt.RealtimeError("invalid_value", f"response.tool_choice names "
                                        f"{event.tool_choice.name[:64]!r}, which is not a tool",
                                        "response.tool_choice")
-            s.respond(event.max_output_tokens, event.instructions, event.audio_out,
-                      event.tool_choice)
+            try:
+                s.respond(event.max_output_tokens, event.instructions, event.audio_out,
+                          event.tool_choice, event.tools)
+            except p.ProtocolError as exc:
+                if exc.code is not p.ErrorCode.INVALID:
+                    raise
+                raise rt.RealtimeError("invalid_value", exc.message, "response.tools") from None
         elif isinstance(event, rt.ResponseCancel):
             if s.idle():
                 raise rt.RealtimeError("response_cancel_not_active",
