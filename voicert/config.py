@@ -300,6 +300,8 @@ class TtsConfig:
     rate_wpm: int = 175
     pitch: int = 50  # eSpeak NG pitch, 0-99
     first_clause_chars: int = 24  # the first piece of a reply may end at a comma after this many
+    first_piece_words: int = 6  # the first piece may end after this many words when no break
+    # came (0: off): Piper makes a piece's audio in one pass, so a short first piece speaks sooner
 
     def __post_init__(self) -> None:
         _check(self.engine in ("auto", "piper", "espeak", "none") or ":" in self.engine,
@@ -308,6 +310,7 @@ class TtsConfig:
         _check(80 <= self.rate_wpm <= 450, "tts.rate_wpm", "must be in [80, 450]")
         _check(0 <= self.pitch <= 99, "tts.pitch", "must be in [0, 99]")
         _check(self.first_clause_chars >= 1, "tts.first_clause_chars", "must be >= 1")
+        _check(self.first_piece_words >= 0, "tts.first_piece_words", "must be >= 0 (0: off)")
 
 
 @dataclass(slots=True)

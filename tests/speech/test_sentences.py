@@ -39,3 +39,19 @@ def test_nothing_empty_and_text_is_preserved():
     out = feed(text, step=1)
     assert out == ["One.", "Two!", "Three"]
     assert all(out)
+
+
+def test_a_first_piece_may_end_after_n_words_when_no_break_comes_and_only_the_first():
+    text = "The capital of France is Paris and its river is the Seine. It flows through the city."
+    assert feed(text, first_piece_words=4) == [
+        "The capital of France", "is Paris and its river is the Seine.",
+        "It flows through the city."]
+    # a sentence or clause break before the Nth word still ends it there
+    assert feed("Yes. The table is booked for you now.", first_piece_words=4) == [
+        "Yes.", "The table is booked for you now."]
+    assert feed("Sure, I have booked a table for four at seven thirty tonight.",
+                first_piece_words=6, first_clause_chars=4) == [
+        "Sure,", "I have booked a table for four at seven thirty tonight."]
+    # off by default: the first piece waits for a break
+    assert feed(text) == ["The capital of France is Paris and its river is the Seine.",
+                          "It flows through the city."]

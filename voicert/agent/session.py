@@ -545,7 +545,9 @@ class Session:
             seq, turn.audio_seq = turn.audio_seq, turn.audio_seq + 1
             await self.emit(ev.ReplyAudio(turn.turn_id, seq, chunk.audio, chunk.text))
 
-        return SpeechOut(worker, fmt, send, turn.trace, self.cfg.tts.first_clause_chars)
+        tts = self.cfg.tts
+        return SpeechOut(worker, fmt, send, turn.trace, tts.first_clause_chars,
+                         tts.first_piece_words)
 
     def _request(self, turn: Turn, max_new_tokens: int | None, round_: int) -> GenerationRequest:
         """The engine request for one round of a reply. The first round uses the turn's (else the

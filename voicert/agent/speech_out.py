@@ -44,10 +44,10 @@ class SpeechOut:
     queued pieces, stops the one being spoken and stops sending, at once."""
 
     def __init__(self, worker: TtsWorker, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
-                 first_clause_chars: int = 24) -> None:
+                 first_clause_chars: int = 24, first_piece_words: int = 0) -> None:
         self.worker, self.fmt, self.send, self.trace = worker, fmt, send, trace
         self.loop = asyncio.get_running_loop()
-        self.splitter = SentenceSplitter(first_clause_chars)
+        self.splitter = SentenceSplitter(first_clause_chars, first_piece_words)
         self.resampler = Resampler(worker.sample_rate, fmt.sample_rate)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.jobs: list[TtsJob] = []

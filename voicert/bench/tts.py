@@ -7,7 +7,8 @@ there), over a set of agent replies (confirmations with names, numbers, dates an
   ``speech/sentences.py``) handed to the voice, to its first chunk of audio; P50 / P95 over the set
   (each reply timed ``--repeat`` times, after a warm-up);
 - **real-time factor**: synthesis time over audio duration, for whole replies;
-- **intelligibility**: the reply synthesized, resampled to 16 kHz and transcribed by the embedded
+- **intelligibility**: the reply synthesized piece by piece as the session cuts it (``--first-words``:
+  ``tts.first_piece_words`` settings side by side), resampled to 16 kHz and transcribed by the embedded
   Whisper tiny.en; the word error rate of that transcript against the reply's text (the "round
   trip" WER, in percent). Whisper is weak on formant speech as on accents: a lower WER means a voice that is
   easier to understand, for this listener.
@@ -49,19 +50,25 @@ class Timing:
     transcripts: list[str]
 
 
-def first_piece(text: str, first_clause_chars: int = 24) -> str:
-    pieces = SentenceSplitter(first_clause_chars).push(text + " ")
-    return pieces[0] if pieces else text
+def pieces_of(text: str, first_clause_chars: int = 24, first_words: int = 0) -> list[str]:
+    """The pieces the session speaks ``text`` in, its words arriving one by one as tokens do."""
+    splitter = SentenceSplitter(first_clause_chars, first_words)
+    pieces = []
+    for word in text.split(" "):
+        pieces += splitter.push(word + " ")
+    return pieces + splitter.flush()
 
 
-def time_voice(voice, repeat: int, asr) -> Timing:
-    """Time ``voice`` over REPLIES (after one warm-up call); transcribe each reply with ``asr``."""
+def time_voice(voice, repeat: int, asr, first_words: int = 0) -> Timing:
+    """Time ``voice`` over REPLIES (after one warm-up call); transcribe each reply, spoken piece
+    by piece as the session cuts it, with ``asr``."""
     import soxr
 
     voice.synthesize("Warming up.", lambda c: True)
     firsts, rtfs, transcripts = [], [], []
     for text in REPLIES:
-        piece = first_piece(text)
+        pieces = pieces_of(text, first_words=first_words)
+        piece = pieces[0]
         for _ in range(repeat):
             t0 = time.perf_counter_ns()
             seen = []
@@ -74,7 +81,8 @@ def time_voice(voice, repeat: int, asr) -> Timing:
             firsts.append(seen[0] / 1e6)
         chunks: list[np.ndarray] = []
         t0 = time.perf_counter()
-        voice.synthesize(text, lambda c: chunks.append(np.asarray(c, np.float32)) or True)
+        for part in pieces:
+            voice.synthesize(part, lambda c: chunks.append(np.asarray(c, np.float32)) or True)
         took = time.perf_counter() - t0
         audio = np.concatenate(chunks)  # [N] at the voice's rate
         rtfs.append(took / (audio.size / voice.sample_rate))
@@ -117,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--voices", default="espeak,piper,piper-cuda")
     ap.add_argument("--repeat", type=int, default=5, help="first-audio timings per reply")
     ap.add_argument("--threads", type=int, default=0, help="torch/ort threads hint (0: default)")
+    ap.add_argument("--first-words", default="0",
+                    help="tts.first_piece_words settings to compare, e.g. 0,6 (0: off)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     from faster_whisper import WhisperModel
@@ -125,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
 
     asr = WhisperModel(str(resolve_asr_model("embedded")), device="cpu", compute_type="int8")
     rows = []
-    for label, voice in voices(args.voices.split(",")):
-        t = time_voice(voice, args.repeat, asr)
+    settings = [int(n) for n in args.first_words.split(",")]
+    for (label, voice), words in ((v, n) for v in voices(args.voices.split(",")) for n in settings):
+        t = time_voice(voice, args.repeat, asr, words)
+        if len(settings) > 1:
+            label += f", first piece <= {words} words" if words else ", first piece: clause"
         rows.append({"voice": label, "sample_rate": voice.sample_rate,
                      "first_audio_p50_ms": pct(t.first_ms, 50),
                      "first_audio_p95_ms": pct(t.first_ms, 95),

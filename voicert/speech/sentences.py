@@ -3,7 +3,9 @@
 A piece ends at a sentence end (``.``, ``!``, ``?``, ``…`` followed by a space or a newline) that is
 not an abbreviation or a decimal point, or at a line break. To get the first audio out sooner, the
 *first* piece of a reply may also end at a clause break (``,`` ``;`` ``:`` or a dash) once it holds
-``first_clause_chars`` characters; later pieces wait for whole sentences, which sound better.
+``first_clause_chars`` characters, and, with ``first_piece_words``, after that many words when no
+break has come (a voice that makes a piece's audio in one pass, as Piper does, speaks sooner);
+later pieces wait for whole sentences, which sound better.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ ABBREVIATIONS = frozenset({
 })
 _SENTENCE_END = re.compile(r"([.!?…]+[\"')\]]*)(\s+)")
 _CLAUSE_END = re.compile(r"([,;:]|\s[-–—])(\s+)")
+_WORD = re.compile(r"\S+(?=\s)")  # a word with the space after it already here
 
 
 def _is_abbreviation(text: str, dot: int) -> bool:
@@ -37,6 +40,7 @@ class SentenceSplitter:
     returns what is left at the end of the reply. Pieces are stripped and never empty."""
 
     first_clause_chars: int = 24
+    first_piece_words: int = 0  # the first piece may end after this many words (0: off)
     _buf: str = ""
     _pieces: int = field(default=0)
 
@@ -74,4 +78,8 @@ class SentenceSplitter:
             for m in _CLAUSE_END.finditer(buf):
                 if m.start() >= self.first_clause_chars // 2:
                     return m.end(1)
+        if self._pieces == 0 and self.first_piece_words > 0:
+            for i, m in enumerate(_WORD.finditer(buf), 1):
+                if i == self.first_piece_words:
+                    return m.end()
         return None
