@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
-from multiprocessing.connection import Client, Connection
+from multiprocessing.connection import Client, Connection, Listener
 from typing import Callable, Union
 
 import msgspec
@@ -46,6 +47,14 @@ def wait_stop(conn: Connection) -> None:
             pass
     except (EOFError, OSError):
         pass
+
+
+def listen(address: str, authkey: bytes) -> Listener:
+    """A host's listening socket at ``address``, replacing one a crashed host left there (the
+    primary's private directory holds nothing else)."""
+    if os.path.exists(address):
+        os.unlink(address)
+    return Listener(address, FAMILY, authkey=authkey)
 
 
 def accept_peers(listener, what: str, on_peer: Callable[[Connection], None]) -> None:
@@ -158,8 +167,11 @@ class Peer:
         except OSError:
             pass
 
-    def stop(self) -> None:
+    def close(self) -> None:
+        """It hung up: let the sending thread finish what is queued (briefly), then close."""
         self.outbox.put(None)
+        self.sender.join(2)
+        self.conn.close()
 
 
 

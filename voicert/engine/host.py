@@ -24,9 +24,7 @@ import logging
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
-from multiprocessing.connection import Listener
 
 import msgspec
 
@@ -34,8 +32,8 @@ from voicert.engine import ipc
 from voicert.engine.base import TokenOut
 from voicert.engine.remote import (EXIT_ENGINE_DIED, STATS_INTERVAL_S, EngineLink, _submit,
                                    load_core)
-from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, accept_peers,
-                             connect, say_status, wait_stop)
+from voicert.hosting import (HostFailed, HostProcess, HostReady, Peer, accept_peers, connect,
+                             listen, say_status, wait_stop)
 
 log = logging.getLogger(__name__)
 SEP = "/"  # client id SEP the client's request id: the id the engine core sees
@@ -170,9 +168,7 @@ class _Hub:
             still_open = list(client.open)
         for rid in still_open:
             self.engine.abort(prefix + rid)
-        client.stop()
-        client.sender.join(2)
-        client.conn.close()
+        client.close()
         log.info("engine host: worker connection %d closed (%d request(s) aborted)",
                  client.cid, len(still_open))
 
@@ -190,9 +186,7 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
         core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
         from voicert.engine.llm_engine import EngineThread
 
-        if os.path.exists(address):  # left by a host that crashed (our own private directory)
-            os.unlink(address)
-        listener = Listener(address, FAMILY, authkey=authkey)
+        listener = listen(address, authkey)
     except Exception as exc:
         say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
         return
@@ -228,8 +222,7 @@ class SharedEngineClient(EngineLink):
     def __init__(self, address: str, authkey: bytes, model_dir: str,
                  connect_timeout_s: float = 600, tokenizer=None) -> None:
         conn = connect(address, authkey, connect_timeout_s)
-        deadline = time.monotonic() + connect_timeout_s
-        if not conn.poll(max(deadline - time.monotonic(), 1.0)):
+        if not conn.poll(max(connect_timeout_s, 1.0)):
             conn.close()
             raise RuntimeError(f"engine host at {address} did not say it was ready")
         first = ipc.Codec().from_engine.decode(conn.recv_bytes())

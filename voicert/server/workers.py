@@ -53,7 +53,6 @@ from voicert.telemetry.sampler import SystemSample
 log = logging.getLogger(__name__)
 EXIT_GAVE_UP = 3  # a part could not be kept up (the same status a single server exits with)
 EXIT_START_FAILED = 2  # a worker or the engine could not start (a config error, a port in use)
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def listening_sockets(host: str, port: int, n: int) -> list[socket.socket]:
@@ -157,7 +156,6 @@ class WorkerRole:
     hosts: object | None  # HostAddresses of the engine hosts; None: llm.engine openai
     speech: tuple[str, bytes] | None  # the speech host's address and key; None: its own Whisper
     bus: PeerBus
-    metrics_dir: str
 
 
 def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, speech,
@@ -174,7 +172,7 @@ def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, speech,
 
     from voicert.config import ConfigError
 
-    role = WorkerRole(index, sock, hosts, speech, PeerBus(bus_conn, index), metrics_dir)
+    role = WorkerRole(index, sock, hosts, speech, PeerBus(bus_conn, index))
     try:
         code = run_server(cfg, role)
     except (ConfigError, OSError) as exc:  # said once, as the single server says it
@@ -193,13 +191,11 @@ class _Restarts:
     def __init__(self, max_restarts: int, window_s: float) -> None:
         self.max, self.window_s = max_restarts, window_s
         self.times: collections.deque[float] = collections.deque()
-        self.count = 0
 
     def allow(self, now: float) -> bool:
         self.times.append(now)
         while self.times and now - self.times[0] > self.window_s:
             self.times.popleft()
-        self.count += 1
         return len(self.times) <= self.max
 
 
@@ -226,7 +222,6 @@ class Primary:
         self.engine_cfg = None
         self.stopping = False
         self.exit_code = 0
-        self.start_error: str | None = None  # why the server could not start (exit status 2)
         llm = cfg.llm
         self.restarts = _Restarts(llm.restart_max, llm.restart_window_s)
         self._wake_r, self._wake_w = os.pipe()
@@ -362,7 +357,6 @@ class Primary:
             log.critical("worker %d gave up on a part of the server: stopping", i)
             self._give_up()
         elif proc.exitcode == EXIT_START_FAILED:
-            self.start_error = f"worker {i} could not start (see its message above)"
             self.exit_code = EXIT_START_FAILED
             self.stopping = True
         elif not self.restarts.allow(time.monotonic()):
@@ -380,7 +374,6 @@ class Primary:
             pid = self.hosts[i].read_status()
         except RuntimeError as exc:
             log.critical("%s", exc)
-            self.start_error = str(exc)
             self.exit_code = EXIT_START_FAILED
             self.stopping = True
             return

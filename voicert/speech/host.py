@@ -24,14 +24,14 @@ import os
 import signal
 import threading
 import time
-from multiprocessing.connection import Connection, Listener
+from multiprocessing.connection import Connection
 from typing import Union
 
 import msgspec
 import numpy as np
 
-from voicert.hosting import (FAMILY, HostFailed, HostProcess, HostReady, Peer, accept_peers,
-                             connect, say_status, wait_stop)
+from voicert.hosting import (HostFailed, HostProcess, HostReady, Peer, accept_peers, connect,
+                             listen, say_status, wait_stop)
 from voicert.speech.asr import Transcript, settle_soon
 
 log = logging.getLogger(__name__)
@@ -118,9 +118,7 @@ class _Hub:
         with self.lock:
             self.peers.pop(peer.cid, None)
         peer.gone = True  # its queued jobs are withdrawn as the worker thread reaches them
-        peer.stop()
-        peer.sender.join(2)
-        peer.conn.close()
+        peer.close()
         log.info("speech host: worker connection %d closed", peer.cid)
 
     def _decode(self, peer: Peer, msg: Decode, dropped: set) -> None:
@@ -165,9 +163,7 @@ def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: st
         asr = WhisperAsr(asr_cfg, model_spec)
         asr.warmup()
         asr.drain_batch_sizes()  # the warm-up's decode is no one's
-        if os.path.exists(address):
-            os.unlink(address)
-        listener = Listener(address, FAMILY, authkey=authkey)
+        listener = listen(address, authkey)
     except Exception as exc:
         say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
         return
