@@ -107,7 +107,11 @@ class _Hub:
         while True:
             try:
                 msg = decoder.decode(peer.conn.recv_bytes())
-            except (EOFError, OSError, msgspec.DecodeError):
+            except (EOFError, OSError):
+                break
+            except msgspec.DecodeError as exc:  # our own workers send these: a bug, said loudly
+                log.error("speech host: undecodable message from worker connection %d: %s",
+                          peer.cid, exc)
                 break
             if isinstance(msg, Decode):
                 self._decode(peer, msg, dropped)
