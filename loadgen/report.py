@@ -132,8 +132,9 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
     return files
 
 
-def write_all(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float, best: int | None,
-              title: str, meta: dict) -> dict[str, Path]:
+def write_json_and_markdown(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float,
+                            best: int | None, title: str, meta: dict) -> None:
+    """``result.json`` and ``report.md`` for the levels given (no plots: cheap after each level)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(levels)
     (out_dir / "result.json").write_text(json.dumps(
@@ -141,6 +142,11 @@ def write_all(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float, b
         indent=1))
     md = markdown(summary, budget_ms, best, title)
     (out_dir / "report.md").write_text(md + "\n")
+
+
+def write_all(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float, best: int | None,
+              title: str, meta: dict) -> dict[str, Path]:
+    write_json_and_markdown(levels, out_dir, budget_ms, best, title, meta)
     try:
         pngs = plots(levels, out_dir, budget_ms)
     except ImportError:  # matplotlib is optional (the loadgen extra): the JSON and Markdown stand

@@ -186,3 +186,17 @@ def connect(address: str, authkey: bytes, timeout_s: float) -> Connection:
                 raise RuntimeError(f"no host at {address} after {timeout_s:.0f} s: "
                                    f"{exc}") from None
             time.sleep(0.1)
+
+
+def limit_blas_threads(n: int) -> None:
+    """Keep numpy's BLAS pool (OpenBLAS) in this process to ``n`` threads (0: leave it). Its
+    default, one thread per core, spin-waits after every small product the front end makes
+    (Whisper's log-mel filterbank on each decode) and so keeps every core busy."""
+    if n <= 0:
+        return
+    import importlib
+
+    from threadpoolctl import threadpool_limits
+
+    importlib.import_module("numpy")  # loaded first: threadpoolctl limits the libraries loaded now
+    threadpool_limits(limits=n, user_api="blas")

@@ -3,8 +3,12 @@
 # then load sweeps of the whole voice pipeline (real speech, Whisper tiny.en and SmolLM2 on the GPU)
 # with one server process and with server.workers=N, back to back on the same machine.
 # Needs /root/models and /root/whl from the bundle (scripts/gpu/receive.sh .carry/fb/partNN ...).
-# Usage: bash scripts/gpu/frontend.sh STEP...   steps: install | trivial | w1 | wN
-#   env: LEVELS (default 64,128,256), WORKERS (default 4), TRIVIAL_LEVELS (default 64,256,1024)
+# Usage: bash scripts/gpu/frontend.sh STEP...   steps: install | trivial | w1 | wN | naive | r1b | r8b
+#   naive: the plain pipeline (transformers, one request at a time; Whisper one utterance at a time)
+#   r1b / r8b: server.workers=WORKERS on a Llama-3.2-1B / 3.1-8B shape with RANDOM weights (timing only;
+#              needs a w1 or wN run first, which converts SmolLM2, whose tokenizer drives them)
+#   env: LEVELS (default 64,128,256), WORKERS (default 4), TRIVIAL_LEVELS (default 64,256,1024),
+#        NAIVE_LEVELS (default 64), PROCS (load-generator processes, default 6)
 set -uo pipefail
 levels=${LEVELS:-64,128,256}
 workers=${WORKERS:-4}
@@ -12,7 +16,8 @@ limits=(--set server.max_sessions=1024 --set server.max_connections=1024)
 for step in "$@"; do
   case $step in
     install)
-      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site /root/whl/*.whl
+      python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site /root/whl/*.whl \
+        $(for w in .carry/toolswhl/*.whl; do [ -e "/root/whl/${w##*/}" ] || echo "$w"; done 2>/dev/null)
       python3 -c 'import av' 2>/dev/null || { mkdir -p /root/site/av && echo '"""stub"""' > /root/site/av/__init__.py; }
       source scripts/gpu/env.sh
       nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
@@ -32,12 +37,25 @@ for step in "$@"; do
       grep -E "^\| [0-9]+ \||client_ttft|voice_to|slip" $OUT/trivial/report.md ;;
     w1)
       source scripts/gpu/env.sh
-      DURATION=15 RAMP=5 PROCS=6 OUT=$OUT bash scripts/gpu/sweep.sh w1 "$levels" "${limits[@]}" \
+      DURATION=15 RAMP=5 PROCS=${PROCS:-6} OUT=$OUT bash scripts/gpu/sweep.sh w1 "$levels" "${limits[@]}" \
         | grep -vi warn ;;
     wN)
       source scripts/gpu/env.sh
-      WORKERS=$workers DURATION=15 RAMP=5 PROCS=6 OUT=$OUT bash scripts/gpu/sweep.sh w$workers "$levels" \
+      WORKERS=$workers DURATION=15 RAMP=5 PROCS=${PROCS:-6} OUT=$OUT bash scripts/gpu/sweep.sh w$workers "$levels" \
         "${limits[@]}" --set server.workers=$workers --set vad.threads=2 | grep -vi warn ;;
+    naive)
+      source scripts/gpu/env.sh
+      DURATION=15 RAMP=5 PROCS=${PROCS:-6} OUT=$OUT bash scripts/gpu/sweep.sh naive "${NAIVE_LEVELS:-64}" "${limits[@]}" \
+        --set llm.engine=simple --set asr.max_batch=1 --set asr.batch_window_ms=0 \
+        --set asr.early_final_ms=0 --set asr.partial_interval_ms=0 | grep -vi warn ;;
+    r1b|r8b)
+      source scripts/gpu/env.sh
+      model=/root/models/llama${step#r}-random
+      [ -d "$model" ] || python3 scripts/gpu/random_llama.py "$(ls -d /root/cache/llm/SmolLM2-* | head -1)" \
+        "$model" "${step#r}" > /dev/null
+      WORKERS=$workers DURATION=15 RAMP=5 PROCS=${PROCS:-6} OUT=$OUT bash scripts/gpu/sweep.sh "$step-w$workers" "$levels" \
+        "${limits[@]}" --set models.llm="$model" --set server.workers=$workers --set vad.threads=2 \
+        | grep -vi warn ;;
   esac
   date -u
 done

@@ -5,7 +5,9 @@
 # Usage: scripts/gpu/sweep.sh LABEL LEVELS [--set section.key=value ...]
 #   env: DURATION (s per level, default 30), RAMP (s, default 5), PORT (default 8765),
 #        PROCS (load generator processes, default 4: one falls behind real time past ~64 sessions),
-#        WORKERS (default 1: with --set server.workers=N, say N: wait until every worker is ready)
+#        WORKERS (default 1: with --set server.workers=N, say N: wait until every worker is ready),
+#        SWEEP_LIMIT (s, default 3000: then the load generator is stopped with every thread's stack
+#        in loadgen.log; report.md holds the levels done so far)
 set -euo pipefail
 label=$1; levels=$2; shift 2
 out=${OUT:-artifacts}/sweep-$label; mkdir -p "$out"
@@ -24,7 +26,7 @@ until [ "$(grep -c 'voicert.server.app: ready$' "$out/server.log")" -ge "${WORKE
   sleep 1
 done
 echo "[$label] server ready after $(( $(date +%s) - t0 )) s"
-python3 -m loadgen --url "ws://127.0.0.1:$port/v1/stream" --sweep "$levels" \
+PYTHONFAULTHANDLER=1 timeout -s ABRT "${SWEEP_LIMIT:-3000}" python3 -m loadgen --url "ws://127.0.0.1:$port/v1/stream" --sweep "$levels" \
   --duration "${DURATION:-30}" --ramp "${RAMP:-5}" --turns 3 --think 1.0 --turn-timeout 30 \
   --procs "${PROCS:-4}" --server-pid $pid \
   --out "$out" --title "$label" > "$out/loadgen.log" 2>&1 || { tail -30 "$out/loadgen.log"; exit 1; }

@@ -7,7 +7,7 @@ import sys
 
 PROBE = """
 import threadpoolctl
-from voicert.server.app import limit_blas_threads
+from voicert.hosting import limit_blas_threads
 
 def blas():
     return sorted({i["num_threads"] for i in threadpoolctl.threadpool_info()

@@ -221,16 +221,19 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
             await recv_until(ws, "session.started")
             await ws.send(p.encode(p.UserText("Count from one to four hundred.")))
             await recv_until(ws, "response.token")
-            engine.kill()
+            first = engine.engine
+            engine.kill()  # what a crash (or the OOM killer) looks like
             err = await recv_until(ws, "error")
             assert err["code"] == p.ErrorCode.ENGINE_FAILED.value
             done = await recv_until(ws, "response.done")
             assert done["finish_reason"] == "error"
+            assert not first.live_requests()  # the reply's request is not left open
             status = (await asyncio.to_thread(_get, base + "/readyz"))[0]
             assert status == 503 or engine.state is EngineState.SERVING  # 503 while it is down
             while engine.state is not EngineState.SERVING:
                 await asyncio.sleep(0.1)
             assert (await asyncio.to_thread(_get, base + "/readyz")) == (200, "ready\n")
+            assert engine.restarts == 1 and first._proc.exitcode is not None  # reaped: no zombie
             # the same session's next turn works
             await ws.send(p.encode(p.UserText("What is the capital of France?")))
             done = await recv_until(ws, "response.done")

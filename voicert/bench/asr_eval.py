@@ -111,12 +111,20 @@ def offline(model, utt: Utterance) -> str:
     return " ".join(s.text.strip() for s in segments)
 
 
-async def evaluate(url: str, model, utts: list[Utterance]) -> dict:
+async def evaluate(url: str, model, utts: list[Utterance], callers: int = 4) -> dict:
+    """Each utterance streamed through the server at ``url`` (``callers`` of them at a time, as
+    concurrent callers would) and decoded offline by ``model``; WER per condition and overall."""
+    gate = asyncio.Semaphore(max(1, callers))
+
+    async def streamed(u: Utterance) -> str:
+        async with gate:
+            return await stream_one(url, u)
+
+    streaming = await asyncio.gather(*(streamed(u) for u in utts))
     rows = []
-    for u in utts:
+    for u, text in zip(utts, streaming):
         rows.append({"id": u.id, "condition": u.condition, "reference": u.text,
-                     "streaming": await stream_one(url, u),
-                     "offline": await asyncio.to_thread(offline, model, u)})
+                     "streaming": text, "offline": await asyncio.to_thread(offline, model, u)})
     conditions = sorted({r["condition"] for r in rows})
     table = {}
     for cond in [*conditions, "all"]:
@@ -140,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.asr_eval", description=__doc__)
     ap.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
     ap.add_argument("--asr", default="embedded", help="the model the offline baseline uses")
+    ap.add_argument("--callers", type=int, default=4, help="utterances streamed at a time")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     from faster_whisper import WhisperModel
@@ -147,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     from voicert.speech.asr import resolve_asr_model
 
     model = WhisperModel(str(resolve_asr_model(args.asr)), device="cpu", compute_type="int8")
-    result = asyncio.run(evaluate(args.url, model, load_set()))
+    result = asyncio.run(evaluate(args.url, model, load_set(), args.callers))
     print(markdown(result))
     for r in result["rows"]:
         if normalize(r["streaming"]) != normalize(r["reference"]):

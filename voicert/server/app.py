@@ -24,6 +24,7 @@ from voicert.agent.toolbox import Toolbox
 from voicert.config import Config, ConfigError
 from voicert.engine.base import EngineState
 from voicert.engine.factory import build_engine
+from voicert.hosting import limit_blas_threads
 from voicert.server.logs import quiet_handshake_logger
 from voicert.server import access, dashboard
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
@@ -393,20 +394,6 @@ class VoiceServer:
             services.vad_pool.shutdown(wait=False, cancel_futures=True)
         if isinstance(services.turn_judge, TurnJudge):
             services.turn_judge.close()
-
-
-def limit_blas_threads(n: int) -> None:
-    """Keep numpy's BLAS pool (OpenBLAS) in this process to ``n`` threads (0: leave it). Its
-    default, one thread per core, spin-waits after every small product the front end makes
-    (Whisper's log-mel filterbank on each decode) and so keeps every core busy."""
-    if n <= 0:
-        return
-    import importlib
-
-    from threadpoolctl import threadpool_limits
-
-    importlib.import_module("numpy")  # loaded first: threadpoolctl limits the libraries loaded now
-    threadpool_limits(limits=n, user_api="blas")
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

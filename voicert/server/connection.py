@@ -117,7 +117,17 @@ class BaseConnection:
             self.svc.metrics.observe_error("slow_reader")
             if self.session is not None:
                 self.session.cancel_response()  # free the engine now, not when the socket goes
-            asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "slow reader"))
+            asyncio.ensure_future(self._close_slow_reader())
+
+    async def _close_slow_reader(self) -> None:
+        """Close 1008 if the close frame gets through within ``send_timeout_s``; else drop the
+        socket (a reader that does not drain cannot take the close frame either: websockets would
+        wait on it until its keep-alive gives up, 20 s and more)."""
+        try:
+            await asyncio.wait_for(self.ws.close(CLOSE_POLICY, "slow reader"),
+                                   self.svc.cfg.server.send_timeout_s)
+        except TimeoutError:
+            self.ws.transport.abort()
 
     async def dispatch(self, frame: bytes | str) -> bool:
         """Handle one client message; True when the session has ended. May raise client_errors."""

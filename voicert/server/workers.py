@@ -262,7 +262,8 @@ class Primary:
         from voicert.speech.host import start_speech_host
 
         return start_speech_host(self.cfg.asr, self.cfg.models.asr, self.speech[0], self.authkey,
-                                 log_level=self.cfg.log.level)
+                                 log_level=self.cfg.log.level,
+                                 blas_threads=self.cfg.server.blas_threads)
 
     def _start_engine_host(self, i: int):
         from voicert.engine.host import start_engine_host

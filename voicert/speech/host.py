@@ -31,7 +31,7 @@ import msgspec
 import numpy as np
 
 from voicert.hosting import (HostFailed, HostProcess, HostReady, Peer, accept_peers, connect,
-                             listen, say_status, wait_stop)
+                             limit_blas_threads, listen, say_status, wait_stop)
 from voicert.speech.asr import Transcript, settle_soon
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class _Hub:
 
 
 def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: str | None,
-                 log_level: str, status: Connection) -> None:
+                 log_level: str, blas_threads: int, status: Connection) -> None:
     """The speech host process: load and warm Whisper, listen at ``address``, say so on
     ``status``, decode for every worker until the primary says stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -162,6 +162,7 @@ def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: st
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
+        limit_blas_threads(blas_threads)  # the log-mel product of every decode runs here
         from voicert.speech.asr import WhisperAsr
 
         asr = WhisperAsr(asr_cfg, model_spec)
@@ -186,10 +187,11 @@ def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: st
 
 
 def start_speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes,
-                      log_level: str = "INFO") -> HostProcess:
-    """Start the speech host serving at ``address`` (the primary's handle)."""
+                      log_level: str = "INFO", blas_threads: int = 1) -> HostProcess:
+    """Start the speech host serving at ``address`` (the primary's handle); ``blas_threads``:
+    numpy's BLAS pool in it (``server.blas_threads``)."""
     return HostProcess("speech host", _speech_host,
-                       (asr_cfg, model_spec, address, authkey, None, log_level))
+                       (asr_cfg, model_spec, address, authkey, None, log_level, blas_threads))
 
 
 # ------------------------------------------------------------------ the worker's side
