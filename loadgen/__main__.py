@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from loadgen.caller import CallerStats
-from loadgen.report import write_all, write_json_and_markdown
+from loadgen.report import LevelWriter, write_all
 from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
 from voicert.client import load_for_streaming
 from voicert.protocol import native as p
@@ -70,18 +70,14 @@ def main(argv: list[str] | None = None) -> int:
                     procs=max(1, args.procs), server_pid=args.server_pid)
     t0 = time.monotonic()
 
-    done: dict[int, CallerStats] = {}
-    held_levels: list[int] = []
+    so_far = LevelWriter(Path(args.out), args.budget_ms, args.title,
+                         {"argv": sys.argv[1:] if argv is None else argv})
 
     def progress(n, stats, held):
         print(f"  {n} sessions: {len(stats.turns)} turns, errors={stats.errors} "
               f"timeouts={stats.timeouts} dropped={stats.dropped} "
               f"{'holds' if held else 'misses'} the budget", file=sys.stderr, flush=True)
-        done[n] = stats  # the report so far is on disk after every level: a cut-short sweep keeps it
-        held_levels.extend([n] if held else [])
-        write_json_and_markdown(done, Path(args.out), args.budget_ms, max(held_levels, default=None),
-                                args.title, {"argv": sys.argv[1:] if argv is None else argv,
-                                             "partial": True})
+        so_far.add(n, stats, held)
 
     best = None
     if args.chaos:

@@ -144,6 +144,24 @@ def write_json_and_markdown(levels: dict[int, CallerStats], out_dir: Path, budge
     (out_dir / "report.md").write_text(md + "\n")
 
 
+class LevelWriter:
+    """A sweep's report on disk after every level (``result.json`` with ``meta.partial`` and
+    ``report.md``, no plots), so a sweep cut short keeps the levels it finished."""
+
+    def __init__(self, out_dir: Path, budget_ms: float, title: str, meta: dict) -> None:
+        self.out_dir, self.budget_ms, self.title = out_dir, budget_ms, title
+        self.meta = {**meta, "partial": True}
+        self.levels: dict[int, CallerStats] = {}
+        self.best: int | None = None
+
+    def add(self, n: int, stats: CallerStats, held: bool) -> None:
+        self.levels[n] = stats
+        if held:
+            self.best = n if self.best is None else max(self.best, n)
+        write_json_and_markdown(self.levels, self.out_dir, self.budget_ms, self.best, self.title,
+                                self.meta)
+
+
 def write_all(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float, best: int | None,
               title: str, meta: dict) -> dict[str, Path]:
     write_json_and_markdown(levels, out_dir, budget_ms, best, title, meta)

@@ -63,3 +63,82 @@ def test_a_gpu_setting_on_a_machine_without_one_is_a_message(setting, message, c
         pytest.skip("this machine has a GPU")
     code = main(["serve", "--port", "0", "--set", setting, "--set", "tts.engine=none"])
     assert code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, content, said", [
+    ("missing.wav", None, "missing.wav: no such file"),
+    ("notes.wav", b"hello, this is text\n", "notes.wav: not a WAV file"),
+    ("song.wav", b"ID3\x03\x00\x00\x00\x00\x00\x00" + bytes(64), "song.wav: an MP3 file, not a WAV"),
+    ("empty.wav", b"", "empty.wav: not a WAV file")])
+def test_client_says_what_is_wrong_with_a_file_in_one_line(tmp_path, capsys, name, content, said):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    assert cli.main(["client", str(path), "--url", "ws://127.0.0.1:9/v1/stream"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    if content:
+        assert "ffmpeg -i" in err  # and how to make one
+
+
+def test_client_takes_the_server_url_as_users_type_it():
+    from voicert.client import ClientError, stream_url
+
+    assert stream_url("ws://h:1/v1/stream") == "ws://h:1/v1/stream"
+    assert stream_url("http://h:8765") == "ws://h:8765/v1/stream"
+    assert stream_url("https://voice.example.com/") == "wss://voice.example.com/v1/stream"
+    assert stream_url("HTTP://h:1/v1/stream?token=t") == "ws://h:1/v1/stream?token=t"
+    for bad in ("ftp://h/x", "h:8765", "ws://"):
+        with pytest.raises(ClientError, match="ws://HOST:PORT"):
+            stream_url(bad)
+
+
+def _failing_stream(exc):
+    async def stream_audio(*args, **kwargs):
+        raise exc
+    return stream_audio
+
+
+def _unauthorized():
+    from websockets.datastructures import Headers
+    from websockets.exceptions import InvalidStatus
+    from websockets.http11 import Response
+
+    return InvalidStatus(Response(401, "Unauthorized", Headers()))
+
+
+def _going_away():
+    from websockets.exceptions import ConnectionClosedError
+    from websockets.frames import Close
+
+    return ConnectionClosedError(Close(1001, "server shutting down"), None)
+
+
+@pytest.mark.parametrize("exc, code, said", [
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (_going_away(), 2, "the server closed the connection (1001 server shutting down)"),
+    (_unauthorized(), 2, "HTTP 401; it wants a token: give --token"),
+    (TimeoutError(), 2, "no answer from ws://h:1/v1/stream within 120 s")])
+def test_client_interruptions_and_refusals_are_messages(monkeypatch, capsys, exc, code, said):
+    from voicert import client
+
+    monkeypatch.setattr(client, "stream_audio", _failing_stream(exc))
+    assert cli.main(["client", str(DATA / "count_to_five.wav"), "--url", "http://h:1"]) == code
+    err = capsys.readouterr().err
+    assert said in err and "Traceback" not in err
+
+
+async def test_client_says_a_clip_had_no_speech_and_goes_on_to_the_next(url, tmp_path, capsys):
+    import numpy as np
+
+    from voicert.audio.wav import write_wav
+
+    silent = tmp_path / "silent.wav"
+    write_wav(silent, np.zeros(16000, np.float32), 16000)
+    http = url.replace("ws://", "http://").removesuffix("/v1/stream")  # as a user may type it
+    code = await asyncio.to_thread(cli.main, ["client", str(silent),
+                                              str(DATA / "capital_of_france.wav"),
+                                              "--url", http, "--fast"])
+    out, err = capsys.readouterr()
+    assert code == 1 and "Paris" in out
+    assert "silent.wav: the server heard no speech in it" in err and "Traceback" not in err

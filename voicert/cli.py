@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from voicert.config import ConfigError, load_config
@@ -51,8 +52,11 @@ def build_parser() -> argparse.ArgumentParser:
     pr = subs.add_parser("prepare", help="resolve and convert the configured models, then exit")
     _config_args(pr)
     c = subs.add_parser("client", help="stream WAV files as turns of one session")
-    c.add_argument("wav", nargs="+")
-    c.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
+    c.add_argument("wav", nargs="+", help="WAV files (PCM or G.711), one turn each")
+    c.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream",
+                   help="the server (ws://, wss://, or http://HOST:PORT)")
+    c.add_argument("--token", default=os.environ.get("VOICERT_TOKEN"),
+                   help="the server's access token (default: $VOICERT_TOKEN)")
     c.add_argument("--fast", action="store_true", help="send audio as fast as possible")
     c.add_argument("--speak", metavar="OUT.wav",
                    help="ask for spoken replies and write them (all turns, 24 kHz) to this WAV")
@@ -64,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "client":
         from voicert import client
 
-        return client.main(args.wav, args.url, realtime=not args.fast, speak_to=args.speak)
+        return client.main(args.wav, args.url, realtime=not args.fast, speak_to=args.speak,
+                           token=args.token)
     try:
         cfg = load_config(args.config, _overrides(args))
     except ConfigError as exc:

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import struct
 import sys
 import time
+import urllib.parse
+import wave
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
 from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from voicert.audio.pcm import encode_pcm16
 from voicert.audio.wav import read_wav
@@ -40,6 +45,55 @@ class ClientResult:
     turns: list[TurnResult] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
+    unheard: list[int] = field(default_factory=list)  # indexes of clips the server heard no speech in
+
+
+class ClientError(Exception):
+    """A mistake the user can put right, said in one line (``voicert client`` prints it, not a
+    traceback)."""
+
+
+STREAM_PATH = "/v1/stream"
+WAV_HINT = "convert it first, e.g. ffmpeg -i {path} -ac 1 -ar 16000 {stem}-16k.wav"
+# what a file that is not a WAV most likely is, from its first bytes
+SNIFF = ((b"ID3", "an MP3 file"), (b"\xff\xfb", "an MP3 file"), (b"\xff\xf3", "an MP3 file"),
+         (b"OggS", "an Ogg file"), (b"fLaC", "a FLAC file"), (b"\x1aE\xdf\xa3", "a WebM file"),
+         (b"caff", "a CAF file"), (b"FORM", "an AIFF file"))
+
+
+def stream_url(url: str) -> str:
+    """The native stream's ``ws(s)://`` URL from what a user may type: ``http(s)://`` is taken as
+    ``ws(s)://`` and a bare host (no path) gets ``/v1/stream``. Raises :class:`ClientError`."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}.get(parts.scheme.lower())
+    if scheme is None or not parts.netloc:
+        raise ClientError(f"--url {url}: give the server as ws://HOST:PORT{STREAM_PATH} "
+                          "(http://HOST:PORT is taken too)")
+    path = parts.path if parts.path not in ("", "/") else STREAM_PATH
+    return urllib.parse.urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+
+
+def load_clip(path: str) -> tuple[np.ndarray, int]:
+    """:func:`load_for_streaming`, with a :class:`ClientError` that says what is wrong with a file
+    that is missing or not a WAV."""
+    file = Path(path)
+    if not file.exists():
+        raise ClientError(f"{path}: no such file")
+    if not file.is_file():
+        raise ClientError(f"{path}: not a file")
+    try:
+        x, rate = load_for_streaming(path)
+    except (wave.Error, EOFError, ValueError, struct.error) as exc:
+        with open(file, "rb") as f:
+            head = f.read(4)
+        what = next((name for magic, name in SNIFF if head.startswith(magic)), "not a WAV file")
+        why = f"{what}, not a WAV" if what != "not a WAV file" else f"not a WAV file ({str(exc) or 'cut short'})"
+        raise ClientError(f"{path}: {why}; " + WAV_HINT.format(path=path, stem=file.stem)) from None
+    except OSError as exc:
+        raise ClientError(f"{path}: {exc.strerror or exc}") from None
+    if x.size == 0:
+        raise ClientError(f"{path}: the WAV holds no audio")
+    return x, rate
 
 
 def frames_for(x: np.ndarray, rate: int, frame_ms: int = FRAME_MS) -> list[bytes]:
@@ -52,21 +106,27 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                        system_prompt: str | None = None, binary: bool = True,
                        output_audio: p.OutputAudio | None = None,
                        on_event: Callable[[dict], None] | None = None,
-                       until_answered: bool = True) -> ClientResult:
+                       until_answered: bool = True, unheard_after_s: float | None = None,
+                       headers: dict[str, str] | None = None) -> ClientResult:
     """Open one session; for each (samples, rate) in ``turns`` stream the audio plus trailing
     silence in 20 ms frames, then wait for that turn's ``turn.latency`` before the next, sending
     silence meanwhile as a live microphone would (``until_answered``; False: nothing more, so that
-    the server receives exactly the same audio on every run)."""
+    the server receives exactly the same audio on every run). ``unheard_after_s``: a clip in which
+    the server has not heard speech start this long after its last frame is given up on (its
+    index goes to ``result.unheard``) instead of waited on for ``turn_timeout_s``. Raises
+    ``TimeoutError`` when a turn is not answered within ``turn_timeout_s``, ``RuntimeError`` when
+    the session is refused, and websockets' errors when the connection fails or closes."""
     rate = turns[0][1]
     result = ClientResult()
-    async with connect(url, max_size=None, compression=None) as ws:
+    async with connect(url, max_size=None, compression=None, additional_headers=headers) as ws:
         await ws.send(p.encode(p.SessionStart(sample_rate=rate, system_prompt=system_prompt,
                                               output_audio=output_audio), binary))
         msg = p.decode_server(await ws.recv())
         if msg["type"] != "session.started":
-            raise RuntimeError(f"session refused: {msg}")
+            raise RuntimeError(f"session refused: {msg.get('message', msg)}")
         result.session_id = msg["session_id"]
         turn_done = asyncio.Event()
+        speech_heard = asyncio.Event()
         current: dict[int, TurnResult] = {}
 
         async def reader() -> None:
@@ -76,6 +136,8 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                 if on_event:
                     on_event(ev)
                 kind = ev["type"]
+                if kind == "vad.speech_started":
+                    speech_heard.set()
                 tid = None if kind.startswith("vad.") else ev.get("turn_id")
                 if tid is not None and tid not in current:
                     current[tid] = TurnResult(tid)
@@ -103,8 +165,9 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
         read_task = asyncio.create_task(reader())
         silence = np.zeros(int(rate * trailing_silence_s), np.float32)
         try:
-            for samples, _ in turns:
+            for index, (samples, _) in enumerate(turns):
                 turn_done.clear()
+                speech_heard.clear()
                 t0 = time.perf_counter()
                 frames = frames_for(np.concatenate([samples, silence]), rate)
                 for i, frame in enumerate(frames):
@@ -113,6 +176,10 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                         delay = t0 + (i + 1) * FRAME_MS / 1000 - time.perf_counter()
                         if delay > 0:
                             await asyncio.sleep(delay)
+                if unheard_after_s is not None and not await _heard(
+                        ws, speech_heard, rate, binary, unheard_after_s):
+                    result.unheard.append(index)
+                    continue
                 answered = asyncio.ensure_future(turn_done.wait())
                 try:
                     waiting = (send_silence_until(ws, answered, rate, binary) if until_answered
@@ -125,6 +192,19 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
         finally:
             read_task.cancel()
     return result
+
+
+async def _heard(ws, speech_heard: asyncio.Event, rate: int, binary: bool, wait_s: float) -> bool:
+    """Whether the server says it heard speech start within ``wait_s`` (silence goes on meanwhile,
+    as from a live microphone)."""
+    heard = asyncio.ensure_future(speech_heard.wait())
+    try:
+        await asyncio.wait_for(send_silence_until(ws, heard, rate, binary), wait_s)
+    except TimeoutError:
+        pass
+    finally:
+        heard.cancel()
+    return speech_heard.is_set()
 
 
 async def send_silence_until(ws, done: asyncio.Future, rate: int, binary: bool = True) -> None:
@@ -154,8 +234,27 @@ def load_for_streaming(path: str) -> tuple[np.ndarray, int]:
 SPEAK_RATE = 24000
 
 
-def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None = None) -> int:
-    turns = [load_for_streaming(f) for f in files]
+def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None = None,
+         token: str | None = None) -> int:
+    """``voicert client``: 0 when every turn was answered, 1 when the server reported an error or
+    heard no speech in a clip, 2 when the files, the URL or the connection are wrong (one line
+    on stderr each, never a traceback), 130 on Ctrl-C."""
+    try:
+        return _run(files, url, realtime, speak_to, token)
+    except ClientError as exc:
+        print(f"voicert client: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nvoicert client: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
+         token: str | None) -> int:
+    turns = [load_clip(f) for f in files]
+    url = stream_url(url)
+    if len({rate for _, rate in turns}) > 1:
+        turns = [(x, r) if r == 16000 else (_resample(x, r, 16000), 16000) for x, r in turns]
     output_audio = p.OutputAudio("pcm16", SPEAK_RATE) if speak_to else None
 
     def show(ev: dict) -> None:
@@ -179,12 +278,27 @@ def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None
         elif kind == "error":
             print(f"error {ev['code']}: {ev['message']}", file=sys.stderr)
 
+    headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
         result = asyncio.run(stream_audio(url, turns, realtime=realtime, on_event=show,
-                                          output_audio=output_audio))
+                                          output_audio=output_audio, headers=headers,
+                                          unheard_after_s=UNHEARD_AFTER_S,
+                                          turn_timeout_s=TURN_TIMEOUT_S))
+    except InvalidStatus as exc:
+        raise ClientError(refused(url, exc.response.status_code)) from None
+    except ConnectionClosed as exc:
+        rcvd = exc.rcvd
+        why = f"{rcvd.code} {rcvd.reason}".strip() if rcvd else "without a close frame"
+        raise ClientError(f"the server closed the connection ({why})") from None
+    except TimeoutError:
+        raise ClientError(f"no answer from {url} within {TURN_TIMEOUT_S:g} s") from None
+    except RuntimeError as exc:
+        raise ClientError(str(exc)) from None
     except OSError as exc:
-        print(f"voicert client: cannot connect to {url}: {exc}", file=sys.stderr)
-        return 2
+        raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+    for index in result.unheard:
+        print(f"voicert client: {files[index]}: the server heard no speech in it (silence, or too "
+              "quiet for its voice detector); no turn", file=sys.stderr)
     if len(result.turns) > 1:
         print("\nall turns (ms):")
         done = [t for t in result.turns if t.latency]
@@ -196,4 +310,23 @@ def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None
         audio = b"".join(bytes(t.audio) for t in result.turns)
         write_wav(speak_to, decode_pcm(audio, "pcm16"), SPEAK_RATE)
         print(f"wrote {len(audio) / 2 / SPEAK_RATE:.1f} s of spoken replies to {speak_to}")
-    return 1 if result.errors else 0
+    return 1 if result.errors or result.unheard else 0
+
+
+UNHEARD_AFTER_S = 5.0  # after a clip's last frame, for the server to say it heard speech start
+TURN_TIMEOUT_S = 120.0
+
+
+def refused(url: str, status: int) -> str:
+    """What an HTTP status in answer to the WebSocket handshake means for the user."""
+    hint = {401: "it wants a token: give --token (or set VOICERT_TOKEN)",
+            403: "this token or origin is not allowed",
+            404: f"nothing is served at that path (the native stream is {STREAM_PATH})",
+            503: "it is full or still starting: try again shortly"}.get(status, "")
+    return f"the server refused the connection to {url}: HTTP {status}" + (f"; {hint}" if hint else "")
+
+
+def _resample(x: np.ndarray, rate: int, to: int) -> np.ndarray:
+    import soxr
+
+    return soxr.resample(x, rate, to).astype(np.float32)

@@ -87,3 +87,20 @@ def test_a_level_whose_generator_fell_behind_is_marked_invalid(tmp_path):
     md = write_all({1: on_time, 2: late}, tmp_path, 100.0, 1, "t", {})["markdown"].read_text()
     assert "1 sessions: P99 0.5 ms," in md and "2 sessions: P99 35.1 ms INVALID" in md
     assert "| ttft_ms | 5.0 | 5.0 | 5.0* |" in md and "fewer than 100 turns" in md
+
+
+def test_a_sweep_cut_short_keeps_the_levels_it_finished_on_disk(tmp_path):
+    import json
+
+    from loadgen.caller import CallerStats, TurnSample
+    from loadgen.report import LevelWriter
+
+    writer = LevelWriter(tmp_path, 100.0, "t", {"argv": ["--sweep", "1,2,4"]})
+    for n, ttft, held in ((1, 5.0, True), (2, 500.0, False)):
+        stats = CallerStats()
+        stats.turns.append(TurnSample(n, stages={"ttft_ms": ttft}))
+        writer.add(n, stats, held)
+        saved = json.loads((tmp_path / "result.json").read_text())
+        assert sorted(saved["levels"]) == [str(k) for k in range(1, n + 1)]
+        assert saved["meta"]["partial"] is True and saved["largest_holding_budget"] == 1
+        assert f"| {n} | 1 |" in (tmp_path / "report.md").read_text()
