@@ -142,3 +142,27 @@ async def test_client_says_a_clip_had_no_speech_and_goes_on_to_the_next(url, tmp
     out, err = capsys.readouterr()
     assert code == 1 and "Paris" in out
     assert "silent.wav: the server heard no speech in it" in err and "Traceback" not in err
+
+
+def test_ctrl_c_while_the_models_load_exits_at_once():
+    """The models load on a thread that cannot be interrupted: a Ctrl-C during start-up exits
+    without waiting for them (it used to go on loading for ~10 s), and says so."""
+    import signal
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "voicert", "serve", "--port", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        lines = []
+        for line in proc.stderr:  # the socket listens before the models load
+            lines.append(line)
+            if "listening on" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    said = "".join(lines) + rest
+    assert proc.returncode == 0 and "start-up interrupted" in said
+    assert "llm ready" not in said and "Traceback" not in said

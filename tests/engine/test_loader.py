@@ -24,3 +24,17 @@ def test_bad_llm_specs_are_config_errors(tmp_path):
         resolve_llm(str(tmp_path / "nope"), tmp_path)
     with pytest.raises(ConfigError, match="neither an HF checkpoint dir"):
         resolve_llm(str(tmp_path), tmp_path)
+
+
+def test_a_conversion_left_by_a_process_that_is_gone_is_cleared_and_a_live_ones_kept(tmp_path):
+    import os
+
+    from voicert.engine.loader import remove_stale_temps
+
+    out = tmp_path / "SmolLM2-x"
+    gone, live = tmp_path / "SmolLM2-x.tmp999999999", tmp_path / f"SmolLM2-x.tmp{os.getpid()}"
+    for d in (gone, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"half")
+    remove_stale_temps(out)
+    assert not gone.exists() and live.exists()

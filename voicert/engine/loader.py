@@ -52,6 +52,25 @@ def is_hf_dir(path: Path) -> bool:
         any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
 
 
+def remove_stale_temps(out: Path) -> None:
+    """Remove the temp dirs of conversions into ``out`` whose process is gone (a server stopped
+    during its start-up exits without finishing them)."""
+    for tmp in out.parent.glob(out.name + ".tmp*"):
+        pid = tmp.name.rsplit(".tmp", 1)[1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def convert_gguf(gguf: Path, out: Path) -> Path:
     """Dequantize ``gguf`` (fp32) into an HF checkpoint at ``out``. Atomic: written to a temp dir and
     renamed, so an interrupted conversion never leaves a half cache behind."""
@@ -62,6 +81,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     t0 = time.perf_counter()
     print(f"voicert: converting {gguf.name} once into {out} (dequantizing; later starts reuse it)",
           file=sys.stderr, flush=True)
+    remove_stale_temps(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)

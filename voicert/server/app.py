@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import os
 import signal
 import sys
 import time
@@ -121,6 +122,10 @@ class VoiceServer:
     sampler: Sampler | None = None  # the process's one telemetry sampler
     exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
     role: WorkerRole | None = None  # one of several workers (server.workers): its socket, hosts
+    # a stop while the models load: False waits for the loading thread (then frees what it
+    # loaded); True leaves it (``abandoned``) for a caller that exits the process at once
+    abandon_loading_on_stop: bool = False
+    abandoned: bool = False
 
     @property
     def cfg(self) -> Config:
@@ -367,9 +372,12 @@ class VoiceServer:
                 role.speech if role else None))
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if not loading.done():  # a thread cannot be interrupted: let it finish, then stop
+            if not loading.done():  # a thread cannot be interrupted
                 await self.shutdown()
-                self._discard(await loading)
+                if self.abandon_loading_on_stop:
+                    self.abandoned = True
+                    return
+                self._discard(await loading)  # let it finish, then free what it loaded
                 return
             stop.cancel()  # (not left pending when the loop closes)
             if loading.exception() is not None:  # a config error, a model that would not load
@@ -416,12 +424,18 @@ def run_server(cfg: Config, role: WorkerRole | None = None) -> int:
         return run_primary(cfg)
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
     limit_blas_threads(cfg.server.blas_threads)
-    server = VoiceServer(config=cfg, role=role)
+    server = VoiceServer(config=cfg, role=role, abandon_loading_on_stop=True)
     loop = new_event_loop()
     try:
         loop.run_until_complete(server.serve_until_stopped())
     finally:
         if server.services is not None:
             VoiceServer._discard(server.services)
-        loop.close()
+    if server.abandoned:  # Ctrl-C while loading: not another ~10 s for models no one will use
+        log.info("start-up interrupted: exiting without waiting for the models to load")
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(server.exit_code)
+    loop.close()
     return server.exit_code
