@@ -83,25 +83,37 @@ def main(argv: list[str] | None = None) -> int:
     if args.chaos:
         from loadgen import chaos
 
-        print(f"chaos: {args.callers} callers for {args.duration:g} s, an action every "
-              f"{args.chaos_every:g} s", file=sys.stderr, flush=True)
+        say(f"chaos: {args.callers} callers for {args.duration:g} s, an action every "
+            f"{args.chaos_every:g} s")
         stats, log = asyncio.run(chaos.run(spec, args.callers, args.chaos_every))
         text, ok = chaos.report(stats, log)
         print(text)
         return 0 if ok else 1
+    per_level = args.ramp + args.duration
     if args.sweep:
         levels_n = [int(x) for x in args.sweep.split(",")]
+        say(f"sweep: {len(levels_n)} level(s) ({args.sweep} sessions), ~{per_level:g} s each "
+            f"plus the last turns' answers; a line as each level ends")
         levels, best = asyncio.run(sweep(spec, levels_n, args.budget_ms, progress))
     elif args.arrival_rate:
+        say(f"open loop: {args.arrival_rate:g} new sessions a second for ~{per_level:g} s")
         levels = by_concurrency(asyncio.run(open_loop(spec, args.arrival_rate)))
     else:
+        say(f"closed loop: {args.callers} caller(s) for ~{per_level:g} s")
         levels = {args.callers: asyncio.run(closed_loop(spec, args.callers))}
     files = write_all(levels, Path(args.out), args.budget_ms, best, args.title,
                       {"argv": sys.argv[1:] if argv is None else argv,
                        "wall_s": round(time.monotonic() - t0, 1)})
     print(files["markdown"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))
+    if not any(p.suffix == ".png" for p in files.values()):
+        say("no plots: matplotlib is not installed (pip install -e '.[loadgen]' adds it)")
     return 0
+
+
+def say(line: str) -> None:
+    """Progress, on stderr (the report goes to stdout)."""
+    print(line, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

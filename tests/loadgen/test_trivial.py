@@ -32,3 +32,39 @@ async def test_the_generator_measures_each_answer_after_its_last_frame():
         assert t.finish_reason == "stop"
         # answered on the last frame: the server's interval lies within the caller's
         assert 0 < t.stages["ttft_ms"] <= t.client_ttft_ms <= t.client_done_ms
+
+
+def test_the_cli_says_what_it_is_doing_and_that_plots_need_matplotlib(tmp_path, monkeypatch,
+                                                                       capsys):
+    import asyncio
+    import sys
+    import threading
+
+    from loadgen.__main__ import main
+
+    table = clip_table(CLIPS)
+    ready, stop, port = threading.Event(), threading.Event(), []
+
+    async def trivial_server():
+        async with serve(lambda ws: _session(ws, table), "127.0.0.1", 0) as server:
+            port.append(server.sockets[0].getsockname()[1])
+            ready.set()
+            while not stop.is_set():
+                await asyncio.sleep(0.05)
+
+    thread = threading.Thread(target=asyncio.run, args=(trivial_server(),))
+    thread.start()
+    try:
+        ready.wait(30)
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a machine without it
+        code = main(["--url", f"ws://127.0.0.1:{port[0]}/v1/stream", "--wav", *CLIPS,
+                     "--sweep", "1", "--duration", "1", "--ramp", "0.1", "--turns", "1",
+                     "--out", str(tmp_path)])
+    finally:
+        stop.set()
+        thread.join()
+    out, err = capsys.readouterr()
+    assert code == 0 and "| 1 |" in out
+    assert "sweep: 1 level(s) (1 sessions)" in err and "1 sessions: " in err
+    assert "no plots: matplotlib is not installed" in err
+    assert not list(tmp_path.glob("*.png")) and (tmp_path / "report.md").is_file()
