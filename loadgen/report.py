@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from loadgen.caller import MAX_VALID_SLIP_MS, CallerStats
-from voicert.telemetry.latency import WATERFALL
+from voicert.telemetry.latency import STAGE_COLOURS, WATERFALL
 
 MIN_TURNS_FOR_P99 = 100  # below this, a P99 is little more than the largest sample
 ROWS = ("endpoint_ms", "asr_ms", "asr_wait_ms", "asr_decode_ms", "dispatch_ms", "queue_ms",
@@ -119,7 +119,8 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
     for stage in WATERFALL:
         p50 = np.array([np.percentile(v, 50) if (v := values(levels[n], stage)) else 0.0
                         for n in names])
-        ax.bar([str(n) for n in names], p50, bottom=bottom, label=stage.removesuffix("_ms"))
+        ax.bar([str(n) for n in names], p50, bottom=bottom, label=stage.removesuffix("_ms"),
+               color=STAGE_COLOURS[stage])
         bottom += p50
     ax.set_xlabel("concurrent sessions")
     ax.set_ylabel("P50 ms (stacked, last voice -> first token)")

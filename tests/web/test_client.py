@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import tempfile
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import numpy as np
 from tests.conftest import wav
 from tests.web.browser import ARTIFACTS, Browser, pytestmark, wait_for  # noqa: F401 (pytestmark)
 from voicert.audio.wav import write_wav
+from voicert.telemetry.latency import STAGE_COLOURS, WATERFALL
 
 
 def fake_mic_wav(directory: str) -> Path:
@@ -61,6 +63,26 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
         stats = await browser.js("JSON.stringify(window.voicert.stats)")
         assert '"audioChunks":0' not in stats, stats  # the reply's speech was scheduled to play
         assert await browser.js("window.voicert.stats.framesSent") > 100  # > 2 s of mic audio sent
+        # one stage-colour definition (/stages.js) behind the bars and their legend
+        legend = await browser.js("[...document.querySelectorAll('#legend span i')]"
+                                  ".map(i => getComputedStyle(i).backgroundColor).join(' ')")
+        assert legend.count("rgb(") == len(WATERFALL)
+        assert await browser.js("window.VOICERT_STAGES.colours.asr_ms") == STAGE_COLOURS["asr_ms"]
+        # the event inspector saw both directions; the export holds the turn and its latency
+        events = await browser.js("document.getElementById('events').textContent")
+        assert "\u2191 session.start" in events and "\u2193 turn.latency" in events
+        await browser.js("document.getElementById('export').click()")
+        exported = await browser.js("JSON.stringify(window.voicert.lastExport.messages)")
+        assert '"role":"user"' in exported and '"role":"agent"' in exported
+        assert "ttft_ms" in exported and "Paris" in exported
+        prompt = server.cfg.llm.system_prompt  # the server's own: the answers stay the same
+        await browser.js("document.getElementById('settings').open = true;"
+                         "document.getElementById('inspector').open = true;"
+                         f"document.getElementById('system-prompt').value = {json.dumps(prompt)};"
+                         "document.getElementById('system-prompt').dispatchEvent(new Event('change'))")
+        await wait_for(browser, "document.getElementById('events').textContent"
+                                ".includes('session.update')")  # the prompt applies at once
+        assert await browser.js("document.getElementById('mic').options.length") >= 1
         shot = await browser.call("Page.captureScreenshot", format="png")
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "client.png").write_bytes(base64.b64decode(shot["data"]))
@@ -74,11 +96,22 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
                                 " && window.voicert.stats.reconnects === 1")
         assert await browser.js("document.getElementById('banner').classList.contains('show')") is False
 
-        # typing works too (a new connection is a new conversation: ask a whole question)
-        await browser.js("document.getElementById('text').value = 'What is the capital of Germany?';"
-                         "document.getElementById('send').click()")
+        # the new session carries the settings' system prompt
+        assert await browser.js("[...document.querySelectorAll('#events div')].some(d => "
+                                "d.textContent.includes('session.start ') && "
+                                f"d.textContent.includes({json.dumps(prompt)}))")
+        # typing works too (a new connection is a new conversation: ask a whole question); the
+        # page shows it is thinking until the first token
+        assert await browser.js("document.getElementById('text').value = 'What is the capital of "
+                                "Germany?'; document.getElementById('send').click();"
+                                "document.getElementById('thinking').classList.contains('show')")
         await wait_for(browser, "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
                                 " && /berlin/i.test(e.textContent))", timeout=60)
+        assert not await browser.js("document.getElementById('thinking').classList.contains('show')")
+        await browser.js("document.getElementById('mute').click()")
+        muted_at = await browser.js("window.voicert.stats.framesSent")
+        await wait_for(browser, f"window.voicert.stats.framesSent > {muted_at} + 10")
+        assert await browser.js("window.voicert.muted")  # silence goes on; the microphone does not
     finally:
         await browser.close()
 

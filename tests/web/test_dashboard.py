@@ -13,6 +13,7 @@ from websockets.asyncio.client import connect
 from tests.conftest import wav
 from tests.web.browser import ARTIFACTS, Browser, pytestmark, wait_for  # noqa: F401 (pytestmark)
 from voicert.client import stream_audio
+from voicert.telemetry.latency import STAGE_COLOURS
 
 
 async def test_dashboard_shows_real_turns_live(server, url):
@@ -38,6 +39,10 @@ async def test_dashboard_shows_real_turns_live(server, url):
             " return n; })()")
         assert painted > 500
         assert "ttft_ms" in await browser.js("document.getElementById('last').textContent")
+        # rows are labelled by what the caller said; the colours are the client's (/stages.js)
+        said = await browser.js("state.turns.map(t => t.said).join(' | ')")
+        assert "germany" in said.lower()
+        assert await browser.js("colour('prefill_ms')") == STAGE_COLOURS["prefill_ms"]
         await wait_for(browser, "document.getElementById('sessions').textContent !== ''")
         shot = await browser.call("Page.captureScreenshot", format="png")
         ARTIFACTS.mkdir(exist_ok=True)

@@ -645,10 +645,14 @@ class Session:
             speech.finish()
             await speech.wait()
 
+    def _last_said(self) -> str:
+        """The caller's last message (what the reply answers), for the turn's record."""
+        return next((m.content for m in reversed(self.history.messages()) if m.role == "user"), "")
+
     async def _reply_done(self, turn: Turn, out: ReplyOutcome, tally: ReplyTally) -> None:
         reason = turn.cancel_reason if turn.cancel_requested else out.reason
         record = TurnRecord.from_trace(turn.trace, self.id, reason, tally.tokens,
-                                       self.cfg.telemetry.budget_ms)
+                                       self.cfg.telemetry.budget_ms, self._last_said())
         self.svc.metrics.observe_turn(record)
         stages = record.stages
         log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason,

@@ -42,6 +42,7 @@ from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.speech.denoise import RnNoise
 from voicert.speech.smart_turn import SmartTurn, TurnJudge
 from voicert.telemetry.gcwatch import GcWatch, settle
+from voicert.telemetry.latency import stages_js
 from voicert.telemetry.metrics import Metrics
 from voicert.telemetry.sampler import Sampler
 
@@ -156,6 +157,7 @@ class VoiceServer:
         routes.add("GET", "/metrics", self._metrics)
         for path in STATIC:
             routes.add("GET", path, self._static)
+        routes.add("GET", "/stages.js", self._stages_js)
         chat = ChatCompletions(lambda: self.services, lambda: self.ready)
         routes.add("POST", CHAT_PATH, chat.completions)
         routes.add("GET", MODELS_PATH, chat.models)
@@ -177,6 +179,10 @@ class VoiceServer:
         self._sampler_for(self.services).sample()
         return HttpResponse(http.HTTPStatus.OK, self.services.metrics.exposition(),
                             METRICS_CONTENT_TYPE)
+
+    async def _stages_js(self, request: HttpRequest) -> HttpResponse:
+        return HttpResponse(http.HTTPStatus.OK, stages_js().encode(),
+                            "text/javascript; charset=utf-8")
 
     async def _static(self, request: HttpRequest) -> HttpResponse:
         body, content_type = static_file(request.path)

@@ -97,6 +97,26 @@ STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 # voice_to_first_token_ms, so a waterfall of them shows where a turn's time went.
 WATERFALL: tuple[str, ...] = ("endpoint_ms", "asr_ms", "dispatch_ms", "queue_ms", "prefill_ms",
                               "handoff_ms", "send_ms")
+# One colour per stage for every chart: the browser client, the dashboard (both read them from
+# /stages.js, made by stages_js) and the load generator's plots.
+STAGE_COLOURS: dict[str, str] = {
+    "endpoint_ms": "#9e9e9e", "asr_ms": "#1f77b4", "dispatch_ms": "#17becf",
+    "queue_ms": "#bcbd22", "prefill_ms": "#ff7f0e", "handoff_ms": "#9467bd", "send_ms": "#2ca02c",
+    "asr_wait_ms": "#aec7e8", "asr_decode_ms": "#6baed6", "first_token_ms": "#e6550d",
+    "ttft_ms": "#d62728", "voice_to_first_token_ms": "#8c564b", "tts_ms": "#e377c2",
+    "ttfa_ms": "#c51b8a", "voice_to_first_audio_ms": "#7b4173", "tool_call_ms": "#637939",
+    "total_ms": "#393b79",
+}
+
+
+def stages_js() -> str:
+    """``/stages.js``: the stage table for the browser pages (names, waterfall order, colours,
+    what each stage measures), as ``window.VOICERT_STAGES``."""
+    import json
+
+    table = {"waterfall": list(WATERFALL), "colours": STAGE_COLOURS,
+             "docs": {s.name: s.doc for s in STAGES}}
+    return f"window.VOICERT_STAGES = {json.dumps(table, indent=1)};\n"
 
 
 def now_ns() -> int:
@@ -142,6 +162,9 @@ def format_table(rows: list[dict[str, float]], names: tuple[str, ...] = STAGE_NA
     return "\n".join(lines)
 
 
+SAID_CHARS = 80
+
+
 @dataclass(slots=True)
 class TurnRecord:
     """One finished turn, as dashboards and metrics see it."""
@@ -156,16 +179,17 @@ class TurnRecord:
     ttft_ms: float | None = None
     dominant_stage: str | None = None  # the waterfall slice that took longest
     over_budget: bool = False  # ttft_ms above the configured budget
+    said: str = ""  # the start of what the caller said (the dashboard's label for the turn)
 
     @classmethod
     def from_trace(cls, trace: TurnTrace, session_id: str, finish_reason: str, tokens: int,
-                   budget_ms: float) -> "TurnRecord":
+                   budget_ms: float, said: str = "") -> "TurnRecord":
         stages = trace.stages_ms()
         slices = {k: stages[k] for k in WATERFALL if k in stages}
         ttft = stages.get("ttft_ms")
         return cls(session_id, trace.turn_id, time.time(), stages, finish_reason, tokens, budget_ms,
                    ttft, max(slices, key=slices.get) if slices else None,
-                   ttft is not None and ttft > budget_ms)
+                   ttft is not None and ttft > budget_ms, said[:SAID_CHARS])
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

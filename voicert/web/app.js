@@ -4,26 +4,55 @@
 // No build step, no CDN. window.voicert exposes the state for tests and debugging.
 "use strict";
 
-const WATERFALL = ["endpoint_ms", "asr_ms", "dispatch_ms", "queue_ms", "prefill_ms", "handoff_ms", "send_ms"];
-const COLORS = ["#8c8c8c", "#1f77b4", "#17becf", "#bcbd22", "#ff7f0e", "#9467bd", "#2ca02c"];
+// the stage table, its order and colours shared with the dashboard and the load generator (/stages.js)
+const STAGES = window.VOICERT_STAGES || { waterfall: [], colours: {}, docs: {} };
+const WATERFALL = STAGES.waterfall;
 const OUT_RATE = 24000;  // the reply's speech: pcm16 at 24 kHz
+const MAX_EVENTS = 300;  // rows kept in the event inspector
 const $ = (id) => document.getElementById(id);
 
 const app = {
-  ws: null, running: false, started: false, mode: "hands-free", held: false,
-  stream: null, captureCtx: null, playCtx: null, node: null,
+  ws: null, running: false, started: false, mode: "hands-free", held: false, muted: false,
+  stream: null, captureCtx: null, playCtx: null, node: null, source: null,
   playhead: 0, sources: new Set(), agentEls: new Map(), reconnectDelay: 500, reconnectTimer: null,
-  stats: { framesSent: 0, audioChunks: 0, reconnects: 0, turns: 0 },
+  sessionId: "", t0: performance.now(), transcript: [], latencyRows: [], scaleMs: 500,
+  thinkingSince: 0, thinkingTimer: null, agentLevel: 0,
+  stats: { framesSent: 0, audioChunks: 0, reconnects: 0, turns: 0, events: 0 },
 };
 window.voicert = app;
+
+// ------------------------------------------------------------------ settings (kept in localStorage)
+
+const SETTINGS = ["server-url", "token", "system-prompt", "max-tokens", "mic"];
+
+function loadSettings() {
+  for (const id of SETTINGS) {
+    const v = localStorage.getItem(`voicert.${id}`);
+    if (v !== null && id !== "mic") $(id).value = v;
+  }
+  const token = new URLSearchParams(location.search).get("token");  // a link may carry one
+  if (token) $("token").value = token;
+}
+
+function saveSetting(id) { localStorage.setItem(`voicert.${id}`, $(id).value); }
 
 function setStatus(text, cls) { const s = $("status"); s.textContent = text; s.className = cls; }
 function banner(text) { const b = $("banner"); b.textContent = text || ""; b.classList.toggle("show", !!text); }
 
 function streamUrl() {
-  const token = new URLSearchParams(location.search).get("token");  // when the server wants one
-  const scheme = location.protocol === "https:" ? "wss" : "ws";
-  return `${scheme}://${location.host}/v1/stream` + (token ? `?token=${encodeURIComponent(token)}` : "");
+  // the settings' server (ws://, wss://, http://, https:// or host:port), else this page's server
+  const typed = $("server-url").value.trim();
+  const token = $("token").value.trim();
+  let url;
+  if (typed) {
+    url = new URL(/^[a-z]+:\/\//i.test(typed) ? typed : `http://${typed}`);
+    url.protocol = { "https:": "wss:", "wss:": "wss:" }[url.protocol] || "ws:";
+    if (url.pathname === "/" || !url.pathname) url.pathname = "/v1/stream";
+  } else {
+    url = new URL(`${location.protocol === "https:" ? "wss" : "ws"}://${location.host}/v1/stream`);
+  }
+  if (token) url.searchParams.set("token", token);
+  return url.toString();
 }
 
 function toBase64(buffer) {
@@ -40,38 +69,102 @@ function fromBase64(b64) {
 }
 
 function send(msg) {
-  if (app.ws && app.ws.readyState === WebSocket.OPEN) { app.ws.send(JSON.stringify(msg)); return true; }
+  if (app.ws && app.ws.readyState === WebSocket.OPEN) {
+    app.ws.send(JSON.stringify(msg));
+    logEvent("out", msg);
+    return true;
+  }
   return false;
+}
+
+// ------------------------------------------------------------------ event inspector
+
+function logEvent(dir, msg) {
+  const audio = msg.type === "audio" || msg.type === "response.audio";
+  if (audio && !$("show-audio").checked) return;
+  app.stats.events++;
+  const shown = Object.assign({}, msg);
+  for (const k of ["audio"]) if (typeof shown[k] === "string") shown[k] = `<${Math.floor(shown[k].length * 3 / 4)} bytes>`;
+  const row = document.createElement("div");
+  row.className = dir === "out" ? "out" : (msg.type === "error" ? "err" : "in");
+  const t = ((performance.now() - app.t0) / 1000).toFixed(3);
+  row.textContent = `${t} ${dir === "out" ? "\u2191" : "\u2193"} ${msg.type} ${JSON.stringify(shown)}`;
+  row.title = row.textContent;
+  const list = $("events");
+  const atBottom = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
+  list.appendChild(row);
+  while (list.childElementCount > MAX_EVENTS) list.firstElementChild.remove();
+  if (atBottom) list.scrollTop = list.scrollHeight;
+  $("event-count").textContent = String(app.stats.events);
 }
 
 // ------------------------------------------------------------------ audio in
 
+function micConstraints() {
+  const id = $("mic").value;
+  return { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true,
+           ...(id ? { deviceId: { exact: id } } : {}) };
+}
+
+async function openMic() {
+  app.stream = await navigator.mediaDevices.getUserMedia({ audio: micConstraints() });
+  app.source = app.captureCtx.createMediaStreamSource(app.stream);
+  app.source.connect(app.node);
+}
+
 async function startAudio() {
-  app.stream = await navigator.mediaDevices.getUserMedia({
-    audio: { channelCount: 1, echoCancellation: true, noiseSuppression: true, autoGainControl: true } });
   app.captureCtx = new AudioContext({ sampleRate: 16000 });  // the browser resamples the mic for us
   await app.captureCtx.audioWorklet.addModule("/capture-worklet.js");
-  const source = app.captureCtx.createMediaStreamSource(app.stream);
   app.node = new AudioWorkletNode(app.captureCtx, "voicert-capture");
   const mute = app.captureCtx.createGain();
   mute.gain.value = 0;  // keep the node pulled by the graph without echoing the mic
-  source.connect(app.node).connect(mute).connect(app.captureCtx.destination);
+  app.node.connect(mute).connect(app.captureCtx.destination);
   app.node.port.onmessage = onFrame;
   app.playCtx = new AudioContext();
+  await openMic();
   await Promise.all([app.captureCtx.resume(), app.playCtx.resume()]);
+  listMics();  // device names are readable once the user allowed the microphone
 }
 
+async function switchMic() {
+  saveSetting("mic");
+  if (!app.captureCtx) return;
+  if (app.source) app.source.disconnect();
+  if (app.stream) app.stream.getTracks().forEach((t) => t.stop());
+  try { await openMic(); } catch (err) { banner(`Microphone unavailable: ${err.message}`); }
+}
+
+async function listMics() {
+  if (!navigator.mediaDevices || !navigator.mediaDevices.enumerateDevices) return;
+  const mics = (await navigator.mediaDevices.enumerateDevices()).filter((d) => d.kind === "audioinput");
+  const sel = $("mic"), want = sel.value || localStorage.getItem("voicert.mic") || "";
+  sel.innerHTML = "";
+  sel.appendChild(new Option("default", ""));
+  mics.forEach((d, i) => { if (d.deviceId && d.deviceId !== "default") sel.appendChild(new Option(d.label || `microphone ${i + 1}`, d.deviceId)); });
+  sel.value = [...sel.options].some((o) => o.value === want) ? want : "";
+}
+
+const SILENT_FRAME = new Int16Array(320).buffer;  // 20 ms at 16 kHz
+
 function onFrame(e) {
-  $("meter").firstElementChild.style.width = `${Math.min(100, e.data.peak * 300)}%`;
+  $("meter").firstElementChild.style.width = `${app.muted ? 0 : Math.min(100, e.data.peak * 300)}%`;
   if (!app.started) return;
   if (app.mode === "push-to-talk" && !app.held && !e.data.last) return;
-  if (send({ type: "audio", audio: toBase64(e.data.pcm) })) app.stats.framesSent++;
+  // muted: silence keeps the server's clock (and its endpointing) going; your voice does not leave
+  const pcm = app.muted ? SILENT_FRAME : e.data.pcm;
+  if (send({ type: "audio", audio: toBase64(pcm) })) app.stats.framesSent++;
+}
+
+function toggleMute() {
+  app.muted = !app.muted;
+  $("mute").classList.toggle("on", app.muted);
+  $("mute").textContent = app.muted ? "Unmute" : "Mute";
 }
 
 function stopAudio() {
   if (app.stream) app.stream.getTracks().forEach((t) => t.stop());
   for (const ctx of [app.captureCtx, app.playCtx]) if (ctx) ctx.close();
-  app.stream = app.captureCtx = app.playCtx = app.node = null;
+  app.stream = app.captureCtx = app.playCtx = app.node = app.source = null;
 }
 
 // ------------------------------------------------------------------ audio out
@@ -82,7 +175,9 @@ function play(b64) {
   if (!pcm.length) return;
   const buf = app.playCtx.createBuffer(1, pcm.length, OUT_RATE);
   const ch = buf.getChannelData(0);
-  for (let i = 0; i < pcm.length; i++) ch[i] = pcm[i] / 32768;
+  let peak = 0;
+  for (let i = 0; i < pcm.length; i++) { ch[i] = pcm[i] / 32768; peak = Math.max(peak, Math.abs(ch[i])); }
+  agentLevelAt(Math.max(app.playCtx.currentTime + 0.02, app.playhead), buf.duration, peak);
   const src = app.playCtx.createBufferSource();
   src.buffer = buf;
   src.connect(app.playCtx.destination);
@@ -94,10 +189,22 @@ function play(b64) {
   app.stats.audioChunks++;
 }
 
+function agentLevelAt(at, duration, peak) {
+  // the agent's meter moves while its audio plays (not when it arrives)
+  const ctx = app.playCtx, startMs = Math.max(0, (at - ctx.currentTime) * 1000);
+  setTimeout(() => { app.agentLevel = Math.max(app.agentLevel, peak); }, startMs);
+}
+
+setInterval(() => {  // the agent's level decays between chunks
+  app.agentLevel *= 0.8;
+  $("agent-meter").firstElementChild.style.width = `${Math.min(100, app.agentLevel * 150)}%`;
+}, 50);
+
 function stopPlayback() {
   for (const src of app.sources) { try { src.stop(); } catch (_) { /* already stopped */ } }
   app.sources.clear();
   app.playhead = 0;
+  app.agentLevel = 0;
 }
 
 // ------------------------------------------------------------------ conversation view
@@ -135,21 +242,53 @@ function showPartial(stable, unstable) {
   p.appendChild(u);
 }
 
+function waterfallTotal(stages) {
+  return stages.voice_to_first_token_ms || WATERFALL.reduce((a, k) => a + (stages[k] || 0), 0);
+}
+
+function drawBar(c, stages) {
+  // every turn's bar on one scale (it grows to the slowest turn so far, in 250 ms steps)
+  const g = c.getContext("2d");
+  g.clearRect(0, 0, c.width, c.height);
+  const scale = c.width / app.scaleMs;
+  let x = 0;
+  for (const k of WATERFALL) {
+    const w = Math.max(0, (stages[k] || 0) * scale);
+    g.fillStyle = STAGES.colours[k] || "#999"; g.fillRect(x, 0, w, c.height); x += w;
+  }
+}
+
+function showLegend() {
+  $("legend").innerHTML = "";
+  for (const k of WATERFALL) {
+    const span = document.createElement("span");
+    span.innerHTML = `<i style="background:${STAGES.colours[k] || "#999"}"></i>`;
+    span.appendChild(document.createTextNode(k.replace(/_ms$/, "")));
+    span.title = STAGES.docs[k] || "";
+    $("legend").appendChild(span);
+  }
+  const scale = document.createElement("span");
+  scale.id = "scale";
+  scale.textContent = `bar width = ${app.scaleMs} ms`;
+  $("legend").appendChild(scale);
+}
+
 function showLatency(turnId, stages) {
   const row = document.createElement("div");
   row.className = "lat";
   row.dataset.turn = turnId;
-  const total = stages.voice_to_first_token_ms || WATERFALL.reduce((a, k) => a + (stages[k] || 0), 0);
   const c = document.createElement("canvas");
   c.width = 320; c.height = 12;
-  const g = c.getContext("2d");
-  const scale = c.width / Math.max(total, 200);
-  let x = 0;
-  WATERFALL.forEach((k, i) => {
-    const w = Math.max(0, (stages[k] || 0) * scale);
-    g.fillStyle = COLORS[i]; g.fillRect(x, 0, w, c.height); x += w;
-  });
   c.title = WATERFALL.map((k) => `${k.replace("_ms", "")} ${(stages[k] || 0).toFixed(1)} ms`).join("\n");
+  const need = Math.ceil(waterfallTotal(stages) / 250) * 250;
+  app.latencyRows.push([c, stages]);
+  if (need > app.scaleMs) {
+    app.scaleMs = need;
+    for (const [other, st] of app.latencyRows) drawBar(other, st);
+    showLegend();
+  } else {
+    drawBar(c, stages);
+  }
   row.appendChild(c);
   const parts = [["ttft", stages.ttft_ms], ["ttfa", stages.ttfa_ms], ["asr", stages.asr_ms],
                  ["prefill", stages.prefill_ms], ["voice->token", stages.voice_to_first_token_ms]];
@@ -157,12 +296,47 @@ function showLatency(turnId, stages) {
     .map(([k, v]) => `${k} ${v.toFixed(0)} ms`).join(" · ")));
   const anchor = app.agentEls.get(turnId);
   if (anchor) anchor.after(row); else $("turns").appendChild(row);
+  const said = app.transcript.find((m) => m.role === "agent" && m.turn_id === turnId);
+  if (said) said.latency_ms = stages;
+}
+
+// ------------------------------------------------------------------ thinking indicator
+
+function thinking(on) {
+  clearInterval(app.thinkingTimer);
+  $("thinking").classList.toggle("show", on);
+  if (!on) return;
+  app.thinkingSince = performance.now();
+  const tick = () => { $("thinking").textContent = `thinking ${Math.round(performance.now() - app.thinkingSince)} ms`; };
+  tick();
+  app.thinkingTimer = setInterval(tick, 50);
+}
+
+// ------------------------------------------------------------------ transcript export
+
+function exportTranscript() {
+  const doc = { session_id: app.sessionId, exported_at: new Date().toISOString(),
+                server: streamUrl().replace(/token=[^&]*/, "token=..."), messages: app.transcript };
+  const blob = new Blob([JSON.stringify(doc, null, 1)], { type: "application/json" });
+  const a = document.createElement("a");
+  a.href = URL.createObjectURL(blob);
+  a.download = `voicert-${app.sessionId || "conversation"}.json`;
+  app.lastExport = doc;  // for tests
+  document.body.appendChild(a); a.click(); a.remove();
+  setTimeout(() => URL.revokeObjectURL(a.href), 1000);
+}
+
+function remember(role, text, turnId) {
+  app.transcript.push({ role, text, turn_id: turnId === undefined ? null : turnId,
+                        at: new Date().toISOString() });
 }
 
 function handle(msg) {
+  logEvent("in", msg);
   switch (msg.type) {
     case "session.started":
       app.started = true;
+      app.sessionId = msg.session_id;
       app.reconnectDelay = 500;
       setStatus("live", "live");
       banner("");
@@ -177,21 +351,25 @@ function handle(msg) {
       break;
     case "transcript.final":
       showPartial("", "");
-      if (msg.text) addMessage("user", "you", msg.text);
+      if (msg.text) { addMessage("user", "you", msg.text); remember("user", msg.text, msg.turn_id); thinking(true); }
       break;
     case "response.started":
       agentEl(msg.turn_id);
       break;
     case "response.token":
+      thinking(false);
       agentEl(msg.turn_id).querySelector(".text").textContent += msg.text;
       break;
     case "response.audio":
       play(msg.audio);
       break;
     case "response.done": {
+      thinking(false);
       app.stats.turns++;
       const el = agentEl(msg.turn_id);
       el.dataset.done = msg.finish_reason;
+      remember("agent", el.querySelector(".text").textContent, msg.turn_id);
+      app.transcript[app.transcript.length - 1].finish_reason = msg.finish_reason;
       if (msg.finish_reason === "interrupted" || msg.finish_reason === "cancelled") {
         stopPlayback();
         const tag = document.createElement("span");
@@ -211,6 +389,7 @@ function handle(msg) {
       showLatency(msg.turn_id, msg.stages);
       break;
     case "error":
+      thinking(false);
       banner(`server: ${msg.code}: ${msg.message}`);
       break;
   }
@@ -221,18 +400,29 @@ function handle(msg) {
 function connect() {
   clearTimeout(app.reconnectTimer);
   setStatus("connecting...", "wait");
-  const ws = new WebSocket(streamUrl());
+  let ws;
+  try {
+    ws = new WebSocket(streamUrl());
+  } catch (err) {  // a server field the browser cannot make a URL of
+    banner(`Server: ${err.message}`);
+    stop();
+    return;
+  }
   app.ws = ws;
   ws.onopen = () => {
     const ptt = app.mode === "push-to-talk";
-    send({ type: "session.start", protocol_version: 1, sample_rate: 16000, encoding: "pcm16",
-           options: { turn_detection: ptt ? "manual" : "server_vad",
-                      output_audio: $("speak").checked ? { encoding: "pcm16", sample_rate: OUT_RATE } : null } });
+    const options = { turn_detection: ptt ? "manual" : "server_vad",
+                      output_audio: $("speak").checked ? { encoding: "pcm16", sample_rate: OUT_RATE } : null };
+    const prompt = $("system-prompt").value.trim(), maxTokens = parseInt($("max-tokens").value, 10);
+    if (maxTokens > 0) options.max_new_tokens = maxTokens;
+    send({ type: "session.start", protocol_version: 1, sample_rate: 16000, encoding: "pcm16", options,
+           ...(prompt ? { system_prompt: prompt } : {}) });
   };
   ws.onmessage = (e) => { try { handle(JSON.parse(e.data)); } catch (err) { console.error(err); } };
   ws.onclose = (e) => {
     if (app.ws !== ws) return;
     app.started = false;
+    thinking(false);
     stopPlayback();
     if (!app.running) { setStatus("disconnected", "down"); return; }
     const wait = app.reconnectDelay;
@@ -253,7 +443,9 @@ async function start() {
     banner(`Microphone unavailable: ${err.message}. You can still type.`);
   }
   app.running = true;
+  app.t0 = performance.now();
   $("stop").disabled = false;
+  $("mute").disabled = false;
   $("send").disabled = false;
   $("ptt").disabled = app.mode !== "push-to-talk";
   connect();
@@ -268,8 +460,11 @@ function stop() {
   banner("");
   $("start").disabled = false;
   $("stop").disabled = true;
+  $("mute").disabled = true;
   $("ptt").disabled = true;
   $("send").disabled = true;
+  thinking(false);
+  setStatus("stopped", "down");
 }
 
 function pttDown() {
@@ -289,6 +484,14 @@ function pttUp() {
 
 $("start").onclick = start;
 $("stop").onclick = stop;
+$("mute").onclick = toggleMute;
+$("export").onclick = exportTranscript;
+$("mic").onchange = switchMic;
+for (const id of ["server-url", "token", "max-tokens"]) $(id).onchange = () => saveSetting(id);
+$("system-prompt").onchange = () => {
+  saveSetting("system-prompt");
+  if (app.started) send({ type: "session.update", system_prompt: $("system-prompt").value.trim() || null });
+};
 $("ptt").onmousedown = pttDown; $("ptt").onmouseup = pttUp; $("ptt").onmouseleave = pttUp;
 $("ptt").ontouchstart = (e) => { e.preventDefault(); pttDown(); };
 $("ptt").ontouchend = (e) => { e.preventDefault(); pttUp(); };
@@ -306,6 +509,11 @@ $("typed").onsubmit = (e) => {
   const text = $("text").value.trim();
   if (!text || !send({ type: "user.text", text })) return;
   addMessage("user", "you", text);
+  remember("user", text);
+  thinking(true);
   $("text").value = "";
 };
+loadSettings();
+showLegend();
+listMics();
 if (new URLSearchParams(location.search).get("autostart") === "1") start();

@@ -1,7 +1,9 @@
 // voicert live latency dashboard: plain canvas drawing, no libraries, no network beyond this server.
 "use strict";
 
-const COLORS = ["#9e9e9e", "#1f77b4", "#8c564b", "#ff7f0e", "#2ca02c", "#9467bd", "#17becf"];
+// one colour per stage, shared with the browser client and the load generator's plots (/stages.js)
+const STAGE_COLOURS = (window.VOICERT_STAGES || { colours: {} }).colours;
+const colour = k => STAGE_COLOURS[k] || "#999";
 const PCT_STAGES = ["endpoint_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "send_ms",
                     "ttft_ms", "voice_to_first_token_ms", "ttfa_ms"];
 const state = { turns: [], waterfall: [], budget: 100, series: [], maxTurns: 200 };
@@ -24,7 +26,7 @@ function drawWaterfall() {
   const cv = document.getElementById("waterfall"), ctx = setup(cv);
   const rows = state.turns.slice(-24);
   if (!rows.length) { ctx.fillText("no turns yet", 20, 20); return; }
-  const left = 90, right = cv.width - 10, top = 10, rowH = Math.min(14, (cv.height - 30) / rows.length);
+  const left = 210, right = cv.width - 10, top = 10, rowH = Math.min(14, (cv.height - 30) / rows.length);
   const total = r => state.waterfall.reduce((s, k) => s + (r.stages[k] || 0), 0);
   const maxMs = Math.max(...rows.map(r => Math.max(total(r), (r.stages.endpoint_ms || 0) + state.budget)));
   const x = ms => left + (right - left) * ms / maxMs;
@@ -33,18 +35,30 @@ function drawWaterfall() {
     let acc = 0;
     state.waterfall.forEach((k, j) => {
       const v = r.stages[k] || 0;
-      ctx.fillStyle = COLORS[j % COLORS.length];
+      ctx.fillStyle = colour(k);
       ctx.fillRect(x(acc), y, Math.max(x(acc + v) - x(acc), 0.5), rowH - 2);
       acc += v;
     });
     const b = x((r.stages.endpoint_ms || 0) + state.budget);
     ctx.fillStyle = "#d00"; ctx.fillRect(b - 1, y - 1, 2, rowH);
+    if (STOPPED.has(r.finish_reason)) {  // the caller talked over it, or it was cancelled
+      ctx.fillStyle = "#b00";
+      ctx.fillText(`\u2715 ${r.finish_reason}`, Math.min(x(acc) + 4, right - 80), y + rowH - 3);
+    }
     ctx.fillStyle = r.over_budget ? "#b00" : "#222";
-    ctx.fillText(`${r.session_id.slice(0, 6)}/${r.turn_id}`, 4, y + rowH - 3);
+    ctx.fillText(label(r), 4, y + rowH - 3);
   });
   ctx.fillStyle = "#555";
   ctx.fillText(`0 ms`, left, cv.height - 4);
   ctx.fillText(`${maxMs.toFixed(0)} ms`, right - 50, cv.height - 4);
+}
+
+const STOPPED = new Set(["interrupted", "cancelled", "error"]);
+
+function label(r) {  // what the caller said, else the session and turn
+  const said = (r.said || "").trim();
+  const text = said ? `"${said}"` : `${r.session_id.slice(0, 6)}/${r.turn_id}`;
+  return text.length > 30 ? text.slice(0, 29) + "\u2026" : text;
 }
 
 function drawPercentiles() {
@@ -106,7 +120,7 @@ function render() {
 
 function legend() {
   document.getElementById("legend").innerHTML = state.waterfall
-    .map((k, j) => `<span><i style="background:${COLORS[j % COLORS.length]}"></i>${k.replace(/_ms$/, "")}</span>`)
+    .map(k => `<span><i style="background:${colour(k)}"></i>${k.replace(/_ms$/, "")}</span>`)
     .join("");
 }
 
