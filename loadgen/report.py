@@ -95,25 +95,25 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
 
     out_dir.mkdir(parents=True, exist_ok=True)
     files = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for n, stats in sorted(levels.items()):
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
+    for i, (n, stats) in enumerate(sorted(levels.items())):
         for name, style in (("ttft_ms", "-"), ("client_ttft_ms", ":")):
             xs = np.sort(values(stats, name))
-            if xs.size:
-                ax.plot(xs, np.arange(1, xs.size + 1) / xs.size, style,
+            if xs.size:  # one colour per level: solid the server's figure, dotted the client's
+                ax.plot(xs, np.arange(1, xs.size + 1) / xs.size, style, color=f"C{i % 10}",
                         label=f"{n} sessions, {'server' if name == 'ttft_ms' else 'client'}")
     ax.axvline(budget_ms, color="red", lw=1, label=f"budget {budget_ms:g} ms")
     ax.set_xlabel("time to first token (ms)")
     ax.set_ylabel("fraction of turns")
     ax.set_title("TTFT CDF by concurrency")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     files.append(out_dir / "ttft_cdf.png")
     fig.tight_layout()
-    fig.savefig(files[-1], dpi=110)
+    fig.savefig(files[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     names = sorted(levels)
     bottom = np.zeros(len(names))
     for stage in WATERFALL:
@@ -125,10 +125,10 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
     ax.set_xlabel("concurrent sessions")
     ax.set_ylabel("P50 ms (stacked, last voice -> first token)")
     ax.set_title("Where the time goes, by concurrency")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     files.append(out_dir / "stages_by_concurrency.png")
     fig.tight_layout()
-    fig.savefig(files[-1], dpi=110)
+    fig.savefig(files[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
     return files
 

@@ -53,8 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(pr)
     c = subs.add_parser("client", help="stream WAV files as turns of one session")
     c.add_argument("wav", nargs="+", help="WAV files (PCM or G.711), one turn each")
-    c.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream",
-                   help="the server (ws://, wss://, or http://HOST:PORT)")
+    c.add_argument("--url", default=os.environ.get("VOICERT_URL", "ws://127.0.0.1:8765/v1/stream"),
+                   help="the server (ws://, wss://, or http://HOST:PORT; default: $VOICERT_URL, "
+                        "else ws://127.0.0.1:8765/v1/stream)")
     c.add_argument("--token", default=os.environ.get("VOICERT_TOKEN"),
                    help="the server's access token (default: $VOICERT_TOKEN)")
     c.add_argument("--fast", action="store_true", help="send audio as fast as possible")

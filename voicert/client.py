@@ -125,6 +125,9 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
         if msg["type"] != "session.started":
             raise RuntimeError(f"session refused: {msg.get('message', msg)}")
         result.session_id = msg["session_id"]
+        result.events.append(msg)
+        if on_event:
+            on_event(msg)
         turn_done = asyncio.Event()
         speech_heard = asyncio.Event()
         current: dict[int, TurnResult] = {}

@@ -1,5 +1,6 @@
 import base64
 import json
+import re
 
 import msgpack
 import pytest
@@ -120,3 +121,19 @@ def test_tool_events_go_out_from_the_core_events():
     assert sent[2] == {"type": "tool.call", "turn_id": 2, "call_id": "call_1", "name": "weather",
                        "arguments": '{"city": "Oslo"}', "server": False}
     assert sent[4]["tool_calls"] == ["call_1"]
+
+
+def test_turn_taking_options_travel_in_session_start_and_unknown_options_are_refused():
+    start = p.decode_client(json.dumps({
+        "type": "session.start", "options": {"end_of_turn": "silence", "silence_ms": 700,
+                                             "vad_threshold": 0.6}}))
+    assert (start.end_of_turn, start.silence_ms, start.vad_threshold) == ("silence", 700, 0.6)
+    plain = p.decode_client(json.dumps({"type": "session.start"}))
+    assert (plain.end_of_turn, plain.silence_ms, plain.vad_threshold) == (None, None, None)
+    for options, said in (({"end_of_turn": "psychic"}, "end_of_turn must be one of"),
+                          ({"silence_ms": 5}, "silence_ms must be in [32, 10000]"),
+                          ({"vad_threshold": 1.5}, "vad_threshold must be in (0, 1)"),
+                          ({"silense_ms": 700}, "options: unknown silense_ms")):
+        with pytest.raises(p.ProtocolError, match=re.escape(said)) as err:
+            p.decode_client(json.dumps({"type": "session.start", "options": options}))
+        assert err.value.code == p.ErrorCode.INVALID

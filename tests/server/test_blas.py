@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 PROBE = """
+import numpy  # loaded, as in every server process
 import threadpoolctl
 from voicert.hosting import limit_blas_threads
 

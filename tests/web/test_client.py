@@ -79,7 +79,9 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
         await browser.js("document.getElementById('settings').open = true;"
                          "document.getElementById('inspector').open = true;"
                          f"document.getElementById('system-prompt').value = {json.dumps(prompt)};"
-                         "document.getElementById('system-prompt').dispatchEvent(new Event('change'))")
+                         "document.getElementById('system-prompt').dispatchEvent(new Event('change'));"
+                         "document.getElementById('end-of-turn').value = 'silence';"
+                         "document.getElementById('silence-ms').value = '700';")
         await wait_for(browser, "document.getElementById('events').textContent"
                                 ".includes('session.update')")  # the prompt applies at once
         assert await browser.js("document.getElementById('mic').options.length") >= 1
@@ -99,7 +101,8 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
         # the new session carries the settings' system prompt
         assert await browser.js("[...document.querySelectorAll('#events div')].some(d => "
                                 "d.textContent.includes('session.start ') && "
-                                f"d.textContent.includes({json.dumps(prompt)}))")
+                                f"d.textContent.includes({json.dumps(prompt)}) && "
+                                "d.textContent.includes('\"end_of_turn\":\"silence\",\"silence_ms\":700'))")
         # typing works too (a new connection is a new conversation: ask a whole question); the
         # page shows it is thinking until the first token
         assert await browser.js("document.getElementById('text').value = 'What is the capital of "

@@ -24,6 +24,9 @@ from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, 
 PROTOCOL_VERSION = 1
 ENCODINGS = ("pcm16", "f32", "mulaw", "alaw")
 TURN_DETECTION = ("server_vad", "manual")
+END_OF_TURN = ("semantic", "silence")
+SESSION_OPTIONS = frozenset({"turn_detection", "max_new_tokens", "output_audio", "tools",
+                             "tool_choice", "end_of_turn", "silence_ms", "vad_threshold"})
 
 
 class ErrorCode(str, enum.Enum):
@@ -81,6 +84,10 @@ class SessionStart:
     protocol_version: int = PROTOCOL_VERSION
     tools: tuple[ToolSpec, ...] = ()  # functions the client runs when the model calls them
     tool_choice: ToolChoice | None = None  # None: the server's tools.choice
+    end_of_turn: str | None = None  # "semantic" | "silence"; None: the server's turn.detector
+    silence_ms: int | None = None  # silence: the trailing silence that ends a turn; semantic: the
+    # longest wait after an utterance judged incomplete. None: the server's
+    vad_threshold: float | None = None  # speech probability that counts as speech (0-1)
     type: str = field(default="session.start", init=False)
 
 
@@ -345,6 +352,10 @@ def _session_start(msg: dict) -> SessionStart:
                             f"protocol_version {version} not supported (this server speaks "
                             f"{PROTOCOL_VERSION})")
     options = _field(msg, "options", dict, {})
+    unknown = sorted(set(options) - SESSION_OPTIONS)
+    if unknown:  # said, not ignored: a misspelt option would otherwise just not apply
+        raise ProtocolError(ErrorCode.INVALID, f"options: unknown {', '.join(unknown)[:200]} "
+                            f"(known: {', '.join(sorted(SESSION_OPTIONS))})")
     turn = _field(options, "turn_detection", str, "server_vad")
     if turn not in TURN_DETECTION:
         raise ProtocolError(ErrorCode.INVALID,
@@ -356,6 +367,16 @@ def _session_start(msg: dict) -> SessionStart:
     output_audio = None if out is None else OutputAudio(
         _field(out, "encoding", str, "pcm16"), _field(out, "sample_rate", int, 24000))
     tools, choice = _tools(options, "options.")
+    end_of_turn = _field(options, "end_of_turn", str, None)
+    if end_of_turn is not None and end_of_turn not in END_OF_TURN:
+        raise ProtocolError(ErrorCode.INVALID,
+                            f"options.end_of_turn must be one of {', '.join(END_OF_TURN)}")
+    silence_ms = _field(options, "silence_ms", int, None)
+    if silence_ms is not None and not 32 <= silence_ms <= 10000:
+        raise ProtocolError(ErrorCode.INVALID, "options.silence_ms must be in [32, 10000]")
+    vad_threshold = _field(options, "vad_threshold", (int, float), None)
+    if vad_threshold is not None and not 0 < vad_threshold < 1:
+        raise ProtocolError(ErrorCode.INVALID, "options.vad_threshold must be in (0, 1)")
     return SessionStart(
         sample_rate=_field(msg, "sample_rate", int, 16000),
         encoding=_field(msg, "encoding", str, "pcm16"),
@@ -366,6 +387,9 @@ def _session_start(msg: dict) -> SessionStart:
         protocol_version=version,
         tools=tools or (),
         tool_choice=choice,
+        end_of_turn=end_of_turn,
+        silence_ms=silence_ms,
+        vad_threshold=None if vad_threshold is None else float(vad_threshold),
     )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
@@ -12,7 +13,7 @@ from websockets.exceptions import ConnectionClosed
 
 from voicert.agent.session import Services, Session
 from voicert.core import events as ev
-from voicert.config import SUPPORTED_SAMPLE_RATES
+from voicert.config import SUPPORTED_SAMPLE_RATES, ConfigError, TurnConfig, VadConfig
 from voicert.protocol import native as p
 from voicert.server.access import RateLimiter
 from voicert.transport.spoken import PacingClock, bytes_per_ms
@@ -292,7 +293,8 @@ class Connection(BaseConnection):
             return
         sid = uuid.uuid4().hex[:12]
         try:
-            self.session = Session(sid, start, self.svc, self.on_event)
+            vad, turn = session_turn_taking(start, self.svc)
+            self.session = Session(sid, start, self.svc, self.on_event, vad=vad, turn=turn)
         except p.ProtocolError:
             self.release_session()
             raise
@@ -321,3 +323,27 @@ def check_format(encoding: str, rate: int, prefix: str) -> None:
         raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
                               f"{prefix}encoding {encoding[:32]!r} not supported "
                               f"(supported: {', '.join(p.ENCODINGS)})")
+
+
+def session_turn_taking(start: p.SessionStart, svc: Services) -> tuple[VadConfig, TurnConfig]:
+    """The server's VAD and turn settings with a native session's own (``options.end_of_turn``,
+    ``silence_ms``, ``vad_threshold``) applied. ``silence_ms`` is the endpoint silence of the
+    silence detector, or the semantic detector's longest wait after an incomplete utterance.
+    Raises ``ProtocolError`` (invalid) for a combination the settings refuse."""
+    vad, turn = svc.cfg.vad, svc.cfg.turn
+    try:
+        if start.vad_threshold is not None:
+            vad = dataclasses.replace(vad, threshold=start.vad_threshold,
+                                      neg_threshold=min(vad.neg_threshold, start.vad_threshold))
+        if start.end_of_turn is not None and start.end_of_turn != turn.detector:
+            turn = dataclasses.replace(turn, detector=start.end_of_turn)
+            if turn.detector == "semantic" and svc.turn_judge is None:  # no audio model loaded
+                turn = dataclasses.replace(turn, model="none", text_cue=True)
+        if start.silence_ms is not None:
+            if turn.detector == "silence":
+                vad = dataclasses.replace(vad, min_silence_ms=start.silence_ms)
+            else:
+                turn = dataclasses.replace(turn, max_silence_ms=start.silence_ms)
+    except ConfigError as exc:
+        raise p.ProtocolError(p.ErrorCode.INVALID, f"options: {exc}") from None
+    return vad, turn

@@ -23,7 +23,8 @@ window.voicert = app;
 
 // ------------------------------------------------------------------ settings (kept in localStorage)
 
-const SETTINGS = ["server-url", "token", "system-prompt", "max-tokens", "mic"];
+const SETTINGS = ["server-url", "token", "system-prompt", "max-tokens", "end-of-turn", "silence-ms",
+                  "vad-threshold", "mic"];
 
 function loadSettings() {
   for (const id of SETTINGS) {
@@ -278,7 +279,7 @@ function showLatency(turnId, stages) {
   row.className = "lat";
   row.dataset.turn = turnId;
   const c = document.createElement("canvas");
-  c.width = 320; c.height = 12;
+  c.width = 260; c.height = 12;
   c.title = WATERFALL.map((k) => `${k.replace("_ms", "")} ${(stages[k] || 0).toFixed(1)} ms`).join("\n");
   const need = Math.ceil(waterfallTotal(stages) / 250) * 250;
   app.latencyRows.push([c, stages]);
@@ -415,6 +416,11 @@ function connect() {
                       output_audio: $("speak").checked ? { encoding: "pcm16", sample_rate: OUT_RATE } : null };
     const prompt = $("system-prompt").value.trim(), maxTokens = parseInt($("max-tokens").value, 10);
     if (maxTokens > 0) options.max_new_tokens = maxTokens;
+    const endOfTurn = $("end-of-turn").value, silence = parseInt($("silence-ms").value, 10);
+    const threshold = parseFloat($("vad-threshold").value);
+    if (endOfTurn) options.end_of_turn = endOfTurn;
+    if (silence > 0) options.silence_ms = silence;
+    if (threshold > 0 && threshold < 1) options.vad_threshold = threshold;
     send({ type: "session.start", protocol_version: 1, sample_rate: 16000, encoding: "pcm16", options,
            ...(prompt ? { system_prompt: prompt } : {}) });
   };
@@ -487,7 +493,9 @@ $("stop").onclick = stop;
 $("mute").onclick = toggleMute;
 $("export").onclick = exportTranscript;
 $("mic").onchange = switchMic;
-for (const id of ["server-url", "token", "max-tokens"]) $(id).onchange = () => saveSetting(id);
+for (const id of ["server-url", "token", "max-tokens", "end-of-turn", "silence-ms", "vad-threshold"]) {
+  $(id).onchange = () => saveSetting(id);
+}
 $("system-prompt").onchange = () => {
   saveSetting("system-prompt");
   if (app.started) send({ type: "session.update", system_prompt: $("system-prompt").value.trim() || null });
