@@ -86,8 +86,8 @@ def load_clip(path: str) -> tuple[np.ndarray, int]:
     except (wave.Error, EOFError, ValueError, struct.error) as exc:
         with open(file, "rb") as f:
             head = f.read(4)
-        what = next((name for magic, name in SNIFF if head.startswith(magic)), "not a WAV file")
-        why = f"{what}, not a WAV" if what != "not a WAV file" else f"not a WAV file ({str(exc) or 'cut short'})"
+        what = next((name for magic, name in SNIFF if head.startswith(magic)), None)
+        why = f"{what}, not a WAV" if what else f"not a WAV file ({str(exc) or 'cut short'})"
         raise ClientError(f"{path}: {why}; " + WAV_HINT.format(path=path, stem=file.stem)) from None
     except OSError as exc:
         raise ClientError(f"{path}: {exc.strerror or exc}") from None
