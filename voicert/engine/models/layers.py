@@ -70,6 +70,10 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d,
                              bias=cfg.attention_bias)
         self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.qk_norm = cfg.qk_norm  # Qwen3: each head's q and k RMS-normalised before RoPE
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
                 mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
@@ -77,7 +81,10 @@ class Attention(nn.Module):
         b, q_len, _ = x.shape
         h, kvh, d = self.h, self.kvh, self.d
         qkv = self.qkv(x).view(b, q_len, h + 2 * kvh, d)  # [B, Q, H + 2 KVH, D]
-        qk = rotate(qkv[:, :, : h + kvh], cos, sin)  # q and k rotated together: [B, Q, H + KVH, D]
+        qk = qkv[:, :, : h + kvh]  # [B, Q, H + KVH, D]
+        if self.qk_norm:
+            qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
+        qk = rotate(qk, cos, sin)  # q and k rotated together: [B, Q, H + KVH, D]
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh:]
         nb, bs = k_pool.shape[:2]
         k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))

@@ -22,6 +22,9 @@ ROPE_TABLE_MAX = 1 << 17  # positions the fused kernels' RoPE tables hold at mos
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the HF model_types this file runs
+
+
 @dataclass(frozen=True, slots=True)
 class LlamaConfig:
     vocab_size: int
@@ -37,12 +40,13 @@ class LlamaConfig:
     tie_word_embeddings: bool
     attention_bias: bool = False  # Qwen2: q/k/v have biases
     rope_scaling: dict | None = None  # llama3-style frequency scaling
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k (head_dim) before RoPE
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "LlamaConfig":
         """From an HF ``config.json`` dict (transformers 4.x and 5.x spellings)."""
         kind = cfg.get("model_type", "llama")
-        if kind not in ("llama", "mistral", "qwen2"):
+        if kind not in MODEL_TYPES:
             raise ValueError(f"model_type {kind!r} is not a Llama-family model this engine runs")
         rope = cfg.get("rope_parameters") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
@@ -61,7 +65,8 @@ class LlamaConfig:
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", kind == "qwen2"),
             rope_scaling=scaling if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3"
-            else None)
+            else None,
+            qk_norm=kind == "qwen3")
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -100,7 +105,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
                 v_pool: torch.Tensor) -> torch.Tensor:
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
-        if self.use_kernels:
+        if self.use_kernels and not self.cfg.qk_norm:  # (the fused kernels take no q/k norm yet)
             return self._forward_fused(input_ids, inp, k_pool, v_pool)
         cos, sin = self._rope(inp.positions)
         mask = self._mask(inp, k_pool.shape[2])
@@ -212,6 +217,9 @@ def _hf_to_ours(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, t
             out[f"layers.{i}.attn.qkv.bias"] = torch.cat(
                 [state[a + "q_proj.bias"], state[a + "k_proj.bias"], state[a + "v_proj.bias"]])
         out[f"layers.{i}.attn.o.weight"] = state[a + "o_proj.weight"]
+        if cfg.qk_norm:
+            out[f"layers.{i}.attn.q_norm.weight"] = state[a + "q_norm.weight"]
+            out[f"layers.{i}.attn.k_norm.weight"] = state[a + "k_norm.weight"]
         out[f"layers.{i}.mlp.gate_up.weight"] = torch.cat(
             [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
         out[f"layers.{i}.mlp.down.weight"] = state[p + "mlp.down_proj.weight"]

@@ -26,7 +26,7 @@ class Architecture:
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
-    Architecture("llama", ("llama", "mistral", "qwen2"), llama.load_llama),
+    Architecture("llama", llama.MODEL_TYPES, llama.load_llama),
 )
 
 
