@@ -22,7 +22,7 @@ ROPE_TABLE_MAX = 1 << 17  # positions the fused kernels' RoPE tables hold at mos
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the HF model_types this file runs
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "phi3")  # the HF model_types this file runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,9 @@ class LlamaConfig:
         if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in ("llama3",
                                                                                          "default"):
             raise ValueError(f"rope scaling {scaling} is not supported")
+        partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
+        if partial != 1.0:  # (Phi-4-mini: RoPE on part of each head)
+            raise ValueError(f"partial_rotary_factor {partial} is not supported (only 1.0)")
         heads = cfg["num_attention_heads"]
         return cls(
             vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
@@ -211,8 +214,10 @@ def _hf_to_ours(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, t
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
         a = p + "self_attn."
-        out[f"layers.{i}.attn.qkv.weight"] = torch.cat(
-            [state[a + "q_proj.weight"], state[a + "k_proj.weight"], state[a + "v_proj.weight"]])
+        out[f"layers.{i}.attn.qkv.weight"] = state.get(a + "qkv_proj.weight")  # Phi-3: fused
+        if out[f"layers.{i}.attn.qkv.weight"] is None:
+            out[f"layers.{i}.attn.qkv.weight"] = torch.cat(
+                [state[a + "q_proj.weight"], state[a + "k_proj.weight"], state[a + "v_proj.weight"]])
         if cfg.attention_bias:
             out[f"layers.{i}.attn.qkv.bias"] = torch.cat(
                 [state[a + "q_proj.bias"], state[a + "k_proj.bias"], state[a + "v_proj.bias"]])
@@ -220,7 +225,8 @@ def _hf_to_ours(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, t
         if cfg.qk_norm:
             out[f"layers.{i}.attn.q_norm.weight"] = state[a + "q_norm.weight"]
             out[f"layers.{i}.attn.k_norm.weight"] = state[a + "k_norm.weight"]
-        out[f"layers.{i}.mlp.gate_up.weight"] = torch.cat(
+        gate_up = state.get(p + "mlp.gate_up_proj.weight")  # Phi-3: fused, gate rows first
+        out[f"layers.{i}.mlp.gate_up.weight"] = gate_up if gate_up is not None else torch.cat(
             [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
         out[f"layers.{i}.mlp.down.weight"] = state[p + "mlp.down_proj.weight"]
         out[f"layers.{i}.attn_norm.weight"] = state[p + "input_layernorm.weight"]

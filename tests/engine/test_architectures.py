@@ -1,0 +1,108 @@
+"""Architectures beyond Llama, each on a tiny random config written as an HF checkpoint by
+transformers itself: Qwen3 (q/k RMSNorm per head before RoPE, no q/k/v biases) and Phi-3 (fused
+qkv and gate/up projections in the checkpoint). For each: greedy tokens identical to transformers'
+generate over 32 tokens, batched == one at a time, eager == the served CPU trace, cached ==
+uncached."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from voicert.engine.base import GenerationRequest
+from voicert.engine.kv_cache import BlockManager
+from voicert.engine.models.registry import load_model
+from voicert.engine.runner import ModelRunner
+from voicert.engine.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.sequence import Sequence
+
+NEW = 32
+
+
+def tiny(kind: str):
+    """(config, model class) of a tiny ``kind`` model."""
+    import transformers as t
+
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "qwen3":
+        return t.Qwen3Config(**common, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e6,
+                             tie_word_embeddings=False, attention_bias=False), t.Qwen3ForCausalLM
+    return t.Phi3Config(**common, rms_norm_eps=1e-5, tie_word_embeddings=False), t.Phi3ForCausalLM
+
+
+@pytest.fixture(scope="module", params=["qwen3", "phi3"])
+def checkpoint(request, tmp_path_factory):
+    cfg, cls = tiny(request.param)
+    torch.manual_seed(0)
+    model = cls(cfg).eval()
+    with torch.no_grad():  # norms away from 1 so that a missing or misplaced norm shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+        # wide logit margins: a random model's near-ties would let float rounding (a prefill in
+        # one piece or two) pick another token, which says nothing about the architecture
+        model.lm_head.weight.mul_(30)
+    out = tmp_path_factory.mktemp(f"{request.param}-tiny")
+    model.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    rng = random.Random(3)
+    return [[rng.randrange(1, 512) for _ in range(n)] for n in (5, 19, 40)]
+
+
+def decode(model, prompts, torchscript=False, engine=None):
+    """Our greedy tokens for ``prompts`` decoded together, EOS ignored, one list per prompt.
+    ``engine``: (scheduler, runner) to reuse, with its prefix cache and KV pool."""
+    sched, runner = engine or fresh(model, torchscript)
+    seqs = [Sequence(GenerationRequest(f"r{random.random()}", [], NEW), list(p)) for p in prompts]
+    for s in seqs:
+        sched.add(s)
+    while sched.has_work():
+        step, _ = sched.schedule()
+        sched.postprocess(step, runner.run(step))
+    return [s.tokens[len(s.prompt):] for s in seqs]
+
+
+def fresh(model, torchscript=False):
+    """A scheduler (its block manager: the prefix cache) and a runner (the KV pool it indexes)."""
+    return (Scheduler(BlockManager(128, 16), SchedulerConfig(), stop_ids=set()),
+            ModelRunner(model, 128, 16, torchscript=torchscript))
+
+
+def test_greedy_equals_transformers_over_32_tokens(checkpoint, prompts):
+    from transformers import AutoModelForCausalLM
+
+    ours = decode(load_model(checkpoint), prompts)
+    ref_model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    ref_model.generation_config.eos_token_id = None
+    for prompt, got in zip(prompts, ours):
+        with torch.inference_mode():
+            out = ref_model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
+                                     pad_token_id=0)
+        assert got == out[0, len(prompt):].tolist()
+
+
+def test_batched_equals_one_at_a_time_and_the_trace_equals_eager(checkpoint, prompts):
+    model = load_model(checkpoint)
+    together = decode(model, prompts)
+    assert together == [decode(model, [p])[0] for p in prompts]
+    assert decode(model, prompts, torchscript=True) == together
+
+
+def test_cached_equals_uncached(checkpoint, prompts):
+    model = load_model(checkpoint)
+    engine = fresh(model)
+    blocks = engine[0].blocks
+    longer = prompts[2] + prompts[1]  # shares the first 40 tokens (two whole blocks) with one before
+    decode(model, [prompts[2]], engine=engine)
+    hits_before = blocks.stats.hits
+    cached = decode(model, [longer], engine=engine)
+    assert blocks.stats.hits >= hits_before + 32  # its first two blocks came from the cache
+    assert cached == decode(model, [longer])  # a fresh cache
