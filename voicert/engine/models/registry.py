@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 from torch import nn
 
-from voicert.engine.models import llama
+from voicert.engine.models import gemma, llama
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +27,7 @@ class Architecture:
 
 ARCHITECTURES: tuple[Architecture, ...] = (
     Architecture("llama", llama.MODEL_TYPES, llama.load_llama),
+    Architecture("gemma", gemma.MODEL_TYPES, gemma.load_gemma),
 )
 
 
