@@ -1,7 +1,8 @@
 """Architectures beyond Llama, each on a tiny random config written as an HF checkpoint by
 transformers itself: Qwen3 (q/k RMSNorm per head before RoPE, no q/k/v biases), Phi-3 (fused
-qkv and gate/up projections in the checkpoint) and Gemma 2 (soft-capping, sliding-window layers,
-GeGLU, scaled embeddings, norms after each sublayer). For each: greedy tokens identical to transformers'
+qkv and gate/up projections in the checkpoint), Gemma 2 (soft-capping, sliding-window layers,
+GeGLU, scaled embeddings, norms after each sublayer) and Gemma 3 (q/k norms, a RoPE of their own
+for the sliding layers, linear RoPE scaling on the full ones). For each: greedy tokens identical to transformers'
 generate over 32 tokens, batched == one at a time, eager == the served CPU trace, cached ==
 uncached."""
 
@@ -37,10 +38,18 @@ def tiny(kind: str):
         return t.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24,
                               attn_logit_softcapping=0.5, final_logit_softcapping=30.0,
                               sliding_window=24, tie_word_embeddings=False), t.Gemma2ForCausalLM
+    if kind == "gemma3":  # sliding and full layers, each with its own RoPE base; full ones scaled
+        return t.Gemma3TextConfig(
+            **common, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                             "full_attention": {"rope_type": "linear", "rope_theta": 10000.0,
+                                                "factor": 4.0}},
+            tie_word_embeddings=False), t.Gemma3ForCausalLM
     return t.Phi3Config(**common, rms_norm_eps=1e-5, tie_word_embeddings=False), t.Phi3ForCausalLM
 
 
-@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma2"])
+@pytest.fixture(scope="module", params=["qwen3", "phi3", "gemma2", "gemma3"])
 def checkpoint(request, tmp_path_factory):
     cfg, cls = tiny(request.param)
     torch.manual_seed(0)
@@ -48,12 +57,12 @@ def checkpoint(request, tmp_path_factory):
     with torch.no_grad():  # norms away from 1 so that a missing or misplaced norm shows
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):  # (Gemma's scale is 1 + weight)
-                p.uniform_(-0.5, 0.5) if request.param == "gemma2" else p.uniform_(0.5, 1.5)
+                p.uniform_(-0.5, 0.5) if request.param.startswith("gemma") else p.uniform_(0.5, 1.5)
             elif request.param == "gemma2" and name.endswith(("q_proj.weight", "k_proj.weight")):
                 p.mul_(10)  # attention scores large enough for the soft cap to bend them
         # wide logit margins: a random model's near-ties would let float rounding (a prefill in
         # one piece or two) pick another token, which says nothing about the architecture
-        model.lm_head.weight.mul_(3 if request.param == "gemma2" else 30)  # (Gemma: under its cap)
+        model.lm_head.weight.mul_(3 if request.param == "gemma2" else 30)  # (Gemma 2: its cap)
     out = tmp_path_factory.mktemp(f"{request.param}-tiny")
     model.save_pretrained(out)
     return out

@@ -13,7 +13,7 @@ from voicert.engine.models.registry import architecture_for, load_model
 def test_llama_family_model_types_share_one_architecture():
     assert {architecture_for(t).name for t in ("llama", "mistral", "qwen2", "qwen3", "phi3")} == {
         "llama"}
-    assert architecture_for("gemma2").name == "gemma"
+    assert architecture_for("gemma2").name == architecture_for("gemma3_text").name == "gemma"
 
 
 def test_an_unsupported_model_type_names_the_supported_ones(tmp_path):

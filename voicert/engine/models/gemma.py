@@ -1,7 +1,8 @@
-"""Gemma 2 in plain torch over the paged KV pool: embeddings scaled by sqrt(hidden), RMSNorm on
-``1 + weight``, a norm after each sublayer as well as before, GeGLU (tanh GELU), attention scaled
-by ``query_pre_attn_scalar`` with its logits soft-capped (tanh), every other layer attending over
-a sliding window, and the final logits soft-capped. The same interface as :class:`LlamaModel`
+"""Gemma 2 and Gemma 3 (text) in plain torch over the paged KV pool: embeddings scaled by
+sqrt(hidden), RMSNorm on ``1 + weight``, a norm after each sublayer as well as before, GeGLU (tanh
+GELU), attention scaled by ``query_pre_attn_scalar``, some layers attending over a sliding window.
+Gemma 2 soft-caps the attention and output logits (tanh); Gemma 3 instead normalises each head's
+q and k, and gives its sliding layers a RoPE of their own (a lower base, no scaling). The same interface as :class:`LlamaModel`
 (``forward`` / ``greedy`` / ``logits`` / ``cfg``), so the scheduler, runner, prefix cache and the
 served CPU trace take it unchanged. It always runs these eager layers (``use_kernels`` is not
 read: the fused GPU kernels know no soft-capping)."""
@@ -18,7 +19,7 @@ from torch import nn
 
 from voicert.engine.models.layers import AttnInputs, rotate
 
-MODEL_TYPES = ("gemma2",)
+MODEL_TYPES = ("gemma2", "gemma3_text")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,9 @@ class GemmaConfig:
     sliding_window: int  # keys a sliding layer sees: the query's own and the window - 1 before it
     sliding: tuple[bool, ...]  # per layer: sliding-window attention (else the whole context)
     tie_word_embeddings: bool = True
+    qk_norm: bool = False  # Gemma 3: each head's q and k normalised (1 + weight) before RoPE
+    local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base
+    rope_factor: float = 1.0  # Gemma 3 (4B+): linear RoPE scaling of the full-attention layers
 
     @classmethod
     def from_hf(cls, cfg: dict) -> "GemmaConfig":
@@ -48,10 +52,7 @@ class GemmaConfig:
         act = cfg.get("hidden_activation") or cfg.get("hidden_act", "gelu_pytorch_tanh")
         if act != "gelu_pytorch_tanh":
             raise ValueError(f"hidden_activation {act!r} is not supported (gelu_pytorch_tanh)")
-        rope = cfg.get("rope_parameters") or {}
-        if (cfg.get("rope_scaling") or {}).get("rope_type", rope.get("rope_type", "default")) \
-                not in ("default", None):
-            raise ValueError("Gemma with rope scaling is not supported")
+        full, local, factor = _rope(cfg)
         layers = cfg["num_hidden_layers"]
         types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
                                            for i in range(layers)]
@@ -62,14 +63,39 @@ class GemmaConfig:
             num_kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_theta=full,
             max_position=cfg.get("max_position_embeddings", 8192),
             query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)),
             attn_softcap=cfg.get("attn_logit_softcapping"),
             final_softcap=cfg.get("final_logit_softcapping"),
             sliding_window=cfg.get("sliding_window") or 4096,
             sliding=tuple(t == "sliding_attention" for t in types),
-            tie_word_embeddings=cfg.get("tie_word_embeddings", True))
+            tie_word_embeddings=cfg.get("tie_word_embeddings", True),
+            qk_norm=kind == "gemma3_text", local_rope_theta=local, rope_factor=factor)
+
+
+def _rope(cfg: dict) -> tuple[float, float | None, float]:
+    """(full layers' RoPE base, sliding layers' base or None, full layers' linear factor) from
+    either spelling: transformers 5's ``rope_parameters`` (one dict, or one per layer type) or
+    4's ``rope_theta`` / ``rope_local_base_freq`` / ``rope_scaling``."""
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params:
+        full_p, local_p = params["full_attention"], params.get("sliding_attention") or {}
+    else:
+        full_p = params or {"rope_theta": cfg.get("rope_theta", 10000.0),
+                            **(cfg.get("rope_scaling") or {})}
+        local_p = ({"rope_theta": cfg["rope_local_base_freq"]}
+                   if cfg.get("rope_local_base_freq") else {})
+    for p in (full_p, local_p):
+        kind = p.get("rope_type", p.get("type", "default"))
+        if kind not in ("default", "linear"):
+            raise ValueError(f"rope scaling {kind!r} is not supported (default, linear)")
+    if local_p.get("rope_type", "default") != "default":
+        raise ValueError("rope scaling on the sliding layers is not supported")
+    factor = float(full_p.get("factor", 1.0)) if full_p.get("rope_type", full_p.get("type")) \
+        == "linear" else 1.0
+    local = float(local_p["rope_theta"]) if "rope_theta" in local_p else None
+    return float(full_p.get("rope_theta", 10000.0)), local, factor
 
 
 class GemmaNorm(nn.Module):
@@ -98,6 +124,10 @@ class GemmaAttention(nn.Module):
         self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
         self.scale = cfg.query_pre_attn_scalar ** -0.5
         self.cap = cfg.attn_softcap
+        self.qk_norm = cfg.qk_norm
+        if self.qk_norm:
+            self.q_norm = GemmaNorm(self.d, cfg.rms_norm_eps)
+            self.k_norm = GemmaNorm(self.d, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
                 mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
@@ -105,7 +135,10 @@ class GemmaAttention(nn.Module):
         b, q_len, _ = x.shape
         h, kvh, d = self.h, self.kvh, self.d
         qkv = self.qkv(x).view(b, q_len, h + 2 * kvh, d)  # [B, Q, H + 2 KVH, D]
-        qk = rotate(qkv[:, :, : h + kvh], cos, sin)  # [B, Q, H + KVH, D]
+        qk = qkv[:, :, : h + kvh]  # [B, Q, H + KVH, D]
+        if self.qk_norm:
+            qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
+        qk = rotate(qk, cos, sin)
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh:]
         nb, bs = k_pool.shape[:2]
         k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))
@@ -154,25 +187,36 @@ class GemmaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", inv_freq(cfg), persistent=False)
+        self.register_buffer("inv_freq_local", inv_freq(cfg, local=True), persistent=False)
         self.use_kernels = False  # (set by the engine on CUDA; these layers stay eager)
 
     def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
                 v_pool: torch.Tensor) -> torch.Tensor:
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
         dtype = self.embed.weight.dtype
-        freqs = inp.positions.unsqueeze(-1).float() * self.inv_freq  # [B, Q, D/2]
-        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        half = sin.shape[-1] // 2
-        sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign
+        rope = self._rope(inp.positions, self.inv_freq, dtype)
+        rope_local = (self._rope(inp.positions, self.inv_freq_local, dtype)
+                      if self.cfg.local_rope_theta is not None else rope)
         full, window = self._masks(inp, k_pool.shape[2], dtype)
         h = self.embed(input_ids) * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=dtype)
         for i, layer in enumerate(self.layers):
-            mask = window if self.cfg.sliding[i] else full
-            a = layer.attn(layer.attn_norm(h), cos, sin, inp, mask, k_pool[i], v_pool[i])
+            sliding = self.cfg.sliding[i]
+            cos, sin = rope_local if sliding else rope
+            a = layer.attn(layer.attn_norm(h), cos, sin, inp, window if sliding else full,
+                           k_pool[i], v_pool[i])
             h = h + layer.attn_post_norm(a)
             h = h + layer.mlp_post_norm(layer.mlp(layer.mlp_norm(h)))
         return self.norm(h)
+
+    @staticmethod
+    def _rope(positions: torch.Tensor, inv: torch.Tensor,
+              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sign-folded sin [B, Q, 1, D] of each position's angles, in ``dtype``."""
+        freqs = positions.unsqueeze(-1).float() * inv  # [B, Q, D/2]
+        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
+        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+        half = sin.shape[-1] // 2
+        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign
 
     def _masks(self, inp: AttnInputs, block_size: int,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,10 +246,13 @@ class GemmaModel(nn.Module):
         return best if out is None else out.copy_(best)
 
 
-def inv_freq(cfg: GemmaConfig) -> torch.Tensor:
-    """[D/2] RoPE inverse frequencies (float32)."""
+def inv_freq(cfg: GemmaConfig, local: bool = False) -> torch.Tensor:
+    """[D/2] RoPE inverse frequencies (float32): the full layers' (linearly scaled), or with
+    ``local`` the sliding layers' (Gemma 3; else the same)."""
     d = cfg.head_dim
-    return (1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))).float()
+    theta = cfg.local_rope_theta if local and cfg.local_rope_theta is not None else cfg.rope_theta
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    return (inv if local else inv / cfg.rope_factor).float()
 
 
 def _hf_to_ours(state: dict[str, torch.Tensor], cfg: GemmaConfig) -> dict[str, torch.Tensor]:
@@ -218,6 +265,9 @@ def _hf_to_ours(state: dict[str, torch.Tensor], cfg: GemmaConfig) -> dict[str, t
         out[f"layers.{i}.attn.qkv.weight"] = torch.cat(
             [state[a + "q_proj.weight"], state[a + "k_proj.weight"], state[a + "v_proj.weight"]])
         out[f"layers.{i}.attn.o.weight"] = state[a + "o_proj.weight"]
+        if cfg.qk_norm:
+            out[f"layers.{i}.attn.q_norm.weight"] = state[a + "q_norm.weight"]
+            out[f"layers.{i}.attn.k_norm.weight"] = state[a + "k_norm.weight"]
         out[f"layers.{i}.mlp.gate_up.weight"] = torch.cat(
             [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
         out[f"layers.{i}.mlp.down.weight"] = state[p + "mlp.down_proj.weight"]
@@ -247,10 +297,12 @@ def load_gemma(model_dir: str | Path, dtype: torch.dtype = torch.float32,
     model.load_state_dict(_hf_to_ours(state, cfg), assign=True, strict=False)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
-    model.inv_freq = inv_freq(cfg)  # the buffer was built on the meta device
+    model.inv_freq = inv_freq(cfg)  # the buffers were built on the meta device
+    model.inv_freq_local = inv_freq(cfg, local=True)
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"{model_dir}: weights missing for {missing[:3]}")
     model = model.to(device=device, dtype=dtype).eval()
     model.inv_freq = inv_freq(cfg).to(device)  # RoPE angles stay in float32
+    model.inv_freq_local = inv_freq(cfg, local=True).to(device)
     return model
