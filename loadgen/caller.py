@@ -58,6 +58,12 @@ class TurnSample:
     client_ttft_ms: float | None = None  # last frame of speech sent -> first token received
     client_done_ms: float | None = None  # last frame of speech sent -> response.done received
     client_ttfa_ms: float | None = None  # last frame of speech sent -> first reply audio (--speak)
+    # the server's own origin: the frame its endpoint decision came on (vad.speech_stopped's
+    # audio_ms) sent -> first token received; minus the server's ttft_ms: what the wire, the
+    # server's intake and this reader added
+    client_endpoint_ttft_ms: float | None = None
+    client_extra_ms: float | None = None
+    endpoint_audio_ms: int | None = None  # vad.speech_stopped's audio position in the session
     finish_reason: str = ""
     transcript: str = ""
 
@@ -104,6 +110,7 @@ class Caller:
         ``stats`` holds ``max_turns`` turns (0: no limit)."""
         stats.sessions += 1
         rate = self.clips[0][1]
+        self.sent_ns: list[int] = []  # when each 20 ms frame of this session left (audio position)
         try:
             ws = await connect(self.url, max_size=None, compression=None, open_timeout=10)
         except InvalidHandshake:
@@ -146,13 +153,16 @@ class Caller:
             for i in range(0, audio.size, n):
                 stats.slip.add((time.perf_counter() - t0) * 1000 - (i // n) * FRAME_MS)
                 await ws.send(p.encode(p.Audio(encode_pcm16(audio[i:i + n]))))
+                self.sent_ns.append(time.perf_counter_ns())
                 if i // n == speech_frames - 1:
                     speech_end = time.perf_counter_ns()
                 delay = t0 + (i // n + 1) * FRAME_MS / 1000 - time.perf_counter()
                 if delay > 0:
                     await asyncio.sleep(delay)
             # then silence until the reply is done, as a live line would go on sending
-            await asyncio.wait_for(send_silence_until(ws, reader, rate), self.turn_timeout_s)
+            await asyncio.wait_for(send_silence_until(
+                ws, reader, rate, on_frame=lambda: self.sent_ns.append(time.perf_counter_ns())),
+                self.turn_timeout_s)
             reader.result()
         except asyncio.TimeoutError:
             stats.timeouts += 1
@@ -164,12 +174,23 @@ class Caller:
         first, done, audio = reader.result()
         if first:
             sample.client_ttft_ms = (first - speech_end) / 1e6
+            self._same_origin(sample, first)
         if audio:
             sample.client_ttfa_ms = (audio - speech_end) / 1e6
         if done:
             sample.client_done_ms = (done - speech_end) / 1e6
         stats.turns.append(sample)
         return True
+
+    def _same_origin(self, sample: TurnSample, first_ns: int) -> None:
+        """The client's TTFT from the frame the server decided the endpoint on."""
+        if sample.endpoint_audio_ms is None:
+            return
+        frame = sample.endpoint_audio_ms // FRAME_MS - 1  # the frame that ends at that position
+        if 0 <= frame < len(self.sent_ns):
+            sample.client_endpoint_ttft_ms = (first_ns - self.sent_ns[frame]) / 1e6
+            if "ttft_ms" in sample.stages:
+                sample.client_extra_ms = sample.client_endpoint_ttft_ms - sample.stages["ttft_ms"]
 
     async def _read(self, ws, sample: TurnSample, stats: CallerStats) -> tuple[int, int, int]:
         first = done = audio = 0
@@ -180,6 +201,8 @@ class Caller:
                 first = time.perf_counter_ns()
             elif kind == "response.audio" and not audio:
                 audio = time.perf_counter_ns()
+            elif kind == "vad.speech_stopped" and sample.endpoint_audio_ms is None:
+                sample.endpoint_audio_ms = ev["audio_ms"]
             elif kind == "transcript.final":
                 sample.transcript = ev["text"]
                 if not ev["text"]:

@@ -50,7 +50,7 @@ def clip_table(paths: list[str]) -> dict[bytes, int]:
 
 
 async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
-    turn = 0
+    turn = frames = 0  # frames: the session's audio position, in 20 ms frames received
     left: int | None = None  # frames of the current clip still to come
     try:
         async for frame in ws:
@@ -64,6 +64,7 @@ async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
                                                         "pcm16", "server_vad")))
             elif isinstance(msg, p.Audio):
                 arrived = time.perf_counter_ns()
+                frames += 1
                 if left is None:
                     left = table.get(msg.audio)
                 elif left > 0:
@@ -71,14 +72,17 @@ async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
                 if left == 0:
                     turn += 1
                     left = None
-                    await _answer(ws, turn, arrived)
+                    await _answer(ws, turn, arrived, frames * FRAME_MS)
             elif isinstance(msg, p.SessionEnd):
                 return
     except ConnectionClosed:
         return
 
 
-async def _answer(ws: ServerConnection, turn: int, arrived_ns: int) -> None:
+async def _answer(ws: ServerConnection, turn: int, arrived_ns: int, audio_ms: int) -> None:
+    """The turn ends on the frame that just arrived (``audio_ms``: the position after it), as a
+    server's endpoint decision would say, and is answered at once."""
+    await ws.send(p.encode(p.SpeechStopped(audio_ms, turn)))
     await ws.send(p.encode(p.ResponseStarted(turn)))
     await ws.send(p.encode(p.ResponseToken(turn, 0, "ok")))
     ms = (time.perf_counter_ns() - arrived_ns) / 1e6

@@ -210,15 +210,19 @@ async def _heard(ws, speech_heard: asyncio.Event, rate: int, binary: bool, wait_
     return speech_heard.is_set()
 
 
-async def send_silence_until(ws, done: asyncio.Future, rate: int, binary: bool = True) -> None:
+async def send_silence_until(ws, done: asyncio.Future, rate: int, binary: bool = True,
+                             on_frame: Callable[[], None] | None = None) -> None:
     """Go on sending silence at real-time pace until ``done`` (a future or task), as a live
     microphone or phone line would: a server that judged the pause incomplete (turn.detector
-    semantic) ends the turn only after its maximum silence, which it counts in audio received."""
+    semantic) ends the turn only after its maximum silence, which it counts in audio received.
+    ``on_frame`` is called after each frame is sent."""
     frame = frames_for(np.zeros(rate * FRAME_MS // 1000, np.float32), rate)[0]
     t0 = time.perf_counter()
     i = 0
     while not done.done():
         await ws.send(p.encode(p.Audio(frame), binary))
+        if on_frame is not None:
+            on_frame()
         i += 1
         await asyncio.wait({done}, timeout=max(0.0, t0 + i * FRAME_MS / 1000
                                                - time.perf_counter()))

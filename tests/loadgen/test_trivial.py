@@ -32,6 +32,10 @@ async def test_the_generator_measures_each_answer_after_its_last_frame():
         assert t.finish_reason == "stop"
         # answered on the last frame: the server's interval lies within the caller's
         assert 0 < t.stages["ttft_ms"] <= t.client_ttft_ms <= t.client_done_ms
+        # the endpoint's frame, found from its audio position (vad.speech_stopped), is the
+        # clip's last: the same origin as the server's, to the microsecond, in every turn
+        assert abs(t.client_endpoint_ttft_ms - t.client_ttft_ms) < 0.5
+        assert t.client_extra_ms >= 0
 
 
 def test_the_cli_says_what_it_is_doing_and_that_plots_need_matplotlib(tmp_path, monkeypatch,
