@@ -15,11 +15,14 @@ PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)
 # full output; on failure its whole output goes to stderr.
 pip_install() {
   local log; log=$(mktemp)
-  if ! .venv/bin/python -m pip --disable-pip-version-check install "$@" 2>&1 | tee "$log" | awk '
-      /^Collecting / { n++; printf "\r  %d package(s) collected", n; fflush() }
-      /^Installing collected packages/ { if (n) print ""; n = 0; print "  installing..."; fflush() }
+  local tty=0; [ -t 1 ] && tty=1  # a terminal: one line counting up; a log: a line every 10
+  if ! .venv/bin/python -m pip --disable-pip-version-check install "$@" 2>&1 | tee "$log" | awk -v tty=$tty '
+      /^Collecting / { n++; if (tty) printf "\r  %d package(s) collected", n
+                       else if (n % 10 == 0) print "  " n " package(s) collected"; fflush() }
+      /^Installing collected packages/ { if (tty && n) print ""; else if (n % 10) print "  " n " package(s) collected"
+                                         n = 0; print "  installing..."; fflush() }
       /^Successfully installed/ { k = split($0, a, " ") - 2; print "  " k " package(s) installed"; fflush() }
-      END { if (n) print "" }'; then
+      END { if (tty && n) print "" }'; then
     cat "$log" >&2; rm -f "$log"; return 1
   fi
   rm -f "$log"
