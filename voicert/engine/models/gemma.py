@@ -9,7 +9,6 @@ read: the fused GPU kernels know no soft-capping)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voicert.engine.models.layers import AttnInputs, rotate
+from voicert.engine.models.layers import Attention, AttnInputs, load_hf, rope_cos_sin
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
 
@@ -40,6 +39,7 @@ class GemmaConfig:
     sliding_window: int  # keys a sliding layer sees: the query's own and the window - 1 before it
     sliding: tuple[bool, ...]  # per layer: sliding-window attention (else the whole context)
     tie_word_embeddings: bool = True
+    attention_bias: bool = False  # (the shared Attention's q/k/v projection: no biases in Gemma)
     qk_norm: bool = False  # Gemma 3: each head's q and k normalised (1 + weight) before RoPE
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' RoPE base
     rope_factor: float = 1.0  # Gemma 3 (4B+): linear RoPE scaling of the full-attention layers
@@ -116,43 +116,26 @@ def softcap(x: torch.Tensor, cap: float | None) -> torch.Tensor:
     return x if cap is None else torch.tanh(x / cap) * cap
 
 
-class GemmaAttention(nn.Module):
+class GemmaAttention(Attention):
+    """The shared projection, q/k norms (Gemma's), RoPE and KV write; attention of its own:
+    scores scaled by ``query_pre_attn_scalar`` and soft-capped before the mask and softmax."""
+
     def __init__(self, cfg: GemmaConfig) -> None:
-        super().__init__()
-        self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=False)
-        self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        super().__init__(cfg, norm=GemmaNorm)
         self.scale = cfg.query_pre_attn_scalar ** -0.5
         self.cap = cfg.attn_softcap
-        self.qk_norm = cfg.qk_norm
-        if self.qk_norm:
-            self.q_norm = GemmaNorm(self.d, cfg.rms_norm_eps)
-            self.k_norm = GemmaNorm(self.d, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
-                mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
-        # x: [B, Q, hidden]; mask: [B, 1, Q, L] additive; k_pool/v_pool: [NB, BS, KVH, D]
-        b, q_len, _ = x.shape
-        h, kvh, d = self.h, self.kvh, self.d
-        qkv = self.qkv(x).view(b, q_len, h + 2 * kvh, d)  # [B, Q, H + 2 KVH, D]
-        qk = qkv[:, :, : h + kvh]  # [B, Q, H + KVH, D]
-        if self.qk_norm:
-            qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
-        qk = rotate(qk, cos, sin)
-        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh:]
-        nb, bs = k_pool.shape[:2]
-        k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))
-        v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
-        mb = inp.block_tables.shape[1]
-        table = inp.block_tables.view(-1)
-        keys = k_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
-        vals = v_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)
-        g = h // kvh
+    def attend(self, q: torch.Tensor, inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
+               v_pool: torch.Tensor) -> torch.Tensor:
+        """q [B, Q, H, D]; mask [B, 1, Q, L] additive -> [B, Q, H * D]."""
+        b, q_len = q.shape[:2]
+        keys, vals = self.gather(inp, k_pool, v_pool)  # [B, KVH, L, D]
+        g = self.h // self.kvh
         keys, vals = keys.repeat_interleave(g, dim=1), vals.repeat_interleave(g, dim=1)  # [B, H, L, D]
         scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) * self.scale  # [B, H, Q, L]
         weights = F.softmax(softcap(scores, self.cap) + mask, dim=-1, dtype=torch.float32)
         out = torch.matmul(weights.to(q.dtype), vals)  # [B, H, Q, D]
-        return self.o(out.transpose(1, 2).reshape(b, q_len, h * d))
+        return out.transpose(1, 2).reshape(b, q_len, self.h * self.d)
 
 
 class GemmaMLP(nn.Module):
@@ -194,8 +177,8 @@ class GemmaModel(nn.Module):
                 v_pool: torch.Tensor) -> torch.Tensor:
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
         dtype = self.embed.weight.dtype
-        rope = self._rope(inp.positions, self.inv_freq, dtype)
-        rope_local = (self._rope(inp.positions, self.inv_freq_local, dtype)
+        rope = rope_cos_sin(inp.positions, self.inv_freq, dtype)
+        rope_local = (rope_cos_sin(inp.positions, self.inv_freq_local, dtype)
                       if self.cfg.local_rope_theta is not None else rope)
         full, window = self._masks(inp, k_pool.shape[2], dtype)
         h = self.embed(input_ids) * torch.tensor(self.cfg.hidden_size ** 0.5, dtype=dtype)
@@ -207,16 +190,6 @@ class GemmaModel(nn.Module):
             h = h + layer.attn_post_norm(a)
             h = h + layer.mlp_post_norm(layer.mlp(layer.mlp_norm(h)))
         return self.norm(h)
-
-    @staticmethod
-    def _rope(positions: torch.Tensor, inv: torch.Tensor,
-              dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sign-folded sin [B, Q, 1, D] of each position's angles, in ``dtype``."""
-        freqs = positions.unsqueeze(-1).float() * inv  # [B, Q, D/2]
-        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-        half = sin.shape[-1] // 2
-        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign
 
     def _masks(self, inp: AttnInputs, block_size: int,
                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -282,27 +255,6 @@ def _hf_to_ours(state: dict[str, torch.Tensor], cfg: GemmaConfig) -> dict[str, t
 def load_gemma(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> GemmaModel:
     """Build the model from an HF checkpoint dir (config.json + *.safetensors)."""
-    from safetensors.torch import load_file
-
-    model_dir = Path(model_dir)
-    cfg = GemmaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    with torch.device("meta"):
-        model = GemmaModel(cfg)
-    model.load_state_dict(_hf_to_ours(state, cfg), assign=True, strict=False)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed.weight
-    model.inv_freq = inv_freq(cfg)  # the buffers were built on the meta device
-    model.inv_freq_local = inv_freq(cfg, local=True)
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise ValueError(f"{model_dir}: weights missing for {missing[:3]}")
-    model = model.to(device=device, dtype=dtype).eval()
-    model.inv_freq = inv_freq(cfg).to(device)  # RoPE angles stay in float32
-    model.inv_freq_local = inv_freq(cfg, local=True).to(device)
-    return model
+    return load_hf(model_dir, dtype, device, GemmaConfig.from_hf, GemmaModel, _hf_to_ours,
+                   lambda cfg: {"inv_freq": inv_freq(cfg),
+                                "inv_freq_local": inv_freq(cfg, local=True)})

@@ -10,8 +10,10 @@ Shapes: B sequences, Q new tokens per sequence (right-padded), L = max_blocks * 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +46,17 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torc
     return x * cos + torch.cat([x2, x1], dim=-1) * sin_signed
 
 
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sign-folded sin [B, Q, 1, D] of each position's angles (positions [B, Q],
+    inv_freq [D/2] float32), in ``dtype`` as HF casts them: the inputs of :func:`rotate`."""
+    freqs = positions.unsqueeze(-1).float() * inv_freq  # [B, Q, D/2]
+    angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    half = sin.shape[-1] // 2
+    return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign
+
+
 @dataclass(slots=True)
 class AttnInputs:
     """Per-forward attention metadata, built by the model runner.
@@ -64,16 +77,19 @@ class AttnInputs:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
+    """Fused q/k/v projection, optional per-head q/k norms (``norm``: the architecture's RMSNorm),
+    RoPE, the paged KV write, then :meth:`attend` (an architecture may override it)."""
+
+    def __init__(self, cfg: LlamaConfig, norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d,
                              bias=cfg.attention_bias)
         self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
-        self.qk_norm = cfg.qk_norm  # Qwen3: each head's q and k RMS-normalised before RoPE
+        self.qk_norm = cfg.qk_norm  # Qwen3, Gemma 3: each head's q and k normalised before RoPE
         if self.qk_norm:
-            self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+            self.q_norm = norm(self.d, cfg.rms_norm_eps)
+            self.k_norm = norm(self.d, cfg.rms_norm_eps)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
                 mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
@@ -115,11 +131,7 @@ class Attention(nn.Module):
         """q [B, Q, H, D] over the pool's blocks of each sequence (gathered) -> [B, Q, H * D]."""
         b, q_len = q.shape[:2]
         h, kvh, d = self.h, self.kvh, self.d
-        bs = k_pool.shape[1]
-        mb = inp.block_tables.shape[1]
-        table = inp.block_tables.view(-1)  # [B*MB]; index_select copies whole blocks
-        keys = k_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)  # [B, KVH, L, D]
-        vals = v_pool.index_select(0, table).view(b, mb * bs, kvh, d).transpose(1, 2)
+        keys, vals = self.gather(inp, k_pool, v_pool)
         if q.is_cuda and h != kvh:
             # fold the query heads of each KV head into the query axis: [B, KVH, Q*G, D]; the
             # masked kernels then read each K/V once instead of a repeated copy per query head
@@ -132,6 +144,17 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
                                              enable_gqa=h != kvh)  # [B, H, Q, D]
         return out.transpose(1, 2).reshape(b, q_len, h * d)
+
+
+    def gather(self, inp: AttnInputs, k_pool: torch.Tensor,
+               v_pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence's keys and values from its blocks: two [B, KVH, L, D]."""
+        b, mb = inp.block_tables.shape
+        bs = k_pool.shape[1]
+        table = inp.block_tables.view(-1)  # [B*MB]; index_select copies whole blocks
+        keys = k_pool.index_select(0, table).view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
+        vals = v_pool.index_select(0, table).view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
+        return keys, vals
 
 
 class MLP(nn.Module):
@@ -152,3 +175,38 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+
+
+def load_hf(model_dir: str | Path, dtype: torch.dtype, device: str | torch.device,
+            from_hf: Callable[[dict], object], model_cls: Callable[[object], nn.Module],
+            hf_to_ours: Callable[[dict, object], dict],
+            rope_buffers: Callable[[object], dict[str, torch.Tensor]]) -> nn.Module:
+    """An architecture's model from an HF checkpoint dir (config.json + *.safetensors): its
+    config by ``from_hf``, built on the meta device, the weights renamed by ``hf_to_ours`` and
+    assigned, the head tied when the config says so, and the RoPE buffers (``rope_buffers``:
+    name -> float32 tensor) set, kept in float32 on ``device`` while the rest takes ``dtype``."""
+    from safetensors.torch import load_file
+
+    model_dir = Path(model_dir)
+    cfg = from_hf(json.loads((model_dir / "config.json").read_text()))
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    with torch.device("meta"):
+        model = model_cls(cfg)
+    model.load_state_dict(hf_to_ours(state, cfg), assign=True, strict=False)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed.weight
+    ropes = rope_buffers(cfg)
+    for name, t in ropes.items():  # the buffers were built on the meta device
+        setattr(model, name, t)
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ValueError(f"{model_dir}: weights missing for {missing[:3]}")
+    model = model.to(device=device, dtype=dtype).eval()
+    for name, t in ropes.items():  # RoPE angles stay in float32
+        setattr(model, name, t.to(device))
+    return model

@@ -8,7 +8,6 @@ verification. Shapes: B sequences, Q new tokens per sequence (right-padded), L =
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from voicert.engine.models.layers import AttnInputs, Block, RMSNorm
+from voicert.engine.models.layers import AttnInputs, Block, RMSNorm, load_hf, rope_cos_sin
 
 ROPE_TABLE_MAX = 1 << 17  # positions the fused kernels' RoPE tables hold at most
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -120,12 +119,7 @@ class LlamaModel(nn.Module):
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sign-folded sin [B, Q, 1, D] of each position's angles, in the model's dtype."""
-        freqs = positions.unsqueeze(-1).float() * self.inv_freq  # [B, Q, D/2]
-        angles = torch.cat([freqs, freqs], dim=-1).unsqueeze(2)  # [B, Q, 1, D]
-        dtype = self.embed.weight.dtype
-        cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)  # as HF: in the model's dtype
-        half = sin.shape[-1] // 2
-        return cos, torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # rotate_half's sign
+        return rope_cos_sin(positions, self.inv_freq, self.embed.weight.dtype)
 
     def _mask(self, inp: AttnInputs, block_size: int) -> torch.Tensor:
         """Additive causal mask [B, 1, Q, L] over each row's gathered keys (L = MB * BS), in the
@@ -237,28 +231,8 @@ def _hf_to_ours(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, t
 def load_llama(model_dir: str | Path, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> LlamaModel:
     """Build the model from an HF checkpoint dir (config.json + *.safetensors)."""
-    from safetensors.torch import load_file
-
-    model_dir = Path(model_dir)
-    cfg = LlamaConfig.from_hf(json.loads((model_dir / "config.json").read_text()))
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    with torch.device("meta"):
-        model = LlamaModel(cfg)
-    model.load_state_dict(_hf_to_ours(state, cfg), assign=True, strict=False)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed.weight
-    model.inv_freq = rope_inv_freq(cfg)  # the buffer was built on the meta device
-    missing = [n for n, p in model.named_parameters() if p.is_meta]
-    if missing:
-        raise ValueError(f"{model_dir}: weights missing for {missing[:3]}")
-    model = model.to(device=device, dtype=dtype).eval()
-    model.inv_freq = rope_inv_freq(cfg).to(device)  # RoPE angles stay in float32
-    return model
+    return load_hf(model_dir, dtype, device, LlamaConfig.from_hf, LlamaModel, _hf_to_ours,
+                   lambda cfg: {"inv_freq": rope_inv_freq(cfg)})
 
 
 def random_llama(cfg: LlamaConfig, dtype: torch.dtype, device: str | torch.device,
