@@ -232,10 +232,15 @@ def load_for_streaming(path: str) -> tuple[np.ndarray, int]:
     """Read a WAV; rates the server does not take are resampled to 16 kHz here."""
     x, rate = read_wav(path)
     if rate not in SUPPORTED_SAMPLE_RATES:
-        import soxr
-
-        x, rate = soxr.resample(x, rate, 16000).astype(np.float32), 16000
+        x, rate = to_16k(x, rate), 16000
     return x, rate
+
+
+def to_16k(x: np.ndarray, rate: int) -> np.ndarray:
+    """``x`` [N] float32 at ``rate`` resampled to 16 kHz (soxr)."""
+    import soxr
+
+    return soxr.resample(x, rate, 16000).astype(np.float32)
 
 
 SPEAK_RATE = 24000
@@ -261,7 +266,7 @@ def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
     turns = [load_clip(f) for f in files]
     url = stream_url(url)
     if len({rate for _, rate in turns}) > 1:
-        turns = [(x, r) if r == 16000 else (_resample(x, r, 16000), 16000) for x, r in turns]
+        turns = [(x, r) if r == 16000 else (to_16k(x, r), 16000) for x, r in turns]
     output_audio = p.OutputAudio("pcm16", SPEAK_RATE) if speak_to else None
 
     def show(ev: dict) -> None:
@@ -331,9 +336,3 @@ def refused(url: str, status: int) -> str:
             404: f"nothing is served at that path (the native stream is {STREAM_PATH})",
             503: "it is full or still starting: try again shortly"}.get(status, "")
     return f"the server refused the connection to {url}: HTTP {status}" + (f"; {hint}" if hint else "")
-
-
-def _resample(x: np.ndarray, rate: int, to: int) -> np.ndarray:
-    import soxr
-
-    return soxr.resample(x, rate, to).astype(np.float32)

@@ -84,6 +84,12 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
                          "document.getElementById('silence-ms').value = '700';")
         await wait_for(browser, "document.getElementById('events').textContent"
                                 ".includes('session.update')")  # the prompt applies at once
+        # emptied mid-session it cannot apply at once (null keeps the prompt): said, not ignored
+        said = await browser.js("(() => { const p = document.getElementById('system-prompt');"
+                                " p.value = ''; p.dispatchEvent(new Event('change'));"
+                                f" p.value = {json.dumps(prompt)};"
+                                " return document.getElementById('banner').textContent; })()")
+        assert "comes back with the next Start" in said
         assert await browser.js("document.getElementById('mic').options.length") >= 1
         shot = await browser.call("Page.captureScreenshot", format="png")
         ARTIFACTS.mkdir(exist_ok=True)

@@ -498,7 +498,11 @@ for (const id of ["server-url", "token", "max-tokens", "end-of-turn", "silence-m
 }
 $("system-prompt").onchange = () => {
   saveSetting("system-prompt");
-  if (app.started) send({ type: "session.update", system_prompt: $("system-prompt").value.trim() || null });
+  if (!app.started) return;
+  const prompt = $("system-prompt").value.trim();
+  if (prompt) send({ type: "session.update", system_prompt: prompt });
+  else banner("The server's own system prompt comes back with the next Start (a new conversation); " +
+              "this one keeps the prompt it has.");  // said, not silently ignored
 };
 $("ptt").onmousedown = pttDown; $("ptt").onmouseup = pttUp; $("ptt").onmouseleave = pttUp;
 $("ptt").ontouchstart = (e) => { e.preventDefault(); pttDown(); };
