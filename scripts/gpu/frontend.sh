@@ -8,7 +8,8 @@
 #   r1b / r8b: server.workers=WORKERS on a Llama-3.2-1B / 3.1-8B shape with RANDOM weights (timing only;
 #              needs a w1 or wN run first, which converts SmolLM2, whose tokenizer drives them)
 #   env: LEVELS (default 64,128,256), WORKERS (default 4), TRIVIAL_LEVELS (default 64,256,1024),
-#        NAIVE_LEVELS (default 64), PROCS (load-generator processes, default 6)
+#        NAIVE_LEVELS (default 64), PROCS (load-generator processes, default 6),
+#        VAD_THREADS (each worker's VAD threads in wN, default 2)
 set -uo pipefail
 levels=${LEVELS:-64,128,256}
 workers=${WORKERS:-4}
@@ -42,7 +43,7 @@ for step in "$@"; do
     wN)
       source scripts/gpu/env.sh
       WORKERS=$workers DURATION=15 RAMP=5 PROCS=${PROCS:-6} OUT=$OUT bash scripts/gpu/sweep.sh w$workers "$levels" \
-        "${limits[@]}" --set server.workers=$workers --set vad.threads=2 | grep -vi warn ;;
+        "${limits[@]}" --set server.workers=$workers --set vad.threads=${VAD_THREADS:-2} | grep -vi warn ;;
     naive)
       source scripts/gpu/env.sh
       DURATION=15 RAMP=5 PROCS=${PROCS:-6} OUT=$OUT bash scripts/gpu/sweep.sh naive "${NAIVE_LEVELS:-64}" "${limits[@]}" \

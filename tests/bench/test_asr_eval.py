@@ -20,7 +20,7 @@ def test_eval_set_covers_voices_noise_and_telephony():
 
 
 async def test_streaming_wer_within_two_points_of_offline(url, services):
-    result = await evaluate(url, services.asr.model, load_set())
+    result = await evaluate(url, services.asr.model, load_set(), callers=8)
     print("\n" + markdown(result))
     w = result["wer"]["all"]
     assert w["offline_wer"] < 50.0  # sanity (tiny.en on synthetic voices: ~33 %); a broken path gives ~100

@@ -165,7 +165,7 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
     model, tok = parts
     plain, _ = engines
     texts = PROMPTS[:3] + ["Confirm back to me: my name is Anna Smith."]
-    greedy = [tokens_of(ev) for ev in await generate(plain, reqs("dg", texts, 24))]
+    greedy = [tokens_of(ev) for ev in await generate(plain, reqs("dg", texts, 16))]
     junk = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama")),
                         torch.float32, "cpu")
     for name, draft in (("self", model), ("junk", junk)):
@@ -173,7 +173,7 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
         eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=3),
                         model=model, tokenizer=tok, draft=draft)
         try:
-            out = [tokens_of(ev) for ev in await generate(eng, reqs(f"d{name}", texts, 24))]
+            out = [tokens_of(ev) for ev in await generate(eng, reqs(f"d{name}", texts, 16))]
             spec = eng.core.scheduler.spec
             assert out == greedy, name
             assert spec.proposed > 0

@@ -208,8 +208,9 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
 
     cfg = services.cfg
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
+    eager = dataclasses.replace(cfg.llm, torchscript=False)  # starts sooner (traced: test_runner)
     engine = SupervisedEngine(
-        lambda: EngineProcess(model_dir, engine_config(cfg.llm), threads=1),
+        lambda: EngineProcess(model_dir, engine_config(eager), threads=1),
         RestartPolicy(max_restarts=3, window_s=600, backoff_s=0.05))
     srv = VoiceServer(dataclasses.replace(services, engine=engine, cfg=dataclasses.replace(
         cfg, server=dataclasses.replace(cfg.server, port=0))))
