@@ -302,6 +302,9 @@ class TtsConfig:
     first_clause_chars: int = 24  # the first piece of a reply may end at a comma after this many
     first_piece_words: int = 6  # the first piece may end after this many words when no break
     # came (0: off): Piper makes a piece's audio in one pass, so a short first piece speaks sooner
+    voices: list[str] = field(default_factory=lambda: ["en-gb-x-rp", "en-us+f3"])  # more voices a
+    # session may pick (native options.voice, session.update; Realtime session voice): eSpeak
+    # names, .onnx Piper voices, or "embedded" (the Piper voice shipped in its wheel)
 
     def __post_init__(self) -> None:
         _check(self.engine in ("auto", "piper", "espeak", "none") or ":" in self.engine,

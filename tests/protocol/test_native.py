@@ -137,3 +137,22 @@ def test_turn_taking_options_travel_in_session_start_and_unknown_options_are_ref
         with pytest.raises(p.ProtocolError, match=re.escape(said)) as err:
             p.decode_client(json.dumps({"type": "session.start", "options": options}))
         assert err.value.code == p.ErrorCode.INVALID
+
+
+def test_a_session_start_encoded_by_the_codec_decodes_to_the_same_options():
+    start = p.SessionStart(end_of_turn="silence", silence_ms=700, vad_threshold=0.6,
+                           voice="en-us+f3", output_audio=p.OutputAudio("pcm16", 24000))
+    for binary in (True, False):
+        back = p.decode_client(p.encode(start, binary=binary))
+        assert back == start
+    assert p.decode_client(p.encode(p.SessionStart())) == p.SessionStart()
+
+
+def test_the_voice_travels_in_session_start_and_session_update():
+    start = p.decode_client(json.dumps({"type": "session.start", "options": {"voice": "en"}}))
+    assert start.voice == "en"
+    update = p.decode_client(json.dumps({"type": "session.update", "voice": "en-us+f3"}))
+    assert update.voice == "en-us+f3" and update.tools is None and update.system_prompt is None
+    assert p.decode_client(p.encode(p.SessionUpdate(voice="en"))).voice == "en"
+    with pytest.raises(p.ProtocolError, match="field 'voice' must be str"):
+        p.decode_client(json.dumps({"type": "session.update", "voice": 3}))

@@ -238,3 +238,32 @@ async def test_tool_errors_are_shaped_as_the_api_shapes_them():
         await send(conn, type="response.create", response={
             "tool_choice": {"type": "function", "name": "nope"}})
     assert bad_choice.value.param == "response.tool_choice"
+
+
+async def test_the_session_voice_is_one_the_server_offers_and_another_is_refused():
+    from tests.speech.test_tts import ToneVoice
+    from voicert.protocol.realtime import RealtimeError
+    from voicert.speech.tts import TtsWorker
+
+    tts = TtsWorker({"joe": ToneVoice(None), "anna": ToneVoice(None)})
+    svc = Services(cfg=Config(), vad=EnergyVad(), asr=FakeAsr(), engine=FakeEngine(), tts=tts)
+    try:
+        ws = FakeWs()
+        conn = RealtimeConnection(ws, svc)
+        assert await conn.open()
+        assert ws.sent[0]["session"]["audio"]["output"]["voice"] == "joe"  # the server's default
+        await send(conn, type="session.update", session={"type": "realtime", "audio": {
+            "output": {"voice": "anna"}}})
+        assert ws.sent[-1]["session"]["audio"]["output"]["voice"] == "anna"
+        assert conn.session.voice == "anna"
+        with pytest.raises(RealtimeError, match=r"'alloy' is not offered here \(offered: joe, "
+                                                r"anna\)") as err:
+            await send(conn, type="session.update", session={"type": "realtime", "audio": {
+                "output": {"voice": "alloy"}}})
+        assert err.value.param == "session.voice" and conn.session.voice == "anna"
+        assert_ga(ws)
+    finally:
+        tts.close()
+    conn, ws, _ = await open_door()  # no speech output here: no voice to pick
+    with pytest.raises(RealtimeError, match="offered: none"):
+        await send(conn, type="session.update", session={"type": "realtime", "voice": "joe"})

@@ -3,6 +3,8 @@ it says is what Whisper hears."""
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 
 from tests.conftest import heard_the_answer, wav
@@ -66,6 +68,45 @@ async def test_typed_user_text_gets_a_spoken_reply_and_joins_history(url):
         assert latency["stages"]["ttft_ms"] > 0 and latency["stages"]["ttfa_ms"] > 0
         await ws.send(p.encode(p.UserText("   ")))
         assert (await recv_until(ws, "error"))["code"] == "invalid_message"
+
+
+async def spoken_reply(ws, text: str) -> np.ndarray:
+    """Ask by text; the reply's audio (pcm16 at 16 kHz), once its response.done came."""
+    await ws.send(p.encode(p.UserText(text)))
+    chunks = []
+    while True:
+        msg = p.decode_server(await asyncio.wait_for(ws.recv(), 60))
+        if msg["type"] == "response.audio":
+            chunks.append(msg["audio"])
+        elif msg["type"] == "response.done":
+            return decode_pcm(b"".join(chunks), "pcm16")
+        elif msg["type"] == "error":
+            raise AssertionError(msg)
+
+
+async def test_a_session_picks_its_voice_at_start_and_changes_it_mid_session(url, services):
+    from tests.speech.test_tts import median_f0
+    from voicert.server.completions import served_model_id
+
+    out = p.OutputAudio("pcm16", 16000)
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(output_audio=out, voice="en-us+f3")))
+        started = await recv_until(ws, "session.started")
+        default = services.tts.default_voice
+        assert started["voice"] == "en-us+f3" and started["voices"][0] == default
+        assert set(started["voices"]) == {default, "en-gb-x-rp", "en-us+f3"}
+        assert started["model"] == served_model_id(services.cfg)
+        female = median_f0(await spoken_reply(ws, "What is the capital of France?"), 16000)
+        await ws.send(p.encode(p.SessionUpdate(voice="klingon")))
+        err = await recv_until(ws, "error")
+        assert err["code"] == "invalid_message" and "offered: " + default in err["message"]
+        await ws.send(p.encode(p.SessionUpdate(voice=default)))  # a male voice, eSpeak or Piper
+        male = median_f0(await spoken_reply(ws, "And what about Germany?"), 16000)
+        assert male < 150 < female, (male, female)
+    async with connect(url) as ws:  # a voice the server does not offer: no session
+        await ws.send(p.encode(p.SessionStart(output_audio=out, voice="alloy")))
+        err = await recv_until(ws, "error")
+        assert err["code"] == "invalid_message" and "'alloy' is not offered" in err["message"]
 
 
 async def test_bad_output_audio_formats_are_refused(url):

@@ -93,3 +93,55 @@ def test_worker_speaks_first_pieces_first_and_cancel_stops_a_running_piece():
         assert qdone.wait(5) and qchunks == []
     finally:
         worker.close()
+
+
+def test_the_configured_voice_comes_first_then_the_extras_and_a_bad_extra_names_its_key():
+    from voicert.speech.tts import load_voices
+
+    voices = load_voices(TtsConfig(engine="espeak", voices=["en-gb-x-rp", "en-us+f3", "en-us"]))
+    assert list(voices) == ["en-us", "en-gb-x-rp", "en-us+f3"]  # the default once, first
+    assert all(isinstance(v, EspeakVoice) for v in voices.values())
+    assert load_voices(TtsConfig(engine="none", voices=["en"])) == {}
+    with pytest.raises(TtsError, match=r"tts.voices\[1\]: eSpeak NG has no voice 'xx-nope'"):
+        load_voices(TtsConfig(engine="espeak", voices=["en", "xx-nope"]))
+    load_voice(TtsConfig(engine="espeak"))  # the default voice is selected again for later tests
+
+
+def median_f0(x: np.ndarray, rate: int) -> float:
+    """The median pitch (Hz) of the voiced 40 ms frames, by autocorrelation."""
+    n, pitches = int(0.04 * rate), []
+    for i in range(0, x.size - n, n):
+        frame = x[i:i + n] - x[i:i + n].mean()
+        if np.sqrt((frame ** 2).mean()) < 0.02:
+            continue
+        ac = np.correlate(frame, frame, "full")[n - 1:]
+        lo, hi = rate // 400, rate // 70
+        lag = lo + int(np.argmax(ac[lo:hi]))
+        if ac[lag] > 0.3 * ac[0]:
+            pitches.append(rate / lag)
+    return float(np.median(pitches))
+
+
+def test_each_job_speaks_in_its_own_voice_and_an_unknown_voice_fails_that_job_only():
+    from voicert.speech.tts import load_voices
+
+    worker = TtsWorker(load_voices(TtsConfig(engine="espeak", voices=["en-us+f3"])))
+    try:
+        assert worker.default_voice == "en-us" and worker.rate_of("en-us+f3") == 22050
+        heard = {}
+        for voice in (None, "en-us+f3", "en-us"):
+            chunks, done = [], threading.Event()
+            worker.submit(TtsJob("The capital of France is Paris.", chunks.append,
+                                 lambda err: done.set(), voice), 0)
+            assert done.wait(30)
+            heard[voice] = median_f0(np.concatenate(chunks), 22050)
+        assert max(heard[None], heard["en-us"]) < 150 < heard["en-us+f3"]  # male, male, female
+        errors, done = [], threading.Event()
+        worker.submit(TtsJob("Hello.", lambda c: None,
+                             lambda err: errors.append(err) or done.set(), "xx"), 0)
+        assert done.wait(30) and isinstance(errors[0], KeyError)
+        _, chunks, done = run_job(worker, "Still here.")
+        assert done.wait(30) and chunks  # the worker lives on
+    finally:
+        worker.close()
+        load_voice(TtsConfig(engine="espeak"))

@@ -16,6 +16,7 @@ import numpy as np
 from tests.conftest import wav
 from tests.web.browser import ARTIFACTS, Browser, pytestmark, wait_for  # noqa: F401 (pytestmark)
 from voicert.audio.wav import write_wav
+from voicert.server.completions import served_model_id
 from voicert.telemetry.latency import STAGE_COLOURS, WATERFALL
 
 
@@ -91,6 +92,16 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
                                 " return document.getElementById('banner').textContent; })()")
         assert "comes back with the next Start" in said
         assert await browser.js("document.getElementById('mic').options.length") >= 1
+        # the server's voices and model, listed once connected; a voice picked applies at once
+        offered = await browser.js("[...document.getElementById('voice').options]"
+                                   ".map(o => o.value).join(',')")
+        assert offered.split(",") == list(server.services.tts.voices)
+        assert await browser.js("document.getElementById('model').value") == \
+            served_model_id(server.cfg)
+        await browser.js("const v = document.getElementById('voice'); v.value = 'en-us+f3';"
+                         "v.dispatchEvent(new Event('change'));")
+        await wait_for(browser, "document.getElementById('events').textContent"
+                                ".includes('\"voice\":\"en-us+f3\"')")
         shot = await browser.call("Page.captureScreenshot", format="png")
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "client.png").write_bytes(base64.b64decode(shot["data"]))
@@ -98,13 +109,19 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
         # a dropped connection is visible and the client reconnects by itself
         await browser.js("window.voicert.ws.close(4000, 'test drop')")
         banner = await wait_for(browser, "document.getElementById('banner').classList.contains('show')"
+                                         " && document.getElementById('banner').textContent"
+                                         ".includes('Connection lost')"
                                          " && document.getElementById('banner').textContent")
         assert "Reconnecting" in banner
         await wait_for(browser, "document.getElementById('status').textContent === 'live'"
                                 " && window.voicert.stats.reconnects === 1")
         assert await browser.js("document.getElementById('banner').classList.contains('show')") is False
 
-        # the new session carries the settings' system prompt
+        # the new session carries the settings' system prompt, and asks again for the voice
+        await wait_for(browser, "[...document.querySelectorAll('#events div')].filter(d => "
+                                "d.textContent.includes('session.update') && "
+                                "d.textContent.includes('en-us+f3')).length === 2")
+        assert await browser.js("document.getElementById('voice').value") == "en-us+f3"
         assert await browser.js("[...document.querySelectorAll('#events div')].some(d => "
                                 "d.textContent.includes('session.start ') && "
                                 f"d.textContent.includes({json.dumps(prompt)}) && "

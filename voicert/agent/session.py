@@ -155,6 +155,8 @@ class Session:
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
         self.tool_choice = ToolChoice(ToolChoiceMode(self.cfg.tools.choice))
         self.set_tools(start.tools, start.tool_choice)
+        self.voice: str | None = None  # a voice id of the server's (None: its default)
+        self.set_voice(start.voice)
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -330,6 +332,16 @@ class Session:
         server = self._server_tools
         return [i for i in self.history.pending_calls() if i.name not in server]
 
+    def set_voice(self, voice: str | None) -> None:
+        """The voice the session's next replies speak in: one of the server's voice ids (None:
+        the server's default). Raises ProtocolError(INVALID) for another, or when the server has
+        no speech output."""
+        if voice is not None and (self.svc.tts is None or voice not in self.svc.tts.voices):
+            offered = ", ".join(self.svc.tts.voices) if self.svc.tts is not None else "none"
+            raise p.ProtocolError(p.ErrorCode.INVALID,
+                                  f"voice {voice[:64]!r} is not offered here (offered: {offered})")
+        self.voice = voice
+
     def set_system_prompt(self, text: str) -> None:
         """Raises ProtocolError(TEXT_TOO_LONG)."""
         self._check_text(text, "system_prompt")
@@ -358,6 +370,7 @@ class Session:
         """Change the session's settings mid-conversation (the Realtime API's session.update).
         A new input rate takes effect with the next audio; new VAD settings reset the endpointer."""
         self._check_text(start.system_prompt, "instructions")
+        self.set_voice(start.voice)
         if start.sample_rate != self.start.sample_rate:
             self.resampler = StreamResampler(start.sample_rate)
         self.vad_cfg = vad
@@ -547,7 +560,7 @@ class Session:
 
         tts = self.cfg.tts
         return SpeechOut(worker, fmt, send, turn.trace, tts.first_clause_chars,
-                         tts.first_piece_words)
+                         tts.first_piece_words, self.voice)
 
     def _request(self, turn: Turn, max_new_tokens: int | None, round_: int) -> GenerationRequest:
         """The engine request for one round of a reply. The first round uses the turn's (else the

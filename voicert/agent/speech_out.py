@@ -44,11 +44,15 @@ class SpeechOut:
     queued pieces, stops the one being spoken and stops sending, at once."""
 
     def __init__(self, worker: TtsWorker, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
-                 first_clause_chars: int = 24, first_piece_words: int = 0) -> None:
+                 first_clause_chars: int = 24, first_piece_words: int = 0,
+                 voice: str | None = None) -> None:
+        """``voice``: one of the worker's voice ids (None: its default); raises KeyError for
+        another."""
         self.worker, self.fmt, self.send, self.trace = worker, fmt, send, trace
+        self.voice = voice
         self.loop = asyncio.get_running_loop()
         self.splitter = SentenceSplitter(first_clause_chars, first_piece_words)
-        self.resampler = Resampler(worker.sample_rate, fmt.sample_rate)
+        self.resampler = Resampler(worker.rate_of(voice), fmt.sample_rate)
         self.queue: asyncio.Queue = asyncio.Queue()
         self.jobs: list[TtsJob] = []
         self.finished = False
@@ -92,7 +96,7 @@ class SpeechOut:
         def on_done(error: BaseException | None) -> None:  # worker thread
             self.loop.call_soon_threadsafe(self._piece_done)
 
-        job = TtsJob(piece, on_chunk, on_done)
+        job = TtsJob(piece, on_chunk, on_done, self.voice)
         self.jobs.append(job)
         try:
             self.worker.submit(job, index)

@@ -26,7 +26,8 @@ ENCODINGS = ("pcm16", "f32", "mulaw", "alaw")
 TURN_DETECTION = ("server_vad", "manual")
 END_OF_TURN = ("semantic", "silence")
 SESSION_OPTIONS = frozenset({"turn_detection", "max_new_tokens", "output_audio", "tools",
-                             "tool_choice", "end_of_turn", "silence_ms", "vad_threshold"})
+                             "tool_choice", "end_of_turn", "silence_ms", "vad_threshold",
+                             "voice"})
 
 
 class ErrorCode(str, enum.Enum):
@@ -88,16 +89,19 @@ class SessionStart:
     silence_ms: int | None = None  # silence: the trailing silence that ends a turn; semantic: the
     # longest wait after an utterance judged incomplete. None: the server's
     vad_threshold: float | None = None  # speech probability that counts as speech (0-1)
+    voice: str | None = None  # one of session.started's voices; None: the server's default
     type: str = field(default="session.start", init=False)
 
 
 @dataclass(slots=True)
 class SessionUpdate:
-    """Change the tools, the tool choice or the system prompt mid-session (None: unchanged)."""
+    """Change the tools, the tool choice, the system prompt or the voice mid-session (None:
+    unchanged). A new voice speaks from the next reply on."""
 
     tools: tuple[ToolSpec, ...] | None = None
     tool_choice: ToolChoice | None = None
     system_prompt: str | None = None
+    voice: str | None = None
     type: str = field(default="session.update", init=False)
 
 
@@ -153,6 +157,9 @@ class SessionStarted:
     turn_detection: str
     output_audio: OutputAudio | None = None
     protocol_version: int = PROTOCOL_VERSION
+    voice: str | None = None  # the voice replies speak in (None: no speech output)
+    voices: tuple[str, ...] = ()  # the voices the session may pick (options.voice, session.update)
+    model: str = ""  # the model that answers (server-wide: `voicert serve --llm`)
     type: str = field(default="session.started", init=False)
 
 
@@ -377,6 +384,7 @@ def _session_start(msg: dict) -> SessionStart:
     vad_threshold = _field(options, "vad_threshold", (int, float), None)
     if vad_threshold is not None and not 0 < vad_threshold < 1:
         raise ProtocolError(ErrorCode.INVALID, "options.vad_threshold must be in (0, 1)")
+    voice = _field(options, "voice", str, None)
     return SessionStart(
         sample_rate=_field(msg, "sample_rate", int, 16000),
         encoding=_field(msg, "encoding", str, "pcm16"),
@@ -390,6 +398,7 @@ def _session_start(msg: dict) -> SessionStart:
         end_of_turn=end_of_turn,
         silence_ms=silence_ms,
         vad_threshold=None if vad_threshold is None else float(vad_threshold),
+        voice=voice,
     )
 
 
@@ -407,7 +416,8 @@ def _tools(msg: dict, prefix: str) -> tuple[tuple[ToolSpec, ...] | None, ToolCho
 
 def _session_update(msg: dict) -> SessionUpdate:
     tools, choice = _tools(msg, "")
-    return SessionUpdate(tools, choice, _field(msg, "system_prompt", str, None))
+    return SessionUpdate(tools, choice, _field(msg, "system_prompt", str, None),
+                         _field(msg, "voice", str, None))
 
 
 def _tool_result(msg: dict) -> ToolResultIn:
@@ -492,10 +502,14 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
                          "tools": [_tool_map(t) for t in event.tools],
                          "tool_choice": (choice_to_wire(event.tool_choice)
                                          if event.tool_choice else None)}}
+        for name in ("end_of_turn", "silence_ms", "vad_threshold", "voice"):  # sent when set
+            if getattr(event, name) is not None:
+                d["options"][name] = getattr(event, name)
     elif isinstance(event, SessionUpdate):
         d = {"type": d["type"], "system_prompt": event.system_prompt,
              "tools": None if event.tools is None else [_tool_map(t) for t in event.tools],
-             "tool_choice": choice_to_wire(event.tool_choice) if event.tool_choice else None}
+             "tool_choice": choice_to_wire(event.tool_choice) if event.tool_choice else None,
+             "voice": event.voice}
     if binary:
         return msgpack.packb(d, use_bin_type=True)
     if "audio" in d and isinstance(d["audio"], bytes):

@@ -99,7 +99,7 @@ class SessionConfig:
     turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     transcription: bool = True  # send input audio transcription events
     max_output_tokens: int | None = None
-    voice: str = "espeak"
+    voice: str = ""  # one of the server's voice ids ("": no speech output)
     tools: tuple[ToolSpec, ...] = ()  # functions the client runs
     tool_choice: ToolChoice = AUTO
 

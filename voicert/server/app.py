@@ -36,7 +36,7 @@ from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.server.workers import WorkerRole
 from voicert.speech.asr import WhisperAsr
-from voicert.speech.tts import TtsWorker, load_voice
+from voicert.speech.tts import TtsWorker, load_voices
 from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.speech.denoise import RnNoise
@@ -73,11 +73,12 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
         log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
     cfg, engine = build_engine(cfg, hosts)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
-    voice = load_voice(cfg.tts)
-    tts = None if voice is None else TtsWorker(voice)
+    voices = load_voices(cfg.tts)
+    tts = TtsWorker(voices) if voices else None
     if tts is not None:
         tts.warmup()
-        log.info("tts ready (%s, %d Hz)", getattr(voice, "name", cfg.tts.engine), tts.sample_rate)
+        log.info("tts ready (%s, %d Hz; sessions may pick %s)",
+                 getattr(tts.voice, "name", cfg.tts.engine), tts.sample_rate, ", ".join(voices))
     vad_pool = (ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
                 if cfg.vad.threads > 0 else None)
     vad_batcher = VadBatcher(vad, vad_pool)

@@ -16,6 +16,7 @@ from voicert.core import events as ev
 from voicert.config import SUPPORTED_SAMPLE_RATES, ConfigError, TurnConfig, VadConfig
 from voicert.protocol import native as p
 from voicert.server.access import RateLimiter
+from voicert.server.completions import served_model_id
 from voicert.transport.spoken import PacingClock, bytes_per_ms
 
 log = logging.getLogger(__name__)
@@ -252,6 +253,8 @@ class Connection(BaseConnection):
             if event.respond:
                 self.session.respond()
         elif isinstance(event, p.SessionUpdate):
+            if event.voice is not None:
+                self.session.set_voice(event.voice)
             self.session.set_tools(event.tools, event.tool_choice)
             if event.system_prompt is not None:
                 self.session.set_system_prompt(event.system_prompt)
@@ -299,8 +302,11 @@ class Connection(BaseConnection):
             self.release_session()
             raise
         self._arm_watchdog()  # the idle timeout from now on
-        await self.send(p.SessionStarted(sid, start.sample_rate, start.encoding,
-                                         start.turn_detection, start.output_audio))
+        tts = self.svc.tts
+        await self.send(p.SessionStarted(
+            sid, start.sample_rate, start.encoding, start.turn_detection, start.output_audio,
+            voice=None if tts is None else (self.session.voice or tts.default_voice),
+            voices=() if tts is None else tuple(tts.voices), model=served_model_id(self.svc.cfg)))
 
 
 def check_output_audio(fmt: p.OutputAudio | None, svc: Services) -> None:

@@ -85,7 +85,8 @@ class RealtimeConnection(BaseConnection):
         self.session_id = f"sess_{uuid.uuid4().hex[:20]}"
         can_speak = services.tts is not None
         self.config = rt.SessionConfig(instructions=services.cfg.llm.system_prompt,
-                                       audio_out=can_speak)
+                                       audio_out=can_speak,
+                                       voice=services.tts.default_voice if can_speak else "")
         self.last_item: str | None = None
         self.user_items: dict[int, str] = {}  # turn id -> user item id
         self.responses: dict[int, ResponseState] = {}  # turn id -> the response answering it
@@ -105,7 +106,8 @@ class RealtimeConnection(BaseConnection):
                                turn_detection="manual" if manual else "server_vad",
                                max_new_tokens=c.max_output_tokens,
                                output_audio=p.OutputAudio(out_enc, out_rate) if c.audio_out else None,
-                               tools=c.tools, tool_choice=c.tool_choice)
+                               tools=c.tools, tool_choice=c.tool_choice,
+                               voice=c.voice if self.svc.tts is not None else None)
         auto_respond = not manual and c.turn_detection.create_response
         return start, auto_respond
 
@@ -228,10 +230,15 @@ class RealtimeConnection(BaseConnection):
 
     async def _update(self, changes: dict) -> None:
         config = rt.update_session(self.config, changes)
-        if config.audio_out and self.svc.tts is None:
+        tts = self.svc.tts
+        if config.audio_out and tts is None:
             raise rt.RealtimeError(p.ErrorCode.NO_SPEECH_OUTPUT.value,
                                    "this server has no speech output; use text modalities",
                                    "session.modalities")
+        if config.voice != self.config.voice and (tts is None or config.voice not in tts.voices):
+            offered = ", ".join(tts.voices) if tts is not None else "none: no speech output"
+            raise rt.RealtimeError("invalid_value", f"voice {config.voice[:64]!r} is not offered "
+                                   f"here (offered: {offered})", "session.voice")
         old, self.config = self.config, config
         try:
             start, auto = self._session_start()

@@ -76,6 +76,7 @@ class PiperTts:
                         "the CPU")
         self.voice = PiperVoice.load(model, config_path=config, use_cuda=use_cuda)
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
+        self.voice_id = model.stem.removesuffix(".onnx")  # what a session picks it by
         self.sample_rate = int(self.voice.config.sample_rate)
         self.device = "cuda" if use_cuda else "cpu"
         self._syn = SynthesisConfig(length_scale=BASE_WPM / cfg.rate_wpm)

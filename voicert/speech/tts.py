@@ -19,7 +19,7 @@ import ctypes
 import importlib
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -153,6 +153,35 @@ def load_voice(cfg: TtsConfig) -> Voice | None:
     return voice
 
 
+def voice_id(voice: Voice) -> str:
+    """The name a session picks a voice by: an eSpeak voice's name, a Piper voice's file stem,
+    else the voice's ``name`` (or its class name)."""
+    if isinstance(voice, EspeakVoice):
+        return voice.voice
+    return str(getattr(voice, "voice_id", None) or getattr(voice, "name", type(voice).__name__))
+
+
+def load_voices(cfg: TtsConfig) -> dict[str, Voice]:
+    """Every voice sessions may pick, by :func:`voice_id`: the configured one first (the default),
+    then each of ``tts.voices`` (a name there is an eSpeak voice; a ``.onnx`` path, or
+    ``embedded``, a Piper one). Empty when ``tts.engine`` is ``none``. Raises TtsError naming the
+    key."""
+    default = load_voice(cfg)
+    if default is None:
+        return {}
+    voices = {voice_id(default): default}
+    for i, spec in enumerate(cfg.voices):
+        key = f"tts.voices[{i}]"
+        piper = spec in ("", "embedded") or spec.endswith(".onnx")
+        try:
+            voice = load_voice(replace(cfg, engine="piper" if piper else "espeak",
+                                       voice="" if spec == "embedded" else spec))
+        except TtsError as exc:
+            raise TtsError(f"{key}: {str(exc).split(': ', 1)[-1]}") from None
+        voices.setdefault(voice_id(voice), voice)
+    return voices
+
+
 # ---------------------------------------------------------------- worker
 
 
@@ -163,6 +192,7 @@ class TtsJob:
     text: str
     on_chunk: Callable[[np.ndarray], None]
     on_done: Callable[[BaseException | None], None]
+    voice: str | None = None  # a voice id of the worker's; None: its default
     cancelled: bool = False
 
     def cancel(self) -> None:
@@ -171,16 +201,28 @@ class TtsJob:
 
 
 class TtsWorker(PriorityWorker[TtsJob]):
-    """The thread that owns the voice. :meth:`submit` from any thread; jobs run by
-    (piece index, arrival): first pieces of replies go before later ones."""
+    """The thread that owns the voices. :meth:`submit` from any thread; jobs run by
+    (piece index, arrival): first pieces of replies go before later ones. ``voices`` maps voice
+    ids to voices (:func:`load_voices`); a single voice is its own default."""
 
-    def __init__(self, voice: Voice) -> None:
-        self.voice = voice
+    def __init__(self, voices: Voice | dict[str, Voice]) -> None:
+        if not isinstance(voices, dict):
+            voices = {voice_id(voices): voices}
+        if not voices:
+            raise ValueError("a TTS worker needs at least one voice")
+        self.voices = voices
+        self.default_voice = next(iter(voices))
+        self.voice = voices[self.default_voice]
         super().__init__("tts")
 
     @property
     def sample_rate(self) -> int:
+        """The default voice's sample rate."""
         return self.voice.sample_rate
+
+    def rate_of(self, voice: str | None) -> int:
+        """The sample rate of voice id ``voice`` (None: the default). Raises KeyError."""
+        return self.voices[voice or self.default_voice].sample_rate
 
     def submit(self, job: TtsJob, piece_index: int) -> TtsJob:
         """Queue a piece; raises WorkerClosed once the worker is closed or down."""
@@ -203,7 +245,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
                 return True
 
             try:
-                self.voice.synthesize(job.text, on_chunk)
+                self.voices[job.voice or self.default_voice].synthesize(job.text, on_chunk)
             except Exception as exc:  # a voice failure ends this piece, never the worker
                 log.exception("TTS failed on %r", job.text[:60])
                 error = exc

@@ -24,18 +24,32 @@ window.voicert = app;
 // ------------------------------------------------------------------ settings (kept in localStorage)
 
 const SETTINGS = ["server-url", "token", "system-prompt", "max-tokens", "end-of-turn", "silence-ms",
-                  "vad-threshold", "mic"];
+                  "vad-threshold", "mic", "voice"];
 
 function loadSettings() {
   for (const id of SETTINGS) {
     const v = localStorage.getItem(`voicert.${id}`);
-    if (v !== null && id !== "mic") $(id).value = v;
+    if (v !== null && id !== "mic" && id !== "voice") $(id).value = v;  // those two: once listed
   }
   const token = new URLSearchParams(location.search).get("token");  // a link may carry one
   if (token) $("token").value = token;
 }
 
 function saveSetting(id) { localStorage.setItem(`voicert.${id}`, $(id).value); }
+
+function listVoices(voices, current) {
+  // the server's voices (session.started); the saved pick, where this server offers it, is asked
+  // for at once with session.update (a start naming a voice the server lacks would be refused)
+  const sel = $("voice"), want = localStorage.getItem("voicert.voice") || "";
+  sel.replaceChildren(...voices.map((v, i) => new Option(i === 0 ? `${v} (the server's default)` : v, v)));
+  sel.disabled = voices.length === 0;
+  if (!voices.length) { sel.append(new Option("no speech output on this server", "")); return; }
+  sel.value = current || voices[0];
+  if (want && want !== current && voices.includes(want)) {
+    sel.value = want;
+    send({ type: "session.update", voice: want });
+  }
+}
 
 function setStatus(text, cls) { const s = $("status"); s.textContent = text; s.className = cls; }
 function banner(text) { const b = $("banner"); b.textContent = text || ""; b.classList.toggle("show", !!text); }
@@ -341,6 +355,8 @@ function handle(msg) {
       app.reconnectDelay = 500;
       setStatus("live", "live");
       banner("");
+      $("model").value = msg.model || "";
+      listVoices(msg.voices || [], msg.voice);
       break;
     case "vad.speech_started":
       break;  // may be a backchannel ("mm-hm"): the reply goes on unless vad.barge_in follows
@@ -496,6 +512,10 @@ $("mic").onchange = switchMic;
 for (const id of ["server-url", "token", "max-tokens", "end-of-turn", "silence-ms", "vad-threshold"]) {
   $(id).onchange = () => saveSetting(id);
 }
+$("voice").onchange = () => {
+  saveSetting("voice");
+  if (app.started && $("voice").value) send({ type: "session.update", voice: $("voice").value });
+};
 $("system-prompt").onchange = () => {
   saveSetting("system-prompt");
   if (!app.started) return;
