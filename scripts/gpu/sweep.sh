@@ -6,6 +6,7 @@
 #   env: DURATION (s per level, default 30), RAMP (s, default 5), PORT (default 8765),
 #        PROCS (load generator processes, default 4: one falls behind real time past ~64 sessions),
 #        WORKERS (default 1: with --set server.workers=N, say N: wait until every worker is ready),
+#        SPEAK (set: callers ask for spoken replies, so first-audio figures are measured),
 #        SWEEP_LIMIT (s, default 3000: then the load generator is stopped with every thread's stack
 #        in loadgen.log; report.md holds the levels done so far)
 set -euo pipefail
@@ -28,6 +29,6 @@ done
 echo "[$label] server ready after $(( $(date +%s) - t0 )) s"
 PYTHONFAULTHANDLER=1 timeout -s ABRT "${SWEEP_LIMIT:-3000}" python3 -m loadgen --url "ws://127.0.0.1:$port/v1/stream" --sweep "$levels" \
   --duration "${DURATION:-30}" --ramp "${RAMP:-5}" --turns 3 --think 1.0 --turn-timeout 30 \
-  --procs "${PROCS:-4}" --server-pid $pid \
+  --procs "${PROCS:-4}" --server-pid $pid ${SPEAK:+--speak} \
   --out "$out" --title "$label" > "$out/loadgen.log" 2>&1 || { tail -30 "$out/loadgen.log"; exit 1; }
 cat "$out/report.md"

@@ -145,3 +145,33 @@ def test_each_job_speaks_in_its_own_voice_and_an_unknown_voice_fails_that_job_on
     finally:
         worker.close()
         load_voice(TtsConfig(engine="espeak"))
+
+
+def test_a_pool_gives_a_new_reply_the_idle_thread_so_it_is_not_held_up_by_a_running_one():
+    from voicert.speech.tts import TtsPool
+
+    voice = ToneVoice(TtsConfig())
+    pool = TtsPool({"tone": voice}, workers=2)
+    try:
+        gate = threading.Event()
+        first = pool.lane()
+        first.submit(TtsJob("hold", lambda c: gate.wait(5), lambda e: None), 0)  # running, blocked
+        second = pool.lane()
+        assert second is not first  # the busy thread is not picked
+        _, chunks, done = run_job(second, "spoken meanwhile")
+        assert done.wait(5) and chunks and not gate.is_set()  # done while the first still speaks
+        gate.set()
+        assert pool.alive and pool.rate_of(None) == 16000 and pool.default_voice == "tone"
+    finally:
+        pool.close()
+    assert not pool.alive
+
+
+def test_one_thread_keeps_the_old_behaviour():
+    from voicert.speech.tts import TtsPool
+
+    pool = TtsPool({"tone": ToneVoice(TtsConfig())}, workers=1)
+    try:
+        assert pool.lane() is pool.lane() is pool.workers[0]
+    finally:
+        pool.close()

@@ -32,7 +32,7 @@ from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.denoise import RnNoise
 from voicert.speech.smart_turn import Judge
 from voicert.speech.turn_text import is_backchannel
-from voicert.speech.tts import TtsWorker
+from voicert.speech.tts import TtsPool, TtsWorker
 from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
@@ -52,7 +52,7 @@ class Services:
     asr: WhisperAsr
     engine: Engine
     metrics: Metrics = field(default_factory=Metrics)
-    tts: TtsWorker | None = None  # speech out; None when tts.engine is none
+    tts: TtsPool | TtsWorker | None = None  # speech out; None when tts.engine is none
     vad_pool: Executor | None = None  # vad.threads > 0: VAD batches are scored here, off the loop
     vad_batcher: VadBatcher | None = None  # every session's windows of a tick in one model call
     draining: bool = False  # set at shutdown: no new turns start

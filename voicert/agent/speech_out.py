@@ -18,7 +18,7 @@ import numpy as np
 from voicert.audio.pcm import Resampler, encode_audio
 from voicert.protocol.native import OutputAudio
 from voicert.speech.sentences import SentenceSplitter
-from voicert.speech.tts import TtsJob, TtsWorker
+from voicert.speech.tts import TtsJob, TtsPool, TtsWorker
 from voicert.speech.worker import WorkerClosed
 from voicert.telemetry.latency import Point, TurnTrace
 
@@ -43,12 +43,13 @@ class SpeechOut:
     text, then ``await`` :meth:`wait` until the last audio is sent. :meth:`cancel` (barge-in) drops
     queued pieces, stops the one being spoken and stops sending, at once."""
 
-    def __init__(self, worker: TtsWorker, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
+    def __init__(self, worker: TtsWorker | TtsPool, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
                  first_clause_chars: int = 24, first_piece_words: int = 0,
                  voice: str | None = None) -> None:
         """``voice``: one of the worker's voice ids (None: its default); raises KeyError for
         another."""
-        self.worker, self.fmt, self.send, self.trace = worker, fmt, send, trace
+        self.worker = worker.lane()  # one thread for all of this reply's pieces: audio in order
+        self.fmt, self.send, self.trace = fmt, send, trace
         self.voice = voice
         self.loop = asyncio.get_running_loop()
         self.splitter = SentenceSplitter(first_clause_chars, first_piece_words)

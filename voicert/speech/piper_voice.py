@@ -53,6 +53,24 @@ def voice_files(voice: str) -> tuple[Path, Path]:
     return model, config
 
 
+def load_piper(model: Path, config: Path, use_cuda: bool, threads: int):
+    """A PiperVoice whose onnxruntime session runs ``threads`` intra-op threads (0: onnxruntime's
+    own, one per core) that sleep between runs rather than spin: a spinning pool per voice and per
+    TTS thread would keep every core busy between pieces."""
+    import onnxruntime as ort
+    from piper import PiperVoice
+    from piper.config import PiperConfig
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    providers = ([("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
+                 if use_cuda else ["CPUExecutionProvider"])
+    return PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text())),
+                      session=ort.InferenceSession(str(model), sess_options=opts,
+                                                   providers=providers))
+
+
 def cuda_available() -> bool:
     import onnxruntime as ort
 
@@ -66,7 +84,7 @@ class PiperTts:
 
     def __init__(self, cfg: TtsConfig) -> None:
         try:
-            from piper import PiperVoice, SynthesisConfig
+            from piper import SynthesisConfig
         except ImportError as exc:
             raise PiperUnavailable("tts.engine piper needs the piper-tts package") from exc
         model, config = voice_files(cfg.voice)
@@ -74,7 +92,7 @@ class PiperTts:
         if cfg.device == "cuda" and not use_cuda:
             log.warning("tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on "
                         "the CPU")
-        self.voice = PiperVoice.load(model, config_path=config, use_cuda=use_cuda)
+        self.voice = load_piper(model, config, use_cuda, cfg.threads)
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
         self.voice_id = model.stem.removesuffix(".onnx")  # what a session picks it by
         self.sample_rate = int(self.voice.config.sample_rate)

@@ -213,6 +213,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
         self.voices = voices
         self.default_voice = next(iter(voices))
         self.voice = voices[self.default_voice]
+        self.running = 0  # jobs taken and not yet done (under the queue's lock)
         super().__init__("tts")
 
     @property
@@ -230,7 +231,10 @@ class TtsWorker(PriorityWorker[TtsJob]):
 
     def handle(self, jobs: list[TtsJob]) -> None:
         for job in jobs:
-            self._speak(job)
+            try:
+                self._speak(job)
+            finally:
+                self.finished(job)
 
     def fail(self, job: TtsJob, exc: BaseException) -> None:
         job.on_done(exc)
@@ -255,4 +259,62 @@ class TtsWorker(PriorityWorker[TtsJob]):
         done = threading.Event()
         self.submit(TtsJob("Ready.", lambda c: None, lambda e: done.set()), 0)
         done.wait(30)
+
+    def lane(self) -> TtsWorker:
+        """The thread a reply's pieces go to, in order: this one."""
+        return self
+
+    def load(self) -> int:
+        """Jobs queued or running."""
+        return self.pending() + self.running
+
+    def taken(self, job: TtsJob) -> None:
+        self.running += 1
+
+    def finished(self, job: TtsJob) -> None:
+        with self._cv:
+            self.running -= 1
+
+
+class TtsPool:
+    """``tts.workers`` TTS threads over one set of voices (``tts.workers`` above 1: Piper voices
+    synthesize for several callers at once; eSpeak NG, one library per process, still speaks one
+    piece at a time). :meth:`lane` gives a reply the least busy thread; all of that reply's pieces
+    go to it, so its audio stays in order. The rest of the interface is :class:`TtsWorker`'s."""
+
+    def __init__(self, voices: dict[str, Voice], workers: int = 1) -> None:
+        self.workers = [TtsWorker(voices) for _ in range(max(1, workers))]
+        first = self.workers[0]
+        self.voices, self.default_voice, self.voice = first.voices, first.default_voice, first.voice
+
+    @property
+    def sample_rate(self) -> int:
+        return self.voice.sample_rate
+
+    def rate_of(self, voice: str | None) -> int:
+        return self.workers[0].rate_of(voice)
+
+    def lane(self) -> TtsWorker:
+        return min(self.workers, key=TtsWorker.load)
+
+    @property
+    def alive(self) -> bool:
+        return all(w.alive for w in self.workers)
+
+    @property
+    def on_give_up(self):
+        return self.workers[0].on_give_up
+
+    @on_give_up.setter
+    def on_give_up(self, callback) -> None:
+        for w in self.workers:
+            w.on_give_up = callback
+
+    def warmup(self) -> None:
+        for w in self.workers:
+            w.warmup()
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
 

@@ -87,6 +87,8 @@ STAGES: tuple[Stage, ...] = (
           "endpoint decision -> first reply audio written to the socket (time to first audio)"),
     Stage("voice_to_first_audio_ms", Point.VOICE_END, Point.FIRST_AUDIO_SENT,
           "last voiced audio received -> first reply audio written to the socket"),
+    Stage("token_to_audio_ms", Point.FIRST_TOKEN_SENT, Point.FIRST_AUDIO_SENT,
+          "first token written -> first reply audio written (how far the speech trails the text)"),
     Stage("tool_call_ms", Point.ENDPOINT, Point.TOOL_CALL,
           "endpoint decision -> the first tool call's arguments complete"),
     Stage("total_ms", Point.ENDPOINT, Point.DONE,
@@ -105,7 +107,7 @@ STAGE_COLOURS: dict[str, str] = {
     "asr_wait_ms": "#aec7e8", "asr_decode_ms": "#6baed6", "first_token_ms": "#e6550d",
     "ttft_ms": "#d62728", "voice_to_first_token_ms": "#8c564b", "tts_ms": "#e377c2",
     "ttfa_ms": "#c51b8a", "voice_to_first_audio_ms": "#7b4173", "tool_call_ms": "#637939",
-    "total_ms": "#393b79",
+    "total_ms": "#393b79", "token_to_audio_ms": "#f768a1",
 }
 
 
