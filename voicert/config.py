@@ -305,6 +305,8 @@ class TtsConfig:
     workers: int = 1  # TTS threads: replies spread over them (Piper voices run at once; eSpeak,
     # one library per process, one piece at a time)
     threads: int = 0  # onnxruntime threads per Piper synthesis (0: onnxruntime's own, one a core)
+    spin: bool = False  # Piper's onnxruntime threads spin-wait between runs (onnxruntime's own
+    # default): every core busy under load, no sooner first audio measured (benchmarks 18c)
     voices: list[str] = field(default_factory=lambda: ["en-gb-x-rp", "en-us+f3"])  # more voices a
     # session may pick (native options.voice, session.update; Realtime session voice): eSpeak
     # names, .onnx Piper voices, or "embedded" (the Piper voice shipped in its wheel)

@@ -110,8 +110,9 @@ def voices(which: list[str]):
         if device == "cuda" and not cuda_available():
             print(f"# {name}: onnxruntime has no CUDA provider here: skipped", file=sys.stderr)
             continue
-        voice = PiperTts(TtsConfig(engine="piper", device=device))
-        out.append((f"Piper {voice.name} ({voice.device})", voice))
+        spin = name == "piper-spin"  # tts.spin: true
+        voice = PiperTts(TtsConfig(engine="piper", device=device, spin=spin))
+        out.append((f"Piper {voice.name} ({voice.device}{', spinning' if spin else ''})", voice))
     return out
 
 
@@ -122,7 +123,8 @@ def pct(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.tts", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--voices", default="espeak,piper,piper-cuda")
+    ap.add_argument("--voices", default="espeak,piper,piper-cuda",
+                    help="any of espeak, piper, piper-spin (tts.spin: true), piper-cuda")
     ap.add_argument("--repeat", type=int, default=5, help="first-audio timings per reply")
     ap.add_argument("--threads", type=int, default=0, help="torch/ort threads hint (0: default)")
     ap.add_argument("--first-words", default="0",

@@ -53,17 +53,18 @@ def voice_files(voice: str) -> tuple[Path, Path]:
     return model, config
 
 
-def load_piper(model: Path, config: Path, use_cuda: bool, threads: int):
+def load_piper(model: Path, config: Path, use_cuda: bool, threads: int, spin: bool = False):
     """A PiperVoice whose onnxruntime session runs ``threads`` intra-op threads (0: onnxruntime's
-    own, one per core) that sleep between runs rather than spin: a spinning pool per voice and per
-    TTS thread would keep every core busy between pieces."""
+    own, one per core). ``spin``: they spin-wait between runs (onnxruntime's default); off, they
+    sleep: spinning pools kept 11 of 16 cores busy at 16 callers, and a first piece came no sooner
+    for one caller on 2 cores (docs/benchmarks.md 18c)."""
     import onnxruntime as ort
     from piper import PiperVoice
     from piper.config import PiperConfig
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     providers = ([("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
                  if use_cuda else ["CPUExecutionProvider"])
     return PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text())),
@@ -92,7 +93,7 @@ class PiperTts:
         if cfg.device == "cuda" and not use_cuda:
             log.warning("tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on "
                         "the CPU")
-        self.voice = load_piper(model, config, use_cuda, cfg.threads)
+        self.voice = load_piper(model, config, use_cuda, cfg.threads, cfg.spin)
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
         self.voice_id = model.stem.removesuffix(".onnx")  # what a session picks it by
         self.sample_rate = int(self.voice.config.sample_rate)
