@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
