@@ -13,12 +13,23 @@ from voicert.audio.wav import read_wav
 async def test_client_prints_the_turn_and_writes_the_spoken_reply(url, tmp_path, capsys):
     out = tmp_path / "reply.wav"
     code = await asyncio.to_thread(cli.main, ["client", str(DATA / "capital_of_france.wav"),
-                                              "--url", url, "--fast", "--speak", str(out)])
+                                              "--url", url, "--fast", "--speak", str(out),
+                                              "--voice", "en-us+f3"])
     assert code == 0
     printed = capsys.readouterr().out
     assert "Paris" in printed and "ttft" in printed and "wrote" in printed
+    assert "; voice en-us+f3, offered: " in printed and "en-gb-x-rp" in printed  # the session line
     audio, rate = read_wav(out)
     assert rate == 24000 and 0.8 < audio.size / rate < 10 and abs(audio).max() > 0.05
+
+
+async def test_client_names_the_voices_when_asked_for_one_the_server_lacks(url, tmp_path, capsys):
+    code = await asyncio.to_thread(cli.main, ["client", str(DATA / "capital_of_france.wav"),
+                                              "--url", url, "--fast", "--speak",
+                                              str(tmp_path / "r.wav"), "--voice", "alloy"])
+    err = capsys.readouterr().err
+    assert code == 2 and "voice 'alloy' is not offered here (offered: " in err
+    assert "Traceback" not in err
 
 
 def test_client_reports_an_unreachable_server(capsys):

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--fast", action="store_true", help="send audio as fast as possible")
     c.add_argument("--speak", metavar="OUT.wav",
                    help="ask for spoken replies and write them (all turns, 24 kHz) to this WAV")
+    c.add_argument("--voice", help="speak replies in this of the server's voices (with --speak; "
+                                   "the session line lists them)")
     return ap
 
 
@@ -70,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         from voicert import client
 
         return client.main(args.wav, args.url, realtime=not args.fast, speak_to=args.speak,
-                           token=args.token)
+                           token=args.token, voice=args.voice)
     try:
         cfg = load_config(args.config, _overrides(args))
     except ConfigError as exc:

@@ -107,20 +107,22 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                        output_audio: p.OutputAudio | None = None,
                        on_event: Callable[[dict], None] | None = None,
                        until_answered: bool = True, unheard_after_s: float | None = None,
-                       headers: dict[str, str] | None = None) -> ClientResult:
+                       headers: dict[str, str] | None = None,
+                       voice: str | None = None) -> ClientResult:
     """Open one session; for each (samples, rate) in ``turns`` stream the audio plus trailing
     silence in 20 ms frames, then wait for that turn's ``turn.latency`` before the next, sending
     silence meanwhile as a live microphone would (``until_answered``; False: nothing more, so that
     the server receives exactly the same audio on every run). ``unheard_after_s``: a clip in which
     the server has not heard speech start this long after its last frame is given up on (its
-    index goes to ``result.unheard``) instead of waited on for ``turn_timeout_s``. Raises
+    index goes to ``result.unheard``) instead of waited on for ``turn_timeout_s``. ``voice``: one
+    of the server's voices (``session.started`` lists them; None: its default). Raises
     ``TimeoutError`` when a turn is not answered within ``turn_timeout_s``, ``RuntimeError`` when
     the session is refused, and websockets' errors when the connection fails or closes."""
     rate = turns[0][1]
     result = ClientResult()
     async with connect(url, max_size=None, compression=None, additional_headers=headers) as ws:
         await ws.send(p.encode(p.SessionStart(sample_rate=rate, system_prompt=system_prompt,
-                                              output_audio=output_audio), binary))
+                                              output_audio=output_audio, voice=voice), binary))
         msg = p.decode_server(await ws.recv())
         if msg["type"] != "session.started":
             raise RuntimeError(f"session refused: {msg.get('message', msg)}")
@@ -247,12 +249,12 @@ SPEAK_RATE = 24000
 
 
 def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None = None,
-         token: str | None = None) -> int:
+         token: str | None = None, voice: str | None = None) -> int:
     """``voicert client``: 0 when every turn was answered, 1 when the server reported an error or
     heard no speech in a clip, 2 when the files, the URL or the connection are wrong (one line
     on stderr each, never a traceback), 130 on Ctrl-C."""
     try:
-        return _run(files, url, realtime, speak_to, token)
+        return _run(files, url, realtime, speak_to, token, voice)
     except ClientError as exc:
         print(f"voicert client: {exc}", file=sys.stderr)
         return 2
@@ -262,7 +264,7 @@ def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None
 
 
 def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
-         token: str | None) -> int:
+         token: str | None, voice: str | None = None) -> int:
     turns = [load_clip(f) for f in files]
     url = stream_url(url)
     if len({rate for _, rate in turns}) > 1:
@@ -272,7 +274,9 @@ def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
     def show(ev: dict) -> None:
         kind = ev["type"]
         if kind == "session.started":
-            print(f"session {ev['session_id']}")
+            print(f"session {ev['session_id']} (model {ev.get('model') or '?'}"
+                  + (f"; voice {ev['voice']}, offered: {', '.join(ev.get('voices', []))}"
+                     if speak_to and ev.get("voice") else "") + ")")
         elif kind == "vad.speech_started":
             print(f"[speech started at {ev['audio_ms']} ms]")
         elif kind == "vad.speech_stopped":
@@ -294,7 +298,7 @@ def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
     try:
         result = asyncio.run(stream_audio(url, turns, realtime=realtime, on_event=show,
                                           output_audio=output_audio, headers=headers,
-                                          unheard_after_s=UNHEARD_AFTER_S,
+                                          unheard_after_s=UNHEARD_AFTER_S, voice=voice,
                                           turn_timeout_s=TURN_TIMEOUT_S))
     except InvalidStatus as exc:
         raise ClientError(refused(url, exc.response.status_code)) from None
