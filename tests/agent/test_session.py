@@ -210,3 +210,44 @@ async def test_a_session_with_noise_suppression_still_hears_the_question(service
     finally:
         await srv.shutdown()
     assert "weather" in result.turns[0].transcript.lower()
+
+
+async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it(services):
+    # The screen itself is tested on real speech in tests/speech/test_echo.py; here the whole
+    # loop: the reply's audio, as sent, comes back through the microphone (bench.turns' Room:
+    # 150 ms later, 9 dB quieter, reverberant, noisy); with the guard off it interrupts itself.
+    # Over that echo, the caller saying "stop, stop" still interrupts.
+    from voicert.bench.turns import SET_DIR, interrupted, speakerphone
+
+    question = "Tell me three facts about Paris."
+    heard = {}
+    for guard in (True, False):
+        srv = await server_with(services, turn={"echo_guard": guard, "detector": "silence"})
+        url = f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"
+        try:
+            heard[guard] = await speakerphone(
+                url, question, stop_on=None if guard else "vad.speech_started")
+            if guard:
+                stop, _ = wav_16k(SET_DIR / "i02.wav")
+                heard["stop"] = await speakerphone(url, question, interject=stop,
+                                                   max_new_tokens=64, stop_on="vad.barge_in")
+        finally:
+            await srv.shutdown()
+    kinds = [e["type"] for e in heard[True]]
+    done = [e for e in heard[True] if e["type"] == "response.done"]
+    spoken_s = sum(len(e["audio"]) for e in heard[True] if e["type"] == "response.audio") / 32000
+    assert spoken_s > 1.5, spoken_s  # seconds of speech went out and came back
+    assert "vad.barge_in" not in kinds and "vad.speech_started" not in kinds, kinds
+    assert len(done) == 1 and done[0]["finish_reason"] in ("stop", "length"), done
+    # without the screen the same loop interrupts itself (or answers its own words)
+    unguarded = [e["type"] for e in heard[False]]
+    assert "vad.speech_started" in unguarded, unguarded
+    assert interrupted(heard["stop"]), [e["type"] for e in heard["stop"]]
+
+
+def wav_16k(path):
+    from voicert.audio.wav import read_wav
+
+    x, rate = read_wav(path)
+    assert rate == 16000
+    return x, rate

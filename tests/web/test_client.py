@@ -20,18 +20,19 @@ from voicert.server.completions import served_model_id
 from voicert.telemetry.latency import STAGE_COLOURS, WATERFALL
 
 
-def fake_mic_wav(directory: str) -> Path:
-    """1 s of silence, the question, 5 s of silence: PCM16 mono 16 kHz, as Chromium's fake device reads."""
+def fake_mic_wav(directory: str, speech: bool = True) -> Path:
+    """1 s of silence, the question, 5 s of silence: PCM16 mono 16 kHz, as Chromium's fake device
+    reads (``speech=False``: silence only)."""
     x, rate = wav("capital_of_france")
     pad = np.zeros(rate, np.float32)
     path = Path(directory) / "mic.wav"
-    write_wav(path, np.concatenate([pad, x, pad, pad, pad, pad, pad]), rate)
+    write_wav(path, np.concatenate([pad, x if speech else pad, pad, pad, pad, pad, pad]), rate)
     return path
 
 
-async def open_client(server) -> Browser:
+async def open_client(server, speech: bool = True) -> Browser:
     """Headless Chromium whose microphone plays :func:`fake_mic_wav`, on the client page."""
-    mic = fake_mic_wav(tempfile.mkdtemp(prefix="voicert-mic-"))
+    mic = fake_mic_wav(tempfile.mkdtemp(prefix="voicert-mic-"), speech)
     browser = Browser(("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
                        f"--use-file-for-fake-audio-capture={mic}%noloop",
                        "--autoplay-policy=no-user-gesture-required"))
@@ -163,3 +164,38 @@ async def test_push_to_talk_sends_only_while_held_and_commits_on_release(server)
         assert await browser.js("window.voicert.stats.framesSent") <= held_frames + 1  # released
     finally:
         await browser.close()
+
+
+async def test_a_server_tool_call_and_its_output_show_in_the_reply(services):
+    import dataclasses
+
+    from voicert.agent.toolbox import Toolbox
+    from voicert.config import ToolsConfig
+    from voicert.server.app import VoiceServer
+
+    tools = ToolsConfig(functions=["tests.agent.test_toolbox:book_table"], choice="required")
+    cfg = services.cfg
+    srv = VoiceServer(dataclasses.replace(services, toolbox=Toolbox.from_config(tools), cfg=(
+        dataclasses.replace(cfg, tools=tools, server=dataclasses.replace(cfg.server, port=0)))))
+    await srv.start()
+    try:
+        browser = await open_client(srv, speech=False)  # a silent microphone: typed turns only
+        try:
+            await browser.js("document.getElementById('start').click()", gesture=True)
+            await wait_for(browser, "document.getElementById('status').textContent === 'live'")
+            await browser.js("document.getElementById('text').value = 'Book a table for two "
+                             "people at eight tonight.'; document.getElementById('send').click();")
+            lines = await wait_for(browser, "(() => { const t = [...document.querySelectorAll("
+                                            "'.msg.agent .tool')].map(e => e.textContent);"
+                                            " return t.length >= 2 ? t : null; })()", timeout=90)
+            assert lines[0].startswith("book_table({") and '"people"' in lines[0], lines
+            assert lines[1].startswith("\u2192 ") and '"booked": true' in lines[1], lines
+            await wait_for(browser, "[...document.querySelectorAll('.msg.agent')]"
+                                    ".some(e => e.dataset.done)", timeout=90)
+            shot = await browser.call("Page.captureScreenshot", format="png")
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / "client-tools.png").write_bytes(base64.b64decode(shot["data"]))
+        finally:
+            await browser.close()
+    finally:
+        await srv.shutdown()

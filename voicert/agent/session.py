@@ -30,6 +30,7 @@ from voicert.engine.tools import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.protocol import native as p
 from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
 from voicert.speech.denoise import RnNoise
+from voicert.speech.echo import EchoGuard
 from voicert.speech.smart_turn import Judge
 from voicert.speech.turn_text import is_backchannel
 from voicert.speech.tts import TtsPool, TtsWorker
@@ -145,6 +146,7 @@ class Session:
         self.resampler = StreamResampler(start.sample_rate)
         self.denoiser = services.denoise.stream() if services.denoise is not None else None
         self.vad = VadStream(services.vad)
+        self.echo = self._echo_guard(turn or self.cfg.turn, start)
         self.turns = TurnTaking(self.vad_cfg, Detection(start.turn_detection),
                                 self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
                                 auto_respond, turn or self.cfg.turn)
@@ -182,9 +184,19 @@ class Session:
             probs = await self.vad.push_batched(x16, self.svc.vad_batcher)
         else:
             probs = self.vad.push(x16)
+        if self.echo is not None:
+            probs = self.echo.screen(x16, probs, received_ns)  # its own voice back: silence
         if probs.size:
             await self._act_all(self.turns.on_windows(probs, received_ns, now_ns(),
                                                       self._asr_busy, self._replying()))
+
+    @staticmethod
+    def _echo_guard(turn: TurnConfig, start: p.SessionStart) -> EchoGuard | None:
+        """A screen for the session's own reply audio in its input (``turn.echo_guard``), when
+        the session's replies are spoken."""
+        if not turn.echo_guard or start.output_audio is None:
+            return None
+        return EchoGuard(turn.echo_threshold)
 
     def _replying(self) -> bool:
         """A reply is in the engine and not yet over (speech now may be a backchannel)."""
@@ -375,6 +387,8 @@ class Session:
             self.resampler = StreamResampler(start.sample_rate)
         self.vad_cfg = vad
         self.turns.reconfigure(vad, Detection(start.turn_detection), auto_respond, turn)
+        if self.echo is None or start.output_audio is None:  # spoken replies turned on or off
+            self.echo = self._echo_guard(turn or self.cfg.turn, start)
         self.start = start
         self.auto_respond = auto_respond
         self.system_prompt = start.system_prompt or self.cfg.llm.system_prompt
@@ -556,6 +570,9 @@ class Session:
 
         async def send(chunk: AudioOut) -> None:  # numbered across the reply's rounds
             seq, turn.audio_seq = turn.audio_seq, turn.audio_seq + 1
+            if self.echo is not None:  # what the caller's microphone may hear again
+                self.echo.reference(decode_pcm(chunk.audio, fmt.encoding), fmt.sample_rate,
+                                    now_ns())
             await self.emit(ev.ReplyAudio(turn.turn_id, seq, chunk.audio, chunk.text))
 
         tts = self.cfg.tts

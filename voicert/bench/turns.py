@@ -15,6 +15,12 @@ per session, and prints, for each turn detector side by side (same models, same 
 Modes: ``silence`` (today: ``vad.min_silence_ms``), ``semantic`` (audio model + text cue),
 ``semantic-audio`` (the audio model only), ``semantic-text`` (the early transcript's words only).
 
+Then the agent's own voice coming back (``--echo 0`` skips it): each reply is played back into the
+microphone through a simulated speakerphone (150 ms later, 6 or 12 dB quieter, some reverberation,
+noise), with ``turn.echo_guard`` on and off. **Echo self-interruptions**: replies the agent cut short
+itself, or its own words taken for a turn; **missed interjections**: with the guard on, a caller's
+"wait" over that echo that did not interrupt.
+
 Then speech over a reply (``--no-barge-in`` skips it): a question gets a long reply; once its first
 token is in, a "backchannel" clip ("mm-hm", "yeah") or an "interject" clip ("wait", "stop, stop")
 is spoken over it. **False interruptions**: backchannels that stopped the reply; **missed
@@ -203,6 +209,158 @@ async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float
     return False if clip_end_ns else None  # it finished before the clip was heard out
 
 
+@dataclass(frozen=True)
+class Room:
+    """How a speakerphone (or a phone line) returns the agent's voice: ``delay_ms`` later,
+    ``gain_db`` quieter, with a decaying reverberant tail ``drr_db`` below the direct sound, and
+    a little noise."""
+
+    gain_db: float = -9.0
+    delay_ms: int = 150
+    drr_db: float = 6.0
+    noise: float = 0.002
+    seed: int = 3
+
+    def impulse(self) -> np.ndarray:
+        rng = np.random.default_rng(self.seed)
+        tail = rng.standard_normal(3200) * np.exp(-np.arange(3200) / 800)  # ~50 ms decay
+        ir = tail * np.sqrt(1 / (tail ** 2).sum() / 10 ** (self.drr_db / 10))
+        ir[0] = 1.0
+        return (ir * 10 ** (self.gain_db / 20)).astype(np.float32)
+
+
+async def speakerphone(url: str, question: str, room: Room = Room(),
+                       interject: np.ndarray | None = None, interject_after_s: float = 1.0,
+                       max_new_tokens: int = 24, stop_on: str | None = None) -> list[dict]:
+    """Ask ``question`` by text with spoken replies (16 kHz), and play each reply into the
+    microphone through ``room``: a player plays the audio as it comes, at real time (silent when
+    it has played all that came); every 20 ms frame sent holds what the player played
+    ``room.delay_ms`` before, as the room returns it, plus noise; after the reply is done, until
+    it has all played and 1.5 s more. ``interject``: 16 kHz speech of the caller's
+    own, mixed in ``interject_after_s`` after playback starts. A barge-in stops playback (as the
+    browser client does); ``stop_on``: an event type that ends the session at once. The events
+    the session sent."""
+    from voicert.audio.pcm import decode_pcm
+
+    rng, ir = np.random.default_rng(room.seed), room.impulse()
+    events: list[dict] = []
+    chunks: list[np.ndarray] = []
+    async with connect(url) as ws:
+        await ws.send(p.encode(p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000),
+                                              max_new_tokens=max_new_tokens)))
+        await asyncio.wait_for(ws.recv(), 10)
+        await ws.send(p.encode(p.UserText(question)))
+
+        async def read() -> None:
+            async for frame in ws:
+                msg = p.decode_server(frame)
+                events.append(msg)
+                if msg["type"] == "response.audio":
+                    chunks.append(decode_pcm(msg["audio"], "pcm16"))
+
+        reader = asyncio.ensure_future(read())
+        loop = asyncio.get_running_loop()
+        delay = room.delay_ms * 16
+        wet = np.zeros(16000 * 70, np.float32)  # what the room returns, by time (overlap-add)
+        queue = np.zeros(0, np.float32)  # the player's: received, not yet played
+        got, pos, done_at, t0 = 0, 0, None, loop.time()
+        talk = None if interject is None else int(interject_after_s * 50)  # frames after start
+        started, dropped = None, 0
+        try:
+            for k in range(3000):  # at most 60 s
+                if len(chunks) > got:  # new audio joins the player's queue
+                    queue = np.concatenate((queue[pos:], *chunks[got:]))
+                    got, pos = len(chunks), 0
+                barge_ins = sum(e["type"] == "vad.barge_in" for e in events)
+                if barge_ins > dropped:  # the player drops what it had queued, once each
+                    dropped, pos = barge_ins, queue.size
+                out = queue[pos:pos + FRAME]  # the player: what it has, else silence
+                pos += out.size
+                if out.size:
+                    started = k if started is None else started
+                    at = k * FRAME + delay
+                    y = np.convolve(out, ir)
+                    wet[at:at + y.size] += y[:max(0, wet.size - at)]
+                frame = wet[k * FRAME:(k + 1) * FRAME].copy()
+                if talk is not None and started is not None:
+                    j = (k - started - talk) * FRAME
+                    if 0 <= j < interject.size:
+                        part = interject[j:j + FRAME]
+                        frame[:part.size] += part
+                frame += room.noise * rng.standard_normal(FRAME).astype(np.float32)
+                await ws.send(p.encode(p.Audio(encode_pcm16(frame))))
+                if stop_on is not None and any(e["type"] == stop_on for e in events):
+                    break
+                replied = any(e["type"] == "response.done" for e in events)
+                if replied and done_at is None and pos >= queue.size:
+                    done_at = k
+                if done_at is not None and k - done_at >= 75 + delay // FRAME:
+                    break
+                await asyncio.sleep(max(0.0, t0 + (k + 1) * FRAME_S - loop.time()))
+        finally:
+            reader.cancel()
+    return events
+
+
+def interrupted(events: list[dict]) -> bool:
+    """Whether the first reply was interrupted (a barge-in, or its finish says so)."""
+    first = next((e for e in events if e["type"] == "response.done"), None)
+    return (any(e["type"] == "vad.barge_in" for e in events)
+            or (first is not None and first["finish_reason"] == "interrupted"))
+
+
+def self_interrupted(events: list[dict]) -> bool:
+    """Whether a session interrupted its own first reply, or took its own voice for a turn."""
+    kinds = [e["type"] for e in events]
+    first = next((e for e in events if e["type"] == "response.done"), None)
+    return ("vad.barge_in" in kinds or kinds.count("response.started") > 1
+            or (first is not None and first["finish_reason"] == "interrupted"))
+
+
+ECHO_QUESTIONS = (
+    "What is the capital of France?", "Tell me about the Eiffel Tower.",
+    "How do I boil an egg?", "What is the weather usually like in London?",
+    "Name three colours of the rainbow.", "Why is the sky blue?",
+    "What do cats like to eat?", "How far is the Moon?",
+    "Who wrote Romeo and Juliet?", "What is a good name for a dog?")
+
+
+async def evaluate_echo(services, cfg: Config, gains: tuple[float, ...] = (-6.0, -12.0),
+                        n: int = 5) -> list[dict]:
+    """The agent's reply played back into the microphone through a :class:`Room` at each gain,
+    for ``n`` questions, with ``turn.echo_guard`` on and off: **echo self-interruptions**; and,
+    guard on, a caller's interjection spoken over that echo: **missed interruptions**."""
+    from voicert.server.app import STREAM_PATH, VoiceServer
+
+    interject, _ = read_wav(SET_DIR / "i02.wav")
+    rows = []
+    for guard in (True, False):
+        turn = dataclasses.replace(cfg.turn, detector="silence", echo_guard=guard)
+        server = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
+            cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0))))
+        await server.start()
+        url = f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
+        try:
+            for gain in gains:
+                outcomes = [self_interrupted(await speakerphone(url, q, Room(gain_db=gain)))
+                            for q in ECHO_QUESTIONS[:n]]
+                row = {"echo_guard": guard, "gain_db": gain, "self_interruptions": sum(outcomes),
+                       "n": len(outcomes)}
+                if guard:
+                    heard = [await speakerphone(url, q, Room(gain_db=gain), interject=interject,
+                                                max_new_tokens=64)
+                             for q in ECHO_QUESTIONS[:n]]
+                    row["missed_interjections"] = sum(not interrupted(ev) for ev in heard)
+                rows.append(row)
+                missed = row.get("missed_interjections")
+                print(f"| {'on' if guard else 'off'} | {gain:g} dB | {row['self_interruptions']} "
+                      f"/ {row['n']} | {'-' if missed is None else f'{missed} / {n}'} |",
+                      flush=True)
+        finally:
+            await server.shutdown()
+    return rows
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -306,6 +464,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--modes", default="silence,semantic,semantic-audio,semantic-text")
     ap.add_argument("--only", default="", help="comma-separated utterance ids")
     ap.add_argument("--no-barge-in", action="store_true", help="skip speech over a reply")
+    ap.add_argument("--echo", type=int, default=5, metavar="N",
+                    help="questions whose spoken reply comes back through a speakerphone, per "
+                         "gain, echo guard on and off (0: skip)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -341,6 +502,10 @@ def main(argv: list[str] | None = None) -> int:
         print("\n| turn.backchannels | false interruptions (backchannels) | missed interruptions "
               "(interjections) |\n|---|---:|---:|")
         result["barge_in"] = asyncio.run(evaluate_barge_in(services, cfg, utts))
+    if args.echo:
+        print("\n| turn.echo_guard | echo gain | echo self-interruptions | missed interjections "
+              "over the echo |\n|---|---:|---:|---:|")
+        result["echo"] = asyncio.run(evaluate_echo(services, cfg, n=args.echo))
     print()
     for mode, outcomes in result["utterances"].items():
         for o in outcomes:
@@ -352,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(result, indent=1))
     services.engine.close()
     services.asr.close()
+    if services.tts is not None:
+        services.tts.close()
     return 0
 
 
