@@ -173,7 +173,8 @@ async def test_a_server_tool_call_and_its_output_show_in_the_reply(services):
     from voicert.config import ToolsConfig
     from voicert.server.app import VoiceServer
 
-    tools = ToolsConfig(functions=["tests.agent.test_toolbox:book_table"], choice="required")
+    tools = ToolsConfig(functions=["tests.agent.test_toolbox:book_table"], choice="required",
+                        parallel=False)  # one call, then the reply
     cfg = services.cfg
     srv = VoiceServer(dataclasses.replace(services, toolbox=Toolbox.from_config(tools), cfg=(
         dataclasses.replace(cfg, tools=tools, server=dataclasses.replace(cfg.server, port=0)))))
@@ -189,7 +190,7 @@ async def test_a_server_tool_call_and_its_output_show_in_the_reply(services):
                                             "'.msg.agent .tool')].map(e => e.textContent);"
                                             " return t.length >= 2 ? t : null; })()", timeout=90)
             assert lines[0].startswith("book_table({") and '"people"' in lines[0], lines
-            assert lines[1].startswith("\u2192 ") and '"booked": true' in lines[1], lines
+            assert lines[1].startswith("\u2192 ") and '"booked":true' in lines[1], lines
             await wait_for(browser, "[...document.querySelectorAll('.msg.agent')]"
                                     ".some(e => e.dataset.done)", timeout=90)
             shot = await browser.call("Page.captureScreenshot", format="png")
