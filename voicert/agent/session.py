@@ -33,7 +33,7 @@ from voicert.speech.denoise import RnNoise
 from voicert.speech.echo import EchoGuard
 from voicert.speech.smart_turn import Judge
 from voicert.speech.turn_text import is_backchannel
-from voicert.speech.tts import TtsPool, TtsWorker
+from voicert.speech.tts import TtsPool, TtsWorker, unoffered
 from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
@@ -348,10 +348,10 @@ class Session:
         """The voice the session's next replies speak in: one of the server's voice ids (None:
         the server's default). Raises ProtocolError(INVALID) for another, or when the server has
         no speech output."""
-        if voice is not None and (self.svc.tts is None or voice not in self.svc.tts.voices):
-            offered = ", ".join(self.svc.tts.voices) if self.svc.tts is not None else "none"
-            raise p.ProtocolError(p.ErrorCode.INVALID,
-                                  f"voice {voice[:64]!r} is not offered here (offered: {offered})")
+        refusal = None if voice is None else unoffered(
+            self.svc.tts.voices if self.svc.tts is not None else None, voice)
+        if refusal is not None:
+            raise p.ProtocolError(p.ErrorCode.INVALID, refusal)
         self.voice = voice
 
     def set_system_prompt(self, text: str) -> None:

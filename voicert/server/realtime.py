@@ -25,6 +25,7 @@ from voicert.engine.tools import ToolCall
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
 from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
+from voicert.speech.tts import unoffered
 from voicert.transport.spoken import SpokenReply, bytes_per_ms
 
 log = logging.getLogger(__name__)
@@ -235,10 +236,10 @@ class RealtimeConnection(BaseConnection):
             raise rt.RealtimeError(p.ErrorCode.NO_SPEECH_OUTPUT.value,
                                    "this server has no speech output; use text modalities",
                                    "session.modalities")
-        if config.voice != self.config.voice and (tts is None or config.voice not in tts.voices):
-            offered = ", ".join(tts.voices) if tts is not None else "none: no speech output"
-            raise rt.RealtimeError("invalid_value", f"voice {config.voice[:64]!r} is not offered "
-                                   f"here (offered: {offered})", "session.voice")
+        refusal = (unoffered(tts.voices if tts is not None else None, config.voice)
+                   if config.voice != self.config.voice else None)
+        if refusal is not None:
+            raise rt.RealtimeError("invalid_value", refusal, "session.voice")
         old, self.config = self.config, config
         try:
             start, auto = self._session_start()

@@ -116,8 +116,6 @@ class EchoGuard:
         self.timeline = np.zeros(0, np.float32)  # reply audio by playback time, 8 kHz
         self.t0_ns = 0  # the playback time of timeline[0]
         self.inp = np.zeros(0, np.float32)  # [<= block] the latest input, 8 kHz
-        self.echoes = 0  # windows screened out, for the session's figures
-        self.last_ncc = 0.0  # the last block's correlation with what played
         self.min_run = 96 * RATE // 1000  # shorter speech is not judged (nor can it start a turn)
         self.held: list[np.ndarray] = []  # probabilities of a run of speech not yet judged
         self.run = 0  # 8 kHz samples of that run so far
@@ -164,7 +162,7 @@ class EchoGuard:
         if not probs.size:  # no window completed: nothing to decide
             return probs
         played = self._played(now_ns)
-        voiced = bool(probs.size) and float(probs.max()) >= self.speech_prob
+        voiced = float(probs.max()) >= self.speech_prob
         if played is None:  # nothing played lately: nothing to be an echo of
             return self._release(probs)
         if self.verdict is not None:  # within a run already judged
@@ -201,8 +199,7 @@ class EchoGuard:
     def _is_echo(self, span: np.ndarray, played: np.ndarray) -> bool:
         if played.size < span.size:  # playing began within the span: silence before it
             played = np.concatenate((np.zeros(span.size - played.size, np.float32), played))
-        self.last_ncc = max_ncc(span, played)
-        return self.last_ncc >= self.threshold
+        return max_ncc(span, played) >= self.threshold
 
     def _still_echo(self, echo_now: bool) -> bool:
         """Within a run: an echo stays one until ``RELEASE`` chunks in a row are not (a dip of
@@ -216,7 +213,6 @@ class EchoGuard:
     def _apply(self, probs: np.ndarray, echo: bool) -> np.ndarray:
         if not echo:
             return probs
-        self.echoes += int(np.count_nonzero(probs >= self.speech_prob))
         return np.where(probs >= self.speech_prob, 0.0, probs).astype(probs.dtype)
 
     def _release(self, probs: np.ndarray) -> np.ndarray:

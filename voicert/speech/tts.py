@@ -161,6 +161,15 @@ def voice_id(voice: Voice) -> str:
     return str(getattr(voice, "voice_id", None) or getattr(voice, "name", type(voice).__name__))
 
 
+def unoffered(voices: dict[str, Voice] | None, voice: str) -> str | None:
+    """Why ``voice`` cannot be picked from ``voices`` (None: no speech output), or None when it
+    can: the one refusal every door words the same."""
+    if voices is not None and voice in voices:
+        return None
+    offered = ", ".join(voices) if voices else "none: no speech output"
+    return f"voice {voice[:64]!r} is not offered here (offered: {offered})"
+
+
 def load_voices(cfg: TtsConfig) -> dict[str, Voice]:
     """Every voice sessions may pick, by :func:`voice_id`: the configured one first (the default),
     then each of ``tts.voices`` (a name there is an eSpeak voice; a ``.onnx`` path, or
