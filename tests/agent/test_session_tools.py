@@ -179,3 +179,36 @@ async def test_what_was_heard_of_a_reply_over_tool_rounds_is_cut_in_its_last_mes
     assert cut.text == "Booked for"
     assert session.keep_heard(done.item_id, 5, done.item_offset).text == ""  # not even reached
     assert session.keep_heard("item_nope", 5) is None
+
+
+async def test_complete_calls_are_made_when_the_budget_cuts_the_next_one():
+    whole = call("book_table", people=4, time="19:30")
+    cut = call("slow_lookup", day="monday")
+    budget = len(f"{whole} ".split(" ")) + 2  # the second call is cut after its name
+    session, engine, events = make([f"{whole} {cut}", "Booked for four."], parallel=True)
+    session.add_user_text("a table for four at half seven; are you open on monday?")
+    session.respond(max_new_tokens=budget)
+    await session.wait_turn()
+    result, = of(events, ev.ToolResult)  # the whole call ran
+    assert json.loads(result.output)["people"] == 4
+    error, = of(events, ev.SessionError)
+    assert "1 tool call(s) cut off (length)" in error.message and not error.fatal
+    assert len(engine.requests) == 2  # and the reply went on with its output
+    final = of(events, ev.ReplyDone)[-1]
+    assert final.text == "Booked for four." and final.finish_reason is ev.ReplyEnd.STOP
+    assert not session.history.pending_calls()  # no call left without its output
+
+
+async def test_a_client_call_before_the_budget_ran_out_waits_for_its_output():
+    weather = ToolSpec.of("weather", "Weather", {"type": "object",
+                                                 "properties": {"city": {"type": "string"}}})
+    whole = call("weather", city="Paris")
+    session, _, events = make([f"{whole} {call('weather', city='Rome')}"],
+                              p.SessionStart(tools=(weather,)), parallel=True)
+    session.add_user_text("weather in paris and rome?")
+    session.respond(max_new_tokens=len(whole.split(" ")) + 1)
+    await session.wait_turn()
+    done, = of(events, ev.ToolCallDone)
+    reply, = of(events, ev.ReplyDone)
+    assert reply.calls == (done.call_id,) and reply.finish_reason is ev.ReplyEnd.LENGTH
+    assert [c.call_id for c in session.waiting_calls()] == [done.call_id]

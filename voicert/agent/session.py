@@ -85,6 +85,13 @@ class Turn:
     audio_seq: int = 0  # the next ReplyAudio chunk's number (one count over all its rounds)
 
 
+def _calls_stand(reason: str) -> bool:
+    """Whether a round's complete calls are made: after a stop, and after the token budget ran
+    out (a call cut off there is reported as broken; those before it were whole). Not after an
+    error or a cancel."""
+    return reason in (FinishReason.STOP.value, FinishReason.LENGTH.value)
+
+
 @dataclass(slots=True)
 class ReplyTally:
     """A reply over several rounds (model, tools, model...), as its one ReplyDone reports it."""
@@ -618,7 +625,7 @@ class Session:
                     await self.emit(ev.SessionError(p.ErrorCode.INVALID.value,
                                                     f"{out.broken_calls} tool call(s) cut off "
                                                     f"({out.reason}); not made", fatal=False))
-                if not out.calls or out.reason != "stop" or turn.cancel_requested:
+                if not out.calls or not _calls_stand(out.reason) or turn.cancel_requested:
                     break
                 if any(c.name not in server for c in out.calls):
                     tally.waiting = tuple(c.call_id for c in out.calls if c.name not in server)
