@@ -3,7 +3,7 @@ import pytest
 
 from tests.conftest import wav
 from voicert.config import ConfigError
-from voicert.speech.asr import resolve_asr_model
+from voicert.speech.asr import pad_mel, resolve_asr_model
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +127,19 @@ def test_generation_is_bounded_by_the_audio_length():
     assert max_tokens(1.0, 4) == 24  # a short answer cannot run away for 224 tokens
     assert max_tokens(3.2, 4) == 46
     assert max_tokens(30.0, 4) == 224
+
+
+def test_the_window_is_padded_as_if_the_audio_went_on_in_silence():
+    """What Whisper was trained on: the log-mel of the clip followed by digital silence."""
+    from faster_whisper.feature_extractor import FeatureExtractor
+
+    fe = FeatureExtractor()
+    x, _ = wav("capital_of_france")
+    mel = fe(x)[..., :-1]
+    n = mel.shape[-1]
+    trained = fe(np.concatenate([x, np.zeros(30 * 16000, np.float32)]))[..., :3000]
+    ours = pad_mel(mel, 3000)
+    assert ours.shape == (80, 3000)
+    np.testing.assert_allclose(ours[:, :n - 2], trained[:, :n - 2], atol=1e-5)
+    np.testing.assert_allclose(ours[:, n + 2:], trained[:, n + 2:], atol=1e-5)  # past the seam
+    assert pad_mel(mel, 100).shape == (80, 100)  # a longer clip is cut to the window

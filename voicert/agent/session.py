@@ -578,8 +578,7 @@ class Session:
         async def send(chunk: AudioOut) -> None:  # numbered across the reply's rounds
             seq, turn.audio_seq = turn.audio_seq, turn.audio_seq + 1
             if self.echo is not None:  # what the caller's microphone may hear again
-                self.echo.reference(decode_pcm(chunk.audio, fmt.encoding), fmt.sample_rate,
-                                    now_ns())
+                self.echo.reference(chunk.samples, fmt.sample_rate, now_ns())
             await self.emit(ev.ReplyAudio(turn.turn_id, seq, chunk.audio, chunk.text))
 
         tts = self.cfg.tts

@@ -27,11 +27,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class AudioOut:
-    """One chunk of reply speech, encoded for the client."""
+    """One chunk of reply speech, encoded for the client, and the samples it encodes."""
 
     seq: int  # 0-based within the reply
     audio: bytes
     text: str  # the piece this chunk starts ("" for the rest of a piece)
+    samples: np.ndarray  # [M] float32 at the client's rate: what ``audio`` encodes
 
 
 SendAudio = Callable[[AudioOut], Awaitable[None]]
@@ -122,7 +123,7 @@ class SpeechOut:
             x = self.resampler(chunk, last=last)  # [M] at the client's rate
             if x.size:
                 text, self._text = self._text, ""
-                await self.send(AudioOut(self.seq, encode_audio(x, self.fmt.encoding), text))
+                await self.send(AudioOut(self.seq, encode_audio(x, self.fmt.encoding), text, x))
                 if self.seq == 0:
                     self.trace.mark(Point.FIRST_AUDIO_SENT)
                 self.seq += 1
