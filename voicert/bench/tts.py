@@ -14,6 +14,10 @@ there), over a set of agent replies (confirmations with names, numbers, dates an
   easier to understand, for this listener.
 
 Prints one Markdown table (``--json`` for the rows).
+
+Where Whisper is not installed (the lent GPU machine), ``--no-wer --save DIR`` times the voices and
+writes each voice's spoken replies to ``DIR``; ``--wer-of DIR`` then gives their round-trip WER on
+a machine that has it.
 """
 
 from __future__ import annotations
@@ -24,8 +28,11 @@ import json
 import sys
 import time
 
+from pathlib import Path
+
 import numpy as np
 
+from voicert.audio.wav import read_wav, write_wav
 from voicert.bench.asr_eval import wer
 from voicert.speech.sentences import SentenceSplitter
 
@@ -59,9 +66,11 @@ def pieces_of(text: str, first_clause_chars: int = 24, first_words: int = 0) -> 
     return pieces + splitter.flush()
 
 
-def time_voice(voice, repeat: int, asr, first_words: int = 0) -> Timing:
+def time_voice(voice, repeat: int, asr, first_words: int = 0,
+               save: Path | None = None) -> Timing:
     """Time ``voice`` over REPLIES (after one warm-up call); transcribe each reply, spoken piece
-    by piece as the session cuts it, with ``asr``."""
+    by piece as the session cuts it, with ``asr`` (None: no transcripts); with ``save``, write each
+    reply's audio there as ``NN.wav`` (16 kHz)."""
     import soxr
 
     voice.synthesize("Warming up.", lambda c: True)
@@ -87,11 +96,41 @@ def time_voice(voice, repeat: int, asr, first_words: int = 0) -> Timing:
         audio = np.concatenate(chunks)  # [N] at the voice's rate
         rtfs.append(took / (audio.size / voice.sample_rate))
         audio16 = soxr.resample(audio, voice.sample_rate, 16000).astype(np.float32)
-        segments, _ = asr.transcribe(audio16, language="en", beam_size=1, temperature=0.0,
-                                     vad_filter=False, condition_on_previous_text=False,
-                                     without_timestamps=True)
-        transcripts.append(" ".join(s.text.strip() for s in segments))
+        if save is not None:
+            write_wav(save / f"{len(rtfs) - 1:02d}.wav", audio16, 16000)
+        if asr is not None:
+            transcripts.append(transcribe(asr, audio16))
     return Timing(firsts, rtfs, transcripts)
+
+
+def transcribe(asr, audio16: np.ndarray) -> str:
+    segments, _ = asr.transcribe(audio16, language="en", beam_size=1, temperature=0.0,
+                                 vad_filter=False, condition_on_previous_text=False,
+                                 without_timestamps=True)
+    return " ".join(s.text.strip() for s in segments)
+
+
+def whisper():
+    from faster_whisper import WhisperModel
+
+    from voicert.speech.asr import resolve_asr_model
+
+    return WhisperModel(str(resolve_asr_model("embedded")), device="cpu", compute_type="int8")
+
+
+def wer_of(directory: Path) -> int:
+    """Round-trip WER of replies saved by ``--save`` (one folder per voice row)."""
+    asr = whisper()
+    print("| voice (saved) | round-trip WER |\n|---|---:|")
+    for folder in sorted(p for p in directory.iterdir() if p.is_dir()):
+        wavs = sorted(folder.glob("*.wav"))
+        heard = [transcribe(asr, read_wav(w)[0]) for w in wavs]
+        print(f"| {folder.name} | {wer(list(zip(REPLIES, heard))):.1f} % ({len(wavs)} replies) |")
+    return 0
+
+
+def slug(label: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
 
 
 def voices(which: list[str]):
@@ -112,6 +151,7 @@ def voices(which: list[str]):
             continue
         spin = name == "piper-spin"  # tts.spin: true
         voice = PiperTts(TtsConfig(engine="piper", device=device, spin=spin))
+        print(f"# {name}: onnxruntime providers {voice.providers()}", file=sys.stderr)
         out.append((f"Piper {voice.name} ({voice.device}{', spinning' if spin else ''})", voice))
     return out
 
@@ -130,23 +170,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--first-words", default="0",
                     help="tts.first_piece_words settings to compare, e.g. 0,6 (0: off)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--no-wer", action="store_true", help="no round trip (Whisper not needed)")
+    ap.add_argument("--save", type=Path, metavar="DIR",
+                    help="write each voice's spoken replies under DIR (16 kHz WAV)")
+    ap.add_argument("--wer-of", type=Path, metavar="DIR", help="only: the round-trip WER of "
+                    "replies an earlier --save wrote")
     args = ap.parse_args(argv)
-    from faster_whisper import WhisperModel
-
-    from voicert.speech.asr import resolve_asr_model
-
-    asr = WhisperModel(str(resolve_asr_model("embedded")), device="cpu", compute_type="int8")
+    if args.wer_of is not None:
+        return wer_of(args.wer_of)
+    asr = None if args.no_wer else whisper()
     rows = []
     settings = [int(n) for n in args.first_words.split(",")]
     for (label, voice), words in ((v, n) for v in voices(args.voices.split(",")) for n in settings):
-        t = time_voice(voice, args.repeat, asr, words)
         if len(settings) > 1:
             label += f", first piece <= {words} words" if words else ", first piece: clause"
+        save = None
+        if args.save is not None:
+            save = args.save / slug(label)
+            save.mkdir(parents=True, exist_ok=True)
+        t = time_voice(voice, args.repeat, asr, words, save)
         rows.append({"voice": label, "sample_rate": voice.sample_rate,
                      "first_audio_p50_ms": pct(t.first_ms, 50),
                      "first_audio_p95_ms": pct(t.first_ms, 95),
                      "rtf_mean": float(np.mean(t.rtf)), "rtf_max": float(np.max(t.rtf)),
-                     "wer": wer(list(zip(REPLIES, t.transcripts))),
+                     "wer": wer(list(zip(REPLIES, t.transcripts))) if asr else None,
                      "transcripts": t.transcripts})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "transcripts"}),
               file=sys.stderr, flush=True)
@@ -160,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         print(f"| {r['voice']} | {r['sample_rate']} | {r['first_audio_p50_ms']:.1f} | "
               f"{r['first_audio_p95_ms']:.1f} | {r['rtf_mean']:.3f} | {r['rtf_max']:.3f} | "
-              f"{r['wer']:.1f} % |")
+              f"{'-' if r['wer'] is None else format(r['wer'], '.1f') + ' %'} |")
     return 0
 
 

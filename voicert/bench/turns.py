@@ -395,35 +395,44 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-async def run_mode(services, cfg: Config, mode: str, utts: list[Utterance],
-                   max_new_tokens: int) -> tuple[dict, list[Outcome]]:
-    from voicert.server.app import STREAM_PATH, VoiceServer
-
+def mode_config(cfg: Config, mode: str) -> Config:
+    """The config a mode's server runs: the mode's detector with the bench config's timings."""
     turn = dataclasses.replace(MODES[mode], pause_ms=cfg.turn.pause_ms,
                                max_silence_ms=cfg.turn.max_silence_ms,
                                threshold=cfg.turn.threshold)
-    mode_cfg = dataclasses.replace(cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0))
-    server = VoiceServer(dataclasses.replace(services, cfg=mode_cfg))
-    await server.start()
-    url = f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
-    tail = max(turn.max_silence_ms, cfg.vad.min_silence_ms) / 1000 + 1.5
-    try:
-        outcomes = [await stream(url, u, turn.max_silence_ms, max_new_tokens, tail) for u in utts]
-    finally:
-        await server.shutdown()
-    return summarize(mode, outcomes, turn.detector == "semantic"), outcomes
+    return dataclasses.replace(cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0))
 
 
 async def evaluate(services, cfg: Config, modes: list[str], utts: list[Utterance],
                    max_new_tokens: int = 4) -> dict:
-    rows, details = [], {}
+    """Every mode's server up at once (sharing the models); each utterance is streamed to the
+    modes in turn, so a machine whose speed drifts during the run (a shared VM) slows every mode
+    alike instead of the mode that happened to run last."""
+    from voicert.server.app import STREAM_PATH, VoiceServer
+
     turn_set = [u for u in utts if u.kind in ("pause", "complete")]
+    servers = {}
+    outcomes: dict[str, list[Outcome]] = {m: [] for m in modes}
+    try:
+        for mode in modes:
+            servers[mode] = VoiceServer(dataclasses.replace(services, cfg=mode_config(cfg, mode)))
+            await servers[mode].start()
+        for u in turn_set:
+            for mode in modes:
+                turn = servers[mode].cfg.turn
+                tail = max(turn.max_silence_ms, cfg.vad.min_silence_ms) / 1000 + 1.5
+                url = f"ws://127.0.0.1:{servers[mode].port}{STREAM_PATH}"
+                outcomes[mode].append(await stream(url, u, turn.max_silence_ms, max_new_tokens,
+                                                   tail))
+    finally:
+        for server in servers.values():
+            await server.shutdown()
+    rows = []
     for mode in modes:
-        row, outcomes = await run_mode(services, cfg, mode, turn_set, max_new_tokens)
-        rows.append(row)
-        details[mode] = [dataclasses.asdict(o) for o in outcomes]
-        print(markdown([row]).splitlines()[-1], flush=True)
-    return {"rows": rows, "utterances": details}
+        rows.append(summarize(mode, outcomes[mode], servers[mode].cfg.turn.detector == "semantic"))
+        print(markdown([rows[-1]]).splitlines()[-1], flush=True)
+    return {"rows": rows,
+            "utterances": {m: [dataclasses.asdict(o) for o in outcomes[m]] for m in modes}}
 
 
 async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> list[dict]:

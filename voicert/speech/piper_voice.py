@@ -94,11 +94,20 @@ class PiperTts:
             log.warning("tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on "
                         "the CPU")
         self.voice = load_piper(model, config, use_cuda, cfg.threads, cfg.spin)
+        if use_cuda and "CUDAExecutionProvider" not in self.providers():
+            # the provider is installed but its CUDA / cuDNN libraries did not load
+            log.warning("tts.device cuda: onnxruntime's CUDA provider did not load here (see "
+                        "onnxruntime's message above); Piper runs on the CPU")
+            use_cuda = False
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
         self.voice_id = model.stem.removesuffix(".onnx")  # what a session picks it by
         self.sample_rate = int(self.voice.config.sample_rate)
         self.device = "cuda" if use_cuda else "cpu"
         self._syn = SynthesisConfig(length_scale=BASE_WPM / cfg.rate_wpm)
+
+    def providers(self) -> list[str]:
+        """The onnxruntime execution providers the voice's session really runs on, in order."""
+        return list(self.voice.session.get_providers())
 
     def synthesize(self, text: str, on_chunk) -> None:
         for chunk in self.voice.synthesize(text, self._syn):
