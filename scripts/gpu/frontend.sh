@@ -19,7 +19,7 @@ for step in "$@"; do
   case $step in
     install)
       python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site /root/whl/*.whl \
-        $(for w in .carry/toolswhl/*.whl; do [ -e "/root/whl/${w##*/}" ] || echo "$w"; done 2>/dev/null)
+        $(for w in .carry/toolswhl/*.whl; do [ -e "$w" ] && [ ! -e "/root/whl/${w##*/}" ] && echo "$w"; done 2>/dev/null)
       python3 -c 'import av' 2>/dev/null || { mkdir -p /root/site/av && echo '"""stub"""' > /root/site/av/__init__.py; }
       source scripts/gpu/env.sh
       nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
