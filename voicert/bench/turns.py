@@ -245,7 +245,7 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
 
     rng, ir = np.random.default_rng(room.seed), room.impulse()
     events: list[dict] = []
-    chunks: list[np.ndarray] = []
+    chunks: list[tuple[np.ndarray, float]] = []  # reply audio and when it arrived (loop time)
     async with connect(url) as ws:
         await ws.send(p.encode(p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000),
                                               max_new_tokens=max_new_tokens)))
@@ -257,10 +257,10 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
                 msg = p.decode_server(frame)
                 events.append(msg)
                 if msg["type"] == "response.audio":
-                    chunks.append(decode_pcm(msg["audio"], "pcm16"))
+                    chunks.append((decode_pcm(msg["audio"], "pcm16"), loop.time()))
 
-        reader = asyncio.ensure_future(read())
         loop = asyncio.get_running_loop()
+        reader = asyncio.ensure_future(read())
         delay = room.delay_ms * 16
         wet = np.zeros(16000 * 70, np.float32)  # what the room returns, by time (overlap-add)
         queue = np.zeros(0, np.float32)  # the player's: received, not yet played
@@ -269,9 +269,14 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
         started, dropped = None, 0
         try:
             for k in range(3000):  # at most 60 s
-                if len(chunks) > got:  # new audio joins the player's queue
-                    queue = np.concatenate((queue[pos:], *chunks[got:]))
-                    got, pos = len(chunks), 0
+                # new audio joins the player's queue, from the frame of the time it arrived on:
+                # a loop running late (a busy machine) must not play it sooner than it came
+                ready = got
+                while ready < len(chunks) and chunks[ready][1] - t0 <= (k + 1) * FRAME_S:
+                    ready += 1
+                if ready > got:
+                    queue = np.concatenate((queue[pos:], *(c for c, _ in chunks[got:ready])))
+                    got, pos = ready, 0
                 barge_ins = sum(e["type"] == "vad.barge_in" for e in events)
                 if barge_ins > dropped:  # the player drops what it had queued, once each
                     dropped, pos = barge_ins, queue.size
@@ -293,7 +298,7 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
                 if stop_on is not None and any(e["type"] == stop_on for e in events):
                     break
                 replied = any(e["type"] == "response.done" for e in events)
-                if replied and done_at is None and pos >= queue.size:
+                if replied and done_at is None and pos >= queue.size and got == len(chunks):
                     done_at = k
                 if done_at is not None and k - done_at >= 75 + delay // FRAME:
                     break
