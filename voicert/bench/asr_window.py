@@ -29,8 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from voicert.audio.wav import read_wav
-from voicert.bench.asr_eval import audio_16k, load_set, wer
-from voicert.speech.asr import WINDOW_S, max_tokens, pad_mel
+from voicert.bench.asr_eval import audio_16k, load_set as load_eval_set, wer
+from voicert.bench.turns import load_set
+from voicert.config import AsrConfig
+from voicert.speech.asr import WINDOW_S, max_tokens, pad_mel, window_frames
 from voicert.speech.turn_text import continues
 
 DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
@@ -60,18 +62,17 @@ def pause_start(audio: np.ndarray, tail_s: float = 0.5) -> int:
 def load_turns() -> tuple[list[tuple[np.ndarray, str]], list[PauseClip]]:
     """The complete questions (audio, text) and the pause utterances of tests/data/turns."""
     complete, pauses = [], []
-    for line in (DATA / "turns" / "turns.tsv").read_text().splitlines():
-        cols = line.split("\t")
-        if len(cols) < 6 or cols[1] not in ("complete", "pause"):
+    for u in load_set():
+        if u.kind not in ("complete", "pause"):
             continue
-        audio, rate = read_wav(DATA / "turns" / f"{cols[0]}.wav")
+        audio, rate = read_wav(u.path)
         assert rate == 16000, rate
-        if cols[1] == "complete":
-            complete.append((audio, cols[5]))
+        if u.kind == "complete":
+            complete.append((audio, u.text))
             continue
         cut = pause_start(audio)
         first = np.concatenate([audio[:cut], np.zeros(int(EARLY_S * 16000), np.float32)])
-        pauses.append(PauseClip(audio, first, cols[5].replace("|", " ")))
+        pauses.append(PauseClip(audio, first, u.text.replace("|", " ")))
     return complete, pauses
 
 
@@ -79,7 +80,6 @@ class Decoder:
     """Whisper tiny.en (the server's model and settings) with a chosen window and padding."""
 
     def __init__(self, model_spec: str = "embedded") -> None:
-        from voicert.config import AsrConfig
         from voicert.speech.asr import WhisperAsr
 
         self.asr = WhisperAsr(AsrConfig(), model_spec)
@@ -90,8 +90,7 @@ class Decoder:
         asr, model = self.asr, self.asr.model
         t0 = time.perf_counter_ns()
         mel = model.feature_extractor(audio[: int(WINDOW_S * 16000)])[..., :-1]  # [80, frames]
-        seconds = min(WINDOW_S, max(window_s, mel.shape[-1] / 100 + 1))
-        width = int(np.ceil(seconds)) * 100
+        width = window_frames(mel.shape[-1], AsrConfig(min_window_s=window_s))
         if pad == "silence":
             feats = pad_mel(mel, width)
         else:
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad := [p for p in pads if p not in ("silence", "zero")]:
         ap.error(f"--pads: {bad[0]!r} is not silence or zero")
     complete, pauses = load_turns()
-    clips = [(audio_16k(u.path), u.text) for u in load_set()] + complete
+    clips = [(audio_16k(u.path), u.text) for u in load_eval_set()] + complete
     demo = read_wav(DATA / "capital_of_france.wav")[0]
     dec = Decoder(args.asr)
     rows = []
