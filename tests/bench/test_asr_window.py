@@ -24,3 +24,24 @@ def test_the_pause_set_loads_with_first_halves_ending_in_the_early_decode_silenc
     for p in pauses:
         assert p.first.size < p.whole.size and "|" not in p.text
         assert not p.first[-int(EARLY_S * 16000):].any()
+
+
+def test_a_window_outside_whispers_range_is_refused_before_any_model_loads(capsys):
+    import pytest
+
+    from voicert.bench.asr_window import main
+
+    for bad in ("0", "31", "eight"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["--windows", bad])
+        assert exit_.value.code == 2 and "--windows" in capsys.readouterr().err
+
+
+def test_the_round_trip_of_a_missing_folder_is_refused(capsys, tmp_path):
+    import pytest
+
+    from voicert.bench.tts import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--wer-of", str(tmp_path / "none")])
+    assert exit_.value.code == 2 and "not a folder" in capsys.readouterr().err

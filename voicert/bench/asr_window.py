@@ -141,7 +141,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--asr", default="embedded", help="a CTranslate2 Whisper dir")
     ap.add_argument("--halves", action="store_true", help="print each row's first-half transcripts")
     args = ap.parse_args(argv)
-    windows = [float(w) for w in args.windows.split(",") if w]
+    try:
+        windows = [float(w) for w in args.windows.split(",") if w]
+    except ValueError:
+        ap.error(f"--windows: {args.windows!r} is not a list of seconds")
+    if not windows or any(not 1 <= w <= WINDOW_S for w in windows):
+        ap.error(f"--windows: each window must be 1-{WINDOW_S:g} s")
     pads = [p for p in args.pads.split(",") if p]
     if bad := [p for p in pads if p not in ("silence", "zero")]:
         ap.error(f"--pads: {bad[0]!r} is not silence or zero")

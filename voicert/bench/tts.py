@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                     "replies an earlier --save wrote")
     args = ap.parse_args(argv)
     if args.wer_of is not None:
+        if not args.wer_of.is_dir():
+            ap.error(f"--wer-of: {args.wer_of} is not a folder of saved replies")
         return wer_of(args.wer_of)
     asr = None if args.no_wer else whisper()
     rows = []
