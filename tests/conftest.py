@@ -23,6 +23,20 @@ def heard_the_answer(heard: str, answer=("capital", "france", "paris")) -> bool:
                for want in answer)
 
 
+def transformers_next_tokens(ref_model, prompt: list[int], ours: list[int]) -> list[int]:
+    """transformers' greedy choice after each prefix of ``ours`` (len(ours) + 1 tokens: the
+    last one follows the whole of ours), from one forward over prompt + ours. Greedy decoding picks
+    every token from the tokens before it, so ``ours`` is what transformers' ``generate()`` gives
+    exactly when ``transformers_next_tokens(...)[:-1] == ours``: the same check as running
+    generate() for the reference, without its token-at-a-time cost on a busy CPU."""
+    import torch
+
+    ids = torch.tensor([prompt + ours])
+    with torch.inference_mode():
+        logits = ref_model(ids).logits[0, len(prompt) - 1:]  # [len(ours) + 1, V]
+    return logits.argmax(-1).tolist()
+
+
 def wav(name: str):
     """(samples [N] float32, rate) of a test WAV."""
     return read_wav(DATA / f"{name}.wav")

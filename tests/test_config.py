@@ -31,6 +31,7 @@ def test_env_names_map_to_dotted_keys():
     ({"vad.threshold": "1.5"}, "vad.threshold"),
     ({"llm.device": "tpu"}, "llm.device"),
     ({"llm.prefill_graph_rows": "0"}, "llm.prefill_graph_rows"),
+    ({"llm.fp8": "true"}, "llm.fp8: is a GPU option"),
     ({"server.gc_freeze": "maybe"}, "server.gc_freeze"),
     ({"turn.detector": "vibes"}, "turn.detector"),
     ({"turn.pause_ms": "1700", "turn.max_silence_ms": "1600"}, "turn.max_silence_ms"),

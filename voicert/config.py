@@ -222,6 +222,8 @@ class LlmConfig:
     # embedded SmolLM2; or a .safetensors file); used when spec_tokens > 0
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster; replies differ from fp32 and
     # depend on what shares a step: batching and prefix caching are not exact under it)
+    fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale
+    # per output channel: half the weight bytes of bf16 per decode step; replies differ slightly
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode and prefill steps
     prefill_graph_rows: int = 16  # GPU: most prompts one graphed prefill step packs (1: one prompt
     # per graphed step; steps of several prompts then run eagerly)
@@ -286,6 +288,9 @@ class LlmConfig:
         _check(0 <= self.batch_window_ms <= 100, "llm.batch_window_ms", "must be in [0, 100]")
         _check(0 <= self.spec_tokens <= 16, "llm.spec_tokens", "must be in [0, 16]")
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
+        _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
+               "is a GPU option (llm.device: cuda)")
+        _check(not (self.fp8 and self.engine != "fast"), "llm.fp8", "needs llm.engine: fast")
         _check(0 <= self.restart_max <= 1000, "llm.restart_max", "must be in [0, 1000]")
         _check(self.restart_window_s > 0, "llm.restart_window_s", "must be > 0")
         _check(self.restart_wait_s >= 0, "llm.restart_wait_s", "must be >= 0 (0: fail at once)")

@@ -242,3 +242,21 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
         pieces = parser.feed(tok.decode(graphed[f"r{i}"])) + parser.close()
         calls = [p for p in pieces if isinstance(p, CallClosed)]
         assert calls and json.loads(calls[0].arguments)["people"] >= 1
+
+
+def test_fp8_graphed_and_fused_equals_fp8_eager_and_batched_equals_one_at_a_time(prompts):
+    """FP8 weights (engine/fp8.py), as served (CUDA graphs, fused kernels) against eager torch
+    layers over the same FP8 weights, fp32 activations: same tokens, together or one at a time."""
+    from voicert.engine.fp8 import quantize_fp8
+
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    quantize_fp8(model)
+    eager, served = make(model, False, fused=False), make(model, True)
+    try:
+        want = run_engine(eager, prompts)
+        assert run_engine(served, prompts) == want
+        assert run_engine(served, prompts, sequential=True) == want
+    finally:
+        eager.close()
+        served.close()

@@ -198,3 +198,25 @@ def test_feed_step_takes_inputs_from_the_previous_steps_results():
         one = torch.zeros(2, dtype=torch.long, device=DEV)
         accept_counts(ids[:2, :1].contiguous(), step_out, one, use_kernels)  # W = 1: nothing
         assert one.tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40, 130])
+def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
+    """The Triton FP8 kernel against F.linear on the widened weights: decode-sized and
+    prefill-sized row counts (each picks other tiles), N and K not multiples of the tiles, a bias,
+    and a strided input (a view of a wider tensor)."""
+    from voicert.engine.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(6)
+    lin = torch.nn.Linear(200, 90, bias=True)
+    q = Fp8Linear.from_linear(lin).to(DEV)
+    wide = torch.randn(rows, 260, generator=g).to(DEV)
+    x = wide[:, :200]
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
+    got = kernels.fp8_linear(x, q.weight, q.scale, q.bias)
+    assert got.shape == (rows, 90) and close(got, want, 1e-4)
+    if DEV == "cuda":  # bf16 activations, the served dtype: fp32 sums, one rounding at the end
+        xb = x.bfloat16()
+        want = torch.nn.functional.linear(xb.float(), q.dequantized(torch.float32), q.bias)
+        got = kernels.fp8_linear(xb, q.weight, q.scale, q.bias.bfloat16())
+        assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)

@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
+from typing import Awaitable, Callable
 
 import numpy as np
 import torch
@@ -32,6 +33,13 @@ SHAPES = {
                             head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
                             max_position_embeddings=131072, tie_word_embeddings=True,
                             rope_scaling={"rope_type": "llama3", "factor": 32.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 8192}),
+    "llama-8b-random": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                            head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
+                            max_position_embeddings=131072, tie_word_embeddings=False,
+                            rope_scaling={"rope_type": "llama3", "factor": 8.0,
                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 8192}),
     "smollm2-random": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
@@ -80,6 +88,74 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q))
 
 
+# (prompt ids, new tokens) -> (the receive time of each token in ns, the submit time in ns): one
+# streamed greedy request to the engine under test (ours, or vLLM in bench/vllm_side.py)
+StreamFn = Callable[[list[int], int], Awaitable[tuple[list[int], int]]]
+TokensFn = Callable[[int], list[int]]  # n -> n random prompt token ids
+
+
+async def ttft_cached(stream: StreamFn, tokens: TokensFn, reps: int, cached: int = 500,
+                      new: int = 100) -> list[float]:
+    """TTFT in ms of prompts whose first ``cached`` tokens an earlier request left in the cache."""
+    prefix = tokens(cached)
+    await stream(prefix + tokens(new), 1)
+    out = []
+    for _ in range(reps):
+        times, t0 = await stream(prefix + tokens(new), 1)
+        out.append((times[0] - t0) / 1e6)
+    return out
+
+
+async def concurrent(stream: StreamFn, prompts: list[list[int]],
+                     new: int) -> tuple[float, list[float], list[float]]:
+    """All prompts at once: (tokens/s, each stream's TPOT in ms, each stream's TPOT once every
+    stream had its first token: decode only, no newcomer's prefill interleaved)."""
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(stream(p, new) for p in prompts))
+    wall = time.perf_counter() - t0
+    tpots = [(t[-1] - t[0]) / 1e6 / (len(t) - 1) for t, _ in results]
+    all_started = max(t[0] for t, _ in results)
+    steady = []
+    for t, _ in results:
+        after = [x for x in t if x >= all_started]
+        if len(after) > 1:
+            steady.append((after[-1] - after[0]) / 1e6 / (len(after) - 1))
+    return len(prompts) * new / wall, tpots, steady
+
+
+TTFT_600 = "TTFT, 600-token prompt, 500 cached"
+TTFT_TURN = "TTFT, 20-token turn after a cached 150-token system prompt (P50)"
+
+
+def tpot_decode(n: int) -> str:
+    return f"TPOT per stream, {n} streams, decode only (P50)"
+
+
+def tpot_all(n: int) -> str:
+    return f"TPOT per stream, {n} streams, incl. others' prefill (P50)"
+
+
+def tokens_per_s(n: int) -> str:
+    return f"tokens/s, {n} streams"
+
+
+async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[int],
+                  new: int, prompt_tokens: int) -> dict[str, float]:
+    """The bench's figures of one engine, by row name (the same names for every engine)."""
+    out: dict[str, float] = {}
+    t = await ttft_cached(stream, tokens, reps)
+    out[TTFT_600 + " (P50)"], out[TTFT_600 + " (P99)"] = pct(t, 50), pct(t, 99)
+    out[TTFT_TURN] = pct(await ttft_cached(stream, tokens, reps, cached=150, new=20), 50)
+    for n in streams:
+        await concurrent(stream, [tokens(prompt_tokens) for _ in range(min(n, 2))], 4)  # warm
+        tps, tpots, steady = await concurrent(stream, [tokens(prompt_tokens) for _ in range(n)],
+                                              new)
+        out[tpot_decode(n)] = pct(steady, 50) if steady else pct(tpots, 50)
+        out[tpot_all(n)] = pct(tpots, 50)
+        out[tokens_per_s(n)] = tps
+    return out
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -106,7 +182,7 @@ class Bench:
                     batch_window_ms=args.batch_window_ms, max_batch=max(args.streams),
                     max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs,
                     fused_kernels=args.fused_kernels, torchscript=args.torchscript,
-                    overlap=args.overlap)
+                    overlap=args.overlap, fp8=args.fp8)
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
         self.engine = LLMEngine(self.model_dir or "", EngineConfig(**base), model=self.model,
                                 tokenizer=tok)
@@ -120,7 +196,7 @@ class Bench:
                 self.model_dir or "", EngineConfig(**base, spec_tokens=args.heads_k,
                                                    draft_heads=args.heads),
                 model=self.engine.model, tokenizer=tok)
-        self.hf = self._hf_model() if args.baseline else None
+        self.hf = self._hf_model() if args.against == "transformers" else None
         self.rng = np.random.default_rng(0)
         self.hops: list[float] = []
 
@@ -157,31 +233,10 @@ class Bench:
                 self.hops.append((now - ev.sampled_ns) / 1e3)  # engine thread -> asyncio, us
         return times, req.submit_ns, ids
 
-    async def ours_ttft_cached(self, reps: int, cached: int = 500, new: int = 100) -> list[float]:
-        """TTFT of prompts whose first ``cached`` tokens an earlier request left in the cache."""
-        prefix = self.tokens(cached)
-        await self._stream(self.engine, prefix + self.tokens(new), 1, "warm")
-        out = []
-        for _ in range(reps):
-            times, t0, _ = await self._stream(self.engine, prefix + self.tokens(new), 1, "ttft")
-            out.append((times[0] - t0) / 1e6)
-        return out
-
-    async def ours_concurrent(self, streams: int, new: int) -> tuple[float, list[float]]:
-        prompts = [self.tokens(self.args.prompt_tokens) for _ in range(streams)]
-        t0 = time.perf_counter()
-        results = await asyncio.gather(*(self._stream(self.engine, p, new, "c") for p in prompts))
-        wall = time.perf_counter() - t0
-        tpots = [(t[-1] - t[0]) / 1e6 / (len(t) - 1) for t, _, _ in results]
-        # steady state: only the intervals after every stream has its first token (no prefill
-        # of newcomers interleaved), comparable with generate()'s pure decode TPOT
-        all_started = max(t[0] for t, _, _ in results)
-        steady = []
-        for t, _, _ in results:
-            after = [x for x in t if x >= all_started]
-            if len(after) > 1:
-                steady.append((after[-1] - after[0]) / 1e6 / (len(after) - 1))
-        return streams * new / wall, tpots, steady
+    async def ours(self, prompt: list[int], new: int) -> tuple[list[int], int]:
+        """A :data:`StreamFn` over this bench's engine."""
+        times, t0, _ = await self._stream(self.engine, prompt, new, "b")
+        return times, t0
 
     # ---------------------------------------------------------------- transformers
 
@@ -280,28 +335,26 @@ class Bench:
 
     # ---------------------------------------------------------------- all
 
-    async def run(self) -> dict:
-        a = self.args
-        rows: list[Row] = []
-        ours = await self.ours_ttft_cached(a.reps)
-        base = self.hf_ttft(max(3, a.reps // 4)) if self.hf else None
-        rows.append(Row("TTFT, 600-token prompt, 500 cached (P50)", pct(ours, 50),
-                        pct(base, 50) if base else None, "ms"))
-        rows.append(Row("TTFT, 600-token prompt, 500 cached (P99)", pct(ours, 99), None, "ms"))
-        # a voice turn: 20 new tokens after a cached 150-token system prompt
-        ours = await self.ours_ttft_cached(a.reps, cached=150, new=20)
-        base = self.hf_ttft(max(3, a.reps // 4), total=170) if self.hf else None
-        rows.append(Row("TTFT, 20-token turn after a cached 150-token system prompt (P50)",
-                        pct(ours, 50), pct(base, 50) if base else None, "ms"))
+    def hf_figures(self) -> dict[str, float]:
+        """transformers generate()'s figures under the same row names (those it has)."""
+        a, reps = self.args, max(3, self.args.reps // 4)
+        out = {TTFT_600 + " (P50)": pct(self.hf_ttft(reps), 50),
+               TTFT_TURN: pct(self.hf_ttft(reps, total=170), 50)}
         for n in a.streams:
-            await self.ours_concurrent(min(n, 2), 4)  # warm this path
-            tps, tpots, steady = await self.ours_concurrent(n, a.new_tokens)
-            hf_tps, hf_tpot = self.hf_concurrent(n, a.new_tokens) if self.hf else (None, None)
-            rows.append(Row(f"TPOT per stream, {n} streams, decode only (P50)",
-                            pct(steady, 50) if steady else pct(tpots, 50), hf_tpot, "ms"))
-            rows.append(Row(f"TPOT per stream, {n} streams, incl. others' prefill (P50)",
-                            pct(tpots, 50), None, "ms"))
-            rows.append(Row(f"tokens/s, {n} streams", tps, hf_tps, "tok/s"))
+            tps, tpot = self.hf_concurrent(n, a.new_tokens)
+            out[tpot_decode(n)], out[tokens_per_s(n)] = tpot, tps
+        return out
+
+    async def run(self, baseline: dict[str, float] | None = None) -> dict:
+        """Our figures beside ``baseline`` (by row name; None: transformers when it was loaded)."""
+        a = self.args
+        ours = await measure(self.ours, self.tokens, a.reps, a.streams, a.new_tokens,
+                             a.prompt_tokens)
+        if baseline is None and self.hf is not None:
+            baseline = self.hf_figures()
+        baseline = baseline or {}
+        rows = [Row(name, v, baseline.get(name), "tok/s" if name.startswith("tokens/s") else "ms")
+                for name, v in ours.items()]
         rows.append(Row("engine thread -> asyncio hop per token (P50)", pct(self.hops, 50), None, "us"))
         rows.append(Row("engine thread -> asyncio hop per token (P99)", pct(self.hops, 99), None, "us"))
         spec = await self.spec_compare() if self.spec_engines else []
@@ -322,20 +375,22 @@ class _NullTokenizer:
         return ""
 
 
-def render(label: str, args: argparse.Namespace, result: dict) -> str:
+def render(label: str, args: argparse.Namespace, result: dict,
+           baseline: str = "transformers generate()") -> str:
     lines = [f"model: {label}; device {args.device}; dtype {args.dtype}"
+             f"{'; FP8 weights' if args.fp8 else ''}"
              f"{'; CUDA graphs' if args.cuda_graphs else ''}"
              f"{'; fused Triton kernels' if args.fused_kernels else ''}"
              f"{'; overlapped decode steps' if args.overlap and args.cuda_graphs else ''}"
              f"{'; TorchScript forward' if args.torchscript else ''}"
              f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
              f"{args.new_tokens} new tokens", "",
-             "| metric | voicert | transformers generate() | ratio (x better) |",
+             f"| metric | voicert | {baseline} | ratio (x better) |",
              "|---|---:|---:|---:|"]
     for r in result["rows"]:
-        base = f"{r.baseline:.1f}" if r.baseline is not None else "-"
-        ratio = f"{r.ratio:.1f}x" if r.ratio is not None else "-"
-        lines.append(f"| {r.name} | {r.ours:.1f} {r.unit} | {base} | {ratio} |")
+        base = f"{r.baseline:.2f}" if r.baseline is not None else "-"
+        ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
+        lines.append(f"| {r.name} | {r.ours:.2f} {r.unit} | {base} | {ratio} |")
     if result["spec"]:
         lines += ["", "| speculative (batch 1, voice prompt set) | greedy TPOT ms | speculative TPOT ms "
                   "| speedup | identical | acceptance | mean accepted length |",
@@ -378,7 +433,14 @@ def main(argv: list[str] | None = None) -> int:
                          "the last one's tokens")
     ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=None,
                     help="CPU: the forward as a frozen TorchScript trace (default on the CPU)")
-    ap.add_argument("--no-baseline", dest="baseline", action="store_false")
+    ap.add_argument("--against", choices=("transformers", "vllm", "none"), default="transformers",
+                    help="the engine run side by side: transformers generate() in this process, "
+                         "or vLLM (bench/vllm_side.py, in a child process first, same shape and "
+                         "prompts; needs vllm)")
+    ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
+    ap.add_argument("--fp8", action="store_true",
+                    help="GPU: FP8 layer weights (engine/fp8.py); with --against vllm, vLLM's "
+                         "quantization=fp8 too")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",")]
@@ -389,10 +451,23 @@ def main(argv: list[str] | None = None) -> int:
         args.fused_kernels = args.device.startswith("cuda")
     if args.torchscript is None:
         args.torchscript = args.device == "cpu"
+    if args.fp8 and not args.device.startswith("cuda"):
+        ap.error("--fp8 is a GPU option")
+    against, baseline = "transformers generate()", None
+    if args.against == "vllm":  # first, in a child: its memory is back before ours loads
+        from voicert.bench.vllm_side import measure_in_child
+
+        try:
+            side = measure_in_child(args.model, args.dtype, args.fp8, args.streams,
+                                    args.new_tokens, args.prompt_tokens, args.reps)
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        against, baseline = side["engine"], side["figures"]
     bench = Bench(args)
     settle()  # as the server does: loaded objects out of the collector's way
-    result = asyncio.run(bench.run())
-    text = render(bench.label, args, result)
+    result = asyncio.run(bench.run(baseline))
+    text = render(bench.label, args, result, against)
     print(text)
     if args.json:
         with open(args.json, "w") as f:

@@ -53,6 +53,8 @@ class EngineConfig:
     # the embedded SmolLM2); with spec_tokens > 0 they propose the drafts
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
+    fp8: bool = False  # FP8 (e4m3) layer weights, per-channel scales (engine/fp8.py): half the
+    # weight bytes of bf16; GPUs of compute capability 8.9 or newer (on the CPU: a slow reference)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
     prefill_graph_rows: int = 16  # with cuda_graphs: most prompts one graphed prefill step packs
     # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
@@ -106,6 +108,8 @@ class EngineCore:
             if cfg.spec_tokens > 0:  # one activation scale per tensor: rows change each other
                 log.warning("int8 with speculation: a verify step quantizes its rows together, so "
                             "the output is not token-identical to int8 greedy decoding")
+        if cfg.fp8:
+            self._quantize_fp8()
         if cfg.fused_kernels:
             self.model.use_kernels = self._kernels_usable()
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
@@ -136,6 +140,19 @@ class EngineCore:
         self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
         self.guided_steps = 0  # steps with a grammar-guided row, and the host time their masks took
         self.guide_ns = 0
+
+    def _quantize_fp8(self) -> None:
+        """Layer weights to FP8 in place (engine/fp8.py); refuses INT8 with it, and GPUs whose
+        Triton cannot widen FP8 (compute capability below 8.9)."""
+        from voicert.engine.fp8 import quantize_fp8
+
+        if self.cfg.int8:
+            raise ValueError("fp8 and int8 are two quantizations: choose one")
+        dev = str(self.cfg.device)
+        if dev.startswith("cuda") and torch.cuda.get_device_capability(dev) < (8, 9):
+            raise ValueError("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
+        n = quantize_fp8(self.model)
+        log.info("engine: %d Linear layers hold FP8 weights", n)
 
     def _kernels_usable(self) -> bool:
         """Whether the Triton kernels can run this model here (CUDA of compute capability 8.0 or

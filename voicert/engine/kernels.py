@@ -343,6 +343,74 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
 
 
 
+# ----------------------------------------------------------------------------- FP8 weights
+
+
+@triton.jit
+def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm,
+                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    mm, nm = rm < M, rn < N
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]  # [BM, BK]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # [BN, BK]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        km = (k0 + rk) < K
+        x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0).to(x.dtype)
+        if IEEE:
+            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)[None, :]
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
+    out = out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+
+
+FP8_SMS = 132  # aim for at least two programs per SM of an H100 on the weight-streaming shapes
+
+
+def fp8_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for :func:`fp8_linear` on x [m, k] and
+    weights [n, k]. A few rows (decode): the step streams the weights, so tiles are narrow in N
+    and deep in K, and as wide in N as still leaves two programs per SM. Many rows (prefill):
+    square-ish tiles for the tensor cores."""
+    if m <= 16:
+        bn = next((b for b in (64, 32) if triton.cdiv(n, b) >= 2 * FP8_SMS), 16)
+        return 16, bn, 256, 4, 4
+    if m <= 64:
+        return _pow2(m), 64, 128, 4, 3
+    return 64, 128, 64, 4, 3
+
+
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
+               blocks: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+    """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
+    per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. The weights are widened
+    to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). ``blocks`` overrides
+    :func:`fp8_blocks` (the benchmark tries others)."""
+    n, k = w.shape
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bm, bn, bk, warps, stages = blocks or fp8_blocks(m, n, k)
+    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
+    _fp8_linear_kernel[grid](x2, w, scale, bias if bias is not None else scale, out, m, n, k,
+                             x2.stride(0), HAS_BIAS=bias is not None,
+                             IEEE=x.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+                             num_warps=warps, num_stages=stages)
+    return out.view(*x.shape[:-1], n)
+
+
 # ----------------------------------------------------------------------------- step inputs
 
 

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The engine bench against vLLM 0.26.0 in one command on the GPU machine, bf16 and FP8, on the
+# Llama-3.2-1B and Llama-3.1-8B shapes (RANDOM WEIGHTS, timing only), plus the FP8 kernel table.
+# Before it: every part of .carry/vllm (scripts/gpu/fetch-vllm.sh) but the last appended to
+# /root/vb.tar, one call each (cat PART >> /root/vb.tar); this call carries the last part and
+# .carry/vllm/SHA256. Tables land in $OUT.
+# Usage: bash scripts/gpu/engine-vllm.sh LAST_PART [shapes, default "1b 8b"] [modes, default "bf16 fp8"]
+set -uo pipefail
+last=$1; shapes=${2:-1b 8b}; modes=${3:-bf16 fp8}
+if [ ! -d /root/vsite/vllm ]; then
+  cat "$last" >> /root/vb.tar
+  [ "$(sha256sum /root/vb.tar | cut -d' ' -f1)" = "$(cat .carry/vllm/SHA256)" ] || { echo "vb.tar: bad sha256"; exit 3; }
+  mkdir -p /root/vb /root/vsite && tar xf /root/vb.tar -C /root/vb \
+    && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite /root/vb/deps/*.whl \
+    && tar xJf /root/vb/vllm.tar.xz -C /root/vsite || exit 4
+fi
+export PYTHONPATH=$PWD:/root/vsite VLLM_USE_FLASHINFER_SAMPLER=0
+nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader | tee $OUT/gpu.txt
+python3 -m voicert.bench.fp8 --no-quality --rows 1,8,32,64 > $OUT/fp8-kernels.md 2> $OUT/fp8-kernels.log
+for s in $shapes; do
+  for m in $modes; do
+    flag=""; [ "$m" = fp8 ] && flag="--fp8"
+    python3 -m voicert.bench.engine --model llama-$s-random --against vllm $flag --spec 0 \
+      --new-tokens 128 --streams 1,8,32,64 --reps 20 --json $OUT/engine-$s-$m.json \
+      > $OUT/engine-$s-$m.md 2> $OUT/engine-$s-$m.log
+    echo "$s $m: exit $?"
+  done
+done

@@ -1,0 +1,60 @@
+"""The engine bench's figures: one definition for every engine measured (ours, transformers, vLLM
+in bench/vllm_side.py), checked on a scripted stream whose token times are known."""
+
+import argparse
+
+from voicert.bench import engine as bench
+from voicert.bench.vllm_side import write_shape
+
+
+def scripted(first_ms: float, step_ms: float):
+    """A stream whose first token comes ``first_ms`` after submit and the rest ``step_ms`` apart
+    (times in ns, as a real stream's receive times)."""
+    calls = []
+
+    async def stream(prompt, new):
+        calls.append((len(prompt), new))
+        t0 = 10**12 + len(calls) * 10**9
+        first = t0 + int(first_ms * 1e6)
+        return [first + int(i * step_ms * 1e6) for i in range(new)], t0
+
+    return stream, calls
+
+
+async def test_measure_reports_ttft_and_decode_tpot_by_row_name():
+    stream, calls = scripted(first_ms=7.5, step_ms=2.0)
+    counter = iter(range(10**6))
+    figures = await bench.measure(stream, lambda n: [next(counter) % 50 for _ in range(n)], reps=4,
+                                  streams=[1, 3], new=9, prompt_tokens=10)
+    assert figures[bench.TTFT_600 + " (P50)"] == 7.5 and figures[bench.TTFT_TURN] == 7.5
+    for n in (1, 3):
+        assert abs(figures[bench.tpot_decode(n)] - 2.0) < 1e-9
+        assert abs(figures[bench.tpot_all(n)] - 2.0) < 1e-9
+        assert figures[bench.tokens_per_s(n)] > 0
+    # the cached-prefix prompts: a warm-up, then reps, each 500 + 100 (and 150 + 20) tokens
+    assert calls[:5] == [(600, 1)] * 5 and calls[5:10] == [(170, 1)] * 5
+    assert (10, 9) in calls
+
+
+def test_the_table_names_the_engine_beside_ours_and_its_ratios():
+    args = argparse.Namespace(device="cuda", dtype="bfloat16", fp8=True, cuda_graphs=True,
+                              fused_kernels=True, overlap=True, torchscript=False, int8=False,
+                              prompt_tokens=100, new_tokens=128)
+    rows = [bench.Row(bench.tpot_decode(1), 1.0, 1.5, "ms"),
+            bench.Row(bench.tokens_per_s(8), 200.0, 100.0, "tok/s"),
+            bench.Row(bench.tpot_all(1), 1.0, None, "ms")]
+    text = bench.render("llama-1b-random", args, {"rows": rows, "spec": [], "int8": None},
+                        "vLLM 0.26.0 fp8")
+    assert "| metric | voicert | vLLM 0.26.0 fp8 | ratio (x better) |" in text
+    assert "FP8 weights" in text
+    assert "| 1.00 ms | 1.50 | 1.50x |" in text and "| 200.00 tok/s | 100.00 | 2.00x |" in text
+    assert "| 1.00 ms | - | - |" in text
+
+
+def test_vllm_gets_the_benchs_own_shape_as_a_llama_config(tmp_path):
+    import json
+
+    out = write_shape(bench.SHAPES["llama-8b-random"], tmp_path / "8b")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["hidden_size"] == 4096
+    assert cfg["num_hidden_layers"] == 32 and cfg["torch_dtype"] == "bfloat16"

@@ -1,0 +1,236 @@
+"""FP8 weights, measured: ``python -m voicert.bench.fp8``.
+
+Two tables:
+
+- **quality**: top-1 agreement of the FP8 model with the unquantized one, teacher-forced over a
+  fixed text set (every position's greedy next token, both models reading the same text), on the
+  embedded SmolLM2's real weights (or ``--model``); and the voice prompt set's greedy replies
+  side by side (token-identical replies, mean shared prefix);
+- **kernels** (CUDA only): each Linear shape of the chosen model at decode batch sizes, the FP8
+  kernel against ``F.linear`` on bf16 weights in the same process: time per call (CUDA graph of
+  20 calls, median of repeats) and the weight bytes it read per second.
+
+The issue's bar: top-1 agreement >= 97 % with the real weights.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import sys
+
+import torch
+
+from voicert.engine.fp8 import Fp8Linear, quantize_fp8
+from voicert.engine.runner import ModelRunner, Row
+
+# A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
+TEXTS = [
+    "Please confirm my order: two large pepperoni pizzas, one garlic bread and a diet cola.",
+    "The capital of France is Paris. It lies on the Seine and has about two million people.",
+    "I would like to book a table for four people tonight at seven thirty, near the window.",
+    "To reset your password, open the settings page, choose security, then follow the link "
+    "we send to your email address.",
+    "The weather tomorrow will be cloudy in the morning with light rain in the afternoon and a "
+    "high of fourteen degrees.",
+    "Photosynthesis turns light, water and carbon dioxide into sugar and oxygen inside the "
+    "chloroplasts of plant cells.",
+    "Your flight to London leaves from gate twelve at nine fifteen; boarding starts thirty "
+    "minutes before departure.",
+    "Count with me: one, two, three, four, five, six, seven, eight, nine, ten.",
+    "Thank you for calling. Your appointment with Doctor Patel is on Tuesday the fourteenth at "
+    "ten in the morning.",
+    "Water boils at one hundred degrees Celsius at sea level, and at a lower temperature high in "
+    "the mountains.",
+]
+
+
+def next_tokens(model, ids: list[int], block_size: int = 16) -> list[int]:
+    """The model's greedy next token after each position of ``ids`` (teacher-forced: one prefill
+    of the whole text through the engine's own runner)."""
+    blocks = -(-len(ids) // block_size) + 1
+    runner = ModelRunner(model, blocks + 1, block_size)
+    return runner.run_rows([Row(ids, 0, list(range(1, blocks + 1)), 0)])[0]
+
+
+def top1_agreement(ref, quant, texts: list[list[int]]) -> tuple[int, int]:
+    """(positions where both models pick the same next token, positions) over ``texts``."""
+    same = total = 0
+    for ids in texts:
+        a, b = next_tokens(ref, ids), next_tokens(quant, ids)
+        same += sum(x == y for x, y in zip(a, b))
+        total += len(a)
+    return same, total
+
+
+def quantized_copy(model):
+    """A deep copy of ``model`` with FP8 layer weights (the original is left as it is)."""
+    q = copy.deepcopy(model)
+    quantize_fp8(q)
+    return q
+
+
+def quality(model_name: str, device: str, dtype: str) -> dict:
+    """Top-1 agreement over TEXTS and the voice prompt set's replies, FP8 against ``dtype``."""
+    import asyncio
+
+    from voicert.bench.engine import VOICE_PROMPTS, VOICE_SYSTEM
+    from voicert.config import cache_dir, load_config
+    from voicert.engine.base import ChatMessage, GenerationRequest
+    from voicert.engine.llm_engine import EngineConfig, LLMEngine
+    from voicert.engine.loader import resolve_llm
+    from voicert.engine.models.llama import DTYPES
+    from voicert.engine.prompt import build_prompt
+    from transformers import AutoTokenizer
+
+    model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    from voicert.engine.models.registry import load_model
+
+    ref = load_model(model_dir, DTYPES[dtype], device)
+    quant = quantized_copy(ref)
+    texts = [tok(t)["input_ids"] for t in TEXTS]
+    same, total = top1_agreement(ref, quant, texts)
+
+    async def replies(model) -> list[list[int]]:
+        eng = LLMEngine(model_dir, EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25),
+                        model=model, tokenizer=tok)
+        outs = []
+        try:
+            for p in VOICE_PROMPTS:
+                ids = build_prompt(tok, [ChatMessage("system", VOICE_SYSTEM),
+                                         ChatMessage("user", p)], 2048)
+                req = GenerationRequest(f"q-{len(outs)}", [], 48, prompt_ids=ids)
+                outs.append([ev.token_id async for ev in eng.submit(req)
+                             if ev.finish_reason is None])
+        finally:
+            eng.close()
+        return outs
+
+    a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant))
+    prefix = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), min(len(u), len(v)))
+              for u, v in zip(a, b)]
+    return {"model": model_dir, "same": same, "total": total,
+            "identical": sum(u == v for u, v in zip(a, b)), "replies": len(a),
+            "prefix": statistics.mean(prefix),
+            "samples": [(tok.decode(u), tok.decode(v)) for u, v in zip(a[:3], b[:3])]}
+
+
+def time_graph(fn, reps: int = 20, repeats: int = 30) -> float:
+    """Median GPU time of one ``fn()`` call in us: ``reps`` calls captured in a CUDA graph,
+    replayed ``repeats`` times between CUDA events."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    return statistics.median(times)
+
+
+def kernels_table(shapes: list[tuple[str, int, int]], rows: list[int],
+                  blocks: list[tuple[int, int, int, int, int] | None]) -> list[dict]:
+    """Each (name, N, K) at each row count: bf16 F.linear against the FP8 kernel (each block
+    config in ``blocks``; None: the default choice), GPU time and weight GB/s."""
+    from voicert.engine import kernels
+
+    out = []
+    for name, n, k in shapes:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        q = Fp8Linear.from_linear(_linear(w))
+        for m in rows:
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            ref = time_graph(lambda: torch.nn.functional.linear(x, w))
+            row = {"name": name, "n": n, "k": k, "m": m, "bf16_us": ref,
+                   "bf16_gbs": n * k * 2 / ref / 1e3}
+            for cfg in blocks:
+                t = time_graph(lambda: kernels.fp8_linear(x, q.weight, q.scale, None, cfg))
+                key = "default" if cfg is None else "x".join(map(str, cfg))
+                row[key] = (t, n * k / t / 1e3)
+            out.append(row)
+    return out
+
+
+def _linear(w: torch.Tensor) -> torch.nn.Linear:
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False, device=w.device, dtype=w.dtype)
+    lin.weight.data.copy_(w)
+    return lin
+
+
+SHAPE_SETS = {  # (name, N, K) of each layer Linear, fused as the engine holds them
+    "llama-1b": [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048),
+                 ("down", 2048, 8192)],
+    "llama-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
+                 ("down", 4096, 14336)],
+}
+
+
+def render_quality(q: dict) -> str:
+    share = q["same"] / q["total"]
+    lines = [f"model: {q['model']} (real weights)", "",
+             "| FP8 against the unquantized model | value |", "|---|---:|",
+             f"| top-1 agreement, teacher-forced over {len(TEXTS)} texts | {q['same']}/{q['total']}"
+             f" = {share:.1%} |",
+             f"| voice prompt set: greedy replies token-identical (48 tokens at most) | "
+             f"{q['identical']}/{q['replies']} |",
+             f"| voice prompt set: mean shared prefix, tokens | {q['prefix']:.1f} |", ""]
+    lines += [f"- FP8:  {b!r}\n  ref:  {a!r}" for a, b in q["samples"]]
+    return "\n".join(lines)
+
+
+def render_kernels(rows: list[dict]) -> str:
+    keys = [k for k in rows[0] if k not in ("name", "n", "k", "m", "bf16_us", "bf16_gbs")]
+    head = "| shape | rows | bf16 F.linear us (GB/s) | " + " | ".join(
+        f"FP8 {k} us (GB/s)" for k in keys) + " | FP8 default vs bf16 |"
+    lines = [head, "|---|---:|---:|" + "---:|" * len(keys) + "---:|"]
+    for r in rows:
+        cells = " | ".join(f"{r[k][0]:.1f} ({r[k][1]:.0f})" for k in keys)
+        lines.append(f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {r['bf16_us']:.1f} "
+                     f"({r['bf16_gbs']:.0f}) | {cells} | {r['bf16_us'] / r[keys[0]][0]:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m voicert.bench.fp8")
+    ap.add_argument("--model", default="embedded", help="the model whose quality is measured")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, help="the reference's dtype (default: bfloat16 on "
+                                                  "a GPU, float32 on the CPU)")
+    ap.add_argument("--shapes", default="llama-1b,llama-8b",
+                    help="kernel shapes (CUDA): " + ", ".join(SHAPE_SETS))
+    ap.add_argument("--rows", default="1,8,32,64")
+    ap.add_argument("--blocks", default="",
+                    help="extra FP8 tile configs to time, BMxBNxBKxWARPSxSTAGES,...")
+    ap.add_argument("--no-quality", dest="quality", action="store_false")
+    args = ap.parse_args(argv)
+    dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    try:
+        shapes = [s for name in args.shapes.split(",") if name for s in SHAPE_SETS[name]]
+        extra = [tuple(int(v) for v in b.split("x")) for b in args.blocks.split(",") if b]
+        rows = [int(r) for r in args.rows.split(",")]
+    except (KeyError, ValueError) as e:
+        ap.error(f"bad --shapes, --rows or --blocks: {e}")
+    if any(len(b) != 5 for b in extra):
+        ap.error("--blocks: five numbers each, BMxBNxBKxWARPSxSTAGES")
+    if args.quality:
+        print(render_quality(quality(args.model, args.device, dtype)), flush=True)
+    if args.device.startswith("cuda") and shapes:
+        print("\n" + render_kernels(kernels_table(shapes, rows, [None] + extra)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
