@@ -14,6 +14,8 @@ if [ ! -d /root/vsite/vllm ]; then
     && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite /root/vb/deps/*.whl \
     && tar xJf /root/vb/vllm.tar.xz -C /root/vsite || exit 4
 fi
+# wheels missing from an older bundle (loguru: vLLM's fp8 path imports compressed_tensors, which needs it)
+[ -d .carry/vfix ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite .carry/vfix/*.whl
 export PYTHONPATH=$PWD:/root/vsite VLLM_USE_FLASHINFER_SAMPLER=0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader | tee $OUT/gpu.txt
 # the FP8 kernel table (KERNELS=0 skips it), with a few other tile configs beside the default

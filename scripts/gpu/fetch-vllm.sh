@@ -24,7 +24,7 @@ python3 -m pip download -q "${P[@]}" -d "$work/deps" "pydantic==2.13.5" "pydanti
   frozenlist multidict yarl propcache aiohappyeyeballs attrs idna "anyio>=4" httpx httpcore certifi \
   websockets watchfiles python-dotenv py-cpuinfo psutil requests charset-normalizer urllib3 \
   "prometheus_client" "tiktoken" regex "gguf" "diskcache" "einops" "cloudpickle" \
-  "pillow" "sentencepiece" "protobuf" "compressed-tensors" "pyjwt"
+  "pillow" "sentencepiece" "protobuf" "compressed-tensors" "loguru" "pyjwt"
 (cd "$work/v" && unzip -q ../vllm-0.26.0-*.whl \
   && rm -rf vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so vllm/_moe_C_stable_libtorch.abi3.so vllm/_qutlass_C.abi3.so \
             vllm/_flashmla_C.abi3.so vllm/_flashmla_extension_C.abi3.so vllm/third_party/deep_gemm \

@@ -215,6 +215,9 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
     want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
     got = kernels.fp8_linear(x, q.weight, q.scale, q.bias)
     assert got.shape == (rows, 90) and close(got, want, 1e-4)
+    count = kernels.counters(DEV)  # K split in two (tiles of 64, 128 columns a split): the last
+    split = kernels.fp8_linear(x, q.weight, q.scale, q.bias, count, (16, 32, 64, 4, 2, 3))
+    assert close(split, want, 1e-4) and not count.any()  # split to finish adds; counters reset
     if DEV == "cuda":  # bf16 activations, the served dtype: fp32 sums, one rounding at the end
         xb = x.bfloat16()
         want = torch.nn.functional.linear(xb.float(), q.dequantized(torch.float32), q.bias)

@@ -142,7 +142,7 @@ def time_graph(fn, reps: int = 20, repeats: int = 30) -> float:
 
 
 def kernels_table(shapes: list[tuple[str, int, int]], rows: list[int],
-                  blocks: list[tuple[int, int, int, int, int] | None]) -> list[dict]:
+                  blocks: list[tuple[int, ...] | None]) -> list[dict]:
     """Each (name, N, K) at each row count: bf16 F.linear against the FP8 kernel (each block
     config in ``blocks``; None: the default choice), GPU time and weight GB/s."""
     from voicert.engine import kernels
@@ -157,7 +157,8 @@ def kernels_table(shapes: list[tuple[str, int, int]], rows: list[int],
             row = {"name": name, "n": n, "k": k, "m": m, "bf16_us": ref,
                    "bf16_gbs": n * k * 2 / ref / 1e3}
             for cfg in blocks:
-                t = time_graph(lambda: kernels.fp8_linear(x, q.weight, q.scale, None, cfg))
+                count = kernels.counters(x.device)
+                t = time_graph(lambda: kernels.fp8_linear(x, q.weight, q.scale, None, count, cfg))
                 key = "default" if cfg is None else "x".join(map(str, cfg))
                 row[key] = (t, n * k / t / 1e3)
             out.append(row)
@@ -213,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="kernel shapes (CUDA): " + ", ".join(SHAPE_SETS))
     ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--blocks", default="",
-                    help="extra FP8 tile configs to time, BMxBNxBKxWARPSxSTAGES,...")
+                    help="extra FP8 tile configs to time, BMxBNxBKxWARPSxSTAGES[xSPLIT],... "
+                         "(no SPLIT: chosen as by default)")
     ap.add_argument("--no-quality", dest="quality", action="store_false")
     args = ap.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -223,8 +225,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [int(r) for r in args.rows.split(",")]
     except (KeyError, ValueError) as e:
         ap.error(f"bad --shapes, --rows or --blocks: {e}")
-    if any(len(b) != 5 for b in extra):
-        ap.error("--blocks: five numbers each, BMxBNxBKxWARPSxSTAGES")
+    if any(len(b) not in (5, 6) for b in extra):
+        ap.error("--blocks: five or six numbers each, BMxBNxBKxWARPSxSTAGES[xSPLIT]")
     if args.quality:
         print(render_quality(quality(args.model, args.device, dtype)), flush=True)
     if args.device.startswith("cuda") and shapes:

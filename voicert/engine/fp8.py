@@ -48,6 +48,7 @@ class Fp8Linear(nn.Module):
         self.register_buffer("weight", weight)  # [N, K] float8_e4m3fn
         self.register_buffer("scale", scale)  # [N] float32
         self.register_buffer("bias", bias)  # [N] in the model's dtype, or None
+        self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
 
     @classmethod
     def from_linear(cls, lin: nn.Linear) -> "Fp8Linear":
@@ -64,7 +65,9 @@ class Fp8Linear(nn.Module):
         if x.is_cuda:
             from voicert.engine import kernels
 
-            return kernels.fp8_linear(x, self.weight, self.scale, self.bias)
+            if self._count is None or self._count.device != x.device:
+                self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
+            return kernels.fp8_linear(x, self.weight, self.scale, self.bias, self._count)
         y = torch.nn.functional.linear(x.float(), self.weight.float()) * self.scale  # [..., N]
         if self.bias is not None:
             y = y + self.bias.float()

@@ -347,18 +347,22 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
 
 
 @triton.jit
-def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm,
-                       HAS_BIAS: tl.constexpr, IEEE: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    rm = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
+                       stride_xm, k_per_split, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                       SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     mm, nm = rm < M, rn < N
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + rk[None, :]  # [BM, BK]
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + rk[None, :]  # [BN, BK]
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]  # [BM, BK]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        km = (k0 + rk) < K
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        km = (k0 + rk) < k_hi
         x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0).to(x.dtype)
         if IEEE:
@@ -367,47 +371,82 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, M, N, K, stride_xm,
             acc = tl.dot(x, tl.trans(w), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    out_mask = mm[:, None] & nm[None, :]
+    at = rm[:, None].to(tl.int64) * N + rn[None, :]  # [BM, BN] offsets into [M, N]
+    if SPLIT > 1:  # each split stores its partial sums; the last to finish adds them up
+        tl.store(part_ptr + pid_k * M * N + at, acc, mask=out_mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for sp in tl.static_range(SPLIT):
+                acc += tl.load(part_ptr + sp * M * N + at, mask=out_mask, other=0.0,
+                               cache_modifier=".cg")
+            _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS)
+            tl.atomic_xchg(count_ptr + tile, 0)
+    else:
+        _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS)
+
+
+@triton.jit
+def _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS: tl.constexpr):
     acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
-    out = out_ptr + rm[:, None].to(tl.int64) * N + rn[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=mm[:, None] & nm[None, :])
+    tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-FP8_SMS = 132  # aim for at least two programs per SM of an H100 on the weight-streaming shapes
+FP8_PROGRAMS = 264  # aim for at least this many programs (two per SM of an H100's 132)
+FP8_MIN_SPLIT_K = 512  # a split of K streams at least this many columns
 
 
-def fp8_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages) for :func:`fp8_linear` on x [m, k] and
-    weights [n, k]. A few rows (decode): the step streams the weights, so tiles are narrow in N
-    and deep in K, and as wide in N as still leaves two programs per SM. Many rows (prefill):
-    square-ish tiles for the tensor cores."""
-    if m <= 16:
-        bn = next((b for b in (64, 32) if triton.cdiv(n, b) >= 2 * FP8_SMS), 16)
-        return 16, bn, 256, 4, 4
-    if m <= 64:
-        return _pow2(m), 64, 128, 4, 3
-    return 64, 128, 64, 4, 3
+def fp8_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for :func:`fp8_linear` on
+    x [m, k] and weights [n, k]. Up to 64 rows (decode, verify): the step streams the weights, so
+    every weight tile is read once (one M tile) and K is split until there are enough programs
+    to keep every SM reading (a 2048-wide output has only 64 tiles of 32). More rows (prefill):
+    square-ish tiles for the tensor cores, no split."""
+    if m > 64:
+        return 64, 128, 64, 4, 3, 1
+    bm = 16 if m <= 16 else _pow2(m)
+    bn, bk = (32, 256) if m <= 16 else (64, 128)
+    tiles = triton.cdiv(n, bn)
+    split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
+    return bm, bn, bk, 4, 4, split
 
 
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-               blocks: tuple[int, int, int, int, int] | None = None) -> torch.Tensor:
+               count: torch.Tensor | None = None,
+               blocks: tuple[int, ...] | None = None) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. The weights are widened
-    to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). ``blocks`` overrides
-    :func:`fp8_blocks` (the benchmark tries others)."""
+    to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). ``count``: zeroed int32
+    counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
+    see :func:`counters`). ``blocks`` overrides :func:`fp8_blocks` (the benchmark tries others;
+    five numbers: the split is then chosen as by default)."""
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bm, bn, bk, warps, stages = blocks or fp8_blocks(m, n, k)
-    grid = (triton.cdiv(n, bn), triton.cdiv(m, bm))
-    _fp8_linear_kernel[grid](x2, w, scale, bias if bias is not None else scale, out, m, n, k,
-                             x2.stride(0), HAS_BIAS=bias is not None,
-                             IEEE=x.dtype == torch.float32, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-                             num_warps=warps, num_stages=stages)
+    default = fp8_blocks(m, n, k)
+    bm, bn, bk, warps, stages, split = (tuple(blocks) + default[len(blocks):] if blocks
+                                        else default)
+    grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    split = triton.cdiv(k, k_per_split)  # (rounding to whole tiles may leave fewer splits)
+    part = out
+    if split > 1:
+        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        if count is None:
+            count = counters(x.device, grid_n * grid_m)
+        assert count.numel() >= grid_n * grid_m
+    _fp8_linear_kernel[(grid_n, grid_m, split)](
+        x2, w, scale, bias if bias is not None else scale, out, part,
+        count if count is not None else scale, m, n, k, x2.stride(0), k_per_split,
+        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, SPLIT=split, BLOCK_M=bm,
+        BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return out.view(*x.shape[:-1], n)
 
 
