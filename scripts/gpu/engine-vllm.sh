@@ -6,7 +6,7 @@
 # .carry/vllm/SHA256. Tables land in $OUT. KERNELS=0: no FP8 kernel table; BLOCKS: its tiles.
 # Usage: bash scripts/gpu/engine-vllm.sh LAST_PART [shapes, default "1b 8b"] [modes, default "bf16 fp8"]
 set -uo pipefail
-last=$1; shapes=${2:-1b 8b}; modes=${3:-bf16 fp8}
+last=$1; shapes=${2-1b 8b}; modes=${3-bf16 fp8}  # "" "": install only
 if [ ! -d /root/vsite/vllm ]; then
   cat "$last" >> /root/vb.tar
   [ "$(sha256sum /root/vb.tar | cut -d' ' -f1)" = "$(cat .carry/vllm/SHA256)" ] || { echo "vb.tar: bad sha256"; exit 3; }
