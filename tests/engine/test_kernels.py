@@ -223,3 +223,34 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
         want = torch.nn.functional.linear(xb.float(), q.dequantized(torch.float32), q.bias)
         got = kernels.fp8_linear(xb, q.weight, q.scale, q.bias.bfloat16())
         assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
+
+
+def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(5, 300, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [1.0], [0.2]]))
+    x[3] = 0  # a row of zeros: zeros, and a scale that divides without harm
+    q, s = kernels.fp8_rows(x.to(DEV))
+    want_s = (x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448.0)
+    assert torch.allclose(s.cpu(), want_s, rtol=1e-6)
+    want = (x / want_s).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert q.float().abs().amax(1).tolist()[:3] == [448.0] * 3
+    if DEV == "cuda":  # Triton 3.6's interpreter rounds 124.0 to e4m3 as 64 (the carry into the
+        assert torch.equal(q.cpu().float(), want.float())  # exponent is lost): GPU only
+    else:
+        close_enough = (q.float() - want.float()).abs() <= want.float().abs() / 8
+        assert close_enough.float().mean() > 0.95
+
+
+@pytest.mark.skipif(DEV != "cuda" or (DEV == "cuda" and torch.cuda.get_device_capability() < (8, 9)),
+                    reason="the FP8 tensor cores: a GPU of compute capability 8.9 or newer")
+def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
+    from voicert.engine.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(8)
+    lin = torch.nn.Linear(256, 96, bias=True)
+    q = Fp8Linear.from_linear(lin).to(DEV)
+    x = torch.randn(kernels.FP8_MMA_ROWS + 9, 256, generator=g).to(DEV).bfloat16()
+    want = torch.nn.functional.linear(x.float(), q.dequantized(torch.float32), q.bias)
+    got = kernels.fp8_linear(x, q.weight, q.scale, q.bias.bfloat16())
+    assert got.dtype == torch.bfloat16
+    assert ((got.float() - want).norm() / want.norm()).item() < 0.05  # e4m3 activations: ~2 %

@@ -420,7 +420,10 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
                blocks: tuple[int, ...] | None = None) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. The weights are widened
-    to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). ``count``: zeroed int32
+    to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). More than
+    ``FP8_MMA_ROWS`` rows of bf16/fp16 go to :func:`fp8_scaled_mm` instead (the activations
+    rounded to FP8 too: the tensor cores beat widening there); fp32 inputs, the exactness
+    tests' dtype, always take the widening kernel. ``count``: zeroed int32
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks`` overrides :func:`fp8_blocks` (the benchmark tries others;
     five numbers: the split is then chosen as by default)."""
@@ -429,6 +432,9 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    if (blocks is None and m > FP8_MMA_ROWS and x.dtype in (torch.bfloat16, torch.float16)
+            and k % 16 == 0 and n % 16 == 0):
+        return fp8_scaled_mm(x2, w, scale, bias).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     default = fp8_blocks(m, n, k)
     bm, bn, bk, warps, stages, split = (tuple(blocks) + default[len(blocks):] if blocks
@@ -448,6 +454,44 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
         HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, SPLIT=split, BLOCK_M=bm,
         BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
     return out.view(*x.shape[:-1], n)
+
+
+@triton.jit
+def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    m = cols < K
+    x = tl.load(x_ptr + row * stride_xm + cols, mask=m, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0
+    q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+    tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=m)
+    tl.store(s_ptr + row, scale)
+
+
+def fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x2 [M, K] -> (FP8 e4m3 [M, K], float32 scales [M, 1]) with one scale per row (its largest
+    magnitude maps to 448): the activations' side of :func:`fp8_scaled_mm`, in one launch."""
+    m, k = x2.shape
+    q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
+    s = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
+    _fp8_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), BLOCK=_pow2(k),
+                           num_warps=4 if k <= 4096 else 8)
+    return q, s
+
+
+def fp8_scaled_mm(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
+                  bias: torch.Tensor | None) -> torch.Tensor:
+    """x2 [M, K] (bf16 or fp16) with FP8 weights w [N, K] on the FP8 tensor cores: the rows
+    quantized to e4m3 with a scale each (:func:`fp8_rows`), then ``torch._scaled_mm`` with row-
+    and column-wise scales -> [M, N] in x2's dtype. For many rows (prefill, wide batches), where
+    widening the weights in registers (:func:`fp8_linear`'s kernel) loses to the tensor cores.
+    Rows stay independent of each other, but the activations are rounded to FP8 too."""
+    q, sx = fp8_rows(x2)
+    out = torch._scaled_mm(q, w.t(), scale_a=sx, scale_b=scale.view(1, -1), out_dtype=x2.dtype)
+    return out if bias is None else out + bias
+
+
+FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
 
 
 # ----------------------------------------------------------------------------- step inputs
