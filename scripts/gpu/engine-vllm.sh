@@ -7,15 +7,7 @@
 # Usage: bash scripts/gpu/engine-vllm.sh LAST_PART [shapes, default "1b 8b"] [modes, default "bf16 fp8"]
 set -uo pipefail
 last=$1; shapes=${2-1b 8b}; modes=${3-bf16 fp8}  # "" "": install only
-if [ ! -d /root/vsite/vllm ]; then
-  cat "$last" >> /root/vb.tar
-  [ "$(sha256sum /root/vb.tar | cut -d' ' -f1)" = "$(cat .carry/vllm/SHA256)" ] || { echo "vb.tar: bad sha256"; exit 3; }
-  mkdir -p /root/vb /root/vsite && tar xf /root/vb.tar -C /root/vb \
-    && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite /root/vb/deps/*.whl \
-    && tar xJf /root/vb/vllm.tar.xz -C /root/vsite || exit 4
-fi
-# wheels missing from an older bundle (loguru: vLLM's fp8 path imports compressed_tensors, which needs it)
-[ -d .carry/vfix ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite .carry/vfix/*.whl
+bash scripts/gpu/vllm-install.sh "$last" || exit $?
 export PYTHONPATH=$PWD:/root/vsite VLLM_USE_FLASHINFER_SAMPLER=0
 nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader | tee $OUT/gpu.txt
 # the FP8 kernel table (KERNELS=0 skips it), with a few other tile configs beside the default

@@ -7,15 +7,8 @@
 # Usage: bash scripts/gpu/vllm-remote.sh LAST_PART [1b|8b] [sessions]
 set -uo pipefail
 last=$1; shape=${2:-8b}; sessions=${3:-64}
-if [ ! -d /root/vsite/vllm ]; then
-cat "$last" >> /root/vb.tar
-[ "$(sha256sum /root/vb.tar | cut -d' ' -f1)" = "$(cat .carry/vllm/SHA256)" ] || { echo "vb.tar: bad sha256"; exit 3; }
-mkdir -p /root/vb /root/vsite && tar xf /root/vb.tar -C /root/vb \
-  && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite /root/vb/deps/*.whl \
-  && tar xJf /root/vb/vllm.tar.xz -C /root/vsite || exit 4
-fi
+bash scripts/gpu/vllm-install.sh "$last" || exit $?
 python3 -m pip install -q --no-index --no-deps --no-compile --target /root/site .carry/toolswhl/*.whl
-[ -d .carry/vfix ] && python3 -m pip install -q --no-index --no-deps --no-compile --target /root/vsite .carry/vfix/*.whl
 PYTHONPATH=/root/vsite python3 -c "import vllm.entrypoints.openai.api_server" 2>&1 | tail -3 | tee $OUT/vllm-import.txt
 grep -q Error $OUT/vllm-import.txt && exit 5
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
