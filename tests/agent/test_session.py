@@ -225,30 +225,43 @@ async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it
     # Over that echo, the caller saying "stop, stop" still interrupts.
     from voicert.bench.turns import SET_DIR, interrupted, speakerphone
 
+    # The simulated client plays and records in real time; when this machine is too busy for it
+    # to keep time (it sent a frame over half a second late), its playback and the server's
+    # idea of it part by that much and the run says nothing about the guard: it is run again
+    # (at most three times), and the slips go in the messages.
     question = "Tell me three facts about Paris."
-    heard = {}
+    heard, slips = {}, {}
+
+    async def real_time(key, *args, **kwargs):
+        for _ in range(3):
+            stats = {}
+            heard[key] = await speakerphone(*args, stats=stats, **kwargs)
+            slips.setdefault(key, []).append(round(stats["max_slip_s"], 3))
+            if stats["max_slip_s"] <= 0.5:
+                return
+
     for guard in (True, False):
         srv = await server_with(services, turn={"echo_guard": guard, "detector": "silence"})
         url = f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"
         try:
-            heard[guard] = await speakerphone(
-                url, question, stop_on=None if guard else "vad.speech_started")
+            await real_time(guard, url, question, stop_on=None if guard else "vad.speech_started")
             if guard:
                 stop, _ = wav_16k(SET_DIR / "i02.wav")
-                heard["stop"] = await speakerphone(url, question, interject=stop,
-                                                   max_new_tokens=64, stop_on="vad.barge_in")
+                await real_time("stop", url, question, interject=stop, max_new_tokens=64,
+                                stop_on="vad.barge_in")
         finally:
             await srv.shutdown()
     kinds = [e["type"] for e in heard[True]]
     done = [e for e in heard[True] if e["type"] == "response.done"]
     spoken_s = sum(len(e["audio"]) for e in heard[True] if e["type"] == "response.audio") / 32000
-    assert spoken_s > 1.5, spoken_s  # seconds of speech went out and came back
-    assert "vad.barge_in" not in kinds and "vad.speech_started" not in kinds, kinds
-    assert len(done) == 1 and done[0]["finish_reason"] in ("stop", "length"), done
+    assert spoken_s > 1.5, (spoken_s, slips)  # seconds of speech went out and came back
+    assert "vad.barge_in" not in kinds and "vad.speech_started" not in kinds, (kinds, slips)
+    assert len(done) == 1 and done[0]["finish_reason"] in ("stop", "length"), (done, slips)
     # without the screen the same loop interrupts itself (or answers its own words)
     unguarded = [e["type"] for e in heard[False]]
-    assert "vad.speech_started" in unguarded, unguarded
-    assert interrupted(heard["stop"]), [e["type"] for e in heard["stop"]]
+    assert "vad.speech_started" in unguarded, (unguarded, slips)
+    assert interrupted(heard["stop"]), ([e["type"] for e in heard["stop"]], slips)
+    print("client slips (s) per run:", slips)
 
 
 def wav_16k(path):

@@ -232,7 +232,8 @@ class Room:
 
 async def speakerphone(url: str, question: str, room: Room = Room(),
                        interject: np.ndarray | None = None, interject_after_s: float = 1.0,
-                       max_new_tokens: int = 24, stop_on: str | None = None) -> list[dict]:
+                       max_new_tokens: int = 24, stop_on: str | None = None,
+                       stats: dict | None = None) -> list[dict]:
     """Ask ``question`` by text with spoken replies (16 kHz), and play each reply into the
     microphone through ``room``: a player plays the audio as it comes, at real time (silent when
     it has played all that came); every 20 ms frame sent holds what the player played
@@ -240,7 +241,9 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
     it has all played and 1.5 s more. ``interject``: 16 kHz speech of the caller's
     own, mixed in ``interject_after_s`` after playback starts. A barge-in stops playback (as the
     browser client does); ``stop_on``: an event type that ends the session at once. The events
-    the session sent."""
+    the session sent. ``stats``, if given, receives ``max_slip_s``: how far this simulated client
+    fell behind real time at worst (a frame sent, or a reply chunk seen, late by that much: on a
+    machine too busy to run it in real time, its playback and the server's idea of it part)."""
     from voicert.audio.pcm import decode_pcm
 
     rng, ir = np.random.default_rng(room.seed), room.impulse()
@@ -258,6 +261,8 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
                 events.append(msg)
                 if msg["type"] == "response.audio":
                     chunks.append((decode_pcm(msg["audio"], "pcm16"), loop.time()))
+
+        slip = 0.0  # the send loop's worst lateness against its real-time schedule, seconds
 
         loop = asyncio.get_running_loop()
         reader = asyncio.ensure_future(read())
@@ -294,6 +299,7 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
                         part = interject[j:j + FRAME]
                         frame[:part.size] += part
                 frame += room.noise * rng.standard_normal(FRAME).astype(np.float32)
+                slip = max(slip, loop.time() - (t0 + k * FRAME_S))  # frame k is due at k * 20 ms
                 await ws.send(p.encode(p.Audio(encode_pcm16(frame))))
                 if stop_on is not None and any(e["type"] == stop_on for e in events):
                     break
@@ -305,6 +311,8 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
                 await asyncio.sleep(max(0.0, t0 + (k + 1) * FRAME_S - loop.time()))
         finally:
             reader.cancel()
+            if stats is not None:
+                stats["max_slip_s"] = slip
     return events
 
 
