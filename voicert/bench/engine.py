@@ -64,6 +64,20 @@ VOICE_SYSTEM = ("You are a phone assistant. When the caller asks you to confirm 
                 "something, repeat it back exactly, then ask if it is correct.")
 
 
+def voice_prompt_ids(tokenizer) -> list[list[int]]:
+    """The voice prompt set as token ids, under the voice system prompt."""
+    from voicert.engine.prompt import build_prompt
+
+    return [build_prompt(tokenizer, [ChatMessage("system", VOICE_SYSTEM),
+                                     ChatMessage("user", p)], 2048)
+            for p in VOICE_PROMPTS]
+
+
+def shared_prefix(x: list[int], y: list[int]) -> int:
+    """How many leading tokens two replies share."""
+    return next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
+
+
 @dataclass
 class Row:
     name: str
@@ -278,19 +292,11 @@ class Bench:
                 tpots.append((times[-1] - times[0]) / 1e6 / (len(times) - 1))
         return statistics.mean(tpots), outs
 
-    def voice_prompts(self) -> list[list[int]]:
-        """The voice prompt set as token ids, under the voice system prompt."""
-        from voicert.engine.prompt import build_prompt
-
-        return [build_prompt(self.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
-                                              ChatMessage("user", p)], 2048)
-                for p in VOICE_PROMPTS]
-
     async def spec_compare(self) -> list[dict]:
         """Each speculating engine against plain greedy, batch 1, on the voice prompt set."""
         if self.tokenizer is None:
             return []
-        prompts = self.voice_prompts()
+        prompts = voice_prompt_ids(self.tokenizer)
         await self._voice_run(self.engine, prompts[:1])  # warm
         greedy_tpot, greedy = await self._voice_run(self.engine, prompts)
         out = []
@@ -315,7 +321,7 @@ class Bench:
         reply's words the INT8 reply also says."""
         if self.tokenizer is None or not self.args.int8:
             return None
-        prompts = self.voice_prompts()
+        prompts = voice_prompt_ids(self.tokenizer)
         cfg = dataclasses.replace(self.engine.cfg, int8=False, kv_memory_gb=0.25)
         # self.model is still fp32: quantize_dynamic gave the engine a quantized copy
         fp32 = LLMEngine(self.model_dir, cfg, model=self.model, tokenizer=self.tokenizer)
@@ -324,8 +330,7 @@ class Bench:
         finally:
             fp32.close()
         _, ours = await self._voice_run(self.engine, prompts)
-        prefix = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), min(len(x), len(y)))
-                  for x, y in zip(ours, ref)]
+        prefix = [shared_prefix(x, y) for x, y in zip(ours, ref)]
         texts = [(self.tokenizer.decode(x), self.tokenizer.decode(y)) for x, y in zip(ours, ref)]
         overlap = [len(set(a.lower().split()) & set(b.lower().split())) / max(1, len(set(b.lower().split())))
                    for a, b in texts]

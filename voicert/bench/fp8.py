@@ -75,19 +75,18 @@ def quality(model_name: str, device: str, dtype: str) -> dict:
     """Top-1 agreement over TEXTS and the voice prompt set's replies, FP8 against ``dtype``."""
     import asyncio
 
-    from voicert.bench.engine import VOICE_PROMPTS, VOICE_SYSTEM
+    from transformers import AutoTokenizer
+
+    from voicert.bench.engine import shared_prefix, voice_prompt_ids
     from voicert.config import cache_dir, load_config
-    from voicert.engine.base import ChatMessage, GenerationRequest
+    from voicert.engine.base import GenerationRequest
     from voicert.engine.llm_engine import EngineConfig, LLMEngine
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES
-    from voicert.engine.prompt import build_prompt
-    from transformers import AutoTokenizer
+    from voicert.engine.models.registry import load_model
 
     model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(model_dir)
-    from voicert.engine.models.registry import load_model
-
     ref = load_model(model_dir, DTYPES[dtype], device)
     quant = quantized_copy(ref)
     texts = [tok(t)["input_ids"] for t in TEXTS]
@@ -98,9 +97,7 @@ def quality(model_name: str, device: str, dtype: str) -> dict:
                         model=model, tokenizer=tok)
         outs = []
         try:
-            for p in VOICE_PROMPTS:
-                ids = build_prompt(tok, [ChatMessage("system", VOICE_SYSTEM),
-                                         ChatMessage("user", p)], 2048)
+            for ids in voice_prompt_ids(tok):
                 req = GenerationRequest(f"q-{len(outs)}", [], 48, prompt_ids=ids)
                 outs.append([ev.token_id async for ev in eng.submit(req)
                              if ev.finish_reason is None])
@@ -109,8 +106,7 @@ def quality(model_name: str, device: str, dtype: str) -> dict:
         return outs
 
     a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant))
-    prefix = [next((i for i, (x, y) in enumerate(zip(u, v)) if x != y), min(len(u), len(v)))
-              for u, v in zip(a, b)]
+    prefix = [shared_prefix(u, v) for u, v in zip(a, b)]
     return {"model": model_dir, "same": same, "total": total,
             "identical": sum(u == v for u, v in zip(a, b)), "replies": len(a),
             "prefix": statistics.mean(prefix),

@@ -8,11 +8,12 @@ an :class:`Fp8Linear`:
 
     w_fp8[n, k] = round_e4m3(w[n, k] / scale[n]),   scale[n] = max_k |w[n, k]| / 448
 
-and computes ``y = (x @ w_fp8.T) * scale + bias`` with the activations kept in the model's dtype
-(weight-only quantization, "W8A16"): on CUDA one Triton kernel reads the FP8 tiles, widens them to
-bf16 in registers and accumulates in fp32 on the tensor cores; elsewhere (the CPU, tests) the
-weights are widened in full first. Both compute the same function of the same FP8 weights; they
-differ only in the order of the fp32 sums.
+and computes ``y = (x @ w_fp8.T) * scale + bias``. On CUDA (``kernels.fp8_linear``): up to
+``kernels.FP8_MMA_ROWS`` rows, and fp32 rows always, keep the activations in their dtype
+(weight-only quantization, "W8A16": one Triton kernel widens the FP8 tiles in registers and sums
+in fp32); more bf16/fp16 rows (prefill, wide batches) are rounded to e4m3 with a scale per row
+and multiplied on the FP8 tensor cores. Elsewhere (the CPU, tests) the weights are widened in
+full first: the same function as the W8A16 kernel, the fp32 sums in another order.
 
 Quality is measured, not assumed: tests/engine/test_fp8.py checks top-1 agreement with the
 unquantized model on the embedded SmolLM2's real weights, and ``python -m voicert.bench.engine

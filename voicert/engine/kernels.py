@@ -14,7 +14,10 @@ beside the layer's four GEMMs:
   small (flash-decoding); the last split program of each KV head to finish combines the splits;
 - :func:`silu_mul`: SiLU(gate) * up;
 - :func:`argmax_rows`: the greedy token of each row of logits, many programs per row, the last
-  one to finish reducing their partial results.
+  one to finish reducing their partial results;
+- :func:`fp8_linear`: a Linear over FP8 weights (engine/fp8.py), the weights widened in registers,
+  K split over programs when the output has few tiles (the last split to finish adds them); many
+  bf16 rows go to the FP8 tensor cores instead (:func:`fp8_rows`, then ``torch._scaled_mm``).
 
 "The last program to finish" is a counter per output row, bumped with an acquire-release atomic
 after the program's partial results are stored; the program that reads ``count - 1`` reads the
@@ -35,6 +38,8 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from voicert.engine.fp8 import E4M3_MAX
 
 MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
@@ -457,13 +462,13 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
 
 
 @triton.jit
-def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, BLOCK: tl.constexpr):
+def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, QMAX: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < K
     x = tl.load(x_ptr + row * stride_xm + cols, mask=m, other=0.0).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / 448.0
-    q = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / QMAX
+    q = tl.minimum(tl.maximum(x / scale, -QMAX), QMAX)
     tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=m)
     tl.store(s_ptr + row, scale)
 
@@ -474,7 +479,7 @@ def fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     m, k = x2.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
     s = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
-    _fp8_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), BLOCK=_pow2(k),
+    _fp8_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), QMAX=E4M3_MAX, BLOCK=_pow2(k),
                            num_warps=4 if k <= 4096 else 8)
     return q, s
 
