@@ -58,3 +58,30 @@ def test_vllm_gets_the_benchs_own_shape_as_a_llama_config(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["hidden_size"] == 4096
     assert cfg["num_hidden_layers"] == 32 and cfg["torch_dtype"] == "bfloat16"
+
+
+def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
+    import pytest
+
+    from voicert.bench import fp8
+
+    for main, argv in ((bench.main, ["--device", "cpu", "--fp8"]),
+                       (bench.main, ["--against", "sglang"]),
+                       (fp8.main, ["--blocks", "16x32x256"]),
+                       (fp8.main, ["--shapes", "llama-70b"])):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2, argv
+    err = capsys.readouterr().err
+    assert "--fp8 is a GPU option" in err and "five or six numbers" in err
+    assert "bad --shapes" in err and "invalid choice: 'sglang'" in err
+
+
+def test_the_vllm_side_says_why_it_failed():
+    """Here vLLM is not installed: the child's own error comes back as the reason."""
+    import pytest
+
+    from voicert.bench.vllm_side import measure_in_child
+
+    with pytest.raises(RuntimeError, match="(?s)the vLLM side failed.*No module named 'vllm'"):
+        measure_in_child("llama-1b-random", "bfloat16", False, [1], 4, 10, 1, timeout_s=120)
