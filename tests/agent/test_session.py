@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import logging
 
 import numpy as np
 import pytest
@@ -218,7 +220,7 @@ async def test_a_session_with_noise_suppression_still_hears_the_question(service
     assert "weather" in result.turns[0].transcript.lower()
 
 
-async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it(services):
+async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it(services, caplog):
     # The screen itself is tested on real speech in tests/speech/test_echo.py; here the whole
     # loop: the reply's audio, as sent, comes back through the microphone (bench.turns' Room:
     # 150 ms later, 9 dB quieter, reverberant, noisy); with the guard off it interrupts itself.
@@ -229,14 +231,18 @@ async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it
     # to keep time (it sent a frame over half a second late), its playback and the server's
     # idea of it part by that much and the run says nothing about the guard: it is run again
     # (at most three times), and the slips go in the messages.
+    # The guard's judgements (its DEBUG log) of each run go in the messages too.
     question = "Tell me three facts about Paris."
-    heard, slips = {}, {}
+    heard, slips, judged = {}, {}, {}
+    caplog.set_level(logging.DEBUG, logger="voicert.speech.echo")
 
     async def real_time(key, *args, **kwargs):
         for _ in range(3):
             stats = {}
+            caplog.clear()
             heard[key] = await speakerphone(*args, stats=stats, **kwargs)
             slips.setdefault(key, []).append(round(stats["max_slip_s"], 3))
+            judged[key] = list(caplog.messages)
             if stats["max_slip_s"] <= 0.5:
                 return
 
@@ -251,16 +257,23 @@ async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it
                                 stop_on="vad.barge_in")
         finally:
             await srv.shutdown()
+
+    def why(key) -> str:
+        """The run's events (repeats counted; the VAD's with their audio_ms), the client's
+        slips and the guard's log."""
+        kinds = [f"{kind} x{len(list(run))}" for kind, run in itertools.groupby(
+            e["type"] + (f"@{e['audio_ms']}" if "audio_ms" in e else "") for e in heard[key])]
+        return "\n".join([f"events: {kinds}", f"client slips (s): {slips}", *judged[key]])
+
     kinds = [e["type"] for e in heard[True]]
     done = [e for e in heard[True] if e["type"] == "response.done"]
     spoken_s = sum(len(e["audio"]) for e in heard[True] if e["type"] == "response.audio") / 32000
-    assert spoken_s > 1.5, (spoken_s, slips)  # seconds of speech went out and came back
-    assert "vad.barge_in" not in kinds and "vad.speech_started" not in kinds, (kinds, slips)
-    assert len(done) == 1 and done[0]["finish_reason"] in ("stop", "length"), (done, slips)
+    assert spoken_s > 1.5, (spoken_s, why(True))  # seconds of speech went out and came back
+    assert "vad.barge_in" not in kinds and "vad.speech_started" not in kinds, why(True)
+    assert len(done) == 1 and done[0]["finish_reason"] in ("stop", "length"), why(True)
     # without the screen the same loop interrupts itself (or answers its own words)
-    unguarded = [e["type"] for e in heard[False]]
-    assert "vad.speech_started" in unguarded, (unguarded, slips)
-    assert interrupted(heard["stop"]), ([e["type"] for e in heard["stop"]], slips)
+    assert "vad.speech_started" in [e["type"] for e in heard[False]], why(False)
+    assert interrupted(heard["stop"]), why("stop")
     print("client slips (s) per run:", slips)
 
 

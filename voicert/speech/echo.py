@@ -21,7 +21,11 @@ judged).
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 IN_RATE = 16000  # the session's input rate (the VAD's)
 RATE = 8000  # where correlation is measured
@@ -121,6 +125,7 @@ class EchoGuard:
         self.run = 0  # 8 kHz samples of that run so far
         self.verdict: bool | None = None  # the judgement of the run in progress, once made
         self.low = 0  # chunks in a row, within a run judged an echo, that did not look like one
+        self.score = 0.0  # the last correlation measured
         self._in8k = To8k(IN_RATE)
         self._ref8k: To8k | None = None
 
@@ -179,6 +184,9 @@ class EchoGuard:
             return np.zeros(0, probs.dtype)  # not enough of it to judge yet
         span = self.inp[-min(max(self.run, 1), self.block):]
         echo = self.run >= self.min_run and self._is_echo(span, played)
+        log.debug("echo: run of %d ms judged %s (correlation %.2f, %d ms played)",
+                  self.run // 8, "an echo" if echo else "the caller", self.score,
+                  played.size // 8)
         held = np.concatenate(self.held)
         self.held, self.run, self.low = [], 0, 0
         if voiced:
@@ -199,7 +207,8 @@ class EchoGuard:
     def _is_echo(self, span: np.ndarray, played: np.ndarray) -> bool:
         if played.size < span.size:  # playing began within the span: silence before it
             played = np.concatenate((np.zeros(span.size - played.size, np.float32), played))
-        return max_ncc(span, played) >= self.threshold
+        self.score = max_ncc(span, played)
+        return self.score >= self.threshold
 
     def _still_echo(self, echo_now: bool) -> bool:
         """Within a run: an echo stays one until ``RELEASE`` chunks in a row are not (a dip of
@@ -207,6 +216,9 @@ class EchoGuard:
         self.low = 0 if echo_now else self.low + 1
         if self.verdict and self.low < RELEASE:
             return True
+        if echo_now != self.verdict:
+            log.debug("echo: within a run, now %s (correlation %.2f)",
+                      "an echo" if echo_now else "the caller", self.score)
         self.verdict = echo_now
         return echo_now
 
