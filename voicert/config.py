@@ -217,6 +217,8 @@ class LlmConfig:
     prefill_token_budget: int = 512  # padded prompt tokens per prefill step (chunked prefill)
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
+    spec_policy: str = "adaptive"  # adaptive: speculate per decode step where measured faster at
+    # that batch size (engine/spec_policy.py); always: on every decode step
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     draft_heads: str = ""  # draft heads on the target's hidden state ("embedded": shipped for the
     # embedded SmolLM2; or a .safetensors file); used when spec_tokens > 0
@@ -287,6 +289,8 @@ class LlmConfig:
                "must be >= llm.block_size")
         _check(0 <= self.batch_window_ms <= 100, "llm.batch_window_ms", "must be in [0, 100]")
         _check(0 <= self.spec_tokens <= 16, "llm.spec_tokens", "must be in [0, 16]")
+        _check(self.spec_policy in ("adaptive", "always"), "llm.spec_policy",
+               "must be adaptive or always")
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
         _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
                "is a GPU option (llm.device: cuda)")

@@ -242,7 +242,8 @@ async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it
             caplog.clear()
             heard[key] = await speakerphone(*args, stats=stats, **kwargs)
             slips.setdefault(key, []).append(round(stats["max_slip_s"], 3))
-            judged[key] = list(caplog.messages)
+            judged[key] = [f"client: chunk arrived, played from, ms: {stats['plays']}",
+                           *caplog.messages]
             if stats["max_slip_s"] <= 0.5:
                 return
 

@@ -25,10 +25,11 @@ def run_engine(engine, prompts, new=32, sequential=False):
     return asyncio.run(main())
 
 
-def make(model, graphs, spec=0, heads="", fused=True, overlap=True):
+def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="always"):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
-                       spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap)
+                       spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap,
+                       spec_policy=policy)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 

@@ -15,6 +15,7 @@ from voicert.engine.models.llama import load_llama
 from voicert.engine.runner import ModelRunner
 from voicert.engine.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.sequence import Sequence
+from voicert.engine.spec_policy import SpecPolicy
 from voicert.engine.prompt import build_prompt
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
@@ -45,7 +46,8 @@ def engines(model_dir, parts):
     # the served CPU path: the forward as a TorchScript trace (bit-identical to eager; test_runner)
     plain = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=True), model=model,
                       tokenizer=tok)
-    spec = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=4, torchscript=True),
+    spec = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=4, torchscript=True,
+                                              spec_policy="always"),
                      model=model, tokenizer=tok)
     yield plain, spec
     plain.close()
@@ -169,7 +171,8 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
                                                  num_hidden_layers=2)), torch.float32, "cpu")
     for name, draft in (("self", model), ("junk", junk)):
         # eager, not traced: what is tested is the draft path (traced == eager: test_runner.py)
-        eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=3),
+        eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=3,
+                                                spec_policy="always"),
                         model=model, tokenizer=tok, draft=draft)
         try:
             out = [tokens_of(ev) for ev in await generate(eng, reqs(f"d{name}", texts, 16))]
@@ -194,13 +197,43 @@ async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, pa
     plain, _ = engines
     texts = PROMPTS[:3] + ["Repeat my address back to me: 42 Baker Street, London."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("hg", texts, 48))]
-    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2,
+    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2, spec_policy="always",
                                             draft_heads="embedded"), model=model, tokenizer=tok)
     try:
         out = [tokens_of(ev) for ev in await generate(eng, reqs("hs", texts, 48))]
         spec = eng.core.scheduler.spec
         assert out == greedy
         assert spec.proposed > 0 and spec.mean_accepted_length > 1.2  # they do guess right
+    finally:
+        eng.close()
+
+
+class Flipping(SpecPolicy):
+    """Speculates on two decode steps of three, whatever the timings (a policy that changes its
+    mind as often as it can)."""
+
+    def drafts(self, batch: int) -> int:
+        return 0 if (self.spec_steps + self.plain_steps) % 3 == 2 else self.k
+
+
+@pytest.mark.parametrize("drafter", ["heads", "ngram"])
+async def test_speculating_on_some_steps_and_not_others_keeps_greedy_tokens(model_dir, parts,
+                                                                          engines, drafter):
+    """The speculation policy may turn drafts on and off from one decode step to the next (per
+    batch size, engine/spec_policy.py); the tokens stay the target's greedy ones, batched."""
+    model, tok = parts
+    plain, _ = engines
+    texts = PROMPTS[:3] + ["Repeat my address back to me: 42 Baker Street, London."]
+    greedy = [tokens_of(ev) for ev in await generate(plain, reqs(f"fg{drafter}", texts, 40))]
+    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2,
+                                            draft_heads="embedded" if drafter == "heads" else ""),
+                    model=model, tokenizer=tok)
+    eng.core.scheduler.policy = policy = Flipping(2)
+    try:
+        out = [tokens_of(ev) for ev in await generate(eng, reqs(f"fs{drafter}", texts, 40))]
+        assert out == greedy
+        assert policy.spec_steps > 0 and policy.plain_steps > 0
+        assert eng.core.scheduler.spec.accepted > 0
     finally:
         eng.close()
 

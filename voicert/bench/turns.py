@@ -243,7 +243,9 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
     browser client does); ``stop_on``: an event type that ends the session at once. The events
     the session sent. ``stats``, if given, receives ``max_slip_s``: how far this simulated client
     fell behind real time at worst (a frame sent, or a reply chunk seen, late by that much: on a
-    machine too busy to run it in real time, its playback and the server's idea of it part)."""
+    machine too busy to run it in real time, its playback and the server's idea of it part), and
+    ``plays``: per reply chunk, when it arrived and when it began to play (monotonic clock, ms,
+    the last 100 s of it: the echo guard logs the same clock) and its length in ms."""
     from voicert.audio.pcm import decode_pcm
 
     rng, ir = np.random.default_rng(room.seed), room.impulse()
@@ -272,6 +274,7 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
         got, pos, done_at, t0 = 0, 0, None, loop.time()
         talk = None if interject is None else int(interject_after_s * 50)  # frames after start
         started, dropped = None, 0
+        plays: list[tuple[int, int, int]] = []  # per reply chunk: arrived, plays from (ms), ms
         try:
             for k in range(3000):  # at most 60 s
                 # new audio joins the player's queue, from the frame of the time it arrived on:
@@ -280,6 +283,11 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
                 while ready < len(chunks) and chunks[ready][1] - t0 <= (k + 1) * FRAME_S:
                     ready += 1
                 if ready > got:
+                    at_s = t0 + k * FRAME_S + (queue.size - pos) / 16000  # they play from then
+                    for c, arrived in chunks[got:ready]:
+                        plays.append((round(arrived * 1000) % 100_000, round(at_s * 1000) % 100_000,
+                                      c.size // 16))
+                        at_s += c.size / 16000
                     queue = np.concatenate((queue[pos:], *(c for c, _ in chunks[got:ready])))
                     got, pos = ready, 0
                 barge_ins = sum(e["type"] == "vad.barge_in" for e in events)
@@ -313,6 +321,7 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
             reader.cancel()
             if stats is not None:
                 stats["max_slip_s"] = slip
+                stats["plays"] = plays
     return events
 
 

@@ -95,7 +95,7 @@ class StepRecord:
     """One engine step, for metrics: what it ran and how long the step took on the engine thread
     (schedule + forward + the host sync that hands out its tokens)."""
 
-    kind: str  # prefill | decode
+    kind: str  # prefill | decode | verify (a decode step whose rows carried speculative drafts)
     batch: int  # sequences in the step
     seconds: float
 

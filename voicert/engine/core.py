@@ -30,6 +30,7 @@ from voicert.engine.prompt import PromptBuilder, stop_token_ids
 from voicert.engine.runner import ModelRunner, Pending
 from voicert.engine.scheduler import Scheduler, SchedulerConfig, Step
 from voicert.engine.sequence import Sequence
+from voicert.engine.spec_policy import SpecMode, SpecPolicy
 from voicert.engine.tools import offered
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,8 @@ class EngineConfig:
     prefill_token_budget: int = 512
     batch_window_ms: float = 0.0  # an idle engine waits this long for more arrivals
     spec_tokens: int = 0  # drafts per decode step; 0 disables speculation
+    spec_policy: str = "adaptive"  # adaptive: per step, where measured faster (spec_policy.py);
+    # always: every decode step that can
     draft_model: str = ""  # HF dir / .gguf / embedded of a draft model with the same tokenizer;
     # empty: drafts come from n-gram prompt lookup (or draft heads)
     draft_heads: str = ""  # draft heads (a .safetensors file, or "embedded": the ones shipped for
@@ -132,7 +135,8 @@ class EngineCore:
             cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens,
             external_drafts=self.drafter is not None, head_drafts=self.heads is not None,
             prefill_batches=tuple(pg.batches) if pg else (),
-            prefill_widths=tuple(pg.widths) if pg else ()), self.stop_ids)
+            prefill_widths=tuple(pg.widths) if pg else ()), self.stop_ids,
+            SpecPolicy(cfg.spec_tokens, SpecMode(cfg.spec_policy)))
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
                  cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
         self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
@@ -274,7 +278,7 @@ class EngineCore:
                 if not chunk.seq.prefill_start_ns:
                     chunk.seq.prefill_start_ns = now
             if self.drafter is not None and step.kind == "decode":
-                self.drafter.propose(step.seqs, self.cfg.spec_tokens)
+                self.drafter.propose(step.seqs, step.drafts)
                 for seq in step.seqs:
                     if seq.guide is not None:
                         seq.draft = []  # picked under a mask, one token a step
@@ -295,7 +299,9 @@ class EngineCore:
             self.guide_ns += time.perf_counter_ns() - t0
             self.guided_steps += 1
         sampled_ns = time.perf_counter_ns()
-        self.step_records.append(StepRecord(step.kind, len(step.chunks) + len(step.seqs),
+        self.scheduler.observe(step, (sampled_ns - now) / 1e9)
+        kind = "verify" if step.kind == "decode" and step.drafts else step.kind
+        self.step_records.append(StepRecord(kind, len(step.chunks) + len(step.seqs),
                                             (sampled_ns - now) / 1e9))
         for seq, tokens in emitted:
             first = seq.num_generated - len(tokens)

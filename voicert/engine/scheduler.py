@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from voicert.engine.kv_cache import BlockManager, OutOfBlocks
 from voicert.engine.sequence import Sequence, Status
+from voicert.engine.spec_policy import SpecPolicy
 from voicert.engine.speculative import accept_greedy, ngram_propose
 
 
@@ -51,6 +52,9 @@ class Step:
     kind: str  # "prefill" | "decode"
     chunks: list[Chunk] = field(default_factory=list)  # prefill
     seqs: list[Sequence] = field(default_factory=list)  # decode; each seq.draft is set
+    drafts: int = 0  # decode: the drafts per row it was planned with (rows near their end: fewer)
+    emitted: int = 0  # decode: tokens its live rows gained (set by Scheduler.postprocess)
+    live: int = 0  # decode: its rows still decoding when it was postprocessed
 
     @property
     def guided(self) -> bool:
@@ -86,10 +90,14 @@ def bucket(value: int, ladder: tuple[int, ...] | list[int]) -> int | None:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, cfg: SchedulerConfig, stop_ids: set[int]) -> None:
+    def __init__(self, blocks: BlockManager, cfg: SchedulerConfig, stop_ids: set[int],
+                 policy: SpecPolicy | None = None) -> None:
+        """``policy`` decides, per decode step, whether it carries drafts (default: every step
+        with ``spec_tokens`` > 0 does)."""
         self.blocks = blocks
         self.cfg = cfg
         self.stop_ids = stop_ids
+        self.policy = policy
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.spec = SpecStats()
@@ -188,12 +196,24 @@ class Scheduler:
             chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
         return Step("prefill", chunks=chunks)
 
+    def drafts_for(self, batch: int) -> int:
+        """Drafts per row for a decode step of ``batch`` rows (the policy's choice)."""
+        if self.policy is None:
+            return self.cfg.spec_tokens
+        return min(self.policy.drafts(batch), self.cfg.spec_tokens)
+
+    def observe(self, step: Step, seconds: float) -> None:
+        """A decode step's measured duration, for the speculation policy."""
+        if self.policy is not None and step.kind == "decode" and step.seqs:
+            self.policy.observe(len(step.seqs), step.drafts, seconds, step.live, step.emitted)
+
     def _decode_step(self, seqs: list[Sequence]) -> Step:
         picked: list[Sequence] = []
+        planned = self.drafts_for(min(len(seqs), self.cfg.max_batch))
         for seq in seqs[: self.cfg.max_batch]:
             if seq.status is not Status.DECODE:
                 continue  # preempted earlier in this loop
-            k = max(min(self.cfg.spec_tokens, seq.remaining - 1), 0)
+            k = max(min(planned, seq.remaining - 1), 0)
             if seq.guide is not None:
                 k = 0  # a guided row picks each token under its mask: nothing to verify
             if self.cfg.external_drafts:
@@ -223,23 +243,26 @@ class Scheduler:
             for seq in picked:
                 self.running.remove(seq)
                 self.running.append(seq)
-        return Step("decode", seqs=picked)
+        return Step("decode", seqs=picked, drafts=planned)
 
     def plan_ahead(self, step: Step) -> Step | None:
         """The decode step after ``step``, to launch before ``step``'s tokens are known (the
         runner feeds its inputs on the GPU from ``step``'s results), so the host's work on one
         step overlaps the GPU's on the next. Given only while nothing else could want that step
         and its shape is known: plain greedy decoding, or speculation with draft heads where
-        every row carries all ``spec_tokens`` drafts (the heads' guesses come out of the step
-        itself; n-gram and draft-model drafts need the tokens first); every running sequence in
-        ``step``; none waiting; none close enough to its length limit that the next step would
-        carry fewer drafts. Grows each sequence's blocks by the slots the step may write (the
+        every row carries all the drafts ``step`` was planned with (the heads' guesses come out of
+        the step itself; n-gram and draft-model drafts need the tokens first) and the policy
+        wants the same for the next step (the step ahead has ``step``'s width); every running
+        sequence in ``step``; none waiting; none close enough to its length limit that the next
+        step would carry fewer drafts. Grows each sequence's blocks by the slots the step may write (the
         most drafts accepted); None (and nothing changed) otherwise. Call :meth:`bind_ahead`
         once ``step`` is postprocessed. A sequence that stops or is cancelled meanwhile has its
         row ignored by :meth:`postprocess`."""
-        k = self.cfg.spec_tokens
+        k = step.drafts
         if step.kind != "decode" or self.waiting or (k and not self.cfg.head_drafts) or step.guided:
             return None  # (a guided row's token may be replaced after the step: fed would be wrong)
+        if self.drafts_for(len(step.seqs)) != k:
+            return None
         if len(self.running) != len(step.seqs) or any(len(s.draft) != k or s.remaining < 2 * k + 2
                                                       or s.status is not Status.DECODE
                                                       for s in step.seqs):
@@ -250,13 +273,13 @@ class Scheduler:
             return None
         for s in step.seqs:
             self.blocks.grow(s.blocks, len(s.tokens) + 2 * k + 1)
-        return Step("decode", seqs=list(step.seqs))
+        return Step("decode", seqs=list(step.seqs), drafts=k)
 
     def bind_ahead(self, step: Step) -> None:
         """Give a step planned ahead the drafts it was launched with, now that the step before
         it is postprocessed: each row's heads' guesses after its last token, as
         :meth:`_decode_step` would have taken them."""
-        k = self.cfg.spec_tokens
+        k = step.drafts
         for s in step.seqs:
             if s.status is Status.DECODE:
                 s.draft = s.head_draft[:k] if k else []
@@ -309,6 +332,8 @@ class Scheduler:
             self.spec.proposed += len(seq.draft)
             self.spec.accepted += len(new) - 1
             self.spec.emitted += len(new)
+            step.emitted += len(new)
+            step.live += 1
             seq.num_computed = len(seq.tokens) + len(new) - 1
             seq.draft = []
             out.append((seq, self._append(seq, new)))

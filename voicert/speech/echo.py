@@ -84,21 +84,33 @@ class To8k:
         return out
 
 
-def max_ncc(block: np.ndarray, reference: np.ndarray) -> float:
-    """Largest normalised cross-correlation of ``block`` [B] against every B-long stretch of
-    ``reference`` [R] (R >= B): 1.0 when some stretch is ``block`` scaled, ~0 for unrelated
-    signals."""
+def ncc_curve(block: np.ndarray, reference: np.ndarray) -> np.ndarray:
+    """Normalised cross-correlation of ``block`` [B] against each B-long stretch of ``reference``
+    [R] (R >= B), by where the stretch starts: [R - B + 1] (empty when it cannot be measured)."""
     b, r = block.size, reference.size
     if b == 0 or r < b:
-        return 0.0
+        return np.zeros(0)
     norm_b = float(np.sqrt(np.dot(block, block)))
     if norm_b == 0.0:
-        return 0.0
+        return np.zeros(0)
     n = 1 << int(np.ceil(np.log2(r + b)))
     corr = np.fft.irfft(np.fft.rfft(reference, n) * np.conj(np.fft.rfft(block, n)), n)[:r - b + 1]
     energy = np.cumsum(np.concatenate(([0.0], reference.astype(np.float64) ** 2)))  # [R + 1]
     stretch = np.sqrt(np.maximum(energy[b:] - energy[:-b], 1e-12))  # [R - B + 1]
-    return float(np.max(corr / (stretch * norm_b)))
+    return corr / (stretch * norm_b)
+
+
+def max_ncc(block: np.ndarray, reference: np.ndarray) -> float:
+    """Largest normalised cross-correlation of ``block`` [B] against every B-long stretch of
+    ``reference`` [R] (R >= B): 1.0 when some stretch is ``block`` scaled, ~0 for unrelated
+    signals."""
+    curve = ncc_curve(block, reference)
+    return float(np.max(curve)) if curve.size else 0.0
+
+
+def _ms(t_ns: int) -> int:
+    """A clock reading in ms, as logged (the last 100 s of it)."""
+    return t_ns // 1_000_000 % 100_000
 
 
 class EchoGuard:
@@ -126,6 +138,7 @@ class EchoGuard:
         self.verdict: bool | None = None  # the judgement of the run in progress, once made
         self.low = 0  # chunks in a row, within a run judged an echo, that did not look like one
         self.score = 0.0  # the last correlation measured
+        self.lag_ms = -1  # and how far back in what had played its best match lay
         self._in8k = To8k(IN_RATE)
         self._ref8k: To8k | None = None
 
@@ -139,6 +152,8 @@ class EchoGuard:
             self._ref8k = To8k(rate)
         x = self._ref8k(audio)
         start = self._index(now_ns)
+        log.debug("echo: %d ms of reply audio sent at %d ms, plays from %d ms", x.size // 8,
+                  _ms(now_ns), _ms(self.t0_ns) + max(start, self.timeline.size) // 8)
         if start > self.timeline.size:  # nothing was playing: it plays now, after a silence
             if start - self.timeline.size > self.memory:  # long since: start afresh
                 self.timeline, self.t0_ns, start = np.zeros(0, np.float32), now_ns, 0
@@ -174,7 +189,7 @@ class EchoGuard:
             if not voiced:
                 self.verdict = None  # the run is over
                 return probs
-            return self._apply(probs, self._still_echo(self._is_echo(self.inp, played)))
+            return self._apply(probs, self._still_echo(self._is_echo(self.inp, played), now_ns))
         if not self.held and not voiced:
             return probs
         if not self.held:
@@ -184,9 +199,9 @@ class EchoGuard:
             return np.zeros(0, probs.dtype)  # not enough of it to judge yet
         span = self.inp[-min(max(self.run, 1), self.block):]
         echo = self.run >= self.min_run and self._is_echo(span, played)
-        log.debug("echo: run of %d ms judged %s (correlation %.2f, %d ms played)",
-                  self.run // 8, "an echo" if echo else "the caller", self.score,
-                  played.size // 8)
+        log.debug("echo: at %d ms, run of %d ms judged %s (correlation %.2f at %d ms back, %d ms "
+                  "played)", _ms(now_ns), self.run // 8, "an echo" if echo else "the caller", self.score,
+                  self.lag_ms, played.size // 8)
         held = np.concatenate(self.held)
         self.held, self.run, self.low = [], 0, 0
         if voiced:
@@ -207,18 +222,22 @@ class EchoGuard:
     def _is_echo(self, span: np.ndarray, played: np.ndarray) -> bool:
         if played.size < span.size:  # playing began within the span: silence before it
             played = np.concatenate((np.zeros(span.size - played.size, np.float32), played))
-        self.score = max_ncc(span, played)
+        curve = ncc_curve(span, played)
+        self.score = float(np.max(curve)) if curve.size else 0.0
+        # how long before the block's end the stretch it matches ended playing (for the log)
+        self.lag_ms = (played.size - int(np.argmax(curve)) - span.size) // 8 if curve.size else -1
         return self.score >= self.threshold
 
-    def _still_echo(self, echo_now: bool) -> bool:
+    def _still_echo(self, echo_now: bool, now_ns: int) -> bool:
         """Within a run: an echo stays one until ``RELEASE`` chunks in a row are not (a dip of
         the correlation in mid-echo is not the caller); anything else becomes one at once."""
         self.low = 0 if echo_now else self.low + 1
         if self.verdict and self.low < RELEASE:
             return True
         if echo_now != self.verdict:
-            log.debug("echo: within a run, now %s (correlation %.2f)",
-                      "an echo" if echo_now else "the caller", self.score)
+            log.debug("echo: at %d ms, within a run, now %s (correlation %.2f at %d ms back)",
+                      _ms(now_ns), "an echo" if echo_now else "the caller", self.score,
+                      self.lag_ms)
         self.verdict = echo_now
         return echo_now
 

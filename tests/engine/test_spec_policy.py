@@ -1,0 +1,76 @@
+"""The speculation policy on made-up step timings (no model, no clock): it tries both kinds of
+decode step at each batch size, then takes the one with more tokens per second, keeps checking
+the other, and follows acceptance as it changes."""
+
+import pytest
+
+from voicert.engine.spec_policy import SpecMode, SpecPolicy, bucket_of
+
+K = 3
+
+
+def feed(policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: float,
+         gain: float) -> list[int]:
+    """Run ``steps`` decode steps at ``batch`` rows, each as the policy decides, with the given
+    step durations and tokens gained per row on a verify step; the drafts of each step."""
+    chosen = []
+    for _ in range(steps):
+        k = policy.drafts(batch)
+        chosen.append(k)
+        if k:
+            policy.observe(batch, k, spec_s, batch, round(gain * batch))
+        else:
+            policy.observe(batch, 0, plain_s, batch, batch)
+    return chosen
+
+
+def test_batches_share_a_power_of_two_bucket():
+    assert [bucket_of(b) for b in (1, 2, 3, 4, 5, 33, 64)] == [1, 2, 4, 4, 8, 64, 64]
+
+
+def test_it_speculates_where_a_verify_step_is_cheap_and_not_where_it_is_dear():
+    policy = SpecPolicy(K, warm=3, probe_every=50)
+    # batch 1: weight-bound, a verify step costs 1.2 plain ones and gains 2.5 tokens
+    small = feed(policy, 1, 200, plain_s=1e-3, spec_s=1.2e-3, gain=2.5)
+    # batch 64: compute-bound, a verify step costs 3.5 plain ones; acceptance is the same text's
+    large = feed(policy, 64, 200, plain_s=2e-3, spec_s=7e-3, gain=2.5)
+    assert small[:6] == [K, K, K, 0, 0, 0]  # both kinds tried first
+    assert large[:6] == [K, K, K, 0, 0, 0]
+    assert small[6:].count(K) > 0.95 * 194  # then mostly verify steps...
+    assert large[6:].count(0) > 0.95 * 194  # ...or mostly plain ones
+    assert 0 < small[6:].count(0) <= 5 and 0 < large[6:].count(K) <= 5  # the other, now and then
+    table = {row.bucket: row for row in policy.table()}
+    assert table[1].speculate and not table[64].speculate
+    assert table[64].spec_ms == pytest.approx(7.0) and table[64].plain_ms == pytest.approx(2.0)
+
+
+def test_falling_acceptance_turns_speculation_off_and_rising_turns_it_back_on():
+    policy = SpecPolicy(K, warm=3, probe_every=20)
+    assert feed(policy, 4, 60, plain_s=1e-3, spec_s=1.5e-3, gain=2.5)[-20:].count(K) >= 19
+    # the text changes: drafts stop matching (1.1 tokens a verify step < 1.5 plain steps' time)
+    assert feed(policy, 4, 80, plain_s=1e-3, spec_s=1.5e-3, gain=1.1)[-20:].count(0) >= 19
+    # and matches again: the verify steps it still tries now and then measure it, and it wins
+    assert feed(policy, 4, 120, plain_s=1e-3, spec_s=1.5e-3, gain=2.8)[-20:].count(K) >= 19
+
+
+def test_always_mode_and_no_drafts_decide_nothing():
+    always = SpecPolicy(K, SpecMode.ALWAYS)
+    assert set(feed(always, 64, 50, plain_s=1e-3, spec_s=9e-3, gain=1.0)) == {K}
+    off = SpecPolicy(0)
+    assert set(feed(off, 1, 10, plain_s=1e-3, spec_s=1e-3, gain=1.0)) == {0}
+    assert off.table() == []
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError):
+        SpecPolicy(-1)
+    with pytest.raises(ValueError):
+        SpecPolicy(2, alpha=0.0)
+
+
+def test_one_slow_step_does_not_decide():
+    """The first verify step at a batch size may include a warm-up (a new shape traced): the
+    median of recent steps ignores it."""
+    policy = SpecPolicy(K, warm=3, probe_every=50)
+    policy.observe(1, K, 1.0, 1, 3)  # a one-off: a second
+    assert feed(policy, 1, 100, plain_s=1e-3, spec_s=1.2e-3, gain=2.5)[-20:].count(K) >= 19

@@ -1,0 +1,157 @@
+"""When to speculate: per decode step, from the batch size and what speculation has measured.
+
+Speculation pays when a verify step (every row carrying ``k`` drafts) yields more tokens per second
+than a plain step: ``L / t_spec(b) > 1 / t_plain(b)``, where ``L`` is the tokens a row gains per
+verify step (its accepted drafts + 1) and ``t(b)`` a step's duration at batch size ``b``. At batch 1
+a step is bound by reading the weights, so ``k + 1`` positions cost about as much as one and any
+acceptance gains; at a large batch the step is bound by arithmetic and a verify step costs up to
+``k + 1`` plain ones, so the drafts must nearly all be accepted. Where the line falls depends on
+the model, the GPU and the text, so it is measured rather than configured.
+
+:class:`SpecPolicy` keeps, per batch bucket (powers of two), the median of each kind of step's
+recent durations, and one moving average of ``L`` (acceptance does not depend on the batch). Each
+bucket first tries both kinds (``warm`` steps each), then takes the faster per token and, every
+``probe_every`` of its steps, runs the other kind once so that its figure follows the load and the
+text. Greedy speculation is lossless, so the choice changes speed only, never the tokens.
+
+Torch-free, I/O-free and clock-free: the engine core feeds it each decode step's measured duration.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import statistics
+from dataclasses import dataclass, field
+
+
+class SpecMode(enum.Enum):
+    """``llm.spec_policy``: ``adaptive`` decides per step (this module); ``always`` speculates on
+    every decode step that can (the behaviour before the policy existed)."""
+
+    ADAPTIVE = "adaptive"
+    ALWAYS = "always"
+
+
+@dataclass(slots=True)
+class _Mean:
+    """A moving average that starts at its first sample."""
+
+    value: float = 0.0
+    n: int = 0
+
+    def add(self, x: float, alpha: float) -> None:
+        self.value = x if self.n == 0 else self.value + alpha * (x - self.value)
+        self.n += 1
+
+
+class _Recent:
+    """The median of the last ``size`` samples: one slow step (a first run of a new shape, the
+    machine busy for a moment) does not move it."""
+
+    __slots__ = ("samples", "n")
+
+    def __init__(self, size: int = 15) -> None:
+        self.samples: collections.deque[float] = collections.deque(maxlen=size)
+        self.n = 0
+
+    def add(self, x: float) -> None:
+        self.samples.append(x)
+        self.n += 1
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.samples) if self.samples else 0.0
+
+
+@dataclass(slots=True)
+class _Bucket:
+    plain: _Recent = field(default_factory=_Recent)  # seconds per plain decode step
+    spec: _Recent = field(default_factory=_Recent)  # seconds per verify step
+    since_other: int = 0  # steps at this bucket since the kind that lost last ran
+
+
+def bucket_of(batch: int) -> int:
+    """The power of two at or above ``batch`` (>= 1)."""
+    return 1 << max(batch - 1, 0).bit_length()
+
+
+@dataclass(slots=True)
+class SpecDecision:
+    """What the policy did at one bucket, for metrics and the bench's table."""
+
+    bucket: int
+    plain_ms: float
+    spec_ms: float
+    speculate: bool
+
+
+class SpecPolicy:
+    """Decides the drafts per row (``k`` or 0) of each decode step. :meth:`drafts` is pure (the
+    scheduler may ask twice for one step); :meth:`observe` takes each decode step's outcome."""
+
+    def __init__(self, k: int, mode: SpecMode = SpecMode.ADAPTIVE, warm: int = 3,
+                 probe_every: int = 50, alpha: float = 0.1) -> None:
+        """``warm``: steps of each kind a bucket measures before choosing; ``probe_every``: steps
+        of the winning kind between two of the other; ``alpha``: the acceptance average's weight
+        of one verify step."""
+        if k < 0 or warm < 1 or probe_every < 2 or not 0.0 < alpha <= 1.0:
+            raise ValueError("SpecPolicy: k >= 0, warm >= 1, probe_every >= 2, 0 < alpha <= 1")
+        self.k = k
+        self.mode = mode
+        self.warm = warm
+        self.probe_every = probe_every
+        self.alpha = alpha
+        self.gain = _Mean()  # tokens a row gains per verify step (accepted drafts + 1)
+        self.buckets: dict[int, _Bucket] = {}
+        self.spec_steps = 0
+        self.plain_steps = 0
+
+    def drafts(self, batch: int) -> int:
+        """Drafts per row for a decode step of ``batch`` rows: ``k`` or 0."""
+        if self.k == 0 or self.mode is SpecMode.ALWAYS:
+            return self.k
+        b = self.buckets.get(bucket_of(batch))
+        if b is None or b.spec.n < self.warm:
+            return self.k
+        if b.plain.n < self.warm:
+            return 0
+        best = self._speculate(b)
+        if b.since_other >= self.probe_every:
+            best = not best  # refresh the other kind's figure
+        return self.k if best else 0
+
+    def observe(self, batch: int, drafts: int, seconds: float, rows: int, emitted: int) -> None:
+        """A decode step of ``batch`` rows planned with ``drafts`` per row took ``seconds`` and its
+        ``rows`` live rows gained ``emitted`` tokens in all."""
+        if self.k == 0 or seconds <= 0.0:
+            return
+        key = bucket_of(batch)
+        b = self.buckets.get(key)
+        if b is None:
+            b = self.buckets[key] = _Bucket()
+        warmed = b.spec.n >= self.warm and b.plain.n >= self.warm
+        winner = self._speculate(b) if warmed else None
+        if drafts:
+            self.spec_steps += 1
+            b.spec.add(seconds)
+            if rows:
+                self.gain.add(emitted / rows, self.alpha)
+        else:
+            self.plain_steps += 1
+            b.plain.add(seconds)
+        if winner is not None and winner != bool(drafts):
+            b.since_other = 0  # the probe ran
+        else:
+            b.since_other += 1
+
+    def _speculate(self, b: _Bucket) -> bool:
+        """Whether a verify step yields more tokens per second than a plain one at ``b``."""
+        return max(self.gain.value, 1.0) * b.plain.value >= b.spec.value
+
+    def table(self) -> list[SpecDecision]:
+        """Per bucket seen: both step times (ms, 0 where not measured) and the current choice."""
+        return [SpecDecision(key, b.plain.value * 1e3, b.spec.value * 1e3,
+                             self._speculate(b) if b.spec.n >= self.warm and b.plain.n >= self.warm
+                             else self.drafts(key) > 0)
+                for key, b in sorted(self.buckets.items())]
