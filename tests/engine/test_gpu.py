@@ -188,6 +188,36 @@ def test_overlapped_verify_steps_with_accepted_drafts_equal_greedy_fp32(prompts,
         step.close()
 
 
+def test_speculating_on_some_steps_only_with_overlap_equals_greedy_fp32(prompts, tmp_path):
+    """The speculation policy turns drafts on and off between decode steps; a step launched ahead
+    keeps its predecessor's width, so a change of mind waits for the next step that is not
+    launched ahead. With heads that get accepted, graphed and overlapped, tokens stay greedy."""
+    from safetensors.torch import save_file
+
+    from voicert.engine.spec_policy import SpecPolicy
+
+    class Flipping(SpecPolicy):
+        def drafts(self, batch):
+            return 0 if (self.spec_steps + self.plain_steps) // 4 % 2 else self.k
+
+    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    hid = cfg.hidden_size
+    path = tmp_path / "repeat-heads.safetensors"
+    save_file({f"proj.{i}.{p}": torch.zeros((hid, hid) if p == "weight" else (hid,))
+               for i in range(2) for p in ("weight", "bias")}, str(path),
+              metadata={"vocab_size": str(cfg.vocab_size)})
+    plain, flip = make(model, True, overlap=False), make(model, True, spec=2, heads=str(path))
+    flip.core.scheduler.policy = policy = Flipping(2)
+    try:
+        assert run_engine(flip, prompts, new=60) == run_engine(plain, prompts, new=60)
+        assert policy.spec_steps > 0 and policy.plain_steps > 0
+        assert flip.core.scheduler.spec.accepted > 0 and flip.core.ahead_steps > 0
+    finally:
+        plain.close()
+        flip.close()
+
+
 def test_guided_rows_in_graph_steps_equal_eager_fp32():
     """Tool calls decoded under their grammars beside plain rows: the graphed steps (the refused
     rows picked again from the graph's kept LM-head output) give the eager path's tokens, and

@@ -39,6 +39,7 @@ class Level:
     """One concurrency level's figures for one engine, over the measured rounds."""
 
     tpots: list[float] = field(default_factory=list)  # per stream, ms
+    done: list[float] = field(default_factory=list)  # per stream: submit -> last token, ms
     tokens: int = 0
     wall_s: float = 0.0
     replies: list[list[int]] = field(default_factory=list)  # the last round's, by stream
@@ -46,10 +47,11 @@ class Level:
     plain_steps: int = 0
 
 
-async def run_streams(engine: LLMEngine, prompts: list[list[int]], new: int,
-                      ignore_eos: bool) -> tuple[list[list[int]], list[float], float]:
-    """All prompts at once: (each reply's tokens, each stream's TPOT in ms, wall seconds)."""
-    async def one(i: int, prompt: list[int]) -> tuple[list[int], float | None]:
+async def run_streams(engine: LLMEngine, prompts: list[list[int]], new: int, ignore_eos: bool
+                      ) -> tuple[list[list[int]], list[float], list[float], float]:
+    """All prompts at once: (each reply's tokens, each stream's TPOT in ms, each reply's time
+    from submit to its last token in ms, wall seconds)."""
+    async def one(i: int, prompt: list[int]) -> tuple[list[int], float | None, float]:
         req = GenerationRequest(f"s{i}-{time.perf_counter_ns()}", [], new,
                                 ignore_eos=ignore_eos, prompt_ids=prompt)
         ids, times = [], []
@@ -58,12 +60,13 @@ async def run_streams(engine: LLMEngine, prompts: list[list[int]], new: int,
                 times.append(time.perf_counter_ns())
                 ids.append(ev.token_id)
         tpot = (times[-1] - times[0]) / 1e6 / (len(times) - 1) if len(times) > 1 else None
-        return ids, tpot
+        return ids, tpot, (times[-1] - req.submit_ns) / 1e6 if times else 0.0
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
-    return [r for r, _ in results], [t for _, t in results if t is not None], wall
+    return ([r for r, _, _ in results], [t for _, t, _ in results if t is not None],
+            [d for _, _, d in results], wall)
 
 
 def steps_of(engine: LLMEngine) -> tuple[int, int]:
@@ -83,9 +86,10 @@ async def measure(engines: dict[str, LLMEngine], prompts: list[list[int]], new: 
         for mode in order:
             eng, lv = engines[mode], levels[mode]
             v0, p0 = steps_of(eng)
-            replies, tpots, wall = await run_streams(eng, prompts, new, ignore_eos)
+            replies, tpots, done, wall = await run_streams(eng, prompts, new, ignore_eos)
             v1, p1 = steps_of(eng)
             lv.tpots += tpots
+            lv.done += done
             lv.tokens += sum(len(x) for x in replies)
             lv.wall_s += wall
             lv.replies = replies
@@ -120,6 +124,12 @@ def render(label: str, args: argparse.Namespace, results: dict[int, dict[str, Le
                 for m in ("always", "adaptive")]
         lines.append(f"| {n} | {pt} | {at} | {dt} | {ps} | {as_} | {ds} | {share:.0%} | "
                      f"{same[0]}/{n} / {same[1]}/{n} |")
+    lines += ["", "Reply done (submit -> last token), P50 / P95:", "",
+              "| streams | plain | always | adaptive |", "|---:|---:|---:|---:|"]
+    for n, lv in results.items():
+        lines.append(f"| {n} | " + " | ".join(
+            f"{np.percentile(lv[m].done, 50):.0f} / {np.percentile(lv[m].done, 95):.0f} ms"
+            for m in MODES) + " |")
     lines += ["", "The adaptive engine's measured step times at the end (per batch bucket):", "",
               "| batch bucket | plain step | verify step | speculates |", "|---:|---:|---:|---|"]
     lines += [f"| {row.bucket} | {row.plain_ms:.2f} ms | {row.spec_ms:.2f} ms | "

@@ -55,10 +55,12 @@ class To8k:
     first, each chunk on its own. (soxr's stream resampler holds input back in ~100 ms blocks,
     so the newest input would be missing from the block compared.)"""
 
-    def __init__(self, rate: int) -> None:
+    def __init__(self, rate: int, phase: int = 0) -> None:
+        """``phase`` 1 keeps the other half of the samples: the same audio half an 8 kHz sample
+        (62.5 us) later."""
         self.rate = rate
         self.history = np.zeros(LOWPASS.size - 1, np.float32)  # the filter's last inputs
-        self.phase = 0  # 0: the next filtered sample is kept; 1: skipped
+        self.phase = phase  # 0: the next filtered sample is kept; 1: skipped
         self.last = 0.0  # the previous output's last sample, for the pre-emphasis
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -84,20 +86,30 @@ class To8k:
         return out
 
 
-def ncc_curve(block: np.ndarray, reference: np.ndarray) -> np.ndarray:
+def ncc_curve(block: np.ndarray, reference: np.ndarray, ref_spectrum: np.ndarray | None = None,
+              n: int = 0) -> np.ndarray:
     """Normalised cross-correlation of ``block`` [B] against each B-long stretch of ``reference``
-    [R] (R >= B), by where the stretch starts: [R - B + 1] (empty when it cannot be measured)."""
+    [R] (R >= B), by where the stretch starts: [R - B + 1] (empty when it cannot be measured).
+    ``ref_spectrum``: ``rfft(reference, n)`` when the caller has it already (several blocks
+    against one reference), with its ``n`` (>= R + B)."""
     b, r = block.size, reference.size
     if b == 0 or r < b:
         return np.zeros(0)
     norm_b = float(np.sqrt(np.dot(block, block)))
     if norm_b == 0.0:
         return np.zeros(0)
-    n = 1 << int(np.ceil(np.log2(r + b)))
-    corr = np.fft.irfft(np.fft.rfft(reference, n) * np.conj(np.fft.rfft(block, n)), n)[:r - b + 1]
+    if ref_spectrum is None:
+        n = fft_size(r, b)
+        ref_spectrum = np.fft.rfft(reference, n)
+    corr = np.fft.irfft(ref_spectrum * np.conj(np.fft.rfft(block, n)), n)[:r - b + 1]
     energy = np.cumsum(np.concatenate(([0.0], reference.astype(np.float64) ** 2)))  # [R + 1]
     stretch = np.sqrt(np.maximum(energy[b:] - energy[:-b], 1e-12))  # [R - B + 1]
     return corr / (stretch * norm_b)
+
+
+def fft_size(r: int, b: int) -> int:
+    """The FFT length that correlates a block of ``b`` against ``r`` samples without wrapping."""
+    return 1 << int(np.ceil(np.log2(r + b)))
 
 
 def max_ncc(block: np.ndarray, reference: np.ndarray) -> float:
@@ -131,7 +143,11 @@ class EchoGuard:
         self.speech_prob = speech_prob  # windows below this are silence anyway: not measured
         self.timeline = np.zeros(0, np.float32)  # reply audio by playback time, 8 kHz
         self.t0_ns = 0  # the playback time of timeline[0]
-        self.inp = np.zeros(0, np.float32)  # [<= block] the latest input, 8 kHz
+        # [<= block] the latest input at 8 kHz, twice: from the even and from the odd samples at
+        # 16 kHz. An echo's delay is any number of 16 kHz samples; against the reference's own
+        # 8 kHz grid one of the two is aligned, the other half a sample off (which costs
+        # pre-emphasised speech, mostly high frequencies, a third of its correlation)
+        self.inp = (np.zeros(0, np.float32), np.zeros(0, np.float32))
         self.min_run = 96 * RATE // 1000  # shorter speech is not judged (nor can it start a turn)
         self.held: list[np.ndarray] = []  # probabilities of a run of speech not yet judged
         self.run = 0  # 8 kHz samples of that run so far
@@ -139,7 +155,7 @@ class EchoGuard:
         self.low = 0  # chunks in a row, within a run judged an echo, that did not look like one
         self.score = 0.0  # the last correlation measured
         self.lag_ms = -1  # and how far back in what had played its best match lay
-        self._in8k = To8k(IN_RATE)
+        self._in8k = (To8k(IN_RATE), To8k(IN_RATE, phase=1))
         self._ref8k: To8k | None = None
 
     def _index(self, t_ns: int) -> int:
@@ -152,13 +168,13 @@ class EchoGuard:
             self._ref8k = To8k(rate)
         x = self._ref8k(audio)
         start = self._index(now_ns)
-        log.debug("echo: %d ms of reply audio sent at %d ms, plays from %d ms", x.size // 8,
-                  _ms(now_ns), _ms(self.t0_ns) + max(start, self.timeline.size) // 8)
         if start > self.timeline.size:  # nothing was playing: it plays now, after a silence
             if start - self.timeline.size > self.memory:  # long since: start afresh
                 self.timeline, self.t0_ns, start = np.zeros(0, np.float32), now_ns, 0
             gap = np.zeros(start - self.timeline.size, np.float32)
             self.timeline = np.concatenate((self.timeline, gap))
+        log.debug("echo: %d ms of reply audio sent at %d ms, plays from %d ms", x.size // 8,
+                  _ms(now_ns), _ms(self.t0_ns + self.timeline.size * 1_000_000_000 // RATE))
         self.timeline = np.concatenate((self.timeline, x))
         keep = self._index(now_ns) - self.memory  # what played long enough ago can go
         if keep > 0:
@@ -175,8 +191,9 @@ class EchoGuard:
         zeroed: the first windows of an echo are mostly the silence before it and cannot be
         judged alone. So the caller sees the same windows, in order, at most ``block_ms``
         later."""
-        x8 = self._in8k(x16)
-        self.inp = np.concatenate((self.inp, x8))[-self.block:]
+        x8, odd = (to8k(x16) for to8k in self._in8k)
+        self.inp = (np.concatenate((self.inp[0], x8))[-self.block:],
+                    np.concatenate((self.inp[1], odd))[-self.block:])
         if self.held:
             self.run += x8.size  # a run being held goes on until a window says otherwise
         if not probs.size:  # no window completed: nothing to decide
@@ -197,7 +214,8 @@ class EchoGuard:
         self.held.append(probs)
         if voiced and self.run < self.block:
             return np.zeros(0, probs.dtype)  # not enough of it to judge yet
-        span = self.inp[-min(max(self.run, 1), self.block):]
+        size = min(max(self.run, 1), self.block)
+        span = (self.inp[0][-size:], self.inp[1][-size:])
         echo = self.run >= self.min_run and self._is_echo(span, played)
         log.debug("echo: at %d ms, run of %d ms judged %s (correlation %.2f at %d ms back, %d ms "
                   "played)", _ms(now_ns), self.run // 8, "an echo" if echo else "the caller", self.score,
@@ -219,13 +237,21 @@ class EchoGuard:
             return None
         return np.concatenate((played, np.zeros(self.block // 2, np.float32)))
 
-    def _is_echo(self, span: np.ndarray, played: np.ndarray) -> bool:
-        if played.size < span.size:  # playing began within the span: silence before it
-            played = np.concatenate((np.zeros(span.size - played.size, np.float32), played))
-        curve = ncc_curve(span, played)
-        self.score = float(np.max(curve)) if curve.size else 0.0
-        # how long before the block's end the stretch it matches ended playing (for the log)
-        self.lag_ms = (played.size - int(np.argmax(curve)) - span.size) // 8 if curve.size else -1
+    def _is_echo(self, span: tuple[np.ndarray, np.ndarray], played: np.ndarray) -> bool:
+        """Whether either decimation of the input ``span`` correlates with what ``played`` at or
+        above the threshold."""
+        size = span[0].size
+        if played.size < size:  # playing began within the span: silence before it
+            played = np.concatenate((np.zeros(size - played.size, np.float32), played))
+        n = fft_size(played.size, size)
+        spectrum = np.fft.rfft(played, n)
+        self.score, self.lag_ms = 0.0, -1
+        for block in span:
+            curve = ncc_curve(block[-size:], played, spectrum, n)
+            if curve.size and float(np.max(curve)) > self.score:
+                self.score = float(np.max(curve))
+                # how long before the block's end its match ended playing (for the log)
+                self.lag_ms = (played.size - int(np.argmax(curve)) - size) // 8
         return self.score >= self.threshold
 
     def _still_echo(self, echo_now: bool, now_ns: int) -> bool:
