@@ -26,8 +26,13 @@ def test_the_table_gives_ratios_against_plain_the_verify_share_and_identical_rep
 
 
 @pytest.mark.parametrize("argv", [["--drafter", "heads", "--model", "llama-1b-random"],
-                                  ["--streams", "1,x"], ["--k", "0"], ["--model", "nope"]])
+                                  ["--streams", "1,x"], ["--k", "0"]])
 def test_bad_options_are_a_usage_error_before_any_model_loads(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)
     assert exc.value.code == 2 and "error" in capsys.readouterr().err
+
+
+def test_a_model_that_cannot_be_found_is_a_message_not_a_traceback(tmp_path, capsys):
+    assert main(["--model", str(tmp_path / "none.gguf"), "--device", "cpu"]) == 2
+    assert capsys.readouterr().err.startswith("bench.spec: ")

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from voicert.bench.engine import SHAPES, _NullTokenizer, voice_prompt_ids
+from voicert.config import ConfigError
 from voicert.engine.base import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
@@ -174,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.spec", description=__doc__.split(
         "\n\n")[0])
     ap.add_argument("--model", default="embedded",
-                    help=f"embedded (SmolLM2, real weights) or a random shape: {', '.join(SHAPES)}")
+                    help="embedded (SmolLM2, real weights), a .gguf or HF directory, or a random "
+                         f"shape: {', '.join(SHAPES)}")
     ap.add_argument("--drafter", choices=("heads", "ngram"), default="heads",
                     help="heads: the draft heads shipped for the embedded SmolLM2")
     ap.add_argument("--k", type=int, default=2, help="drafts per verify step")
@@ -191,14 +193,16 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--streams {args.streams!r}: a comma-separated list of integers")
     if args.k < 1 or args.rounds < 1 or args.streams[0] < 1:
         ap.error("--k, --rounds and every --streams level must be >= 1")
-    if args.drafter == "heads" and args.model != "embedded":
+    if args.drafter == "heads" and args.model in SHAPES:
         ap.error("--drafter heads: the shipped heads fit the embedded SmolLM2 only")
-    if args.model not in SHAPES and args.model != "embedded":
-        ap.error(f"--model {args.model!r}: embedded or one of {', '.join(SHAPES)}")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     if args.kv_gb == 0.0 and not args.device.startswith("cuda"):
         args.kv_gb = 0.25
-    label, engines, prompts, ignore_eos = build(args)
+    try:
+        label, engines, prompts, ignore_eos = build(args)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"bench.spec: {exc}", file=sys.stderr)
+        return 2
     try:
         results = {}
         for n in args.streams:
