@@ -10,9 +10,10 @@ the model, the GPU and the text, so it is measured rather than configured.
 
 :class:`SpecPolicy` keeps, per batch bucket (powers of two), the median of each kind of step's
 recent durations, and one moving average of ``L`` (acceptance does not depend on the batch). Each
-bucket first tries both kinds (``warm`` steps each), then takes the faster per token and, every
-``probe_every`` of its steps, runs the other kind once so that its figure follows the load and the
-text. Greedy speculation is lossless, so the choice changes speed only, never the tokens.
+bucket first tries both kinds (``warm`` timed steps each), then takes the faster per token and,
+every ``probe_every`` of its steps, runs the other kind for ``probe_len`` steps so that its figure
+follows the load and the text. Greedy speculation is lossless, so the choice changes speed only,
+never the tokens.
 
 Torch-free, I/O-free and clock-free: the engine core feeds it each decode step's measured duration.
 """
@@ -69,6 +70,8 @@ class _Bucket:
     plain: _Recent = field(default_factory=_Recent)  # seconds per plain decode step
     spec: _Recent = field(default_factory=_Recent)  # seconds per verify step
     since_other: int = 0  # steps at this bucket since the kind that lost last ran
+    probing: int = 0  # steps of the losing kind still to run in the probe under way
+    winner: bool | None = None  # the kind that won when last decided (True: verify steps)
 
 
 def bucket_of(batch: int) -> int:
@@ -91,17 +94,26 @@ class SpecPolicy:
     scheduler may ask twice for one step); :meth:`observe` takes each decode step's outcome."""
 
     def __init__(self, k: int, mode: SpecMode = SpecMode.ADAPTIVE, warm: int = 3,
-                 probe_every: int = 50, alpha: float = 0.1) -> None:
-        """``warm``: steps of each kind a bucket measures before choosing; ``probe_every``: steps
-        of the winning kind between two of the other; ``alpha``: the acceptance average's weight
-        of one verify step."""
-        if k < 0 or warm < 1 or probe_every < 2 or not 0.0 < alpha <= 1.0:
-            raise ValueError("SpecPolicy: k >= 0, warm >= 1, probe_every >= 2, 0 < alpha <= 1")
+                 probe_every: int = 100, probe_len: int = 4, alpha: float = 0.1) -> None:
+        """``warm``: timed steps of each kind a bucket measures before choosing;
+        ``probe_every``: steps of the winning kind between two runs of the other; ``probe_len``:
+        steps in such a run; ``alpha``: the acceptance average's weight of one verify step.
+
+        A step is timed only when the step before it was of the same kind and bucket: a change
+        of kind costs the first step of the new kind its overlap with the one before (a step
+        launched ahead keeps its predecessor's width), which is the cost of switching, not of
+        the kind."""
+        if (k < 0 or warm < 1 or probe_every < 2 or probe_len < 2
+                or not 0.0 < alpha <= 1.0):
+            raise ValueError("SpecPolicy: k >= 0, warm >= 1, probe_every >= 2, probe_len >= 2, "
+                             "0 < alpha <= 1")
         self.k = k
         self.mode = mode
         self.warm = warm
         self.probe_every = probe_every
+        self.probe_len = probe_len
         self.alpha = alpha
+        self._last: tuple[int, bool] | None = None  # the last step's bucket and kind
         self.gain = _Mean()  # tokens a row gains per verify step (accepted drafts + 1)
         self.buckets: dict[int, _Bucket] = {}
         self.spec_steps = 0
@@ -117,7 +129,7 @@ class SpecPolicy:
         if b.plain.n < self.warm:
             return 0
         best = self._speculate(b)
-        if b.since_other >= self.probe_every:
+        if b.probing > 0 or b.since_other >= self.probe_every:
             best = not best  # refresh the other kind's figure
         return self.k if best else 0
 
@@ -130,18 +142,28 @@ class SpecPolicy:
         b = self.buckets.get(key)
         if b is None:
             b = self.buckets[key] = _Bucket()
+        kind = bool(drafts)
+        steady = self._last == (key, kind)  # not the first of its kind after a switch
+        self._last = (key, kind)
         warmed = b.spec.n >= self.warm and b.plain.n >= self.warm
         winner = self._speculate(b) if warmed else None
-        if drafts:
+        if kind:
             self.spec_steps += 1
-            b.spec.add(seconds)
+            if steady:
+                b.spec.add(seconds)
             if rows:
                 self.gain.add(emitted / rows, self.alpha)
         else:
             self.plain_steps += 1
-            b.plain.add(seconds)
-        if winner is not None and winner != bool(drafts):
-            b.since_other = 0  # the probe ran
+            if steady:
+                b.plain.add(seconds)
+        if winner is None:
+            return
+        if winner != b.winner:  # a new winner: any probe of it is over
+            b.winner, b.probing, b.since_other = winner, 0, 0
+        if kind != winner:  # a step of a probe: the first starts the run
+            b.probing = (b.probing or self.probe_len) - 1
+            b.since_other = 0
         else:
             b.since_other += 1
 
