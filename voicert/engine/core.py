@@ -140,6 +140,7 @@ class EngineCore:
         log.info("engine: %s on %s/%s, %d KV blocks of %d, loaded in %.1f s", model_dir, cfg.device,
                  cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
         self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
+        self._read_ns = 0  # when the last step's tokens were read
         self.ahead_steps = 0  # decode steps launched before the previous step's tokens were read
         self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
         self.guided_steps = 0  # steps with a grammar-guided row, and the host time their masks took
@@ -265,9 +266,12 @@ class EngineCore:
         Returns the step's records: tokens in order, each finished request's final one."""
         now = time.perf_counter_ns()
         out: list[TokenOut] = []
+        began = now  # when this step's work began: here, or for a step launched ahead, when the
+        # step before it was read (the GPU ran it meanwhile)
         if self._ahead is not None:
             (step, pending), self._ahead = self._ahead, None
             self.scheduler.bind_ahead(step)
+            began = self._read_ns
         else:
             step, failed = self.scheduler.schedule()
             for seq in failed:
@@ -299,7 +303,8 @@ class EngineCore:
             self.guide_ns += time.perf_counter_ns() - t0
             self.guided_steps += 1
         sampled_ns = time.perf_counter_ns()
-        self.scheduler.observe(step, (sampled_ns - now) / 1e9)
+        self.scheduler.observe(step, (sampled_ns - began) / 1e9)  # a step's share of the pipeline
+        self._read_ns = sampled_ns
         kind = "verify" if step.kind == "decode" and step.drafts else step.kind
         self.step_records.append(StepRecord(kind, len(step.chunks) + len(step.seqs),
                                             (sampled_ns - now) / 1e9))
