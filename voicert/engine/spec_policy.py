@@ -8,8 +8,8 @@ acceptance gains; at a large batch the step is bound by arithmetic and a verify 
 ``k + 1`` plain ones, so the drafts must nearly all be accepted. Where the line falls depends on
 the model, the GPU and the text, so it is measured rather than configured.
 
-:class:`SpecPolicy` keeps, per batch bucket (powers of two), the median of each kind of step's
-recent durations, and one moving average of ``L`` (acceptance does not depend on the batch). Each
+:class:`SpecPolicy` keeps, per batch bucket (powers of two), a low quantile of each kind of
+step's recent durations, and one moving average of ``L`` (acceptance does not depend on the batch). Each
 bucket first tries both kinds (``warm`` timed steps each), then takes the faster per token and,
 every ``probe_every`` of its steps, runs the other kind for ``probe_len`` steps so that its figure
 follows the load and the text. Greedy speculation is lossless, so the choice changes speed only,
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import collections
 import enum
-import statistics
 from dataclasses import dataclass, field
 
 
@@ -47,12 +46,14 @@ class _Mean:
 
 
 class _Recent:
-    """The median of the last ``size`` samples: one slow step (a first run of a new shape, the
-    machine busy for a moment) does not move it."""
+    """A low quantile (the 25th percentile) of the last ``size`` samples: a step's own cost when
+    nothing slowed it. Interference only ever adds time (a first replay of a new shape, another
+    thread on the host, a busy moment), so the low end is where a kind's cost shows, and one
+    good probe outweighs a warm-up's slow steps."""
 
     __slots__ = ("samples", "n")
 
-    def __init__(self, size: int = 15) -> None:
+    def __init__(self, size: int = 12) -> None:
         self.samples: collections.deque[float] = collections.deque(maxlen=size)
         self.n = 0
 
@@ -62,7 +63,10 @@ class _Recent:
 
     @property
     def value(self) -> float:
-        return statistics.median(self.samples) if self.samples else 0.0
+        if not self.samples:
+            return 0.0
+        ordered = sorted(self.samples)
+        return ordered[(len(ordered) - 1) // 4]
 
 
 @dataclass(slots=True)
