@@ -24,6 +24,19 @@ def feed(policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: flo
     return chosen
 
 
+def feed_late(policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: float,
+              gain: float) -> list[int]:
+    """As :func:`feed`, but each step runs what the policy said one step earlier: on the GPU a
+    decode step is launched ahead, before the step in flight has been observed."""
+    chosen, planned = [], policy.drafts(batch)
+    for _ in range(steps):
+        k, planned = planned, policy.drafts(batch)
+        chosen.append(k)
+        policy.observe(batch, k, spec_s if k else plain_s, batch,
+                       round(gain * batch) if k else batch)
+    return chosen
+
+
 def test_batches_share_a_power_of_two_bucket():
     assert [bucket_of(b) for b in (1, 2, 3, 4, 5, 33, 64)] == [1, 2, 4, 4, 8, 64, 64]
 
@@ -100,3 +113,13 @@ def test_a_slow_warm_up_is_outweighed_by_the_next_probe():
     first = feed(policy, 4, 20, plain_s=1e-3, spec_s=1.1e-3, gain=2.0)
     later = feed(policy, 4, 40, plain_s=1e-3, spec_s=1.1e-3, gain=2.0)
     assert first.count(0) > 15 and later[-20:].count(K) >= 16
+
+
+@pytest.mark.parametrize("spec_s, winner", [(1.05e-3, K), (2.5e-3, 0)])
+def test_steps_planned_a_step_late_neither_start_probes_nor_lock_the_choice(spec_s, winner):
+    """A step launched ahead runs the decision of the step before: after a probe the first step
+    is still the probe's kind. It must not count as a new probe (it once did, and with the GPU's
+    overlap a bucket where verify steps won ran plain steps only)."""
+    policy = SpecPolicy(K, warm=3, probe_every=100, probe_len=4)
+    chosen = feed_late(policy, 1, 400, plain_s=1e-3, spec_s=spec_s, gain=1.6)
+    assert chosen[20:].count(winner) > 0.9 * 380

@@ -165,11 +165,14 @@ class SpecPolicy:
             return
         if winner != b.winner:  # a new winner: any probe of it is over
             b.winner, b.probing, b.since_other = winner, 0, 0
-        if kind != winner:  # a step of a probe: the first starts the run
-            b.probing = (b.probing or self.probe_len) - 1
-            b.since_other = 0
-        else:
+        if kind == winner:
             b.since_other += 1
+        elif b.probing > 0:  # a probe's step
+            b.probing -= 1
+        elif b.since_other >= self.probe_every:  # a probe's first step
+            b.probing, b.since_other = self.probe_len - 1, 0
+        # else: a step planned before the decision changed (launched ahead with its
+        # predecessor's width): neither a probe nor the winner's
 
     def _speculate(self, b: _Bucket) -> bool:
         """Whether a verify step yields more tokens per second than a plain one at ``b``."""
