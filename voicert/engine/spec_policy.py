@@ -11,8 +11,8 @@ the model, the GPU and the text, so it is measured rather than configured.
 :class:`SpecPolicy` keeps, per batch bucket (powers of two), a low quantile of each kind of
 step's recent durations, and one moving average of ``L`` (acceptance does not depend on the batch). Each
 bucket first tries both kinds (``warm`` timed steps each), then takes the faster per token and,
-every ``probe_every`` of its steps, runs the other kind for ``probe_len`` steps so that its figure
-follows the load and the text. Greedy speculation is lossless, so the choice changes speed only,
+every ``probe_every`` of its steps (four times as many where the other kind is far behind), runs
+the other kind for ``probe_len`` steps so that its figure follows the load and the text. Greedy speculation is lossless, so the choice changes speed only,
 never the tokens.
 
 Torch-free, I/O-free and clock-free: the engine core feeds it each decode step's measured duration.
@@ -133,7 +133,7 @@ class SpecPolicy:
         if b.plain.n < self.warm:
             return 0
         best = self._speculate(b)
-        if b.probing > 0 or b.since_other >= self.probe_every:
+        if b.probing > 0 or b.since_other >= self._interval(b):
             best = not best  # refresh the other kind's figure
         return self.k if best else 0
 
@@ -169,10 +169,19 @@ class SpecPolicy:
             b.since_other += 1
         elif b.probing > 0:  # a probe's step
             b.probing -= 1
-        elif b.since_other >= self.probe_every:  # a probe's first step
+        elif b.since_other >= self._interval(b):  # a probe's first step
             b.probing, b.since_other = self.probe_len - 1, 0
         # else: a step planned before the decision changed (launched ahead with its
         # predecessor's width): neither a probe nor the winner's
+
+    def _interval(self, b: _Bucket) -> int:
+        """Steps of the winner between probes: ``probe_every``, four times that where the loser
+        yields under two thirds of the winner's tokens per second (a probe costs more, and
+        the figures would have to move far to change the choice)."""
+        spec_rate = max(self.gain.value, 1.0) / max(b.spec.value, 1e-12)
+        plain_rate = 1.0 / max(b.plain.value, 1e-12)
+        ratio = max(spec_rate, plain_rate) / max(min(spec_rate, plain_rate), 1e-12)
+        return self.probe_every * (4 if ratio > 1.5 else 1)
 
     def _speculate(self, b: _Bucket) -> bool:
         """Whether a verify step yields more tokens per second than a plain one at ``b``."""
