@@ -221,7 +221,8 @@ class LlmConfig:
     # that batch size (engine/spec_policy.py); always: on every decode step
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     draft_heads: str = ""  # draft heads on the target's hidden state ("embedded": shipped for the
-    # embedded SmolLM2; or a .safetensors file); used when spec_tokens > 0
+    # embedded SmolLM2; "auto": those where they fit the model, else n-gram drafts; or a
+    # .safetensors file); used when spec_tokens > 0
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster; replies differ from fp32 and
     # depend on what shares a step: batching and prefix caching are not exact under it)
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale

@@ -38,3 +38,24 @@ def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
     with pytest.raises(ValueError, match="alternatives"):
         LLMEngine("", EngineConfig(num_blocks=64, spec_tokens=2, draft_heads="embedded",
                                    draft_model="x"), model=model, tokenizer=tok)
+
+
+def test_auto_heads_are_the_embedded_ones_where_they_fit_and_n_grams_elsewhere():
+    from voicert.bench.engine import SHAPES, _NullTokenizer
+    from voicert.engine.llm_engine import EngineConfig, LLMEngine
+    from voicert.engine.models.llama import LlamaConfig, random_llama
+
+    fits = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+                                                 num_hidden_layers=2)), torch.float32, "cpu")
+    other = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+                                                  num_hidden_layers=2, hidden_size=128,
+                                                  num_attention_heads=2, num_key_value_heads=1)),
+                         torch.float32, "cpu")
+    for model, has_heads in ((fits, True), (other, False)):
+        eng = LLMEngine("", EngineConfig(num_blocks=64, spec_tokens=2, draft_heads="auto"),
+                        model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
+        try:
+            assert (eng.core.heads is not None) is has_heads
+            assert eng.core.scheduler.cfg.head_drafts is has_heads
+        finally:
+            eng.close()

@@ -53,7 +53,8 @@ class EngineConfig:
     draft_model: str = ""  # HF dir / .gguf / embedded of a draft model with the same tokenizer;
     # empty: drafts come from n-gram prompt lookup (or draft heads)
     draft_heads: str = ""  # draft heads (a .safetensors file, or "embedded": the ones shipped for
-    # the embedded SmolLM2); with spec_tokens > 0 they propose the drafts
+    # the embedded SmolLM2; "auto": those where they fit the model, else n-gram drafts); with
+    # spec_tokens > 0 they propose the drafts
     max_context_tokens: int = 2048
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     fp8: bool = False  # FP8 (e4m3) layer weights, per-channel scales (engine/fp8.py): half the
@@ -208,10 +209,18 @@ class EngineCore:
             return None
         if self.cfg.draft_model:
             raise ValueError("draft_model and draft_heads are alternatives: set one")
-        path = EMBEDDED_HEADS if self.cfg.draft_heads == "embedded" else self.cfg.draft_heads
+        auto = self.cfg.draft_heads == "auto"
+        path = EMBEDDED_HEADS if auto or self.cfg.draft_heads == "embedded" else self.cfg.draft_heads
         mcfg = self.model.cfg
-        heads = load_heads(path, mcfg.hidden_size, mcfg.vocab_size, DTYPES[self.cfg.dtype],
-                           self.cfg.device)
+        try:
+            heads = load_heads(path, mcfg.hidden_size, mcfg.vocab_size, DTYPES[self.cfg.dtype],
+                               self.cfg.device)
+        except ValueError as exc:
+            if not auto:
+                raise
+            log.info("engine: the embedded draft heads do not fit this model (%s); drafts come "
+                     "from n-gram prompt lookup", exc)
+            return None
         if self.cfg.spec_tokens > heads.num_heads:
             raise ValueError(f"spec_tokens ({self.cfg.spec_tokens}) is more than the "
                              f"{heads.num_heads} draft heads in {path}")
