@@ -33,6 +33,23 @@ def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="alwa
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
+def smollm2_shape() -> LlamaConfig:
+    return LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+
+
+def repeat_heads(cfg: LlamaConfig, tmp_path) -> str:
+    """Heads that guess 'the same token again' (zero layers: the LM head sees the target's own
+    state): right whenever a random model repeats itself, so drafts get accepted."""
+    from safetensors.torch import save_file
+
+    hid = cfg.hidden_size
+    path = tmp_path / "repeat-heads.safetensors"
+    save_file({f"proj.{i}.{p}": torch.zeros((hid, hid) if p == "weight" else (hid,))
+               for i in range(2) for p in ("weight", "bias")}, str(path),
+              metadata={"vocab_size": str(cfg.vocab_size)})
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def prompts():
     g = torch.Generator().manual_seed(1)
@@ -164,18 +181,11 @@ def test_overlapped_verify_steps_with_accepted_drafts_equal_greedy_fp32(prompts,
     """Heads that guess 'the same token again' (zero layers: the LM head sees the target's own
     state) are right whenever the random model repeats itself, so drafts get accepted and verify
     steps fed on the GPU must shift their positions and slots by the accepted count."""
-    from safetensors.torch import save_file
-
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
-    model = random_llama(cfg, torch.float32, "cuda")
-    hid = cfg.hidden_size
-    path = tmp_path / "repeat-heads.safetensors"
-    save_file({f"proj.{i}.{p}": torch.zeros((hid, hid) if p == "weight" else (hid,))
-               for i in range(2) for p in ("weight", "bias")}, str(path),
-              metadata={"vocab_size": str(cfg.vocab_size)})
+    model = random_llama(smollm2_shape(), torch.float32, "cuda")
+    path = repeat_heads(model.cfg, tmp_path)
     plain = make(model, True, overlap=False)
-    over, step = make(model, True, spec=2, heads=str(path)), make(model, True, spec=2,
-                                                                  heads=str(path), overlap=False)
+    over, step = make(model, True, spec=2, heads=path), make(model, True, spec=2,
+                                                                  heads=path, overlap=False)
     try:
         want = run_engine(plain, prompts, new=60)
         assert run_engine(over, prompts, new=60) == want
@@ -192,22 +202,15 @@ def test_speculating_on_some_steps_only_with_overlap_equals_greedy_fp32(prompts,
     """The speculation policy turns drafts on and off between decode steps; a step launched ahead
     keeps its predecessor's width, so a change of mind waits for the next step that is not
     launched ahead. With heads that get accepted, graphed and overlapped, tokens stay greedy."""
-    from safetensors.torch import save_file
-
     from voicert.engine.spec_policy import SpecPolicy
 
     class Flipping(SpecPolicy):
         def drafts(self, batch):
             return 0 if (self.spec_steps + self.plain_steps) // 4 % 2 else self.k
 
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
-    model = random_llama(cfg, torch.float32, "cuda")
-    hid = cfg.hidden_size
-    path = tmp_path / "repeat-heads.safetensors"
-    save_file({f"proj.{i}.{p}": torch.zeros((hid, hid) if p == "weight" else (hid,))
-               for i in range(2) for p in ("weight", "bias")}, str(path),
-              metadata={"vocab_size": str(cfg.vocab_size)})
-    plain, flip = make(model, True, overlap=False), make(model, True, spec=2, heads=str(path))
+    model = random_llama(smollm2_shape(), torch.float32, "cuda")
+    path = repeat_heads(model.cfg, tmp_path)
+    plain, flip = make(model, True, overlap=False), make(model, True, spec=2, heads=path)
     flip.core.scheduler.policy = policy = Flipping(2)
     try:
         assert run_engine(flip, prompts, new=60) == run_engine(plain, prompts, new=60)
