@@ -122,14 +122,28 @@ async def test_batched_equals_one_at_a_time(engines):
     assert together == alone
 
 
+class Flipping(SpecPolicy):
+    """Speculates on two decode steps of three, whatever the timings (a policy that changes its
+    mind as often as it can)."""
+
+    def drafts(self, batch: int) -> int:
+        return 0 if (self.spec_steps + self.plain_steps) % 3 == 2 else self.k
+
+
 async def test_ngram_speculation_equals_greedy_with_batching(engines):
+    """Drafts on two decode steps of three (the policy may switch them per step): greedy tokens."""
     plain, spec = engines
     texts = PROMPTS[4:7] + ["Confirm back to me: my name is Anna Smith and my number is 555 0199."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("g", texts, 64))]
-    before = spec.core.scheduler.spec.accepted
-    fast = [tokens_of(ev) for ev in await generate(spec, reqs("s", texts, 64))]
+    before, always = spec.core.scheduler.spec.accepted, spec.core.scheduler.policy
+    spec.core.scheduler.policy = policy = Flipping(4)
+    try:
+        fast = [tokens_of(ev) for ev in await generate(spec, reqs("s", texts, 64))]
+    finally:
+        spec.core.scheduler.policy = always
     assert fast == greedy
     assert spec.core.scheduler.spec.accepted > before  # it did speculate, and kept some drafts
+    assert policy.spec_steps > 0 and policy.plain_steps > 0
 
 
 async def test_stream_events_are_ordered_and_text_matches(engines):
@@ -189,7 +203,8 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
 
 
 async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, parts, engines):
-    """The shipped draft heads propose; the target's greedy tokens come out, several at a time."""
+    """The shipped draft heads propose on two decode steps of three (the policy may switch them
+    per step); the target's greedy tokens come out, several at a time."""
     from voicert.engine.heads import EMBEDDED_HEADS
 
     assert EMBEDDED_HEADS.is_file()
@@ -197,43 +212,15 @@ async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, pa
     plain, _ = engines
     texts = PROMPTS[:3] + ["Repeat my address back to me: 42 Baker Street, London."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("hg", texts, 48))]
-    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2, spec_policy="always",
+    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2,
                                             draft_heads="embedded"), model=model, tokenizer=tok)
+    eng.core.scheduler.policy = policy = Flipping(2)  # drafts on some steps, off on others
     try:
         out = [tokens_of(ev) for ev in await generate(eng, reqs("hs", texts, 48))]
         spec = eng.core.scheduler.spec
         assert out == greedy
-        assert spec.proposed > 0 and spec.mean_accepted_length > 1.2  # they do guess right
-    finally:
-        eng.close()
-
-
-class Flipping(SpecPolicy):
-    """Speculates on two decode steps of three, whatever the timings (a policy that changes its
-    mind as often as it can)."""
-
-    def drafts(self, batch: int) -> int:
-        return 0 if (self.spec_steps + self.plain_steps) % 3 == 2 else self.k
-
-
-@pytest.mark.parametrize("drafter", ["heads", "ngram"])
-async def test_speculating_on_some_steps_and_not_others_keeps_greedy_tokens(model_dir, parts,
-                                                                          engines, drafter):
-    """The speculation policy may turn drafts on and off from one decode step to the next (per
-    batch size, engine/spec_policy.py); the tokens stay the target's greedy ones, batched."""
-    model, tok = parts
-    plain, _ = engines
-    texts = PROMPTS[:3] + ["Repeat my address back to me: 42 Baker Street, London."]
-    greedy = [tokens_of(ev) for ev in await generate(plain, reqs(f"fg{drafter}", texts, 40))]
-    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2,
-                                            draft_heads="embedded" if drafter == "heads" else ""),
-                    model=model, tokenizer=tok)
-    eng.core.scheduler.policy = policy = Flipping(2)
-    try:
-        out = [tokens_of(ev) for ev in await generate(eng, reqs(f"fs{drafter}", texts, 40))]
-        assert out == greedy
         assert policy.spec_steps > 0 and policy.plain_steps > 0
-        assert eng.core.scheduler.spec.accepted > 0
+        assert spec.accepted > 0.2 * spec.proposed / 2  # they do guess right: > 0.2 drafts a verify row
     finally:
         eng.close()
 

@@ -31,7 +31,7 @@ IN_RATE = 16000  # the session's input rate (the VAD's)
 RATE = 8000  # where correlation is measured
 WINDOW = 512  # input samples per VAD window (speech/vad.py FRAME)
 SLACK = RATE // 5  # 200 ms: reply audio counted as playing early (clients' clocks are not ours)
-RELEASE = 4  # chunks of input (~80 ms) in a row unlike the reply that end an echo
+ADOPT = 4  # chunks of input (~80 ms) in a row that change a run's verdict
 
 
 EMPHASIS = 0.97  # pre-emphasis: flattens speech's spectrum, so that two unrelated voices'
@@ -152,7 +152,7 @@ class EchoGuard:
         self.held: list[np.ndarray] = []  # probabilities of a run of speech not yet judged
         self.run = 0  # 8 kHz samples of that run so far
         self.verdict: bool | None = None  # the judgement of the run in progress, once made
-        self.low = 0  # chunks in a row, within a run judged an echo, that did not look like one
+        self.low = 0  # chunks in a row, within a run, that disagreed with its verdict
         self.score = 0.0  # the last correlation measured
         self.lag_ms = -1  # and how far back in what had played its best match lay
         self._in8k = (To8k(IN_RATE), To8k(IN_RATE, phase=1))
@@ -255,11 +255,15 @@ class EchoGuard:
         return self.score >= self.threshold
 
     def _still_echo(self, echo_now: bool, now_ns: int) -> bool:
-        """Within a run: an echo stays one until ``RELEASE`` chunks in a row are not (a dip of
-        the correlation in mid-echo is not the caller); anything else becomes one at once."""
-        self.low = 0 if echo_now else self.low + 1
-        if self.verdict and self.low < RELEASE:
-            return True
+        """Within a run the verdict changes only after ``ADOPT`` chunks in a row say otherwise:
+        an echo stays one through a dip of its correlation (a quiet or noisy stretch), and the
+        caller stays the caller through a block of their speech that happens to resemble some
+        stretch of the reply (unrelated speech reaches the threshold in a few blocks in a
+        hundred)."""
+        self.low = 0 if echo_now == self.verdict else self.low + 1
+        if self.low < ADOPT:
+            return bool(self.verdict)
+        self.low = 0
         if echo_now != self.verdict:
             log.debug("echo: at %d ms, within a run, now %s (correlation %.2f at %d ms back)",
                       _ms(now_ns), "an echo" if echo_now else "the caller", self.score,
