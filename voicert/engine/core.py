@@ -210,7 +210,8 @@ class EngineCore:
         if self.cfg.draft_model:
             raise ValueError("draft_model and draft_heads are alternatives: set one")
         auto = self.cfg.draft_heads == "auto"
-        path = EMBEDDED_HEADS if auto or self.cfg.draft_heads == "embedded" else self.cfg.draft_heads
+        embedded = auto or self.cfg.draft_heads == "embedded"
+        path = EMBEDDED_HEADS if embedded else self.cfg.draft_heads
         mcfg = self.model.cfg
         try:
             heads = load_heads(path, mcfg.hidden_size, mcfg.vocab_size, DTYPES[self.cfg.dtype],

@@ -254,10 +254,10 @@ class Scheduler:
         the step itself; n-gram and draft-model drafts need the tokens first) and the policy
         wants the same for the next step (the step ahead has ``step``'s width); every running
         sequence in ``step``; none waiting; none close enough to its length limit that the next
-        step would carry fewer drafts. Grows each sequence's blocks by the slots the step may write (the
-        most drafts accepted); None (and nothing changed) otherwise. Call :meth:`bind_ahead`
-        once ``step`` is postprocessed. A sequence that stops or is cancelled meanwhile has its
-        row ignored by :meth:`postprocess`."""
+        step would carry fewer drafts. Grows each sequence's blocks by the slots the step may
+        write (the most drafts accepted); None (and nothing changed) otherwise. Call
+        :meth:`bind_ahead` once ``step`` is postprocessed. A sequence that stops or is cancelled
+        meanwhile has its row ignored by :meth:`postprocess`."""
         k = step.drafts
         if step.kind != "decode" or self.waiting or (k and not self.cfg.head_drafts) or step.guided:
             return None  # (a guided row's token may be replaced after the step: fed would be wrong)

@@ -9,11 +9,11 @@ acceptance gains; at a large batch the step is bound by arithmetic and a verify 
 the model, the GPU and the text, so it is measured rather than configured.
 
 :class:`SpecPolicy` keeps, per batch bucket (powers of two), a low quantile of each kind of
-step's recent durations, and one moving average of ``L`` (acceptance does not depend on the batch). Each
-bucket first tries both kinds (``warm`` timed steps each), then takes the faster per token and,
-every ``probe_every`` of its steps (four times as many where the other kind is far behind), runs
-the other kind for ``probe_len`` steps so that its figure follows the load and the text. Greedy speculation is lossless, so the choice changes speed only,
-never the tokens.
+step's recent durations, and one moving average of ``L`` (acceptance does not depend on the
+batch). Each bucket first tries both kinds (``warm`` timed steps each), then takes the faster per
+token and, every ``probe_every`` of its steps (four times as many where the other kind is far
+behind), runs the other kind for ``probe_len`` steps so that its figure follows the load and the
+text. Greedy speculation is lossless, so the choice changes speed only, never the tokens.
 
 Torch-free, I/O-free and clock-free: the engine core feeds it each decode step's measured duration.
 """

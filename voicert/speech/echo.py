@@ -86,37 +86,34 @@ class To8k:
         return out
 
 
-def ncc_curve(block: np.ndarray, reference: np.ndarray, ref_spectrum: np.ndarray | None = None,
-              n: int = 0) -> np.ndarray:
-    """Normalised cross-correlation of ``block`` [B] against each B-long stretch of ``reference``
-    [R] (R >= B), by where the stretch starts: [R - B + 1] (empty when it cannot be measured).
-    ``ref_spectrum``: ``rfft(reference, n)`` when the caller has it already (several blocks
-    against one reference), with its ``n`` (>= R + B)."""
-    b, r = block.size, reference.size
+def ncc_curves(blocks: list[np.ndarray], reference: np.ndarray) -> list[np.ndarray]:
+    """Normalised cross-correlation of each block [B] (all of one size) against each B-long
+    stretch of ``reference`` [R] (R >= B), by where the stretch starts: [R - B + 1] each (empty
+    when it cannot be measured). The reference's spectrum and stretch energies are computed once
+    for all the blocks."""
+    b, r = blocks[0].size, reference.size
     if b == 0 or r < b:
-        return np.zeros(0)
-    norm_b = float(np.sqrt(np.dot(block, block)))
-    if norm_b == 0.0:
-        return np.zeros(0)
-    if ref_spectrum is None:
-        n = fft_size(r, b)
-        ref_spectrum = np.fft.rfft(reference, n)
-    corr = np.fft.irfft(ref_spectrum * np.conj(np.fft.rfft(block, n)), n)[:r - b + 1]
+        return [np.zeros(0) for _ in blocks]
+    n = 1 << int(np.ceil(np.log2(r + b)))  # no wrap-around
+    ref_spectrum = np.fft.rfft(reference, n)
     energy = np.cumsum(np.concatenate(([0.0], reference.astype(np.float64) ** 2)))  # [R + 1]
     stretch = np.sqrt(np.maximum(energy[b:] - energy[:-b], 1e-12))  # [R - B + 1]
-    return corr / (stretch * norm_b)
-
-
-def fft_size(r: int, b: int) -> int:
-    """The FFT length that correlates a block of ``b`` against ``r`` samples without wrapping."""
-    return 1 << int(np.ceil(np.log2(r + b)))
+    curves = []
+    for block in blocks:
+        norm_b = float(np.sqrt(np.dot(block, block)))
+        if norm_b == 0.0:
+            curves.append(np.zeros(0))
+            continue
+        corr = np.fft.irfft(ref_spectrum * np.conj(np.fft.rfft(block, n)), n)[:r - b + 1]
+        curves.append(corr / (stretch * norm_b))
+    return curves
 
 
 def max_ncc(block: np.ndarray, reference: np.ndarray) -> float:
     """Largest normalised cross-correlation of ``block`` [B] against every B-long stretch of
     ``reference`` [R] (R >= B): 1.0 when some stretch is ``block`` scaled, ~0 for unrelated
     signals."""
-    curve = ncc_curve(block, reference)
+    curve = ncc_curves([block], reference)[0]
     return float(np.max(curve)) if curve.size else 0.0
 
 
@@ -218,8 +215,8 @@ class EchoGuard:
         span = (self.inp[0][-size:], self.inp[1][-size:])
         echo = self.run >= self.min_run and self._is_echo(span, played)
         log.debug("echo: at %d ms, run of %d ms judged %s (correlation %.2f at %d ms back, %d ms "
-                  "played)", _ms(now_ns), self.run // 8, "an echo" if echo else "the caller", self.score,
-                  self.lag_ms, played.size // 8)
+                  "played)", _ms(now_ns), self.run // 8, "an echo" if echo else "the caller",
+                  self.score, self.lag_ms, played.size // 8)
         held = np.concatenate(self.held)
         self.held, self.run, self.low = [], 0, 0
         if voiced:
@@ -243,15 +240,13 @@ class EchoGuard:
         size = span[0].size
         if played.size < size:  # playing began within the span: silence before it
             played = np.concatenate((np.zeros(size - played.size, np.float32), played))
-        n = fft_size(played.size, size)
-        spectrum = np.fft.rfft(played, n)
         self.score, self.lag_ms = 0.0, -1
-        for block in span:
-            curve = ncc_curve(block[-size:], played, spectrum, n)
-            if curve.size and float(np.max(curve)) > self.score:
-                self.score = float(np.max(curve))
+        for curve in ncc_curves(list(span), played):
+            best = int(np.argmax(curve)) if curve.size else -1
+            if best >= 0 and float(curve[best]) > self.score:
+                self.score = float(curve[best])
                 # how long before the block's end its match ended playing (for the log)
-                self.lag_ms = (played.size - int(np.argmax(curve)) - size) // 8
+                self.lag_ms = (played.size - best - size) // 8
         return self.score >= self.threshold
 
     def _still_echo(self, echo_now: bool, now_ns: int) -> bool:
