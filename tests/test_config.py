@@ -32,6 +32,7 @@ def test_env_names_map_to_dotted_keys():
     ({"llm.device": "tpu"}, "llm.device"),
     ({"llm.prefill_graph_rows": "0"}, "llm.prefill_graph_rows"),
     ({"llm.fp8": "true"}, "llm.fp8: is a GPU option"),
+    ({"llm.spec_policy": "sometimes"}, "llm.spec_policy: must be adaptive or always"),
     ({"server.gc_freeze": "maybe"}, "server.gc_freeze"),
     ({"turn.detector": "vibes"}, "turn.detector"),
     ({"turn.pause_ms": "1700", "turn.max_silence_ms": "1600"}, "turn.max_silence_ms"),
