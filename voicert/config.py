@@ -313,6 +313,8 @@ class TtsConfig:
     device: str = "cpu"  # Piper: cuda runs it on onnxruntime's CUDA provider where installed
     rate_wpm: int = 175
     pitch: int = 50  # eSpeak NG pitch, 0-99
+    variation: float = 1.0  # Piper: scales the voice's own noise (its noise_scale and noise_w): 1
+    # as trained, a new rendition each time; 0: the same audio for the same text every time
     first_clause_chars: int = 24  # the first piece of a reply may end at a comma after this many
     first_piece_words: int = 6  # the first piece may end after this many words when no break
     # came (0: off): Piper makes a piece's audio in one pass, so a short first piece speaks sooner
@@ -331,6 +333,8 @@ class TtsConfig:
         _check(self.device in ("cpu", "cuda"), "tts.device", "must be cpu or cuda")
         _check(80 <= self.rate_wpm <= 450, "tts.rate_wpm", "must be in [80, 450]")
         _check(0 <= self.pitch <= 99, "tts.pitch", "must be in [0, 99]")
+        _check(0.0 <= self.variation <= 2.0, "tts.variation",
+               "must be in [0, 2] (1: the voice as trained, 0: no noise)")
         _check(self.first_clause_chars >= 1, "tts.first_clause_chars", "must be >= 1")
         _check(self.first_piece_words >= 0, "tts.first_piece_words", "must be >= 0 (0: off)")
         _check(1 <= self.workers <= 64, "tts.workers", "must be in [1, 64]")

