@@ -64,6 +64,7 @@ class EngineConfig:
     # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
     own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
     fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
+    prefill_attention: str = "auto"  # with fused_kernels: sdpa | flash | auto (engine/flash.py)
     torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
     overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
     # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
@@ -116,6 +117,7 @@ class EngineCore:
             self._quantize_fp8()
         if cfg.fused_kernels:
             self.model.use_kernels = self._kernels_usable()
+            self.model.prefill_attention = self._prefill_attention()
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
         self.prompts = PromptBuilder(self.tokenizer)
@@ -184,6 +186,22 @@ class EngineCore:
             log.warning("fused kernels off: %s", exc)
             return False
         return True
+
+    def _prefill_attention(self) -> str:
+        """``sdpa`` or ``flash`` for the fused path's prefill steps (engine/flash.py). ``flash``
+        where it cannot run is an error naming the key; ``auto`` falls back to sdpa, said once."""
+        from voicert.engine import flash
+
+        choice = self.cfg.prefill_attention
+        if choice == "sdpa" or not self.model.use_kernels:
+            return "sdpa"
+        why = flash.unavailable(self.cfg.device, self.model.embed.weight.dtype)
+        if why is None:
+            return "flash"
+        if choice == "flash":
+            raise ValueError(f"llm.prefill_attention flash: {why}")
+        log.info("prefill attention by gather + SDPA: FlashAttention-4 not used (%s)", why)
+        return "sdpa"
 
     def _drafter(self, draft: LlamaModel | None, num_blocks: int) -> DraftModelProposer | None:
         """The draft model, when speculation uses one (loaded by config or handed in)."""

@@ -140,6 +140,7 @@ def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
         max_context_tokens=llm.max_context_tokens, int8=llm.int8, fp8=llm.fp8,
         cuda_graphs=llm.cuda_graphs and cuda, prefill_graph_rows=llm.prefill_graph_rows,
         own_stream=llm.own_stream and cuda, fused_kernels=llm.fused_kernels and cuda,
+        prefill_attention=llm.prefill_attention,
         overlap=llm.overlap, torchscript=llm.torchscript and llm.device == "cpu",
         models_cache=models_cache)
 

@@ -76,6 +76,28 @@ class AttnInputs:
     block_tables: torch.Tensor
 
 
+def causal_mask(positions: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive causal mask [B, 1, Q, L] over each row's gathered keys 0..L-1 (L = ``span``, the
+    block table's width in tokens): query q of row b sees keys 0..positions[b, q]. In ``dtype``."""
+    keys = torch.arange(span, device=positions.device)  # [L]
+    allowed = (keys.view(1, 1, -1) <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, Q, L]
+    zero = torch.zeros((), dtype=dtype, device=keys.device)
+    return zero.masked_fill(~allowed, float("-inf"))
+
+
+class SdpaRows:
+    """Attention for query rows too many for the paged decode kernel (prefill steps): each row's
+    blocks gathered, then SDPA under one causal mask built once per forward."""
+
+    def __init__(self, inp: AttnInputs, block_size: int, dtype: torch.dtype) -> None:
+        self.mask = causal_mask(inp.positions, inp.block_tables.shape[1] * block_size, dtype)
+
+    def __call__(self, layer: "Attention", q: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
+                 v_pool: torch.Tensor) -> torch.Tensor:
+        """q [B, Q, H, D] (rotated) -> [B, Q, H * D]."""
+        return layer.attend(q, inp, self.mask, k_pool, v_pool)
+
+
 class Attention(nn.Module):
     """Fused q/k/v projection, optional per-head q/k norms (``norm``: the architecture's RMSNorm),
     RoPE, the paged KV write, then :meth:`attend` (an architecture may override it)."""
@@ -108,23 +130,24 @@ class Attention(nn.Module):
         return self.o(self.attend(q, inp, mask, k_pool, v_pool))
 
     def attend_fused(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                     inp: AttnInputs, mask: torch.Tensor | None, k_pool: torch.Tensor,
+                     inp: AttnInputs, wide: Callable | None, k_pool: torch.Tensor,
                      v_pool: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         """The attention between the two projections through the Triton kernels: qkv [B, Q,
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
-        in one launch, then attention straight from the paged pool (``mask`` None: the caller
-        found the query rows fit the decode kernel) or gathered + SDPA under ``mask``."""
+        in one launch, then attention straight from the paged pool (``wide`` None: the caller
+        found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
+        engine/flash.py's ``FlashRows``), built once per forward."""
         from voicert.engine import kernels
 
         b, q_len, _ = qkv.shape
         h, kvh, d = self.h, self.kvh, self.d
         kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
                               k_pool, v_pool, h, kvh)
-        if mask is None:
+        if wide is None:
             return kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables, inp.positions,
                                            h, kvh, count)
         q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
-        return self.attend(q, inp, mask, k_pool, v_pool)
+        return wide(self, q, inp, k_pool, v_pool)
 
     def attend(self, q: torch.Tensor, inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
                v_pool: torch.Tensor) -> torch.Tensor:

@@ -15,7 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from voicert.engine.models.layers import AttnInputs, Block, RMSNorm, load_hf, rope_cos_sin
+from voicert.engine.flash import FlashRows
+from voicert.engine.models.layers import (AttnInputs, Block, RMSNorm, SdpaRows, causal_mask,
+                                          load_hf, rope_cos_sin)
 
 ROPE_TABLE_MAX = 1 << 17  # positions the fused kernels' RoPE tables hold at most
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -101,6 +103,7 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         # run the layers through voicert.engine.kernels (Triton; the engine sets it on CUDA)
         self.use_kernels = False
+        self.prefill_attention = "sdpa"  # with the kernels: sdpa | flash (engine/flash.py)
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counters: torch.Tensor | None = None
 
@@ -124,11 +127,8 @@ class LlamaModel(nn.Module):
     def _mask(self, inp: AttnInputs, block_size: int) -> torch.Tensor:
         """Additive causal mask [B, 1, Q, L] over each row's gathered keys (L = MB * BS), in the
         model's dtype, built once per forward instead of in every layer."""
-        span = inp.block_tables.shape[1] * block_size
-        keys = torch.arange(span, device=inp.positions.device)  # [L]
-        allowed = (keys.view(1, 1, -1) <= inp.positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, Q, L]
-        zero = torch.zeros((), dtype=self.embed.weight.dtype, device=keys.device)
-        return zero.masked_fill(~allowed, float("-inf"))
+        return causal_mask(inp.positions, inp.block_tables.shape[1] * block_size,
+                           self.embed.weight.dtype)
 
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [P, D/2] of every position's angles in the model's dtype, for the fused
@@ -157,20 +157,23 @@ class LlamaModel(nn.Module):
                        v_pool: torch.Tensor) -> torch.Tensor:
         """The layer stack through the Triton kernels: each residual add rides in the next
         RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added).
-        A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and the
-        mask is built only when the query rows are too many for the paged attention kernel."""
+        A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and
+        the prefill attention's inputs (SDPA's mask, or FlashAttention's row lengths) are built
+        only when the query rows are too many for the paged attention kernel."""
         from voicert.engine import kernels
 
         cfg = self.cfg
         rope, count = self.rope_tables(), self.kernel_counters()
-        wide = kernels.attn_rows(input_ids.shape[1], cfg.num_heads,
-                                 cfg.num_kv_heads) > kernels.MAX_ATTN_ROWS
-        mask = self._mask(inp, k_pool.shape[2]) if wide else None
+        wide = None  # query rows too many for the paged kernel: prefill attention, per forward
+        if kernels.attn_rows(input_ids.shape[1], cfg.num_heads,
+                             cfg.num_kv_heads) > kernels.MAX_ATTN_ROWS:
+            wide = (FlashRows(inp) if self.prefill_attention == "flash"
+                    else SdpaRows(inp, k_pool.shape[2], self.embed.weight.dtype))
         eps = cfg.rms_norm_eps
         out, residual = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
             x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
-            a = layer.attn.attend_fused(layer.attn.qkv(x), rope, inp, mask, k_pool[i], v_pool[i],
+            a = layer.attn.attend_fused(layer.attn.qkv(x), rope, inp, wide, k_pool[i], v_pool[i],
                                         count)
             x, residual = kernels.add_rms_norm(layer.attn.o(a), residual, layer.mlp_norm.weight,
                                                eps)
