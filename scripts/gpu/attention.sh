@@ -15,13 +15,14 @@ export PYTHONPATH="$PYTHONPATH:/root/site/nvidia_cutlass_dsl/dsl_packages"
 nvidia-smi -L > "$OUT/device.txt"
 python3 -c "import flash_attn.cute as f; print('flash-attn-4 imports')" > "$OUT/import.log" 2>&1
 what=${2:-all}
-if [ "$what" = bench ] || [ "$what" = all ]; then
-  for shape in llama-1b llama-8b smollm2; do
-    python3 -m voicert.bench.attention --shape "$shape" > "$OUT/attention-$shape.md" 2> "$OUT/attention-$shape.log"
-  done
-fi
-if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider -s tests/engine/test_flash.py tests/engine/test_gpu.py \
-    > "$OUT/tests.log" 2>&1
-fi
+bench() { timeout 240 python3 -m voicert.bench.attention --shape "$1" --replays 50 \
+            > "$OUT/attention-$1.md" 2> "$OUT/attention-$1.log"; }
+flash_tests() { timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/engine/test_flash.py \
+                  > "$OUT/tests-flash.log" 2>&1; }
+case "$what" in
+  all) bench llama-1b; flash_tests; bench llama-8b; bench smollm2 ;;
+  bench) bench llama-1b; bench llama-8b; bench smollm2 ;;
+  tests) flash_tests; timeout 500 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py \
+           > "$OUT/tests-gpu.log" 2>&1 ;;
+esac
 echo "rc=$?"
