@@ -76,13 +76,16 @@ def test_flash_rows_replayed_from_a_graph_follow_new_rows():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         out = flash.FlashRows(static)(attn, q, static, k, v)
-    q2, inp2, _, _ = rows([12, 64], [300, 5], 64, g)
-    q.copy_(q2)
-    static.positions.copy_(inp2.positions)
+    moved = torch.zeros_like(static.positions)  # new rows within the same blocks (208 a row)
+    moved[0, :12] = 150 + torch.arange(12, device="cuda")
+    moved[1, :] = 100 + torch.arange(64, device="cuda")
+    static.positions.copy_(moved)
+    q.copy_(torch.randn(q.shape, generator=g).to(q))
     graph.replay()
-    want = SdpaRows(inp2, BLOCK, torch.bfloat16)(attn, q2, inp2, k, v)
+    want = SdpaRows(static, BLOCK, torch.bfloat16)(attn, q, static, k, v)
     for b, n in enumerate([12, 64]):
         torch.testing.assert_close(out[b, :n].float(), want[b, :n].float(), atol=2e-2, rtol=2e-2)
+        assert not out[b, n:].any()
 
 
 @needs_flash
