@@ -37,6 +37,36 @@ def transformers_next_tokens(ref_model, prompt: list[int], ours: list[int]) -> l
     return logits.argmax(-1).tolist()
 
 
+def transformers_guided_picks(simple, request, ours: list[int]) -> list[int | None]:
+    """What the transformers engine (``simple``: a voicert.engine.simple.SimpleEngine) picks after
+    each prefix of ``ours`` under the request's grammar masks, from one forward over prompt +
+    ours: its decode loop (greedy, then the guide's masked pick, then the guide advanced by the
+    token kept), teacher-forced. len(ours) + 1 picks; the last is None where the grammar had
+    finished after ours. ``ours`` is what the transformers engine gives exactly when the first
+    len(ours) picks equal it and the last ends the reply (None, a stop token, or the budget
+    reached), as with :func:`transformers_next_tokens`."""
+    import torch
+
+    from voicert.engine.tools import offered
+
+    guide = simple.guides.for_request(request)
+    prompt = simple.prompts.build(request.messages,
+                                  simple.cfg.max_context_tokens - request.max_new_tokens,
+                                  offered(request.tools, request.tool_choice))
+    with torch.inference_mode():
+        logits = simple.model(input_ids=torch.tensor([prompt + ours])).logits[0, len(prompt) - 1:]
+    picks: list[int | None] = []
+    for i, row in enumerate(logits):  # row: [V], the choice after ours[:i]
+        if guide is not None and guide.finished:
+            picks.append(None)
+            break
+        token = int(row.argmax())
+        picks.append(guide.pick(token, row) if guide is not None else token)
+        if i < len(ours) and guide is not None:
+            guide.advance(ours[i])
+    return picks
+
+
 def wav(name: str):
     """(samples [N] float32, rate) of a test WAV."""
     return read_wav(DATA / f"{name}.wav")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from voicert.config import cache_dir, load_config
-from tests.conftest import transformers_next_tokens
+from tests.conftest import transformers_guided_picks, transformers_next_tokens
 from voicert.engine.base import ChatMessage, GenerationRequest
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
@@ -263,7 +263,8 @@ async def _collect(stream):
 async def test_guided_tool_calls_equal_transformers_with_and_without_speculation(model_dir,
                                                                                   engines):
     """A tool call decoded under its schema's masks: the fast engine (plain, and with speculation,
-    which guided rows skip) gives exactly the transformers engine's tokens under the same masks."""
+    which guided rows skip) gives exactly the transformers engine's tokens under the same masks
+    (checked teacher-forced, one forward a reply, and token at a time on the start of one)."""
     from voicert.config import LlmConfig
     from voicert.engine.simple import SimpleEngine
     from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
@@ -284,17 +285,28 @@ async def test_guided_tool_calls_equal_transformers_with_and_without_speculation
                                   tools=(hours, book), tool_choice=c)
                 for i, (a, c) in enumerate(zip(asks, choices))]
 
+    async def tokens_of(engine, request):
+        return [e.token_id for e in await _collect(engine.submit(request))
+                if e.finish_reason is None]
+
     async def tokens(engine, tag):
-        got = await asyncio.gather(*[_collect(engine.submit(r)) for r in requests(tag)])
-        return [[e.token_id for e in events if e.finish_reason is None] for events in got]
+        return list(await asyncio.gather(*[tokens_of(engine, r) for r in requests(tag)]))
 
     plain, spec = engines
+    ref = await tokens(plain, "plain")
     ref_engine = SimpleEngine(model_dir, LlmConfig(engine="simple"))
     try:
-        ref = await tokens(ref_engine, "ref")
+        for request, ours in zip(requests("ref"), ref):
+            picks = transformers_guided_picks(ref_engine, request, ours)
+            assert picks[:-1] == ours, (request.request_id, picks, ours)
+            assert picks[-1] is None or picks[-1] in ref_engine.stop_ids \
+                or len(ours) == request.max_new_tokens  # and the reply ends where it ended
+        # the transformers engine's own token-at-a-time loop, on the start of one call
+        start = requests("simple")[1]
+        start.max_new_tokens = 12
+        assert (await tokens_of(ref_engine, start)) == ref[1][:12]
     finally:
         ref_engine.close()
-    assert await tokens(plain, "plain") == ref
     assert await tokens(spec, "spec") == ref
     tok = plain.core.tokenizer
     assert tok.decode(ref[0]).startswith("<tool_call>\n{\"name\": ")
