@@ -46,19 +46,21 @@ TEXTS = [
 ]
 
 
-def next_tokens(model, ids: list[int], block_size: int = 16) -> list[int]:
-    """The model's greedy next token after each position of ``ids`` (teacher-forced: one prefill
-    of the whole text through the engine's own runner)."""
-    blocks = -(-len(ids) // block_size) + 1
-    runner = ModelRunner(model, blocks + 1, block_size)
-    return runner.run_rows([Row(ids, 0, list(range(1, blocks + 1)), 0)])[0]
+def next_tokens(model, texts: list[list[int]], block_size: int = 16) -> list[list[int]]:
+    """The model's greedy next token after each position of each text (teacher-forced: one
+    prefill of all the texts as rows of one step, through the engine's own runner)."""
+    rows, first = [], 1
+    for ids in texts:
+        blocks = -(-len(ids) // block_size)
+        rows.append(Row(ids, 0, list(range(first, first + blocks)), 0))
+        first += blocks
+    return ModelRunner(model, first, block_size).run_rows(rows)
 
 
 def top1_agreement(ref, quant, texts: list[list[int]]) -> tuple[int, int]:
     """(positions where both models pick the same next token, positions) over ``texts``."""
     same = total = 0
-    for ids in texts:
-        a, b = next_tokens(ref, ids), next_tokens(quant, ids)
+    for a, b in zip(next_tokens(ref, texts), next_tokens(quant, texts)):
         same += sum(x == y for x, y in zip(a, b))
         total += len(a)
     return same, total
