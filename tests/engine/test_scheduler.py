@@ -293,3 +293,27 @@ def test_overlapped_steps_with_head_drafts_keep_greedy_tokens():
     assert run_overlapped(sched, heads=True) > 0
     assert a.tokens[6:] == reference(6, 30) and b.tokens[9:] == reference(9, 25, first=300)
     assert sched.spec.accepted > 0 and bm.available == 255
+
+
+def test_decode_steps_between_a_newcomers_prefill_chunks_carry_no_drafts():
+    from voicert.engine.spec_policy import SpecPolicy
+
+    sched = Scheduler(BlockManager(256, 4), SchedulerConfig(prefill_token_budget=16, spec_tokens=2),
+                      {STOP}, policy=SpecPolicy(2))
+    short = seq("short", 5, max_new=30)
+    sched.add(short)
+    step, _ = sched.schedule()
+    sched.postprocess(step, sample(step))
+    step, _ = sched.schedule()
+    assert step.kind == "decode" and step.drafts == 2  # alone: speculation
+    sched.postprocess(step, sample(step))
+    long = seq("long", 50, first=500)
+    sched.add(long)
+    steps: list = []
+    run_all(sched, steps)
+    first_sample = next(i for i, st in enumerate(steps)
+                        if st.kind == "prefill" and st.chunks[-1].end == 50)
+    between = [st for st in steps[:first_sample] if st.kind == "decode"]
+    assert len(between) == 3 and all(st.drafts == 0 for st in between)
+    assert any(st.drafts == 2 for st in steps[first_sample + 1:] if st.kind == "decode")
+    assert short.tokens[5:] == reference(5, 30) and long.tokens[50:] == reference(50, 10, first=500)

@@ -133,3 +133,13 @@ def test_steps_planned_a_step_late_neither_start_probes_nor_lock_the_choice(spec
     policy = SpecPolicy(K, warm=3, probe_every=100, probe_len=4)
     chosen = feed_late(policy, 1, 400, plain_s=1e-3, spec_s=spec_s, gain=1.6)
     assert chosen[20:].count(winner) > 0.9 * 380
+
+
+def test_a_waiting_prompt_gets_plain_steps_and_then_speculation_resumes():
+    policy = SpecPolicy(K)
+    feed(policy, 1, 20, plain_s=1e-3, spec_s=1.1e-3, gain=2.5)  # verify steps win at batch 1
+    assert policy.drafts(1) == K and policy.drafts(1, prompts_waiting=True) == 0
+    policy.observe(1, 0, 1e-3, 1, 1)  # the plain step run while the prompt waited
+    assert policy.drafts(1) == K  # no probe started, the choice stands
+    always = SpecPolicy(K, SpecMode.ALWAYS)
+    assert always.drafts(1, prompts_waiting=True) == K  # always: every step that can

@@ -197,10 +197,15 @@ class Scheduler:
         return Step("prefill", chunks=chunks)
 
     def drafts_for(self, batch: int) -> int:
-        """Drafts per row for a decode step of ``batch`` rows (the policy's choice)."""
+        """Drafts per row for a decode step of ``batch`` rows (the policy's choice, told whether
+        a prompt waits for its prefill)."""
         if self.policy is None:
             return self.cfg.spec_tokens
-        return min(self.policy.drafts(batch), self.cfg.spec_tokens)
+        return min(self.policy.drafts(batch, self.prompts_pending()), self.cfg.spec_tokens)
+
+    def prompts_pending(self) -> bool:
+        """Whether a prompt waits for admission or for the rest of its prefill."""
+        return bool(self.waiting) or any(s.status is Status.PREFILL for s in self.running)
 
     def observe(self, step: Step, seconds: float) -> None:
         """A decode step's measured duration, for the speculation policy."""
