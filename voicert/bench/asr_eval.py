@@ -35,6 +35,16 @@ def normalize(text: str) -> list[str]:
     return [_NUMBERS.get(w, w) for w in words]
 
 
+def whisper_normalize(text: str) -> list[str]:
+    """OpenAI Whisper's English text normalizer (the ``whisper-normalizer`` package, MIT), as ASR
+    papers and leaderboards score: numbers as digits ("fourteenth" and "14th" alike), "Dr." as
+    "doctor", British spellings as American. Raises ImportError where it is not installed (the
+    ``test`` extra has it)."""
+    from whisper_normalizer.english import EnglishTextNormalizer
+
+    return EnglishTextNormalizer()(text).split()
+
+
 def edit_distance(ref: list[str], hyp: list[str]) -> int:
     """Word-level Levenshtein distance (substitutions + deletions + insertions)."""
     prev = list(range(len(hyp) + 1))
@@ -46,10 +56,11 @@ def edit_distance(ref: list[str], hyp: list[str]) -> int:
     return prev[-1]
 
 
-def wer(pairs: list[tuple[str, str]]) -> float:
-    """Corpus WER in percent over (reference, hypothesis) pairs."""
-    errors = sum(edit_distance(normalize(r), normalize(h)) for r, h in pairs)
-    words = sum(len(normalize(r)) for r, _ in pairs)
+def wer(pairs: list[tuple[str, str]], norm=normalize) -> float:
+    """Corpus WER in percent over (reference, hypothesis) pairs, both normalized by ``norm``
+    (:func:`normalize`, or :func:`whisper_normalize`)."""
+    errors = sum(edit_distance(norm(r), norm(h)) for r, h in pairs)
+    words = sum(len(norm(r)) for r, _ in pairs)
     return 100.0 * errors / max(words, 1)
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from voicert.audio.wav import read_wav, write_wav
-from voicert.bench.asr_eval import wer
+from voicert.bench.asr_eval import wer, whisper_normalize
 from voicert.speech.sentences import SentenceSplitter
 
 REPLIES = [
@@ -121,11 +121,12 @@ def whisper():
 def wer_of(directory: Path) -> int:
     """Round-trip WER of replies saved by ``--save`` (one folder per voice row)."""
     asr = whisper()
-    print("| voice (saved) | round-trip WER |\n|---|---:|")
+    print("| voice (saved) | round-trip WER | same, Whisper-normalized |\n|---|---:|---:|")
     for folder in sorted(p for p in directory.iterdir() if p.is_dir()):
         wavs = sorted(folder.glob("*.wav"))
         heard = [transcribe(asr, read_wav(w)[0]) for w in wavs]
-        print(f"| {folder.name} | {wer(list(zip(REPLIES, heard))):.1f} % ({len(wavs)} replies) |")
+        print(f"| {folder.name} | {wer(list(zip(REPLIES, heard))):.1f} % ({len(wavs)} replies) "
+              f"| {percent(normalized_wer(heard))} |")
     return 0
 
 
@@ -196,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                      "first_audio_p95_ms": pct(t.first_ms, 95),
                      "rtf_mean": float(np.mean(t.rtf)), "rtf_max": float(np.max(t.rtf)),
                      "wer": wer(list(zip(REPLIES, t.transcripts))) if asr else None,
+                     "wer_whisper_norm": normalized_wer(t.transcripts) if asr else None,
                      "transcripts": t.transcripts})
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "transcripts"}),
               file=sys.stderr, flush=True)
@@ -204,13 +206,26 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"Speech out over {len(REPLIES)} agent replies ({args.repeat} first-audio timings each)\n")
     print("| voice | rate | first audio P50 | P95 (ms) | real-time factor mean | max | "
-          "round-trip WER |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "round-trip WER | same, Whisper-normalized |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['voice']} | {r['sample_rate']} | {r['first_audio_p50_ms']:.1f} | "
               f"{r['first_audio_p95_ms']:.1f} | {r['rtf_mean']:.3f} | {r['rtf_max']:.3f} | "
-              f"{'-' if r['wer'] is None else format(r['wer'], '.1f') + ' %'} |")
+              f"{percent(r['wer'])} | {percent(r['wer_whisper_norm'])} |")
     return 0
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} %"
+
+
+def normalized_wer(transcripts: list[str]) -> float | None:
+    """The round trip's WER under Whisper's English normalizer (digits and words for numbers
+    count alike, "Dr." is "doctor"); None where the normalizer is not installed."""
+    try:
+        return wer(list(zip(REPLIES, transcripts)), whisper_normalize)
+    except ImportError:
+        return None
 
 
 if __name__ == "__main__":
