@@ -4,7 +4,8 @@
 # The wheels (flash-attn-4 and its CuTe DSL, msgspec, llguidance, gguf) travel as .carry/fa parts,
 # one per call, back to back (the machine keeps /root only while it is warm):
 #   bash scripts/gpu/attention.sh .carry/fa/part00          # stores the first part
-#   bash scripts/gpu/attention.sh .carry/fa/part01 all      # completes, installs, runs (reports under $OUT)
+#   bash scripts/gpu/attention.sh .carry/fa/part01 all|bench|tests|ttft   # completes, installs, runs
+# (reports under $OUT; ttft: bench.engine with FA4 prefill against gather + SDPA prefill, 1B and 8B)
 set -uo pipefail
 bash scripts/gpu/receive.sh "$1" .carry/fa/SHA256 || exit 1
 [ -d /root/whl ] || exit 0
@@ -19,7 +20,11 @@ bench() { timeout 240 python3 -m voicert.bench.attention --shape "$1" --replays 
             > "$OUT/attention-$1.md" 2> "$OUT/attention-$1.log"; }
 flash_tests() { timeout 240 python3 -m pytest -q -p no:cacheprovider -s tests/engine/test_flash.py \
                   > "$OUT/tests-flash.log" 2>&1; }
+ttft() { timeout 280 python3 -m voicert.bench.engine --model "$1" --against sdpa-prefill \
+           --prefill-attention flash --spec 0 --streams 1,16,64 --new-tokens 64 --kv-gb 8 \
+           > "$OUT/engine-$1.md" 2> "$OUT/engine-$1.log"; }
 case "$what" in
+  ttft) ttft llama-1b-random; ttft llama-8b-random ;;
   all) bench llama-1b; flash_tests; bench llama-8b; bench smollm2 ;;
   bench) bench llama-1b; bench llama-8b; bench smollm2 ;;
   tests) flash_tests; timeout 500 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py \

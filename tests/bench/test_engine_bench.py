@@ -39,14 +39,14 @@ async def test_measure_reports_ttft_and_decode_tpot_by_row_name():
 def test_the_table_names_the_engine_beside_ours_and_its_ratios():
     args = argparse.Namespace(device="cuda", dtype="bfloat16", fp8=True, cuda_graphs=True,
                               fused_kernels=True, overlap=True, torchscript=False, int8=False,
-                              prompt_tokens=100, new_tokens=128)
+                              prompt_tokens=100, new_tokens=128, prefill_attention="flash")
     rows = [bench.Row(bench.tpot_decode(1), 1.0, 1.5, "ms"),
             bench.Row(bench.tokens_per_s(8), 200.0, 100.0, "tok/s"),
             bench.Row(bench.tpot_all(1), 1.0, None, "ms")]
     text = bench.render("llama-1b-random", args, {"rows": rows, "spec": [], "int8": None},
                         "vLLM 0.26.0 fp8")
     assert "| metric | voicert | vLLM 0.26.0 fp8 | ratio (x better) |" in text
-    assert "FP8 weights" in text
+    assert "FP8 weights" in text and "prefill attention flash" in text
     assert "| 1.00 ms | 1.50 | 1.50x |" in text and "| 200.00 tok/s | 100.00 | 2.00x |" in text
     assert "| 1.00 ms | - | - |" in text
 
@@ -67,6 +67,7 @@ def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
 
     for main, argv in ((bench.main, ["--device", "cpu", "--fp8"]),
                        (bench.main, ["--against", "sglang"]),
+                       (bench.main, ["--device", "cpu", "--against", "sdpa-prefill"]),
                        (fp8.main, ["--blocks", "16x32x256"]),
                        (fp8.main, ["--shapes", "llama-70b"])):
         with pytest.raises(SystemExit) as exc:
@@ -74,6 +75,7 @@ def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
         assert exc.value.code == 2, argv
     err = capsys.readouterr().err
     assert "--fp8 is a GPU option" in err and "five or six numbers" in err
+    assert "--against sdpa-prefill" in err and "--fused-kernels" in err
     assert "bad --shapes" in err and "invalid choice: 'sglang'" in err
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import dataclasses
 import json
 import statistics
@@ -198,8 +199,12 @@ class Bench:
                     fused_kernels=args.fused_kernels, torchscript=args.torchscript,
                     overlap=args.overlap, fp8=args.fp8)
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
-        self.engine = LLMEngine(self.model_dir or "", EngineConfig(**base), model=self.model,
-                                tokenizer=tok)
+        self.engine = LLMEngine(self.model_dir or "", EngineConfig(
+            **base, prefill_attention=args.prefill_attention), model=self.model, tokenizer=tok)
+        self.sdpa_engine = None  # --against sdpa-prefill: the same engine, prefills by SDPA
+        if args.against == "sdpa-prefill":  # its own copy of the model: the choice is the model's
+            self.sdpa_engine = LLMEngine(self.model_dir or "", EngineConfig(
+                **base, prefill_attention="sdpa"), model=copy.deepcopy(self.model), tokenizer=tok)
         self.spec_engines: dict[str, LLMEngine] = {}  # label -> an engine that speculates
         if args.spec:
             self.spec_engines[f"n-gram prompt lookup, k={args.spec}"] = LLMEngine(
@@ -250,6 +255,11 @@ class Bench:
     async def ours(self, prompt: list[int], new: int) -> tuple[list[int], int]:
         """A :data:`StreamFn` over this bench's engine."""
         times, t0, _ = await self._stream(self.engine, prompt, new, "b")
+        return times, t0
+
+    async def sdpa_prefill(self, prompt: list[int], new: int) -> tuple[list[int], int]:
+        """A :data:`StreamFn` over the baseline engine of ``--against sdpa-prefill``."""
+        times, t0, _ = await self._stream(self.sdpa_engine, prompt, new, "s")
         return times, t0
 
     # ---------------------------------------------------------------- transformers
@@ -357,6 +367,9 @@ class Bench:
                              a.prompt_tokens)
         if baseline is None and self.hf is not None:
             baseline = self.hf_figures()
+        if self.sdpa_engine is not None:
+            baseline = await measure(self.sdpa_prefill, self.tokens, a.reps, a.streams,
+                                     a.new_tokens, a.prompt_tokens)
         baseline = baseline or {}
         rows = [Row(name, v, baseline.get(name), "tok/s" if name.startswith("tokens/s") else "ms")
                 for name, v in ours.items()]
@@ -386,6 +399,7 @@ def render(label: str, args: argparse.Namespace, result: dict,
              f"{'; FP8 weights' if args.fp8 else ''}"
              f"{'; CUDA graphs' if args.cuda_graphs else ''}"
              f"{'; fused Triton kernels' if args.fused_kernels else ''}"
+             f"{'; prefill attention ' + args.prefill_attention if args.fused_kernels else ''}"
              f"{'; overlapped decode steps' if args.overlap and args.cuda_graphs else ''}"
              f"{'; TorchScript forward' if args.torchscript else ''}"
              f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
@@ -438,10 +452,13 @@ def main(argv: list[str] | None = None) -> int:
                          "the last one's tokens")
     ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=None,
                     help="CPU: the forward as a frozen TorchScript trace (default on the CPU)")
-    ap.add_argument("--against", choices=("transformers", "vllm", "none"), default="transformers",
+    ap.add_argument("--against", choices=("transformers", "vllm", "sdpa-prefill", "none"),
+                    default="transformers",
                     help="the engine run side by side: transformers generate() in this process, "
-                         "or vLLM (bench/vllm_side.py, in a child process first, same shape and "
-                         "prompts; needs vllm)")
+                         "vLLM (bench/vllm_side.py, in a child process first, same shape and "
+                         "prompts; needs vllm), or this engine with --prefill-attention sdpa")
+    ap.add_argument("--prefill-attention", choices=("auto", "sdpa", "flash"), default="auto",
+                    help="GPU: prefill steps' attention (llm.prefill_attention)")
     ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
     ap.add_argument("--fp8", action="store_true",
                     help="GPU: FP8 layer weights (engine/fp8.py); with --against vllm, vLLM's "
@@ -458,7 +475,12 @@ def main(argv: list[str] | None = None) -> int:
         args.torchscript = args.device == "cpu"
     if args.fp8 and not args.device.startswith("cuda"):
         ap.error("--fp8 is a GPU option")
+    if args.against == "sdpa-prefill" and not args.fused_kernels:
+        ap.error("--against sdpa-prefill compares the fused GPU path's prefill attention: "
+                 "it needs --fused-kernels (a CUDA device)")
     against, baseline, failed = "transformers generate()", None, False
+    if args.against == "sdpa-prefill":
+        against = "voicert, prefill by gather + SDPA"
     if args.against == "vllm":  # first, in a child: its memory is back before ours loads
         from voicert.bench.vllm_side import measure_in_child
 
@@ -481,6 +503,8 @@ def main(argv: list[str] | None = None) -> int:
                        "spec": result["spec"], "int8": result["int8"], "table": text}, f,
                       indent=1, default=str)
     bench.engine.close()
+    if bench.sdpa_engine is not None:
+        bench.sdpa_engine.close()
     for eng in bench.spec_engines.values():
         eng.close()
     return 1 if failed else 0
