@@ -4,7 +4,7 @@
 # The wheels (flash-attn-4 and its CuTe DSL, msgspec, llguidance, gguf) travel as .carry/fa parts,
 # one per call, back to back (the machine keeps /root only while it is warm):
 #   bash scripts/gpu/attention.sh .carry/fa/part00          # stores the first part
-#   bash scripts/gpu/attention.sh .carry/fa/part01 all|bench|tests|ttft   # completes, installs, runs
+#   bash scripts/gpu/attention.sh .carry/fa/part01 all|bench|tests|ttft|splits   # completes, installs, runs
 # (reports under $OUT; ttft: bench.engine with FA4 prefill against gather + SDPA prefill, 1B and 8B)
 set -uo pipefail
 bash scripts/gpu/receive.sh "$1" .carry/fa/SHA256 || exit 1
@@ -25,6 +25,11 @@ ttft() { timeout 280 python3 -m voicert.bench.engine --model "$1" --against sdpa
            > "$OUT/engine-$1.md" 2> "$OUT/engine-$1.log"; }
 case "$what" in
   ttft) ttft llama-1b-random; ttft llama-8b-random ;;
+  splits) for shape in llama-1b llama-8b; do  # FA4's own split heuristic, for decode
+            timeout 240 python3 -m voicert.bench.attention --shape "$shape" --replays 50 \
+              --flash-splits 0 --backends triton,flash \
+              --cases 1x1x600,8x1x600,32x1x1024,64x1x2048,1x1x4096,16x3x1024 \
+              > "$OUT/splits-$shape.md" 2> "$OUT/splits-$shape.log"; done ;;
   all) bench llama-1b; flash_tests; bench llama-8b; bench smollm2 ;;
   bench) bench llama-1b; bench llama-8b; bench smollm2 ;;
   tests) flash_tests; timeout 500 python3 -m pytest -q -p no:cacheprovider tests/engine/test_gpu.py \

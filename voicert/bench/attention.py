@@ -141,9 +141,11 @@ def flash_available() -> str | None:
     return None
 
 
-def backend(name: str, pool: Pool, heads: tuple[int, int, int]) -> Callable[[], torch.Tensor] | None:
+def backend(name: str, pool: Pool, heads: tuple[int, int, int],
+            flash_splits: int = 1) -> Callable[[], torch.Tensor] | None:
     """A call of backend ``name`` on ``pool`` returning [B, Q, H * D]; None where it does not apply
-    (the Triton kernel with too many query rows)."""
+    (the Triton kernel with too many query rows). ``flash_splits``: FA4's ``num_splits`` (1:
+    one program per row's keys, as the engine calls it; 0: FA4's own heuristic)."""
     h, kvh, d = heads
     b, q_len = pool.q.shape[:2]
     if name == "triton":
@@ -175,7 +177,7 @@ def backend(name: str, pool: Pool, heads: tuple[int, int, int]) -> Callable[[], 
 
         def call() -> torch.Tensor:
             out = flash_attn_varlen_func(q, paged.k, paged.v, seqused_k=used, page_table=table,
-                                         max_seqlen_q=q_len, causal=True)
+                                         max_seqlen_q=q_len, causal=True, num_splits=flash_splits)
             out = out[0] if isinstance(out, tuple) else out
             return out.reshape(b, q_len, h * d)
 
@@ -230,7 +232,7 @@ def measure(case: Case, heads, args, flash_missing: str | None) -> dict[str, Fig
             row[name] = Figure(note="not installed")
             continue
         try:
-            fn = backend(name, pool, heads)
+            fn = backend(name, pool, heads, args.flash_splits)
             if fn is None:
                 row[name] = Figure(note="-")
                 continue
@@ -278,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
                     help="comma-separated BATCHxNEWxCONTEXT")
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--flash-splits", type=int, default=1,
+                    help="FA4's num_splits (1: as the engine calls it; 0: FA4's heuristic)")
     ap.add_argument("--calls", type=int, default=20, help="calls per captured graph")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--json", action="store_true")
@@ -303,8 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         results.append((case, measure(case, heads, args, flash_missing)))
         print(f"attention: {case} done", file=sys.stderr, flush=True)
     label = (f"{args.shape} attention ({heads[0]} query heads, {heads[1]} KV heads, head dim "
-             f"{heads[2]}), {args.dtype}, KV blocks of {args.block_size}, "
-             f"{torch.cuda.get_device_name()}")
+             f"{heads[2]}), {args.dtype}, KV blocks of {args.block_size}, FA4 num_splits "
+             f"{args.flash_splits}, {torch.cuda.get_device_name()}")
     if args.json:
         print(json.dumps({"label": label, "rows": [
             {"case": vars(c) | {"phase": c.phase},
