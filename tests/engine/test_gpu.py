@@ -205,7 +205,7 @@ def test_speculating_on_some_steps_only_with_overlap_equals_greedy_fp32(prompts,
     from voicert.engine.spec_policy import SpecPolicy
 
     class Flipping(SpecPolicy):
-        def drafts(self, batch):
+        def drafts(self, batch, prompts_waiting=False):
             return 0 if (self.spec_steps + self.plain_steps) // 4 % 2 else self.k
 
     model = random_llama(smollm2_shape(), torch.float32, "cuda")

@@ -126,7 +126,7 @@ class Flipping(SpecPolicy):
     """Speculates on two decode steps of three, whatever the timings (a policy that changes its
     mind as often as it can)."""
 
-    def drafts(self, batch: int) -> int:
+    def drafts(self, batch: int, prompts_waiting: bool = False) -> int:
         return 0 if (self.spec_steps + self.plain_steps) % 3 == 2 else self.k
 
 
