@@ -7,7 +7,9 @@ part=$1; want=$(cat "$2")
 cat "$part" >> /root/models.tar
 have=$(sha256sum /root/models.tar | cut -d' ' -f1)
 if [ "$have" = "$want" ]; then
-  tar xf /root/models.tar -C /root && rm /root/models.tar && echo "receive: models complete" && ls -la /root/models
+  tar tf /root/models.tar | cut -d/ -f1 | sort -u > /tmp/receive-top.txt
+  tar xf /root/models.tar -C /root && rm /root/models.tar
+  echo "receive: complete, unpacked into /root: $(tr '\n' ' ' < /tmp/receive-top.txt)"
 else
   echo "receive: $(du -m /root/models.tar | cut -f1) MB so far"
 fi
