@@ -32,6 +32,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from voicert.bench.cuda_time import graph_times
+
 # (query heads, KV heads, head dim) of the shapes we serve
 HEADS = {"llama-1b": (32, 8, 64), "llama-8b": (32, 8, 128), "smollm2": (9, 3, 64)}
 BACKENDS = ("triton", "gather+sdpa", "flash", "flash@128")
@@ -132,15 +134,6 @@ def reference(pool: Pool, heads: tuple[int, int, int]) -> torch.Tensor:
     return out.transpose(1, 2).reshape(b, q_len, h * d)
 
 
-def flash_available() -> str | None:
-    """None when FlashAttention-4 imports here, else why not."""
-    try:
-        from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
-    except Exception as exc:  # ImportError, or its CUDA / CuTe DSL libraries failing to load
-        return f"flash-attn-4 not importable ({type(exc).__name__}: {exc})"[:160]
-    return None
-
-
 def backend(name: str, pool: Pool, heads: tuple[int, int, int],
             flash_splits: int = 1) -> Callable[[], torch.Tensor] | None:
     """A call of backend ``name`` on ``pool`` returning [B, Q, H * D]; None where it does not apply
@@ -185,35 +178,6 @@ def backend(name: str, pool: Pool, heads: tuple[int, int, int],
     raise ValueError(f"unknown backend {name!r}")
 
 
-def graph_times(fn: Callable[[], torch.Tensor], calls: int, replays: int) -> list[float]:
-    """GPU microseconds per call of ``fn``, one figure per replay of a CUDA graph of ``calls``
-    calls (after eager warm-up calls, which also compile any JIT kernels)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000.0 / calls)
-    return times
-
-
 @dataclass
 class Figure:
     p50_us: float | None = None
@@ -229,7 +193,7 @@ def measure(case: Case, heads, args, flash_missing: str | None) -> dict[str, Fig
     row: dict[str, Figure] = {}
     for name in args.backends:
         if name.startswith("flash") and flash_missing:
-            row[name] = Figure(note="not installed")
+            row[name] = Figure(note="unavailable")
             continue
         try:
             fn = backend(name, pool, heads, args.flash_splits)
@@ -301,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     heads = HEADS[args.shape]
-    flash_missing = flash_available()
+    from voicert.engine.flash import unavailable
+
+    flash_missing = unavailable("cuda", getattr(torch, args.dtype))
     results = []
     for case in cases:
         results.append((case, measure(case, heads, args, flash_missing)))

@@ -22,6 +22,7 @@ import sys
 
 import torch
 
+from voicert.bench.cuda_time import graph_times
 from voicert.engine.fp8 import Fp8Linear, quantize_fp8
 from voicert.engine.runner import ModelRunner, Row
 
@@ -118,25 +119,7 @@ def quality(model_name: str, device: str, dtype: str) -> dict:
 def time_graph(fn, reps: int = 20, repeats: int = 30) -> float:
     """Median GPU time of one ``fn()`` call in us: ``reps`` calls captured in a CUDA graph,
     replayed ``repeats`` times between CUDA events."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return statistics.median(times)
+    return statistics.median(graph_times(fn, reps, repeats))
 
 
 def kernels_table(shapes: list[tuple[str, int, int]], rows: list[int],
