@@ -49,6 +49,13 @@ class SlipHistogram:
         return len(self.counts) / 10
 
 
+def deciding_frame(audio_ms: int) -> int:
+    """The index of the 20 ms frame whose arrival let the server decide at audio position
+    ``audio_ms`` (the end of a 32 ms VAD window): the frame holding the window's last sample.
+    A window that ends inside a frame is complete only once that whole frame has arrived."""
+    return -(-audio_ms // FRAME_MS) - 1
+
+
 @dataclass
 class TurnSample:
     """One turn as measured. Client times come from the caller's monotonic clock."""
@@ -186,7 +193,7 @@ class Caller:
         """The client's TTFT from the frame the server decided the endpoint on."""
         if sample.endpoint_audio_ms is None:
             return
-        frame = sample.endpoint_audio_ms // FRAME_MS - 1  # the frame that ends at that position
+        frame = deciding_frame(sample.endpoint_audio_ms)
         if 0 <= frame < len(self.sent_ns):
             sample.client_endpoint_ttft_ms = (first_ns - self.sent_ns[frame]) / 1e6
             if "ttft_ms" in sample.stages:

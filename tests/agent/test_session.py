@@ -54,6 +54,8 @@ async def test_early_final_transcript_and_early_prefill(services):
     lat = next(e for e in result.events if e["type"] == "turn.latency")
     assert lat["early_asr"] and lat["early_prefill"]
     assert lat["stages"]["asr_wait_ms"] < 0  # the decode began before the endpoint
+    # the silence rule decided on a frame that had arrived: its share of endpoint_ms is reported
+    assert 0 <= lat["stages"]["decide_ms"] < lat["stages"]["endpoint_ms"]
     # at the endpoint the transcript was ready: the turn waited less for it than the silence
     assert lat["stages"]["asr_ms"] < lat["stages"]["endpoint_ms"]
     turn = result.turns[0]

@@ -67,6 +67,8 @@ def test_speech_then_silence_starts_and_ends_a_turn_with_its_audio():
     assert ended.audio.size == (w_stop + 1) * FRAME - (10 * FRAME - 3200)
     assert ended.voice_end_ns == 29 * WINDOW_NS  # the audio holding the last voiced window
     assert ended.endpoint_ns == w_stop * WINDOW_NS + 1_000
+    # the deciding window's audio arrived 1 us before the decision (the VAD's share of the wait)
+    assert ended.heard_ns == w_stop * WINDOW_NS
     assert s.turns.next_turn_id == 2
 
 
@@ -153,6 +155,7 @@ def test_manual_mode_waits_for_the_commit_and_takes_all_the_audio():
     assert s.of(SpeechStopped) and not s.of(TurnEnded)  # told, but the client decides
     ended, = tt.commit(now_ns=123)
     assert isinstance(ended, TurnEnded) and ended.endpoint_ns == 123
+    assert ended.heard_ns is None  # the client decided, not the VAD
     assert ended.audio.size == 45 * FRAME  # everything since the last turn
     assert tt.commit(now_ns=124) == []  # nothing new: no turn
 

@@ -104,3 +104,14 @@ def test_a_sweep_cut_short_keeps_the_levels_it_finished_on_disk(tmp_path):
         assert sorted(saved["levels"]) == [str(k) for k in range(1, n + 1)]
         assert saved["meta"]["partial"] is True and saved["largest_holding_budget"] == 1
         assert f"| {n} | 1 |" in (tmp_path / "report.md").read_text()
+
+
+def test_an_endpoint_inside_a_frame_is_timed_from_the_frame_that_completed_its_window():
+    from loadgen.caller import deciding_frame
+
+    # 20 ms frames, 32 ms VAD windows: a window ending at 32 ms needs frame 1 (20-40 ms) whole
+    assert [deciding_frame(ms) for ms in (20, 32, 40, 64, 416, 800)] == [0, 1, 1, 3, 20, 39]
+    # every window end k * 32 ms lies in the frame that holds its last sample
+    for k in range(1, 200):
+        frame = deciding_frame(32 * k)
+        assert frame * 20 < 32 * k <= (frame + 1) * 20

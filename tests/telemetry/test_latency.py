@@ -1,7 +1,7 @@
 from voicert.telemetry.latency import STAGES, Point, TurnTrace, format_table
 
 
-TIMES_MS = {Point.VOICE_END: 0, Point.ASR_START: 390, Point.ENDPOINT: 400, Point.ASR_DONE: 420,
+TIMES_MS = {Point.VOICE_END: 0, Point.ASR_START: 390, Point.ENDPOINT_HEARD: 398, Point.ENDPOINT: 400, Point.ASR_DONE: 420,
             Point.TRANSCRIPT: 421, Point.SUBMIT: 422, Point.PREFILL_START: 423,
             Point.FIRST_TOKEN_SAMPLED: 433, Point.FIRST_TOKEN_RECEIVED: 434,
             Point.FIRST_TOKEN_SENT: 435, Point.TTS_START: 450, Point.FIRST_AUDIO_SENT: 453,
@@ -15,6 +15,7 @@ def test_stages_come_from_marks_and_first_mark_wins():
     t.mark(Point.ENDPOINT, 10**9 + 999 * 10**6)  # ignored: first write wins
     s = t.stages_ms()
     assert s["endpoint_ms"] == 400.0
+    assert s["decide_ms"] == 2.0
     assert s["asr_ms"] == 21.0
     assert s["asr_wait_ms"] == -10.0  # the decode began before the endpoint (early final)
     assert s["asr_decode_ms"] == 30.0

@@ -498,6 +498,8 @@ class Session:
         trace = TurnTrace(ended.turn_id)
         trace.mark(Point.VOICE_END, ended.voice_end_ns)
         trace.mark(Point.ENDPOINT, ended.endpoint_ns)
+        if ended.heard_ns is not None:
+            trace.mark(Point.ENDPOINT_HEARD, ended.heard_ns)
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")

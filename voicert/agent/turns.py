@@ -76,6 +76,8 @@ class TurnEnded:
     endpoint_ns: int
     early_decode: int | None  # the early decode covering exactly this audio, if still valid
     overlap: bool = False  # short speech over a reply that has not interrupted it (yet)
+    heard_ns: int | None = None  # arrival of the audio completing the window the silence rule
+    #                              decided on (None: ended by a commit or a turn judgement)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,7 +229,7 @@ class TurnTaking:
                 end = pos + FRAME
                 out.append(SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE))
                 if self.detection is Detection.SERVER_VAD:
-                    self._end_turn(end, decided_ns, out)
+                    self._end_turn(end, decided_ns, out, heard_ns=received_ns)
         self._trim()
         return out
 
@@ -395,7 +397,8 @@ class TurnTaking:
             out.append(DropDecode(self._partials.in_flight, DecodeKind.PARTIAL))
         self._partials = None
 
-    def _end_turn(self, end: int, endpoint_ns: int, out: list[Action]) -> None:
+    def _end_turn(self, end: int, endpoint_ns: int, out: list[Action],
+                  heard_ns: int | None = None) -> None:
         self._drop_partials(out)
         self._judgement = None
         overlap, self._overlap_voiced = self._overlap_voiced is not None, None
@@ -413,4 +416,4 @@ class TurnTaking:
             return  # nothing to transcribe
         out.append(TurnEnded(self.new_turn_id(), audio, self.last_voice_ns or endpoint_ns,
                              endpoint_ns, early.decode_id if early is not None else None,
-                             overlap))
+                             overlap, heard_ns))

@@ -20,6 +20,9 @@ class Point(enum.Enum):
     ASR_START = "asr_start"
     """The ASR worker began decoding the utterance that became the final transcript (before the
     endpoint when the early final decode was used)."""
+    ENDPOINT_HEARD = "endpoint_heard"
+    """Arrival of the audio frame that completed the VAD window the silence rule ended the turn on
+    (not marked when a commit or a turn judgement ended it)."""
     ENDPOINT = "endpoint"
     """The endpoint decision: enough trailing silence, or ``audio.commit``."""
     ASR_DONE = "asr_done"
@@ -57,6 +60,9 @@ class Stage:
 STAGES: tuple[Stage, ...] = (
     Stage("endpoint_ms", Point.VOICE_END, Point.ENDPOINT,
           "last voiced audio received -> endpoint decision (mostly the configured trailing silence)"),
+    Stage("decide_ms", Point.ENDPOINT_HEARD, Point.ENDPOINT,
+          "the frame completing the deciding VAD window arrived -> endpoint decision (the VAD's "
+          "batch and the event loop's wait: the part of endpoint_ms the silence rule does not set)"),
     Stage("asr_ms", Point.ENDPOINT, Point.TRANSCRIPT,
           "endpoint decision -> final transcript back on the event loop"),
     Stage("asr_wait_ms", Point.ENDPOINT, Point.ASR_START,
@@ -106,7 +112,7 @@ STAGE_COLOURS: dict[str, str] = {
     "queue_ms": "#bcbd22", "prefill_ms": "#ff7f0e", "handoff_ms": "#9467bd", "send_ms": "#2ca02c",
     "asr_wait_ms": "#aec7e8", "asr_decode_ms": "#6baed6", "first_token_ms": "#e6550d",
     "ttft_ms": "#d62728", "voice_to_first_token_ms": "#8c564b", "tts_ms": "#e377c2",
-    "ttfa_ms": "#c51b8a", "voice_to_first_audio_ms": "#7b4173", "tool_call_ms": "#637939",
+    "ttfa_ms": "#c51b8a", "decide_ms": "#525252", "voice_to_first_audio_ms": "#7b4173", "tool_call_ms": "#637939",
     "total_ms": "#393b79", "token_to_audio_ms": "#f768a1",
 }
 
