@@ -324,8 +324,8 @@ class TtsConfig:
     first_clause_chars: int = 24  # the first piece of a reply may end at a comma after this many
     first_piece_words: int = 6  # the first piece may end after this many words when no break
     # came (0: off): Piper makes a piece's audio in one pass, so a short first piece speaks sooner
-    workers: int = 1  # TTS threads: replies spread over them (Piper voices run at once; eSpeak,
-    # one library per process, one piece at a time)
+    workers: int = 1  # TTS threads serving one queue (first pieces first; a reply's pieces in
+    # order, each on whichever thread is free); Piper voices run at once, eSpeak one at a time
     threads: int = 0  # onnxruntime threads per Piper synthesis (0: onnxruntime's own, one a core)
     spin: bool = False  # Piper's onnxruntime threads spin-wait between runs (onnxruntime's own
     # default): every core busy under load, no sooner first audio measured (benchmarks 18c)

@@ -10,6 +10,7 @@ import pytest
 
 from voicert.config import ConfigError, TtsConfig
 from voicert.speech.tts import EspeakVoice, TtsError, TtsJob, TtsWorker, load_voice
+from voicert.speech.worker import WorkerClosed
 
 
 class ToneVoice:
@@ -147,31 +148,95 @@ def test_each_job_speaks_in_its_own_voice_and_an_unknown_voice_fails_that_job_on
         load_voice(TtsConfig(engine="espeak"))
 
 
-def test_a_pool_gives_a_new_reply_the_idle_thread_so_it_is_not_held_up_by_a_running_one():
-    from voicert.speech.tts import TtsPool
-
+def test_a_first_piece_takes_whichever_thread_frees_first():
+    # two threads, both speaking other replies; a new reply's first piece goes to the thread
+    # that frees first (one queue), not to one picked when the reply began
     voice = ToneVoice(TtsConfig())
-    pool = TtsPool({"tone": voice}, workers=2)
+    worker = TtsWorker({"tone": voice}, threads=2)
     try:
-        gate = threading.Event()
-        first = pool.lane()
-        first.submit(TtsJob("hold", lambda c: gate.wait(5), lambda e: None), 0)  # running, blocked
-        second = pool.lane()
-        assert second is not first  # the busy thread is not picked
-        _, chunks, done = run_job(second, "spoken meanwhile")
-        assert done.wait(5) and chunks and not gate.is_set()  # done while the first still speaks
-        gate.set()
-        assert pool.alive and pool.rate_of(None) == 16000 and pool.default_voice == "tone"
+        gate_a, gate_c = threading.Event(), threading.Event()
+        worker.lane().submit(TtsJob("hold a", lambda c: gate_a.wait(5), lambda e: None), 0)
+        worker.lane().submit(TtsJob("hold c", lambda c: gate_c.wait(5), lambda e: None), 0)
+        while len(voice.spoken) < 2:  # both threads busy
+            time.sleep(0.001)
+        _, chunks, done = run_job(worker.lane(), "new reply")
+        gate_c.set()
+        assert done.wait(5) and chunks and not gate_a.is_set()  # spoken while A still holds
+        gate_a.set()
+        assert worker.alive and worker.threads == 2 and worker.rate_of(None) == 16000
     finally:
-        pool.close()
-    assert not pool.alive
+        worker.close()
+    assert not worker.alive
 
 
-def test_one_thread_keeps_the_old_behaviour():
-    from voicert.speech.tts import TtsPool
+class OverlapVoice(ToneVoice):
+    """Records which pieces ran at the same time as another piece of the same reply."""
 
-    pool = TtsPool({"tone": ToneVoice(TtsConfig())}, workers=1)
+    def __init__(self, cfg) -> None:
+        super().__init__(cfg)
+        self.lock = threading.Lock()
+        self.running: dict[str, int] = {}
+        self.overlaps: list[str] = []
+        self.threads: set[str] = set()
+
+    def synthesize(self, text, on_chunk):
+        reply = text.split()[0]
+        with self.lock:
+            self.threads.add(threading.current_thread().name)
+            if self.running.get(reply):
+                self.overlaps.append(text)
+            self.running[reply] = self.running.get(reply, 0) + 1
+        try:
+            super().synthesize(text, on_chunk)
+        finally:
+            with self.lock:
+                self.running[reply] -= 1
+
+
+def test_a_replys_pieces_are_spoken_one_after_another_in_order_over_several_threads():
+    voice = OverlapVoice(TtsConfig())
+    worker = TtsWorker({"tone": voice}, threads=3)
     try:
-        assert pool.lane() is pool.lane() is pool.workers[0]
+        lanes = {r: worker.lane() for r in "abc"}
+        heard = {r: [] for r in lanes}
+        done = threading.Event()
+        left = [3 * 6]
+
+        def finished(err):
+            left[0] -= 1
+            if left[0] == 0:
+                done.set()
+
+        for i in range(6):  # all pieces queued at once, interleaved across three replies
+            for r, lane in lanes.items():
+                text = f"{r} piece {i}"
+                lane.submit(TtsJob(text, lambda c, r=r, text=text: heard[r].append(text),
+                                   finished), i)
+        assert done.wait(30)
+        assert voice.overlaps == []  # never two pieces of one reply at once
+        for r in lanes:  # each reply's chunks in piece order
+            said = [t for i, t in enumerate(heard[r]) if i == 0 or heard[r][i - 1] != t]
+            assert said == [f"{r} piece {i}" for i in range(6)]
+        assert len(voice.threads) > 1  # the replies did share the threads
     finally:
-        pool.close()
+        worker.close()
+
+
+def test_closing_fails_a_replys_held_pieces_in_order():
+    worker = TtsWorker({"tone": ToneVoice(TtsConfig())}, threads=2)
+    gate, started = threading.Event(), threading.Event()
+    errors: list = []
+    lane = worker.lane()
+    lane.submit(TtsJob("hold", lambda c: started.set() or gate.wait(5),
+                       lambda e: errors.append(("hold", e))), 0)
+    for i in (1, 2):
+        lane.submit(TtsJob(f"piece {i}", lambda c: None, lambda e, i=i: errors.append((i, e))), i)
+    assert started.wait(5)  # the first piece is being spoken; the other two are held
+    closer = threading.Thread(target=worker.close)
+    closer.start()
+    gate.set()
+    closer.join(10)
+    assert [k for k, _ in errors] == ["hold", 1, 2]
+    assert errors[0][1] is None and all(isinstance(e, WorkerClosed) for _, e in errors[1:])
+    with pytest.raises(WorkerClosed):
+        worker.lane().submit(TtsJob("late", lambda c: None, lambda e: None), 0)

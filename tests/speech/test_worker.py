@@ -100,3 +100,40 @@ def test_close_fails_queued_jobs():
     threading.Timer(0.05, w.gate.set).start()
     w.close()
     assert isinstance(w.failed.get("queued"), WorkerClosed)
+
+
+class Pair(PriorityWorker[str]):
+    """Each job waits for a second job to run at the same time (a barrier of two)."""
+
+    def __init__(self, **kw) -> None:
+        self.barrier = threading.Barrier(2, timeout=10)
+        self.ran: list[str] = []
+        self.failed: dict[str, BaseException] = {}
+        super().__init__("pair", **kw)
+
+    def handle(self, jobs):
+        if "die" in jobs:
+            raise SystemExit("thread killed")
+        self.barrier.wait()  # BrokenBarrierError unless another thread runs a job meanwhile
+        self.ran += jobs
+
+    def fail(self, job, exc):
+        self.failed[job] = exc
+
+
+def test_several_threads_serve_one_queue_at_once_and_a_dying_one_is_replaced():
+    w = Pair(threads=2)
+    try:
+        w.put("die", 0)  # one of the two threads dies; its replacement takes its place
+        for job in ("a", "b", "c", "d"):
+            w.put(job, 1)
+        deadline = threading.Event()
+        for _ in range(500):
+            if len(w.ran) == 4:
+                break
+            deadline.wait(0.01)
+        assert sorted(w.ran) == ["a", "b", "c", "d"]  # in pairs, two threads at a time
+        assert list(w.failed) == ["die"] and w.restarts == 1
+        assert w.alive and w.threads == 2
+    finally:
+        w.close()

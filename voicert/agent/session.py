@@ -33,7 +33,7 @@ from voicert.speech.denoise import RnNoise
 from voicert.speech.echo import EchoGuard
 from voicert.speech.smart_turn import Judge
 from voicert.speech.turn_text import is_backchannel
-from voicert.speech.tts import TtsPool, TtsWorker, unoffered
+from voicert.speech.tts import TtsWorker, unoffered
 from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
@@ -53,7 +53,7 @@ class Services:
     asr: WhisperAsr
     engine: Engine
     metrics: Metrics = field(default_factory=Metrics)
-    tts: TtsPool | TtsWorker | None = None  # speech out; None when tts.engine is none
+    tts: TtsWorker | None = None  # speech out; None when tts.engine is none
     vad_pool: Executor | None = None  # vad.threads > 0: VAD batches are scored here, off the loop
     vad_batcher: VadBatcher | None = None  # every session's windows of a tick in one model call
     draining: bool = False  # set at shutdown: no new turns start

@@ -1,7 +1,7 @@
 """Speaking one reply as its tokens arrive: pieces to the TTS worker, audio back out in order.
 
 The reply's text deltas go through a :class:`SentenceSplitter`; each finished piece becomes a job
-on the shared :class:`TtsWorker` thread. Chunks come back to the event loop
+on the shared :class:`TtsWorker`, through the reply's lane. Chunks come back to the event loop
 (``call_soon_threadsafe``) and one pump task resamples them to the client's rate, encodes them
 (pcm16 / mu-law / A-law...) and emits them as ``response.audio`` events, in reply order.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from voicert.audio.pcm import Resampler, encode_audio
 from voicert.protocol.native import OutputAudio
 from voicert.speech.sentences import SentenceSplitter
-from voicert.speech.tts import TtsJob, TtsPool, TtsWorker
+from voicert.speech.tts import TtsJob, TtsWorker
 from voicert.speech.worker import WorkerClosed
 from voicert.telemetry.latency import Point, TurnTrace
 
@@ -44,12 +44,12 @@ class SpeechOut:
     text, then ``await`` :meth:`wait` until the last audio is sent. :meth:`cancel` (barge-in) drops
     queued pieces, stops the one being spoken and stops sending, at once."""
 
-    def __init__(self, worker: TtsWorker | TtsPool, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
+    def __init__(self, worker: TtsWorker, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
                  first_clause_chars: int = 24, first_piece_words: int = 0,
                  voice: str | None = None) -> None:
         """``voice``: one of the worker's voice ids (None: its default); raises KeyError for
         another."""
-        self.worker = worker.lane()  # one thread for all of this reply's pieces: audio in order
+        self.worker = worker.lane()  # this reply's pieces one after another: audio in order
         self.fmt, self.send, self.trace = fmt, send, trace
         self.voice = voice
         self.loop = asyncio.get_running_loop()

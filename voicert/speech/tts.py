@@ -8,9 +8,10 @@ its data, driven here through ctypes. Any other voice plugs in by config:
 ``tts.engine: "package.module:ClassName"``, a class taking the ``TtsConfig`` and implementing
 :class:`Voice`.
 
-One :class:`TtsWorker` thread owns the voice (eSpeak NG is a process-wide singleton and not
-thread-safe). Jobs run by priority: the first piece of any reply before later pieces, so a new
-reply's first audio never waits behind another reply's tail.
+A :class:`TtsWorker` owns the voices: ``tts.workers`` threads serving one queue (eSpeak NG is a
+process-wide singleton and not thread-safe: it speaks one piece at a time). Jobs run by priority:
+the first piece of any reply before later pieces, so a new reply's first audio never waits behind
+another reply's tail, nor behind a busy thread while another is free.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ctypes
 import importlib
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Protocol
@@ -26,7 +28,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from voicert.config import ConfigError, TtsConfig
-from voicert.speech.worker import PriorityWorker
+from voicert.speech.worker import PriorityWorker, WorkerClosed
 
 log = logging.getLogger(__name__)
 OnChunk = Callable[[np.ndarray], bool]  # float32 [N] at the voice's rate; False: stop this piece
@@ -210,11 +212,14 @@ class TtsJob:
 
 
 class TtsWorker(PriorityWorker[TtsJob]):
-    """The thread that owns the voices. :meth:`submit` from any thread; jobs run by
-    (piece index, arrival): first pieces of replies go before later ones. ``voices`` maps voice
-    ids to voices (:func:`load_voices`); a single voice is its own default."""
+    """The threads that own the voices (``threads``: ``tts.workers``; Piper voices synthesize for
+    several callers at once, eSpeak NG, one library per process, one piece at a time). All threads
+    serve one queue by (piece index, arrival): first pieces of replies go before later ones, and no
+    piece waits while a thread is idle. :meth:`submit` from any thread; a reply's pieces go through
+    its :meth:`lane`, which keeps them in order. ``voices`` maps voice ids to voices
+    (:func:`load_voices`); a single voice is its own default."""
 
-    def __init__(self, voices: Voice | dict[str, Voice]) -> None:
+    def __init__(self, voices: Voice | dict[str, Voice], threads: int = 1) -> None:
         if not isinstance(voices, dict):
             voices = {voice_id(voices): voices}
         if not voices:
@@ -222,8 +227,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
         self.voices = voices
         self.default_voice = next(iter(voices))
         self.voice = voices[self.default_voice]
-        self.running = 0  # jobs taken and not yet done (under the queue's lock)
-        super().__init__("tts")
+        super().__init__("tts", threads=threads)
 
     @property
     def sample_rate(self) -> int:
@@ -235,15 +239,18 @@ class TtsWorker(PriorityWorker[TtsJob]):
         return self.voices[voice or self.default_voice].sample_rate
 
     def submit(self, job: TtsJob, piece_index: int) -> TtsJob:
-        """Queue a piece; raises WorkerClosed once the worker is closed or down."""
+        """Queue a piece; raises WorkerClosed once the worker is closed or down. Pieces submitted
+        here may run at once on different threads: a reply's go through :meth:`lane`."""
         return self.put(job, piece_index)
+
+    def lane(self) -> ReplyLane:
+        """A new reply's way in: its pieces run one after another, in order, each on whichever
+        thread is free."""
+        return ReplyLane(self)
 
     def handle(self, jobs: list[TtsJob]) -> None:
         for job in jobs:
-            try:
-                self._speak(job)
-            finally:
-                self.finished(job)
+            self._speak(job)
 
     def fail(self, job: TtsJob, exc: BaseException) -> None:
         job.on_done(exc)
@@ -265,65 +272,58 @@ class TtsWorker(PriorityWorker[TtsJob]):
         job.on_done(error)
 
     def warmup(self) -> None:
-        done = threading.Event()
-        self.submit(TtsJob("Ready.", lambda c: None, lambda e: done.set()), 0)
-        done.wait(30)
-
-    def lane(self) -> TtsWorker:
-        """The thread a reply's pieces go to, in order: this one."""
-        return self
-
-    def load(self) -> int:
-        """Jobs queued or running."""
-        return self.pending() + self.running
-
-    def taken(self, job: TtsJob) -> None:
-        self.running += 1
-
-    def finished(self, job: TtsJob) -> None:
-        with self._cv:
-            self.running -= 1
+        """Speak a word on every thread (a voice's first run is slow), each in turn."""
+        for _ in range(self.threads):
+            done = threading.Event()
+            self.submit(TtsJob("Ready.", lambda c: None, lambda e: done.set()), 0)
+            done.wait(30)
 
 
-class TtsPool:
-    """``tts.workers`` TTS threads over one set of voices (``tts.workers`` above 1: Piper voices
-    synthesize for several callers at once; eSpeak NG, one library per process, still speaks one
-    piece at a time). :meth:`lane` gives a reply the least busy thread; all of that reply's pieces
-    go to it, so its audio stays in order. The rest of the interface is :class:`TtsWorker`'s."""
+class ReplyLane:
+    """One reply's pieces, in order, over all of a worker's threads: a piece joins the worker's
+    queue only once the piece before it is done (spoken, cancelled or failed), so the reply's
+    audio comes out in order whichever thread speaks each piece. ``submit`` has
+    :meth:`TtsWorker.submit`'s contract; it wraps the job's ``on_done``."""
 
-    def __init__(self, voices: dict[str, Voice], workers: int = 1) -> None:
-        self.workers = [TtsWorker(voices) for _ in range(max(1, workers))]
-        first = self.workers[0]
-        self.voices, self.default_voice, self.voice = first.voices, first.default_voice, first.voice
+    def __init__(self, worker: TtsWorker) -> None:
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._held: deque[tuple[TtsJob, int]] = deque()  # waiting for the piece in flight
+        self._busy = False  # a piece of this reply is queued or being spoken
 
-    @property
-    def sample_rate(self) -> int:
-        return self.voice.sample_rate
+    def submit(self, job: TtsJob, piece_index: int) -> TtsJob:
+        done, called = job.on_done, False
 
-    def rate_of(self, voice: str | None) -> int:
-        return self.workers[0].rate_of(voice)
+        def on_done(error: BaseException | None) -> None:  # a worker thread; once per piece
+            nonlocal called
+            if called:
+                return
+            called = True
+            try:
+                done(error)
+            finally:
+                self._next()
 
-    def lane(self) -> TtsWorker:
-        return min(self.workers, key=TtsWorker.load)
+        job.on_done = on_done
+        with self._lock:
+            if self._busy:
+                self._held.append((job, piece_index))
+                return job
+            self._busy = True
+        try:
+            return self.worker.submit(job, piece_index)
+        except WorkerClosed:
+            with self._lock:
+                self._busy = False
+            raise
 
-    @property
-    def alive(self) -> bool:
-        return all(w.alive for w in self.workers)
-
-    @property
-    def on_give_up(self):
-        return self.workers[0].on_give_up
-
-    @on_give_up.setter
-    def on_give_up(self, callback) -> None:
-        for w in self.workers:
-            w.on_give_up = callback
-
-    def warmup(self) -> None:
-        for w in self.workers:
-            w.warmup()
-
-    def close(self) -> None:
-        for w in self.workers:
-            w.close()
-
+    def _next(self) -> None:
+        with self._lock:
+            if not self._held:
+                self._busy = False
+                return
+            job, piece_index = self._held.popleft()
+        try:
+            self.worker.submit(job, piece_index)
+        except WorkerClosed as exc:  # the worker went away: this piece fails, and the rest after it
+            job.on_done(exc)

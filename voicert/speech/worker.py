@@ -1,13 +1,15 @@
-"""One worker thread that serves jobs by priority, shared by the ASR and TTS workers.
+"""Worker threads that serve jobs by priority from one queue, shared by the ASR and TTS workers.
 
 Jobs wait in a heap keyed by (priority, arrival): lower priorities run first, equal ones in
-order. The thread takes the most urgent job, optionally waits ``batch_window_s`` for more and takes
-up to ``max_batch`` of the same priority, and hands them to :meth:`PriorityWorker.handle`.
+order. A free thread takes the most urgent job, optionally waits ``batch_window_s`` for more and
+takes up to ``max_batch`` of the same priority, and hands them to :meth:`PriorityWorker.handle`.
+With ``threads`` above 1 no job waits while a thread is idle (one queue, not one per thread).
 
-Supervised: a job that raises fails alone (:meth:`PriorityWorker.fail`, then the next job); if the
-thread itself dies, its jobs are failed and a new thread takes over, at most ``max_restarts`` times,
-after which ``alive`` is False (readiness says 503) and ``on_give_up`` tells the server, which exits
-non-zero rather than leave turns waiting on a worker that is gone.
+Supervised: a job that raises fails alone (:meth:`PriorityWorker.fail`, then the next job); if a
+thread itself dies, its jobs are failed and a new thread takes its place, at most
+``max_restarts`` times in all, after which ``alive`` is False (readiness says 503) and
+``on_give_up`` tells the server, which exits non-zero rather than leave turns waiting on a worker
+that is gone.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class WorkerClosed(RuntimeError):
 
 class PriorityWorker(Generic[J]):
     def __init__(self, name: str, max_batch: int = 1, batch_window_s: float = 0.0,
-                 max_restarts: int = 5) -> None:
+                 max_restarts: int = 5, threads: int = 1) -> None:
         self.name = name
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
@@ -41,7 +43,7 @@ class PriorityWorker(Generic[J]):
         self._seq = itertools.count()
         self._closed = False
         self._gone = False  # the thread died more often than allowed
-        self._thread = self._spawn()
+        self._threads = [self._spawn(i) for i in range(max(1, threads))]
 
     # ------------------------------------------------------------ for subclasses
 
@@ -71,8 +73,12 @@ class PriorityWorker(Generic[J]):
             return len(self._heap)
 
     @property
+    def threads(self) -> int:
+        return len(self._threads)
+
+    @property
     def alive(self) -> bool:
-        return not self._gone and self._thread.is_alive()
+        return not self._gone and all(t.is_alive() for t in self._threads)
 
     def close(self) -> None:
         with self._cv:
@@ -82,12 +88,15 @@ class PriorityWorker(Generic[J]):
             self._cv.notify_all()
         for job in queued:
             self.fail(job, WorkerClosed(f"{self.name} worker closed"))
-        self._thread.join(10)
+        for thread in list(self._threads):
+            thread.join(10)
 
     # ------------------------------------------------------------ the worker thread
 
-    def _spawn(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, name=f"voicert-{self.name}", daemon=True)
+    def _spawn(self, slot: int) -> threading.Thread:
+        suffix = f"-{slot}" if slot else ""
+        thread = threading.Thread(target=self._run, args=(slot,), name=f"voicert-{self.name}{suffix}",
+                                  daemon=True)
         thread.start()
         return thread
 
@@ -110,7 +119,7 @@ class PriorityWorker(Generic[J]):
                 self.taken(job)
             return jobs
 
-    def _run(self) -> None:
+    def _run(self, slot: int) -> None:
         jobs: list[J] = []
         try:
             while (jobs := self._take()) is not None:
@@ -125,9 +134,9 @@ class PriorityWorker(Generic[J]):
             log.exception("%s worker thread died", self.name)
             for job in jobs:
                 self.fail(job, exc)
-            self._replace(f"{type(exc).__name__}: {exc}")
+            self._replace(slot, f"{type(exc).__name__}: {exc}")
 
-    def _replace(self, why: str) -> None:
+    def _replace(self, slot: int, why: str) -> None:
         with self._cv:
             if self._closed:
                 return
@@ -137,7 +146,7 @@ class PriorityWorker(Generic[J]):
                 self._heap.clear()
             else:
                 self.restarts += 1
-                self._thread = self._spawn()
+                self._threads[slot] = self._spawn(slot)
                 log.warning("%s worker restarted (restart %d)", self.name, self.restarts)
                 return
         for job in queued:
