@@ -7,8 +7,10 @@
 #   bash scripts/gpu/attention.sh .carry/fa/part01 all|bench|tests|ttft|splits   # completes, installs, runs
 # (reports under $OUT; ttft: bench.engine with FA4 prefill against gather + SDPA prefill, 1B and 8B)
 set -uo pipefail
-[ -d /root/whl ] || bash scripts/gpu/receive.sh "$1" .carry/fa/SHA256 || exit 1
-[ -d /root/whl ] || exit 0
+# the bundle's own wheel marks it received (another bundle may have left /root/whl behind)
+have() { compgen -G "/root/whl/flash_attn_4-*.whl" > /dev/null; }
+have || bash scripts/gpu/receive.sh "$1" .carry/fa/SHA256 || exit 1
+have || exit 0
 [ -d /root/site/flash_attn ] || python3 -m pip install -q --no-index --no-deps --no-compile \
   --target /root/site /root/whl/*.whl
 source scripts/gpu/env.sh

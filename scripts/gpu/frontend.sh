@@ -21,7 +21,13 @@ for step in "$@"; do
       python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /root/site /root/whl/*.whl \
         $(for w in .carry/toolswhl/*.whl; do [ -e "$w" ] && [ ! -e "/root/whl/${w##*/}" ] && echo "$w"; done 2>/dev/null)
       python3 -c 'import av' 2>/dev/null || { mkdir -p /root/site/av && echo '"""stub"""' > /root/site/av/__init__.py; }
+      # the fb bundle's websockets is 17, which the server's 13-15 API refuses (pyproject pins <16):
+      # carry .carry/ws (websockets 15) in this call
+      for w in .carry/ws/websockets-*.whl; do [ -e "$w" ] && python3 -m pip install -q --no-index \
+        --no-deps --no-compile --upgrade --target /root/site "$w" 2>&1 | grep -v WARNING; done
       source scripts/gpu/env.sh
+      python3 -c 'import sys, websockets; sys.exit(int(websockets.__version__.split(".")[0]) >= 16)' \
+        || { echo "install: websockets $(python3 -c 'import websockets; print(websockets.__version__)') is 16 or newer; carry .carry/ws (docs/gpu.md)"; exit 1; }
       nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee $OUT/gpu.txt
       nproc | tee -a $OUT/gpu.txt ;;
     piper)  # the neural voice: wheels stashed in /root/pp by earlier calls (docs/gpu.md)

@@ -194,3 +194,27 @@ def test_sigint_stops_the_workers_and_the_hosts_and_exits_cleanly(served):
         # a zombie of an exited child is not a running process
         with open(f"/proc/{pid}/stat") as f:
             assert f.read().split()[2] == "Z", f"process {pid} still runs"
+
+
+def test_a_bus_closed_or_replaced_earlier_in_the_same_wakeup_is_not_read():
+    # One wake-up can hold a worker's exit and its bus: the exit is handled first, closes the bus
+    # and may start a new worker with a new one. Reading the old bus then crashed the supervisor
+    # (seen on the GPU box: 'NoneType' object has no attribute 'recv_bytes') or could block on
+    # the new one; the relay must skip it and still pass on turns from live buses.
+    from multiprocessing import Pipe
+
+    from voicert.server.workers import Primary
+
+    primary = Primary.__new__(Primary)  # the relay only: no processes
+    old_worker_end, old_primary_end = Pipe()
+    new_worker_end, new_primary_end = Pipe()
+    other_worker_end, other_primary_end = Pipe()
+    old_worker_end.send_bytes(b"turn from the exited worker")
+    primary.buses = [None, other_primary_end]
+    primary._relay(0, old_primary_end)  # closed by the exit: skipped, no crash
+    primary.buses = [new_primary_end, other_primary_end]
+    primary._relay(0, old_primary_end)  # replaced by a new worker's bus: skipped, not read
+    assert not new_primary_end.poll() and not other_worker_end.poll()
+    new_worker_end.send_bytes(b"a live turn")
+    primary._relay(0, new_primary_end)
+    assert other_worker_end.recv_bytes() == b"a live turn"  # passed on to the other worker

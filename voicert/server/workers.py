@@ -317,7 +317,7 @@ class Primary:
                     log.info("signal received: shutting down (again to force)")
                     self.stopping = True
                 elif obj in buses:
-                    self._relay(buses[obj])
+                    self._relay(buses[obj], obj)
                 elif obj in starting:
                     self._host_started(starting[obj])
                 else:
@@ -327,9 +327,12 @@ class Primary:
                     else:
                         self._host_exited(i)
 
-    def _relay(self, i: int) -> None:
-        """Worker ``i`` finished a turn: pass it to the others."""
-        conn = self.buses[i]
+    def _relay(self, i: int, conn) -> None:
+        """Worker ``i`` finished a turn (``conn``, its bus, is readable): pass it to the others.
+        Nothing when that bus was closed or replaced earlier in the same wake-up (the worker's
+        exit, handled first, closes it and may start a new worker with a new bus)."""
+        if self.buses[i] is not conn:
+            return
         try:
             data = conn.recv_bytes()
         except (EOFError, OSError):
