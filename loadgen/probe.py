@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 HISTOGRAMS = {"engine_batch": "voicert_engine_batch_size", "asr_batch": "voicert_asr_batch_size"}
 STEP = "voicert_engine_step_seconds"  # labelled by kind: prefill | decode
 GC = "voicert_gc_pause_seconds"  # labelled by process (server | engine) and generation
+LAG = "voicert_loop_lag_seconds"  # labelled by process (every worker's loop: server)
 
 
 def metrics_url(ws_url: str) -> str:
@@ -55,6 +56,11 @@ def parse(text: str) -> dict[str, float]:
                 what = s.name[len(GC) + 1:]
                 key = f"gc_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket"
                                                      else what)
+                out[key] = out.get(key, 0.0) + s.value
+            if s.name.startswith(LAG) and s.name != f"{LAG}_created":  # per process label
+                what = s.name[len(LAG) + 1:]
+                key = f"lag_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket"
+                                                      else what)
                 out[key] = out.get(key, 0.0) + s.value
             if s.name == "voicert_prefix_cache_hit_ratio":
                 out["prefix_hit_ratio"] = s.value
@@ -101,6 +107,24 @@ def gc_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, f
         longest = _bound_holding(before, after, f"gc_{proc}_le_", n)
         if longest is not None:
             out[f"gc_{proc}_ms_max_le"] = 1000 * longest
+    return out
+
+
+def lag_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Per process label over the level (every worker's loop counts under ``server``): the event
+    loop's lag P99 and largest, each as the upper bound of its histogram bucket
+    (``loop_lag_{process}_ms_p99_le``, ``_ms_max_le``): how long any callback, a session's VAD
+    result among them, waited for its loop."""
+    out: dict[str, float] = {}
+    procs = {k.split("_")[1] for k in after if k.startswith("lag_") and k.endswith("_count")}
+    for proc in sorted(procs):
+        n = _delta(before, after, f"lag_{proc}_count")
+        if n <= 0:
+            continue
+        for name, share in (("p99", 0.99), ("max", 1.0)):
+            bound = _bound_holding(before, after, f"lag_{proc}_le_", share * n)
+            if bound is not None:
+                out[f"loop_lag_{proc}_ms_{name}_le"] = 1000 * bound
     return out
 
 
@@ -201,6 +225,7 @@ class LevelProbe:
                 out[f"{key}_steps"] = n
         out.update(step_figures(self._before, after))
         out.update(gc_figures(self._before, after))
+        out.update(lag_figures(self._before, after))
         if "prefix_hit_ratio" in after:
             out["prefix_hit_ratio"] = after["prefix_hit_ratio"]
         return out

@@ -79,7 +79,7 @@ def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> s
                 "gpu_util_max", "gpu_mem_max_mib", "prefill_step_ms_mean", "prefill_step_ms_p99_le",
                 "decode_step_ms_mean", "decode_step_ms_p99_le", "gc_server_count",
                 "gc_server_ms_total", "gc_server_ms_max_le", "gc_engine_count", "gc_engine_ms_total",
-                "gc_engine_ms_max_le")
+                "gc_engine_ms_max_le", "loop_lag_server_ms_p99_le", "loop_lag_server_ms_max_le")
         lines += ["", "| sessions | " + " | ".join(keys) + " |",
                   "|---:|" + "---:|" * len(keys)]
         for level, srv in servers.items():

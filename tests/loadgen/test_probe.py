@@ -5,7 +5,7 @@ from voicert.telemetry.metrics import Metrics
 
 from voicert.telemetry.gcwatch import GcPause
 
-from loadgen.probe import gc_figures, parse, step_figures
+from loadgen.probe import gc_figures, lag_figures, parse, step_figures
 
 
 class _Stats:
@@ -48,6 +48,20 @@ def test_gc_figures_per_process():
     assert fig["gc_engine_count"] == 10 and abs(fig["gc_engine_ms_total"] - 16.8) < 1e-6
     assert fig["gc_engine_ms_max_le"] == 20.0  # the 15 ms full collection
     assert fig["gc_server_count"] == 1 and fig["gc_server_ms_max_le"] == 1.0
+
+
+def test_loop_lag_figures_are_the_levels_own():
+    m = Metrics()
+    lag = m.loop_lag.labels("server")
+    lag.observe(0.4)  # before the level: not the level's
+    before = parse(m.exposition().decode())
+    for _ in range(99):
+        lag.observe(0.0008)
+    lag.observe(0.03)
+    fig = lag_figures(before, parse(m.exposition().decode()))
+    assert fig["loop_lag_server_ms_p99_le"] == 1.0  # 99 of 100 waits were <= 1 ms
+    assert fig["loop_lag_server_ms_max_le"] == 50.0  # the 30 ms one, not the 400 ms before
+    assert lag_figures(before, before) == {}
 
 
 def test_cpu_of_a_server_counts_its_descendants_and_nothing_else(tmp_path):
