@@ -4,6 +4,7 @@ protocol, measuring what the caller experiences beside the server's ``turn.laten
 from __future__ import annotations
 
 import asyncio
+import bisect
 import random
 import time
 from dataclasses import dataclass, field
@@ -49,11 +50,13 @@ class SlipHistogram:
         return len(self.counts) / 10
 
 
-def deciding_frame(audio_ms: int) -> int:
-    """The index of the 20 ms frame whose arrival let the server decide at audio position
-    ``audio_ms`` (the end of a 32 ms VAD window): the frame holding the window's last sample.
-    A window that ends inside a frame is complete only once that whole frame has arrived."""
-    return -(-audio_ms // FRAME_MS) - 1
+def deciding_frame(sent_end: list[int], audio_ms: int, rate: int) -> int:
+    """The index of the frame whose arrival let the server decide at audio position ``audio_ms``
+    (the end of a 32 ms VAD window, in the session's audio): the frame holding the window's last
+    sample. ``sent_end``: the session's audio position, in samples at ``rate``, at the end of each
+    frame sent, in order. By samples, not by counting 20 ms frames: a clip's last frame may be
+    short, and every later position moves by what it lacks. len(sent_end) when not yet sent."""
+    return bisect.bisect_left(sent_end, audio_ms * rate // 1000)
 
 
 @dataclass
@@ -116,8 +119,9 @@ class Caller:
         """One session of up to ``turns`` turns; stops early at ``stop_at`` (monotonic s) or once
         ``stats`` holds ``max_turns`` turns (0: no limit)."""
         stats.sessions += 1
-        rate = self.clips[0][1]
-        self.sent_ns: list[int] = []  # when each 20 ms frame of this session left (audio position)
+        rate = self.rate = self.clips[0][1]
+        self.sent_ns: list[int] = []  # when each frame of this session left, in order
+        self.sent_end: list[int] = []  # the session's audio position (samples) at its end
         try:
             ws = await connect(self.url, max_size=None, compression=None, open_timeout=10)
         except InvalidHandshake:
@@ -160,7 +164,7 @@ class Caller:
             for i in range(0, audio.size, n):
                 stats.slip.add((time.perf_counter() - t0) * 1000 - (i // n) * FRAME_MS)
                 await ws.send(p.encode(p.Audio(encode_pcm16(audio[i:i + n]))))
-                self.sent_ns.append(time.perf_counter_ns())
+                self._sent(min(n, audio.size - i))
                 if i // n == speech_frames - 1:
                     speech_end = time.perf_counter_ns()
                 delay = t0 + (i // n + 1) * FRAME_MS / 1000 - time.perf_counter()
@@ -168,7 +172,7 @@ class Caller:
                     await asyncio.sleep(delay)
             # then silence until the reply is done, as a live line would go on sending
             await asyncio.wait_for(send_silence_until(
-                ws, reader, rate, on_frame=lambda: self.sent_ns.append(time.perf_counter_ns())),
+                ws, reader, rate, on_frame=lambda: self._sent(n)),
                 self.turn_timeout_s)
             reader.result()
         except asyncio.TimeoutError:
@@ -189,12 +193,17 @@ class Caller:
         stats.turns.append(sample)
         return True
 
+    def _sent(self, samples: int) -> None:
+        """A frame of ``samples`` samples just left."""
+        self.sent_ns.append(time.perf_counter_ns())
+        self.sent_end.append((self.sent_end[-1] if self.sent_end else 0) + samples)
+
     def _same_origin(self, sample: TurnSample, first_ns: int) -> None:
         """The client's TTFT from the frame the server decided the endpoint on."""
         if sample.endpoint_audio_ms is None:
             return
-        frame = deciding_frame(sample.endpoint_audio_ms)
-        if 0 <= frame < len(self.sent_ns):
+        frame = deciding_frame(self.sent_end, sample.endpoint_audio_ms, self.rate)
+        if frame < len(self.sent_ns):
             sample.client_endpoint_ttft_ms = (first_ns - self.sent_ns[frame]) / 1e6
             if "ttft_ms" in sample.stages:
                 sample.client_extra_ms = sample.client_endpoint_ttft_ms - sample.stages["ttft_ms"]

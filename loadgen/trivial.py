@@ -50,7 +50,7 @@ def clip_table(paths: list[str]) -> dict[bytes, int]:
 
 
 async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
-    turn = frames = 0  # frames: the session's audio position, in 20 ms frames received
+    turn = samples = rate = 0  # samples: the session's audio position, as a server counts it
     left: int | None = None  # frames of the current clip still to come
     try:
         async for frame in ws:
@@ -60,11 +60,12 @@ async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
                 await ws.send(p.encode(p.Error(exc.code.value, exc.message)))
                 continue
             if isinstance(msg, p.SessionStart):
+                rate = msg.sample_rate
                 await ws.send(p.encode(p.SessionStarted(uuid.uuid4().hex[:12], msg.sample_rate,
                                                         "pcm16", "server_vad")))
             elif isinstance(msg, p.Audio):
                 arrived = time.perf_counter_ns()
-                frames += 1
+                samples += len(msg.audio) // 2  # pcm16
                 if left is None:
                     left = table.get(msg.audio)
                 elif left > 0:
@@ -72,7 +73,7 @@ async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
                 if left == 0:
                     turn += 1
                     left = None
-                    await _answer(ws, turn, arrived, frames * FRAME_MS)
+                    await _answer(ws, turn, arrived, samples * 1000 // rate)
             elif isinstance(msg, p.SessionEnd):
                 return
     except ConnectionClosed:

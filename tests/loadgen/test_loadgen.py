@@ -106,12 +106,23 @@ def test_a_sweep_cut_short_keeps_the_levels_it_finished_on_disk(tmp_path):
         assert f"| {n} | 1 |" in (tmp_path / "report.md").read_text()
 
 
-def test_an_endpoint_inside_a_frame_is_timed_from_the_frame_that_completed_its_window():
+def test_an_endpoint_is_timed_from_the_frame_that_completed_its_window():
     from loadgen.caller import deciding_frame
 
-    # 20 ms frames, 32 ms VAD windows: a window ending at 32 ms needs frame 1 (20-40 ms) whole
-    assert [deciding_frame(ms) for ms in (20, 32, 40, 64, 416, 800)] == [0, 1, 1, 3, 20, 39]
-    # every window end k * 32 ms lies in the frame that holds its last sample
-    for k in range(1, 200):
-        frame = deciding_frame(32 * k)
-        assert frame * 20 < 32 * k <= (frame + 1) * 20
+    # 20 ms frames of 320 samples at 16 kHz; VAD windows of 32 ms: a window ending at 32 ms
+    # needs frame 1 (20-40 ms) whole
+    ends = [320 * (i + 1) for i in range(50)]
+    assert [deciding_frame(ends, ms, 16000) for ms in (20, 32, 40, 64, 416, 800)] == \
+        [0, 1, 1, 3, 20, 39]
+    for k in range(1, 30):  # every window end lies in the frame holding its last sample
+        frame = deciding_frame(ends, 32 * k, 16000)
+        assert ends[frame] - 320 < 32 * k * 16 <= ends[frame]
+    # a clip's last frame was short (100 samples): every later frame ends 220 samples earlier
+    # than 20 ms frame counting says, and a window is found by samples, not by frame count
+    ends = [320, 640, 740] + [740 + 320 * (i + 1) for i in range(20)]
+    assert deciding_frame(ends, 64, 16000) == 3  # 1024 samples: in the frame 740-1060
+    assert deciding_frame(ends, 416, 16000) == 21  # 6656 samples: in the frame 6500-6820
+    assert deciding_frame(ends, 448, 16000) == len(ends)  # not yet sent
+    # at 8 kHz (160-sample frames) the same windows, in the client's samples
+    ends8 = [160 * (i + 1) for i in range(50)]
+    assert deciding_frame(ends8, 32, 8000) == 1 and deciding_frame(ends8, 40, 8000) == 1

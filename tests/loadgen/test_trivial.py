@@ -24,10 +24,12 @@ async def test_the_generator_measures_each_answer_after_its_last_frame():
     async with serve(lambda ws: _session(ws, table), "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
         spec = LoadSpec(f"ws://127.0.0.1:{port}/v1/stream",
-                        [load_for_streaming(c) for c in CLIPS], duration_s=3.0, ramp_s=0.2,
+                        [load_for_streaming(c) for c in CLIPS], duration_s=7.5, ramp_s=0.2,
                         turns=2, think_s=0.1, turn_timeout_s=30.0)
         stats = await closed_loop(spec, 3)
     assert stats.turns and not (stats.errors or stats.timeouts or stats.dropped)
+    # second turns too: their audio positions follow a first clip whose last frame was short
+    assert len(stats.turns) > stats.sessions
     for t in stats.turns:
         assert t.finish_reason == "stop"
         # answered on the last frame: the server's interval lies within the caller's
