@@ -87,3 +87,42 @@ async def test_a_failing_batch_fails_its_sessions_and_the_next_one_works(model):
     ok = VadStream(model)
     assert (await ok.push_batched(np.zeros(FRAME, np.float32), batcher)).shape == (1,)
     assert asyncio.get_running_loop().is_running()
+
+
+async def test_windows_that_arrive_while_the_pool_is_busy_go_together_in_the_next_batch(model):
+    # One batch in flight (one VAD thread): while it runs, three sessions' windows arrive in
+    # three loop iterations; they are scored in one batch as soon as it finishes, exactly as
+    # each session alone would get them.
+    import asyncio
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from voicert.speech.vad import VadBatcher
+
+    gate = threading.Event()
+
+    class Gated:  # the real model, held back on its first call
+        def score(self, windows, states):
+            gate.wait(10)
+            return model.score(windows, states)
+
+    clips = [wav(name)[0][:FRAME * 4] for name in ("capital_of_france", "count_to_five",
+                                                    "tell_me_a_joke", "weather_question")]
+    alone = [VadStream(model).push(c) for c in clips]
+    with ThreadPoolExecutor(1) as pool:
+        batcher = VadBatcher(Gated(), pool, in_flight=1)
+        streams = [VadStream(model) for _ in clips]
+        first = asyncio.ensure_future(streams[0].push_batched(clips[0], batcher))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the first batch is in the pool, held
+        later = []
+        for i in (1, 2, 3):  # each in its own loop iteration
+            later.append(asyncio.ensure_future(streams[i].push_batched(clips[i], batcher)))
+            await asyncio.sleep(0)
+        assert batcher.batches == 0 and not any(f.done() for f in later)
+        gate.set()
+        got = [await first] + list(await asyncio.gather(*later))
+    for a, b in zip(alone, got):
+        np.testing.assert_array_equal(a, b)
+    # two batches of four window positions each: the held one, then the three sessions together
+    assert batcher.batches == 8 and batcher.rows == 16

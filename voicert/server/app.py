@@ -81,7 +81,7 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
                  getattr(tts.voice, "name", cfg.tts.engine), tts.sample_rate, ", ".join(voices))
     vad_pool = (ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
                 if cfg.vad.threads > 0 else None)
-    vad_batcher = VadBatcher(vad, vad_pool)
+    vad_batcher = VadBatcher(vad, vad_pool, in_flight=cfg.vad.threads)
     if cfg.server.gc_freeze:
         log.info("gc: %d loaded objects exempted from collection", settle())
     return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,

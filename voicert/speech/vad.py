@@ -3,9 +3,10 @@
 One :class:`SileroVad` holds the ONNX session (the model the ``silero-vad`` package ships, MIT; its
 inputs have a batch dimension: one call scores one 32 ms window for each of B streams). Each session
 owns a :class:`VadStream` (framing, and its recurrent state and audio context in a
-:class:`VadState`). A :class:`VadBatcher` on the event loop gathers the windows every session
-completed in one loop iteration and scores them with one model call per window position, so the
-cost per tick grows far slower than the number of sessions; a stream's probabilities are exactly
+:class:`VadState`). A :class:`VadBatcher` on the event loop gathers the windows sessions complete
+(those of one loop iteration, or, under load, all that arrived while the last batch ran) and
+scores them with one model call per window position, so the cost grows far slower than the
+number of sessions; a stream's probabilities are exactly
 those it would get scored alone (the rows do not mix: tests/speech/test_vad.py).
 """
 
@@ -116,35 +117,59 @@ class _Job:
 
 
 class VadBatcher:
-    """Scores the windows all sessions submit in one event-loop iteration together: window k of
-    every job goes into the k-th model call of the batch. With an ``executor`` the calls run there
-    (the loop stays free; onnxruntime releases the GIL), else on the loop.
+    """Scores the windows sessions submit together: window k of every job goes into the k-th
+    model call of a batch. With an ``executor`` the calls run there (the loop stays free;
+    onnxruntime releases the GIL), at most ``in_flight`` batches at a time (the executor's
+    threads): windows that arrive while that many batches run wait and go together in the next
+    one, as soon as one finishes. So under load each batch grows to what arrived during the last
+    one instead of many small calls queueing in the pool, and a window waits at most about two
+    batch times. Without one, each loop iteration's windows are scored on the loop.
 
     Contract: a stream submits its next windows only after its previous ones were scored (a
     session awaits each frame), so a stream is in at most one job at a time."""
 
-    def __init__(self, model: SileroVad, executor: Executor | None = None) -> None:
+    def __init__(self, model: SileroVad, executor: Executor | None = None,
+                 in_flight: int = 1) -> None:
         self.model = model
         self.executor = executor
+        self.in_flight = max(1, in_flight)
         self._jobs: list[_Job] = []
+        self._scheduled = False  # a flush is due on the loop
+        self._running = 0  # batches in the executor
         self.batches = 0  # model calls made (for metrics and tests)
         self.rows = 0  # windows scored
 
     def score(self, state: VadState, windows: np.ndarray) -> asyncio.Future:
         loop = asyncio.get_running_loop()
-        if not self._jobs:
-            loop.call_soon(self._flush)  # after every task already woken this iteration
         job = _Job(state, windows, loop.create_future())
         self._jobs.append(job)
+        self._schedule(loop)
         return job.done
 
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Flush after every task already woken this iteration, unless one is due already or
+        every batch slot is taken (then the batch that finishes first flushes)."""
+        if self._jobs and not self._scheduled and self._running < self.in_flight:
+            self._scheduled = True
+            loop.call_soon(self._flush)
+
     def _flush(self) -> None:
+        self._scheduled = False
         jobs, self._jobs = self._jobs, []
+        if not jobs:
+            return
         if self.executor is None:
             self._finish(jobs, self._run, jobs)
-        else:
-            fut = asyncio.get_running_loop().run_in_executor(self.executor, self._run, jobs)
-            fut.add_done_callback(lambda f: self._finish(jobs, f.result))
+            return
+        loop = asyncio.get_running_loop()
+        self._running += 1
+        fut = loop.run_in_executor(self.executor, self._run, jobs)
+        fut.add_done_callback(lambda f: self._done(jobs, f, loop))
+
+    def _done(self, jobs: list[_Job], fut: asyncio.Future, loop) -> None:
+        self._running -= 1
+        self._finish(jobs, fut.result)
+        self._schedule(loop)  # what arrived meanwhile goes now, as one batch
 
     @staticmethod
     def _finish(jobs: list[_Job], result, *args) -> None:
