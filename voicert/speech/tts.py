@@ -272,11 +272,12 @@ class TtsWorker(PriorityWorker[TtsJob]):
         job.on_done(error)
 
     def warmup(self) -> None:
-        """Speak a word on every thread (a voice's first run is slow), each in turn."""
-        for _ in range(self.threads):
-            done = threading.Event()
-            self.submit(TtsJob("Ready.", lambda c: None, lambda e: done.set()), 0)
-            done.wait(30)
+        """Speak a word once per thread, all at once (a voice's first runs are slow)."""
+        done = [threading.Event() for _ in range(self.threads)]
+        for event in done:
+            self.submit(TtsJob("Ready.", lambda c: None, lambda e, ev=event: ev.set()), 0)
+        for event in done:
+            event.wait(30)
 
 
 class ReplyLane:
