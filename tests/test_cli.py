@@ -62,6 +62,23 @@ def test_a_missing_llm_is_one_message_and_leaves_no_pending_task(capsys, caplog)
     assert not [r for r in caplog.records if "was destroyed" in r.getMessage()]
 
 
+def test_a_websockets_release_the_server_cannot_run_on_is_named_not_a_traceback(capsys, caplog,
+                                                                              monkeypatch):
+    # websockets 16+ changed the asyncio Server API (seen on a machine whose bundle had 17.4:
+    # a TypeError traceback from deep in the start-up)
+    import websockets
+
+    from voicert.cli import main
+    from voicert.server.app import websockets_problem
+
+    assert websockets_problem(websockets.__version__) is None  # the installed one serves
+    monkeypatch.setattr(websockets, "__version__", "17.4")
+    code = main(["serve", "--port", "0", "--set", "tts.engine=none"])
+    assert code == 2 and "could not start" in capsys.readouterr().err
+    assert any("websockets 17.4 is installed" in r.getMessage() and "'websockets>=13,<16'"
+               in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("setting, message", [
     ("llm.device=cuda", "llm.device: cuda, but torch"),
     ("asr.device=cuda", "asr.device: cuda, but CTranslate2 sees no CUDA device")])

@@ -421,10 +421,31 @@ def new_event_loop() -> asyncio.AbstractEventLoop:
         return asyncio.new_event_loop()
 
 
+WEBSOCKETS_MAJORS = (13, 14, 15)  # the asyncio Server API used here (pyproject pins <16)
+
+
+def websockets_problem(version: str) -> str | None:
+    """Why the installed websockets (``version``) cannot serve, or None when it can."""
+    try:
+        major = int(version.split(".")[0])
+    except ValueError:
+        return None
+    if major in WEBSOCKETS_MAJORS:
+        return None
+    return (f"websockets {version} is installed; the server runs on websockets 13-15 (its "
+            f"asyncio Server API changed in 16): pip install 'websockets>=13,<16'")
+
+
 def run_server(cfg: Config, role: WorkerRole | None = None) -> int:
     """Listen at once; load and warm the models; serve until SIGINT/SIGTERM; shut down gracefully.
     With ``server.workers`` above 1 this process becomes the primary of that many workers
-    (server/workers.py); ``role``: this process is one of them."""
+    (server/workers.py); ``role``: this process is one of them. 2 when it cannot start (a
+    message says why)."""
+    import websockets
+
+    if (why := websockets_problem(websockets.__version__)) is not None:
+        log.critical("%s", why)
+        return 2
     if role is None and cfg.server.workers > 1:
         from voicert.server.workers import run_primary
 
