@@ -142,6 +142,9 @@ class TurnConfig:
     backchannels: bool = True  # speech over a reply ("mm-hm", "yeah") interrupts it only once it
     # has gone on for interrupt_ms, or when its transcript is not a backchannel
     interrupt_ms: int = 640  # backchannels: voiced speech over a reply that interrupts it at once
+    interrupt_check_ms: int = 0  # backchannels: at interrupt_ms, first transcribe the speech so far
+    # and let a backchannel ("mm-hm, yeah") go on; interrupt when the words are not one, or when no
+    # transcript came within this many ms (0: off, interrupt at interrupt_ms; for a fast ASR)
     echo_guard: bool = True  # input the session's own reply audio explains (its voice coming back
     # through the caller's microphone) is silence to the VAD, not the caller (speech/echo.py)
     echo_threshold: float = 0.6  # the correlation with the reply audio that counts as its echo
@@ -161,6 +164,8 @@ class TurnConfig:
         _check(1 <= self.threads <= 16, "turn.threads", "must be in [1, 16]")
         _check(1 <= self.concurrency <= 64, "turn.concurrency", "must be in [1, 64]")
         _check(96 <= self.interrupt_ms <= 5000, "turn.interrupt_ms", "must be in [96, 5000]")
+        _check(0 <= self.interrupt_check_ms <= 2000, "turn.interrupt_check_ms",
+               "must be in [0, 2000]")
         _check(0 < self.echo_threshold < 1, "turn.echo_threshold", "must be in (0, 1)")
 
 

@@ -4,6 +4,7 @@ with the early decode's transcript, a failing model leaves the words to decide."
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import numpy as np
@@ -124,3 +125,43 @@ async def test_a_backchannel_over_a_reply_lets_it_go_on_and_a_real_interjection_
     assert [e.text for e in events if isinstance(e, ev.TranscriptFinal)][-1] == "Wait."
     barge = [e for e in events if isinstance(e, ev.BargeIn)]
     assert len(barge) == 2  # the first utterance (nothing playing) and the interjection
+
+
+async def test_a_checked_long_backchannel_lets_the_reply_go_on_and_long_words_stop_it():
+    # turn.interrupt_check_ms: speech over the reply that reaches interrupt_ms (640 ms) is
+    # transcribed first. The fake ASR answers at once; each frame lets the loop run, so the
+    # transcript is in long before the (2 s) check would give up, however slow the machine.
+    engine = FakeEngine(reply="one two three four five six seven eight", gated=True)
+    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="silence",
+                                                        interrupt_check_ms=2000))
+    asr = FakeAsr("what is the capital of france")
+    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=engine)
+    events: list = []
+
+    async def emit(event):
+        events.append(event)
+
+    async def send_paced(x: np.ndarray) -> None:
+        for i in range(0, x.size, 320):
+            await session.on_audio(encode_pcm16(x[i:i + 320]))
+            await asyncio.sleep(0)
+
+    session = Session("s1", p.SessionStart(), svc, emit)
+    await send(session, audio(("voice", 1.0), ("silence", 0.6)))
+    await until(lambda: engine.requests)
+    first = engine.requests[0].request_id
+    engine.release(first)
+    asr.text = "Mm-hmm."
+    await send_paced(audio(("voice", 1.0), ("silence", 0.6)))  # past interrupt_ms
+    await until(lambda: svc.metrics.registry.get_sample_value(
+        "voicert_speech_over_reply_total", {"outcome": "backchannel"}) == 1)
+    checks = [d for d in asr.decodes if d.audio.size < 16000]  # the one at 640 ms of speech
+    assert len(checks) == 1 and checks[0].priority == FINAL
+    assert session._replying() and first not in engine.cancelled
+    asr.text = "Hold on, what did you say?"
+    await send_paced(audio(("voice", 1.0), ("silence", 0.6)))
+    await until(lambda: first in engine.cancelled)
+    await until(lambda: sum(isinstance(e, ev.ReplyStarted) for e in events) == 2)  # answered
+    assert finals(events) == ["what is the capital of france", "Hold on, what did you say?"]
+    checks = [d for d in asr.decodes if d.audio.size < 16000]
+    assert len(checks) == 2  # the interjection, too, was transcribed at 640 ms

@@ -229,3 +229,80 @@ def test_without_backchannels_or_a_reply_speech_interrupts_at_once():
                 np.array([VOICE]), s.window * WINDOW_NS, 0, replying=replying)]
         kinds = [type(a).__name__ for _, a in s.actions]
         assert kinds == ["SpeechStarted", "BargeIn"]
+
+
+class Overlap:
+    """Speech over a running reply, one window at a time, with ``turn.interrupt_check_ms``:
+    ``transcript`` answers the overlap decode ``answer_after`` windows after it starts (None:
+    never)."""
+
+    def __init__(self, check_ms: int = 160, interrupt_ms: int = 480) -> None:
+        turn = TurnConfig(detector="silence", interrupt_ms=interrupt_ms,
+                          interrupt_check_ms=check_ms)
+        self.s = Script(TurnTaking(VadConfig(), turn=turn))
+        self.decodes: list[tuple[int, StartDecode]] = []
+
+    def run(self, voiced: int, transcripts: list[str | None], answer_after: int = 2) -> list:
+        pending: list[tuple[int, int, str | None]] = []  # (window due, decode id, text)
+        for prob in [SILENCE] * 3 + [VOICE] * voiced + [SILENCE] * 20:
+            s = self.s
+            s.window += 1
+            for due, decode_id, text in [p for p in pending if p[0] == s.window]:
+                s.actions += [(s.window, a) for a in s.turns.overlap_done(decode_id, text)]
+            received = s.window * WINDOW_NS
+            s.turns.push(np.full(FRAME, 0.3 if prob >= 0.5 else 0.0, np.float32))
+            acts = s.turns.on_windows(np.array([prob]), received, received + 1_000,
+                                      replying=True)
+            s.actions += [(s.window, a) for a in acts]
+            for a in acts:
+                if isinstance(a, StartDecode) and a.kind is DecodeKind.OVERLAP:
+                    self.decodes.append((s.window, a))
+                    text = transcripts.pop(0) if transcripts else None
+                    if text is not None:
+                        pending.append((s.window + answer_after, a.decode_id, text))
+        return [a for _, a in self.s.actions]
+
+
+def test_a_checked_backchannel_that_reaches_interrupt_ms_lets_the_reply_go_on():
+    o = Overlap()
+    out = o.run(voiced=22, transcripts=["Mm-hmm."])  # a slow "mm-hmmm": 704 ms of voice
+    (w, start), = o.decodes  # transcribed at the 15th voiced window (480 ms)
+    assert w == 3 + 15 - 1 and start.audio.size >= 15 * FRAME
+    assert not any(isinstance(a, BargeIn) for a in out)
+    (ended,) = [a for a in out if isinstance(a, TurnEnded)]
+    assert ended.overlap  # the whole utterance is screened again by its own transcript
+
+
+def test_checked_words_that_are_no_backchannel_interrupt_when_their_transcript_comes():
+    o = Overlap()
+    o.run(voiced=30, transcripts=["Hold on, what did"], answer_after=3)
+    (w_check, _), = o.decodes
+    (w_barge, _), = o.s.of(BargeIn)
+    assert w_barge == w_check + 3  # the transcript's arrival, within the 160 ms allowed
+    (_, ended), = o.s.of(TurnEnded)
+    assert not ended.overlap
+
+
+def test_no_transcript_in_time_interrupts_and_withdraws_the_decode():
+    o = Overlap(check_ms=160)
+    o.run(voiced=30, transcripts=[None])
+    (w_check, start), = o.decodes
+    (w_barge, _), = o.s.of(BargeIn)
+    assert w_barge == w_check + 5  # 160 ms later: 5 windows of 32 ms
+    dropped = [a for _, a in o.s.of(DropDecode) if a.kind is DecodeKind.OVERLAP]
+    assert [d.decode_id for d in dropped] == [start.decode_id]
+    assert o.s.turns.overlap_done(start.decode_id, "Mm-hm.") == []  # too late: ignored
+
+
+def test_a_long_run_of_backchannels_is_checked_again_after_each_interrupt_ms():
+    o = Overlap()
+    out = o.run(voiced=40, transcripts=["Mm-hm.", "Yeah, okay."])
+    # answered at the start of window 19; from it, 15 more voiced windows
+    assert [w for w, _ in o.decodes] == [3 + 15 - 1, 3 + 15 - 1 + 2 + 15 - 1]
+    assert not any(isinstance(a, BargeIn) for a in out)
+
+
+def test_without_the_check_speech_reaching_interrupt_ms_interrupts_as_before():
+    o = Overlap(check_ms=0)
+    o.run(voiced=30, transcripts=[])
+    assert o.decodes == [] and [w for w, _ in o.s.of(BargeIn)] == [3 + 15 - 1]

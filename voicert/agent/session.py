@@ -241,11 +241,13 @@ class Session:
     def _act_now(self, action) -> None:
         """The decisions that need no sending: decodes and the end of a turn."""
         if isinstance(action, StartDecode):
-            kind = EARLY if action.kind is DecodeKind.EARLY else PARTIAL
+            kind = {DecodeKind.EARLY: EARLY, DecodeKind.PARTIAL: PARTIAL,
+                    DecodeKind.OVERLAP: FINAL}[action.kind]  # an interruption may wait on it
             if kind == EARLY and self.turns.semantic and self.turns.turn.text_cue:
                 kind = FINAL  # the semantic verdict waits for it: the endpoint is behind it
             handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
-            done = (self._on_early if action.kind is DecodeKind.EARLY else self._on_partial)
+            done = {DecodeKind.EARLY: self._on_early, DecodeKind.PARTIAL: self._on_partial,
+                    DecodeKind.OVERLAP: self._on_overlap}[action.kind]
             handle.future.add_done_callback(lambda fut, i=action.decode_id: done(i, fut))
         elif isinstance(action, DropDecode):
             handle = self.decodes.pop(action.decode_id, None)
@@ -452,6 +454,15 @@ class Session:
         ok = not fut.cancelled() and fut.exception() is None
         for action in self.turns.partial_done(decode_id, fut.result().text if ok else None):
             self._act_now(action)
+
+    def _on_overlap(self, decode_id: int, fut: asyncio.Future) -> None:
+        """Speech over the reply that reached turn.interrupt_ms is transcribed: a backchannel
+        lets the reply go on, anything else interrupts it."""
+        self.decodes.pop(decode_id, None)
+        ok = not fut.cancelled() and fut.exception() is None
+        actions = self.turns.overlap_done(decode_id, fut.result().text if ok else None)
+        if actions:
+            asyncio.ensure_future(self._act_all(actions))
 
     def _barge_in(self) -> None:
         """Speech that interrupts (a BargeIn) stops the reply streaming, if any."""

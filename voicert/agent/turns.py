@@ -17,6 +17,9 @@ time the audio arrived; :class:`TurnTaking` answers with what to do, as small ty
 With ``turn.backchannels`` speech that starts while a reply runs does not interrupt at once: it
 does once it has gone on for ``turn.interrupt_ms``; a shorter utterance ends as a turn marked
 ``overlap``, and the session interrupts only if its transcript is not a backchannel ("mm-hm").
+With ``turn.interrupt_check_ms`` the speech that reaches ``interrupt_ms`` is transcribed first (an
+*overlap* decode, :meth:`TurnTaking.overlap_done`): a slow backchannel ("mm-hmmm") lets the reply go
+on; other words, a failed decode, or none within ``interrupt_check_ms``, interrupt.
 
 With ``turn.detector: semantic`` an utterance is judged at a short pause (``turn.pause_ms``): from
 the audio model's probability and the early transcript's last words (``turn.text_cue``, passed in
@@ -41,7 +44,7 @@ from voicert.config import TurnConfig, VadConfig
 from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped, TranscriptPartial
 from voicert.speech.endpoint import WINDOW_MS, Endpointer, EventKind
 from voicert.speech.partials import LocalAgreement
-from voicert.speech.turn_text import continues
+from voicert.speech.turn_text import continues, is_backchannel
 from voicert.speech.vad import FRAME, SAMPLE_RATE
 
 
@@ -53,6 +56,7 @@ class Detection(enum.StrEnum):
 class DecodeKind(enum.Enum):
     EARLY = "early"  # the final decode, started in the trailing silence before the endpoint
     PARTIAL = "partial"  # a live partial of the utterance so far
+    OVERLAP = "overlap"  # speech over a reply that reached turn.interrupt_ms: a backchannel?
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +124,12 @@ class _Judgement:
 
 
 @dataclass(slots=True)
+class _OverlapCheck:
+    decode_id: int
+    deadline_ns: int  # no transcript by then: interrupt
+
+
+@dataclass(slots=True)
 class _Partials:
     agreement: LocalAgreement
     utterance_start: int
@@ -153,6 +163,7 @@ class TurnTaking:
         self._partials: _Partials | None = None
         self._judgement: _Judgement | None = None
         self._overlap_voiced: int | None = None  # voiced windows of speech over a reply, held
+        self._overlap_check: _OverlapCheck | None = None  # its transcript, awaited
 
     @property
     def semantic(self) -> bool:
@@ -203,8 +214,8 @@ class TurnTaking:
             if result.voiced and self._overlap_voiced is not None and self.endpointer.in_speech:
                 self._overlap_voiced += 1
                 if self._overlap_voiced * WINDOW_MS >= self.turn.interrupt_ms:
-                    self._overlap_voiced = None  # more than a backchannel: a real interruption
-                    out.append(BargeIn(self.next_turn_id))
+                    self._overlap_long(received_ns, out)
+            self._overlap_overdue(decided_ns, out)
             if result.voiced:
                 self.last_voice_ns = received_ns
                 self._drop_early(out)  # the user kept talking: the early decode is stale
@@ -251,6 +262,7 @@ class TurnTaking:
         self._drop_partials(out)
         self._judgement = None
         self._overlap_voiced = None
+        self._drop_overlap_check(out)
         self.endpointer.reset()
         self.audio.trim_before(self.audio.end)
         self.utterance_start = self.audio.end
@@ -283,6 +295,21 @@ class TurnTaking:
         st.need_audio, st.prob = False, prob
         return self._decide(now_ns)
 
+    def overlap_done(self, decode_id: int, text: str | None) -> list[Action]:
+        """The transcript of speech over a reply that reached ``interrupt_ms`` (``text`` None: the
+        decode failed). A backchannel lets the reply go on (and is checked again after another
+        ``interrupt_ms`` of speech); anything else interrupts it."""
+        check = self._overlap_check
+        if check is None or check.decode_id != decode_id:
+            return []
+        self._overlap_check = None
+        if text is not None and (not text.strip() or is_backchannel(text)):
+            self._overlap_voiced = 0
+            return []
+        out: list[Action] = []
+        self._interrupt(out)
+        return out
+
     def partial_done(self, decode_id: int, text: str | None) -> list[Action]:
         """A partial decode finished (``text`` None: it failed or was dropped)."""
         st = self._partials
@@ -298,6 +325,36 @@ class TurnTaking:
         return [TranscriptPartial(self.next_turn_id, stable, unstable)]
 
     # ------------------------------------------------------------ internals
+
+    def _overlap_long(self, received_ns: int, out: list[Action]) -> None:
+        """Speech over the reply reached ``interrupt_ms``: interrupt, or (``interrupt_check_ms``)
+        transcribe it first."""
+        if self._overlap_check is not None:
+            return  # its transcript is awaited
+        if not self.turn.interrupt_check_ms:
+            self._interrupt(out)
+            return
+        decode_id = next(self._ids)
+        deadline = received_ns + self.turn.interrupt_check_ms * 1_000_000
+        self._overlap_check = _OverlapCheck(decode_id, deadline)
+        out.append(StartDecode(decode_id, DecodeKind.OVERLAP,
+                               self.audio.slice(self.utterance_start, self.audio.end)))
+
+    def _overlap_overdue(self, now_ns: int, out: list[Action]) -> None:
+        check = self._overlap_check
+        if check is not None and now_ns >= check.deadline_ns:
+            self._interrupt(out)  # no transcript in time: treat it as an interruption
+
+    def _interrupt(self, out: list[Action]) -> None:
+        """The speech over the reply is more than a backchannel: a real interruption."""
+        self._drop_overlap_check(out)
+        self._overlap_voiced = None
+        out.append(BargeIn(self.next_turn_id))
+
+    def _drop_overlap_check(self, out: list[Action]) -> None:
+        if self._overlap_check is not None:
+            out.append(DropDecode(self._overlap_check.decode_id, DecodeKind.OVERLAP))
+            self._overlap_check = None
 
     def _trim(self) -> None:
         if not self.endpointer.in_speech and self.detection is Detection.SERVER_VAD:
@@ -402,6 +459,7 @@ class TurnTaking:
         self._drop_partials(out)
         self._judgement = None
         overlap, self._overlap_voiced = self._overlap_voiced is not None, None
+        self._drop_overlap_check(out)  # the turn's own transcript screens it now
         early, self._early = self._early, None
         if early is not None and not (early.utterance_start == self.utterance_start
                                       and early.last_voiced == self.endpointer.last_voiced):

@@ -459,14 +459,18 @@ async def evaluate(services, cfg: Config, modes: list[str], utts: list[Utterance
 
 
 async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> list[dict]:
-    """Backchannels and interjections over a reply, turn.backchannels on and off."""
+    """Backchannels and interjections over a reply: turn.backchannels on (with the configured
+    turn.interrupt_check_ms, and without the check when one is configured) and off."""
     from voicert.server.app import STREAM_PATH, VoiceServer
 
     clips = [u for u in utts if u.kind in ("backchannel", "interject")]
     question = SET_DIR / "c07.wav"
     rows = []
-    for on in (True, False):
-        turn = dataclasses.replace(cfg.turn, detector="silence", backchannels=on)
+    check = cfg.turn.interrupt_check_ms
+    settings = [(True, check), (True, 0), (False, 0)] if check else [(True, 0), (False, 0)]
+    for on, check_ms in settings:
+        turn = dataclasses.replace(cfg.turn, detector="silence", backchannels=on,
+                                   interrupt_check_ms=check_ms)
         mode_cfg = dataclasses.replace(cfg, turn=turn,
                                        server=dataclasses.replace(cfg.server, port=0))
         server = VoiceServer(dataclasses.replace(services, cfg=mode_cfg))
@@ -478,12 +482,15 @@ async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> lis
             await server.shutdown()
         back = [verdicts[u.id] for u in clips if u.kind == "backchannel"]
         inter = [verdicts[u.id] for u in clips if u.kind == "interject"]
-        row = {"backchannels": on, "false": sum(v is True for v in back),
+        row = {"backchannels": on, "interrupt_check_ms": check_ms,
+               "false": sum(v is True for v in back),
                "backchannel_n": sum(v is not None for v in back),
                "missed": sum(v is False for v in inter),
                "interject_n": sum(v is not None for v in inter), "verdicts": verdicts}
         rows.append(row)
-        print(f"| {'on' if on else 'off (every utterance interrupts)'} | {row['false']} / "
+        label = (f"on, transcript checked at interrupt_ms ({check_ms} ms)" if check_ms else
+                 "on" if on else "off (every utterance interrupts)")
+        print(f"| {label} | {row['false']} / "
               f"{row['backchannel_n']} | {row['missed']} / {row['interject_n']} |", flush=True)
     return rows
 
