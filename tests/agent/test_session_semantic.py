@@ -165,3 +165,39 @@ async def test_a_checked_long_backchannel_lets_the_reply_go_on_and_long_words_st
     assert finals(events) == ["what is the capital of france", "Hold on, what did you say?"]
     checks = [d for d in asr.decodes if d.audio.size < 16000]
     assert len(checks) == 2  # the interjection, too, was transcribed at 640 ms
+
+
+async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_play_on():
+    # A fast engine and voice send the whole spoken reply long before the caller has heard it.
+    # The client plays it in real time: 40 words of 0.1 s each play for 4 s after they were
+    # sent, and a "mm-hm" in that time is a backchannel, not a new turn that stops the audio.
+    from tests.speech.test_tts import ToneVoice
+    from voicert.config import TtsConfig
+    from voicert.speech.tts import TtsWorker
+
+    words = " ".join(["word"] * 40)
+    engine = FakeEngine(reply=words)
+    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="silence"))
+    asr = FakeAsr("tell me a story")
+    tts = TtsWorker(ToneVoice(TtsConfig()))
+    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=engine, tts=tts)
+    events: list = []
+
+    async def emit(event):
+        events.append(event)
+
+    try:
+        start = p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000))
+        session = Session("s1", start, svc, emit)
+        await send(session, audio(("voice", 1.0), ("silence", 0.6)))
+        await until(lambda: any(isinstance(e, ev.ReplyDone) for e in events), limit=10**7)
+        assert await session.wait_turn(10)
+        assert not session._replying() and session._agent_speaking()  # sent, still playing
+        asr.text = "Mm-hm."
+        await send(session, audio(("voice", 0.25), ("silence", 0.6)))
+        await until(lambda: svc.metrics.registry.get_sample_value(
+            "voicert_speech_over_reply_total", {"outcome": "backchannel"}) == 1)
+        assert sum(isinstance(e, ev.BargeIn) for e in events) == 1  # the question's own only
+        assert finals(events) == ["tell me a story"]  # "mm-hm" is not a turn
+    finally:
+        tts.close()

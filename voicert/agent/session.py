@@ -158,6 +158,7 @@ class Session:
                                 self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
                                 auto_respond, turn or self.cfg.turn)
         self.turn: Turn | None = None
+        self._playing_until_ns = 0  # when the reply audio sent so far ends, played in real time
         self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
@@ -195,7 +196,7 @@ class Session:
             probs = self.echo.screen(x16, probs, received_ns)  # its own voice back: silence
         if probs.size:
             await self._act_all(self.turns.on_windows(probs, received_ns, now_ns(),
-                                                      self._asr_busy, self._replying()))
+                                                      self._asr_busy, self._agent_speaking()))
 
     @staticmethod
     def _echo_guard(turn: TurnConfig, start: p.SessionStart) -> EchoGuard | None:
@@ -210,6 +211,12 @@ class Session:
         turn = self.turn
         return (turn is not None and turn.task is not None and not turn.task.done()
                 and turn.reply is not None)
+
+    def _agent_speaking(self) -> bool:
+        """The agent has the floor: a reply is being generated or sent, or its audio, all sent
+        already (a fast engine and voice), is still playing at the caller's end, as a client
+        that plays what arrives in real time would. Speech now may be a backchannel."""
+        return self._replying() or now_ns() < self._playing_until_ns
 
     def _asr_busy(self) -> bool:
         return self.svc.asr.pending() > 0
@@ -465,8 +472,12 @@ class Session:
             asyncio.ensure_future(self._act_all(actions))
 
     def _barge_in(self) -> None:
-        """Speech that interrupts (a BargeIn) stops the reply streaming, if any."""
-        if self.vad_cfg.barge_in and self._replying():
+        """Speech that interrupts (a BargeIn) stops the reply streaming, if any, and the audio
+        still playing (the door tells the client)."""
+        if not self.vad_cfg.barge_in:
+            return
+        self._playing_until_ns = 0
+        if self._replying():
             self._cancel(self.turn, "interrupted")
 
     def _start_turn(self, ended: TurnEnded) -> None:
@@ -590,8 +601,11 @@ class Session:
 
         async def send(chunk: AudioOut) -> None:  # numbered across the reply's rounds
             seq, turn.audio_seq = turn.audio_seq, turn.audio_seq + 1
+            now = now_ns()
             if self.echo is not None:  # what the caller's microphone may hear again
-                self.echo.reference(chunk.samples, fmt.sample_rate, now_ns())
+                self.echo.reference(chunk.samples, fmt.sample_rate, now)
+            self._playing_until_ns = (max(now, self._playing_until_ns)
+                                      + chunk.samples.size * 1_000_000_000 // fmt.sample_rate)
             await self.emit(ev.ReplyAudio(turn.turn_id, seq, chunk.audio, chunk.text))
 
         tts = self.cfg.tts
