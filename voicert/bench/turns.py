@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import csv
 import dataclasses
 import json
@@ -159,36 +160,63 @@ async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: 
     return out
 
 
-async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float = 30) -> bool | None:
+async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float = 30,
+                     spoken: bool = False) -> bool | None:
     """Speak ``clip`` over the reply to ``question`` (both at real-time pace, silence between
-    and after, as a live line); True when the reply was interrupted, None when it ended before
-    the clip was heard out (no verdict)."""
+    and after, as a live line); True when the reply was interrupted (the server stopped it or
+    told the client to stop its audio), False when the clip was heard out while the agent still
+    had the floor, None when the floor ended first (no verdict). ``spoken``: ask for the reply's
+    speech; the agent then has the floor until its audio has played (in real time from arrival,
+    as a client plays it), however fast it was sent."""
     q, _ = read_wav(question)
     x, _ = read_wav(clip.path)
     first_token = asyncio.Event()
-    reply_done: asyncio.Future = asyncio.get_running_loop().create_future()
-    clip_end_ns = 0
+    interrupted = asyncio.Event()
+    done_ns = 0  # the reply's response.done arrived
+    play_end_ns = 0  # its audio received so far ends playing
+    clip_at = None
     async with connect(url, max_size=None) as ws:
         await ws.send(p.encode(p.SessionStart(
             sample_rate=16000, max_new_tokens=400,
+            output_audio=p.OutputAudio("pcm16", 16000) if spoken else None,
             system_prompt="Answer at great length, with many details and examples.")))
 
         async def receive() -> None:
+            nonlocal done_ns, play_end_ns
             async for raw in ws:
                 event = p.decode_server(raw)
-                if event.get("turn_id") != 1:
+                kind, turn = event["type"], event.get("turn_id")
+                if kind == "vad.barge_in" and clip_at is not None and turn != 1:
+                    interrupted.set()  # the clip's speech stopped the agent's audio
+                if turn != 1:
                     continue
-                if event["type"] == "response.token":
+                now = time.perf_counter_ns()
+                if kind == "response.token":
                     first_token.set()
-                elif event["type"] == "response.done" and not reply_done.done():
-                    reply_done.set_result((event["finish_reason"], time.perf_counter_ns()))
+                elif kind == "response.audio":
+                    pcm = event["audio"]  # bytes (msgpack) or base64 (JSON)
+                    size = len(pcm) if isinstance(pcm, bytes) else len(base64.b64decode(pcm))
+                    seconds = size / 2 / 16000
+                    play_end_ns = max(now, play_end_ns) + int(seconds * 1e9)
+                elif kind == "response.done" and not done_ns:
+                    done_ns = now
+                    if event["finish_reason"] == "interrupted":
+                        interrupted.set()
+
+        def floor_end() -> int:
+            return max(done_ns, play_end_ns) if done_ns else 0  # 0: not over yet
 
         receiver = asyncio.create_task(receive())
         silence = np.zeros(FRAME, np.float32)
         frames = [q[i:i + FRAME] for i in range(0, q.size, FRAME)]
-        t0, i, clip_at = time.perf_counter(), 0, None
+        t0, i, clip_end_ns = time.perf_counter(), 0, 0
         deadline = t0 + timeout_s
-        while not reply_done.done() and time.perf_counter() < deadline:
+        while not interrupted.is_set() and time.perf_counter() < deadline:
+            now = time.perf_counter_ns()
+            if floor_end() and now > floor_end() and not (clip_end_ns and clip_end_ns < floor_end()):
+                break  # the agent's turn is over: heard out within it, or no verdict
+            if clip_end_ns and now - clip_end_ns > 3e9:
+                break  # heard out and 3 s later the agent still has the floor
             if clip_at is None and first_token.is_set():
                 clip_at = i
                 frames = (frames[:i] + [silence] * (i - len(frames))
@@ -198,16 +226,13 @@ async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float
             i += 1
             if clip_at is not None and i == len(frames):
                 clip_end_ns = time.perf_counter_ns()
-            if clip_end_ns and time.perf_counter_ns() - clip_end_ns > 3e9:
-                break  # heard out and 3 s later the reply still runs: not interrupted
             await asyncio.sleep(max(0.0, t0 + i * FRAME_S - time.perf_counter()))
         receiver.cancel()
-    if not reply_done.done():
-        return False if clip_end_ns else None
-    reason, _ = reply_done.result()
-    if reason == "interrupted":
+    if interrupted.is_set():
         return True
-    return False if clip_end_ns else None  # it finished before the clip was heard out
+    if clip_end_ns and (not floor_end() or clip_end_ns < floor_end()):
+        return False  # heard out while the agent had the floor, and it went on
+    return None
 
 
 @dataclass(frozen=True)
@@ -477,7 +502,8 @@ async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> lis
         await server.start()
         url = f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
         try:
-            verdicts = {u.id: await over_reply(url, question, u) for u in clips}
+            verdicts = {u.id: await over_reply(url, question, u, spoken=services.tts is not None)
+                        for u in clips}
         finally:
             await server.shutdown()
         back = [verdicts[u.id] for u in clips if u.kind == "backchannel"]
