@@ -159,7 +159,7 @@ class Session:
                                 auto_respond, turn or self.cfg.turn)
         self.turn: Turn | None = None
         self._playing_until_ns = 0  # when the reply audio sent so far ends, played in real time
-        self.decodes: dict[int, AsrHandle] = {}  # early and partial decodes in flight, by id
+        self.decodes: dict[int, AsrHandle] = {}  # early, partial, overlap decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
@@ -535,6 +535,8 @@ class Session:
     # ------------------------------------------------------------ turns
 
     def cancel_response(self) -> None:
+        """The client stops the reply (and its audio: it no longer holds the floor)."""
+        self._playing_until_ns = 0
         if self.turn is not None and self.turn.task is not None and not self.turn.task.done():
             self._cancel(self.turn, "cancelled")
 
