@@ -31,6 +31,19 @@ def make(asr, judge, **turn):
     return Session("s1", p.SessionStart(), svc, emit), events
 
 
+def over_a_reply(turn: TurnConfig, asr: FakeAsr, engine: FakeEngine, tts=None,
+                 start: p.SessionStart | None = None) -> tuple[Session, Services, list]:
+    """A session whose replies can be talked over: its services and the events it emits."""
+    svc = Services(cfg=dataclasses.replace(Config(), turn=turn), vad=EnergyVad(), asr=asr,
+                   engine=engine, tts=tts)
+    events: list = []
+
+    async def emit(event):
+        events.append(event)
+
+    return Session("s1", start or p.SessionStart(), svc, emit), svc, events
+
+
 def audio(*parts: tuple[str, float]) -> np.ndarray:
     """('voice' | 'silence', seconds) pieces."""
     out = []
@@ -93,15 +106,8 @@ async def test_a_failing_model_leaves_the_decision_to_the_words():
 
 async def test_a_backchannel_over_a_reply_lets_it_go_on_and_a_real_interjection_stops_it():
     engine = FakeEngine(reply="one two three four five six seven eight", gated=True)
-    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="silence"))
     asr = FakeAsr("what is the capital of france")
-    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=engine)
-    events: list = []
-
-    async def emit(event):
-        events.append(event)
-
-    session = Session("s1", p.SessionStart(), svc, emit)
+    session, svc, events = over_a_reply(TurnConfig(detector="silence"), asr, engine)
     await send(session, audio(("voice", 1.0), ("silence", 0.6)))
     await until(lambda: engine.requests)
     first = engine.requests[0].request_id
@@ -132,21 +138,15 @@ async def test_a_checked_long_backchannel_lets_the_reply_go_on_and_long_words_st
     # transcribed first. The fake ASR answers at once; each frame lets the loop run, so the
     # transcript is in long before the (2 s) check would give up, however slow the machine.
     engine = FakeEngine(reply="one two three four five six seven eight", gated=True)
-    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="silence",
-                                                        interrupt_check_ms=2000))
     asr = FakeAsr("what is the capital of france")
-    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=engine)
-    events: list = []
-
-    async def emit(event):
-        events.append(event)
+    session, svc, events = over_a_reply(
+        TurnConfig(detector="silence", interrupt_check_ms=2000), asr, engine)
 
     async def send_paced(x: np.ndarray) -> None:
         for i in range(0, x.size, 320):
             await session.on_audio(encode_pcm16(x[i:i + 320]))
             await asyncio.sleep(0)
 
-    session = Session("s1", p.SessionStart(), svc, emit)
     await send(session, audio(("voice", 1.0), ("silence", 0.6)))
     await until(lambda: engine.requests)
     first = engine.requests[0].request_id
@@ -175,20 +175,13 @@ async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_p
     from voicert.config import TtsConfig
     from voicert.speech.tts import TtsWorker
 
-    words = " ".join(["word"] * 40)
-    engine = FakeEngine(reply=words)
-    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="silence"))
+    engine = FakeEngine(reply=" ".join(["word"] * 40))
     asr = FakeAsr("tell me a story")
     tts = TtsWorker(ToneVoice(TtsConfig()))
-    svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=engine, tts=tts)
-    events: list = []
-
-    async def emit(event):
-        events.append(event)
-
     try:
-        start = p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000))
-        session = Session("s1", start, svc, emit)
+        session, svc, events = over_a_reply(
+            TurnConfig(detector="silence"), asr, engine, tts,
+            p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000)))
         await send(session, audio(("voice", 1.0), ("silence", 0.6)))
         await until(lambda: any(isinstance(e, ev.ReplyDone) for e in events), limit=10**7)
         assert await session.wait_turn(10)
