@@ -115,3 +115,33 @@ async def test_bad_output_audio_formats_are_refused(url):
         async with connect(url) as ws:
             await ws.send(p.encode(p.SessionStart(output_audio=fmt)))
             assert (await recv_until(ws, "error"))["code"] == code
+
+
+def test_the_native_door_cuts_history_at_a_barge_in_on_a_reply_sent_but_still_playing():
+    # The door's pacing clock, fed the session's events as they go out: a spoken reply sent (and
+    # done) at once, a barge-in 1.5 s into its 2 s of audio. The assistant item keeps what had
+    # played (after the audio has ended, a barge-in keeps it whole: tests/transport).
+    import time
+    from types import SimpleNamespace
+
+    from voicert.core import events as ev
+    from voicert.protocol import native as p
+    from voicert.server.connection import Connection
+    from voicert.transport.spoken import PacingClock
+
+    kept = []
+    door = Connection.__new__(Connection)  # the pacing only: no socket
+    door.clock = PacingClock()
+    door.session = SimpleNamespace(start=p.SessionStart(output_audio=p.OutputAudio("pcm16", 24000)),
+                                   keep_heard=lambda *args: kept.append(args))
+    t0 = time.perf_counter_ns()
+    door._pace(ev.ReplyStarted(5, spoken=True))
+    door._pace(ev.ReplyAudio(5, 0, b"\0" * 48 * 1000, "One two three four."))
+    door._pace(ev.ReplyAudio(5, 1, b"\0" * 48 * 1000, " Five six."))
+    door._pace(ev.ReplyDone(5, "One two three four. Five six.", 8, 30, ev.ReplyEnd.STOP, "item_5"))
+    assert kept == []  # done, not cut: it plays on
+    door.clock.first_ns = t0 - 1_500_000_000  # as if the first audio went out 1.5 s ago
+    door._pace(ev.BargeIn(6))
+    (item, chars, offset), = kept
+    assert item == "item_5" and offset == 0
+    assert "One two three four. Five six."[:chars] == "One two three four. Five"

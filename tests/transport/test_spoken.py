@@ -38,5 +38,19 @@ def test_no_cut_unless_the_server_interrupted_the_reply():
     clock.started(3, 48)
     clock.audio(3, b"\0" * 48 * 500, "Bye.", now_ns=5000 * MS)
     assert clock.done(3, "Bye.", "item_3", interrupted=False) is None
-    clock.speech_started(now_ns=5200 * MS)  # done already: the server did not stop it
+    assert clock.speech_started(now_ns=5600 * MS) is None  # done, and played to its end
     assert clock.reply.cut_ms is None
+
+
+def test_a_barge_in_on_a_reply_all_sent_but_still_playing_cuts_it_at_once():
+    # a fast engine and voice: the whole reply was sent (and done) long before it had played
+    clock = PacingClock()
+    clock.started(4, 48)
+    clock.audio(4, b"\0" * 48 * 1000, "One two three four.", now_ns=1000 * MS)
+    clock.audio(4, b"\0" * 48 * 1000, " Five six.", now_ns=1010 * MS)
+    text = "Sure. One two three four. Five six."  # a tool round's text came first
+    assert clock.done(4, text, "item_4", interrupted=False, item_offset=6) is None
+    reply = clock.speech_started(now_ns=2500 * MS)  # 1.5 s in: the caller says "wait"
+    assert reply is not None and reply.cut_ms == 1500 and reply.item_offset == 6
+    assert reply.text[:reply.heard_chars(reply.cut_ms)] == "Sure. One two three four. Five"
+    assert clock.speech_started(now_ns=2600 * MS) is None  # cut once

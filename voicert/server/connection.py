@@ -216,12 +216,12 @@ class Connection(BaseConnection):
         elif isinstance(event, ev.ReplyAudio):
             clock.audio(event.turn_id, event.audio, event.text, time.perf_counter_ns())
         elif isinstance(event, ev.BargeIn):
-            clock.speech_started(time.perf_counter_ns())
+            cut = clock.speech_started(time.perf_counter_ns())  # a reply sent, still playing
         elif isinstance(event, ev.ReplyDone):
             cut = clock.done(event.turn_id, event.text, event.item_id,
-                             event.finish_reason == ev.ReplyEnd.INTERRUPTED)
+                             event.finish_reason == ev.ReplyEnd.INTERRUPTED, event.item_offset)
         if cut is not None:
-            self.session.keep_heard(cut.item_id, cut.heard_chars(cut.cut_ms), event.item_offset)
+            self.session.keep_heard(cut.item_id, cut.heard_chars(cut.cut_ms), cut.item_offset)
 
     async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
         await self.send(p.Error(code.value, message, fatal))

@@ -70,9 +70,10 @@ class SpokenReply:
 
 class PacingClock:
     """The native door's estimate of playback: the client plays a reply's audio from its first
-    chunk on, in real time. ``speech_started`` (the caller talked while the reply was still being
-    sent, so the server interrupts it) marks how far it had played; when the reply is done as
-    interrupted, the cut is applied. All times are ``time.perf_counter_ns`` values passed in."""
+    chunk on, in real time. ``speech_started`` (the server interrupts the agent's speech for the
+    caller's) marks how far it had played; the cut is applied when the reply is done as
+    interrupted, or at once when it was all sent and still playing. All times are
+    ``time.perf_counter_ns`` values passed in."""
 
     def __init__(self) -> None:
         self.reply: SpokenReply | None = None
@@ -89,18 +90,30 @@ class PacingClock:
             self.first_ns = now_ns
         self.reply.add(audio, text)
 
-    def speech_started(self, now_ns: int) -> None:
-        """The caller talks: if the reply is still being sent (the server interrupts it), mark
-        how much of it had played by this clock."""
+    def speech_started(self, now_ns: int) -> SpokenReply | None:
+        """The server stops the agent's speech for the caller's (a barge-in): mark how much of
+        the reply had played by this clock. While the reply is still being sent the cut waits for
+        its end (:meth:`done`). Once it is done, all sent but still playing at the caller's end,
+        the reply is returned: apply ``cut_ms`` now. None otherwise (nothing spoken yet, cut
+        already, or played to its end)."""
         r = self.reply
-        if r is None or self.first_ns is None or r.cut_ms is not None or r.item_id:
-            return  # nothing spoken yet, cut already, or done (the server does not stop it)
-        r.cut_ms = min((now_ns - self.first_ns) / 1e6, r.sent_ms)
+        if r is None or self.first_ns is None or r.cut_ms is not None:
+            return None
+        played_ms = (now_ns - self.first_ns) / 1e6
+        if not r.item_id:
+            r.cut_ms = min(played_ms, r.sent_ms)
+            return None
+        if played_ms >= r.sent_ms:
+            return None
+        r.cut_ms = played_ms
+        return r
 
-    def done(self, turn_id: int, text: str, item_id: str, interrupted: bool) -> SpokenReply | None:
-        """The reply is done; returns it when the caller cut it off (apply ``cut_ms`` now)."""
+    def done(self, turn_id: int, text: str, item_id: str, interrupted: bool,
+             item_offset: int = 0) -> SpokenReply | None:
+        """The reply is done (``item_offset``: where its item's text starts in ``text``); returns
+        it when the caller cut it off (apply ``cut_ms`` now)."""
         r = self.reply
         if r is None or turn_id != self.turn:
             return None
-        r.text, r.item_id = text, item_id
+        r.text, r.item_id, r.item_offset = text, item_id, item_offset
         return r if interrupted and r.cut_ms is not None and item_id else None
