@@ -169,15 +169,22 @@ async def test_a_checked_long_backchannel_lets_the_reply_go_on_and_long_words_st
 
 async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_play_on():
     # A fast engine and voice send the whole spoken reply long before the caller has heard it.
-    # The client plays it in real time: 40 words of 0.1 s each play for 4 s after they were
-    # sent, and a "mm-hm" in that time is a backchannel, not a new turn that stops the audio.
-    from tests.speech.test_tts import ToneVoice
-    from voicert.config import TtsConfig
+    # The client plays it in real time: 10 words of 2 s each, made at once, play for 20 s after
+    # they were sent (however slow this machine), and a "mm-hm" in that time is a backchannel,
+    # not a new turn that stops the audio.
     from voicert.speech.tts import TtsWorker
 
-    engine = FakeEngine(reply=" ".join(["word"] * 40))
+    class InstantVoice:  # 2 s of quiet tone per word, in one chunk, no waiting
+        sample_rate = 16000
+
+        def synthesize(self, text, on_chunk):
+            for _ in text.split():
+                if not on_chunk(np.full(32000, 0.01, np.float32)):
+                    return
+
+    engine = FakeEngine(reply=" ".join(["word"] * 10))
     asr = FakeAsr("tell me a story")
-    tts = TtsWorker(ToneVoice(TtsConfig()))
+    tts = TtsWorker(InstantVoice())
     try:
         session, svc, events = over_a_reply(
             TurnConfig(detector="silence"), asr, engine, tts,
