@@ -52,19 +52,20 @@ def parse(text: str) -> dict[str, float]:
                 out[f"step_{s.labels['kind']}_le_{s.labels['le']}"] = s.value
             elif s.name in (f"{STEP}_sum", f"{STEP}_count"):
                 out[f"step_{s.labels['kind']}_{s.name.rsplit('_', 1)[1]}"] = s.value
-            if s.name.startswith(GC):  # summed over generations, per process
-                what = s.name[len(GC) + 1:]
-                key = f"gc_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket"
-                                                     else what)
-                out[key] = out.get(key, 0.0) + s.value
-            if s.name.startswith(LAG) and s.name != f"{LAG}_created":  # per process label
-                what = s.name[len(LAG) + 1:]
-                key = f"lag_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket"
-                                                      else what)
-                out[key] = out.get(key, 0.0) + s.value
+            for family, short in ((GC, "gc"), (LAG, "lag")):
+                if s.name.startswith(family):  # per process (GC: summed over generations)
+                    _add_per_process(out, short, s.name[len(family) + 1:], s)
             if s.name == "voicert_prefix_cache_hit_ratio":
                 out["prefix_hit_ratio"] = s.value
     return out
+
+
+def _add_per_process(out: dict[str, float], short: str, what: str, s) -> None:
+    """One sample of a histogram labelled by process, summed into ``{short}_{process}_{what}``
+    (buckets: ``..._le_{bound}``)."""
+    key = f"{short}_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket"
+                                               else what)
+    out[key] = out.get(key, 0.0) + s.value
 
 
 def _delta(before: dict[str, float], after: dict[str, float], key: str) -> float:

@@ -50,7 +50,8 @@ def clip_table(paths: list[str]) -> dict[bytes, int]:
 
 
 async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
-    turn = samples = rate = 0  # samples: the session's audio position, as a server counts it
+    turn = samples = 0  # samples: the session's audio position, as a server counts it
+    rate = p.SessionStart().sample_rate  # until session.start says otherwise
     left: int | None = None  # frames of the current clip still to come
     try:
         async for frame in ws:

@@ -248,13 +248,13 @@ class Session:
     def _act_now(self, action) -> None:
         """The decisions that need no sending: decodes and the end of a turn."""
         if isinstance(action, StartDecode):
-            kind = {DecodeKind.EARLY: EARLY, DecodeKind.PARTIAL: PARTIAL,
-                    DecodeKind.OVERLAP: FINAL}[action.kind]  # an interruption may wait on it
+            kind, done = {DecodeKind.EARLY: (EARLY, self._on_early),
+                          DecodeKind.PARTIAL: (PARTIAL, self._on_partial),
+                          DecodeKind.OVERLAP: (FINAL, self._on_overlap),  # a barge-in may wait
+                          }[action.kind]
             if kind == EARLY and self.turns.semantic and self.turns.turn.text_cue:
                 kind = FINAL  # the semantic verdict waits for it: the endpoint is behind it
             handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
-            done = {DecodeKind.EARLY: self._on_early, DecodeKind.PARTIAL: self._on_partial,
-                    DecodeKind.OVERLAP: self._on_overlap}[action.kind]
             handle.future.add_done_callback(lambda fut, i=action.decode_id: done(i, fut))
         elif isinstance(action, DropDecode):
             handle = self.decodes.pop(action.decode_id, None)
