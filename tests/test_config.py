@@ -39,6 +39,8 @@ def test_env_names_map_to_dotted_keys():
     ({"turn.model": "none", "turn.text_cue": "false"}, "turn.model"),
     ({"turn.model": "none", "turn.model_path": "/x.onnx"}, "turn.model_path"),
     ({"turn.interrupt_ms": "10"}, "turn.interrupt_ms"),
+    ({"turn.interrupt_check_ms": "-5"}, "turn.interrupt_check_ms"),
+    ({"turn.interrupt_check_ms": "soon"}, "turn.interrupt_check_ms"),
     ({"asr.denoise": "magic"}, "asr.denoise"),
     ({"asr.min_window_s": "0.5"}, "asr.min_window_s"),
     ({"port": "1"}, "section.key"),
