@@ -13,7 +13,7 @@ from voicert.telemetry.latency import STAGE_COLOURS, WATERFALL
 MIN_TURNS_FOR_P99 = 100  # below this, a P99 is little more than the largest sample
 ROWS = ("endpoint_ms", "decide_ms", "asr_ms", "asr_wait_ms", "asr_decode_ms", "dispatch_ms", "queue_ms",
         "prefill_ms", "handoff_ms", "first_token_ms", "send_ms", "ttft_ms", "voice_to_first_token_ms",
-        "tts_ms", "ttfa_ms", "token_to_audio_ms", "client_ttft_ms", "client_endpoint_ttft_ms", "client_extra_ms",
+        "tts_ms", "tts_wait_ms", "tts_synth_ms", "tts_out_ms", "ttfa_ms", "token_to_audio_ms", "client_ttft_ms", "client_endpoint_ttft_ms", "client_extra_ms",
         "client_ttfa_ms", "client_done_ms")
 
 

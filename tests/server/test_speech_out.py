@@ -34,6 +34,8 @@ async def test_reply_is_spoken_and_whisper_hears_the_reply(url, services):
     assert " ".join(turn.audio_pieces) == turn.reply.strip()  # every piece spoken, in order
     lat = turn.latency
     assert 0 < lat["tts_ms"] < lat["ttfa_ms"] and lat["ttfa_ms"] >= lat["ttft_ms"]
+    parts = [lat["tts_wait_ms"], lat["tts_synth_ms"], lat["tts_out_ms"]]  # the first piece's way out
+    assert min(parts) >= 0 and abs(sum(parts) - lat["tts_ms"]) < 0.01
     kinds = [e["type"] for e in result.events]
     # the reply is done when its last audio is out
     assert kinds.index("response.started") < kinds.index("response.token")

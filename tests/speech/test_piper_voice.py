@@ -94,3 +94,30 @@ def test_a_voice_that_is_not_a_piper_voice_names_the_key(tmp_path):
         TtsConfig(device="tpu")
     with pytest.raises(ConfigError, match="tts.variation"):
         TtsConfig(variation=-0.5)
+
+
+def test_each_tts_thread_speaks_on_a_session_of_its_own():
+    """Two pieces at once run on two onnxruntime sessions (tts.workers 2): the second is spoken
+    while the first is held mid-piece, and both come out as one voice alone speaks them."""
+    import threading
+
+    two = piper_voice.PiperTts(TtsConfig(engine="piper", variation=0.0, workers=2, threads=1))
+    assert len({id(v.session) for v in two.voices}) == 2
+    held, release, first = threading.Event(), threading.Event(), []
+
+    def hold(chunk) -> bool:
+        first.append(chunk)
+        held.set()
+        return release.wait(60)
+
+    speaker = threading.Thread(target=two.synthesize, args=("Hold this one.", hold))
+    speaker.start()
+    try:
+        assert held.wait(60)
+        second = spoken(two, "Meanwhile, this one.")  # would wait for the held session
+    finally:
+        release.set()
+        speaker.join(60)
+    one = piper_voice.PiperTts(TtsConfig(engine="piper", variation=0.0, threads=1))
+    assert np.array_equal(second, spoken(one, "Meanwhile, this one."))
+    assert np.array_equal(first[0], spoken(one, "Hold this one."))

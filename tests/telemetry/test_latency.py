@@ -4,14 +4,15 @@ from voicert.telemetry.latency import STAGES, Point, TurnTrace, format_table
 TIMES_MS = {Point.VOICE_END: 0, Point.ASR_START: 390, Point.ENDPOINT_HEARD: 398, Point.ENDPOINT: 400, Point.ASR_DONE: 420,
             Point.TRANSCRIPT: 421, Point.SUBMIT: 422, Point.PREFILL_START: 423,
             Point.FIRST_TOKEN_SAMPLED: 433, Point.FIRST_TOKEN_RECEIVED: 434,
-            Point.FIRST_TOKEN_SENT: 435, Point.TTS_START: 450, Point.FIRST_AUDIO_SENT: 453,
+            Point.FIRST_TOKEN_SENT: 435, Point.TTS_START: 450, Point.TTS_TAKEN: 451, Point.TTS_FIRST_CHUNK: 452.5,
+            Point.FIRST_AUDIO_SENT: 453,
             Point.TOOL_CALL: 470, Point.DONE: 500}
 
 
 def test_stages_come_from_marks_and_first_mark_wins():
     t = TurnTrace(1)
     for point, ms in TIMES_MS.items():
-        t.mark(point, 10**9 + ms * 10**6)
+        t.mark(point, 10**9 + int(ms * 10**6))
     t.mark(Point.ENDPOINT, 10**9 + 999 * 10**6)  # ignored: first write wins
     s = t.stages_ms()
     assert s["endpoint_ms"] == 400.0
@@ -22,6 +23,7 @@ def test_stages_come_from_marks_and_first_mark_wins():
     assert s["ttft_ms"] == 35.0
     assert s["voice_to_first_token_ms"] == 435.0
     assert s["tts_ms"] == 3.0 and s["ttfa_ms"] == 53.0 and s["voice_to_first_audio_ms"] == 453.0
+    assert (s["tts_wait_ms"], s["tts_synth_ms"], s["tts_out_ms"]) == (1.0, 1.5, 0.5)
     assert s["tool_call_ms"] == 70.0
     assert set(s) == {st.name for st in STAGES}
     assert len(Point) == len(TIMES_MS)

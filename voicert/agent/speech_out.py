@@ -20,7 +20,7 @@ from voicert.protocol.native import OutputAudio
 from voicert.speech.sentences import SentenceSplitter
 from voicert.speech.tts import TtsJob, TtsWorker
 from voicert.speech.worker import WorkerClosed
-from voicert.telemetry.latency import Point, TurnTrace
+from voicert.telemetry.latency import Point, TurnTrace, now_ns
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,8 @@ class SpeechOut:
 
         def on_chunk(chunk: np.ndarray) -> None:  # worker thread
             nonlocal first
+            if first and index == 0:
+                self.loop.call_soon_threadsafe(self._first_chunk_made, job.taken_ns, now_ns())
             self.loop.call_soon_threadsafe(self.queue.put_nowait, (chunk, piece if first else ""))
             first = False
 
@@ -105,6 +107,10 @@ class SpeechOut:
         except WorkerClosed:  # the voice is down: this piece is not spoken, the reply goes on
             log.warning("speech out: the TTS worker is down; piece not spoken")
             self._piece_done()
+
+    def _first_chunk_made(self, taken_ns: int, made_ns: int) -> None:
+        self.trace.mark(Point.TTS_TAKEN, taken_ns)
+        self.trace.mark(Point.TTS_FIRST_CHUNK, made_ns)
 
     def _piece_done(self) -> None:
         self.done_pieces += 1

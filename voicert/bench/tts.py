@@ -103,6 +103,56 @@ def time_voice(voice, repeat: int, asr, first_words: int = 0,
     return Timing(firsts, rtfs, transcripts)
 
 
+def time_parallel(voice, callers: int, repeat: int, first_words: int) -> dict:
+    """``callers`` threads at once, each speaking every reply's first piece ``repeat`` times (a
+    busy server's TTS threads): first audio per piece (P50 / P95) and pieces a second overall."""
+    import threading
+
+    pieces = [pieces_of(text, first_words=first_words)[0] for text in REPLIES] * repeat
+    firsts: list[float] = []
+    lock = threading.Lock()
+
+    def speak(mine: list[str]) -> None:
+        for piece in mine:
+            t0 = time.perf_counter_ns()
+            seen: list[int] = []
+            voice.synthesize(piece, lambda c: seen.append(time.perf_counter_ns() - t0) and False)
+            with lock:
+                firsts.append(seen[0] / 1e6)
+
+    for warm in [threading.Thread(target=voice.synthesize, args=("Warming up.", lambda c: True))
+                 for _ in range(callers)]:
+        warm.start()
+        warm.join()
+    threads = [threading.Thread(target=speak, args=(pieces[i::callers],)) for i in range(callers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    took = time.perf_counter() - t0
+    return {"first_audio_p50_ms": pct(firsts, 50), "first_audio_p95_ms": pct(firsts, 95),
+            "pieces_per_s": len(firsts) / took}
+
+
+def parallel(callers: int, ort_threads: int, repeat: int, first_words: int) -> int:
+    """Piper on the CPU, ``callers`` threads speaking at once: one onnxruntime session shared
+    by all (before) against one session per thread (``tts.workers`` = callers), side by side."""
+    from voicert.config import TtsConfig
+    from voicert.speech.piper_voice import PiperTts
+
+    print(f"Piper, {callers} threads speaking first pieces at once ({ort_threads or 'all'} "
+          f"onnxruntime threads each, {len(REPLIES)} pieces x {repeat})\n")
+    print("| sessions | first audio P50 | P95 (ms) | pieces a second |")
+    print("|---|---:|---:|---:|")
+    for label, sessions in (("one, shared by the threads", 1), ("one per thread", callers)):
+        voice = PiperTts(TtsConfig(engine="piper", workers=sessions, threads=ort_threads))
+        r = time_parallel(voice, callers, repeat, first_words)
+        print(f"| {label} | {r['first_audio_p50_ms']:.1f} | {r['first_audio_p95_ms']:.1f} | "
+              f"{r['pieces_per_s']:.1f} |", flush=True)
+    return 0
+
+
 def transcribe(asr, audio16: np.ndarray) -> str:
     segments, _ = asr.transcribe(audio16, language="en", beam_size=1, temperature=0.0,
                                  vad_filter=False, condition_on_previous_text=False,
@@ -176,7 +226,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="write each voice's spoken replies under DIR (16 kHz WAV)")
     ap.add_argument("--wer-of", type=Path, metavar="DIR", help="only: the round-trip WER of "
                     "replies an earlier --save wrote")
+    ap.add_argument("--parallel", type=int, default=0, metavar="N",
+                    help="only: Piper with N threads speaking at once, one shared onnxruntime "
+                    "session against one per thread (with --ort-threads and --first-words)")
+    ap.add_argument("--ort-threads", type=int, default=2,
+                    help="--parallel: onnxruntime threads per session (tts.threads; 0: all)")
     args = ap.parse_args(argv)
+    if args.parallel:
+        return parallel(args.parallel, args.ort_threads, args.repeat,
+                        int(args.first_words.split(",")[0]))
     if args.wer_of is not None:
         if not args.wer_of.is_dir():
             ap.error(f"--wer-of: {args.wer_of} is not a folder of saved replies")

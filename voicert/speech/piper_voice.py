@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 from pathlib import Path
 
 from voicert.config import TtsConfig
@@ -90,7 +91,8 @@ def synthesis_config(voice_config, cfg: TtsConfig, make):
 
 
 class PiperTts:
-    """The :class:`~voicert.speech.tts.Voice` contract over a Piper voice. ``tts.device: cuda`` runs
+    """The :class:`~voicert.speech.tts.Voice` contract over a Piper voice, one onnxruntime session
+    per TTS thread (``tts.workers``). ``tts.device: cuda`` runs
     it on onnxruntime's CUDA provider when that provider is installed (else on the CPU, said once
     in the log)."""
 
@@ -104,7 +106,14 @@ class PiperTts:
         if cfg.device == "cuda" and not use_cuda:
             log.warning("tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on "
                         "the CPU")
-        self.voice = load_piper(model, config, use_cuda, cfg.threads, cfg.spin)
+        # one onnxruntime session per TTS thread: concurrent runs of one session share its
+        # intra-op pool (tts.threads threads), so four threads spoke no faster than one
+        self.voices = [load_piper(model, config, use_cuda, cfg.threads, cfg.spin)
+                       for _ in range(max(1, cfg.workers))]
+        self.voice = self.voices[0]
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        for voice in self.voices:
+            self._free.put(voice)
         if use_cuda and "CUDAExecutionProvider" not in self.providers():
             # the provider is installed but its CUDA / cuDNN libraries did not load
             log.warning("tts.device cuda: onnxruntime's CUDA provider did not load here (see "
@@ -121,6 +130,12 @@ class PiperTts:
         return list(self.voice.session.get_providers())
 
     def synthesize(self, text: str, on_chunk) -> None:
-        for chunk in self.voice.synthesize(text, self._syn):
-            if not on_chunk(chunk.audio_float_array):
-                return
+        """Thread-safe: each call runs on a session of its own while ``tts.workers`` calls or
+        fewer run at once (more wait for a free one)."""
+        voice = self._free.get()
+        try:
+            for chunk in voice.synthesize(text, self._syn):
+                if not on_chunk(chunk.audio_float_array):
+                    return
+        finally:
+            self._free.put(voice)

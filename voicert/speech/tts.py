@@ -20,6 +20,7 @@ import ctypes
 import importlib
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -198,13 +199,15 @@ def load_voices(cfg: TtsConfig) -> dict[str, Voice]:
 
 @dataclass(slots=True)
 class TtsJob:
-    """One piece of text to speak. ``on_chunk`` and ``on_done`` run on the worker thread."""
+    """One piece of text to speak. ``on_chunk`` and ``on_done`` run on the worker thread;
+    ``taken_ns`` is set before the first ``on_chunk``."""
 
     text: str
     on_chunk: Callable[[np.ndarray], None]
     on_done: Callable[[BaseException | None], None]
     voice: str | None = None  # a voice id of the worker's; None: its default
     cancelled: bool = False
+    taken_ns: int = 0  # perf_counter_ns when a worker thread began it (0: not yet)
 
     def cancel(self) -> None:
         """Skip it if queued; stop it at its next chunk if running. ``on_done`` still runs."""
@@ -256,6 +259,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
         job.on_done(exc)
 
     def _speak(self, job: TtsJob) -> None:
+        job.taken_ns = time.perf_counter_ns()
         error: BaseException | None = None
         if not job.cancelled:
             def on_chunk(chunk: np.ndarray) -> bool:

@@ -41,6 +41,10 @@ class Point(enum.Enum):
     """The frame carrying the first ``response.token`` was written to the socket."""
     TTS_START = "tts_start"
     """The reply's first speakable piece (sentence or clause) was handed to the TTS worker."""
+    TTS_TAKEN = "tts_taken"
+    """A TTS thread began speaking the reply's first piece."""
+    TTS_FIRST_CHUNK = "tts_first_chunk"
+    """The voice handed out the first piece's first chunk of audio (on the TTS thread)."""
     FIRST_AUDIO_SENT = "first_audio_sent"
     """The frame carrying the reply's first speech audio was written to the socket."""
     TOOL_CALL = "tool_call"
@@ -89,6 +93,13 @@ STAGES: tuple[Stage, ...] = (
           "last voiced audio received -> first token written to the socket"),
     Stage("tts_ms", Point.TTS_START, Point.FIRST_AUDIO_SENT,
           "first speakable piece handed to TTS -> its first audio written to the socket"),
+    Stage("tts_wait_ms", Point.TTS_START, Point.TTS_TAKEN,
+          "first speakable piece handed to TTS -> a TTS thread began it (the queue's wait)"),
+    Stage("tts_synth_ms", Point.TTS_TAKEN, Point.TTS_FIRST_CHUNK,
+          "a TTS thread began the first piece -> the voice handed out its first audio"),
+    Stage("tts_out_ms", Point.TTS_FIRST_CHUNK, Point.FIRST_AUDIO_SENT,
+          "the first piece's first audio made -> written to the socket (back to the event loop, "
+          "resampled, encoded, sent)"),
     Stage("ttfa_ms", Point.ENDPOINT, Point.FIRST_AUDIO_SENT,
           "endpoint decision -> first reply audio written to the socket (time to first audio)"),
     Stage("voice_to_first_audio_ms", Point.VOICE_END, Point.FIRST_AUDIO_SENT,
@@ -112,6 +123,7 @@ STAGE_COLOURS: dict[str, str] = {
     "queue_ms": "#bcbd22", "prefill_ms": "#ff7f0e", "handoff_ms": "#9467bd", "send_ms": "#2ca02c",
     "asr_wait_ms": "#aec7e8", "asr_decode_ms": "#6baed6", "first_token_ms": "#e6550d",
     "ttft_ms": "#d62728", "voice_to_first_token_ms": "#8c564b", "tts_ms": "#e377c2",
+    "tts_wait_ms": "#fcc5c0", "tts_synth_ms": "#fa9fb5", "tts_out_ms": "#dd3497",
     "ttfa_ms": "#c51b8a", "decide_ms": "#525252", "voice_to_first_audio_ms": "#7b4173", "tool_call_ms": "#637939",
     "total_ms": "#393b79", "token_to_audio_ms": "#f768a1",
 }
