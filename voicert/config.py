@@ -332,6 +332,8 @@ class TtsConfig:
     workers: int = 1  # TTS threads serving one queue (first pieces first; a reply's pieces in
     # order, each on whichever thread is free); Piper voices run at once, eSpeak one at a time
     threads: int = 0  # onnxruntime threads per Piper synthesis (0: onnxruntime's own, one a core)
+    sessions: int = 0  # Piper onnxruntime sessions per voice (0: one per TTS thread; runs of one
+    # session share its thread pool, so fewer sessions than threads speak fewer pieces at once)
     spin: bool = False  # Piper's onnxruntime threads spin-wait between runs (onnxruntime's own
     # default): every core busy under load, no sooner first audio measured (benchmarks 18c)
     voices: list[str] = field(default_factory=lambda: ["en-gb-x-rp", "en-us+f3"])  # more voices a
@@ -350,6 +352,7 @@ class TtsConfig:
         _check(self.first_piece_words >= 0, "tts.first_piece_words", "must be >= 0 (0: off)")
         _check(1 <= self.workers <= 64, "tts.workers", "must be in [1, 64]")
         _check(0 <= self.threads <= 256, "tts.threads", "must be in [0, 256] (0: onnxruntime's own)")
+        _check(0 <= self.sessions <= 64, "tts.sessions", "must be in [0, 64] (0: one per TTS thread)")
 
 
 @dataclass(slots=True)

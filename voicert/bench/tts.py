@@ -146,7 +146,8 @@ def parallel(callers: int, ort_threads: int, repeat: int, first_words: int) -> i
     print("| sessions | first audio P50 | P95 (ms) | pieces a second |")
     print("|---|---:|---:|---:|")
     for label, sessions in (("one, shared by the threads", 1), ("one per thread", callers)):
-        voice = PiperTts(TtsConfig(engine="piper", workers=sessions, threads=ort_threads))
+        voice = PiperTts(TtsConfig(engine="piper", workers=callers, sessions=sessions,
+                                   threads=ort_threads))
         r = time_parallel(voice, callers, repeat, first_words)
         print(f"| {label} | {r['first_audio_p50_ms']:.1f} | {r['first_audio_p95_ms']:.1f} | "
               f"{r['pieces_per_s']:.1f} |", flush=True)

@@ -92,7 +92,7 @@ def synthesis_config(voice_config, cfg: TtsConfig, make):
 
 class PiperTts:
     """The :class:`~voicert.speech.tts.Voice` contract over a Piper voice, one onnxruntime session
-    per TTS thread (``tts.workers``). ``tts.device: cuda`` runs
+    per TTS thread (``tts.workers``; ``tts.sessions`` to say otherwise). ``tts.device: cuda`` runs
     it on onnxruntime's CUDA provider when that provider is installed (else on the CPU, said once
     in the log)."""
 
@@ -109,7 +109,7 @@ class PiperTts:
         # one onnxruntime session per TTS thread: concurrent runs of one session share its
         # intra-op pool (tts.threads threads), so four threads spoke no faster than one
         self.voices = [load_piper(model, config, use_cuda, cfg.threads, cfg.spin)
-                       for _ in range(max(1, cfg.workers))]
+                       for _ in range(cfg.sessions or cfg.workers)]
         self.voice = self.voices[0]
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for voice in self.voices:
