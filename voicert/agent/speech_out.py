@@ -93,12 +93,12 @@ class SpeechOut:
         def on_chunk(chunk: np.ndarray) -> None:  # worker thread
             nonlocal first
             if first and index == 0:
-                self.loop.call_soon_threadsafe(self._first_chunk_made, job.taken_ns, now_ns())
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, (chunk, piece if first else ""))
+                self._to_loop(self._first_chunk_made, job.taken_ns, now_ns())
+            self._to_loop(self.queue.put_nowait, (chunk, piece if first else ""))
             first = False
 
         def on_done(error: BaseException | None) -> None:  # worker thread
-            self.loop.call_soon_threadsafe(self._piece_done)
+            self._to_loop(self._piece_done)
 
         job = TtsJob(piece, on_chunk, on_done, self.voice)
         self.jobs.append(job)
@@ -107,6 +107,16 @@ class SpeechOut:
         except WorkerClosed:  # the voice is down: this piece is not spoken, the reply goes on
             log.warning("speech out: the TTS worker is down; piece not spoken")
             self._piece_done()
+
+    def _to_loop(self, callback, *args) -> None:
+        """From a TTS thread: run ``callback(*args)`` on the event loop, or nowhere once that loop
+        is closed (a piece still being spoken as the server or a bench shut down: nobody waits
+        for it any more)."""
+        try:
+            self.loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            if not self.loop.is_closed():
+                raise
 
     def _first_chunk_made(self, taken_ns: int, made_ns: int) -> None:
         self.trace.mark(Point.TTS_TAKEN, taken_ns)
