@@ -42,6 +42,8 @@ def test_env_names_map_to_dotted_keys():
     ({"turn.interrupt_check_ms": "-5"}, "turn.interrupt_check_ms"),
     ({"turn.interrupt_check_ms": "soon"}, "turn.interrupt_check_ms"),
     ({"tts.sessions": "-1"}, "tts.sessions"),
+    ({"tts.first_threads": "-2"}, "tts.first_threads"),
+    ({"tts.first_sessions": "0"}, "tts.first_sessions"),
     ({"asr.denoise": "magic"}, "asr.denoise"),
     ({"asr.min_window_s": "0.5"}, "asr.min_window_s"),
     ({"port": "1"}, "section.key"),

@@ -334,6 +334,12 @@ class TtsConfig:
     threads: int = 0  # onnxruntime threads per Piper synthesis (0: onnxruntime's own, one a core)
     sessions: int = 0  # Piper onnxruntime sessions per voice (0: one per TTS thread; runs of one
     # session share its thread pool, so fewer sessions than threads speak fewer pieces at once)
+    first_threads: int = 0  # Piper: a reply's first piece on sessions of this many onnxruntime
+    # threads, kept for first pieces (0: off, every piece on the tts.threads sessions): more cores
+    # for the piece the caller waits on, fewer for the rest, whose audio has the time the earlier
+    # pieces play to be made
+    first_sessions: int = 2  # with first_threads: how many such sessions (a first piece finding
+    # them all busy takes a normal one)
     spin: bool = False  # Piper's onnxruntime threads spin-wait between runs (onnxruntime's own
     # default): every core busy under load, no sooner first audio measured (benchmarks 18c)
     voices: list[str] = field(default_factory=lambda: ["en-gb-x-rp", "en-us+f3"])  # more voices a
@@ -353,6 +359,8 @@ class TtsConfig:
         _check(1 <= self.workers <= 64, "tts.workers", "must be in [1, 64]")
         _check(0 <= self.threads <= 256, "tts.threads", "must be in [0, 256] (0: onnxruntime's own)")
         _check(0 <= self.sessions <= 64, "tts.sessions", "must be in [0, 64] (0: one per TTS thread)")
+        _check(0 <= self.first_threads <= 256, "tts.first_threads", "must be in [0, 256] (0: off)")
+        _check(1 <= self.first_sessions <= 64, "tts.first_sessions", "must be in [1, 64]")
 
 
 @dataclass(slots=True)

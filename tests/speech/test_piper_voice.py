@@ -121,3 +121,37 @@ def test_each_tts_thread_speaks_on_a_session_of_its_own():
     one = piper_voice.PiperTts(TtsConfig(engine="piper", variation=0.0, threads=1))
     assert np.array_equal(second, spoken(one, "Meanwhile, this one."))
     assert np.array_equal(first[0], spoken(one, "Hold this one."))
+
+
+def test_first_pieces_get_their_own_sessions_and_never_wait_for_them():
+    """tts.first_threads: first pieces run on sessions kept for them; with those all busy, a first
+    piece takes a normal session rather than wait."""
+    import threading
+
+    voice = piper_voice.PiperTts(TtsConfig(engine="piper", variation=0.0, threads=1,
+                                           first_threads=2, first_sessions=1))
+    assert len(voice.first_voices) == 1 and len(voice.voices) == 1
+    assert voice.first_voices[0].session.get_session_options().intra_op_num_threads == 2
+    used = []
+    for v in voice.voices + voice.first_voices:
+        v.synthesize = (lambda f, v: lambda *a: used.append(v) or f(*a))(v.synthesize, v)
+    held, release = threading.Event(), threading.Event()
+    speaker = threading.Thread(target=voice.synthesize_first, args=(
+        "Hold this one.", lambda c: held.set() or release.wait(60)))
+    speaker.start()
+    try:
+        assert held.wait(60) and used == voice.first_voices
+        assert spoken_first(voice, "And this one.").size > 0  # the kept session is busy
+        assert used[1] is voice.voices[0]
+    finally:
+        release.set()
+        speaker.join(60)
+    spoken_first(voice, "Free again.")
+    assert used[2] is voice.first_voices[0]
+    assert not piper_voice.PiperTts(TtsConfig(engine="piper", threads=1)).first_voices  # off: none
+
+
+def spoken_first(voice, text: str):
+    chunks = []
+    voice.synthesize_first(text, lambda c: chunks.append(c) or True)
+    return np.concatenate(chunks)

@@ -240,3 +240,29 @@ def test_closing_fails_a_replys_held_pieces_in_order():
     assert errors[0][1] is None and all(isinstance(e, WorkerClosed) for _, e in errors[1:])
     with pytest.raises(WorkerClosed):
         worker.lane().submit(TtsJob("late", lambda c: None, lambda e: None), 0)
+
+
+class UrgentVoice(ToneVoice):
+    """A voice with a way of its own for a reply's first piece."""
+
+    def __init__(self, cfg: TtsConfig) -> None:
+        super().__init__(cfg)
+        self.first: list[str] = []
+
+    def synthesize_first(self, text, on_chunk):
+        self.first.append(text)
+        self.synthesize(text, on_chunk)
+
+
+def test_a_replys_first_piece_goes_to_the_voices_first_piece_path_and_the_rest_do_not():
+    voice = UrgentVoice(TtsConfig())
+    worker = TtsWorker({"urgent": voice}, threads=2)
+    try:
+        lane = worker.lane()
+        dones = [run_job(lane, text, i)[2] for i, text in enumerate(["first one", "then two"])]
+        assert all(d.wait(5) for d in dones)
+        assert voice.first == ["first one"] and voice.spoken == ["first one", "then two"]
+        _, _, done = run_job(TtsWorker({"tone": ToneVoice(TtsConfig())}), "no such path")
+        assert done.wait(5)  # a voice without it speaks first pieces the one way it has
+    finally:
+        worker.close()

@@ -114,6 +114,12 @@ class PiperTts:
         self._free: queue.SimpleQueue = queue.SimpleQueue()
         for voice in self.voices:
             self._free.put(voice)
+        # sessions kept for first pieces, with more threads (tts.first_threads; none when 0)
+        self.first_voices = [load_piper(model, config, use_cuda, cfg.first_threads, cfg.spin)
+                             for _ in range(cfg.first_sessions if cfg.first_threads else 0)]
+        self._first_free: queue.SimpleQueue = queue.SimpleQueue()
+        for voice in self.first_voices:
+            self._first_free.put(voice)
         if use_cuda and "CUDAExecutionProvider" not in self.providers():
             # the provider is installed but its CUDA / cuDNN libraries did not load
             log.warning("tts.device cuda: onnxruntime's CUDA provider did not load here (see "
@@ -132,10 +138,28 @@ class PiperTts:
     def synthesize(self, text: str, on_chunk) -> None:
         """Thread-safe: each call runs on a session of its own while ``tts.workers`` calls or
         fewer run at once (more wait for a free one)."""
-        voice = self._free.get()
+        self._speak(self._free, self._free.get(), text, on_chunk)
+
+    def synthesize_first(self, text: str, on_chunk) -> None:
+        """A reply's first piece: on a session kept for first pieces (``tts.first_threads``
+        threads) when one is free, else as :meth:`synthesize`. Never waits for a kept one."""
+        try:
+            voice = self._first_free.get_nowait()
+        except queue.Empty:
+            self.synthesize(text, on_chunk)
+            return
+        self._speak(self._first_free, voice, text, on_chunk)
+
+    def warmup(self) -> None:
+        """Speak a word on every session (a session's first runs are slow)."""
+        for voice in self.voices + self.first_voices:
+            for _ in voice.synthesize("Ready.", self._syn):
+                pass
+
+    def _speak(self, pool: queue.SimpleQueue, voice, text: str, on_chunk) -> None:
         try:
             for chunk in voice.synthesize(text, self._syn):
                 if not on_chunk(chunk.audio_float_array):
                     return
         finally:
-            self._free.put(voice)
+            pool.put(voice)

@@ -42,6 +42,10 @@ class Voice(Protocol):
         """Speak ``text``: call ``on_chunk`` (on the calling thread) with each float32 chunk as it is
         made, in order, until done or until ``on_chunk`` returns False. Blocking."""
 
+    # Optional: ``synthesize_first(text, on_chunk)``, the same contract for a reply's first piece,
+    # which the caller is waiting on (Piper: on sessions with more threads, tts.first_threads).
+    # TtsWorker calls it for first pieces where a voice has it.
+
 
 class TtsError(ConfigError):
     """The configured voice cannot be loaded (a config error: the message names the key)."""
@@ -208,6 +212,7 @@ class TtsJob:
     voice: str | None = None  # a voice id of the worker's; None: its default
     cancelled: bool = False
     taken_ns: int = 0  # perf_counter_ns when a worker thread began it (0: not yet)
+    first: bool = False  # a reply's first piece (set by TtsWorker.submit)
 
     def cancel(self) -> None:
         """Skip it if queued; stop it at its next chunk if running. ``on_done`` still runs."""
@@ -244,6 +249,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
     def submit(self, job: TtsJob, piece_index: int) -> TtsJob:
         """Queue a piece; raises WorkerClosed once the worker is closed or down. Pieces submitted
         here may run at once on different threads: a reply's go through :meth:`lane`."""
+        job.first = piece_index == 0
         return self.put(job, piece_index)
 
     def lane(self) -> ReplyLane:
@@ -269,14 +275,20 @@ class TtsWorker(PriorityWorker[TtsJob]):
                 return True
 
             try:
-                self.voices[job.voice or self.default_voice].synthesize(job.text, on_chunk)
+                voice = self.voices[job.voice or self.default_voice]
+                speak = getattr(voice, "synthesize_first", None) if job.first else None
+                (speak or voice.synthesize)(job.text, on_chunk)
             except Exception as exc:  # a voice failure ends this piece, never the worker
                 log.exception("TTS failed on %r", job.text[:60])
                 error = exc
         job.on_done(error)
 
     def warmup(self) -> None:
-        """Speak a word once per thread, all at once (a voice's first runs are slow)."""
+        """Speak a word on each of a voice's sessions where it has several (its ``warmup``), then
+        once per thread, all at once (a voice's first runs are slow)."""
+        for voice in self.voices.values():
+            if hasattr(voice, "warmup"):
+                voice.warmup()
         done = [threading.Event() for _ in range(self.threads)]
         for event in done:
             self.submit(TtsJob("Ready.", lambda c: None, lambda e, ev=event: ev.set()), 0)
