@@ -68,13 +68,16 @@ def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
     for main, argv in ((bench.main, ["--device", "cpu", "--fp8"]),
                        (bench.main, ["--against", "sglang"]),
                        (bench.main, ["--device", "cpu", "--against", "sdpa-prefill"]),
+                       (bench.main, ["--device", "cuda", "--against", "model-kv"]),
                        (fp8.main, ["--blocks", "16x32x256"]),
-                       (fp8.main, ["--shapes", "llama-70b"])):
+                       (fp8.main, ["--shapes", "llama-70b"]),
+                       (fp8.main, ["--quantize", "kv,activations"])):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv
     err = capsys.readouterr().err
-    assert "--fp8 is a GPU option" in err and "five or six numbers" in err
+    assert "--fp8 and --kv-fp8 are GPU options" in err and "five or six numbers" in err
+    assert "--against model-kv compares an FP8 KV cache" in err and "--quantize: any of" in err
     assert "--against sdpa-prefill" in err and "--fused-kernels" in err
     assert "bad --shapes" in err and "invalid choice: 'sglang'" in err
 

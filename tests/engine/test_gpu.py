@@ -25,11 +25,12 @@ def run_engine(engine, prompts, new=32, sequential=False):
     return asyncio.run(main())
 
 
-def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="always"):
+def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="always",
+         kv_fp8=False):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
                        spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap,
-                       spec_policy=policy)
+                       spec_policy=policy, kv_fp8=kv_fp8)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -294,3 +295,21 @@ def test_fp8_graphed_and_fused_equals_fp8_eager_and_batched_equals_one_at_a_time
     finally:
         eager.close()
         served.close()
+
+
+def test_fp8_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one_at_a_time(prompts):
+    """An FP8 KV cache (llm.kv_fp8) as served (CUDA graphs; the Triton kernels round k and v into
+    it and widen them as they read) against the eager torch layers over an FP8 pool, fp32
+    activations: same tokens, together or one at a time, and with speculation's verify steps."""
+    model = random_llama(smollm2_shape(), torch.float32, "cuda")
+    eager, served = make(model, False, fused=False, kv_fp8=True), make(model, True, kv_fp8=True)
+    spec = make(model, True, spec=2, kv_fp8=True)
+    try:
+        assert served.core.runner.k_pool.dtype == torch.float8_e4m3fn
+        want = run_engine(eager, prompts)
+        assert run_engine(served, prompts) == want
+        assert run_engine(served, prompts, sequential=True) == want
+        assert run_engine(spec, prompts) == want
+    finally:
+        for e in (eager, served, spec):
+            e.close()

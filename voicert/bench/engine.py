@@ -171,6 +171,11 @@ async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[i
     return out
 
 
+# --against: this engine again with one setting changed, run side by side (label, the change)
+TWINS = {"sdpa-prefill": ("voicert, prefill by gather + SDPA", {"prefill_attention": "sdpa"}),
+         "model-kv": ("voicert, KV cache in the model's dtype", {"kv_fp8": False})}
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -198,13 +203,15 @@ class Bench:
                     max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs,
                     fused_kernels=args.fused_kernels, torchscript=args.torchscript,
                     overlap=args.overlap, fp8=args.fp8)
+        twin = TWINS.get(args.against)  # --against sdpa-prefill / model-kv: this engine, one change
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
-        self.engine = LLMEngine(self.model_dir or "", EngineConfig(
-            **base, prefill_attention=args.prefill_attention), model=self.model, tokenizer=tok)
-        self.sdpa_engine = None  # --against sdpa-prefill: the same engine, prefills by SDPA
-        if args.against == "sdpa-prefill":  # its own copy of the model: the choice is the model's
-            self.sdpa_engine = LLMEngine(self.model_dir or "", EngineConfig(
-                **base, prefill_attention="sdpa"), model=copy.deepcopy(self.model), tokenizer=tok)
+        ours = dict(base, prefill_attention=args.prefill_attention, kv_fp8=args.kv_fp8)
+        self.engine = LLMEngine(self.model_dir or "", EngineConfig(**ours), model=self.model,
+                                tokenizer=tok)
+        self.twin = None
+        if twin is not None:  # its own copy of the model: the prefill choice is the model's
+            self.twin = LLMEngine(self.model_dir or "", EngineConfig(**(ours | twin[1])),
+                                  model=copy.deepcopy(self.model), tokenizer=tok)
         self.spec_engines: dict[str, LLMEngine] = {}  # label -> an engine that speculates
         if args.spec:
             self.spec_engines[f"n-gram prompt lookup, k={args.spec}"] = LLMEngine(
@@ -257,9 +264,9 @@ class Bench:
         times, t0, _ = await self._stream(self.engine, prompt, new, "b")
         return times, t0
 
-    async def sdpa_prefill(self, prompt: list[int], new: int) -> tuple[list[int], int]:
-        """A :data:`StreamFn` over the baseline engine of ``--against sdpa-prefill``."""
-        times, t0, _ = await self._stream(self.sdpa_engine, prompt, new, "s")
+    async def twin_stream(self, prompt: list[int], new: int) -> tuple[list[int], int]:
+        """A :data:`StreamFn` over the baseline engine of ``--against sdpa-prefill | model-kv``."""
+        times, t0, _ = await self._stream(self.twin, prompt, new, "s")
         return times, t0
 
     # ---------------------------------------------------------------- transformers
@@ -367,8 +374,8 @@ class Bench:
                              a.prompt_tokens)
         if baseline is None and self.hf is not None:
             baseline = self.hf_figures()
-        if self.sdpa_engine is not None:
-            baseline = await measure(self.sdpa_prefill, self.tokens, a.reps, a.streams,
+        if self.twin is not None:
+            baseline = await measure(self.twin_stream, self.tokens, a.reps, a.streams,
                                      a.new_tokens, a.prompt_tokens)
         baseline = baseline or {}
         rows = [Row(name, v, baseline.get(name), "tok/s" if name.startswith("tokens/s") else "ms")
@@ -452,17 +459,19 @@ def main(argv: list[str] | None = None) -> int:
                          "the last one's tokens")
     ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=None,
                     help="CPU: the forward as a frozen TorchScript trace (default on the CPU)")
-    ap.add_argument("--against", choices=("transformers", "vllm", "sdpa-prefill", "none"),
+    ap.add_argument("--against", choices=("transformers", "vllm", *TWINS, "none"),
                     default="transformers",
                     help="the engine run side by side: transformers generate() in this process, "
                          "vLLM (bench/vllm_side.py, in a child process first, same shape and "
-                         "prompts; needs vllm), or this engine with --prefill-attention sdpa")
+                         "prompts; needs vllm), or this engine with --prefill-attention sdpa "
+                         "(sdpa-prefill) or with its KV cache in the model's dtype (model-kv)")
     ap.add_argument("--prefill-attention", choices=("auto", "sdpa", "flash"), default="auto",
                     help="GPU: prefill steps' attention (llm.prefill_attention)")
     ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
     ap.add_argument("--fp8", action="store_true",
                     help="GPU: FP8 layer weights (engine/fp8.py); with --against vllm, vLLM's "
                          "quantization=fp8 too")
+    ap.add_argument("--kv-fp8", action="store_true", help="GPU: the KV cache in FP8 (llm.kv_fp8)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",")]
@@ -473,14 +482,16 @@ def main(argv: list[str] | None = None) -> int:
         args.fused_kernels = args.device.startswith("cuda")
     if args.torchscript is None:
         args.torchscript = args.device == "cpu"
-    if args.fp8 and not args.device.startswith("cuda"):
-        ap.error("--fp8 is a GPU option")
+    if (args.fp8 or args.kv_fp8) and not args.device.startswith("cuda"):
+        ap.error("--fp8 and --kv-fp8 are GPU options")
+    if args.against == "model-kv" and not args.kv_fp8:
+        ap.error("--against model-kv compares an FP8 KV cache with the model's dtype: add --kv-fp8")
     if args.against == "sdpa-prefill" and not args.fused_kernels:
         ap.error("--against sdpa-prefill compares the fused GPU path's prefill attention: "
                  "it needs --fused-kernels (a CUDA device)")
     against, baseline, failed = "transformers generate()", None, False
-    if args.against == "sdpa-prefill":
-        against = "voicert, prefill by gather + SDPA"
+    if args.against in TWINS:
+        against = TWINS[args.against][0]
     if args.against == "vllm":  # first, in a child: its memory is back before ours loads
         from voicert.bench.vllm_side import measure_in_child
 
@@ -503,8 +514,8 @@ def main(argv: list[str] | None = None) -> int:
                        "spec": result["spec"], "int8": result["int8"], "table": text}, f,
                       indent=1, default=str)
     bench.engine.close()
-    if bench.sdpa_engine is not None:
-        bench.sdpa_engine.close()
+    if bench.twin is not None:
+        bench.twin.close()
     for eng in bench.spec_engines.values():
         eng.close()
     return 1 if failed else 0

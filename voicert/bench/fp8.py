@@ -2,7 +2,8 @@
 
 Two tables:
 
-- **quality**: top-1 agreement of the FP8 model with the unquantized one, teacher-forced over a
+- **quality**: top-1 agreement of the FP8 model (``--quantize``: its layer weights, its KV cache, or
+  both) with the unquantized one, teacher-forced over a
   fixed text set (every position's greedy next token, both models reading the same text), on the
   embedded SmolLM2's real weights (or ``--model``); and the voice prompt set's greedy replies
   side by side (token-identical replies, mean shared prefix);
@@ -24,6 +25,7 @@ import torch
 
 from voicert.bench.cuda_time import graph_times
 from voicert.engine.fp8 import Fp8Linear, quantize_fp8
+from voicert.engine.models.layers import FP8_KV
 from voicert.engine.runner import ModelRunner, Row
 
 # A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
@@ -47,21 +49,25 @@ TEXTS = [
 ]
 
 
-def next_tokens(model, texts: list[list[int]], block_size: int = 16) -> list[list[int]]:
+def next_tokens(model, texts: list[list[int]], block_size: int = 16,
+                kv_fp8: bool = False) -> list[list[int]]:
     """The model's greedy next token after each position of each text (teacher-forced: one
-    prefill of all the texts as rows of one step, through the engine's own runner)."""
+    prefill of all the texts as rows of one step, through the engine's own runner; ``kv_fp8``:
+    its KV pool in FP8, which the prefill's attention reads back)."""
     rows, first = [], 1
     for ids in texts:
         blocks = -(-len(ids) // block_size)
         rows.append(Row(ids, 0, list(range(first, first + blocks)), 0))
         first += blocks
-    return ModelRunner(model, first, block_size).run_rows(rows)
+    return ModelRunner(model, first, block_size,
+                       kv_dtype=FP8_KV if kv_fp8 else None).run_rows(rows)
 
 
-def top1_agreement(ref, quant, texts: list[list[int]]) -> tuple[int, int]:
-    """(positions where both models pick the same next token, positions) over ``texts``."""
+def top1_agreement(ref, quant, texts: list[list[int]], kv_fp8: bool = False) -> tuple[int, int]:
+    """(positions where both models pick the same next token, positions) over ``texts``
+    (``kv_fp8``: ``quant`` reads an FP8 KV cache)."""
     same = total = 0
-    for a, b in zip(next_tokens(ref, texts), next_tokens(quant, texts)):
+    for a, b in zip(next_tokens(ref, texts), next_tokens(quant, texts, kv_fp8=kv_fp8)):
         same += sum(x == y for x, y in zip(a, b))
         total += len(a)
     return same, total
@@ -74,8 +80,13 @@ def quantized_copy(model):
     return q
 
 
-def quality(model_name: str, device: str, dtype: str) -> dict:
-    """Top-1 agreement over TEXTS and the voice prompt set's replies, FP8 against ``dtype``."""
+VARIANTS = {"weights": "FP8 layer weights", "kv": "FP8 KV cache",
+            "both": "FP8 layer weights and KV cache"}
+
+
+def quality(model_name: str, device: str, dtype: str, variant: str = "weights") -> dict:
+    """Top-1 agreement over TEXTS and the voice prompt set's replies, FP8 (``variant``: weights,
+    kv or both) against ``dtype``."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -91,12 +102,14 @@ def quality(model_name: str, device: str, dtype: str) -> dict:
     model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(model_dir)
     ref = load_model(model_dir, DTYPES[dtype], device)
-    quant = quantized_copy(ref)
+    quant = ref if variant == "kv" else quantized_copy(ref)
+    kv_fp8 = variant in ("kv", "both")
     texts = [tok(t)["input_ids"] for t in TEXTS]
-    same, total = top1_agreement(ref, quant, texts)
+    same, total = top1_agreement(ref, quant, texts, kv_fp8)
 
-    async def replies(model) -> list[list[int]]:
-        eng = LLMEngine(model_dir, EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25),
+    async def replies(model, kv_fp8: bool = False) -> list[list[int]]:
+        eng = LLMEngine(model_dir, EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25,
+                                                kv_fp8=kv_fp8),
                         model=model, tokenizer=tok)
         outs = []
         try:
@@ -108,9 +121,9 @@ def quality(model_name: str, device: str, dtype: str) -> dict:
             eng.close()
         return outs
 
-    a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant))
+    a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant, kv_fp8))
     prefix = [shared_prefix(u, v) for u, v in zip(a, b)]
-    return {"model": model_dir, "same": same, "total": total,
+    return {"model": model_dir, "variant": variant, "same": same, "total": total,
             "identical": sum(u == v for u, v in zip(a, b)), "replies": len(a),
             "prefix": statistics.mean(prefix),
             "samples": [(tok.decode(u), tok.decode(v)) for u, v in zip(a[:3], b[:3])]}
@@ -163,7 +176,7 @@ SHAPE_SETS = {  # (name, N, K) of each layer Linear, fused as the engine holds t
 def render_quality(q: dict) -> str:
     share = q["same"] / q["total"]
     lines = [f"model: {q['model']} (real weights)", "",
-             "| FP8 against the unquantized model | value |", "|---|---:|",
+             f"| {VARIANTS[q['variant']]} against the unquantized model | value |", "|---|---:|",
              f"| top-1 agreement, teacher-forced over {len(TEXTS)} texts | {q['same']}/{q['total']}"
              f" = {share:.1%} |",
              f"| voice prompt set: greedy replies token-identical (48 tokens at most) | "
@@ -198,6 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra FP8 tile configs to time, BMxBNxBKxWARPSxSTAGES[xSPLIT],... "
                          "(no SPLIT: chosen as by default)")
     ap.add_argument("--no-quality", dest="quality", action="store_false")
+    ap.add_argument("--quantize", default="weights",
+                    help="what the quality tables put in FP8, comma-separated: weights, kv, both")
     args = ap.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     try:
@@ -208,8 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"bad --shapes, --rows or --blocks: {e}")
     if any(len(b) not in (5, 6) for b in extra):
         ap.error("--blocks: five or six numbers each, BMxBNxBKxWARPSxSTAGES[xSPLIT]")
-    if args.quality:
-        print(render_quality(quality(args.model, args.device, dtype)), flush=True)
+    variants = args.quantize.split(",")
+    if any(v not in VARIANTS for v in variants):
+        ap.error(f"--quantize: any of {', '.join(VARIANTS)}")
+    for variant in variants if args.quality else []:
+        print(render_quality(quality(args.model, args.device, dtype, variant)) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
         print("\n" + render_kernels(kernels_table(shapes, rows, [None] + extra)), flush=True)
     return 0

@@ -24,6 +24,7 @@ from voicert.engine.draft import DraftModelProposer
 from voicert.engine.guided import GuideError, Guides, masked_argmax
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
+from voicert.engine.models.layers import FP8_KV
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel
 from voicert.engine.models.registry import load_model
 from voicert.engine.prompt import PromptBuilder, stop_token_ids
@@ -59,6 +60,8 @@ class EngineConfig:
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     fp8: bool = False  # FP8 (e4m3) layer weights, per-channel scales (engine/fp8.py): half the
     # weight bytes of bf16; GPUs of compute capability 8.9 or newer (on the CPU: a slow reference)
+    kv_fp8: bool = False  # the KV cache in FP8 (e4m3, scale 1, clamped to +-448): half the
+    # cache bytes of bf16; GPUs of compute capability 8.9 or newer (on the CPU: a slow reference)
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
     prefill_graph_rows: int = 16  # with cuda_graphs: most prompts one graphed prefill step packs
     # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
@@ -130,7 +133,7 @@ class EngineCore:
                                   widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
                                   prefill_budget=cfg.prefill_token_budget,
                                   prefill_rows=cfg.prefill_graph_rows, heads=self.heads,
-                                  torchscript=cfg.torchscript)
+                                  torchscript=cfg.torchscript, kv_dtype=self._kv_dtype())
         self.drafter = self._drafter(draft, num_blocks)
         pg = self.runner.prefill_graphs  # pack prefill steps into the captured shapes
         pg = pg if pg is not None and len(pg.batches) > 1 else None
@@ -195,7 +198,7 @@ class EngineCore:
         choice = self.cfg.prefill_attention
         if choice == "sdpa" or not self.model.use_kernels:
             return "sdpa"
-        why = flash.unavailable(self.cfg.device, self.model.embed.weight.dtype)
+        why = flash.unavailable(self.cfg.device, self.model.embed.weight.dtype, self._kv_dtype())
         if why is None:
             return "flash"
         if choice == "flash":
@@ -245,9 +248,12 @@ class EngineCore:
                              f"{heads.num_heads} draft heads in {path}")
         return heads
 
+    def _kv_dtype(self) -> torch.dtype:
+        return FP8_KV if self.cfg.kv_fp8 else DTYPES[self.cfg.dtype]
+
     def _pool_blocks(self) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,
-                                                   DTYPES[self.cfg.dtype])
+                                                   self._kv_dtype())
         if self.cfg.kv_memory_gb > 0:
             budget = self.cfg.kv_memory_gb * (1 << 30)
         elif self.cfg.device.startswith("cuda"):

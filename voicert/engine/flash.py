@@ -21,8 +21,10 @@ import torch
 from voicert.engine.models.layers import AttnInputs
 
 
-def unavailable(device: torch.device | str, dtype: torch.dtype) -> str | None:
-    """Why FlashAttention-4 cannot run prefill attention here, or None when it can."""
+def unavailable(device: torch.device | str, dtype: torch.dtype,
+                kv_dtype: torch.dtype | None = None) -> str | None:
+    """Why FlashAttention-4 cannot run prefill attention here, or None when it can
+    (``kv_dtype``: the KV pool's, which it reads in place; None: ``dtype``)."""
     device = torch.device(device)
     if device.type != "cuda":
         return "it runs on CUDA GPUs only"
@@ -30,6 +32,8 @@ def unavailable(device: torch.device | str, dtype: torch.dtype) -> str | None:
         return "it needs compute capability 9.0 (Hopper) or newer"
     if dtype not in (torch.bfloat16, torch.float16):
         return f"it runs bf16 and fp16, not {str(dtype).removeprefix('torch.')}"
+    if kv_dtype not in (None, dtype):
+        return "it reads the KV cache in place, and this cache is FP8 (llm.kv_fp8)"
     try:
         from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
     except Exception as exc:  # ImportError, or its CuTe DSL / CUDA libraries failing to load

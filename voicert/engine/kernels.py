@@ -114,7 +114,7 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kvh_n,
                     n_q_heads, n_pos, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_KV: tl.constexpr):
+                    BLOCK_KV: tl.constexpr, KV_FP8: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     row = qkv_ptr + t * (n_rot + kvh_n) * D  # this token's [H + 2 KVH, D]
@@ -135,13 +135,23 @@ def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, 
     kh = heads - n_q_heads  # rows n_q_heads.. of the rotated block are k heads
     km = ((heads >= n_q_heads) & (heads < n_rot))[:, None]
     kdst = k_ptr + slot * kvh_n * D + kh[:, None] * D + d[None, :]
-    tl.store(kdst, o1, mask=km)
-    tl.store(kdst + HALF, o2, mask=km)
+    tl.store(kdst, _to_pool(o1, k_ptr, KV_FP8), mask=km)
+    tl.store(kdst + HALF, _to_pool(o2, k_ptr, KV_FP8), mask=km)
     vh = tl.arange(0, BLOCK_KV)
     dd = tl.arange(0, D)
     vm = (vh < kvh_n)[:, None]
     v = tl.load(row + (n_rot + vh)[:, None] * D + dd[None, :], mask=vm, other=0.0)
-    tl.store(v_ptr + slot * kvh_n * D + vh[:, None] * D + dd[None, :], v, mask=vm)
+    tl.store(v_ptr + slot * kvh_n * D + vh[:, None] * D + dd[None, :], _to_pool(v, v_ptr, KV_FP8),
+             mask=vm)
+
+
+@triton.jit
+def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
+    """x in the pool's dtype: an FP8 pool's values clamped to e4m3's range (scale 1), as
+    layers.write_kv does."""
+    if KV_FP8:
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)
+    return x.to(pool_ptr.dtype.element_ty)
 
 
 def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
@@ -150,14 +160,14 @@ def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     """qkv [T, (H + 2 KVH) * D] contiguous; positions [T] int64; cos/sin [P, D/2], the model's
     tables of cos and sin of each position's angles (positions past P - 1 read row P - 1: the
     caller keeps positions below P); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one
-    layer's, contiguous). Rotates q and k in place in ``qkv`` (HF's half-split RoPE) and writes
-    each token's k and v into its slot."""
+    layer's, contiguous; qkv's dtype, or float8_e4m3fn: llm.kv_fp8). Rotates q and k in place in
+    ``qkv`` (HF's half-split RoPE) and writes each token's k and v into its slot."""
     d = k_pool.shape[-1]
     n_rot = num_heads + num_kv_heads
     _rope_kv_kernel[(qkv.shape[0],)](qkv, positions, cos, sin, slots, k_pool, v_pool, n_rot,
                                      num_kv_heads, num_heads, cos.shape[0], D=d,
                                      BLOCK_H=_pow2(n_rot), BLOCK_KV=_pow2(num_kv_heads),
-                                     num_warps=4)
+                                     KV_FP8=k_pool.dtype == torch.float8_e4m3fn, num_warps=4)
 
 
 # ----------------------------------------------------------------------------- paged attention
@@ -210,7 +220,7 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         page = tl.load(table_ptr + b * max_blocks + keys // BS, mask=km, other=0).to(tl.int64)
         slot = page * BS + keys % BS
         kv_off = (slot * kvh_n + kvh)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0)  # [BLOCK_N, D]
+        k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
         if IEEE:
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -221,7 +231,7 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0)
+        v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0).to(q.dtype)  # FP8 pool: widened
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
@@ -264,7 +274,8 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
                     block_tables: torch.Tensor, positions: torch.Tensor, num_heads: int,
                     num_kv_heads: int, count: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
-    written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D];
+    written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D]
+    (qkv's dtype, or float8_e4m3fn, widened as read);
     block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]);
     count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call).
     Returns [B, Q, H * D]. Takes Q * H / KVH <= MAX_ATTN_ROWS (see :func:`attn_rows`)."""

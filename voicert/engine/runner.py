@@ -52,7 +52,10 @@ class ModelRunner:
                  cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048,
                  widths: tuple[int, ...] = (1,),
                  prefill_budget: int = 512, prefill_rows: int = 16,
-                 heads: DraftHeads | None = None, torchscript: bool = False) -> None:
+                 heads: DraftHeads | None = None, torchscript: bool = False,
+                 kv_dtype: torch.dtype | None = None) -> None:
+        """``kv_dtype``: the KV pool's dtype (None: the model's; torch.float8_e4m3fn: an FP8
+        cache, llm.kv_fp8, written rounded and read widened: models/layers.py, kernels.py)."""
         cfg = model.cfg
         self.model = model
         self.heads = heads
@@ -62,8 +65,9 @@ class ModelRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
-        self.k_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)  # [layers, NB, BS, KVH, D]
-        self.v_pool = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        self.kv_dtype = kv_dtype or self.dtype
+        self.k_pool = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)  # [layers, NB, BS, KVH, D]
+        self.v_pool = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
         self.eager_steps = {"prefill": 0, "decode": 0}  # steps no captured graph could take
         if torchscript and self.device.type == "cpu":

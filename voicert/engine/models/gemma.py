@@ -129,7 +129,7 @@ class GemmaAttention(Attention):
                v_pool: torch.Tensor) -> torch.Tensor:
         """q [B, Q, H, D]; mask [B, 1, Q, L] additive -> [B, Q, H * D]."""
         b, q_len = q.shape[:2]
-        keys, vals = self.gather(inp, k_pool, v_pool)  # [B, KVH, L, D]
+        keys, vals = self.gather(inp, k_pool, v_pool, q.dtype)  # [B, KVH, L, D]
         g = self.h // self.kvh
         keys, vals = keys.repeat_interleave(g, dim=1), vals.repeat_interleave(g, dim=1)  # [B, H, L, D]
         scores = torch.matmul(q.transpose(1, 2), keys.transpose(2, 3)) * self.scale  # [B, H, Q, L]

@@ -98,6 +98,28 @@ class SdpaRows:
         return layer.attend(q, inp, self.mask, k_pool, v_pool)
 
 
+FP8_KV = torch.float8_e4m3fn  # llm.kv_fp8: the pool's dtype (scale 1: values clamped to +-448)
+FP8_KV_MAX = 448.0
+
+
+def write_kv(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
+    """x [T, KVH, D] into pool [NB, BS, KVH, D] at slots [T]. An FP8 pool takes x rounded to
+    e4m3, clamped to its range (bytes copied as uint8: index_copy_ does not take float8 on
+    every device)."""
+    nb, bs, kvh, d = pool.shape
+    if pool.dtype == FP8_KV:
+        x = x.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(FP8_KV).view(torch.uint8)
+        pool = pool.view(torch.uint8)
+    pool.view(nb * bs, kvh, d).index_copy_(0, slots, x.to(pool.dtype))
+
+
+def read_blocks(pool: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The pool's blocks [len(table), BS, KVH, D] in ``dtype`` (an FP8 pool's widened)."""
+    if pool.dtype == FP8_KV:
+        return pool.view(torch.uint8).index_select(0, table).view(FP8_KV).to(dtype)
+    return pool.index_select(0, table)
+
+
 class Attention(nn.Module):
     """Fused q/k/v projection, optional per-head q/k norms (``norm``: the architecture's RMSNorm),
     RoPE, the paged KV write, then :meth:`attend` (an architecture may override it)."""
@@ -124,9 +146,8 @@ class Attention(nn.Module):
             qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
         qk = rotate(qk, cos, sin)  # q and k rotated together: [B, Q, H + KVH, D]
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh:]
-        nb, bs = k_pool.shape[:2]
-        k_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, k.reshape(-1, kvh, d))
-        v_pool.view(nb * bs, kvh, d).index_copy_(0, inp.slots, v.reshape(-1, kvh, d))
+        write_kv(k_pool, inp.slots, k.reshape(-1, kvh, d))
+        write_kv(v_pool, inp.slots, v.reshape(-1, kvh, d))
         return self.o(self.attend(q, inp, mask, k_pool, v_pool))
 
     def attend_fused(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
@@ -154,7 +175,7 @@ class Attention(nn.Module):
         """q [B, Q, H, D] over the pool's blocks of each sequence (gathered) -> [B, Q, H * D]."""
         b, q_len = q.shape[:2]
         h, kvh, d = self.h, self.kvh, self.d
-        keys, vals = self.gather(inp, k_pool, v_pool)
+        keys, vals = self.gather(inp, k_pool, v_pool, q.dtype)
         if q.is_cuda and h != kvh:
             # fold the query heads of each KV head into the query axis: [B, KVH, Q*G, D]; the
             # masked kernels then read each K/V once instead of a repeated copy per query head
@@ -169,14 +190,14 @@ class Attention(nn.Module):
         return out.transpose(1, 2).reshape(b, q_len, h * d)
 
 
-    def gather(self, inp: AttnInputs, k_pool: torch.Tensor,
-               v_pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each sequence's keys and values from its blocks: two [B, KVH, L, D]."""
+    def gather(self, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor,
+               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each sequence's keys and values from its blocks, in ``dtype``: two [B, KVH, L, D]."""
         b, mb = inp.block_tables.shape
         bs = k_pool.shape[1]
         table = inp.block_tables.view(-1)  # [B*MB]; index_select copies whole blocks
-        keys = k_pool.index_select(0, table).view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
-        vals = v_pool.index_select(0, table).view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
+        keys = read_blocks(k_pool, table, dtype).view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
+        vals = read_blocks(v_pool, table, dtype).view(b, mb * bs, self.kvh, self.d).transpose(1, 2)
         return keys, vals
 
 
