@@ -232,7 +232,8 @@ class LlmConfig:
     # depend on what shares a step: batching and prefix caching are not exact under it)
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale
     # per output channel: half the weight bytes of bf16 per decode step; replies differ slightly
-    kv_fp8: bool = False  # GPU (compute capability >= 8.9): the KV cache in FP8 (e4m3, scale 1):
+    kv_cache: str = "model"  # GPU: the KV cache's values in the model's dtype (model), or in one
+    # byte: int8 (a scale per token and KV head) | fp8 (e4m3, scale 1; compute capability >= 8.9):
     # half the cache bytes of bf16, twice the context in the same memory; replies differ slightly
     cuda_graphs: bool = True  # GPU: CUDA graphs for decode and prefill steps
     prefill_graph_rows: int = 16  # GPU: most prompts one graphed prefill step packs (1: one prompt
@@ -309,9 +310,11 @@ class LlmConfig:
         _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
                "is a GPU option (llm.device: cuda)")
         _check(not (self.fp8 and self.engine != "fast"), "llm.fp8", "needs llm.engine: fast")
-        _check(not (self.kv_fp8 and not self.device.startswith("cuda")), "llm.kv_fp8",
-               "is a GPU option (llm.device: cuda)")
-        _check(not (self.kv_fp8 and self.engine != "fast"), "llm.kv_fp8", "needs llm.engine: fast")
+        _check(self.kv_cache in ("model", "int8", "fp8"), "llm.kv_cache", "must be model, int8 or fp8")
+        _check(self.kv_cache == "model" or self.device.startswith("cuda"), "llm.kv_cache",
+               "int8 and fp8 are GPU options (llm.device: cuda)")
+        _check(self.kv_cache == "model" or self.engine == "fast", "llm.kv_cache",
+               "int8 and fp8 need llm.engine: fast")
         _check(0 <= self.restart_max <= 1000, "llm.restart_max", "must be in [0, 1000]")
         _check(self.restart_window_s > 0, "llm.restart_window_s", "must be > 0")
         _check(self.restart_wait_s >= 0, "llm.restart_wait_s", "must be >= 0 (0: fail at once)")

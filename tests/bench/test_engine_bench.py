@@ -71,13 +71,13 @@ def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
                        (bench.main, ["--device", "cuda", "--against", "model-kv"]),
                        (fp8.main, ["--blocks", "16x32x256"]),
                        (fp8.main, ["--shapes", "llama-70b"]),
-                       (fp8.main, ["--quantize", "kv,activations"])):
+                       (fp8.main, ["--quantize", "kv-int8,activations"])):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv
     err = capsys.readouterr().err
-    assert "--fp8 and --kv-fp8 are GPU options" in err and "five or six numbers" in err
-    assert "--against model-kv compares an FP8 KV cache" in err and "--quantize: any of" in err
+    assert "--fp8 and --kv-cache int8 | fp8 are GPU options" in err and "five or six numbers" in err
+    assert "--against model-kv compares a one-byte KV cache" in err and "--quantize: any of" in err
     assert "--against sdpa-prefill" in err and "--fused-kernels" in err
     assert "bad --shapes" in err and "invalid choice: 'sglang'" in err
 

@@ -26,11 +26,11 @@ def run_engine(engine, prompts, new=32, sequential=False):
 
 
 def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="always",
-         kv_fp8=False):
+         kv_cache="model"):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
                        spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap,
-                       spec_policy=policy, kv_fp8=kv_fp8)
+                       spec_policy=policy, kv_cache=kv_cache)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -297,15 +297,17 @@ def test_fp8_graphed_and_fused_equals_fp8_eager_and_batched_equals_one_at_a_time
         served.close()
 
 
-def test_fp8_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one_at_a_time(prompts):
-    """An FP8 KV cache (llm.kv_fp8) as served (CUDA graphs; the Triton kernels round k and v into
-    it and widen them as they read) against the eager torch layers over an FP8 pool, fp32
+@pytest.mark.parametrize("kind,dtype", [("fp8", torch.float8_e4m3fn), ("int8", torch.int8)])
+def test_one_byte_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one_at_a_time(
+        prompts, kind, dtype):
+    """A one-byte KV cache (llm.kv_cache) as served (CUDA graphs; the Triton kernels round k and
+    v into it and widen them as they read) against the eager torch layers over such a pool, fp32
     activations: same tokens, together or one at a time, and with speculation's verify steps."""
     model = random_llama(smollm2_shape(), torch.float32, "cuda")
-    eager, served = make(model, False, fused=False, kv_fp8=True), make(model, True, kv_fp8=True)
-    spec = make(model, True, spec=2, kv_fp8=True)
+    eager, served = make(model, False, fused=False, kv_cache=kind), make(model, True, kv_cache=kind)
+    spec = make(model, True, spec=2, kv_cache=kind)
     try:
-        assert served.core.runner.k_pool.dtype == torch.float8_e4m3fn
+        assert served.core.runner.k_pool.dtype == dtype
         want = run_engine(eager, prompts)
         assert run_engine(served, prompts) == want
         assert run_engine(served, prompts, sequential=True) == want

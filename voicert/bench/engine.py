@@ -173,7 +173,7 @@ async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[i
 
 # --against: this engine again with one setting changed, run side by side (label, the change)
 TWINS = {"sdpa-prefill": ("voicert, prefill by gather + SDPA", {"prefill_attention": "sdpa"}),
-         "model-kv": ("voicert, KV cache in the model's dtype", {"kv_fp8": False})}
+         "model-kv": ("voicert, KV cache in the model's dtype", {"kv_cache": "model"})}
 
 
 class Bench:
@@ -205,7 +205,7 @@ class Bench:
                     overlap=args.overlap, fp8=args.fp8)
         twin = TWINS.get(args.against)  # --against sdpa-prefill / model-kv: this engine, one change
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
-        ours = dict(base, prefill_attention=args.prefill_attention, kv_fp8=args.kv_fp8)
+        ours = dict(base, prefill_attention=args.prefill_attention, kv_cache=args.kv_cache)
         self.engine = LLMEngine(self.model_dir or "", EngineConfig(**ours), model=self.model,
                                 tokenizer=tok)
         self.twin = None
@@ -471,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fp8", action="store_true",
                     help="GPU: FP8 layer weights (engine/fp8.py); with --against vllm, vLLM's "
                          "quantization=fp8 too")
-    ap.add_argument("--kv-fp8", action="store_true", help="GPU: the KV cache in FP8 (llm.kv_fp8)")
+    ap.add_argument("--kv-cache", choices=("model", "int8", "fp8"), default="model",
+                    help="GPU: the KV cache's values (llm.kv_cache)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",")]
@@ -482,10 +483,11 @@ def main(argv: list[str] | None = None) -> int:
         args.fused_kernels = args.device.startswith("cuda")
     if args.torchscript is None:
         args.torchscript = args.device == "cpu"
-    if (args.fp8 or args.kv_fp8) and not args.device.startswith("cuda"):
-        ap.error("--fp8 and --kv-fp8 are GPU options")
-    if args.against == "model-kv" and not args.kv_fp8:
-        ap.error("--against model-kv compares an FP8 KV cache with the model's dtype: add --kv-fp8")
+    if (args.fp8 or args.kv_cache != "model") and not args.device.startswith("cuda"):
+        ap.error("--fp8 and --kv-cache int8 | fp8 are GPU options")
+    if args.against == "model-kv" and args.kv_cache == "model":
+        ap.error("--against model-kv compares a one-byte KV cache with the model's dtype: add "
+                 "--kv-cache int8 or fp8")
     if args.against == "sdpa-prefill" and not args.fused_kernels:
         ap.error("--against sdpa-prefill compares the fused GPU path's prefill attention: "
                  "it needs --fused-kernels (a CUDA device)")

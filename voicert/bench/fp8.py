@@ -2,8 +2,8 @@
 
 Two tables:
 
-- **quality**: top-1 agreement of the FP8 model (``--quantize``: its layer weights, its KV cache, or
-  both) with the unquantized one, teacher-forced over a
+- **quality**: top-1 agreement of the model with FP8 layer weights, or with a one-byte KV cache
+  (``--quantize``: FP8 or INT8), with the unquantized one, teacher-forced over a
   fixed text set (every position's greedy next token, both models reading the same text), on the
   embedded SmolLM2's real weights (or ``--model``); and the voice prompt set's greedy replies
   side by side (token-identical replies, mean shared prefix);
@@ -25,7 +25,7 @@ import torch
 
 from voicert.bench.cuda_time import graph_times
 from voicert.engine.fp8 import Fp8Linear, quantize_fp8
-from voicert.engine.models.layers import FP8_KV
+from voicert.engine.models.layers import KV_DTYPES
 from voicert.engine.runner import ModelRunner, Row
 
 # A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
@@ -50,24 +50,24 @@ TEXTS = [
 
 
 def next_tokens(model, texts: list[list[int]], block_size: int = 16,
-                kv_fp8: bool = False) -> list[list[int]]:
+                kv_cache: str = "model") -> list[list[int]]:
     """The model's greedy next token after each position of each text (teacher-forced: one
-    prefill of all the texts as rows of one step, through the engine's own runner; ``kv_fp8``:
-    its KV pool in FP8, which the prefill's attention reads back)."""
+    prefill of all the texts as rows of one step, through the engine's own runner; ``kv_cache``:
+    int8 or fp8, its KV pool in one byte a value, which the prefill's attention reads back)."""
     rows, first = [], 1
     for ids in texts:
         blocks = -(-len(ids) // block_size)
         rows.append(Row(ids, 0, list(range(first, first + blocks)), 0))
         first += blocks
     return ModelRunner(model, first, block_size,
-                       kv_dtype=FP8_KV if kv_fp8 else None).run_rows(rows)
+                       kv_dtype=KV_DTYPES.get(kv_cache)).run_rows(rows)
 
 
-def top1_agreement(ref, quant, texts: list[list[int]], kv_fp8: bool = False) -> tuple[int, int]:
+def top1_agreement(ref, quant, texts: list[list[int]], kv_cache: str = "model") -> tuple[int, int]:
     """(positions where both models pick the same next token, positions) over ``texts``
-    (``kv_fp8``: ``quant`` reads an FP8 KV cache)."""
+    (``kv_cache`` int8 / fp8: ``quant`` reads such a KV cache)."""
     same = total = 0
-    for a, b in zip(next_tokens(ref, texts), next_tokens(quant, texts, kv_fp8=kv_fp8)):
+    for a, b in zip(next_tokens(ref, texts), next_tokens(quant, texts, kv_cache=kv_cache)):
         same += sum(x == y for x, y in zip(a, b))
         total += len(a)
     return same, total
@@ -80,13 +80,13 @@ def quantized_copy(model):
     return q
 
 
-VARIANTS = {"weights": "FP8 layer weights", "kv": "FP8 KV cache",
-            "both": "FP8 layer weights and KV cache"}
+VARIANTS = {"weights": "FP8 layer weights", "kv-fp8": "FP8 KV cache",
+            "kv-int8": "INT8 KV cache (a scale per token and KV head)"}
 
 
 def quality(model_name: str, device: str, dtype: str, variant: str = "weights") -> dict:
-    """Top-1 agreement over TEXTS and the voice prompt set's replies, FP8 (``variant``: weights,
-    kv or both) against ``dtype``."""
+    """Top-1 agreement over TEXTS and the voice prompt set's replies, ``variant`` (a key of
+    VARIANTS) against ``dtype``."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -102,14 +102,14 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
     model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(model_dir)
     ref = load_model(model_dir, DTYPES[dtype], device)
-    quant = ref if variant == "kv" else quantized_copy(ref)
-    kv_fp8 = variant in ("kv", "both")
+    quant = quantized_copy(ref) if variant == "weights" else ref
+    kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     texts = [tok(t)["input_ids"] for t in TEXTS]
-    same, total = top1_agreement(ref, quant, texts, kv_fp8)
+    same, total = top1_agreement(ref, quant, texts, kv_cache)
 
-    async def replies(model, kv_fp8: bool = False) -> list[list[int]]:
+    async def replies(model, kv_cache: str = "model") -> list[list[int]]:
         eng = LLMEngine(model_dir, EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25,
-                                                kv_fp8=kv_fp8),
+                                                kv_cache=kv_cache),
                         model=model, tokenizer=tok)
         outs = []
         try:
@@ -121,7 +121,7 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
             eng.close()
         return outs
 
-    a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant, kv_fp8))
+    a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant, kv_cache))
     prefix = [shared_prefix(u, v) for u, v in zip(a, b)]
     return {"model": model_dir, "variant": variant, "same": same, "total": total,
             "identical": sum(u == v for u, v in zip(a, b)), "replies": len(a),
@@ -212,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                          "(no SPLIT: chosen as by default)")
     ap.add_argument("--no-quality", dest="quality", action="store_false")
     ap.add_argument("--quantize", default="weights",
-                    help="what the quality tables put in FP8, comma-separated: weights, kv, both")
+                    help="what the quality tables quantize, comma-separated: weights (FP8), "
+                         "kv-fp8, kv-int8 (the KV cache)")
     args = ap.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     try:

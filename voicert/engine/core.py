@@ -24,7 +24,7 @@ from voicert.engine.draft import DraftModelProposer
 from voicert.engine.guided import GuideError, Guides, masked_argmax
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.kv_cache import BlockManager
-from voicert.engine.models.layers import FP8_KV
+from voicert.engine.models.layers import KV_DTYPES
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX, LlamaModel
 from voicert.engine.models.registry import load_model
 from voicert.engine.prompt import PromptBuilder, stop_token_ids
@@ -60,8 +60,9 @@ class EngineConfig:
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     fp8: bool = False  # FP8 (e4m3) layer weights, per-channel scales (engine/fp8.py): half the
     # weight bytes of bf16; GPUs of compute capability 8.9 or newer (on the CPU: a slow reference)
-    kv_fp8: bool = False  # the KV cache in FP8 (e4m3, scale 1, clamped to +-448): half the
-    # cache bytes of bf16; GPUs of compute capability 8.9 or newer (on the CPU: a slow reference)
+    kv_cache: str = "model"  # the KV cache's values: model (the model's dtype) | fp8 (e4m3,
+    # scale 1, clamped to +-448; compute capability 8.9 or newer) | int8 (a scale per token and
+    # KV head): one byte a value (on the CPU: a slow reference); models/layers.py
     cuda_graphs: bool = False  # GPU only: replay captured decode graphs over a batch-size ladder
     prefill_graph_rows: int = 16  # with cuda_graphs: most prompts one graphed prefill step packs
     # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
@@ -249,7 +250,7 @@ class EngineCore:
         return heads
 
     def _kv_dtype(self) -> torch.dtype:
-        return FP8_KV if self.cfg.kv_fp8 else DTYPES[self.cfg.dtype]
+        return KV_DTYPES.get(self.cfg.kv_cache, DTYPES[self.cfg.dtype])
 
     def _pool_blocks(self) -> int:
         per_block = ModelRunner.kv_bytes_per_block(self.model, self.cfg.block_size,

@@ -137,7 +137,7 @@ def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
         max_batch=llm.max_batch, prefill_token_budget=llm.prefill_token_budget,
         batch_window_ms=llm.batch_window_ms, spec_tokens=llm.spec_tokens,
         spec_policy=llm.spec_policy, draft_model=llm.draft_model, draft_heads=llm.draft_heads,
-        max_context_tokens=llm.max_context_tokens, int8=llm.int8, fp8=llm.fp8, kv_fp8=llm.kv_fp8,
+        max_context_tokens=llm.max_context_tokens, int8=llm.int8, fp8=llm.fp8, kv_cache=llm.kv_cache,
         cuda_graphs=llm.cuda_graphs and cuda, prefill_graph_rows=llm.prefill_graph_rows,
         own_stream=llm.own_stream and cuda, fused_kernels=llm.fused_kernels and cuda,
         prefill_attention=llm.prefill_attention,

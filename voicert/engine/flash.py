@@ -33,7 +33,8 @@ def unavailable(device: torch.device | str, dtype: torch.dtype,
     if dtype not in (torch.bfloat16, torch.float16):
         return f"it runs bf16 and fp16, not {str(dtype).removeprefix('torch.')}"
     if kv_dtype not in (None, dtype):
-        return "it reads the KV cache in place, and this cache is FP8 (llm.kv_fp8)"
+        return (f"it reads the KV cache in place, and this cache holds "
+                f"{str(kv_dtype).removeprefix('torch.')} (llm.kv_cache)")
     try:
         from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
     except Exception as exc:  # ImportError, or its CuTe DSL / CUDA libraries failing to load

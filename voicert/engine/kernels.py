@@ -38,6 +38,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from voicert.engine.fp8 import E4M3_MAX
 
@@ -114,7 +115,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kvh_n,
                     n_q_heads, n_pos, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_KV: tl.constexpr, KV_FP8: tl.constexpr):
+                    BLOCK_KV: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr,
+                    ROW: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     row = qkv_ptr + t * (n_rot + kvh_n) * D  # this token's [H + 2 KVH, D]
@@ -134,15 +136,35 @@ def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, 
     slot = tl.load(slot_ptr + t).to(tl.int64)
     kh = heads - n_q_heads  # rows n_q_heads.. of the rotated block are k heads
     km = ((heads >= n_q_heads) & (heads < n_rot))[:, None]
-    kdst = k_ptr + slot * kvh_n * D + kh[:, None] * D + d[None, :]
-    tl.store(kdst, _to_pool(o1, k_ptr, KV_FP8), mask=km)
-    tl.store(kdst + HALF, _to_pool(o2, k_ptr, KV_FP8), mask=km)
+    krow = k_ptr + slot * kvh_n * ROW + kh * ROW  # [BLOCK_H] each k head's pool row
+    kdst = krow[:, None] + d[None, :]
     vh = tl.arange(0, BLOCK_KV)
     dd = tl.arange(0, D)
     vm = (vh < kvh_n)[:, None]
     v = tl.load(row + (n_rot + vh)[:, None] * D + dd[None, :], mask=vm, other=0.0)
-    tl.store(v_ptr + slot * kvh_n * D + vh[:, None] * D + dd[None, :], _to_pool(v, v_ptr, KV_FP8),
-             mask=vm)
+    vrow = v_ptr + slot * kvh_n * ROW + vh * ROW  # [BLOCK_KV]
+    if KV_INT8:  # each head's row scaled by its largest magnitude / 127, the scale after the row
+        k1, k2 = o1.to(tl.float32), o2.to(tl.float32)
+        ks = tl.maximum(tl.maximum(tl.max(tl.abs(k1), axis=1), tl.max(tl.abs(k2), axis=1)) / 127,
+                        1e-12)  # [BLOCK_H]
+        tl.store(kdst, _int8(k1 / ks[:, None]), mask=km)
+        tl.store(kdst + HALF, _int8(k2 / ks[:, None]), mask=km)
+        tl.store((krow + D).to(tl.pointer_type(tl.float32)), ks,
+                 mask=(heads >= n_q_heads) & (heads < n_rot))
+        vf = v.to(tl.float32)
+        vs = tl.maximum(tl.max(tl.abs(vf), axis=1) / 127, 1e-12)  # [BLOCK_KV]
+        tl.store(vrow[:, None] + dd[None, :], _int8(vf / vs[:, None]), mask=vm)
+        tl.store((vrow + D).to(tl.pointer_type(tl.float32)), vs, mask=vh < kvh_n)
+    else:
+        tl.store(kdst, _to_pool(o1, k_ptr, KV_FP8), mask=km)
+        tl.store(kdst + HALF, _to_pool(o2, k_ptr, KV_FP8), mask=km)
+        tl.store(vrow[:, None] + dd[None, :], _to_pool(v, v_ptr, KV_FP8), mask=vm)
+
+
+@triton.jit
+def _int8(x):
+    """Round half to even and saturate to [-127, 127], as torch.round and clamp do."""
+    return tl.clamp(libdevice.rint(x), -127.0, 127.0).to(tl.int8)
 
 
 @triton.jit
@@ -160,14 +182,17 @@ def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     """qkv [T, (H + 2 KVH) * D] contiguous; positions [T] int64; cos/sin [P, D/2], the model's
     tables of cos and sin of each position's angles (positions past P - 1 read row P - 1: the
     caller keeps positions below P); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one
-    layer's, contiguous; qkv's dtype, or float8_e4m3fn: llm.kv_fp8). Rotates q and k in place in
+    layer's, contiguous; qkv's dtype, or llm.kv_cache's float8_e4m3fn, or int8 with each row's
+    float32 scale after it: row D + 4, models/layers.py). Rotates q and k in place in
     ``qkv`` (HF's half-split RoPE) and writes each token's k and v into its slot."""
-    d = k_pool.shape[-1]
     n_rot = num_heads + num_kv_heads
+    d = qkv.shape[-1] // (n_rot + num_kv_heads)
     _rope_kv_kernel[(qkv.shape[0],)](qkv, positions, cos, sin, slots, k_pool, v_pool, n_rot,
                                      num_kv_heads, num_heads, cos.shape[0], D=d,
                                      BLOCK_H=_pow2(n_rot), BLOCK_KV=_pow2(num_kv_heads),
-                                     KV_FP8=k_pool.dtype == torch.float8_e4m3fn, num_warps=4)
+                                     KV_FP8=k_pool.dtype == torch.float8_e4m3fn,
+                                     KV_INT8=k_pool.dtype == torch.int8, ROW=k_pool.shape[-1],
+                                     num_warps=4)
 
 
 # ----------------------------------------------------------------------------- paged attention
@@ -196,7 +221,7 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
                        count_ptr, q_len, n_q_heads, kvh_n, q_stride, max_blocks, split_keys,
                        scale, G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
                        ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                       IEEE: tl.constexpr):
+                       IEEE: tl.constexpr, KV_INT8: tl.constexpr, ROW: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     s = tl.program_id(2)
@@ -219,8 +244,13 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         km = keys < end
         page = tl.load(table_ptr + b * max_blocks + keys // BS, mask=km, other=0).to(tl.int64)
         slot = page * BS + keys % BS
-        kv_off = (slot * kvh_n + kvh)[:, None] * D + d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0).to(q.dtype)  # [BLOCK_N, D]
+        kv_row = (slot * kvh_n + kvh) * ROW  # [BLOCK_N] each key's pool row
+        kv_off = kv_row[:, None] + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0)  # [BLOCK_N, D]
+        if KV_INT8:  # widened by each row's scale, stored after it
+            k = k.to(tl.float32) * tl.load((k_ptr + kv_row + D).to(tl.pointer_type(tl.float32)),
+                                           mask=km, other=0.0)[:, None]
+        k = k.to(q.dtype)
         if IEEE:
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
         else:
@@ -231,7 +261,11 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(sc - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0).to(q.dtype)  # FP8 pool: widened
+        v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0)
+        if KV_INT8:
+            v = v.to(tl.float32) * tl.load((v_ptr + kv_row + D).to(tl.pointer_type(tl.float32)),
+                                           mask=km, other=0.0)[:, None]
+        v = v.to(q.dtype)  # a one-byte pool's values widened
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
@@ -275,12 +309,13 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
                     num_kv_heads: int, count: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
     written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D]
-    (qkv's dtype, or float8_e4m3fn, widened as read);
+    (qkv's dtype, or llm.kv_cache's float8_e4m3fn or int8 with scales, widened as read);
     block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]);
     count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call).
     Returns [B, Q, H * D]. Takes Q * H / KVH <= MAX_ATTN_ROWS (see :func:`attn_rows`)."""
     b, q_len = qkv.shape[:2]
-    nb, bs, kvh, d = k_pool.shape
+    nb, bs, kvh, row = k_pool.shape
+    d = qkv.shape[-1] // (num_heads + 2 * kvh)
     g = num_heads // num_kv_heads
     rows = attn_rows(q_len, num_heads, num_kv_heads)
     assert rows <= MAX_ATTN_ROWS, "too many query rows for the paged decode kernel"
@@ -300,7 +335,8 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
         qkv, k_pool, v_pool, block_tables, positions, out, part, ml, count, q_len, num_heads,
         kvh, qkv.shape[-1], block_tables.shape[1], split_keys, d ** -0.5, G=g, D=d, BS=bs,
         ROWS=rows, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
-        IEEE=qkv.dtype == torch.float32, num_warps=4)
+        IEEE=qkv.dtype == torch.float32, KV_INT8=k_pool.dtype == torch.int8, ROW=row,
+        num_warps=4)
     return out
 
 

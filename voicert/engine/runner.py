@@ -12,6 +12,7 @@ import torch
 
 from voicert.engine.heads import DraftHeads
 from voicert.engine.kv_cache import SCRATCH_BLOCK
+from voicert.engine.models.layers import pool_row
 from voicert.engine.models.llama import AttnInputs, LlamaModel
 from voicert.engine.scheduler import Step, bucket
 
@@ -54,8 +55,9 @@ class ModelRunner:
                  prefill_budget: int = 512, prefill_rows: int = 16,
                  heads: DraftHeads | None = None, torchscript: bool = False,
                  kv_dtype: torch.dtype | None = None) -> None:
-        """``kv_dtype``: the KV pool's dtype (None: the model's; torch.float8_e4m3fn: an FP8
-        cache, llm.kv_fp8, written rounded and read widened: models/layers.py, kernels.py)."""
+        """``kv_dtype``: the KV pool's dtype (None: the model's; torch.float8_e4m3fn or
+        torch.int8: llm.kv_cache fp8 / int8, written rounded and read widened: models/layers.py,
+        kernels.py)."""
         cfg = model.cfg
         self.model = model
         self.heads = heads
@@ -64,8 +66,9 @@ class ModelRunner:
         self.num_blocks = num_blocks
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
         self.kv_dtype = kv_dtype or self.dtype
+        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads,
+                 pool_row(cfg.head_dim, self.kv_dtype))
         self.k_pool = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)  # [layers, NB, BS, KVH, D]
         self.v_pool = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
@@ -84,7 +87,7 @@ class ModelRunner:
     def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
         cfg = model.cfg
         elem = torch.tensor([], dtype=dtype).element_size()
-        return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * elem
+        return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * pool_row(cfg.head_dim, dtype) * elem
 
     def layout(self, rows: list[Row], batch: int, blocks: int, width: int):
         """Row-major int64 lists (ids, positions, slots, tables) padded to [batch, width] and

@@ -98,25 +98,50 @@ class SdpaRows:
         return layer.attend(q, inp, self.mask, k_pool, v_pool)
 
 
-FP8_KV = torch.float8_e4m3fn  # llm.kv_fp8: the pool's dtype (scale 1: values clamped to +-448)
+# llm.kv_cache: the KV pool in the model's dtype, or in one byte a value:
+# - fp8: e4m3, scale 1 (values clamped to +-448);
+# - int8: each (token, KV head) row of D values scaled by its own largest magnitude / 127, the
+#   scale (float32) packed after the row: a pool row is D + 4 bytes.
+FP8_KV = torch.float8_e4m3fn
 FP8_KV_MAX = 448.0
+INT8_KV = torch.int8
+KV_DTYPES = {"fp8": FP8_KV, "int8": INT8_KV}
+INT8_SCALE_BYTES = 4
+
+
+def pool_row(head_dim: int, kv_dtype: torch.dtype) -> int:
+    """A pool row's length (elements) for one (token, KV head): D, or D + 4 for int8's scale."""
+    return head_dim + INT8_SCALE_BYTES if kv_dtype == INT8_KV else head_dim
+
+
+def int8_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] as int8 rows with their float32 scale packed after each: [..., D + 4]."""
+    scale = (x.float().abs().amax(-1, keepdim=True) / 127).clamp(min=1e-12)  # [..., 1]
+    q = torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8)
+    return torch.cat([q, scale.view(torch.int8)], dim=-1)
 
 
 def write_kv(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
-    """x [T, KVH, D] into pool [NB, BS, KVH, D] at slots [T]. An FP8 pool takes x rounded to
+    """x [T, KVH, D] into pool [NB, BS, KVH, row] at slots [T]. An FP8 pool takes x rounded to
     e4m3, clamped to its range (bytes copied as uint8: index_copy_ does not take float8 on
-    every device)."""
-    nb, bs, kvh, d = pool.shape
+    every device); an int8 pool, :func:`int8_rows`."""
+    nb, bs, kvh, row = pool.shape
     if pool.dtype == FP8_KV:
         x = x.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(FP8_KV).view(torch.uint8)
         pool = pool.view(torch.uint8)
-    pool.view(nb * bs, kvh, d).index_copy_(0, slots, x.to(pool.dtype))
+    elif pool.dtype == INT8_KV:
+        x = int8_rows(x)
+    pool.view(nb * bs, kvh, row).index_copy_(0, slots, x.to(pool.dtype))
 
 
 def read_blocks(pool: torch.Tensor, table: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """The pool's blocks [len(table), BS, KVH, D] in ``dtype`` (an FP8 pool's widened)."""
+    """The pool's blocks [len(table), BS, KVH, D] in ``dtype`` (a one-byte pool's widened)."""
     if pool.dtype == FP8_KV:
         return pool.view(torch.uint8).index_select(0, table).view(FP8_KV).to(dtype)
+    if pool.dtype == INT8_KV:
+        blocks = pool.index_select(0, table)  # [N, BS, KVH, D + 4]
+        scale = blocks[..., -INT8_SCALE_BYTES:].contiguous().view(torch.float32)  # [N, BS, KVH, 1]
+        return (blocks[..., :-INT8_SCALE_BYTES].float() * scale).to(dtype)
     return pool.index_select(0, table)
 
 
