@@ -71,6 +71,13 @@ def test_missing_and_malformed_files(tmp_path):
         load_config(scalar, environ={})
 
 
+def test_a_key_given_twice_in_a_file_is_an_error_naming_it(tmp_path):
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("tts:\n  workers: 2\n  threads: 1\n  workers: 4\n")
+    with pytest.raises(ConfigError, match=r"(?s)not valid YAML.*'workers' is given twice.*line 4"):
+        load_config(twice, environ={})
+
+
 def test_a_file_extends_others_in_order_and_its_own_keys_win(tmp_path):
     (tmp_path / "base.yaml").write_text("server:\n  port: 9001\n  host: 0.0.0.0\n")
     (tmp_path / "agent.yaml").write_text("server:\n  port: 9002\ntools:\n  functions: [m:f]\n")

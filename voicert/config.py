@@ -538,10 +538,25 @@ def load_config(
     return _build(Config, tree, "")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load's loader, but a key given twice in one mapping is an error: YAML would keep the
+    last silently, and a key repeated by mistake (a paste, a merge) would override the first."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice in one mapping", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def _read_tree(file: Path, depth: int = 0) -> dict[str, Any]:
     """A config file's sections, over those of the files it ``extends`` (if any)."""
     try:
-        loaded = yaml.safe_load(file.read_text()) or {}
+        loaded = yaml.load(file.read_text(), Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {file}: not valid YAML: {exc}") from None
     if not isinstance(loaded, dict):
