@@ -54,3 +54,18 @@ def test_a_barge_in_on_a_reply_all_sent_but_still_playing_cuts_it_at_once():
     assert reply is not None and reply.cut_ms == 1500 and reply.item_offset == 6
     assert reply.text[:reply.heard_chars(reply.cut_ms)] == "Sure. One two three four. Five"
     assert clock.speech_started(now_ns=2600 * MS) is None  # cut once
+
+
+def test_the_pacing_clock_does_not_count_a_gap_in_slow_audio_as_played():
+    # a voice slower than real time: the second piece arrives 2 s after the first has played out;
+    # the client plays it from then, so 0.5 s into it the caller has heard the first piece and
+    # half of the second, not the 3.5 s since the first chunk
+    clock = PacingClock()
+    clock.started(4, bytes_per_ms("pcm16", 24000))
+    clock.audio(4, b"\0" * 48 * 1000, "One two three four.", now_ns=0)
+    clock.audio(4, b"\0" * 48 * 1000, " Five six seven eight.", now_ns=3000 * MS)
+    clock.speech_started(now_ns=3500 * MS)
+    text = "One two three four. Five six seven eight."
+    reply = clock.done(4, text, "item_4", interrupted=True)
+    assert reply.cut_ms == 1500.0
+    assert text[:reply.heard_chars(reply.cut_ms)] == "One two three four. Five six"
