@@ -129,7 +129,7 @@ def test_the_native_door_cuts_history_at_a_barge_in_on_a_reply_sent_but_still_pl
     from voicert.core import events as ev
     from voicert.protocol import native as p
     from voicert.server.connection import Connection
-    from voicert.audio.playback import Playback
+    from voicert.audio.playout import Playout
     from voicert.transport.spoken import PacingClock
 
     kept = []
@@ -143,8 +143,8 @@ def test_the_native_door_cuts_history_at_a_barge_in_on_a_reply_sent_but_still_pl
     door._pace(ev.ReplyAudio(5, 1, b"\0" * 48 * 1000, " Five six."))
     door._pace(ev.ReplyDone(5, "One two three four. Five six.", 8, 30, ev.ReplyEnd.STOP, "item_5"))
     assert kept == []  # done, not cut: it plays on
-    door.clock.playback = Playback()  # as if the audio had gone out 1.5 s ago
-    door.clock.playback.add(2_000_000_000, t0 - 1_500_000_000)
+    door.clock.playout = Playout()  # as if the audio had gone out 1.5 s ago
+    door.clock.playout.add(2_000_000_000, t0 - 1_500_000_000)
     door._pace(ev.BargeIn(6))
     (item, chars, offset), = kept
     assert item == "item_5" and offset == 0

@@ -24,7 +24,7 @@ from voicert.core import events as ev
 from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, StartDecode,
                                  TurnEnded, TurnJudged, TurnTaking)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
-from voicert.audio.playback import Playback
+from voicert.audio.playout import Playout
 from voicert.config import Config, TurnConfig, VadConfig
 from voicert.engine.base import ChatMessage, Engine, FinishReason, GenerationRequest
 from voicert.engine.tools import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
@@ -159,7 +159,7 @@ class Session:
                                 self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
                                 auto_respond, turn or self.cfg.turn)
         self.turn: Turn | None = None
-        self.playback = Playback()  # when the reply audio sent plays at the caller's end
+        self.playout = Playout()  # when the reply audio sent plays at the caller's end
         self.decodes: dict[int, AsrHandle] = {}  # early, partial, overlap decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
@@ -217,7 +217,7 @@ class Session:
         """The agent has the floor: a reply is being generated or sent, or its audio, all sent
         already (a fast engine and voice), is still playing at the caller's end, as a client
         that plays what arrives in real time would. Speech now may be a backchannel."""
-        return self._replying() or self.playback.playing(now_ns())
+        return self._replying() or self.playout.playing(now_ns())
 
     def _asr_busy(self) -> bool:
         return self.svc.asr.pending() > 0
@@ -477,7 +477,7 @@ class Session:
         still playing (the door tells the client)."""
         if not self.vad_cfg.barge_in:
             return
-        self.playback.stop()
+        self.playout.stop()
         if self._replying():
             self._cancel(self.turn, "interrupted")
 
@@ -537,7 +537,7 @@ class Session:
 
     def cancel_response(self) -> None:
         """The client stops the reply (and its audio: it no longer holds the floor)."""
-        self.playback.stop()
+        self.playout.stop()
         if self.turn is not None and self.turn.task is not None and not self.turn.task.done():
             self._cancel(self.turn, "cancelled")
 
@@ -607,7 +607,7 @@ class Session:
             now = now_ns()
             if self.echo is not None:  # what the caller's microphone may hear again
                 self.echo.reference(chunk.samples, fmt.sample_rate, now)
-            self.playback.add(chunk.samples.size * 1_000_000_000 // fmt.sample_rate, now)
+            self.playout.add(chunk.samples.size * 1_000_000_000 // fmt.sample_rate, now)
             await self.emit(ev.ReplyAudio(turn.turn_id, seq, chunk.audio, chunk.text))
 
         tts = self.cfg.tts

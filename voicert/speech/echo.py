@@ -130,7 +130,7 @@ class EchoGuard:
     Reply audio may be sent ahead of its playing (a reply is made faster than it is spoken), so
     the reference is kept on a *playback timeline*: a chunk plays when it arrives, or when the
     one before it has finished playing, whichever is later (a client's playout buffer: the rule
-    of ``audio/playback.Playback``, here sample by sample). A block of input is compared with
+    of ``audio/playout.Playout``, here sample by sample). A block of input is compared with
     what played in the ``memory_s`` before it."""
 
     def __init__(self, threshold: float = 0.6, memory_s: float = 2.0, block_ms: int = 256,

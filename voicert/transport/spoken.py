@@ -5,7 +5,7 @@ ms of audio); :meth:`SpokenReply.heard_chars` turns a playback position into how
 reply's text was heard. The Realtime door gets the position from the client
 (``conversation.item.truncate``); the native door estimates it with :class:`PacingClock` (the
 client plays audio as it arrives, in real time, and stops when the server interrupts the reply:
-``audio/playback.py``); telephony uses the provider's marks
+``audio/playout.py``); telephony uses the provider's marks
 (``transport/telephony.py``).
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from voicert.audio.playback import Playback
+from voicert.audio.playout import Playout
 
 BYTES_PER_SAMPLE = {"pcm16": 2, "f32": 4, "mulaw": 1, "alaw": 1}
 
@@ -73,7 +73,7 @@ class SpokenReply:
 
 class PacingClock:
     """The native door's estimate of playback: the client plays a reply's audio as it arrives,
-    each chunk after the one before it, in real time (``audio/playback.Playback``, the session's
+    each chunk after the one before it, in real time (``audio/playout.Playout``, the session's
     model of the same playout). ``speech_started`` (the server interrupts the agent's speech for
     the caller's) marks how far it had played; the cut is applied when the reply is done as
     interrupted, or at once when it was all sent and still playing. All times are
@@ -82,15 +82,15 @@ class PacingClock:
     def __init__(self) -> None:
         self.reply: SpokenReply | None = None
         self.turn = -1
-        self.playback = Playback()  # the reply's audio, as the client plays it
+        self.playout = Playout()  # the reply's audio, as the client plays it
 
     def started(self, turn_id: int, bytes_per_ms_: float) -> None:
-        self.reply, self.turn, self.playback = SpokenReply(bytes_per_ms_), turn_id, Playback()
+        self.reply, self.turn, self.playout = SpokenReply(bytes_per_ms_), turn_id, Playout()
 
     def audio(self, turn_id: int, audio: bytes, text: str, now_ns: int) -> None:
         if self.reply is None or turn_id != self.turn:
             return
-        self.playback.add(round(len(audio) / self.reply.bytes_per_ms * 1_000_000), now_ns)
+        self.playout.add(round(len(audio) / self.reply.bytes_per_ms * 1_000_000), now_ns)
         self.reply.add(audio, text)
 
     def speech_started(self, now_ns: int) -> SpokenReply | None:
@@ -102,7 +102,7 @@ class PacingClock:
         r = self.reply
         if r is None or not r.sent_ms or r.cut_ms is not None:
             return None
-        played_ms = self.playback.played_ns(now_ns) / 1e6
+        played_ms = self.playout.played_ns(now_ns) / 1e6
         if not r.item_id:
             r.cut_ms = min(played_ms, r.sent_ms)
             return None

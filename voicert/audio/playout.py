@@ -14,7 +14,7 @@ All times are ``time.perf_counter_ns`` values passed in.
 from __future__ import annotations
 
 
-class Playback:
+class Playout:
     """One client's playout. :meth:`add` each chunk as it is sent; :meth:`played_ns` and
     :meth:`playing` answer for any time not before the last chunk was sent."""
 
