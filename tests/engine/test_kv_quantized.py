@@ -74,19 +74,22 @@ def test_a_one_byte_cache_holds_about_twice_the_blocks_of_bf16_in_the_same_memor
     assert ModelRunner.kv_bytes_per_block(model, 16, INT8_KV) * 32 == bf16 * 20
 
 
-@pytest.mark.parametrize("kind,floor", [("int8", 0.96), ("fp8", 0.93)])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_one_byte_cache_keeps_the_real_embedded_models_next_tokens(embedded, dtype, kind,  # noqa: F811
-                                                                   floor):
+def test_a_one_byte_cache_keeps_the_real_embedded_models_next_tokens(embedded):  # noqa: F811
     """Top-1 agreement with the model over its own-dtype cache, teacher-forced over the bench's
-    fixed text set (``python -m voicert.bench.fp8 --quantize kv-int8,kv-fp8``). The issue's bar
-    is 97 %. Measured: int8 with a scale per token and head, 99.1 % (fp32) and 96.7 % (bf16);
-    fp8 with one scale of 1, 94.8 % both (e4m3's three mantissa bits; docs/benchmarks.md 27).
-    These floors guard those levels: a broken scale or rounding falls far below them."""
-    from voicert.bench.fp8 import TEXTS, top1_agreement
+    fixed text set (``python -m voicert.bench.fp8 --quantize kv-int8,kv-fp8``; fp32 here, where
+    the CPU is fastest). The issue's bar is 97 %. Measured: int8 with a scale per token and head,
+    99.1 % (fp32) and 96.7 % (bf16); fp8 with one scale of 1, 94.8 % both (e4m3's three mantissa
+    bits; docs/benchmarks.md 27). The floors guard those levels: a broken scale or rounding falls
+    far below them."""
+    from voicert.bench.fp8 import TEXTS, next_tokens
 
     load, tok = embedded
-    model = load(dtype)
-    same, total = top1_agreement(model, model, [tok(t)["input_ids"] for t in TEXTS], kind)
+    model = load(torch.float32)
+    texts = [tok(t)["input_ids"] for t in TEXTS]
+    ref = next_tokens(model, texts)
+    total = sum(len(r) for r in ref)
     assert total > 200
-    assert same / total >= floor, f"{same}/{total}"
+    for kind, floor in (("int8", 0.98), ("fp8", 0.93)):
+        got = next_tokens(model, texts, kv_cache=kind)
+        same = sum(a == b for r, g in zip(ref, got) for a, b in zip(r, g))
+        assert same / total >= floor, f"{kind}: {same}/{total}"
