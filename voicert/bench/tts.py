@@ -136,8 +136,8 @@ def time_parallel(voice, callers: int, repeat: int, first_words: int) -> dict:
 
 
 def parallel(callers: int, ort_threads: int, repeat: int, first_words: int) -> int:
-    """Piper on the CPU, ``callers`` threads speaking at once: one onnxruntime session shared
-    by all (before) against one session per thread (``tts.workers`` = callers), side by side."""
+    """Piper on the CPU, ``callers`` threads speaking at once: one onnxruntime session that
+    serves them in turn (``tts.sessions: 1``) against one session per thread, side by side."""
     from voicert.config import TtsConfig
     from voicert.speech.piper_voice import PiperTts
 
@@ -145,7 +145,7 @@ def parallel(callers: int, ort_threads: int, repeat: int, first_words: int) -> i
           f"onnxruntime threads each, {len(REPLIES)} pieces x {repeat})\n")
     print("| sessions | first audio P50 | P95 (ms) | pieces a second |")
     print("|---|---:|---:|---:|")
-    for label, sessions in (("one, shared by the threads", 1), ("one per thread", callers)):
+    for label, sessions in (("one, in turn", 1), ("one per thread", callers)):
         voice = PiperTts(TtsConfig(engine="piper", workers=callers, sessions=sessions,
                                    threads=ort_threads))
         r = time_parallel(voice, callers, repeat, first_words)
@@ -228,8 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wer-of", type=Path, metavar="DIR", help="only: the round-trip WER of "
                     "replies an earlier --save wrote")
     ap.add_argument("--parallel", type=int, default=0, metavar="N",
-                    help="only: Piper with N threads speaking at once, one shared onnxruntime "
-                    "session against one per thread (with --ort-threads and --first-words)")
+                    help="only: Piper with N threads speaking at once, one onnxruntime session "
+                    "in turn against one per thread (with --ort-threads and --first-words)")
     ap.add_argument("--ort-threads", type=int, default=2,
                     help="--parallel: onnxruntime threads per session (tts.threads; 0: all)")
     args = ap.parse_args(argv)
