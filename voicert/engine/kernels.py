@@ -172,7 +172,7 @@ def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
     """x in the pool's dtype: an FP8 pool's values clamped to e4m3's range (scale 1), as
     layers.write_kv does."""
     if KV_FP8:
-        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)  # +-E4M3_MAX (a literal in a kernel)
     return x.to(pool_ptr.dtype.element_ty)
 
 

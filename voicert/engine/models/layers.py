@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from voicert.engine.fp8 import E4M3_MAX
+
 if TYPE_CHECKING:
     from voicert.engine.models.llama import LlamaConfig
 
@@ -103,7 +105,6 @@ class SdpaRows:
 # - int8: each (token, KV head) row of D values scaled by its own largest magnitude / 127, the
 #   scale (float32) packed after the row: a pool row is D + 4 bytes.
 FP8_KV = torch.float8_e4m3fn
-FP8_KV_MAX = 448.0
 INT8_KV = torch.int8
 KV_DTYPES = {"fp8": FP8_KV, "int8": INT8_KV}
 INT8_SCALE_BYTES = 4
@@ -127,7 +128,7 @@ def write_kv(pool: torch.Tensor, slots: torch.Tensor, x: torch.Tensor) -> None:
     every device); an int8 pool, :func:`int8_rows`."""
     nb, bs, kvh, row = pool.shape
     if pool.dtype == FP8_KV:
-        x = x.clamp(-FP8_KV_MAX, FP8_KV_MAX).to(FP8_KV).view(torch.uint8)
+        x = x.clamp(-E4M3_MAX, E4M3_MAX).to(FP8_KV).view(torch.uint8)
         pool = pool.view(torch.uint8)
     elif pool.dtype == INT8_KV:
         x = int8_rows(x)
