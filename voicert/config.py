@@ -348,6 +348,8 @@ class TtsConfig:
     # pieces play to be made
     first_sessions: int = 2  # with first_threads: how many such sessions (a first piece finding
     # them all busy takes a normal one)
+    stream_frames: int = 32  # Piper: a sentence's audio streams out in windows of latent frames
+    # (256 samples each), the first of this many, each next 4x the last (0: whole sentences)
     spin: bool = False  # Piper's onnxruntime threads spin-wait between runs (onnxruntime's own
     # default): every core busy under load, no sooner first audio measured (benchmarks 18c)
     voices: list[str] = field(default_factory=lambda: ["en-gb-x-rp", "en-us+f3"])  # more voices a
@@ -369,6 +371,8 @@ class TtsConfig:
         _check(0 <= self.sessions <= 64, "tts.sessions", "must be in [0, 64] (0: one per TTS thread)")
         _check(0 <= self.first_threads <= 256, "tts.first_threads", "must be in [0, 256] (0: off)")
         _check(1 <= self.first_sessions <= 64, "tts.first_sessions", "must be in [1, 64]")
+        _check(0 <= self.stream_frames <= 4096, "tts.stream_frames",
+               "must be in [0, 4096] (0: whole sentences)")
 
 
 @dataclass(slots=True)

@@ -7,6 +7,8 @@ there), over a set of agent replies (confirmations with names, numbers, dates an
   ``speech/sentences.py``) handed to the voice, to its first chunk of audio; P50 / P95 over the set
   (each reply timed ``--repeat`` times, after a warm-up);
 - **real-time factor**: synthesis time over audio duration, for whole replies;
+- **longest stall**: played from its first chunk on as chunks arrive, how long a whole reply's
+  audio would have run dry waiting for the next (0: synthesis kept ahead of playback);
 - **intelligibility**: the reply synthesized piece by piece as the session cuts it (``--first-words``:
   ``tts.first_piece_words`` settings side by side), resampled to 16 kHz and transcribed by the embedded
   Whisper tiny.en; the word error rate of that transcript against the reply's text (the "round
@@ -55,6 +57,8 @@ class Timing:
     first_ms: list[float]
     rtf: list[float]
     transcripts: list[str]
+    stall_ms: list[float]  # per reply: how far its audio, played from its first chunk on, would
+    # have run dry waiting for the next chunk (0: always ahead of playback)
 
 
 def pieces_of(text: str, first_clause_chars: int = 24, first_words: int = 0) -> list[str]:
@@ -74,7 +78,7 @@ def time_voice(voice, repeat: int, asr, first_words: int = 0,
     import soxr
 
     voice.synthesize("Warming up.", lambda c: True)
-    firsts, rtfs, transcripts = [], [], []
+    firsts, rtfs, transcripts, stalls = [], [], [], []
     for text in REPLIES:
         pieces = pieces_of(text, first_words=first_words)
         piece = pieces[0]
@@ -89,18 +93,32 @@ def time_voice(voice, repeat: int, asr, first_words: int = 0,
             voice.synthesize(piece, on_chunk)
             firsts.append(seen[0] / 1e6)
         chunks: list[np.ndarray] = []
+        arrivals: list[float] = []
         t0 = time.perf_counter()
         for part in pieces:
-            voice.synthesize(part, lambda c: chunks.append(np.asarray(c, np.float32)) or True)
+            voice.synthesize(part, lambda c: arrivals.append(time.perf_counter())
+                             or chunks.append(np.asarray(c, np.float32)) or True)
         took = time.perf_counter() - t0
         audio = np.concatenate(chunks)  # [N] at the voice's rate
         rtfs.append(took / (audio.size / voice.sample_rate))
+        stalls.append(stall_ms(arrivals, [c.size for c in chunks], voice.sample_rate))
         audio16 = soxr.resample(audio, voice.sample_rate, 16000).astype(np.float32)
         if save is not None:
             write_wav(save / f"{len(rtfs) - 1:02d}.wav", audio16, 16000)
         if asr is not None:
             transcripts.append(transcribe(asr, audio16))
-    return Timing(firsts, rtfs, transcripts)
+    return Timing(firsts, rtfs, transcripts, stalls)
+
+
+def stall_ms(arrivals: list[float], sizes: list[int], rate: int) -> float:
+    """The longest wait for audio of a listener who starts playing the first chunk when it
+    arrives (``arrivals`` in seconds, ``sizes`` in samples): 0 when every chunk came before the
+    audio before it had played out."""
+    played, worst = arrivals[0], 0.0
+    for arrived, size in zip(arrivals, sizes):
+        worst = max(worst, arrived - played)
+        played = max(played, arrived) + size / rate
+    return worst * 1e3
 
 
 def time_parallel(voice, callers: int, repeat: int, first_words: int) -> dict:
@@ -185,8 +203,9 @@ def slug(label: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in label.lower()).strip("-")
 
 
-def voices(which: list[str]):
-    """(label, voice) for each name asked for that loads here."""
+def voices(which: list[str], stream_frames: int | None = None):
+    """(label, voice) for each name asked for that loads here (``stream_frames``: Piper's
+    ``tts.stream_frames`` where it streams; None: the config's default)."""
     from voicert.config import TtsConfig
     from voicert.speech.tts import EspeakVoice
 
@@ -202,9 +221,14 @@ def voices(which: list[str]):
             print(f"# {name}: onnxruntime has no CUDA provider here: skipped", file=sys.stderr)
             continue
         spin = name == "piper-spin"  # tts.spin: true
-        voice = PiperTts(TtsConfig(engine="piper", device=device, spin=spin))
+        whole = name == "piper-whole"  # tts.stream_frames: 0
+        frames = 0 if whole else stream_frames
+        voice = PiperTts(TtsConfig(engine="piper", device=device, spin=spin,
+                                   **({} if frames is None else {"stream_frames": frames})))
         print(f"# {name}: onnxruntime providers {voice.providers()}", file=sys.stderr)
-        out.append((f"Piper {voice.name} ({voice.device}{', spinning' if spin else ''})", voice))
+        how = "whole sentences" if whole else f"streamed, first {voice.stream_frames} frames"
+        out.append((f"Piper {voice.name} ({voice.device}, {how}{', spinning' if spin else ''})",
+                    voice))
     return out
 
 
@@ -215,12 +239,15 @@ def pct(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.tts", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--voices", default="espeak,piper,piper-cuda",
-                    help="any of espeak, piper, piper-spin (tts.spin: true), piper-cuda")
+    ap.add_argument("--voices", default="espeak,piper-whole,piper,piper-cuda",
+                    help="any of espeak, piper (streamed), piper-whole (tts.stream_frames: 0), "
+                    "piper-spin (tts.spin: true), piper-cuda")
     ap.add_argument("--repeat", type=int, default=5, help="first-audio timings per reply")
     ap.add_argument("--threads", type=int, default=0, help="torch/ort threads hint (0: default)")
     ap.add_argument("--first-words", default="0",
                     help="tts.first_piece_words settings to compare, e.g. 0,6 (0: off)")
+    ap.add_argument("--stream-frames", type=int, default=None, metavar="N",
+                    help="tts.stream_frames of the streamed Piper rows (default: the config's)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-wer", action="store_true", help="no round trip (Whisper not needed)")
     ap.add_argument("--save", type=Path, metavar="DIR",
@@ -243,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     asr = None if args.no_wer else whisper()
     rows = []
     settings = [int(n) for n in args.first_words.split(",")]
-    for (label, voice), words in ((v, n) for v in voices(args.voices.split(",")) for n in settings):
+    for (label, voice), words in ((v, n) for v in voices(args.voices.split(","), args.stream_frames)
+                              for n in settings):
         if len(settings) > 1:
             label += f", first piece <= {words} words" if words else ", first piece: clause"
         save = None
@@ -255,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
                      "first_audio_p50_ms": pct(t.first_ms, 50),
                      "first_audio_p95_ms": pct(t.first_ms, 95),
                      "rtf_mean": float(np.mean(t.rtf)), "rtf_max": float(np.max(t.rtf)),
+                     "stall_max_ms": float(np.max(t.stall_ms)),
                      "wer": wer(list(zip(REPLIES, t.transcripts))) if asr else None,
                      "wer_whisper_norm": normalized_wer(t.transcripts) if asr else None,
                      "transcripts": t.transcripts})
@@ -265,12 +294,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"Speech out over {len(REPLIES)} agent replies ({args.repeat} first-audio timings each)\n")
     print("| voice | rate | first audio P50 | P95 (ms) | real-time factor mean | max | "
-          "round-trip WER | same, Whisper-normalized |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+          "longest stall | round-trip WER | same, Whisper-normalized |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['voice']} | {r['sample_rate']} | {r['first_audio_p50_ms']:.1f} | "
               f"{r['first_audio_p95_ms']:.1f} | {r['rtf_mean']:.3f} | {r['rtf_max']:.3f} | "
-              f"{percent(r['wer'])} | {percent(r['wer_whisper_norm'])} |")
+              f"{r['stall_max_ms']:.0f} ms | {percent(r['wer'])} | "
+              f"{percent(r['wer_whisper_norm'])} |")
     return 0
 
 

@@ -18,7 +18,10 @@ import logging
 import queue
 from pathlib import Path
 
+import numpy as np
+
 from voicert.config import TtsConfig
+from voicert.speech.piper_stream import SplitVoice, StreamingSession, split_voice
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
@@ -54,23 +57,76 @@ def voice_files(voice: str) -> tuple[Path, Path]:
     return model, config
 
 
-def load_piper(model: Path, config: Path, use_cuda: bool, threads: int, spin: bool = False):
-    """A PiperVoice whose onnxruntime session runs ``threads`` intra-op threads (0: onnxruntime's
-    own, one per core). ``spin``: they spin-wait between runs (onnxruntime's default); off, they
-    sleep: spinning pools kept 11 of 16 cores busy at 16 callers, and a first piece came no sooner
-    for one caller on 2 cores (docs/benchmarks.md 18c)."""
+def session_options(threads: int, spin: bool):
+    """onnxruntime options for ``threads`` intra-op threads (0: onnxruntime's own, one per core).
+    ``spin``: they spin-wait between runs (onnxruntime's default); off, they sleep: spinning pools
+    kept 11 of 16 cores busy at 16 callers, and a first piece came no sooner for one caller on 2
+    cores (docs/benchmarks.md 18c)."""
     import onnxruntime as ort
-    from piper import PiperVoice
-    from piper.config import PiperConfig
 
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    providers = ([("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
-                 if use_cuda else ["CPUExecutionProvider"])
-    return PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text())),
-                      session=ort.InferenceSession(str(model), sess_options=opts,
-                                                   providers=providers))
+    return opts
+
+
+def providers_for(use_cuda: bool) -> list:
+    return ([("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
+            if use_cuda else ["CPUExecutionProvider"])
+
+
+class Speaker:
+    """One voice's onnxruntime session(s), serving one call at a time: Piper's own (phonemizer,
+    whole graph), or, with ``split``, the graph split for streaming (speech/piper_stream.py)."""
+
+    def __init__(self, model: Path, config: Path, split: SplitVoice | None, use_cuda: bool,
+                 threads: int, spin: bool) -> None:
+        import onnxruntime as ort
+        from piper import PiperVoice
+        from piper.config import PiperConfig
+
+        opts, providers = session_options(threads, spin), providers_for(use_cuda)
+
+        def session(source):
+            return ort.InferenceSession(source, sess_options=opts, providers=providers)
+
+        self.stream = None if split is None else StreamingSession(split, session)
+        whole = session(str(model)) if split is None else None  # not needed when streaming
+        self.piper = PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text())),
+                                session=whole)
+
+    def sessions(self) -> list:
+        """Its onnxruntime sessions."""
+        if self.stream is None:
+            return [self.piper.session]
+        return [self.stream.front, self.stream.decoder]
+
+    def speak(self, text: str, syn, first_frames: int, gain: float, on_chunk) -> None:
+        """Speak ``text`` sentence by sentence: whole sentences peak-normalized (Piper's own way),
+        or, streaming, windows of frames scaled by ``gain``. Stops when ``on_chunk`` returns
+        False."""
+        if self.stream is None:
+            for chunk in self.piper.synthesize(text, syn):
+                if not on_chunk(chunk.audio_float_array):
+                    return
+            return
+        for phonemes in self.piper.phonemize(text):
+            if phonemes and not self.stream.speak(self.inputs(phonemes, syn), first_frames, gain,
+                                                  on_chunk):
+                return
+
+    def inputs(self, phonemes: list[str], syn) -> dict:
+        """The graph's inputs for one sentence, as Piper feeds them."""
+        ids = self.piper.phonemes_to_ids(phonemes)
+        config = self.piper.config
+        args = {"input": np.array([ids], dtype=np.int64),
+                "input_lengths": np.array([len(ids)], dtype=np.int64),
+                "scales": np.array([syn.noise_scale, syn.length_scale, syn.noise_w_scale],
+                                   dtype=np.float32)}
+        if config.num_speakers > 1:
+            sid = config.default_speaker_id if syn.speaker_id is None else syn.speaker_id
+            args["sid"] = np.array([sid], dtype=np.int64)
+        return args
 
 
 def cuda_available() -> bool:
@@ -91,10 +147,11 @@ def synthesis_config(voice_config, cfg: TtsConfig, make):
 
 
 class PiperTts:
-    """The :class:`~voicert.speech.tts.Voice` contract over a Piper voice, one onnxruntime session
-    per TTS thread (``tts.workers``; ``tts.sessions`` to say otherwise). ``tts.device: cuda`` runs
-    it on onnxruntime's CUDA provider when that provider is installed (else on the CPU, said once
-    in the log)."""
+    """The :class:`~voicert.speech.tts.Voice` contract over a Piper voice, one :class:`Speaker`
+    (its own onnxruntime sessions) per TTS thread (``tts.workers``; ``tts.sessions`` to say
+    otherwise). ``tts.stream_frames``: sentences stream out in windows of latent frames (the
+    first of that many) rather than whole. ``tts.device: cuda`` runs it on onnxruntime's CUDA
+    provider when that provider is installed (else on the CPU, said once in the log)."""
 
     def __init__(self, cfg: TtsConfig) -> None:
         try:
@@ -106,60 +163,76 @@ class PiperTts:
         if cfg.device == "cuda" and not use_cuda:
             log.warning("tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on "
                         "the CPU")
-        # one onnxruntime session per TTS thread: concurrent runs of one session share its
+        split = split_voice(model) if cfg.stream_frames else None
+        self.stream_frames = cfg.stream_frames if split is not None else 0
+
+        def speaker(threads: int) -> Speaker:
+            return Speaker(model, config, split, use_cuda, threads, cfg.spin)
+
+        # one speaker per TTS thread: concurrent runs of one onnxruntime session share its
         # intra-op pool (tts.threads threads), so four threads spoke no faster than one
-        self.voices = [load_piper(model, config, use_cuda, cfg.threads, cfg.spin)
-                       for _ in range(cfg.sessions or cfg.workers)]
-        self.voice = self.voices[0]
+        self.speakers = [speaker(cfg.threads) for _ in range(cfg.sessions or cfg.workers)]
         self._free: queue.SimpleQueue = queue.SimpleQueue()
-        for voice in self.voices:
-            self._free.put(voice)
-        # sessions kept for first pieces, with more threads (tts.first_threads; none when 0)
-        self.first_voices = [load_piper(model, config, use_cuda, cfg.first_threads, cfg.spin)
-                             for _ in range(cfg.first_sessions if cfg.first_threads else 0)]
+        for one in self.speakers:
+            self._free.put(one)
+        # speakers kept for first pieces, with more threads (tts.first_threads; none when 0)
+        self.first_speakers = [speaker(cfg.first_threads)
+                               for _ in range(cfg.first_sessions if cfg.first_threads else 0)]
         self._first_free: queue.SimpleQueue = queue.SimpleQueue()
-        for voice in self.first_voices:
-            self._first_free.put(voice)
+        for one in self.first_speakers:
+            self._first_free.put(one)
         if use_cuda and "CUDAExecutionProvider" not in self.providers():
             # the provider is installed but its CUDA / cuDNN libraries did not load
             log.warning("tts.device cuda: onnxruntime's CUDA provider did not load here (see "
                         "onnxruntime's message above); Piper runs on the CPU")
             use_cuda = False
+        voice_config = self.speakers[0].piper.config
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
         self.voice_id = model.stem.removesuffix(".onnx")  # what a session picks it by
-        self.sample_rate = int(self.voice.config.sample_rate)
+        self.sample_rate = int(voice_config.sample_rate)
         self.device = "cuda" if use_cuda else "cpu"
-        self._syn = synthesis_config(self.voice.config, cfg, SynthesisConfig)
+        self._syn = synthesis_config(voice_config, cfg, SynthesisConfig)
+        self.gain = self._calibrate(SynthesisConfig) if self.stream_frames else 1.0
 
     def providers(self) -> list[str]:
-        """The onnxruntime execution providers the voice's session really runs on, in order."""
-        return list(self.voice.session.get_providers())
+        """The onnxruntime execution providers the voice's sessions really run on, in order."""
+        return list(self.speakers[0].sessions()[0].get_providers())
 
     def synthesize(self, text: str, on_chunk) -> None:
-        """Thread-safe: each call runs on a session of its own while ``tts.workers`` calls or
+        """Thread-safe: each call runs on a speaker of its own while ``tts.workers`` calls or
         fewer run at once (more wait for a free one)."""
         self._speak(self._free, self._free.get(), text, on_chunk)
 
     def synthesize_first(self, text: str, on_chunk) -> None:
-        """A reply's first piece: on a session kept for first pieces (``tts.first_threads``
+        """A reply's first piece: on a speaker kept for first pieces (``tts.first_threads``
         threads) when one is free, else as :meth:`synthesize`. Never waits for a kept one."""
         try:
-            voice = self._first_free.get_nowait()
+            speaker = self._first_free.get_nowait()
         except queue.Empty:
             self.synthesize(text, on_chunk)
             return
-        self._speak(self._first_free, voice, text, on_chunk)
+        self._speak(self._first_free, speaker, text, on_chunk)
 
     def warmup(self) -> None:
-        """Speak a word on every session (a session's first runs are slow)."""
-        for voice in self.voices + self.first_voices:
-            for _ in voice.synthesize("Ready.", self._syn):
-                pass
+        """Speak a word on every speaker (a session's first runs are slow)."""
+        for speaker in self.speakers + self.first_speakers:
+            speaker.speak("Ready.", self._syn, self.stream_frames, self.gain, lambda _: True)
 
-    def _speak(self, pool: queue.SimpleQueue, voice, text: str, on_chunk) -> None:
+    def _calibrate(self, make) -> float:
+        """The streamed audio's gain: what brings a typical reply, without noise, to a peak of
+        0.95 (Piper itself scales each sentence to a peak of 1, which needs its end first)."""
+        peaks: list[float] = []
+        calm = make(length_scale=self._syn.length_scale, noise_scale=0.0, noise_w_scale=0.0)
+        self.speakers[0].speak(CALIBRATION, calm, MOST_FRAMES_FOR_CALIBRATION, 1.0,
+                               lambda audio: peaks.append(float(np.abs(audio).max())) or True)
+        return 0.95 / max(max(peaks), 1e-3)
+
+    def _speak(self, pool: queue.SimpleQueue, speaker: Speaker, text: str, on_chunk) -> None:
         try:
-            for chunk in voice.synthesize(text, self._syn):
-                if not on_chunk(chunk.audio_float_array):
-                    return
+            speaker.speak(text, self._syn, self.stream_frames, self.gain, on_chunk)
         finally:
-            pool.put(voice)
+            pool.put(speaker)
+
+
+CALIBRATION = "Sure, I can help you with that. What time would you like to come in tonight?"
+MOST_FRAMES_FOR_CALIBRATION = 4096  # one window a sentence
