@@ -9,7 +9,7 @@ import pytest
 
 from voicert.config import TtsConfig
 from voicert.speech import piper_stream
-from voicert.speech.piper_stream import PAD_FRAMES, windows
+from voicert.speech.piper_stream import windows
 
 pytest.importorskip("piper")
 pytest.importorskip("onnx")

@@ -137,3 +137,45 @@ def test_several_threads_serve_one_queue_at_once_and_a_dying_one_is_replaced():
         assert w.alive and w.threads == 2
     finally:
         w.close()
+
+
+class Held(PriorityWorker[str]):
+    """Each job but "urgent" waits for ``release``; records which thread ran what."""
+
+    def __init__(self, **kw) -> None:
+        self.release = threading.Event()
+        self.started: list[tuple[str, str]] = []
+        self.ran = threading.Event()
+        super().__init__("held", **kw)
+
+    def handle(self, jobs):
+        for job in jobs:
+            self.started.append((job, threading.current_thread().name))
+            if job == "urgent":
+                self.ran.set()
+            else:
+                self.release.wait(10)
+
+    def fail(self, job, exc):
+        pass
+
+
+def test_a_thread_kept_for_urgent_jobs_leaves_later_ones_queued_and_takes_an_urgent_one_at_once():
+    w = Held(threads=1, urgent_threads=1)
+    try:
+        assert w.threads == 2
+        w.put("later-1", 1)
+        w.put("later-2", 2)
+        for _ in range(500):  # the general thread takes later-1 and is held there
+            if w.started:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.05)
+        assert [job for job, _ in w.started] == ["later-1"] and w.pending() == 1  # kept thread idle
+        w.put("urgent", 0)
+        assert w.ran.wait(10)  # while the general thread is still held
+        assert w.started[-1][1] != w.started[0][1]
+        assert w.pending() == 1
+    finally:
+        w.release.set()
+        w.close()

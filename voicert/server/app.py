@@ -36,7 +36,7 @@ from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.server.workers import WorkerRole
 from voicert.speech.asr import WhisperAsr
-from voicert.speech.tts import TtsWorker, load_voices
+from voicert.speech.tts import TtsWorker, first_piece_threads, load_voices
 from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.speech.denoise import RnNoise
@@ -74,7 +74,8 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     cfg, engine = build_engine(cfg, hosts)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     voices = load_voices(cfg.tts)
-    tts = TtsWorker(voices, threads=cfg.tts.workers) if voices else None
+    tts = TtsWorker(voices, threads=cfg.tts.workers, first_threads=first_piece_threads(cfg.tts)) \
+        if voices else None
     if tts is not None:
         tts.warmup()
         log.info("tts ready (%s, %d Hz; sessions may pick %s)",

@@ -201,6 +201,13 @@ def load_voices(cfg: TtsConfig) -> dict[str, Voice]:
 # ---------------------------------------------------------------- worker
 
 
+def first_piece_threads(cfg: TtsConfig) -> int:
+    """Threads kept for first pieces: one per Piper session kept for them (``tts.first_sessions``
+    with ``tts.first_threads``), so a first piece waits neither for a session nor for a thread
+    that later pieces hold."""
+    return cfg.first_sessions if cfg.first_threads else 0
+
+
 @dataclass(slots=True)
 class TtsJob:
     """One piece of text to speak. ``on_chunk`` and ``on_done`` run on the worker thread;
@@ -225,9 +232,11 @@ class TtsWorker(PriorityWorker[TtsJob]):
     serve one queue by (piece index, arrival): first pieces of replies go before later ones, and no
     piece waits while a thread is idle. :meth:`submit` from any thread; a reply's pieces go through
     its :meth:`lane`, which keeps them in order. ``voices`` maps voice ids to voices
-    (:func:`load_voices`); a single voice is its own default."""
+    (:func:`load_voices`); a single voice is its own default. ``first_threads`` more threads
+    speak only first pieces (:func:`first_piece_threads`)."""
 
-    def __init__(self, voices: Voice | dict[str, Voice], threads: int = 1) -> None:
+    def __init__(self, voices: Voice | dict[str, Voice], threads: int = 1,
+                 first_threads: int = 0) -> None:
         if not isinstance(voices, dict):
             voices = {voice_id(voices): voices}
         if not voices:
@@ -235,7 +244,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
         self.voices = voices
         self.default_voice = next(iter(voices))
         self.voice = voices[self.default_voice]
-        super().__init__("tts", threads=threads)
+        super().__init__("tts", threads=threads, urgent_threads=first_threads)
 
     @property
     def sample_rate(self) -> int:

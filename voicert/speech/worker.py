@@ -4,6 +4,8 @@ Jobs wait in a heap keyed by (priority, arrival): lower priorities run first, eq
 order. A free thread takes the most urgent job, optionally waits ``batch_window_s`` for more and
 takes up to ``max_batch`` of the same priority, and hands them to :meth:`PriorityWorker.handle`.
 With ``threads`` above 1 no job waits while a thread is idle (one queue, not one per thread).
+``urgent_threads`` more threads take only jobs of priority 0 (a reply's first piece of speech):
+those never wait behind a queue of later work that holds every other thread.
 
 Supervised: a job that raises fails alone (:meth:`PriorityWorker.fail`, then the next job); if a
 thread itself dies, its jobs are failed and a new thread takes its place, at most
@@ -31,7 +33,7 @@ class WorkerClosed(RuntimeError):
 
 class PriorityWorker(Generic[J]):
     def __init__(self, name: str, max_batch: int = 1, batch_window_s: float = 0.0,
-                 max_restarts: int = 5, threads: int = 1) -> None:
+                 max_restarts: int = 5, threads: int = 1, urgent_threads: int = 0) -> None:
         self.name = name
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
@@ -43,7 +45,8 @@ class PriorityWorker(Generic[J]):
         self._seq = itertools.count()
         self._closed = False
         self._gone = False  # the thread died more often than allowed
-        self._threads = [self._spawn(i) for i in range(max(1, threads))]
+        self._general = max(1, threads)  # slots below this take any job; the rest, priority 0
+        self._threads = [self._spawn(i) for i in range(self._general + max(0, urgent_threads))]
 
     # ------------------------------------------------------------ for subclasses
 
@@ -65,7 +68,8 @@ class PriorityWorker(Generic[J]):
             if self._closed or self._gone:
                 raise WorkerClosed(f"{self.name} worker is {'closed' if self._closed else 'down'}")
             heapq.heappush(self._heap, (priority, next(self._seq), job))
-            self._cv.notify()
+            # all: a woken urgent thread leaves a later job to the others
+            self._cv.notify_all() if len(self._threads) > self._general else self._cv.notify()
         return job
 
     def pending(self) -> int:
@@ -100,9 +104,10 @@ class PriorityWorker(Generic[J]):
         thread.start()
         return thread
 
-    def _take(self) -> list[J] | None:
+    def _take(self, slot: int) -> list[J] | None:
+        urgent_only = slot >= self._general
         with self._cv:
-            while not self._heap and not self._closed:
+            while not self._closed and (not self._heap or (urgent_only and self._heap[0][0] > 0)):
                 self._cv.wait()
             if self._closed:
                 return None
@@ -122,7 +127,7 @@ class PriorityWorker(Generic[J]):
     def _run(self, slot: int) -> None:
         jobs: list[J] = []
         try:
-            while (jobs := self._take()) is not None:
+            while (jobs := self._take(slot)) is not None:
                 try:
                     self.handle(jobs)
                 except Exception as exc:  # these jobs fail; the worker keeps serving
