@@ -26,6 +26,8 @@ from voicert.speech.piper_stream import SplitVoice, StreamingSession, split_voic
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
 BASE_WPM = 175.0  # tts.rate_wpm at which the voice speaks at its trained speed
+CALIBRATION = "Sure, I can help you with that. What time would you like to come in tonight?"
+MOST_FRAMES_FOR_CALIBRATION = 4096  # one window a sentence
 
 
 class PiperUnavailable(ImportError):
@@ -233,6 +235,3 @@ class PiperTts:
         finally:
             pool.put(speaker)
 
-
-CALIBRATION = "Sure, I can help you with that. What time would you like to come in tonight?"
-MOST_FRAMES_FOR_CALIBRATION = 4096  # one window a sentence
