@@ -9,7 +9,7 @@ import pytest
 
 from voicert.config import TtsConfig
 from voicert.speech import piper_stream
-from voicert.speech.piper_stream import windows
+from voicert.speech.piper_stream import PAD_FRAMES, windows
 
 pytest.importorskip("piper")
 pytest.importorskip("onnx")
@@ -109,3 +109,52 @@ def test_stream_frames_zero_speaks_whole_sentences_as_piper_does():
     whole.synthesize(SENTENCE + " Is that all right?", lambda a: chunks.append(a) or True)
     assert len(chunks) == 2 and all(np.abs(c).max() == pytest.approx(1.0) for c in chunks)
     assert whole.speakers[0].stream is None
+
+
+def test_fit_widens_a_window_to_the_quantum_with_the_sentences_own_frames():
+    from voicert.speech.piper_stream import fit
+
+    assert fit(40, 90, 300, 16) == (26, 90)  # 50 -> 64 frames, taken from the left
+    assert fit(0, 40, 300, 16) == (0, 48)  # nothing on the left: from the right
+    assert fit(5, 40, 300, 16) == (0, 48)
+    assert fit(0, 20, 20, 16) == (0, 32)  # too short: zeros after its end
+    assert fit(40, 90, 300, 0) == (40, 90)
+    for left, right in [(3, 77), (100, 300), (0, 16), (250, 300)]:
+        lo, hi = fit(left, right, 300, 16)
+        assert lo <= left and hi >= right and (hi - lo) % 16 == 0 and 0 <= lo and hi <= 300
+    assert fit(10, 50, 50, 16) == (2, 50) and fit(0, 40, 40, 16) == (0, 48)
+
+
+class Shapes:
+    """An onnxruntime session that records the time length of each input it runs."""
+
+    def __init__(self, session, latent):
+        self.session, self.latent, self.lengths = session, latent, []
+
+    def run(self, names, feed):
+        self.lengths.append(feed[self.latent].shape[2])
+        return self.session.run(names, feed)
+
+
+def test_windows_of_a_few_fixed_lengths_give_the_same_samples(voice):
+    """What the CUDA provider runs (piper_stream.CUDA_QUANTUM), checked on the CPU: every window
+    a multiple of 16 frames, the audio still the whole graph's (to 2e-4 on a peak of ~0.5: the
+    short second sentence is padded with zeros after its end)."""
+    speaker = voice.speakers[0]
+    stream = speaker.stream
+    recorder = Shapes(stream.decoder, stream.split.latent)
+    stream.decoder, stream.quantum = recorder, 16
+    try:
+        chunks = []
+        speaker.speak(SENTENCE + " Is that all right?", voice._syn, 16, 1.0,
+                      lambda a: chunks.append(a) or True)
+        spoken = list(recorder.lengths)
+        recorder.lengths.clear()
+        stream.warm(stream.latent(speaker.inputs(speaker.piper.phonemize(SENTENCE)[0], voice._syn)))
+        warmed = list(recorder.lengths)
+    finally:
+        stream.decoder, stream.quantum = recorder.session, 0
+    whole = whole_graph_audio(voice, SENTENCE + " Is that all right?")
+    assert np.abs(np.concatenate(chunks) - np.clip(whole, -1, 1)).max() < 2e-4
+    assert len(spoken) >= 4 and all(n % 16 == 0 for n in spoken), spoken
+    assert warmed == list(range(16, piper_stream.MOST_FRAMES + 2 * PAD_FRAMES + 1, 16))

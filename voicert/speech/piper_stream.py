@@ -12,6 +12,13 @@ sentence would (tests/speech/test_piper_stream.py checks it against the unsplit 
 So the first audio of a sentence waits for the front and one small window of the decoder, not
 for the decoder over the whole sentence, and a barge-in stops a piece between windows rather than
 between sentences.
+
+On onnxruntime's CUDA provider the decoder is fast only on shapes it has seen (a new length costs
+~30 ms on an H100, a known one 1-2 ms: docs/benchmarks.md 28). With ``quantum`` each window is
+widened, with more of the sentence's own frames as context, to a multiple of that many frames, so
+the decoder meets a few dozen lengths, all run once at warm-up. More real context leaves the
+window's samples as they were; only a sentence shorter than its length is padded with zeros
+after its end (see :func:`fit`).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ PAD_FRAMES = 16  # context on each side of a window: max |difference| to the who
 GROWTH = 4  # each window this many times the one before: one window's decoding takes well under
 # the time the one before it plays (the decoder runs ~5x faster than real time on 2 busy cores)
 MOST_FRAMES = 512  # up to this many frames (6 s of audio)
+CUDA_QUANTUM = 16  # on the CUDA provider, windows are multiples of this many frames (see fit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,21 @@ def split_voice(model: Path) -> SplitVoice | None:
     return SplitVoice(front.SerializeToString(), decoder.SerializeToString(), latent, speaker)
 
 
+def fit(left: int, right: int, frames: int, quantum: int) -> tuple[int, int]:
+    """[left, right) widened to a multiple of ``quantum`` frames: more of the sentence's frames on
+    the left first (already spoken), then on the right. Past the sentence's end (a sentence too
+    short for the length) ``right`` exceeds ``frames``: the caller pads with zeros there, as VITS
+    pads a batch (measured: the last 16 frames' samples move by ~1e-4 on a peak of 0.5, where
+    the sentence has faded to an rms of ~4e-4). ``quantum`` 0: unchanged."""
+    if quantum <= 0:
+        return left, right
+    want = -(-(right - left) // quantum) * quantum
+    if want > frames:
+        return 0, want
+    left = max(0, right - want)
+    return left, left + want
+
+
 def windows(frames: int, first: int, most: int = MOST_FRAMES) -> list[tuple[int, int]]:
     """[lo, hi) frame spans covering ``frames`` in order: ``first`` frames, then each window
     :data:`GROWTH` times the one before, up to ``most``. Small first (the caller is waiting),
@@ -89,11 +112,14 @@ class StreamingSession:
     ``speak`` hands out audio window by window; the audio is scaled by ``gain`` and clipped to
     [-1, 1] (a sentence cannot be peak-normalized before its end is made)."""
 
-    def __init__(self, split: SplitVoice, make_session) -> None:
-        """``make_session(model_bytes)``: an onnxruntime InferenceSession with the caller's options."""
+    def __init__(self, split: SplitVoice, make_session, make_decoder=None, quantum: int = 0) -> None:
+        """``make_session(model_bytes)``: an onnxruntime InferenceSession with the caller's
+        options; ``make_decoder`` the same for the decoder (default: ``make_session``: the CUDA
+        provider there, the CPU for the front); ``quantum``: see :func:`fit`."""
         self.split = split
         self.front = make_session(split.front)
-        self.decoder = make_session(split.decoder)
+        self.decoder = (make_decoder or make_session)(split.decoder)
+        self.quantum = quantum
         self.hop = 0  # audio samples per frame, learnt from the first window
 
     def latent(self, args: dict) -> np.ndarray:
@@ -104,14 +130,29 @@ class StreamingSession:
     def decode(self, z: np.ndarray, lo: int, hi: int, sid) -> np.ndarray:
         """Audio of frames [lo, hi) of ``z`` [1, C, T], decoded with PAD_FRAMES of context each
         side: float32 [(hi - lo) * hop]."""
-        left, right = max(0, lo - PAD_FRAMES), min(z.shape[2], hi + PAD_FRAMES)
-        feed = {self.split.latent: np.ascontiguousarray(z[:, :, left:right])}
+        frames = z.shape[2]
+        left, right = fit(max(0, lo - PAD_FRAMES), min(frames, hi + PAD_FRAMES), frames,
+                          self.quantum)
+        window = z[:, :, left:right]  # [1, C, <= right - left]
+        if right > frames:  # a sentence shorter than the quantum's length: zeros after its end
+            window = np.concatenate(
+                [window, np.zeros((1, z.shape[1], right - frames), dtype=z.dtype)], axis=2)
+        feed = {self.split.latent: np.ascontiguousarray(window)}
         if self.split.speaker:
             feed["sid"] = sid
         audio = self.decoder.run(None, feed)[0].reshape(-1)  # [(right - left) * hop]
         hop = audio.size // (right - left)
         self.hop = hop
         return audio[(lo - left) * hop:(hi - left) * hop]
+
+    def warm(self, z: np.ndarray, sid=None) -> None:
+        """With a quantum: run the decoder once on every window length it can meet, frames of
+        ``z`` (a sentence's latent, [1, C, T]) repeated to that length."""
+        if self.quantum <= 0:
+            return
+        for frames in range(self.quantum, MOST_FRAMES + 2 * PAD_FRAMES + 1, self.quantum):
+            tiled = np.concatenate([z] * -(-frames // z.shape[2]), axis=2)[:, :, :frames]
+            self.decode(np.ascontiguousarray(tiled), 0, frames, sid)
 
     def speak(self, args: dict, first: int, gain: float, on_chunk) -> bool:
         """Speak one sentence (Piper's input dict): ``on_chunk(float32 audio)`` per window, the

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from voicert.config import TtsConfig
-from voicert.speech.piper_stream import SplitVoice, StreamingSession, split_voice
+from voicert.speech.piper_stream import CUDA_QUANTUM, SplitVoice, StreamingSession, split_voice
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
@@ -79,7 +79,10 @@ def providers_for(use_cuda: bool) -> list:
 
 class Speaker:
     """One voice's onnxruntime session(s), serving one call at a time: Piper's own (phonemizer,
-    whole graph), or, with ``split``, the graph split for streaming (speech/piper_stream.py)."""
+    whole graph), or, with ``split``, the graph split for streaming (speech/piper_stream.py). On
+    CUDA a split voice runs its front on the CPU (its shapes change with every sentence, which
+    the CUDA provider pays for each time) and its decoder on the GPU in windows of a few fixed
+    lengths."""
 
     def __init__(self, model: Path, config: Path, split: SplitVoice | None, use_cuda: bool,
                  threads: int, spin: bool) -> None:
@@ -87,15 +90,26 @@ class Speaker:
         from piper import PiperVoice
         from piper.config import PiperConfig
 
-        opts, providers = session_options(threads, spin), providers_for(use_cuda)
+        opts = session_options(threads, spin)
 
-        def session(source):
-            return ort.InferenceSession(source, sess_options=opts, providers=providers)
+        def session(source, cuda: bool = use_cuda):
+            return ort.InferenceSession(source, sess_options=opts, providers=providers_for(cuda))
 
-        self.stream = None if split is None else StreamingSession(split, session)
+        self.stream = None
+        if split is not None:
+            self.stream = StreamingSession(split, lambda source: session(source, False), session,
+                                           CUDA_QUANTUM if use_cuda else 0)
         whole = session(str(model)) if split is None else None  # not needed when streaming
         self.piper = PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text())),
                                 session=whole)
+
+    def warm(self, syn) -> None:
+        """Speak a word (a session's first runs are slow); on CUDA, run the decoder on every
+        window length it can meet."""
+        self.speak("Ready.", syn, 16, 1.0, lambda _: True)
+        if self.stream is not None and self.stream.quantum:
+            inputs = self.inputs(self.piper.phonemize(CALIBRATION)[0], syn)
+            self.stream.warm(self.stream.latent(inputs), inputs.get("sid"))
 
     def sessions(self) -> list:
         """Its onnxruntime sessions."""
@@ -188,6 +202,9 @@ class PiperTts:
             log.warning("tts.device cuda: onnxruntime's CUDA provider did not load here (see "
                         "onnxruntime's message above); Piper runs on the CPU")
             use_cuda = False
+            for speaker in self.speakers + self.first_speakers:
+                if speaker.stream is not None:
+                    speaker.stream.quantum = 0  # any length suits the CPU
         voice_config = self.speakers[0].piper.config
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
         self.voice_id = model.stem.removesuffix(".onnx")  # what a session picks it by
@@ -197,8 +214,9 @@ class PiperTts:
         self.gain = self._calibrate(SynthesisConfig) if self.stream_frames else 1.0
 
     def providers(self) -> list[str]:
-        """The onnxruntime execution providers the voice's sessions really run on, in order."""
-        return list(self.speakers[0].sessions()[0].get_providers())
+        """The onnxruntime execution providers the voice's decoder (the whole graph when it is not
+        split) really runs on, in order."""
+        return list(self.speakers[0].sessions()[-1].get_providers())
 
     def synthesize(self, text: str, on_chunk) -> None:
         """Thread-safe: each call runs on a speaker of its own while ``tts.workers`` calls or
@@ -218,7 +236,7 @@ class PiperTts:
     def warmup(self) -> None:
         """Speak a word on every speaker (a session's first runs are slow)."""
         for speaker in self.speakers + self.first_speakers:
-            speaker.speak("Ready.", self._syn, self.stream_frames, self.gain, lambda _: True)
+            speaker.warm(self._syn)
 
     def _calibrate(self, make) -> float:
         """The streamed audio's gain: what brings a typical reply, without noise, to a peak of
