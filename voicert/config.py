@@ -329,8 +329,8 @@ class TtsConfig:
     engine: str = "auto"
     voice: str = ""  # "": the engine's own (Piper: the embedded en_US voice; eSpeak: en-us); Piper:
     # a .onnx voice on disk; eSpeak: a voice name (en, de...; with auto, a name picks eSpeak)
-    device: str = "cpu"  # Piper: cuda runs it on onnxruntime's CUDA provider where installed (streamed:
-    # the decoder there, the front on the CPU)
+    device: str = "cpu"  # Piper: cuda runs it on onnxruntime's CUDA provider where installed
+    # (streamed: the decoder there, the front on the CPU)
     rate_wpm: int = 175
     pitch: int = 50  # eSpeak NG pitch, 0-99
     variation: float = 1.0  # Piper: scales the voice's own noise (its noise_scale and noise_w): 1

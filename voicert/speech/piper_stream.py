@@ -114,13 +114,12 @@ class StreamingSession:
 
     def __init__(self, split: SplitVoice, make_session, make_decoder=None, quantum: int = 0) -> None:
         """``make_session(model_bytes)``: an onnxruntime InferenceSession with the caller's
-        options; ``make_decoder`` the same for the decoder (default: ``make_session``: the CUDA
-        provider there, the CPU for the front); ``quantum``: see :func:`fit`."""
+        options, for the front; ``make_decoder``: the same for the decoder (default:
+        ``make_session``; PiperTts gives it the CUDA provider there); ``quantum``: see :func:`fit`."""
         self.split = split
         self.front = make_session(split.front)
         self.decoder = (make_decoder or make_session)(split.decoder)
         self.quantum = quantum
-        self.hop = 0  # audio samples per frame, learnt from the first window
 
     def latent(self, args: dict) -> np.ndarray:
         """The front's output for Piper's input dict (input, input_lengths, scales[, sid]):
@@ -141,8 +140,7 @@ class StreamingSession:
         if self.split.speaker:
             feed["sid"] = sid
         audio = self.decoder.run(None, feed)[0].reshape(-1)  # [(right - left) * hop]
-        hop = audio.size // (right - left)
-        self.hop = hop
+        hop = audio.size // (right - left)  # samples a frame (256 for Piper's voices)
         return audio[(lo - left) * hop:(hi - left) * hop]
 
     def warm(self, z: np.ndarray, sid=None) -> None:
