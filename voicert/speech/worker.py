@@ -68,8 +68,10 @@ class PriorityWorker(Generic[J]):
             if self._closed or self._gone:
                 raise WorkerClosed(f"{self.name} worker is {'closed' if self._closed else 'down'}")
             heapq.heappush(self._heap, (priority, next(self._seq), job))
-            # all: a woken urgent thread leaves a later job to the others
-            self._cv.notify_all() if len(self._threads) > self._general else self._cv.notify()
+            if len(self._threads) > self._general:
+                self._cv.notify_all()  # a woken urgent thread leaves a later job to the others
+            else:
+                self._cv.notify()
         return job
 
     def pending(self) -> int:
