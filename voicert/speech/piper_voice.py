@@ -97,16 +97,19 @@ class Speaker:
 
         self.stream = None
         if split is not None:
-            self.stream = StreamingSession(split, lambda source: session(source, False), session,
-                                           CUDA_QUANTUM if use_cuda else 0)
+            decoder = session(split.decoder)
+            # fixed window lengths where the decoder really runs on CUDA (not where it fell back)
+            on_gpu = "CUDAExecutionProvider" in decoder.get_providers()
+            self.stream = StreamingSession(split, lambda source: session(source, False),
+                                           lambda _: decoder, CUDA_QUANTUM if on_gpu else 0)
         whole = session(str(model)) if split is None else None  # not needed when streaming
         self.piper = PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text())),
                                 session=whole)
 
-    def warm(self, syn) -> None:
-        """Speak a word (a session's first runs are slow); on CUDA, run the decoder on every
-        window length it can meet."""
-        self.speak("Ready.", syn, 16, 1.0, lambda _: True)
+    def warm(self, syn, first_frames: int) -> None:
+        """Speak a word as :meth:`speak` would (a session's first runs are slow); on CUDA, run the
+        decoder on every window length it can meet."""
+        self.speak("Ready.", syn, first_frames, 1.0, lambda _: True)
         if self.stream is not None and self.stream.quantum:
             inputs = self.inputs(self.piper.phonemize(CALIBRATION)[0], syn)
             self.stream.warm(self.stream.latent(inputs), inputs.get("sid"))
@@ -202,9 +205,6 @@ class PiperTts:
             log.warning("tts.device cuda: onnxruntime's CUDA provider did not load here (see "
                         "onnxruntime's message above); Piper runs on the CPU")
             use_cuda = False
-            for speaker in self.speakers + self.first_speakers:
-                if speaker.stream is not None:
-                    speaker.stream.quantum = 0  # any length suits the CPU
         voice_config = self.speakers[0].piper.config
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
         self.voice_id = model.stem.removesuffix(".onnx")  # what a session picks it by
@@ -236,7 +236,7 @@ class PiperTts:
     def warmup(self) -> None:
         """Speak a word on every speaker (a session's first runs are slow)."""
         for speaker in self.speakers + self.first_speakers:
-            speaker.warm(self._syn)
+            speaker.warm(self._syn, self.stream_frames)
 
     def _calibrate(self, make) -> float:
         """The streamed audio's gain: what brings a typical reply, without noise, to a peak of
