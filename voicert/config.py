@@ -232,6 +232,9 @@ class LlmConfig:
     # depend on what shares a step: batching and prefix caching are not exact under it)
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale
     # per output channel: half the weight bytes of bf16 per decode step; replies differ slightly
+    fp8_rounding: str = "gptq"  # gptq: each weight's e4m3 value chosen with GPTQ's error feedback
+    # against a calibration text set (engine/fp8.py; top-1 agreement 90 -> 96 % on the embedded
+    # model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest e4m3 value
     kv_cache: str = "model"  # GPU: the KV cache's values in the model's dtype (model), or in one
     # byte: int8 (a scale per token and KV head) | fp8 (e4m3, scale 1; compute capability >= 8.9):
     # half the cache bytes of bf16, twice the context in the same memory; replies differ slightly
@@ -310,6 +313,7 @@ class LlmConfig:
         _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
                "is a GPU option (llm.device: cuda)")
         _check(not (self.fp8 and self.engine != "fast"), "llm.fp8", "needs llm.engine: fast")
+        _check(self.fp8_rounding in ("gptq", "nearest"), "llm.fp8_rounding", "must be gptq or nearest")
         _check(self.kv_cache in ("model", "int8", "fp8"), "llm.kv_cache", "must be model, int8 or fp8")
         _check(self.kv_cache == "model" or self.device.startswith("cuda"), "llm.kv_cache",
                "int8 and fp8 are GPU options (llm.device: cuda)")

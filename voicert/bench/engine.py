@@ -202,7 +202,9 @@ class Bench:
                     batch_window_ms=args.batch_window_ms, max_batch=max(args.streams),
                     max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs,
                     fused_kernels=args.fused_kernels, torchscript=args.torchscript,
-                    overlap=args.overlap, fp8=args.fp8)
+                    overlap=args.overlap, fp8=args.fp8,
+                    # random weights have no text to calibrate on; the rounding changes no timing
+                    fp8_rounding="gptq" if self.tokenizer is not None else "nearest")
         twin = TWINS.get(args.against)  # --against sdpa-prefill / model-kv: this engine, one change
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
         ours = dict(base, prefill_attention=args.prefill_attention, kv_cache=args.kv_cache)

@@ -24,7 +24,7 @@ import sys
 import torch
 
 from voicert.bench.cuda_time import graph_times
-from voicert.engine.fp8 import Fp8Linear, quantize_fp8
+from voicert.engine.fp8 import Fp8Linear, calibration_forward, quantize_fp8
 from voicert.engine.models.layers import KV_DTYPES
 from voicert.engine.runner import ModelRunner, Row
 
@@ -73,14 +73,16 @@ def top1_agreement(ref, quant, texts: list[list[int]], kv_cache: str = "model") 
     return same, total
 
 
-def quantized_copy(model):
-    """A deep copy of ``model`` with FP8 layer weights (the original is left as it is)."""
+def quantized_copy(model, tokenizer=None):
+    """A deep copy of ``model`` with FP8 layer weights (the original is left as it is): rounded
+    with GPTQ against the engine's calibration set given the ``tokenizer``, else to nearest."""
     q = copy.deepcopy(model)
-    quantize_fp8(q)
+    quantize_fp8(q, calibration_forward(q, tokenizer) if tokenizer is not None else None)
     return q
 
 
-VARIANTS = {"weights": "FP8 layer weights", "kv-fp8": "FP8 KV cache",
+VARIANTS = {"weights": "FP8 layer weights (GPTQ rounding, as served)",
+            "weights-nearest": "FP8 layer weights (rounded to nearest)", "kv-fp8": "FP8 KV cache",
             "kv-int8": "INT8 KV cache (a scale per token and KV head)"}
 
 
@@ -102,7 +104,8 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
     model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(model_dir)
     ref = load_model(model_dir, DTYPES[dtype], device)
-    quant = quantized_copy(ref) if variant == "weights" else ref
+    quant = ({"weights": lambda: quantized_copy(ref, tok),
+              "weights-nearest": lambda: quantized_copy(ref)}.get(variant, lambda: ref))()
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     texts = [tok(t)["input_ids"] for t in TEXTS]
     same, total = top1_agreement(ref, quant, texts, kv_cache)
@@ -212,8 +215,9 @@ def main(argv: list[str] | None = None) -> int:
                          "(no SPLIT: chosen as by default)")
     ap.add_argument("--no-quality", dest="quality", action="store_false")
     ap.add_argument("--quantize", default="weights",
-                    help="what the quality tables quantize, comma-separated: weights (FP8), "
-                         "kv-fp8, kv-int8 (the KV cache)")
+                    help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
+                         "rounding), weights-nearest (FP8, nearest), kv-fp8, kv-int8 (the KV "
+                         "cache)")
     args = ap.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     try:

@@ -60,6 +60,7 @@ class EngineConfig:
     int8: bool = False  # CPU only: dynamic INT8 Linear layers (faster; not bit-exact with fp32)
     fp8: bool = False  # FP8 (e4m3) layer weights, per-channel scales (engine/fp8.py): half the
     # weight bytes of bf16; GPUs of compute capability 8.9 or newer (on the CPU: a slow reference)
+    fp8_rounding: str = "gptq"  # gptq (error feedback against calibration text) | nearest
     kv_cache: str = "model"  # the KV cache's values: model (the model's dtype) | fp8 (e4m3,
     # scale 1, clamped to +-448; compute capability 8.9 or newer) | int8 (a scale per token and
     # KV head): one byte a value (on the CPU: a slow reference); models/layers.py
@@ -156,15 +157,20 @@ class EngineCore:
     def _quantize_fp8(self) -> None:
         """Layer weights to FP8 in place (engine/fp8.py); refuses INT8 with it, and GPUs whose
         Triton cannot widen FP8 (compute capability below 8.9)."""
-        from voicert.engine.fp8 import quantize_fp8
+        from voicert.engine.fp8 import calibration_forward, quantize_fp8
 
         if self.cfg.int8:
             raise ValueError("fp8 and int8 are two quantizations: choose one")
         dev = str(self.cfg.device)
         if dev.startswith("cuda") and torch.cuda.get_device_capability(dev) < (8, 9):
             raise ValueError("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
-        n = quantize_fp8(self.model)
-        log.info("engine: %d Linear layers hold FP8 weights", n)
+        rounding = self.cfg.fp8_rounding
+        t0 = time.perf_counter()
+        calibrate = (calibration_forward(self.model, self.tokenizer, self.cfg.block_size)
+                     if rounding == "gptq" else None)
+        n = quantize_fp8(self.model, calibrate)
+        log.info("engine: %d Linear layers hold FP8 weights (rounded: %s, %.1f s)", n, rounding,
+                 time.perf_counter() - t0)
 
     def _kernels_usable(self) -> bool:
         """Whether the Triton kernels can run this model here (CUDA of compute capability 8.0 or

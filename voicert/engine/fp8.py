@@ -15,6 +15,17 @@ in fp32); more bf16/fp16 rows (prefill, wide batches) are rounded to e4m3 with a
 and multiplied on the FP8 tensor cores. Elsewhere (the CPU, tests) the weights are widened in
 full first: the same function as the W8A16 kernel, the fp32 sums in another order.
 
+How each weight is rounded (``llm.fp8_rounding``):
+
+- ``nearest``: each weight to its nearest e4m3 value;
+- ``gptq`` (the default): error-compensated rounding (GPTQ, Frantar et al. 2022) onto the same
+  grid with the same scales. One forward over a calibration text set (``data/fp8_calibration.json``,
+  each text a row of its own, so no padding enters) gives each Linear the second moment of its
+  inputs, H = E[x x^T] [K, K]. The columns are then rounded one at a time, largest H[k, k] first,
+  and each column's rounding error is spread over the columns not yet rounded, weighted by
+  H^-1, so that the layer's *output* on such inputs stays close. The format and the kernels are
+  unchanged: only which e4m3 value each weight takes.
+
 Quality is measured, not assumed: tests/engine/test_fp8.py checks top-1 agreement with the
 unquantized model on the embedded SmolLM2's real weights, and ``python -m voicert.bench.engine
 --fp8`` reports speed beside bf16.
@@ -22,8 +33,15 @@ unquantized model on the embedded SmolLM2's real weights, and ``python -m voicer
 
 from __future__ import annotations
 
+import json
+import logging
+from importlib import resources
+from typing import Callable
+
 import torch
 from torch import nn
+
+log = logging.getLogger(__name__)
 
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 FP8 = torch.float8_e4m3fn
@@ -39,6 +57,102 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return q, scale
 
 
+def _to_grid(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """w [N] or [N, K], scale [N] -> the e4m3 values times the scale, as float32 (same shape)."""
+    s = scale if w.dim() == 1 else scale[:, None]
+    return (w / s).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * s
+
+
+def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01,
+                block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [N, K] (any float dtype), hessian [K, K] (E[x x^T] of the layer's inputs, float32) ->
+    (FP8 weights [N, K], float32 scales [N]): the scales of :func:`quantize_weight`, the values
+    rounded with GPTQ's error feedback (columns by descending H[k, k]; ``damp`` times the mean
+    diagonal added to H; the feedback applied within blocks of ``block`` columns, then to the rest
+    at once). Runs on w's device."""
+    w = w.detach().float().clone()  # [N, K]
+    n, k = w.shape
+    amax = w.abs().amax(dim=1)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))  # [N]
+    h = hessian.to(w.device, torch.float32).clone()  # [K, K]
+    dead = torch.diag(h) == 0  # inputs that were always zero: their weights do not matter
+    h[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    order = torch.argsort(torch.diag(h), descending=True)  # [K]
+    w, h = w[:, order], h[order][:, order]
+    h += damp * torch.diag(h).mean() * torch.eye(k, device=w.device)
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    q = torch.empty_like(w)  # [N, K] rounded values (times the scale), in ``order``
+    for a in range(0, k, block):
+        b = min(a + block, k)
+        wb, errs, hb = w[:, a:b], torch.empty(n, b - a, device=w.device), hinv[a:b, a:b]
+        for i in range(b - a):
+            col = wb[:, i]
+            q[:, a + i] = _to_grid(col, scale)
+            err = (col - q[:, a + i]) / hb[i, i]  # [N]
+            wb[:, i:] -= err[:, None] * hb[i, i:][None, :]
+            errs[:, i] = err
+        w[:, b:] -= errs @ hinv[a:b, b:]
+    q = q[:, torch.argsort(order)]
+    return (q / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), scale
+
+
+def calibration_rows(tokenizer) -> list[list[int]]:
+    """The calibration set as token ids: plain texts, and chats as the engine serves them (the
+    user's turn under the tokenizer's chat template, then the reply's tokens)."""
+    from voicert.engine.base import ChatMessage
+    from voicert.engine.prompt import build_prompt
+
+    doc = json.loads(resources.files("voicert.engine").joinpath(
+        "data/fp8_calibration.json").read_text())
+    rows = [tokenizer(t)["input_ids"] for t in doc["texts"]]
+    for user, reply in doc["chats"]:
+        prompt = build_prompt(tokenizer, [ChatMessage("user", user)], 4096)
+        rows.append(prompt + tokenizer(reply, add_special_tokens=False)["input_ids"])
+    return rows
+
+
+def calibration_forward(model: nn.Module, tokenizer, block_size: int = 16) -> Callable[[], None]:
+    """A function that runs ``model`` forward over :func:`calibration_rows`, one row at a time (no
+    padding enters the moments), through an eager runner of its own whose KV pool lives only
+    while it runs: the ``calibrate`` argument of :func:`quantize_fp8`."""
+
+    def forward() -> None:
+        from voicert.engine.runner import ModelRunner, Row
+
+        rows = calibration_rows(tokenizer)
+        blocks = -(-max(map(len, rows)) // block_size)
+        runner = ModelRunner(model, blocks + 1, block_size)  # block 0: the runner's scratch
+        for ids in rows:
+            runner.forward_rows([Row(ids, 0, list(range(1, blocks + 1)), len(ids))])
+
+    return forward
+
+
+def input_moments(model: nn.Module, forward: Callable[[], None]) -> dict[nn.Linear, torch.Tensor]:
+    """E[x x^T] [K, K] (float32) of the inputs of every ``nn.Linear`` under ``model.layers``, over
+    every token that ``forward()`` feeds the model."""
+    sums: dict[nn.Linear, torch.Tensor] = {}
+    counts: dict[nn.Linear, int] = {}
+
+    def hook(mod: nn.Linear, inputs: tuple[torch.Tensor, ...], _out: torch.Tensor) -> None:
+        x = inputs[0].detach().reshape(-1, mod.in_features).float()  # [T, K]
+        if mod not in sums:
+            sums[mod] = torch.zeros(mod.in_features, mod.in_features, device=x.device)
+            counts[mod] = 0
+        sums[mod].addmm_(x.T, x)
+        counts[mod] += x.shape[0]
+
+    handles = [m.register_forward_hook(hook) for m in model.layers.modules()
+               if isinstance(m, nn.Linear)]
+    try:
+        forward()
+    finally:
+        for h in handles:
+            h.remove()
+    return {m: sums[m] / counts[m] for m in sums}
+
+
 class Fp8Linear(nn.Module):
     """A Linear layer over FP8 weights with per-output-channel float32 scales. Contract: input
     [..., K] in the model's dtype; output [..., N] in the input's dtype."""
@@ -52,8 +166,11 @@ class Fp8Linear(nn.Module):
         self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear) -> "Fp8Linear":
-        q, scale = quantize_weight(lin.weight)
+    def from_linear(cls, lin: nn.Linear, hessian: torch.Tensor | None = None) -> "Fp8Linear":
+        """Round ``lin``'s weights to the nearest e4m3 values, or with GPTQ's error feedback
+        given the second moment of its inputs (``hessian`` [K, K])."""
+        q, scale = quantize_weight(lin.weight) if hessian is None else gptq_weight(lin.weight,
+                                                                                    hessian)
         bias = lin.bias.detach() if lin.bias is not None else None
         return cls(q, scale, bias)
 
@@ -78,15 +195,19 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3"
 
 
-def quantize_fp8(model: nn.Module) -> int:
+def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` by an :class:`Fp8Linear`;
-    returns how many. The embedding and LM head keep the model's dtype. The model's memory drops
-    by about half of its layers' weights (the originals are released)."""
+    returns how many. ``calibrate``: a function that runs the (unquantized) model forward over
+    calibration text (see :func:`calibration_rows`); given, the weights are rounded with GPTQ
+    against those inputs, else to the nearest e4m3 value. The embedding and LM head keep the
+    model's dtype. The model's memory drops by about half of its layers' weights (the originals
+    are released)."""
+    moments = input_moments(model, calibrate) if calibrate is not None else {}
     count = 0
     for layer in model.layers:
         for child in list(layer.modules()):
             for attr, sub in list(child.named_children()):
                 if isinstance(sub, nn.Linear):
-                    setattr(child, attr, Fp8Linear.from_linear(sub))
+                    setattr(child, attr, Fp8Linear.from_linear(sub, moments.pop(sub, None)))
                     count += 1
     return count
