@@ -63,13 +63,57 @@ def _to_grid(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (w / s).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * s
 
 
-def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01,
-                block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def _round_block(wb: torch.Tensor, hb: torch.Tensor, scale: torch.Tensor, q: torch.Tensor,
+                 errs: torch.Tensor) -> None:
+    """GPTQ within one block of columns, in place: wb [N, B] float32 (the block's weights, updated
+    as columns are rounded), hb [B, B] (its part of the upper Cholesky factor of H^-1), scale [N]
+    -> q [N, B] (the rounded values times the scale), errs [N, B] (each column's scaled error,
+    for the update of the columns after the block)."""
+    for i in range(wb.shape[1]):
+        col = wb[:, i]
+        q[:, i] = _to_grid(col, scale)
+        errs[:, i] = (col - q[:, i]) / hb[i, i]  # [N]
+        wb[:, i:] -= errs[:, i, None] * hb[i, i:][None, :]
+
+
+class _BlockGraph:
+    """:func:`_round_block` for one shape on a GPU, captured once as a CUDA graph over static
+    buffers and replayed per block: the loop is ~5 small launches per column, which eagerly cost
+    more host time than GPU time (46 s for a 1B model's layers; docs/benchmarks.md 29)."""
+
+    def __init__(self, n: int, block: int, device: torch.device) -> None:
+        self.wb = torch.zeros(n, block, device=device)
+        self.hb = torch.eye(block, device=device)
+        self.scale = torch.ones(n, device=device)
+        self.q = torch.zeros(n, block, device=device)
+        self.errs = torch.zeros(n, block, device=device)
+        stream = torch.cuda.Stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graphs ask
+            _round_block(self.wb.clone(), self.hb, self.scale, self.q, self.errs)
+        torch.cuda.current_stream(device).wait_stream(stream)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            _round_block(self.wb, self.hb, self.scale, self.q, self.errs)
+
+    def __call__(self, wb, hb, scale, q, errs) -> None:
+        self.wb.copy_(wb)
+        self.hb.copy_(hb)
+        self.scale.copy_(scale)
+        self.graph.replay()
+        wb.copy_(self.wb)
+        q.copy_(self.q)
+        errs.copy_(self.errs)
+
+
+def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01, block: int = 128,
+                graphs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """w [N, K] (any float dtype), hessian [K, K] (E[x x^T] of the layer's inputs, float32) ->
     (FP8 weights [N, K], float32 scales [N]): the scales of :func:`quantize_weight`, the values
     rounded with GPTQ's error feedback (columns by descending H[k, k]; ``damp`` times the mean
     diagonal added to H; the feedback applied within blocks of ``block`` columns, then to the rest
-    at once). Runs on w's device."""
+    at once). Runs on w's device; on a GPU each block's loop replays a CUDA graph, kept in
+    ``graphs`` (a dict the caller may share between calls) by shape."""
     w = w.detach().float().clone()  # [N, K]
     n, k = w.shape
     amax = w.abs().amax(dim=1)
@@ -83,15 +127,17 @@ def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01,
     h += damp * torch.diag(h).mean() * torch.eye(k, device=w.device)
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
     q = torch.empty_like(w)  # [N, K] rounded values (times the scale), in ``order``
+    graphs = {} if graphs is None else graphs
     for a in range(0, k, block):
         b = min(a + block, k)
-        wb, errs, hb = w[:, a:b], torch.empty(n, b - a, device=w.device), hinv[a:b, a:b]
-        for i in range(b - a):
-            col = wb[:, i]
-            q[:, a + i] = _to_grid(col, scale)
-            err = (col - q[:, a + i]) / hb[i, i]  # [N]
-            wb[:, i:] -= err[:, None] * hb[i, i:][None, :]
-            errs[:, i] = err
+        round_block = _round_block
+        if w.is_cuda:
+            key = (n, b - a, w.device)
+            round_block = graphs[key] = graphs.get(key) or _BlockGraph(n, b - a, w.device)
+        wb, errs = w[:, a:b].contiguous(), torch.empty(n, b - a, device=w.device)
+        qb = torch.empty_like(wb)
+        round_block(wb, hinv[a:b, a:b], scale, qb, errs)
+        q[:, a:b] = qb
         w[:, b:] -= errs @ hinv[a:b, b:]
     q = q[:, torch.argsort(order)]
     return (q / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), scale
@@ -129,9 +175,10 @@ def calibration_forward(model: nn.Module, tokenizer, block_size: int = 16) -> Ca
     return forward
 
 
-def input_moments(model: nn.Module, forward: Callable[[], None]) -> dict[nn.Linear, torch.Tensor]:
-    """E[x x^T] [K, K] (float32) of the inputs of every ``nn.Linear`` under ``model.layers``, over
-    every token that ``forward()`` feeds the model."""
+def input_moments(linears: list[nn.Linear],
+                  forward: Callable[[], None]) -> dict[nn.Linear, torch.Tensor]:
+    """E[x x^T] [K, K] (float32) of the inputs of each of ``linears``, over every token that
+    ``forward()`` feeds the model they belong to."""
     sums: dict[nn.Linear, torch.Tensor] = {}
     counts: dict[nn.Linear, int] = {}
 
@@ -143,8 +190,7 @@ def input_moments(model: nn.Module, forward: Callable[[], None]) -> dict[nn.Line
         sums[mod].addmm_(x.T, x)
         counts[mod] += x.shape[0]
 
-    handles = [m.register_forward_hook(hook) for m in model.layers.modules()
-               if isinstance(m, nn.Linear)]
+    handles = [m.register_forward_hook(hook) for m in linears]
     try:
         forward()
     finally:
@@ -166,11 +212,9 @@ class Fp8Linear(nn.Module):
         self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear, hessian: torch.Tensor | None = None) -> "Fp8Linear":
-        """Round ``lin``'s weights to the nearest e4m3 values, or with GPTQ's error feedback
-        given the second moment of its inputs (``hessian`` [K, K])."""
-        q, scale = quantize_weight(lin.weight) if hessian is None else gptq_weight(lin.weight,
-                                                                                    hessian)
+    def from_linear(cls, lin: nn.Linear) -> "Fp8Linear":
+        """``lin``'s weights rounded to the nearest e4m3 values."""
+        q, scale = quantize_weight(lin.weight)
         bias = lin.bias.detach() if lin.bias is not None else None
         return cls(q, scale, bias)
 
@@ -195,19 +239,54 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3"
 
 
-def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None) -> int:
+MOMENT_BYTES = 4 << 30  # GPTQ: the input moments held at once (4 GiB: 4 of an 8B model's layers)
+
+
+def _layer_linears(model: nn.Module) -> list[list[tuple[nn.Module, str, nn.Linear]]]:
+    """Per layer of ``model.layers``: (parent, attribute, Linear) of each Linear in it."""
+    return [[(child, attr, sub) for child in layer.modules()
+             for attr, sub in child.named_children() if isinstance(sub, nn.Linear)]
+            for layer in model.layers]
+
+
+def _groups(layers: list[list[tuple[nn.Module, str, nn.Linear]]],
+            budget: int) -> list[list[nn.Linear]]:
+    """Consecutive layers' Linears, in groups whose input moments (K x K float32 each) fit in
+    ``budget`` bytes (at least one layer a group)."""
+    groups: list[list[nn.Linear]] = []
+    used = budget
+    for layer in layers:
+        size = sum(4 * lin.in_features ** 2 for _, _, lin in layer)
+        if used + size > budget:
+            groups.append([])
+            used = 0
+        groups[-1].extend(lin for _, _, lin in layer)
+        used += size
+    return groups
+
+
+def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None,
+                 moment_bytes: int = MOMENT_BYTES) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` by an :class:`Fp8Linear`;
     returns how many. ``calibrate``: a function that runs the (unquantized) model forward over
-    calibration text (see :func:`calibration_rows`); given, the weights are rounded with GPTQ
-    against those inputs, else to the nearest e4m3 value. The embedding and LM head keep the
-    model's dtype. The model's memory drops by about half of its layers' weights (the originals
-    are released)."""
-    moments = input_moments(model, calibrate) if calibrate is not None else {}
+    calibration text (see :func:`calibration_forward`); given, the weights are rounded with GPTQ
+    against those inputs, else to the nearest e4m3 value. With GPTQ the moments of as many
+    layers as fit in ``moment_bytes`` are gathered per forward; every layer is replaced only
+    after the last forward, so each layer's moments come from the unquantized model whatever
+    the grouping. The embedding and LM head keep the model's dtype. The model's memory drops by
+    about half of its layers' weights (the originals are released)."""
+    layers = _layer_linears(model)
+    rounded: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor]] = {}
+    graphs: dict = {}
+    for group in _groups(layers, moment_bytes) if calibrate is not None else []:
+        moments = input_moments(group, calibrate)
+        for lin in group:
+            rounded[lin] = gptq_weight(lin.weight, moments.pop(lin), graphs=graphs)
     count = 0
-    for layer in model.layers:
-        for child in list(layer.modules()):
-            for attr, sub in list(child.named_children()):
-                if isinstance(sub, nn.Linear):
-                    setattr(child, attr, Fp8Linear.from_linear(sub, moments.pop(sub, None)))
-                    count += 1
+    for layer in layers:
+        for child, attr, lin in layer:
+            q, scale = rounded.pop(lin, None) or quantize_weight(lin.weight)
+            bias = lin.bias.detach() if lin.bias is not None else None
+            setattr(child, attr, Fp8Linear(q, scale, bias))
+            count += 1
     return count
