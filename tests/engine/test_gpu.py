@@ -320,16 +320,17 @@ def test_one_byte_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one
 def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     """FP8's GPTQ rounding replays each block's column loop as a CUDA graph: the same kernels as
     the eager loop, so the same bits, and the graph is reused across blocks and calls."""
-    from voicert.engine.fp8 import _BlockGraph, _round_block, gptq_weight
+    from voicert.engine.fp8 import _BlockGraph, _round_block, gptq_weights
 
     g = torch.Generator(device="cuda").manual_seed(0)
-    n, block = 96, 32
-    wb = torch.randn(n, block, device="cuda", generator=g)
-    a = torch.randn(block, block, device="cuda", generator=g)
-    hb = torch.linalg.cholesky(a @ a.T + block * torch.eye(block, device="cuda"), upper=True)
-    scale = torch.rand(n, device="cuda", generator=g) / 100 + 1e-3
+    stack, n, block = 2, 96, 32
+    wb = torch.randn(stack, n, block, device="cuda", generator=g)
+    a = torch.randn(stack, block, block, device="cuda", generator=g)
+    eye = torch.eye(block, device="cuda")
+    hb = torch.linalg.cholesky(a @ a.transpose(1, 2) + block * eye, upper=True)
+    scale = torch.rand(stack, n, device="cuda", generator=g) / 100 + 1e-3
     outs = []
-    for fn in (_round_block, _BlockGraph(n, block, torch.device("cuda"))):
+    for fn in (_round_block, _BlockGraph((stack, n, block), torch.device("cuda"))):
         w, q, errs = wb.clone(), torch.empty_like(wb), torch.empty_like(wb)
         fn(w, hb, scale, q, errs)
         outs.append((w, q, errs))
@@ -337,9 +338,10 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
         assert torch.equal(x, y)
     graphs: dict = {}
     x = torch.randn(500, 3 * block, device="cuda", generator=g)
-    w = torch.randn(n, 3 * block, device="cuda", generator=g)
-    q1, s1 = gptq_weight(w, x.T @ x / 500, block=block, graphs=graphs)
-    assert [key[:2] for key in graphs] == [(n, block)]  # one graph, replayed for all 3 blocks
-    q2, s2 = gptq_weight(w.cpu(), (x.T @ x / 500).cpu(), block=block)
-    assert torch.equal(s1.cpu(), s2)
-    assert (q1.cpu().float() != q2.float()).float().mean() < 0.01  # the CPU's float order differs
+    ws = [torch.randn(n, 3 * block, device="cuda", generator=g) for _ in range(stack)]
+    on_gpu = gptq_weights(ws, [x.T @ x / 500] * stack, block=block, graphs=graphs)
+    assert [key[:3] for key in graphs] == [(stack, n, block)]  # one graph, replayed for 3 blocks
+    on_cpu = gptq_weights([w.cpu() for w in ws], [(x.T @ x / 500).cpu()] * stack, block=block)
+    for (q1, s1), (q2, s2) in zip(on_gpu, on_cpu):
+        assert torch.equal(s1.cpu(), s2)
+        assert (q1.cpu().float() != q2.float()).float().mean() < 0.01  # the CPU's float order differs

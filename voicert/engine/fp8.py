@@ -58,35 +58,35 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _to_grid(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """w [N] or [N, K], scale [N] -> the e4m3 values times the scale, as float32 (same shape)."""
-    s = scale if w.dim() == 1 else scale[:, None]
-    return (w / s).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * s
+    """w [..., N, K], scale [..., N] -> the e4m3 values times the scale, float32 (w's shape)."""
+    return (w / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * scale[..., None]
 
 
 def _round_block(wb: torch.Tensor, hb: torch.Tensor, scale: torch.Tensor, q: torch.Tensor,
                  errs: torch.Tensor) -> None:
-    """GPTQ within one block of columns, in place: wb [N, B] float32 (the block's weights, updated
-    as columns are rounded), hb [B, B] (its part of the upper Cholesky factor of H^-1), scale [N]
-    -> q [N, B] (the rounded values times the scale), errs [N, B] (each column's scaled error,
-    for the update of the columns after the block)."""
-    for i in range(wb.shape[1]):
-        col = wb[:, i]
-        q[:, i] = _to_grid(col, scale)
-        errs[:, i] = (col - q[:, i]) / hb[i, i]  # [N]
-        wb[:, i:] -= errs[:, i, None] * hb[i, i:][None, :]
+    """GPTQ within one block of columns of L stacked weights, in place: wb [L, N, B] float32 (the
+    block's weights, updated as columns are rounded), hb [L, B, B] (their parts of the upper
+    Cholesky factors of H^-1), scale [L, N] -> q [L, N, B] (the rounded values times the scale),
+    errs [L, N, B] (each column's scaled error, for the columns after the block)."""
+    for i in range(wb.shape[2]):
+        col = wb[:, :, i]  # [L, N]
+        q[:, :, i] = _to_grid(col[..., None], scale)[..., 0]
+        errs[:, :, i] = (col - q[:, :, i]) / hb[:, i, i, None]
+        wb[:, :, i:] -= errs[:, :, i, None] * hb[:, None, i, i:]
 
 
 class _BlockGraph:
     """:func:`_round_block` for one shape on a GPU, captured once as a CUDA graph over static
     buffers and replayed per block: the loop is ~5 small launches per column, which eagerly cost
-    more host time than GPU time (46 s for a 1B model's layers; docs/benchmarks.md 29)."""
+    more host time than GPU time (docs/benchmarks.md 29)."""
 
-    def __init__(self, n: int, block: int, device: torch.device) -> None:
-        self.wb = torch.zeros(n, block, device=device)
-        self.hb = torch.eye(block, device=device)
-        self.scale = torch.ones(n, device=device)
-        self.q = torch.zeros(n, block, device=device)
-        self.errs = torch.zeros(n, block, device=device)
+    def __init__(self, shape: tuple[int, int, int], device: torch.device) -> None:
+        stack, n, block = shape
+        self.wb = torch.zeros(stack, n, block, device=device)
+        self.hb = torch.eye(block, device=device).repeat(stack, 1, 1)
+        self.scale = torch.ones(stack, n, device=device)
+        self.q = torch.zeros_like(self.wb)
+        self.errs = torch.zeros_like(self.wb)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graphs ask
@@ -106,41 +106,63 @@ class _BlockGraph:
         errs.copy_(self.errs)
 
 
-def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01, block: int = 128,
-                graphs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [N, K] (any float dtype), hessian [K, K] (E[x x^T] of the layer's inputs, float32) ->
-    (FP8 weights [N, K], float32 scales [N]): the scales of :func:`quantize_weight`, the values
-    rounded with GPTQ's error feedback (columns by descending H[k, k]; ``damp`` times the mean
-    diagonal added to H; the feedback applied within blocks of ``block`` columns, then to the rest
-    at once). Runs on w's device; on a GPU each block's loop replays a CUDA graph, kept in
-    ``graphs`` (a dict the caller may share between calls) by shape."""
-    w = w.detach().float().clone()  # [N, K]
-    n, k = w.shape
-    amax = w.abs().amax(dim=1)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))  # [N]
-    h = hessian.to(w.device, torch.float32).clone()  # [K, K]
-    dead = torch.diag(h) == 0  # inputs that were always zero: their weights do not matter
-    h[dead, dead] = 1.0
-    w[:, dead] = 0.0
-    order = torch.argsort(torch.diag(h), descending=True)  # [K]
-    w, h = w[:, order], h[order][:, order]
-    h += damp * torch.diag(h).mean() * torch.eye(k, device=w.device)
-    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    q = torch.empty_like(w)  # [N, K] rounded values (times the scale), in ``order``
+def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
+    """h [K, K] (float32, already permuted) -> the upper Cholesky factor of (h + damp * mean
+    diagonal * I)^-1 [K, K]."""
+    h = h + damp * torch.diag(h).mean() * torch.eye(h.shape[0], device=h.device)
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+
+
+def gptq_weights(ws: list[torch.Tensor], hessians: list[torch.Tensor], damp: float = 0.01,
+                 block: int = 32, graphs: dict | None = None
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """GPTQ rounding of L weights of one shape together. ws: L x [N, K] (any float dtype);
+    hessians: L x [K, K] (E[x x^T] of each one's inputs) -> L x (FP8 weights [N, K], float32
+    scales [N]): the scales of :func:`quantize_weight`, the values rounded with GPTQ's error
+    feedback (columns by descending H[k, k]; ``damp`` times the mean diagonal added to H; the
+    feedback applied within blocks of ``block`` columns, then to the rest at once). Each weight's
+    result is that of rounding it alone; stacking shares the loop's per-column launches. Runs on
+    the weights' device; on a GPU each block's loop replays a CUDA graph, kept in ``graphs`` (a
+    dict the caller may share between calls) by shape."""
+    w = torch.stack([x.detach().float() for x in ws])  # [L, N, K]
+    stack, n, k = w.shape
+    amax = w.abs().amax(dim=2)
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))  # [L, N]
+    orders, factors = [], []
+    for j, hessian in enumerate(hessians):
+        h = hessian.to(w.device, torch.float32).clone()  # [K, K]
+        dead = torch.diag(h) == 0  # inputs that were always zero: their weights do not matter
+        h[dead, dead] = 1.0
+        w[j][:, dead] = 0.0
+        order = torch.argsort(torch.diag(h), descending=True)  # [K]
+        w[j] = w[j][:, order]
+        factors.append(_inverse_factor(h[order][:, order], damp))
+        orders.append(order)
+    hinv = torch.stack(factors)  # [L, K, K]
+    q = torch.empty_like(w)  # [L, N, K] rounded values (times the scale), in each ``order``
     graphs = {} if graphs is None else graphs
     for a in range(0, k, block):
         b = min(a + block, k)
         round_block = _round_block
         if w.is_cuda:
-            key = (n, b - a, w.device)
-            round_block = graphs[key] = graphs.get(key) or _BlockGraph(n, b - a, w.device)
-        wb, errs = w[:, a:b].contiguous(), torch.empty(n, b - a, device=w.device)
-        qb = torch.empty_like(wb)
-        round_block(wb, hinv[a:b, a:b], scale, qb, errs)
-        q[:, a:b] = qb
-        w[:, b:] -= errs @ hinv[a:b, b:]
-    q = q[:, torch.argsort(order)]
-    return (q / scale[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), scale
+            key = (stack, n, b - a, w.device)
+            round_block = graphs[key] = graphs.get(key) or _BlockGraph(key[:3], w.device)
+        wb = w[:, :, a:b].contiguous()
+        qb, errs = torch.empty_like(wb), torch.empty_like(wb)
+        round_block(wb, hinv[:, a:b, a:b].contiguous(), scale, qb, errs)
+        q[:, :, a:b] = qb
+        w[:, :, b:] -= torch.bmm(errs, hinv[:, a:b, b:])
+    out = []
+    for j, order in enumerate(orders):
+        qj = q[j][:, torch.argsort(order)]
+        out.append(((qj / scale[j][:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), scale[j]))
+    return out
+
+
+def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01, block: int = 32,
+                graphs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gptq_weights` of one weight w [N, K] with the moments of its inputs [K, K]."""
+    return gptq_weights([w], [hessian], damp, block, graphs)[0]
 
 
 def calibration_rows(tokenizer) -> list[list[int]]:
@@ -265,6 +287,14 @@ def _groups(layers: list[list[tuple[nn.Module, str, nn.Linear]]],
     return groups
 
 
+def _by_shape(linears: list[nn.Linear]) -> list[list[nn.Linear]]:
+    """``linears`` grouped by weight shape, in order of first appearance."""
+    shapes: dict[tuple[int, ...], list[nn.Linear]] = {}
+    for lin in linears:
+        shapes.setdefault(tuple(lin.weight.shape), []).append(lin)
+    return list(shapes.values())
+
+
 def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None,
                  moment_bytes: int = MOMENT_BYTES) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` by an :class:`Fp8Linear`;
@@ -280,8 +310,10 @@ def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None,
     graphs: dict = {}
     for group in _groups(layers, moment_bytes) if calibrate is not None else []:
         moments = input_moments(group, calibrate)
-        for lin in group:
-            rounded[lin] = gptq_weight(lin.weight, moments.pop(lin), graphs=graphs)
+        for same in _by_shape(group):  # e.g. every layer's qkv of the group, rounded together
+            results = gptq_weights([lin.weight for lin in same], [moments.pop(lin) for lin in same],
+                                   graphs=graphs)
+            rounded.update(zip(same, results))
     count = 0
     for layer in layers:
         for child, attr, lin in layer:
