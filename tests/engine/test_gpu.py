@@ -343,5 +343,5 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     assert [key[:3] for key in graphs] == [(stack, n, block)]  # one graph, replayed for 3 blocks
     on_cpu = gptq_weights([w.cpu() for w in ws], [(x.T @ x / 500).cpu()] * stack, block=block)
     for (q1, s1), (q2, s2) in zip(on_gpu, on_cpu):
-        assert torch.equal(s1.cpu(), s2)
+        assert torch.allclose(s1.cpu(), s2, rtol=1e-6, atol=0)  # a division may differ in its last bit
         assert (q1.cpu().float() != q2.float()).float().mean() < 0.01  # the CPU's float order differs
