@@ -18,6 +18,27 @@ import msgspec
 log = logging.getLogger(__name__)
 FAMILY = "AF_UNIX"
 
+# What voicert's child processes (workers, hosts, engine processes) import anyway. They start from
+# a forkserver that has imported these once: a child is up in milliseconds instead of 2-4 s of
+# imports per start (more on a busy machine), so a failed engine or worker is replaced sooner. None
+# of these starts a thread or CUDA at import (a fork must not copy either).
+PRELOAD = ("voicert.engine.core", "voicert.engine.remote", "voicert.engine.host",
+           "voicert.speech.host", "voicert.server.app", "voicert.server.workers",
+           "transformers.models.auto.tokenization_auto")
+
+
+def child_context() -> mp.context.BaseContext:
+    """The multiprocessing context for voicert's child processes: forkserver with :data:`PRELOAD`
+    where the platform has it, else spawn. Either way a child starts from a clean process, not
+    a fork of this one (its threads, CUDA, event loop). A child gets the environment this
+    process had when its first child started; set per-child variables (CUDA_VISIBLE_DEVICES) in
+    the child."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(list(PRELOAD))
+    return ctx
+
 
 class HostReady(msgspec.Struct, tag=True, array_like=True):
     pid: int
@@ -72,11 +93,12 @@ def accept_peers(listener, what: str, on_peer: Callable[[Connection], None]) -> 
 
 
 class HostProcess:
-    """The primary's handle on one host process (``target(*args, status)``, spawned): its status
-    pipe says whether it started; ``stop`` asks it to stop, then makes sure."""
+    """The primary's handle on one host process (``target(*args, status)``, started from
+    :func:`child_context`): its status pipe says whether it started; ``stop`` asks it to stop,
+    then makes sure."""
 
     def __init__(self, what: str, target: Callable, args: tuple) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = child_context()
         self.what = what  # "engine host", "speech host": for messages
         self.status, child_status = ctx.Pipe()  # HostReady/HostFailed up; HostStop down
         self.proc = ctx.Process(target=target, name=f"voicert-{what.replace(' ', '-')}",

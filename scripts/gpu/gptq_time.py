@@ -42,7 +42,7 @@ def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:
         for name in ("attn.qkv", "mlp.down"):
             lin = layer.get_submodule(name)
             h = moments[lin]
-            w = lin.weight.float()
+            w = lin.weight.detach().float()
             for block in map(int, blocks.split(",")):  # (first call: its graphs' capture)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
@@ -57,13 +57,17 @@ def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:
 
                 print(f"{shape} {name} {tuple(w.shape)} block {block}: GPTQ {dt * 1e3:.0f} ms; "
                       f"output error GPTQ {err(q, s):.4f} vs nearest {err(qn, sn):.4f}", flush=True)
-        del moments
+        del moments, graphs
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
         t0 = time.perf_counter()
         n = fp8.quantize_fp8(model, forward)
         torch.cuda.synchronize()
         print(f"{shape}: one layer's moments {t_mom:.1f} s; whole quantize_fp8 with GPTQ ({n} "
-              f"Linears): {time.perf_counter() - t0:.1f} s; peak memory "
-              f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+              f"Linears): {time.perf_counter() - t0:.1f} s; memory while it ran, above the bf16 model "
+              f"before it: {(torch.cuda.max_memory_allocated() - base) / 2**30:.1f} GiB at most",
+              flush=True)
         del model, runner
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

@@ -169,6 +169,8 @@ class EngineCore:
         calibrate = (calibration_forward(self.model, self.tokenizer, self.cfg.block_size)
                      if rounding == "gptq" else None)
         n = quantize_fp8(self.model, calibrate)
+        if dev.startswith("cuda"):
+            torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
         log.info("engine: %d Linear layers hold FP8 weights (rounded: %s, %.1f s)", n, rounding,
                  time.perf_counter() - t0)
 

@@ -128,7 +128,8 @@ def gptq_weights(ws: list[torch.Tensor], hessians: list[torch.Tensor], damp: flo
     stack, n, k = w.shape
     amax = w.abs().amax(dim=2)
     scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))  # [L, N]
-    orders, factors = [], []
+    orders = []
+    hinv = torch.empty(stack, k, k, device=w.device)  # [L, K, K]
     for j, hessian in enumerate(hessians):
         h = hessian.to(w.device, torch.float32).clone()  # [K, K]
         dead = torch.diag(h) == 0  # inputs that were always zero: their weights do not matter
@@ -136,9 +137,8 @@ def gptq_weights(ws: list[torch.Tensor], hessians: list[torch.Tensor], damp: flo
         w[j][:, dead] = 0.0
         order = torch.argsort(torch.diag(h), descending=True)  # [K]
         w[j] = w[j][:, order]
-        factors.append(_inverse_factor(h[order][:, order], damp))
+        hinv[j] = _inverse_factor(h[order][:, order], damp)
         orders.append(order)
-    hinv = torch.stack(factors)  # [L, K, K]
     q = torch.empty_like(w)  # [L, N, K] rounded values (times the scale), in each ``order``
     graphs = {} if graphs is None else graphs
     for a in range(0, k, block):
@@ -200,7 +200,8 @@ def calibration_forward(model: nn.Module, tokenizer, block_size: int = 16) -> Ca
 def input_moments(linears: list[nn.Linear],
                   forward: Callable[[], None]) -> dict[nn.Linear, torch.Tensor]:
     """E[x x^T] [K, K] (float32) of the inputs of each of ``linears``, over every token that
-    ``forward()`` feeds the model they belong to."""
+    ``forward()`` feeds the model they belong to (inference tensors when ``forward`` runs under
+    ``torch.inference_mode``, as the engine's runner does: read them without autograd)."""
     sums: dict[nn.Linear, torch.Tensor] = {}
     counts: dict[nn.Linear, int] = {}
 
@@ -218,7 +219,8 @@ def input_moments(linears: list[nn.Linear],
     finally:
         for h in handles:
             h.remove()
-    return {m: sums[m] / counts[m] for m in sums}
+    with torch.inference_mode():  # (the sums are inference tensors: made under the forward's)
+        return {m: sums[m].div_(counts[m]) for m in sums}  # in place: no second copy of each
 
 
 class Fp8Linear(nn.Module):
@@ -262,6 +264,7 @@ class Fp8Linear(nn.Module):
 
 
 MOMENT_BYTES = 4 << 30  # GPTQ: the input moments held at once (4 GiB: 4 of an 8B model's layers)
+STACK_BYTES = 1 << 30  # GPTQ: work memory of the weights rounded together in one stack
 
 
 def _layer_linears(model: nn.Module) -> list[list[tuple[nn.Module, str, nn.Linear]]]:
@@ -287,12 +290,19 @@ def _groups(layers: list[list[tuple[nn.Module, str, nn.Linear]]],
     return groups
 
 
-def _by_shape(linears: list[nn.Linear]) -> list[list[nn.Linear]]:
-    """``linears`` grouped by weight shape, in order of first appearance."""
+def _by_shape(linears: list[nn.Linear], budget: int = STACK_BYTES) -> list[list[nn.Linear]]:
+    """``linears`` in stacks of one weight shape each, as many as fit in ``budget`` bytes of
+    GPTQ's float32 work memory (~3 copies of the weights [N, K], 2 of H [K, K] each; at least
+    one a stack), in order of first appearance."""
     shapes: dict[tuple[int, ...], list[nn.Linear]] = {}
     for lin in linears:
         shapes.setdefault(tuple(lin.weight.shape), []).append(lin)
-    return list(shapes.values())
+    stacks = []
+    for same in shapes.values():
+        n, k = same[0].weight.shape
+        per = max(1, budget // (4 * (3 * n * k + 2 * k * k)))
+        stacks.extend(same[i:i + per] for i in range(0, len(same), per))
+    return stacks
 
 
 def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None,

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -34,6 +33,7 @@ from voicert.engine.base import (EndedStream, EngineStats, FinishReason, Generat
 from voicert.engine.core import EngineLoad
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.stream import TokenStream
+from voicert.hosting import child_context
 
 if TYPE_CHECKING:
     from voicert.engine.llm_engine import EngineThread
@@ -325,7 +325,7 @@ class EngineProcess(EngineLink):
                  gc_freeze: bool = True, gpu: str | None = None) -> None:
         """``gpu``: the index of the one GPU the child uses (its ``cuda``), for one engine per
         GPU; None: the devices this process sees."""
-        ctx = mp.get_context("spawn")
+        ctx = child_context()
         req_r, req_w = ctx.Pipe(duplex=False)
         ev_r, ev_w = ctx.Pipe(duplex=False)
         self._proc = ctx.Process(target=_child, name="voicert-engine",

@@ -47,6 +47,7 @@ from multiprocessing.connection import Connection, wait
 import msgspec
 
 from voicert.config import Config, cache_dir
+from voicert.hosting import child_context
 from voicert.telemetry.latency import TurnRecord
 from voicert.telemetry.sampler import SystemSample
 
@@ -206,7 +207,7 @@ class Primary:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.n = cfg.server.workers
-        self.ctx = mp.get_context("spawn")
+        self.ctx = child_context()
         self.dir = tempfile.mkdtemp(prefix="voicert-")  # private (0700): sockets, metrics
         self.metrics_dir = os.path.join(self.dir, "metrics")
         os.mkdir(self.metrics_dir)
