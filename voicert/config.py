@@ -233,7 +233,7 @@ class LlmConfig:
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale
     # per output channel: half the weight bytes of bf16 per decode step; replies differ slightly
     fp8_rounding: str = "gptq"  # gptq: each weight's e4m3 value chosen with GPTQ's error feedback
-    # against a calibration text set (engine/fp8.py; top-1 agreement 90 -> 96 % on the embedded
+    # against a calibration text set (engine/fp8.py; top-1 agreement 90 -> 95 % on the embedded
     # model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest e4m3 value
     kv_cache: str = "model"  # GPU: the KV cache's values in the model's dtype (model), or in one
     # byte: int8 (a scale per token and KV head) | fp8 (e4m3, scale 1; compute capability >= 8.9):

@@ -19,12 +19,14 @@ How each weight is rounded (``llm.fp8_rounding``):
 
 - ``nearest``: each weight to its nearest e4m3 value;
 - ``gptq`` (the default): error-compensated rounding (GPTQ, Frantar et al. 2022) onto the same
-  grid with the same scales. One forward over a calibration text set (``data/fp8_calibration.json``,
-  each text a row of its own, so no padding enters) gives each Linear the second moment of its
-  inputs, H = E[x x^T] [K, K]. The columns are then rounded one at a time, largest H[k, k] first,
-  and each column's rounding error is spread over the columns not yet rounded, weighted by
-  H^-1, so that the layer's *output* on such inputs stays close. The format and the kernels are
-  unchanged: only which e4m3 value each weight takes.
+  grid with the same scales. The unquantized model's forward over a calibration text set
+  (``data/fp8_calibration.json``, each text a row of its own, so no padding enters) gives each
+  Linear the second moment of its inputs, H = E[x x^T] [K, K] (as many layers' at a time as fit
+  in ``MOMENT_BYTES``: one forward per such group). The columns are then rounded one at a time,
+  largest H[k, k] first, and each column's rounding error is spread over the columns not yet
+  rounded, weighted by H^-1, so that the layer's *output* on such inputs stays close. The
+  Linears of one shape are rounded as one stack; on a GPU each block of columns replays a CUDA
+  graph. The format and the kernels are unchanged: only which e4m3 value each weight takes.
 
 Quality is measured, not assumed: tests/engine/test_fp8.py checks top-1 agreement with the
 unquantized model on the embedded SmolLM2's real weights, and ``python -m voicert.bench.engine
@@ -34,14 +36,11 @@ unquantized model on the embedded SmolLM2's real weights, and ``python -m voicer
 from __future__ import annotations
 
 import json
-import logging
 from importlib import resources
 from typing import Callable
 
 import torch
 from torch import nn
-
-log = logging.getLogger(__name__)
 
 E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
 FP8 = torch.float8_e4m3fn
