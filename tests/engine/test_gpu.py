@@ -324,13 +324,13 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
 
     g = torch.Generator(device="cuda").manual_seed(0)
     stack, n, block = 2, 96, 32
-    wb = torch.randn(stack, n, block, device="cuda", generator=g)
+    wb = torch.randn(stack, block, n, device="cuda", generator=g)  # columns as rows
     a = torch.randn(stack, block, block, device="cuda", generator=g)
     eye = torch.eye(block, device="cuda")
     hb = torch.linalg.cholesky(a @ a.transpose(1, 2) + block * eye, upper=True)
-    scale = torch.rand(stack, n, device="cuda", generator=g) / 100 + 1e-3
+    scale = torch.rand(stack, n, device="cuda", generator=g) / 100 + 1e-3  # [L, N]
     outs = []
-    for fn in (_round_block, _BlockGraph((stack, n, block), torch.device("cuda"))):
+    for fn in (_round_block, _BlockGraph((stack, block, n), torch.device("cuda"))):
         w, q, errs = wb.clone(), torch.empty_like(wb), torch.empty_like(wb)
         fn(w, hb, scale, q, errs)
         outs.append((w, q, errs))
@@ -340,7 +340,7 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     x = torch.randn(500, 3 * block, device="cuda", generator=g)
     ws = [torch.randn(n, 3 * block, device="cuda", generator=g) for _ in range(stack)]
     on_gpu = gptq_weights(ws, [x.T @ x / 500] * stack, block=block, graphs=graphs)
-    assert [key[:3] for key in graphs] == [(stack, n, block)]  # one graph, replayed for 3 blocks
+    assert [key[:3] for key in graphs] == [(stack, block, n)]  # one graph, replayed for 3 blocks
     on_cpu = gptq_weights([w.cpu() for w in ws], [(x.T @ x / 500).cpu()] * stack, block=block)
     for (q1, s1), (q2, s2) in zip(on_gpu, on_cpu):
         assert torch.allclose(s1.cpu(), s2, rtol=1e-6, atol=0)  # a division may differ in its last bit

@@ -57,21 +57,22 @@ def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _to_grid(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """w [..., N, K], scale [..., N] -> the e4m3 values times the scale, float32 (w's shape)."""
-    return (w / scale[..., None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * scale[..., None]
+    """w and scale (float32, broadcastable) -> w / scale rounded to e4m3, times scale."""
+    return (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * scale
 
 
 def _round_block(wb: torch.Tensor, hb: torch.Tensor, scale: torch.Tensor, q: torch.Tensor,
                  errs: torch.Tensor) -> None:
-    """GPTQ within one block of columns of L stacked weights, in place: wb [L, N, B] float32 (the
-    block's weights, updated as columns are rounded), hb [L, B, B] (their parts of the upper
-    Cholesky factors of H^-1), scale [L, N] -> q [L, N, B] (the rounded values times the scale),
-    errs [L, N, B] (each column's scaled error, for the columns after the block)."""
-    for i in range(wb.shape[2]):
-        col = wb[:, :, i]  # [L, N]
-        q[:, :, i] = _to_grid(col[..., None], scale)[..., 0]
-        errs[:, :, i] = (col - q[:, :, i]) / hb[:, i, i, None]
-        wb[:, :, i:] -= errs[:, :, i, None] * hb[:, None, i, i:]
+    """GPTQ within one block of B columns of L stacked weights, in place, columns as rows (so
+    each one is contiguous): wb [L, B, N] float32 (the block's weights, updated as columns are
+    rounded), hb [L, B, B] (their parts of the upper Cholesky factors of H^-1), scale [L, N] ->
+    q [L, B, N] (the rounded values times the scale), errs [L, B, N] (each column's scaled error,
+    for the columns after the block)."""
+    for i in range(wb.shape[1]):
+        col = wb[:, i]  # [L, N]
+        q[:, i] = _to_grid(col, scale)
+        errs[:, i] = (col - q[:, i]) / hb[:, i, i, None]
+        wb[:, i:] -= hb[:, i, i:, None] * errs[:, i, None]
 
 
 class _BlockGraph:
@@ -80,8 +81,8 @@ class _BlockGraph:
     more host time than GPU time (docs/benchmarks.md 29)."""
 
     def __init__(self, shape: tuple[int, int, int], device: torch.device) -> None:
-        stack, n, block = shape
-        self.wb = torch.zeros(stack, n, block, device=device)
+        stack, block, n = shape
+        self.wb = torch.zeros(stack, block, n, device=device)
         self.hb = torch.eye(block, device=device).repeat(stack, 1, 1)
         self.scale = torch.ones(stack, n, device=device)
         self.q = torch.zeros_like(self.wb)
@@ -144,13 +145,13 @@ def gptq_weights(ws: list[torch.Tensor], hessians: list[torch.Tensor], damp: flo
         b = min(a + block, k)
         round_block = _round_block
         if w.is_cuda:
-            key = (stack, n, b - a, w.device)
+            key = (stack, b - a, n, w.device)
             round_block = graphs[key] = graphs.get(key) or _BlockGraph(key[:3], w.device)
-        wb = w[:, :, a:b].contiguous()
+        wb = w[:, :, a:b].transpose(1, 2).contiguous()  # [L, B, N]
         qb, errs = torch.empty_like(wb), torch.empty_like(wb)
         round_block(wb, hinv[:, a:b, a:b].contiguous(), scale, qb, errs)
-        q[:, :, a:b] = qb
-        w[:, :, b:] -= torch.bmm(errs, hinv[:, a:b, b:])
+        q[:, :, a:b] = qb.transpose(1, 2)
+        w[:, :, b:] -= torch.bmm(errs.transpose(1, 2), hinv[:, a:b, b:])
     out = []
     for j, order in enumerate(orders):
         qj = q[j][:, torch.argsort(order)]
