@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from tests.engine.test_architectures import decode, fresh
-from voicert.engine.fp8 import E4M3_MAX, Fp8Linear, gptq_weight, quantize_fp8, quantize_weight
+from voicert.engine.fp8 import (E4M3_MAX, Fp8Linear, gptq_weight, gptq_weights, quantize_fp8,
+                                 quantize_weight)
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
 TINY = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=160, num_layers=2,
@@ -59,6 +60,41 @@ def test_gptq_rounding_keeps_the_format_and_scales_and_lowers_the_layers_output_
         return ((x @ (v - w).T).norm() / (x @ w.T).norm()).item()
 
     assert out_err(back) < 0.7 * out_err(near.float() * near_scale[:, None])
+
+
+def test_rounding_a_stack_of_weights_equals_rounding_each_alone():
+    g = torch.Generator().manual_seed(3)
+    ws = [torch.randn(40, 48, generator=g) for _ in range(3)]
+    xs = [torch.randn(300, 48, generator=g) @ torch.randn(48, 48, generator=g) for _ in range(3)]
+    hs = [x.T @ x / 300 for x in xs]
+    for (q, s), w, h in zip(gptq_weights(ws, hs, block=16), ws, hs):
+        alone_q, alone_s = gptq_weight(w, h, block=16)
+        assert torch.equal(q.float(), alone_q.float()) and torch.equal(s, alone_s)
+
+
+def test_gptq_over_the_whole_model_is_the_same_whatever_layers_share_a_calibration_pass():
+    """quantize_fp8 gathers the moments of as many layers as fit in its budget per forward, and
+    replaces layers only after the last one: one layer a pass gives the same weights as all at
+    once (and the calibration forward runs once per pass)."""
+    model = random_llama(TINY, torch.float32, "cpu")
+    rng = random.Random(5)
+    rows = [[rng.randrange(1, 300) for _ in range(n)] for n in (30, 17, 41)]
+    passes = []
+
+    def calibrate_for(m):
+        def forward():
+            passes.append(1)
+            decode(m, rows)
+        return forward
+
+    one_pass, per_layer = copy.deepcopy(model), copy.deepcopy(model)
+    quantize_fp8(one_pass, calibrate_for(one_pass))
+    assert len(passes) == 1
+    quantize_fp8(per_layer, calibrate_for(per_layer), moment_bytes=1)
+    assert len(passes) == 1 + TINY.num_layers
+    for a, b in zip(one_pass.layers, per_layer.layers):
+        for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"):
+            assert torch.equal(a.get_submodule(name).weight.float(), b.get_submodule(name).weight.float())
 
 
 def test_the_layer_computes_with_its_dequantized_weights_and_keeps_the_input_dtype():
