@@ -104,8 +104,11 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
     model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(model_dir)
     ref = load_model(model_dir, DTYPES[dtype], device)
-    quant = ({"weights": lambda: quantized_copy(ref, tok),
-              "weights-nearest": lambda: quantized_copy(ref)}.get(variant, lambda: ref))()
+    quant = ref  # the KV cache variants quantize the cache, not the weights
+    if variant == "weights":
+        quant = quantized_copy(ref, tok)
+    elif variant == "weights-nearest":
+        quant = quantized_copy(ref)
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     texts = [tok(t)["input_ids"] for t in TEXTS]
     same, total = top1_agreement(ref, quant, texts, kv_cache)

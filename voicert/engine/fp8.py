@@ -184,12 +184,12 @@ def calibration_forward(model: nn.Module, tokenizer, block_size: int = 16) -> Ca
     """A function that runs ``model`` forward over :func:`calibration_rows`, one row at a time (no
     padding enters the moments), through an eager runner of its own whose KV pool lives only
     while it runs: the ``calibrate`` argument of :func:`quantize_fp8`."""
+    from voicert.engine.runner import ModelRunner, Row  # (runner -> layers -> this module)
+
+    rows = calibration_rows(tokenizer)  # once: the forward runs once per group of layers
+    blocks = -(-max(map(len, rows)) // block_size)
 
     def forward() -> None:
-        from voicert.engine.runner import ModelRunner, Row
-
-        rows = calibration_rows(tokenizer)
-        blocks = -(-max(map(len, rows)) // block_size)
         runner = ModelRunner(model, blocks + 1, block_size)  # block 0: the runner's scratch
         for ids in rows:
             runner.forward_rows([Row(ids, 0, list(range(1, blocks + 1)), len(ids))])
@@ -236,9 +236,11 @@ class Fp8Linear(nn.Module):
         self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear) -> "Fp8Linear":
-        """``lin``'s weights rounded to the nearest e4m3 values."""
-        q, scale = quantize_weight(lin.weight)
+    def from_linear(cls, lin: nn.Linear,
+                    rounded: tuple[torch.Tensor, torch.Tensor] | None = None) -> "Fp8Linear":
+        """``lin`` over FP8 weights: ``rounded`` (FP8 weights [N, K], scales [N], e.g. from
+        :func:`gptq_weights`), or its weights rounded to the nearest e4m3 values."""
+        q, scale = rounded or quantize_weight(lin.weight)
         bias = lin.bias.detach() if lin.bias is not None else None
         return cls(q, scale, bias)
 
@@ -327,8 +329,6 @@ def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None,
     count = 0
     for layer in layers:
         for child, attr, lin in layer:
-            q, scale = rounded.pop(lin, None) or quantize_weight(lin.weight)
-            bias = lin.bias.detach() if lin.bias is not None else None
-            setattr(child, attr, Fp8Linear(q, scale, bias))
+            setattr(child, attr, Fp8Linear.from_linear(lin, rounded.pop(lin, None)))
             count += 1
     return count
