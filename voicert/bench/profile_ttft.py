@@ -1,0 +1,143 @@
+"""Where a cached prompt's time to first token goes: ``python -m voicert.bench.profile_ttft``.
+
+An :class:`~voicert.engine.core.EngineCore` configured as ``bench.engine`` configures it (CUDA graphs,
+fused kernels, overlap) over a random-weight model (timing only), driven here on this thread with
+no engine thread and no event loop. For each prompt shape of ``bench.engine``'s TTFT rows (a prompt
+whose first ``cached`` tokens an earlier request left in the cache, then ``new`` tokens) it prints,
+per phase of the one prefill step, P50 microseconds over ``--reps`` requests:
+
+- ``add``: the request queued (``EngineCore.add``);
+- ``schedule``: the prefix cache looked up, blocks allocated, the step planned;
+- ``launch``: rows laid out, staged, copied and the graph replayed (queued, not waited for);
+- ``wait``: until the first token is on the host;
+- ``post``: the scheduler's postprocess;
+- ``gpu``: the same graph replayed back to back (CUDA events): the GPU's own time for the step.
+
+Then the kernels of one eager forward of that step by total device time (``torch.profiler``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from voicert.bench.engine import SHAPES, _NullTokenizer
+from voicert.engine.base import GenerationRequest
+from voicert.engine.core import EngineConfig, EngineCore
+from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
+from voicert.engine.runner import bucket, rows_for
+
+PHASES = ("add", "schedule", "launch", "wait", "post")
+
+
+def first_token(core: EngineCore, prompt: list[int], tag: str) -> dict[str, float]:
+    """One request of one new token through the core's phases (over every step its prompt
+    takes); microseconds per phase, and ``steps``."""
+    req = GenerationRequest(tag, [], 1, ignore_eos=True, prompt_ids=prompt)
+    us = dict.fromkeys(PHASES, 0.0) | {"steps": 0}
+    t0 = time.perf_counter_ns()
+    core.add(req)
+    us["add"] = (time.perf_counter_ns() - t0) / 1e3
+    while core.has_work():
+        t = [time.perf_counter_ns()]
+        step, failed = core.scheduler.schedule()
+        assert step is not None and not failed and step.kind == "prefill"
+        t.append(time.perf_counter_ns())
+        pending = core.runner.launch(step)
+        t.append(time.perf_counter_ns())
+        result = pending.result()
+        t.append(time.perf_counter_ns())
+        core.scheduler.postprocess(step, result.tokens, result.drafts)
+        t.append(time.perf_counter_ns())
+        for p, a, b in zip(PHASES[1:], t, t[1:]):
+            us[p] += (b - a) / 1e3
+        us["steps"] += 1
+    return us
+
+
+def graph_gpu_us(core: EngineCore, prompt_len: int, new: int, replays: int = 50) -> float:
+    """GPU microseconds of the prefill graph a (prompt_len, new) step replays (inputs as last
+    staged), back to back."""
+    graphs = core.runner.prefill_graphs
+    bs = core.cfg.block_size
+    key = (bucket(1, graphs.batches), bucket(-(-prompt_len // bs), graphs.blocks),
+           bucket(new, graphs.widths))
+    graph = graphs.graphs[key]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    runs = []
+    for _ in range(7):
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) * 1e3 / replays)
+    return float(np.median(runs))
+
+
+def kernel_table(core: EngineCore, prompt: list[int], cached: int) -> str:
+    """torch.profiler's kernels of one eager forward of the (cached, new) prefill step."""
+    req = GenerationRequest("profile", [], 1, ignore_eos=True, prompt_ids=prompt)
+    core.add(req)
+    step, _ = core.scheduler.schedule()
+    rows = rows_for(step)
+    with torch.inference_mode():
+        for _ in range(3):
+            core.runner.forward_rows(rows)
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                out = core.runner.forward_rows(rows)
+            torch.cuda.synchronize()
+    core.scheduler.postprocess(step, out.tokens, out.drafts)
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="llama-1b-random", choices=sorted(SHAPES))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--reps", type=int, default=40)
+    ap.add_argument("--rows", default="500+100,150+20", help="cached+new, comma-separated")
+    ap.add_argument("--device", default="cuda", help="cpu: the host phases only (a smoke run)")
+    ap.add_argument("--prefill-attention", default="auto", choices=("auto", "flash", "sdpa"))
+    ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
+                    help="also print the kernel table of an eager forward per row")
+    args = ap.parse_args(argv)
+    cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
+    gpu = args.device.startswith("cuda")
+    model = random_llama(cfg, DTYPES[args.dtype], args.device)
+    core = EngineCore("", EngineConfig(device=args.device, dtype=args.dtype, kv_memory_gb=4,
+                                       max_context_tokens=4096, cuda_graphs=gpu,
+                                       fused_kernels=gpu, overlap=True,
+                                       prefill_attention=args.prefill_attention),
+                      model=model, tokenizer=_NullTokenizer(cfg.vocab_size))
+    rng = np.random.default_rng(0)
+    tokens = lambda n: rng.integers(100, 30000, n).tolist()  # noqa: E731
+    print(f"# {args.model} (RANDOM WEIGHTS, timing only), {args.dtype}, "
+          f"{torch.cuda.get_device_name() if gpu else 'cpu'}; P50 us over {args.reps} requests\n")
+    print("| cached + new | " + " | ".join(PHASES) + " | total (host) | gpu (graph back to back) |")
+    print("|---|" + "---:|" * (len(PHASES) + 2))
+    tables = []
+    for spec in args.rows.split(","):
+        cached, new = (int(x) for x in spec.split("+"))
+        prefix = tokens(cached)
+        first_token(core, prefix + tokens(new), "warm")
+        runs = [first_token(core, prefix + tokens(new), f"r{i}") for i in range(args.reps)]
+        p50 = {p: float(np.median([r[p] for r in runs])) for p in PHASES}
+        total = float(np.median([sum(r[p] for p in PHASES) for r in runs]))
+        assert all(r["steps"] == 1 for r in runs), "a measured prompt took more than one step"
+        gpu_us = graph_gpu_us(core, cached + new, new) if gpu else float("nan")
+        print(f"| {cached} + {new} | " + " | ".join(f"{p50[p]:.0f}" for p in PHASES)
+              + f" | {total:.0f} | {gpu_us:.0f} |")
+        if args.kernels and gpu:
+            tables.append((spec, kernel_table(core, prefix + tokens(new), cached)))
+    for spec, table in tables:
+        print(f"\n## kernels of one eager forward, {spec}\n\n{table}")
+
+
+if __name__ == "__main__":
+    main()
