@@ -252,9 +252,10 @@ class LlmConfig:
     fused_kernels: bool = True  # GPU: Triton kernels (norm + residual, RoPE + KV write, paged
     # decode attention, SiLU * up) instead of ~20 small torch kernels per layer
     prefill_attention: str = "auto"  # GPU, with fused_kernels: a prefill step's attention by
-    # sdpa (each row's blocks gathered, then PyTorch SDPA) or flash (FlashAttention-4 from the
-    # paged pool: the optional flash-attn-4 package, Hopper or newer, bf16/fp16); auto: flash
-    # where it runs, else sdpa (docs/benchmarks.md section 23)
+    # paged (the Triton kernel of decode steps, over tiles of query tokens, from the paged pool),
+    # flash (FlashAttention-4 from the paged pool: the optional flash-attn-4 package, Hopper or
+    # newer, bf16/fp16) or sdpa (each row's blocks gathered, then PyTorch SDPA); auto: flash
+    # where it runs, else paged (docs/benchmarks.md sections 23 and 30)
     overlap: bool = True  # GPU (CUDA graphs): decoding (plain, or with draft heads) queues the next
     # step before reading this one's tokens (fed on the GPU): the host's per-step work hides behind
     # the GPU's
@@ -307,8 +308,8 @@ class LlmConfig:
         _check(0 <= self.spec_tokens <= 16, "llm.spec_tokens", "must be in [0, 16]")
         _check(self.spec_policy in ("adaptive", "always"), "llm.spec_policy",
                "must be adaptive or always")
-        _check(self.prefill_attention in ("auto", "sdpa", "flash"), "llm.prefill_attention",
-               "must be auto, sdpa or flash")
+        _check(self.prefill_attention in ("auto", "paged", "flash", "sdpa"),
+               "llm.prefill_attention", "must be auto, paged, flash or sdpa")
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
         _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
                "is a GPU option (llm.device: cuda)")

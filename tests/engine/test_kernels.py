@@ -69,17 +69,19 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", ["decode", "decode-wide", "verify", "verify-one",
-                                  "prefill-on-prefix", "long-split"])
+                                  "prefill-on-prefix", "prefill-sdpa", "long-split"])
 def test_fused_forward_matches_torch_forward(case):
     """Same hidden states and the same KV pool contents as the torch path, over the shapes the
     engine runs: batched decode of ragged lengths, speculative verify rows (padded), a prefill
-    on top of a cached prefix (gather + SDPA fallback) and a long context at batch 1 (split
-    keys)."""
+    on top of a cached prefix (the paged kernel over tiles of query tokens; and with
+    ``prefill_attention: sdpa``, gather + SDPA) and a long context at batch 1 (split keys)."""
     model = random_llama(TINY, torch.float32, DEV)
+    if case == "prefill-sdpa":
+        model.prefill_attention = "sdpa"
     g = torch.Generator().manual_seed(2)
     bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
                        "verify": [30, 9], "verify-one": [45], "prefill-on-prefix": [20, 33],
-                       "long-split": [300]}[case]
+                       "prefill-sdpa": [20, 33], "long-split": [300]}[case]
     tables, nxt = [], 1
     for n in lengths:  # each sequence's blocks, room for a few more tokens
         k = -(-(n + 40) // bs)
@@ -89,7 +91,7 @@ def test_fused_forward_matches_torch_forward(case):
     prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
     for runner in runners:  # both pools hold the same cached prefixes (torch path)
         run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
-    width = {"verify": 3, "verify-one": 3, "prefill-on-prefix": 24}.get(case, 1)
+    width = {"verify": 3, "verify-one": 3, "prefill-on-prefix": 24, "prefill-sdpa": 24}.get(case, 1)
     rows = [Row(torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
                 n, t, 0) for i, (n, t) in enumerate(zip(lengths, tables))]
     want = run_layers(model, runners[0], rows, False)
@@ -123,6 +125,36 @@ def test_paged_attention_splits_keys_for_a_small_batch():
     q = qkv.view(b, q_len, 10, 16)[:, :, :6]
     want = attn.attend(q, inp, mask, k_pool, v_pool)
     assert close(got, want, 1e-5)
+
+
+def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
+    """A prefill step's rows take several tiles of query tokens, each split over the keys: every
+    real query row equals SDPA over exactly the keys it may see, padding tokens included in the
+    step (right-padded rows, position 0) change nothing, and the counters end at zero."""
+    model = random_llama(TINY, torch.float32, DEV)
+    attn = model.layers[0].attn
+    g = torch.Generator().manual_seed(5)
+    bs, blocks, q_len = 16, 12, 45  # 21 tokens a tile with 3 query heads per KV head: 3 tiles
+    pool = torch.randn(2, 1 + 2 * blocks, bs, 2, 16, generator=g)
+    k_pool, v_pool = pool[0].to(DEV), pool[1].to(DEV)
+    qkv = torch.randn(2, q_len, (6 + 4) * 16, generator=g).to(DEV)
+    table = torch.stack([torch.randperm(2 * blocks, generator=g)[:blocks] + 1,
+                         torch.randperm(2 * blocks, generator=g)[:blocks] + 1]).to(DEV)
+    starts, real = (100, 7), (q_len, 30)  # row 1: 30 real tokens after 7 cached, then padding
+    pos = torch.zeros(2, q_len, dtype=torch.long)
+    for i, (s0, n) in enumerate(zip(starts, real)):
+        pos[i, :n] = torch.arange(s0, s0 + n)
+    pos = pos.to(DEV)
+    inp = AttnInputs(pos, torch.zeros(2 * q_len, dtype=torch.long, device=DEV), table)
+    count = kernels.counters(DEV, 64)
+    got = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, 6, 2, count)
+    assert not count.any(), "the last split program of each tile leaves its counter at zero"
+    span = torch.arange(blocks * bs, device=DEV)
+    mask = torch.zeros(()).to(DEV).masked_fill(
+        ~(span.view(1, 1, -1) <= pos.unsqueeze(-1)).unsqueeze(1), float("-inf"))
+    want = attn.attend(qkv.view(2, q_len, 10, 16)[:, :, :6], inp, mask, k_pool, v_pool)
+    for i, n in enumerate(real):
+        assert close(got[i, :n], want[i, :n], 1e-5), f"row {i}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -5,10 +5,12 @@ tokens, mostly cached; a turn's new text of tens to hundreds of tokens; replies 
 or 1 + k drafts, at a time), each case times one layer's attention over the engine's paged KV
 pool (random K/V; block tables shuffled, as a pool in use is):
 
-- ``triton``: our paged kernel (engine/kernels.py), straight from the pool: what the engine runs
-  where a row's query rows (new tokens x query heads per KV head) fit it: decode and verify steps;
+- ``triton``: our paged kernel (engine/kernels.py), straight from the pool, over tiles of query
+  tokens: what the engine runs for decode and verify steps, and for prefill steps with
+  ``llm.prefill_attention: paged`` (and ``auto`` where FlashAttention-4 does not import);
 - ``gather+sdpa``: each row's blocks gathered, then PyTorch SDPA under the causal mask: what the
-  engine runs for prefill steps (engine/models/layers.py ``Attention.attend``);
+  engine ran for prefill steps before (``llm.prefill_attention: sdpa``; engine/models/layers.py
+  ``Attention.attend``);
 - ``flash``: FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL, Hopper and newer),
   ``flash_attn_varlen_func`` straight from the same pool (``page_table``, ``seqused_k``, causal);
 - ``flash@128``: the same over a pool of 128-token pages (the size its TMA loads take whole;
@@ -17,7 +19,8 @@ pool (random K/V; block tables shuffled, as a pool in use is):
 Each figure is GPU time per call inside a CUDA graph of ``--calls`` calls (as the engine replays
 its steps: host overhead excluded), P50 and P99 over ``--replays`` replays, after a warm-up.
 Every backend's output is checked against float32 SDPA over exactly each row's keys; the table
-gives the largest absolute difference. The baseline column is what the engine runs today.
+gives the largest absolute difference. The last column's ratio is against ``triton`` for decode
+and verify steps, and against ``gather+sdpa`` (what ran before the paged prefill) for prefill.
 """
 
 from __future__ import annotations
@@ -136,16 +139,13 @@ def reference(pool: Pool, heads: tuple[int, int, int]) -> torch.Tensor:
 
 def backend(name: str, pool: Pool, heads: tuple[int, int, int],
             flash_splits: int = 1) -> Callable[[], torch.Tensor] | None:
-    """A call of backend ``name`` on ``pool`` returning [B, Q, H * D]; None where it does not apply
-    (the Triton kernel with too many query rows). ``flash_splits``: FA4's ``num_splits`` (1:
+    """A call of backend ``name`` on ``pool`` returning [B, Q, H * D]. ``flash_splits``: FA4's ``num_splits`` (1:
     one program per row's keys, as the engine calls it; 0: FA4's own heuristic)."""
     h, kvh, d = heads
     b, q_len = pool.q.shape[:2]
     if name == "triton":
         from voicert.engine import kernels
 
-        if kernels.attn_rows(q_len, h, kvh) > kernels.MAX_ATTN_ROWS:
-            return None
         count = kernels.counters(pool.q.device)
         return lambda: kernels.paged_attention(pool.qkv, pool.k, pool.v, pool.tables,
                                                pool.positions, h, kvh, count)
@@ -197,9 +197,6 @@ def measure(case: Case, heads, args, flash_missing: str | None) -> dict[str, Fig
             continue
         try:
             fn = backend(name, pool, heads, args.flash_splits)
-            if fn is None:
-                row[name] = Figure(note="-")
-                continue
             err = (fn().float() - ref).abs().max().item()
             times = graph_times(fn, args.calls, args.replays)
         except Exception as exc:  # one backend failing a case is a finding, not the end of the run
@@ -209,14 +206,15 @@ def measure(case: Case, heads, args, flash_missing: str | None) -> dict[str, Fig
     return row
 
 
-def baseline(case: Case, row: dict[str, Figure]) -> str:
-    """The backend the engine runs for this case today."""
-    return "triton" if row.get("triton") and row["triton"].p50_us is not None else "gather+sdpa"
+def baseline(case: Case) -> str:
+    """What a case's figures are compared with: our paged kernel for decode and verify steps,
+    gather + SDPA (what prefill steps ran before the paged kernel took them) for prefill."""
+    return "gather+sdpa" if case.phase == "prefill" else "triton"
 
 
 def render(label: str, results: list[tuple[Case, dict[str, Figure]]], backends) -> str:
     head = ("| phase | batch x new x context | " + " | ".join(backends)
-            + " | fastest, against today's |")
+            + " | fastest, against the baseline |")
     lines = [f"### {label}", "", "GPU time per call, P50 (P99), in a CUDA graph; max |error| "
              "against float32 SDPA", "", head, "|---|---|" + "---:|" * len(backends) + "---|"]
     for case, row in results:
@@ -226,7 +224,7 @@ def render(label: str, results: list[tuple[Case, dict[str, Figure]]], backends) 
             cells.append(f.note if f.p50_us is None else
                          f"{f.p50_us:.1f} ({f.p99_us:.1f}) us, err {f.max_err:.0e}")
         timed = {n: f.p50_us for n, f in row.items() if f.p50_us is not None}
-        base = baseline(case, row)
+        base = baseline(case)
         best = min(timed, key=timed.get) if timed else "-"
         ratio = (f"{best}, {timed[base] / timed[best]:.2f}x"
                  if timed and base in timed else best)

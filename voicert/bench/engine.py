@@ -467,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
                          "vLLM (bench/vllm_side.py, in a child process first, same shape and "
                          "prompts; needs vllm), or this engine with --prefill-attention sdpa "
                          "(sdpa-prefill) or with its KV cache in the model's dtype (model-kv)")
-    ap.add_argument("--prefill-attention", choices=("auto", "sdpa", "flash"), default="auto",
+    ap.add_argument("--prefill-attention", choices=("auto", "paged", "flash", "sdpa"), default="auto",
                     help="GPU: prefill steps' attention (llm.prefill_attention)")
     ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
     ap.add_argument("--fp8", action="store_true",

@@ -69,7 +69,8 @@ class EngineConfig:
     # (1: graphs for one-prompt prefills only; several prompts then run one eager step)
     own_stream: bool = False  # GPU only: run the engine thread on its own high-priority stream
     fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
-    prefill_attention: str = "auto"  # with fused_kernels: sdpa | flash | auto (engine/flash.py)
+    prefill_attention: str = "auto"  # with fused_kernels: paged | flash | sdpa | auto
+    # (flash where engine/flash.py can run it, else paged)
     torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
     overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
     # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
@@ -200,20 +201,22 @@ class EngineCore:
         return True
 
     def _prefill_attention(self) -> str:
-        """``sdpa`` or ``flash`` for the fused path's prefill steps (engine/flash.py). ``flash``
-        where it cannot run is an error naming the key; ``auto`` falls back to sdpa, said once."""
+        """How the fused path's prefill steps attend: ``paged`` (our Triton kernel, over tiles of
+        query tokens), ``flash`` (engine/flash.py) or ``sdpa``. ``flash`` where it cannot run is
+        an error naming the key; ``auto`` takes flash where it runs, else paged, said once."""
         from voicert.engine import flash
 
         choice = self.cfg.prefill_attention
-        if choice == "sdpa" or not self.model.use_kernels:
-            return "sdpa"
+        if choice in ("sdpa", "paged") or not self.model.use_kernels:
+            return choice if self.model.use_kernels else "sdpa"
         why = flash.unavailable(self.cfg.device, self.model.embed.weight.dtype, self._kv_dtype())
         if why is None:
             return "flash"
         if choice == "flash":
             raise ValueError(f"llm.prefill_attention flash: {why}")
-        log.info("prefill attention by gather + SDPA: FlashAttention-4 not used (%s)", why)
-        return "sdpa"
+        log.info("prefill attention by the paged Triton kernel: FlashAttention-4 not used (%s)",
+                 why)
+        return "paged"
 
     def _drafter(self, draft: LlamaModel | None, num_blocks: int) -> DraftModelProposer | None:
         """The draft model, when speculation uses one (loaded by config or handed in)."""

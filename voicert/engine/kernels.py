@@ -9,9 +9,10 @@ beside the layer's four GEMMs:
 - :func:`add_rms_norm`: residual add + RMSNorm (one pass; the sum is kept as the new residual);
 - :func:`rope_kv_write`: RoPE on q and k in place (cos and sin read from the model's tables by
   position), and k/v written into their KV-pool slots;
-- :func:`paged_attention`: attention of a few query tokens per sequence straight from the paged
-  pool through the block table (no gathered copy), split over the key axis when the batch is
-  small (flash-decoding); the last split program of each KV head to finish combines the splits;
+- :func:`paged_attention`: attention straight from the paged pool through the block table (no
+  gathered copy), over tiles of query tokens (a decode step's few, a prefill row's many), split
+  over the key axis when the programs are few (flash-decoding); the last split program of each
+  tile to finish combines the splits;
 - :func:`silu_mul`: SiLU(gate) * up;
 - :func:`argmax_rows`: the greedy token of each row of logits, many programs per row, the last
   one to finish reducing their partial results;
@@ -219,16 +220,18 @@ def _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS: tl.constexpr,
 @triton.jit
 def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_ptr, ml_ptr,
                        count_ptr, q_len, n_q_heads, kvh_n, q_stride, max_blocks, split_keys,
-                       scale, G: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
-                       ROWS: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-                       IEEE: tl.constexpr, KV_INT8: tl.constexpr, ROW: tl.constexpr):
+                       n_splits, tiles, scale, G: tl.constexpr, D: tl.constexpr,
+                       BS: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
+                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr,
+                       KV_INT8: tl.constexpr, ROW: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
-    s = tl.program_id(2)
-    r = tl.arange(0, ROWS)  # query rows: token r // G, query head kvh * G + r % G
-    qi = r // G
+    t = tl.program_id(2) // n_splits  # this program's tile of TILE query tokens
+    s = tl.program_id(2) % n_splits  # and its split of the key axis
+    r = tl.arange(0, ROWS)  # query rows: token t * TILE + r // G, query head kvh * G + r % G
+    qi = t * TILE + r // G
     head = kvh * G + r % G
-    valid = qi < q_len
+    valid = (r // G < TILE) & (qi < q_len)
     d = tl.arange(0, D)
     q = tl.load(q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
                 mask=valid[:, None], other=0.0)  # [ROWS, D]
@@ -275,9 +278,9 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
     if SPLITS == 1:
         o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
         tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
-    else:  # partial results to scratch; the last of this (b, kvh)'s programs merges them
-        splits = tl.num_programs(2)
-        base = (b * kvh_n + kvh) * splits
+    else:  # partial results to scratch; the last of this (b, kvh, t)'s programs merges them
+        tile = (b * kvh_n + kvh) * tiles + t
+        base = tile * n_splits
         active = tl.cdiv(last + 1, split_keys)  # splits holding keys; the rest have nothing
         if s < active:
             keep = valid[:, None]  # padded query rows are never read
@@ -286,16 +289,17 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
             tl.store(ml_ptr + ((base + s) * ROWS + r) * 2, m_i, mask=valid)
             tl.store(ml_ptr + ((base + s) * ROWS + r) * 2 + 1, l_i, mask=valid)
         tl.debug_barrier()  # every thread's stores issued before the release below
-        count = count_ptr + b * kvh_n + kvh
-        if tl.atomic_add(count, 1, sem="acq_rel") == splits - 1:
+        count = count_ptr + tile
+        if tl.atomic_add(count, 1, sem="acq_rel") == n_splits - 1:
             o = _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS, D, ROWS)
             tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
             tl.atomic_xchg(count, 0)  # ready for the next launch
 
 
 def attn_rows(q_len: int, num_heads: int, num_kv_heads: int) -> int:
-    """Query rows one attention program holds: q_len tokens x the query heads of one KV head."""
-    return max(16, _pow2(q_len * (num_heads // num_kv_heads)))
+    """Query rows one attention program holds: q_len tokens x the query heads of one KV head,
+    at most MAX_ATTN_ROWS (more tokens: tiles of them, a program each)."""
+    return min(max(16, _pow2(q_len * (num_heads // num_kv_heads))), MAX_ATTN_ROWS)
 
 
 def counters(device: torch.device | str, n: int = 4096) -> torch.Tensor:
@@ -312,29 +316,37 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     (qkv's dtype, or llm.kv_cache's float8_e4m3fn or int8 with scales, widened as read);
     block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]);
     count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call).
-    Returns [B, Q, H * D]. Takes Q * H / KVH <= MAX_ATTN_ROWS (see :func:`attn_rows`)."""
+    Returns [B, Q, H * D].
+
+    A program takes a tile of query tokens of one sequence and the query heads of one KV head
+    (:func:`attn_rows` rows: a decode or verify step's tokens fit one tile, a prefill row's take
+    several), and one split of the key axis: splits are added while the programs are fewer than
+    an H100 has SMs, and the last split of each tile to finish merges them."""
     b, q_len = qkv.shape[:2]
     nb, bs, kvh, row = k_pool.shape
     d = qkv.shape[-1] // (num_heads + 2 * kvh)
     g = num_heads // num_kv_heads
     rows = attn_rows(q_len, num_heads, num_kv_heads)
-    assert rows <= MAX_ATTN_ROWS, "too many query rows for the paged decode kernel"
+    assert g <= rows, "more query heads per KV head than the paged kernel's rows"
+    tile = rows // g  # query tokens per program
+    tiles = triton.cdiv(q_len, tile)
     span = block_tables.shape[1] * bs
     block_n = 64 if d <= 64 else 32
-    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // max(1, b * kvh), _MAX_SPLITS))
+    programs = b * kvh * tiles
+    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, _MAX_SPLITS))
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
     out = qkv.new_empty(b, q_len, num_heads * d)
-    split = splits > 1  # partial results go to scratch; the last program per KV head merges them
-    part = out.new_empty(b * kvh * splits * rows * d, dtype=torch.float32) if split else out
-    ml = out.new_empty(b * kvh * splits * rows * 2, dtype=torch.float32) if split else out
+    split = splits > 1  # partial results go to scratch; the last program per tile merges them
+    part = out.new_empty(programs * splits * rows * d, dtype=torch.float32) if split else out
+    ml = out.new_empty(programs * splits * rows * 2, dtype=torch.float32) if split else out
     if count is None:
-        count = counters(qkv.device, b * kvh)
-    assert count.numel() >= b * kvh
-    _paged_attn_kernel[(b, kvh, splits)](
+        count = counters(qkv.device, programs)
+    assert count.numel() >= programs or not split, "too few counters for the attention's tiles"
+    _paged_attn_kernel[(b, kvh, tiles * splits)](
         qkv, k_pool, v_pool, block_tables, positions, out, part, ml, count, q_len, num_heads,
-        kvh, qkv.shape[-1], block_tables.shape[1], split_keys, d ** -0.5, G=g, D=d, BS=bs,
-        ROWS=rows, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
+        kvh, qkv.shape[-1], block_tables.shape[1], split_keys, splits, tiles, d ** -0.5, G=g,
+        D=d, BS=bs, ROWS=rows, TILE=tile, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
         IEEE=qkv.dtype == torch.float32, KV_INT8=k_pool.dtype == torch.int8, ROW=row,
         num_warps=4)
     return out

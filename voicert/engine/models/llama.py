@@ -103,7 +103,9 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         # run the layers through voicert.engine.kernels (Triton; the engine sets it on CUDA)
         self.use_kernels = False
-        self.prefill_attention = "sdpa"  # with the kernels: sdpa | flash (engine/flash.py)
+        # with the kernels, a prefill step's attention: paged (the Triton kernel decode steps use,
+        # over tiles of query tokens) | flash (engine/flash.py) | sdpa (blocks gathered, then SDPA)
+        self.prefill_attention = "paged"
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counters: torch.Tensor | None = None
 
@@ -157,16 +159,17 @@ class LlamaModel(nn.Module):
                        v_pool: torch.Tensor) -> torch.Tensor:
         """The layer stack through the Triton kernels: each residual add rides in the next
         RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added).
-        A decode or verify step launches no per-step setup kernels: RoPE reads the tables, and
-        the prefill attention's inputs (SDPA's mask, or FlashAttention's row lengths) are built
-        only when the query rows are too many for the paged attention kernel."""
+        A step launches no per-step setup kernels: RoPE reads the tables, and the paged attention
+        reads positions and block tables as they are. Only a prefill step whose attention is
+        FlashAttention's or SDPA's (``prefill_attention``) builds their inputs (row lengths, or
+        a mask) once per forward."""
         from voicert.engine import kernels
 
         cfg = self.cfg
         rope, count = self.rope_tables(), self.kernel_counters()
-        wide = None  # query rows too many for the paged kernel: prefill attention, per forward
-        if kernels.attn_rows(input_ids.shape[1], cfg.num_heads,
-                             cfg.num_kv_heads) > kernels.MAX_ATTN_ROWS:
+        wide = None  # a prefill step's attention by FlashAttention or SDPA, built per forward
+        group = cfg.num_heads // cfg.num_kv_heads
+        if self.prefill_attention != "paged" and input_ids.shape[1] * group > kernels.MAX_ATTN_ROWS:
             wide = (FlashRows(inp) if self.prefill_attention == "flash"
                     else SdpaRows(inp, k_pool.shape[2], self.embed.weight.dtype))
         eps = cfg.rms_norm_eps
