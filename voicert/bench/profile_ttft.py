@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=40)
     ap.add_argument("--rows", default="500+100,150+20", help="cached+new, comma-separated")
     ap.add_argument("--device", default="cuda", help="cpu: the host phases only (a smoke run)")
-    ap.add_argument("--prefill-attention", default="auto", choices=("auto", "flash", "sdpa"))
+    ap.add_argument("--prefill-attention", default="auto", choices=("auto", "paged", "flash", "sdpa"))
     ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
                     help="also print the kernel table of an eager forward per row")
     args = ap.parse_args(argv)

@@ -46,6 +46,9 @@ from voicert.engine.fp8 import E4M3_MAX
 MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
 _MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all in one load)
+_PREFILL_ROWS = 64  # query rows a program takes when a row's tokens need several tiles (prefill)
+_TILE_SPLIT_FLOATS = 8192  # several tiles: splits at most this many partial floats per program
+# merge (SPLITS x ROWS x D in one load: past ~32 KB it spills registers)
 
 
 def _pow2(n: int) -> int:
@@ -327,13 +330,16 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     d = qkv.shape[-1] // (num_heads + 2 * kvh)
     g = num_heads // num_kv_heads
     rows = attn_rows(q_len, num_heads, num_kv_heads)
+    if q_len * g > rows:  # several tiles per row
+        rows = max(_PREFILL_ROWS, _pow2(g))
     assert g <= rows, "more query heads per KV head than the paged kernel's rows"
     tile = rows // g  # query tokens per program
     tiles = triton.cdiv(q_len, tile)
     span = block_tables.shape[1] * bs
     block_n = 64 if d <= 64 else 32
     programs = b * kvh * tiles
-    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, _MAX_SPLITS))
+    most = _MAX_SPLITS if tiles == 1 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
+    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
     out = qkv.new_empty(b, q_len, num_heads * d)
