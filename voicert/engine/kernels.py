@@ -46,9 +46,14 @@ from voicert.engine.fp8 import E4M3_MAX
 MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
 _MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all in one load)
-_PREFILL_ROWS = 64  # query rows a program takes when a row's tokens need several tiles (prefill)
-_TILE_SPLIT_FLOATS = 8192  # several tiles: splits at most this many partial floats per program
-# merge (SPLITS x ROWS x D in one load: past ~32 KB it spills registers)
+# When a row's query tokens need several tiles (prefill): the largest tile of 64, 32 or 16 query
+# rows that still gives _TILE_PROGRAMS programs (fewer rows: more programs on a short prompt);
+# _PREFILL_ROWS, when set, fixes it (scripts/gpu/prefill_tiles.py sweeps both settings). A merge
+# of their splits reads at most _TILE_SPLIT_FLOATS partial floats (SPLITS x ROWS x D in one load:
+# past ~32 KB it spills registers). Measured: docs/benchmarks.md section 30.
+_TILE_PROGRAMS = 48
+_PREFILL_ROWS = 0
+_TILE_SPLIT_FLOATS = 8192
 
 
 def _pow2(n: int) -> int:
@@ -305,6 +310,17 @@ def attn_rows(q_len: int, num_heads: int, num_kv_heads: int) -> int:
     return min(max(16, _pow2(q_len * (num_heads // num_kv_heads))), MAX_ATTN_ROWS)
 
 
+def _prefill_rows(heads: int, q_len: int, g: int) -> int:
+    """Query rows per program for rows of ``q_len`` tokens over ``heads`` (sequence, KV head)
+    pairs with ``g`` query heads each (see _TILE_PROGRAMS)."""
+    if _PREFILL_ROWS:
+        return max(_PREFILL_ROWS, _pow2(g))
+    for rows in (64, 32, 16):
+        if rows < g or heads * triton.cdiv(q_len, rows // g) >= _TILE_PROGRAMS:
+            return max(rows, _pow2(g))
+    return max(16, _pow2(g))
+
+
 def counters(device: torch.device | str, n: int = 4096) -> torch.Tensor:
     """Zeroed int32 counters for :func:`paged_attention` and :func:`argmax_rows` (each launch
     leaves them at zero again). One set per caller that launches on one stream at a time."""
@@ -331,7 +347,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     g = num_heads // num_kv_heads
     rows = attn_rows(q_len, num_heads, num_kv_heads)
     if q_len * g > rows:  # several tiles per row
-        rows = max(_PREFILL_ROWS, _pow2(g))
+        rows = _prefill_rows(b * kvh, q_len, g)
     assert g <= rows, "more query heads per KV head than the paged kernel's rows"
     tile = rows // g  # query tokens per program
     tiles = triton.cdiv(q_len, tile)
