@@ -11,7 +11,8 @@ per phase of the one prefill step, P50 microseconds over ``--reps`` requests:
 - ``launch``: rows laid out, staged, copied and the graph replayed (queued, not waited for);
 - ``wait``: until the first token is on the host;
 - ``post``: the scheduler's postprocess;
-- ``gpu``: the same graph replayed back to back (CUDA events): the GPU's own time for the step.
+- ``gpu``: the same graph replayed back to back (CUDA events): the GPU's own time for the step;
+- the host's time in the graph's ``replay()`` call alone (part of ``launch``).
 
 Then the kernels of one eager forward of that step by total device time (``torch.profiler``).
 """
@@ -58,9 +59,11 @@ def first_token(core: EngineCore, prompt: list[int], tag: str) -> dict[str, floa
     return us
 
 
-def graph_gpu_us(core: EngineCore, prompt_len: int, new: int, replays: int = 50) -> float:
+def graph_gpu_us(core: EngineCore, prompt_len: int, new: int,
+                 replays: int = 50) -> tuple[float, float]:
     """GPU microseconds of the prefill graph a (prompt_len, new) step replays (inputs as last
-    staged), back to back."""
+    staged), back to back; and the host's microseconds in one ``replay()`` call on an idle GPU
+    (P50 of 20)."""
     graphs = core.runner.prefill_graphs
     bs = core.cfg.block_size
     key = (bucket(1, graphs.batches), bucket(-(-prompt_len // bs), graphs.blocks),
@@ -75,7 +78,14 @@ def graph_gpu_us(core: EngineCore, prompt_len: int, new: int, replays: int = 50)
         end.record()
         end.synchronize()
         runs.append(start.elapsed_time(end) * 1e3 / replays)
-    return float(np.median(runs))
+    calls = []
+    for _ in range(20):
+        torch.cuda.synchronize()
+        t = time.perf_counter_ns()
+        graph.replay()
+        calls.append((time.perf_counter_ns() - t) / 1e3)
+    torch.cuda.synchronize()
+    return float(np.median(runs)), float(np.median(calls))
 
 
 def kernel_table(core: EngineCore, prompt: list[int], cached: int) -> str:
@@ -119,8 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     tokens = lambda n: rng.integers(100, 30000, n).tolist()  # noqa: E731
     print(f"# {args.model} (RANDOM WEIGHTS, timing only), {args.dtype}, "
           f"{torch.cuda.get_device_name() if gpu else 'cpu'}; P50 us over {args.reps} requests\n")
-    print("| cached + new | " + " | ".join(PHASES) + " | total (host) | gpu (graph back to back) |")
-    print("|---|" + "---:|" * (len(PHASES) + 2))
+    print("| cached + new | " + " | ".join(PHASES)
+          + " | total (host) | gpu (graph back to back) | of launch: the replay() call |")
+    print("|---|" + "---:|" * (len(PHASES) + 3))
     tables = []
     for spec in args.rows.split(","):
         cached, new = (int(x) for x in spec.split("+"))
@@ -130,9 +141,9 @@ def main(argv: list[str] | None = None) -> None:
         p50 = {p: float(np.median([r[p] for r in runs])) for p in PHASES}
         total = float(np.median([sum(r[p] for p in PHASES) for r in runs]))
         assert all(r["steps"] == 1 for r in runs), "a measured prompt took more than one step"
-        gpu_us = graph_gpu_us(core, cached + new, new) if gpu else float("nan")
+        gpu_us, call_us = graph_gpu_us(core, cached + new, new) if gpu else (np.nan, np.nan)
         print(f"| {cached} + {new} | " + " | ".join(f"{p50[p]:.0f}" for p in PHASES)
-              + f" | {total:.0f} | {gpu_us:.0f} |")
+              + f" | {total:.0f} | {gpu_us:.0f} | {call_us:.0f} |")
         if args.kernels and gpu:
             tables.append((spec, kernel_table(core, prefix + tokens(new), cached)))
     for spec, table in tables:
