@@ -46,8 +46,6 @@ from voicert.engine.fp8 import E4M3_MAX
 MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
 _MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all in one load)
-_MERGE_FLOATS = 0  # one tile (decode, verify): a merge reads at most this many partial floats
-# (SPLITS x ROWS x D); 0: no bound but _MAX_SPLITS (scripts/gpu/attn_merge.py sweeps it)
 # When a row's query tokens need several tiles (prefill): the largest tile of 64, 32 or 16 query
 # rows that still gives _TILE_PROGRAMS programs (fewer rows: more programs on a short prompt);
 # _PREFILL_ROWS, when set, fixes it (scripts/gpu/prefill_tiles.py sweeps both settings). A merge
@@ -356,8 +354,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     span = block_tables.shape[1] * bs
     block_n = 64 if d <= 64 else 32
     programs = b * kvh * tiles
-    floats = _TILE_SPLIT_FLOATS if tiles > 1 else _MERGE_FLOATS
-    most = min(_MAX_SPLITS, max(1, floats // (rows * d))) if floats else _MAX_SPLITS
+    most = _MAX_SPLITS if tiles == 1 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
     splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
