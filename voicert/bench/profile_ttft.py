@@ -20,6 +20,9 @@ Then the kernels of one eager forward of that step by total device time (``torch
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
+import pstats
 import time
 
 import numpy as np
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rows", default="500+100,150+20", help="cached+new, comma-separated")
     ap.add_argument("--device", default="cuda", help="cpu: the host phases only (a smoke run)")
     ap.add_argument("--prefill-attention", default="auto", choices=("auto", "paged", "flash", "sdpa"))
+    ap.add_argument("--cprofile", action="store_true",
+                    help="also print the host's functions by own time over each row's requests")
     ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
                     help="also print the kernel table of an eager forward per row")
     args = ap.parse_args(argv)
@@ -132,12 +137,20 @@ def main(argv: list[str] | None = None) -> None:
     print("| cached + new | " + " | ".join(PHASES)
           + " | total (host) | gpu (graph back to back) | of launch: the replay() call |")
     print("|---|" + "---:|" * (len(PHASES) + 3))
-    tables = []
+    tables, hosts = [], []
     for spec in args.rows.split(","):
         cached, new = (int(x) for x in spec.split("+"))
         prefix = tokens(cached)
         first_token(core, prefix + tokens(new), "warm")
+        prof = cProfile.Profile() if args.cprofile else None
+        if prof is not None:
+            prof.enable()
         runs = [first_token(core, prefix + tokens(new), f"r{i}") for i in range(args.reps)]
+        if prof is not None:
+            prof.disable()
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(15)
+            hosts.append((spec, out.getvalue()))
         p50 = {p: float(np.median([r[p] for r in runs])) for p in PHASES}
         total = float(np.median([sum(r[p] for p in PHASES) for r in runs]))
         assert all(r["steps"] == 1 for r in runs), "a measured prompt took more than one step"
@@ -146,6 +159,8 @@ def main(argv: list[str] | None = None) -> None:
               + f" | {total:.0f} | {gpu_us:.0f} | {call_us:.0f} |")
         if args.kernels and gpu:
             tables.append((spec, kernel_table(core, prefix + tokens(new), cached)))
+    for spec, text in hosts:
+        print(f"\n## host functions by own time, {spec} ({args.reps} requests)\n\n{text}")
     for spec, table in tables:
         print(f"\n## kernels of one eager forward, {spec}\n\n{table}")
 
