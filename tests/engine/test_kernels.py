@@ -69,18 +69,21 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", ["decode", "decode-wide", "verify", "verify-one",
-                                  "prefill-on-prefix", "prefill-sdpa", "long-split"])
+                                  "prefill-short", "prefill-on-prefix", "prefill-sdpa",
+                                  "long-split"])
 def test_fused_forward_matches_torch_forward(case):
     """Same hidden states and the same KV pool contents as the torch path, over the shapes the
     engine runs: batched decode of ragged lengths, speculative verify rows (padded), a prefill
-    on top of a cached prefix (the paged kernel over tiles of query tokens; and with
-    ``prefill_attention: sdpa``, gather + SDPA) and a long context at batch 1 (split keys)."""
+    on top of a cached prefix (the paged kernel over tiles of query tokens, short and long; and
+    with ``prefill_attention: sdpa``, gather + SDPA) and a long context at batch 1 (split
+    keys)."""
     model = random_llama(TINY, torch.float32, DEV)
     if case == "prefill-sdpa":
         model.prefill_attention = "sdpa"
     g = torch.Generator().manual_seed(2)
     bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
-                       "verify": [30, 9], "verify-one": [45], "prefill-on-prefix": [20, 33],
+                       "verify": [30, 9], "verify-one": [45], "prefill-short": [70],
+                       "prefill-on-prefix": [20, 33],
                        "prefill-sdpa": [20, 33], "long-split": [300]}[case]
     tables, nxt = [], 1
     for n in lengths:  # each sequence's blocks, room for a few more tokens
@@ -91,7 +94,8 @@ def test_fused_forward_matches_torch_forward(case):
     prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
     for runner in runners:  # both pools hold the same cached prefixes (torch path)
         run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
-    width = {"verify": 3, "verify-one": 3, "prefill-on-prefix": 24, "prefill-sdpa": 24}.get(case, 1)
+    width = {"verify": 3, "verify-one": 3, "prefill-short": 7, "prefill-on-prefix": 24,
+             "prefill-sdpa": 24}.get(case, 1)
     rows = [Row(torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
                 n, t, 0) for i, (n, t) in enumerate(zip(lengths, tables))]
     want = run_layers(model, runners[0], rows, False)

@@ -46,11 +46,12 @@ from voicert.engine.fp8 import E4M3_MAX
 MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
 _MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all in one load)
-# When a row's query tokens need several tiles (prefill): the largest tile of 64, 32 or 16 query
-# rows that still gives _TILE_PROGRAMS programs (fewer rows: more programs on a short prompt);
-# _PREFILL_ROWS, when set, fixes it (scripts/gpu/prefill_tiles.py sweeps both settings). A merge
-# of their splits reads at most _TILE_SPLIT_FLOATS partial floats (SPLITS x ROWS x D in one load:
-# past ~32 KB it spills registers). Measured: docs/benchmarks.md section 30.
+# When a row's query rows (tokens x query heads per KV head) pass 16 (prefill, long verify rows):
+# the largest tile of 64, 32 or 16 query rows that still gives _TILE_PROGRAMS programs (fewer
+# rows: more programs on a short prompt); _PREFILL_ROWS, when set, fixes it
+# (scripts/gpu/prefill_tiles.py sweeps both settings). A merge of a tile's splits reads at most
+# _TILE_SPLIT_FLOATS partial floats (SPLITS x ROWS x D in one load: past ~32 KB it spills
+# registers). Measured: docs/benchmarks.md section 30.
 _TILE_PROGRAMS = 48
 _PREFILL_ROWS = 0
 _TILE_SPLIT_FLOATS = 8192
@@ -346,7 +347,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     d = qkv.shape[-1] // (num_heads + 2 * kvh)
     g = num_heads // num_kv_heads
     rows = attn_rows(q_len, num_heads, num_kv_heads)
-    if q_len * g > rows:  # several tiles per row
+    if rows > 16:  # more query rows than a decode step's: tiles by the prefill rule
         rows = _prefill_rows(b * kvh, q_len, g)
     assert g <= rows, "more query heads per KV head than the paged kernel's rows"
     tile = rows // g  # query tokens per program
@@ -354,7 +355,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     span = block_tables.shape[1] * bs
     block_n = 64 if d <= 64 else 32
     programs = b * kvh * tiles
-    most = _MAX_SPLITS if tiles == 1 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
+    most = _MAX_SPLITS if rows <= 16 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
     splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
