@@ -1,7 +1,6 @@
 """Where Piper's time goes on onnxruntime's CUDA provider: the same sentence again and again (one
 shape) against sentences of new lengths, under provider options."""
-import json, time, statistics, sys
-import numpy as np
+import json, time, statistics
 import onnxruntime as ort
 from piper import PiperVoice, SynthesisConfig
 from piper.config import PiperConfig

@@ -207,8 +207,10 @@ class EngineCore:
         from voicert.engine import flash
 
         choice = self.cfg.prefill_attention
-        if choice in ("sdpa", "paged") or not self.model.use_kernels:
-            return choice if self.model.use_kernels else "sdpa"
+        if not self.model.use_kernels:
+            return "sdpa"  # the torch path gathers blocks for SDPA whatever was asked
+        if choice in ("sdpa", "paged"):
+            return choice
         why = flash.unavailable(self.cfg.device, self.model.embed.weight.dtype, self._kv_dtype())
         if why is None:
             return "flash"
