@@ -1,8 +1,10 @@
-"""The paged attention kernel's prefill settings swept: ``python3 scripts/gpu/prefill_tiles.py SHAPE``.
+"""The paged attention kernel's prefill settings swept:
+``python3 scripts/gpu/prefill_tiles.py SHAPE [tiles | warps]``.
 
-For each (query rows per program, partial floats a merge may read) pair, GPU microseconds per call
-of our kernel on the prefill cases of ``voicert.bench.attention`` (CUDA graph of 20 calls, P50 of
-50 replays). RANDOM K/V; timing only."""
+``tiles``: per (query rows per program, partial floats a merge may read); ``warps``: per (warps,
+keys per inner step) at the rule's tiles. GPU microseconds per call of our kernel on prefill cases
+of ``voicert.bench.attention`` (CUDA graph of 20 calls, P50 of 50 replays). RANDOM K/V; timing
+only."""
 
 from __future__ import annotations
 
@@ -16,27 +18,41 @@ from voicert.bench import attention as bench  # noqa: E402
 from voicert.bench.cuda_time import graph_times  # noqa: E402
 from voicert.engine import kernels  # noqa: E402
 
-CASES = ["1x20x170", "1x32x600", "1x100x600", "1x128x600", "1x600x600", "4x128x600", "16x64x1024"]
+CASES = ["1x20x170", "1x32x600", "1x100x600", "1x600x600", "4x128x600", "16x64x1024",
+         "16x128x2048"]
 
 
 def main() -> None:
     shape = sys.argv[1] if len(sys.argv) > 1 else "llama-1b"
+    what = sys.argv[2] if len(sys.argv) > 2 else "tiles"
     heads = bench.HEADS[shape]
-    settings = [(0, 8192)] + [(r, f) for r in (16, 32, 64) for f in (2048, 8192)]
+    if what == "tiles":  # (rows, merge floats)
+        knobs = ("_PREFILL_ROWS", "_TILE_SPLIT_FLOATS")
+        settings = [(0, 8192)] + [(r, f) for r in (16, 32, 64) for f in (2048, 8192)]
+    else:  # "warps": (warps, keys per inner step) at the rule's rows
+        knobs = ("_TILE_WARPS", "_TILE_BLOCK_N")
+        settings = [(4, 0), (8, 0), (4, 32), (8, 32), (4, 64), (8, 64), (4, 128), (8, 128)]
     print(f"# {shape} prefill attention, our paged kernel, {torch.cuda.get_device_name()}\n")
-    print("| rows (0: by the rule), merge floats | " + " | ".join(CASES) + " |")
+    print(f"| {', '.join(knobs)} | " + " | ".join(CASES) + " |")
     print("|---|" + "---:|" * len(CASES))
     pools = {c: bench.make_pool(bench.Case.parse(c), heads, 16, torch.bfloat16, "cuda") for c in CASES}
     refs = {c: bench.reference(p, heads) for c, p in pools.items()}
-    for rows, floats in settings:
-        kernels._PREFILL_ROWS, kernels._TILE_SPLIT_FLOATS = rows, floats
+    defaults = [getattr(kernels, k) for k in knobs]
+    for values in settings:
+        for k, v in zip(knobs, values):
+            setattr(kernels, k, v)
         cells = []
         for c in CASES:
-            fn = bench.backend("triton", pools[c], heads)
-            err = (fn().float() - refs[c]).abs().max().item()
-            t = float(np.median(graph_times(fn, 20, 50)))
-            cells.append(f"{t:.1f}" + ("" if err < 2e-2 else f" (err {err:.0e})"))
-        print(f"| {rows}, {floats} | " + " | ".join(cells) + " |")
+            try:
+                fn = bench.backend("triton", pools[c], heads)
+                err = (fn().float() - refs[c]).abs().max().item()
+                t = float(np.median(graph_times(fn, 20, 50)))
+                cells.append(f"{t:.1f}" + ("" if err < 2e-2 else f" (err {err:.0e})"))
+            except Exception as exc:  # e.g. a tile too large for shared memory
+                cells.append(type(exc).__name__)
+        print(f"| {', '.join(map(str, values))} | " + " | ".join(cells) + " |")
+    for k, v in zip(knobs, defaults):
+        setattr(kernels, k, v)
 
 
 if __name__ == "__main__":

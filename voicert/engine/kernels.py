@@ -55,6 +55,8 @@ _MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all i
 _TILE_PROGRAMS = 48
 _PREFILL_ROWS = 0
 _TILE_SPLIT_FLOATS = 8192
+_TILE_WARPS = 4  # warps of a program of more than 16 rows
+_TILE_BLOCK_N = 0  # keys per inner step of such a program (0: as decode, 64 or 32 by head dim)
 
 
 def _pow2(n: int) -> int:
@@ -354,6 +356,8 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     tiles = triton.cdiv(q_len, tile)
     span = block_tables.shape[1] * bs
     block_n = 64 if d <= 64 else 32
+    if rows > 16 and _TILE_BLOCK_N:
+        block_n = _TILE_BLOCK_N
     programs = b * kvh * tiles
     most = _MAX_SPLITS if rows <= 16 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
     splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
@@ -371,7 +375,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
         kvh, qkv.shape[-1], block_tables.shape[1], split_keys, splits, tiles, d ** -0.5, G=g,
         D=d, BS=bs, ROWS=rows, TILE=tile, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
         IEEE=qkv.dtype == torch.float32, KV_INT8=k_pool.dtype == torch.int8, ROW=row,
-        num_warps=4)
+        num_warps=_TILE_WARPS if rows > 16 else 4)
     return out
 
 
