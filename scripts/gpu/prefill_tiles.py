@@ -1,8 +1,8 @@
 """The paged attention kernel's prefill settings swept:
-``python3 scripts/gpu/prefill_tiles.py SHAPE [tiles | warps]``.
+``python3 scripts/gpu/prefill_tiles.py SHAPE [tiles | keys]``.
 
-``tiles``: per (query rows per program, partial floats a merge may read); ``warps``: per (warps,
-keys per inner step) at the rule's tiles. GPU microseconds per call of our kernel on prefill cases
+``tiles``: per (query rows per program, partial floats a merge may read); ``keys``: per number of
+keys a program's inner step takes, at the rule's tiles. GPU microseconds per call of our kernel on prefill cases
 of ``voicert.bench.attention`` (CUDA graph of 20 calls, P50 of 50 replays). RANDOM K/V; timing
 only."""
 
@@ -29,9 +29,9 @@ def main() -> None:
     if what == "tiles":  # (rows, merge floats)
         knobs = ("_PREFILL_ROWS", "_TILE_SPLIT_FLOATS")
         settings = [(0, 8192)] + [(r, f) for r in (16, 32, 64) for f in (2048, 8192)]
-    else:  # "warps": (warps, keys per inner step) at the rule's rows
-        knobs = ("_TILE_WARPS", "_TILE_BLOCK_N")
-        settings = [(4, 0), (8, 0), (4, 32), (8, 32), (4, 64), (8, 64), (4, 128), (8, 128)]
+    else:  # "keys": keys per inner step at the rule's rows (0: the rule, 8192 // head dim)
+        knobs = ("_TILE_BLOCK_N",)
+        settings = [(0,), (32,), (64,), (128,)]
     print(f"# {shape} prefill attention, our paged kernel, {torch.cuda.get_device_name()}\n")
     print(f"| {', '.join(knobs)} | " + " | ".join(CASES) + " |")
     print("|---|" + "---:|" * len(CASES))

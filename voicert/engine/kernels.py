@@ -55,8 +55,8 @@ _MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all i
 _TILE_PROGRAMS = 48
 _PREFILL_ROWS = 0
 _TILE_SPLIT_FLOATS = 8192
-_TILE_WARPS = 4  # warps of a program of more than 16 rows
-_TILE_BLOCK_N = 0  # keys per inner step of such a program (0: as decode, 64 or 32 by head dim)
+_TILE_BLOCK_N = 0  # keys per inner step of a program of more than 16 rows; 0: 8192 // head dim,
+# 16 to 128 (decode: 64, or 32 past a head dim of 64)
 
 
 def _pow2(n: int) -> int:
@@ -355,9 +355,10 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     tile = rows // g  # query tokens per program
     tiles = triton.cdiv(q_len, tile)
     span = block_tables.shape[1] * bs
-    block_n = 64 if d <= 64 else 32
-    if rows > 16 and _TILE_BLOCK_N:
-        block_n = _TILE_BLOCK_N
+    if rows > 16:  # prefill tiles: more keys a step (scripts/gpu/prefill_tiles.py keys)
+        block_n = _TILE_BLOCK_N or min(128, max(16, 8192 // d))
+    else:
+        block_n = 64 if d <= 64 else 32
     programs = b * kvh * tiles
     most = _MAX_SPLITS if rows <= 16 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
     splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
@@ -375,7 +376,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
         kvh, qkv.shape[-1], block_tables.shape[1], split_keys, splits, tiles, d ** -0.5, G=g,
         D=d, BS=bs, ROWS=rows, TILE=tile, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
         IEEE=qkv.dtype == torch.float32, KV_INT8=k_pool.dtype == torch.int8, ROW=row,
-        num_warps=_TILE_WARPS if rows > 16 else 4)
+        num_warps=4)
     return out
 
 
