@@ -1,4 +1,4 @@
-"""Fused GPU kernels (Triton) for the decode path: fewer, larger launches per layer.
+"""Fused GPU kernels (Triton) for decode and prefill steps: fewer, larger launches per layer.
 
 A small model's decode step is launch-bound: SmolLM2-135M runs ~20 kernels in each of its 30
 layers, most of them tiny (RMSNorm, the four ops of RoPE, two KV writes, two KV gathers, layout
