@@ -1,8 +1,9 @@
 """The paged attention kernel's prefill settings swept:
-``python3 scripts/gpu/prefill_tiles.py SHAPE [tiles | keys]``.
+``python3 scripts/gpu/prefill_tiles.py SHAPE [tiles | keys | decode]``.
 
 ``tiles``: per (query rows per program, partial floats a merge may read); ``keys``: per number of
-keys a program's inner step takes, at the rule's tiles. GPU microseconds per call of our kernel on prefill cases
+keys a program's inner step takes, at the rule's tiles; ``decode``: per (keys a step, programs
+aimed for) on decode and verify cases. GPU microseconds per call of our kernel on prefill cases
 of ``voicert.bench.attention`` (CUDA graph of 20 calls, P50 of 50 replays). RANDOM K/V; timing
 only."""
 
@@ -20,29 +21,36 @@ from voicert.engine import kernels  # noqa: E402
 
 CASES = ["1x20x170", "1x32x600", "1x100x600", "1x600x600", "4x128x600", "16x64x1024",
          "16x128x2048"]
+DECODE_CASES = ["1x1x170", "1x1x600", "1x1x1024", "1x1x4096", "8x1x600", "32x1x1024", "1x3x600",
+                "16x3x1024"]
 
 
 def main() -> None:
     shape = sys.argv[1] if len(sys.argv) > 1 else "llama-1b"
     what = sys.argv[2] if len(sys.argv) > 2 else "tiles"
     heads = bench.HEADS[shape]
+    cases = CASES
     if what == "tiles":  # (rows, merge floats)
         knobs = ("_PREFILL_ROWS", "_TILE_SPLIT_FLOATS")
         settings = [(0, 8192)] + [(r, f) for r in (16, 32, 64) for f in (2048, 8192)]
-    else:  # "keys": keys per inner step at the rule's rows (0: the rule, 8192 // head dim)
+    elif what == "keys":  # keys per inner step at the rule's rows (0: the rule, 8192 // head dim)
         knobs = ("_TILE_BLOCK_N",)
         settings = [(0,), (32,), (64,), (128,)]
+    else:  # "decode": keys per inner step and programs aimed for, on decode and verify cases
+        knobs = ("_DECODE_BLOCK_N", "_SPLIT_TARGET")
+        settings = [(b, t) for b in (0, 32, 64, 128) for t in (64, 128, 256)]
+        cases = DECODE_CASES
     print(f"# {shape} prefill attention, our paged kernel, {torch.cuda.get_device_name()}\n")
-    print(f"| {', '.join(knobs)} | " + " | ".join(CASES) + " |")
-    print("|---|" + "---:|" * len(CASES))
-    pools = {c: bench.make_pool(bench.Case.parse(c), heads, 16, torch.bfloat16, "cuda") for c in CASES}
+    print(f"| {', '.join(knobs)} | " + " | ".join(cases) + " |")
+    print("|---|" + "---:|" * len(cases))
+    pools = {c: bench.make_pool(bench.Case.parse(c), heads, 16, torch.bfloat16, "cuda") for c in cases}
     refs = {c: bench.reference(p, heads) for c, p in pools.items()}
     defaults = [getattr(kernels, k) for k in knobs]
     for values in settings:
         for k, v in zip(knobs, values):
             setattr(kernels, k, v)
         cells = []
-        for c in CASES:
+        for c in cases:
             try:
                 fn = bench.backend("triton", pools[c], heads)
                 err = (fn().float() - refs[c]).abs().max().item()
