@@ -161,6 +161,29 @@ def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
         assert close(got[i, :n], want[i, :n], 1e-5), f"row {i}"
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_paged_decode_attention_equals_softmax_attention_at_the_served_head_dims(head_dim):
+    """Decode rows of ragged lengths at the head dims the served models have (each dim takes its
+    own keys per step) equal softmax attention over exactly each row's keys."""
+    g = torch.Generator().manual_seed(head_dim)
+    h, kvh, bs, blocks = 4, 2, 16, 12
+    k_pool = torch.randn(1 + 2 * blocks, bs, kvh, head_dim, generator=g).to(DEV)
+    v_pool = torch.randn(1 + 2 * blocks, bs, kvh, head_dim, generator=g).to(DEV)
+    qkv = torch.randn(2, 1, (h + 2 * kvh) * head_dim, generator=g).to(DEV)
+    table = (torch.randperm(2 * blocks, generator=g) + 1).view(2, blocks).to(DEV)
+    pos = torch.tensor([[150], [37]], device=DEV)
+    got = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, h, kvh, kernels.counters(DEV, 16))
+    for b in range(2):
+        n = int(pos[b, 0]) + 1
+        slots = (table[b].repeat_interleave(bs) * bs + torch.arange(bs, device=DEV).repeat(blocks))[:n]
+        keys = k_pool.view(-1, kvh, head_dim)[slots].repeat_interleave(h // kvh, dim=1)  # [n, H, D]
+        vals = v_pool.view(-1, kvh, head_dim)[slots].repeat_interleave(h // kvh, dim=1)
+        q = qkv[b, 0, : h * head_dim].view(h, head_dim)
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q, keys) * head_dim ** -0.5, dim=-1)
+        want = torch.einsum("hn,nhd->hd", w, vals).reshape(-1)
+        assert close(got[b, 0], want, 1e-4), f"row {b}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_argmax_rows_matches_torch_argmax_ties_included(dtype):
     """Many programs per row, the last one to finish picks: the same index as torch.argmax,
