@@ -1,10 +1,10 @@
-"""The paged attention kernel's prefill settings swept:
+"""The paged attention kernel's settings swept:
 ``python3 scripts/gpu/prefill_tiles.py SHAPE [tiles | keys | decode]``.
 
 ``tiles``: per (query rows per program, partial floats a merge may read); ``keys``: per number of
 keys a program's inner step takes, at the rule's tiles; ``decode``: per (keys a step, programs
-aimed for) on decode and verify cases. GPU microseconds per call of our kernel on prefill cases
-of ``voicert.bench.attention`` (CUDA graph of 20 calls, P50 of 50 replays). RANDOM K/V; timing
+aimed for) on decode and verify cases. GPU microseconds per call of our kernel on cases of
+``voicert.bench.attention`` (CUDA graph of 20 calls, P50 of 50 replays). RANDOM K/V; timing
 only."""
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def main() -> None:
         knobs = ("_DECODE_BLOCK_N", "_SPLIT_TARGET")
         settings = [(b, t) for b in (0, 32, 64, 128) for t in (64, 128, 256)]
         cases = DECODE_CASES
-    print(f"# {shape} prefill attention, our paged kernel, {torch.cuda.get_device_name()}\n")
+    phase = "decode / verify" if what == "decode" else "prefill"
+    print(f"# {shape} {phase} attention, our paged kernel, {torch.cuda.get_device_name()}\n")
     print(f"| {', '.join(knobs)} | " + " | ".join(cases) + " |")
     print("|---|" + "---:|" * len(cases))
     pools = {c: bench.make_pool(bench.Case.parse(c), heads, 16, torch.bfloat16, "cuda") for c in cases}

@@ -138,9 +138,9 @@ def reference(pool: Pool, heads: tuple[int, int, int]) -> torch.Tensor:
 
 
 def backend(name: str, pool: Pool, heads: tuple[int, int, int],
-            flash_splits: int = 1) -> Callable[[], torch.Tensor] | None:
-    """A call of backend ``name`` on ``pool`` returning [B, Q, H * D]. ``flash_splits``: FA4's ``num_splits`` (1:
-    one program per row's keys, as the engine calls it; 0: FA4's own heuristic)."""
+            flash_splits: int = 1) -> Callable[[], torch.Tensor]:
+    """A call of backend ``name`` on ``pool`` returning [B, Q, H * D]. ``flash_splits``: FA4's
+    ``num_splits`` (1: one program per row's keys, as the engine calls it; 0: its heuristic)."""
     h, kvh, d = heads
     b, q_len = pool.q.shape[:2]
     if name == "triton":

@@ -91,8 +91,9 @@ def graph_gpu_us(core: EngineCore, prompt_len: int, new: int,
     return float(np.median(runs)), float(np.median(calls))
 
 
-def kernel_table(core: EngineCore, prompt: list[int], cached: int) -> str:
-    """torch.profiler's kernels of one eager forward of the (cached, new) prefill step."""
+def kernel_table(core: EngineCore, prompt: list[int]) -> str:
+    """torch.profiler's kernels of one eager forward of ``prompt``'s prefill step (its cached
+    prefix reused)."""
     req = GenerationRequest("profile", [], 1, ignore_eos=True, prompt_ids=prompt)
     core.add(req)
     step, _ = core.scheduler.schedule()
@@ -158,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"| {cached} + {new} | " + " | ".join(f"{p50[p]:.0f}" for p in PHASES)
               + f" | {total:.0f} | {gpu_us:.0f} | {call_us:.0f} |")
         if args.kernels and gpu:
-            tables.append((spec, kernel_table(core, prefix + tokens(new), cached)))
+            tables.append((spec, kernel_table(core, prefix + tokens(new))))
     for spec, text in hosts:
         print(f"\n## host functions by own time, {spec} ({args.reps} requests)\n\n{text}")
     for spec, table in tables:

@@ -309,12 +309,6 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
             tl.atomic_xchg(count, 0)  # ready for the next launch
 
 
-def attn_rows(q_len: int, num_heads: int, num_kv_heads: int) -> int:
-    """Query rows one attention program holds: q_len tokens x the query heads of one KV head,
-    at most MAX_ATTN_ROWS (more tokens: tiles of them, a program each)."""
-    return min(max(16, _pow2(q_len * (num_heads // num_kv_heads))), MAX_ATTN_ROWS)
-
-
 def _prefill_rows(heads: int, q_len: int, g: int) -> int:
     """Query rows per program for rows of ``q_len`` tokens over ``heads`` (sequence, KV head)
     pairs with ``g`` query heads each (see _TILE_PROGRAMS)."""
@@ -343,17 +337,16 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     Returns [B, Q, H * D].
 
     A program takes a tile of query tokens of one sequence and the query heads of one KV head
-    (:func:`attn_rows` rows: a decode or verify step's tokens fit one tile, a prefill row's take
-    several), and one split of the key axis: splits are added while the programs are fewer than
+    (16 rows: a decode or verify step's tokens fit one tile; more: :func:`_prefill_rows`' tiles,
+    several per prefill row), and one split of the key axis: splits are added while the programs are fewer than
     an H100 has SMs, and the last split of each tile to finish merges them."""
     b, q_len = qkv.shape[:2]
     nb, bs, kvh, row = k_pool.shape
     d = qkv.shape[-1] // (num_heads + 2 * kvh)
     g = num_heads // num_kv_heads
-    rows = attn_rows(q_len, num_heads, num_kv_heads)
+    rows = max(16, _pow2(q_len * g))  # the step's tokens x the query heads of one KV head
     if rows > 16:  # more query rows than a decode step's: tiles by the prefill rule
         rows = _prefill_rows(b * kvh, q_len, g)
-    assert g <= rows, "more query heads per KV head than the paged kernel's rows"
     tile = rows // g  # query tokens per program
     tiles = triton.cdiv(q_len, tile)
     span = block_tables.shape[1] * bs
