@@ -110,12 +110,27 @@ def kernel_table(core: EngineCore, prompt: list[int]) -> str:
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
 
 
+def prompt_rows(text: str) -> list[tuple[int, int]]:
+    """``--rows``: comma-separated ``cached+new`` pairs of positive token counts."""
+    rows = []
+    for spec in text.split(","):
+        try:
+            cached, new = (int(x) for x in spec.split("+"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{spec!r} is not CACHED+NEW (e.g. 500+100)") from None
+        if cached < 1 or new < 1:
+            raise argparse.ArgumentTypeError(f"{spec!r}: both counts must be positive")
+        rows.append((cached, new))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="llama-1b-random", choices=sorted(SHAPES))
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     ap.add_argument("--reps", type=int, default=40)
-    ap.add_argument("--rows", default="500+100,150+20", help="cached+new, comma-separated")
+    ap.add_argument("--rows", type=prompt_rows, default="500+100,150+20",
+                    help="cached+new, comma-separated")
     ap.add_argument("--device", default="cuda", help="cpu: the host phases only (a smoke run)")
     ap.add_argument("--prefill-attention", default="auto", choices=("auto", "paged", "flash", "sdpa"))
     ap.add_argument("--cprofile", action="store_true",
@@ -123,6 +138,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
                     help="also print the kernel table of an eager forward per row")
     args = ap.parse_args(argv)
+    if args.reps < 1:
+        ap.error("--reps must be at least 1")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        ap.error("no CUDA GPU here: use --device cpu for the host phases only")
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     gpu = args.device.startswith("cuda")
     model = random_llama(cfg, DTYPES[args.dtype], args.device)
@@ -139,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
           + " | total (host) | gpu (graph back to back) | of launch: the replay() call |")
     print("|---|" + "---:|" * (len(PHASES) + 3))
     tables, hosts = [], []
-    for spec in args.rows.split(","):
-        cached, new = (int(x) for x in spec.split("+"))
+    for cached, new in args.rows:
+        spec = f"{cached}+{new}"
         prefix = tokens(cached)
         first_token(core, prefix + tokens(new), "warm")
         prof = cProfile.Profile() if args.cprofile else None
