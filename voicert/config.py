@@ -256,6 +256,9 @@ class LlmConfig:
     # flash (FlashAttention-4 from the paged pool: the optional flash-attn-4 package, Hopper or
     # newer, bf16/fp16) or sdpa (each row's blocks gathered, then PyTorch SDPA); auto: flash
     # where it runs, else paged (docs/benchmarks.md sections 23 and 30)
+    pdl: str = "auto"  # GPU, with fused_kernels: launch the Triton kernels with programmatic
+    # dependent launch, so that each starts while the kernel before it drains (on: Hopper or newer,
+    # else an error; auto: where it runs; off: never) (docs/benchmarks.md section 31)
     overlap: bool = True  # GPU (CUDA graphs): decoding (plain, or with draft heads) queues the next
     # step before reading this one's tokens (fed on the GPU): the host's per-step work hides behind
     # the GPU's
@@ -310,6 +313,9 @@ class LlmConfig:
                "must be adaptive or always")
         _check(self.prefill_attention in ("auto", "paged", "flash", "sdpa"),
                "llm.prefill_attention", "must be auto, paged, flash or sdpa")
+        _check(self.pdl in ("auto", "on", "off"), "llm.pdl", "must be auto, on or off")
+        _check(self.pdl != "on" or self.device.startswith("cuda"), "llm.pdl",
+               "on is a GPU option (llm.device: cuda)")
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
         _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
                "is a GPU option (llm.device: cuda)")

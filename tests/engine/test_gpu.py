@@ -26,11 +26,11 @@ def run_engine(engine, prompts, new=32, sequential=False):
 
 
 def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="always",
-         kv_cache="model"):
+         kv_cache="model", pdl="auto"):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
                        spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap,
-                       spec_policy=policy, kv_cache=kv_cache)
+                       spec_policy=policy, kv_cache=kv_cache, pdl=pdl)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -345,3 +345,25 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     for (q1, s1), (q2, s2) in zip(on_gpu, on_cpu):
         assert torch.allclose(s1.cpu(), s2, rtol=1e-6, atol=0)  # a division may differ in its last bit
         assert (q1.cpu().float() != q2.float()).float().mean() < 0.01  # the CPU's float order differs
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+                    reason="programmatic dependent launch: compute capability 9.0 or newer")
+@pytest.mark.parametrize("fp8", [False, True])
+def test_pdl_served_engine_gives_the_tokens_of_plain_launches_bf16(prompts, fp8):
+    """``llm.pdl`` as served (bf16, CUDA graphs, fused kernels; with FP8 weights too): the same
+    tokens as the same engine launching its kernels plainly, batched and one at a time."""
+    from voicert.engine.fp8 import quantize_fp8
+
+    models = [random_llama(smollm2_shape(), torch.bfloat16, "cuda") for _ in range(2)]  # same seed
+    for m in models if fp8 else ():
+        quantize_fp8(m)
+    plain, pdl = make(models[0], True, pdl="off"), make(models[1], True, pdl="on")
+    try:
+        assert models[1].pdl and not models[0].pdl
+        assert run_engine(pdl, prompts) == run_engine(plain, prompts)
+        assert run_engine(pdl, prompts, sequential=True) == run_engine(plain, prompts,
+                                                                       sequential=True)
+    finally:
+        plain.close()
+        pdl.close()

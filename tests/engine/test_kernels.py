@@ -313,3 +313,66 @@ def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
     got = kernels.fp8_linear(x, q.weight, q.scale, q.bias.bfloat16())
     assert got.dtype == torch.bfloat16
     assert ((got.float() - want).norm() / want.norm()).item() < 0.05  # e4m3 activations: ~2 %
+
+
+@pytest.mark.skipif(DEV != "cuda" or not kernels.pdl_supported(DEV),
+                    reason="programmatic dependent launch: a GPU of compute capability 9.0 or newer")
+@pytest.mark.parametrize("fp8", [False, True])
+def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8):
+    """Programmatic dependent launch (``llm.pdl``) changes when a kernel may start, never what it
+    computes: the fused forward in bf16 (decode rows with split keys, and a prefill row over
+    query tiles; with FP8 Linears, both the widening kernel and the tensor-core path) gives the
+    same bits and the same KV pool with and without it, eagerly and in every replay of a CUDA
+    graph of it."""
+    from voicert.bench.engine import SHAPES
+    from voicert.engine.fp8 import quantize_fp8
+
+    cfg = LlamaConfig.from_hf(dict(SHAPES["llama-1b-random"], model_type="llama",
+                                   num_hidden_layers=3))
+    model = random_llama(cfg, torch.bfloat16, DEV)
+    if fp8:
+        quantize_fp8(model)
+    model.use_kernels = True
+    g = torch.Generator().manual_seed(5)
+    bs, lengths = 16, [700, 33, 5, 260]
+    tables, nxt = [], 1
+    for n in lengths:
+        k = -(-(n + 48) // bs)
+        tables.append(list(range(nxt, nxt + k)))
+        nxt += k
+    runners = [ModelRunner(model, nxt, bs) for _ in range(2)]
+    prefix = [torch.randint(0, 30000, (n,), generator=g).tolist() for n in lengths]
+    for runner in runners:
+        run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], True)
+    decode = [Row([int(torch.randint(0, 30000, (1,), generator=g))], n, t, 0)
+              for n, t in zip(lengths, tables)]
+    prefill = [Row(torch.randint(0, 30000, (40,), generator=g).tolist(), lengths[0], tables[0], 0)]
+    for rows in (decode, prefill):
+        model.pdl = False
+        want = run_layers(model, runners[0], rows, True)
+        model.pdl = True
+        got = run_layers(model, runners[1], rows, True)
+        assert torch.equal(got, want)
+        assert torch.equal(runners[1].k_pool, runners[0].k_pool)
+        assert torch.equal(runners[1].v_pool, runners[0].v_pool)
+        ids, inp = runners[1].prepare(rows)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode():
+            model(ids, inp, runners[1].k_pool, runners[1].v_pool)  # (warm)
+            with torch.cuda.graph(graph):
+                out = model(ids, inp, runners[1].k_pool, runners[1].v_pool)
+        for _ in range(20):  # the same slots rewritten with the same values each replay
+            graph.replay()
+            assert torch.equal(out, want)
+        assert torch.equal(runners[1].k_pool, runners[0].k_pool)
+
+
+def test_pdl_is_a_gpu_option_and_a_bad_value_names_the_key():
+    from voicert.config import ConfigError, LlmConfig
+
+    assert not kernels.pdl_supported("cpu")
+    with pytest.raises(ConfigError, match="llm.pdl"):
+        LlmConfig(pdl="yes")
+    with pytest.raises(ConfigError, match="llm.pdl"):
+        LlmConfig(pdl="on")  # (llm.device: cpu)
+    assert LlmConfig(pdl="on", device="cuda").pdl == "on"

@@ -173,7 +173,8 @@ async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[i
 
 # --against: this engine again with one setting changed, run side by side (label, the change)
 TWINS = {"sdpa-prefill": ("voicert, prefill by gather + SDPA", {"prefill_attention": "sdpa"}),
-         "model-kv": ("voicert, KV cache in the model's dtype", {"kv_cache": "model"})}
+         "model-kv": ("voicert, KV cache in the model's dtype", {"kv_cache": "model"}),
+         "no-pdl": ("voicert, kernels launched without PDL", {"pdl": "off"})}
 
 
 class Bench:
@@ -466,7 +467,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the engine run side by side: transformers generate() in this process, "
                          "vLLM (bench/vllm_side.py, in a child process first, same shape and "
                          "prompts; needs vllm), or this engine with --prefill-attention sdpa "
-                         "(sdpa-prefill) or with its KV cache in the model's dtype (model-kv)")
+                         "(sdpa-prefill), with its KV cache in the model's dtype (model-kv) or "
+                         "with its kernels launched without programmatic dependent launch "
+                         "(no-pdl)")
     ap.add_argument("--prefill-attention", choices=("auto", "paged", "flash", "sdpa"), default="auto",
                     help="GPU: prefill steps' attention (llm.prefill_attention)")
     ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
@@ -490,9 +493,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.against == "model-kv" and args.kv_cache == "model":
         ap.error("--against model-kv compares a one-byte KV cache with the model's dtype: add "
                  "--kv-cache int8 or fp8")
-    if args.against == "sdpa-prefill" and not args.fused_kernels:
-        ap.error("--against sdpa-prefill compares the fused GPU path's prefill attention: "
-                 "it needs --fused-kernels (a CUDA device)")
+    if args.against in ("sdpa-prefill", "no-pdl") and not args.fused_kernels:
+        ap.error(f"--against {args.against} changes the fused GPU path's kernels: it needs "
+                 "--fused-kernels (a CUDA device)")
     against, baseline, failed = "transformers generate()", None, False
     if args.against in TWINS:
         against = TWINS[args.against][0]

@@ -30,6 +30,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--split-target", type=int, default=None,
                     help="fused kernels: attention programs to aim for when splitting keys "
                          "(kernels._SPLIT_TARGET; fewer: fewer, longer splits)")
+    ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
+                    help="fused kernels: programmatic dependent launch where the GPU has it "
+                         "(llm.pdl)")
     args = ap.parse_args(argv)
     dev = "cuda"
     if args.split_target is not None:
@@ -39,6 +42,10 @@ def main(argv: list[str] | None = None) -> None:
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     model.use_kernels = args.fused_kernels
+    if args.fused_kernels and args.pdl:
+        from voicert.engine import kernels
+
+        model.pdl = kernels.pdl_supported(dev)
     bs = 16
     per_seq = -(-(args.context + 1) // bs)
     runner = ModelRunner(model, 1 + per_seq * args.batch, bs)

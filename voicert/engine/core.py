@@ -71,6 +71,8 @@ class EngineConfig:
     fused_kernels: bool = False  # GPU only: the layers through voicert.engine.kernels (Triton)
     prefill_attention: str = "auto"  # with fused_kernels: paged | flash | sdpa | auto
     # (flash where engine/flash.py can run it, else paged)
+    pdl: str = "auto"  # with fused_kernels: programmatic dependent launch: on | off | auto (where
+    # the GPU has it: compute capability 9.0 or newer)
     torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
     overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
     # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
@@ -124,6 +126,7 @@ class EngineCore:
         if cfg.fused_kernels:
             self.model.use_kernels = self._kernels_usable()
             self.model.prefill_attention = self._prefill_attention()
+            self.model.pdl = self._pdl()
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
         self.prompts = PromptBuilder(self.tokenizer)
@@ -219,6 +222,21 @@ class EngineCore:
         log.info("prefill attention by the paged Triton kernel: FlashAttention-4 not used (%s)",
                  why)
         return "paged"
+
+    def _pdl(self) -> bool:
+        """Whether the fused kernels launch with programmatic dependent launch: ``auto`` where
+        the GPU has it (compute capability 9.0 or newer), ``on`` there or an error naming the
+        key, ``off`` never."""
+        from voicert.engine import kernels
+
+        if not self.model.use_kernels or self.cfg.pdl == "off":
+            return False
+        if kernels.pdl_supported(self.cfg.device):
+            return True
+        if self.cfg.pdl == "on":
+            raise ValueError(f"llm.pdl on: {self.cfg.device} is not a GPU of compute capability "
+                             "9.0 or newer (Hopper)")
+        return False
 
     def _drafter(self, draft: LlamaModel | None, num_blocks: int) -> DraftModelProposer | None:
         """The draft model, when speculation uses one (loaded by config or handed in)."""

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from voicert.engine.fp8 import E4M3_MAX
 
@@ -65,15 +66,38 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """Programmatic dependent launch (Hopper+): a kernel launched with ``launch_pdl`` may start
+    while the kernel before it on the stream still runs. It waits here for that kernel to have
+    finished (its stores visible) before touching memory another kernel writes or reads, then
+    lets the next kernel start its own programs. Every program of every such kernel waits, so a
+    kernel's finish still implies its predecessors' (the chain stays ordered)."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
+
+def pdl_supported(device: torch.device | str) -> bool:
+    """Whether kernels on ``device`` can be launched with programmatic dependent launch: a CUDA
+    GPU of compute capability 9.0 or newer (``griddepcontrol``), not Triton's CPU interpreter."""
+    import os
+
+    dev = torch.device(device)
+    return (dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+
+
 # ----------------------------------------------------------------------------- RMSNorm
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
-                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr):
+                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
+    _pdl_enter(PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
     if HAS_RES:
         r = tl.load(res_ptr + row * n_cols + cols, mask=m, other=0.0).to(tl.float32)
@@ -87,15 +111,17 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
 
 
 def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 eps: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n] (contiguous). With ``residual`` (same shape): residual += x in place, and returns
-    (rms_norm(residual) * weight, residual). Without: returns (rms_norm(x) * weight, x)."""
+    (rms_norm(residual) * weight, residual). Without: returns (rms_norm(x) * weight, x).
+    ``pdl``: launch with programmatic dependent launch (only where :func:`pdl_supported`)."""
     n = x.shape[-1]
     out = torch.empty_like(x)
     rows = x.numel() // n
     res = residual if residual is not None else x
     _add_rms_norm_kernel[(rows,)](x, res, weight, out, n, eps, HAS_RES=residual is not None,
-                                  BLOCK=_pow2(n), num_warps=4 if n <= 4096 else 8)
+                                  BLOCK=_pow2(n), PDL=pdl, num_warps=4 if n <= 4096 else 8,
+                                  launch_pdl=pdl)
     return out, res
 
 
@@ -103,23 +129,26 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
+    _pdl_enter(PDL)
     g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0).to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * inter + cols, (act * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """gate_up [..., 2I] (gate first, contiguous) -> silu(gate) * up [..., I]."""
+def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    """gate_up [..., 2I] (gate first, contiguous) -> silu(gate) * up [..., I]. ``pdl``: as
+    :func:`add_rms_norm`'s."""
     inter = gate_up.shape[-1] // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], inter)
     rows = gate_up.numel() // (2 * inter)
     block = min(1024, _pow2(inter))
-    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block)
+    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, PDL=pdl,
+                                                        launch_pdl=pdl)
     return out
 
 
@@ -130,9 +159,10 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
 def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kvh_n,
                     n_q_heads, n_pos, D: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_KV: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr,
-                    ROW: tl.constexpr):
+                    ROW: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
+    _pdl_enter(PDL)
     row = qkv_ptr + t * (n_rot + kvh_n) * D  # this token's [H + 2 KVH, D]
     heads = tl.arange(0, BLOCK_H)
     d = tl.arange(0, HALF)
@@ -192,13 +222,15 @@ def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
 
 def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, slots: torch.Tensor, k_pool: torch.Tensor,
-                  v_pool: torch.Tensor, num_heads: int, num_kv_heads: int) -> None:
+                  v_pool: torch.Tensor, num_heads: int, num_kv_heads: int,
+                  pdl: bool = False) -> None:
     """qkv [T, (H + 2 KVH) * D] contiguous; positions [T] int64; cos/sin [P, D/2], the model's
     tables of cos and sin of each position's angles (positions past P - 1 read row P - 1: the
     caller keeps positions below P); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one
     layer's, contiguous; qkv's dtype, or llm.kv_cache's float8_e4m3fn, or int8 with each row's
     float32 scale after it: row D + 4, models/layers.py). Rotates q and k in place in
-    ``qkv`` (HF's half-split RoPE) and writes each token's k and v into its slot."""
+    ``qkv`` (HF's half-split RoPE) and writes each token's k and v into its slot. ``pdl``: as
+    :func:`add_rms_norm`'s."""
     n_rot = num_heads + num_kv_heads
     d = qkv.shape[-1] // (n_rot + num_kv_heads)
     _rope_kv_kernel[(qkv.shape[0],)](qkv, positions, cos, sin, slots, k_pool, v_pool, n_rot,
@@ -206,7 +238,7 @@ def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                                      BLOCK_H=_pow2(n_rot), BLOCK_KV=_pow2(num_kv_heads),
                                      KV_FP8=k_pool.dtype == torch.float8_e4m3fn,
                                      KV_INT8=k_pool.dtype == torch.int8, ROW=k_pool.shape[-1],
-                                     num_warps=4)
+                                     PDL=pdl, num_warps=4, launch_pdl=pdl)
 
 
 # ----------------------------------------------------------------------------- paged attention
@@ -236,7 +268,7 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
                        n_splits, tiles, scale, G: tl.constexpr, D: tl.constexpr,
                        BS: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
                        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr,
-                       KV_INT8: tl.constexpr, ROW: tl.constexpr):
+                       KV_INT8: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     t = tl.program_id(2) // n_splits  # this program's tile of TILE query tokens
@@ -246,6 +278,7 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
     head = kvh * G + r % G
     valid = (r // G < TILE) & (qi < q_len)
     d = tl.arange(0, D)
+    _pdl_enter(PDL)
     q = tl.load(q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
                 mask=valid[:, None], other=0.0)  # [ROWS, D]
     pos = tl.load(pos_ptr + b * q_len + qi, mask=valid, other=-1)  # last key each row may see
@@ -328,13 +361,14 @@ def counters(device: torch.device | str, n: int = 4096) -> torch.Tensor:
 
 def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
                     block_tables: torch.Tensor, positions: torch.Tensor, num_heads: int,
-                    num_kv_heads: int, count: torch.Tensor | None = None) -> torch.Tensor:
+                    num_kv_heads: int, count: torch.Tensor | None = None,
+                    pdl: bool = False) -> torch.Tensor:
     """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
     written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D]
     (qkv's dtype, or llm.kv_cache's float8_e4m3fn or int8 with scales, widened as read);
     block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]);
-    count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call).
-    Returns [B, Q, H * D].
+    count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call); ``pdl``:
+    as :func:`add_rms_norm`'s. Returns [B, Q, H * D].
 
     A program takes a tile of query tokens of one sequence and the query heads of one KV head
     (16 rows: a decode or verify step's tokens fit one tile; more: :func:`_prefill_rows`' tiles,
@@ -370,8 +404,8 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
         qkv, k_pool, v_pool, block_tables, positions, out, part, ml, count, q_len, num_heads,
         kvh, qkv.shape[-1], block_tables.shape[1], split_keys, splits, tiles, d ** -0.5, G=g,
         D=d, BS=bs, ROWS=rows, TILE=tile, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
-        IEEE=qkv.dtype == torch.float32, KV_INT8=k_pool.dtype == torch.int8, ROW=row,
-        num_warps=4)
+        IEEE=qkv.dtype == torch.float32, KV_INT8=k_pool.dtype == torch.int8, ROW=row, PDL=pdl,
+        num_warps=4, launch_pdl=pdl)
     return out
 
 
@@ -382,11 +416,12 @@ _ARGMAX_BLOCK = 4096  # logits per program
 
 @triton.jit
 def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, count_ptr, out_ptr, n_cols, inner, out_stride,
-                   BLOCK: tl.constexpr, CHUNKS: tl.constexpr):
+                   BLOCK: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     chunks = tl.num_programs(1)
     cols = c * BLOCK + tl.arange(0, BLOCK)
+    _pdl_enter(PDL)
     x = tl.load(x_ptr + row * n_cols + cols, mask=cols < n_cols, other=float("-inf"))
     x = x.to(tl.float32)
     best = tl.max(x, axis=0)
@@ -407,10 +442,11 @@ def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, count_ptr, out_ptr, n_cols, in
 
 
 def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
-                out: torch.Tensor | None = None) -> torch.Tensor:
+                out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
     """x [..., V] (contiguous) -> the index of each row's largest value, int64 [...] (ties: the
     first, as ``torch.argmax``). count: zeroed int32 counters, one per row (None: fresh ones).
-    out: where to write, a [R // inner, inner] view with any row stride of a longer buffer."""
+    out: where to write, a [R // inner, inner] view with any row stride of a longer buffer.
+    ``pdl``: as :func:`add_rms_norm`'s."""
     n = x.shape[-1]
     rows = x.numel() // n
     if out is None:
@@ -425,7 +461,7 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
     part_i = torch.empty(rows * chunks, dtype=torch.int32, device=x.device)
     _argmax_kernel[(rows, chunks)](x, part_v, part_i, count, out2, n, out2.shape[1],
                                    out2.stride(0), BLOCK=_ARGMAX_BLOCK, CHUNKS=_pow2(chunks),
-                                   num_warps=8)
+                                   PDL=pdl, num_warps=8, launch_pdl=pdl)
     return out
 
 
@@ -437,7 +473,7 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                        stride_xm, k_per_split, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
                        SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr):
+                       BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -448,14 +484,24 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]  # [BM, BK]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
+    k_from = k_lo
+    if EARLY:  # the first weight tile is read before waiting for the kernel before (PDL): the
+        # weights are never written during a step, so their loads overlap that kernel's tail
+        km = (k_lo + rk) < k_hi
+        w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
+        _pdl_enter(PDL)
+        x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
+        acc = _fp8_dot(x, w.to(x.dtype), acc, IEEE)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        k_from += BLOCK_K
+    else:
+        _pdl_enter(PDL)
+    for k0 in range(k_from, k_hi, BLOCK_K):
         km = (k0 + rk) < k_hi
         x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0).to(x.dtype)
-        if IEEE:
-            acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        acc = _fp8_dot(x, w, acc, IEEE)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     out_mask = mm[:, None] & nm[None, :]
@@ -476,6 +522,14 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
 
 
 @triton.jit
+def _fp8_dot(x, w, acc, IEEE: tl.constexpr):
+    """acc + x [BM, BK] @ w [BN, BK]^T, in IEEE fp32 for fp32 inputs."""
+    if IEEE:
+        return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(x, tl.trans(w), acc)
+
+
+@triton.jit
 def _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS: tl.constexpr):
     acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)[None, :]
     if HAS_BIAS:
@@ -485,6 +539,7 @@ def _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS: tl
 
 FP8_PROGRAMS = 264  # aim for at least this many programs (two per SM of an H100's 132)
 FP8_MIN_SPLIT_K = 512  # a split of K streams at least this many columns
+_FP8_EARLY_TILE = True  # the first weight tile read before the PDL wait (the loop peeled)
 
 
 def fp8_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
@@ -504,7 +559,7 @@ def fp8_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
 
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
                count: torch.Tensor | None = None,
-               blocks: tuple[int, ...] | None = None) -> torch.Tensor:
+               blocks: tuple[int, ...] | None = None, pdl: bool = False) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. The weights are widened
     to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). More than
@@ -513,7 +568,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
     tests' dtype, always take the widening kernel. ``count``: zeroed int32
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks`` overrides :func:`fp8_blocks` (the benchmark tries others;
-    five numbers: the split is then chosen as by default)."""
+    five numbers: the split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s."""
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -521,7 +576,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
     m = x2.shape[0]
     if (blocks is None and m > FP8_MMA_ROWS and x.dtype in (torch.bfloat16, torch.float16)
             and k % 16 == 0 and n % 16 == 0):
-        return fp8_scaled_mm(x2, w, scale, bias).view(*x.shape[:-1], n)
+        return fp8_scaled_mm(x2, w, scale, bias, pdl).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     default = fp8_blocks(m, n, k)
     bm, bn, bk, warps, stages, split = (tuple(blocks) + default[len(blocks):] if blocks
@@ -539,15 +594,18 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
         x2, w, scale, bias if bias is not None else scale, out, part,
         count if count is not None else scale, m, n, k, x2.stride(0), k_per_split,
         HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, SPLIT=split, BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_K=bk, num_warps=warps, num_stages=stages)
+        BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, EARLY=_FP8_EARLY_TILE, num_warps=warps,
+        num_stages=stages, launch_pdl=pdl)
     return out.view(*x.shape[:-1], n)
 
 
 @triton.jit
-def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, QMAX: tl.constexpr, BLOCK: tl.constexpr):
+def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, QMAX: tl.constexpr, BLOCK: tl.constexpr,
+                     PDL: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < K
+    _pdl_enter(PDL)
     x = tl.load(x_ptr + row * stride_xm + cols, mask=m, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / QMAX
     q = tl.minimum(tl.maximum(x / scale, -QMAX), QMAX)
@@ -555,25 +613,26 @@ def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, QMAX: tl.constexpr, BLOC
     tl.store(s_ptr + row, scale)
 
 
-def fp8_rows(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def fp8_rows(x2: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """x2 [M, K] -> (FP8 e4m3 [M, K], float32 scales [M, 1]) with one scale per row (its largest
-    magnitude maps to 448): the activations' side of :func:`fp8_scaled_mm`, in one launch."""
+    magnitude maps to 448): the activations' side of :func:`fp8_scaled_mm`, in one launch.
+    ``pdl``: as :func:`add_rms_norm`'s."""
     m, k = x2.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
     s = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
-    _fp8_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), QMAX=E4M3_MAX, BLOCK=_pow2(k),
-                           num_warps=4 if k <= 4096 else 8)
+    _fp8_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), QMAX=E4M3_MAX, BLOCK=_pow2(k), PDL=pdl,
+                           num_warps=4 if k <= 4096 else 8, launch_pdl=pdl)
     return q, s
 
 
 def fp8_scaled_mm(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
-                  bias: torch.Tensor | None) -> torch.Tensor:
+                  bias: torch.Tensor | None, pdl: bool = False) -> torch.Tensor:
     """x2 [M, K] (bf16 or fp16) with FP8 weights w [N, K] on the FP8 tensor cores: the rows
     quantized to e4m3 with a scale each (:func:`fp8_rows`), then ``torch._scaled_mm`` with row-
     and column-wise scales -> [M, N] in x2's dtype. For many rows (prefill, wide batches), where
     widening the weights in registers (:func:`fp8_linear`'s kernel) loses to the tensor cores.
     Rows stay independent of each other, but the activations are rounded to FP8 too."""
-    q, sx = fp8_rows(x2)
+    q, sx = fp8_rows(x2, pdl)
     out = torch._scaled_mm(q, w.t(), scale_a=sx, scale_b=scale.view(1, -1), out_dtype=x2.dtype)
     return out if bias is None else out + bias
 

@@ -178,21 +178,22 @@ class Attention(nn.Module):
 
     def attend_fused(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
                      inp: AttnInputs, wide: Callable | None, k_pool: torch.Tensor,
-                     v_pool: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+                     v_pool: torch.Tensor, count: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         """The attention between the two projections through the Triton kernels: qkv [B, Q,
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
         in one launch, then attention straight from the paged pool (``wide`` None: the caller
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
-        engine/flash.py's ``FlashRows``), built once per forward."""
+        engine/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the kernels with
+        programmatic dependent launch (engine/kernels.py)."""
         from voicert.engine import kernels
 
         b, q_len, _ = qkv.shape
         h, kvh, d = self.h, self.kvh, self.d
         kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
-                              k_pool, v_pool, h, kvh)
+                              k_pool, v_pool, h, kvh, pdl)
         if wide is None:
             return kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables, inp.positions,
-                                           h, kvh, count)
+                                           h, kvh, count, pdl)
         q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
         return wide(self, q, inp, k_pool, v_pool)
 

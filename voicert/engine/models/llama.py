@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from voicert.engine.flash import FlashRows
+from voicert.engine.fp8 import Fp8Linear
 from voicert.engine.models.layers import (AttnInputs, Block, RMSNorm, SdpaRows, causal_mask,
                                           load_hf, rope_cos_sin)
 
@@ -106,6 +107,9 @@ class LlamaModel(nn.Module):
         # with the kernels, a prefill step's attention: paged (the Triton kernel decode steps use,
         # over tiles of query tokens) | flash (engine/flash.py) | sdpa (blocks gathered, then SDPA)
         self.prefill_attention = "paged"
+        # with the kernels: launch them with programmatic dependent launch (Hopper+; the engine
+        # decides, llm.pdl): each may start while the one before it finishes
+        self.pdl = False
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counters: torch.Tensor | None = None
 
@@ -172,16 +176,21 @@ class LlamaModel(nn.Module):
         if self.prefill_attention != "paged" and input_ids.shape[1] * group > kernels.MAX_ATTN_ROWS:
             wide = (FlashRows(inp) if self.prefill_attention == "flash"
                     else SdpaRows(inp, k_pool.shape[2], self.embed.weight.dtype))
-        eps = cfg.rms_norm_eps
+        eps, pdl, lin = cfg.rms_norm_eps, self.pdl, self._linear
         out, residual = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
-            x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps)
-            a = layer.attn.attend_fused(layer.attn.qkv(x), rope, inp, wide, k_pool[i], v_pool[i],
-                                        count)
-            x, residual = kernels.add_rms_norm(layer.attn.o(a), residual, layer.mlp_norm.weight,
-                                               eps)
-            out = layer.mlp.down(kernels.silu_mul(layer.mlp.gate_up(x)))
-        return kernels.add_rms_norm(out, residual, self.norm.weight, eps)[0]
+            x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps, pdl)
+            a = layer.attn.attend_fused(lin(layer.attn.qkv, x), rope, inp, wide, k_pool[i],
+                                        v_pool[i], count, pdl)
+            x, residual = kernels.add_rms_norm(lin(layer.attn.o, a), residual,
+                                               layer.mlp_norm.weight, eps, pdl)
+            out = lin(layer.mlp.down, kernels.silu_mul(lin(layer.mlp.gate_up, x), pdl))
+        return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
+
+    def _linear(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """One of the layers' Linears on the fused path: an FP8 one (engine/fp8.py) is told
+        whether to launch with PDL; a plain ``nn.Linear`` (cuBLAS) launches as usual."""
+        return lin(x, pdl=self.pdl) if isinstance(lin, Fp8Linear) else lin(x)
 
     def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
                head_out: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,7 +206,7 @@ class LlamaModel(nn.Module):
         if count is not None and hidden.numel() // hidden.shape[-1] <= count.numel():
             from voicert.engine import kernels
 
-            return kernels.argmax_rows(head, count, out)
+            return kernels.argmax_rows(head, count, out, self.pdl)
         best = head.float().argmax(-1)  # (more rows than counters: the torch path)
         return best if out is None else out.copy_(best)
 
