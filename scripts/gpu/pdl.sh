@@ -19,7 +19,7 @@ for shape in $2; do
     extra=""
     [ "$dt" = fp8 ] && extra="--fp8"
     python3 -m voicert.bench.engine --model "llama-$shape-random" --device cuda --against no-pdl \
-      $extra --spec 0 --new-tokens 128 --streams 1,8,64 --reps 10 > "$out/engine-$shape-$dt.txt" 2>&1
+      $extra --spec 0 --new-tokens 128 --streams 1,8,64 --reps 10 --kv-gb 4 > "$out/engine-$shape-$dt.txt" 2>&1
     grep -E "^\|" "$out/engine-$shape-$dt.txt" | head -30
   done
 done

@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="fused kernels: programmatic dependent launch where the GPU has it "
                          "(llm.pdl)")
+    ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (engine/fp8.py), nearest")
     args = ap.parse_args(argv)
     dev = "cuda"
     if args.split_target is not None:
@@ -41,6 +42,10 @@ def main(argv: list[str] | None = None) -> None:
         kernels._SPLIT_TARGET = args.split_target
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
+    if args.fp8:
+        from voicert.engine.fp8 import quantize_fp8
+
+        quantize_fp8(model)
     model.use_kernels = args.fused_kernels
     if args.fused_kernels and args.pdl:
         from voicert.engine import kernels

@@ -133,6 +133,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="cached+new, comma-separated")
     ap.add_argument("--device", default="cuda", help="cpu: the host phases only (a smoke run)")
     ap.add_argument("--prefill-attention", default="auto", choices=("auto", "paged", "flash", "sdpa"))
+    ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (llm.fp8), nearest rounding")
+    ap.add_argument("--pdl", default="auto", choices=("auto", "on", "off"),
+                    help="programmatic dependent launch of the fused kernels (llm.pdl)")
     ap.add_argument("--cprofile", action="store_true",
                     help="also print the host's functions by own time over each row's requests")
     ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
@@ -148,11 +151,13 @@ def main(argv: list[str] | None = None) -> None:
     core = EngineCore("", EngineConfig(device=args.device, dtype=args.dtype, kv_memory_gb=4,
                                        max_context_tokens=4096, cuda_graphs=gpu,
                                        fused_kernels=gpu, overlap=True,
-                                       prefill_attention=args.prefill_attention),
+                                       prefill_attention=args.prefill_attention, fp8=args.fp8,
+                                       fp8_rounding="nearest", pdl=args.pdl),
                       model=model, tokenizer=_NullTokenizer(cfg.vocab_size))
     rng = np.random.default_rng(0)
     tokens = lambda n: rng.integers(100, 30000, n).tolist()  # noqa: E731
-    print(f"# {args.model} (RANDOM WEIGHTS, timing only), {args.dtype}, "
+    print(f"# {args.model} (RANDOM WEIGHTS, timing only), {args.dtype}{', FP8' if args.fp8 else ''}, "
+          f"PDL {'on' if core.model.pdl else 'off'}, "
           f"{torch.cuda.get_device_name() if gpu else 'cpu'}; P50 us over {args.reps} requests\n")
     print("| cached + new | " + " | ".join(PHASES)
           + " | total (host) | gpu (graph back to back) | of launch: the replay() call |")

@@ -488,10 +488,10 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     if EARLY:  # the first weight tile is read before waiting for the kernel before (PDL): the
         # weights are never written during a step, so their loads overlap that kernel's tail
         km = (k_lo + rk) < k_hi
-        w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
+        w_first = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
         _pdl_enter(PDL)
-        x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
-        acc = _fp8_dot(x, w.to(x.dtype), acc, IEEE)
+        x_first = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
+        acc = _fp8_dot(x_first, w_first.to(x_first.dtype), acc, IEEE)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
         k_from += BLOCK_K
