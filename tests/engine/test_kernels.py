@@ -68,7 +68,8 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
         return model(ids, inp, runner.k_pool, runner.v_pool)  # [B, Q, hidden]
 
 
-@pytest.mark.parametrize("case", ["decode", "decode-wide", "verify", "verify-one",
+@pytest.mark.parametrize("case", ["decode", "decode-wide", "decode-triton-linear", "verify",
+                                  "verify-one",
                                   "prefill-short", "prefill-on-prefix", "prefill-sdpa",
                                   "long-split"])
 def test_fused_forward_matches_torch_forward(case):
@@ -80,8 +81,11 @@ def test_fused_forward_matches_torch_forward(case):
     model = random_llama(TINY, torch.float32, DEV)
     if case == "prefill-sdpa":
         model.prefill_attention = "sdpa"
+    if case == "decode-triton-linear":  # the Linears through the FP8 kernel, unscaled
+        model.triton_linear_rows = 16
     g = torch.Generator().manual_seed(2)
     bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
+                       "decode-triton-linear": [5, 40, 17],
                        "verify": [30, 9], "verify-one": [45], "prefill-short": [70],
                        "prefill-on-prefix": [20, 33],
                        "prefill-sdpa": [20, 33], "long-split": [300]}[case]
@@ -282,6 +286,20 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
         want = torch.nn.functional.linear(xb.float(), q.dequantized(torch.float32), q.bias)
         got = kernels.fp8_linear(xb, q.weight, q.scale, q.bias.bfloat16())
         assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dtype(rows):
+    """``scale`` None: the weights are used as they are (the model's ``triton_linear_rows``), with
+    and without a bias, K split or not."""
+    g = torch.Generator().manual_seed(9)
+    w = torch.randn(90, 200, generator=g).to(DEV)
+    bias = torch.randn(90, generator=g).to(DEV)
+    x = torch.randn(rows, 200, generator=g).to(DEV)
+    assert close(kernels.fp8_linear(x, w, None, bias), torch.nn.functional.linear(x, w, bias), 1e-4)
+    count = kernels.counters(DEV)
+    split = kernels.fp8_linear(x, w, None, None, count, (16, 32, 64, 4, 2, 3))
+    assert close(split, x @ w.T, 1e-4) and not count.any()
 
 
 def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():

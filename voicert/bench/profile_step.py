@@ -34,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="fused kernels: programmatic dependent launch where the GPU has it "
                          "(llm.pdl)")
     ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (engine/fp8.py), nearest")
+    ap.add_argument("--triton-linear-rows", type=int, default=0,
+                    help="fused kernels: steps of at most this many rows run bf16 Linears through "
+                         "the Triton kernel instead of cuBLAS")
     args = ap.parse_args(argv)
     dev = "cuda"
     if args.split_target is not None:
@@ -47,6 +50,7 @@ def main(argv: list[str] | None = None) -> None:
 
         quantize_fp8(model)
     model.use_kernels = args.fused_kernels
+    model.triton_linear_rows = args.triton_linear_rows
     if args.fused_kernels and args.pdl:
         from voicert.engine import kernels
 

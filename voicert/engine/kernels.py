@@ -471,7 +471,8 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
 
 @triton.jit
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
-                       stride_xm, k_per_split, HAS_BIAS: tl.constexpr, IEEE: tl.constexpr,
+                       stride_xm, k_per_split, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
+                       IEEE: tl.constexpr,
                        SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -515,10 +516,10 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
             for sp in tl.static_range(SPLIT):
                 acc += tl.load(part_ptr + sp * M * N + at, mask=out_mask, other=0.0,
                                cache_modifier=".cg")
-            _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS)
+            _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
             tl.atomic_xchg(count_ptr + tile, 0)
     else:
-        _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS)
+        _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
 
 
 @triton.jit
@@ -530,8 +531,10 @@ def _fp8_dot(x, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_BIAS: tl.constexpr):
-    acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)[None, :]
+def _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE: tl.constexpr,
+                  HAS_BIAS: tl.constexpr):
+    if HAS_SCALE:
+        acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)[None, :]
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
@@ -557,11 +560,13 @@ def fp8_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     return bm, bn, bk, 4, 4, split
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None,
-               count: torch.Tensor | None = None,
+def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
+               bias: torch.Tensor | None, count: torch.Tensor | None = None,
                blocks: tuple[int, ...] | None = None, pdl: bool = False) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
-    per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. The weights are widened
+    per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
+    w is in x's dtype and used as it is: a plain Linear for few rows through the same kernel
+    (launched like the step's other kernels, so with ``pdl`` it chains). The weights are widened
     to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). More than
     ``FP8_MMA_ROWS`` rows of bf16/fp16 go to :func:`fp8_scaled_mm` instead (the activations
     rounded to FP8 too: the tensor cores beat widening there); fp32 inputs, the exactness
@@ -575,7 +580,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
         x2 = x2.contiguous()
     m = x2.shape[0]
     if (blocks is None and m > FP8_MMA_ROWS and x.dtype in (torch.bfloat16, torch.float16)
-            and k % 16 == 0 and n % 16 == 0):
+            and w.dtype == torch.float8_e4m3fn and k % 16 == 0 and n % 16 == 0):
         return fp8_scaled_mm(x2, w, scale, bias, pdl).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     default = fp8_blocks(m, n, k)
@@ -591,11 +596,11 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor, bias: torc
             count = counters(x.device, grid_n * grid_m)
         assert count.numel() >= grid_n * grid_m
     _fp8_linear_kernel[(grid_n, grid_m, split)](
-        x2, w, scale, bias if bias is not None else scale, out, part,
-        count if count is not None else scale, m, n, k, x2.stride(0), k_per_split,
-        HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32, SPLIT=split, BLOCK_M=bm,
-        BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, EARLY=_FP8_EARLY_TILE, num_warps=warps,
-        num_stages=stages, launch_pdl=pdl)
+        x2, w, w if scale is None else scale, w if bias is None else bias, out, part,
+        w if count is None else count, m, n, k, x2.stride(0), k_per_split,
+        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
+        SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, EARLY=_FP8_EARLY_TILE,
+        num_warps=warps, num_stages=stages, launch_pdl=pdl)
     return out.view(*x.shape[:-1], n)
 
 

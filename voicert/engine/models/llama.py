@@ -110,6 +110,9 @@ class LlamaModel(nn.Module):
         # with the kernels: launch them with programmatic dependent launch (Hopper+; the engine
         # decides, llm.pdl): each may start while the one before it finishes
         self.pdl = False
+        # with the kernels: a step of at most this many rows runs the layers' bf16/fp16 Linears
+        # through kernels.fp8_linear's kernel (unscaled) instead of cuBLAS (0: never)
+        self.triton_linear_rows = 0
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counters: torch.Tensor | None = None
 
@@ -189,8 +192,16 @@ class LlamaModel(nn.Module):
 
     def _linear(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """One of the layers' Linears on the fused path: an FP8 one (engine/fp8.py) is told
-        whether to launch with PDL; a plain ``nn.Linear`` (cuBLAS) launches as usual."""
-        return lin(x, pdl=self.pdl) if isinstance(lin, Fp8Linear) else lin(x)
+        whether to launch with PDL; a plain ``nn.Linear`` runs through cuBLAS, or for a step of
+        at most ``triton_linear_rows`` rows through the FP8 kernel's unscaled form."""
+        if isinstance(lin, Fp8Linear):
+            return lin(x, pdl=self.pdl)
+        if x.numel() // x.shape[-1] <= self.triton_linear_rows:
+            from voicert.engine import kernels
+
+            return kernels.fp8_linear(x, lin.weight, None, lin.bias, self.kernel_counters(),
+                                      pdl=self.pdl)
+        return lin(x)
 
     def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
                head_out: torch.Tensor | None = None) -> torch.Tensor:
