@@ -259,6 +259,9 @@ class LlmConfig:
     pdl: str = "auto"  # GPU, with fused_kernels: launch the Triton kernels with programmatic
     # dependent launch, so that each starts while the kernel before it drains (on: Hopper or newer,
     # else an error; auto: where it runs; off: never) (docs/benchmarks.md section 31)
+    decode_linear: str = "auto"  # GPU, with fused_kernels: the layers' bf16/fp16 Linears in steps
+    # of up to 16 rows by cublas or by triton (the FP8 kernel's unscaled form, with measured tiles
+    # per shape: it chains with the other kernels under PDL); auto: triton where PDL is on
     overlap: bool = True  # GPU (CUDA graphs): decoding (plain, or with draft heads) queues the next
     # step before reading this one's tokens (fed on the GPU): the host's per-step work hides behind
     # the GPU's
@@ -316,6 +319,8 @@ class LlmConfig:
         _check(self.pdl in ("auto", "on", "off"), "llm.pdl", "must be auto, on or off")
         _check(self.pdl != "on" or self.device.startswith("cuda"), "llm.pdl",
                "on is a GPU option (llm.device: cuda)")
+        _check(self.decode_linear in ("auto", "cublas", "triton"), "llm.decode_linear",
+               "must be auto, cublas or triton")
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
         _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
                "is a GPU option (llm.device: cuda)")

@@ -26,11 +26,11 @@ def run_engine(engine, prompts, new=32, sequential=False):
 
 
 def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="always",
-         kv_cache="model", pdl="auto"):
+         kv_cache="model", pdl="auto", linear="auto"):
     cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
                        num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
                        spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap,
-                       spec_policy=policy, kv_cache=kv_cache, pdl=pdl)
+                       spec_policy=policy, kv_cache=kv_cache, pdl=pdl, decode_linear=linear)
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -73,16 +73,20 @@ def test_graph_decode_equals_eager_fp32(prompts):
         graphed.close()
 
 
-def test_fused_kernels_equal_the_torch_path_fp32(prompts):
+@pytest.mark.parametrize("linear", ["cublas", "triton"])
+def test_fused_kernels_equal_the_torch_path_fp32(prompts, linear):
     """Triton kernels (graphed, as served) against the torch path (eager) in fp32: same tokens,
-    with decode, multi-prompt prefill and speculative verification all exercised."""
+    with decode, multi-prompt prefill and speculative verification all exercised; small steps'
+    Linears by cuBLAS or by the Triton kernel (``llm.decode_linear``)."""
     cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
     fused_model = random_llama(cfg, torch.float32, "cuda")
     torch_model = random_llama(cfg, torch.float32, "cuda")  # same seed: same weights
-    fused, ref = make(fused_model, True, spec=4), make(torch_model, False, fused=False)
+    fused = make(fused_model, True, spec=4, linear=linear)
+    ref = make(torch_model, False, fused=False)
     rep = [(p[:20] * 6)[:100] for p in prompts[:6]]
     try:
         assert fused_model.use_kernels and not torch_model.use_kernels
+        assert (fused_model.triton_linear_rows > 0) == (linear == "triton")
         assert run_engine(fused, prompts) == run_engine(ref, prompts)
         assert run_engine(fused, rep, new=48) == run_engine(ref, rep, new=48)
         assert fused.core.scheduler.spec.proposed > 0
@@ -351,14 +355,16 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
                     reason="programmatic dependent launch: compute capability 9.0 or newer")
 @pytest.mark.parametrize("fp8", [False, True])
 def test_pdl_served_engine_gives_the_tokens_of_plain_launches_bf16(prompts, fp8):
-    """``llm.pdl`` as served (bf16, CUDA graphs, fused kernels; with FP8 weights too): the same
-    tokens as the same engine launching its kernels plainly, batched and one at a time."""
+    """``llm.pdl`` as served (bf16, CUDA graphs, fused kernels, small steps' Linears by the Triton
+    kernel; with FP8 weights too): the same tokens as the same engine launching its kernels
+    plainly, batched and one at a time."""
     from voicert.engine.fp8 import quantize_fp8
 
     models = [random_llama(smollm2_shape(), torch.bfloat16, "cuda") for _ in range(2)]  # same seed
     for m in models if fp8 else ():
         quantize_fp8(m)
-    plain, pdl = make(models[0], True, pdl="off"), make(models[1], True, pdl="on")
+    plain = make(models[0], True, pdl="off", linear="triton")
+    pdl = make(models[1], True, pdl="on", linear="triton")
     try:
         assert models[1].pdl and not models[0].pdl
         assert run_engine(pdl, prompts) == run_engine(plain, prompts)

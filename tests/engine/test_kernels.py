@@ -335,8 +335,9 @@ def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
 
 @pytest.mark.skipif(DEV != "cuda" or not kernels.pdl_supported(DEV),
                     reason="programmatic dependent launch: a GPU of compute capability 9.0 or newer")
-@pytest.mark.parametrize("fp8", [False, True])
-def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8):
+@pytest.mark.parametrize("fp8,linear", [(False, False), (False, True), (True, False)],
+                         ids=["bf16-cublas", "bf16-triton-linear", "fp8"])
+def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     """Programmatic dependent launch (``llm.pdl``) changes when a kernel may start, never what it
     computes: the fused forward in bf16 (decode rows with split keys, and a prefill row over
     query tiles; with FP8 Linears, both the widening kernel and the tensor-core path) gives the
@@ -351,6 +352,7 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8):
     if fp8:
         quantize_fp8(model)
     model.use_kernels = True
+    model.triton_linear_rows = kernels.LINEAR_ROWS if linear else 0
     g = torch.Generator().manual_seed(5)
     bs, lengths = 16, [700, 33, 5, 260]
     tables, nxt = [], 1
@@ -395,3 +397,19 @@ def test_pdl_is_a_gpu_option_and_a_bad_value_names_the_key():
     with pytest.raises(ConfigError, match="llm.pdl"):
         LlmConfig(pdl="on")  # (llm.device: cpu)
     assert LlmConfig(pdl="on", device="cuda").pdl == "on"
+
+
+def test_linear_tiles_come_from_the_measured_table_for_a_listed_gpu_and_dtype_only():
+    table = kernels.linear_tiles("NVIDIA H100 80GB HBM3", torch.bfloat16)
+    assert table[(3072, 2048)] == (16, 64, 64, 4, 4)  # Llama-3.2-1B's qkv
+    assert all(len(t) == 5 and t[0] == 16 and kernels.LINEAR_ROWS <= t[0] for t in table.values())
+    assert kernels.linear_tiles("NVIDIA H100 80GB HBM3", torch.float16) == {}
+    assert kernels.linear_tiles("a GPU nobody measured", torch.bfloat16) == {}
+
+
+def test_decode_linear_is_checked_and_names_the_key():
+    from voicert.config import ConfigError, LlmConfig
+
+    with pytest.raises(ConfigError, match="llm.decode_linear"):
+        LlmConfig(decode_linear="cutlass")
+    assert LlmConfig(decode_linear="cublas").decode_linear == "cublas"

@@ -174,7 +174,8 @@ async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[i
 # --against: this engine again with one setting changed, run side by side (label, the change)
 TWINS = {"sdpa-prefill": ("voicert, prefill by gather + SDPA", {"prefill_attention": "sdpa"}),
          "model-kv": ("voicert, KV cache in the model's dtype", {"kv_cache": "model"}),
-         "no-pdl": ("voicert, kernels launched without PDL", {"pdl": "off"})}
+         "no-pdl": ("voicert, kernels launched without PDL", {"pdl": "off"}),
+         "cublas-linear": ("voicert, small steps' Linears by cuBLAS", {"decode_linear": "cublas"})}
 
 
 class Bench:
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
                          "prompts; needs vllm), or this engine with --prefill-attention sdpa "
                          "(sdpa-prefill), with its KV cache in the model's dtype (model-kv) or "
                          "with its kernels launched without programmatic dependent launch "
-                         "(no-pdl)")
+                         "(no-pdl) or with small steps' Linears by cuBLAS (cublas-linear)")
     ap.add_argument("--prefill-attention", choices=("auto", "paged", "flash", "sdpa"), default="auto",
                     help="GPU: prefill steps' attention (llm.prefill_attention)")
     ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
@@ -493,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.against == "model-kv" and args.kv_cache == "model":
         ap.error("--against model-kv compares a one-byte KV cache with the model's dtype: add "
                  "--kv-cache int8 or fp8")
-    if args.against in ("sdpa-prefill", "no-pdl") and not args.fused_kernels:
+    if args.against in ("sdpa-prefill", "no-pdl", "cublas-linear") and not args.fused_kernels:
         ap.error(f"--against {args.against} changes the fused GPU path's kernels: it needs "
                  "--fused-kernels (a CUDA device)")
     against, baseline, failed = "transformers generate()", None, False

@@ -73,6 +73,8 @@ class EngineConfig:
     # (flash where engine/flash.py can run it, else paged)
     pdl: str = "auto"  # with fused_kernels: programmatic dependent launch: on | off | auto (where
     # the GPU has it: compute capability 9.0 or newer)
+    decode_linear: str = "auto"  # with fused_kernels: small steps' bf16/fp16 Linears by cublas |
+    # triton (kernels.fp8_linear unscaled) | auto (triton where PDL is on)
     torchscript: bool = False  # CPU only: the forward as a frozen TorchScript trace (same bits)
     overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
     # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
@@ -127,6 +129,7 @@ class EngineCore:
             self.model.use_kernels = self._kernels_usable()
             self.model.prefill_attention = self._prefill_attention()
             self.model.pdl = self._pdl()
+            self.model.triton_linear_rows, self.model.linear_tiles = self._decode_linears()
         hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
         self.stop_ids = stop_token_ids(self.tokenizer, hf_cfg)
         self.prompts = PromptBuilder(self.tokenizer)
@@ -237,6 +240,21 @@ class EngineCore:
             raise ValueError(f"llm.pdl on: {self.cfg.device} is not a GPU of compute capability "
                              "9.0 or newer (Hopper)")
         return False
+
+    def _decode_linears(self) -> tuple[int, dict]:
+        """(rows, tiles): steps of up to ``rows`` rows run the layers' bf16/fp16 Linears through
+        the Triton kernel with ``tiles`` per weight shape (see ``kernels.linear_tiles``); 0 rows:
+        cuBLAS always. ``auto`` takes the kernel only where PDL is on (it loses to cuBLAS when
+        launched plainly; docs/benchmarks.md section 31) and only for bf16/fp16 models."""
+        from voicert.engine import kernels
+
+        choice, dtype = self.cfg.decode_linear, self.model.embed.weight.dtype
+        if not self.model.use_kernels or choice == "cublas":
+            return 0, {}
+        if choice == "auto" and not (self.model.pdl and dtype in (torch.bfloat16, torch.float16)):
+            return 0, {}
+        gpu = torch.cuda.get_device_name(self.cfg.device)
+        return kernels.LINEAR_ROWS, kernels.linear_tiles(gpu, dtype)
 
     def _drafter(self, draft: LlamaModel | None, num_blocks: int) -> DraftModelProposer | None:
         """The draft model, when speculation uses one (loaded by config or handed in)."""

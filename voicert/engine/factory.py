@@ -141,7 +141,7 @@ def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
         fp8_rounding=llm.fp8_rounding, kv_cache=llm.kv_cache,
         cuda_graphs=llm.cuda_graphs and cuda, prefill_graph_rows=llm.prefill_graph_rows,
         own_stream=llm.own_stream and cuda, fused_kernels=llm.fused_kernels and cuda,
-        prefill_attention=llm.prefill_attention, pdl=llm.pdl,
+        prefill_attention=llm.prefill_attention, pdl=llm.pdl, decode_linear=llm.decode_linear,
         overlap=llm.overlap, torchscript=llm.torchscript and llm.device == "cpu",
         models_cache=models_cache)
 

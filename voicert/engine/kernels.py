@@ -545,16 +545,18 @@ FP8_MIN_SPLIT_K = 512  # a split of K streams at least this many columns
 _FP8_EARLY_TILE = True  # the first weight tile read before the PDL wait (the loop peeled)
 
 
-def fp8_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
+def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for :func:`fp8_linear` on
-    x [m, k] and weights [n, k]. Up to 64 rows (decode, verify): the step streams the weights, so
-    every weight tile is read once (one M tile) and K is split until there are enough programs
-    to keep every SM reading (a 2048-wide output has only 64 tiles of 32). More rows (prefill):
-    square-ish tiles for the tensor cores, no split."""
+    x [m, k] and weights [n, k] of ``wbytes`` bytes each. Up to 64 rows (decode, verify): the
+    step streams the weights, so every weight tile is read once (one M tile) and K is split
+    until there are enough programs to keep every SM reading (a 2048-wide output has only 64
+    tiles of 32). More rows (prefill): square-ish tiles for the tensor cores, no split. Two-byte
+    weights at up to 16 rows: 64 x 128 tiles, the best single setting of
+    ``scripts/gpu/gemv_bf16.py`` on an H100 (:func:`linear_tiles` holds each shape's best)."""
     if m > 64:
         return 64, 128, 64, 4, 3, 1
     bm = 16 if m <= 16 else _pow2(m)
-    bn, bk = (32, 256) if m <= 16 else (64, 128)
+    bn, bk = ((32, 256) if wbytes == 1 else (64, 128)) if m <= 16 else (64, 128)
     tiles = triton.cdiv(n, bn)
     split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
     return bm, bn, bk, 4, 4, split
@@ -583,7 +585,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
             and w.dtype == torch.float8_e4m3fn and k % 16 == 0 and n % 16 == 0):
         return fp8_scaled_mm(x2, w, scale, bias, pdl).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    default = fp8_blocks(m, n, k)
+    default = fp8_blocks(m, n, k, w.element_size())
     bm, bn, bk, warps, stages, split = (tuple(blocks) + default[len(blocks):] if blocks
                                         else default)
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
@@ -643,6 +645,24 @@ def fp8_scaled_mm(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
 
 
 FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
+LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear
+
+
+def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
+    """The measured best :func:`fp8_linear` tiles for unscaled ``dtype`` weights at up to
+    :data:`LINEAR_ROWS` rows on the GPU model named ``gpu`` (``torch.cuda.get_device_name``),
+    per weight shape (N, K): (BLOCK_M, BLOCK_N,
+    BLOCK_K, num_warps, num_stages), from ``engine/data/linear_tiles.json``
+    (``scripts/gpu/gemv_bf16.py --json`` writes it). A fixed table, not timed at start, so an
+    engine computes the same bits on every start. Empty for a GPU or dtype it does not list
+    (the :func:`fp8_blocks` rule then)."""
+    import json
+    from importlib import resources
+
+    table = json.loads(resources.files("voicert.engine").joinpath("data/linear_tiles.json")
+                       .read_text())
+    shapes = table["devices"].get(gpu, {}).get(str(dtype).removeprefix("torch."), {})
+    return {tuple(int(d) for d in key.split("x")): tuple(v) for key, v in shapes.items()}
 
 
 # ----------------------------------------------------------------------------- step inputs

@@ -111,8 +111,10 @@ class LlamaModel(nn.Module):
         # decides, llm.pdl): each may start while the one before it finishes
         self.pdl = False
         # with the kernels: a step of at most this many rows runs the layers' bf16/fp16 Linears
-        # through kernels.fp8_linear's kernel (unscaled) instead of cuBLAS (0: never)
+        # through kernels.fp8_linear's kernel (unscaled) instead of cuBLAS (0: never; the engine
+        # decides, llm.decode_linear), with these tiles per weight shape (N, K) (kernels.linear_tiles)
         self.triton_linear_rows = 0
+        self.linear_tiles: dict[tuple[int, int], tuple] = {}
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counters: torch.Tensor | None = None
 
@@ -200,7 +202,7 @@ class LlamaModel(nn.Module):
             from voicert.engine import kernels
 
             return kernels.fp8_linear(x, lin.weight, None, lin.bias, self.kernel_counters(),
-                                      pdl=self.pdl)
+                                      self.linear_tiles.get(tuple(lin.weight.shape)), self.pdl)
         return lin(x)
 
     def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
