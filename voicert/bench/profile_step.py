@@ -51,6 +51,10 @@ def main(argv: list[str] | None = None) -> None:
         quantize_fp8(model)
     model.use_kernels = args.fused_kernels
     model.triton_linear_rows = args.triton_linear_rows
+    if args.triton_linear_rows:
+        from voicert.engine import kernels
+
+        model.linear_tiles = kernels.linear_tiles(torch.cuda.get_device_name(dev), DTYPES[args.dtype])
     if args.fused_kernels and args.pdl:
         from voicert.engine import kernels
 
