@@ -261,7 +261,8 @@ class LlmConfig:
     # else an error; auto: where it runs; off: never) (docs/benchmarks.md section 31)
     decode_linear: str = "auto"  # GPU, with fused_kernels: the layers' bf16/fp16 Linears in steps
     # of up to 16 rows by cublas or by triton (the FP8 kernel's unscaled form, with measured tiles
-    # per shape: it chains with the other kernels under PDL); auto: triton where PDL is on
+    # per shape: it chains with the other kernels under PDL); auto: triton where PDL is on, for
+    # steps of up to 16 rows on layers >= 4096 wide, else of one row (where it measured faster)
     overlap: bool = True  # GPU (CUDA graphs): decoding (plain, or with draft heads) queues the next
     # step before reading this one's tokens (fed on the GPU): the host's per-step work hides behind
     # the GPU's
