@@ -20,6 +20,15 @@ beside the layer's four GEMMs:
   K split over programs when the output has few tiles (the last split to finish adds them); many
   bf16 rows go to the FP8 tensor cores instead (:func:`fp8_rows`, then ``torch._scaled_mm``).
 
+On Hopper and newer GPUs every kernel here can be launched with programmatic dependent launch
+(``pdl=True``; the engine's ``llm.pdl``): it may then start while the kernel before it on the
+stream still runs. Each program does its index arithmetic (and the FP8 kernel reads its first
+weight tile: weights are never written during a step), then waits for the kernel before to have
+finished (``griddepcontrol.wait``) before touching anything another kernel writes or reads, then
+lets the next kernel start. cuBLAS and torch kernels between them launch as usual and wait for a
+full finish. The FP8 kernel also runs bf16/fp16 Linears unscaled (``scale`` None) for small
+steps, so that a decode step's GEMMs chain with the rest (``llm.decode_linear``).
+
 "The last program to finish" is a counter per output row, bumped with an acquire-release atomic
 after the program's partial results are stored; the program that reads ``count - 1`` reads the
 others' partials (from L2, past its own L1) and sets the counter back to zero for the next launch.
@@ -40,7 +49,13 @@ import torch
 import triton
 import triton.language as tl
 from triton.language.extra import libdevice
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+try:  # griddepcontrol, for programmatic dependent launch (Triton 3.6 has it)
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_GDC = True
+except ImportError:  # older Triton: the kernels run, launched plainly (pdl_supported is False)
+    gdc_launch_dependents = gdc_wait = None
+    HAS_GDC = False
 
 from voicert.engine.fp8 import E4M3_MAX
 
@@ -84,7 +99,7 @@ def pdl_supported(device: torch.device | str) -> bool:
     import os
 
     dev = torch.device(device)
-    return (dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
+    return (HAS_GDC and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 
 
