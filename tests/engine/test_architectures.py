@@ -123,3 +123,35 @@ def test_cached_equals_uncached(checkpoint, prompts):
     cached = decode(model, [longer], engine=engine)
     assert blocks.stats.hits >= hits_before + 32  # its first two blocks came from the cache
     assert cached == decode(model, [longer])  # a fresh cache
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
+    """As served on a GPU (fp32, CUDA graphs, the fused kernels and PDL where the architecture
+    takes them: Phi-3 runs Llama's fused layers, Qwen3 and Gemma their torch layers in graphs):
+    the tokens of the eager CPU path above (itself equal to transformers'), batched and one at a
+    time."""
+    import asyncio
+
+    from voicert.bench.engine import _NullTokenizer
+    from voicert.engine.llm_engine import EngineConfig, LLMEngine
+
+    want = decode(load_model(checkpoint), prompts)
+    model = load_model(checkpoint, torch.float32, "cuda")
+    engine = LLMEngine("", EngineConfig(device="cuda", dtype="float32", num_blocks=256,
+                                        cuda_graphs=True, fused_kernels=True, max_batch=8,
+                                        max_context_tokens=512),
+                       model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
+
+    async def one(i, p):
+        req = GenerationRequest(f"a{i}-{random.random()}", [], NEW, ignore_eos=True, prompt_ids=p)
+        return [e.token_id async for e in engine.submit(req) if e.finish_reason is None]
+
+    async def together():
+        return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+    try:
+        assert engine.core.runner.graphs is not None
+        assert asyncio.run(together()) == want
+        assert [asyncio.run(one(i, p)) for i, p in enumerate(prompts)] == want
+    finally:
+        engine.close()
