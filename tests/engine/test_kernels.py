@@ -413,3 +413,12 @@ def test_decode_linear_is_checked_and_names_the_key():
     with pytest.raises(ConfigError, match="llm.decode_linear"):
         LlmConfig(decode_linear="cutlass")
     assert LlmConfig(decode_linear="cublas").decode_linear == "cublas"
+
+
+def test_the_llm_sections_pdl_and_decode_linear_reach_the_engine_config():
+    from voicert.config import LlmConfig
+    from voicert.engine.factory import engine_config
+
+    cfg = engine_config(LlmConfig(device="cuda", pdl="off", decode_linear="cublas"))
+    assert (cfg.pdl, cfg.decode_linear, cfg.fused_kernels) == ("off", "cublas", True)
+    assert engine_config(LlmConfig()).pdl == "auto"  # (CPU: no fused kernels to launch anyway)
