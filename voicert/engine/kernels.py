@@ -487,9 +487,8 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
 @triton.jit
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                        stride_xm, k_per_split, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       IEEE: tl.constexpr,
-                       SPLIT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                       BLOCK_K: tl.constexpr, PDL: tl.constexpr, EARLY: tl.constexpr):
+                       IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -500,20 +499,16 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]  # [BM, BK]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_from = k_lo
-    if EARLY:  # the first weight tile is read before waiting for the kernel before (PDL): the
-        # weights are never written during a step, so their loads overlap that kernel's tail
-        km = (k_lo + rk) < k_hi
-        w_first = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
-        _pdl_enter(PDL)
-        x_first = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
-        acc = _fp8_dot(x_first, w_first.to(x_first.dtype), acc, IEEE)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-        k_from += BLOCK_K
-    else:
-        _pdl_enter(PDL)
-    for k0 in range(k_from, k_hi, BLOCK_K):
+    # the first weight tile is read before waiting for the kernel before (PDL): the weights are
+    # never written during a step, so their loads overlap that kernel's tail (the loop peeled)
+    km = (k_lo + rk) < k_hi
+    w_first = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
+    _pdl_enter(PDL)
+    x_first = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
+    acc = _fp8_dot(x_first, w_first.to(x_first.dtype), acc, IEEE)
+    x_ptrs += BLOCK_K
+    w_ptrs += BLOCK_K
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         km = (k0 + rk) < k_hi
         x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0).to(x.dtype)
@@ -557,7 +552,6 @@ def _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE: t
 
 FP8_PROGRAMS = 264  # aim for at least this many programs (two per SM of an H100's 132)
 FP8_MIN_SPLIT_K = 512  # a split of K streams at least this many columns
-_FP8_EARLY_TILE = True  # the first weight tile read before the PDL wait (the loop peeled)
 
 
 def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, int, int, int]:
@@ -616,7 +610,7 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
         x2, w, w if scale is None else scale, w if bias is None else bias, out, part,
         w if count is None else count, m, n, k, x2.stride(0), k_per_split,
         HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, EARLY=_FP8_EARLY_TILE,
+        SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl,
         num_warps=warps, num_stages=stages, launch_pdl=pdl)
     return out.view(*x.shape[:-1], n)
 
@@ -666,11 +660,10 @@ LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears th
 def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
     """The measured best :func:`fp8_linear` tiles for unscaled ``dtype`` weights at up to
     :data:`LINEAR_ROWS` rows on the GPU model named ``gpu`` (``torch.cuda.get_device_name``),
-    per weight shape (N, K): (BLOCK_M, BLOCK_N,
-    BLOCK_K, num_warps, num_stages), from ``engine/data/linear_tiles.json``
-    (``scripts/gpu/gemv_bf16.py --json`` writes it). A fixed table, not timed at start, so an
-    engine computes the same bits on every start. Empty for a GPU or dtype it does not list
-    (the :func:`fp8_blocks` rule then)."""
+    per weight shape (N, K): (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), from
+    ``engine/data/linear_tiles.json`` (``scripts/gpu/gemv_bf16.py --json`` writes it). A fixed
+    table, not timed at start, so an engine computes the same bits on every start. Empty for a
+    GPU or dtype it does not list (the :func:`fp8_blocks` rule then)."""
     import json
     from importlib import resources
 
