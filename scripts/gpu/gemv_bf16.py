@@ -1,8 +1,9 @@
 """bf16 Linears at few rows: cuBLAS (F.linear) against kernels.fp8_linear's kernel run unscaled on
-bf16 weights, per tile setting. GPU microseconds per call inside a CUDA graph of 20 calls (P50 of
-30 replays) and the weight bytes read per second. With --json, each shape's fastest setting
-(least time summed over the row counts) is written into that tiles file under this GPU's name
-(the engine's ``kernels.linear_tiles`` reads ``voicert/engine/data/linear_tiles.json``).
+bf16 weights, per tile setting. GPU microseconds per call inside a CUDA graph of 20 calls (median
+of 30 replays, ``bench.fp8.time_graph``) and the weight bytes read per second. With --json, each
+shape's fastest setting (least time summed over the row counts) is written into that tiles file
+under this GPU's name (the engine's ``kernels.linear_tiles`` reads
+``voicert/engine/data/linear_tiles.json``).
 
     python3 scripts/gpu/gemv_bf16.py [--rows 1,8] [--json voicert/engine/data/linear_tiles.json]
 """
@@ -13,7 +14,7 @@ import os
 
 import torch
 
-from voicert.bench.cuda_time import graph_times
+from voicert.bench.fp8 import time_graph
 from voicert.engine import kernels
 
 # (N, K) of each Linear of the shapes bench.engine serves: Llama-3.2-1B, Llama-3.1-8B, SmolLM2-135M
@@ -25,11 +26,6 @@ SHAPES = {"1b qkv": (3072, 2048), "1b o": (2048, 2048), "1b gate_up": (16384, 20
 BLOCKS = [(16, 64, 128, 4, 4), (16, 32, 256, 4, 4), (16, 32, 128, 4, 4), (16, 64, 64, 4, 4),
           (16, 32, 256, 4, 3), (16, 64, 128, 8, 3), (16, 128, 64, 4, 4), (16, 64, 256, 4, 3),
           (16, 32, 64, 4, 4), (16, 16, 128, 4, 4)]
-
-
-def p50(fn) -> float:
-    t = sorted(graph_times(fn, 20, 30))
-    return t[len(t) // 2]
 
 
 def dump_table(table: dict) -> str:
@@ -62,13 +58,13 @@ def main() -> None:
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             want = torch.nn.functional.linear(x, w).float()
-            base = p50(lambda: torch.nn.functional.linear(x, w))
+            base = time_graph(lambda: torch.nn.functional.linear(x, w))
             cells = []
             for i, b in enumerate(BLOCKS):
                 got = kernels.fp8_linear(x, w, None, None, count, blocks=b).float()
                 err = ((got - want).norm() / want.norm()).item()
                 assert err < 1e-2, (name, m, b, err)
-                t = p50(lambda: kernels.fp8_linear(x, w, None, None, count, blocks=b))
+                t = time_graph(lambda: kernels.fp8_linear(x, w, None, None, count, blocks=b))
                 total[i] += t
                 cells.append(f"{t:.1f} ({gb / t * 1e6:.0f})")
             print(f"| {name} | {m} | {base:.1f} ({gb / base * 1e6:.0f}) | " + " | ".join(cells)
