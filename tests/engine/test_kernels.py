@@ -61,6 +61,17 @@ def test_silu_mul_matches_torch():
     assert close(kernels.silu_mul(gu), torch.nn.functional.silu(gate) * up)
 
 
+def block_tables(lengths: list[int], bs: int, room: int) -> tuple[list[list[int]], int]:
+    """Each sequence's blocks (block 0 left as scratch), with room for ``room`` more tokens, and
+    the number of blocks the pool needs."""
+    tables, nxt = [], 1
+    for n in lengths:
+        k = -(-(n + room) // bs)
+        tables.append(list(range(nxt, nxt + k)))
+        nxt += k
+    return tables, nxt
+
+
 def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
     model.use_kernels = fused
     ids, inp = runner.prepare(rows)
@@ -89,11 +100,7 @@ def test_fused_forward_matches_torch_forward(case):
                        "verify": [30, 9], "verify-one": [45], "prefill-short": [70],
                        "prefill-on-prefix": [20, 33],
                        "prefill-sdpa": [20, 33], "long-split": [300]}[case]
-    tables, nxt = [], 1
-    for n in lengths:  # each sequence's blocks, room for a few more tokens
-        k = -(-(n + 40) // bs)
-        tables.append(list(range(nxt, nxt + k)))
-        nxt += k
+    tables, nxt = block_tables(lengths, bs, 40)
     runners = [ModelRunner(model, nxt, bs) for _ in range(2)]
     prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
     for runner in runners:  # both pools hold the same cached prefixes (torch path)
@@ -355,11 +362,7 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     model.triton_linear_rows = kernels.LINEAR_ROWS if linear else 0
     g = torch.Generator().manual_seed(5)
     bs, lengths = 16, [700, 33, 5, 260]
-    tables, nxt = [], 1
-    for n in lengths:
-        k = -(-(n + 48) // bs)
-        tables.append(list(range(nxt, nxt + k)))
-        nxt += k
+    tables, nxt = block_tables(lengths, bs, 48)
     runners = [ModelRunner(model, nxt, bs) for _ in range(2)]
     prefix = [torch.randint(0, 30000, (n,), generator=g).tolist() for n in lengths]
     for runner in runners:
@@ -372,10 +375,9 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
         want = run_layers(model, runners[0], rows, True)
         model.pdl = True
         got = run_layers(model, runners[1], rows, True)
-        assert torch.equal(got, want)
-        for pools in ((r.k_pool, r.v_pool) for r in runners[1:]):  # block 0: padding's scratch
-            assert torch.equal(pools[0][:, 1:], runners[0].k_pool[:, 1:])
-            assert torch.equal(pools[1][:, 1:], runners[0].v_pool[:, 1:])
+        assert torch.equal(got, want)  # the pools past block 0 (padding's scratch) too:
+        assert torch.equal(runners[1].k_pool[:, 1:], runners[0].k_pool[:, 1:])
+        assert torch.equal(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:])
         ids, inp = runners[1].prepare(rows)
         graph = torch.cuda.CUDAGraph()
         with torch.inference_mode():
@@ -412,6 +414,9 @@ def test_decode_linear_is_checked_and_names_the_key():
 
     with pytest.raises(ConfigError, match="llm.decode_linear"):
         LlmConfig(decode_linear="cutlass")
+    with pytest.raises(ConfigError, match="llm.decode_linear"):
+        LlmConfig(decode_linear="triton")  # (llm.device: cpu)
+    assert LlmConfig(decode_linear="triton", device="cuda").decode_linear == "triton"
     assert LlmConfig(decode_linear="cublas").decode_linear == "cublas"
 
 
