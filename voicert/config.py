@@ -322,6 +322,8 @@ class LlmConfig:
                "on is a GPU option (llm.device: cuda)")
         _check(self.decode_linear in ("auto", "cublas", "triton"), "llm.decode_linear",
                "must be auto, cublas or triton")
+        _check(self.decode_linear != "triton" or self.device.startswith("cuda"),
+               "llm.decode_linear", "triton is a GPU option (llm.device: cuda)")
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
         _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
                "is a GPU option (llm.device: cuda)")

@@ -38,10 +38,13 @@ def main(argv: list[str] | None = None) -> None:
                     help="fused kernels: steps of at most this many rows run bf16 Linears through "
                          "the Triton kernel instead of cuBLAS")
     args = ap.parse_args(argv)
+    from voicert.engine import kernels  # (after the arguments: it needs Triton)
+
+    if not 0 <= args.triton_linear_rows <= kernels.LINEAR_ROWS:
+        ap.error(f"--triton-linear-rows must be in [0, {kernels.LINEAR_ROWS}] (the tiles are "
+                 "measured for that many rows)")
     dev = "cuda"
     if args.split_target is not None:
-        from voicert.engine import kernels
-
         kernels._SPLIT_TARGET = args.split_target
     cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
@@ -52,12 +55,8 @@ def main(argv: list[str] | None = None) -> None:
     model.use_kernels = args.fused_kernels
     model.triton_linear_rows = args.triton_linear_rows
     if args.triton_linear_rows:
-        from voicert.engine import kernels
-
         model.linear_tiles = kernels.linear_tiles(torch.cuda.get_device_name(dev), DTYPES[args.dtype])
     if args.fused_kernels and args.pdl:
-        from voicert.engine import kernels
-
         model.pdl = kernels.pdl_supported(dev)
     bs = 16
     per_seq = -(-(args.context + 1) // bs)
