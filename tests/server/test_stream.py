@@ -272,7 +272,8 @@ async def test_not_ready_until_the_models_are_loaded(services):
     base = f"http://127.0.0.1:{srv.port}"
     try:
         assert (await asyncio.to_thread(_get, base + "/healthz"))[0] == 200
-        assert (await asyncio.to_thread(_get, base + "/readyz")) == (503, "not ready\n")
+        assert (await asyncio.to_thread(_get, base + "/readyz")) == (
+            503, "not ready (loading models)\n")
         with pytest.raises(InvalidStatus) as info:
             async with connect(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"):
                 pass

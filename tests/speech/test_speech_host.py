@@ -3,14 +3,19 @@ its own Whisper would give, decodes from both are batched together, a dropped de
 answered, and a host that dies fails the open decodes at once; the workers reconnect to the next."""
 
 import asyncio
+import logging
+import threading
+import time
 
+import msgspec
 import numpy as np
 import pytest
 
 from tests.conftest import wav
 from voicert.config import load_config
 from voicert.speech.asr import FINAL, PARTIAL, WhisperAsr
-from voicert.speech.host import SharedAsr, start_speech_host
+from voicert.hosting import listen
+from voicert.speech.host import Hello, SharedAsr, start_speech_host
 
 KEY = b"test-key"
 
@@ -96,3 +101,49 @@ async def test_a_host_that_dies_fails_open_decodes_and_the_workers_reconnect(cfg
     finally:
         a.close()
         host.stop()
+
+
+def test_the_connected_line_is_said_only_once_the_connection_takes_work(address, caplog):
+    # A supervisor (or tests/server/test_workers.py) waits for this line and then sends a turn:
+    # by then the worker must be ready, not still reconnecting. No Whisper: a bare host that says
+    # hello, hangs up, and says hello again on the next connection.
+    listener = listen(address, KEY)
+    accepted = []
+
+    def host() -> None:
+        for pid in (101, 102):
+            conn = listener.accept()
+            conn.send_bytes(msgspec.msgpack.encode(Hello(pid)))
+            accepted.append(conn)
+            if pid == 101:
+                conn.close()  # the host goes away: the worker reconnects
+
+    threading.Thread(target=host, daemon=True).start()
+    holder: list[SharedAsr] = []
+    alive_when_said: list[tuple[int, bool]] = []
+
+    class Probe(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("connected to the speech host") and holder:
+                alive_when_said.append((holder[0].pid, holder[0].alive))
+
+    probe = Probe()
+    logging.getLogger("voicert.speech.host").addHandler(probe)
+    try:
+        with caplog.at_level(logging.INFO, logger="voicert.speech.host"):
+            holder.append(SharedAsr(address, KEY, 10))
+            for _ in range(200):
+                if alive_when_said:
+                    break
+                time.sleep(0.05)
+        assert alive_when_said == [(102, True)]
+        assert [r.getMessage() for r in caplog.records
+                if r.getMessage().startswith("connected")] == [
+            "connected to the speech host (pid 101)", "connected to the speech host (pid 102)"]
+    finally:
+        logging.getLogger("voicert.speech.host").removeHandler(probe)
+        if holder:
+            holder[0].close()
+        listener.close()
+        for conn in accepted:
+            conn.close()

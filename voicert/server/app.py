@@ -137,11 +137,22 @@ class VoiceServer:
     @property
     def ready(self) -> bool:
         """Models loaded and warmed up, the engine and speech workers up, not shutting down."""
+        return self.unready_reason() is None
+
+    def unready_reason(self) -> str | None:
+        """Why new work is refused now (the first part that is not up), or None when ready."""
         svc = self.services
-        if svc is None or svc.draining:
-            return False
-        return (getattr(svc.engine, "healthy", True) and getattr(svc.asr, "alive", True)
-                and (svc.tts is None or getattr(svc.tts, "alive", True)))
+        if svc is None:
+            return "loading models"
+        if svc.draining:
+            return "shutting down"
+        if not getattr(svc.engine, "healthy", True):
+            return "engine restarting"
+        if not getattr(svc.asr, "alive", True):
+            return "speech recognition down"  # a speech host reconnecting, or its worker gone
+        if svc.tts is not None and not getattr(svc.tts, "alive", True):
+            return "voice down"
+        return None
 
     def _on_give_up(self, why: str) -> None:
         """A supervisor could not bring its part back (any thread): stop serving, exit non-zero."""
@@ -160,7 +171,7 @@ class VoiceServer:
         for path in STATIC:
             routes.add("GET", path, self._static)
         routes.add("GET", "/stages.js", self._stages_js)
-        chat = ChatCompletions(lambda: self.services, lambda: self.ready)
+        chat = ChatCompletions(lambda: self.services, self.unready_reason)
         routes.add("POST", CHAT_PATH, chat.completions)
         routes.add("GET", MODELS_PATH, chat.models)
         for path in (*SESSION_ROUTES, dashboard.FEED_PATH):
@@ -171,9 +182,10 @@ class VoiceServer:
         return text(http.HTTPStatus.OK, "ok\n")
 
     async def _readyz(self, request: HttpRequest) -> HttpResponse:
-        ready = self.ready
-        return text(http.HTTPStatus.OK if ready else http.HTTPStatus.SERVICE_UNAVAILABLE,
-                    "ready\n" if ready else "not ready\n")
+        why = self.unready_reason()
+        if why is None:
+            return text(http.HTTPStatus.OK, "ready\n")
+        return text(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready ({why})\n")
 
     async def _metrics(self, request: HttpRequest) -> HttpResponse:
         if self.services is None:
@@ -206,9 +218,9 @@ class VoiceServer:
             return None
         if self.services.draining:
             return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "shutting down\n")
-        if not self.ready:
-            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                              "not ready (engine restarting)\n")
+        why = self.unready_reason()
+        if why is not None:
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready ({why})\n")
         s = self.cfg.server
         if self.services.metrics.active_sessions >= s.max_sessions:
             return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,

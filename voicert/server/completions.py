@@ -52,12 +52,14 @@ def _error(exc: chat.ChatError, headers: list[tuple[str, str]] | None = None) ->
 
 
 class ChatCompletions:
-    """The two routes. ``services`` returns the loaded services (None while loading); ``ready``
-    says whether new work is taken (loaded, engine healthy, not draining)."""
+    """The two routes. ``services`` returns the loaded services (None while loading);
+    ``unready_reason`` says why new work is refused now (loading, draining, a part down), or None
+    when it is taken."""
 
-    def __init__(self, services: Callable[[], Services | None], ready: Callable[[], bool]) -> None:
+    def __init__(self, services: Callable[[], Services | None],
+                 unready_reason: Callable[[], str | None]) -> None:
         self._services = services
-        self._ready = ready
+        self._unready_reason = unready_reason
         self.running = 0
         self._ids = itertools.count(1)
         self._started = int(time.time())
@@ -111,8 +113,9 @@ class ChatCompletions:
 
     def _check(self, request: HttpRequest, svc: Services | None) -> HttpResponse | None:
         """Loading, draining, access: the refusals every route here shares."""
-        if svc is None or not self._ready():
-            why = "loading models" if svc is None else "not ready"
+        why = self._unready_reason()
+        if svc is None or why is not None:
+            why = why or "loading models"
             return _error(chat.ChatError(503, why, code="unavailable", kind="server_error"),
                           [("Retry-After", "1")])
         s = svc.cfg.server

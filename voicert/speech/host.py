@@ -233,6 +233,7 @@ class SharedAsr:
         self._closing = False
         self.pid = 0
         self._conn: Connection | None = self._connect(connect_timeout_s)
+        self._said_connected()
         self._reader = threading.Thread(target=self._read, name="voicert-speech-events",
                                         daemon=True)
         self._reader.start()
@@ -247,8 +248,12 @@ class SharedAsr:
             conn.close()
             raise RuntimeError(f"speech host at {self.address} answered {type(hello).__name__}")
         self.pid = hello.pid
-        log.info("connected to the speech host (pid %d)", hello.pid)
         return conn
+
+    def _said_connected(self) -> None:
+        """Logged once the connection is in use (``alive``): a line a supervisor or a test may wait
+        on before sending work."""
+        log.info("connected to the speech host (pid %d)", self.pid)
 
     # ------------------------------------------------------------ the event-loop side
 
@@ -333,6 +338,7 @@ class SharedAsr:
                 continue
             with self._lock:
                 self._conn = conn
+            self._said_connected()
             return
 
     def _on(self, msg) -> None:
