@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--triton-linear-rows", type=int, default=0,
                     help="fused kernels: steps of at most this many rows run bf16 Linears through "
                          "the Triton kernel instead of cuBLAS")
-    ap.add_argument("--gated-down", action="store_true",
+    ap.add_argument("--gated-down", action=argparse.BooleanOptionalAction, default=False,
                     help="fused kernels: the down projection computes silu(gate) * up in its "
                          "loads where it runs the Triton Linear (the model's gated_down)")
     ap.add_argument("--l2-prefetch-mb", default=None,

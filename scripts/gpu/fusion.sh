@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The two decode-step changes that wait on a GPU (both off by default until this is run):
+# model.gated_down (the down projection takes silu(gate) * up in its loads: one launch less a
+# layer) and kernels.L2_PREFETCH_BYTES (a PDL-launched Linear brings its weight slice into L2
+# before it waits). First the compiled kernel tests that check their bits, then each step's GPU
+# time side by side: prefetch sizes in one process per shape (the first, 0, is the baseline of
+# the ratio; 0 again last shows the drift), with the SiLU kernel and with it fused.
+#   bash scripts/gpu/fusion.sh "SHAPES" "DTYPES" [TESTS]   e.g. bash scripts/gpu/fusion.sh "1b 8b" "bf16 fp8" yes
+# Outputs go to $OUT (or ./fusion-out).
+set -u
+out=${OUT:-fusion-out}
+mkdir -p "$out"
+python3 -m pip install -q --no-index --no-deps --target /root/site .carry/gptq/*.whl >/dev/null 2>&1
+export PYTHONPATH=$PWD:/root/site
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$out/gpu.txt"
+if [ "${3:-yes}" = yes ]; then
+  python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/engine/test_kernels.py \
+    -k "gated or pdl or prefetch or fused_forward or fp8_linear or unscaled" > "$out/test_kernels.txt" 2>&1
+  tail -3 "$out/test_kernels.txt"
+fi
+for shape in $1; do
+  rows=1
+  [ "$shape" = 8b ] && rows=16  # what llm.decode_linear: auto takes at each width
+  for dt in $2; do
+    extra="--triton-linear-rows $rows"
+    [ "$dt" = fp8 ] && extra="--fp8"
+    for gated in --no-gated-down --gated-down; do
+      echo "== llama-$shape-random $dt $gated"
+      python3 -m voicert.bench.profile_step --model "llama-$shape-random" $extra $gated \
+        --l2-prefetch-mb 0,8,16,32,0 > "$out/step-$shape-$dt$gated.txt" 2>&1
+      grep -E "L2 prefetch|Error" "$out/step-$shape-$dt$gated.txt"
+    done
+  done
+done
