@@ -9,10 +9,7 @@
 # Outputs go to $OUT (or ./fusion-out).
 set -u
 out=${OUT:-fusion-out}
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --target /root/site .carry/gptq/*.whl >/dev/null 2>&1
-export PYTHONPATH=$PWD:/root/site
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$out/gpu.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
 if [ "${3:-yes}" = yes ]; then
   python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/engine/test_kernels.py \
     -k "gated or pdl or prefetch or fused_forward or fp8_linear or unscaled" > "$out/test_kernels.txt" 2>&1

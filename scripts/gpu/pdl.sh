@@ -5,10 +5,7 @@
 # TESTS: kernels | gpu | "kernels gpu" | none. Outputs go to $OUT (or ./pdl-out).
 set -u
 out=${OUT:-pdl-out}
-mkdir -p "$out"
-python3 -m pip install -q --no-index --no-deps --target /root/site .carry/gptq/*.whl >/dev/null 2>&1
-export PYTHONPATH=$PWD:/root/site
-nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv,noheader > "$out/gpu.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
 for t in $1; do
   [ "$t" = none ] && continue
   python3 -m pytest -q -p no:cacheprovider -o addopts="" "tests/engine/test_$t.py" > "$out/test_$t.txt" 2>&1
