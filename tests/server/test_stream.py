@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import types
 import urllib.error
 import urllib.request
 
@@ -263,6 +264,26 @@ async def test_health_ready_and_unknown_routes(server):
         async with connect(f"ws://127.0.0.1:{server.port}/elsewhere"):
             pass
     assert info.value.response.status_code == 404
+
+
+async def test_a_refusal_names_the_part_that_is_down(services):
+    cfg = dataclasses.replace(services.cfg, server=dataclasses.replace(services.cfg.server, port=0))
+    down = [("engine", types.SimpleNamespace(healthy=False), "engine restarting"),
+            ("asr", types.SimpleNamespace(alive=False), "speech recognition down"),
+            ("tts", types.SimpleNamespace(alive=False), "voice down")]
+    for part, fake, why in down:
+        srv = VoiceServer(dataclasses.replace(services, cfg=cfg, **{part: fake}))
+        await srv.start()
+        try:
+            base = f"http://127.0.0.1:{srv.port}"
+            assert (await asyncio.to_thread(_get, base + "/readyz")) == (503, f"not ready ({why})\n")
+            with pytest.raises(InvalidStatus) as info:
+                async with connect(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"):
+                    pass
+            assert info.value.response.status_code == 503
+            assert info.value.response.body.decode() == f"not ready ({why})\n"
+        finally:
+            await srv.shutdown()
 
 
 async def test_not_ready_until_the_models_are_loaded(services):

@@ -233,7 +233,7 @@ class SharedAsr:
         self._closing = False
         self.pid = 0
         self._conn: Connection | None = self._connect(connect_timeout_s)
-        self._said_connected()
+        self._log_connected()
         self._reader = threading.Thread(target=self._read, name="voicert-speech-events",
                                         daemon=True)
         self._reader.start()
@@ -250,7 +250,7 @@ class SharedAsr:
         self.pid = hello.pid
         return conn
 
-    def _said_connected(self) -> None:
+    def _log_connected(self) -> None:
         """Logged once the connection is in use (``alive``): a line a supervisor or a test may wait
         on before sending work."""
         log.info("connected to the speech host (pid %d)", self.pid)
@@ -338,7 +338,7 @@ class SharedAsr:
                 continue
             with self._lock:
                 self._conn = conn
-            self._said_connected()
+            self._log_connected()
             return
 
     def _on(self, msg) -> None:
