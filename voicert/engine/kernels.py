@@ -665,7 +665,8 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
         if count is None:
             count = counters(x.device, grid_n * grid_m)
         assert count.numel() >= grid_n * grid_m
-    prefetch_k = l2_prefetch_columns(n, k, split, k_per_split, bk, w.element_size()) if pdl else 0
+    prefetch_k = (l2_prefetch_columns(n, k, split, k_per_split, bk, w.element_size())
+                  if pdl and w.data_ptr() % 16 == 0 else 0)  # (the bulk prefetch's alignment)
     _fp8_linear_kernel[(grid_n, grid_m, split)](
         x2, w, w if scale is None else scale, w if bias is None else bias, out, part,
         w if count is None else count, m, n, k, x2.stride(0), k_per_split,
