@@ -60,6 +60,19 @@ def test_vllm_gets_the_benchs_own_shape_as_a_llama_config(tmp_path):
     assert cfg["num_hidden_layers"] == 32 and cfg["torch_dtype"] == "bfloat16"
 
 
+def test_a_qwen3_shape_is_qwen3_for_both_engines(tmp_path):
+    import json
+
+    from voicert.engine.models.llama import LlamaConfig
+
+    cfg = LlamaConfig.from_hf(bench.shape_config("qwen3-8b-random"))
+    assert cfg.qk_norm and not cfg.attention_bias and cfg.num_layers == 36
+    assert not LlamaConfig.from_hf(bench.shape_config("llama-8b-random")).qk_norm
+    out = write_shape(bench.SHAPES["qwen3-8b-random"], tmp_path / "qwen3")
+    written = json.loads((out / "config.json").read_text())
+    assert written["architectures"] == ["Qwen3ForCausalLM"] and written["model_type"] == "qwen3"
+
+
 def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
     import pytest
 

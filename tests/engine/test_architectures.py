@@ -128,7 +128,7 @@ def test_cached_equals_uncached(checkpoint, prompts):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
     """As served on a GPU (fp32, CUDA graphs, the fused kernels and PDL where the architecture
-    takes them: Phi-3 runs Llama's fused layers, Qwen3 and Gemma their torch layers in graphs):
+    takes them: Phi-3 and Qwen3 run Llama's fused layers, Gemma its torch layers in graphs):
     the tokens of the eager CPU path above (itself equal to transformers'), batched and one at a
     time."""
     import asyncio

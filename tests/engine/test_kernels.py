@@ -1,6 +1,7 @@
 """The Triton kernels against the torch path they replace. On a machine without CUDA they run in
 Triton's interpreter on CPU tensors (slow: the model here is tiny); on the GPU machine, compiled."""
 
+import dataclasses
 import os
 
 import torch
@@ -80,17 +81,25 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", ["decode", "decode-wide", "decode-triton-linear",
-                                  "decode-gated-down", "verify",
+                                  "decode-gated-down", "decode-qk-norm", "verify",
                                   "verify-one",
                                   "prefill-short", "prefill-on-prefix", "prefill-sdpa",
-                                  "long-split"])
+                                  "prefill-qk-norm", "long-split"])
 def test_fused_forward_matches_torch_forward(case):
     """Same hidden states and the same KV pool contents as the torch path, over the shapes the
     engine runs: batched decode of ragged lengths, speculative verify rows (padded), a prefill
     on top of a cached prefix (the paged kernel over tiles of query tokens, short and long; and
     with ``prefill_attention: sdpa``, gather + SDPA) and a long context at batch 1 (split
-    keys)."""
-    model = random_llama(TINY, torch.float32, DEV)
+    keys). ``qk-norm``: Qwen3's per-head q and k norms (in the RoPE kernel), with q/k biases."""
+    qk = case.endswith("qk-norm")
+    cfg = dataclasses.replace(TINY, qk_norm=True, attention_bias=True) if qk else TINY
+    model = random_llama(cfg, torch.float32, DEV)
+    if qk:  # norm weights start at one: make them matter
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for layer in model.layers:
+                for norm in (layer.attn.q_norm, layer.attn.k_norm):
+                    norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) + 0.5)
     if case == "prefill-sdpa":
         model.prefill_attention = "sdpa"
     if case in ("decode-triton-linear", "decode-gated-down"):  # Linears by the FP8 kernel
@@ -99,6 +108,7 @@ def test_fused_forward_matches_torch_forward(case):
     g = torch.Generator().manual_seed(2)
     bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
                        "decode-triton-linear": [5, 40, 17], "decode-gated-down": [5, 40, 17],
+                       "decode-qk-norm": [5, 40, 17], "prefill-qk-norm": [20, 33],
                        "verify": [30, 9], "verify-one": [45], "prefill-short": [70],
                        "prefill-on-prefix": [20, 33],
                        "prefill-sdpa": [20, 33], "long-split": [300]}[case]
@@ -108,7 +118,7 @@ def test_fused_forward_matches_torch_forward(case):
     for runner in runners:  # both pools hold the same cached prefixes (torch path)
         run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
     width = {"verify": 3, "verify-one": 3, "prefill-short": 7, "prefill-on-prefix": 24,
-             "prefill-sdpa": 24}.get(case, 1)
+             "prefill-sdpa": 24, "prefill-qk-norm": 24}.get(case, 1)
     rows = [Row(torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
                 n, t, 0) for i, (n, t) in enumerate(zip(lengths, tables))]
     want = run_layers(model, runners[0], rows, False)

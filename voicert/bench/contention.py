@@ -81,7 +81,7 @@ def _measure(engine, rng, reps: int, new: int) -> tuple[list[float], list[float]
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from voicert.bench.engine import SHAPES, _NullTokenizer, pct
+    from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, pct
     from voicert.engine.llm_engine import EngineConfig, LLMEngine
     from voicert.engine.models.llama import LlamaConfig, load_llama, random_llama
 
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.model in SHAPES:
         label = f"{args.model} (RANDOM WEIGHTS, timing only)"
-        model = random_llama(LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama")),
+        model = random_llama(LlamaConfig.from_hf(shape_config(args.model)),
                              torch.bfloat16, "cuda")
     else:
         label, model = args.model, load_llama(args.model, torch.bfloat16, "cuda")

@@ -47,7 +47,18 @@ SHAPES = {
                            num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                            head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
                            max_position_embeddings=8192, tie_word_embeddings=True),
+    "qwen3-8b-random": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096,
+                            intermediate_size=12288, num_hidden_layers=36,
+                            num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+                            rms_norm_eps=1e-6, rope_theta=1000000.0,
+                            max_position_embeddings=40960, tie_word_embeddings=False),
 }
+
+
+def shape_config(name: str) -> dict:
+    """The HF config dict of a random-weight shape of :data:`SHAPES` (Llama unless the shape
+    names its ``model_type``, e.g. Qwen3's per-head q/k norms)."""
+    return {"model_type": "llama", **SHAPES[name]}
 # Voice-agent turns: short answers and confirmations that repeat what the caller said.
 VOICE_PROMPTS = [
     "Please confirm my order: two large pepperoni pizzas, one garlic bread and a diet cola.",
@@ -183,7 +194,7 @@ class Bench:
         self.args = args
         dtype = DTYPES[args.dtype]
         if args.model in SHAPES:
-            hf_cfg = dict(SHAPES[args.model], model_type="llama")
+            hf_cfg = shape_config(args.model)
             self.label = f"{args.model} (RANDOM WEIGHTS, timing only)"
             self.model = random_llama(LlamaConfig.from_hf(hf_cfg), dtype, args.device)
             self.tokenizer = None

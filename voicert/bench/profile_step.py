@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from voicert.bench.engine import SHAPES
+from voicert.bench.engine import SHAPES, shape_config
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 from voicert.engine.runner import ModelRunner, Row, StepGraphs
 
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
     if any(v < 0 for v in prefetch):
         ap.error("--l2-prefetch-mb: sizes are 0 or more")
     kernels.L2_PREFETCH_BYTES = int(prefetch[0] * 2**20)
-    cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config(args.model))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     if args.fp8:
         from voicert.engine.fp8 import quantize_fp8

@@ -28,7 +28,7 @@ import time
 import numpy as np
 import torch
 
-from voicert.bench.engine import SHAPES, _NullTokenizer
+from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer
 from voicert.engine.base import GenerationRequest
 from voicert.engine.core import EngineConfig, EngineCore
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--reps must be at least 1")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         ap.error("no CUDA GPU here: use --device cpu for the host phases only")
-    cfg = LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config(args.model))
     gpu = args.device.startswith("cuda")
     model = random_llama(cfg, DTYPES[args.dtype], args.device)
     core = EngineCore("", EngineConfig(device=args.device, dtype=args.dtype, kv_memory_gb=4,

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from voicert.bench.engine import SHAPES, _NullTokenizer, voice_prompt_ids
+from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, voice_prompt_ids
 from voicert.config import ConfigError
 from voicert.engine.base import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
@@ -142,7 +142,7 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, LLMEngine], list[lis
     """(label, engines by mode, the prompts to cycle through, whether replies ignore EOS)."""
     dtype = DTYPES[args.dtype]
     if args.model in SHAPES:
-        hf = dict(SHAPES[args.model], model_type="llama")
+        hf = shape_config(args.model)
         model = random_llama(LlamaConfig.from_hf(hf), dtype, args.device)
         tok, model_dir = _NullTokenizer(model.cfg.vocab_size), ""
         rng = np.random.default_rng(0)

@@ -129,7 +129,7 @@ def _core(args: argparse.Namespace):
     import torch
     from transformers import AutoTokenizer
 
-    from voicert.bench.engine import SHAPES
+    from voicert.bench.engine import SHAPES, shape_config
     from voicert.config import cache_dir, load_config
     from voicert.engine.core import EngineConfig, EngineCore
     from voicert.engine.loader import resolve_llm
@@ -141,7 +141,7 @@ def _core(args: argparse.Namespace):
     dtype = DTYPES[args.dtype]
     if args.model in SHAPES:
         torch.manual_seed(0)
-        model = random_llama(LlamaConfig.from_hf(dict(SHAPES[args.model], model_type="llama")),
+        model = random_llama(LlamaConfig.from_hf(shape_config(args.model)),
                              dtype, args.device)
         label = f"{args.model} (RANDOM WEIGHTS, timing only; the embedded tokenizer)"
     else:

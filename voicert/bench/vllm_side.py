@@ -29,9 +29,14 @@ from pathlib import Path
 import numpy as np
 
 
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+
+
 def write_shape(shape: dict, out_dir: Path) -> Path:
-    """A config.json for vLLM's dummy loader: the shape's HF Llama config, bf16."""
-    cfg = dict(shape, model_type="llama", architectures=["LlamaForCausalLM"],
+    """A config.json for vLLM's dummy loader: the shape's HF config (Llama unless it names its
+    ``model_type``), bf16."""
+    kind = shape.get("model_type", "llama")
+    cfg = dict(shape, model_type=kind, architectures=[ARCHITECTURES[kind]],
                torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))

@@ -173,10 +173,10 @@ def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, n_rot, kvh_n,
-                    n_q_heads, n_pos, D: tl.constexpr, BLOCK_H: tl.constexpr,
+def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr,
+                    eps, n_rot, kvh_n, n_q_heads, n_pos, D: tl.constexpr, BLOCK_H: tl.constexpr,
                     BLOCK_KV: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr,
-                    ROW: tl.constexpr, PDL: tl.constexpr):
+                    QK_NORM: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     _pdl_enter(PDL)
@@ -187,6 +187,9 @@ def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, 
     lo = row + heads[:, None] * D + d[None, :]
     x1 = tl.load(lo, mask=hm, other=0.0).to(tl.float32)
     x2 = tl.load(lo + HALF, mask=hm, other=0.0).to(tl.float32)
+    if QK_NORM:  # Qwen3: each q and k head RMS-normalised over D, then RoPE
+        is_q = (heads < n_q_heads)[:, None]
+        x1, x2 = _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, d, eps, D, qkv_ptr.dtype.element_ty)
     p = tl.minimum(tl.load(pos_ptr + t), n_pos - 1)  # the tables' row for this position
     c = tl.load(cos_ptr + p * HALF + d).to(tl.float32)[None, :]
     sn = tl.load(sin_ptr + p * HALF + d).to(tl.float32)[None, :]
@@ -223,6 +226,20 @@ def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, 
 
 
 @triton.jit
+def _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, d, eps, D: tl.constexpr, dtype: tl.constexpr):
+    """Each head's row [BLOCK_H, D] (given as its halves x1, x2, float32) normalised over D and
+    scaled by the q weights [D] (rows where ``is_q``) or the k weights, rounded to ``dtype`` as
+    layers.RMSNorm rounds on the CPU (normalised in float32, cast, times the weight, cast)."""
+    HALF: tl.constexpr = D // 2
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+    w1 = tl.where(is_q, tl.load(qn_ptr + d)[None, :], tl.load(kn_ptr + d)[None, :])
+    w2 = tl.where(is_q, tl.load(qn_ptr + HALF + d)[None, :], tl.load(kn_ptr + HALF + d)[None, :])
+    y1 = (x1 * rstd[:, None]).to(dtype).to(tl.float32) * w1.to(tl.float32)
+    y2 = (x2 * rstd[:, None]).to(dtype).to(tl.float32) * w2.to(tl.float32)
+    return y1.to(dtype).to(tl.float32), y2.to(dtype).to(tl.float32)
+
+
+@triton.jit
 def _int8(x):
     """Round half to even and saturate to [-127, 127], as torch.round and clamp do."""
     return tl.clamp(libdevice.rint(x), -127.0, 127.0).to(tl.int8)
@@ -240,21 +257,25 @@ def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
 def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
                   sin: torch.Tensor, slots: torch.Tensor, k_pool: torch.Tensor,
                   v_pool: torch.Tensor, num_heads: int, num_kv_heads: int,
-                  pdl: bool = False) -> None:
+                  pdl: bool = False,
+                  qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> None:
     """qkv [T, (H + 2 KVH) * D] contiguous; positions [T] int64; cos/sin [P, D/2], the model's
     tables of cos and sin of each position's angles (positions past P - 1 read row P - 1: the
     caller keeps positions below P); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one
     layer's, contiguous; qkv's dtype, or llm.kv_cache's float8_e4m3fn, or int8 with each row's
     float32 scale after it: row D + 4, models/layers.py). Rotates q and k in place in
     ``qkv`` (HF's half-split RoPE) and writes each token's k and v into its slot. ``pdl``: as
-    :func:`add_rms_norm`'s."""
+    :func:`add_rms_norm`'s. ``qk_norm`` (Qwen3): the q and k RMSNorm weights [D] and eps; each
+    q and k head is normalised over D before it is rotated (and stored so in ``qkv``)."""
     n_rot = num_heads + num_kv_heads
     d = qkv.shape[-1] // (n_rot + num_kv_heads)
-    _rope_kv_kernel[(qkv.shape[0],)](qkv, positions, cos, sin, slots, k_pool, v_pool, n_rot,
-                                     num_kv_heads, num_heads, cos.shape[0], D=d,
+    q_w, k_w, eps = qk_norm if qk_norm is not None else (cos, cos, 0.0)
+    _rope_kv_kernel[(qkv.shape[0],)](qkv, positions, cos, sin, slots, k_pool, v_pool, q_w, k_w,
+                                     eps, n_rot, num_kv_heads, num_heads, cos.shape[0], D=d,
                                      BLOCK_H=_pow2(n_rot), BLOCK_KV=_pow2(num_kv_heads),
                                      KV_FP8=k_pool.dtype == torch.float8_e4m3fn,
-                                     KV_INT8=k_pool.dtype == torch.int8, ROW=k_pool.shape[-1],
+                                     KV_INT8=k_pool.dtype == torch.int8,
+                                     QK_NORM=qk_norm is not None, ROW=k_pool.shape[-1],
                                      PDL=pdl, num_warps=4, launch_pdl=pdl)
 
 

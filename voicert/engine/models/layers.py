@@ -189,8 +189,10 @@ class Attention(nn.Module):
 
         b, q_len, _ = qkv.shape
         h, kvh, d = self.h, self.kvh, self.d
+        norms = ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm
+                 else None)
         kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
-                              k_pool, v_pool, h, kvh, pdl)
+                              k_pool, v_pool, h, kvh, pdl, norms)
         if wide is None:
             return kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables, inp.positions,
                                            h, kvh, count, pdl)

@@ -125,7 +125,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
                 v_pool: torch.Tensor) -> torch.Tensor:
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
-        if self.use_kernels and not self.cfg.qk_norm:  # (the fused kernels take no q/k norm yet)
+        if self.use_kernels:
             return self._forward_fused(input_ids, inp, k_pool, v_pool)
         cos, sin = self._rope(inp.positions)
         mask = self._mask(inp, k_pool.shape[2])
