@@ -189,8 +189,11 @@ class Attention(nn.Module):
 
         b, q_len, _ = qkv.shape
         h, kvh, d = self.h, self.kvh, self.d
-        norms = ((self.q_norm.weight, self.k_norm.weight, self.q_norm.eps) if self.qk_norm
-                 else None)
+        norms = None
+        if self.qk_norm:  # the kernel computes layers.RMSNorm (Qwen3's), not another norm
+            if type(self.q_norm) is not RMSNorm:
+                raise NotImplementedError(f"fused q/k norms of {type(self.q_norm).__name__}")
+            norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
                               k_pool, v_pool, h, kvh, pdl, norms)
         if wide is None:
