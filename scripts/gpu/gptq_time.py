@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from voicert.bench.engine import SHAPES
+from voicert.bench.engine import shape_config
 from voicert.engine import fp8
 from voicert.engine.models.llama import LlamaConfig, random_llama
 from voicert.engine.runner import ModelRunner, Row
@@ -24,7 +24,7 @@ def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:
     g = torch.Generator().manual_seed(0)
     rows = [torch.randint(0, 49152, (n,), generator=g).tolist() for n in [20] * 20 + [134] * 48]
     for shape in shapes.split(","):
-        cfg = LlamaConfig.from_hf(dict(SHAPES[f"llama-{shape}-random"], model_type="llama"))
+        cfg = LlamaConfig.from_hf(shape_config(f"llama-{shape}-random"))
         model = random_llama(cfg, torch.bfloat16, "cuda")
         runner = ModelRunner(model, 10, 16)
 

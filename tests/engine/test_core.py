@@ -4,7 +4,7 @@ threaded client around it gives the same tokens, detokenised on the caller's sid
 import pytest
 import torch
 
-from voicert.bench.engine import SHAPES
+from voicert.bench.engine import shape_config
 from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest
 from voicert.engine.core import EngineConfig, EngineCore
 from voicert.engine.llm_engine import LLMEngine
@@ -22,7 +22,7 @@ def parts(tmp_path_factory):
 
     model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
     torch.manual_seed(0)
-    model = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+    model = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
                                                   num_hidden_layers=2)), torch.float32, "cpu")
     return model_dir, model, AutoTokenizer.from_pretrained(model_dir)
 

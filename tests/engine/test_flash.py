@@ -90,12 +90,12 @@ def test_flash_rows_replayed_from_a_graph_follow_new_rows():
 
 @needs_flash
 def test_a_served_engine_prefills_with_flash_and_agrees_with_sdpa():
-    from voicert.bench.engine import SHAPES, _NullTokenizer
+    from voicert.bench.engine import shape_config, _NullTokenizer
     from voicert.engine.base import GenerationRequest
     from voicert.engine.llm_engine import EngineConfig, LLMEngine
     from voicert.engine.models.llama import random_llama
 
-    model = random_llama(LlamaConfig.from_hf(dict(SHAPES["llama-1b-random"], model_type="llama",
+    model = random_llama(LlamaConfig.from_hf(dict(shape_config("llama-1b-random"),
                                                   num_hidden_layers=4)), torch.bfloat16, "cuda")
     g = torch.Generator().manual_seed(1)
     prompts = [torch.randint(100, 40000, (int(n),), generator=g).tolist()

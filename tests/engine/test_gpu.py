@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import torch
 
-from voicert.bench.engine import SHAPES, _NullTokenizer
+from voicert.bench.engine import shape_config, _NullTokenizer
 from voicert.engine.base import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
@@ -35,7 +35,7 @@ def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="alwa
 
 
 def smollm2_shape() -> LlamaConfig:
-    return LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    return LlamaConfig.from_hf(shape_config("smollm2-random"))
 
 
 def repeat_heads(cfg: LlamaConfig, tmp_path) -> str:
@@ -59,7 +59,7 @@ def prompts():
 
 
 def test_graph_decode_equals_eager_fp32(prompts):
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
     eager, graphed = make(model, False), make(model, True)
     try:
@@ -78,7 +78,7 @@ def test_fused_kernels_equal_the_torch_path_fp32(prompts, linear):
     """Triton kernels (graphed, as served) against the torch path (eager) in fp32: same tokens,
     with decode, multi-prompt prefill and speculative verification all exercised; small steps'
     Linears by cuBLAS or by the Triton kernel (``llm.decode_linear``)."""
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     fused_model = random_llama(cfg, torch.float32, "cuda")
     torch_model = random_llama(cfg, torch.float32, "cuda")  # same seed: same weights
     fused = make(fused_model, True, spec=4, linear=linear)
@@ -96,7 +96,7 @@ def test_fused_kernels_equal_the_torch_path_fp32(prompts, linear):
 
 
 def test_bf16_agreement_with_fp32_is_reported(prompts):
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     ref = make(random_llama(cfg, torch.float32, "cuda"), True)
     bf = make(random_llama(cfg, torch.bfloat16, "cuda"), True)
     try:
@@ -112,7 +112,7 @@ def test_bf16_agreement_with_fp32_is_reported(prompts):
 
 def test_speculative_verify_graphs_equal_greedy_fp32(prompts):
     """Repetitive prompts make the n-gram drafter propose; graphed verification must keep greedy."""
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
     plain, spec = make(model, True), make(model, True, spec=4)
     rep = [(p[:20] * 6)[:100] for p in prompts[:6]]
@@ -128,7 +128,7 @@ def test_draft_head_graphs_equal_greedy_fp32(prompts):
     """The embedded heads fit the SmolLM2 shape: graphed steps that also emit the heads' drafts
     must keep greedy tokens, and drafts must be proposed (prefill and decode graphs), with verify
     steps overlapped (queued before the last one's tokens are read)."""
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
     plain, heads = make(model, True), make(model, True, spec=2, heads="embedded")
     try:
@@ -145,7 +145,7 @@ def test_overlapped_decode_equals_step_by_step_fp32(prompts):
     """Decode steps queued before the previous step's tokens are read (their input tokens fed on
     the GPU) give the same tokens as stepping one at a time, with sequences ending at different
     lengths, on a stop token and by a cancel mid-reply; every KV block comes back."""
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
     step, over = make(model, True, overlap=False), make(model, True)
 
@@ -247,7 +247,7 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
 
         tok_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(tok_dir)
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
     tool = ToolSpec.of("book", "Book a table", {
         "type": "object", "required": ["people", "note"], "additionalProperties": False,
@@ -288,7 +288,7 @@ def test_fp8_graphed_and_fused_equals_fp8_eager_and_batched_equals_one_at_a_time
     layers over the same FP8 weights, fp32 activations: same tokens, together or one at a time."""
     from voicert.engine.fp8 import quantize_fp8
 
-    cfg = LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama"))
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
     quantize_fp8(model)
     eager, served = make(model, False, fused=False), make(model, True)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from voicert.agent.tool_calls import CallClosed, CallParser
-from voicert.bench.engine import SHAPES
+from voicert.bench.engine import shape_config
 from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest
 from voicert.engine.core import EngineConfig, EngineCore
 from voicert.engine.guided import GuideError
@@ -40,7 +40,7 @@ def core():
 
     model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
     torch.manual_seed(0)
-    model = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+    model = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
                                                   num_hidden_layers=2)), torch.float32, "cpu")
     return EngineCore(model_dir, EngineConfig(num_blocks=256), model=model,
                       tokenizer=AutoTokenizer.from_pretrained(model_dir))

@@ -25,11 +25,11 @@ def test_heads_for_another_model_are_refused(tmp_path):
 
 
 def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
-    from voicert.bench.engine import SHAPES, _NullTokenizer
+    from voicert.bench.engine import shape_config, _NullTokenizer
     from voicert.engine.llm_engine import EngineConfig, LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
-    model = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama")),
+    model = random_llama(LlamaConfig.from_hf(shape_config("smollm2-random")),
                          torch.float32, "cpu")
     tok = _NullTokenizer(model.cfg.vocab_size)
     with pytest.raises(ValueError, match="more than"):
@@ -41,13 +41,13 @@ def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
 
 
 def test_auto_heads_are_the_embedded_ones_where_they_fit_and_n_grams_elsewhere():
-    from voicert.bench.engine import SHAPES, _NullTokenizer
+    from voicert.bench.engine import shape_config, _NullTokenizer
     from voicert.engine.llm_engine import EngineConfig, LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
-    fits = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+    fits = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
                                                  num_hidden_layers=2)), torch.float32, "cpu")
-    other = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+    other = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
                                                   num_hidden_layers=2, hidden_size=128,
                                                   num_attention_heads=2, num_key_value_heads=1)),
                          torch.float32, "cpu")

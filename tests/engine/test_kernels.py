@@ -414,10 +414,10 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear, 
     query tiles; with FP8 Linears, both the widening kernel and the tensor-core path) gives the
     same bits and the same KV pool with and without it, eagerly and in every replay of a CUDA
     graph of it."""
-    from voicert.bench.engine import SHAPES
+    from voicert.bench.engine import shape_config
     from voicert.engine.fp8 import quantize_fp8
 
-    cfg = LlamaConfig.from_hf(dict(SHAPES["llama-1b-random"], model_type="llama",
+    cfg = LlamaConfig.from_hf(dict(shape_config("llama-1b-random"),
                                    num_hidden_layers=3))
     model = random_llama(cfg, torch.bfloat16, DEV)
     if fp8:

@@ -17,14 +17,14 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
     """Draft = the target itself (drafts nearly always accepted) and draft = random weights of the
     same vocabulary and width, two layers deep (drafts nearly never accepted): both must give the
     target's greedy tokens."""
-    from voicert.bench.engine import SHAPES
+    from voicert.bench.engine import shape_config
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
     model, tok = parts
     plain, _ = engines
     texts = PROMPTS[:3] + ["Confirm back to me: my name is Anna Smith."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("dg", texts, 16))]
-    junk = random_llama(LlamaConfig.from_hf(dict(SHAPES["smollm2-random"], model_type="llama",
+    junk = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
                                                  num_hidden_layers=2)), torch.float32, "cpu")
     for name, draft in (("self", model), ("junk", junk)):
         # eager, not traced: what is tested is the draft path (traced == eager: test_runner.py)

@@ -59,6 +59,8 @@ def shape_config(name: str) -> dict:
     """The HF config dict of a random-weight shape of :data:`SHAPES` (Llama unless the shape
     names its ``model_type``, e.g. Qwen3's per-head q/k norms)."""
     return {"model_type": "llama", **SHAPES[name]}
+
+
 # Voice-agent turns: short answers and confirmations that repeat what the caller said.
 VOICE_PROMPTS = [
     "Please confirm my order: two large pepperoni pizzas, one garlic bread and a diet cola.",

@@ -151,10 +151,19 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.conste
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
     _pdl_enter(PDL)
-    g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0).to(tl.float32)
-    u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0).to(tl.float32)
-    act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * inter + cols, (act * u).to(out_ptr.dtype.element_ty), mask=m)
+    g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0)
+    tl.store(out_ptr + row * inter + cols, _silu_times(g, u, out_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _silu_times(g, u, dtype: tl.constexpr):
+    """silu(g) * u in ``dtype``: the SiLU computed in float32 and rounded to ``dtype``, then the
+    product, rounded again (HF's order). The one definition both :func:`silu_mul` and the gated
+    Linear use, so their bits agree."""
+    gf = g.to(tl.float32)
+    act = (gf / (1.0 + tl.exp(-gf))).to(dtype).to(tl.float32)
+    return (act * u.to(tl.float32)).to(dtype)
 
 
 def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
@@ -576,14 +585,11 @@ def _l2_prefetch(addrs, nbytes, ok):
 @triton.jit
 def _linear_input(x_ptrs, mask, K, GATED: tl.constexpr):
     """A tile of the Linear's input [BM, BK]. ``GATED``: the rows hold gate then up (2K wide),
-    and the tile is silu(gate) * up, rounded at the steps :func:`silu_mul` rounds at (the same
-    bits as that kernel's output, without its launch and its round trip through memory)."""
+    and the tile is silu(gate) * up by :func:`_silu_times` (the bits of :func:`silu_mul`'s
+    output, without its launch and its round trip through memory)."""
     if GATED:
         g = tl.load(x_ptrs, mask=mask, other=0.0)
-        u = tl.load(x_ptrs + K, mask=mask, other=0.0)
-        gf = g.to(tl.float32)
-        act = (gf / (1.0 + tl.exp(-gf))).to(g.dtype).to(tl.float32)
-        return (act * u.to(tl.float32)).to(g.dtype)
+        return _silu_times(g, tl.load(x_ptrs + K, mask=mask, other=0.0), g.dtype)
     return tl.load(x_ptrs, mask=mask, other=0.0)
 
 

@@ -134,13 +134,9 @@ class VoiceServer:
     def cfg(self) -> Config:
         return self.services.cfg if self.services is not None else self.config
 
-    @property
-    def ready(self) -> bool:
-        """Models loaded and warmed up, the engine and speech workers up, not shutting down."""
-        return self.unready_reason() is None
-
     def unready_reason(self) -> str | None:
-        """Why new work is refused now (the first part that is not up), or None when ready."""
+        """Why new work is refused now (the first part that is not up), or None when ready:
+        models loaded and warmed up, the engine and speech workers up, not shutting down."""
         svc = self.services
         if svc is None:
             return "loading models"
