@@ -132,6 +132,19 @@ def test_fused_forward_matches_torch_forward(case):
         assert torch.equal(run_layers(model, runners[1], rows, True), got)
 
 
+def test_fused_q_k_norms_other_than_rmsnorm_are_refused_not_computed_wrong():
+    """The RoPE kernel computes layers.RMSNorm (Qwen3's); Gemma's norm (1 + weight) would come
+    out wrong there, so a model whose q/k norms are another type stops with a message."""
+    from voicert.engine.models.gemma import GemmaNorm
+
+    model = random_llama(dataclasses.replace(TINY, qk_norm=True), torch.float32, DEV)
+    model.layers[0].attn.q_norm = GemmaNorm(TINY.head_dim, TINY.rms_norm_eps).to(DEV)
+    tables, nxt = block_tables([5], 16, 4)
+    runner = ModelRunner(model, nxt, 16)
+    with pytest.raises(NotImplementedError, match="fused q/k norms of GemmaNorm"):
+        run_layers(model, runner, [Row([1, 2, 3, 4, 5], 0, tables[0], 5)], True)
+
+
 def test_paged_attention_splits_keys_for_a_small_batch():
     """The split-keys path (several programs per KV head, then a combine) is the one taken at
     batch 1; it must agree with a single pass over the same keys."""
