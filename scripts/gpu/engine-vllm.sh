@@ -5,6 +5,7 @@
 # /root/vb.tar, one call each (cat PART >> /root/vb.tar); this call carries the last part and
 # .carry/vllm/SHA256. Tables land in $OUT. KERNELS=0: no FP8 kernel table; BLOCKS: its tiles.
 # Usage: bash scripts/gpu/engine-vllm.sh LAST_PART [shapes, default "1b 8b"] [modes, default "bf16 fp8"]
+# A shape is 1b or 8b (the Llama shapes) or any name of bench.engine's SHAPES (qwen3-8b-random).
 set -uo pipefail
 last=$1; shapes=${2-1b 8b}; modes=${3-bf16 fp8}  # "" "": install only
 bash scripts/gpu/vllm-install.sh "$last" || exit $?
@@ -17,7 +18,8 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.memory --format=csv,noheader
 for s in $shapes; do
   for m in $modes; do
     flag=""; [ "$m" = fp8 ] && flag="--fp8"
-    python3 -m voicert.bench.engine --model llama-$s-random --against vllm $flag --spec 0 \
+    model=$s; case $s in 1b|8b) model=llama-$s-random;; esac
+    python3 -m voicert.bench.engine --model $model --against vllm $flag --spec 0 \
       --new-tokens 128 --streams 1,8,32,64 --reps 20 --json $OUT/engine-$s-$m.json \
       > $OUT/engine-$s-$m.md 2> $OUT/engine-$s-$m.log
     echo "$s $m: exit $?"

@@ -11,9 +11,3 @@ def test_triton_linear_rows_outside_the_measured_tiles_end_with_a_message(rows, 
         profile_step.main(["--triton-linear-rows", rows])
     assert exc.value.code == 2 and "--triton-linear-rows must be in [0, 16]" in capsys.readouterr().err
 
-
-@pytest.mark.parametrize("sizes", ["16,x", "-4"])
-def test_l2_prefetch_sizes_that_are_not_mib_end_with_a_message(sizes, capsys):
-    with pytest.raises(SystemExit) as exc:
-        profile_step.main(["--l2-prefetch-mb", sizes])
-    assert exc.value.code == 2 and "--l2-prefetch-mb" in capsys.readouterr().err

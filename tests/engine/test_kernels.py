@@ -81,8 +81,7 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("case", ["decode", "decode-wide", "decode-triton-linear",
-                                  "decode-gated-down", "decode-qk-norm", "verify",
-                                  "verify-one",
+                                  "decode-qk-norm", "verify", "verify-one",
                                   "prefill-short", "prefill-on-prefix", "prefill-sdpa",
                                   "prefill-qk-norm", "long-split"])
 def test_fused_forward_matches_torch_forward(case):
@@ -102,12 +101,11 @@ def test_fused_forward_matches_torch_forward(case):
                     norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) + 0.5)
     if case == "prefill-sdpa":
         model.prefill_attention = "sdpa"
-    if case in ("decode-triton-linear", "decode-gated-down"):  # Linears by the FP8 kernel
-        model.triton_linear_rows = 16  # (unscaled); and the SiLU in the down projection's loads
-    model.gated_down = case == "decode-gated-down"
+    if case == "decode-triton-linear":  # Linears by the FP8 kernel (unscaled)
+        model.triton_linear_rows = 16
     g = torch.Generator().manual_seed(2)
     bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
-                       "decode-triton-linear": [5, 40, 17], "decode-gated-down": [5, 40, 17],
+                       "decode-triton-linear": [5, 40, 17],
                        "decode-qk-norm": [5, 40, 17], "prefill-qk-norm": [20, 33],
                        "verify": [30, 9], "verify-one": [45], "prefill-short": [70],
                        "prefill-on-prefix": [20, 33],
@@ -127,9 +125,6 @@ def test_fused_forward_matches_torch_forward(case):
         assert close(got[i, : len(r.tokens)], want[i, : len(r.tokens)], 1e-4), f"row {i}"
     assert close(runners[1].k_pool[:, 1:], runners[0].k_pool[:, 1:], 1e-5)  # block 0: scratch
     assert close(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:], 1e-5)
-    if model.gated_down:  # the same bits as silu_mul's launch, then the Linear
-        model.gated_down = False
-        assert torch.equal(run_layers(model, runners[1], rows, True), got)
 
 
 def test_fused_q_k_norms_other_than_rmsnorm_are_refused_not_computed_wrong():
@@ -337,51 +332,6 @@ def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dt
     assert close(split, x @ w.T, 1e-4) and not count.any()
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])
-def test_a_gated_linear_gives_the_bits_of_silu_mul_then_the_linear(rows):
-    """``gated``: the kernel computes silu(gate) * up in its own loads (the down projection's
-    launch takes in the SiLU's): the same bits as ``silu_mul`` then the Linear, for FP8 and
-    unscaled weights, K split or not, and a gate_up given as a view of a wider tensor. More
-    than FP8_MMA_ROWS bf16 rows on the FP8 tensor cores: silu_mul then the scaled product."""
-    from voicert.engine.fp8 import Fp8Linear
-
-    g = torch.Generator().manual_seed(11)
-    q = Fp8Linear.from_linear(torch.nn.Linear(200, 90, bias=True)).to(DEV)
-    w = torch.randn(90, 200, generator=g).to(DEV)
-    wide = (3 * torch.randn(rows, 430, generator=g)).to(DEV)
-    gate_up = wide[:, :400]  # [rows, 2 x 200]
-    dtypes = (torch.float32, torch.bfloat16) if DEV == "cuda" else (torch.float32,)
-    for dtype in dtypes:
-        gu = gate_up.to(dtype)
-        act = kernels.silu_mul(gu.contiguous())
-        for weight, scale, bias in ((q.weight, q.scale, q.bias.to(dtype)), (w.to(dtype), None,
-                                                                             None)):
-            want = kernels.fp8_linear(act, weight, scale, bias)
-            assert torch.equal(kernels.fp8_linear(gu, weight, scale, bias, gated=True), want)
-            count = kernels.counters(DEV)
-            split = (16, 32, 64, 4, 2, 3)
-            assert torch.equal(kernels.fp8_linear(gu, weight, scale, bias, count, split,
-                                                  gated=True),
-                               kernels.fp8_linear(act, weight, scale, bias, count, split))
-            assert not count.any()
-    assert close(q(gate_up, gated=True), q(kernels.silu_mul(gate_up.contiguous())), 1e-6)
-
-
-def test_a_linear_prefetches_its_slice_of_the_weights_within_the_l2_budget(monkeypatch):
-    """``l2_prefetch_columns``: each program's K slice past its first tile where the whole
-    weight's share fits the budget, else what fits in whole 16-byte lines; none where rows are
-    not 16-byte aligned or the budget is 0."""
-    monkeypatch.setattr(kernels, "L2_PREFETCH_BYTES", 16 << 20)
-    assert kernels.l2_prefetch_columns(3072, 2048, 4, 512, 128, 2) == 384  # 1B qkv: all of it
-    fit = (16 << 20) // (16384 * 2 * 2)  # 1B gate_up, 2 splits of 1024 columns: 256 fit
-    assert kernels.l2_prefetch_columns(16384, 2048, 2, 1024, 128, 2) == fit == 256
-    assert kernels.l2_prefetch_columns(14336 * 2, 4096, 1, 4096, 256, 1) == 576  # 16-col lines
-    assert kernels.l2_prefetch_columns(90, 204, 1, 256, 128, 2) == 0  # 408-byte rows: unaligned
-    assert kernels.l2_prefetch_columns(64, 512, 1, 512, 512, 2) == 0  # one tile: nothing after
-    monkeypatch.setattr(kernels, "L2_PREFETCH_BYTES", 0)
-    assert kernels.l2_prefetch_columns(3072, 2048, 4, 512, 128, 2) == 0
-
-
 def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(5, 300, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [1.0], [0.2]]))
@@ -415,13 +365,9 @@ def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
 
 @pytest.mark.skipif(DEV != "cuda" or not kernels.pdl_supported(DEV),
                     reason="programmatic dependent launch: a GPU of compute capability 9.0 or newer")
-@pytest.mark.parametrize("fp8,linear,gated", [(False, False, False), (False, True, False),
-                                              (True, False, False), (False, True, True),
-                                              (True, False, True)],
-                         ids=["bf16-cublas", "bf16-triton-linear", "fp8",
-                              "bf16-triton-linear-gated-prefetch", "fp8-gated-prefetch"])
-def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear, gated,
-                                                                   monkeypatch):
+@pytest.mark.parametrize("fp8,linear", [(False, False), (False, True), (True, False)],
+                         ids=["bf16-cublas", "bf16-triton-linear", "fp8"])
+def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     """Programmatic dependent launch (``llm.pdl``) changes when a kernel may start, never what it
     computes: the fused forward in bf16 (decode rows with split keys, and a prefill row over
     query tiles; with FP8 Linears, both the widening kernel and the tensor-core path) gives the
@@ -437,8 +383,6 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear, 
         quantize_fp8(model)
     model.use_kernels = True
     model.triton_linear_rows = kernels.LINEAR_ROWS if linear else 0
-    model.gated_down = gated  # (and the Linears under PDL bring their weights into L2 early)
-    monkeypatch.setattr(kernels, "L2_PREFETCH_BYTES", (16 << 20) if gated else 0)
     g = torch.Generator().manual_seed(5)
     bs, lengths = 16, [700, 33, 5, 260]
     tables, nxt = block_tables(lengths, bs, 48)

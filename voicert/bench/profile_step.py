@@ -34,16 +34,12 @@ def main(argv: list[str] | None = None) -> None:
                     help="fused kernels: programmatic dependent launch where the GPU has it "
                          "(llm.pdl)")
     ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (engine/fp8.py), nearest")
+    ap.add_argument("--fp8-mma-rows", type=int, default=None,
+                    help="FP8: steps of more rows than this quantize their activations and run "
+                         "on the FP8 tensor cores (kernels.FP8_MMA_ROWS)")
     ap.add_argument("--triton-linear-rows", type=int, default=0,
                     help="fused kernels: steps of at most this many rows run bf16 Linears through "
                          "the Triton kernel instead of cuBLAS")
-    ap.add_argument("--gated-down", action=argparse.BooleanOptionalAction, default=False,
-                    help="fused kernels: the down projection computes silu(gate) * up in its "
-                         "loads where it runs the Triton Linear (the model's gated_down)")
-    ap.add_argument("--l2-prefetch-mb", default=None,
-                    help="fused kernels with PDL: the weight bytes a Linear brings into L2 before "
-                         "it waits (kernels.L2_PREFETCH_BYTES), in MiB; several, comma-separated, "
-                         "time the same step side by side (the first is the baseline of the ratio)")
     args = ap.parse_args(argv)
     from voicert.engine import kernels  # (after the arguments: it needs Triton)
 
@@ -53,14 +49,8 @@ def main(argv: list[str] | None = None) -> None:
     dev = "cuda"
     if args.split_target is not None:
         kernels._SPLIT_TARGET = args.split_target
-    try:
-        prefetch = ([float(v) for v in args.l2_prefetch_mb.split(",")] if args.l2_prefetch_mb
-                    else [kernels.L2_PREFETCH_BYTES / 2**20])
-    except ValueError:
-        ap.error(f"--l2-prefetch-mb takes MiB, comma-separated (got {args.l2_prefetch_mb!r})")
-    if any(v < 0 for v in prefetch):
-        ap.error("--l2-prefetch-mb: sizes are 0 or more")
-    kernels.L2_PREFETCH_BYTES = int(prefetch[0] * 2**20)
+    if args.fp8_mma_rows is not None:
+        kernels.FP8_MMA_ROWS = args.fp8_mma_rows
     cfg = LlamaConfig.from_hf(shape_config(args.model))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     if args.fp8:
@@ -69,7 +59,6 @@ def main(argv: list[str] | None = None) -> None:
         quantize_fp8(model)
     model.use_kernels = args.fused_kernels
     model.triton_linear_rows = args.triton_linear_rows
-    model.gated_down = args.gated_down
     if args.triton_linear_rows:
         model.linear_tiles = kernels.linear_tiles(torch.cuda.get_device_name(dev), DTYPES[args.dtype])
     if args.fused_kernels and args.pdl:
@@ -91,24 +80,18 @@ def main(argv: list[str] | None = None) -> None:
                 model.greedy(h[:, -1])
             torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
-    results = []
-    for mb in prefetch:
-        kernels.L2_PREFETCH_BYTES = int(mb * 2**20)
-        results.append((mb, time_graph_step(runner, rows, args.batch, args.context)))
-    base = results[0][1][1]
-    for mb, (step, gpu, host_min, overlapped) in results:
-        print(f"batch {args.batch}, context {args.context}, L2 prefetch {mb:g} MiB: graph step "
-              f"(staging + replay + tolist) P50 {step:.3f} ms, min {host_min:.3f} ms; replays "
-              f"back to back {gpu:.4f} ms per step (GPU time; {gpu / base:.3f}x the first); host "
-              f"adds {step - gpu:.3f} ms; overlapped steps (next queued before reading the "
-              f"last) {overlapped:.3f} ms per step")
+    step, gpu, host_min, overlapped = time_graph_step(runner, rows, args.batch, args.context)
+    print(f"batch {args.batch}, context {args.context}: graph step (staging + replay + tolist) "
+          f"P50 {step:.3f} ms, min {host_min:.3f} ms; replays back to back {gpu:.4f} ms per step "
+          f"(GPU time); host adds {step - gpu:.3f} ms; overlapped steps (next queued before "
+          f"reading the last) {overlapped:.3f} ms per step")
 
 
 def time_graph_step(runner: ModelRunner, rows: list[Row], batch: int,
                     context: int) -> tuple[float, float, float, float]:
     """(graph step P50 ms with staging and reading, GPU ms per step of replays back to back,
     graph step min ms, ms per step when each is queued before the last is read), with a CUDA
-    graph captured now (the kernels' module settings as they are)."""
+    graph captured now."""
     graphs = StepGraphs(runner, [batch], [1], context + 64, sample_last=False)
     times = []
     for _ in range(200):

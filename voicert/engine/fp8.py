@@ -249,21 +249,15 @@ class Fp8Linear(nn.Module):
         the product with the scale is rounded once)."""
         return (self.weight.float() * self.scale[:, None]).to(dtype)
 
-    def forward(self, x: torch.Tensor, pdl: bool = False, gated: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
-        programmatic dependent launch (engine/kernels.py). ``gated``: x is [..., 2K], gate then
-        up, and the layer computes on silu(gate) * up (on CUDA inside the kernel's loads, with
-        the bits of ``kernels.silu_mul``)."""
+        programmatic dependent launch (engine/kernels.py)."""
         if x.is_cuda:
             from voicert.engine import kernels
 
             if self._count is None or self._count.device != x.device:
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
-            return kernels.fp8_linear(x, self.weight, self.scale, self.bias, self._count, pdl=pdl,
-                                      gated=gated)
-        if gated:
-            gate, up = x.chunk(2, dim=-1)
-            x = torch.nn.functional.silu(gate) * up
+            return kernels.fp8_linear(x, self.weight, self.scale, self.bias, self._count, pdl=pdl)
         y = torch.nn.functional.linear(x.float(), self.weight.float()) * self.scale  # [..., N]
         if self.bias is not None:
             y = y + self.bias.float()

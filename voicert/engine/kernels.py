@@ -45,8 +45,6 @@ module is imported, the same kernels run on CPU tensors (tests do this; it is sl
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
@@ -151,19 +149,10 @@ def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.conste
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = cols < inter
     _pdl_enter(PDL)
-    g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0)
-    u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0)
-    tl.store(out_ptr + row * inter + cols, _silu_times(g, u, out_ptr.dtype.element_ty), mask=m)
-
-
-@triton.jit
-def _silu_times(g, u, dtype: tl.constexpr):
-    """silu(g) * u in ``dtype``: the SiLU computed in float32 and rounded to ``dtype``, then the
-    product, rounded again (HF's order). The one definition both :func:`silu_mul` and the gated
-    Linear use, so their bits agree."""
-    gf = g.to(tl.float32)
-    act = (gf / (1.0 + tl.exp(-gf))).to(dtype).to(tl.float32)
-    return (act * u.to(tl.float32)).to(dtype)
+    g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0).to(tl.float32)
+    act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
+    tl.store(out_ptr + row * inter + cols, (act * u).to(out_ptr.dtype.element_ty), mask=m)
 
 
 def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
@@ -520,9 +509,7 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
 def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
                        stride_xm, k_per_split, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
                        IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-                       w_addr, prefetch_k, WBYTES: tl.constexpr, PREFETCH: tl.constexpr,
-                       PDL: tl.constexpr):
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -537,19 +524,14 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
     # never written during a step, so their loads overlap that kernel's tail (the loop peeled)
     km = (k_lo + rk) < k_hi
     w_first = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
-    if PREFETCH:  # and the next ``prefetch_k`` columns of each weight row into L2, likewise
-        pf = tl.minimum(prefetch_k, k_hi - k_lo - BLOCK_K)
-        if pf > 0:
-            rows = w_addr + (rn.to(tl.int64) * K + k_lo + BLOCK_K) * WBYTES  # [BN] byte addresses
-            _l2_prefetch(rows, pf * WBYTES, nm)
     _pdl_enter(PDL)
-    x_first = _linear_input(x_ptrs, mm[:, None] & km[None, :], K, GATED)
+    x_first = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
     acc = _fp8_dot(x_first, w_first.to(x_first.dtype), acc, IEEE)
     x_ptrs += BLOCK_K
     w_ptrs += BLOCK_K
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         km = (k0 + rk) < k_hi
-        x = _linear_input(x_ptrs, mm[:, None] & km[None, :], K, GATED)
+        x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0).to(x.dtype)
         acc = _fp8_dot(x, w, acc, IEEE)
         x_ptrs += BLOCK_K
@@ -569,28 +551,6 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
             tl.atomic_xchg(count_ptr + tile, 0)
     else:
         _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
-
-
-@triton.jit
-def _l2_prefetch(addrs, nbytes, ok):
-    """Bring ``nbytes`` (a multiple of 16) from each 16-byte aligned address of ``addrs`` (int64
-    [BN]) where ``ok`` into L2 (Hopper's bulk prefetch; nothing waits for it)."""
-    size = tl.zeros_like(addrs).to(tl.int32) + nbytes
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.ne.b32 p, $2, 0; "
-        "@p cp.async.bulk.prefetch.L2.global [$1], $3; }  // dummy $0",
-        "=r,l,r,r", [addrs, ok.to(tl.int32), size], dtype=tl.int32, is_pure=False, pack=1)
-
-
-@triton.jit
-def _linear_input(x_ptrs, mask, K, GATED: tl.constexpr):
-    """A tile of the Linear's input [BM, BK]. ``GATED``: the rows hold gate then up (2K wide),
-    and the tile is silu(gate) * up by :func:`_silu_times` (the bits of :func:`silu_mul`'s
-    output, without its launch and its round trip through memory)."""
-    if GATED:
-        g = tl.load(x_ptrs, mask=mask, other=0.0)
-        return _silu_times(g, tl.load(x_ptrs + K, mask=mask, other=0.0), g.dtype)
-    return tl.load(x_ptrs, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -632,30 +592,9 @@ def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, 
     return bm, bn, bk, 4, 4, split
 
 
-L2_PREFETCH_BYTES = 0  # a PDL-launched Linear brings at most this much of its weights into L2
-# before it waits for the kernel before it (an H100 has 50 MiB of L2). 0: none, until timed on a
-# GPU (``python -m voicert.bench.profile_step --l2-prefetch-mb 0,16`` measures it side by side)
-
-
-def l2_prefetch_columns(n: int, k: int, split: int, k_per_split: int, block_k: int,
-                        wbytes: int) -> int:
-    """How many columns past its first tile each program of a PDL-launched Linear brings into L2
-    before it waits: all of its slice of K where the whole weight's share fits in
-    ``L2_PREFETCH_BYTES``, else as many as do (whole 16-byte lines); 0 where the rows are not
-    16-byte aligned. Weights are never written during a step, so reading them early is safe; the
-    loads after the wait then find them in L2, and the weights stream on while the kernels
-    before (attention, norms, another Linear's tail) finish."""
-    if (k * wbytes) % 16 or L2_PREFETCH_BYTES <= 0:
-        return 0
-    fit = L2_PREFETCH_BYTES // (n * split * wbytes)
-    step = 16 // math.gcd(16, wbytes)  # columns per 16 bytes
-    return max(0, min(k_per_split - block_k, fit)) // step * step
-
-
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
                bias: torch.Tensor | None, count: torch.Tensor | None = None,
-               blocks: tuple[int, ...] | None = None, pdl: bool = False,
-               gated: bool = False) -> torch.Tensor:
+               blocks: tuple[int, ...] | None = None, pdl: bool = False) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
     w is in x's dtype and used as it is: a plain Linear for few rows through the same kernel
@@ -666,18 +605,14 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
     tests' dtype, always take the widening kernel. ``count``: zeroed int32
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks`` overrides :func:`fp8_blocks` (the benchmark tries others;
-    five numbers: the split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s.
-    ``gated``: x is [..., 2K], gate then up (contiguous), and the product is of
-    ``silu_mul(x)``: the same bits, but the widening kernel computes it in its loads (one launch
-    less: an MLP's down projection)."""
+    five numbers: the split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s."""
     n, k = w.shape
-    x2 = x.reshape(-1, 2 * k if gated else k)
-    if x2.stride(-1) != 1 or (gated and x2.stride(0) != 2 * k):
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
     if (blocks is None and m > FP8_MMA_ROWS and x.dtype in (torch.bfloat16, torch.float16)
             and w.dtype == torch.float8_e4m3fn and k % 16 == 0 and n % 16 == 0):
-        x2 = silu_mul(x2, pdl) if gated else x2
         return fp8_scaled_mm(x2, w, scale, bias, pdl).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     default = fp8_blocks(m, n, k, w.element_size())
@@ -692,15 +627,12 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
         if count is None:
             count = counters(x.device, grid_n * grid_m)
         assert count.numel() >= grid_n * grid_m
-    prefetch_k = (l2_prefetch_columns(n, k, split, k_per_split, bk, w.element_size())
-                  if pdl and w.data_ptr() % 16 == 0 else 0)  # (the bulk prefetch's alignment)
     _fp8_linear_kernel[(grid_n, grid_m, split)](
         x2, w, w if scale is None else scale, w if bias is None else bias, out, part,
         w if count is None else count, m, n, k, x2.stride(0), k_per_split,
         HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GATED=gated, w_addr=w.data_ptr(),
-        prefetch_k=prefetch_k, WBYTES=w.element_size(), PREFETCH=prefetch_k > 0, PDL=pdl,
-        num_warps=warps, num_stages=stages, launch_pdl=pdl)
+        SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=warps,
+        num_stages=stages, launch_pdl=pdl)
     return out.view(*x.shape[:-1], n)
 
 

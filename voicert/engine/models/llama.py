@@ -115,10 +115,6 @@ class LlamaModel(nn.Module):
         # decides, llm.decode_linear), with these tiles per weight shape (N, K) (kernels.linear_tiles)
         self.triton_linear_rows = 0
         self.linear_tiles: dict[tuple[int, int], tuple] = {}
-        # with the kernels: the MLP's down projection takes silu(gate) * up in its own loads where
-        # it runs the Triton Linear (one launch less a layer, the same bits). Off: not yet timed
-        # on a GPU (``python -m voicert.bench.profile_step --gated-down`` measures it)
-        self.gated_down = False
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counters: torch.Tensor | None = None
 
@@ -193,27 +189,21 @@ class LlamaModel(nn.Module):
                                         v_pool[i], count, pdl)
             x, residual = kernels.add_rms_norm(lin(layer.attn.o, a), residual,
                                                layer.mlp_norm.weight, eps, pdl)
-            gate_up = lin(layer.mlp.gate_up, x)
-            out = (lin(layer.mlp.down, gate_up, gated=True) if self.gated_down
-                   else lin(layer.mlp.down, kernels.silu_mul(gate_up, pdl)))
+            out = lin(layer.mlp.down, kernels.silu_mul(lin(layer.mlp.gate_up, x), pdl))
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
 
-    def _linear(self, lin: nn.Module, x: torch.Tensor, gated: bool = False) -> torch.Tensor:
+    def _linear(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """One of the layers' Linears on the fused path: an FP8 one (engine/fp8.py) is told
         whether to launch with PDL; a plain ``nn.Linear`` runs through cuBLAS, or for a step of
-        at most ``triton_linear_rows`` rows through the FP8 kernel's unscaled form. ``gated``
-        (the MLP's down projection): x [..., 2I] is gate then up, and the Linear takes
-        ``kernels.silu_mul(x)``; the Triton kernel computes that in its own loads (one launch
-        less a layer), the bits the same either way."""
-        from voicert.engine import kernels
-
+        at most ``triton_linear_rows`` rows through the FP8 kernel's unscaled form."""
         if isinstance(lin, Fp8Linear):
-            return lin(x, pdl=self.pdl, gated=gated)
+            return lin(x, pdl=self.pdl)
         if x.numel() // x.shape[-1] <= self.triton_linear_rows:
+            from voicert.engine import kernels
+
             return kernels.fp8_linear(x, lin.weight, None, lin.bias, self.kernel_counters(),
-                                      self.linear_tiles.get(tuple(lin.weight.shape)), self.pdl,
-                                      gated)
-        return lin(kernels.silu_mul(x, self.pdl) if gated else x)
+                                      self.linear_tiles.get(tuple(lin.weight.shape)), self.pdl)
+        return lin(x)
 
     def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
                head_out: torch.Tensor | None = None) -> torch.Tensor:
