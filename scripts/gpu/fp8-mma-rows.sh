@@ -4,13 +4,13 @@
 # time (profile_step), 8B and 1B shapes, RANDOM WEIGHTS. Outputs in $OUT (or ./mma-out).
 out=${OUT:-mma-out}
 source scripts/gpu/kernel-env.sh
-for b in 8 16 32; do for r in 32 4; do
-  echo "== 8b fp8 batch $b, FP8_MMA_ROWS $r"
-  python3 -m voicert.bench.profile_step --model llama-8b-random --fp8 --batch $b --fp8-mma-rows $r > $out/mma-8b-b$b-r$r.txt 2>&1
-  grep -E "graph step|Error" $out/mma-8b-b$b-r$r.txt
-done; done
-for b in 8 32; do for r in 32 4; do
-  echo "== 1b fp8 batch $b, FP8_MMA_ROWS $r"
-  python3 -m voicert.bench.profile_step --model llama-1b-random --fp8 --batch $b --fp8-mma-rows $r > $out/mma-1b-b$b-r$r.txt 2>&1
-  grep -E "graph step|Error" $out/mma-1b-b$b-r$r.txt
-done; done
+for spec in "8b 8 16 32" "1b 8 32"; do  # a shape, then its batch sizes
+  set -- $spec
+  shape=$1; shift
+  for b in "$@"; do for r in 32 4; do
+    echo "== $shape fp8 batch $b, FP8_MMA_ROWS $r"
+    python3 -m voicert.bench.profile_step --model llama-$shape-random --fp8 --batch $b \
+      --fp8-mma-rows $r > $out/mma-$shape-b$b-r$r.txt 2>&1
+    grep -E "graph step|Error" $out/mma-$shape-b$b-r$r.txt
+  done; done
+done

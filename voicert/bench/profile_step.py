@@ -46,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     if not 0 <= args.triton_linear_rows <= kernels.LINEAR_ROWS:
         ap.error(f"--triton-linear-rows must be in [0, {kernels.LINEAR_ROWS}] (the tiles are "
                  "measured for that many rows)")
+    if args.fp8_mma_rows is not None and not args.fp8:
+        ap.error("--fp8-mma-rows needs --fp8 (it picks the FP8 Linears' path)")
     dev = "cuda"
     if args.split_target is not None:
         kernels._SPLIT_TARGET = args.split_target
