@@ -16,12 +16,13 @@ from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config
 from voicert.core import events as ev
 from voicert.protocol import native as p
-from voicert.speech.asr import EARLY, FINAL
+from voicert.speech.asr import EARLY, FINAL, PARTIAL
 
 
-def make(asr=None, engine=None, early_final_ms=0, **vad):
+def make(asr=None, engine=None, early_final_ms=0, partial_interval_ms=0, **vad):
     cfg = Config()
-    cfg = dataclasses.replace(cfg, asr=dataclasses.replace(cfg.asr, early_final_ms=early_final_ms),
+    cfg = dataclasses.replace(cfg, asr=dataclasses.replace(cfg.asr, early_final_ms=early_final_ms,
+                                                           partial_interval_ms=partial_interval_ms),
                               vad=dataclasses.replace(cfg.vad, **vad))
     svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr or FakeAsr(), engine=engine or FakeEngine())
     events: list = []
@@ -138,6 +139,42 @@ async def test_talking_on_after_the_early_decode_drops_it_and_its_prefill():
     await until(lambda: engine.requests)
     await say(session, seconds_silence=0.0)  # the caller goes on talking
     assert engine.requests[0].request_id in engine.cancelled  # the warm prefill is withdrawn
+
+
+async def test_live_partials_grow_stable_text_and_a_late_one_is_dropped():
+    asr = FakeAsr(auto=False)
+    session, _, events = make(asr=asr, partial_interval_ms=300, min_silence_ms=600)
+
+    def partials():
+        return [(e.turn_id, e.stable, e.unstable) for e in events
+                if isinstance(e, ev.TranscriptPartial)]
+
+    await say(session, seconds_silence=0.0)
+    (first,) = asr.decodes  # one partial at a time: the next waits for this one
+    assert first.priority == PARTIAL
+    asr.answer(first, "what is the")
+    await until(lambda: partials() == [(1, "", "what is the")])
+    await say(session, seconds_voice=0.4, seconds_silence=0.0)
+    second = asr.decodes[-1]
+    assert second is not first and second.priority == PARTIAL
+    asr.answer(second, "what is the weather")
+    await until(lambda: len(partials()) == 2)
+    assert partials()[-1] == (1, "what is the", "weather")  # two decodes agreed: stable grows
+    await say(session, seconds_voice=0.0, seconds_silence=0.3)  # partials go on in the silence
+    third = asr.decodes[-1]
+    assert third.priority == PARTIAL and third is not second
+    third.started = True  # running on the worker: it cannot be withdrawn
+    await say(session, seconds_voice=0.0, seconds_silence=0.5)  # the endpoint
+    final = asr.decodes[-1]
+    assert final.priority == FINAL
+    asr.answer(third, "what is the weather in")  # done after the endpoint: ignored
+    asr.answer(final, "what is the weather in london")
+    assert await session.wait_turn(10)
+    assert len(partials()) == 2
+    kinds_seen = kinds(events)
+    assert kinds_seen.index("TranscriptPartial") < kinds_seen.index("TranscriptFinal")
+    text = next(e.text for e in events if isinstance(e, ev.TranscriptFinal))
+    assert text == "what is the weather in london"
 
 
 async def test_typed_text_is_answered_and_too_long_text_is_refused():
