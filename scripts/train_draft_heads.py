@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 from voicert.bench.engine import VOICE_PROMPTS, VOICE_SYSTEM
 from voicert.config import cache_dir, load_config
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.heads import DraftHeads
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.runner import ModelRunner, Row

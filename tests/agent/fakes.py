@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from voicert.engine.base import EngineStats, TokenEvent, final_event
-from voicert.speech.asr import Transcript
+from voicert.core.llm import EngineBase, EngineStats, TokenEvent, final_event
+from voicert.core.speech import AsrBase, Transcript
 
 
 class EnergyVad:
@@ -36,7 +36,7 @@ class FakeDecode:
         return True
 
 
-class FakeAsr:
+class FakeAsr(AsrBase):
     """Every decode waits until the test calls :meth:`answer` (or ``auto`` answers at once)."""
 
     def __init__(self, text: str = "what is the capital of france", auto: bool = True) -> None:
@@ -60,9 +60,12 @@ class FakeAsr:
     def pending(self) -> int:
         return sum(1 for d in self.decodes if not d.future.done())
 
+    def close(self) -> None:
+        pass
+
 
 @dataclass
-class FakeEngine:
+class FakeEngine(EngineBase):
     """Streams ``reply`` word by word. With ``gate`` set, each token waits for the test to call
     :meth:`release`; cancel ends the stream with ``cancelled`` at the next token."""
 

@@ -5,7 +5,7 @@ import asyncio
 from tests.agent.fakes import FakeEngine
 from voicert.agent.reply import Reply
 from voicert.core import events as ev
-from voicert.engine.base import GenerationRequest, final_event
+from voicert.core.llm import GenerationRequest, final_event
 from voicert.telemetry.latency import Point, TurnTrace
 
 

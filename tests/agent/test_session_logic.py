@@ -16,7 +16,7 @@ from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config
 from voicert.core import events as ev
 from voicert.protocol import native as p
-from voicert.speech.asr import EARLY, FINAL, PARTIAL
+from voicert.core.speech import EARLY, FINAL, PARTIAL
 
 
 def make(asr=None, engine=None, early_final_ms=0, partial_interval_ms=0, **vad):

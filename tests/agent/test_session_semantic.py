@@ -16,7 +16,7 @@ from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config, TurnConfig
 from voicert.core import events as ev
 from voicert.protocol import native as p
-from voicert.speech.asr import FINAL
+from voicert.core.speech import FINAL
 
 
 def make(asr, judge, **turn):

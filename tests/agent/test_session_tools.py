@@ -15,7 +15,7 @@ from voicert.agent.session import Services, Session
 from voicert.agent.toolbox import Toolbox, describe
 from voicert.config import Config
 from voicert.core import events as ev
-from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.protocol import native as p
 
 GATE: asyncio.Event | None = None

@@ -11,7 +11,7 @@ import pytest
 
 from voicert.agent.toolbox import Toolbox, describe, load_function
 from voicert.config import ConfigError, ToolsConfig
-from voicert.engine.tools import ToolCall
+from voicert.core.chat import ToolCall
 
 
 def book_table(people: Annotated[int, msgspec.Meta(ge=1, le=12, description="guests")],

@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from voicert.engine.base import GenerationRequest
+from voicert.core.llm import GenerationRequest
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.models.registry import load_model
 from voicert.engine.runner import ModelRunner

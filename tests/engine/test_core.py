@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from voicert.bench.engine import shape_config
-from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import FinishReason, GenerationRequest
 from voicert.engine.core import EngineConfig, EngineCore
 from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama

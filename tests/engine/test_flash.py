@@ -91,7 +91,7 @@ def test_flash_rows_replayed_from_a_graph_follow_new_rows():
 @needs_flash
 def test_a_served_engine_prefills_with_flash_and_agrees_with_sdpa():
     from voicert.bench.engine import shape_config, _NullTokenizer
-    from voicert.engine.base import GenerationRequest
+    from voicert.core.llm import GenerationRequest
     from voicert.engine.llm_engine import EngineConfig, LLMEngine
     from voicert.engine.models.llama import random_llama
 

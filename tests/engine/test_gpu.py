@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from voicert.bench.engine import shape_config, _NullTokenizer
-from voicert.engine.base import GenerationRequest
+from voicert.core.llm import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
@@ -236,9 +236,9 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
     from transformers import AutoTokenizer
 
     from voicert.agent.tool_calls import CallClosed, CallParser
-    from voicert.engine.base import ChatMessage
+    from voicert.core.chat import ChatMessage
     from voicert.engine.core import EngineConfig as CoreConfig, EngineCore
-    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+    from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
     tok_dir = os.environ.get("VOICERT_TEST_TOKENIZER")
     if not tok_dir:

@@ -15,11 +15,12 @@ from hypothesis import strategies as st
 
 from voicert.agent.tool_calls import CallClosed, CallParser
 from voicert.bench.engine import shape_config
-from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import FinishReason, GenerationRequest
 from voicert.engine.core import EngineConfig, EngineCore
 from voicert.engine.guided import GuideError
 from voicert.engine.models.llama import LlamaConfig, random_llama
-from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
 REQUIRED = ToolChoice(ToolChoiceMode.REQUIRED)
 BOOK = ToolSpec.of("book_table", "Book a table", {

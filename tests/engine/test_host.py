@@ -9,7 +9,8 @@ import os
 import pytest
 
 from voicert.config import cache_dir, load_config
-from voicert.engine.base import ChatMessage, EngineState, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import EngineState, GenerationRequest
 from voicert.engine.host import SharedEngineClient, start_engine_host
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
@@ -97,7 +98,7 @@ async def test_a_worker_that_hangs_up_has_its_requests_aborted_and_the_others_go
         assert done[-1].finish_reason == "length" and len(done) == 25
         # the engine let go of the long request: nothing runs, nothing waits
         for _ in range(100):
-            load = b.load
+            load = b.load()
             if load.running == 0 and load.waiting == 0 and b.stats().active == 0:
                 break
             await asyncio.sleep(0.1)

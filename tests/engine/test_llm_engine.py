@@ -7,7 +7,8 @@ import torch
 
 from voicert.config import cache_dir, load_config
 from tests.conftest import transformers_next_tokens
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
@@ -221,7 +222,7 @@ async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monke
     a, b = await asyncio.gather(_collect(plain.submit(boom)), _collect(plain.submit(ok)))
     assert a[-1].finish_reason == "error" and "template exploded" in a[-1].error
     assert b[-1].finish_reason == "length" and len(b) == 9
-    assert plain.alive and not plain.live_requests()
+    assert plain.healthy and not plain.live_requests()
 
 
 async def _collect(stream):

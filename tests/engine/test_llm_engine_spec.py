@@ -9,7 +9,8 @@ import torch
 from tests.conftest import transformers_guided_picks
 from tests.engine.test_llm_engine import (PROMPTS, SYSTEM, _collect, engines, generate,  # noqa: F401
                                           model_dir, parts, reqs, tokens_of)
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 
 
@@ -54,7 +55,7 @@ async def test_guided_tool_calls_equal_transformers_with_and_without_speculation
     (checked teacher-forced, one forward a reply, and token at a time on the start of one)."""
     from voicert.config import LlmConfig
     from voicert.engine.simple import SimpleEngine
-    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+    from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
     book = ToolSpec.of("book_table", "Book a table at the restaurant", {
         "type": "object", "required": ["people", "time"], "additionalProperties": False,

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from voicert.config import ConfigError, LlmConfig
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
 
 

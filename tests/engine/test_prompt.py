@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from voicert.engine.base import ChatMessage
+from voicert.core.chat import ChatMessage
 from voicert.engine.prompt import PromptBuilder
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
@@ -82,7 +82,7 @@ def test_a_long_history_takes_a_few_renders_not_one_per_dropped_turn(tokenizer):
 
 
 def test_a_tool_output_whose_call_was_dropped_goes_too(tokenizer):
-    from voicert.engine.tools import ToolCall
+    from voicert.core.chat import ToolCall
 
     call = ChatMessage("assistant", "", (ToolCall("c1", "f", '{"x": 1}'),))
     messages = [SYSTEM, ChatMessage("user", "word " * 300), call,

@@ -6,7 +6,8 @@ import asyncio
 import pytest
 
 from voicert.config import cache_dir, load_config
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.remote import EngineProcess

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses
 
 from tests.agent.fakes import FakeEngine
-from voicert.engine.base import ChatMessage, EngineState, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import EngineState, GenerationRequest
 from voicert.engine.replicas import Placement, ReplicaEngine, conversation_key
 
 

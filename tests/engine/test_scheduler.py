@@ -1,6 +1,7 @@
 """Scheduler bookkeeping with a deterministic stand-in for the model's argmax (no torch)."""
 
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.kv_cache import BlockManager
 from voicert.engine.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.sequence import Sequence, Status

@@ -3,7 +3,8 @@ import asyncio
 import pytest
 
 from tests.conftest import transformers_next_tokens
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.prompt import build_prompt
 
 PROMPTS = ["What is the capital of France?", "Say hello.", "Name three colors.",

@@ -10,11 +10,12 @@ import threading
 
 import pytest
 
-from voicert.engine.base import ChatMessage, EngineState, EngineStats, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import EngineBase, EngineState, EngineStats, GenerationRequest
 from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
 
 
-class FakeEngine:
+class FakeEngine(EngineBase):
     """Answers every request with one final event; ``die()`` is what a crash looks like to the
     supervisor (the engine calls ``on_failure``)."""
 
@@ -23,12 +24,11 @@ class FakeEngine:
     def __init__(self) -> None:
         FakeEngine.built += 1
         self.number = FakeEngine.built
-        self.on_failure = None
         self.closed = False
         self.submitted: list[str] = []
 
     def submit(self, request):
-        from voicert.engine.base import EndedStream, final_event
+        from voicert.core.llm import EndedStream, final_event
 
         self.submitted.append(request.request_id)
         return EndedStream(final_event("stop"))

@@ -10,10 +10,10 @@ import copy
 import llguidance
 import pytest
 
-from voicert.engine.base import ChatMessage
+from voicert.core.chat import ChatMessage
 from voicert.engine.prompt import PromptBuilder
-from voicert.engine.tools import (CallFormat, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec,
-                                  call_format, call_grammar, offered)
+from voicert.engine.tools import CallFormat, call_format, call_grammar, offered
+from voicert.core.chat import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 
 BOOK = ToolSpec.of("book", "Book", {"type": "object", "required": ["n"], "additionalProperties": False,
                                     "properties": {"n": {"type": "integer"}}})

@@ -1,21 +1,19 @@
 import os
 
-from voicert.engine.base import StepRecord
+from voicert.core.llm import EngineBase, EngineStats, StepRecord
 from voicert.telemetry.metrics import Metrics
 
-from voicert.telemetry.gcwatch import GcPause
+from voicert.core.llm import GcPause
 
 from loadgen.probe import gc_figures, lag_figures, parse, step_figures
 
 
-class _Stats:
-    active, extra = 0, {}
-
-
 def _engine(steps):
-    class Engine:
+    class Engine(EngineBase):  # the defaults, but for its steps
+        submit = cancel = close = None
+
         def stats(self):
-            return _Stats()
+            return EngineStats()
 
         def drain_steps(self):
             return steps

@@ -69,7 +69,7 @@ def test_server_events_encode_with_type_first_and_decode():
 
 
 def test_tools_travel_in_session_start_and_session_update_and_results_come_back():
-    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+    from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
     weather = ToolSpec.of("weather", "Weather now", {"type": "object", "properties": {
         "city": {"type": "string"}}})

@@ -63,7 +63,7 @@ def test_session_fields_asking_for_what_voicert_does_not_do_are_refused(session,
 
 
 def test_tools_and_tool_choice_are_read_in_every_shape_and_written_back_flat():
-    from voicert.engine.tools import ToolChoiceMode
+    from voicert.core.chat import ToolChoiceMode
 
     cfg = rt.update_session(CFG, {"tools": [
         {"type": "function", "name": "a", "parameters": {"type": "object"}},

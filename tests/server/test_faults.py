@@ -201,7 +201,7 @@ async def test_shutdown_closes_peers_that_never_answer_all_at_once(services):
 
 @pytest.mark.models
 async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services):
-    from voicert.engine.base import EngineState
+    from voicert.core.llm import EngineState
     from voicert.engine.remote import EngineProcess
     from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
     from voicert.engine.factory import cache_dir, engine_config, resolve_llm
@@ -223,7 +223,7 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
             await ws.send(p.encode(p.UserText("Count from one to four hundred.")))
             await recv_until(ws, "response.token")
             first = engine.engine
-            engine.kill()  # what a crash (or the OOM killer) looks like
+            first.kill()  # the engine process: what a crash (or the OOM killer) looks like
             err = await recv_until(ws, "error")
             assert err["code"] == p.ErrorCode.ENGINE_FAILED.value
             done = await recv_until(ws, "response.done")
@@ -247,7 +247,7 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
 
 async def test_an_engine_that_cannot_be_kept_up_stops_the_server_with_an_error(services):
     from tests.engine.test_supervisor import FakeEngine
-    from voicert.engine.base import EngineState
+    from voicert.core.llm import EngineState
     from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
 
     builds = []

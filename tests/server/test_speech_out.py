@@ -135,7 +135,7 @@ def test_the_native_door_cuts_history_at_a_barge_in_on_a_reply_sent_but_still_pl
     kept = []
     door = Connection.__new__(Connection)  # the pacing only: no socket
     door.clock = PacingClock()
-    door.session = SimpleNamespace(start=p.SessionStart(output_audio=p.OutputAudio("pcm16", 24000)),
+    door.session = SimpleNamespace(settings=p.SessionStart(output_audio=p.OutputAudio("pcm16", 24000)),
                                    keep_heard=lambda *args: kept.append(args))
     t0 = time.perf_counter_ns()
     door._pace(ev.ReplyStarted(5, spoken=True))

@@ -16,6 +16,8 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.conftest import wav
+from voicert.core.llm import EngineBase, EngineState, EngineStats
+from voicert.core.speech import AsrBase
 from voicert.client import stream_audio
 from voicert.protocol import native as p
 from voicert.server.app import STREAM_PATH, VoiceServer
@@ -266,10 +268,36 @@ async def test_health_ready_and_unknown_routes(server):
     assert info.value.response.status_code == 404
 
 
+class _RestartingEngine(EngineBase):
+    """An engine its supervisor is rebuilding (no request reaches it in this test)."""
+
+    submit = cancel = close = None
+
+    @property
+    def state(self) -> EngineState:
+        return EngineState.RESTARTING
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+
+class _DownAsr(AsrBase):
+    """A speech host being reconnected to."""
+
+    submit = close = None
+
+    def pending(self) -> int:
+        return 0
+
+    @property
+    def alive(self) -> bool:
+        return False
+
+
 async def test_a_refusal_names_the_part_that_is_down(services):
     cfg = dataclasses.replace(services.cfg, server=dataclasses.replace(services.cfg.server, port=0))
-    down = [("engine", types.SimpleNamespace(healthy=False), "engine restarting"),
-            ("asr", types.SimpleNamespace(alive=False), "speech recognition down"),
+    down = [("engine", _RestartingEngine(), "engine restarting"),
+            ("asr", _DownAsr(), "speech recognition down"),
             ("tts", types.SimpleNamespace(alive=False), "voice down")]
     for part, fake, why in down:
         srv = VoiceServer(dataclasses.replace(services, cfg=cfg, **{part: fake}))

@@ -121,7 +121,7 @@ async def test_an_llm_server_that_is_down_gets_an_apology_and_the_session_lives_
 async def test_a_tool_call_made_by_the_remote_model_reaches_the_caller(server, services):
     import json
 
-    from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+    from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
     weather = ToolSpec.of("get_weather", "The weather in a city.",
                           {"type": "object", "properties": {"city": {"type": "string"}},

@@ -55,7 +55,7 @@ async def test_worker_batches_queued_jobs_and_serves_finals_first(asr):
     """Jobs queued while the worker is busy are taken together, finals before early decodes."""
     import asyncio
 
-    from voicert.speech.asr import EARLY, FINAL
+    from voicert.core.speech import EARLY, FINAL
 
     clips = [wav(n)[0] for n in ("capital_of_france", "what_about_germany", "count_to_five")]
     order = []

@@ -13,7 +13,8 @@ import pytest
 
 from tests.conftest import wav
 from voicert.config import load_config
-from voicert.speech.asr import FINAL, PARTIAL, WhisperAsr
+from voicert.core.speech import FINAL, PARTIAL
+from voicert.speech.asr import WhisperAsr
 from voicert.hosting import listen
 from voicert.speech.host import Hello, SharedAsr, start_speech_host
 

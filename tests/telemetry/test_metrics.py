@@ -1,6 +1,6 @@
 from prometheus_client.parser import text_string_to_metric_families
 
-from voicert.engine.base import StepRecord
+from voicert.core.llm import EngineBase, EngineStats, StepRecord
 from voicert.telemetry.latency import WATERFALL, Point, TurnRecord, TurnTrace
 from voicert.telemetry.metrics import Metrics, latency_buckets
 
@@ -44,12 +44,11 @@ def test_exposition_carries_turns_errors_and_engine_figures():
     m.observe_error("bad_audio")
     m.session_started()
 
-    class FakeStats:  # the shape of EngineStats the sampler reads
-        active, extra = 2, {"prefix_hit_ratio": 0.75, "spec_acceptance_rate": 0.5}
+    class Engine(EngineBase):  # the defaults, but for its counters and steps
+        submit = cancel = close = None
 
-    class Engine:
         def stats(self):
-            return FakeStats()
+            return EngineStats(2, extra={"prefix_hit_ratio": 0.75, "spec_acceptance_rate": 0.5})
 
         def drain_steps(self):
             return [StepRecord("prefill", 1, 0.003), StepRecord("decode", 4, 0.0015),

@@ -15,8 +15,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator
 
-from voicert.engine.base import ChatMessage
-from voicert.engine.tools import ToolCall
+from voicert.core.chat import ChatMessage
+from voicert.core.chat import ToolCall
 
 
 class Role(enum.StrEnum):

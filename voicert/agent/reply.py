@@ -19,9 +19,9 @@ from typing import Awaitable, Callable, Protocol
 from voicert.agent import tool_calls as tc
 from voicert.agent.speech_out import SpeechOut
 from voicert.core import events as ev
-from voicert.engine.base import Engine, FinishReason, GenerationRequest
-from voicert.engine.tools import ToolCall
-from voicert.protocol import native as p
+from voicert.core.llm import Engine, FinishReason, GenerationRequest
+from voicert.core.chat import ToolCall
+from voicert.core.session import ErrorCode
 from voicert.telemetry.latency import Point, TurnTrace
 
 Emit = Callable[[ev.SessionEvent], Awaitable[None]]
@@ -126,7 +126,7 @@ class Reply:
             self._prompt_tokens = tok.prompt_tokens or self._prompt_tokens
             if tok.finish_reason is not None:
                 if tok.error:
-                    await self.emit(ev.SessionError(p.ErrorCode.ENGINE_FAILED.value, tok.error))
+                    await self.emit(ev.SessionError(ErrorCode.ENGINE_FAILED.value, tok.error))
                 if tok.finish_reason == FinishReason.CANCELLED:
                     return FinishReason.STOP.value if self._looped and not \
                         self.cancel_requested else self.cancel_reason

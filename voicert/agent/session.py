@@ -26,10 +26,11 @@ from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, S
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.audio.playout import Playout
 from voicert.config import Config, TurnConfig, VadConfig
-from voicert.engine.base import ChatMessage, Engine, FinishReason, GenerationRequest
-from voicert.engine.tools import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
-from voicert.protocol import native as p
-from voicert.speech.asr import EARLY, FINAL, PARTIAL, AsrHandle, WhisperAsr
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import Engine, FinishReason, GenerationRequest
+from voicert.core.chat import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.core.session import ErrorCode, SessionRefused, SessionSettings
+from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle
 from voicert.speech.denoise import RnNoise
 from voicert.speech.echo import EchoGuard
 from voicert.speech.smart_turn import Judge
@@ -51,7 +52,7 @@ class Services:
 
     cfg: Config
     vad: SileroVad
-    asr: WhisperAsr
+    asr: Asr
     engine: Engine
     metrics: Metrics = field(default_factory=Metrics)
     tts: TtsWorker | None = None  # speech out; None when tts.engine is none
@@ -136,26 +137,26 @@ class Session:
     only adds the transcript to the conversation and :meth:`respond` asks for a reply (the
     Realtime API without turn detection)."""
 
-    def __init__(self, session_id: str, start: p.SessionStart, services: Services, emit: Emit,
+    def __init__(self, session_id: str, settings: SessionSettings, services: Services, emit: Emit,
                  auto_respond: bool = True, vad: VadConfig | None = None,
                  turn: TurnConfig | None = None) -> None:
         self.id = session_id
         self.auto_respond = auto_respond
         self.vad_cfg = vad or services.cfg.vad
-        self.start = start
+        self.settings = settings
         self.svc = services
         self.cfg = services.cfg
         self.emit = emit
         srv = services.cfg.server
         self.history = Conversation(srv.max_history_items, srv.max_text_chars)
-        self._check_text(start.system_prompt, "system_prompt")
-        self.system_prompt = start.system_prompt or self.cfg.llm.system_prompt
-        self.max_new_tokens = start.max_new_tokens or self.cfg.llm.max_new_tokens
-        self.resampler = StreamResampler(start.sample_rate)
+        self._check_text(settings.system_prompt, "system_prompt")
+        self.system_prompt = settings.system_prompt or self.cfg.llm.system_prompt
+        self.max_new_tokens = settings.max_new_tokens or self.cfg.llm.max_new_tokens
+        self.resampler = StreamResampler(settings.sample_rate)
         self.denoiser = services.denoise.stream() if services.denoise is not None else None
         self.vad = VadStream(services.vad)
-        self.echo = self._echo_guard(turn or self.cfg.turn, start)
-        self.turns = TurnTaking(self.vad_cfg, Detection(start.turn_detection),
+        self.echo = self._echo_guard(turn or self.cfg.turn, settings)
+        self.turns = TurnTaking(self.vad_cfg, Detection(settings.turn_detection),
                                 self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
                                 auto_respond, turn or self.cfg.turn)
         self.turn: Turn | None = None
@@ -165,9 +166,9 @@ class Session:
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
         self.tool_choice = ToolChoice(ToolChoiceMode(self.cfg.tools.choice))
-        self.set_tools(start.tools, start.tool_choice)
+        self.set_tools(settings.tools, settings.tool_choice)
         self.voice: str | None = None  # a voice id of the server's (None: its default)
-        self.set_voice(start.voice)
+        self.set_voice(settings.voice)
 
     # ------------------------------------------------------------ audio and endpointing
 
@@ -180,9 +181,9 @@ class Session:
         """Raises ProtocolError(BAD_AUDIO) for bytes that are not whole samples or not finite."""
         received_ns = now_ns()
         try:
-            x = decode_pcm(data, self.start.encoding)
+            x = decode_pcm(data, self.settings.encoding)
         except AudioFormatError as exc:
-            raise p.ProtocolError(p.ErrorCode.BAD_AUDIO, str(exc)) from None
+            raise SessionRefused(ErrorCode.BAD_AUDIO, str(exc)) from None
         x16 = self.resampler(x)
         if self.denoiser is not None:
             x16 = self.denoiser(x16)  # ~0.1 of a core in real time: on the loop, per 20 ms frame
@@ -200,10 +201,10 @@ class Session:
                                                       self._asr_busy, self._agent_speaking()))
 
     @staticmethod
-    def _echo_guard(turn: TurnConfig, start: p.SessionStart) -> EchoGuard | None:
+    def _echo_guard(turn: TurnConfig, settings: SessionSettings) -> EchoGuard | None:
         """A screen for the session's own reply audio in its input (``turn.echo_guard``), when
         the session's replies are spoken."""
-        if not turn.echo_guard or start.output_audio is None:
+        if not turn.echo_guard or settings.output_audio is None:
             return None
         return EchoGuard(turn.echo_threshold)
 
@@ -299,7 +300,7 @@ class Session:
         try:
             self.history.check_text(text)
         except TextTooLong as exc:
-            raise p.ProtocolError(p.ErrorCode.TEXT_TOO_LONG, f"{what}: {exc}") from None
+            raise SessionRefused(ErrorCode.TEXT_TOO_LONG, f"{what}: {exc}") from None
 
     def add_user_text(self, text: str) -> Item:
         """A typed user message joins the conversation (after any reply now streaming).
@@ -344,11 +345,11 @@ class Session:
         server = self._server_tools
         clash = sorted({t.name for t in tools} & server)
         if clash:
-            raise p.ProtocolError(p.ErrorCode.INVALID, f"tool {clash[0]!r} is a server-side tool;"
+            raise SessionRefused(ErrorCode.INVALID, f"tool {clash[0]!r} is a server-side tool;"
                                   " declare another name")
         if choice is not None and choice.name and choice.name not in server | {
                 t.name for t in tools}:
-            raise p.ProtocolError(p.ErrorCode.INVALID, f"tool_choice names {choice.name!r}, "
+            raise SessionRefused(ErrorCode.INVALID, f"tool_choice names {choice.name!r}, "
                                   "which is not among the tools")
 
     @property
@@ -368,7 +369,7 @@ class Session:
         refusal = None if voice is None else unoffered(
             self.svc.tts.voices if self.svc.tts is not None else None, voice)
         if refusal is not None:
-            raise p.ProtocolError(p.ErrorCode.INVALID, refusal)
+            raise SessionRefused(ErrorCode.INVALID, refusal)
         self.voice = voice
 
     def set_system_prompt(self, text: str) -> None:
@@ -394,22 +395,22 @@ class Session:
         self._check_text(output, "tool output")
         return self.history.add_output(call_id, output, item_id)
 
-    def reconfigure(self, start: p.SessionStart, auto_respond: bool, vad: VadConfig,
+    def reconfigure(self, settings: SessionSettings, auto_respond: bool, vad: VadConfig,
                     turn: TurnConfig | None = None) -> None:
         """Change the session's settings mid-conversation (the Realtime API's session.update).
         A new input rate takes effect with the next audio; new VAD settings reset the endpointer."""
-        self._check_text(start.system_prompt, "instructions")
-        self.set_voice(start.voice)
-        if start.sample_rate != self.start.sample_rate:
-            self.resampler = StreamResampler(start.sample_rate)
+        self._check_text(settings.system_prompt, "instructions")
+        self.set_voice(settings.voice)
+        if settings.sample_rate != self.settings.sample_rate:
+            self.resampler = StreamResampler(settings.sample_rate)
         self.vad_cfg = vad
-        self.turns.reconfigure(vad, Detection(start.turn_detection), auto_respond, turn)
-        if self.echo is None or start.output_audio is None:  # spoken replies turned on or off
-            self.echo = self._echo_guard(turn or self.cfg.turn, start)
-        self.start = start
+        self.turns.reconfigure(vad, Detection(settings.turn_detection), auto_respond, turn)
+        if self.echo is None or settings.output_audio is None:  # spoken replies turned on or off
+            self.echo = self._echo_guard(turn or self.cfg.turn, settings)
+        self.settings = settings
         self.auto_respond = auto_respond
-        self.system_prompt = start.system_prompt or self.cfg.llm.system_prompt
-        self.max_new_tokens = start.max_new_tokens or self.cfg.llm.max_new_tokens
+        self.system_prompt = settings.system_prompt or self.cfg.llm.system_prompt
+        self.max_new_tokens = settings.max_new_tokens or self.cfg.llm.max_new_tokens
 
     def respond(self, max_new_tokens: int | None = None, instructions: str | None = None,
                 speak: bool | None = None, tool_choice: ToolChoice | None = None,
@@ -560,7 +561,7 @@ class Session:
             if previous is not None and previous.task is not None:
                 await asyncio.gather(previous.task, return_exceptions=True)  # its history first
             if self.svc.draining:
-                await self.emit(ev.SessionError(p.ErrorCode.SHUTTING_DOWN.value,
+                await self.emit(ev.SessionError(ErrorCode.SHUTTING_DOWN.value,
                                         "server is shutting down; no new turns", fatal=False))
                 return
             transcript = await asyncio.shield(asr.future)
@@ -569,7 +570,7 @@ class Session:
             raise
         except Exception as exc:
             log.exception("session %s: ASR failed", self.id)
-            await self.emit(ev.SessionError(p.ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}"))
+            await self.emit(ev.SessionError(ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}"))
             return
         trace = turn.trace
         trace.mark(Point.TRANSCRIPT)
@@ -588,7 +589,7 @@ class Session:
         if previous is not None and previous.task is not None:
             await asyncio.gather(previous.task, return_exceptions=True)
         if self.svc.draining:
-            await self.emit(ev.SessionError(p.ErrorCode.SHUTTING_DOWN.value,
+            await self.emit(ev.SessionError(ErrorCode.SHUTTING_DOWN.value,
                                     "server is shutting down; no new turns", fatal=False))
             return
         await self._reply(turn, max_new_tokens)
@@ -598,7 +599,7 @@ class Session:
                 ChatMessage("user", user_text)]
 
     def _speech_out(self, turn: Turn) -> SpeechOut | None:
-        fmt, worker = self.start.output_audio, self.svc.tts
+        fmt, worker = self.settings.output_audio, self.svc.tts
         if fmt is None or worker is None or turn.speak is False:
             return None
 
@@ -650,7 +651,7 @@ class Session:
                     if out is not None:
                         tally.add(out, self._keep(out))
                 if out.broken_calls:
-                    await self.emit(ev.SessionError(p.ErrorCode.INVALID.value,
+                    await self.emit(ev.SessionError(ErrorCode.INVALID.value,
                                                     f"{out.broken_calls} tool call(s) cut off "
                                                     f"({out.reason}); not made", fatal=False))
                 if not out.calls or not _calls_stand(out.reason) or turn.cancel_requested:

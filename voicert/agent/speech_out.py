@@ -16,7 +16,7 @@ from typing import Awaitable, Callable
 import numpy as np
 
 from voicert.audio.pcm import Resampler, encode_audio
-from voicert.protocol.native import OutputAudio
+from voicert.core.session import OutputAudio
 from voicert.speech.sentences import SentenceSplitter
 from voicert.speech.tts import TtsJob, TtsWorker
 from voicert.speech.worker import WorkerClosed

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import msgspec
 
 from voicert.config import ConfigError, ToolsConfig
-from voicert.engine.tools import ToolCall, ToolSpec
+from voicert.core.chat import ToolCall, ToolSpec
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,8 @@ import numpy as np
 
 from voicert.audio.wav import read_wav
 from voicert.config import AsrConfig
-from voicert.speech.asr import FINAL, WhisperAsr, embedded_whisper_dir, resolve_asr_model
+from voicert.core.speech import FINAL
+from voicert.speech.asr import WhisperAsr, embedded_whisper_dir, resolve_asr_model
 
 CLIPS = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "tests" / "data").glob("*.wav"))
 SHAPES = {  # English-only Whisper shapes (same vocabulary as tiny.en)

@@ -53,7 +53,7 @@ def _hog(spec: str, active, ready, count) -> None:
 
 async def _request(engine, prompt: list[int], new: int) -> tuple[float, float]:
     """(TTFT ms, mean TPOT ms) of one request, client side."""
-    from voicert.engine.base import GenerationRequest
+    from voicert.core.llm import GenerationRequest
 
     req = GenerationRequest(f"c-{time.perf_counter_ns()}", [], new, ignore_eos=True,
                             prompt_ids=prompt)

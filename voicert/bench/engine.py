@@ -23,7 +23,8 @@ from typing import Awaitable, Callable
 import numpy as np
 import torch
 
-from voicert.engine.base import ChatMessage, GenerationRequest
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 from voicert.telemetry.gcwatch import settle

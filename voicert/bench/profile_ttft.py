@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer
-from voicert.engine.base import GenerationRequest
+from voicert.core.llm import GenerationRequest
 from voicert.engine.core import EngineConfig, EngineCore
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 from voicert.engine.runner import bucket, rows_for

@@ -27,8 +27,9 @@ import time
 import numpy as np
 
 from voicert.bench.engine import VOICE_PROMPTS
-from voicert.engine.base import ChatMessage, GenerationRequest
-from voicert.engine.replicas import Placement
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
+from voicert.engine.replicas import Placement, ReplicaEngine
 
 SYSTEM = ("You are the voice assistant of a restaurant group. Callers book and change tables, ask "
           "about opening hours, menus, allergens, parking and gift cards. Answer in one or two "
@@ -129,7 +130,7 @@ async def run_level(engine, gpus: int, sessions: int, args) -> Level:
 
 
 def _shares(engine) -> list[int]:
-    replicas = getattr(engine, "replicas", [engine])
+    replicas = engine.replicas if isinstance(engine, ReplicaEngine) else [engine]
     return [r.stats().submitted for r in replicas]
 
 

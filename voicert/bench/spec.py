@@ -28,7 +28,7 @@ import torch
 
 from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, voice_prompt_ids
 from voicert.config import ConfigError
-from voicert.engine.base import GenerationRequest
+from voicert.core.llm import GenerationRequest
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from voicert.engine.base import ChatMessage, GenerationRequest
-from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import GenerationRequest
+from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
 DEFAULT_CONFIG = "examples/restaurant/config.yaml"
 DEFAULT_PROMPTS = "examples/restaurant/eval.jsonl"

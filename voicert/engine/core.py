@@ -19,7 +19,9 @@ from pathlib import Path
 
 import torch
 
-from voicert.engine.base import ChatMessage, FinishReason, GenerationRequest, StepRecord, TokenOut
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import EngineLoad, FinishReason, GenerationRequest, StepRecord
+from voicert.engine.base import TokenOut
 from voicert.engine.draft import DraftModelProposer
 from voicert.engine.guided import GuideError, Guides, masked_argmax
 from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
@@ -79,25 +81,6 @@ class EngineConfig:
     overlap: bool = True  # with CUDA graphs: decoding (plain, or with draft heads) launches the next
     # step before reading this one's tokens (fed on the GPU); the host's per-step work overlaps it
     models_cache: str = ""  # where a GGUF draft model is converted (the server's models.cache_dir)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """Requests waiting and running and the cache figures, as of the end of a step (the core's
-    owner publishes this snapshot; readers on other threads never look into the scheduler)."""
-
-    waiting: int = 0
-    running: int = 0
-    prefix_hit_ratio: float = 0.0
-    spec_acceptance_rate: float = 0.0
-    spec_mean_accepted_length: float = 0.0
-    kv_blocks_free: int = 0
-
-    def extra(self) -> dict[str, float]:
-        return {"prefix_hit_ratio": self.prefix_hit_ratio,
-                "spec_acceptance_rate": self.spec_acceptance_rate,
-                "spec_mean_accepted_length": self.spec_mean_accepted_length,
-                "kv_blocks_free": float(self.kv_blocks_free)}
 
 
 class EngineCore:

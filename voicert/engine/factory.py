@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from voicert.config import Config, ConfigError, LlmConfig, cache_dir
-from voicert.engine.base import Engine
+from voicert.core.llm import Engine
 from voicert.engine.llm_engine import EngineConfig, LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine

@@ -168,7 +168,7 @@ def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01, bloc
 def calibration_rows(tokenizer) -> list[list[int]]:
     """The calibration set as token ids: plain texts, and chats as the engine serves them (the
     user's turn under the tokenizer's chat template, then the reply's tokens)."""
-    from voicert.engine.base import ChatMessage
+    from voicert.core.chat import ChatMessage
     from voicert.engine.prompt import build_prompt
 
     doc = json.loads(resources.files("voicert.engine").joinpath(

@@ -19,7 +19,7 @@ import os
 import numpy as np
 import torch
 
-from voicert.engine.base import GenerationRequest
+from voicert.core.llm import GenerationRequest
 from voicert.engine.tools import call_grammar
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,10 @@ from typing import Union
 
 import msgspec
 
-from voicert.engine.base import GenerationRequest, StepRecord, TokenOut
-from voicert.engine.core import EngineLoad
-from voicert.telemetry.gcwatch import GcPause
+from voicert.core.llm import GenerationRequest, StepRecord
+from voicert.engine.base import TokenOut
+from voicert.core.llm import EngineLoad
+from voicert.core.llm import GcPause
 
 
 class Submit(msgspec.Struct, tag=True, array_like=True):

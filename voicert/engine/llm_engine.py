@@ -19,10 +19,11 @@ from typing import AsyncIterator, Callable
 
 import torch
 
-from voicert.engine.base import (ChatMessage, EndedStream, EngineStats, FinishReason,
-                                 GenerationRequest, RequestLedger, StepRecord, TokenEvent, TokenOut,
-                                 final_event, final_out, refusal)
-from voicert.engine.core import EngineConfig, EngineCore, EngineLoad
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, StepRecord, TokenEvent, final_event, refusal
+from voicert.engine.base import RequestLedger, TokenOut, final_out
+from voicert.engine.core import EngineConfig, EngineCore
+from voicert.core.llm import EngineLoad
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.models.llama import LlamaModel
 from voicert.engine.stream import TokenStream
@@ -192,8 +193,8 @@ class _WarmSink:
             self.done.set()
 
 
-class LLMEngine:
-    """The fast engine in this process: the :class:`~voicert.engine.base.Engine` interface over an
+class LLMEngine(EngineBase):
+    """The fast engine in this process: the :class:`~voicert.core.llm.Engine` interface over an
     :class:`EngineThread`. Streams detokenise on the caller's event loop with this client's own
     tokenizer copy (the core's is used by its thread). ``on_failure`` (set by a supervisor) is
     called once, on the engine thread, if that thread ever dies."""
@@ -204,7 +205,6 @@ class LLMEngine:
         self.core = EngineCore(model_dir, cfg, model=model, tokenizer=tokenizer, draft=draft)
         self.tokenizer = copy.deepcopy(self.core.tokenizer)  # the client side's (detokenising)
         self.ledger = RequestLedger()
-        self.on_failure: Callable[[str], None] | None = None
         self._lock = threading.Lock()  # guards _sinks (event loop adds, engine thread routes)
         self._sinks: dict[str, TokenStream | _WarmSink] = {}
         self._thread = EngineThread(self.core, self._route)
@@ -217,8 +217,9 @@ class LLMEngine:
         refused = refusal(request)
         if refused is not None:
             return refused
-        if self.failure is not None:
-            return EndedStream(final_event(FinishReason.ERROR, f"engine failed: {self.failure}"))
+        if self.last_failure is not None:
+            return EndedStream(final_event(FinishReason.ERROR,
+                                           f"engine failed: {self.last_failure}"))
         stream = TokenStream(asyncio.get_running_loop(), IncrementalDetokenizer(self.tokenizer))
         self._open(request, stream)
         return stream
@@ -227,14 +228,10 @@ class LLMEngine:
         self._thread.abort(request_id)
 
     @property
-    def failure(self) -> str | None:
+    def last_failure(self) -> str | None:
+        """Why the engine thread died (it is not rebuilt here: a supervisor does that)."""
         return self._thread.failure
 
-    @property
-    def alive(self) -> bool:
-        return self._thread.alive
-
-    @property
     def load(self) -> EngineLoad:
         return self._thread.load
 

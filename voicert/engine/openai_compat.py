@@ -6,7 +6,7 @@ session, the tools loop and every door are the same as over the built-in engine:
 
 - ``submit`` starts a streamed request at once (a task on the caller's event loop); each chunk
   that adds text becomes a TokenEvent. A tool call comes back in the HERMES text form the agent's
-  call parser reads (``protocol/chat_upstream.py``).
+  call parser reads (``engine/chat_upstream.py``).
 - ``cancel`` (a barge-in, a disconnect) closes the HTTP stream: the server sees its client go away
   and stops generating; the stream here ends ``cancelled``.
 - Failures before the first token (connection refused or reset, HTTP 408/409/429/5xx, a stream
@@ -30,11 +30,10 @@ import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 from voicert.config import ConfigError
-from voicert.engine.base import (EndedStream, EngineStats, FinishReason, GenerationRequest,
-                                 RequestLedger, TokenEvent, final_event, refusal)
+from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, TokenEvent, final_event, refusal
+from voicert.engine.base import RequestLedger
 from voicert.engine.stream import TokenStream
-from voicert.protocol.chat_upstream import (StreamReader, UpstreamError, fit_messages,
-                                            request_body, sse_data)
+from voicert.engine.chat_upstream import StreamReader, UpstreamError, fit_messages, request_body, sse_data
 
 if TYPE_CHECKING:
     from voicert.config import LlmConfig
@@ -95,15 +94,14 @@ def resolve_model(cfg: "LlmConfig") -> str:
     return served[0]
 
 
-class OpenAICompatEngine:
-    """The :class:`~voicert.engine.base.Engine` contract over HTTP. ``submit`` and ``cancel`` are
-    called on one event loop (the server's); the HTTP client is made on it at the first request."""
+class OpenAICompatEngine(EngineBase):
+    """The :class:`~voicert.core.llm.Engine` contract over HTTP. ``submit`` and ``cancel`` are
+    called on one event loop (the server's); the HTTP client is made on it at the first request.
+    It has no failure of its own (``state`` stays SERVING): each request fails alone."""
 
     def __init__(self, cfg: "LlmConfig", model: str) -> None:
         self.cfg = cfg
         self.model = model
-        self.on_failure = None  # the engine has no failure of its own: each request fails alone
-        self.healthy = True
         self._ledger = RequestLedger()
         self._tasks: dict[str, asyncio.Task] = {}
         self._client = None

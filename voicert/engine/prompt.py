@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import collections
 
-from voicert.engine.base import ChatMessage
-from voicert.engine.tools import (ToolSpec, call_format, hermes_system_block, template_message,
-                                  template_supports_tools)
+from voicert.core.chat import ChatMessage
+from voicert.core.chat import ToolSpec
+from voicert.engine.tools import call_format, hermes_system_block, template_message, template_supports_tools
 
 
 def stop_token_ids(tokenizer, model_config) -> set[int]:

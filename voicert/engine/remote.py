@@ -27,17 +27,16 @@ import time
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from voicert.engine import ipc
-from voicert.engine.base import (EndedStream, EngineStats, FinishReason, GenerationRequest,
-                                 RequestLedger, StepRecord, TokenEvent, TokenOut, final_event,
-                                 final_out, refusal)
-from voicert.engine.core import EngineLoad
+from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, StepRecord, TokenEvent, final_event, refusal
+from voicert.engine.base import RequestLedger, TokenOut, final_out
+from voicert.core.llm import EngineLoad
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.stream import TokenStream
 from voicert.hosting import child_context
 
 if TYPE_CHECKING:
     from voicert.engine.llm_engine import EngineThread
-from voicert.telemetry.gcwatch import GcPause
+from voicert.core.llm import GcPause
 
 log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
@@ -150,14 +149,14 @@ def _submit(engine: "EngineThread", prompts, cfg, request: GenerationRequest,
     return True
 
 
-class EngineLink:
+class EngineLink(EngineBase):
     """The :class:`Engine` interface over a connection to an engine core that runs elsewhere: in
     a child process of this one (:class:`EngineProcess`) or in an engine host that several server
     processes share (``voicert.engine.host``). Requests go out on ``send_conn``; one reader thread
     takes the engine's messages from ``recv_conn`` (the same object for a duplex socket).
 
     If the far side goes away (killed, crashed, its engine thread failed), every open request ends
-    with an error at once, later submits end the same way, ``alive`` turns False and
+    with an error at once, later submits end the same way, ``last_failure`` is set and
     ``on_failure`` (set by a supervisor) is called once, from the reader thread."""
 
     def __init__(self, send_conn, recv_conn, model_dir: str, pid: int, tokenizer=None) -> None:
@@ -166,7 +165,7 @@ class EngineLink:
         self._req_w = send_conn
         self._ev_r = recv_conn
         self._codec = ipc.Codec()  # the submitting (event-loop) side's; the reader has its own
-        self.pid = pid
+        self._pid = pid
         if tokenizer is None:
             from transformers import AutoTokenizer
 
@@ -174,8 +173,7 @@ class EngineLink:
         self._tokenizer = tokenizer
         self._lock = threading.Lock()  # guards _streams, failure, and the request connection
         self._streams: dict[str, TokenStream] = {}
-        self.failure: str | None = None
-        self.on_failure: Callable[[str], None] | None = None
+        self._failure: str | None = None
         self.ledger = RequestLedger()  # this side's view: what is open in the engine
         self._stats: ipc.Stats | None = None
         self._steps: collections.deque[StepRecord] = collections.deque(maxlen=8192)
@@ -186,10 +184,13 @@ class EngineLink:
         self._reader.start()
 
     @property
-    def alive(self) -> bool:
-        return self.failure is None
+    def last_failure(self) -> str | None:
+        return self._failure
 
     @property
+    def pid(self) -> int:
+        return self._pid
+
     def load(self) -> EngineLoad:
         """The figures the child last pushed (all zero before the first push)."""
         return self._stats.load if self._stats is not None else EngineLoad()
@@ -239,7 +240,7 @@ class EngineLink:
     def _fail_open_streams(self, why: str) -> None:
         """The engine process is gone: end every open request with an error; refuse later ones."""
         with self._lock:
-            self.failure = why
+            self._failure = why
             streams, self._streams = self._streams, {}
             for rid in streams:
                 self.ledger.closed(rid, FinishReason.ERROR, 0)
@@ -257,8 +258,8 @@ class EngineLink:
             return refused
         stream = TokenStream(asyncio.get_running_loop(), IncrementalDetokenizer(self._tokenizer))
         with self._lock:
-            if self.failure is not None:
-                return EndedStream(final_event(FinishReason.ERROR, self.failure))
+            if self._failure is not None:
+                return EndedStream(final_event(FinishReason.ERROR, self._failure))
             try:
                 self._req_w.send_bytes(self._codec.encode(ipc.Submit(request)))
             except OSError as exc:  # the child is going away; the reader will notice too
@@ -269,7 +270,7 @@ class EngineLink:
 
     def cancel(self, request_id: str) -> None:
         with self._lock:
-            if self.failure is None:
+            if self._failure is None:
                 try:
                     self._req_w.send_bytes(self._codec.encode(ipc.Cancel(request_id)))
                 except OSError:
@@ -279,7 +280,7 @@ class EngineLink:
         """Request counters as this side has seen them (exact: every request's end comes through
         here), with the figures the child last pushed (at most STATS_INTERVAL_S old). Never blocks."""
         stats = self.ledger.snapshot()
-        if self._stats is not None and self.failure is None:
+        if self._stats is not None and self._failure is None:
             stats.extra = self._stats.load.extra()
         return stats
 

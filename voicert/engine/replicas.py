@@ -19,8 +19,7 @@ import logging
 import threading
 from typing import AsyncIterator, Callable, Sequence
 
-from voicert.engine.base import (EndedStream, EngineState, EngineStats, FinishReason,
-                                 GenerationRequest, TokenEvent, final_event)
+from voicert.core.llm import EndedStream, Engine, EngineLoad, EngineState, EngineStats, GcPause, StepRecord, FinishReason, GenerationRequest, TokenEvent, final_event
 
 log = logging.getLogger(__name__)
 ANONYMOUS_SESSIONS = {"", "http"}  # session ids that do not name one conversation
@@ -80,10 +79,12 @@ class Placement:
 
 
 class ReplicaEngine:
-    """The :class:`~voicert.engine.base.Engine` contract over several engines (supervised engine
+    """The :class:`~voicert.core.llm.Engine` contract over several engines (supervised engine
     processes, one per GPU). ``submit`` and ``cancel`` are called from the event loop."""
 
-    def __init__(self, replicas: list, placement: Placement | None = None) -> None:
+    on_failure: Callable[[str], None] | None = None  # each replica has its own supervisor
+
+    def __init__(self, replicas: list[Engine], placement: Placement | None = None) -> None:
         self.replicas = replicas
         self.placement = placement or Placement(len(replicas))
         self._lock = threading.RLock()  # the counters below (re-entrant: a dropped stream's
@@ -92,14 +93,13 @@ class ReplicaEngine:
         self._where: dict[str, int] = {}  # open request id -> its replica
         self.on_give_up: Callable[[str], None] | None = None  # set by the server: all are down
         for i, replica in enumerate(replicas):
-            if hasattr(replica, "on_give_up"):
-                replica.on_give_up = self._gave_up_callback(i)
+            replica.on_give_up = self._gave_up_callback(i)
 
     # ------------------------------------------------------------ health
 
     @property
     def state(self) -> EngineState:
-        states = [getattr(r, "state", EngineState.SERVING) for r in self.replicas]
+        states = [r.state for r in self.replicas]
         if EngineState.SERVING in states:
             return EngineState.SERVING
         if all(s is EngineState.FAILED for s in states):
@@ -114,7 +114,7 @@ class ReplicaEngine:
     @property
     def last_failure(self) -> str | None:
         fails = [f"replica {i}: {r.last_failure}" for i, r in enumerate(self.replicas)
-                 if getattr(r, "last_failure", None)]
+                 if r.last_failure]
         return "; ".join(fails) or None
 
     def _gave_up_callback(self, index: int) -> Callable[[str], None]:
@@ -130,10 +130,9 @@ class ReplicaEngine:
     # ------------------------------------------------------------ the Engine interface
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        serving = [getattr(r, "state", EngineState.SERVING) is EngineState.SERVING
-                   for r in self.replicas]
+        serving = [r.state is EngineState.SERVING for r in self.replicas]
         usable = serving if any(serving) else [  # none serves: wait on one that restarts
-            getattr(r, "state", None) is EngineState.RESTARTING for r in self.replicas]
+            r.state is EngineState.RESTARTING for r in self.replicas]
         with self._lock:
             index = self.placement.pick(conversation_key(request), self._open, usable)
             if index < 0:
@@ -177,25 +176,26 @@ class ReplicaEngine:
         with self._lock:
             return list(self._open)
 
-    def drain_steps(self):
-        return [s for r in self.replicas for s in (getattr(r, "drain_steps", list)() or [])]
+    def drain_steps(self) -> list[StepRecord]:
+        return [s for r in self.replicas for s in r.drain_steps()]
 
-    def drain_gc(self):
-        return [g for r in self.replicas for g in (getattr(r, "drain_gc", list)() or [])]
+    def drain_gc(self) -> list[GcPause]:
+        return [g for r in self.replicas for g in r.drain_gc()]
 
     def live_requests(self) -> set[str]:
         return set().union(*(r.live_requests() for r in self.replicas))
 
-    @property
-    def load(self):
-        """(waiting, running) summed over the replicas that publish them."""
-        loads = [getattr(r, "load", None) for r in self.replicas]
-        loads = [x for x in loads if isinstance(x, tuple)]
-        return (sum(x[0] for x in loads), sum(x[1] for x in loads)) if loads else None
+    def load(self) -> EngineLoad | None:
+        """Waiting and running summed over the replicas that publish a load (the cache figures
+        are per replica: see ``stats``)."""
+        loads = [x for x in (r.load() for r in self.replicas) if x is not None]
+        if not loads:
+            return None
+        return EngineLoad(sum(x.waiting for x in loads), sum(x.running for x in loads))
 
     @property
     def pid(self) -> int:
-        return getattr(self.replicas[0], "pid", 0)
+        return self.replicas[0].pid
 
     def warmup(self) -> None:
         for r in self.replicas:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from voicert.engine.base import GenerationRequest
-from voicert.engine.guided import Guide
+from voicert.core.llm import GenerationRequest
 from voicert.engine.kv_cache import SeqBlocks
+
+if TYPE_CHECKING:  # the guide is made by the engine core (guided.py: torch); held here only
+    from voicert.engine.guided import Guide
 
 
 class Status(enum.Enum):

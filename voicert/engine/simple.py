@@ -13,8 +13,9 @@ from typing import AsyncIterator
 import torch
 
 from voicert.config import LlmConfig
-from voicert.engine.base import (ChatMessage, EngineStats, GenerationRequest, RequestLedger,
-                                 TokenEvent, refusal)
+from voicert.core.chat import ChatMessage
+from voicert.core.llm import EngineBase, EngineStats, GenerationRequest, TokenEvent, refusal
+from voicert.engine.base import RequestLedger
 from voicert.engine.detok import IncrementalDetokenizer
 from voicert.engine.guided import Guides
 from voicert.engine.models.llama import DTYPES
@@ -25,7 +26,7 @@ from voicert.engine.tools import offered
 log = logging.getLogger(__name__)
 
 
-class SimpleEngine:
+class SimpleEngine(EngineBase):
     """transformers model + greedy decoding on one worker thread, requests served FIFO."""
 
     def __init__(self, model_dir: str, cfg: LlmConfig) -> None:
@@ -71,8 +72,8 @@ class SimpleEngine:
         return self.ledger.snapshot()
 
     @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
+    def last_failure(self) -> str | None:
+        return None if self._thread.is_alive() else "engine thread exited"
 
     def live_requests(self) -> set[str]:
         """Ids of requests queued or running (tests use it to check that cancel frees state)."""

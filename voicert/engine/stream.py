@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from voicert.engine.base import TokenEvent, TokenOut
+from voicert.core.llm import TokenEvent
+from voicert.engine.base import TokenOut
 from voicert.engine.detok import IncrementalDetokenizer
 
 

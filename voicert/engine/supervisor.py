@@ -1,6 +1,6 @@
 """Supervision: the engine the server talks to is rebuilt when it fails.
 
-:class:`SupervisedEngine` implements the :class:`~voicert.engine.base.Engine` interface over an
+:class:`SupervisedEngine` implements the :class:`~voicert.core.llm.Engine` interface over an
 engine made by a factory (the in-process thread engine or the engine process). When that engine
 fails (its thread dies, its process is killed or crashes), it has already ended every open request
 with an error; the supervisor then marks itself ``RESTARTING`` (readiness says 503, new requests end
@@ -22,8 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable
 
-from voicert.engine.base import (EndedStream, EngineState, EngineStats, FinishReason,
-                                 GenerationRequest, TokenEvent, final_event)
+from voicert.core.llm import EndedStream, Engine, EngineLoad, EngineState, EngineStats, GcPause, StepRecord, FinishReason, GenerationRequest, TokenEvent, final_event
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +37,16 @@ class RestartPolicy:
 
 
 class SupervisedEngine:
-    """``build()`` makes a started engine (blocking; it raises if the engine cannot start) that has
-    an ``on_failure`` attribute it calls once if it dies. The first build happens here, so a server
+    """``build()`` makes a started engine (blocking; it raises if the engine cannot start); its
+    ``on_failure`` hook is set here, and it calls it once if it dies. The first build happens here, so a server
     whose engine cannot start at all fails its start-up with that error."""
 
-    def __init__(self, build: Callable[[], object], policy: RestartPolicy = RestartPolicy(),
+    def __init__(self, build: Callable[[], Engine], policy: RestartPolicy = RestartPolicy(),
                  on_give_up: Callable[[str], None] | None = None) -> None:
         self._build = build
         self.policy = policy
         self.on_give_up = on_give_up
+        self.on_failure: Callable[[str], None] | None = None  # nobody supervises a supervisor
         self.state = EngineState.STARTING
         self.engine = self._attach(build())
         self.state = EngineState.SERVING
@@ -61,7 +61,7 @@ class SupervisedEngine:
                                          daemon=True)
         self._watcher.start()
 
-    def _attach(self, engine):
+    def _attach(self, engine: Engine) -> Engine:
         engine.on_failure = self._on_failure
         return engine
 
@@ -203,34 +203,25 @@ class SupervisedEngine:
                        "engine_up": float(self.healthy)}
         return stats
 
-    def drain_steps(self):
-        drain = getattr(self.engine, "drain_steps", None)
-        return drain() if drain is not None else []
+    def drain_steps(self) -> list[StepRecord]:
+        return self.engine.drain_steps()
 
-    def drain_gc(self):
-        drain = getattr(self.engine, "drain_gc", None)
-        return drain() if drain is not None else []
+    def drain_gc(self) -> list[GcPause]:
+        return self.engine.drain_gc()
 
     def live_requests(self) -> set[str]:
         return self.engine.live_requests()
 
-    @property
-    def load(self):
-        """(waiting, running) as the engine last published them, or None if it does not."""
-        load = getattr(self.engine, "load", None)
-        return None if load is None else (load.waiting, load.running)
+    def load(self) -> EngineLoad | None:
+        return self.engine.load()
 
     @property
     def pid(self) -> int:
         """The engine process's pid (0 when the engine runs in this process)."""
-        return getattr(self.engine, "pid", 0)
+        return self.engine.pid
 
     def warmup(self) -> None:
         self.engine.warmup()
-
-    def kill(self) -> None:
-        """Kill the engine process (chaos checks); only for an engine in a process."""
-        self.engine.kill()
 
     def close(self) -> None:
         self.state = EngineState.CLOSED

@@ -17,8 +17,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from voicert.engine.base import ChatMessage
-from voicert.engine.tools import AUTO, ToolCall, ToolChoice, ToolSpec
+from voicert.core.chat import ChatMessage
+from voicert.core.chat import AUTO, ToolCall, ToolChoice, ToolSpec
 from voicert.protocol.tools import WireError, choice_from_wire, tools_from_wire
 
 MAX_STOP_STRINGS = 4

@@ -18,78 +18,28 @@ from typing import Any, Union
 import msgpack
 
 from voicert.core import events as ev
-from voicert.engine.tools import ToolChoice, ToolSpec
+from voicert.core.chat import ToolChoice, ToolSpec
+from voicert.core.session import (END_OF_TURN, ENCODINGS, TURN_DETECTION, ErrorCode, OutputAudio,
+                                  SessionRefused, SessionSettings)
 from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tools_from_wire
 
 PROTOCOL_VERSION = 1
-ENCODINGS = ("pcm16", "f32", "mulaw", "alaw")
-TURN_DETECTION = ("server_vad", "manual")
-END_OF_TURN = ("semantic", "silence")
 SESSION_OPTIONS = frozenset({"turn_detection", "max_new_tokens", "output_audio", "tools",
                              "tool_choice", "end_of_turn", "silence_ms", "vad_threshold",
                              "voice"})
 
 
-class ErrorCode(str, enum.Enum):
-    """Stable error codes sent in ``error`` events. Never renamed; new ones may be added."""
-
-    MALFORMED = "malformed_message"  # not msgpack / not JSON / not a map
-    INVALID = "invalid_message"  # a field is missing or has the wrong type or value
-    UNKNOWN_TYPE = "unknown_type"
-    NO_SESSION = "session_not_started"  # audio or commit before session.start
-    ALREADY_STARTED = "session_already_started"
-    UNSUPPORTED_SAMPLE_RATE = "unsupported_sample_rate"
-    UNSUPPORTED_ENCODING = "unsupported_encoding"
-    UNSUPPORTED_VERSION = "unsupported_protocol_version"
-    BAD_AUDIO = "bad_audio"  # odd byte count, NaN / inf samples
-    MESSAGE_TOO_LARGE = "message_too_large"
-    RATE_LIMITED = "rate_limited"  # over server.max_messages_per_s: the connection is closed (1008)
-    SERVER_BUSY = "server_busy"
-    SESSION_LIMIT = "session_limit"  # server.max_sessions reached: the connection is closed (1013)
-    TEXT_TOO_LONG = "text_too_long"  # a text over server.max_text_chars; nothing was added
-    START_TIMEOUT = "start_timeout"  # no session.start within server.start_timeout_s (closed, 1008)
-    IDLE_TIMEOUT = "idle_timeout"  # nothing from the client for server.idle_timeout_s (closed, 1000)
-    SHUTTING_DOWN = "shutting_down"
-    NO_SPEECH_OUTPUT = "speech_output_unavailable"  # output_audio asked of a server with tts.engine none
-    ASR_FAILED = "asr_failed"
-    ENGINE_FAILED = "engine_failed"
-    INTERNAL = "internal_error"
-
-
-class ProtocolError(Exception):
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+ProtocolError = SessionRefused  # the codecs' one exception type
 
 
 # ---------------------------------------------------------------- client -> server
 
 
-@dataclass(frozen=True, slots=True)
-class OutputAudio:
-    """The format the client wants the reply's speech in."""
-
-    encoding: str = "pcm16"  # one of ENCODINGS
-    sample_rate: int = 24000
-
-
 @dataclass(slots=True)
-class SessionStart:
-    sample_rate: int = 16000
-    encoding: str = "pcm16"
-    system_prompt: str | None = None
-    turn_detection: str = "server_vad"  # "manual": only audio.commit ends a turn
-    max_new_tokens: int | None = None
-    output_audio: OutputAudio | None = None  # None: text only; else the reply is spoken too
+class SessionStart(SessionSettings):
+    """``session.start``: the session's settings (``core/session.py``) and the protocol version."""
+
     protocol_version: int = PROTOCOL_VERSION
-    tools: tuple[ToolSpec, ...] = ()  # functions the client runs when the model calls them
-    tool_choice: ToolChoice | None = None  # None: the server's tools.choice
-    end_of_turn: str | None = None  # "semantic" | "silence"; None: the server's turn.detector
-    silence_ms: int | None = None  # silence: the trailing silence that ends a turn; semantic: the
-    # longest wait after an utterance judged incomplete. None: the server's
-    vad_threshold: float | None = None  # speech probability that counts as speech (0-1)
-    voice: str | None = None  # one of session.started's voices; None: the server's default
     type: str = field(default="session.start", init=False)
 
 

@@ -18,7 +18,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
-from voicert.engine.tools import AUTO, ToolChoice, ToolSpec
+from voicert.core.chat import AUTO, ToolChoice, ToolSpec
 from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tool_to_wire, \
     tools_from_wire
 

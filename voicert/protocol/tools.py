@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from voicert.engine.tools import ToolChoice, ToolChoiceMode, ToolSchemaError, ToolSpec
+from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSchemaError, ToolSpec
 
 MAX_TOOLS = 64
 MAX_SCHEMA_CHARS = 16000

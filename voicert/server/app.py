@@ -23,7 +23,7 @@ from websockets.http11 import Request, Response
 from voicert.agent.session import Services
 from voicert.agent.toolbox import Toolbox
 from voicert.config import Config, ConfigError
-from voicert.engine.base import EngineState
+from voicert.core.llm import EngineState
 from voicert.engine.factory import build_engine
 from voicert.hosting import limit_blas_threads
 from voicert.server.logs import quiet_handshake_logger
@@ -142,11 +142,11 @@ class VoiceServer:
             return "loading models"
         if svc.draining:
             return "shutting down"
-        if not getattr(svc.engine, "healthy", True):
+        if not svc.engine.healthy:
             return "engine restarting"
-        if not getattr(svc.asr, "alive", True):
+        if not svc.asr.alive:
             return "speech recognition down"  # a speech host reconnecting, or its worker gone
-        if svc.tts is not None and not getattr(svc.tts, "alive", True):
+        if svc.tts is not None and not svc.tts.alive:
             return "voice down"
         return None
 
@@ -289,10 +289,11 @@ class VoiceServer:
         """Sample their figures; hear from the engine's supervisor and the speech workers if they
         give up."""
         self._sampler_for(svc)
-        for part in (svc.engine, getattr(svc.asr, "worker", None), svc.tts):
-            if part is not None and hasattr(part, "on_give_up"):
-                part.on_give_up = self._on_give_up
-        if getattr(svc.engine, "state", None) is EngineState.FAILED:
+        svc.engine.on_give_up = self._on_give_up
+        svc.asr.on_give_up = self._on_give_up
+        if svc.tts is not None:
+            svc.tts.on_give_up = self._on_give_up
+        if svc.engine.state is EngineState.FAILED:
             self._on_give_up(svc.engine.last_failure or "engine failed")
 
     def _join_peers(self, svc: Services) -> None:

@@ -20,8 +20,8 @@ from typing import AsyncIterator, Callable
 from voicert.agent.session import Services
 from voicert.config import Config
 from voicert.agent import tool_calls as tc
-from voicert.engine.base import FinishReason, GenerationRequest, TokenEvent
-from voicert.engine.tools import ToolCall
+from voicert.core.llm import FinishReason, GenerationRequest, TokenEvent
+from voicert.core.chat import ToolCall
 from voicert.protocol import chat
 from voicert.server import access
 from voicert.server.http import HttpRequest, HttpResponse, json_response

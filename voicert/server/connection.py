@@ -12,6 +12,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from voicert.agent.session import Services, Session
+from voicert.core.session import ENCODINGS, SessionSettings
 from voicert.core import events as ev
 from voicert.config import SUPPORTED_SAMPLE_RATES, ConfigError, TurnConfig, VadConfig
 from voicert.protocol import native as p
@@ -210,7 +211,7 @@ class Connection(BaseConnection):
         clock = self.clock
         cut = None
         if isinstance(event, ev.ReplyStarted) and event.spoken:
-            fmt = self.session.start.output_audio
+            fmt = self.session.settings.output_audio
             if fmt is not None:
                 clock.started(event.turn_id, bytes_per_ms(fmt.encoding, fmt.sample_rate))
         elif isinstance(event, ev.ReplyAudio):
@@ -325,13 +326,13 @@ def check_format(encoding: str, rate: int, prefix: str) -> None:
         raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_SAMPLE_RATE,
                               f"{prefix}sample_rate {rate} not supported "
                               f"(supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))})")
-    if encoding not in p.ENCODINGS:
+    if encoding not in ENCODINGS:
         raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
                               f"{prefix}encoding {encoding[:32]!r} not supported "
-                              f"(supported: {', '.join(p.ENCODINGS)})")
+                              f"(supported: {', '.join(ENCODINGS)})")
 
 
-def session_turn_taking(start: p.SessionStart, svc: Services) -> tuple[VadConfig, TurnConfig]:
+def session_turn_taking(start: SessionSettings, svc: Services) -> tuple[VadConfig, TurnConfig]:
     """The server's VAD and turn settings with a native session's own (``options.end_of_turn``,
     ``silence_ms``, ``vad_threshold``) applied. ``silence_ms`` is the endpoint silence of the
     silence detector, or the semantic detector's longest wait after an incomplete utterance.

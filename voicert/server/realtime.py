@@ -19,9 +19,10 @@ import uuid
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
+from voicert.core.session import OutputAudio, SessionSettings
 from voicert.config import TurnConfig
 from voicert.core import events as core
-from voicert.engine.tools import ToolCall
+from voicert.core.chat import ToolCall
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
 from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
@@ -98,17 +99,17 @@ class RealtimeConnection(BaseConnection):
 
     # ------------------------------------------------------------ session core
 
-    def _session_start(self) -> tuple[p.SessionStart, bool]:
+    def _session_start(self) -> tuple[SessionSettings, bool]:
         c = self.config
         enc, rate = rt.BETA_FORMATS[c.input_format]
         out_enc, out_rate = rt.BETA_FORMATS[c.output_format]
         manual = c.turn_detection is None
-        start = p.SessionStart(sample_rate=rate, encoding=enc, system_prompt=c.instructions,
-                               turn_detection="manual" if manual else "server_vad",
-                               max_new_tokens=c.max_output_tokens,
-                               output_audio=p.OutputAudio(out_enc, out_rate) if c.audio_out else None,
-                               tools=c.tools, tool_choice=c.tool_choice,
-                               voice=c.voice if self.svc.tts is not None else None)
+        start = SessionSettings(sample_rate=rate, encoding=enc, system_prompt=c.instructions,
+                                turn_detection="manual" if manual else "server_vad",
+                                max_new_tokens=c.max_output_tokens,
+                                output_audio=OutputAudio(out_enc, out_rate) if c.audio_out else None,
+                                tools=c.tools, tool_choice=c.tool_choice,
+                                voice=c.voice if self.svc.tts is not None else None)
         auto_respond = not manual and c.turn_detection.create_response
         return start, auto_respond
 

@@ -18,6 +18,7 @@ import logging
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
+from voicert.core.session import OutputAudio, SessionSettings
 from voicert.core import events as core
 from voicert.protocol import native as p
 from voicert.protocol import twilio as tw
@@ -87,7 +88,7 @@ class TwilioConnection(BaseConnection):
             return True
         self.stream_sid = start.stream_sid
         self.playback = Playback(tw.Serializer(start.stream_sid))
-        out = p.OutputAudio("mulaw", tw.SAMPLE_RATE) if self.svc.tts is not None else None
+        out = OutputAudio("mulaw", tw.SAMPLE_RATE) if self.svc.tts is not None else None
         prompt = start.custom_parameters.get("system_prompt")
         try:
             self.claim_session()
@@ -96,7 +97,7 @@ class TwilioConnection(BaseConnection):
             return True
         try:
             self.session = Session(f"twilio-{start.call_sid or start.stream_sid}",
-                                   p.SessionStart(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
+                                   SessionSettings(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
                                    self.svc, self.on_event)
         except p.ProtocolError as exc:  # e.g. a system_prompt over server.max_text_chars
             self.release_session()

@@ -21,10 +21,10 @@ from typing import Callable
 import numpy as np
 
 from voicert.config import AsrConfig, ConfigError
+from voicert.core.speech import FINAL, AsrBase, AsrCapabilities, Transcript
 from voicert.speech.worker import PriorityWorker, WorkerClosed
 
 log = logging.getLogger(__name__)
-FINAL, EARLY, PARTIAL = 0, 1, 2  # job priorities: lower runs first
 WINDOW_S = 30.0
 
 
@@ -75,18 +75,6 @@ def max_tokens(audio_s: float, prompt: int) -> int:
     (speech runs at ~3-5 tokens a second), at most Whisper's 224. A decode that loops on a
     phrase ("where contrast? where contrast? ...") stops there instead of running 224 tokens."""
     return min(224, prompt + int(10 * audio_s) + 10)
-
-
-@dataclass(frozen=True, slots=True)
-class Transcript:
-    text: str
-    audio_s: float
-    decode_ms: float  # time of the batched decode this utterance was part of
-    no_speech_prob: float
-    avg_logprob: float
-    batch: int  # utterances decoded together
-    start_ns: int = 0  # when the worker started the decode (perf_counter_ns)
-    rejected: bool = False  # Whisper judged it not to be speech: text is ""
 
 
 @dataclass(eq=False, slots=True)
@@ -146,8 +134,9 @@ class AsrHandle:
             return True
 
 
-class WhisperAsr:
-    """Owns the WhisperModel and the single thread that runs it."""
+class WhisperAsr(AsrBase):
+    """The :class:`~voicert.core.speech.Asr` contract: owns the WhisperModel and the single
+    thread that runs it (whole utterances, batched by priority)."""
 
     def __init__(self, cfg: AsrConfig, model_spec: str = "embedded") -> None:
         from faster_whisper import WhisperModel
@@ -166,12 +155,15 @@ class WhisperAsr:
                                   compute_type=cfg.compute_type, cpu_threads=cfg.threads,
                                   num_workers=1)
         multilingual = self.model.model.is_multilingual
+        # decoded as English for now (the prompt's language token): what it transcribes
+        self.capabilities = AsrCapabilities(streaming=False, languages=("en",))
         self.tokenizer = Tokenizer(self.model.hf_tokenizer, multilingual, task="transcribe",
                                    language="en" if multilingual else None)
         self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         self.suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
         self._worker = _AsrWorker(self)
+        self._worker.on_give_up = self._gave_up
 
     # ------------------------------------------------------------ decoding (worker thread)
 
@@ -225,9 +217,6 @@ class WhisperAsr:
         is called from the worker thread; raises WorkerClosed if the worker is closed."""
         self._worker.put(_Job(audio, settle, withdrawn, on_taken=on_taken), priority)
 
-    async def transcribe(self, audio: np.ndarray, priority: int = FINAL) -> Transcript:
-        return await self.submit(audio, priority).future
-
     def pending(self) -> int:
         return self._worker.pending()
 
@@ -235,9 +224,10 @@ class WhisperAsr:
     def alive(self) -> bool:
         return self._worker.alive
 
-    @property
-    def worker(self) -> PriorityWorker:
-        return self._worker
+    def _gave_up(self, why: str) -> None:
+        """Its worker thread could not be kept up (that thread)."""
+        if self.on_give_up is not None:
+            self.on_give_up(why)
 
     def drain_batch_sizes(self) -> list[int]:
         out = []

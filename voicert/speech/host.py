@@ -32,7 +32,8 @@ import numpy as np
 
 from voicert.hosting import (HostFailed, HostProcess, HostReady, Peer, accept_peers, connect,
                              limit_blas_threads, listen, say_status, wait_stop)
-from voicert.speech.asr import Transcript, settle_soon
+from voicert.core.speech import FINAL, AsrBase, Transcript
+from voicert.speech.asr import settle_soon
 
 log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
@@ -172,7 +173,7 @@ def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: st
     except Exception as exc:
         say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
         return
-    asr.worker.on_give_up = lambda why: os._exit(EXIT_ASR_DIED)
+    asr.on_give_up = lambda why: os._exit(EXIT_ASR_DIED)
     hub = _Hub(asr)
     stop = threading.Event()
     threading.Thread(target=hub.push_stats, args=(stop,), name="voicert-speech-stats",
@@ -217,10 +218,11 @@ class RemoteAsrHandle:
         return True
 
 
-class SharedAsr:
-    """A worker's ASR: the speech host at ``address``. The constructor waits up to
+class SharedAsr(AsrBase):
+    """A worker's :class:`~voicert.core.speech.Asr`: the speech host at ``address``. The constructor waits up to
     ``connect_timeout_s`` for it (it may still be loading); after that, a host that goes away is
-    reconnected to in the background (``alive`` False meanwhile; decodes fail at once)."""
+    reconnected to in the background (``alive`` False meanwhile; decodes fail at once), for as
+    long as the worker lives (the primary restarts the host; ``on_give_up`` is never called)."""
 
     def __init__(self, address: str, authkey: bytes, connect_timeout_s: float = 600) -> None:
         self.address, self.authkey = address, authkey
@@ -257,7 +259,7 @@ class SharedAsr:
 
     # ------------------------------------------------------------ the event-loop side
 
-    def submit(self, audio: np.ndarray, priority: int) -> RemoteAsrHandle:
+    def submit(self, audio: np.ndarray, priority: int = FINAL) -> RemoteAsrHandle:
         """Queue an utterance ([N] float32 16 kHz); the handle's future gives its Transcript."""
         loop = asyncio.get_running_loop()
         handle = RemoteAsrHandle(self, next(self._ids), loop.create_future())
@@ -272,9 +274,6 @@ class SharedAsr:
                     self._jobs.pop(handle.job, None)
         handle.future.set_exception(RuntimeError("speech host unavailable"))
         return handle
-
-    async def transcribe(self, audio: np.ndarray, priority: int) -> Transcript:
-        return await self.submit(audio, priority).future
 
     def _send(self, msg) -> None:
         with self._lock:

@@ -14,13 +14,8 @@ from __future__ import annotations
 import collections
 import gc
 import time
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True)
-class GcPause:
-    generation: int
-    seconds: float
+from voicert.core.llm import GcPause
 
 
 class GcWatch:

@@ -23,8 +23,8 @@ from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, Pro
 from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from voicert.engine.base import StepRecord
-from voicert.telemetry.gcwatch import GcPause
+from voicert.core.llm import Engine, GcPause, StepRecord
+from voicert.core.speech import Asr
 from voicert.telemetry.latency import STAGE_NAMES, TurnRecord
 
 log = logging.getLogger(__name__)
@@ -170,28 +170,24 @@ class Metrics:
     def observe_error(self, code: str) -> None:
         self.errors.labels(code).inc()
 
-    def sample_engine(self, engine) -> list[StepRecord]:
-        """Pull the engine's current figures (any engine: missing ones are skipped). Returns the
-        engine steps since the last sample."""
+    def sample_engine(self, engine: Engine) -> list[StepRecord]:
+        """Pull the engine's current figures. Returns the engine steps since the last sample."""
         stats = engine.stats()
         extra = stats.extra or {}
-        load = getattr(engine, "load", None)  # (waiting, running) as the engine last published
-        if isinstance(load, tuple):
-            self.queue_depth.set(load[0])
-            self.running.set(load[1])
+        load = engine.load()  # as the engine last published it
+        if load is not None:
+            self.queue_depth.set(load.waiting)
+            self.running.set(load.running)
         else:
             self.running.set(stats.active)
-        gc_drain = getattr(engine, "drain_gc", None)  # the engine process's own collector
-        if gc_drain is not None:
-            self.observe_gc("engine", gc_drain())
-        drain = getattr(engine, "drain_steps", None)
-        steps = drain() if drain is not None else []
+        self.observe_gc("engine", engine.drain_gc())  # the engine process's own collector
+        steps = engine.drain_steps()
         for rec in steps:
             self.batch.observe(rec.batch)
             self.step.labels(rec.kind).observe(rec.seconds)
         self.engine_up.set(extra.get("engine_up", 1.0))
         self.engine_restarts.set(extra.get("engine_restarts", 0.0))
-        self.engine_pid.set(getattr(engine, "pid", 0) or 0)
+        self.engine_pid.set(engine.pid)
         if "prefix_hit_ratio" in extra:
             self.prefix_hit.set(extra["prefix_hit_ratio"])
         if "spec_acceptance_rate" in extra:
@@ -202,9 +198,8 @@ class Metrics:
         for p in pauses:
             self.gc_pause.labels(process, str(p.generation)).observe(p.seconds)
 
-    def sample_asr(self, asr) -> None:
-        drain = getattr(asr, "drain_batch_sizes", None)
-        for size in drain() if drain else ():
+    def sample_asr(self, asr: Asr) -> None:
+        for size in asr.drain_batch_sizes():
             self.asr_batch.observe(size)
 
     def exposition(self) -> bytes:

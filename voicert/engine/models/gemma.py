@@ -3,7 +3,7 @@ sqrt(hidden), RMSNorm on ``1 + weight``, a norm after each sublayer as well as b
 GELU), attention scaled by ``query_pre_attn_scalar``, some layers attending over a sliding window.
 Gemma 2 soft-caps the attention and output logits (tanh); Gemma 3 instead normalises each head's
 q and k, and gives its sliding layers a RoPE of their own (a lower base, no scaling). The same interface as :class:`LlamaModel`
-(``forward`` / ``greedy`` / ``logits`` / ``cfg``), so the scheduler, runner, prefix cache and the
+(``models/base.py``'s Model), so the scheduler, runner, prefix cache and the
 served CPU trace take it unchanged. It always runs these eager layers (``use_kernels`` is not
 read: the fused GPU kernels know no soft-capping)."""
 
@@ -171,7 +171,13 @@ class GemmaModel(nn.Module):
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", inv_freq(cfg), persistent=False)
         self.register_buffer("inv_freq_local", inv_freq(cfg, local=True), persistent=False)
-        self.use_kernels = False  # (set by the engine on CUDA; these layers stay eager)
+        # the kernel settings of the Model interface (models/base.py): set by the engine on CUDA,
+        # never read here (these layers stay eager)
+        self.use_kernels = False
+        self.prefill_attention = "sdpa"
+        self.pdl = False
+        self.triton_linear_rows = 0
+        self.linear_tiles: dict[tuple[int, int], tuple] = {}
 
     def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
                 v_pool: torch.Tensor) -> torch.Tensor:

@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from torch import nn
 
 from voicert.engine.models import gemma, llama
+from voicert.engine.models.base import Model
 
 
 @dataclass(frozen=True, slots=True)
 class Architecture:
     name: str
     model_types: tuple[str, ...]  # HF config.json "model_type" values it serves
-    load: Callable[[Path, torch.dtype, str | torch.device], nn.Module]  # checkpoint dir -> model
+    load: Callable[[Path, torch.dtype, str | torch.device], Model]  # checkpoint dir -> model
 
 
 ARCHITECTURES: tuple[Architecture, ...] = (
@@ -41,7 +41,7 @@ def architecture_for(model_type: str) -> Architecture:
 
 
 def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> nn.Module:
+               device: str | torch.device = "cpu") -> Model:
     """The model of an HF checkpoint dir (config.json + *.safetensors), by its model_type."""
     model_dir = Path(model_dir)
     config = model_dir / "config.json"

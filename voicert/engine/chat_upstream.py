@@ -19,8 +19,9 @@ from typing import Any
 
 import msgspec
 
-from voicert.engine.base import ChatMessage
-from voicert.engine.tools import HERMES_CLOSE, HERMES_OPEN, ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.core.chat import ChatMessage
+from voicert.engine.tools import HERMES_CLOSE, HERMES_OPEN
+from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
 _decoder = msgspec.json.Decoder()
 DONE = "[DONE]"
