@@ -28,7 +28,8 @@ from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.heads import DraftHeads
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.runner import ModelRunner, Row
 from voicert.engine.loader import resolve_llm
 from voicert.engine.prompt import build_prompt
@@ -144,7 +145,7 @@ def main() -> None:
     t0 = time.perf_counter()
     cfg = load_config(environ={})
     model_dir = str(resolve_llm(args.model, cache_dir(cfg.models)))
-    engine = LLMEngine(model_dir, EngineConfig(kv_memory_gb=2, max_batch=64))
+    engine = LLMEngine(model_dir, EngineConfig(kv_memory_gb=2, max_batch=64, torchscript=False))
     try:
         train = replies(engine, prompts(args.prompts, random.Random(0)), args.new_tokens)
         held_out = replies(engine, VOICE_PROMPTS, args.new_tokens)

@@ -134,7 +134,8 @@ def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
     import asyncio
 
     from voicert.bench.engine import _NullTokenizer
-    from voicert.engine.llm_engine import EngineConfig, LLMEngine
+    from voicert.engine.build import EngineConfig
+    from voicert.engine.llm_engine import LLMEngine
 
     want = decode(load_model(checkpoint), prompts)
     model = load_model(checkpoint, torch.float32, "cuda")

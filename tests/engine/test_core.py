@@ -7,7 +7,8 @@ import torch
 from voicert.bench.engine import shape_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest
-from voicert.engine.core import EngineConfig, EngineCore
+from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.core import EngineCore
 from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
@@ -30,7 +31,7 @@ def parts(tmp_path_factory):
 
 def _core(parts) -> EngineCore:
     model_dir, model, tok = parts
-    return EngineCore(model_dir, EngineConfig(num_blocks=64), model=model, tokenizer=tok)
+    return build_core(model_dir, EngineConfig(num_blocks=64, torchscript=False), model=model, tokenizer=tok)
 
 
 def _request(rid: str, text: str, n: int = 12) -> GenerationRequest:
@@ -91,7 +92,7 @@ async def test_the_threaded_client_gives_the_cores_tokens_and_detokenises_them(p
     core = _core(parts)
     core.add(_request("r", "Count to five", n=16))
     want = [o.token_id for o in _run(core) if o.finish_reason is None]
-    engine = LLMEngine(model_dir, EngineConfig(num_blocks=64), model=model, tokenizer=tok)
+    engine = LLMEngine(model_dir, EngineConfig(num_blocks=64, torchscript=False), model=model, tokenizer=tok)
     try:
         events = [e async for e in engine.submit(_request("r", "Count to five", n=16))]
     finally:

@@ -92,7 +92,8 @@ def test_flash_rows_replayed_from_a_graph_follow_new_rows():
 def test_a_served_engine_prefills_with_flash_and_agrees_with_sdpa():
     from voicert.bench.engine import shape_config, _NullTokenizer
     from voicert.core.llm import GenerationRequest
-    from voicert.engine.llm_engine import EngineConfig, LLMEngine
+    from voicert.engine.build import EngineConfig
+    from voicert.engine.llm_engine import LLMEngine
     from voicert.engine.models.llama import random_llama
 
     model = random_llama(LlamaConfig.from_hf(dict(shape_config("llama-1b-random"),

@@ -8,7 +8,8 @@ import torch
 
 from voicert.bench.engine import shape_config, _NullTokenizer
 from voicert.core.llm import GenerationRequest
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -237,7 +238,8 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
 
     from voicert.agent.tool_calls import CallClosed, CallParser
     from voicert.core.chat import ChatMessage
-    from voicert.engine.core import EngineConfig as CoreConfig, EngineCore
+    from voicert.engine.build import EngineConfig as CoreConfig, build_core
+    from voicert.engine.core import EngineCore
     from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
     tok_dir = os.environ.get("VOICERT_TEST_TOKENIZER")
@@ -255,7 +257,7 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
                        "note": {"type": "string", "maxLength": 12}}})
 
     def run(graphs: bool) -> dict:
-        core = EngineCore("", CoreConfig(device="cuda", dtype="float32", num_blocks=512,
+        core = build_core("", CoreConfig(device="cuda", dtype="float32", num_blocks=512,
                                          cuda_graphs=graphs, max_batch=16,
                                          max_context_tokens=1024, fused_kernels=True),
                           model=model, tokenizer=tok)

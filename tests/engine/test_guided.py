@@ -17,7 +17,8 @@ from voicert.agent.tool_calls import CallClosed, CallParser
 from voicert.bench.engine import shape_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest
-from voicert.engine.core import EngineConfig, EngineCore
+from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.core import EngineCore
 from voicert.engine.guided import GuideError
 from voicert.engine.models.llama import LlamaConfig, random_llama
 from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
@@ -43,7 +44,7 @@ def core():
     torch.manual_seed(0)
     model = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
                                                   num_hidden_layers=2)), torch.float32, "cpu")
-    return EngineCore(model_dir, EngineConfig(num_blocks=256), model=model,
+    return build_core(model_dir, EngineConfig(num_blocks=256, torchscript=False), model=model,
                       tokenizer=AutoTokenizer.from_pretrained(model_dir))
 
 

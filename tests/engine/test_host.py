@@ -12,7 +12,8 @@ from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineState, GenerationRequest
 from voicert.engine.host import SharedEngineClient, start_engine_host
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
 
@@ -39,7 +40,7 @@ def host(model_dir, address):
 
 
 def start_host(model_dir, address) :
-    host = start_engine_host(model_dir, EngineConfig(kv_memory_gb=0.25), address, KEY, threads=1)
+    host = start_engine_host(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=False), address, KEY, threads=1)
     host.wait_ready()
     return host
 
@@ -56,7 +57,7 @@ async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(m
                                                                               host):
     a = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     b = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
-    local = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25))
+    local = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=False))
     try:
         assert a.pid == b.pid == host.pid != os.getpid()
         expected = [await collect(local, f"l{i}", q) for i, q in enumerate(QUESTIONS)]
@@ -143,7 +144,7 @@ async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_
 
 
 def test_a_host_that_cannot_load_fails_its_start_with_the_reason(tmp_path):
-    host = start_engine_host(str(tmp_path), EngineConfig(kv_memory_gb=0.1), str(tmp_path / "s"), KEY)
+    host = start_engine_host(str(tmp_path), EngineConfig(kv_memory_gb=0.1, torchscript=False), str(tmp_path / "s"), KEY)
     with pytest.raises(RuntimeError, match="engine host failed to start"):
         host.wait_ready(120)
 

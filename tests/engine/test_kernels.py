@@ -445,7 +445,7 @@ def test_decode_linear_is_checked_and_names_the_key():
 
 def test_the_llm_sections_pdl_and_decode_linear_reach_the_engine_config():
     from voicert.config import LlmConfig
-    from voicert.engine.factory import engine_config
+    from voicert.engine.build import engine_config
 
     cfg = engine_config(LlmConfig(device="cuda", pdl="off", decode_linear="cublas"))
     assert (cfg.pdl, cfg.decode_linear, cfg.fused_kernels) == ("off", "cublas", True)

@@ -10,7 +10,8 @@ from tests.conftest import transformers_next_tokens
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.kv_cache import BlockManager
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.models.llama import load_llama
 from voicert.engine.runner import ModelRunner
@@ -182,7 +183,7 @@ async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, pa
     texts = PROMPTS[:3] + ["Repeat my address back to me: 42 Baker Street, London."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("hg", texts, 48))]
     eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2,
-                                            draft_heads="embedded"), model=model, tokenizer=tok)
+                                            draft_heads="embedded", torchscript=False), model=model, tokenizer=tok)
     eng.core.scheduler.policy = policy = Flipping(2)  # drafts on some steps, off on others
     try:
         out = [tokens_of(ev) for ev in await generate(eng, reqs("hs", texts, 48))]
@@ -194,11 +195,25 @@ async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, pa
         eng.close()
 
 
-def test_gpu_only_options_are_refused_on_the_cpu(model_dir, parts):
+def test_gpu_options_are_refused_or_off_on_the_cpu(model_dir, parts):
+    """A GPU option asked for by name is refused, naming the key; one that means "where the
+    device has it" (the server's defaults: kernels, graphs, the engine's own stream) is off."""
+    from voicert.config import ConfigError
+
+    for bad, key in ((dict(pdl="on"), "llm.pdl"), (dict(decode_linear="triton"), "llm.decode_linear"),
+                     (dict(fp8=True), "llm.fp8"), (dict(kv_cache="int8"), "llm.kv_cache")):
+        with pytest.raises(ConfigError, match=key):
+            EngineConfig(**bad)
     model, tok = parts
-    with pytest.raises(ValueError, match="GPU option"):
-        LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.05, fused_kernels=True), model=model,
-                  tokenizer=tok)
+    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.05, fused_kernels=True, cuda_graphs=True,
+                                            own_stream=True, torchscript=False),
+                    model=model, tokenizer=tok)
+    try:
+        cfg = eng.core.cfg
+        assert not (cfg.fused_kernels or cfg.cuda_graphs or cfg.own_stream)
+        assert not model.use_kernels and eng.core.runner.graphs is None
+    finally:
+        eng.close()
 
 
 async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monkeypatch):

@@ -11,7 +11,8 @@ from tests.engine.test_llm_engine import (PROMPTS, SYSTEM, _collect, engines, ge
                                           model_dir, parts, reqs, tokens_of)
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 
 
 async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
@@ -30,7 +31,7 @@ async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
     for name, draft in (("self", model), ("junk", junk)):
         # eager, not traced: what is tested is the draft path (traced == eager: test_runner.py)
         eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=3,
-                                                spec_policy="always"),
+                                                spec_policy="always", torchscript=False),
                         model=model, tokenizer=tok, draft=draft)
         try:
             out = [tokens_of(ev) for ev in await generate(eng, reqs(f"d{name}", texts, 16))]

@@ -8,7 +8,8 @@ import pytest
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.remote import EngineProcess
 
@@ -23,7 +24,7 @@ def model_dir():
 
 @pytest.fixture(scope="module")
 def remote(model_dir):
-    engine = EngineProcess(model_dir, EngineConfig(kv_memory_gb=0.25), threads=1)
+    engine = EngineProcess(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=False), threads=1)
     yield engine
     engine.close()
 
@@ -34,7 +35,7 @@ async def collect(engine, rid: str, text: str, n: int = 24):
 
 
 async def test_same_tokens_as_the_in_process_engine(remote, model_dir):
-    local = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25))
+    local = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=False))
     try:
         for i, q in enumerate(QUESTIONS):
             theirs = await collect(remote, f"r{i}", q)
@@ -75,4 +76,4 @@ async def test_cancel_stops_and_frees(remote):
 
 def test_a_child_that_cannot_load_fails_the_start(tmp_path):
     with pytest.raises(RuntimeError, match="failed to start"):
-        EngineProcess(str(tmp_path), EngineConfig(kv_memory_gb=0.1))
+        EngineProcess(str(tmp_path), EngineConfig(kv_memory_gb=0.1, torchscript=False))

@@ -204,7 +204,8 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
     from voicert.core.llm import EngineState
     from voicert.engine.remote import EngineProcess
     from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
-    from voicert.engine.factory import cache_dir, engine_config, resolve_llm
+    from voicert.engine.factory import cache_dir, resolve_llm
+    from voicert.engine.build import engine_config
 
     cfg = services.cfg
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))

@@ -25,7 +25,8 @@ import torch
 
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 from voicert.telemetry.gcwatch import settle
 

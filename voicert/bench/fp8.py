@@ -96,7 +96,8 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
     from voicert.bench.engine import shared_prefix, voice_prompt_ids
     from voicert.config import cache_dir, load_config
     from voicert.core.llm import GenerationRequest
-    from voicert.engine.llm_engine import EngineConfig, LLMEngine
+    from voicert.engine.build import EngineConfig
+    from voicert.engine.llm_engine import LLMEngine
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES
     from voicert.engine.models.registry import load_model

@@ -30,7 +30,8 @@ import torch
 
 from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer
 from voicert.core.llm import GenerationRequest
-from voicert.engine.core import EngineConfig, EngineCore
+from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.core import EngineCore
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 from voicert.engine.runner import bucket, rows_for
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = LlamaConfig.from_hf(shape_config(args.model))
     gpu = args.device.startswith("cuda")
     model = random_llama(cfg, DTYPES[args.dtype], args.device)
-    core = EngineCore("", EngineConfig(device=args.device, dtype=args.dtype, kv_memory_gb=4,
+    core = build_core("", EngineConfig(device=args.device, dtype=args.dtype, kv_memory_gb=4,
                                        max_context_tokens=4096, cuda_graphs=gpu,
                                        fused_kernels=gpu, overlap=True,
                                        prefill_attention=args.prefill_attention, fp8=args.fp8,

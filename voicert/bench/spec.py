@@ -29,7 +29,8 @@ import torch
 from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, voice_prompt_ids
 from voicert.config import ConfigError
 from voicert.core.llm import GenerationRequest
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import EngineConfig
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 
 MODES = ("plain", "always", "adaptive")

@@ -132,7 +132,8 @@ def _core(args: argparse.Namespace):
 
     from voicert.bench.engine import SHAPES, shape_config
     from voicert.config import cache_dir, load_config
-    from voicert.engine.core import EngineConfig, EngineCore
+    from voicert.engine.build import EngineConfig, build_core
+    from voicert.engine.core import EngineCore
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 
@@ -152,7 +153,7 @@ def _core(args: argparse.Namespace):
                        kv_memory_gb=args.kv_gb, max_context_tokens=1024,
                        cuda_graphs=args.cuda_graphs, fused_kernels=args.fused_kernels,
                        torchscript=args.device == "cpu")
-    return EngineCore(model_dir, cfg, model=model, tokenizer=tok), label
+    return build_core(model_dir, cfg, model=model, tokenizer=tok), label
 
 
 NOTE = ToolSpec.of("take_note", "Write down what the caller says, word for word", {

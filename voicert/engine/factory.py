@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING
 
 from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.core.llm import Engine
-from voicert.engine.llm_engine import EngineConfig, LLMEngine
+from voicert.engine.build import engine_config
+from voicert.engine.llm_engine import LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.simple import SimpleEngine
 from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
@@ -126,24 +127,6 @@ def check_device(llm: LlmConfig) -> None:
         if index + gpu >= count:
             raise ConfigError(f"llm.device: {llm.device} with llm.gpus {llm.gpus}, but torch "
                               f"sees {count} CUDA device(s)")
-
-
-def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
-    """The fast engine's settings from the ``llm`` section (device-only options off elsewhere)."""
-    cuda = llm.device.startswith("cuda")
-    return EngineConfig(
-        device=llm.device, dtype=llm.dtype, block_size=llm.block_size,
-        kv_memory_gb=llm.kv_memory_gb, gpu_memory_fraction=llm.gpu_memory_fraction,
-        max_batch=llm.max_batch, prefill_token_budget=llm.prefill_token_budget,
-        batch_window_ms=llm.batch_window_ms, spec_tokens=llm.spec_tokens,
-        spec_policy=llm.spec_policy, draft_model=llm.draft_model, draft_heads=llm.draft_heads,
-        max_context_tokens=llm.max_context_tokens, int8=llm.int8, fp8=llm.fp8,
-        fp8_rounding=llm.fp8_rounding, kv_cache=llm.kv_cache,
-        cuda_graphs=llm.cuda_graphs and cuda, prefill_graph_rows=llm.prefill_graph_rows,
-        own_stream=llm.own_stream and cuda, fused_kernels=llm.fused_kernels and cuda,
-        prefill_attention=llm.prefill_attention, pdl=llm.pdl, decode_linear=llm.decode_linear,
-        overlap=llm.overlap, torchscript=llm.torchscript and llm.device == "cpu",
-        models_cache=models_cache)
 
 
 def _start_engine(cfg: Config, model_dir: str):

@@ -22,10 +22,11 @@ import torch
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, StepRecord, TokenEvent, final_event, refusal
 from voicert.engine.base import RequestLedger, TokenOut, final_out
-from voicert.engine.core import EngineConfig, EngineCore
+from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.core import EngineCore
 from voicert.core.llm import EngineLoad
 from voicert.engine.detok import IncrementalDetokenizer
-from voicert.engine.models.llama import LlamaModel
+from voicert.engine.models.base import Model
 from voicert.engine.stream import TokenStream
 
 log = logging.getLogger(__name__)
@@ -199,10 +200,10 @@ class LLMEngine(EngineBase):
     tokenizer copy (the core's is used by its thread). ``on_failure`` (set by a supervisor) is
     called once, on the engine thread, if that thread ever dies."""
 
-    def __init__(self, model_dir: str, cfg: EngineConfig, model: LlamaModel | None = None,
-                 tokenizer=None, draft: LlamaModel | None = None) -> None:
-        self.cfg = cfg
-        self.core = EngineCore(model_dir, cfg, model=model, tokenizer=tokenizer, draft=draft)
+    def __init__(self, model_dir: str, cfg: EngineConfig, model: Model | None = None,
+                 tokenizer=None, draft: Model | None = None) -> None:
+        self.core = build_core(model_dir, cfg, model=model, tokenizer=tokenizer, draft=draft)
+        self.cfg = self.core.cfg  # as it applies on the device
         self.tokenizer = copy.deepcopy(self.core.tokenizer)  # the client side's (detokenising)
         self.ledger = RequestLedger()
         self._lock = threading.Lock()  # guards _sinks (event loop adds, engine thread routes)

@@ -71,10 +71,10 @@ def load_core(model_dir: str, cfg, threads: int, gc_freeze: bool):
 
     if threads > 0:
         torch.set_num_threads(threads)
-    from voicert.engine.core import EngineCore
+    from voicert.engine.build import build_core
     from voicert.telemetry.gcwatch import GcWatch, settle
 
-    core = EngineCore(model_dir, cfg)
+    core = build_core(model_dir, cfg)
     core.warmup()
     if gc_freeze:
         settle()

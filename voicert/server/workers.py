@@ -241,7 +241,8 @@ class Primary:
         port = self.sockets[0].getsockname()[1]
         log.info("voicert listening on ws://%s:%d/v1/stream (%d workers)", s.host, port, self.n)
         if self.cfg.llm.engine != "openai":
-            from voicert.engine.factory import check_device, engine_config
+            from voicert.engine.factory import check_device
+            from voicert.engine.build import engine_config
             from voicert.engine.loader import resolve_llm
 
             check_device(self.cfg.llm)

@@ -1,0 +1,306 @@
+"""Building an engine core from the ``llm`` settings: the one place that decides how a model is
+loaded, quantized and run (kernels, attention, launch mode, KV dtype and pool size, draft heads
+or a draft model), so that :class:`~voicert.engine.core.EngineCore` only steps.
+
+:class:`EngineConfig` is the ``llm`` section itself (its defaults and its checks) plus what only
+a caller that builds an engine sets; :func:`engine_config` makes one from the config tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from voicert.config import ConfigError, LlmConfig
+from voicert.engine.core import CoreParts, EngineCore
+from voicert.engine.draft import DraftModelProposer
+from voicert.engine.guided import Guides
+from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
+from voicert.engine.kv_cache import BlockManager
+from voicert.engine.models.base import Model
+from voicert.engine.models.layers import KV_DTYPES
+from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX
+from voicert.engine.models.registry import load_model
+from voicert.engine.prompt import PromptBuilder, stop_token_ids
+from voicert.engine.runner import ModelRunner
+from voicert.engine.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.spec_policy import SpecMode, SpecPolicy
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class EngineConfig(LlmConfig):
+    """The engine's settings: every ``llm`` key with its one default and its checks, and two that
+    only a caller building an engine itself sets. Options of the other kind of device are off
+    where the engine runs (:meth:`on_device`): CUDA graphs, the engine's own stream and the fused
+    kernels on a CPU, TorchScript on a GPU."""
+
+    num_blocks: int = 0  # KV blocks in the pool; 0: sized from kv_memory_gb
+    models_cache: str = ""  # where a GGUF draft model is converted (the server's models.cache_dir)
+
+    def __post_init__(self) -> None:
+        LlmConfig.__post_init__(self)
+        if self.num_blocks < 0 or self.num_blocks == 1:
+            raise ConfigError("num_blocks: must be 0 (sized from llm.kv_memory_gb) or >= 2")
+
+    def on_device(self) -> EngineConfig:
+        """These settings as they apply on ``device``."""
+        cuda = self.device.startswith("cuda")
+        return dataclasses.replace(
+            self, cuda_graphs=self.cuda_graphs and cuda, own_stream=self.own_stream and cuda,
+            fused_kernels=self.fused_kernels and cuda, torchscript=self.torchscript and not cuda)
+
+
+def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
+    """The engine's settings from the config tree's ``llm`` section (every key, as it is)."""
+    values = {f.name: getattr(llm, f.name) for f in dataclasses.fields(llm)}
+    return EngineConfig(**values, models_cache=models_cache)
+
+
+def build_core(model_dir: str, cfg: EngineConfig, model: Model | None = None, tokenizer=None,
+               draft: Model | None = None) -> EngineCore:
+    """An engine core for the checkpoint in ``model_dir`` (or the given ``model`` and
+    ``tokenizer``; ``draft``: a draft model for speculation), built as ``cfg`` says. Raises
+    ValueError (or ConfigError, naming the key) for settings this machine or model cannot run."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    cfg = cfg.on_device()
+    t0 = time.perf_counter()
+    hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
+    model = _quantized(model or load_model(model_dir, DTYPES[cfg.dtype], cfg.device), tokenizer,
+                       cfg)
+    if cfg.fused_kernels:
+        _choose_kernels(model, cfg)
+    stop_ids = stop_token_ids(tokenizer, hf_cfg)
+    prompts = PromptBuilder(tokenizer)
+    num_blocks = cfg.num_blocks or pool_blocks(model, cfg)
+    heads = _heads(model, cfg)
+    runner = ModelRunner(model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
+                         max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
+                         widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
+                         prefill_budget=cfg.prefill_token_budget,
+                         prefill_rows=cfg.prefill_graph_rows, heads=heads,
+                         torchscript=cfg.torchscript, kv_dtype=kv_dtype(cfg))
+    drafter = _drafter(model, draft, num_blocks, cfg)
+    blocks = BlockManager(num_blocks, cfg.block_size)
+    parts = CoreParts(model, tokenizer, prompts, Guides(tokenizer, model.cfg.vocab_size,
+                                                        prompts.call_format),
+                      blocks, runner, _scheduler(blocks, runner, stop_ids, cfg,
+                                                 drafter is not None, heads is not None),
+                      stop_ids, heads, drafter)
+    log.info("engine: %s on %s/%s, %d KV blocks of %d, built in %.1f s", model_dir, cfg.device,
+             cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
+    return EngineCore(cfg, parts)
+
+
+def _scheduler(blocks: BlockManager, runner: ModelRunner, stop_ids: set[int], cfg: EngineConfig,
+               external_drafts: bool, head_drafts: bool) -> Scheduler:
+    pg = runner.prefill_graphs  # pack prefill steps into the captured shapes
+    pg = pg if pg is not None and len(pg.batches) > 1 else None
+    return Scheduler(blocks, SchedulerConfig(
+        cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens,
+        external_drafts=external_drafts, head_drafts=head_drafts,
+        prefill_batches=tuple(pg.batches) if pg else (),
+        prefill_widths=tuple(pg.widths) if pg else ()), stop_ids,
+        SpecPolicy(cfg.spec_tokens, SpecMode(cfg.spec_policy)))
+
+
+def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
+    """The model with its layer weights as ``llm.int8`` / ``llm.fp8`` say (in place for FP8)."""
+    if cfg.int8:
+        if cfg.device != "cpu":
+            raise ValueError("int8 dynamic quantization is a CPU option")
+        model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        if cfg.spec_tokens > 0:  # one activation scale per tensor: rows change each other
+            log.warning("int8 with speculation: a verify step quantizes its rows together, so "
+                        "the output is not token-identical to int8 greedy decoding")
+    if cfg.fp8:
+        _quantize_fp8(model, tokenizer, cfg)
+    return model
+
+
+def _quantize_fp8(model: Model, tokenizer, cfg: EngineConfig) -> None:
+    """Layer weights to FP8 in place (engine/fp8.py); refuses INT8 with it, and GPUs whose
+    Triton cannot widen FP8 (compute capability below 8.9)."""
+    from voicert.engine.fp8 import calibration_forward, quantize_fp8
+
+    if cfg.int8:
+        raise ValueError("fp8 and int8 are two quantizations: choose one")
+    dev = str(cfg.device)
+    if dev.startswith("cuda") and torch.cuda.get_device_capability(dev) < (8, 9):
+        raise ValueError("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
+    rounding = cfg.fp8_rounding
+    t0 = time.perf_counter()
+    calibrate = (calibration_forward(model, tokenizer, cfg.block_size)
+                 if rounding == "gptq" else None)
+    n = quantize_fp8(model, calibrate)
+    if dev.startswith("cuda"):
+        torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
+    log.info("engine: %d Linear layers hold FP8 weights (rounded: %s, %.1f s)", n, rounding,
+             time.perf_counter() - t0)
+
+
+def _choose_kernels(model: Model, cfg: EngineConfig) -> None:
+    """The Model's kernel settings (models/base.py), chosen once before the first step."""
+    model.use_kernels = _kernels_usable(model, cfg)
+    model.prefill_attention = _prefill_attention(model, cfg)
+    model.pdl = _pdl(model, cfg)
+    model.triton_linear_rows, model.linear_tiles = _decode_linears(model, cfg)
+
+
+def _kernels_usable(model: Model, cfg: EngineConfig) -> bool:
+    """Whether the Triton kernels can run this model here (CUDA of compute capability 8.0 or
+    newer, Triton importable, a power-of-two head dim); otherwise the torch path runs, and
+    the reason is logged."""
+    if not str(cfg.device).startswith("cuda"):
+        raise ValueError("fused_kernels is a GPU option")
+    if torch.cuda.get_device_capability(cfg.device) < (8, 0):
+        log.warning("fused kernels off: they need compute capability 8.0 or newer")
+        return False
+    d = model.cfg.head_dim
+    table = min(model.cfg.max_position, ROPE_TABLE_MAX)
+    if cfg.max_context_tokens > table:
+        log.warning("fused kernels off: max_context_tokens %d is past their RoPE table (%d)",
+                    cfg.max_context_tokens, table)
+        return False
+    if d & (d - 1) or d < 16:
+        log.warning("fused kernels off: head_dim %d is not a power of two >= 16", d)
+        return False
+    try:
+        import voicert.engine.kernels  # noqa: F401
+    except ImportError as exc:
+        log.warning("fused kernels off: %s", exc)
+        return False
+    return True
+
+
+def _prefill_attention(model: Model, cfg: EngineConfig) -> str:
+    """How the fused path's prefill steps attend: ``paged`` (our Triton kernel, over tiles of
+    query tokens), ``flash`` (engine/flash.py) or ``sdpa``. ``flash`` where it cannot run is
+    an error naming the key; ``auto`` takes flash where it runs, else paged, said once."""
+    from voicert.engine import flash
+
+    choice = cfg.prefill_attention
+    if not model.use_kernels:
+        return "sdpa"  # the torch path gathers blocks for SDPA whatever was asked
+    if choice in ("sdpa", "paged"):
+        return choice
+    why = flash.unavailable(cfg.device, _weight_dtype(model), kv_dtype(cfg))
+    if why is None:
+        return "flash"
+    if choice == "flash":
+        raise ValueError(f"llm.prefill_attention flash: {why}")
+    log.info("prefill attention by the paged Triton kernel: FlashAttention-4 not used (%s)",
+             why)
+    return "paged"
+
+
+def _pdl(model: Model, cfg: EngineConfig) -> bool:
+    """Whether the fused kernels launch with programmatic dependent launch: ``auto`` where
+    the GPU has it (compute capability 9.0 or newer), ``on`` there or an error naming the
+    key, ``off`` never."""
+    from voicert.engine import kernels
+
+    if not model.use_kernels or cfg.pdl == "off":
+        return False
+    if kernels.pdl_supported(cfg.device):
+        return True
+    if cfg.pdl == "on":
+        raise ValueError(f"llm.pdl on: {cfg.device} is not a GPU of compute capability "
+                         "9.0 or newer (Hopper)")
+    return False
+
+
+def _decode_linears(model: Model, cfg: EngineConfig) -> tuple[int, dict]:
+    """(rows, tiles): steps of up to ``rows`` rows run the layers' bf16/fp16 Linears through
+    the Triton kernel with ``tiles`` per weight shape (see ``kernels.linear_tiles``); 0 rows:
+    cuBLAS always. ``triton``: up to ``kernels.LINEAR_ROWS`` rows. ``auto``, from the H100's
+    step times (docs/benchmarks.md section 31): only where PDL is on (launched plainly the
+    kernel loses to cuBLAS) and for bf16/fp16 models; up to 16 rows for layers 4096 or more
+    wide (Llama-3.1-8B: 1-3 % faster steps at 1-16 rows), else one-row steps only
+    (Llama-3.2-1B: 2 % faster at one row, 3-6 % slower at 4-16)."""
+    from voicert.engine import kernels
+
+    choice, dtype = cfg.decode_linear, _weight_dtype(model)
+    if not model.use_kernels or choice == "cublas":
+        return 0, {}
+    rows = kernels.LINEAR_ROWS
+    if choice == "auto":
+        if not (model.pdl and dtype in (torch.bfloat16, torch.float16)):
+            return 0, {}
+        rows = kernels.LINEAR_ROWS if model.cfg.hidden_size >= 4096 else 1
+    gpu = torch.cuda.get_device_name(cfg.device)
+    return rows, kernels.linear_tiles(gpu, dtype)
+
+
+def _weight_dtype(model: Model) -> torch.dtype:
+    return model.embed.weight.dtype  # type: ignore[attr-defined]  # every architecture embeds
+
+
+def _drafter(model: Model, draft: Model | None, num_blocks: int,
+             cfg: EngineConfig) -> DraftModelProposer | None:
+    """The draft model, when speculation uses one (loaded by config or handed in)."""
+    if cfg.spec_tokens <= 0 or (draft is None and not cfg.draft_model):
+        return None
+    if draft is None:
+        from voicert.config import ModelsConfig, cache_dir
+        from voicert.engine.loader import resolve_llm
+
+        cache = (Path(cfg.models_cache) if cfg.models_cache
+                 else cache_dir(ModelsConfig()))  # the user's cache dir, as the server's default
+        path = resolve_llm(cfg.draft_model, cache)
+        draft = load_model(path, DTYPES[cfg.dtype], cfg.device)
+    if draft.cfg.vocab_size != model.cfg.vocab_size:
+        raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+                         f"({model.cfg.vocab_size}): it must share the tokenizer")
+    return DraftModelProposer(draft, max(num_blocks // 2, 2), cfg.block_size,
+                              torchscript=cfg.torchscript)
+
+
+def _heads(model: Model, cfg: EngineConfig) -> DraftHeads | None:
+    """The draft heads, when speculation uses them (``draft_heads`` and ``spec_tokens`` set)."""
+    if cfg.spec_tokens <= 0 or not cfg.draft_heads:
+        return None
+    if cfg.draft_model:
+        raise ValueError("draft_model and draft_heads are alternatives: set one")
+    auto = cfg.draft_heads == "auto"
+    embedded = auto or cfg.draft_heads == "embedded"
+    path = EMBEDDED_HEADS if embedded else cfg.draft_heads
+    mcfg = model.cfg
+    try:
+        heads = load_heads(path, mcfg.hidden_size, mcfg.vocab_size, DTYPES[cfg.dtype], cfg.device)
+    except ValueError as exc:
+        if not auto:
+            raise
+        log.info("engine: the embedded draft heads do not fit this model (%s); drafts come "
+                 "from n-gram prompt lookup", exc)
+        return None
+    if cfg.spec_tokens > heads.num_heads:
+        raise ValueError(f"spec_tokens ({cfg.spec_tokens}) is more than the "
+                         f"{heads.num_heads} draft heads in {path}")
+    return heads
+
+
+def kv_dtype(cfg: EngineConfig) -> torch.dtype:
+    """The KV cache's element type (``llm.kv_cache``: the model's dtype, or one byte)."""
+    return KV_DTYPES.get(cfg.kv_cache, DTYPES[cfg.dtype])
+
+
+def pool_blocks(model: Model, cfg: EngineConfig) -> int:
+    """KV blocks the pool gets: ``kv_memory_gb``, else a share of free GPU memory, else 1 GB."""
+    per_block = ModelRunner.kv_bytes_per_block(model, cfg.block_size, kv_dtype(cfg))
+    if cfg.kv_memory_gb > 0:
+        budget = cfg.kv_memory_gb * (1 << 30)
+    elif cfg.device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info()
+        budget = free * cfg.gpu_memory_fraction
+    else:
+        budget = 1 << 30
+    return max(int(budget // per_block), 2)
