@@ -13,8 +13,8 @@ from voicert.hosting import child_context
 
 
 def _child(queue) -> None:
-    import voicert.engine.core  # noqa: F401  (what an engine process imports)
-    import voicert.engine.remote  # noqa: F401
+    import voicert.engine.core.engine_core  # noqa: F401  (what an engine process imports)
+    import voicert.engine.clients.remote  # noqa: F401
 
     queue.put(time.perf_counter())
 

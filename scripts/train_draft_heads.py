@@ -1,4 +1,4 @@
-"""Train draft heads (voicert/engine/heads.py) for a model on its own greedy replies.
+"""Train draft heads (voicert/engine/core/heads.py) for a model on its own greedy replies.
 
     python scripts/train_draft_heads.py --prompts 1024 --out voicert/engine/data/smollm2-135m-instruct-heads.safetensors
 
@@ -27,12 +27,12 @@ from voicert.bench.engine import VOICE_PROMPTS, VOICE_SYSTEM
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.heads import DraftHeads
+from voicert.engine.core.heads import DraftHeads
 from voicert.engine.build import EngineConfig
-from voicert.engine.llm_engine import LLMEngine
-from voicert.engine.runner import ModelRunner, Row
+from voicert.engine.clients.llm_engine import LLMEngine
+from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.loader import resolve_llm
-from voicert.engine.prompt import build_prompt
+from voicert.engine.core.prompt import build_prompt
 
 NAMES = ["Garcia", "Chen", "Okafor", "Novak", "Silva", "Kim", "Murphy", "Haddad", "Ivanova", "Lopez"]
 STREETS = ["Elm Street", "Harbor Road", "Maple Avenue", "King's Lane", "Station Road", "Oak Drive"]

@@ -38,7 +38,7 @@ def transformers_next_tokens(ref_model, prompt: list[int], ours: list[int]) -> l
 
 
 def transformers_guided_picks(simple, request, ours: list[int]) -> list[int | None]:
-    """What the transformers engine (``simple``: a voicert.engine.simple.SimpleEngine) picks after
+    """What the transformers engine (``simple``: a voicert.engine.clients.simple.SimpleEngine) picks after
     each prefix of ``ours`` under the request's grammar masks, from one forward over prompt +
     ours: its decode loop (greedy, then the guide's masked pick, then the guide advanced by the
     token kept), teacher-forced. len(ours) + 1 picks; the last is None where the grammar had
@@ -47,7 +47,7 @@ def transformers_guided_picks(simple, request, ours: list[int]) -> list[int | No
     reached), as with :func:`transformers_next_tokens`."""
     import torch
 
-    from voicert.engine.tools import offered
+    from voicert.engine.core.tools import offered
 
     guide = simple.guides.for_request(request)
     prompt = simple.prompts.build(request.messages,

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vad: {silero_model_path()}")
             print(f"asr: {resolve_asr_model(cfg.models.asr)}")
             if cfg.llm.engine == "openai":
-                from voicert.engine.openai_compat import resolve_model
+                from voicert.engine.clients.openai_compat import resolve_model
 
                 print(f"llm: {resolve_model(cfg.llm)} at {cfg.llm.base_url}")
             else:

@@ -223,7 +223,7 @@ class LlmConfig:
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
     spec_policy: str = "adaptive"  # adaptive: speculate per decode step where measured faster at
-    # that batch size (engine/spec_policy.py); always: on every decode step
+    # that batch size (engine/core/spec_policy.py); always: on every decode step
     draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
     draft_heads: str = ""  # draft heads on the target's hidden state ("embedded": shipped for the
     # embedded SmolLM2; "auto": those where they fit the model, else n-gram drafts; or a
@@ -233,7 +233,7 @@ class LlmConfig:
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale
     # per output channel: half the weight bytes of bf16 per decode step; replies differ slightly
     fp8_rounding: str = "gptq"  # gptq: each weight's e4m3 value chosen with GPTQ's error feedback
-    # against a calibration text set (engine/fp8.py; top-1 agreement 90 -> 95 % on the embedded
+    # against a calibration text set (engine/gpu/fp8.py; top-1 agreement 90 -> 95 % on the embedded
     # model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest e4m3 value
     kv_cache: str = "model"  # GPU: the KV cache's values in the model's dtype (model), or in one
     # byte: int8 (a scale per token and KV head) | fp8 (e4m3, scale 1; compute capability >= 8.9):

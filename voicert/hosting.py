@@ -22,7 +22,7 @@ FAMILY = "AF_UNIX"
 # a forkserver that has imported these once: a child is up in milliseconds instead of 2-4 s of
 # imports per start (more on a busy machine), so a failed engine or worker is replaced sooner. None
 # of these starts a thread or CUDA at import (a fork must not copy either).
-PRELOAD = ("voicert.engine.core", "voicert.engine.remote", "voicert.engine.host",
+PRELOAD = ("voicert.engine.core.engine_core", "voicert.engine.clients.remote", "voicert.engine.clients.host",
            "voicert.speech.host", "voicert.server.app", "voicert.server.workers",
            "transformers.models.auto.tokenization_auto")
 

@@ -15,7 +15,7 @@ import os
 import torch
 
 from voicert.bench.fp8 import time_graph
-from voicert.engine import kernels
+from voicert.engine.gpu import kernels
 
 # (N, K) of each Linear of the shapes bench.engine serves: Llama-3.2-1B, Llama-3.1-8B, SmolLM2-135M
 SHAPES = {"1b qkv": (3072, 2048), "1b o": (2048, 2048), "1b gate_up": (16384, 2048),

@@ -15,9 +15,9 @@ import time
 import torch
 
 from voicert.bench.engine import shape_config
-from voicert.engine import fp8
+from voicert.engine.gpu import fp8
 from voicert.engine.models.llama import LlamaConfig, random_llama
-from voicert.engine.runner import ModelRunner, Row
+from voicert.engine.core.runner import ModelRunner, Row
 
 
 def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:

@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, ".")
 from voicert.bench import attention as bench  # noqa: E402
 from voicert.bench.cuda_time import graph_times  # noqa: E402
-from voicert.engine import kernels  # noqa: E402
+from voicert.engine.gpu import kernels  # noqa: E402
 
 CASES = ["1x20x170", "1x32x600", "1x100x600", "1x600x600", "4x128x600", "16x64x1024",
          "16x128x2048"]

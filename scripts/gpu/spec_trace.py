@@ -5,7 +5,7 @@ import asyncio
 import sys
 
 from voicert.bench import spec as S
-from voicert.engine.spec_policy import bucket_of
+from voicert.engine.core.spec_policy import bucket_of
 
 args = argparse.Namespace(model=sys.argv[1], drafter="heads", k=2, streams=[int(sys.argv[2])],
                           new_tokens=64, rounds=1, device="cuda", dtype="bfloat16", kv_gb=4.0)

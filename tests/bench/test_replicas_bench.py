@@ -5,7 +5,7 @@ import argparse
 
 from tests.agent.fakes import FakeEngine
 from voicert.bench.replicas import render, run_level
-from voicert.engine.replicas import ReplicaEngine
+from voicert.engine.clients.replicas import ReplicaEngine
 
 
 class Replica(FakeEngine):

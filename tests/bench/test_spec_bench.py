@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 from voicert.bench.spec import Level, main, render
-from voicert.engine.spec_policy import SpecDecision
+from voicert.engine.core.spec_policy import SpecDecision
 
 
 def level(tpot: float, tokens: int, wall: float, replies, verify: int = 0, plain: int = 0):

@@ -21,13 +21,13 @@ def _members(protocol: type) -> set[str]:
 
 
 def _engines() -> list[type]:
-    from voicert.engine.host import SharedEngineClient
-    from voicert.engine.llm_engine import LLMEngine
-    from voicert.engine.openai_compat import OpenAICompatEngine
-    from voicert.engine.remote import EngineLink, EngineProcess
-    from voicert.engine.replicas import ReplicaEngine
-    from voicert.engine.simple import SimpleEngine
-    from voicert.engine.supervisor import SupervisedEngine
+    from voicert.engine.clients.host import SharedEngineClient
+    from voicert.engine.clients.llm_engine import LLMEngine
+    from voicert.engine.clients.openai_compat import OpenAICompatEngine
+    from voicert.engine.clients.remote import EngineLink, EngineProcess
+    from voicert.engine.clients.replicas import ReplicaEngine
+    from voicert.engine.clients.simple import SimpleEngine
+    from voicert.engine.clients.supervisor import SupervisedEngine
 
     return [LLMEngine, EngineLink, EngineProcess, SharedEngineClient, SimpleEngine,
             OpenAICompatEngine, SupervisedEngine, ReplicaEngine]

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from voicert.core.llm import GenerationRequest
-from voicert.engine.kv_cache import BlockManager
+from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.models.registry import load_model
-from voicert.engine.runner import ModelRunner
-from voicert.engine.scheduler import Scheduler, SchedulerConfig
-from voicert.engine.sequence import Sequence
+from voicert.engine.core.runner import ModelRunner
+from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.core.sequence import Sequence
 
 NEW = 32
 
@@ -135,7 +135,7 @@ def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
 
     from voicert.bench.engine import _NullTokenizer
     from voicert.engine.build import EngineConfig
-    from voicert.engine.llm_engine import LLMEngine
+    from voicert.engine.clients.llm_engine import LLMEngine
 
     want = decode(load_model(checkpoint), prompts)
     model = load_model(checkpoint, torch.float32, "cuda")

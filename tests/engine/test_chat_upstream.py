@@ -1,4 +1,4 @@
-"""The client side of chat completions (engine/chat_upstream.py): the bodies voicert sends an
+"""The client side of chat completions (engine/clients/chat_upstream.py): the bodies voicert sends an
 OpenAI-compatible server, and its stream read back, tool calls included, as the agent's call
 parser reads them."""
 
@@ -11,7 +11,7 @@ import pytest
 from voicert.agent import tool_calls as tc
 from voicert.core.chat import ChatMessage
 from voicert.core.chat import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
-from voicert.engine.chat_upstream import StreamReader, UpstreamError, fit_messages, request_body, sse_data
+from voicert.engine.clients.chat_upstream import StreamReader, UpstreamError, fit_messages, request_body, sse_data
 
 WEATHER = ToolSpec.of("get_weather", "The weather in a city.",
                       {"type": "object", "properties": {"city": {"type": "string"}},

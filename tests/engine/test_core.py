@@ -8,8 +8,8 @@ from voicert.bench.engine import shape_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest
 from voicert.engine.build import EngineConfig, build_core
-from voicert.engine.core import EngineCore
-from voicert.engine.llm_engine import LLMEngine
+from voicert.engine.core.engine_core import EngineCore
+from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from voicert.engine.detok import IncrementalDetokenizer
+from voicert.engine.clients.detok import IncrementalDetokenizer
 
 TEXTS = ["Hello, world! It's 3.14 — café naïve 日本語 🙂 , . ? don't",
          "The capital of France is Paris .", " spaced   out\n\nlines\t tabs"]

@@ -1,4 +1,4 @@
-"""Prefill attention by FlashAttention-4 (engine/flash.py) against gather + SDPA: the same output on
+"""Prefill attention by FlashAttention-4 (engine/gpu/flash.py) against gather + SDPA: the same output on
 right-padded rows of any real length over any cached prefix, eagerly and replayed from a CUDA
 graph, and in a served engine. The GPU checks need CUDA (Hopper or newer) and the optional
 flash-attn-4 package; the CPU ones check the choice and its errors."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from voicert.config import ConfigError, LlmConfig
-from voicert.engine import flash
+from voicert.engine.gpu import flash
 from voicert.engine.models.layers import Attention, AttnInputs, SdpaRows
 from voicert.engine.models.llama import LlamaConfig
 
@@ -93,7 +93,7 @@ def test_a_served_engine_prefills_with_flash_and_agrees_with_sdpa():
     from voicert.bench.engine import shape_config, _NullTokenizer
     from voicert.core.llm import GenerationRequest
     from voicert.engine.build import EngineConfig
-    from voicert.engine.llm_engine import LLMEngine
+    from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import random_llama
 
     model = random_llama(LlamaConfig.from_hf(dict(shape_config("llama-1b-random"),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.engine.test_architectures import decode, fresh
-from voicert.engine.fp8 import (E4M3_MAX, Fp8Linear, gptq_weight, gptq_weights, quantize_fp8,
+from voicert.engine.gpu.fp8 import (E4M3_MAX, Fp8Linear, gptq_weight, gptq_weights, quantize_fp8,
                                  quantize_weight)
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
@@ -184,7 +184,7 @@ def test_gptq_fp8_keeps_more_of_the_real_embedded_models_next_tokens(embedded, m
     the test short): measured 95 % against nearest rounding's 90 % (the whole set: 96-97 %,
     docs/benchmarks.md section 29). The calibration set shares no text with the evaluation's."""
     from voicert.bench.fp8 import TEXTS, quantized_copy, top1_agreement
-    from voicert.engine import fp8
+    from voicert.engine.gpu import fp8
 
     load, tok = embedded
     rows = fp8.calibration_rows(tok)

@@ -9,7 +9,7 @@ import torch
 from voicert.bench.engine import shape_config, _NullTokenizer
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
-from voicert.engine.llm_engine import LLMEngine
+from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -208,7 +208,7 @@ def test_speculating_on_some_steps_only_with_overlap_equals_greedy_fp32(prompts,
     """The speculation policy turns drafts on and off between decode steps; a step launched ahead
     keeps its predecessor's width, so a change of mind waits for the next step that is not
     launched ahead. With heads that get accepted, graphed and overlapped, tokens stay greedy."""
-    from voicert.engine.spec_policy import SpecPolicy
+    from voicert.engine.core.spec_policy import SpecPolicy
 
     class Flipping(SpecPolicy):
         def drafts(self, batch, prompts_waiting=False):
@@ -239,7 +239,7 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
     from voicert.agent.tool_calls import CallClosed, CallParser
     from voicert.core.chat import ChatMessage
     from voicert.engine.build import EngineConfig as CoreConfig, build_core
-    from voicert.engine.core import EngineCore
+    from voicert.engine.core.engine_core import EngineCore
     from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
     tok_dir = os.environ.get("VOICERT_TEST_TOKENIZER")
@@ -286,9 +286,9 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
 
 
 def test_fp8_graphed_and_fused_equals_fp8_eager_and_batched_equals_one_at_a_time(prompts):
-    """FP8 weights (engine/fp8.py), as served (CUDA graphs, fused kernels) against eager torch
+    """FP8 weights (engine/gpu/fp8.py), as served (CUDA graphs, fused kernels) against eager torch
     layers over the same FP8 weights, fp32 activations: same tokens, together or one at a time."""
-    from voicert.engine.fp8 import quantize_fp8
+    from voicert.engine.gpu.fp8 import quantize_fp8
 
     cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
@@ -326,7 +326,7 @@ def test_one_byte_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one
 def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     """FP8's GPTQ rounding replays each block's column loop as a CUDA graph: the same kernels as
     the eager loop, so the same bits, and the graph is reused across blocks and calls."""
-    from voicert.engine.fp8 import _BlockGraph, _round_block, gptq_weights
+    from voicert.engine.gpu.fp8 import _BlockGraph, _round_block, gptq_weights
 
     g = torch.Generator(device="cuda").manual_seed(0)
     stack, n, block = 2, 96, 32
@@ -360,7 +360,7 @@ def test_pdl_served_engine_gives_the_tokens_of_plain_launches_bf16(prompts, fp8)
     """``llm.pdl`` as served (bf16, CUDA graphs, fused kernels, small steps' Linears by the Triton
     kernel; with FP8 weights too): the same tokens as the same engine launching its kernels
     plainly, batched and one at a time."""
-    from voicert.engine.fp8 import quantize_fp8
+    from voicert.engine.gpu.fp8 import quantize_fp8
 
     models = [random_llama(smollm2_shape(), torch.bfloat16, "cuda") for _ in range(2)]  # same seed
     for m in models if fp8 else ():

@@ -18,8 +18,8 @@ from voicert.bench.engine import shape_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest
 from voicert.engine.build import EngineConfig, build_core
-from voicert.engine.core import EngineCore
-from voicert.engine.guided import GuideError
+from voicert.engine.core.engine_core import EngineCore
+from voicert.engine.core.guided import GuideError
 from voicert.engine.models.llama import LlamaConfig, random_llama
 from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
@@ -165,7 +165,7 @@ def test_a_guided_call_always_validates_against_a_random_schema(core, schema):
 def test_masks_from_the_thread_pool_equal_masks_computed_one_by_one(core):
     import llguidance
 
-    from voicert.engine.guided import PARALLEL_ROWS, masked_argmax
+    from voicert.engine.core.guided import PARALLEL_ROWS, masked_argmax
 
     def guides():
         out = []
@@ -193,7 +193,7 @@ def test_a_tokenizer_json_llguidance_misreads_is_read_from_the_tokens_bytes(core
     import llguidance
     import llguidance.hf
 
-    from voicert.engine.guided import Guides, TokenBytes, round_trips
+    from voicert.engine.core.guided import Guides, TokenBytes, round_trips
 
     tok = core.tokenizer
     good = llguidance.hf.from_tokenizer(tok, n_vocab=core.model.cfg.vocab_size)

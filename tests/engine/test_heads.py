@@ -2,7 +2,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
+from voicert.engine.core.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 
 
 def test_embedded_heads_load_for_the_embedded_model_shape():
@@ -27,7 +27,7 @@ def test_heads_for_another_model_are_refused(tmp_path):
 def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
     from voicert.bench.engine import shape_config, _NullTokenizer
     from voicert.engine.build import EngineConfig
-    from voicert.engine.llm_engine import LLMEngine
+    from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
     model = random_llama(LlamaConfig.from_hf(shape_config("smollm2-random")),
@@ -44,7 +44,7 @@ def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
 def test_auto_heads_are_the_embedded_ones_where_they_fit_and_n_grams_elsewhere():
     from voicert.bench.engine import shape_config, _NullTokenizer
     from voicert.engine.build import EngineConfig
-    from voicert.engine.llm_engine import LLMEngine
+    from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
     fits = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),

@@ -12,7 +12,7 @@ if DEV == "cpu":  # read when the kernels are decorated, i.e. at their import
 
 import pytest  # noqa: E402
 
-from voicert.engine import kernels  # noqa: E402
+from voicert.engine.gpu import kernels  # noqa: E402
 
 
 def _interpreter_index_fix() -> None:
@@ -32,7 +32,7 @@ def _interpreter_index_fix() -> None:
 if DEV == "cpu":
     _interpreter_index_fix()
 from voicert.engine.models.llama import AttnInputs, LlamaConfig, random_llama  # noqa: E402
-from voicert.engine.runner import ModelRunner, Row  # noqa: E402
+from voicert.engine.core.runner import ModelRunner, Row  # noqa: E402
 
 TINY = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=160, num_layers=2,
                    num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
@@ -266,7 +266,7 @@ def test_feed_step_takes_inputs_from_the_previous_steps_results():
     """A verify step (W = 3) fed from the previous one: row 0 from previous row 1, whose drafts
     were accepted once (n = 1); row 1 from previous row 0 (n = 0); row 2 staged by the host.
     The kernel and the torch fallback agree, and so do their accept counts."""
-    from voicert.engine.runner import accept_counts, feed_step
+    from voicert.engine.core.runner import accept_counts, feed_step
 
     bs = 4
     out = torch.tensor([[10, 11, 12, 20, 21, 22, 30, 31, 32],  # greedy tokens, rows of W
@@ -298,7 +298,7 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
     """The Triton FP8 kernel against F.linear on the widened weights: decode-sized and
     prefill-sized row counts (each picks other tiles), N and K not multiples of the tiles, a bias,
     and a strided input (a view of a wider tensor)."""
-    from voicert.engine.fp8 import Fp8Linear
+    from voicert.engine.gpu.fp8 import Fp8Linear
 
     g = torch.Generator().manual_seed(6)
     lin = torch.nn.Linear(200, 90, bias=True)
@@ -351,7 +351,7 @@ def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():
 @pytest.mark.skipif(DEV != "cuda" or (DEV == "cuda" and torch.cuda.get_device_capability() < (8, 9)),
                     reason="the FP8 tensor cores: a GPU of compute capability 8.9 or newer")
 def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
-    from voicert.engine.fp8 import Fp8Linear
+    from voicert.engine.gpu.fp8 import Fp8Linear
 
     g = torch.Generator().manual_seed(8)
     lin = torch.nn.Linear(256, 96, bias=True)
@@ -374,7 +374,7 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     same bits and the same KV pool with and without it, eagerly and in every replay of a CUDA
     graph of it."""
     from voicert.bench.engine import shape_config
-    from voicert.engine.fp8 import quantize_fp8
+    from voicert.engine.gpu.fp8 import quantize_fp8
 
     cfg = LlamaConfig.from_hf(dict(shape_config("llama-1b-random"),
                                    num_hidden_layers=3))

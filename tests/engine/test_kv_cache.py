@@ -1,6 +1,6 @@
 import pytest
 
-from voicert.engine.kv_cache import SCRATCH_BLOCK, BlockManager, OutOfBlocks
+from voicert.engine.core.kv_cache import SCRATCH_BLOCK, BlockManager, OutOfBlocks
 
 
 def test_allocate_reserves_blocks_and_never_hands_out_scratch():
@@ -42,7 +42,7 @@ def test_chain_hash_reuses_only_identical_prefixes():
 
 
 def test_hash_collision_falls_back_to_token_compare(monkeypatch):
-    import voicert.engine.kv_cache as kv
+    import voicert.engine.core.kv_cache as kv
 
     monkeypatch.setattr(kv, "chain_hash", lambda prev, toks: 7)  # everything collides
     bm = BlockManager(16, 4)

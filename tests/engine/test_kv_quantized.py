@@ -12,11 +12,11 @@ import torch
 
 from tests.engine.test_architectures import decode
 from tests.engine.test_fp8 import TINY, embedded  # noqa: F401  (the fixture, shared)
-from voicert.engine.kv_cache import BlockManager
+from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.models.layers import FP8_KV, INT8_KV, read_blocks, write_kv
 from voicert.engine.models.llama import random_llama
-from voicert.engine.runner import ModelRunner
-from voicert.engine.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.core.runner import ModelRunner
+from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
 
 X = torch.tensor([[[1.0, 600.0, -1000.0], [0.1, 0.0123, 3.3]]] * 2)  # [T, KVH, D]
 

@@ -9,16 +9,16 @@ from voicert.config import cache_dir, load_config
 from tests.conftest import transformers_next_tokens
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.kv_cache import BlockManager
+from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.build import EngineConfig
-from voicert.engine.llm_engine import LLMEngine
+from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.loader import resolve_llm
 from voicert.engine.models.llama import load_llama
-from voicert.engine.runner import ModelRunner
-from voicert.engine.scheduler import Scheduler, SchedulerConfig
-from voicert.engine.sequence import Sequence
-from voicert.engine.spec_policy import SpecPolicy
-from voicert.engine.prompt import build_prompt
+from voicert.engine.core.runner import ModelRunner
+from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.core.sequence import Sequence
+from voicert.engine.core.spec_policy import SpecPolicy
+from voicert.engine.core.prompt import build_prompt
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 PROMPTS = [
@@ -175,7 +175,7 @@ async def test_cancel_frees_the_sequence_and_its_blocks(engines):
 async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, parts, engines):
     """The shipped draft heads propose on two decode steps of three (the policy may switch them
     per step); the target's greedy tokens come out, several at a time."""
-    from voicert.engine.heads import EMBEDDED_HEADS
+    from voicert.engine.core.heads import EMBEDDED_HEADS
 
     assert EMBEDDED_HEADS.is_file()
     model, tok = parts

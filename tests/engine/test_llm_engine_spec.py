@@ -12,7 +12,7 @@ from tests.engine.test_llm_engine import (PROMPTS, SYSTEM, _collect, engines, ge
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
-from voicert.engine.llm_engine import LLMEngine
+from voicert.engine.clients.llm_engine import LLMEngine
 
 
 async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
@@ -55,7 +55,7 @@ async def test_guided_tool_calls_equal_transformers_with_and_without_speculation
     which guided rows skip) gives exactly the transformers engine's tokens under the same masks
     (checked teacher-forced, one forward a reply, and token at a time on the start of one)."""
     from voicert.config import LlmConfig
-    from voicert.engine.simple import SimpleEngine
+    from voicert.engine.clients.simple import SimpleEngine
     from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
     book = ToolSpec.of("book_table", "Book a table at the restaurant", {

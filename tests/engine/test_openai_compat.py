@@ -1,4 +1,4 @@
-"""The LLM stage as a client of an OpenAI-compatible server (engine/openai_compat.py), against a
+"""The LLM stage as a client of an OpenAI-compatible server (engine/clients/openai_compat.py), against a
 scripted server on a real socket: streaming, cancel closes the stream, retries before the first
 token, timeouts, refusals, start-up model checks. No test depends on how fast the machine is:
 a timeout is only ever tested against a server that never answers."""
@@ -14,7 +14,7 @@ import pytest
 from voicert.config import ConfigError, LlmConfig
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
+from voicert.engine.clients.openai_compat import OpenAICompatEngine, resolve_model
 
 
 def sse(obj) -> bytes:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from voicert.core.chat import ChatMessage
-from voicert.engine.prompt import PromptBuilder
+from voicert.engine.core.prompt import PromptBuilder
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 

@@ -1,4 +1,4 @@
-"""Engine replicas (engine/replicas.py): placement that keeps a conversation on its replica while
+"""Engine replicas (engine/clients/replicas.py): placement that keeps a conversation on its replica while
 that replica is not much busier, spreads new ones, avoids replicas that are down; the engine over
 them routes cancels, counts open requests back to zero, and gives up only when every replica has."""
 
@@ -9,7 +9,7 @@ import dataclasses
 from tests.agent.fakes import FakeEngine
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineState, GenerationRequest
-from voicert.engine.replicas import Placement, ReplicaEngine, conversation_key
+from voicert.engine.clients.replicas import Placement, ReplicaEngine, conversation_key
 
 
 def test_a_conversation_stays_on_its_replica_and_new_ones_spread():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from voicert.engine.models.llama import LlamaConfig, random_llama
-from voicert.engine.runner import ModelRunner, Row, TracedForward
+from voicert.engine.core.runner import ModelRunner, Row, TracedForward
 
 TINY = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_layers=3,
                    num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,

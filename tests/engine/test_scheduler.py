@@ -2,9 +2,9 @@
 
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.kv_cache import BlockManager
-from voicert.engine.scheduler import Scheduler, SchedulerConfig
-from voicert.engine.sequence import Sequence, Status
+from voicert.engine.core.kv_cache import BlockManager
+from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.core.sequence import Sequence, Status
 
 STOP = 2
 
@@ -297,7 +297,7 @@ def test_overlapped_steps_with_head_drafts_keep_greedy_tokens():
 
 
 def test_decode_steps_between_a_newcomers_prefill_chunks_carry_no_drafts():
-    from voicert.engine.spec_policy import SpecPolicy
+    from voicert.engine.core.spec_policy import SpecPolicy
 
     sched = Scheduler(BlockManager(256, 4), SchedulerConfig(prefill_token_budget=16, spec_tokens=2),
                       {STOP}, policy=SpecPolicy(2))

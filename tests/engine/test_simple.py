@@ -5,7 +5,7 @@ import pytest
 from tests.conftest import transformers_next_tokens
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.prompt import build_prompt
+from voicert.engine.core.prompt import build_prompt
 
 PROMPTS = ["What is the capital of France?", "Say hello.", "Name three colors.",
            "What is two plus two?"]
@@ -16,7 +16,7 @@ SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one
 def engine(cfg):
     from voicert.config import LlmConfig, cache_dir
     from voicert.engine.loader import resolve_llm
-    from voicert.engine.simple import SimpleEngine
+    from voicert.engine.clients.simple import SimpleEngine
 
     eng = SimpleEngine(str(resolve_llm("embedded", cache_dir(cfg.models))), LlmConfig(engine="simple"))
     yield eng

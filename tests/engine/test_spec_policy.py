@@ -4,7 +4,7 @@ the other, and follows acceptance as it changes."""
 
 import pytest
 
-from voicert.engine.spec_policy import SpecMode, SpecPolicy, bucket_of
+from voicert.engine.core.spec_policy import SpecMode, SpecPolicy, bucket_of
 
 K = 3
 

@@ -1,4 +1,4 @@
-from voicert.engine.speculative import accept_greedy, ngram_propose
+from voicert.engine.core.speculative import accept_greedy, ngram_propose
 
 
 def test_ngram_proposes_what_followed_the_last_occurrence():

@@ -12,7 +12,7 @@ import pytest
 
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineBase, EngineState, EngineStats, GenerationRequest
-from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
+from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
 
 
 class FakeEngine(EngineBase):

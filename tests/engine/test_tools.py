@@ -11,8 +11,8 @@ import llguidance
 import pytest
 
 from voicert.core.chat import ChatMessage
-from voicert.engine.prompt import PromptBuilder
-from voicert.engine.tools import CallFormat, call_format, call_grammar, offered
+from voicert.engine.core.prompt import PromptBuilder
+from voicert.engine.core.tools import CallFormat, call_format, call_grammar, offered
 from voicert.core.chat import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 
 BOOK = ToolSpec.of("book", "Book", {"type": "object", "required": ["n"], "additionalProperties": False,

@@ -202,8 +202,8 @@ async def test_shutdown_closes_peers_that_never_answer_all_at_once(services):
 @pytest.mark.models
 async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services):
     from voicert.core.llm import EngineState
-    from voicert.engine.remote import EngineProcess
-    from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
+    from voicert.engine.clients.remote import EngineProcess
+    from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
     from voicert.engine.factory import cache_dir, resolve_llm
     from voicert.engine.build import engine_config
 
@@ -249,7 +249,7 @@ async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services
 async def test_an_engine_that_cannot_be_kept_up_stops_the_server_with_an_error(services):
     from tests.engine.test_supervisor import FakeEngine
     from voicert.core.llm import EngineState
-    from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
+    from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
 
     builds = []
 

@@ -15,7 +15,7 @@ from websockets.asyncio.client import connect
 
 from tests.conftest import wav
 from voicert.audio.pcm import encode_pcm16
-from voicert.engine.openai_compat import OpenAICompatEngine
+from voicert.engine.clients.openai_compat import OpenAICompatEngine
 from voicert.protocol import native as p
 from voicert.server.app import STREAM_PATH, VoiceServer
 from voicert.server.completions import EMBEDDED_MODEL_ID

@@ -30,3 +30,20 @@ def test_a_peer_that_stopped_reporting_is_left_out(monkeypatch):
     sampler.add_peer_sample(2, SystemSample(0.0, 6, 0, 0, 0, 0.0, 0.1))
     clock[0] += 2.0  # worker 1 last spoke 4 s ago (3 intervals is the limit), worker 2 2 s ago
     assert [s.sessions for s in sampler.fresh_peers()] == [6]
+
+
+async def test_the_engine_gauges_are_right_from_the_start_not_after_the_first_tick():
+    """With several workers the engine-up gauge is the smallest over them: a worker that had not
+    ticked yet read as "down" (its gauge's initial 0) and made the whole server look down."""
+    from types import SimpleNamespace
+
+    from tests.agent.fakes import FakeAsr, FakeEngine
+    from voicert.telemetry.metrics import Metrics
+
+    svc = SimpleNamespace(metrics=Metrics(), engine=FakeEngine(), asr=FakeAsr(), gc_watch=None)
+    sampler = Sampler(svc, interval_s=3600)  # no tick during the test
+    sampler.start()
+    try:
+        assert svc.metrics.engine_up._value.get() == 1.0
+    finally:
+        await sampler.stop()

@@ -5,7 +5,7 @@ and speak: text that could still turn into a call marker is held back) and, per 
 :class:`CallOpened` (its tool's name known), :class:`CallArgs` deltas of its arguments' JSON as they
 are decoded, then :class:`CallClosed` (or :class:`CallBroken` when the reply ended inside it).
 
-Both formats of ``engine/tools.py`` are read: HERMES (``<tool_call>\\n{"name": ..., "arguments":
+Both formats of ``engine/core/tools.py`` are read: HERMES (``<tool_call>\\n{"name": ..., "arguments":
 {...}}\\n</tool_call>`` anywhere in the reply) and LLAMA3 (a reply that opens with ``{``, optionally
 after ``<|python_tag|>``: ``{"name": ..., "parameters": {...}}``).
 """
@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Union
 
-from voicert.engine.tools import HERMES_CLOSE, HERMES_OPEN
+from voicert.engine.core.tools import HERMES_CLOSE, HERMES_OPEN
 
 PYTHON_TAG = "<|python_tag|>"
 _NAME = re.compile(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"')

@@ -5,7 +5,7 @@ tokens, mostly cached; a turn's new text of tens to hundreds of tokens; replies 
 or 1 + k drafts, at a time), each case times one layer's attention over the engine's paged KV
 pool (random K/V; block tables shuffled, as a pool in use is):
 
-- ``triton``: our paged kernel (engine/kernels.py), straight from the pool, over tiles of query
+- ``triton``: our paged kernel (engine/gpu/kernels.py), straight from the pool, over tiles of query
   tokens: what the engine runs for decode and verify steps, and for prefill steps with
   ``llm.prefill_attention: paged`` (and ``auto`` where FlashAttention-4 does not import);
 - ``gather+sdpa``: each row's blocks gathered, then PyTorch SDPA under the causal mask: what the
@@ -144,7 +144,7 @@ def backend(name: str, pool: Pool, heads: tuple[int, int, int],
     h, kvh, d = heads
     b, q_len = pool.q.shape[:2]
     if name == "triton":
-        from voicert.engine import kernels
+        from voicert.engine.gpu import kernels
 
         count = kernels.counters(pool.q.device)
         return lambda: kernels.paged_attention(pool.qkv, pool.k, pool.v, pool.tables,
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     heads = HEADS[args.shape]
-    from voicert.engine.flash import unavailable
+    from voicert.engine.gpu.flash import unavailable
 
     flash_missing = unavailable("cuda", getattr(torch, args.dtype))
     results = []

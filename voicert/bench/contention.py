@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, pct
     from voicert.engine.build import EngineConfig
-    from voicert.engine.llm_engine import LLMEngine
+    from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, load_llama, random_llama
 
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.contention")

@@ -26,7 +26,7 @@ import torch
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
-from voicert.engine.llm_engine import LLMEngine
+from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 from voicert.telemetry.gcwatch import settle
 
@@ -82,7 +82,7 @@ VOICE_SYSTEM = ("You are a phone assistant. When the caller asks you to confirm 
 
 def voice_prompt_ids(tokenizer) -> list[list[int]]:
     """The voice prompt set as token ids, under the voice system prompt."""
-    from voicert.engine.prompt import build_prompt
+    from voicert.engine.core.prompt import build_prompt
 
     return [build_prompt(tokenizer, [ChatMessage("system", VOICE_SYSTEM),
                                      ChatMessage("user", p)], 2048)
@@ -490,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="GPU: prefill steps' attention (llm.prefill_attention)")
     ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
     ap.add_argument("--fp8", action="store_true",
-                    help="GPU: FP8 layer weights (engine/fp8.py); with --against vllm, vLLM's "
+                    help="GPU: FP8 layer weights (engine/gpu/fp8.py); with --against vllm, vLLM's "
                          "quantization=fp8 too")
     ap.add_argument("--kv-cache", choices=("model", "int8", "fp8"), default="model",
                     help="GPU: the KV cache's values (llm.kv_cache)")

@@ -24,9 +24,9 @@ import sys
 import torch
 
 from voicert.bench.cuda_time import graph_times
-from voicert.engine.fp8 import Fp8Linear, calibration_forward, quantize_fp8
+from voicert.engine.gpu.fp8 import Fp8Linear, calibration_forward, quantize_fp8
 from voicert.engine.models.layers import KV_DTYPES
-from voicert.engine.runner import ModelRunner, Row
+from voicert.engine.core.runner import ModelRunner, Row
 
 # A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
 TEXTS = [
@@ -97,7 +97,7 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
     from voicert.config import cache_dir, load_config
     from voicert.core.llm import GenerationRequest
     from voicert.engine.build import EngineConfig
-    from voicert.engine.llm_engine import LLMEngine
+    from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES
     from voicert.engine.models.registry import load_model
@@ -146,7 +146,7 @@ def kernels_table(shapes: list[tuple[str, int, int]], rows: list[int],
                   blocks: list[tuple[int, ...] | None]) -> list[dict]:
     """Each (name, N, K) at each row count: bf16 F.linear against the FP8 kernel (each block
     config in ``blocks``; None: the default choice), GPU time and weight GB/s."""
-    from voicert.engine import kernels
+    from voicert.engine.gpu import kernels
 
     out = []
     for name, n, k in shapes:

@@ -16,7 +16,7 @@ import torch
 
 from voicert.bench.engine import SHAPES, shape_config
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
-from voicert.engine.runner import ModelRunner, Row, StepGraphs
+from voicert.engine.core.runner import ModelRunner, Row, StepGraphs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,14 +26,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=True,
-                    help="the Triton kernels (voicert.engine.kernels) or the torch path")
+                    help="the Triton kernels (voicert.engine.gpu.kernels) or the torch path")
     ap.add_argument("--split-target", type=int, default=None,
                     help="fused kernels: attention programs to aim for when splitting keys "
                          "(kernels._SPLIT_TARGET; fewer: fewer, longer splits)")
     ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
                     help="fused kernels: programmatic dependent launch where the GPU has it "
                          "(llm.pdl)")
-    ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (engine/fp8.py), nearest")
+    ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (engine/gpu/fp8.py), nearest")
     ap.add_argument("--fp8-mma-rows", type=int, default=None,
                     help="FP8: steps of more rows than this quantize their activations and run "
                          "on the FP8 tensor cores (kernels.FP8_MMA_ROWS)")
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
                     help="fused kernels: steps of at most this many rows run bf16 Linears through "
                          "the Triton kernel instead of cuBLAS")
     args = ap.parse_args(argv)
-    from voicert.engine import kernels  # (after the arguments: it needs Triton)
+    from voicert.engine.gpu import kernels  # (after the arguments: it needs Triton)
 
     if not 0 <= args.triton_linear_rows <= kernels.LINEAR_ROWS:
         ap.error(f"--triton-linear-rows must be in [0, {kernels.LINEAR_ROWS}] (the tiles are "
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = LlamaConfig.from_hf(shape_config(args.model))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     if args.fp8:
-        from voicert.engine.fp8 import quantize_fp8
+        from voicert.engine.gpu.fp8 import quantize_fp8
 
         quantize_fp8(model)
     model.use_kernels = args.fused_kernels

@@ -1,6 +1,6 @@
 """Where a cached prompt's time to first token goes: ``python -m voicert.bench.profile_ttft``.
 
-An :class:`~voicert.engine.core.EngineCore` configured as ``bench.engine`` configures it (CUDA graphs,
+An :class:`~voicert.engine.core.engine_core.EngineCore` configured as ``bench.engine`` configures it (CUDA graphs,
 fused kernels, overlap) over a random-weight model (timing only), driven here on this thread with
 no engine thread and no event loop. For each prompt shape of ``bench.engine``'s TTFT rows (a prompt
 whose first ``cached`` tokens an earlier request left in the cache, then ``new`` tokens) it prints,
@@ -31,9 +31,9 @@ import torch
 from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig, build_core
-from voicert.engine.core import EngineCore
+from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
-from voicert.engine.runner import bucket, rows_for
+from voicert.engine.core.runner import bucket, rows_for
 
 PHASES = ("add", "schedule", "launch", "wait", "post")
 

@@ -29,7 +29,7 @@ import numpy as np
 from voicert.bench.engine import VOICE_PROMPTS
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.replicas import Placement, ReplicaEngine
+from voicert.engine.clients.replicas import Placement, ReplicaEngine
 
 SYSTEM = ("You are the voice assistant of a restaurant group. Callers book and change tables, ask "
           "about opening hours, menus, allergens, parking and gift cards. Answer in one or two "
@@ -165,7 +165,7 @@ def render(rows: list[dict], label: str) -> str:
 def build_remote(url: str, extra: dict):
     """The LLM stage as a client of an OpenAI-compatible server (the server's only model)."""
     from voicert.config import LlmConfig
-    from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
+    from voicert.engine.clients.openai_compat import OpenAICompatEngine, resolve_model
 
     cfg = LlmConfig(engine="openai", base_url=url, extra=extra, max_context_tokens=4096,
                     first_token_timeout_s=60, stall_timeout_s=60, retries=0)

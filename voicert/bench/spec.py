@@ -2,7 +2,7 @@
 
 Three engines share one model in one process: plain greedy (the baseline), speculation on every
 decode step (``llm.spec_policy: always``) and speculation where the policy measures it faster
-(``adaptive``, engine/spec_policy.py). At each concurrency level all three run the same streams in
+(``adaptive``, engine/core/spec_policy.py). At each concurrency level all three run the same streams in
 turn, several rounds, interleaved (a drifting machine slows all three alike), and the table gives
 per-stream TPOT and throughput against plain, whether the replies are token-identical to plain
 (greedy speculation must be), and what share of the adaptive engine's decode steps speculated.
@@ -30,7 +30,7 @@ from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, voice_pro
 from voicert.config import ConfigError
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
-from voicert.engine.llm_engine import LLMEngine
+from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 
 MODES = ("plain", "always", "adaptive")

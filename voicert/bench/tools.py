@@ -133,7 +133,7 @@ def _core(args: argparse.Namespace):
     from voicert.bench.engine import SHAPES, shape_config
     from voicert.config import cache_dir, load_config
     from voicert.engine.build import EngineConfig, build_core
-    from voicert.engine.core import EngineCore
+    from voicert.engine.core.engine_core import EngineCore
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 

@@ -3,7 +3,7 @@ call it made, and the caller's choice among the tools.
 
 The contract floor: standard library only. Doors decode their wire formats into these types
 (``protocol/``), the session keeps its history in them (``agent/``), and the engine renders them
-into a prompt and decodes calls under a grammar (``engine/tools.py``).
+into a prompt and decodes calls under a grammar (``engine/core/tools.py``).
 """
 
 from __future__ import annotations

@@ -48,7 +48,7 @@ class GenerationRequest:
     ignore_eos: bool = False  # benchmarks: always generate max_new_tokens
     prompt_ids: list[int] | None = None  # benchmarks: exact prompt tokens instead of messages
     submit_ns: int = 0  # set by Engine.submit (perf_counter_ns)
-    tools: tuple[ToolSpec, ...] = ()  # functions the model may call (engine/tools.py)
+    tools: tuple[ToolSpec, ...] = ()  # functions the model may call (engine/core/tools.py)
     tool_choice: ToolChoice = AUTO
     parallel_tool_calls: bool = True  # several calls in one reply (else at most one)
 

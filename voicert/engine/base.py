@@ -14,7 +14,7 @@ from voicert.core.llm import EngineStats
 class TokenOut(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """What the engine core produces: one generated token id, or a request's final record
     (``finish_reason`` set, ``token_id`` -1). No text: the client detokenises
-    (:class:`~voicert.engine.stream.TokenStream`), so the core's thread (or process) only steps."""
+    (:class:`~voicert.engine.clients.stream.TokenStream`), so the core's thread (or process) only steps."""
 
     request_id: str
     index: int  # 0-based position in the reply; the final record repeats the token count

@@ -1,6 +1,6 @@
 """Building an engine core from the ``llm`` settings: the one place that decides how a model is
 loaded, quantized and run (kernels, attention, launch mode, KV dtype and pool size, draft heads
-or a draft model), so that :class:`~voicert.engine.core.EngineCore` only steps.
+or a draft model), so that :class:`~voicert.engine.core.engine_core.EngineCore` only steps.
 
 :class:`EngineConfig` is the ``llm`` section itself (its defaults and its checks) plus what only
 a caller that builds an engine sets; :func:`engine_config` makes one from the config tree.
@@ -17,19 +17,19 @@ from pathlib import Path
 import torch
 
 from voicert.config import ConfigError, LlmConfig
-from voicert.engine.core import CoreParts, EngineCore
-from voicert.engine.draft import DraftModelProposer
-from voicert.engine.guided import Guides
-from voicert.engine.heads import EMBEDDED_HEADS, DraftHeads, load_heads
-from voicert.engine.kv_cache import BlockManager
+from voicert.engine.core.engine_core import CoreParts, EngineCore
+from voicert.engine.core.draft import DraftModelProposer
+from voicert.engine.core.guided import Guides
+from voicert.engine.core.heads import EMBEDDED_HEADS, DraftHeads, load_heads
+from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.models.base import Model
 from voicert.engine.models.layers import KV_DTYPES
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX
 from voicert.engine.models.registry import load_model
-from voicert.engine.prompt import PromptBuilder, stop_token_ids
-from voicert.engine.runner import ModelRunner
-from voicert.engine.scheduler import Scheduler, SchedulerConfig
-from voicert.engine.spec_policy import SpecMode, SpecPolicy
+from voicert.engine.core.prompt import PromptBuilder, stop_token_ids
+from voicert.engine.core.runner import ModelRunner
+from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.core.spec_policy import SpecMode, SpecPolicy
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +127,9 @@ def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
 
 
 def _quantize_fp8(model: Model, tokenizer, cfg: EngineConfig) -> None:
-    """Layer weights to FP8 in place (engine/fp8.py); refuses INT8 with it, and GPUs whose
+    """Layer weights to FP8 in place (engine/gpu/fp8.py); refuses INT8 with it, and GPUs whose
     Triton cannot widen FP8 (compute capability below 8.9)."""
-    from voicert.engine.fp8 import calibration_forward, quantize_fp8
+    from voicert.engine.gpu.fp8 import calibration_forward, quantize_fp8
 
     if cfg.int8:
         raise ValueError("fp8 and int8 are two quantizations: choose one")
@@ -174,7 +174,7 @@ def _kernels_usable(model: Model, cfg: EngineConfig) -> bool:
         log.warning("fused kernels off: head_dim %d is not a power of two >= 16", d)
         return False
     try:
-        import voicert.engine.kernels  # noqa: F401
+        import voicert.engine.gpu.kernels  # noqa: F401
     except ImportError as exc:
         log.warning("fused kernels off: %s", exc)
         return False
@@ -183,9 +183,9 @@ def _kernels_usable(model: Model, cfg: EngineConfig) -> bool:
 
 def _prefill_attention(model: Model, cfg: EngineConfig) -> str:
     """How the fused path's prefill steps attend: ``paged`` (our Triton kernel, over tiles of
-    query tokens), ``flash`` (engine/flash.py) or ``sdpa``. ``flash`` where it cannot run is
+    query tokens), ``flash`` (engine/gpu/flash.py) or ``sdpa``. ``flash`` where it cannot run is
     an error naming the key; ``auto`` takes flash where it runs, else paged, said once."""
-    from voicert.engine import flash
+    from voicert.engine.gpu import flash
 
     choice = cfg.prefill_attention
     if not model.use_kernels:
@@ -206,7 +206,7 @@ def _pdl(model: Model, cfg: EngineConfig) -> bool:
     """Whether the fused kernels launch with programmatic dependent launch: ``auto`` where
     the GPU has it (compute capability 9.0 or newer), ``on`` there or an error naming the
     key, ``off`` never."""
-    from voicert.engine import kernels
+    from voicert.engine.gpu import kernels
 
     if not model.use_kernels or cfg.pdl == "off":
         return False
@@ -226,7 +226,7 @@ def _decode_linears(model: Model, cfg: EngineConfig) -> tuple[int, dict]:
     kernel loses to cuBLAS) and for bf16/fp16 models; up to 16 rows for layers 4096 or more
     wide (Llama-3.1-8B: 1-3 % faster steps at 1-16 rows), else one-row steps only
     (Llama-3.2-1B: 2 % faster at one row, 3-6 % slower at 4-16)."""
-    from voicert.engine import kernels
+    from voicert.engine.gpu import kernels
 
     choice, dtype = cfg.decode_linear, _weight_dtype(model)
     if not model.use_kernels or choice == "cublas":

@@ -1,5 +1,5 @@
 """The configured LLM engine, built from the config tree (``llm`` and ``models``): the built-in
-engines under their supervisor, one per GPU behind :class:`~voicert.engine.replicas.ReplicaEngine`,
+engines under their supervisor, one per GPU behind :class:`~voicert.engine.clients.replicas.ReplicaEngine`,
 or a client of an OpenAI-compatible server. No server imports: benchmarks build engines here too."""
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.core.llm import Engine
 from voicert.engine.build import engine_config
-from voicert.engine.llm_engine import LLMEngine
+from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.loader import resolve_llm
-from voicert.engine.simple import SimpleEngine
-from voicert.engine.supervisor import RestartPolicy, SupervisedEngine
+from voicert.engine.clients.simple import SimpleEngine
+from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
 
 if TYPE_CHECKING:
-    from voicert.engine.host import HostAddresses
+    from voicert.engine.clients.host import HostAddresses
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +26,12 @@ log = logging.getLogger(__name__)
 def build_engine(cfg: Config, hosts: "HostAddresses | None" = None) -> tuple[Config, Engine]:
     """The configured LLM engine (``llm.engine``) and the config as it resolved it. The built-in
     engines: weights resolved (and converted) by config, under a supervisor that rebuilds the
-    engine if it fails (engine/supervisor.py). ``openai``: a client of that server, ``llm.model``
-    resolved by asking it (engine/openai_compat.py). ``hosts`` (a front-end worker's): clients of
+    engine if it fails (engine/clients/supervisor.py). ``openai``: a client of that server, ``llm.model``
+    resolved by asking it (engine/clients/openai_compat.py). ``hosts`` (a front-end worker's): clients of
     the engine hosts the primary process started, each under its supervisor (one per GPU behind a
-    :class:`~voicert.engine.replicas.ReplicaEngine`)."""
+    :class:`~voicert.engine.clients.replicas.ReplicaEngine`)."""
     if cfg.llm.engine == "openai":
-        from voicert.engine.openai_compat import OpenAICompatEngine, resolve_model
+        from voicert.engine.clients.openai_compat import OpenAICompatEngine, resolve_model
 
         model = resolve_model(cfg.llm)
         log.info("llm: %s at %s", model, cfg.llm.base_url)
@@ -51,8 +51,8 @@ def build_engine(cfg: Config, hosts: "HostAddresses | None" = None) -> tuple[Con
 
 def _start_replicas(cfg: Config, model_dir: str, policy: RestartPolicy) -> Engine:
     """``llm.gpus`` engine processes, one per GPU, started at once, each under its supervisor."""
-    from voicert.engine.remote import EngineProcess
-    from voicert.engine.replicas import ReplicaEngine
+    from voicert.engine.clients.remote import EngineProcess
+    from voicert.engine.clients.replicas import ReplicaEngine
 
     engine_cfg = engine_config(cfg.llm, str(cache_dir(cfg.models)))
 
@@ -90,7 +90,7 @@ class _HostConnector:
         self.timeout_s = self.START_WAIT_S
 
     def __call__(self):
-        from voicert.engine.host import SharedEngineClient
+        from voicert.engine.clients.host import SharedEngineClient
 
         client = SharedEngineClient(self.address, self.hosts.authkey, self.hosts.model_dir,
                                     self.timeout_s, self.tokenizer)
@@ -102,7 +102,7 @@ def _connect_hosts(hosts: "HostAddresses", policy: RestartPolicy, wait_s: float)
     """A worker's engine: a supervised client of each engine host (several: replicas)."""
     from transformers import AutoTokenizer
 
-    from voicert.engine.replicas import ReplicaEngine
+    from voicert.engine.clients.replicas import ReplicaEngine
 
     tokenizer = AutoTokenizer.from_pretrained(hosts.model_dir)  # loaded once, for every link
     engines = [SupervisedEngine(_HostConnector(hosts, address, wait_s, tokenizer), policy)
@@ -138,7 +138,7 @@ def _start_engine(cfg: Config, model_dir: str):
         return engine
     engine_cfg = engine_config(llm, str(cache_dir(cfg.models)))
     if llm.process:
-        from voicert.engine.remote import EngineProcess
+        from voicert.engine.clients.remote import EngineProcess
 
         return EngineProcess(model_dir, engine_cfg, threads=llm.threads,
                              gc_freeze=cfg.server.gc_freeze)

@@ -6,7 +6,7 @@ serve`` becomes the *primary*; it serves no socket itself:
 
 - it binds N listening sockets to the same port with ``SO_REUSEPORT`` (the kernel spreads new
   connections over them) and hands one to each worker;
-- it starts the engine host (``voicert.engine.host``; one per GPU with ``llm.gpus``): one engine
+- it starts the engine host (``voicert.engine.clients.host``; one per GPU with ``llm.gpus``): one engine
   core whose batches and prefix cache every worker shares; and, with ``asr.shared``, the speech
   host (``voicert.speech.host``): one Whisper batching every worker's utterances;
 - it spawns the workers: each is a whole server (its own uvloop, VAD, voice, turn judge,
@@ -234,7 +234,7 @@ class Primary:
         """Bind the port, start the hosts and the workers (they all load at the same time; a host
         that cannot start is heard of in :meth:`_supervise`). Raises OSError for a port that is
         taken, ConfigError for a model that cannot be resolved."""
-        from voicert.engine.host import HostAddresses
+        from voicert.engine.clients.host import HostAddresses
 
         s = self.cfg.server
         self.sockets = listening_sockets(s.host, s.port, self.n)
@@ -268,7 +268,7 @@ class Primary:
                                  blas_threads=self.cfg.server.blas_threads)
 
     def _start_engine_host(self, i: int):
-        from voicert.engine.host import start_engine_host
+        from voicert.engine.clients.host import start_engine_host
 
         gpu = str(i) if self.cfg.llm.gpus > 1 else None
         return start_engine_host(self.model_dir, self.engine_cfg,

@@ -77,6 +77,13 @@ class Sampler:
         self._peers[worker] = (time.monotonic(), sample)
 
     def start(self) -> None:
+        """Sample once now (a worker's gauges say what is true from its first scrape on: its
+        engine gauge would read "down" until the first tick, and with several workers the
+        smallest wins), then every interval."""
+        try:
+            self.sample()
+        except Exception:
+            log.exception("sampling failed")
         self._tasks = [asyncio.ensure_future(self._ticks()), asyncio.ensure_future(self._probe())]
 
     async def stop(self) -> None:

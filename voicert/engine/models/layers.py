@@ -3,7 +3,7 @@ the fused Triton kernels), the gated MLP, the pre-norm block. An architecture fi
 its model from these and converts its checkpoint's weights; a new architecture reuses what fits and
 adds only what differs (see registry.py).
 
-Attention reads and writes a paged KV pool (see ``voicert.engine.kv_cache``): each forward writes the
+Attention reads and writes a paged KV pool (see ``voicert.engine.core.kv_cache``): each forward writes the
 new tokens' K/V into their slots, then attends over each sequence's blocks through its block table.
 Shapes: B sequences, Q new tokens per sequence (right-padded), L = max_blocks * block_size.
 """
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voicert.engine.fp8 import E4M3_MAX
+from voicert.engine.gpu.fp8 import E4M3_MAX
 
 if TYPE_CHECKING:
     from voicert.engine.models.llama import LlamaConfig
@@ -183,9 +183,9 @@ class Attention(nn.Module):
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
         in one launch, then attention straight from the paged pool (``wide`` None: the caller
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
-        engine/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the kernels with
-        programmatic dependent launch (engine/kernels.py)."""
-        from voicert.engine import kernels
+        engine/gpu/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the kernels with
+        programmatic dependent launch (engine/gpu/kernels.py)."""
+        from voicert.engine.gpu import kernels
 
         b, q_len, _ = qkv.shape
         h, kvh, d = self.h, self.kvh, self.d

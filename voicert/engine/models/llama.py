@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from voicert.engine.flash import FlashRows
-from voicert.engine.fp8 import Fp8Linear
+from voicert.engine.gpu.flash import FlashRows
+from voicert.engine.gpu.fp8 import Fp8Linear
 from voicert.engine.models.layers import (AttnInputs, Block, RMSNorm, SdpaRows, causal_mask,
                                           load_hf, rope_cos_sin)
 
@@ -102,10 +102,10 @@ class LlamaModel(nn.Module):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed.weight
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
-        # run the layers through voicert.engine.kernels (Triton; the engine sets it on CUDA)
+        # run the layers through voicert.engine.gpu.kernels (Triton; the engine sets it on CUDA)
         self.use_kernels = False
         # with the kernels, a prefill step's attention: paged (the Triton kernel decode steps use,
-        # over tiles of query tokens) | flash (engine/flash.py) | sdpa (blocks gathered, then SDPA)
+        # over tiles of query tokens) | flash (engine/gpu/flash.py) | sdpa (blocks gathered, then SDPA)
         self.prefill_attention = "paged"
         # with the kernels: launch them with programmatic dependent launch (Hopper+; the engine
         # decides, llm.pdl): each may start while the one before it finishes
@@ -157,7 +157,7 @@ class LlamaModel(nn.Module):
     def kernel_counters(self) -> torch.Tensor:
         """The zeroed int32 counters the fused kernels' last-program merges use (one set per
         model: one engine thread launches its steps on one stream)."""
-        from voicert.engine import kernels
+        from voicert.engine.gpu import kernels
 
         dev = self.inv_freq.device
         if self._counters is None or self._counters.device != dev:
@@ -172,7 +172,7 @@ class LlamaModel(nn.Module):
         reads positions and block tables as they are. Only a prefill step whose attention is
         FlashAttention's or SDPA's (``prefill_attention``) builds their inputs (row lengths, or
         a mask) once per forward."""
-        from voicert.engine import kernels
+        from voicert.engine.gpu import kernels
 
         cfg = self.cfg
         rope, count = self.rope_tables(), self.kernel_counters()
@@ -193,13 +193,13 @@ class LlamaModel(nn.Module):
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
 
     def _linear(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """One of the layers' Linears on the fused path: an FP8 one (engine/fp8.py) is told
+        """One of the layers' Linears on the fused path: an FP8 one (engine/gpu/fp8.py) is told
         whether to launch with PDL; a plain ``nn.Linear`` runs through cuBLAS, or for a step of
         at most ``triton_linear_rows`` rows through the FP8 kernel's unscaled form."""
         if isinstance(lin, Fp8Linear):
             return lin(x, pdl=self.pdl)
         if x.numel() // x.shape[-1] <= self.triton_linear_rows:
-            from voicert.engine import kernels
+            from voicert.engine.gpu import kernels
 
             return kernels.fp8_linear(x, lin.weight, None, lin.bias, self.kernel_counters(),
                                       self.linear_tiles.get(tuple(lin.weight.shape)), self.pdl)
@@ -212,12 +212,12 @@ class LlamaModel(nn.Module):
         LM head's output in place (no float32 copy of the logits); ``out``, if given, receives
         the tokens (a [rows, inner] view, see ``kernels.argmax_rows``). ``head_out``, if given,
         receives the LM head's output (contiguous, [..., vocab] in the model's dtype) so a caller
-        can pick again from it under a mask (engine/guided.py); the same values either way."""
+        can pick again from it under a mask (engine/core/guided.py); the same values either way."""
         head = (self.lm_head(hidden) if head_out is None
                 else torch.matmul(hidden, self.lm_head.weight.t(), out=head_out))  # [..., V]
         count = self.kernel_counters() if self.use_kernels else None
         if count is not None and hidden.numel() // hidden.shape[-1] <= count.numel():
-            from voicert.engine import kernels
+            from voicert.engine.gpu import kernels
 
             return kernels.argmax_rows(head, count, out, self.pdl)
         best = head.float().argmax(-1)  # (more rows than counters: the torch path)

@@ -4,7 +4,7 @@ call, and the grammar that holds a call's arguments to its tool's JSON schema wh
 Torch-free and I/O-free. The agent declares :class:`ToolSpec` s and a :class:`ToolChoice` on a
 :class:`~voicert.core.llm.GenerationRequest`; the engine renders them into the prompt (the chat
 template's own tool support when it has one, else :func:`hermes_system_block`) and decodes under
-:func:`call_grammar` (llguidance Lark, applied as token masks: see ``engine/guided.py``). The
+:func:`call_grammar` (llguidance Lark, applied as token masks: see ``engine/core/guided.py``). The
 reply's text is parsed back into calls by ``agent/tool_calls.py``.
 """
 

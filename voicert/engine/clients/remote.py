@@ -30,12 +30,12 @@ from voicert.engine import ipc
 from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, StepRecord, TokenEvent, final_event, refusal
 from voicert.engine.base import RequestLedger, TokenOut, final_out
 from voicert.core.llm import EngineLoad
-from voicert.engine.detok import IncrementalDetokenizer
-from voicert.engine.stream import TokenStream
+from voicert.engine.clients.detok import IncrementalDetokenizer
+from voicert.engine.clients.stream import TokenStream
 from voicert.hosting import child_context
 
 if TYPE_CHECKING:
-    from voicert.engine.llm_engine import EngineThread
+    from voicert.engine.clients.llm_engine import EngineThread
 from voicert.core.llm import GcPause
 
 log = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
     channel = _Channel(events)
     try:
         core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
-        from voicert.engine.llm_engine import EngineThread
-        from voicert.engine.prompt import PromptBuilder
+        from voicert.engine.clients.llm_engine import EngineThread
+        from voicert.engine.core.prompt import PromptBuilder
 
         prompts = PromptBuilder(core.tokenizer)  # this (receiving) thread's
     except Exception as exc:  # reported to the server, which fails its start with it
@@ -152,7 +152,7 @@ def _submit(engine: "EngineThread", prompts, cfg, request: GenerationRequest,
 class EngineLink(EngineBase):
     """The :class:`Engine` interface over a connection to an engine core that runs elsewhere: in
     a child process of this one (:class:`EngineProcess`) or in an engine host that several server
-    processes share (``voicert.engine.host``). Requests go out on ``send_conn``; one reader thread
+    processes share (``voicert.engine.clients.host``). Requests go out on ``send_conn``; one reader thread
     takes the engine's messages from ``recv_conn`` (the same object for a duplex socket).
 
     If the far side goes away (killed, crashed, its engine thread failed), every open request ends

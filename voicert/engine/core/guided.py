@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from voicert.core.llm import GenerationRequest
-from voicert.engine.tools import call_grammar
+from voicert.engine.core.tools import call_grammar
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """The LLM stage as a client of an OpenAI-compatible server (``llm.engine: openai``): vLLM, SGLang,
 llama.cpp's server, a router in front of replicas, another voicert's ``/v1/chat/completions``.
 
-:class:`OpenAICompatEngine` implements the :class:`~voicert.engine.base.Engine` interface, so the
+:class:`OpenAICompatEngine` implements the :class:`~voicert.core.llm.Engine` interface, so the
 session, the tools loop and every door are the same as over the built-in engine:
 
 - ``submit`` starts a streamed request at once (a task on the caller's event loop); each chunk
   that adds text becomes a TokenEvent. A tool call comes back in the HERMES text form the agent's
-  call parser reads (``engine/chat_upstream.py``).
+  call parser reads (``engine/clients/chat_upstream.py``).
 - ``cancel`` (a barge-in, a disconnect) closes the HTTP stream: the server sees its client go away
   and stops generating; the stream here ends ``cancelled``.
 - Failures before the first token (connection refused or reset, HTTP 408/409/429/5xx, a stream
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, AsyncIterator
 from voicert.config import ConfigError
 from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, TokenEvent, final_event, refusal
 from voicert.engine.base import RequestLedger
-from voicert.engine.stream import TokenStream
-from voicert.engine.chat_upstream import StreamReader, UpstreamError, fit_messages, request_body, sse_data
+from voicert.engine.clients.stream import TokenStream
+from voicert.engine.clients.chat_upstream import StreamReader, UpstreamError, fit_messages, request_body, sse_data
 
 if TYPE_CHECKING:
     from voicert.config import LlmConfig

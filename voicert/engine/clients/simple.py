@@ -16,12 +16,12 @@ from voicert.config import LlmConfig
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineBase, EngineStats, GenerationRequest, TokenEvent, refusal
 from voicert.engine.base import RequestLedger
-from voicert.engine.detok import IncrementalDetokenizer
-from voicert.engine.guided import Guides
+from voicert.engine.clients.detok import IncrementalDetokenizer
+from voicert.engine.core.guided import Guides
 from voicert.engine.models.llama import DTYPES
-from voicert.engine.prompt import PromptBuilder, build_prompt, stop_token_ids
-from voicert.engine.stream import TokenStream
-from voicert.engine.tools import offered
+from voicert.engine.core.prompt import PromptBuilder, build_prompt, stop_token_ids
+from voicert.engine.clients.stream import TokenStream
+from voicert.engine.core.tools import offered
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Token streams: an engine thread (or the engine process's reader thread) produces a request's
-records, an asyncio task consumes them as :class:`~voicert.engine.base.TokenEvent`s."""
+records, an asyncio task consumes them as :class:`~voicert.core.llm.TokenEvent`s."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 from voicert.core.llm import TokenEvent
 from voicert.engine.base import TokenOut
-from voicert.engine.detok import IncrementalDetokenizer
+from voicert.engine.clients.detok import IncrementalDetokenizer
 
 
 class TokenStream:

@@ -1,6 +1,6 @@
 """The fast engine in the server process: an :class:`EngineCore` stepped on a thread of its own
 (:class:`EngineThread`, also what the engine process runs) and the client the server talks to
-(:class:`LLMEngine`, the :class:`~voicert.engine.base.Engine` interface).
+(:class:`LLMEngine`, the :class:`~voicert.core.llm.Engine` interface).
 
 Requests reach the thread as typed messages on a queue; each step's records come back keyed by
 request id and are routed to their streams with one event-loop wake-up, where they are detokenised.
@@ -23,11 +23,11 @@ from voicert.core.chat import ChatMessage
 from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, StepRecord, TokenEvent, final_event, refusal
 from voicert.engine.base import RequestLedger, TokenOut, final_out
 from voicert.engine.build import EngineConfig, build_core
-from voicert.engine.core import EngineCore
+from voicert.engine.core.engine_core import EngineCore
 from voicert.core.llm import EngineLoad
-from voicert.engine.detok import IncrementalDetokenizer
+from voicert.engine.clients.detok import IncrementalDetokenizer
 from voicert.engine.models.base import Model
-from voicert.engine.stream import TokenStream
+from voicert.engine.clients.stream import TokenStream
 
 log = logging.getLogger(__name__)
 __all__ = ["EngineConfig", "EngineLoad", "EngineThread", "LLMEngine"]
@@ -74,7 +74,7 @@ class EngineThread:
         self._thread.start()
 
     def add(self, request: GenerationRequest) -> None:
-        """Queue a checked request (see :func:`~voicert.engine.base.request_problem`)."""
+        """Queue a checked request (see :func:`~voicert.core.llm.request_problem`)."""
         with self._gate:
             if self.failure is None:
                 self._inbox.put(_Add(request))

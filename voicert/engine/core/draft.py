@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from voicert.engine.kv_cache import BlockManager, OutOfBlocks, SeqBlocks
+from voicert.engine.core.kv_cache import BlockManager, OutOfBlocks, SeqBlocks
 from voicert.engine.models.llama import LlamaModel
-from voicert.engine.runner import ModelRunner, Row
-from voicert.engine.sequence import Sequence
+from voicert.engine.core.runner import ModelRunner, Row
+from voicert.engine.core.sequence import Sequence
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ canonical JSON, and the body's keys in a fixed order.
 
 A reply's tool calls come back structured (``delta.tool_calls``). :class:`StreamReader` writes them
 into the text stream in the HERMES form (``<tool_call>\\n{"name": ..., "arguments": {...}}\\n
-</tool_call>``, ``engine/tools.py``) that the agent's call parser reads for every engine, so a
+</tool_call>``, ``engine/core/tools.py``) that the agent's call parser reads for every engine, so a
 remote model's calls reach the agent exactly as a local model's do, argument deltas as they come.
 """
 
@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 
 from voicert.core.chat import ChatMessage
-from voicert.engine.tools import HERMES_CLOSE, HERMES_OPEN
+from voicert.engine.core.tools import HERMES_CLOSE, HERMES_OPEN
 from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
 _decoder = msgspec.json.Decoder()

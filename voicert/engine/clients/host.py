@@ -1,9 +1,9 @@
 """One engine core shared by several server processes (``server.workers``).
 
 The engine host is a process of its own (spawned: CUDA cannot be forked) that loads one
-:class:`~voicert.engine.core.EngineCore` and serves every front-end worker over a Unix socket in a
+:class:`~voicert.engine.core.engine_core.EngineCore` and serves every front-end worker over a Unix socket in a
 private directory: each worker connects with :class:`SharedEngineClient` (the :class:`Engine`
-interface, an :class:`~voicert.engine.remote.EngineLink`) and speaks the same typed messages as
+interface, an :class:`~voicert.engine.clients.remote.EngineLink`) and speaks the same typed messages as
 the engine process (``voicert.engine.ipc``). All workers' requests share the engine's batches and
 its prefix cache.
 
@@ -30,7 +30,7 @@ import msgspec
 
 from voicert.engine import ipc
 from voicert.engine.base import TokenOut
-from voicert.engine.remote import (EXIT_ENGINE_DIED, STATS_INTERVAL_S, EngineLink, _submit,
+from voicert.engine.clients.remote import (EXIT_ENGINE_DIED, STATS_INTERVAL_S, EngineLink, _submit,
                                    load_core)
 from voicert.hosting import (HostFailed, HostProcess, HostReady, Peer, accept_peers, connect,
                              listen, say_status, wait_stop)
@@ -124,7 +124,7 @@ class _Hub:
     def serve(self, client: Peer) -> None:
         """Receiving thread of one client: its requests into the engine until it hangs up (or
         says Stop); then its open requests are aborted."""
-        from voicert.engine.prompt import PromptBuilder
+        from voicert.engine.core.prompt import PromptBuilder
 
         prompts = PromptBuilder(self.core.tokenizer)  # this thread's
         decoder = ipc.Codec().to_engine
@@ -184,7 +184,7 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
         core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
-        from voicert.engine.llm_engine import EngineThread
+        from voicert.engine.clients.llm_engine import EngineThread
 
         listener = listen(address, authkey)
     except Exception as exc:

@@ -12,10 +12,10 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from voicert.engine.kv_cache import BlockManager, OutOfBlocks
-from voicert.engine.sequence import Sequence, Status
-from voicert.engine.spec_policy import SpecPolicy
-from voicert.engine.speculative import accept_greedy, ngram_propose
+from voicert.engine.core.kv_cache import BlockManager, OutOfBlocks
+from voicert.engine.core.sequence import Sequence, Status
+from voicert.engine.core.spec_policy import SpecPolicy
+from voicert.engine.core.speculative import accept_greedy, ngram_propose
 
 
 @dataclass(slots=True)

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from voicert.core.llm import GenerationRequest
-from voicert.engine.kv_cache import SeqBlocks
+from voicert.engine.core.kv_cache import SeqBlocks
 
 if TYPE_CHECKING:  # the guide is made by the engine core (guided.py: torch); held here only
-    from voicert.engine.guided import Guide
+    from voicert.engine.core.guided import Guide
 
 
 class Status(enum.Enum):

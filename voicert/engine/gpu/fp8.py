@@ -169,7 +169,7 @@ def calibration_rows(tokenizer) -> list[list[int]]:
     """The calibration set as token ids: plain texts, and chats as the engine serves them (the
     user's turn under the tokenizer's chat template, then the reply's tokens)."""
     from voicert.core.chat import ChatMessage
-    from voicert.engine.prompt import build_prompt
+    from voicert.engine.core.prompt import build_prompt
 
     doc = json.loads(resources.files("voicert.engine").joinpath(
         "data/fp8_calibration.json").read_text())
@@ -184,7 +184,7 @@ def calibration_forward(model: nn.Module, tokenizer, block_size: int = 16) -> Ca
     """A function that runs ``model`` forward over :func:`calibration_rows`, one row at a time (no
     padding enters the moments), through an eager runner of its own whose KV pool lives only
     while it runs: the ``calibrate`` argument of :func:`quantize_fp8`."""
-    from voicert.engine.runner import ModelRunner, Row  # (runner -> layers -> this module)
+    from voicert.engine.core.runner import ModelRunner, Row  # (runner -> layers -> this module)
 
     rows = calibration_rows(tokenizer)  # once: the forward runs once per group of layers
     blocks = -(-max(map(len, rows)) // block_size)
@@ -251,9 +251,9 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
-        programmatic dependent launch (engine/kernels.py)."""
+        programmatic dependent launch (engine/gpu/kernels.py)."""
         if x.is_cuda:
-            from voicert.engine import kernels
+            from voicert.engine.gpu import kernels
 
             if self._count is None or self._count.device != x.device:
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-EMBEDDED_HEADS = Path(__file__).parent / "data" / "smollm2-135m-instruct-heads.safetensors"
+EMBEDDED_HEADS = Path(__file__).parents[1] / "data" / "smollm2-135m-instruct-heads.safetensors"
 
 
 class DraftHeads(nn.Module):

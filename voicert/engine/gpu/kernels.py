@@ -16,7 +16,7 @@ beside the layer's four GEMMs:
 - :func:`silu_mul`: SiLU(gate) * up;
 - :func:`argmax_rows`: the greedy token of each row of logits, many programs per row, the last
   one to finish reducing their partial results;
-- :func:`fp8_linear`: a Linear over FP8 weights (engine/fp8.py), the weights widened in registers,
+- :func:`fp8_linear`: a Linear over FP8 weights (engine/gpu/fp8.py), the weights widened in registers,
   K split over programs when the output has few tiles (the last split to finish adds them); many
   bf16 rows go to the FP8 tensor cores instead (:func:`fp8_rows`, then ``torch._scaled_mm``).
 
@@ -57,7 +57,7 @@ except ImportError:  # older Triton: the kernels run, launched plainly (pdl_supp
     gdc_launch_dependents = gdc_wait = None
     HAS_GDC = False
 
-from voicert.engine.fp8 import E4M3_MAX
+from voicert.engine.gpu.fp8 import E4M3_MAX
 
 MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)

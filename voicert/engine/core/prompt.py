@@ -6,7 +6,7 @@ import collections
 
 from voicert.core.chat import ChatMessage
 from voicert.core.chat import ToolSpec
-from voicert.engine.tools import call_format, hermes_system_block, template_message, template_supports_tools
+from voicert.engine.core.tools import call_format, hermes_system_block, template_message, template_supports_tools
 
 
 def stop_token_ids(tokenizer, model_config) -> set[int]:

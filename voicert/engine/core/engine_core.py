@@ -1,11 +1,11 @@
 """The engine core: continuous batching over a paged, prefix-cached KV pool, greedy decoding with
 optional speculation. Synchronous and single-threaded: no threads, no asyncio, no streams.
 
-The caller (an :class:`~voicert.engine.llm_engine.EngineThread`, in the server process or in the
+The caller (an :class:`~voicert.engine.clients.llm_engine.EngineThread`, in the server process or in the
 engine process) owns the only thread that touches it: it ``add``s and ``abort``s requests and calls
 ``step`` while ``has_work``. Every call returns the :class:`~voicert.engine.base.TokenOut` records it
 produced (token ids and timestamps, keyed by request id); turning ids into text is the client's job
-(:class:`~voicert.engine.detok.IncrementalDetokenizer`). One step is three calls: schedule, run,
+(:class:`~voicert.engine.clients.detok.IncrementalDetokenizer`). One step is three calls: schedule, run,
 postprocess. How a core is built from the ``llm`` settings is ``engine/build.py``'s.
 """
 
@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING, Any
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineLoad, FinishReason, GenerationRequest, StepRecord
 from voicert.engine.base import TokenOut
-from voicert.engine.draft import DraftModelProposer
-from voicert.engine.guided import GuideError, Guides, masked_argmax
-from voicert.engine.heads import DraftHeads
-from voicert.engine.kv_cache import BlockManager
+from voicert.engine.core.draft import DraftModelProposer
+from voicert.engine.core.guided import GuideError, Guides, masked_argmax
+from voicert.engine.core.heads import DraftHeads
+from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.models.base import Model
-from voicert.engine.prompt import PromptBuilder
-from voicert.engine.runner import ModelRunner, Pending
-from voicert.engine.scheduler import Scheduler, Step
-from voicert.engine.sequence import Sequence
-from voicert.engine.tools import offered
+from voicert.engine.core.prompt import PromptBuilder
+from voicert.engine.core.runner import ModelRunner, Pending
+from voicert.engine.core.scheduler import Scheduler, Step
+from voicert.engine.core.sequence import Sequence
+from voicert.engine.core.tools import offered
 
 if TYPE_CHECKING:
     from voicert.engine.build import EngineConfig
@@ -55,7 +55,7 @@ class CoreParts:
 
 class EngineCore:
     """Model, KV pool, scheduler and runner behind three calls. Contract: one thread only; ``add``
-    a checked request (:func:`~voicert.engine.base.request_problem`), ``abort`` any id at any time,
+    a checked request (:func:`~voicert.core.llm.request_problem`), ``abort`` any id at any time,
     ``step`` while ``has_work()``. A request's records end with one whose ``finish_reason`` is set;
     after that the core holds nothing of it. ``add`` raises for a request it cannot serve (the
     prompt cannot be templated): the caller fails that request alone."""

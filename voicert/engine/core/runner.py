@@ -10,11 +10,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from voicert.engine.heads import DraftHeads
-from voicert.engine.kv_cache import SCRATCH_BLOCK
+from voicert.engine.core.heads import DraftHeads
+from voicert.engine.core.kv_cache import SCRATCH_BLOCK
 from voicert.engine.models.layers import pool_row
 from voicert.engine.models.llama import AttnInputs, LlamaModel
-from voicert.engine.scheduler import Step, bucket
+from voicert.engine.core.scheduler import Step, bucket
 
 log = logging.getLogger(__name__)
 
@@ -471,7 +471,7 @@ def feed_step(ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, src: to
               use_kernels: bool) -> None:
     """``kernels.feed_step`` (one launch), or the same in torch ops when the kernels are off."""
     if use_kernels:
-        from voicert.engine import kernels
+        from voicert.engine.gpu import kernels
 
         kernels.feed_step(ids, pos, slots, src, tables, out, acc, block_size)
         return
@@ -490,7 +490,7 @@ def accept_counts(ids: torch.Tensor, out: torch.Tensor, acc: torch.Tensor,
                   use_kernels: bool) -> None:
     """``kernels.accept_counts``, or the same in torch ops when the kernels are off."""
     if use_kernels:
-        from voicert.engine import kernels
+        from voicert.engine.gpu import kernels
 
         kernels.accept_counts(ids, out, acc)
         return
