@@ -171,6 +171,7 @@ class TurnConfig:
 
 @dataclass(slots=True)
 class AsrConfig:
+    backend: str = "whisper"  # the recogniser: one of speech/asr.py's BACKENDS
     device: str = "cpu"
     compute_type: str = "int8"
     threads: int = 0  # 0: CTranslate2 picks

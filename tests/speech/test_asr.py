@@ -143,3 +143,12 @@ def test_the_window_is_padded_as_if_the_audio_went_on_in_silence():
     np.testing.assert_allclose(ours[:, :n - 2], trained[:, :n - 2], atol=1e-5)
     np.testing.assert_allclose(ours[:, n + 2:], trained[:, n + 2:], atol=1e-5)  # past the seam
     assert pad_mel(mel, 100).shape == (80, 100)  # a longer clip is cut to the window
+
+
+def test_an_unknown_asr_backend_is_a_config_error_naming_the_key():
+    from voicert.config import AsrConfig, ConfigError
+    from voicert.speech.asr import BACKENDS, asr_backend
+
+    assert asr_backend(AsrConfig()) is BACKENDS["whisper"]
+    with pytest.raises(ConfigError, match=r"asr.backend: 'nemo' is not one of whisper"):
+        asr_backend(AsrConfig(backend="nemo"))

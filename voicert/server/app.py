@@ -35,7 +35,7 @@ from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, rou
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.server.workers import WorkerRole
-from voicert.speech.asr import WhisperAsr
+from voicert.speech.asr import asr_backend, build_asr
 from voicert.speech.tts import TtsWorker, first_piece_threads, load_voices
 from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -59,7 +59,8 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     A worker (``server.workers``) connects to its ``hosts`` (the engine) and ``speech`` (the
     speech host's address and key) instead of loading those here."""
     t0 = time.perf_counter()
-    judge = load_turn_judge(cfg)  # first: a missing model wheel is a config error, said at once
+    asr_backend(cfg.asr)  # first: a backend or a model wheel that is not there is said at once
+    judge = load_turn_judge(cfg)
     toolbox = Toolbox.from_config(cfg.tools)  # and a tool that does not import
     vad = SileroVad()
     if speech is not None:
@@ -68,9 +69,10 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
         asr = SharedAsr(*speech)
         log.info("asr: the speech host (pid %d) after %.1f s", asr.pid, time.perf_counter() - t0)
     else:
-        asr = WhisperAsr(cfg.asr, cfg.models.asr)
+        asr = build_asr(cfg.asr, cfg.models.asr)
         asr.warmup()
-        log.info("asr ready (%s) after %.1f s", asr.model_dir, time.perf_counter() - t0)
+        log.info("asr ready (%s, %s) after %.1f s", cfg.asr.backend, cfg.models.asr,
+                 time.perf_counter() - t0)
     cfg, engine = build_engine(cfg, hosts)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     voices = load_voices(cfg.tts)

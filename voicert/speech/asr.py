@@ -260,3 +260,22 @@ def _settle(fut: asyncio.Future, result: Transcript | None, exc: Exception | Non
         fut.set_exception(exc)
     else:
         fut.set_result(result)
+
+
+BACKENDS: dict[str, Callable[[AsrConfig, str], AsrBase]] = {
+    "whisper": WhisperAsr,  # faster-whisper (CTranslate2): whole utterances, batched by priority
+}
+
+
+def asr_backend(cfg: AsrConfig) -> Callable[[AsrConfig, str], AsrBase]:
+    """The configured recogniser's class (``asr.backend``); ConfigError naming the key for one
+    that is not among :data:`BACKENDS` (checked before any model loads)."""
+    backend = BACKENDS.get(cfg.backend)
+    if backend is None:
+        raise ConfigError(f"asr.backend: {cfg.backend!r} is not one of {', '.join(BACKENDS)}")
+    return backend
+
+
+def build_asr(cfg: AsrConfig, model_spec: str = "embedded") -> AsrBase:
+    """The configured recogniser for ``models.asr``, loaded."""
+    return asr_backend(cfg)(cfg, model_spec)
