@@ -49,42 +49,71 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-ms", type=float, default=100.0)
     ap.add_argument("--out", default="artifacts/loadgen")
     ap.add_argument("--title", default="voicert load")
-    ap.add_argument("--procs", type=int, default=1,
-                    help="closed loop / sweep: split the callers over this many processes (use "
-                         "several beyond ~64 sessions: one process falls behind real time)")
-    ap.add_argument("--chaos", action="store_true",
-                    help="while the callers talk, kill the engine process, drop connections and "
-                         "send hostile messages; report lost turns and memory (loadgen/chaos.py)")
+    ap.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="closed loop / sweep: split the callers over this many processes (use "
+        "several beyond ~64 sessions: one process falls behind real time)",
+    )
+    ap.add_argument(
+        "--chaos",
+        action="store_true",
+        help="while the callers talk, kill the engine process, drop connections and "
+        "send hostile messages; report lost turns and memory (loadgen/chaos.py)",
+    )
     ap.add_argument("--chaos-every", type=float, default=10.0, help="seconds between chaos actions")
-    ap.add_argument("--server-pid", type=int,
-                    help="the server's pid on this machine: report the CPU cores its processes "
-                         "(workers, engine host) used per level")
-    ap.add_argument("--speak", action="store_true",
-                    help="ask for spoken replies (pcm16 24 kHz): time to first audio is measured too")
+    ap.add_argument(
+        "--server-pid",
+        type=int,
+        help="the server's pid on this machine: report the CPU cores its processes "
+        "(workers, engine host) used per level",
+    )
+    ap.add_argument(
+        "--speak",
+        action="store_true",
+        help="ask for spoken replies (pcm16 24 kHz): time to first audio is measured too",
+    )
     args = ap.parse_args(argv)
     if not args.wav:
         ap.error("no WAV files (give --wav)")
-    spec = LoadSpec(args.url, [load_for_streaming(w) for w in args.wav], args.duration, args.ramp,
-                    args.turns, args.think, args.turn_timeout, max_turns=args.max_turns,
-                    output_audio=p.OutputAudio("pcm16", 24000) if args.speak else None,
-                    procs=max(1, args.procs), server_pid=args.server_pid)
+    spec = LoadSpec(
+        args.url,
+        [load_for_streaming(w) for w in args.wav],
+        args.duration,
+        args.ramp,
+        args.turns,
+        args.think,
+        args.turn_timeout,
+        max_turns=args.max_turns,
+        output_audio=p.OutputAudio("pcm16", 24000) if args.speak else None,
+        procs=max(1, args.procs),
+        server_pid=args.server_pid,
+    )
     t0 = time.monotonic()
 
-    so_far = LevelWriter(Path(args.out), args.budget_ms, args.title,
-                         {"argv": sys.argv[1:] if argv is None else argv})
+    so_far = LevelWriter(
+        Path(args.out), args.budget_ms, args.title, {"argv": sys.argv[1:] if argv is None else argv}
+    )
 
     def progress(n, stats, held):
-        print(f"  {n} sessions: {len(stats.turns)} turns, errors={stats.errors} "
-              f"timeouts={stats.timeouts} dropped={stats.dropped} "
-              f"{'holds' if held else 'misses'} the budget", file=sys.stderr, flush=True)
+        print(
+            f"  {n} sessions: {len(stats.turns)} turns, errors={stats.errors} "
+            f"timeouts={stats.timeouts} dropped={stats.dropped} "
+            f"{'holds' if held else 'misses'} the budget",
+            file=sys.stderr,
+            flush=True,
+        )
         so_far.add(n, stats, held)
 
     best = None
     if args.chaos:
         from loadgen import chaos
 
-        say(f"chaos: {args.callers} callers for {args.duration:g} s, an action every "
-            f"{args.chaos_every:g} s")
+        say(
+            f"chaos: {args.callers} callers for {args.duration:g} s, an action every "
+            f"{args.chaos_every:g} s"
+        )
         stats, log = asyncio.run(chaos.run(spec, args.callers, args.chaos_every))
         text, ok = chaos.report(stats, log)
         print(text)
@@ -92,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     per_level = args.ramp + args.duration
     if args.sweep:
         levels_n = [int(x) for x in args.sweep.split(",")]
-        say(f"sweep: {len(levels_n)} level(s) ({args.sweep} sessions), ~{per_level:g} s each "
-            f"plus the last turns' answers; a line as each level ends")
+        say(
+            f"sweep: {len(levels_n)} level(s) ({args.sweep} sessions), ~{per_level:g} s each "
+            f"plus the last turns' answers; a line as each level ends"
+        )
         levels, best = asyncio.run(sweep(spec, levels_n, args.budget_ms, progress))
     elif args.arrival_rate:
         say(f"open loop: {args.arrival_rate:g} new sessions a second for ~{per_level:g} s")
@@ -101,9 +132,14 @@ def main(argv: list[str] | None = None) -> int:
     else:
         say(f"closed loop: {args.callers} caller(s) for ~{per_level:g} s")
         levels = {args.callers: asyncio.run(closed_loop(spec, args.callers))}
-    files = write_all(levels, Path(args.out), args.budget_ms, best, args.title,
-                      {"argv": sys.argv[1:] if argv is None else argv,
-                       "wall_s": round(time.monotonic() - t0, 1)})
+    files = write_all(
+        levels,
+        Path(args.out),
+        args.budget_ms,
+        best,
+        args.title,
+        {"argv": sys.argv[1:] if argv is None else argv, "wall_s": round(time.monotonic() - t0, 1)},
+    )
     print(files["markdown"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))
     if not any(p.suffix == ".png" for p in files.values()):

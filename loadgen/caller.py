@@ -31,7 +31,7 @@ class SlipHistogram:
     def add(self, ms: float) -> None:
         self.counts[min(max(int(ms * 10), 0), len(self.counts) - 1)] += 1
 
-    def merge(self, other: "SlipHistogram") -> None:
+    def merge(self, other: SlipHistogram) -> None:
         self.counts = [a + b for a, b in zip(self.counts, other.counts)]
 
     @property
@@ -87,10 +87,12 @@ class CallerStats:
     refused: int = 0  # sessions the server refused at the door (503: restarting, at its limit)
     unreachable: int = 0  # sessions that could not connect at all (server down)
     sessions: int = 0
-    server: dict[str, float] = field(default_factory=dict)  # batch sizes, GPU use (loadgen/probe.py)
+    server: dict[str, float] = field(
+        default_factory=dict
+    )  # batch sizes, GPU use (loadgen/probe.py)
     slip: SlipHistogram = field(default_factory=SlipHistogram)  # this generator's own lateness
 
-    def merge(self, other: "CallerStats") -> None:
+    def merge(self, other: CallerStats) -> None:
         self.turns += other.turns
         self.errors += other.errors
         self.timeouts += other.timeouts
@@ -102,9 +104,19 @@ class CallerStats:
 
 
 class Caller:
-    def __init__(self, url: str, clips: list[tuple[np.ndarray, int]], *, turns: int,
-                 think_s: float, turn_timeout_s: float, concurrency: int, seed: int,
-                 trailing_silence_s: float = 1.2, output_audio: p.OutputAudio | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        clips: list[tuple[np.ndarray, int]],
+        *,
+        turns: int,
+        think_s: float,
+        turn_timeout_s: float,
+        concurrency: int,
+        seed: int,
+        trailing_silence_s: float = 1.2,
+        output_audio: p.OutputAudio | None = None,
+    ) -> None:
         self.url = url
         self.clips = clips
         self.turns = turns
@@ -128,14 +140,15 @@ class Caller:
             stats.refused += 1
             await asyncio.sleep(0.5)  # as a client would, before it tries again
             return
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             stats.unreachable += 1
             await asyncio.sleep(0.5)
             return
         try:
             async with ws:
-                await ws.send(p.encode(p.SessionStart(sample_rate=rate,
-                                                      output_audio=self.output_audio)))
+                await ws.send(
+                    p.encode(p.SessionStart(sample_rate=rate, output_audio=self.output_audio))
+                )
                 started = p.decode_server(await asyncio.wait_for(ws.recv(), 10))
                 if started["type"] != "session.started":
                     stats.errors += 1
@@ -147,7 +160,7 @@ class Caller:
                         break
                     await asyncio.sleep(self.think_s * self.rng.uniform(0.5, 1.5))
                 await ws.send(p.encode(p.SessionEnd()))
-        except (ConnectionClosed, OSError, asyncio.TimeoutError):
+        except (TimeoutError, ConnectionClosed, OSError):
             stats.dropped += 1
 
     async def _turn(self, ws, stats: CallerStats, rate: int) -> bool:
@@ -163,7 +176,7 @@ class Caller:
         try:
             for i in range(0, audio.size, n):
                 stats.slip.add((time.perf_counter() - t0) * 1000 - (i // n) * FRAME_MS)
-                await ws.send(p.encode(p.Audio(encode_pcm16(audio[i:i + n]))))
+                await ws.send(p.encode(p.Audio(encode_pcm16(audio[i : i + n]))))
                 self._sent(min(n, audio.size - i))
                 if i // n == speech_frames - 1:
                     speech_end = time.perf_counter_ns()
@@ -171,11 +184,12 @@ class Caller:
                 if delay > 0:
                     await asyncio.sleep(delay)
             # then silence until the reply is done, as a live line would go on sending
-            await asyncio.wait_for(send_silence_until(
-                ws, reader, rate, on_frame=lambda: self._sent(n)),
-                self.turn_timeout_s)
+            await asyncio.wait_for(
+                send_silence_until(ws, reader, rate, on_frame=lambda: self._sent(n)),
+                self.turn_timeout_s,
+            )
             reader.result()
-        except asyncio.TimeoutError:
+        except TimeoutError:
             stats.timeouts += 1
             reader.cancel()
             return False

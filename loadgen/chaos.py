@@ -50,20 +50,57 @@ HOSTILE: list[tuple[str, list[str | bytes]]] = [
     ("/v1/stream", [b"\xc1\x00\xffnot msgpack"]),
     ("/v1/stream", [DEEP]),
     ("/v1/stream", [json.dumps({"type": "session.start", "sample_rate": "fast"})]),
-    ("/v1/stream", [json.dumps({"type": "session.start"}),
-                    json.dumps({"type": "user.text", "text": "x" * 100_000})]),
-    ("/v1/realtime", [json.dumps({"type": "session.update", "session": {
-        "turn_detection": {"type": "server_vad", "threshold": "abc"}}})]),
+    (
+        "/v1/stream",
+        [
+            json.dumps({"type": "session.start"}),
+            json.dumps({"type": "user.text", "text": "x" * 100_000}),
+        ],
+    ),
+    (
+        "/v1/realtime",
+        [
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"turn_detection": {"type": "server_vad", "threshold": "abc"}},
+                }
+            )
+        ],
+    ),
     ("/v1/realtime", [json.dumps({"type": "session.update", "session": {"audio": {"input": 5}}})]),
     ("/v1/realtime", [DEEP]),
-    ("/v1/realtime", [json.dumps({"type": "conversation.item.create", "item": {
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}})]),
-    ("/twilio", [tw.InboundWriter("MZchaos", "CAchaos",
-                                  custom_parameters={"system_prompt": 123}).start(),  # type: ignore[dict-item]
-                 tw.InboundWriter("MZchaos", "CAchaos").media(b"\xff" * 160, 20)]),
-    ("/twilio", [json.dumps({"event": "start", "start": {"customParameters": "abc",
-                                                        "mediaFormat": {}}}),
-                 tw.InboundWriter("MZchaos", "CAchaos").media(b"\xff" * 160, 20)]),
+    (
+        "/v1/realtime",
+        [
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": 5}],
+                    },
+                }
+            )
+        ],
+    ),
+    (
+        "/twilio",
+        [
+            tw.InboundWriter(
+                "MZchaos", "CAchaos", custom_parameters={"system_prompt": 123}
+            ).start(),  # type: ignore[dict-item]
+            tw.InboundWriter("MZchaos", "CAchaos").media(b"\xff" * 160, 20),
+        ],
+    ),
+    (
+        "/twilio",
+        [
+            json.dumps({"event": "start", "start": {"customParameters": "abc", "mediaFormat": {}}}),
+            tw.InboundWriter("MZchaos", "CAchaos").media(b"\xff" * 160, 20),
+        ],
+    ),
 ]
 
 
@@ -87,8 +124,12 @@ def process_figures(url: str) -> dict[str, float]:
         return {}
     out = {}
     for line in text.splitlines():
-        for name in ("process_resident_memory_bytes", "process_open_fds", "voicert_engine_pid",
-                     "voicert_engine_up"):
+        for name in (
+            "process_resident_memory_bytes",
+            "process_open_fds",
+            "voicert_engine_pid",
+            "voicert_engine_up",
+        ):
             if line.startswith(name + " "):
                 out[name] = float(line.split()[1])
     return out
@@ -119,7 +160,7 @@ async def drop_connection(url: str, clip, log: ChaosLog) -> None:
     await ws.send(p.encode(p.SessionStart(sample_rate=rate)))
     n = rate // 50
     for i in range(0, samples.size // 2, n):  # half an utterance, then vanish mid-turn
-        await ws.send(p.encode(p.Audio(encode_pcm16(samples[i:i + n]))))
+        await ws.send(p.encode(p.Audio(encode_pcm16(samples[i : i + n]))))
     ws.transport.abort()
     log.drops += 1
 
@@ -141,12 +182,13 @@ async def hostile(url: str, door: str, frames: list, log: ChaosLog) -> None:
         log.hostile_unanswered.append(f"{door}: closed without a code")
     except (OSError, InvalidHandshake):
         return  # refused at the door (503 while restarting): answered
-    except asyncio.TimeoutError:
+    except TimeoutError:
         log.hostile_unanswered.append(f"{door}: no answer within 30 s to {str(frames[-1])[:60]}")
 
 
-async def chaos_loop(spec: LoadSpec, every_s: float, stop_at: float, log: ChaosLog,
-                     rng: random.Random) -> None:
+async def chaos_loop(
+    spec: LoadSpec, every_s: float, stop_at: float, log: ChaosLog, rng: random.Random
+) -> None:
     step = 0
     while True:
         await asyncio.sleep(every_s)
@@ -186,9 +228,10 @@ def report(stats: CallerStats, log: ChaosLog) -> tuple[str, bool]:
     done = sum(1 for t in stats.turns if t.finish_reason in ("stop", "length"))
     failed = sum(1 for t in stats.turns if t.finish_reason == "error")
     lost = stats.timeouts + stats.dropped
-    mb = lambda d: d.get("process_resident_memory_bytes", 0) / 2**20  # noqa: E731
+    mb = lambda d: d.get("process_resident_memory_bytes", 0) / 2**20
     lines = [
-        "| what | count |", "|---|---:|",
+        "| what | count |",
+        "|---|---:|",
         f"| turns answered | {done} |",
         f"| turns failed with a typed error (in flight at a kill, or while restarting) | {failed} |",
         f"| turns lost (no answer: timeouts + dropped sessions) | {lost} |",
@@ -205,6 +248,7 @@ def report(stats: CallerStats, log: ChaosLog) -> tuple[str, bool]:
     for problem in log.hostile_unanswered:
         lines.append(f"\nunanswered: {problem}")
     ok = lost == 0 and not log.hostile_unanswered and done > 0 and not stats.unreachable
-    lines.append(f"\ntarget (no lost turn, every hostile message answered): "
-                 f"{'met' if ok else 'NOT met'}")
+    lines.append(
+        f"\ntarget (no lost turn, every hostile message answered): {'met' if ok else 'NOT met'}"
+    )
     return "\n".join(lines), ok

@@ -26,13 +26,23 @@ async def pressure(base: str, items: int, chars: int) -> float:
     t0 = time.perf_counter()
     async with connect(f"{base}/v1/realtime", max_size=None) as ws:
         await ws.recv()  # session.created
-        await ws.send(json.dumps({"type": "session.update",
-                                  "session": {"output_modalities": ["text"]}}))
+        await ws.send(
+            json.dumps({"type": "session.update", "session": {"output_modalities": ["text"]}})
+        )
         text = ("lorem ipsum dolor sit amet " * (chars // 27 + 1))[:chars]
         for i in range(items):
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user",
-                "content": [{"type": "input_text", "text": text}]}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {
+                            "type": "message",
+                            "role": "user",
+                            "content": [{"type": "input_text", "text": text}],
+                        },
+                    }
+                )
+            )
             if i % 100 == 99:  # under the server's message-rate limit (200/s, bursts of 400)
                 await asyncio.sleep(0.6)
         await ws.send(json.dumps({"type": "response.create"}))
@@ -65,7 +75,9 @@ async def run(url: str, wav: str, items: int, chars: int, runs: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadgen.pressure", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m loadgen.pressure", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
     ap.add_argument("--wav", default="tests/data/capital_of_france.wav")
     ap.add_argument("--items", type=int, default=800)

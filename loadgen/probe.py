@@ -54,7 +54,7 @@ def parse(text: str) -> dict[str, float]:
                 out[f"step_{s.labels['kind']}_{s.name.rsplit('_', 1)[1]}"] = s.value
             for family, short in ((GC, "gc"), (LAG, "lag")):
                 if s.name.startswith(family):  # per process (GC: summed over generations)
-                    _add_per_process(out, short, s.name[len(family) + 1:], s)
+                    _add_per_process(out, short, s.name[len(family) + 1 :], s)
             if s.name == "voicert_prefix_cache_hit_ratio":
                 out["prefix_hit_ratio"] = s.value
     return out
@@ -63,8 +63,7 @@ def parse(text: str) -> dict[str, float]:
 def _add_per_process(out: dict[str, float], short: str, what: str, s) -> None:
     """One sample of a histogram labelled by process, summed into ``{short}_{process}_{what}``
     (buckets: ``..._le_{bound}``)."""
-    key = f"{short}_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket"
-                                               else what)
+    key = f"{short}_{s.labels['process']}_" + (f"le_{s.labels['le']}" if what == "bucket" else what)
     out[key] = out.get(key, 0.0) + s.value
 
 
@@ -72,11 +71,12 @@ def _delta(before: dict[str, float], after: dict[str, float], key: str) -> float
     return after.get(key, 0.0) - before.get(key, 0.0)
 
 
-def _bound_holding(before: dict[str, float], after: dict[str, float], prefix: str,
-                   count: float) -> float | None:
+def _bound_holding(
+    before: dict[str, float], after: dict[str, float], prefix: str, count: float
+) -> float | None:
     """The smallest histogram upper bound (keys ``{prefix}{le}``) under which at least ``count``
     of the level's observations fell; None if none."""
-    bounds = sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix))
+    bounds = sorted((float(k[len(prefix) :]), k) for k in after if k.startswith(prefix))
     return next((b for b, key in bounds if _delta(before, after, key) >= count), None)
 
 
@@ -139,13 +139,22 @@ class GpuSampler:
     _proc: subprocess.Popen | None = None
     _thread: threading.Thread | None = None
 
-    def start(self) -> "GpuSampler":
+    def start(self) -> GpuSampler:
         exe = shutil.which("nvidia-smi")
         if exe is None:
             return self
         self._proc = subprocess.Popen(
-            [exe, "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits",
-             "-i", "0", f"-lms={self.period_ms}"], stdout=subprocess.PIPE, text=True)
+            [
+                exe,
+                "--query-gpu=utilization.gpu,memory.used",
+                "--format=csv,noheader,nounits",
+                "-i",
+                "0",
+                f"-lms={self.period_ms}",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
         return self
@@ -165,8 +174,12 @@ class GpuSampler:
             self._proc.wait(5)
         if not self.util:
             return {}
-        return {"gpu_util_mean": sum(self.util) / len(self.util), "gpu_util_max": max(self.util),
-                "gpu_mem_max_mib": max(self.mem_mib), "gpu_samples": len(self.util)}
+        return {
+            "gpu_util_mean": sum(self.util) / len(self.util),
+            "gpu_util_max": max(self.util),
+            "gpu_mem_max_mib": max(self.mem_mib),
+            "gpu_samples": len(self.util),
+        }
 
 
 def tree_cpu_seconds(pid: int, proc: str = "/proc") -> float | None:

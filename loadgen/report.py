@@ -11,10 +11,32 @@ from loadgen.caller import MAX_VALID_SLIP_MS, CallerStats
 from voicert.telemetry.latency import STAGE_COLOURS, WATERFALL
 
 MIN_TURNS_FOR_P99 = 100  # below this, a P99 is little more than the largest sample
-ROWS = ("endpoint_ms", "decide_ms", "asr_ms", "asr_wait_ms", "asr_decode_ms", "dispatch_ms", "queue_ms",
-        "prefill_ms", "handoff_ms", "first_token_ms", "send_ms", "ttft_ms", "voice_to_first_token_ms",
-        "tts_ms", "tts_wait_ms", "tts_synth_ms", "tts_out_ms", "ttfa_ms", "token_to_audio_ms", "client_ttft_ms", "client_endpoint_ttft_ms", "client_extra_ms",
-        "client_ttfa_ms", "client_done_ms")
+ROWS = (
+    "endpoint_ms",
+    "decide_ms",
+    "asr_ms",
+    "asr_wait_ms",
+    "asr_decode_ms",
+    "dispatch_ms",
+    "queue_ms",
+    "prefill_ms",
+    "handoff_ms",
+    "first_token_ms",
+    "send_ms",
+    "ttft_ms",
+    "voice_to_first_token_ms",
+    "tts_ms",
+    "tts_wait_ms",
+    "tts_synth_ms",
+    "tts_out_ms",
+    "ttfa_ms",
+    "token_to_audio_ms",
+    "client_ttft_ms",
+    "client_endpoint_ttft_ms",
+    "client_extra_ms",
+    "client_ttfa_ms",
+    "client_done_ms",
+)
 
 
 def values(stats: CallerStats, name: str) -> list[float]:
@@ -25,20 +47,31 @@ def values(stats: CallerStats, name: str) -> list[float]:
 
 def pcts(xs: list[float]) -> dict[str, float]:
     a = np.asarray(xs, dtype=np.float64)
-    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
-            "p99": float(np.percentile(a, 99)), "n": int(a.size)}
+    return {
+        "p50": float(np.percentile(a, 50)),
+        "p95": float(np.percentile(a, 95)),
+        "p99": float(np.percentile(a, 99)),
+        "n": int(a.size),
+    }
 
 
 def summarize(levels: dict[int, CallerStats]) -> dict:
     out = {}
     for n, stats in sorted(levels.items()):
         out[str(n)] = {
-            "turns": len(stats.turns), "sessions": stats.sessions, "errors": stats.errors,
-            "timeouts": stats.timeouts, "dropped": stats.dropped,
+            "turns": len(stats.turns),
+            "sessions": stats.sessions,
+            "errors": stats.errors,
+            "timeouts": stats.timeouts,
+            "dropped": stats.dropped,
             "stages": {name: pcts(v) for name in ROWS if (v := values(stats, name))},
             "server": stats.server,
-            "loadgen_slip_ms": {"p50": stats.slip.percentile(50), "p99": stats.slip.percentile(99),
-                                "max": stats.slip.percentile(100), "frames": stats.slip.n},
+            "loadgen_slip_ms": {
+                "p50": stats.slip.percentile(50),
+                "p99": stats.slip.percentile(99),
+                "max": stats.slip.percentile(100),
+                "frames": stats.slip.n,
+            },
             "valid": stats.slip.percentile(99) <= MAX_VALID_SLIP_MS,
         }
         p99 = {k: q["p99"] for k, q in out[str(n)]["stages"].items() if k in WATERFALL}
@@ -47,44 +80,85 @@ def summarize(levels: dict[int, CallerStats]) -> dict:
 
 
 def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> str:
-    lines = [f"### {title}", "",
-             f"Budget: P99 TTFT <= {budget_ms:g} ms. Largest concurrency that held it: "
-             f"{best if best is not None else 'none'}.", "",
-             "| sessions | turns | errors | timeouts | dropped | stage | P50 ms | P95 ms | P99 ms |",
-             "|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        f"### {title}",
+        "",
+        f"Budget: P99 TTFT <= {budget_ms:g} ms. Largest concurrency that held it: "
+        f"{best if best is not None else 'none'}.",
+        "",
+        "| sessions | turns | errors | timeouts | dropped | stage | P50 ms | P95 ms | P99 ms |",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
     for level, s in summary.items():
         first = True
         for name, q in s["stages"].items():
-            head = (f"| {level} | {s['turns']} | {s['errors']} | {s['timeouts']} | {s['dropped']} "
-                    if first else "| | | | | ")
+            head = (
+                f"| {level} | {s['turns']} | {s['errors']} | {s['timeouts']} | {s['dropped']} "
+                if first
+                else "| | | | | "
+            )
             few = "*" if q["n"] < MIN_TURNS_FOR_P99 else ""
-            lines.append(f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | "
-                         f"{q['p99']:.1f}{few} |")
+            lines.append(
+                f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | {q['p99']:.1f}{few} |"
+            )
             first = False
     if any(q["n"] < MIN_TURNS_FOR_P99 for s in summary.values() for q in s["stages"].values()):
-        lines += ["", f"\\* fewer than {MIN_TURNS_FOR_P99} turns: that P99 is close to the "
-                  f"largest value seen, not a P99 (run longer or with more sessions)."]
-    slips = ", ".join(f"{level} sessions: P99 {s['loadgen_slip_ms']['p99']:.1f} ms"
-                      + ("" if s.get("valid", True) else " INVALID")
-                      for level, s in summary.items() if "loadgen_slip_ms" in s)
-    lines += ["", f"Load generator schedule slip (how late its audio frames left; a level over "
-              f"{MAX_VALID_SLIP_MS:g} ms at P99 measured the generator, not the server): {slips}."]
-    lines += ["", "Dominant waterfall stage at P99: " + ", ".join(
-        f"{level} sessions: {s['dominant_p99']}" for level, s in summary.items()
-        if s.get("dominant_p99")) + "."]
+        lines += [
+            "",
+            f"\\* fewer than {MIN_TURNS_FOR_P99} turns: that P99 is close to the "
+            f"largest value seen, not a P99 (run longer or with more sessions).",
+        ]
+    slips = ", ".join(
+        f"{level} sessions: P99 {s['loadgen_slip_ms']['p99']:.1f} ms"
+        + ("" if s.get("valid", True) else " INVALID")
+        for level, s in summary.items()
+        if "loadgen_slip_ms" in s
+    )
+    lines += [
+        "",
+        f"Load generator schedule slip (how late its audio frames left; a level over "
+        f"{MAX_VALID_SLIP_MS:g} ms at P99 measured the generator, not the server): {slips}.",
+    ]
+    lines += [
+        "",
+        "Dominant waterfall stage at P99: "
+        + ", ".join(
+            f"{level} sessions: {s['dominant_p99']}"
+            for level, s in summary.items()
+            if s.get("dominant_p99")
+        )
+        + ".",
+    ]
     servers = {level: s["server"] for level, s in summary.items() if s.get("server")}
     if servers:
-        keys = ("server_cores", "engine_batch_mean", "asr_batch_mean", "prefix_hit_ratio",
-                "gpu_util_mean",
-                "gpu_util_max", "gpu_mem_max_mib", "prefill_step_ms_mean", "prefill_step_ms_p99_le",
-                "decode_step_ms_mean", "decode_step_ms_p99_le", "gc_server_count",
-                "gc_server_ms_total", "gc_server_ms_max_le", "gc_engine_count", "gc_engine_ms_total",
-                "gc_engine_ms_max_le", "loop_lag_server_ms_p99_le", "loop_lag_server_ms_max_le")
-        lines += ["", "| sessions | " + " | ".join(keys) + " |",
-                  "|---:|" + "---:|" * len(keys)]
+        keys = (
+            "server_cores",
+            "engine_batch_mean",
+            "asr_batch_mean",
+            "prefix_hit_ratio",
+            "gpu_util_mean",
+            "gpu_util_max",
+            "gpu_mem_max_mib",
+            "prefill_step_ms_mean",
+            "prefill_step_ms_p99_le",
+            "decode_step_ms_mean",
+            "decode_step_ms_p99_le",
+            "gc_server_count",
+            "gc_server_ms_total",
+            "gc_server_ms_max_le",
+            "gc_engine_count",
+            "gc_engine_ms_total",
+            "gc_engine_ms_max_le",
+            "loop_lag_server_ms_p99_le",
+            "loop_lag_server_ms_max_le",
+        )
+        lines += ["", "| sessions | " + " | ".join(keys) + " |", "|---:|" + "---:|" * len(keys)]
         for level, srv in servers.items():
-            lines.append(f"| {level} | " + " | ".join(
-                f"{srv[k]:.2f}" if k in srv else "-" for k in keys) + " |")
+            lines.append(
+                f"| {level} | "
+                + " | ".join(f"{srv[k]:.2f}" if k in srv else "-" for k in keys)
+                + " |"
+            )
     return "\n".join(lines)
 
 
@@ -101,8 +175,13 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
         for name, style in (("ttft_ms", "-"), ("client_ttft_ms", ":")):
             xs = np.sort(values(stats, name))
             if xs.size:  # one colour per level: solid the server's figure, dotted the client's
-                ax.plot(xs, np.arange(1, xs.size + 1) / xs.size, style, color=f"C{i % 10}",
-                        label=f"{n} sessions, {'server' if name == 'ttft_ms' else 'client'}")
+                ax.plot(
+                    xs,
+                    np.arange(1, xs.size + 1) / xs.size,
+                    style,
+                    color=f"C{i % 10}",
+                    label=f"{n} sessions, {'server' if name == 'ttft_ms' else 'client'}",
+                )
     ax.axvline(budget_ms, color="red", lw=1, label=f"budget {budget_ms:g} ms")
     ax.set_xlabel("time to first token (ms)")
     ax.set_ylabel("fraction of turns")
@@ -118,10 +197,16 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
     names = sorted(levels)
     bottom = np.zeros(len(names))
     for stage in WATERFALL:
-        p50 = np.array([np.percentile(v, 50) if (v := values(levels[n], stage)) else 0.0
-                        for n in names])
-        ax.bar([str(n) for n in names], p50, bottom=bottom, label=stage.removesuffix("_ms"),
-               color=STAGE_COLOURS[stage])
+        p50 = np.array(
+            [np.percentile(v, 50) if (v := values(levels[n], stage)) else 0.0 for n in names]
+        )
+        ax.bar(
+            [str(n) for n in names],
+            p50,
+            bottom=bottom,
+            label=stage.removesuffix("_ms"),
+            color=STAGE_COLOURS[stage],
+        )
         bottom += p50
     ax.set_xlabel("concurrent sessions")
     ax.set_ylabel("P50 ms (stacked, last voice -> first token)")
@@ -134,14 +219,28 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
     return files
 
 
-def write_json_and_markdown(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float,
-                            best: int | None, title: str, meta: dict) -> None:
+def write_json_and_markdown(
+    levels: dict[int, CallerStats],
+    out_dir: Path,
+    budget_ms: float,
+    best: int | None,
+    title: str,
+    meta: dict,
+) -> None:
     """``result.json`` and ``report.md`` for the levels given (no plots: cheap after each level)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = summarize(levels)
-    (out_dir / "result.json").write_text(json.dumps(
-        {"meta": meta, "budget_ms": budget_ms, "largest_holding_budget": best, "levels": summary},
-        indent=1))
+    (out_dir / "result.json").write_text(
+        json.dumps(
+            {
+                "meta": meta,
+                "budget_ms": budget_ms,
+                "largest_holding_budget": best,
+                "levels": summary,
+            },
+            indent=1,
+        )
+    )
     md = markdown(summary, budget_ms, best, title)
     (out_dir / "report.md").write_text(md + "\n")
 
@@ -160,16 +259,26 @@ class LevelWriter:
         self.levels[n] = stats
         if held:
             self.best = n if self.best is None else max(self.best, n)
-        write_json_and_markdown(self.levels, self.out_dir, self.budget_ms, self.best, self.title,
-                                self.meta)
+        write_json_and_markdown(
+            self.levels, self.out_dir, self.budget_ms, self.best, self.title, self.meta
+        )
 
 
-def write_all(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float, best: int | None,
-              title: str, meta: dict) -> dict[str, Path]:
+def write_all(
+    levels: dict[int, CallerStats],
+    out_dir: Path,
+    budget_ms: float,
+    best: int | None,
+    title: str,
+    meta: dict,
+) -> dict[str, Path]:
     write_json_and_markdown(levels, out_dir, budget_ms, best, title, meta)
     try:
         pngs = plots(levels, out_dir, budget_ms)
     except ImportError:  # matplotlib is optional (the loadgen extra): the JSON and Markdown stand
         pngs = []
-    return {"json": out_dir / "result.json", "markdown": out_dir / "report.md",
-            **{p.stem: p for p in pngs}}
+    return {
+        "json": out_dir / "result.json",
+        "markdown": out_dir / "report.md",
+        **{p.stem: p for p in pngs},
+    }

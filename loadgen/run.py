@@ -48,11 +48,19 @@ async def _callers(spec: LoadSpec, total: int, indices: range, start: float) -> 
 
     async def one(i: int) -> None:
         await asyncio.sleep(max(0.0, start + spec.ramp_s * i / max(total, 1) - time.monotonic()))
-        caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
-                        turn_timeout_s=spec.turn_timeout_s, concurrency=total,
-                        seed=spec.seed * 1000 + i, output_audio=spec.output_audio)
-        while time.monotonic() < stop_at and not (spec.max_turns and
-                                                  len(stats.turns) >= spec.max_turns):
+        caller = Caller(
+            spec.url,
+            spec.clips,
+            turns=spec.turns,
+            think_s=spec.think_s,
+            turn_timeout_s=spec.turn_timeout_s,
+            concurrency=total,
+            seed=spec.seed * 1000 + i,
+            output_audio=spec.output_audio,
+        )
+        while time.monotonic() < stop_at and not (
+            spec.max_turns and len(stats.turns) >= spec.max_turns
+        ):
             await caller.session(stats, stop_at, spec.max_turns)
 
     await asyncio.gather(*(one(i) for i in indices))
@@ -75,9 +83,14 @@ async def _closed_loop_procs(spec: LoadSpec, callers: int) -> CallerStats:
     start_wall = time.time() + 2.0  # time for the processes to start and import
     loop = asyncio.get_running_loop()
     with ProcessPoolExecutor(procs, mp_context=mp.get_context("spawn")) as pool:
-        parts = await asyncio.gather(*(
-            loop.run_in_executor(pool, _shard, spec, callers, bounds[k], bounds[k + 1], start_wall)
-            for k in range(procs)))
+        parts = await asyncio.gather(
+            *(
+                loop.run_in_executor(
+                    pool, _shard, spec, callers, bounds[k], bounds[k + 1], start_wall
+                )
+                for k in range(procs)
+            )
+        )
     merged = CallerStats()
     for part in parts:
         merged.merge(part)
@@ -96,9 +109,16 @@ async def open_loop(spec: LoadSpec, sessions_per_s: float, max_sessions: int = 1
     async def one(i: int) -> None:
         nonlocal open_now
         open_now += 1
-        caller = Caller(spec.url, spec.clips, turns=spec.turns, think_s=spec.think_s,
-                        turn_timeout_s=spec.turn_timeout_s, concurrency=open_now, seed=i,
-                        output_audio=spec.output_audio)
+        caller = Caller(
+            spec.url,
+            spec.clips,
+            turns=spec.turns,
+            think_s=spec.think_s,
+            turn_timeout_s=spec.turn_timeout_s,
+            concurrency=open_now,
+            seed=i,
+            output_audio=spec.output_audio,
+        )
         try:
             await caller.session(stats, stop_at + spec.turn_timeout_s)
         finally:
@@ -113,9 +133,13 @@ async def open_loop(spec: LoadSpec, sessions_per_s: float, max_sessions: int = 1
     return stats
 
 
-async def sweep(spec: LoadSpec, levels: list[int], budget_ms: float, on_level=None,
-                max_slip_ms: float = MAX_VALID_SLIP_MS
-                ) -> tuple[dict[int, CallerStats], int | None]:
+async def sweep(
+    spec: LoadSpec,
+    levels: list[int],
+    budget_ms: float,
+    on_level=None,
+    max_slip_ms: float = MAX_VALID_SLIP_MS,
+) -> tuple[dict[int, CallerStats], int | None]:
     """Closed loop at each level in turn. Returns the stats per level and the largest level whose
     server-side P99 TTFT held the budget with no errors, timeouts or drops, measured by a generator
     that kept its own schedule (frames at most ``max_slip_ms`` late at P99; None if none did)."""
@@ -128,9 +152,12 @@ async def sweep(spec: LoadSpec, levels: list[int], budget_ms: float, on_level=No
         stats.server = await asyncio.to_thread(probe.end)
         results[n] = stats
         ttfts = [t.stages["ttft_ms"] for t in stats.turns if "ttft_ms" in t.stages]
-        held = (bool(ttfts) and float(np.percentile(ttfts, 99)) <= budget_ms
-                and not (stats.errors or stats.timeouts or stats.dropped)
-                and stats.slip.percentile(99) <= max_slip_ms)
+        held = (
+            bool(ttfts)
+            and float(np.percentile(ttfts, 99)) <= budget_ms
+            and not (stats.errors or stats.timeouts or stats.dropped)
+            and stats.slip.percentile(99) <= max_slip_ms
+        )
         if on_level:
             on_level(n, stats, held)
         if held:

@@ -43,7 +43,7 @@ def clip_table(paths: list[str]) -> dict[bytes, int]:
     for path in paths:
         audio, rate = load_for_streaming(path)
         n = rate * FRAME_MS // 1000
-        frames = [encode_pcm16(audio[i:i + n]) for i in range(0, audio.size, n)]
+        frames = [encode_pcm16(audio[i : i + n]) for i in range(0, audio.size, n)]
         first = next(i for i, f in enumerate(frames) if any(f))
         table[frames[first]] = len(frames) - 1 - first
     return table
@@ -62,8 +62,13 @@ async def _session(ws: ServerConnection, table: dict[bytes, int]) -> None:
                 continue
             if isinstance(msg, p.SessionStart):
                 rate = msg.sample_rate
-                await ws.send(p.encode(p.SessionStarted(uuid.uuid4().hex[:12], msg.sample_rate,
-                                                        "pcm16", "server_vad")))
+                await ws.send(
+                    p.encode(
+                        p.SessionStarted(
+                            uuid.uuid4().hex[:12], msg.sample_rate, "pcm16", "server_vad"
+                        )
+                    )
+                )
             elif isinstance(msg, p.Audio):
                 arrived = time.perf_counter_ns()
                 samples += len(msg.audio) // 2  # pcm16
@@ -105,8 +110,13 @@ def _serve(sock: socket.socket, table: dict[bytes, int]) -> None:
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-        async with serve(lambda ws: _session(ws, table), sock=sock, compression=None, ping_interval=None,
-                         max_queue=None):
+        async with serve(
+            lambda ws: _session(ws, table),
+            sock=sock,
+            compression=None,
+            ping_interval=None,
+            max_queue=None,
+        ):
             await stop.wait()
 
     loop.run_until_complete(main())
@@ -117,13 +127,18 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loadgen.trivial",
-                                 description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m loadgen.trivial", description=__doc__.split("\n")[0]
+    )
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8766)
     ap.add_argument("--procs", type=int, default=1, help="processes sharing the port")
-    ap.add_argument("--wav", nargs="+", default=sorted(glob.glob("tests/data/*.wav")),
-                    help="the clips the load generator sends (the same list)")
+    ap.add_argument(
+        "--wav",
+        nargs="+",
+        default=sorted(glob.glob("tests/data/*.wav")),
+        help="the clips the load generator sends (the same list)",
+    )
     args = ap.parse_args(argv)
     table = clip_table(args.wav)
     socks = listening_sockets(args.host, args.port, args.procs)
@@ -131,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     procs = [ctx.Process(target=_serve, args=(s, table), daemon=True) for s in socks]
     for proc in procs:
         proc.start()
-    print(f"trivial server on ws://{args.host}:{socks[0].getsockname()[1]}/v1/stream "
-          f"({args.procs} processes)", flush=True)
+    print(
+        f"trivial server on ws://{args.host}:{socks[0].getsockname()[1]}/v1/stream "
+        f"({args.procs} processes)",
+        flush=True,
+    )
     signal.signal(signal.SIGTERM, _interrupt)  # stop as on Ctrl-C: the children with us
     try:
         for proc in procs:

@@ -82,10 +82,11 @@ class TwilioCall:
 
     def __init__(self, url: str, system_prompt: str | None = None) -> None:
         self.url = url
-        self.inbound = tw.InboundWriter(stream_sid=f"MZ{uuid.uuid4().hex}",
-                                        call_sid=f"CA{uuid.uuid4().hex}",
-                                        custom_parameters={"system_prompt": system_prompt}
-                                        if system_prompt else {})
+        self.inbound = tw.InboundWriter(
+            stream_sid=f"MZ{uuid.uuid4().hex}",
+            call_sid=f"CA{uuid.uuid4().hex}",
+            custom_parameters={"system_prompt": system_prompt} if system_prompt else {},
+        )
         self.result = CallResult()
         self.playback = Playback()
         self.ws: ClientConnection | None = None
@@ -104,7 +105,9 @@ class TwilioCall:
                 self.result.media_sizes.append(len(payload))
                 self.result.received += payload
                 if self._speech_end is not None:
-                    self.result.first_audio_after_speech_s.append(time.perf_counter() - self._speech_end)
+                    self.result.first_audio_after_speech_s.append(
+                        time.perf_counter() - self._speech_end
+                    )
                     self._speech_end = None
                 self.playback.push(payload)
             elif msg["event"] == "mark":
@@ -128,13 +131,17 @@ class TwilioCall:
 
     async def speak(self, samples: np.ndarray, rate: int, realtime: bool = True) -> None:
         """Stream one utterance (then 1 s of silence, as a caller pausing) at real-time pace."""
-        x = soxr.resample(samples, rate, tw.SAMPLE_RATE).astype(np.float32) if rate != tw.SAMPLE_RATE else samples
+        x = (
+            soxr.resample(samples, rate, tw.SAMPLE_RATE).astype(np.float32)
+            if rate != tw.SAMPLE_RATE
+            else samples
+        )
         silence = np.zeros(tw.SAMPLE_RATE, np.float32)
         data = encode_audio(np.concatenate([x, silence]), "mulaw")
         speech_frames = -(-x.size // tw.FRAME_BYTES)
         start = time.perf_counter()
         for i, off in enumerate(range(0, len(data), tw.FRAME_BYTES)):
-            frame = data[off:off + tw.FRAME_BYTES]
+            frame = data[off : off + tw.FRAME_BYTES]
             if i == speech_frames:
                 self._speech_end = time.perf_counter()  # the caller has stopped talking
             ts = int((time.perf_counter() - self.t0) * 1000)
@@ -156,7 +163,7 @@ class TwilioCall:
             await asyncio.sleep(0.05)
         raise TimeoutError("the reply was not played within the timeout")
 
-    async def __aenter__(self) -> "TwilioCall":
+    async def __aenter__(self) -> TwilioCall:
         self.ws = await connect(self.url, max_size=None, compression=None)
         self.t0 = time.perf_counter()
         await self._send(self.inbound.connected())
@@ -194,9 +201,11 @@ def main() -> int:
     ap.add_argument("wavs", nargs="+")
     args = ap.parse_args()
     result = asyncio.run(call(args.url, [read_wav(w) for w in args.wavs]))
-    print(f"played {len(result.played) / tw.SAMPLE_RATE:.2f} s of reply audio in "
-          f"{len(result.media_sizes)} media messages; marks {result.marks_echoed}; "
-          f"clears {result.clears}")
+    print(
+        f"played {len(result.played) / tw.SAMPLE_RATE:.2f} s of reply audio in "
+        f"{len(result.media_sizes)} media messages; marks {result.marks_echoed}; "
+        f"clears {result.clears}"
+    )
     for i, s in enumerate(result.first_audio_after_speech_s):
         print(f"utterance {i + 1}: first reply audio {s * 1000:.0f} ms after the caller stopped")
     return 0

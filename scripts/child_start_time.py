@@ -13,8 +13,8 @@ from voicert.hosting import child_context
 
 
 def _child(queue) -> None:
+    import voicert.engine.clients.remote
     import voicert.engine.core.engine_core  # noqa: F401  (what an engine process imports)
-    import voicert.engine.clients.remote  # noqa: F401
 
     queue.put(time.perf_counter())
 
@@ -28,8 +28,10 @@ def main(n: int = 3) -> None:
             proc.start()
             up = queue.get()
             proc.join()
-            print(f"{label} ({ctx.get_start_method()}), child {i + 1}: {up - t0:.2f} s to imported",
-                  flush=True)
+            print(
+                f"{label} ({ctx.get_start_method()}), child {i + 1}: {up - t0:.2f} s to imported",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

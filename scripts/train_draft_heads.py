@@ -27,14 +27,25 @@ from voicert.bench.engine import VOICE_PROMPTS, VOICE_SYSTEM
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.core.heads import DraftHeads
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
+from voicert.engine.core.heads import DraftHeads
+from voicert.engine.core.prompt import build_prompt
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.loader import resolve_llm
-from voicert.engine.core.prompt import build_prompt
 
-NAMES = ["Garcia", "Chen", "Okafor", "Novak", "Silva", "Kim", "Murphy", "Haddad", "Ivanova", "Lopez"]
+NAMES = [
+    "Garcia",
+    "Chen",
+    "Okafor",
+    "Novak",
+    "Silva",
+    "Kim",
+    "Murphy",
+    "Haddad",
+    "Ivanova",
+    "Lopez",
+]
 STREETS = ["Elm Street", "Harbor Road", "Maple Avenue", "King's Lane", "Station Road", "Oak Drive"]
 CITIES = ["Chicago", "Paris", "Madrid", "Toronto", "Sydney", "Dublin", "Denver", "Rome"]
 FOODS = ["cheeseburger", "veggie wrap", "chicken salad", "margherita pizza", "tuna sandwich"]
@@ -47,8 +58,10 @@ def prompts(n: int, rng: random.Random) -> list[str]:
     templates = [
         lambda: f"I'd like to order a {c(FOODS)} and a {c(DRINKS)}, please confirm.",
         lambda: f"Can you read back my address? {rng.randint(1, 999)} {c(STREETS)}, {c(CITIES)}.",
-        lambda: f"Book me a table for {rng.randint(2, 9)} on {c(DAYS)} at {rng.randint(5, 9)} pm, "
-                f"name {c(NAMES)}.",
+        lambda: (
+            f"Book me a table for {rng.randint(2, 9)} on {c(DAYS)} at {rng.randint(5, 9)} pm, "
+            f"name {c(NAMES)}."
+        ),
         lambda: f"My account number is {rng.randint(10000, 99999)}. Can you repeat it?",
         lambda: f"I need to move my appointment to {c(DAYS)} morning.",
         lambda: f"What's the weather like in {c(CITIES)} today?",
@@ -62,8 +75,10 @@ def prompts(n: int, rng: random.Random) -> list[str]:
         lambda: f"Add {c(FOODS)} and {c(DRINKS)} to my shopping list.",
         lambda: f"Is there a pharmacy near {c(STREETS)}?",
         lambda: f"Confirm my reservation for {rng.randint(1, 5)} nights in {c(CITIES)}.",
-        lambda: f"Say my number back: {rng.randint(200, 999)} {rng.randint(100, 999)} "
-                f"{rng.randint(1000, 9999)}.",
+        lambda: (
+            f"Say my number back: {rng.randint(200, 999)} {rng.randint(100, 999)} "
+            f"{rng.randint(1000, 9999)}."
+        ),
         lambda: f"What's the capital of {c(['Spain', 'Canada', 'Italy', 'Japan', 'Kenya'])}?",
         lambda: "Hi, who am I speaking with?",
         lambda: f"I want to change the delivery address to {rng.randint(1, 999)} {c(STREETS)}.",
@@ -73,14 +88,17 @@ def prompts(n: int, rng: random.Random) -> list[str]:
 
 def replies(engine: LLMEngine, texts: list[str], new: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, greedy reply ids) for each user text, under the voice system prompt."""
+
     async def one(i: int, text: str):
-        ids = build_prompt(engine.tokenizer, [ChatMessage("system", VOICE_SYSTEM),
-                                              ChatMessage("user", text)], 2048)
+        ids = build_prompt(
+            engine.tokenizer, [ChatMessage("system", VOICE_SYSTEM), ChatMessage("user", text)], 2048
+        )
         req = GenerationRequest(f"d{i}", [], new, prompt_ids=ids)
         return ids, [ev.token_id async for ev in engine.submit(req) if ev.finish_reason is None]
 
     async def main():
         return await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+
     return asyncio.run(main())
 
 
@@ -166,23 +184,33 @@ def main() -> None:
         order = torch.randperm(len(x))
         total = 0.0
         for at in range(0, len(x), 256):
-            idx = order[at: at + 256]
+            idx = order[at : at + 256]
             guesses = heads(x[idx]) @ w.T  # [heads, batch, vocab]
-            loss = sum(F.cross_entropy(guesses[i], y[idx, i], ignore_index=-100) * 0.8 ** i
-                       for i in range(args.heads))
+            loss = sum(
+                F.cross_entropy(guesses[i], y[idx, i], ignore_index=-100) * 0.8**i
+                for i in range(args.heads)
+            )
             opt.zero_grad()
             loss.backward()
             opt.step()
             total += loss.item() * len(idx)
         tps, acc = evaluate(runner, heads, held_out)
-        print(f"epoch {epoch}: loss {total / len(x):.3f}; held-out voice prompts: "
-              f"{tps:.2f} tokens/step, head 1 accuracy {acc:.2f} ({time.perf_counter() - t0:.0f} s)")
+        print(
+            f"epoch {epoch}: loss {total / len(x):.3f}; held-out voice prompts: "
+            f"{tps:.2f} tokens/step, head 1 accuracy {acc:.2f} ({time.perf_counter() - t0:.0f} s)"
+        )
     from safetensors.torch import save_file
 
     state = {k: v.detach().to(torch.float16).contiguous() for k, v in heads.state_dict().items()}
-    save_file(state, args.out, metadata={"vocab_size": str(model.cfg.vocab_size),
-                                         "model": model_dir.rsplit("/", 1)[-1],
-                                         "trained_on": f"{len(x)} positions of {len(train)} replies"})
+    save_file(
+        state,
+        args.out,
+        metadata={
+            "vocab_size": str(model.cfg.vocab_size),
+            "model": model_dir.rsplit("/", 1)[-1],
+            "trained_on": f"{len(x)} positions of {len(train)} replies",
+        },
+    )
     print("wrote", args.out)
 
 

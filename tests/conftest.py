@@ -19,8 +19,9 @@ def heard_the_answer(heard: str, answer=("capital", "france", "paris")) -> bool:
     words, more so over a phone line ("francis perris"): each word must be heard closely (difflib
     ratio >= 0.7), not letter for letter. Silence or other words fail."""
     words = heard.lower().replace(".", " ").replace(",", " ").replace("?", " ").split()
-    return all(any(difflib.SequenceMatcher(None, want, w).ratio() >= 0.7 for w in words)
-               for want in answer)
+    return all(
+        any(difflib.SequenceMatcher(None, want, w).ratio() >= 0.7 for w in words) for want in answer
+    )
 
 
 def transformers_next_tokens(ref_model, prompt: list[int], ours: list[int]) -> list[int]:
@@ -33,7 +34,7 @@ def transformers_next_tokens(ref_model, prompt: list[int], ours: list[int]) -> l
 
     ids = torch.tensor([prompt + ours])
     with torch.inference_mode():
-        logits = ref_model(ids).logits[0, len(prompt) - 1:]  # [len(ours) + 1, V]
+        logits = ref_model(ids).logits[0, len(prompt) - 1 :]  # [len(ours) + 1, V]
     return logits.argmax(-1).tolist()
 
 
@@ -50,11 +51,13 @@ def transformers_guided_picks(simple, request, ours: list[int]) -> list[int | No
     from voicert.engine.core.tools import offered
 
     guide = simple.guides.for_request(request)
-    prompt = simple.prompts.build(request.messages,
-                                  simple.cfg.max_context_tokens - request.max_new_tokens,
-                                  offered(request.tools, request.tool_choice))
+    prompt = simple.prompts.build(
+        request.messages,
+        simple.cfg.max_context_tokens - request.max_new_tokens,
+        offered(request.tools, request.tool_choice),
+    )
     with torch.inference_mode():
-        logits = simple.model(input_ids=torch.tensor([prompt + ours])).logits[0, len(prompt) - 1:]
+        logits = simple.model(input_ids=torch.tensor([prompt + ours])).logits[0, len(prompt) - 1 :]
     picks: list[int | None] = []
     for i, row in enumerate(logits):  # row: [V], the choice after ours[:i]
         if guide is not None and guide.finished:
@@ -106,9 +109,16 @@ async def server(services):
     from voicert.server.app import VoiceServer
 
     cfg = services.cfg
-    srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
-        cfg, server=dataclasses.replace(cfg.server, port=0, max_message_bytes=64 * 1024),
-        turn=dataclasses.replace(cfg.turn, detector="silence"))))
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            cfg=dataclasses.replace(
+                cfg,
+                server=dataclasses.replace(cfg.server, port=0, max_message_bytes=64 * 1024),
+                turn=dataclasses.replace(cfg.turn, detector="silence"),
+            ),
+        )
+    )
     await srv.start()
     yield srv
     await srv.shutdown()

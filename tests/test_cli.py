@@ -12,9 +12,20 @@ from voicert.audio.wav import read_wav
 
 async def test_client_prints_the_turn_and_writes_the_spoken_reply(url, tmp_path, capsys):
     out = tmp_path / "reply.wav"
-    code = await asyncio.to_thread(cli.main, ["client", str(DATA / "capital_of_france.wav"),
-                                              "--url", url, "--fast", "--speak", str(out),
-                                              "--voice", "en-us+f3"])
+    code = await asyncio.to_thread(
+        cli.main,
+        [
+            "client",
+            str(DATA / "capital_of_france.wav"),
+            "--url",
+            url,
+            "--fast",
+            "--speak",
+            str(out),
+            "--voice",
+            "en-us+f3",
+        ],
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "Paris" in printed and "ttft" in printed and "wrote" in printed
@@ -24,27 +35,53 @@ async def test_client_prints_the_turn_and_writes_the_spoken_reply(url, tmp_path,
 
 
 async def test_client_names_the_voices_when_asked_for_one_the_server_lacks(url, tmp_path, capsys):
-    code = await asyncio.to_thread(cli.main, ["client", str(DATA / "capital_of_france.wav"),
-                                              "--url", url, "--fast", "--speak",
-                                              str(tmp_path / "r.wav"), "--voice", "alloy"])
+    code = await asyncio.to_thread(
+        cli.main,
+        [
+            "client",
+            str(DATA / "capital_of_france.wav"),
+            "--url",
+            url,
+            "--fast",
+            "--speak",
+            str(tmp_path / "r.wav"),
+            "--voice",
+            "alloy",
+        ],
+    )
     err = capsys.readouterr().err
     assert code == 2 and "voice 'alloy' is not offered here (offered: " in err
     assert "Traceback" not in err
 
 
 def test_client_reports_an_unreachable_server(capsys):
-    assert cli.main(["client", str(DATA / "capital_of_france.wav"), "--url",
-                     "ws://127.0.0.1:9/v1/stream", "--fast"]) == 2
+    assert (
+        cli.main(
+            [
+                "client",
+                str(DATA / "capital_of_france.wav"),
+                "--url",
+                "ws://127.0.0.1:9/v1/stream",
+                "--fast",
+            ]
+        )
+        == 2
+    )
     assert "cannot connect" in capsys.readouterr().err
 
 
 def test_an_llm_url_means_an_openai_compatible_server_and_its_errors_are_messages(capsys):
     args = cli.build_parser().parse_args(["serve", "--llm", "http://10.0.0.5:8000/v1"])
-    assert cli._overrides(args) == {"llm.engine": "openai", "llm.base_url": "http://10.0.0.5:8000/v1"}
+    assert cli._overrides(args) == {
+        "llm.engine": "openai",
+        "llm.base_url": "http://10.0.0.5:8000/v1",
+    }
     assert cli._overrides(cli.build_parser().parse_args(["serve", "--llm", "x.gguf"])) == {
-        "models.llm": "x.gguf"}
-    code = cli.main(["prepare", "--llm", "http://127.0.0.1:9/v1",
-                     "--set", "llm.connect_timeout_s=5"])
+        "models.llm": "x.gguf"
+    }
+    code = cli.main(
+        ["prepare", "--llm", "http://127.0.0.1:9/v1", "--set", "llm.connect_timeout_s=5"]
+    )
     assert code == 2
     err = capsys.readouterr().err
     assert "llm.model: not set" in err and "Traceback" not in err
@@ -62,8 +99,9 @@ def test_a_missing_llm_is_one_message_and_leaves_no_pending_task(capsys, caplog)
     assert not [r for r in caplog.records if "was destroyed" in r.getMessage()]
 
 
-def test_a_websockets_release_the_server_cannot_run_on_is_named_not_a_traceback(capsys, caplog,
-                                                                              monkeypatch):
+def test_a_websockets_release_the_server_cannot_run_on_is_named_not_a_traceback(
+    capsys, caplog, monkeypatch
+):
     # websockets 16+ changed the asyncio Server API (seen on a machine whose bundle had 17.4:
     # a TypeError traceback from deep in the start-up)
     import websockets
@@ -75,13 +113,20 @@ def test_a_websockets_release_the_server_cannot_run_on_is_named_not_a_traceback(
     monkeypatch.setattr(websockets, "__version__", "17.4")
     code = main(["serve", "--port", "0", "--set", "tts.engine=none"])
     assert code == 2 and "could not start" in capsys.readouterr().err
-    assert any("websockets 17.4 is installed" in r.getMessage() and "'websockets>=13,<16'"
-               in r.getMessage() for r in caplog.records)
+    assert any(
+        "websockets 17.4 is installed" in r.getMessage()
+        and "'websockets>=13,<16'" in r.getMessage()
+        for r in caplog.records
+    )
 
 
-@pytest.mark.parametrize("setting, message", [
-    ("llm.device=cuda", "llm.device: cuda, but torch"),
-    ("asr.device=cuda", "asr.device: cuda, but CTranslate2 sees no CUDA device")])
+@pytest.mark.parametrize(
+    "setting, message",
+    [
+        ("llm.device=cuda", "llm.device: cuda, but torch"),
+        ("asr.device=cuda", "asr.device: cuda, but CTranslate2 sees no CUDA device"),
+    ],
+)
 def test_a_gpu_setting_on_a_machine_without_one_is_a_message(setting, message, capsys):
     import torch
 
@@ -93,11 +138,19 @@ def test_a_gpu_setting_on_a_machine_without_one_is_a_message(setting, message, c
     assert code == 2 and message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name, content, said", [
-    ("missing.wav", None, "missing.wav: no such file"),
-    ("notes.wav", b"hello, this is text\n", "notes.wav: not a WAV file"),
-    ("song.wav", b"ID3\x03\x00\x00\x00\x00\x00\x00" + bytes(64), "song.wav: an MP3 file, not a WAV"),
-    ("empty.wav", b"", "empty.wav: not a WAV file")])
+@pytest.mark.parametrize(
+    "name, content, said",
+    [
+        ("missing.wav", None, "missing.wav: no such file"),
+        ("notes.wav", b"hello, this is text\n", "notes.wav: not a WAV file"),
+        (
+            "song.wav",
+            b"ID3\x03\x00\x00\x00\x00\x00\x00" + bytes(64),
+            "song.wav: an MP3 file, not a WAV",
+        ),
+        ("empty.wav", b"", "empty.wav: not a WAV file"),
+    ],
+)
 def test_client_says_what_is_wrong_with_a_file_in_one_line(tmp_path, capsys, name, content, said):
     path = tmp_path / name
     if content is not None:
@@ -124,6 +177,7 @@ def test_client_takes_the_server_url_as_users_type_it():
 def _failing_stream(exc):
     async def stream_audio(*args, **kwargs):
         raise exc
+
     return stream_audio
 
 
@@ -142,11 +196,15 @@ def _going_away():
     return ConnectionClosedError(Close(1001, "server shutting down"), None)
 
 
-@pytest.mark.parametrize("exc, code, said", [
-    (KeyboardInterrupt(), 130, "interrupted"),
-    (_going_away(), 2, "the server closed the connection (1001 server shutting down)"),
-    (_unauthorized(), 2, "HTTP 401; it wants a token: give --token"),
-    (TimeoutError(), 2, "no answer from ws://h:1/v1/stream within 120 s")])
+@pytest.mark.parametrize(
+    "exc, code, said",
+    [
+        (KeyboardInterrupt(), 130, "interrupted"),
+        (_going_away(), 2, "the server closed the connection (1001 server shutting down)"),
+        (_unauthorized(), 2, "HTTP 401; it wants a token: give --token"),
+        (TimeoutError(), 2, "no answer from ws://h:1/v1/stream within 120 s"),
+    ],
+)
 def test_client_interruptions_and_refusals_are_messages(monkeypatch, capsys, exc, code, said):
     from voicert import client
 
@@ -164,9 +222,10 @@ async def test_client_says_a_clip_had_no_speech_and_goes_on_to_the_next(url, tmp
     silent = tmp_path / "silent.wav"
     write_wav(silent, np.zeros(16000, np.float32), 16000)
     http = url.replace("ws://", "http://").removesuffix("/v1/stream")  # as a user may type it
-    code = await asyncio.to_thread(cli.main, ["client", str(silent),
-                                              str(DATA / "capital_of_france.wav"),
-                                              "--url", http, "--fast"])
+    code = await asyncio.to_thread(
+        cli.main,
+        ["client", str(silent), str(DATA / "capital_of_france.wav"), "--url", http, "--fast"],
+    )
     out, err = capsys.readouterr()
     assert code == 1 and "Paris" in out
     assert "silent.wav: the server heard no speech in it" in err and "Traceback" not in err
@@ -179,8 +238,12 @@ def test_ctrl_c_while_the_models_load_exits_at_once():
     import subprocess
     import sys
 
-    proc = subprocess.Popen([sys.executable, "-m", "voicert", "serve", "--port", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "voicert", "serve", "--port", "0"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         lines = []
         for line in proc.stderr:  # the socket listens before the models load

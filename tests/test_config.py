@@ -13,52 +13,61 @@ def test_default_yaml_loads_and_matches_dataclass_defaults():
 def test_env_overrides_file_and_flags_override_env(tmp_path):
     f = tmp_path / "c.yaml"
     f.write_text("server:\n  port: 9001\nllm:\n  max_new_tokens: 10\n")
-    cfg = load_config(f, {"llm.max_new_tokens": "20"}, environ={"VOICERT_SERVER__PORT": "9002",
-                                                                  "VOICERT_LLM__MAX_NEW_TOKENS": "15"})
+    cfg = load_config(
+        f,
+        {"llm.max_new_tokens": "20"},
+        environ={"VOICERT_SERVER__PORT": "9002", "VOICERT_LLM__MAX_NEW_TOKENS": "15"},
+    )
     assert cfg.server.port == 9002
     assert cfg.llm.max_new_tokens == 20
 
 
 def test_env_names_map_to_dotted_keys():
     assert env_overrides({"VOICERT_VAD__MIN_SILENCE_MS": "300", "OTHER": "x"}) == {
-        "vad.min_silence_ms": "300"}
+        "vad.min_silence_ms": "300"
+    }
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"server.port": "70000"}, "server.port"),
-    ({"server.port": "abc"}, "expected int"),
-    ({"server.nope": "1"}, "server.nope: unknown key"),
-    ({"vad.threshold": "1.5"}, "vad.threshold"),
-    ({"llm.device": "tpu"}, "llm.device"),
-    ({"llm.prefill_graph_rows": "0"}, "llm.prefill_graph_rows"),
-    ({"llm.fp8": "true"}, "llm.fp8: is a GPU option"),
-    ({"llm.fp8_rounding": "stochastic"}, "llm.fp8_rounding: must be gptq or nearest"),
-    ({"llm.kv_cache": "int4"}, "llm.kv_cache: must be model, int8 or fp8"),
-    ({"llm.kv_cache": "int8"}, "llm.kv_cache: int8 and fp8 are GPU options"),
-    ({"llm.kv_cache": "fp8", "llm.device": "cuda", "llm.engine": "simple"},
-     "llm.kv_cache: int8 and fp8 need llm.engine: fast"),
-    ({"llm.spec_policy": "sometimes"}, "llm.spec_policy: must be adaptive or always"),
-    ({"server.gc_freeze": "maybe"}, "server.gc_freeze"),
-    ({"turn.detector": "vibes"}, "turn.detector"),
-    ({"turn.pause_ms": "1700", "turn.max_silence_ms": "1600"}, "turn.max_silence_ms"),
-    ({"turn.model": "none", "turn.text_cue": "false"}, "turn.model"),
-    ({"turn.model": "none", "turn.model_path": "/x.onnx"}, "turn.model_path"),
-    ({"turn.interrupt_ms": "10"}, "turn.interrupt_ms"),
-    ({"turn.interrupt_check_ms": "-5"}, "turn.interrupt_check_ms"),
-    ({"turn.interrupt_check_ms": "soon"}, "turn.interrupt_check_ms"),
-    ({"tts.sessions": "-1"}, "tts.sessions"),
-    ({"tts.first_threads": "-2"}, "tts.first_threads"),
-    ({"tts.first_sessions": "0"}, "tts.first_sessions"),
-    ({"tts.stream_frames": "-1"}, "tts.stream_frames"),
-    ({"asr.denoise": "magic"}, "asr.denoise"),
-    ({"asr.min_window_s": "0.5"}, "asr.min_window_s"),
-    ({"port": "1"}, "section.key"),
-    ({"tools.functions": "no_colon"}, "tools.functions"),
-    ({"tools.functions": "[1, 2]"}, "tools.functions: expected a list of strings"),
-    ({"tools.choice": "sometimes"}, "tools.choice"),
-    ({"tools.max_rounds": "0"}, "tools.max_rounds"),
-    ({"tools.timeout_s": "0"}, "tools.timeout_s"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"server.port": "70000"}, "server.port"),
+        ({"server.port": "abc"}, "expected int"),
+        ({"server.nope": "1"}, "server.nope: unknown key"),
+        ({"vad.threshold": "1.5"}, "vad.threshold"),
+        ({"llm.device": "tpu"}, "llm.device"),
+        ({"llm.prefill_graph_rows": "0"}, "llm.prefill_graph_rows"),
+        ({"llm.fp8": "true"}, "llm.fp8: is a GPU option"),
+        ({"llm.fp8_rounding": "stochastic"}, "llm.fp8_rounding: must be gptq or nearest"),
+        ({"llm.kv_cache": "int4"}, "llm.kv_cache: must be model, int8 or fp8"),
+        ({"llm.kv_cache": "int8"}, "llm.kv_cache: int8 and fp8 are GPU options"),
+        (
+            {"llm.kv_cache": "fp8", "llm.device": "cuda", "llm.engine": "simple"},
+            "llm.kv_cache: int8 and fp8 need llm.engine: fast",
+        ),
+        ({"llm.spec_policy": "sometimes"}, "llm.spec_policy: must be adaptive or always"),
+        ({"server.gc_freeze": "maybe"}, "server.gc_freeze"),
+        ({"turn.detector": "vibes"}, "turn.detector"),
+        ({"turn.pause_ms": "1700", "turn.max_silence_ms": "1600"}, "turn.max_silence_ms"),
+        ({"turn.model": "none", "turn.text_cue": "false"}, "turn.model"),
+        ({"turn.model": "none", "turn.model_path": "/x.onnx"}, "turn.model_path"),
+        ({"turn.interrupt_ms": "10"}, "turn.interrupt_ms"),
+        ({"turn.interrupt_check_ms": "-5"}, "turn.interrupt_check_ms"),
+        ({"turn.interrupt_check_ms": "soon"}, "turn.interrupt_check_ms"),
+        ({"tts.sessions": "-1"}, "tts.sessions"),
+        ({"tts.first_threads": "-2"}, "tts.first_threads"),
+        ({"tts.first_sessions": "0"}, "tts.first_sessions"),
+        ({"tts.stream_frames": "-1"}, "tts.stream_frames"),
+        ({"asr.denoise": "magic"}, "asr.denoise"),
+        ({"asr.min_window_s": "0.5"}, "asr.min_window_s"),
+        ({"port": "1"}, "section.key"),
+        ({"tools.functions": "no_colon"}, "tools.functions"),
+        ({"tools.functions": "[1, 2]"}, "tools.functions: expected a list of strings"),
+        ({"tools.choice": "sometimes"}, "tools.choice"),
+        ({"tools.max_rounds": "0"}, "tools.max_rounds"),
+        ({"tools.timeout_s": "0"}, "tools.timeout_s"),
+    ],
+)
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace(".", r"\.")):
         load_config(None, overrides, environ={})
@@ -94,8 +103,10 @@ def test_a_file_extends_others_in_order_and_its_own_keys_win(tmp_path):
     assert cfg.tools.functions == ["m:f"] and cfg.llm.max_new_tokens == 7
     one = tmp_path / "one.yaml"
     one.write_text("extends: base.yaml\nserver:\n  port: 9003\n")
-    assert load_config(one, environ={}).server == load_config(
-        None, {"server.port": "9003", "server.host": "0.0.0.0"}, environ={}).server
+    assert (
+        load_config(one, environ={}).server
+        == load_config(None, {"server.port": "9003", "server.host": "0.0.0.0"}, environ={}).server
+    )
     (tmp_path / "loop.yaml").write_text("extends: loop.yaml\n")
     with pytest.raises(ConfigError, match="at most 4 deep"):
         load_config(tmp_path / "loop.yaml", environ={})

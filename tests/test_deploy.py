@@ -36,8 +36,13 @@ def by_kind(kind: str) -> list[dict]:
 
 def test_every_manifest_is_valid_for_the_kubernetes_api():
     docs = manifests()
-    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "ConfigMap",
-                                         "HorizontalPodAutoscaler", "PodDisruptionBudget"}
+    assert {d["kind"] for d in docs} >= {
+        "Deployment",
+        "Service",
+        "ConfigMap",
+        "HorizontalPodAutoscaler",
+        "PodDisruptionBudget",
+    }
     for doc in docs:
         kv.validate(doc, K8S_VERSION, strict=True)
 
@@ -88,8 +93,10 @@ def test_probes_ports_and_drain_fit_the_server(tmp_path):
             assert not hasattr(routes.find("GET", path), "status"), path  # a real route
         assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
         pre_stop = container["lifecycle"]["preStop"]["sleep"]["seconds"]
-        assert pod["terminationGracePeriodSeconds"] > pre_stop + cfg.server.shutdown_grace_s \
-            + CLOSE_WAIT_S
+        assert (
+            pod["terminationGracePeriodSeconds"]
+            > pre_stop + cfg.server.shutdown_grace_s + CLOSE_WAIT_S
+        )
 
 
 def test_the_autoscaler_scales_the_front_end_on_a_metric_the_server_exports():
@@ -102,8 +109,11 @@ def test_the_autoscaler_scales_the_front_end_on_a_metric_the_server_exports():
 @pytest.mark.parametrize("name", ["Dockerfile.cpu", "Dockerfile.cuda"])
 def test_dockerfiles_copy_what_exists_and_run_the_server(name):
     text = (ROOT / "deploy" / "docker" / name).read_text()
-    ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     copies = re.findall(r"^COPY (?:--\S+ )*(.+?) \S+$", text, re.M)
     assert copies
     for sources in copies:

@@ -15,20 +15,57 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_the_wheel_carries_web_and_the_default_config_and_serves_them(tmp_path):
     pytest.importorskip("setuptools")  # the build backend, from the venv (no network)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                    str(ROOT), "-w", str(tmp_path / "dist")], check=True, capture_output=True)
-    wheel, = (tmp_path / "dist").glob("voicert-*.whl")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            str(ROOT),
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("voicert-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for name in ("voicert/web/index.html", "voicert/web/app.js", "voicert/web/dashboard.js",
-                 "voicert/configs/default.yaml"):
+    for name in (
+        "voicert/web/index.html",
+        "voicert/web/app.js",
+        "voicert/web/dashboard.js",
+        "voicert/configs/default.yaml",
+    ):
         assert name in names
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target",
-                    str(target), str(wheel)], check=True, capture_output=True)
-    probe = ("import voicert, voicert.config as c, voicert.server.dashboard as d;"
-             "assert voicert.__file__.startswith(%r), voicert.__file__;"
-             "assert c.DEFAULT_CONFIG_PATH.is_file();"
-             "assert b'<html' in d.static_file('/')[0].lower();"
-             "assert b'<canvas' in d.static_file('/dashboard')[0]" % str(target))
-    subprocess.run([sys.executable, "-c", probe], check=True, cwd=tmp_path,
-                   env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-deps",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    probe = (
+        "import voicert, voicert.config as c, voicert.server.dashboard as d;"
+        f"assert voicert.__file__.startswith({str(target)!r}), voicert.__file__;"
+        "assert c.DEFAULT_CONFIG_PATH.is_file();"
+        "assert b'<html' in d.static_file('/')[0].lower();"
+        "assert b'<canvas' in d.static_file('/dashboard')[0]"
+    )
+    subprocess.run(
+        [sys.executable, "-c", probe],
+        check=True,
+        cwd=tmp_path,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    )

@@ -86,8 +86,11 @@ def test_the_page_parses_into_the_steps_a_newcomer_takes():
 
 def test_the_quickstart_runs_as_written(tmp_path):
     port = free_port()
-    env = {**os.environ, "VOICERT_SERVER__PORT": str(port),  # the server's port and the client's
-           "VOICERT_URL": f"ws://127.0.0.1:{port}/v1/stream"}
+    env = {
+        **os.environ,
+        "VOICERT_SERVER__PORT": str(port),  # the server's port and the client's
+        "VOICERT_URL": f"ws://127.0.0.1:{port}/v1/stream",
+    }
     servers: list[tuple[subprocess.Popen, Path]] = []
     try:
         for step in steps(PAGE.read_text()):
@@ -95,18 +98,31 @@ def test_the_quickstart_runs_as_written(tmp_path):
             expected = [line.replace(DOC_PORT, str(port)) for line in step.expected]
             if step.background:
                 log = tmp_path / f"bg{len(servers)}.log"
-                proc = subprocess.Popen(f"exec {command}", shell=True, cwd=ROOT, env=env,
-                                        stdout=log.open("w"), stderr=subprocess.STDOUT)
+                proc = subprocess.Popen(
+                    f"exec {command}",
+                    shell=True,
+                    cwd=ROOT,
+                    env=env,
+                    stdout=log.open("w"),
+                    stderr=subprocess.STDOUT,
+                )
                 servers.append((proc, log))
                 wait_for_lines(proc, log, expected)
                 continue
-            done = subprocess.run(command, shell=True, cwd=ROOT, env=env, capture_output=True,
-                                  text=True, timeout=STEP_TIMEOUT_S)
+            done = subprocess.run(
+                command,
+                shell=True,
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=STEP_TIMEOUT_S,
+            )
             said = done.stdout + done.stderr
             assert not unmatched(expected, said), f"$ {step.command}\n{said}"
             assert "Traceback" not in said, said
     finally:
-        for proc, log in servers:
+        for proc, _log in servers:
             proc.send_signal(signal.SIGINT)  # Ctrl-C, as the page says
             try:
                 proc.wait(60)

@@ -1,3 +1,5 @@
-from voicert.cli import main
 import sys
+
+from voicert.cli import main
+
 sys.exit(main())

@@ -34,11 +34,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, str]:
 
 def _config_args(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--config", help="YAML config file (default: configs/default.yaml)")
-    sub.add_argument("--set", action="append", metavar="SECTION.KEY=VALUE",
-                     help="override one config value (repeatable)")
-    sub.add_argument("--llm", help="LLM: 'embedded', an HF checkpoint dir, a .gguf file, or the "
-                     "URL of an OpenAI-compatible server (http://host:8000/v1: vLLM, SGLang, "
-                     "llama.cpp, another voicert; the model: --set llm.model=NAME)")
+    sub.add_argument(
+        "--set",
+        action="append",
+        metavar="SECTION.KEY=VALUE",
+        help="override one config value (repeatable)",
+    )
+    sub.add_argument(
+        "--llm",
+        help="LLM: 'embedded', an HF checkpoint dir, a .gguf file, or the "
+        "URL of an OpenAI-compatible server (http://host:8000/v1: vLLM, SGLang, "
+        "llama.cpp, another voicert; the model: --set llm.model=NAME)",
+    )
     sub.add_argument("--asr", help="ASR: 'embedded' or a CTranslate2 Whisper dir")
 
 
@@ -53,16 +60,28 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(pr)
     c = subs.add_parser("client", help="stream WAV files as turns of one session")
     c.add_argument("wav", nargs="+", help="WAV files (PCM or G.711), one turn each")
-    c.add_argument("--url", default=os.environ.get("VOICERT_URL", "ws://127.0.0.1:8765/v1/stream"),
-                   help="the server (ws://, wss://, or http://HOST:PORT; default: $VOICERT_URL, "
-                        "else ws://127.0.0.1:8765/v1/stream)")
-    c.add_argument("--token", default=os.environ.get("VOICERT_TOKEN"),
-                   help="the server's access token (default: $VOICERT_TOKEN)")
+    c.add_argument(
+        "--url",
+        default=os.environ.get("VOICERT_URL", "ws://127.0.0.1:8765/v1/stream"),
+        help="the server (ws://, wss://, or http://HOST:PORT; default: $VOICERT_URL, "
+        "else ws://127.0.0.1:8765/v1/stream)",
+    )
+    c.add_argument(
+        "--token",
+        default=os.environ.get("VOICERT_TOKEN"),
+        help="the server's access token (default: $VOICERT_TOKEN)",
+    )
     c.add_argument("--fast", action="store_true", help="send audio as fast as possible")
-    c.add_argument("--speak", metavar="OUT.wav",
-                   help="ask for spoken replies and write them (all turns, 24 kHz) to this WAV")
-    c.add_argument("--voice", help="speak replies in this of the server's voices (with --speak; "
-                                   "the session line lists them)")
+    c.add_argument(
+        "--speak",
+        metavar="OUT.wav",
+        help="ask for spoken replies and write them (all turns, 24 kHz) to this WAV",
+    )
+    c.add_argument(
+        "--voice",
+        help="speak replies in this of the server's voices (with --speak; "
+        "the session line lists them)",
+    )
     return ap
 
 
@@ -71,15 +90,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "client":
         from voicert import client
 
-        return client.main(args.wav, args.url, realtime=not args.fast, speak_to=args.speak,
-                           token=args.token, voice=args.voice)
+        return client.main(
+            args.wav,
+            args.url,
+            realtime=not args.fast,
+            speak_to=args.speak,
+            token=args.token,
+            voice=args.voice,
+        )
     try:
         cfg = load_config(args.config, _overrides(args))
     except ConfigError as exc:
         print(f"voicert: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=cfg.log.level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=cfg.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     logging.getLogger("faster_whisper").setLevel(logging.WARNING)
     try:
         if args.cmd == "prepare":
@@ -104,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
             print("voicert: the server could not start (see the message above)", file=sys.stderr)
             return code
         if code:
-            print("voicert: stopped: a part of the server failed and could not be restarted "
-                  "(see the log)", file=sys.stderr)
+            print(
+                "voicert: stopped: a part of the server failed and could not be restarted "
+                "(see the log)",
+                file=sys.stderr,
+            )
             return code
     except ConfigError as exc:
         print(f"voicert: {exc}", file=sys.stderr)

@@ -11,9 +11,9 @@ import sys
 import time
 import urllib.parse
 import wave
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from websockets.asyncio.client import connect
@@ -45,7 +45,9 @@ class ClientResult:
     turns: list[TurnResult] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
-    unheard: list[int] = field(default_factory=list)  # indexes of clips the server heard no speech in
+    unheard: list[int] = field(
+        default_factory=list
+    )  # indexes of clips the server heard no speech in
 
 
 class ClientError(Exception):
@@ -56,9 +58,16 @@ class ClientError(Exception):
 STREAM_PATH = "/v1/stream"
 WAV_HINT = "convert it first, e.g. ffmpeg -i {path} -ac 1 -ar 16000 {stem}-16k.wav"
 # what a file that is not a WAV most likely is, from its first bytes
-SNIFF = ((b"ID3", "an MP3 file"), (b"\xff\xfb", "an MP3 file"), (b"\xff\xf3", "an MP3 file"),
-         (b"OggS", "an Ogg file"), (b"fLaC", "a FLAC file"), (b"\x1aE\xdf\xa3", "a WebM file"),
-         (b"caff", "a CAF file"), (b"FORM", "an AIFF file"))
+SNIFF = (
+    (b"ID3", "an MP3 file"),
+    (b"\xff\xfb", "an MP3 file"),
+    (b"\xff\xf3", "an MP3 file"),
+    (b"OggS", "an Ogg file"),
+    (b"fLaC", "a FLAC file"),
+    (b"\x1aE\xdf\xa3", "a WebM file"),
+    (b"caff", "a CAF file"),
+    (b"FORM", "an AIFF file"),
+)
 
 
 def stream_url(url: str) -> str:
@@ -67,8 +76,10 @@ def stream_url(url: str) -> str:
     parts = urllib.parse.urlsplit(url)
     scheme = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}.get(parts.scheme.lower())
     if scheme is None or not parts.netloc:
-        raise ClientError(f"--url {url}: give the server as ws://HOST:PORT{STREAM_PATH} "
-                          "(http://HOST:PORT is taken too)")
+        raise ClientError(
+            f"--url {url}: give the server as ws://HOST:PORT{STREAM_PATH} "
+            "(http://HOST:PORT is taken too)"
+        )
     path = parts.path if parts.path not in ("", "/") else STREAM_PATH
     return urllib.parse.urlunsplit((scheme, parts.netloc, path, parts.query, ""))
 
@@ -98,17 +109,25 @@ def load_clip(path: str) -> tuple[np.ndarray, int]:
 
 def frames_for(x: np.ndarray, rate: int, frame_ms: int = FRAME_MS) -> list[bytes]:
     n = rate * frame_ms // 1000
-    return [encode_pcm16(x[i:i + n]) for i in range(0, x.size, n)]
+    return [encode_pcm16(x[i : i + n]) for i in range(0, x.size, n)]
 
 
-async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtime: bool = True,
-                       trailing_silence_s: float = 1.0, turn_timeout_s: float = 120.0,
-                       system_prompt: str | None = None, binary: bool = True,
-                       output_audio: p.OutputAudio | None = None,
-                       on_event: Callable[[dict], None] | None = None,
-                       until_answered: bool = True, unheard_after_s: float | None = None,
-                       headers: dict[str, str] | None = None,
-                       voice: str | None = None) -> ClientResult:
+async def stream_audio(
+    url: str,
+    turns: list[tuple[np.ndarray, int]],
+    *,
+    realtime: bool = True,
+    trailing_silence_s: float = 1.0,
+    turn_timeout_s: float = 120.0,
+    system_prompt: str | None = None,
+    binary: bool = True,
+    output_audio: p.OutputAudio | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    until_answered: bool = True,
+    unheard_after_s: float | None = None,
+    headers: dict[str, str] | None = None,
+    voice: str | None = None,
+) -> ClientResult:
     """Open one session; for each (samples, rate) in ``turns`` stream the audio plus trailing
     silence in 20 ms frames, then wait for that turn's ``turn.latency`` before the next, sending
     silence meanwhile as a live microphone would (``until_answered``; False: nothing more, so that
@@ -121,8 +140,17 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
     rate = turns[0][1]
     result = ClientResult()
     async with connect(url, max_size=None, compression=None, additional_headers=headers) as ws:
-        await ws.send(p.encode(p.SessionStart(sample_rate=rate, system_prompt=system_prompt,
-                                              output_audio=output_audio, voice=voice), binary))
+        await ws.send(
+            p.encode(
+                p.SessionStart(
+                    sample_rate=rate,
+                    system_prompt=system_prompt,
+                    output_audio=output_audio,
+                    voice=voice,
+                ),
+                binary,
+            )
+        )
         msg = p.decode_server(await ws.recv())
         if msg["type"] != "session.started":
             raise RuntimeError(f"session refused: {msg.get('message', msg)}")
@@ -182,13 +210,17 @@ async def stream_audio(url: str, turns: list[tuple[np.ndarray, int]], *, realtim
                         if delay > 0:
                             await asyncio.sleep(delay)
                 if unheard_after_s is not None and not await _heard(
-                        ws, speech_heard, rate, binary, unheard_after_s):
+                    ws, speech_heard, rate, binary, unheard_after_s
+                ):
                     result.unheard.append(index)
                     continue
                 answered = asyncio.ensure_future(turn_done.wait())
                 try:
-                    waiting = (send_silence_until(ws, answered, rate, binary) if until_answered
-                               else answered)
+                    waiting = (
+                        send_silence_until(ws, answered, rate, binary)
+                        if until_answered
+                        else answered
+                    )
                     await asyncio.wait_for(waiting, turn_timeout_s)
                 finally:
                     answered.cancel()
@@ -212,8 +244,13 @@ async def _heard(ws, speech_heard: asyncio.Event, rate: int, binary: bool, wait_
     return speech_heard.is_set()
 
 
-async def send_silence_until(ws, done: asyncio.Future, rate: int, binary: bool = True,
-                             on_frame: Callable[[], None] | None = None) -> None:
+async def send_silence_until(
+    ws,
+    done: asyncio.Future,
+    rate: int,
+    binary: bool = True,
+    on_frame: Callable[[], None] | None = None,
+) -> None:
     """Go on sending silence at real-time pace until ``done`` (a future or task), as a live
     microphone or phone line would: a server that judged the pause incomplete (turn.detector
     semantic) ends the turn only after its maximum silence, which it counts in audio received.
@@ -226,8 +263,7 @@ async def send_silence_until(ws, done: asyncio.Future, rate: int, binary: bool =
         if on_frame is not None:
             on_frame()
         i += 1
-        await asyncio.wait({done}, timeout=max(0.0, t0 + i * FRAME_MS / 1000
-                                               - time.perf_counter()))
+        await asyncio.wait({done}, timeout=max(0.0, t0 + i * FRAME_MS / 1000 - time.perf_counter()))
 
 
 def load_for_streaming(path: str) -> tuple[np.ndarray, int]:
@@ -248,8 +284,14 @@ def to_16k(x: np.ndarray, rate: int) -> np.ndarray:
 SPEAK_RATE = 24000
 
 
-def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None = None,
-         token: str | None = None, voice: str | None = None) -> int:
+def main(
+    files: list[str],
+    url: str,
+    realtime: bool = True,
+    speak_to: str | None = None,
+    token: str | None = None,
+    voice: str | None = None,
+) -> int:
     """``voicert client``: 0 when every turn was answered, 1 when the server reported an error or
     heard no speech in a clip, 2 when the files, the URL or the connection are wrong (one line
     on stderr each, never a traceback), 130 on Ctrl-C."""
@@ -263,8 +305,14 @@ def main(files: list[str], url: str, realtime: bool = True, speak_to: str | None
         return 130
 
 
-def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
-         token: str | None, voice: str | None = None) -> int:
+def _run(
+    files: list[str],
+    url: str,
+    realtime: bool,
+    speak_to: str | None,
+    token: str | None,
+    voice: str | None = None,
+) -> int:
     turns = [load_clip(f) for f in files]
     url = stream_url(url)
     if len({rate for _, rate in turns}) > 1:
@@ -274,9 +322,15 @@ def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
     def show(ev: dict) -> None:
         kind = ev["type"]
         if kind == "session.started":
-            print(f"session {ev['session_id']} (model {ev.get('model') or '?'}"
-                  + (f"; voice {ev['voice']}, offered: {', '.join(ev.get('voices', []))}"
-                     if speak_to and ev.get("voice") else "") + ")")
+            print(
+                f"session {ev['session_id']} (model {ev.get('model') or '?'}"
+                + (
+                    f"; voice {ev['voice']}, offered: {', '.join(ev.get('voices', []))}"
+                    if speak_to and ev.get("voice")
+                    else ""
+                )
+                + ")"
+            )
         elif kind == "vad.speech_started":
             print(f"[speech started at {ev['audio_ms']} ms]")
         elif kind == "vad.speech_stopped":
@@ -296,10 +350,19 @@ def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
-        result = asyncio.run(stream_audio(url, turns, realtime=realtime, on_event=show,
-                                          output_audio=output_audio, headers=headers,
-                                          unheard_after_s=UNHEARD_AFTER_S, voice=voice,
-                                          turn_timeout_s=TURN_TIMEOUT_S))
+        result = asyncio.run(
+            stream_audio(
+                url,
+                turns,
+                realtime=realtime,
+                on_event=show,
+                output_audio=output_audio,
+                headers=headers,
+                unheard_after_s=UNHEARD_AFTER_S,
+                voice=voice,
+                turn_timeout_s=TURN_TIMEOUT_S,
+            )
+        )
     except InvalidStatus as exc:
         raise ClientError(refused(url, exc.response.status_code)) from None
     except ConnectionClosed as exc:
@@ -313,8 +376,11 @@ def _run(files: list[str], url: str, realtime: bool, speak_to: str | None,
     except OSError as exc:
         raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
     for index in result.unheard:
-        print(f"voicert client: {files[index]}: the server heard no speech in it (silence, or too "
-              "quiet for its voice detector); no turn", file=sys.stderr)
+        print(
+            f"voicert client: {files[index]}: the server heard no speech in it (silence, or too "
+            "quiet for its voice detector); no turn",
+            file=sys.stderr,
+        )
     if len(result.turns) > 1:
         print("\nall turns (ms):")
         done = [t for t in result.turns if t.latency]
@@ -335,8 +401,12 @@ TURN_TIMEOUT_S = 120.0
 
 def refused(url: str, status: int) -> str:
     """What an HTTP status in answer to the WebSocket handshake means for the user."""
-    hint = {401: "it wants a token: give --token (or set VOICERT_TOKEN)",
-            403: "this token or origin is not allowed",
-            404: f"nothing is served at that path (the native stream is {STREAM_PATH})",
-            503: "it is full or still starting: try again shortly"}.get(status, "")
-    return f"the server refused the connection to {url}: HTTP {status}" + (f"; {hint}" if hint else "")
+    hint = {
+        401: "it wants a token: give --token (or set VOICERT_TOKEN)",
+        403: "this token or origin is not allowed",
+        404: f"nothing is served at that path (the native stream is {STREAM_PATH})",
+        503: "it is full or still starting: try again shortly",
+    }.get(status, "")
+    return f"the server refused the connection to {url}: HTTP {status}" + (
+        f"; {hint}" if hint else ""
+    )

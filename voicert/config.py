@@ -12,14 +12,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
 ENV_PREFIX = "VOICERT_"
-DEFAULT_CONFIG_PATH = Path(__file__).resolve().parent / "configs" / "default.yaml"  # in the wheel too
+DEFAULT_CONFIG_PATH = (
+    Path(__file__).resolve().parent / "configs" / "default.yaml"
+)  # in the wheel too
 SUPPORTED_SAMPLE_RATES = (8000, 16000, 22050, 24000, 32000, 44100, 48000)
 
 
@@ -68,8 +71,11 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _check(self.max_messages_per_s >= 0, "server.max_messages_per_s", "must be >= 0 (0: off)")
         _check(self.message_burst >= 1, "server.message_burst", "must be >= 1")
-        _check(0.05 <= self.gil_switch_interval_ms <= 100, "server.gil_switch_interval_ms",
-               "must be in [0.05, 100]")
+        _check(
+            0.05 <= self.gil_switch_interval_ms <= 100,
+            "server.gil_switch_interval_ms",
+            "must be in [0.05, 100]",
+        )
         _check(0 <= self.port <= 65535, "server.port", f"{self.port} is not a TCP port (0-65535)")
         _check(self.max_message_bytes >= 1024, "server.max_message_bytes", "must be >= 1024")
         _check(self.max_sessions >= 1, "server.max_sessions", "must be >= 1")
@@ -77,8 +83,11 @@ class ServerConfig:
         _check(self.send_timeout_s > 0, "server.send_timeout_s", "must be > 0")
         _check(self.start_timeout_s > 0, "server.start_timeout_s", "must be > 0")
         _check(self.idle_timeout_s > 0, "server.idle_timeout_s", "must be > 0")
-        _check(self.max_connections >= self.max_sessions, "server.max_connections",
-               "must be >= server.max_sessions")
+        _check(
+            self.max_connections >= self.max_sessions,
+            "server.max_connections",
+            "must be >= server.max_sessions",
+        )
         _check(self.max_history_items >= 2, "server.max_history_items", "must be >= 2")
         _check(self.max_text_chars >= 100, "server.max_text_chars", "must be >= 100")
         _check(self.max_completions >= 0, "server.max_completions", "must be >= 0 (0: off)")
@@ -114,8 +123,11 @@ class VadConfig:
 
     def __post_init__(self) -> None:
         _check(0 < self.threshold < 1, "vad.threshold", "must be in (0, 1)")
-        _check(0 < self.neg_threshold <= self.threshold, "vad.neg_threshold",
-               "must be in (0, vad.threshold]")
+        _check(
+            0 < self.neg_threshold <= self.threshold,
+            "vad.neg_threshold",
+            "must be in (0, vad.threshold]",
+        )
         _check(self.min_speech_ms >= 0, "vad.min_speech_ms", "must be >= 0")
         _check(self.min_silence_ms >= 32, "vad.min_silence_ms", "must be >= 32 (one VAD frame)")
         _check(self.speech_pad_ms >= 0, "vad.speech_pad_ms", "must be >= 0")
@@ -131,12 +143,20 @@ class TurnConfig:
     waits for more speech up to ``max_silence_ms`` of silence."""
 
     detector: str = "silence"  # silence | semantic
-    model: str = "smart_turn"  # semantic: the audio model (smart_turn: pipecat-ai's smart-turn v3) | none
+    model: str = (
+        "smart_turn"  # semantic: the audio model (smart_turn: pipecat-ai's smart-turn v3) | none
+    )
     model_path: str = ""  # a smart-turn v3 ONNX file on disk; "" = the one in the pipecat-ai wheel
-    text_cue: bool = True  # semantic: a transcript ending mid-phrase ("for", "the", "and"...) holds the turn
+    text_cue: bool = (
+        True  # semantic: a transcript ending mid-phrase ("for", "the", "and"...) holds the turn
+    )
     pause_ms: int = 192  # semantic: silence before the turn is judged
-    max_silence_ms: int = 1600  # semantic: an utterance judged incomplete ends after this much silence
-    threshold: float = 0.5  # semantic: the audio model's probability of "complete" that ends the turn
+    max_silence_ms: int = (
+        1600  # semantic: an utterance judged incomplete ends after this much silence
+    )
+    threshold: float = (
+        0.5  # semantic: the audio model's probability of "complete" that ends the turn
+    )
     threads: int = 1  # onnxruntime threads per judgement (the audio model: ~50 ms on one core)
     concurrency: int = 1  # judgements run at once (each on its own thread)
     backchannels: bool = True  # speech over a reply ("mm-hm", "yeah") interrupts it only once it
@@ -150,22 +170,33 @@ class TurnConfig:
     echo_threshold: float = 0.6  # the correlation with the reply audio that counts as its echo
 
     def __post_init__(self) -> None:
-        _check(self.detector in ("silence", "semantic"), "turn.detector",
-               "must be silence or semantic")
+        _check(
+            self.detector in ("silence", "semantic"), "turn.detector", "must be silence or semantic"
+        )
         _check(self.model in ("smart_turn", "none"), "turn.model", "must be smart_turn or none")
-        _check(self.model != "none" or self.text_cue or self.detector == "silence", "turn.model",
-               "semantic turn detection needs the audio model or turn.text_cue")
-        _check(not self.model_path or self.model == "smart_turn", "turn.model_path",
-               "is a smart-turn model: set turn.model=smart_turn, or leave it empty")
+        _check(
+            self.model != "none" or self.text_cue or self.detector == "silence",
+            "turn.model",
+            "semantic turn detection needs the audio model or turn.text_cue",
+        )
+        _check(
+            not self.model_path or self.model == "smart_turn",
+            "turn.model_path",
+            "is a smart-turn model: set turn.model=smart_turn, or leave it empty",
+        )
         _check(64 <= self.pause_ms <= 2000, "turn.pause_ms", "must be in [64, 2000]")
-        _check(self.pause_ms < self.max_silence_ms <= 10000, "turn.max_silence_ms",
-               "must be above turn.pause_ms and at most 10000")
+        _check(
+            self.pause_ms < self.max_silence_ms <= 10000,
+            "turn.max_silence_ms",
+            "must be above turn.pause_ms and at most 10000",
+        )
         _check(0 < self.threshold < 1, "turn.threshold", "must be in (0, 1)")
         _check(1 <= self.threads <= 16, "turn.threads", "must be in [1, 16]")
         _check(1 <= self.concurrency <= 64, "turn.concurrency", "must be in [1, 64]")
         _check(96 <= self.interrupt_ms <= 5000, "turn.interrupt_ms", "must be in [96, 5000]")
-        _check(0 <= self.interrupt_check_ms <= 2000, "turn.interrupt_check_ms",
-               "must be in [0, 2000]")
+        _check(
+            0 <= self.interrupt_check_ms <= 2000, "turn.interrupt_check_ms", "must be in [0, 2000]"
+        )
         _check(0 < self.echo_threshold < 1, "turn.echo_threshold", "must be in (0, 1)")
 
 
@@ -180,7 +211,9 @@ class AsrConfig:
     batch_window_ms: float = 0.0  # the worker waits this long to batch utterances of all sessions
     max_batch: int = 8  # utterances per batched decode
     early_final_ms: int = 160  # start the final decode after this much trailing silence; 0: off
-    partial_interval_ms: int = 0  # re-decode the growing utterance this often for live partials; 0: off
+    partial_interval_ms: int = (
+        0  # re-decode the growing utterance this often for live partials; 0: off
+    )
     min_window_s: float = 30.0  # the encoder sees at least this much audio (padded); 30: Whisper's
     # full window, as trained; less: the utterance + window_pad_s, a shorter (faster) encoder pass
     window_pad_s: float = 1.0  # silence after the utterance in a shortened window
@@ -195,8 +228,11 @@ class AsrConfig:
         _check(0 <= self.batch_window_ms <= 200, "asr.batch_window_ms", "must be in [0, 200]")
         _check(1 <= self.max_batch <= 256, "asr.max_batch", "must be in [1, 256]")
         _check(self.early_final_ms >= 0, "asr.early_final_ms", "must be >= 0 (0: off)")
-        _check(self.partial_interval_ms == 0 or self.partial_interval_ms >= 100,
-               "asr.partial_interval_ms", "must be 0 (off) or >= 100")
+        _check(
+            self.partial_interval_ms == 0 or self.partial_interval_ms >= 100,
+            "asr.partial_interval_ms",
+            "must be 0 (off) or >= 100",
+        )
         _check(0 < self.no_speech_threshold <= 1, "asr.no_speech_threshold", "must be in (0, 1]")
         _check(1 <= self.min_window_s <= 30, "asr.min_window_s", "must be in [1, 30]")
         _check(0 <= self.window_pad_s <= 10, "asr.window_pad_s", "must be in [0, 10]")
@@ -205,19 +241,21 @@ class AsrConfig:
 
 @dataclass(slots=True)
 class LlmConfig:
-    engine: str = "fast"  # fast: paged KV + prefix cache + continuous batching; simple: transformers;
+    engine: str = (
+        "fast"  # fast: paged KV + prefix cache + continuous batching; simple: transformers;
+    )
     # openai: a client of an OpenAI-compatible server (vLLM, SGLang, llama.cpp, another voicert)
     device: str = "cpu"
     dtype: str = "float32"
     threads: int = 0  # 0: torch's default
     max_new_tokens: int = 64
     max_context_tokens: int = 2048  # older turns are dropped to fit; the system prompt stays
-    system_prompt: str = (
-        "You are a helpful voice assistant. Answer in one short sentence."
-    )
+    system_prompt: str = "You are a helpful voice assistant. Answer in one short sentence."
     # fast engine
     block_size: int = 16  # tokens per KV block (the prefix-cache granularity)
-    kv_memory_gb: float = 0.0  # KV pool size; 0: 1 GB on a CPU, gpu_memory_fraction of free GPU memory
+    kv_memory_gb: float = (
+        0.0  # KV pool size; 0: 1 GB on a CPU, gpu_memory_fraction of free GPU memory
+    )
     gpu_memory_fraction: float = 0.85
     max_batch: int = 64
     prefill_token_budget: int = 512  # padded prompt tokens per prefill step (chunked prefill)
@@ -225,7 +263,9 @@ class LlmConfig:
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
     spec_policy: str = "adaptive"  # adaptive: speculate per decode step where measured faster at
     # that batch size (engine/core/spec_policy.py); always: on every decode step
-    draft_model: str = ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
+    draft_model: str = (
+        ""  # draft model with the same tokenizer (HF dir, .gguf, embedded); "": n-gram
+    )
     draft_heads: str = ""  # draft heads on the target's hidden state ("embedded": shipped for the
     # embedded SmolLM2; "auto": those where they fit the model, else n-gram drafts; or a
     # .safetensors file); used when spec_tokens > 0
@@ -283,58 +323,114 @@ class LlmConfig:
     retries: int = 2  # further attempts when a request fails before its first token
 
     def __post_init__(self) -> None:
-        _check(self.engine in ("fast", "simple", "openai"), "llm.engine",
-               "must be fast, simple or openai")
-        _check(self.engine != "openai" or self.base_url.startswith(("http://", "https://")),
-               "llm.base_url", "must be an http:// or https:// URL (the server's /v1 root) with "
-               "llm.engine: openai")
-        reserved = {"model", "messages", "max_tokens", "stream", "stream_options", "tools",
-                    "tool_choice", "parallel_tool_calls"} & set(self.extra)
+        _check(
+            self.engine in ("fast", "simple", "openai"),
+            "llm.engine",
+            "must be fast, simple or openai",
+        )
+        _check(
+            self.engine != "openai" or self.base_url.startswith(("http://", "https://")),
+            "llm.base_url",
+            "must be an http:// or https:// URL (the server's /v1 root) with llm.engine: openai",
+        )
+        reserved = {
+            "model",
+            "messages",
+            "max_tokens",
+            "stream",
+            "stream_options",
+            "tools",
+            "tool_choice",
+            "parallel_tool_calls",
+        } & set(self.extra)
         _check(not reserved, "llm.extra", f"may not set {sorted(reserved)} (voicert sets them)")
         _check(self.connect_timeout_s > 0, "llm.connect_timeout_s", "must be > 0")
         _check(self.first_token_timeout_s > 0, "llm.first_token_timeout_s", "must be > 0")
         _check(self.stall_timeout_s > 0, "llm.stall_timeout_s", "must be > 0")
         _check(0 <= self.retries <= 10, "llm.retries", "must be in [0, 10]")
         _check(1 <= self.gpus <= 64, "llm.gpus", "must be in [1, 64]")
-        _check(self.gpus == 1 or (self.engine == "fast" and self.device == "cuda"), "llm.gpus",
-               "above 1 needs llm.engine: fast and llm.device: cuda (one engine per GPU)")
-        _check(self.device == "cpu" or self.device.startswith("cuda"), "llm.device",
-               "must be cpu, cuda or cuda:N")
-        _check(self.dtype in ("float32", "bfloat16", "float16"), "llm.dtype",
-               "must be float32, bfloat16 or float16")
+        _check(
+            self.gpus == 1 or (self.engine == "fast" and self.device == "cuda"),
+            "llm.gpus",
+            "above 1 needs llm.engine: fast and llm.device: cuda (one engine per GPU)",
+        )
+        _check(
+            self.device == "cpu" or self.device.startswith("cuda"),
+            "llm.device",
+            "must be cpu, cuda or cuda:N",
+        )
+        _check(
+            self.dtype in ("float32", "bfloat16", "float16"),
+            "llm.dtype",
+            "must be float32, bfloat16 or float16",
+        )
         _check(1 <= self.max_new_tokens <= 4096, "llm.max_new_tokens", "must be in [1, 4096]")
         _check(self.max_context_tokens >= 64, "llm.max_context_tokens", "must be >= 64")
-        _check(self.block_size in (8, 16, 32, 64, 128, 256), "llm.block_size",
-               "must be a power of two in [8, 256]")
+        _check(
+            self.block_size in (8, 16, 32, 64, 128, 256),
+            "llm.block_size",
+            "must be a power of two in [8, 256]",
+        )
         _check(self.kv_memory_gb >= 0, "llm.kv_memory_gb", "must be >= 0 (0: automatic)")
         _check(1 <= self.prefill_graph_rows <= 64, "llm.prefill_graph_rows", "must be in [1, 64]")
         _check(0 < self.gpu_memory_fraction < 1, "llm.gpu_memory_fraction", "must be in (0, 1)")
         _check(self.max_batch >= 1, "llm.max_batch", "must be >= 1")
-        _check(self.prefill_token_budget >= self.block_size, "llm.prefill_token_budget",
-               "must be >= llm.block_size")
+        _check(
+            self.prefill_token_budget >= self.block_size,
+            "llm.prefill_token_budget",
+            "must be >= llm.block_size",
+        )
         _check(0 <= self.batch_window_ms <= 100, "llm.batch_window_ms", "must be in [0, 100]")
         _check(0 <= self.spec_tokens <= 16, "llm.spec_tokens", "must be in [0, 16]")
-        _check(self.spec_policy in ("adaptive", "always"), "llm.spec_policy",
-               "must be adaptive or always")
-        _check(self.prefill_attention in ("auto", "paged", "flash", "sdpa"),
-               "llm.prefill_attention", "must be auto, paged, flash or sdpa")
+        _check(
+            self.spec_policy in ("adaptive", "always"),
+            "llm.spec_policy",
+            "must be adaptive or always",
+        )
+        _check(
+            self.prefill_attention in ("auto", "paged", "flash", "sdpa"),
+            "llm.prefill_attention",
+            "must be auto, paged, flash or sdpa",
+        )
         _check(self.pdl in ("auto", "on", "off"), "llm.pdl", "must be auto, on or off")
-        _check(self.pdl != "on" or self.device.startswith("cuda"), "llm.pdl",
-               "on is a GPU option (llm.device: cuda)")
-        _check(self.decode_linear in ("auto", "cublas", "triton"), "llm.decode_linear",
-               "must be auto, cublas or triton")
-        _check(self.decode_linear != "triton" or self.device.startswith("cuda"),
-               "llm.decode_linear", "triton is a GPU option (llm.device: cuda)")
+        _check(
+            self.pdl != "on" or self.device.startswith("cuda"),
+            "llm.pdl",
+            "on is a GPU option (llm.device: cuda)",
+        )
+        _check(
+            self.decode_linear in ("auto", "cublas", "triton"),
+            "llm.decode_linear",
+            "must be auto, cublas or triton",
+        )
+        _check(
+            self.decode_linear != "triton" or self.device.startswith("cuda"),
+            "llm.decode_linear",
+            "triton is a GPU option (llm.device: cuda)",
+        )
         _check(not (self.int8 and self.device != "cpu"), "llm.int8", "is a CPU-only option")
-        _check(not (self.fp8 and not self.device.startswith("cuda")), "llm.fp8",
-               "is a GPU option (llm.device: cuda)")
+        _check(
+            not (self.fp8 and not self.device.startswith("cuda")),
+            "llm.fp8",
+            "is a GPU option (llm.device: cuda)",
+        )
         _check(not (self.fp8 and self.engine != "fast"), "llm.fp8", "needs llm.engine: fast")
-        _check(self.fp8_rounding in ("gptq", "nearest"), "llm.fp8_rounding", "must be gptq or nearest")
-        _check(self.kv_cache in ("model", "int8", "fp8"), "llm.kv_cache", "must be model, int8 or fp8")
-        _check(self.kv_cache == "model" or self.device.startswith("cuda"), "llm.kv_cache",
-               "int8 and fp8 are GPU options (llm.device: cuda)")
-        _check(self.kv_cache == "model" or self.engine == "fast", "llm.kv_cache",
-               "int8 and fp8 need llm.engine: fast")
+        _check(
+            self.fp8_rounding in ("gptq", "nearest"), "llm.fp8_rounding", "must be gptq or nearest"
+        )
+        _check(
+            self.kv_cache in ("model", "int8", "fp8"), "llm.kv_cache", "must be model, int8 or fp8"
+        )
+        _check(
+            self.kv_cache == "model" or self.device.startswith("cuda"),
+            "llm.kv_cache",
+            "int8 and fp8 are GPU options (llm.device: cuda)",
+        )
+        _check(
+            self.kv_cache == "model" or self.engine == "fast",
+            "llm.kv_cache",
+            "int8 and fp8 need llm.engine: fast",
+        )
         _check(0 <= self.restart_max <= 1000, "llm.restart_max", "must be in [0, 1000]")
         _check(self.restart_window_s > 0, "llm.restart_window_s", "must be > 0")
         _check(self.restart_wait_s >= 0, "llm.restart_wait_s", "must be >= 0 (0: fail at once)")
@@ -378,27 +474,42 @@ class TtsConfig:
     # names, .onnx Piper voices, or "embedded" (the Piper voice shipped in its wheel)
 
     def __post_init__(self) -> None:
-        _check(self.engine in ("auto", "piper", "espeak", "none") or ":" in self.engine,
-               "tts.engine", "must be auto, piper, espeak, none or package.module:ClassName")
+        _check(
+            self.engine in ("auto", "piper", "espeak", "none") or ":" in self.engine,
+            "tts.engine",
+            "must be auto, piper, espeak, none or package.module:ClassName",
+        )
         _check(self.device in ("cpu", "cuda"), "tts.device", "must be cpu or cuda")
         _check(80 <= self.rate_wpm <= 450, "tts.rate_wpm", "must be in [80, 450]")
         _check(0 <= self.pitch <= 99, "tts.pitch", "must be in [0, 99]")
-        _check(0.0 <= self.variation <= 2.0, "tts.variation",
-               "must be in [0, 2] (1: the voice as trained, 0: no noise)")
+        _check(
+            0.0 <= self.variation <= 2.0,
+            "tts.variation",
+            "must be in [0, 2] (1: the voice as trained, 0: no noise)",
+        )
         _check(self.first_clause_chars >= 1, "tts.first_clause_chars", "must be >= 1")
         _check(self.first_piece_words >= 0, "tts.first_piece_words", "must be >= 0 (0: off)")
         _check(1 <= self.workers <= 64, "tts.workers", "must be in [1, 64]")
-        _check(0 <= self.threads <= 256, "tts.threads", "must be in [0, 256] (0: onnxruntime's own)")
-        _check(0 <= self.sessions <= 64, "tts.sessions", "must be in [0, 64] (0: one per TTS thread)")
+        _check(
+            0 <= self.threads <= 256, "tts.threads", "must be in [0, 256] (0: onnxruntime's own)"
+        )
+        _check(
+            0 <= self.sessions <= 64, "tts.sessions", "must be in [0, 64] (0: one per TTS thread)"
+        )
         _check(0 <= self.first_threads <= 256, "tts.first_threads", "must be in [0, 256] (0: off)")
         _check(1 <= self.first_sessions <= 64, "tts.first_sessions", "must be in [1, 64]")
-        _check(0 <= self.stream_frames <= 4096, "tts.stream_frames",
-               "must be in [0, 4096] (0: whole sentences)")
+        _check(
+            0 <= self.stream_frames <= 4096,
+            "tts.stream_frames",
+            "must be in [0, 4096] (0: whole sentences)",
+        )
 
 
 @dataclass(slots=True)
 class TelemetryConfig:
-    budget_ms: float = 100.0  # TTFT budget: turns above it are flagged; histogram buckets refine here
+    budget_ms: float = (
+        100.0  # TTFT budget: turns above it are flagged; histogram buckets refine here
+    )
     recent_turns: int = 200  # turns the dashboard shows and computes rolling percentiles over
 
     def __post_init__(self) -> None:
@@ -411,8 +522,11 @@ class LogConfig:
     level: str = "INFO"
 
     def __post_init__(self) -> None:
-        _check(self.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"), "log.level",
-               "must be DEBUG, INFO, WARNING or ERROR")
+        _check(
+            self.level.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"),
+            "log.level",
+            "must be DEBUG, INFO, WARNING or ERROR",
+        )
 
 
 @dataclass(slots=True)
@@ -433,16 +547,22 @@ class ToolsConfig:
     def __post_init__(self) -> None:
         for ref in self.functions:
             mod, _, fn = ref.rpartition(":")
-            _check(bool(mod) and fn.isidentifier() and (mod.endswith(".py") or all(
-                part.isidentifier() for part in mod.split("."))), "tools.functions",
-                f"{ref!r:.80} is not module:function or path/to/file.py:function")
-        _check(self.choice in ("auto", "none", "required"), "tools.choice",
-               "must be auto, none or required")
+            _check(
+                bool(mod)
+                and fn.isidentifier()
+                and (mod.endswith(".py") or all(part.isidentifier() for part in mod.split("."))),
+                "tools.functions",
+                f"{ref!r:.80} is not module:function or path/to/file.py:function",
+            )
+        _check(
+            self.choice in ("auto", "none", "required"),
+            "tools.choice",
+            "must be auto, none or required",
+        )
         _check(0 < self.timeout_s <= 600, "tools.timeout_s", "must be in (0, 600]")
         _check(1 <= self.max_rounds <= 16, "tools.max_rounds", "must be in [1, 16]")
         _check(len(self.filler) <= 200, "tools.filler", "must be at most 200 characters")
-        _check(0 <= self.filler_after_ms <= 60000, "tools.filler_after_ms",
-               "must be in [0, 60000]")
+        _check(0 <= self.filler_after_ms <= 60000, "tools.filler_after_ms", "must be in [0, 60000]")
 
 
 @dataclass(slots=True)
@@ -459,9 +579,12 @@ class Config:
     log: LogConfig = field(default_factory=LogConfig)
 
     def __post_init__(self) -> None:
-        _check(self.server.workers == 1 or self.llm.engine != "simple", "server.workers",
-               "above 1 needs llm.engine: fast or openai (workers share one engine host; the "
-               "simple engine runs in one process)")
+        _check(
+            self.server.workers == 1 or self.llm.engine != "simple",
+            "server.workers",
+            "above 1 needs llm.engine: fast or openai (workers share one engine host; the "
+            "simple engine runs in one process)",
+        )
 
 
 def _coerce(value: Any, typ: Any, key: str) -> Any:
@@ -509,7 +632,8 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     if unknown:
         raise ConfigError(
             f"config {prefix + '.' if prefix else ''}{unknown[0]}: unknown key "
-            f"(known: {', '.join(sorted(names))})")
+            f"(known: {', '.join(sorted(names))})"
+        )
     kwargs = {}
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
@@ -536,7 +660,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
     out = {}
     for name, value in environ.items():
         if name.startswith(ENV_PREFIX) and "__" in name:
-            section, _, key = name[len(ENV_PREFIX):].partition("__")
+            section, _, key = name[len(ENV_PREFIX) :].partition("__")
             out[f"{section.lower()}.{key.lower()}"] = value
     return out
 
@@ -573,7 +697,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"{key!r} is given twice in one mapping", key_node.start_mark)
+                    None, None, f"{key!r} is given twice in one mapping", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -622,7 +747,18 @@ def as_dict(cfg: Config) -> dict[str, Any]:
 
 
 __all__ = [
-    "AsrConfig", "Config", "ConfigError", "LlmConfig", "LogConfig", "ModelsConfig", "ServerConfig",
+    "SUPPORTED_SAMPLE_RATES",
+    "AsrConfig",
+    "Config",
+    "ConfigError",
+    "LlmConfig",
+    "LogConfig",
+    "ModelsConfig",
+    "ServerConfig",
     "TelemetryConfig",
-    "VadConfig", "SUPPORTED_SAMPLE_RATES", "as_dict", "cache_dir", "load_config", "env_overrides",
+    "VadConfig",
+    "as_dict",
+    "cache_dir",
+    "env_overrides",
+    "load_config",
 ]

@@ -10,8 +10,9 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Client, Connection, Listener
-from typing import Callable, Union
+from typing import Union
 
 import msgspec
 
@@ -22,9 +23,15 @@ FAMILY = "AF_UNIX"
 # a forkserver that has imported these once: a child is up in milliseconds instead of 2-4 s of
 # imports per start (more on a busy machine), so a failed engine or worker is replaced sooner. None
 # of these starts a thread or CUDA at import (a fork must not copy either).
-PRELOAD = ("voicert.engine.core.engine_core", "voicert.engine.clients.remote", "voicert.engine.clients.host",
-           "voicert.speech.host", "voicert.server.app", "voicert.server.workers",
-           "transformers.models.auto.tokenization_auto")
+PRELOAD = (
+    "voicert.engine.core.engine_core",
+    "voicert.engine.clients.remote",
+    "voicert.engine.clients.host",
+    "voicert.speech.host",
+    "voicert.server.app",
+    "voicert.server.workers",
+    "transformers.models.auto.tokenization_auto",
+)
 
 
 def child_context() -> mp.context.BaseContext:
@@ -101,8 +108,12 @@ class HostProcess:
         ctx = child_context()
         self.what = what  # "engine host", "speech host": for messages
         self.status, child_status = ctx.Pipe()  # HostReady/HostFailed up; HostStop down
-        self.proc = ctx.Process(target=target, name=f"voicert-{what.replace(' ', '-')}",
-                                args=(*args, child_status), daemon=True)
+        self.proc = ctx.Process(
+            target=target,
+            name=f"voicert-{what.replace(' ', '-')}",
+            args=(*args, child_status),
+            daemon=True,
+        )
         self.proc.start()
         child_status.close()
         self.pid: int | None = None
@@ -162,8 +173,9 @@ class Peer:
         self.gone = False  # it hung up (what it still had queued is withdrawn)
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.write_lock = threading.Lock()
-        self.sender = threading.Thread(target=self._send_loop, name=f"voicert-host-send-{cid}",
-                                       daemon=True)
+        self.sender = threading.Thread(
+            target=self._send_loop, name=f"voicert-host-send-{cid}", daemon=True
+        )
         self.sender.start()
 
     def post(self, msg) -> None:
@@ -196,7 +208,6 @@ class Peer:
         self.conn.close()
 
 
-
 def connect(address: str, authkey: bytes, timeout_s: float) -> Connection:
     """Connect, retrying while the socket is missing or refuses (a host still loading)."""
     deadline = time.monotonic() + timeout_s
@@ -205,8 +216,7 @@ def connect(address: str, authkey: bytes, timeout_s: float) -> Connection:
             return Client(address, FAMILY, authkey=authkey)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             if time.monotonic() >= deadline:
-                raise RuntimeError(f"no host at {address} after {timeout_s:.0f} s: "
-                                   f"{exc}") from None
+                raise RuntimeError(f"no host at {address} after {timeout_s:.0f} s: {exc}") from None
             time.sleep(0.1)
 
 

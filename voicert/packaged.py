@@ -4,8 +4,8 @@ distribution's file list, without importing the package that ships them."""
 from __future__ import annotations
 
 import importlib.metadata
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from voicert.config import ConfigError
 

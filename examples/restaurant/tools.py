@@ -18,8 +18,9 @@ from msgspec import Meta
 SEATS_PER_SLOT = 20
 OPENING = (12, 22)  # noon to 10 pm: bookings start on the hour or half hour in between
 
-Time = Annotated[str, Meta(pattern=r"^([01]?[0-9]|2[0-3]):[0-5][0-9]$",
-                           description="24-hour time, like 19:30")]
+Time = Annotated[
+    str, Meta(pattern=r"^([01]?[0-9]|2[0-3]):[0-5][0-9]$", description="24-hour time, like 19:30")
+]
 People = Annotated[int, Meta(ge=1, le=12, description="how many people")]
 
 
@@ -43,9 +44,12 @@ class Restaurant:
             free = self.free_at(_norm(time))
         return {"available": free >= people, "time": _norm(time), "seats_left": max(free, 0)}
 
-    def book_table(self, people: People, time: Time,
-                   name: Annotated[str, Meta(max_length=40, description="the guest's name")]
-                   ) -> dict:
+    def book_table(
+        self,
+        people: People,
+        time: Time,
+        name: Annotated[str, Meta(max_length=40, description="the guest's name")],
+    ) -> dict:
         """Book a table for a number of people at a time today, under a name."""
         problem = _slot_problem(time)
         if problem:
@@ -58,8 +62,9 @@ class Restaurant:
             self.bookings[booking_id] = (_norm(time), people, name)
         return {"booked": True, "booking_id": booking_id, "time": _norm(time), "people": people}
 
-    def cancel_booking(self, booking_id: Annotated[str, Meta(pattern=r"^B[0-9]{4}$",
-                                                             description="like B1000")]) -> dict:
+    def cancel_booking(
+        self, booking_id: Annotated[str, Meta(pattern=r"^B[0-9]{4}$", description="like B1000")]
+    ) -> dict:
         """Cancel a booking by its id."""
         with self.lock:
             found = self.bookings.pop(booking_id, None)

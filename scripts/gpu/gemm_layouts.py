@@ -17,13 +17,17 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, ".")
-from voicert.bench.cuda_time import graph_times  # noqa: E402
+from voicert.bench.cuda_time import graph_times
 
 SHAPES = {
-    "1b": {"qkv": (3072, 2048), "o": (2048, 2048), "gate_up": (16384, 2048),
-           "down": (2048, 8192), "lm_head": (128256, 2048)},
-    "8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096),
-           "down": (4096, 14336)},
+    "1b": {
+        "qkv": (3072, 2048),
+        "o": (2048, 2048),
+        "gate_up": (16384, 2048),
+        "down": (2048, 8192),
+        "lm_head": (128256, 2048),
+    },
+    "8b": {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)},
 }
 
 
@@ -33,6 +37,7 @@ def time_us(fn_for, weights, x) -> float:
     def call():
         fn_for(x, weights[i[0] % len(weights)])
         i[0] += 1
+
     return float(np.median(graph_times(call, len(weights), 20)))
 
 

@@ -15,9 +15,9 @@ import time
 import torch
 
 from voicert.bench.engine import shape_config
+from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.gpu import fp8
 from voicert.engine.models.llama import LlamaConfig, random_llama
-from voicert.engine.core.runner import ModelRunner, Row
 
 
 def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:
@@ -28,14 +28,15 @@ def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:
         model = random_llama(cfg, torch.bfloat16, "cuda")
         runner = ModelRunner(model, 10, 16)
 
-        def forward():
+        def forward(runner=runner):  # bound now: the loop deletes it after timing
             for ids in rows:
                 runner.forward_rows([Row(ids, 0, list(range(1, 10)), len(ids))])
 
         layer = model.layers[len(model.layers) // 2]
         t0 = time.perf_counter()
-        moments = fp8.input_moments([m for m in layer.modules()
-                                     if isinstance(m, torch.nn.Linear)], forward)
+        moments = fp8.input_moments(
+            [m for m in layer.modules() if isinstance(m, torch.nn.Linear)], forward
+        )
         torch.cuda.synchronize()
         t_mom = time.perf_counter() - t0
         graphs = {}
@@ -55,8 +56,11 @@ def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:
                     e = qq.float() * ss[:, None] - w
                     return ((e @ h * e).sum() / (w @ h * w).sum()).sqrt().item()
 
-                print(f"{shape} {name} {tuple(w.shape)} block {block}: GPTQ {dt * 1e3:.0f} ms; "
-                      f"output error GPTQ {err(q, s):.4f} vs nearest {err(qn, sn):.4f}", flush=True)
+                print(
+                    f"{shape} {name} {tuple(w.shape)} block {block}: GPTQ {dt * 1e3:.0f} ms; "
+                    f"output error GPTQ {err(q, s):.4f} vs nearest {err(qn, sn):.4f}",
+                    flush=True,
+                )
         del moments, graphs
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -64,10 +68,12 @@ def main(shapes: str = "1b,8b", blocks: str = "32,128") -> None:
         t0 = time.perf_counter()
         n = fp8.quantize_fp8(model, forward)
         torch.cuda.synchronize()
-        print(f"{shape}: one layer's moments {t_mom:.1f} s; whole quantize_fp8 with GPTQ ({n} "
-              f"Linears): {time.perf_counter() - t0:.1f} s; memory while it ran, above the bf16 model "
-              f"before it: {(torch.cuda.max_memory_allocated() - base) / 2**30:.1f} GiB at most",
-              flush=True)
+        print(
+            f"{shape}: one layer's moments {t_mom:.1f} s; whole quantize_fp8 with GPTQ ({n} "
+            f"Linears): {time.perf_counter() - t0:.1f} s; memory while it ran, above the bf16 model "
+            f"before it: {(torch.cuda.max_memory_allocated() - base) / 2**30:.1f} GiB at most",
+            flush=True,
+        )
         del model, runner
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()

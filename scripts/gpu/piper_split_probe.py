@@ -4,6 +4,7 @@ the CPU (its shapes change with every sentence and every noise draw).
 
     python3 scripts/gpu/piper_split_probe.py        # prints one table (GPU box: onnxruntime-gpu)
 """
+
 import statistics
 import sys
 import time
@@ -16,14 +17,18 @@ from voicert.config import TtsConfig
 from voicert.speech.piper_stream import PAD_FRAMES, split_voice
 from voicert.speech.piper_voice import Speaker, embedded_voice, synthesis_config
 
-TEXTS = ["Sure, I have booked a table for four at seven thirty tonight under the name Rivera.",
-         "Your order is two large pepperoni pizzas, one garlic bread and a diet cola.",
-         "I have you down for Tuesday the fourteenth at ten in the morning with Doctor Patel.",
-         "Your flight leaves Boston for London on March third.",
-         "The transfer of two hundred and fifty dollars from checking to savings is done.",
-         "We are open from eleven in the morning until ten at night, every day except Monday.",
-         "The capital of France is Paris.", "I am sorry, the kitchen closes at nine.",
-         "Your package left the warehouse this morning.", "Please hold on for a moment."]
+TEXTS = [
+    "Sure, I have booked a table for four at seven thirty tonight under the name Rivera.",
+    "Your order is two large pepperoni pizzas, one garlic bread and a diet cola.",
+    "I have you down for Tuesday the fourteenth at ten in the morning with Doctor Patel.",
+    "Your flight leaves Boston for London on March third.",
+    "The transfer of two hundred and fifty dollars from checking to savings is done.",
+    "We are open from eleven in the morning until ten at night, every day except Monday.",
+    "The capital of France is Paris.",
+    "I am sorry, the kitchen closes at nine.",
+    "Your package left the warehouse this morning.",
+    "Please hold on for a moment.",
+]
 
 
 def main() -> int:
@@ -36,14 +41,22 @@ def main() -> int:
         for text in TEXTS:
             for phonemes in cpu.piper.phonemize(text):
                 latents.append(cpu.stream.latent(cpu.inputs(phonemes, syn)))
-    print(f"# {len(latents)} sentences' latents, frames P50 "
-          f"{statistics.median(z.shape[2] for z in latents)}; providers {ort.get_available_providers()}")
+    print(
+        f"# {len(latents)} sentences' latents, frames P50 "
+        f"{statistics.median(z.shape[2] for z in latents)}; providers {ort.get_available_providers()}"
+    )
     decoders = {"cpu (all cores)": ["CPUExecutionProvider"]}
     if "CUDAExecutionProvider" in ort.get_available_providers():
-        decoders["cuda heuristic"] = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
-        decoders["cuda default"] = [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "DEFAULT"})]
-    print("| decoder | first window, 16 + 16 frames (fixed) | 64 + 32 frames (fixed) | 256 + 32 (fixed) "
-          "| whole sentence (own size) |")
+        decoders["cuda heuristic"] = [
+            ("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})
+        ]
+        decoders["cuda default"] = [
+            ("CUDAExecutionProvider", {"cudnn_conv_algo_search": "DEFAULT"})
+        ]
+    print(
+        "| decoder | first window, 16 + 16 frames (fixed) | 64 + 32 frames (fixed) | 256 + 32 (fixed) "
+        "| whole sentence (own size) |"
+    )
     print("|---|---:|---:|---:|---:|")
     for name, providers in decoders.items():
         session = ort.InferenceSession(split.decoder, providers=providers)

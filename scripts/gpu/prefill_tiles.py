@@ -15,14 +15,21 @@ import numpy as np
 import torch
 
 sys.path.insert(0, ".")
-from voicert.bench import attention as bench  # noqa: E402
-from voicert.bench.cuda_time import graph_times  # noqa: E402
-from voicert.engine.gpu import kernels  # noqa: E402
+from voicert.bench import attention as bench
+from voicert.bench.cuda_time import graph_times
+from voicert.engine.gpu import kernels
 
-CASES = ["1x20x170", "1x32x600", "1x100x600", "1x600x600", "4x128x600", "16x64x1024",
-         "16x128x2048"]
-DECODE_CASES = ["1x1x170", "1x1x600", "1x1x1024", "1x1x4096", "8x1x600", "32x1x1024", "1x3x600",
-                "16x3x1024"]
+CASES = ["1x20x170", "1x32x600", "1x100x600", "1x600x600", "4x128x600", "16x64x1024", "16x128x2048"]
+DECODE_CASES = [
+    "1x1x170",
+    "1x1x600",
+    "1x1x1024",
+    "1x1x4096",
+    "8x1x600",
+    "32x1x1024",
+    "1x3x600",
+    "16x3x1024",
+]
 
 
 def main() -> None:
@@ -44,7 +51,9 @@ def main() -> None:
     print(f"# {shape} {phase} attention, our paged kernel, {torch.cuda.get_device_name()}\n")
     print(f"| {', '.join(knobs)} | " + " | ".join(cases) + " |")
     print("|---|" + "---:|" * len(cases))
-    pools = {c: bench.make_pool(bench.Case.parse(c), heads, 16, torch.bfloat16, "cuda") for c in cases}
+    pools = {
+        c: bench.make_pool(bench.Case.parse(c), heads, 16, torch.bfloat16, "cuda") for c in cases
+    }
     refs = {c: bench.reference(p, heads) for c, p in pools.items()}
     defaults = [getattr(kernels, k) for k in knobs]
     for values in settings:

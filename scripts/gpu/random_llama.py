@@ -16,16 +16,44 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-LLAMA_1B = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=500000.0,
-                max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
-LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=500000.0,
-                max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+LLAMA_1B = dict(
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=16,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=64,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
+LLAMA_8B = dict(
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    head_dim=128,
+    rope_theta=500000.0,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    },
+)
 SHAPES = {"1b": ("Llama-3.2-1B", LLAMA_1B), "8b": ("Llama-3.1-8B", LLAMA_8B)}
 
 
@@ -34,14 +62,21 @@ def main(tokenizer_dir: str, out_dir: str, shape: str = "1b") -> None:
     src, out = Path(tokenizer_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok_cfg = json.loads((src / "config.json").read_text())
-    cfg = LlamaConfig(vocab_size=49152, bos_token_id=tok_cfg.get("bos_token_id"),
-                      eos_token_id=tok_cfg.get("eos_token_id"), torch_dtype="bfloat16", **dims)
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        bos_token_id=tok_cfg.get("bos_token_id"),
+        eos_token_id=tok_cfg.get("eos_token_id"),
+        torch_dtype="bfloat16",
+        **dims,
+    )
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = LlamaForCausalLM(cfg).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
     for name in src.iterdir():
-        if name.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
+        if name.name.startswith(
+            ("tokenizer", "special_tokens", "chat_template", "generation_config")
+        ):
             shutil.copy(name, out / name.name)
     n = sum(p.numel() for p in model.parameters())
     print(f"random {label} shape ({n / 1e9:.2f} B params, vocab 49152) -> {out}")

@@ -54,8 +54,11 @@ class FakeAsr(AsrBase):
     def answer(self, decode: FakeDecode, text: str | None = None) -> None:
         decode.started = True
         if not decode.future.done():
-            decode.future.set_result(Transcript(self.text if text is None else text,
-                                                decode.audio.size / 16000, 1.0, 0.0, 0.0, 1))
+            decode.future.set_result(
+                Transcript(
+                    self.text if text is None else text, decode.audio.size / 16000, 1.0, 0.0, 0.0, 1
+                )
+            )
 
     def pending(self) -> int:
         return sum(1 for d in self.decodes if not d.future.done())
@@ -71,7 +74,9 @@ class FakeEngine(EngineBase):
 
     reply: str = "The capital of France is Paris."
     gated: bool = False
-    script: list = field(default_factory=list)  # replies for the next requests, in order (then reply)
+    script: list = field(
+        default_factory=list
+    )  # replies for the next requests, in order (then reply)
     requests: list = field(default_factory=list)
     cancelled: set = field(default_factory=set)
     fail: str = ""  # set: every request ends at once with this error (an engine, or server, down)

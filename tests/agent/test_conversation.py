@@ -11,8 +11,10 @@ def test_items_get_ids_and_become_chat_messages_in_order():
     a = c.add(Role.USER, "Hello")
     b = c.add("assistant", "Hi there", item_id="item_x")
     assert a.item_id != b.item_id and b.item_id == "item_x"
-    assert [(m.role, m.content) for m in c.messages()] == [("user", "Hello"),
-                                                            ("assistant", "Hi there")]
+    assert [(m.role, m.content) for m in c.messages()] == [
+        ("user", "Hello"),
+        ("assistant", "Hi there"),
+    ]
 
 
 def test_the_oldest_items_go_past_the_item_and_character_bounds():

@@ -27,7 +27,11 @@ async def test_tokens_are_emitted_in_order_and_the_outcome_holds_the_text():
     assert [t.index for t in tokens] == [0, 1, 2, 3]
     assert "".join(t.text for t in tokens) == "Paris is the capital."
     assert (out.text, out.tokens, out.prompt_tokens, out.reason) == (
-        "Paris is the capital.", 4, 10, "stop")
+        "Paris is the capital.",
+        4,
+        10,
+        "stop",
+    )
     assert Point.FIRST_TOKEN_SENT in reply.trace.points and Point.DONE in reply.trace.points
 
 

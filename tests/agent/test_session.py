@@ -22,10 +22,13 @@ from voicert.server.app import STREAM_PATH, VoiceServer
 
 async def server_with(services, asr=None, turn=None, **vad):
     cfg = services.cfg
-    cfg = dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0),
-                              vad=dataclasses.replace(cfg.vad, **vad),
-                              asr=dataclasses.replace(cfg.asr, **(asr or {})),
-                              turn=dataclasses.replace(cfg.turn, **(turn or {})))
+    cfg = dataclasses.replace(
+        cfg,
+        server=dataclasses.replace(cfg.server, port=0),
+        vad=dataclasses.replace(cfg.vad, **vad),
+        asr=dataclasses.replace(cfg.asr, **(asr or {})),
+        turn=dataclasses.replace(cfg.turn, **(turn or {})),
+    )
     srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
     await srv.start()
     return srv
@@ -35,7 +38,7 @@ async def send_realtime(ws, x: np.ndarray, rate: int = 16000) -> None:
     n = rate // 50
     t0 = asyncio.get_running_loop().time()
     for i, start in enumerate(range(0, x.size, n)):
-        await ws.send(p.encode(p.Audio(encode_pcm16(x[start:start + n]))))
+        await ws.send(p.encode(p.Audio(encode_pcm16(x[start : start + n]))))
         delay = t0 + (i + 1) * 0.02 - asyncio.get_running_loop().time()
         if delay > 0:
             await asyncio.sleep(delay)
@@ -50,8 +53,11 @@ async def test_early_final_transcript_and_early_prefill(services):
     # the turn is answered, as a live microphone does.
     srv = await server_with(services, turn={"detector": "silence"}, min_silence_ms=8000)
     try:
-        result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
-                                    [wav("capital_of_france")], trailing_silence_s=1.0)
+        result = await stream_audio(
+            f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
+            [wav("capital_of_france")],
+            trailing_silence_s=1.0,
+        )
     finally:
         await srv.shutdown()
     lat = next(e for e in result.events if e["type"] == "turn.latency")
@@ -74,8 +80,9 @@ async def test_a_pause_after_an_incomplete_phrase_does_not_cut_the_speaker_off(s
     assert services.cfg.turn.detector == "semantic" and services.turn_judge is not None
     srv = await server_with(services)
     try:
-        result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", [wav("turns/p03")],
-                                    trailing_silence_s=2.5)
+        result = await stream_audio(
+            f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", [wav("turns/p03")], trailing_silence_s=2.5
+        )
     finally:
         await srv.shutdown()
     finals = [e["text"] for e in result.events if e["type"] == "transcript.final"]
@@ -86,8 +93,13 @@ async def test_speech_during_a_reply_interrupts_it(url):
     x, _ = wav("count_to_five")
     q, _ = wav("capital_of_france")
     async with connect(url) as ws:
-        await ws.send(p.encode(p.SessionStart(
-            system_prompt="Answer at great length, with many details.", max_new_tokens=400)))
+        await ws.send(
+            p.encode(
+                p.SessionStart(
+                    system_prompt="Answer at great length, with many details.", max_new_tokens=400
+                )
+            )
+        )
         for chunk in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 8):
             await ws.send(p.encode(p.Audio(encode_pcm16(chunk))))
         events = []
@@ -121,9 +133,11 @@ def tones(seconds: float) -> np.ndarray:
 async def test_no_turn_from_silence_or_noise(url):
     """Silence, white noise and tones, each a caller of its own, all at once (as callers are)."""
     rng = np.random.default_rng(1)
-    audio = {"silence": np.zeros(16000 * 3, np.float32),
-             "white_noise": (0.1 * rng.standard_normal(16000 * 3)).astype(np.float32),
-             "tones": tones(3.0)}
+    audio = {
+        "silence": np.zeros(16000 * 3, np.float32),
+        "white_noise": (0.1 * rng.standard_normal(16000 * 3)).astype(np.float32),
+        "tones": tones(3.0),
+    }
 
     async def events_of(x: np.ndarray) -> list[dict]:
         async with connect(url) as ws:
@@ -134,7 +148,7 @@ async def test_no_turn_from_silence_or_noise(url):
             try:
                 while True:
                     events.append(p.decode_server(await asyncio.wait_for(ws.recv(), 3.0)))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return events
 
     heard = dict(zip(audio, await asyncio.gather(*map(events_of, audio.values()))))
@@ -152,8 +166,12 @@ async def test_live_partial_transcripts_grow_stable_text(services):
     # partial has heard the whole question (however slow the machine), and ends the turn itself.
     # Silence endpointing: the semantic detector's decodes at the speech's own pauses would keep
     # the ASR worker busy, and partials back off while it is.
-    srv = await server_with(services, asr={"partial_interval_ms": 300, "early_final_ms": 0},
-                            turn={"detector": "silence"}, min_silence_ms=600_000)
+    srv = await server_with(
+        services,
+        asr={"partial_interval_ms": 300, "early_final_ms": 0},
+        turn={"detector": "silence"},
+        min_silence_ms=600_000,
+    )
     samples, rate = wav("weather_question")
     events: list[dict] = []
     final = asyncio.Event()
@@ -171,8 +189,11 @@ async def test_live_partial_transcripts_grow_stable_text(services):
             reader = asyncio.create_task(read())
 
             def heard_it_all() -> bool:
-                return any(len(normalize(e["stable"] + " " + e["unstable"])) >= 4
-                           for e in events if e["type"] == "transcript.partial")
+                return any(
+                    len(normalize(e["stable"] + " " + e["unstable"])) >= 4
+                    for e in events
+                    if e["type"] == "transcript.partial"
+                )
 
             await send_realtime(ws, samples, rate)
             silence = np.zeros(rate // 10, np.float32)
@@ -190,7 +211,7 @@ async def test_live_partial_transcripts_grow_stable_text(services):
     assert heard_it_all(), (kinds, partials)
     assert kinds.index("transcript.partial") < kinds.index("transcript.final")
     stables = [e["stable"] for e in partials]
-    assert all(b.startswith(a) for a, b in zip(stables, stables[1:]))  # stable only grows
+    assert all(b.startswith(a) for a, b in itertools.pairwise(stables))  # stable only grows
     assert all(e["turn_id"] == 1 for e in partials)
     final = next(e for e in events if e["type"] == "transcript.final")
     assert "london" in final["text"].lower()
@@ -206,22 +227,34 @@ async def test_vad_on_worker_threads_gives_the_same_turns_as_on_the_loop(service
     from voicert.server.app import STREAM_PATH, VoiceServer
 
     pool = ThreadPoolExecutor(2, thread_name_prefix="test-vad")
-    srv = VoiceServer(dataclasses.replace(services, vad_pool=pool, cfg=dataclasses.replace(
-        services.cfg, server=dataclasses.replace(services.cfg.server, port=0),
-        turn=dataclasses.replace(services.cfg.turn, detector="silence"))))  # as the url fixture
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            vad_pool=pool,
+            cfg=dataclasses.replace(
+                services.cfg,
+                server=dataclasses.replace(services.cfg.server, port=0),
+                turn=dataclasses.replace(services.cfg.turn, detector="silence"),
+            ),
+        )
+    )  # as the url fixture
     await srv.start()
     try:
         clips = [wav("capital_of_france"), wav("what_about_germany")]
         inline = await stream_audio(url, clips, realtime=False, until_answered=False)
-        threaded = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", clips,
-                                      realtime=False, until_answered=False)
+        threaded = await stream_audio(
+            f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", clips, realtime=False, until_answered=False
+        )
     finally:
         await srv.shutdown()
         pool.shutdown()
 
     def vad_events(result):
-        return [(e["type"], e["audio_ms"]) for e in result.events
-                if e["type"] in ("vad.speech_started", "vad.speech_stopped")]
+        return [
+            (e["type"], e["audio_ms"])
+            for e in result.events
+            if e["type"] in ("vad.speech_started", "vad.speech_stopped")
+        ]
 
     assert vad_events(threaded) == vad_events(inline) and len(vad_events(inline)) == 4
     assert [t.transcript for t in threaded.turns] == [t.transcript for t in inline.turns]
@@ -237,14 +270,23 @@ async def test_a_session_with_noise_suppression_still_hears_the_question(service
     from voicert.speech.denoise import RnNoise
 
     cfg = services.cfg
-    srv = VoiceServer(dataclasses.replace(services, denoise=RnNoise(), cfg=dataclasses.replace(
-        cfg, server=dataclasses.replace(cfg.server, port=0),
-        asr=dataclasses.replace(cfg.asr, denoise="rnnoise"),
-        turn=dataclasses.replace(cfg.turn, detector="silence"))))
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            denoise=RnNoise(),
+            cfg=dataclasses.replace(
+                cfg,
+                server=dataclasses.replace(cfg.server, port=0),
+                asr=dataclasses.replace(cfg.asr, denoise="rnnoise"),
+                turn=dataclasses.replace(cfg.turn, detector="silence"),
+            ),
+        )
+    )
     await srv.start()
     try:
-        result = await stream_audio(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
-                                    [wav("weather_question")])
+        result = await stream_audio(
+            f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", [wav("weather_question")]
+        )
     finally:
         await srv.shutdown()
     assert "weather" in result.turns[0].transcript.lower()
@@ -272,8 +314,10 @@ async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it
             caplog.clear()
             heard[key] = await speakerphone(*args, stats=stats, **kwargs)
             slips.setdefault(key, []).append(round(stats["max_slip_s"], 3))
-            judged[key] = [f"client: chunk arrived, played from, ms: {stats['plays']}",
-                           *caplog.messages]
+            judged[key] = [
+                f"client: chunk arrived, played from, ms: {stats['plays']}",
+                *caplog.messages,
+            ]
             if stats["max_slip_s"] <= 0.5:
                 return
 
@@ -284,16 +328,21 @@ async def test_the_agents_own_voice_through_a_speakerphone_does_not_interrupt_it
             await real_time(guard, url, question, stop_on=None if guard else "vad.speech_started")
             if guard:
                 stop, _ = wav_16k(SET_DIR / "i02.wav")
-                await real_time("stop", url, question, interject=stop, max_new_tokens=64,
-                                stop_on="vad.barge_in")
+                await real_time(
+                    "stop", url, question, interject=stop, max_new_tokens=64, stop_on="vad.barge_in"
+                )
         finally:
             await srv.shutdown()
 
     def why(key) -> str:
         """The run's events (repeats counted; the VAD's with their audio_ms), the client's
         slips and the guard's log."""
-        kinds = [f"{kind} x{len(list(run))}" for kind, run in itertools.groupby(
-            e["type"] + (f"@{e['audio_ms']}" if "audio_ms" in e else "") for e in heard[key])]
+        kinds = [
+            f"{kind} x{len(list(run))}"
+            for kind, run in itertools.groupby(
+                e["type"] + (f"@{e['audio_ms']}" if "audio_ms" in e else "") for e in heard[key]
+            )
+        ]
         return "\n".join([f"events: {kinds}", f"client slips (s): {slips}", *judged[key]])
 
     kinds = [e["type"] for e in heard[True]]

@@ -15,15 +15,19 @@ from voicert.agent.session import Services, Session
 from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config
 from voicert.core import events as ev
-from voicert.protocol import native as p
 from voicert.core.speech import EARLY, FINAL, PARTIAL
+from voicert.protocol import native as p
 
 
 def make(asr=None, engine=None, early_final_ms=0, partial_interval_ms=0, **vad):
     cfg = Config()
-    cfg = dataclasses.replace(cfg, asr=dataclasses.replace(cfg.asr, early_final_ms=early_final_ms,
-                                                           partial_interval_ms=partial_interval_ms),
-                              vad=dataclasses.replace(cfg.vad, **vad))
+    cfg = dataclasses.replace(
+        cfg,
+        asr=dataclasses.replace(
+            cfg.asr, early_final_ms=early_final_ms, partial_interval_ms=partial_interval_ms
+        ),
+        vad=dataclasses.replace(cfg.vad, **vad),
+    )
     svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr or FakeAsr(), engine=engine or FakeEngine())
     events: list = []
 
@@ -36,10 +40,14 @@ def make(asr=None, engine=None, early_final_ms=0, partial_interval_ms=0, **vad):
 async def say(session, seconds_voice=1.0, seconds_silence=0.6):
     """Speech-like audio then silence, in 20 ms frames, as a client sends it (no pacing needed:
     turn-taking runs on audio time)."""
-    x = np.concatenate([0.3 * np.sin(np.arange(int(16000 * seconds_voice)) * 0.05),
-                        np.zeros(int(16000 * seconds_silence))]).astype(np.float32)
+    x = np.concatenate(
+        [
+            0.3 * np.sin(np.arange(int(16000 * seconds_voice)) * 0.05),
+            np.zeros(int(16000 * seconds_silence)),
+        ]
+    ).astype(np.float32)
     for i in range(0, x.size, 320):
-        await session.on_audio(encode_pcm16(x[i:i + 320]))
+        await session.on_audio(encode_pcm16(x[i : i + 320]))
 
 
 async def until(cond, limit: int = 100_000) -> None:
@@ -60,8 +68,13 @@ async def test_a_spoken_turn_is_transcribed_answered_and_remembered():
     session, svc, events = make()
     await say(session)
     assert await session.wait_turn(10)
-    assert kinds(events)[:5] == ["SpeechStarted", "BargeIn", "SpeechStopped", "TranscriptFinal",
-                                 "ReplyStarted"]
+    assert kinds(events)[:5] == [
+        "SpeechStarted",
+        "BargeIn",
+        "SpeechStopped",
+        "TranscriptFinal",
+        "ReplyStarted",
+    ]
     tokens = [e for e in events if isinstance(e, ev.ReplyToken)]
     assert "".join(t.text for t in tokens) == "The capital of France is Paris."
     assert [t.index for t in tokens] == list(range(len(tokens)))
@@ -69,14 +82,16 @@ async def test_a_spoken_turn_is_transcribed_answered_and_remembered():
     assert done.finish_reason == "stop" and done.text == "The capital of France is Paris."
     assert isinstance(events[-1], ev.TurnLatency)
     assert [(m.role, m.content) for m in session.history.messages()] == [
-        ("user", "what is the capital of france"), ("assistant", "The capital of France is Paris.")]
+        ("user", "what is the capital of france"),
+        ("assistant", "The capital of France is Paris."),
+    ]
     (decode,) = svc.asr.decodes
     assert decode.priority == FINAL
 
 
 async def test_speech_during_a_reply_interrupts_it_and_keeps_what_was_said():
     engine = FakeEngine(reply="one two three four five six", gated=True)
-    session, svc, events = make(engine=engine)
+    session, _svc, events = make(engine=engine)
     await say(session)
     await until(lambda: engine.requests)
     first = engine.requests[0].request_id
@@ -126,8 +141,9 @@ async def test_the_early_decode_and_its_warm_prefill_serve_the_turn():
     assert len(asr.decodes) == 1  # no second decode
     latency = events[-1]
     assert isinstance(latency, ev.TurnLatency) and latency.early_asr and latency.early_prefill
-    assert not any(isinstance(e, ev.ReplyToken) and e.text == "The" and e.index != 0
-                   for e in events)  # the warm request's token never reached the client
+    assert not any(
+        isinstance(e, ev.ReplyToken) and e.text == "The" and e.index != 0 for e in events
+    )  # the warm request's token never reached the client
 
 
 async def test_talking_on_after_the_early_decode_drops_it_and_its_prefill():
@@ -146,8 +162,9 @@ async def test_live_partials_grow_stable_text_and_a_late_one_is_dropped():
     session, _, events = make(asr=asr, partial_interval_ms=300, min_silence_ms=600)
 
     def partials():
-        return [(e.turn_id, e.stable, e.unstable) for e in events
-                if isinstance(e, ev.TranscriptPartial)]
+        return [
+            (e.turn_id, e.stable, e.unstable) for e in events if isinstance(e, ev.TranscriptPartial)
+        ]
 
     await say(session, seconds_silence=0.0)
     (first,) = asr.decodes  # one partial at a time: the next waits for this one

@@ -15,13 +15,14 @@ from voicert.agent.session import Services, Session
 from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config, TurnConfig
 from voicert.core import events as ev
-from voicert.protocol import native as p
 from voicert.core.speech import FINAL
+from voicert.protocol import native as p
 
 
 def make(asr, judge, **turn):
-    cfg = dataclasses.replace(Config(), turn=dataclasses.replace(TurnConfig(detector="semantic"),
-                                                                 **turn))
+    cfg = dataclasses.replace(
+        Config(), turn=dataclasses.replace(TurnConfig(detector="semantic"), **turn)
+    )
     svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr, engine=FakeEngine(), turn_judge=judge)
     events: list = []
 
@@ -31,11 +32,21 @@ def make(asr, judge, **turn):
     return Session("s1", p.SessionStart(), svc, emit), events
 
 
-def over_a_reply(turn: TurnConfig, asr: FakeAsr, engine: FakeEngine, tts=None,
-                 start: p.SessionStart | None = None) -> tuple[Session, Services, list]:
+def over_a_reply(
+    turn: TurnConfig,
+    asr: FakeAsr,
+    engine: FakeEngine,
+    tts=None,
+    start: p.SessionStart | None = None,
+) -> tuple[Session, Services, list]:
     """A session whose replies can be talked over: its services and the events it emits."""
-    svc = Services(cfg=dataclasses.replace(Config(), turn=turn), vad=EnergyVad(), asr=asr,
-                   engine=engine, tts=tts)
+    svc = Services(
+        cfg=dataclasses.replace(Config(), turn=turn),
+        vad=EnergyVad(),
+        asr=asr,
+        engine=engine,
+        tts=tts,
+    )
     events: list = []
 
     async def emit(event):
@@ -55,7 +66,7 @@ def audio(*parts: tuple[str, float]) -> np.ndarray:
 
 async def send(session, x: np.ndarray) -> None:
     for i in range(0, x.size, 320):
-        await session.on_audio(encode_pcm16(x[i:i + 320]))
+        await session.on_audio(encode_pcm16(x[i : i + 320]))
 
 
 def finals(events):
@@ -69,8 +80,11 @@ async def test_a_pause_after_an_incomplete_phrase_keeps_the_turn_open():
     early = asr.decodes[-1]
     asr.answer(early, "I would like to book a table for")
     metrics = session.svc.metrics.registry
-    await until(lambda: metrics.get_sample_value("voicert_turn_verdicts_total",
-                                                 {"verdict": "incomplete"}) == 1)
+    await until(
+        lambda: (
+            metrics.get_sample_value("voicert_turn_verdicts_total", {"verdict": "incomplete"}) == 1
+        )
+    )
     await send(session, audio(("silence", 0.5), ("voice", 0.8), ("silence", 0.3)))
     assert finals(events) == [] and early.future.done()
     asr.answer(asr.decodes[-1], "I would like to book a table for four people tonight.")
@@ -114,11 +128,18 @@ async def test_a_backchannel_over_a_reply_lets_it_go_on_and_a_real_interjection_
     engine.release(first)
     asr.text = "Mm-hm."
     await send(session, audio(("voice", 0.25), ("silence", 0.6)))  # under turn.interrupt_ms
-    await until(lambda: svc.metrics.registry.get_sample_value(
-        "voicert_speech_over_reply_total", {"outcome": "backchannel"}) == 1)
+    await until(
+        lambda: (
+            svc.metrics.registry.get_sample_value(
+                "voicert_speech_over_reply_total", {"outcome": "backchannel"}
+            )
+            == 1
+        )
+    )
     assert session._replying() and first not in engine.cancelled
     assert [e.text for e in events if isinstance(e, ev.TranscriptFinal)] == [
-        "what is the capital of france"]  # the backchannel is not a turn
+        "what is the capital of france"
+    ]  # the backchannel is not a turn
     asr.text = "Wait."
     await send(session, audio(("voice", 0.25), ("silence", 0.6)))
     await until(lambda: first in engine.cancelled)
@@ -140,11 +161,12 @@ async def test_a_checked_long_backchannel_lets_the_reply_go_on_and_long_words_st
     engine = FakeEngine(reply="one two three four five six seven eight", gated=True)
     asr = FakeAsr("what is the capital of france")
     session, svc, events = over_a_reply(
-        TurnConfig(detector="silence", interrupt_check_ms=2000), asr, engine)
+        TurnConfig(detector="silence", interrupt_check_ms=2000), asr, engine
+    )
 
     async def send_paced(x: np.ndarray) -> None:
         for i in range(0, x.size, 320):
-            await session.on_audio(encode_pcm16(x[i:i + 320]))
+            await session.on_audio(encode_pcm16(x[i : i + 320]))
             await asyncio.sleep(0)
 
     await send(session, audio(("voice", 1.0), ("silence", 0.6)))
@@ -153,8 +175,14 @@ async def test_a_checked_long_backchannel_lets_the_reply_go_on_and_long_words_st
     engine.release(first)
     asr.text = "Mm-hmm."
     await send_paced(audio(("voice", 1.0), ("silence", 0.6)))  # past interrupt_ms
-    await until(lambda: svc.metrics.registry.get_sample_value(
-        "voicert_speech_over_reply_total", {"outcome": "backchannel"}) == 1)
+    await until(
+        lambda: (
+            svc.metrics.registry.get_sample_value(
+                "voicert_speech_over_reply_total", {"outcome": "backchannel"}
+            )
+            == 1
+        )
+    )
     checks = [d for d in asr.decodes if d.audio.size < 16000]  # the one at 640 ms of speech
     assert len(checks) == 1 and checks[0].priority == FINAL
     assert session._replying() and first not in engine.cancelled
@@ -187,16 +215,26 @@ async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_p
     tts = TtsWorker(InstantVoice())
     try:
         session, svc, events = over_a_reply(
-            TurnConfig(detector="silence"), asr, engine, tts,
-            p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000)))
+            TurnConfig(detector="silence"),
+            asr,
+            engine,
+            tts,
+            p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000)),
+        )
         await send(session, audio(("voice", 1.0), ("silence", 0.6)))
         await until(lambda: any(isinstance(e, ev.ReplyDone) for e in events), limit=10**7)
         assert await session.wait_turn(10)
         assert not session._replying() and session._agent_speaking()  # sent, still playing
         asr.text = "Mm-hm."
         await send(session, audio(("voice", 0.25), ("silence", 0.6)))
-        await until(lambda: svc.metrics.registry.get_sample_value(
-            "voicert_speech_over_reply_total", {"outcome": "backchannel"}) == 1)
+        await until(
+            lambda: (
+                svc.metrics.registry.get_sample_value(
+                    "voicert_speech_over_reply_total", {"outcome": "backchannel"}
+                )
+                == 1
+            )
+        )
         assert sum(isinstance(e, ev.BargeIn) for e in events) == 1  # the question's own only
         assert finals(events) == ["tell me a story"]  # "mm-hm" is not a turn
     finally:

@@ -61,20 +61,25 @@ def of(events, kind):
 
 
 async def test_a_server_tool_runs_and_the_reply_goes_on_with_its_output():
-    session, engine, events = make([call("book_table", people=4, time="19:30"),
-                                    "Booked for four at half seven."])
+    session, engine, events = make(
+        [call("book_table", people=4, time="19:30"), "Booked for four at half seven."]
+    )
     await reply_to(session, "a table for four at half seven")
-    started, = of(events, ev.ToolCallStarted)
-    done, = of(events, ev.ToolCallDone)
-    result, = of(events, ev.ToolResult)
+    (started,) = of(events, ev.ToolCallStarted)
+    (done,) = of(events, ev.ToolCallDone)
+    (result,) = of(events, ev.ToolResult)
     assert started.name == done.name == "book_table" and done.runs_on_server
     assert "".join(e.delta for e in of(events, ev.ToolCallArguments)) == done.arguments
     assert json.loads(result.output) == {"booked": True, "people": 4, "time": "19:30"}
     assert len(of(events, ev.ReplyStarted)) == 1
-    final, = of(events, ev.ReplyDone)
+    (final,) = of(events, ev.ReplyDone)
     assert final.text == "Booked for four at half seven." and final.calls == ()
     assert [i.kind for i in session.history] == [
-        ItemKind.MESSAGE, ItemKind.FUNCTION_CALL, ItemKind.FUNCTION_CALL_OUTPUT, ItemKind.MESSAGE]
+        ItemKind.MESSAGE,
+        ItemKind.FUNCTION_CALL,
+        ItemKind.FUNCTION_CALL_OUTPUT,
+        ItemKind.MESSAGE,
+    ]
     assert session.history.find(done.item_id).name == "book_table"  # the announced item id
     first, second = engine.requests
     assert {t.name for t in first.tools} == {"book_table", "slow_lookup"}
@@ -85,15 +90,17 @@ async def test_a_server_tool_runs_and_the_reply_goes_on_with_its_output():
 
 
 async def test_a_client_tool_ends_the_reply_until_its_output_comes_back():
-    weather = ToolSpec.of("weather", "Weather", {"type": "object",
-                                                 "properties": {"city": {"type": "string"}}})
-    session, engine, events = make([f"Let me look. {call('weather', city='Paris')}",
-                                    "It is sunny in Paris."],
-                                   p.SessionStart(tools=(weather,)))
+    weather = ToolSpec.of(
+        "weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}}}
+    )
+    session, engine, events = make(
+        [f"Let me look. {call('weather', city='Paris')}", "It is sunny in Paris."],
+        p.SessionStart(tools=(weather,)),
+    )
     await reply_to(session, "weather in paris?")
-    done, = of(events, ev.ToolCallDone)
+    (done,) = of(events, ev.ToolCallDone)
     assert not done.runs_on_server and not of(events, ev.ToolResult)
-    reply, = of(events, ev.ReplyDone)
+    (reply,) = of(events, ev.ReplyDone)
     assert reply.calls == (done.call_id,) and reply.text == "Let me look."
     assert [c.call_id for c in session.waiting_calls()] == [done.call_id]
     session.add_tool_output(done.call_id, '{"sky": "sunny"}')
@@ -107,8 +114,9 @@ async def test_a_client_tool_ends_the_reply_until_its_output_comes_back():
 async def test_a_slow_tool_gets_the_filler_said_before_its_output():
     global GATE
     GATE = asyncio.Event()
-    session, _, events = make([call("slow_lookup", day="sunday"), "Noon to ten."],
-                              filler="One moment.", filler_after_ms=0)
+    session, _, events = make(
+        [call("slow_lookup", day="sunday"), "Noon to ten."], filler="One moment.", filler_after_ms=0
+    )
     session.add_user_text("when are you open on sunday")
     session.respond()
     await until(lambda: of(events, ev.ReplyToken))
@@ -131,8 +139,10 @@ async def test_a_forced_choice_applies_to_the_first_round_only():
     session, engine, _ = make([call("book_table", people=2, time="18:00"), "Booked."])
     session.respond(tool_choice=ToolChoice(ToolChoiceMode.NAMED, "book_table"))
     await session.wait_turn()
-    assert [r.tool_choice.mode for r in engine.requests] == [ToolChoiceMode.NAMED,
-                                                             ToolChoiceMode.AUTO]
+    assert [r.tool_choice.mode for r in engine.requests] == [
+        ToolChoiceMode.NAMED,
+        ToolChoiceMode.AUTO,
+    ]
 
 
 async def test_a_repeated_identical_call_is_made_once():
@@ -155,25 +165,27 @@ async def test_a_client_tool_may_not_take_a_server_tool_name():
 async def test_cancelling_while_a_tool_runs_ends_the_reply_at_once():
     global GATE
     GATE = asyncio.Event()  # never set: the tool would run until its timeout
-    session, engine, events = make([call("slow_lookup", day="monday"), "Never said."],
-                                   filler="", filler_after_ms=0)
+    session, engine, events = make(
+        [call("slow_lookup", day="monday"), "Never said."], filler="", filler_after_ms=0
+    )
     session.add_user_text("when are you open on monday")
     session.respond()
     await until(lambda: of(events, ev.ToolCallDone))
     session.cancel_response()
     assert await session.wait_turn(timeout=5)
-    done, = of(events, ev.ReplyDone)
+    (done,) = of(events, ev.ReplyDone)
     assert done.finish_reason is ev.ReplyEnd.CANCELLED
     assert len(engine.requests) == 1 and not of(events, ev.ToolResult)
 
 
 async def test_what_was_heard_of_a_reply_over_tool_rounds_is_cut_in_its_last_message():
-    session, _, events = make([f"Let me check. {call('book_table', people=2, time='18:00')}",
-                               "Booked for two at six."])
+    session, _, events = make(
+        [f"Let me check. {call('book_table', people=2, time='18:00')}", "Booked for two at six."]
+    )
     await reply_to(session, "book for two at six")
-    done, = of(events, ev.ReplyDone)
+    (done,) = of(events, ev.ReplyDone)
     assert done.text == "Let me check. Booked for two at six."
-    assert done.text[done.item_offset:] == "Booked for two at six."
+    assert done.text[done.item_offset :] == "Booked for two at six."
     # the listener heard up to "Booked for" of the whole reply's text
     cut = session.keep_heard(done.item_id, len("Let me check. Booked for"), done.item_offset)
     assert cut.text == "Booked for"
@@ -189,9 +201,9 @@ async def test_complete_calls_are_made_when_the_budget_cuts_the_next_one():
     session.add_user_text("a table for four at half seven; are you open on monday?")
     session.respond(max_new_tokens=budget)
     await session.wait_turn()
-    result, = of(events, ev.ToolResult)  # the whole call ran
+    (result,) = of(events, ev.ToolResult)  # the whole call ran
     assert json.loads(result.output)["people"] == 4
-    error, = of(events, ev.SessionError)
+    (error,) = of(events, ev.SessionError)
     assert "1 tool call(s) cut off (length)" in error.message and not error.fatal
     assert len(engine.requests) == 2  # and the reply went on with its output
     final = of(events, ev.ReplyDone)[-1]
@@ -200,15 +212,17 @@ async def test_complete_calls_are_made_when_the_budget_cuts_the_next_one():
 
 
 async def test_a_client_call_before_the_budget_ran_out_waits_for_its_output():
-    weather = ToolSpec.of("weather", "Weather", {"type": "object",
-                                                 "properties": {"city": {"type": "string"}}})
+    weather = ToolSpec.of(
+        "weather", "Weather", {"type": "object", "properties": {"city": {"type": "string"}}}
+    )
     whole = call("weather", city="Paris")
-    session, _, events = make([f"{whole} {call('weather', city='Rome')}"],
-                              p.SessionStart(tools=(weather,)), parallel=True)
+    session, _, events = make(
+        [f"{whole} {call('weather', city='Rome')}"], p.SessionStart(tools=(weather,)), parallel=True
+    )
     session.add_user_text("weather in paris and rome?")
     session.respond(max_new_tokens=len(whole.split(" ")) + 1)
     await session.wait_turn()
-    done, = of(events, ev.ToolCallDone)
-    reply, = of(events, ev.ReplyDone)
+    (done,) = of(events, ev.ToolCallDone)
+    (reply,) = of(events, ev.ReplyDone)
     assert reply.calls == (done.call_id,) and reply.finish_reason is ev.ReplyEnd.LENGTH
     assert [c.call_id for c in session.waiting_calls()] == [done.call_id]

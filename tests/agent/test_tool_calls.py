@@ -4,19 +4,28 @@ import json
 
 import pytest
 
-from voicert.agent.tool_calls import (CallArgs, CallBroken, CallClosed, CallOpened, CallParser,
-                                       RepeatFilter, Said)
+from voicert.agent.tool_calls import (
+    CallArgs,
+    CallBroken,
+    CallClosed,
+    CallOpened,
+    CallParser,
+    RepeatFilter,
+    Said,
+)
 
-HERMES = ('Sure, one moment. <tool_call>\n{"name": "book", "arguments": {"people": 4, '
-          '"note": "a } \\" {"}}\n</tool_call>\n<tool_call>\n{"name": "hours", "arguments": {}}'
-          '\n</tool_call>')
+HERMES = (
+    'Sure, one moment. <tool_call>\n{"name": "book", "arguments": {"people": 4, '
+    '"note": "a } \\" {"}}\n</tool_call>\n<tool_call>\n{"name": "hours", "arguments": {}}'
+    "\n</tool_call>"
+)
 
 
 def _parse(text: str, step: int):
     parser = CallParser()
     out = []
     for i in range(0, len(text), step):
-        out += parser.feed(text[i:i + step])
+        out += parser.feed(text[i : i + step])
     return out + parser.close()
 
 
@@ -38,14 +47,19 @@ def test_hermes_calls_are_cut_out_of_the_said_text_and_their_arguments_stream(st
     assert _said(pieces) == "Sure, one moment. "
     closed = [p for p in pieces if isinstance(p, CallClosed)]
     assert [(c.name, json.loads(c.arguments)) for c in closed] == [
-        ("book", {"people": 4, "note": 'a } " {'}), ("hours", {})]
+        ("book", {"people": 4, "note": 'a } " {'}),
+        ("hours", {}),
+    ]
     assert _args(pieces) == {0: closed[0].arguments, 1: closed[1].arguments}
     opened = [p for p in pieces if isinstance(p, CallOpened)]
     assert [o.name for o in opened] == ["book", "hours"]
     # each call opens before its first argument delta and closes after its last
     order = [(type(p).__name__, p.index) for p in pieces if not isinstance(p, Said)]
-    assert order.index(("CallOpened", 0)) < order.index(("CallArgs", 0)) < order.index(
-        ("CallClosed", 0))
+    assert (
+        order.index(("CallOpened", 0))
+        < order.index(("CallArgs", 0))
+        < order.index(("CallClosed", 0))
+    )
 
 
 @pytest.mark.parametrize("step", [1, 4, 1000])
@@ -53,7 +67,8 @@ def test_a_llama3_reply_that_opens_with_json_is_a_call(step):
     pieces = _parse('<|python_tag|>{"name": "book", "parameters": {"a": [1, {"b": 2}]}}', step)
     assert _said(pieces) == ""
     assert [(p.name, p.arguments) for p in pieces if isinstance(p, CallClosed)] == [
-        ("book", '{"a": [1, {"b": 2}]}')]
+        ("book", '{"a": [1, {"b": 2}]}')
+    ]
 
 
 def test_text_that_only_looks_like_a_marker_is_said_at_the_end():
@@ -70,7 +85,8 @@ def test_a_call_cut_off_by_the_length_limit_is_broken_not_made():
 def test_arguments_in_another_key_order_arrive_whole_at_the_close():
     pieces = _parse('<tool_call>\n{"arguments": {"x": 1}, "name": "f"}\n</tool_call>', 5)
     assert [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, CallClosed)] == [
-        ("f", {"x": 1})]
+        ("f", {"x": 1})
+    ]
     assert json.loads(_args(pieces)[0]) == {"x": 1}
 
 
@@ -83,7 +99,7 @@ def test_a_call_that_is_not_json_is_broken():
 def _filtered(text: str, step: int):
     parser, repeats, out = CallParser(), RepeatFilter(), []
     for i in range(0, len(text), step):
-        out += repeats.push(parser.feed(text[i:i + step]))
+        out += repeats.push(parser.feed(text[i : i + step]))
     return out + repeats.push(parser.close())
 
 
@@ -96,7 +112,8 @@ def test_an_exact_repeat_of_a_call_is_dropped_unseen(step):
     out = _filtered(f"{CALL_A}\n{CALL_A}\n{CALL_A}", step)
     assert [type(p).__name__ for p in out].count("CallOpened") == 1
     assert [(p.name, p.arguments) for p in out if isinstance(p, CallClosed)] == [
-        ("book", '{"n": 4}')]
+        ("book", '{"n": 4}')
+    ]
 
 
 @pytest.mark.parametrize("step", [1, 5, 1000])
@@ -105,7 +122,7 @@ def test_a_call_that_only_starts_like_an_earlier_one_comes_out_whole(step):
     closed = [p for p in out if isinstance(p, CallClosed)]
     assert [c.arguments for c in closed] == ['{"n": 4}', '{"n": 40}']
     assert "".join(p.delta for p in out if isinstance(p, CallArgs) and p.index == 1) == '{"n": 40}'
-    assert [type(p).__name__ for p in out if getattr(p, "index", None) == 1][0] == "CallOpened"
+    assert next(type(p).__name__ for p in out if getattr(p, "index", None) == 1) == "CallOpened"
 
 
 def test_a_repeat_cut_off_by_the_length_limit_is_not_reported():

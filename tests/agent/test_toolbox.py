@@ -14,8 +14,11 @@ from voicert.config import ConfigError, ToolsConfig
 from voicert.core.chat import ToolCall
 
 
-def book_table(people: Annotated[int, msgspec.Meta(ge=1, le=12, description="guests")],
-               time: str, area: Literal["inside", "terrace"] = "inside") -> dict:
+def book_table(
+    people: Annotated[int, msgspec.Meta(ge=1, le=12, description="guests")],
+    time: str,
+    area: Literal["inside", "terrace"] = "inside",
+) -> dict:
     """Book a table.
 
     Longer notes that are not the description."""
@@ -40,15 +43,20 @@ def test_a_schema_comes_from_the_type_hints_and_the_docstring():
     spec = describe(book_table).spec
     assert spec.name == "book_table" and spec.description == "Book a table."
     assert spec.schema == {
-        "type": "object", "additionalProperties": False, "required": ["people", "time"],
-        "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12,
-                                  "description": "guests"},
-                       "time": {"type": "string"},
-                       "area": {"enum": ["inside", "terrace"], "default": "inside"}}}
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["people", "time"],
+        "properties": {
+            "people": {"type": "integer", "minimum": 1, "maximum": 12, "description": "guests"},
+            "time": {"type": "string"},
+            "area": {"enum": ["inside", "terrace"], "default": "inside"},
+        },
+    }
 
 
 def test_star_args_cannot_be_a_tool():
     def f(*args: int) -> None: ...
+
     with pytest.raises(TypeError, match="keyword"):
         describe(f)
 
@@ -56,17 +64,25 @@ def test_star_args_cannot_be_a_tool():
 async def test_a_call_gets_typed_arguments_and_its_result_as_json():
     box = Toolbox([describe(book_table)])
     out = await box.run(ToolCall("c1", "book_table", '{"people": 4, "time": "19:30"}'))
-    assert not out.error and json.loads(out.output) == {"booked": True, "people": 4,
-                                                        "time": "19:30", "area": "inside"}
+    assert not out.error and json.loads(out.output) == {
+        "booked": True,
+        "people": 4,
+        "time": "19:30",
+        "area": "inside",
+    }
 
 
 async def test_bad_arguments_an_unknown_tool_and_a_failing_tool_are_error_outputs():
     box = Toolbox([describe(book_table), describe(fails)])
-    for call, words in ((ToolCall("a", "book_table", '{"people": 40, "time": "x"}'), "<= 12"),
-                        (ToolCall("b", "nope", "{}"), "no tool named"),
-                        (ToolCall("c", "fails", "{}"), "kitchen is on fire")):
+    for call, words in (
+        (ToolCall("a", "book_table", '{"people": 40, "time": "x"}'), "<= 12"),
+        (ToolCall("b", "nope", "{}"), "no tool named"),
+        (ToolCall("c", "fails", "{}"), "kitchen is on fire"),
+    ):
         out = await box.run(call)
-        assert out.error and words in json.loads(out.output)["error"] and out.call_id == call.call_id
+        assert (
+            out.error and words in json.loads(out.output)["error"] and out.call_id == call.call_id
+        )
 
 
 async def test_a_tool_past_its_timeout_is_an_error_output():

@@ -8,8 +8,14 @@ import dataclasses
 
 import numpy as np
 
-from voicert.agent.turns import (DecodeKind, Detection, DropDecode, StartDecode, TurnEnded,
-                                 TurnTaking)
+from voicert.agent.turns import (
+    DecodeKind,
+    Detection,
+    DropDecode,
+    StartDecode,
+    TurnEnded,
+    TurnTaking,
+)
 from voicert.config import VadConfig
 from voicert.core.events import SpeechStarted, SpeechStopped
 from voicert.core.events import TranscriptPartial as PartialTranscript
@@ -36,8 +42,9 @@ class Script:
             received = self.window * WINDOW_NS
             level = 0.3 if prob >= 0.5 else 0.0
             self.turns.push(np.full(FRAME, level, np.float32))
-            acts = self.turns.on_windows(np.array([prob]), received, received + 1_000,
-                                         lambda: self.busy)
+            acts = self.turns.on_windows(
+                np.array([prob]), received, received + 1_000, lambda: self.busy
+            )
             out += acts
             self.actions += [(self.window, a) for a in acts]
         return out
@@ -56,12 +63,12 @@ def test_speech_then_silence_starts_and_ends_a_turn_with_its_audio():
     s.feed(SILENCE, 10)
     s.feed(VOICE, 20)  # windows 10-29
     s.feed(SILENCE, 20)
-    (w_start, started), = s.of(SpeechStarted)
+    ((w_start, started),) = s.of(SpeechStarted)
     assert w_start == 12  # min_speech_ms 96: the third voiced window decides
     assert started.turn_id == 1 and started.audio_ms == 10 * 32  # where speech began
-    (w_stop, stopped), = s.of(SpeechStopped)
+    ((w_stop, _stopped),) = s.of(SpeechStopped)
     assert w_stop == 29 + 13  # 400 ms of silence: 13 windows after the last voiced one
-    (w_end, ended), = s.of(TurnEnded)
+    ((w_end, ended),) = s.of(TurnEnded)
     assert w_end == w_stop and ended.turn_id == 1 and ended.early_decode is None
     # the utterance: 200 ms of pre-roll before the first voiced window, up to the endpoint
     assert ended.audio.size == (w_stop + 1) * FRAME - (10 * FRAME - 3200)
@@ -84,10 +91,10 @@ def test_the_early_decode_starts_in_the_silence_and_the_endpoint_takes_it():
     s = Script(taking(early_final_ms=160))
     s.feed(VOICE, 20)
     s.feed(SILENCE, 20)
-    (w_early, early), = s.of(StartDecode)
+    ((w_early, early),) = s.of(StartDecode)
     assert early.kind is DecodeKind.EARLY and w_early == 19 + 5  # 160 ms: 5 silent windows
     assert early.audio.size == (w_early + 1) * FRAME  # the utterance so far
-    (_, ended), = s.of(TurnEnded)
+    ((_, ended),) = s.of(TurnEnded)
     assert ended.early_decode == early.decode_id and not s.of(DropDecode)
     assert not s.turns.early_is_current(early.decode_id)  # the turn took it
 
@@ -99,9 +106,9 @@ def test_talking_again_makes_the_early_decode_stale_and_a_new_one_is_made():
     s.feed(VOICE, 5)  # ...and the speaker goes on: it no longer covers the utterance
     s.feed(SILENCE, 20)
     starts = [a for _, a in s.of(StartDecode)]
-    (_, dropped), = s.of(DropDecode)
+    ((_, dropped),) = s.of(DropDecode)
     assert len(starts) == 2 and dropped.decode_id == starts[0].decode_id
-    (_, ended), = s.of(TurnEnded)
+    ((_, ended),) = s.of(TurnEnded)
     assert ended.early_decode == starts[1].decode_id
 
 
@@ -116,21 +123,22 @@ def test_no_early_decode_without_server_vad_or_auto_respond():
 def test_partials_every_interval_one_at_a_time_and_not_while_the_asr_is_busy():
     s = Script(taking(partial_interval_ms=320))  # every 10 windows of speech
     s.feed(VOICE, 14)
-    (w1, first), = s.of(StartDecode)
+    ((w1, first),) = s.of(StartDecode)
     # an interval (10 windows) after the first window past the speech start (window 2)
     assert first.kind is DecodeKind.PARTIAL and w1 == 3 + 10
     s.feed(VOICE, 14)
     assert len(s.of(StartDecode)) == 1  # the first is still in flight: no second one
     # nothing agreed yet: all unstable
     assert s.turns.partial_done(first.decode_id, "what is the") == [
-        PartialTranscript(1, "", "what is the")]
+        PartialTranscript(1, "", "what is the")
+    ]
     s.busy = True
     s.feed(VOICE, 3)
     assert len(s.of(StartDecode)) == 1  # the ASR worker has other work: back off
     s.busy = False
     second = s.feed(VOICE, 1)[0]
     assert isinstance(second, StartDecode)
-    partial, = s.turns.partial_done(second.decode_id, "what is the weather")
+    (partial,) = s.turns.partial_done(second.decode_id, "what is the weather")
     assert partial == PartialTranscript(1, "what is the", "weather")
     s.feed(SILENCE, 20)
     assert s.of(TurnEnded)
@@ -140,9 +148,9 @@ def test_partials_every_interval_one_at_a_time_and_not_while_the_asr_is_busy():
 def test_the_turn_end_drops_a_partial_in_flight():
     s = Script(taking(partial_interval_ms=320))
     s.feed(VOICE, 14)
-    (_, partial), = s.of(StartDecode)
+    ((_, partial),) = s.of(StartDecode)
     s.feed(SILENCE, 20)
-    (_, dropped), = s.of(DropDecode)
+    ((_, dropped),) = s.of(DropDecode)
     assert dropped.decode_id == partial.decode_id and dropped.kind is DecodeKind.PARTIAL
 
 
@@ -153,7 +161,7 @@ def test_manual_mode_waits_for_the_commit_and_takes_all_the_audio():
     s.feed(VOICE, 20)
     s.feed(SILENCE, 20)
     assert s.of(SpeechStopped) and not s.of(TurnEnded)  # told, but the client decides
-    ended, = tt.commit(now_ns=123)
+    (ended,) = tt.commit(now_ns=123)
     assert isinstance(ended, TurnEnded) and ended.endpoint_ns == 123
     assert ended.heard_ns is None  # the client decided, not the VAD
     assert ended.audio.size == 45 * FRAME  # everything since the last turn
@@ -165,8 +173,8 @@ def test_clear_forgets_the_audio_and_drops_decodes_in_flight():
     s = Script(tt)
     s.feed(VOICE, 20)
     s.feed(SILENCE, 6)
-    (_, early), = s.of(StartDecode)
-    dropped, = tt.clear()
+    ((_, early),) = s.of(StartDecode)
+    (dropped,) = tt.clear()
     assert dropped == DropDecode(early.decode_id, DecodeKind.EARLY)
     assert tt.commit(now_ns=1) == []  # nothing left to transcribe
 
@@ -174,5 +182,5 @@ def test_clear_forgets_the_audio_and_drops_decodes_in_flight():
 def test_a_too_long_utterance_is_cut_at_max_utterance_s():
     s = Script(taking(vad={"max_utterance_s": 2.0}))
     s.feed(VOICE, 100)
-    (w, _), = s.of(TurnEnded)
+    ((w, _),) = s.of(TurnEnded)
     assert w == 62  # 2 s = 62.5 windows from the first voiced one

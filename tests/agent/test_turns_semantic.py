@@ -9,14 +9,21 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from test_turns import SILENCE, VOICE, WINDOW_NS, Script
 
-from voicert.agent.turns import (DecodeKind, DropDecode, JudgeTurn, StartDecode, TurnEnded,
-                                 TurnJudged, TurnTaking, Verdict)
+from voicert.agent.turns import (
+    DecodeKind,
+    DropDecode,
+    JudgeTurn,
+    StartDecode,
+    TurnEnded,
+    TurnJudged,
+    TurnTaking,
+    Verdict,
+)
 from voicert.config import TurnConfig, VadConfig
 from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped
 from voicert.speech.vad import FRAME
-
-from test_turns import SILENCE, VOICE, WINDOW_NS, Script
 
 
 def decided(out: list) -> list:
@@ -45,10 +52,12 @@ def test_a_complete_utterance_ends_at_the_pause_once_both_cues_are_in():
     s = Script(semantic())
     last = speak(s)
     s.feed(SILENCE, 6)  # 192 ms: the pause
-    (w_early, early), = s.of(StartDecode)
+    ((w_early, early),) = s.of(StartDecode)
     assert early.kind is DecodeKind.EARLY and w_early == last + 5  # 160 ms
-    (w_judge, judge), = s.of(JudgeTurn)
-    assert w_judge == last + 6 and judge.audio.size == (w_judge + 1) * FRAME  # from the start: the pre-roll reaches it
+    ((w_judge, judge),) = s.of(JudgeTurn)
+    assert (
+        w_judge == last + 6 and judge.audio.size == (w_judge + 1) * FRAME
+    )  # from the start: the pre-roll reaches it
     assert s.of(TurnEnded) == []  # the transcript is not in yet
     assert s.turns.judged(judge.judge_id, 0.9, 10) == []  # nor the words
     now = (last + 8) * WINDOW_NS
@@ -66,10 +75,12 @@ def test_words_that_stop_mid_phrase_hold_the_turn_until_the_speaker_goes_on():
     s = Script(semantic())
     speak(s)
     s.feed(SILENCE, 6)
-    (_, early), = s.of(StartDecode)
-    (_, judge), = s.of(JudgeTurn)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
     assert s.turns.early_done(early.decode_id, "I would like to book a table for", 1) == []
-    assert incomplete(s.turns.judged(judge.judge_id, 0.97, 2))  # the audio model alone would cut here
+    assert incomplete(
+        s.turns.judged(judge.judge_id, 0.97, 2)
+    )  # the audio model alone would cut here
     s.feed(SILENCE, 20)  # a 0.8 s pause in all: still the same turn
     assert s.of(TurnEnded) == []
     s.feed(VOICE, 15)  # "four people tonight"
@@ -80,9 +91,13 @@ def test_words_that_stop_mid_phrase_hold_the_turn_until_the_speaker_goes_on():
     judges = [a for _, a in s.of(JudgeTurn)]
     assert len(starts) == 2 and len(judges) == 2  # the new pause is judged afresh
     s.turns.judged(judges[1].judge_id, 0.8, 3)
-    stopped, ended = decided(s.turns.early_done(
-        starts[1].decode_id, "I would like to book a table for four people tonight.",
-        (last + 7) * WINDOW_NS))
+    _stopped, ended = decided(
+        s.turns.early_done(
+            starts[1].decode_id,
+            "I would like to book a table for four people tonight.",
+            (last + 7) * WINDOW_NS,
+        )
+    )
     assert ended.early_decode == starts[1].decode_id
     # the whole utterance, both halves and the pause between them
     assert ended.audio.size == (last + 7) * FRAME
@@ -92,14 +107,14 @@ def test_an_utterance_judged_incomplete_ends_at_the_maximum_silence():
     s = Script(semantic(max_silence_ms=1600))
     last = speak(s)
     s.feed(SILENCE, 6)
-    (_, early), = s.of(StartDecode)
-    (_, judge), = s.of(JudgeTurn)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
     s.turns.early_done(early.decode_id, "So what I was thinking is that", 1)
     s.turns.judged(judge.judge_id, 0.1, 2)
     s.feed(SILENCE, 60)
-    (w_stop, _), = s.of(SpeechStopped)
+    ((w_stop, _),) = s.of(SpeechStopped)
     assert w_stop == last + 50  # 1600 ms / 32 ms
-    (_, ended), = s.of(TurnEnded)
+    ((_, ended),) = s.of(TurnEnded)
     assert ended.early_decode == early.decode_id  # the early decode still covers it
 
 
@@ -107,8 +122,8 @@ def test_the_audio_model_decides_when_the_words_could_end_there():
     s = Script(semantic())
     speak(s)
     s.feed(SILENCE, 6)
-    (_, early), = s.of(StartDecode)
-    (_, judge), = s.of(JudgeTurn)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
     s.turns.early_done(early.decode_id, "Book a table for four people.", 1)
     assert incomplete(s.turns.judged(judge.judge_id, 0.2, 2))
 
@@ -117,8 +132,8 @@ def test_a_question_mark_in_the_transcript_outweighs_a_hesitant_audio_score():
     s = Script(semantic())
     speak(s)
     s.feed(SILENCE, 6)
-    (_, early), = s.of(StartDecode)
-    (_, judge), = s.of(JudgeTurn)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
     s.turns.judged(judge.judge_id, 0.2, 1)
     out = s.turns.early_done(early.decode_id, "Can you tell me a short joke?", 2)
     assert isinstance(out[-1], TurnEnded)
@@ -128,7 +143,7 @@ def test_an_early_transcript_in_before_the_pause_is_used_at_once():
     s = Script(semantic(model="none"))
     speak(s)
     s.feed(SILENCE, 5)
-    (_, early), = s.of(StartDecode)
+    ((_, early),) = s.of(StartDecode)
     assert s.turns.early_done(early.decode_id, "Thank you, that is all.", 1) == []
     out = s.feed(SILENCE, 1)  # the pause: no audio model, the words are in: decided now
     assert s.of(JudgeTurn) == [] and isinstance(out[-1], TurnEnded)
@@ -138,8 +153,8 @@ def test_a_failed_audio_model_leaves_the_words_to_decide():
     s = Script(semantic())
     speak(s)
     s.feed(SILENCE, 6)
-    (_, early), = s.of(StartDecode)
-    (_, judge), = s.of(JudgeTurn)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
     s.turns.early_done(early.decode_id, "What time is it.", 1)
     assert isinstance(s.turns.judged(judge.judge_id, None, 2)[-1], TurnEnded)
 
@@ -148,8 +163,8 @@ def test_speech_after_the_pause_makes_a_late_judgement_moot():
     s = Script(semantic())
     speak(s)
     s.feed(SILENCE, 6)
-    (_, early), = s.of(StartDecode)
-    (_, judge), = s.of(JudgeTurn)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
     s.feed(VOICE, 3)
     assert s.turns.judged(judge.judge_id, 0.99, 1) == []
     assert s.turns.early_done(early.decode_id, "Hello.", 2) == []
@@ -161,8 +176,8 @@ def test_without_the_text_cue_the_audio_model_alone_decides_and_no_early_decode_
     speak(s)
     s.feed(SILENCE, 6)
     assert s.of(StartDecode) == []
-    (_, judge), = s.of(JudgeTurn)
-    stopped, ended = decided(s.turns.judged(judge.judge_id, 0.7, 5))
+    ((_, judge),) = s.of(JudgeTurn)
+    _stopped, ended = decided(s.turns.judged(judge.judge_id, 0.7, 5))
     assert ended.early_decode is None and ended.endpoint_ns == 5
 
 
@@ -170,7 +185,7 @@ def test_the_text_cue_starts_the_early_decode_by_the_pause_when_early_finals_are
     s = Script(semantic(early_final_ms=0, pause_ms=256))
     last = speak(s)
     s.feed(SILENCE, 8)
-    (w, early), = s.of(StartDecode)
+    ((w, early),) = s.of(StartDecode)
     assert early.kind is DecodeKind.EARLY and w == last + 8
 
 
@@ -179,7 +194,7 @@ def test_the_silence_detector_is_todays_behaviour():
     last = speak(s)
     s.feed(SILENCE, 30)
     assert s.of(JudgeTurn) == []
-    (w_stop, _), = s.of(SpeechStopped)
+    ((w_stop, _),) = s.of(SpeechStopped)
     assert w_stop == last + 13  # vad.min_silence_ms 400
 
 
@@ -210,23 +225,29 @@ def test_short_speech_over_a_reply_does_not_interrupt_and_ends_as_an_overlap():
 def test_speech_over_a_reply_that_goes_on_interrupts_once_it_reaches_interrupt_ms():
     s = Script(TurnTaking(VadConfig(), turn=TurnConfig(detector="silence", interrupt_ms=480)))
     over_reply(s, voiced=30)
-    (w_barge, barge), = s.of(BargeIn)
-    (w_start, started), = s.of(SpeechStarted)
+    ((w_barge, barge),) = s.of(BargeIn)
+    ((_w_start, started),) = s.of(SpeechStarted)
     assert w_barge == 3 + 15 - 1 and barge.turn_id == started.turn_id  # the 15th voiced window
-    (_, ended), = s.of(TurnEnded)
+    ((_, ended),) = s.of(TurnEnded)
     assert not ended.overlap  # it already interrupted: an ordinary turn
 
 
 def test_without_backchannels_or_a_reply_speech_interrupts_at_once():
-    for turns, replying in ((TurnConfig(detector="silence", backchannels=False), True),
-                            (TurnConfig(detector="silence"), False)):
+    for turns, replying in (
+        (TurnConfig(detector="silence", backchannels=False), True),
+        (TurnConfig(detector="silence"), False),
+    ):
         s = Script(TurnTaking(VadConfig(), turn=turns))
         s.feed(SILENCE, 3)
         for _ in range(8):
             s.window += 1
             s.turns.push(np.full(FRAME, 0.3, np.float32))
-            s.actions += [(s.window, a) for a in s.turns.on_windows(
-                np.array([VOICE]), s.window * WINDOW_NS, 0, replying=replying)]
+            s.actions += [
+                (s.window, a)
+                for a in s.turns.on_windows(
+                    np.array([VOICE]), s.window * WINDOW_NS, 0, replying=replying
+                )
+            ]
         kinds = [type(a).__name__ for _, a in s.actions]
         assert kinds == ["SpeechStarted", "BargeIn"]
 
@@ -237,8 +258,9 @@ class Overlap:
     never)."""
 
     def __init__(self, check_ms: int = 160, interrupt_ms: int = 480) -> None:
-        turn = TurnConfig(detector="silence", interrupt_ms=interrupt_ms,
-                          interrupt_check_ms=check_ms)
+        turn = TurnConfig(
+            detector="silence", interrupt_ms=interrupt_ms, interrupt_check_ms=check_ms
+        )
         self.s = Script(TurnTaking(VadConfig(), turn=turn))
         self.decodes: list[tuple[int, StartDecode]] = []
 
@@ -247,12 +269,11 @@ class Overlap:
         for prob in [SILENCE] * 3 + [VOICE] * voiced + [SILENCE] * 20:
             s = self.s
             s.window += 1
-            for due, decode_id, text in [p for p in pending if p[0] == s.window]:
+            for _due, decode_id, text in [p for p in pending if p[0] == s.window]:
                 s.actions += [(s.window, a) for a in s.turns.overlap_done(decode_id, text)]
             received = s.window * WINDOW_NS
             s.turns.push(np.full(FRAME, 0.3 if prob >= 0.5 else 0.0, np.float32))
-            acts = s.turns.on_windows(np.array([prob]), received, received + 1_000,
-                                      replying=True)
+            acts = s.turns.on_windows(np.array([prob]), received, received + 1_000, replying=True)
             s.actions += [(s.window, a) for a in acts]
             for a in acts:
                 if isinstance(a, StartDecode) and a.kind is DecodeKind.OVERLAP:
@@ -266,7 +287,7 @@ class Overlap:
 def test_a_checked_backchannel_that_reaches_interrupt_ms_lets_the_reply_go_on():
     o = Overlap()
     out = o.run(voiced=22, transcripts=["Mm-hmm."])  # a slow "mm-hmmm": 704 ms of voice
-    (w, start), = o.decodes  # transcribed at the 15th voiced window (480 ms)
+    ((w, start),) = o.decodes  # transcribed at the 15th voiced window (480 ms)
     assert w == 3 + 15 - 1 and start.audio.size >= 15 * FRAME
     assert not any(isinstance(a, BargeIn) for a in out)
     (ended,) = [a for a in out if isinstance(a, TurnEnded)]
@@ -276,18 +297,18 @@ def test_a_checked_backchannel_that_reaches_interrupt_ms_lets_the_reply_go_on():
 def test_checked_words_that_are_no_backchannel_interrupt_when_their_transcript_comes():
     o = Overlap()
     o.run(voiced=30, transcripts=["Hold on, what did"], answer_after=3)
-    (w_check, _), = o.decodes
-    (w_barge, _), = o.s.of(BargeIn)
+    ((w_check, _),) = o.decodes
+    ((w_barge, _),) = o.s.of(BargeIn)
     assert w_barge == w_check + 3  # the transcript's arrival, within the 160 ms allowed
-    (_, ended), = o.s.of(TurnEnded)
+    ((_, ended),) = o.s.of(TurnEnded)
     assert not ended.overlap
 
 
 def test_no_transcript_in_time_interrupts_and_withdraws_the_decode():
     o = Overlap(check_ms=160)
     o.run(voiced=30, transcripts=[None])
-    (w_check, start), = o.decodes
-    (w_barge, _), = o.s.of(BargeIn)
+    ((w_check, start),) = o.decodes
+    ((w_barge, _),) = o.s.of(BargeIn)
     assert w_barge == w_check + 5  # 160 ms later: 5 windows of 32 ms
     dropped = [a for _, a in o.s.of(DropDecode) if a.kind is DecodeKind.OVERLAP]
     assert [d.decode_id for d in dropped] == [start.decode_id]

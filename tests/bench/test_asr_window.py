@@ -13,7 +13,9 @@ def tone(seconds: float) -> np.ndarray:
 def test_the_cut_is_at_the_longest_quiet_stretch_inside_the_utterance():
     gap = np.zeros(int(0.8 * 16000), np.float32)
     short = np.zeros(int(0.1 * 16000), np.float32)
-    audio = np.concatenate([tone(1.0), short, tone(0.5), gap, tone(1.0), np.zeros(16000, np.float32)])
+    audio = np.concatenate(
+        [tone(1.0), short, tone(0.5), gap, tone(1.0), np.zeros(16000, np.float32)]
+    )
     cut = pause_start(audio)  # the trailing second of silence is not the pause
     assert abs(cut - int(1.6 * 16000)) <= 160
 
@@ -23,7 +25,7 @@ def test_the_pause_set_loads_with_first_halves_ending_in_the_early_decode_silenc
     assert len(complete) == 12 and len(pauses) == 12
     for p in pauses:
         assert p.first.size < p.whole.size and "|" not in p.text
-        assert not p.first[-int(EARLY_S * 16000):].any()
+        assert not p.first[-int(EARLY_S * 16000) :].any()
 
 
 def test_a_window_outside_whispers_range_is_refused_before_any_model_loads(capsys):

@@ -12,8 +12,11 @@ from voicert.bench import attention as bench
 
 def test_a_case_is_batch_by_new_by_context_and_names_its_phase():
     assert bench.Case.parse("8x1x600") == bench.Case(8, 1, 600)
-    assert [bench.Case.parse(c).phase for c in ("8x1x600", "1x3x600", "1x128x600")] == \
-        ["decode", "verify", "prefill"]
+    assert [bench.Case.parse(c).phase for c in ("8x1x600", "1x3x600", "1x128x600")] == [
+        "decode",
+        "verify",
+        "prefill",
+    ]
     for bad in ("8x1", "8x700x600", "0x1x10", "ax1x2"):
         with pytest.raises(ValueError, match="case"):
             bench.Case.parse(bad)

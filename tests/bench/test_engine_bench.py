@@ -24,8 +24,14 @@ def scripted(first_ms: float, step_ms: float):
 async def test_measure_reports_ttft_and_decode_tpot_by_row_name():
     stream, calls = scripted(first_ms=7.5, step_ms=2.0)
     counter = iter(range(10**6))
-    figures = await bench.measure(stream, lambda n: [next(counter) % 50 for _ in range(n)], reps=4,
-                                  streams=[1, 3], new=9, prompt_tokens=10)
+    figures = await bench.measure(
+        stream,
+        lambda n: [next(counter) % 50 for _ in range(n)],
+        reps=4,
+        streams=[1, 3],
+        new=9,
+        prompt_tokens=10,
+    )
     assert figures[bench.TTFT_600 + " (P50)"] == 7.5 and figures[bench.TTFT_TURN] == 7.5
     for n in (1, 3):
         assert abs(figures[bench.tpot_decode(n)] - 2.0) < 1e-9
@@ -37,14 +43,27 @@ async def test_measure_reports_ttft_and_decode_tpot_by_row_name():
 
 
 def test_the_table_names_the_engine_beside_ours_and_its_ratios():
-    args = argparse.Namespace(device="cuda", dtype="bfloat16", fp8=True, cuda_graphs=True,
-                              fused_kernels=True, overlap=True, torchscript=False, int8=False,
-                              prompt_tokens=100, new_tokens=128, prefill_attention="flash")
-    rows = [bench.Row(bench.tpot_decode(1), 1.0, 1.5, "ms"),
-            bench.Row(bench.tokens_per_s(8), 200.0, 100.0, "tok/s"),
-            bench.Row(bench.tpot_all(1), 1.0, None, "ms")]
-    text = bench.render("llama-1b-random", args, {"rows": rows, "spec": [], "int8": None},
-                        "vLLM 0.26.0 fp8")
+    args = argparse.Namespace(
+        device="cuda",
+        dtype="bfloat16",
+        fp8=True,
+        cuda_graphs=True,
+        fused_kernels=True,
+        overlap=True,
+        torchscript=False,
+        int8=False,
+        prompt_tokens=100,
+        new_tokens=128,
+        prefill_attention="flash",
+    )
+    rows = [
+        bench.Row(bench.tpot_decode(1), 1.0, 1.5, "ms"),
+        bench.Row(bench.tokens_per_s(8), 200.0, 100.0, "tok/s"),
+        bench.Row(bench.tpot_all(1), 1.0, None, "ms"),
+    ]
+    text = bench.render(
+        "llama-1b-random", args, {"rows": rows, "spec": [], "int8": None}, "vLLM 0.26.0 fp8"
+    )
     assert "| metric | voicert | vLLM 0.26.0 fp8 | ratio (x better) |" in text
     assert "FP8 weights" in text and "prefill attention flash" in text
     assert "| 1.00 ms | 1.50 | 1.50x |" in text and "| 200.00 tok/s | 100.00 | 2.00x |" in text
@@ -78,13 +97,15 @@ def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
 
     from voicert.bench import fp8
 
-    for main, argv in ((bench.main, ["--device", "cpu", "--fp8"]),
-                       (bench.main, ["--against", "sglang"]),
-                       (bench.main, ["--device", "cpu", "--against", "sdpa-prefill"]),
-                       (bench.main, ["--device", "cuda", "--against", "model-kv"]),
-                       (fp8.main, ["--blocks", "16x32x256"]),
-                       (fp8.main, ["--shapes", "llama-70b"]),
-                       (fp8.main, ["--quantize", "kv-int8,activations"])):
+    for main, argv in (
+        (bench.main, ["--device", "cpu", "--fp8"]),
+        (bench.main, ["--against", "sglang"]),
+        (bench.main, ["--device", "cpu", "--against", "sdpa-prefill"]),
+        (bench.main, ["--device", "cuda", "--against", "model-kv"]),
+        (fp8.main, ["--blocks", "16x32x256"]),
+        (fp8.main, ["--shapes", "llama-70b"]),
+        (fp8.main, ["--quantize", "kv-int8,activations"]),
+    ):
         with pytest.raises(SystemExit) as exc:
             main(argv)
         assert exc.value.code == 2, argv

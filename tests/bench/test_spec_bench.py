@@ -15,9 +15,13 @@ def level(tpot: float, tokens: int, wall: float, replies, verify: int = 0, plain
 def test_the_table_gives_ratios_against_plain_the_verify_share_and_identical_replies():
     args = argparse.Namespace(drafter="heads", k=2, rounds=3)
     same, other = [[1, 2], [3, 4]], [[1, 2], [3, 5]]
-    results = {2: {"plain": level(2.0, 100, 1.0, same),
-                   "always": level(1.0, 100, 0.5, same),
-                   "adaptive": level(1.6, 100, 0.8, other, verify=30, plain=10)}}
+    results = {
+        2: {
+            "plain": level(2.0, 100, 1.0, same),
+            "always": level(1.0, 100, 0.5, same),
+            "adaptive": level(1.6, 100, 0.8, other, verify=30, plain=10),
+        }
+    }
     text = render("m", args, results, [SpecDecision(2, 1.0, 1.3, True)])
     row = next(line for line in text.splitlines() if line.startswith("| 2 |"))
     assert "1.00 ms (2.00x)" in row and "1.60 ms (1.25x)" in row and "200 (2.00x)" in row
@@ -25,8 +29,10 @@ def test_the_table_gives_ratios_against_plain_the_verify_share_and_identical_rep
     assert "| 2 | 1.00 ms | 1.30 ms | yes |" in text
 
 
-@pytest.mark.parametrize("argv", [["--drafter", "heads", "--model", "llama-1b-random"],
-                                  ["--streams", "1,x"], ["--k", "0"]])
+@pytest.mark.parametrize(
+    "argv",
+    [["--drafter", "heads", "--model", "llama-1b-random"], ["--streams", "1,x"], ["--k", "0"]],
+)
 def test_bad_options_are_a_usage_error_before_any_model_loads(argv, capsys):
     with pytest.raises(SystemExit) as exc:
         main(argv)

@@ -29,8 +29,16 @@ def _engines() -> list[type]:
     from voicert.engine.clients.simple import SimpleEngine
     from voicert.engine.clients.supervisor import SupervisedEngine
 
-    return [LLMEngine, EngineLink, EngineProcess, SharedEngineClient, SimpleEngine,
-            OpenAICompatEngine, SupervisedEngine, ReplicaEngine]
+    return [
+        LLMEngine,
+        EngineLink,
+        EngineProcess,
+        SharedEngineClient,
+        SimpleEngine,
+        OpenAICompatEngine,
+        SupervisedEngine,
+        ReplicaEngine,
+    ]
 
 
 def _has(cls: type, name: str) -> bool:
@@ -66,8 +74,12 @@ def test_no_part_probes_an_engine_or_asr_with_getattr():
             continue
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                    and node.func.id in ("getattr", "hasattr") and node.args:
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and node.args
+            ):
                 target = ast.unparse(node.args[0]).lower()
                 if any(w in target for w in ("engine", "replica", "asr")):
                     found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")

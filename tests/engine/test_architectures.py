@@ -15,10 +15,10 @@ import torch
 
 from voicert.core.llm import GenerationRequest
 from voicert.engine.core.kv_cache import BlockManager
-from voicert.engine.models.registry import load_model
 from voicert.engine.core.runner import ModelRunner
 from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.core.sequence import Sequence
+from voicert.engine.models.registry import load_model
 
 NEW = 32
 
@@ -27,25 +27,51 @@ def tiny(kind: str):
     """(config, model class) of a tiny ``kind`` model."""
     import transformers as t
 
-    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    common = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     if kind == "qwen3":
-        return t.Qwen3Config(**common, head_dim=32, rms_norm_eps=1e-6, rope_theta=1e6,
-                             tie_word_embeddings=False, attention_bias=False), t.Qwen3ForCausalLM
+        return t.Qwen3Config(
+            **common,
+            head_dim=32,
+            rms_norm_eps=1e-6,
+            rope_theta=1e6,
+            tie_word_embeddings=False,
+            attention_bias=False,
+        ), t.Qwen3ForCausalLM
     if kind == "gemma2":  # a window shorter than the prompts (the sliding layers cut keys off)
         # and a cap the tiny model's attention scores reach
-        return t.Gemma2Config(**common, head_dim=16, query_pre_attn_scalar=24,
-                              attn_logit_softcapping=0.5, final_logit_softcapping=30.0,
-                              sliding_window=24, tie_word_embeddings=False), t.Gemma2ForCausalLM
+        return t.Gemma2Config(
+            **common,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=0.5,
+            final_logit_softcapping=30.0,
+            sliding_window=24,
+            tie_word_embeddings=False,
+        ), t.Gemma2ForCausalLM
     if kind == "gemma3":  # sliding and full layers, each with its own RoPE base; full ones scaled
         return t.Gemma3TextConfig(
-            **common, head_dim=16, query_pre_attn_scalar=24, sliding_window=24,
+            **common,
+            head_dim=16,
+            query_pre_attn_scalar=24,
+            sliding_window=24,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
-                             "full_attention": {"rope_type": "linear", "rope_theta": 10000.0,
-                                                "factor": 4.0}},
-            tie_word_embeddings=False), t.Gemma3ForCausalLM
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+            },
+            tie_word_embeddings=False,
+        ), t.Gemma3ForCausalLM
     return t.Phi3Config(**common, rms_norm_eps=1e-5, tie_word_embeddings=False), t.Phi3ForCausalLM
 
 
@@ -84,13 +110,15 @@ def decode(model, prompts, torchscript=False, engine=None):
     while sched.has_work():
         step, _ = sched.schedule()
         sched.postprocess(step, runner.run(step))
-    return [s.tokens[len(s.prompt):] for s in seqs]
+    return [s.tokens[len(s.prompt) :] for s in seqs]
 
 
 def fresh(model, torchscript=False):
     """A scheduler (its block manager: the prefix cache) and a runner (the KV pool it indexes)."""
-    return (Scheduler(BlockManager(128, 16), SchedulerConfig(), stop_ids=set()),
-            ModelRunner(model, 128, 16, torchscript=torchscript))
+    return (
+        Scheduler(BlockManager(128, 16), SchedulerConfig(), stop_ids=set()),
+        ModelRunner(model, 128, 16, torchscript=torchscript),
+    )
 
 
 def test_greedy_equals_transformers_over_32_tokens(checkpoint, prompts):
@@ -101,9 +129,10 @@ def test_greedy_equals_transformers_over_32_tokens(checkpoint, prompts):
     ref_model.generation_config.eos_token_id = None
     for prompt, got in zip(prompts, ours):
         with torch.inference_mode():
-            out = ref_model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False,
-                                     pad_token_id=0)
-        assert got == out[0, len(prompt):].tolist()
+            out = ref_model.generate(
+                torch.tensor([prompt]), max_new_tokens=NEW, do_sample=False, pad_token_id=0
+            )
+        assert got == out[0, len(prompt) :].tolist()
 
 
 def test_batched_equals_one_at_a_time_and_the_trace_equals_eager(checkpoint, prompts):
@@ -117,7 +146,9 @@ def test_cached_equals_uncached(checkpoint, prompts):
     model = load_model(checkpoint)
     engine = fresh(model)
     blocks = engine[0].blocks
-    longer = prompts[2] + prompts[1]  # shares the first 40 tokens (two whole blocks) with one before
+    longer = (
+        prompts[2] + prompts[1]
+    )  # shares the first 40 tokens (two whole blocks) with one before
     decode(model, [prompts[2]], engine=engine)
     hits_before = blocks.stats.hits
     cached = decode(model, [longer], engine=engine)
@@ -139,10 +170,20 @@ def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
 
     want = decode(load_model(checkpoint), prompts)
     model = load_model(checkpoint, torch.float32, "cuda")
-    engine = LLMEngine("", EngineConfig(device="cuda", dtype="float32", num_blocks=256,
-                                        cuda_graphs=True, fused_kernels=True, max_batch=8,
-                                        max_context_tokens=512),
-                       model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
+    engine = LLMEngine(
+        "",
+        EngineConfig(
+            device="cuda",
+            dtype="float32",
+            num_blocks=256,
+            cuda_graphs=True,
+            fused_kernels=True,
+            max_batch=8,
+            max_context_tokens=512,
+        ),
+        model=model,
+        tokenizer=_NullTokenizer(model.cfg.vocab_size),
+    )
 
     async def one(i, p):
         req = GenerationRequest(f"a{i}-{random.random()}", [], NEW, ignore_eos=True, prompt_ids=p)
@@ -150,6 +191,7 @@ def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
 
     async def together():
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
     try:
         assert engine.core.runner.graphs is not None
         assert asyncio.run(together()) == want

@@ -8,18 +8,33 @@ from voicert.engine.build import EngineConfig, engine_config
 
 
 def test_the_engine_takes_every_llm_key_as_configured():
-    llm = LlmConfig(max_batch=7, block_size=32, prefill_token_budget=64, spec_tokens=3,
-                    max_context_tokens=999, batch_window_ms=2.5, own_stream=False,
-                    draft_heads="auto", apology="hm")
+    llm = LlmConfig(
+        max_batch=7,
+        block_size=32,
+        prefill_token_budget=64,
+        spec_tokens=3,
+        max_context_tokens=999,
+        batch_window_ms=2.5,
+        own_stream=False,
+        draft_heads="auto",
+        apology="hm",
+    )
     cfg = engine_config(llm, "/cache")
-    assert {f.name: getattr(cfg, f.name) for f in dataclasses.fields(llm)} == dataclasses.asdict(llm)
+    assert {f.name: getattr(cfg, f.name) for f in dataclasses.fields(llm)} == dataclasses.asdict(
+        llm
+    )
     assert cfg.models_cache == "/cache" and cfg.num_blocks == 0
 
 
 def test_options_of_the_other_device_are_off_where_the_engine_runs():
-    cpu = EngineConfig(cuda_graphs=True, own_stream=True, fused_kernels=True,
-                       torchscript=True).on_device()
+    cpu = EngineConfig(
+        cuda_graphs=True, own_stream=True, fused_kernels=True, torchscript=True
+    ).on_device()
     assert (cpu.cuda_graphs, cpu.own_stream, cpu.fused_kernels, cpu.torchscript) == (
-        False, False, False, True)
+        False,
+        False,
+        False,
+        True,
+    )
     gpu = EngineConfig(device="cuda", cuda_graphs=True, torchscript=True).on_device()
     assert gpu.cuda_graphs and not gpu.torchscript

@@ -9,19 +9,31 @@ import json
 import pytest
 
 from voicert.agent import tool_calls as tc
-from voicert.core.chat import ChatMessage
-from voicert.core.chat import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
-from voicert.engine.clients.chat_upstream import StreamReader, UpstreamError, fit_messages, request_body, sse_data
+from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
+from voicert.engine.clients.chat_upstream import (
+    StreamReader,
+    UpstreamError,
+    fit_messages,
+    request_body,
+    sse_data,
+)
 
-WEATHER = ToolSpec.of("get_weather", "The weather in a city.",
-                      {"type": "object", "properties": {"city": {"type": "string"}},
-                       "required": ["city"]})
+WEATHER = ToolSpec.of(
+    "get_weather",
+    "The weather in a city.",
+    {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+)
 
 
 def chunk(delta=None, finish=None, usage=None) -> str:
-    body = {"id": "c1", "object": "chat.completion.chunk", "model": "m",
-            "choices": [] if delta is None and finish is None else
-            [{"index": 0, "delta": delta or {}, "finish_reason": finish}]}
+    body = {
+        "id": "c1",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": []
+        if delta is None and finish is None
+        else [{"index": 0, "delta": delta or {}, "finish_reason": finish}],
+    }
     if usage is not None:
         body["usage"] = usage
     return json.dumps(body)
@@ -40,17 +52,31 @@ def call_delta(index, name=None, args=None, call_id=None) -> dict:
 
 
 def test_the_body_writes_history_with_calls_and_results_in_the_openai_shape():
-    history = [ChatMessage("system", "Be brief."), ChatMessage("user", "Weather in Oslo?"),
-               ChatMessage("assistant", "", (ToolCall("call_1", "get_weather",
-                                                      '{"city": "Oslo"}'),)),
-               ChatMessage("tool", '{"temp": 3}', tool_call_id="call_1")]
-    body = request_body("m", history, 64, (WEATHER,), ToolChoice(ToolChoiceMode.NAMED,
-                                                                   "get_weather"), False)
-    assert body["messages"][2] == {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "call_1", "type": "function",
-         "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
-    assert body["messages"][3] == {"role": "tool", "tool_call_id": "call_1",
-                                   "content": '{"temp": 3}'}
+    history = [
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "Weather in Oslo?"),
+        ChatMessage("assistant", "", (ToolCall("call_1", "get_weather", '{"city": "Oslo"}'),)),
+        ChatMessage("tool", '{"temp": 3}', tool_call_id="call_1"),
+    ]
+    body = request_body(
+        "m", history, 64, (WEATHER,), ToolChoice(ToolChoiceMode.NAMED, "get_weather"), False
+    )
+    assert body["messages"][2] == {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+            }
+        ],
+    }
+    assert body["messages"][3] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": '{"temp": 3}',
+    }
     assert body["tools"] == [WEATHER.openai()]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
     assert body["parallel_tool_calls"] is False
@@ -65,7 +91,7 @@ def test_the_same_conversation_gives_the_same_bytes_every_turn():
     a = json.dumps(request_body("m", turn1, 64, (WEATHER,)))
     b = json.dumps(request_body("m", turn2, 64, (WEATHER,)))
     assert json.dumps(request_body("m", turn1, 64, (WEATHER,))) == a
-    head = a[:a.index('{"role": "user", "content": "Hi"}') + 30]
+    head = a[: a.index('{"role": "user", "content": "Hi"}') + 30]
     assert b.startswith(head)
 
 
@@ -87,15 +113,19 @@ def test_a_long_conversation_loses_its_oldest_turns_but_keeps_the_system_prompt(
 
 def test_a_tool_result_never_loses_its_call():
     call = ToolCall("c1", "f", "{}")
-    msgs = [ChatMessage("system", "s"), ChatMessage("user", "a" * 500),
-            ChatMessage("assistant", "", (call,)), ChatMessage("tool", "out", tool_call_id="c1"),
-            ChatMessage("user", "now")]
+    msgs = [
+        ChatMessage("system", "s"),
+        ChatMessage("user", "a" * 500),
+        ChatMessage("assistant", "", (call,)),
+        ChatMessage("tool", "out", tool_call_id="c1"),
+        ChatMessage("user", "now"),
+    ]
     cut = fit_messages(msgs, 100)
     assert [m.role for m in cut] == ["system", "user"] and cut[1].content == "now"
 
 
 def test_sse_lines():
-    assert sse_data("data: {\"a\": 1}") == '{"a": 1}'
+    assert sse_data('data: {"a": 1}') == '{"a": 1}'
     assert sse_data("data:[DONE]") == "[DONE]"
     assert sse_data(": keep-alive") is None and sse_data("") is None
     assert sse_data("event: x") is None
@@ -107,8 +137,9 @@ def test_text_deltas_usage_and_the_end():
     assert r.feed(chunk({"content": "Hel"})) == "Hel"
     assert r.feed(chunk({"content": "lo"})) == "lo"
     assert r.feed(chunk(finish="stop")) == ""
-    assert r.feed(chunk(usage={"prompt_tokens": 12, "completion_tokens": 2,
-                               "total_tokens": 14})) == ""
+    assert (
+        r.feed(chunk(usage={"prompt_tokens": 12, "completion_tokens": 2, "total_tokens": 14})) == ""
+    )
     assert r.feed("[DONE]") == "" and r.done
     assert (r.finish_reason, r.prompt_tokens, r.completion_tokens, r.chunks) == ("stop", 12, 2, 2)
 
@@ -130,18 +161,23 @@ def _parse(texts: list[str]) -> list:
 
 def test_streamed_tool_calls_reach_the_call_parser_as_calls_with_argument_deltas():
     r = StreamReader()
-    texts = [r.feed(chunk({"content": "Let me check."})),
-             r.feed(chunk(call_delta(0, "get_weather", "", "call_a"))),
-             r.feed(chunk(call_delta(0, args='{"city": '))),
-             r.feed(chunk(call_delta(0, args='"Oslo"}'))),
-             r.feed(chunk(call_delta(1, "get_weather", '{"city": "Rome"}', "call_b"))),
-             r.feed(chunk(finish="tool_calls")), r.feed("[DONE]")]
+    texts = [
+        r.feed(chunk({"content": "Let me check."})),
+        r.feed(chunk(call_delta(0, "get_weather", "", "call_a"))),
+        r.feed(chunk(call_delta(0, args='{"city": '))),
+        r.feed(chunk(call_delta(0, args='"Oslo"}'))),
+        r.feed(chunk(call_delta(1, "get_weather", '{"city": "Rome"}', "call_b"))),
+        r.feed(chunk(finish="tool_calls")),
+        r.feed("[DONE]"),
+    ]
     pieces = _parse(texts)
     said = "".join(p.text for p in pieces if isinstance(p, tc.Said))
     closed = [p for p in pieces if isinstance(p, tc.CallClosed)]
     assert said.strip() == "Let me check."
     assert [(c.name, json.loads(c.arguments)) for c in closed] == [
-        ("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]
+        ("get_weather", {"city": "Oslo"}),
+        ("get_weather", {"city": "Rome"}),
+    ]
     args = [p.delta for p in pieces if isinstance(p, tc.CallArgs) and p.index == 0]
     assert len(args) >= 2  # the arguments arrive as they are decoded, not at the end
     assert r.finish_reason == "tool_calls"
@@ -149,9 +185,14 @@ def test_streamed_tool_calls_reach_the_call_parser_as_calls_with_argument_deltas
 
 def test_a_call_without_arguments_and_arguments_before_the_name():
     r = StreamReader()
-    texts = [r.feed(chunk(call_delta(0, "now", call_id="c0"))),
-             r.feed(chunk(call_delta(1, args='{"city"'))),
-             r.feed(chunk(call_delta(1, "get_weather", ': "Oslo"}'))), r.close()]
+    texts = [
+        r.feed(chunk(call_delta(0, "now", call_id="c0"))),
+        r.feed(chunk(call_delta(1, args='{"city"'))),
+        r.feed(chunk(call_delta(1, "get_weather", ': "Oslo"}'))),
+        r.close(),
+    ]
     closed = [p for p in _parse(texts) if isinstance(p, tc.CallClosed)]
     assert [(c.name, json.loads(c.arguments)) for c in closed] == [
-        ("now", {}), ("get_weather", {"city": "Oslo"})]
+        ("now", {}),
+        ("get_weather", {"city": "Oslo"}),
+    ]

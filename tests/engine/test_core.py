@@ -8,8 +8,8 @@ from voicert.bench.engine import shape_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest
 from voicert.engine.build import EngineConfig, build_core
-from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.clients.llm_engine import LLMEngine
+from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
 
@@ -24,14 +24,19 @@ def parts(tmp_path_factory):
 
     model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
     torch.manual_seed(0)
-    model = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
-                                                  num_hidden_layers=2)), torch.float32, "cpu")
+    model = random_llama(
+        LlamaConfig.from_hf(dict(shape_config("smollm2-random"), num_hidden_layers=2)),
+        torch.float32,
+        "cpu",
+    )
     return model_dir, model, AutoTokenizer.from_pretrained(model_dir)
 
 
 def _core(parts) -> EngineCore:
     model_dir, model, tok = parts
-    return build_core(model_dir, EngineConfig(num_blocks=64, torchscript=False), model=model, tokenizer=tok)
+    return build_core(
+        model_dir, EngineConfig(num_blocks=64, torchscript=False), model=model, tokenizer=tok
+    )
 
 
 def _request(rid: str, text: str, n: int = 12) -> GenerationRequest:
@@ -83,7 +88,9 @@ def test_fail_all_ends_every_open_request_with_the_error(parts):
     core.step()
     outs = core.fail_all("boom")
     assert sorted((o.request_id, o.finish_reason, o.error) for o in outs) == [
-        ("x", "error", "boom"), ("y", "error", "boom")]
+        ("x", "error", "boom"),
+        ("y", "error", "boom"),
+    ]
     assert not core.has_work()
 
 
@@ -92,7 +99,9 @@ async def test_the_threaded_client_gives_the_cores_tokens_and_detokenises_them(p
     core = _core(parts)
     core.add(_request("r", "Count to five", n=16))
     want = [o.token_id for o in _run(core) if o.finish_reason is None]
-    engine = LLMEngine(model_dir, EngineConfig(num_blocks=64, torchscript=False), model=model, tokenizer=tok)
+    engine = LLMEngine(
+        model_dir, EngineConfig(num_blocks=64, torchscript=False), model=model, tokenizer=tok
+    )
     try:
         events = [e async for e in engine.submit(_request("r", "Count to five", n=16))]
     finally:

@@ -6,8 +6,11 @@ import pytest
 
 from voicert.engine.clients.detok import IncrementalDetokenizer
 
-TEXTS = ["Hello, world! It's 3.14 — café naïve 日本語 🙂 , . ? don't",
-         "The capital of France is Paris .", " spaced   out\n\nlines\t tabs"]
+TEXTS = [
+    "Hello, world! It's 3.14 — café naïve 日本語 🙂 , . ? don't",
+    "The capital of France is Paris .",
+    " spaced   out\n\nlines\t tabs",
+]
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +21,8 @@ def tokenizer():
     from voicert.engine.loader import resolve_llm
 
     return AutoTokenizer.from_pretrained(
-        str(resolve_llm("embedded", cache_dir(load_config(environ={}).models))))
+        str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+    )
 
 
 def test_deltas_join_to_the_whole_decode_for_text_and_random_ids(tokenizer):

@@ -26,13 +26,24 @@ def test_flash_runs_only_where_it_can_and_a_bad_choice_names_the_key():
 
 needs_flash = pytest.mark.skipif(
     not torch.cuda.is_available() or flash.unavailable("cuda", torch.bfloat16) is not None,
-    reason="needs a Hopper GPU and flash-attn-4")
+    reason="needs a Hopper GPU and flash-attn-4",
+)
 
 
 def layer() -> Attention:
-    cfg = LlamaConfig(vocab_size=1, hidden_size=HEADS * DIM, intermediate_size=1, num_layers=1,
-                      num_heads=HEADS, num_kv_heads=KV_HEADS, head_dim=DIM, rms_norm_eps=1e-5,
-                      rope_theta=1e4, max_position=4096, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=1,
+        hidden_size=HEADS * DIM,
+        intermediate_size=1,
+        num_layers=1,
+        num_heads=HEADS,
+        num_kv_heads=KV_HEADS,
+        head_dim=DIM,
+        rms_norm_eps=1e-5,
+        rope_theta=1e4,
+        max_position=4096,
+        tie_word_embeddings=True,
+    )
     return Attention(cfg)
 
 
@@ -53,8 +64,9 @@ def rows(real: list[int], cached: list[int], width: int, g: torch.Generator):
 
 
 @needs_flash
-@pytest.mark.parametrize("real,cached", [([64], [0]), ([5, 64, 1, 33], [0, 500, 17, 96]),
-                                         ([48, 48], [300, 0])])
+@pytest.mark.parametrize(
+    "real,cached", [([64], [0]), ([5, 64, 1, 33], [0, 500, 17, 96]), ([48, 48], [300, 0])]
+)
 def test_flash_rows_equal_sdpa_rows_on_padded_rows(real, cached):
     g = torch.Generator().manual_seed(sum(real))
     q, inp, k, v = rows(real, cached, 64, g)
@@ -90,30 +102,47 @@ def test_flash_rows_replayed_from_a_graph_follow_new_rows():
 
 @needs_flash
 def test_a_served_engine_prefills_with_flash_and_agrees_with_sdpa():
-    from voicert.bench.engine import shape_config, _NullTokenizer
+    from voicert.bench.engine import _NullTokenizer, shape_config
     from voicert.core.llm import GenerationRequest
     from voicert.engine.build import EngineConfig
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import random_llama
 
-    model = random_llama(LlamaConfig.from_hf(dict(shape_config("llama-1b-random"),
-                                                  num_hidden_layers=4)), torch.bfloat16, "cuda")
+    model = random_llama(
+        LlamaConfig.from_hf(dict(shape_config("llama-1b-random"), num_hidden_layers=4)),
+        torch.bfloat16,
+        "cuda",
+    )
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(100, 40000, (int(n),), generator=g).tolist()
-               for n in torch.randint(20, 400, (8,), generator=g)]
+    prompts = [
+        torch.randint(100, 40000, (int(n),), generator=g).tolist()
+        for n in torch.randint(20, 400, (8,), generator=g)
+    ]
 
     def first_tokens(choice: str) -> tuple[list[int], LLMEngine]:
-        engine = LLMEngine("", EngineConfig(
-            device="cuda", dtype="bfloat16", num_blocks=512, cuda_graphs=True, max_batch=16,
-            max_context_tokens=1024, fused_kernels=True, prefill_attention=choice),
-            model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
+        engine = LLMEngine(
+            "",
+            EngineConfig(
+                device="cuda",
+                dtype="bfloat16",
+                num_blocks=512,
+                cuda_graphs=True,
+                max_batch=16,
+                max_context_tokens=1024,
+                fused_kernels=True,
+                prefill_attention=choice,
+            ),
+            model=model,
+            tokenizer=_NullTokenizer(model.cfg.vocab_size),
+        )
 
         async def one(i, p):
             req = GenerationRequest(f"{choice}{i}", [], 1, ignore_eos=True, prompt_ids=p)
-            return [e.token_id async for e in engine.submit(req) if e.finish_reason is None][0]
+            return next(e.token_id async for e in engine.submit(req) if e.finish_reason is None)
 
         async def all_():
             return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
         try:
             assert model.prefill_attention == choice
             return asyncio.run(all_()), engine

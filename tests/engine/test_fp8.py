@@ -13,18 +13,36 @@ import pytest
 import torch
 
 from tests.engine.test_architectures import decode, fresh
-from voicert.engine.gpu.fp8 import (E4M3_MAX, Fp8Linear, gptq_weight, gptq_weights, quantize_fp8,
-                                 quantize_weight)
+from voicert.engine.gpu.fp8 import (
+    E4M3_MAX,
+    Fp8Linear,
+    gptq_weight,
+    gptq_weights,
+    quantize_fp8,
+    quantize_weight,
+)
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
-TINY = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=160, num_layers=2,
-                   num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                   rope_theta=10000.0, max_position=4096, tie_word_embeddings=True)
+TINY = LlamaConfig(
+    vocab_size=300,
+    hidden_size=96,
+    intermediate_size=160,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position=4096,
+    tie_word_embeddings=True,
+)
 
 
 def test_each_rows_largest_weight_maps_to_e4m3s_largest_and_the_rest_within_its_precision():
     g = torch.Generator().manual_seed(0)
-    w = torch.randn(64, 200, generator=g) * torch.logspace(-3, 1, 64).unsqueeze(1)  # rows' scales differ
+    w = torch.randn(64, 200, generator=g) * torch.logspace(-3, 1, 64).unsqueeze(
+        1
+    )  # rows' scales differ
     w[5] = 0  # a row of zeros stays zeros, with a usable scale
     q, scale = quantize_weight(w)
     assert q.dtype == torch.float8_e4m3fn and q.shape == w.shape and scale.shape == (64,)
@@ -35,7 +53,7 @@ def test_each_rows_largest_weight_maps_to_e4m3s_largest_and_the_rest_within_its_
     # e4m3 keeps 3 mantissa bits: rounding errs by at most 1/16 of the value for normal numbers,
     # and by half the smallest subnormal step (2^-10 of the scale) near zero
     err = (back - w).abs()
-    assert (err <= w.abs() / 16 + scale[:, None] * 2.0 ** -10 + 1e-12).all()
+    assert (err <= w.abs() / 16 + scale[:, None] * 2.0**-10 + 1e-12).all()
     assert torch.equal(back[5], torch.zeros(200)) and scale[5] == 1
 
 
@@ -85,6 +103,7 @@ def test_gptq_over_the_whole_model_is_the_same_whatever_layers_share_a_calibrati
         def forward():
             passes.append(1)
             decode(m, rows)
+
         return forward
 
     one_pass, per_layer = copy.deepcopy(model), copy.deepcopy(model)
@@ -94,7 +113,9 @@ def test_gptq_over_the_whole_model_is_the_same_whatever_layers_share_a_calibrati
     assert len(passes) == 1 + TINY.num_layers
     for a, b in zip(one_pass.layers, per_layer.layers):
         for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"):
-            assert torch.equal(a.get_submodule(name).weight.float(), b.get_submodule(name).weight.float())
+            assert torch.equal(
+                a.get_submodule(name).weight.float(), b.get_submodule(name).weight.float()
+            )
 
 
 def test_the_layer_computes_with_its_dequantized_weights_and_keeps_the_input_dtype():
@@ -161,7 +182,9 @@ def embedded():
     from voicert.engine.models.registry import load_model
 
     model_dir = resolve_llm("embedded", cache_dir(load_config(environ={}).models))
-    return (lambda dtype: load_model(model_dir, dtype, "cpu")), AutoTokenizer.from_pretrained(model_dir)
+    return (lambda dtype: load_model(model_dir, dtype, "cpu")), AutoTokenizer.from_pretrained(
+        model_dir
+    )
 
 
 def test_nearest_fp8_keeps_nine_in_ten_of_the_real_embedded_models_next_tokens(embedded):
@@ -188,9 +211,13 @@ def test_gptq_fp8_keeps_more_of_the_real_embedded_models_next_tokens(embedded, m
 
     load, tok = embedded
     rows = fp8.calibration_rows(tok)
-    assert len(rows) > 60 and not {tuple(tok(t)["input_ids"]) for t in TEXTS} & set(map(tuple, rows))
+    assert len(rows) > 60 and not {tuple(tok(t)["input_ids"]) for t in TEXTS} & set(
+        map(tuple, rows)
+    )
     monkeypatch.setattr(fp8, "calibration_rows", lambda _tok: rows[:24])
     ref = load(torch.float32)
-    same, total = top1_agreement(ref, quantized_copy(ref, tok), [tok(t)["input_ids"] for t in TEXTS])
+    same, total = top1_agreement(
+        ref, quantized_copy(ref, tok), [tok(t)["input_ids"] for t in TEXTS]
+    )
     print(f"GPTQ, 24 calibration rows: {same}/{total}")
     assert same / total >= 0.935, f"{same}/{total}"

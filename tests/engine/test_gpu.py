@@ -6,7 +6,7 @@ import asyncio
 import pytest
 import torch
 
-from voicert.bench.engine import shape_config, _NullTokenizer
+from voicert.bench.engine import _NullTokenizer, shape_config
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
@@ -20,18 +20,42 @@ def run_engine(engine, prompts, new=32, sequential=False):
         async def one(i, p):
             req = GenerationRequest(f"g{i}-{sequential}", [], new, ignore_eos=True, prompt_ids=p)
             return [e.token_id async for e in engine.submit(req) if e.finish_reason is None]
+
         if sequential:  # one sequence at a time: its prefill runs through the prefill graphs
             return [await one(i, p) for i, p in enumerate(prompts)]
         return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+
     return asyncio.run(main())
 
 
-def make(model, graphs, spec=0, heads="", fused=True, overlap=True, policy="always",
-         kv_cache="model", pdl="auto", linear="auto"):
-    cfg = EngineConfig(device="cuda", dtype=str(next(model.parameters()).dtype).split(".")[-1],
-                       num_blocks=512, cuda_graphs=graphs, max_batch=16, max_context_tokens=1024,
-                       spec_tokens=spec, draft_heads=heads, fused_kernels=fused, overlap=overlap,
-                       spec_policy=policy, kv_cache=kv_cache, pdl=pdl, decode_linear=linear)
+def make(
+    model,
+    graphs,
+    spec=0,
+    heads="",
+    fused=True,
+    overlap=True,
+    policy="always",
+    kv_cache="model",
+    pdl="auto",
+    linear="auto",
+):
+    cfg = EngineConfig(
+        device="cuda",
+        dtype=str(next(model.parameters()).dtype).split(".")[-1],
+        num_blocks=512,
+        cuda_graphs=graphs,
+        max_batch=16,
+        max_context_tokens=1024,
+        spec_tokens=spec,
+        draft_heads=heads,
+        fused_kernels=fused,
+        overlap=overlap,
+        spec_policy=policy,
+        kv_cache=kv_cache,
+        pdl=pdl,
+        decode_linear=linear,
+    )
     return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
 
 
@@ -46,17 +70,25 @@ def repeat_heads(cfg: LlamaConfig, tmp_path) -> str:
 
     hid = cfg.hidden_size
     path = tmp_path / "repeat-heads.safetensors"
-    save_file({f"proj.{i}.{p}": torch.zeros((hid, hid) if p == "weight" else (hid,))
-               for i in range(2) for p in ("weight", "bias")}, str(path),
-              metadata={"vocab_size": str(cfg.vocab_size)})
+    save_file(
+        {
+            f"proj.{i}.{p}": torch.zeros((hid, hid) if p == "weight" else (hid,))
+            for i in range(2)
+            for p in ("weight", "bias")
+        },
+        str(path),
+        metadata={"vocab_size": str(cfg.vocab_size)},
+    )
     return str(path)
 
 
 @pytest.fixture(scope="module")
 def prompts():
     g = torch.Generator().manual_seed(1)
-    return [torch.randint(100, 40000, (int(n),), generator=g).tolist()
-            for n in torch.randint(5, 300, (12,), generator=g)]
+    return [
+        torch.randint(100, 40000, (int(n),), generator=g).tolist()
+        for n in torch.randint(5, 300, (12,), generator=g)
+    ]
 
 
 def test_graph_decode_equals_eager_fp32(prompts):
@@ -64,10 +96,15 @@ def test_graph_decode_equals_eager_fp32(prompts):
     model = random_llama(cfg, torch.float32, "cuda")
     eager, graphed = make(model, False), make(model, True)
     try:
-        assert graphed.core.runner.graphs is not None and graphed.core.runner.prefill_graphs is not None
+        assert (
+            graphed.core.runner.graphs is not None
+            and graphed.core.runner.prefill_graphs is not None
+        )
         assert run_engine(graphed, prompts) == run_engine(eager, prompts)
         assert max(r.batch for r in graphed.drain_steps() if r.kind == "prefill") > 1
-        assert run_engine(graphed, prompts, sequential=True) == run_engine(eager, prompts, sequential=True)
+        assert run_engine(graphed, prompts, sequential=True) == run_engine(
+            eager, prompts, sequential=True
+        )
         assert graphed.core.runner.eager_steps == {"prefill": 0, "decode": 0}  # every step replayed
     finally:
         eager.close()
@@ -107,7 +144,9 @@ def test_bf16_agreement_with_fp32_is_reported(prompts):
         bf.close()
     first = sum(x[0] == y[0] for x, y in zip(a, b)) / len(a)
     same = sum(x == y for x, y in zip(a, b)) / len(a)
-    print(f"bf16 vs fp32 (random weights): first token agree {first:.2f}, whole 32 tokens {same:.2f}")
+    print(
+        f"bf16 vs fp32 (random weights): first token agree {first:.2f}, whole 32 tokens {same:.2f}"
+    )
     assert first >= 0.5  # random weights have flat logits; a real bug gives ~0
 
 
@@ -163,7 +202,9 @@ def test_overlapped_decode_equals_step_by_step_fp32(prompts):
                     got.append(e.token_id)
                     if i == 0 and cancel_after is not None and len(got) == cancel_after:
                         engine.cancel(req.request_id)
+
             return await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts[:8])))
+
         return asyncio.run(main())
 
     try:
@@ -190,8 +231,10 @@ def test_overlapped_verify_steps_with_accepted_drafts_equal_greedy_fp32(prompts,
     model = random_llama(smollm2_shape(), torch.float32, "cuda")
     path = repeat_heads(model.cfg, tmp_path)
     plain = make(model, True, overlap=False)
-    over, step = make(model, True, spec=2, heads=path), make(model, True, spec=2,
-                                                                  heads=path, overlap=False)
+    over, step = (
+        make(model, True, spec=2, heads=path),
+        make(model, True, spec=2, heads=path, overlap=False),
+    )
     try:
         want = run_engine(plain, prompts, new=60)
         assert run_engine(over, prompts, new=60) == want
@@ -237,10 +280,9 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
     from transformers import AutoTokenizer
 
     from voicert.agent.tool_calls import CallClosed, CallParser
-    from voicert.core.chat import ChatMessage
-    from voicert.engine.build import EngineConfig as CoreConfig, build_core
-    from voicert.engine.core.engine_core import EngineCore
-    from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
+    from voicert.core.chat import ChatMessage, ToolChoice, ToolChoiceMode, ToolSpec
+    from voicert.engine.build import EngineConfig as CoreConfig
+    from voicert.engine.build import build_core
 
     tok_dir = os.environ.get("VOICERT_TEST_TOKENIZER")
     if not tok_dir:
@@ -251,22 +293,47 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
     tok = AutoTokenizer.from_pretrained(tok_dir)
     cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
-    tool = ToolSpec.of("book", "Book a table", {
-        "type": "object", "required": ["people", "note"], "additionalProperties": False,
-        "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12},
-                       "note": {"type": "string", "maxLength": 12}}})
+    tool = ToolSpec.of(
+        "book",
+        "Book a table",
+        {
+            "type": "object",
+            "required": ["people", "note"],
+            "additionalProperties": False,
+            "properties": {
+                "people": {"type": "integer", "minimum": 1, "maximum": 12},
+                "note": {"type": "string", "maxLength": 12},
+            },
+        },
+    )
 
     def run(graphs: bool) -> dict:
-        core = build_core("", CoreConfig(device="cuda", dtype="float32", num_blocks=512,
-                                         cuda_graphs=graphs, max_batch=16,
-                                         max_context_tokens=1024, fused_kernels=True),
-                          model=model, tokenizer=tok)
+        core = build_core(
+            "",
+            CoreConfig(
+                device="cuda",
+                dtype="float32",
+                num_blocks=512,
+                cuda_graphs=graphs,
+                max_batch=16,
+                max_context_tokens=1024,
+                fused_kernels=True,
+            ),
+            model=model,
+            tokenizer=tok,
+        )
         for i in range(12):
             guided = i % 2 == 0
-            core.add(GenerationRequest(
-                f"r{i}", [ChatMessage("user", f"Request number {i}, please.")], 48,
-                ignore_eos=not guided, tools=(tool,) if guided else (),
-                tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
+            core.add(
+                GenerationRequest(
+                    f"r{i}",
+                    [ChatMessage("user", f"Request number {i}, please.")],
+                    48,
+                    ignore_eos=not guided,
+                    tools=(tool,) if guided else (),
+                    tool_choice=ToolChoice(ToolChoiceMode.REQUIRED),
+                )
+            )
         out: dict = {f"r{i}": [] for i in range(12)}
         while core.has_work():
             for o in core.step():
@@ -305,7 +372,8 @@ def test_fp8_graphed_and_fused_equals_fp8_eager_and_batched_equals_one_at_a_time
 
 @pytest.mark.parametrize("kind,dtype", [("fp8", torch.float8_e4m3fn), ("int8", torch.int8)])
 def test_one_byte_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one_at_a_time(
-        prompts, kind, dtype):
+    prompts, kind, dtype
+):
     """A one-byte KV cache (llm.kv_cache) as served (CUDA graphs; the Triton kernels round k and
     v into it and widen them as they read) against the eager torch layers over such a pool, fp32
     activations: same tokens, together or one at a time, and with speculation's verify steps."""
@@ -349,12 +417,18 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     assert [key[:3] for key in graphs] == [(stack, block, n)]  # one graph, replayed for 3 blocks
     on_cpu = gptq_weights([w.cpu() for w in ws], [(x.T @ x / 500).cpu()] * stack, block=block)
     for (q1, s1), (q2, s2) in zip(on_gpu, on_cpu):
-        assert torch.allclose(s1.cpu(), s2, rtol=1e-6, atol=0)  # a division may differ in its last bit
-        assert (q1.cpu().float() != q2.float()).float().mean() < 0.01  # the CPU's float order differs
+        assert torch.allclose(
+            s1.cpu(), s2, rtol=1e-6, atol=0
+        )  # a division may differ in its last bit
+        assert (
+            q1.cpu().float() != q2.float()
+        ).float().mean() < 0.01  # the CPU's float order differs
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
-                    reason="programmatic dependent launch: compute capability 9.0 or newer")
+@pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
+    reason="programmatic dependent launch: compute capability 9.0 or newer",
+)
 @pytest.mark.parametrize("fp8", [False, True])
 def test_pdl_served_engine_gives_the_tokens_of_plain_launches_bf16(prompts, fp8):
     """``llm.pdl`` as served (bf16, CUDA graphs, fused kernels, small steps' Linears by the Triton
@@ -370,8 +444,9 @@ def test_pdl_served_engine_gives_the_tokens_of_plain_launches_bf16(prompts, fp8)
     try:
         assert models[1].pdl and not models[0].pdl
         assert run_engine(pdl, prompts) == run_engine(plain, prompts)
-        assert run_engine(pdl, prompts, sequential=True) == run_engine(plain, prompts,
-                                                                       sequential=True)
+        assert run_engine(pdl, prompts, sequential=True) == run_engine(
+            plain, prompts, sequential=True
+        )
     finally:
         plain.close()
         pdl.close()

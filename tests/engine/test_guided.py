@@ -15,22 +15,37 @@ from hypothesis import strategies as st
 
 from voicert.agent.tool_calls import CallClosed, CallParser
 from voicert.bench.engine import shape_config
-from voicert.core.chat import ChatMessage
+from voicert.core.chat import ChatMessage, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.llm import FinishReason, GenerationRequest
 from voicert.engine.build import EngineConfig, build_core
 from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.core.guided import GuideError
 from voicert.engine.models.llama import LlamaConfig, random_llama
-from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
 REQUIRED = ToolChoice(ToolChoiceMode.REQUIRED)
-BOOK = ToolSpec.of("book_table", "Book a table", {
-    "type": "object", "additionalProperties": False, "required": ["people", "time"],
-    "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12},
-                   "time": {"type": "string", "enum": ["18:00", "19:30", "21:00"]}}})
-CANCEL = ToolSpec.of("cancel", "Cancel a booking", {
-    "type": "object", "additionalProperties": False, "required": ["booking_id"],
-    "properties": {"booking_id": {"type": "string", "pattern": "^B[0-9]{4}$"}}})
+BOOK = ToolSpec.of(
+    "book_table",
+    "Book a table",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["people", "time"],
+        "properties": {
+            "people": {"type": "integer", "minimum": 1, "maximum": 12},
+            "time": {"type": "string", "enum": ["18:00", "19:30", "21:00"]},
+        },
+    },
+)
+CANCEL = ToolSpec.of(
+    "cancel",
+    "Cancel a booking",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["booking_id"],
+        "properties": {"booking_id": {"type": "string", "pattern": "^B[0-9]{4}$"}},
+    },
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +57,17 @@ def core():
 
     model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
     torch.manual_seed(0)
-    model = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
-                                                  num_hidden_layers=2)), torch.float32, "cpu")
-    return build_core(model_dir, EngineConfig(num_blocks=256, torchscript=False), model=model,
-                      tokenizer=AutoTokenizer.from_pretrained(model_dir))
+    model = random_llama(
+        LlamaConfig.from_hf(dict(shape_config("smollm2-random"), num_hidden_layers=2)),
+        torch.float32,
+        "cpu",
+    )
+    return build_core(
+        model_dir,
+        EngineConfig(num_blocks=256, torchscript=False),
+        model=model,
+        tokenizer=AutoTokenizer.from_pretrained(model_dir),
+    )
 
 
 def _run(core: EngineCore, *requests: GenerationRequest) -> dict[str, tuple[list[int], str]]:
@@ -72,13 +94,18 @@ def _calls(core: EngineCore, ids: list[int]) -> list[CallClosed]:
 
 
 def _ask(rid: str, tools, choice=REQUIRED, n: int = 200, parallel: bool = False):
-    return GenerationRequest(rid, [ChatMessage("user", "Book me a table for four at half seven")],
-                             n, tools=tuple(tools), tool_choice=choice,
-                             parallel_tool_calls=parallel)
+    return GenerationRequest(
+        rid,
+        [ChatMessage("user", "Book me a table for four at half seven")],
+        n,
+        tools=tuple(tools),
+        tool_choice=choice,
+        parallel_tool_calls=parallel,
+    )
 
 
 def test_a_required_call_is_one_of_the_tools_with_schema_valid_arguments(core):
-    (ids, end), = _run(core, _ask("r", [BOOK, CANCEL])).values()
+    ((ids, end),) = _run(core, _ask("r", [BOOK, CANCEL])).values()
     assert end == FinishReason.STOP  # the grammar ended the reply once the call was complete
     calls = _calls(core, ids)
     assert len(calls) == 1 and calls[0].name in ("book_table", "cancel")
@@ -87,8 +114,9 @@ def test_a_required_call_is_one_of_the_tools_with_schema_valid_arguments(core):
 
 
 def test_a_named_choice_calls_that_tool(core):
-    (ids, end), = _run(core, _ask("n", [BOOK, CANCEL], ToolChoice(ToolChoiceMode.NAMED,
-                                                                   "cancel"))).values()
+    ((ids, end),) = _run(
+        core, _ask("n", [BOOK, CANCEL], ToolChoice(ToolChoiceMode.NAMED, "cancel"))
+    ).values()
     calls = _calls(core, ids)
     assert end == FinishReason.STOP and [c.name for c in calls] == ["cancel"]
     assert json.loads(calls[0].arguments)["booking_id"][0] == "B"
@@ -96,9 +124,17 @@ def test_a_named_choice_calls_that_tool(core):
 
 def test_choice_none_offers_no_tool_and_decodes_as_plain_greedy(core):
     plain = _run(core, GenerationRequest("p", [ChatMessage("user", "Hi")], 12, ignore_eos=True))
-    none = _run(core, GenerationRequest("p", [ChatMessage("user", "Hi")], 12, ignore_eos=True,
-                                        tools=(BOOK,),
-                                        tool_choice=ToolChoice(ToolChoiceMode.NONE)))
+    none = _run(
+        core,
+        GenerationRequest(
+            "p",
+            [ChatMessage("user", "Hi")],
+            12,
+            ignore_eos=True,
+            tools=(BOOK,),
+            tool_choice=ToolChoice(ToolChoiceMode.NONE),
+        ),
+    )
     assert plain == none
 
 
@@ -127,35 +163,60 @@ def test_an_unusable_schema_fails_that_request_alone(core):
 # ------------------------------------------------------------------ property: random schemas
 
 _leaf = st.one_of(
-    st.builds(lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
-              st.integers(-50, 50), st.integers(0, 1000)),
+    st.builds(
+        lambda lo, span: {"type": "integer", "minimum": lo, "maximum": lo + span},
+        st.integers(-50, 50),
+        st.integers(0, 1000),
+    ),
     st.builds(lambda n: {"type": "string", "maxLength": n}, st.integers(0, 12)),
-    st.builds(lambda vals: {"type": "string", "enum": vals},
-              st.lists(st.text("abcxyz ", min_size=1, max_size=6), min_size=1, max_size=4,
-                       unique=True)),
+    st.builds(
+        lambda vals: {"type": "string", "enum": vals},
+        st.lists(st.text("abcxyz ", min_size=1, max_size=6), min_size=1, max_size=4, unique=True),
+    ),
     st.just({"type": "boolean"}),
     st.just({"type": "null"}),
 )
-_value = st.recursive(_leaf, lambda inner: st.one_of(
-    st.builds(lambda item, n: {"type": "array", "items": item, "maxItems": n}, inner,
-              st.integers(0, 3)),
-    st.builds(lambda props: {"type": "object", "properties": props,
-                             "required": sorted(props)[: len(props) // 2 + 1] if props else [],
-                             "additionalProperties": False},
-              st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), inner, max_size=3)),
-), max_leaves=6)
-_schema = st.dictionaries(st.from_regex(r"[a-z_]{1,8}", fullmatch=True), _value, min_size=0,
-                          max_size=4).map(lambda props: {
-                              "type": "object", "properties": props, "required": sorted(props),
-                              "additionalProperties": False})
+_value = st.recursive(
+    _leaf,
+    lambda inner: st.one_of(
+        st.builds(
+            lambda item, n: {"type": "array", "items": item, "maxItems": n},
+            inner,
+            st.integers(0, 3),
+        ),
+        st.builds(
+            lambda props: {
+                "type": "object",
+                "properties": props,
+                "required": sorted(props)[: len(props) // 2 + 1] if props else [],
+                "additionalProperties": False,
+            },
+            st.dictionaries(st.from_regex(r"[a-z]{1,6}", fullmatch=True), inner, max_size=3),
+        ),
+    ),
+    max_leaves=6,
+)
+_schema = st.dictionaries(
+    st.from_regex(r"[a-z_]{1,8}", fullmatch=True), _value, min_size=0, max_size=4
+).map(
+    lambda props: {
+        "type": "object",
+        "properties": props,
+        "required": sorted(props),
+        "additionalProperties": False,
+    }
+)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                 HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(schema=_schema)
 def test_a_guided_call_always_validates_against_a_random_schema(core, schema):
     tool = ToolSpec.of("f", "a function", schema)
-    (ids, end), = _run(core, _ask("h", [tool], n=400)).values()
+    ((ids, end),) = _run(core, _ask("h", [tool], n=400)).values()
     assert end == FinishReason.STOP, core.tokenizer.decode(ids)
     calls = _calls(core, ids)
     assert len(calls) == 1 and calls[0].name == "f"
@@ -175,8 +236,9 @@ def test_masks_from_the_thread_pool_equal_masks_computed_one_by_one(core):
             out.append(guide)
         return out
 
-    logits = torch.randn(PARALLEL_ROWS + 2, core.model.cfg.vocab_size,
-                         generator=torch.Generator().manual_seed(1))
+    logits = torch.randn(
+        PARALLEL_ROWS + 2, core.model.cfg.vocab_size, generator=torch.Generator().manual_seed(1)
+    )
     serial = masked_argmax(guides(), logits)
     pooled = masked_argmax(guides(), logits, llguidance.LLExecutor())
     assert serial == pooled
@@ -199,9 +261,14 @@ def test_a_tokenizer_json_llguidance_misreads_is_read_from_the_tokens_bytes(core
     good = llguidance.hf.from_tokenizer(tok, n_vocab=core.model.cfg.vocab_size)
     spec = _json.loads(tok.backend_tokenizer.to_str())
     # byte-level no more: the pieces are read as text ("Ċ", not a newline)
-    spec["decoder"] = {"type": "Sequence", "decoders": [
-        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
-        {"type": "ByteFallback"}, {"type": "Fuse"}]}
+    spec["decoder"] = {
+        "type": "Sequence",
+        "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+            {"type": "ByteFallback"},
+            {"type": "Fuse"},
+        ],
+    }
     bad = llguidance.LLTokenizer(_json.dumps(spec), n_vocab=core.model.cfg.vocab_size)
     assert round_trips(good, tok) and not round_trips(bad, tok)
     monkeypatch.setattr(llguidance.hf, "from_tokenizer", lambda *a, **k: bad)
@@ -212,8 +279,10 @@ def test_a_tokenizer_json_llguidance_misreads_is_read_from_the_tokens_bytes(core
     assert wrapped.tokens[tok.encode("\n", add_special_tokens=False)[0]] == b"\n"
     grammar = llguidance.LLMatcher.grammar_from_lark(core.guides.grammar(_ask("t", [BOOK])))
     a, b = llguidance.LLMatcher(good, grammar), llguidance.LLMatcher(fixed, grammar)
-    ids = tok.encode('<tool_call>\n{"name": "book_table", "arguments": {"people": 4, "time": "',
-                     add_special_tokens=False)
+    ids = tok.encode(
+        '<tool_call>\n{"name": "book_table", "arguments": {"people": 4, "time": "',
+        add_special_tokens=False,
+    )
     assert a.validate_tokens(ids) == b.validate_tokens(ids) == len(ids)
     a.consume_tokens(ids)
     b.consume_tokens(ids)

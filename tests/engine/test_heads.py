@@ -25,37 +25,66 @@ def test_heads_for_another_model_are_refused(tmp_path):
 
 
 def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
-    from voicert.bench.engine import shape_config, _NullTokenizer
+    from voicert.bench.engine import _NullTokenizer, shape_config
     from voicert.engine.build import EngineConfig
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
-    model = random_llama(LlamaConfig.from_hf(shape_config("smollm2-random")),
-                         torch.float32, "cpu")
+    model = random_llama(LlamaConfig.from_hf(shape_config("smollm2-random")), torch.float32, "cpu")
     tok = _NullTokenizer(model.cfg.vocab_size)
     with pytest.raises(ValueError, match="more than"):
-        LLMEngine("", EngineConfig(num_blocks=64, spec_tokens=9, draft_heads="embedded", torchscript=False),
-                  model=model, tokenizer=tok)
+        LLMEngine(
+            "",
+            EngineConfig(num_blocks=64, spec_tokens=9, draft_heads="embedded", torchscript=False),
+            model=model,
+            tokenizer=tok,
+        )
     with pytest.raises(ValueError, match="alternatives"):
-        LLMEngine("", EngineConfig(num_blocks=64, spec_tokens=2, draft_heads="embedded",
-                                   draft_model="x", torchscript=False), model=model, tokenizer=tok)
+        LLMEngine(
+            "",
+            EngineConfig(
+                num_blocks=64,
+                spec_tokens=2,
+                draft_heads="embedded",
+                draft_model="x",
+                torchscript=False,
+            ),
+            model=model,
+            tokenizer=tok,
+        )
 
 
 def test_auto_heads_are_the_embedded_ones_where_they_fit_and_n_grams_elsewhere():
-    from voicert.bench.engine import shape_config, _NullTokenizer
+    from voicert.bench.engine import _NullTokenizer, shape_config
     from voicert.engine.build import EngineConfig
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
-    fits = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
-                                                 num_hidden_layers=2)), torch.float32, "cpu")
-    other = random_llama(LlamaConfig.from_hf(dict(shape_config("smollm2-random"),
-                                                  num_hidden_layers=2, hidden_size=128,
-                                                  num_attention_heads=2, num_key_value_heads=1)),
-                         torch.float32, "cpu")
+    fits = random_llama(
+        LlamaConfig.from_hf(dict(shape_config("smollm2-random"), num_hidden_layers=2)),
+        torch.float32,
+        "cpu",
+    )
+    other = random_llama(
+        LlamaConfig.from_hf(
+            dict(
+                shape_config("smollm2-random"),
+                num_hidden_layers=2,
+                hidden_size=128,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+            )
+        ),
+        torch.float32,
+        "cpu",
+    )
     for model, has_heads in ((fits, True), (other, False)):
-        eng = LLMEngine("", EngineConfig(num_blocks=64, spec_tokens=2, draft_heads="auto", torchscript=False),
-                        model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
+        eng = LLMEngine(
+            "",
+            EngineConfig(num_blocks=64, spec_tokens=2, draft_heads="auto", torchscript=False),
+            model=model,
+            tokenizer=_NullTokenizer(model.cfg.vocab_size),
+        )
         try:
             assert (eng.core.heads is not None) is has_heads
             assert eng.core.scheduler.cfg.head_drafts is has_heads

@@ -11,11 +11,11 @@ import pytest
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineState, GenerationRequest
-from voicert.engine.clients.host import SharedEngineClient, start_engine_host
 from voicert.engine.build import EngineConfig
+from voicert.engine.clients.host import SharedEngineClient, start_engine_host
 from voicert.engine.clients.llm_engine import LLMEngine
-from voicert.engine.loader import resolve_llm
 from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
+from voicert.engine.loader import resolve_llm
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Spell the word voice."]
@@ -39,8 +39,10 @@ def host(model_dir, address):
     host.stop()
 
 
-def start_host(model_dir, address) :
-    host = start_engine_host(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=False), address, KEY, threads=1)
+def start_host(model_dir, address):
+    host = start_engine_host(
+        model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=False), address, KEY, threads=1
+    )
     host.wait_ready()
     return host
 
@@ -53,8 +55,9 @@ async def collect(engine, rid: str, text: str, n: int = 24):
     return [ev async for ev in engine.submit(request(rid, text, n))]
 
 
-async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(model_dir, address,
-                                                                              host):
+async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(
+    model_dir, address, host
+):
     a = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     b = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     local = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=False))
@@ -64,8 +67,10 @@ async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(m
         # the same ids from both workers at once: each gets its own answers, in order
         got_a, got_b = await asyncio.gather(
             asyncio.gather(*(collect(a, f"r{i}", q) for i, q in enumerate(QUESTIONS))),
-            asyncio.gather(*(collect(b, f"r{i}", q) for i, q in reversed(list(
-                enumerate(QUESTIONS))))))
+            asyncio.gather(
+                *(collect(b, f"r{i}", q) for i, q in reversed(list(enumerate(QUESTIONS))))
+            ),
+        )
         got_b = list(reversed(got_b))
         for want, x, y in zip(expected, got_a, got_b):
             ids = [e.token_id for e in want]
@@ -83,14 +88,15 @@ async def test_two_workers_get_the_in_process_tokens_with_the_same_request_ids(m
         b.close()
 
 
-async def test_a_worker_that_hangs_up_has_its_requests_aborted_and_the_others_go_on(model_dir,
-                                                                                   address, host):
+async def test_a_worker_that_hangs_up_has_its_requests_aborted_and_the_others_go_on(
+    model_dir, address, host
+):
     a = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     b = SharedEngineClient(address, KEY, model_dir, connect_timeout_s=30)
     try:
         stream = a.submit(request("long", "Count to one thousand.", 2000))
         seen = 0
-        async for ev in stream:
+        async for ev in stream:  # noqa: B007 - the last one is checked below
             seen += 1
             if seen == 3:
                 a.close()  # the worker leaves (its process ends) mid-reply
@@ -109,12 +115,16 @@ async def test_a_worker_that_hangs_up_has_its_requests_aborted_and_the_others_go
 
 
 async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_to_the_next(
-        model_dir, address, host):
+    model_dir, address, host
+):
     policy = RestartPolicy(max_restarts=3, window_s=600, backoff_s=0.05)
     replacement = None
-    workers = [SupervisedEngine(lambda: SharedEngineClient(address, KEY, model_dir,
-                                                           connect_timeout_s=60), policy)
-               for _ in range(2)]
+    workers = [
+        SupervisedEngine(
+            lambda: SharedEngineClient(address, KEY, model_dir, connect_timeout_s=60), policy
+        )
+        for _ in range(2)
+    ]
     try:
         streams = [w.submit(request("doomed", "Count to a thousand.", 2000)) for w in workers]
         events = [[], []]
@@ -124,6 +134,7 @@ async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_
                 events[i].append(ev)
                 if i == 0 and len(events[0]) == 3:
                     host.kill()  # what a crash (or the OOM killer) looks like
+
         await asyncio.gather(read(0), read(1))
         for evs in events:
             assert evs[-1].finish_reason == "error" and "went away" in evs[-1].error
@@ -144,7 +155,9 @@ async def test_a_host_that_dies_fails_every_workers_requests_and_they_reconnect_
 
 
 def test_a_host_that_cannot_load_fails_its_start_with_the_reason(tmp_path):
-    host = start_engine_host(str(tmp_path), EngineConfig(kv_memory_gb=0.1, torchscript=False), str(tmp_path / "s"), KEY)
+    host = start_engine_host(
+        str(tmp_path), EngineConfig(kv_memory_gb=0.1, torchscript=False), str(tmp_path / "s"), KEY
+    )
     with pytest.raises(RuntimeError, match="engine host failed to start"):
         host.wait_ready(120)
 

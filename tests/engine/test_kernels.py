@@ -31,12 +31,22 @@ def _interpreter_index_fix() -> None:
 
 if DEV == "cpu":
     _interpreter_index_fix()
-from voicert.engine.models.llama import AttnInputs, LlamaConfig, random_llama  # noqa: E402
 from voicert.engine.core.runner import ModelRunner, Row  # noqa: E402
+from voicert.engine.models.llama import AttnInputs, LlamaConfig, random_llama  # noqa: E402
 
-TINY = LlamaConfig(vocab_size=300, hidden_size=96, intermediate_size=160, num_layers=2,
-                   num_heads=6, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                   rope_theta=10000.0, max_position=4096, tie_word_embeddings=True)
+TINY = LlamaConfig(
+    vocab_size=300,
+    hidden_size=96,
+    intermediate_size=160,
+    num_layers=2,
+    num_heads=6,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position=4096,
+    tie_word_embeddings=True,
+)
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:
@@ -80,10 +90,22 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
         return model(ids, inp, runner.k_pool, runner.v_pool)  # [B, Q, hidden]
 
 
-@pytest.mark.parametrize("case", ["decode", "decode-wide", "decode-triton-linear",
-                                  "decode-qk-norm", "verify", "verify-one",
-                                  "prefill-short", "prefill-on-prefix", "prefill-sdpa",
-                                  "prefill-qk-norm", "long-split"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "decode",
+        "decode-wide",
+        "decode-triton-linear",
+        "decode-qk-norm",
+        "verify",
+        "verify-one",
+        "prefill-short",
+        "prefill-on-prefix",
+        "prefill-sdpa",
+        "prefill-qk-norm",
+        "long-split",
+    ],
+)
 def test_fused_forward_matches_torch_forward(case):
     """Same hidden states and the same KV pool contents as the torch path, over the shapes the
     engine runs: batched decode of ragged lengths, speculative verify rows (padded), a prefill
@@ -104,21 +126,44 @@ def test_fused_forward_matches_torch_forward(case):
     if case == "decode-triton-linear":  # Linears by the FP8 kernel (unscaled)
         model.triton_linear_rows = 16
     g = torch.Generator().manual_seed(2)
-    bs, lengths = 16, {"decode": [5, 40, 17], "decode-wide": [5, 40, 17, 3, 60, 21],
-                       "decode-triton-linear": [5, 40, 17],
-                       "decode-qk-norm": [5, 40, 17], "prefill-qk-norm": [20, 33],
-                       "verify": [30, 9], "verify-one": [45], "prefill-short": [70],
-                       "prefill-on-prefix": [20, 33],
-                       "prefill-sdpa": [20, 33], "long-split": [300]}[case]
+    bs, lengths = (
+        16,
+        {
+            "decode": [5, 40, 17],
+            "decode-wide": [5, 40, 17, 3, 60, 21],
+            "decode-triton-linear": [5, 40, 17],
+            "decode-qk-norm": [5, 40, 17],
+            "prefill-qk-norm": [20, 33],
+            "verify": [30, 9],
+            "verify-one": [45],
+            "prefill-short": [70],
+            "prefill-on-prefix": [20, 33],
+            "prefill-sdpa": [20, 33],
+            "long-split": [300],
+        }[case],
+    )
     tables, nxt = block_tables(lengths, bs, 40)
     runners = [ModelRunner(model, nxt, bs) for _ in range(2)]
     prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
     for runner in runners:  # both pools hold the same cached prefixes (torch path)
         run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
-    width = {"verify": 3, "verify-one": 3, "prefill-short": 7, "prefill-on-prefix": 24,
-             "prefill-sdpa": 24, "prefill-qk-norm": 24}.get(case, 1)
-    rows = [Row(torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
-                n, t, 0) for i, (n, t) in enumerate(zip(lengths, tables))]
+    width = {
+        "verify": 3,
+        "verify-one": 3,
+        "prefill-short": 7,
+        "prefill-on-prefix": 24,
+        "prefill-sdpa": 24,
+        "prefill-qk-norm": 24,
+    }.get(case, 1)
+    rows = [
+        Row(
+            torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
+            n,
+            t,
+            0,
+        )
+        for i, (n, t) in enumerate(zip(lengths, tables))
+    ]
     want = run_layers(model, runners[0], rows, False)
     got = run_layers(model, runners[1], rows, True)
     for i, r in enumerate(rows):  # padding positions are don't-care
@@ -158,8 +203,11 @@ def test_paged_attention_splits_keys_for_a_small_batch():
     assert not count.any(), "the last split program leaves its counter at zero"
     assert torch.equal(got, again)
     span = torch.arange(span_blocks * bs, device=DEV)
-    mask = torch.zeros(()).to(DEV).masked_fill(~(span.view(1, 1, -1) <= pos.unsqueeze(-1)).unsqueeze(1),
-                                               float("-inf"))
+    mask = (
+        torch.zeros(())
+        .to(DEV)
+        .masked_fill(~(span.view(1, 1, -1) <= pos.unsqueeze(-1)).unsqueeze(1), float("-inf"))
+    )
     q = qkv.view(b, q_len, 10, 16)[:, :, :6]
     want = attn.attend(q, inp, mask, k_pool, v_pool)
     assert close(got, want, 1e-5)
@@ -176,8 +224,12 @@ def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
     pool = torch.randn(2, 1 + 2 * blocks, bs, 2, 16, generator=g)
     k_pool, v_pool = pool[0].to(DEV), pool[1].to(DEV)
     qkv = torch.randn(2, q_len, (6 + 4) * 16, generator=g).to(DEV)
-    table = torch.stack([torch.randperm(2 * blocks, generator=g)[:blocks] + 1,
-                         torch.randperm(2 * blocks, generator=g)[:blocks] + 1]).to(DEV)
+    table = torch.stack(
+        [
+            torch.randperm(2 * blocks, generator=g)[:blocks] + 1,
+            torch.randperm(2 * blocks, generator=g)[:blocks] + 1,
+        ]
+    ).to(DEV)
     starts, real = (100, 7), (q_len, 30)  # row 1: 30 real tokens after 7 cached, then padding
     pos = torch.zeros(2, q_len, dtype=torch.long)
     for i, (s0, n) in enumerate(zip(starts, real)):
@@ -188,8 +240,11 @@ def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
     got = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, 6, 2, count)
     assert not count.any(), "the last split program of each tile leaves its counter at zero"
     span = torch.arange(blocks * bs, device=DEV)
-    mask = torch.zeros(()).to(DEV).masked_fill(
-        ~(span.view(1, 1, -1) <= pos.unsqueeze(-1)).unsqueeze(1), float("-inf"))
+    mask = (
+        torch.zeros(())
+        .to(DEV)
+        .masked_fill(~(span.view(1, 1, -1) <= pos.unsqueeze(-1)).unsqueeze(1), float("-inf"))
+    )
     want = attn.attend(qkv.view(2, q_len, 10, 16)[:, :, :6], inp, mask, k_pool, v_pool)
     for i, n in enumerate(real):
         assert close(got[i, :n], want[i, :n], 1e-5), f"row {i}"
@@ -206,14 +261,18 @@ def test_paged_decode_attention_equals_softmax_attention_at_the_served_head_dims
     qkv = torch.randn(2, 1, (h + 2 * kvh) * head_dim, generator=g).to(DEV)
     table = (torch.randperm(2 * blocks, generator=g) + 1).view(2, blocks).to(DEV)
     pos = torch.tensor([[150], [37]], device=DEV)
-    got = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, h, kvh, kernels.counters(DEV, 16))
+    got = kernels.paged_attention(
+        qkv, k_pool, v_pool, table, pos, h, kvh, kernels.counters(DEV, 16)
+    )
     for b in range(2):
         n = int(pos[b, 0]) + 1
-        slots = (table[b].repeat_interleave(bs) * bs + torch.arange(bs, device=DEV).repeat(blocks))[:n]
+        slots = (table[b].repeat_interleave(bs) * bs + torch.arange(bs, device=DEV).repeat(blocks))[
+            :n
+        ]
         keys = k_pool.view(-1, kvh, head_dim)[slots].repeat_interleave(h // kvh, dim=1)  # [n, H, D]
         vals = v_pool.view(-1, kvh, head_dim)[slots].repeat_interleave(h // kvh, dim=1)
         q = qkv[b, 0, : h * head_dim].view(h, head_dim)
-        w = torch.softmax(torch.einsum("hd,nhd->hn", q, keys) * head_dim ** -0.5, dim=-1)
+        w = torch.softmax(torch.einsum("hd,nhd->hn", q, keys) * head_dim**-0.5, dim=-1)
         want = torch.einsum("hn,nhd->hd", w, vals).reshape(-1)
         assert close(got[b, 0], want, 1e-4), f"row {b}"
 
@@ -256,10 +315,12 @@ def test_rope_tables_hold_the_torch_paths_cos_and_sin():
     c, s = model._rope(pos)  # [1, 4, 1, D]: halves repeated, sin with rotate_half's sign
     half = TINY.head_dim // 2
     assert cos.shape == (TINY.max_position, half)
-    assert torch.equal(c[0, :, 0, :half], cos[pos[0]]) and torch.equal(c[0, :, 0, half:], cos[pos[0]])
-    assert torch.equal(s[0, :, 0, half:], sin[pos[0]]) and torch.equal(s[0, :, 0, :half], -sin[pos[0]])
-
-
+    assert torch.equal(c[0, :, 0, :half], cos[pos[0]]) and torch.equal(
+        c[0, :, 0, half:], cos[pos[0]]
+    )
+    assert torch.equal(s[0, :, 0, half:], sin[pos[0]]) and torch.equal(
+        s[0, :, 0, :half], -sin[pos[0]]
+    )
 
 
 def test_feed_step_takes_inputs_from_the_previous_steps_results():
@@ -269,9 +330,14 @@ def test_feed_step_takes_inputs_from_the_previous_steps_results():
     from voicert.engine.core.runner import accept_counts, feed_step
 
     bs = 4
-    out = torch.tensor([[10, 11, 12, 20, 21, 22, 30, 31, 32],  # greedy tokens, rows of W
-                        [40, 41, 42, 50, 51, 52, 60, 61, 62],  # head 0's guesses
-                        [70, 71, 72, 80, 81, 82, 90, 91, 92]], device=DEV)  # head 1's
+    out = torch.tensor(
+        [
+            [10, 11, 12, 20, 21, 22, 30, 31, 32],  # greedy tokens, rows of W
+            [40, 41, 42, 50, 51, 52, 60, 61, 62],  # head 0's guesses
+            [70, 71, 72, 80, 81, 82, 90, 91, 92],
+        ],
+        device=DEV,
+    )  # head 1's
     acc = torch.tensor([0, 1, 2], device=DEV)
     tables = torch.tensor([[5, 6, 7, 8], [1, 2, 3, 4], [9, 9, 9, 9]], device=DEV)
     for use_kernels in (True, False):
@@ -282,8 +348,11 @@ def test_feed_step_takes_inputs_from_the_previous_steps_results():
         feed_step(ids, pos, slots, src, tables, out, acc, bs, use_kernels)
         assert ids.tolist() == [[21, 51, 81], [10, 40, 70], [7, 8, 9]]
         assert pos.tolist() == [[7, 8, 9], [1, 2, 3], [1, 2, 3]]
-        assert slots.tolist() == [[6 * 4 + 3, 7 * 4, 7 * 4 + 1], [1 * 4 + 1, 1 * 4 + 2, 1 * 4 + 3],
-                                  [-1, -1, -1]]
+        assert slots.tolist() == [
+            [6 * 4 + 3, 7 * 4, 7 * 4 + 1],
+            [1 * 4 + 1, 1 * 4 + 2, 1 * 4 + 3],
+            [-1, -1, -1],
+        ]
         got = torch.full((4,), -1, device=DEV)
         step_out = torch.tensor([51, 81, 5, 99, 40, 0, 8, 5, 1], device=DEV)  # accepts 2, 0, 1
         accept_counts(ids, step_out, got, use_kernels)
@@ -334,10 +403,10 @@ def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dt
 
 def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():
     g = torch.Generator().manual_seed(7)
-    x = (torch.randn(5, 300, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [1.0], [0.2]]))
+    x = torch.randn(5, 300, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [1.0], [0.2]])
     x[3] = 0  # a row of zeros: zeros, and a scale that divides without harm
     q, s = kernels.fp8_rows(x.to(DEV))
-    want_s = (x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448.0)
+    want_s = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448.0
     assert torch.allclose(s.cpu(), want_s, rtol=1e-6)
     want = (x / want_s).clamp(-448, 448).to(torch.float8_e4m3fn)
     assert q.float().abs().amax(1).tolist()[:3] == [448.0] * 3
@@ -348,8 +417,10 @@ def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():
         assert close_enough.float().mean() > 0.95
 
 
-@pytest.mark.skipif(DEV != "cuda" or (DEV == "cuda" and torch.cuda.get_device_capability() < (8, 9)),
-                    reason="the FP8 tensor cores: a GPU of compute capability 8.9 or newer")
+@pytest.mark.skipif(
+    DEV != "cuda" or (DEV == "cuda" and torch.cuda.get_device_capability() < (8, 9)),
+    reason="the FP8 tensor cores: a GPU of compute capability 8.9 or newer",
+)
 def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
     from voicert.engine.gpu.fp8 import Fp8Linear
 
@@ -363,10 +434,15 @@ def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
     assert ((got.float() - want).norm() / want.norm()).item() < 0.05  # e4m3 activations: ~2 %
 
 
-@pytest.mark.skipif(DEV != "cuda" or not kernels.pdl_supported(DEV),
-                    reason="programmatic dependent launch: a GPU of compute capability 9.0 or newer")
-@pytest.mark.parametrize("fp8,linear", [(False, False), (False, True), (True, False)],
-                         ids=["bf16-cublas", "bf16-triton-linear", "fp8"])
+@pytest.mark.skipif(
+    DEV != "cuda" or not kernels.pdl_supported(DEV),
+    reason="programmatic dependent launch: a GPU of compute capability 9.0 or newer",
+)
+@pytest.mark.parametrize(
+    "fp8,linear",
+    [(False, False), (False, True), (True, False)],
+    ids=["bf16-cublas", "bf16-triton-linear", "fp8"],
+)
 def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     """Programmatic dependent launch (``llm.pdl``) changes when a kernel may start, never what it
     computes: the fused forward in bf16 (decode rows with split keys, and a prefill row over
@@ -376,8 +452,7 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     from voicert.bench.engine import shape_config
     from voicert.engine.gpu.fp8 import quantize_fp8
 
-    cfg = LlamaConfig.from_hf(dict(shape_config("llama-1b-random"),
-                                   num_hidden_layers=3))
+    cfg = LlamaConfig.from_hf(dict(shape_config("llama-1b-random"), num_hidden_layers=3))
     model = random_llama(cfg, torch.bfloat16, DEV)
     if fp8:
         quantize_fp8(model)
@@ -390,8 +465,10 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     prefix = [torch.randint(0, 30000, (n,), generator=g).tolist() for n in lengths]
     for runner in runners:
         run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], True)
-    decode = [Row([int(torch.randint(0, 30000, (1,), generator=g))], n, t, 0)
-              for n, t in zip(lengths, tables)]
+    decode = [
+        Row([int(torch.randint(0, 30000, (1,), generator=g))], n, t, 0)
+        for n, t in zip(lengths, tables)
+    ]
     prefill = [Row(torch.randint(0, 30000, (40,), generator=g).tolist(), lengths[0], tables[0], 0)]
     for rows in (decode, prefill):
         model.pdl = False
@@ -427,7 +504,7 @@ def test_pdl_is_a_gpu_option_and_a_bad_value_names_the_key():
 def test_linear_tiles_come_from_the_measured_table_for_a_listed_gpu_and_dtype_only():
     table = kernels.linear_tiles("NVIDIA H100 80GB HBM3", torch.bfloat16)
     assert table[(3072, 2048)] == (16, 64, 64, 4, 4)  # Llama-3.2-1B's qkv
-    assert all(len(t) == 5 and t[0] == 16 and kernels.LINEAR_ROWS <= t[0] for t in table.values())
+    assert all(len(t) == 5 and t[0] == 16 and t[0] >= kernels.LINEAR_ROWS for t in table.values())
     assert kernels.linear_tiles("NVIDIA H100 80GB HBM3", torch.float16) == {}
     assert kernels.linear_tiles("a GPU nobody measured", torch.bfloat16) == {}
 

@@ -17,7 +17,7 @@ def test_prefix_hit_after_register_and_free():
     bm.register_full(a, prompt, 13)
     assert a.registered == 3
     bm.free_seq(a)
-    b, cached = bm.allocate(prompt[:12] + [99, 100], reserve=1)
+    _b, cached = bm.allocate([*prompt[:12], 99, 100], reserve=1)
     assert cached == 12  # three full blocks reused
     assert bm.stats.hits == 12 and bm.stats.lookups == 27
 
@@ -78,8 +78,8 @@ def test_lru_evicts_unused_cached_blocks_oldest_first():
     bm.register_full(b, new, 3)
     bm.free_seq(b)
     c, _ = bm.allocate([5, 5, 5, 5, 5])  # 3 blocks: takes the 2 free and 1 evictable block
-    assert bm.match_prefix(new + [0])[0]  # the newer prefix survives
-    assert not bm.match_prefix(old + [0])[0]  # the older one was evicted
+    assert bm.match_prefix([*new, 0])[0]  # the newer prefix survives
+    assert not bm.match_prefix([*old, 0])[0]  # the older one was evicted
     bm.free_seq(c)
 
 

@@ -13,10 +13,10 @@ import torch
 from tests.engine.test_architectures import decode
 from tests.engine.test_fp8 import TINY, embedded  # noqa: F401  (the fixture, shared)
 from voicert.engine.core.kv_cache import BlockManager
-from voicert.engine.models.layers import FP8_KV, INT8_KV, read_blocks, write_kv
-from voicert.engine.models.llama import random_llama
 from voicert.engine.core.runner import ModelRunner
 from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
+from voicert.engine.models.layers import FP8_KV, INT8_KV, read_blocks, write_kv
+from voicert.engine.models.llama import random_llama
 
 X = torch.tensor([[[1.0, 600.0, -1000.0], [0.1, 0.0123, 3.3]]] * 2)  # [T, KVH, D]
 
@@ -42,12 +42,15 @@ def test_an_int8_pool_holds_each_row_within_half_a_step_of_its_own_scale():
     step = X[0].abs().amax(-1, keepdim=True) / 127  # [KVH, 1]: each head row's own scale
     assert (got - X[0]).abs().le(step / 2 + 1e-6).all()
     assert got[0, 2].item() == pytest.approx(-1000.0) and got[0, 1].item() == pytest.approx(
-        600.0, abs=1000 / 254)  # the row's largest value is exact, the rest within half a step
+        600.0, abs=1000 / 254
+    )  # the row's largest value is exact, the rest within half a step
 
 
 def fresh_quantized(model, dtype):
-    return (Scheduler(BlockManager(128, 16), SchedulerConfig(), stop_ids=set()),
-            ModelRunner(model, 128, 16, kv_dtype=dtype))
+    return (
+        Scheduler(BlockManager(128, 16), SchedulerConfig(), stop_ids=set()),
+        ModelRunner(model, 128, 16, kv_dtype=dtype),
+    )
 
 
 @pytest.mark.parametrize("dtype", [FP8_KV, INT8_KV])
@@ -58,13 +61,16 @@ def test_batched_equals_one_at_a_time_and_cached_equals_uncached_over_a_one_byte
     rng = random.Random(7)
     prompts = [[rng.randrange(1, 300) for _ in range(n)] for n in (6, 23, 41)]
     together = decode(model, prompts, engine=fresh_quantized(model, dtype))
-    assert together == [decode(model, [p], engine=fresh_quantized(model, dtype))[0] for p in prompts]
+    assert together == [
+        decode(model, [p], engine=fresh_quantized(model, dtype))[0] for p in prompts
+    ]
     engine = fresh_quantized(model, dtype)
     assert engine[1].k_pool.dtype == dtype and engine[1].k_pool.element_size() == 1
     decode(model, [prompts[2]], engine=engine)  # its blocks stay in the prefix cache
     longer = prompts[2] + prompts[0]
-    assert decode(model, [longer], engine=engine) == \
-        decode(model, [longer], engine=fresh_quantized(model, dtype))
+    assert decode(model, [longer], engine=engine) == decode(
+        model, [longer], engine=fresh_quantized(model, dtype)
+    )
 
 
 def test_a_one_byte_cache_holds_about_twice_the_blocks_of_bf16_in_the_same_memory():
@@ -74,7 +80,7 @@ def test_a_one_byte_cache_holds_about_twice_the_blocks_of_bf16_in_the_same_memor
     assert ModelRunner.kv_bytes_per_block(model, 16, INT8_KV) * 32 == bf16 * 20
 
 
-def test_a_one_byte_cache_keeps_the_real_embedded_models_next_tokens(embedded):  # noqa: F811
+def test_a_one_byte_cache_keeps_the_real_embedded_models_next_tokens(embedded):
     """Top-1 agreement with the model over its own-dtype cache, teacher-forced over the bench's
     fixed text set (``python -m voicert.bench.fp8 --quantize kv-int8,kv-fp8``; fp32 here, where
     the CPU is fastest). The issue's bar is 97 %. Measured: int8 with a scale per token and head,

@@ -5,27 +5,33 @@ import asyncio
 import pytest
 import torch
 
-from voicert.config import cache_dir, load_config
 from tests.conftest import transformers_next_tokens
+from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
-from voicert.engine.loader import resolve_llm
-from voicert.engine.models.llama import load_llama
+from voicert.engine.core.kv_cache import BlockManager
+from voicert.engine.core.prompt import build_prompt
 from voicert.engine.core.runner import ModelRunner
 from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.core.sequence import Sequence
 from voicert.engine.core.spec_policy import SpecPolicy
-from voicert.engine.core.prompt import build_prompt
+from voicert.engine.loader import resolve_llm
+from voicert.engine.models.llama import load_llama
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 PROMPTS = [
-    "What is the capital of France?", "Say hello.", "Name three colors.", "What is two plus two?",
-    "Repeat after me: the blue car is parked outside.", "What day comes after Monday?",
-    "Please confirm: a table for four at seven tonight.", "Tell me a fun fact about cats.",
-    "How do I boil an egg?", "Spell the word voice.",
+    "What is the capital of France?",
+    "Say hello.",
+    "Name three colors.",
+    "What is two plus two?",
+    "Repeat after me: the blue car is parked outside.",
+    "What day comes after Monday?",
+    "Please confirm: a table for four at seven tonight.",
+    "Tell me a fun fact about cats.",
+    "How do I boil an egg?",
+    "Spell the word voice.",
 ]
 
 
@@ -46,11 +52,15 @@ def parts(model_dir):
 def engines(model_dir, parts):
     model, tok = parts
     # the served CPU path: the forward as a TorchScript trace (bit-identical to eager; test_runner)
-    plain = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=True), model=model,
-                      tokenizer=tok)
-    spec = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=4, torchscript=True,
-                                              spec_policy="always"),
-                     model=model, tokenizer=tok)
+    plain = LLMEngine(
+        model_dir, EngineConfig(kv_memory_gb=0.25, torchscript=True), model=model, tokenizer=tok
+    )
+    spec = LLMEngine(
+        model_dir,
+        EngineConfig(kv_memory_gb=0.25, spec_tokens=4, torchscript=True, spec_policy="always"),
+        model=model,
+        tokenizer=tok,
+    )
     yield plain, spec
     plain.close()
     spec.close()
@@ -69,8 +79,10 @@ def test_greedy_equals_transformers_5_prompts_x_40_tokens_batched(model_dir, par
     sched = Scheduler(BlockManager(256, 16), SchedulerConfig(), stop_ids=set())
     runner = ModelRunner(model, 256, 16, torchscript=True)  # as served on the CPU
     prompts = PROMPTS[::2]
-    seqs = [Sequence(GenerationRequest(str(i), [], 40), prompt_ids(tok, t))
-            for i, t in enumerate(prompts)]
+    seqs = [
+        Sequence(GenerationRequest(str(i), [], 40), prompt_ids(tok, t))
+        for i, t in enumerate(prompts)
+    ]
     for s in seqs:
         sched.add(s)
     while sched.has_work():
@@ -78,7 +90,7 @@ def test_greedy_equals_transformers_5_prompts_x_40_tokens_batched(model_dir, par
         sched.postprocess(step, runner.run(step))
     ref_model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     for s, text in zip(seqs, prompts):  # EOS is just another token here, as in ours
-        ours = s.tokens[len(s.prompt):]
+        ours = s.tokens[len(s.prompt) :]
         assert len(ours) == 40
         assert transformers_next_tokens(ref_model, s.prompt, ours)[:-1] == ours, text
 
@@ -86,12 +98,15 @@ def test_greedy_equals_transformers_5_prompts_x_40_tokens_batched(model_dir, par
 async def generate(engine, requests):
     async def one(req):
         return [e async for e in engine.submit(req)]
+
     return await asyncio.gather(*(one(r) for r in requests))
 
 
 def reqs(tag, texts, max_new=48, history=()):
-    return [GenerationRequest(f"{tag}-{i}", [SYSTEM, *history, ChatMessage("user", t)], max_new)
-            for i, t in enumerate(texts)]
+    return [
+        GenerationRequest(f"{tag}-{i}", [SYSTEM, *history, ChatMessage("user", t)], max_new)
+        for i, t in enumerate(texts)
+    ]
 
 
 def tokens_of(events):
@@ -108,8 +123,10 @@ async def test_cached_equals_uncached_and_history_prefix_is_reused(engines):
     # a second turn: the whole first turn (system + question + reply) is already cached
     first = (await generate(plain, reqs("t1", ["What is the capital of France?"])))[0]
     reply = "".join(e.text for e in first)
-    history = (ChatMessage("user", "What is the capital of France?"),
-               ChatMessage("assistant", reply.strip()))
+    history = (
+        ChatMessage("user", "What is the capital of France?"),
+        ChatMessage("assistant", reply.strip()),
+    )
     hits = plain.core.blocks.stats.hits
     second = (await generate(plain, reqs("t2", ["And what about Germany?"], history=history)))[0]
     reused = plain.core.blocks.stats.hits - hits
@@ -135,7 +152,7 @@ class Flipping(SpecPolicy):
 async def test_ngram_speculation_equals_greedy_with_batching(engines):
     """Drafts on two decode steps of three (the policy may switch them per step): greedy tokens."""
     plain, spec = engines
-    texts = PROMPTS[4:7] + ["Confirm back to me: my name is Anna Smith and my number is 555 0199."]
+    texts = [*PROMPTS[4:7], "Confirm back to me: my name is Anna Smith and my number is 555 0199."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("g", texts, 64))]
     before, always = spec.core.scheduler.spec.accepted, spec.core.scheduler.policy
     spec.core.scheduler.policy = policy = Flipping(4)
@@ -160,8 +177,14 @@ async def test_stream_events_are_ordered_and_text_matches(engines):
 async def test_cancel_frees_the_sequence_and_its_blocks(engines):
     plain, _ = engines
     free_before = plain.core.blocks.available
-    req = GenerationRequest("cancel-me", [ChatMessage("system", "Answer at great length."),
-                                          ChatMessage("user", "Count from one to two hundred.")], 300)
+    req = GenerationRequest(
+        "cancel-me",
+        [
+            ChatMessage("system", "Answer at great length."),
+            ChatMessage("user", "Count from one to two hundred."),
+        ],
+        300,
+    )
     seen = []
     async for e in plain.submit(req):
         seen.append(e)
@@ -180,17 +203,23 @@ async def test_draft_heads_speculation_equals_greedy_with_batching(model_dir, pa
     assert EMBEDDED_HEADS.is_file()
     model, tok = parts
     plain, _ = engines
-    texts = PROMPTS[:3] + ["Repeat my address back to me: 42 Baker Street, London."]
+    texts = [*PROMPTS[:3], "Repeat my address back to me: 42 Baker Street, London."]
     greedy = [tokens_of(ev) for ev in await generate(plain, reqs("hg", texts, 48))]
-    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.25, spec_tokens=2,
-                                            draft_heads="embedded", torchscript=False), model=model, tokenizer=tok)
+    eng = LLMEngine(
+        model_dir,
+        EngineConfig(kv_memory_gb=0.25, spec_tokens=2, draft_heads="embedded", torchscript=False),
+        model=model,
+        tokenizer=tok,
+    )
     eng.core.scheduler.policy = policy = Flipping(2)  # drafts on some steps, off on others
     try:
         out = [tokens_of(ev) for ev in await generate(eng, reqs("hs", texts, 48))]
         spec = eng.core.scheduler.spec
         assert out == greedy
         assert policy.spec_steps > 0 and policy.plain_steps > 0
-        assert spec.accepted > 0.2 * spec.proposed / 2  # they do guess right: > 0.2 drafts a verify row
+        assert (
+            spec.accepted > 0.2 * spec.proposed / 2
+        )  # they do guess right: > 0.2 drafts a verify row
     finally:
         eng.close()
 
@@ -200,14 +229,27 @@ def test_gpu_options_are_refused_or_off_on_the_cpu(model_dir, parts):
     device has it" (the server's defaults: kernels, graphs, the engine's own stream) is off."""
     from voicert.config import ConfigError
 
-    for bad, key in ((dict(pdl="on"), "llm.pdl"), (dict(decode_linear="triton"), "llm.decode_linear"),
-                     (dict(fp8=True), "llm.fp8"), (dict(kv_cache="int8"), "llm.kv_cache")):
+    for bad, key in (
+        (dict(pdl="on"), "llm.pdl"),
+        (dict(decode_linear="triton"), "llm.decode_linear"),
+        (dict(fp8=True), "llm.fp8"),
+        (dict(kv_cache="int8"), "llm.kv_cache"),
+    ):
         with pytest.raises(ConfigError, match=key):
             EngineConfig(**bad)
     model, tok = parts
-    eng = LLMEngine(model_dir, EngineConfig(kv_memory_gb=0.05, fused_kernels=True, cuda_graphs=True,
-                                            own_stream=True, torchscript=False),
-                    model=model, tokenizer=tok)
+    eng = LLMEngine(
+        model_dir,
+        EngineConfig(
+            kv_memory_gb=0.05,
+            fused_kernels=True,
+            cuda_graphs=True,
+            own_stream=True,
+            torchscript=False,
+        ),
+        model=model,
+        tokenizer=tok,
+    )
     try:
         cfg = eng.core.cfg
         assert not (cfg.fused_kernels or cfg.cuda_graphs or cfg.own_stream)
@@ -218,7 +260,7 @@ def test_gpu_options_are_refused_or_off_on_the_cpu(model_dir, parts):
 
 async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monkeypatch):
     plain, _ = engines
-    _, tok = parts
+    _, _tok = parts
     # wrong types from an untrusted door (a Twilio customParameter that was a number)
     bad = GenerationRequest("bad-types", [ChatMessage("system", 123), ChatMessage("user", "Hi")], 8)
     events = [e async for e in plain.submit(bad)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+from typing import ClassVar
 
 import pytest
 
@@ -22,13 +23,21 @@ def sse(obj) -> bytes:
 
 
 def delta(text=None, finish=None):
-    return {"id": "x", "object": "chat.completion.chunk", "model": "m",
-            "choices": [{"index": 0, "delta": {} if text is None else {"content": text},
-                         "finish_reason": finish}]}
+    return {
+        "id": "x",
+        "object": "chat.completion.chunk",
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {} if text is None else {"content": text},
+                "finish_reason": finish,
+            }
+        ],
+    }
 
 
-STREAM_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n"
-               b"\r\n")
+STREAM_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
 
 
 class Upstream:
@@ -42,7 +51,7 @@ class Upstream:
         self.disconnected = asyncio.Event()
         self.server: asyncio.Server | None = None
 
-    async def __aenter__(self) -> "Upstream":
+    async def __aenter__(self) -> Upstream:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         return self
 
@@ -63,8 +72,11 @@ class Upstream:
             path = head.split(b" ")[1].decode()
             body = json.loads(await reader.readexactly(length)) if length else {}
             if path.endswith("/models"):
-                await self._json(writer, 200, {"object": "list", "data": [
-                    {"id": m, "object": "model"} for m in self.models]})
+                await self._json(
+                    writer,
+                    200,
+                    {"object": "list", "data": [{"id": m, "object": "model"} for m in self.models]},
+                )
                 return
             self.bodies.append(body)
             behaviour = self.script.pop(0) if self.script else self.default
@@ -77,13 +89,16 @@ class Upstream:
         finally:
             writer.close()
 
-    models = ["m"]
+    models: ClassVar[list[str]] = ["m"]
 
     @staticmethod
     async def _json(writer, status: int, obj) -> None:
         data = json.dumps(obj).encode()
-        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: "
-                     f"{len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+        writer.write(
+            f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: "
+            f"{len(data)}\r\nConnection: close\r\n\r\n".encode()
+            + data
+        )
         await writer.drain()
 
     def reply(self, pieces, usage=(7, 2)):
@@ -92,27 +107,42 @@ class Upstream:
             for p in pieces:
                 writer.write(sse(delta(p)))
             writer.write(sse(delta(finish="stop")))
-            writer.write(sse({"id": "x", "object": "chat.completion.chunk", "choices": [],
-                              "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1],
-                                        "total_tokens": sum(usage)}}))
+            writer.write(
+                sse(
+                    {
+                        "id": "x",
+                        "object": "chat.completion.chunk",
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": usage[0],
+                            "completion_tokens": usage[1],
+                            "total_tokens": sum(usage),
+                        },
+                    }
+                )
+            )
             writer.write(sse("[DONE]"))
             await writer.drain()
             writer.close()
+
         return go
 
     def status(self, code: int, message="no"):
         async def go(writer, body):
             await self._json(writer, code, {"error": {"message": message, "type": "x"}})
             writer.close()
+
         return go
 
     def hang(self, first=None):
         """Headers (and ``first`` tokens), then nothing, ever."""
+
         async def go(writer, body):
             writer.write(STREAM_HEAD)
             for p in first or ():
                 writer.write(sse(delta(p)))
             await writer.drain()
+
         return go
 
 
@@ -122,8 +152,9 @@ def engine_for(up: Upstream, **kw) -> OpenAICompatEngine:
 
 
 def request(rid="r1", text="Hi", **kw) -> GenerationRequest:
-    return GenerationRequest(rid, [ChatMessage("system", "Be brief."), ChatMessage("user", text)],
-                             32, **kw)
+    return GenerationRequest(
+        rid, [ChatMessage("system", "Be brief."), ChatMessage("user", text)], 32, **kw
+    )
 
 
 async def collect(stream):
@@ -194,8 +225,9 @@ async def test_a_refusal_is_not_retried_and_names_the_status():
 async def test_a_server_that_is_down_gives_a_typed_error_after_bounded_retries():
     async with Upstream() as up:
         url = up.url
-    engine = OpenAICompatEngine(LlmConfig(engine="openai", base_url=url, retries=1,
-                                          first_token_timeout_s=60), "m")
+    engine = OpenAICompatEngine(
+        LlmConfig(engine="openai", base_url=url, retries=1, first_token_timeout_s=60), "m"
+    )
     final = (await collect(engine.submit(request())))[-1]
     assert final.finish_reason == "error"
     assert "unavailable" in final.error and "after 2 attempts" in final.error
@@ -225,11 +257,14 @@ async def test_a_stream_that_stalls_after_its_first_token_ends_with_what_it_sent
 
 async def test_a_length_cut_reply_says_length():
     async with Upstream() as up:
+
         async def cut(writer, body):
-            writer.write(STREAM_HEAD + sse(delta("a")) + sse(delta(finish="length"))
-                         + sse("[DONE]"))
+            writer.write(
+                STREAM_HEAD + sse(delta("a")) + sse(delta(finish="length")) + sse("[DONE]")
+            )
             await writer.drain()
             writer.close()
+
         up.script = [cut]
         engine = engine_for(up)
         assert (await collect(engine.submit(request())))[-1].finish_reason == "length"

@@ -22,15 +22,19 @@ def tokenizer():
     from voicert.engine.loader import resolve_llm
 
     return AutoTokenizer.from_pretrained(
-        str(resolve_llm("embedded", cache_dir(load_config(environ={}).models))))
+        str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+    )
 
 
 def one_at_a_time(tok, messages, budget):
     """The reference: drop the oldest non-system turn until the prompt fits."""
     msgs = [{"role": m.role, "content": m.content} for m in messages]
     while True:
-        ids = list(tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True,
-                                           return_dict=False))
+        ids = list(
+            tok.apply_chat_template(
+                msgs, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        )
         first = 1 if msgs and msgs[0]["role"] == "system" else 0
         if len(ids) <= budget or len(msgs) - first <= 1:
             return ids[-budget:]
@@ -50,7 +54,21 @@ class CountingTokenizer:
 
 
 def conversation(rng, n):
-    words = "the a table for four people tonight book weather Paris yes no maybe".split()
+    words = [
+        "the",
+        "a",
+        "table",
+        "for",
+        "four",
+        "people",
+        "tonight",
+        "book",
+        "weather",
+        "Paris",
+        "yes",
+        "no",
+        "maybe",
+    ]
     out = []
     for i in range(n):
         text = " ".join(rng.choice(words) for _ in range(rng.randint(1, 40)))
@@ -77,7 +95,7 @@ def test_a_long_history_takes_a_few_renders_not_one_per_dropped_turn(tokenizer):
     assert len(ids) <= 1984 and counting.renders <= 8  # 2 of them measure the template once
     assert ids == one_at_a_time(tokenizer, msgs, 1984)
     counting.renders = 0
-    builder.build(msgs + [ChatMessage("user", "and one more")], 1984)  # next turn: counts cached
+    builder.build([*msgs, ChatMessage("user", "and one more")], 1984)  # next turn: counts cached
     assert counting.renders <= 6
 
 
@@ -85,9 +103,13 @@ def test_a_tool_output_whose_call_was_dropped_goes_too(tokenizer):
     from voicert.core.chat import ToolCall
 
     call = ChatMessage("assistant", "", (ToolCall("c1", "f", '{"x": 1}'),))
-    messages = [SYSTEM, ChatMessage("user", "word " * 300), call,
-                ChatMessage("tool", "result of the call", tool_call_id="c1"),
-                ChatMessage("user", "thanks")]
+    messages = [
+        SYSTEM,
+        ChatMessage("user", "word " * 300),
+        call,
+        ChatMessage("tool", "result of the call", tool_call_id="c1"),
+        ChatMessage("user", "thanks"),
+    ]
     builder = PromptBuilder(tokenizer)
     full = builder.build(messages, 4096)
     text = tokenizer.decode(full)

@@ -12,7 +12,8 @@ from voicert.engine.models.registry import architecture_for, load_model
 
 def test_llama_family_model_types_share_one_architecture():
     assert {architecture_for(t).name for t in ("llama", "mistral", "qwen2", "qwen3", "phi3")} == {
-        "llama"}
+        "llama"
+    }
     assert architecture_for("gemma2").name == architecture_for("gemma3_text").name == "gemma"
 
 
@@ -31,6 +32,7 @@ def test_the_embedded_checkpoint_loads_through_the_registry():
     from voicert.config import cache_dir, load_config
     from voicert.engine.loader import resolve_llm
 
-    model = load_model(resolve_llm("embedded", cache_dir(load_config(environ={}).models)),
-                       torch.float32)
+    model = load_model(
+        resolve_llm("embedded", cache_dir(load_config(environ={}).models)), torch.float32
+    )
     assert isinstance(model, LlamaModel) and model.cfg.num_layers == 30

@@ -10,8 +10,8 @@ from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
-from voicert.engine.loader import resolve_llm
 from voicert.engine.clients.remote import EngineProcess
+from voicert.engine.loader import resolve_llm
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Spell the word voice."]
@@ -59,8 +59,9 @@ async def test_same_tokens_as_the_in_process_engine(remote, model_dir):
 
 
 async def test_cancel_stops_and_frees(remote):
-    request = GenerationRequest("long", [SYSTEM, ChatMessage("user", "Count to one thousand.")],
-                                2000, ignore_eos=True)
+    request = GenerationRequest(
+        "long", [SYSTEM, ChatMessage("user", "Count to one thousand.")], 2000, ignore_eos=True
+    )
     stream = remote.submit(request)
     seen = 0
     async for ev in stream:

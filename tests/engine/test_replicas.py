@@ -56,15 +56,22 @@ def test_only_the_most_recent_conversations_are_remembered():
 
 
 def request(rid: str, session: str = "s1", first_user: str = "Hi") -> GenerationRequest:
-    return GenerationRequest(rid, [ChatMessage("system", "Be brief."),
-                                   ChatMessage("user", first_user)], 8, session_id=session)
+    return GenerationRequest(
+        rid,
+        [ChatMessage("system", "Be brief."), ChatMessage("user", first_user)],
+        8,
+        session_id=session,
+    )
 
 
 def test_the_conversation_key_is_the_session_else_the_conversations_opening():
     assert conversation_key(request("r", "sess-7")) == "sess-7"
     first = request("r1", "http")
-    grown = dataclasses.replace(first, request_id="r2", messages=[
-        *first.messages, ChatMessage("assistant", "Hello"), ChatMessage("user", "More")])
+    grown = dataclasses.replace(
+        first,
+        request_id="r2",
+        messages=[*first.messages, ChatMessage("assistant", "Hello"), ChatMessage("user", "More")],
+    )
     assert conversation_key(first) == conversation_key(grown)
     assert conversation_key(first) != conversation_key(request("r3", "", "Other"))
 

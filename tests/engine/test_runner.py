@@ -7,17 +7,35 @@ import random
 import pytest
 import torch
 
-from voicert.engine.models.llama import LlamaConfig, random_llama
 from voicert.engine.core.runner import ModelRunner, Row, TracedForward
+from voicert.engine.models.llama import LlamaConfig, random_llama
 
-TINY = LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_layers=3,
-                   num_heads=4, num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5,
-                   rope_theta=10000.0, max_position=4096, tie_word_embeddings=True)
+TINY = LlamaConfig(
+    vocab_size=500,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=3,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position=4096,
+    tie_word_embeddings=True,
+)
 # Qwen2's q/k/v biases and Llama 3's RoPE scaling, untied head
 QWEN_LLAMA3 = dataclasses.replace(
-    TINY, attention_bias=True, tie_word_embeddings=False,
-    rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    TINY,
+    attention_bias=True,
+    tie_word_embeddings=False,
+    rope_scaling={
+        "rope_type": "llama3",
+        "factor": 32.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+    },
+)
 
 
 def rows_of(shape, bs, rng):
@@ -27,14 +45,23 @@ def rows_of(shape, bs, rng):
     for i in range(b):
         start = c + 7 * i
         need = -(-(start + q) // bs)
-        rows.append(Row([rng.randrange(500) for _ in range(q - (i % 2 if q > 1 else 0))], start,
-                        list(range(nxt, nxt + need)), 0))
+        rows.append(
+            Row(
+                [rng.randrange(500) for _ in range(q - (i % 2 if q > 1 else 0))],
+                start,
+                list(range(nxt, nxt + need)),
+                0,
+            )
+        )
         nxt += need
     return rows
 
 
-@pytest.mark.parametrize("cfg,int8", [(TINY, False), (TINY, True), (QWEN_LLAMA3, False)],
-                         ids=["fp32", "int8", "bias-llama3-rope"])
+@pytest.mark.parametrize(
+    "cfg,int8",
+    [(TINY, False), (TINY, True), (QWEN_LLAMA3, False)],
+    ids=["fp32", "int8", "bias-llama3-rope"],
+)
 def test_torchscript_forward_is_bit_identical_to_eager(cfg, int8):
     model = random_llama(cfg, torch.float32, "cpu")
     if int8:

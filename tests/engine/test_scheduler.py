@@ -16,7 +16,7 @@ def next_token(prefix: list[int]) -> int:
 
 def sample(step) -> list[list[int]]:
     if step.kind == "prefill":
-        return [[next_token(c.seq.tokens[:c.end])] if c.samples else [] for c in step.chunks]
+        return [[next_token(c.seq.tokens[: c.end])] if c.samples else [] for c in step.chunks]
     out = []
     for s in step.seqs:
         ctx = list(s.tokens)
@@ -153,11 +153,18 @@ def test_prompt_that_can_never_fit_fails_cleanly():
 
 def test_prefill_packs_into_captured_shapes_within_the_budget():
     # graphs exist for rows (1, 2, 4) x widths (8, 16, 32) with rows * width <= 32
-    cfg = SchedulerConfig(prefill_token_budget=32, prefill_batches=(1, 2, 4),
-                          prefill_widths=(8, 16, 32))
+    cfg = SchedulerConfig(
+        prefill_token_budget=32, prefill_batches=(1, 2, 4), prefill_widths=(8, 16, 32)
+    )
     sched = Scheduler(BlockManager(256, 4), cfg, {STOP})
-    seqs = [seq("a", 5), seq("b", 8, first=200), seq("c", 3, first=300), seq("d", 7, first=400),
-            seq("e", 9, first=500), seq("f", 2, first=600)]
+    seqs = [
+        seq("a", 5),
+        seq("b", 8, first=200),
+        seq("c", 3, first=300),
+        seq("d", 7, first=400),
+        seq("e", 9, first=500),
+        seq("f", 2, first=600),
+    ]
     for s in seqs:
         sched.add(s)
     step, _ = sched.schedule()
@@ -170,7 +177,9 @@ def test_prefill_packs_into_captured_shapes_within_the_budget():
     assert [c.seq.id for c in steps[1].chunks] == ["e", "f"]
     for st in steps:
         if st.kind == "prefill":
-            width = next(w for w in cfg.prefill_widths if w >= max(c.end - c.start for c in st.chunks))
+            width = next(
+                w for w in cfg.prefill_widths if w >= max(c.end - c.start for c in st.chunks)
+            )
             rows = next(b for b in cfg.prefill_batches if b >= len(st.chunks))
             assert rows * width <= 32
     for s, n, first in zip(seqs, (5, 8, 3, 7, 9, 2), (100, 200, 300, 400, 500, 600)):
@@ -183,12 +192,12 @@ def sample_with_heads(step, right: bool = True) -> tuple[list[list[int]], list]:
     toks = sample(step)
     drafts = []
     for row, t in zip(step.chunks or step.seqs, toks):
-        base = (row.seq.tokens[:row.end] if step.kind == "prefill" else row.tokens + row.draft)
+        base = row.seq.tokens[: row.end] if step.kind == "prefill" else row.tokens + row.draft
         guesses = []
         for j in range(len(t)):  # the context up to and including this position's token
-            ctx = (base if step.kind == "prefill" else base[:len(row.tokens) + j]) + [t[j]]
+            ctx = (base if step.kind == "prefill" else base[: len(row.tokens) + j]) + [t[j]]
             nxt = next_token(ctx)
-            guesses.append([nxt, next_token(ctx + [nxt])] if right else [1, 1])
+            guesses.append([nxt, next_token([*ctx, nxt])] if right else [1, 1])
         drafts.append(guesses)
     return toks, drafts
 
@@ -197,8 +206,9 @@ def test_head_drafts_come_from_the_last_step_and_keep_greedy():
     """With head drafts, a sequence's next drafts are the guesses made where its last emitted token
     was sampled; here the 'heads' guess right (the reference) or wrong (a constant)."""
     for right in (True, False):
-        sched = Scheduler(BlockManager(256, 4), SchedulerConfig(spec_tokens=2, head_drafts=True),
-                          {STOP})
+        sched = Scheduler(
+            BlockManager(256, 4), SchedulerConfig(spec_tokens=2, head_drafts=True), {STOP}
+        )
         s = seq("h", 6, max_new=12)
         sched.add(s)
         while sched.has_work():
@@ -209,8 +219,9 @@ def test_head_drafts_come_from_the_last_step_and_keep_greedy():
         assert (spec.accepted > 0) == right and spec.proposed > 0
 
 
-def run_overlapped(sched: Scheduler, cancel: dict[int, str] | None = None,
-                   heads: bool = False) -> int:
+def run_overlapped(
+    sched: Scheduler, cancel: dict[int, str] | None = None, heads: bool = False
+) -> int:
     """Drive the scheduler as the engine does with ``overlap``: after launching a step, plan the
     next one before reading this one's tokens. The stand-in 'GPU' computes a step's tokens when
     they are read, from the sequences' tokens by then (what feeding the previous token on the
@@ -244,8 +255,11 @@ def test_overlapped_steps_give_the_same_tokens_and_free_every_block():
     cancel between launch and read; every block comes back; no ahead step past a length limit."""
     bm = BlockManager(64, 4)
     sched = Scheduler(bm, SchedulerConfig(), {15})
-    a, b, c = seq("a", 6, max_new=4), seq("b", 8, max_new=50, first=300), seq("c", 7, max_new=40,
-                                                                               first=500)
+    a, b, c = (
+        seq("a", 6, max_new=4),
+        seq("b", 8, max_new=50, first=300),
+        seq("c", 7, max_new=40, first=500),
+    )
     for s in (a, b, c):
         sched.add(s)
     ahead = run_overlapped(sched, cancel={4: "c"})
@@ -299,8 +313,12 @@ def test_overlapped_steps_with_head_drafts_keep_greedy_tokens():
 def test_decode_steps_between_a_newcomers_prefill_chunks_carry_no_drafts():
     from voicert.engine.core.spec_policy import SpecPolicy
 
-    sched = Scheduler(BlockManager(256, 4), SchedulerConfig(prefill_token_budget=16, spec_tokens=2),
-                      {STOP}, policy=SpecPolicy(2))
+    sched = Scheduler(
+        BlockManager(256, 4),
+        SchedulerConfig(prefill_token_budget=16, spec_tokens=2),
+        {STOP},
+        policy=SpecPolicy(2),
+    )
     short = seq("short", 5, max_new=30)
     sched.add(short)
     step, _ = sched.schedule()
@@ -312,9 +330,10 @@ def test_decode_steps_between_a_newcomers_prefill_chunks_carry_no_drafts():
     sched.add(long)
     steps: list = []
     run_all(sched, steps)
-    first_sample = next(i for i, st in enumerate(steps)
-                        if st.kind == "prefill" and st.chunks[-1].end == 50)
+    first_sample = next(
+        i for i, st in enumerate(steps) if st.kind == "prefill" and st.chunks[-1].end == 50
+    )
     between = [st for st in steps[:first_sample] if st.kind == "decode"]
     assert len(between) == 3 and all(st.drafts == 0 for st in between)
-    assert any(st.drafts == 2 for st in steps[first_sample + 1:] if st.kind == "decode")
+    assert any(st.drafts == 2 for st in steps[first_sample + 1 :] if st.kind == "decode")
     assert short.tokens[5:] == reference(5, 30) and long.tokens[50:] == reference(50, 10, first=500)

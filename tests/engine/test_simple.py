@@ -7,18 +7,24 @@ from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.core.prompt import build_prompt
 
-PROMPTS = ["What is the capital of France?", "Say hello.", "Name three colors.",
-           "What is two plus two?"]
+PROMPTS = [
+    "What is the capital of France?",
+    "Say hello.",
+    "Name three colors.",
+    "What is two plus two?",
+]
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 
 
 @pytest.fixture(scope="module")
 def engine(cfg):
     from voicert.config import LlmConfig, cache_dir
-    from voicert.engine.loader import resolve_llm
     from voicert.engine.clients.simple import SimpleEngine
+    from voicert.engine.loader import resolve_llm
 
-    eng = SimpleEngine(str(resolve_llm("embedded", cache_dir(cfg.models))), LlmConfig(engine="simple"))
+    eng = SimpleEngine(
+        str(resolve_llm("embedded", cache_dir(cfg.models))), LlmConfig(engine="simple")
+    )
     yield eng
     eng.close()
 
@@ -53,15 +59,19 @@ async def test_streamed_deltas_concatenate_to_the_decoded_reply(engine):
 
 
 async def test_length_limit_reports_length(engine):
-    msgs = [ChatMessage("system", "Answer at great length."),
-            ChatMessage("user", "Describe the history of Rome in detail.")]
+    msgs = [
+        ChatMessage("system", "Answer at great length."),
+        ChatMessage("user", "Describe the history of Rome in detail."),
+    ]
     events = await collect(engine, GenerationRequest("len", msgs, 5))
     assert len(events) == 6 and events[-1].finish_reason == "length"
 
 
 async def test_cancel_stops_within_a_step_and_frees_the_request(engine):
-    msgs = [ChatMessage("system", "Answer at great length."),
-            ChatMessage("user", "Count from one to two hundred.")]
+    msgs = [
+        ChatMessage("system", "Answer at great length."),
+        ChatMessage("user", "Count from one to two hundred."),
+    ]
     before = engine.stats().cancelled
     stream = engine.submit(GenerationRequest("cancel-me", msgs, 300))
     seen = []
@@ -95,8 +105,10 @@ async def _drain(stream):
 def test_build_prompt_drops_oldest_turns_but_keeps_system_and_last_user(engine):
     history = []
     for i in range(40):
-        history += [ChatMessage("user", f"question number {i} " * 5),
-                    ChatMessage("assistant", f"answer number {i} " * 5)]
+        history += [
+            ChatMessage("user", f"question number {i} " * 5),
+            ChatMessage("assistant", f"answer number {i} " * 5),
+        ]
     msgs = [SYSTEM, *history, ChatMessage("user", "final question")]
     ids = build_prompt(engine.tokenizer, msgs, 300)
     text = engine.tokenizer.decode(ids)

@@ -9,8 +9,9 @@ from voicert.engine.core.spec_policy import SpecMode, SpecPolicy, bucket_of
 K = 3
 
 
-def feed(policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: float,
-         gain: float) -> list[int]:
+def feed(
+    policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: float, gain: float
+) -> list[int]:
     """Run ``steps`` decode steps at ``batch`` rows, each as the policy decides, with the given
     step durations and tokens gained per row on a verify step; the drafts of each step."""
     chosen = []
@@ -24,16 +25,18 @@ def feed(policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: flo
     return chosen
 
 
-def feed_late(policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: float,
-              gain: float) -> list[int]:
+def feed_late(
+    policy: SpecPolicy, batch: int, steps: int, plain_s: float, spec_s: float, gain: float
+) -> list[int]:
     """As :func:`feed`, but each step runs what the policy said one step earlier: on the GPU a
     decode step is launched ahead, before the step in flight has been observed."""
     chosen, planned = [], policy.drafts(batch)
     for _ in range(steps):
         k, planned = planned, policy.drafts(batch)
         chosen.append(k)
-        policy.observe(batch, k, spec_s if k else plain_s, batch,
-                       round(gain * batch) if k else batch)
+        policy.observe(
+            batch, k, spec_s if k else plain_s, batch, round(gain * batch) if k else batch
+        )
     return chosen
 
 
@@ -63,8 +66,9 @@ def test_it_speculates_where_a_verify_step_is_cheap_and_not_where_it_is_dear():
 
 def test_where_the_kinds_are_close_the_other_is_tried_every_probe_every_steps():
     policy = SpecPolicy(K, warm=3, probe_every=100, probe_len=4)
-    chosen = "".join(str(int(k > 0)) for k in
-                     feed(policy, 2, 408, plain_s=1e-3, spec_s=1.2e-3, gain=1.4))
+    chosen = "".join(
+        str(int(k > 0)) for k in feed(policy, 2, 408, plain_s=1e-3, spec_s=1.2e-3, gain=1.4)
+    )
     assert chosen[8:].count("0000") == 3 and chosen[8:].count("0") == 12  # at 100, 204, 308
 
 

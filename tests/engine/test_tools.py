@@ -4,19 +4,25 @@ their outputs are rendered into a prompt (the template's own way, or the Hermes 
 
 from __future__ import annotations
 
-import json
 import copy
+import json
 
-import llguidance
 import pytest
 
-from voicert.core.chat import ChatMessage
+from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.engine.core.prompt import PromptBuilder
 from voicert.engine.core.tools import CallFormat, call_format, call_grammar, offered
-from voicert.core.chat import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 
-BOOK = ToolSpec.of("book", "Book", {"type": "object", "required": ["n"], "additionalProperties": False,
-                                    "properties": {"n": {"type": "integer"}}})
+BOOK = ToolSpec.of(
+    "book",
+    "Book",
+    {
+        "type": "object",
+        "required": ["n"],
+        "additionalProperties": False,
+        "properties": {"n": {"type": "integer"}},
+    },
+)
 HOURS = ToolSpec.of("hours", "Hours")
 AUTO, REQUIRED = ToolChoice(), ToolChoice(ToolChoiceMode.REQUIRED)
 CALL = '<tool_call>\n{"name": "book", "arguments": {"n": 4}}\n</tool_call>'
@@ -30,7 +36,8 @@ def tokenizer():
     from voicert.engine.loader import resolve_llm
 
     return AutoTokenizer.from_pretrained(
-        str(resolve_llm("embedded", cache_dir(load_config(environ={}).models))))
+        str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+    )
 
 
 def _accepts(tokenizer, lark: str, text: str) -> bool:
@@ -90,14 +97,17 @@ def test_llama3_calls_are_bare_json_with_parameters(tokenizer):
 def test_a_template_without_tool_support_gets_them_in_the_system_prompt(tokenizer):
     builder = PromptBuilder(tokenizer)
     assert not builder.native_tools
-    messages = [ChatMessage("system", "Be brief."), ChatMessage("user", "Book for 4"),
-                ChatMessage("assistant", "Booking.", (ToolCall("c1", "book", '{"n": 4}'),)),
-                ChatMessage("tool", '{"ok": true}', tool_call_id="c1")]
+    messages = [
+        ChatMessage("system", "Be brief."),
+        ChatMessage("user", "Book for 4"),
+        ChatMessage("assistant", "Booking.", (ToolCall("c1", "book", '{"n": 4}'),)),
+        ChatMessage("tool", '{"ok": true}', tool_call_id="c1"),
+    ]
     text = tokenizer.decode(builder.build(messages, 2048, [BOOK]))
     assert text.startswith("<|im_start|>system\nBe brief.\n\n# Tools")
     assert json.dumps(BOOK.openai(), sort_keys=True) in text
     assert "<|im_start|>assistant\nBooking.\n" + CALL + "<|im_end|>" in text
-    assert "<|im_start|>tool\n<tool_response>\n{\"ok\": true}\n</tool_response>" in text
+    assert '<|im_start|>tool\n<tool_response>\n{"ok": true}\n</tool_response>' in text
     # the same conversation without tools offered: no block, the calls are still history
     plain = tokenizer.decode(builder.build(messages, 2048))
     assert "# Tools" not in plain and CALL in plain
@@ -111,12 +121,16 @@ def test_a_template_with_tool_support_renders_them_itself(tokenizer):
         "{% for c in m.tool_calls or [] %}CALL {{ c.function.name }} "
         "{{ c.function.arguments | tojson }}{% endfor %}"
         "{% if m.tool_call_id %} for {{ m.tool_call_id }}{% endif %}\n{% endfor %}"
-        "{% if add_generation_prompt %}[assistant]{% endif %}")
+        "{% if add_generation_prompt %}[assistant]{% endif %}"
+    )
     builder = PromptBuilder(tok)
     assert builder.native_tools
-    messages = [ChatMessage("user", "Book for 4"),
-                ChatMessage("assistant", "", (ToolCall("c1", "book", '{"n": 4}'),)),
-                ChatMessage("tool", "ok", tool_call_id="c1")]
+    messages = [
+        ChatMessage("user", "Book for 4"),
+        ChatMessage("assistant", "", (ToolCall("c1", "book", '{"n": 4}'),)),
+        ChatMessage("tool", "ok", tool_call_id="c1"),
+    ]
     text = tok.decode(builder.build(messages, 2048, [BOOK, HOURS]))
-    assert text == ('TOOLS:book;hours;[user]Book for 4[assistant]CALL book {"n": 4}'
-                    "[tool]ok for c1[assistant]")  # (HF renders with trim_blocks)
+    assert text == (
+        'TOOLS:book;hours;[user]Book for 4[assistant]CALL book {"n": 4}[tool]ok for c1[assistant]'
+    )  # (HF renders with trim_blocks)

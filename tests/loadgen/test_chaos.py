@@ -15,12 +15,15 @@ async def test_every_hostile_message_is_answered_and_the_server_goes_on(url):
 
 
 def test_the_report_meets_the_target_only_without_lost_turns():
-    stats = CallerStats(turns=[TurnSample(1, finish_reason="stop"),
-                               TurnSample(1, finish_reason="error")])
+    stats = CallerStats(
+        turns=[TurnSample(1, finish_reason="stop"), TurnSample(1, finish_reason="error")]
+    )
     text, ok = report(stats, ChaosLog(kills=1, hostile_sent=3))
     assert ok and "| turns lost (no answer: timeouts + dropped sessions) | 0 |" in text
     stats.timeouts = 1
     assert not report(stats, ChaosLog())[1]
-    text, ok = report(CallerStats(turns=[TurnSample(1, finish_reason="stop")]),
-                      ChaosLog(hostile_unanswered=["/twilio: no answer"]))
+    text, ok = report(
+        CallerStats(turns=[TurnSample(1, finish_reason="stop")]),
+        ChaosLog(hostile_unanswered=["/twilio: no answer"]),
+    )
     assert not ok and "unanswered: /twilio" in text

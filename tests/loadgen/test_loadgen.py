@@ -59,8 +59,9 @@ async def test_open_loop_groups_turns_by_open_sessions(url):
 async def test_sweep_reports_the_largest_level_within_budget(url, tmp_path):
     # the generator shares this test process (and its busy cores) with the server: its own
     # schedule slip is checked in the test below, not here
-    levels, best = await sweep(spec(url, duration_s=1.0), [1], budget_ms=60_000,
-                               max_slip_ms=float("inf"))
+    levels, best = await sweep(
+        spec(url, duration_s=1.0), [1], budget_ms=60_000, max_slip_ms=float("inf")
+    )
     assert best == 1 and levels[1].slip.n > 0
     server = levels[1].server  # from the server's /metrics over the level
     assert server["engine_batch_mean"] >= 1 and server["asr_batch_mean"] >= 1
@@ -112,8 +113,14 @@ def test_an_endpoint_is_timed_from_the_frame_that_completed_its_window():
     # 20 ms frames of 320 samples at 16 kHz; VAD windows of 32 ms: a window ending at 32 ms
     # needs frame 1 (20-40 ms) whole
     ends = [320 * (i + 1) for i in range(50)]
-    assert [deciding_frame(ends, ms, 16000) for ms in (20, 32, 40, 64, 416, 800)] == \
-        [0, 1, 1, 3, 20, 39]
+    assert [deciding_frame(ends, ms, 16000) for ms in (20, 32, 40, 64, 416, 800)] == [
+        0,
+        1,
+        1,
+        3,
+        20,
+        39,
+    ]
     for k in range(1, 30):  # every window end lies in the frame holding its last sample
         frame = deciding_frame(ends, 32 * k, 16000)
         assert ends[frame] - 320 < 32 * k * 16 <= ends[frame]

@@ -1,11 +1,8 @@
 import os
 
-from voicert.core.llm import EngineBase, EngineStats, StepRecord
-from voicert.telemetry.metrics import Metrics
-
-from voicert.core.llm import GcPause
-
 from loadgen.probe import gc_figures, lag_figures, parse, step_figures
+from voicert.core.llm import EngineBase, EngineStats, GcPause, StepRecord
+from voicert.telemetry.metrics import Metrics
 
 
 def _engine(steps):

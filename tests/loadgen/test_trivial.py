@@ -23,10 +23,16 @@ async def test_the_generator_measures_each_answer_after_its_last_frame():
     table = clip_table(CLIPS)
     async with serve(lambda ws: _session(ws, table), "127.0.0.1", 0) as server:
         port = server.sockets[0].getsockname()[1]
-        spec = LoadSpec(f"ws://127.0.0.1:{port}/v1/stream",
-                        [load_for_streaming(c) for c in CLIPS], duration_s=120.0, ramp_s=0.2,
-                        turns=2, think_s=0.1, turn_timeout_s=30.0,
-                        max_turns=6)  # ends on turns done, not on time (a busy machine is slow)
+        spec = LoadSpec(
+            f"ws://127.0.0.1:{port}/v1/stream",
+            [load_for_streaming(c) for c in CLIPS],
+            duration_s=120.0,
+            ramp_s=0.2,
+            turns=2,
+            think_s=0.1,
+            turn_timeout_s=30.0,
+            max_turns=6,
+        )  # ends on turns done, not on time (a busy machine is slow)
         stats = await closed_loop(spec, 3)
     assert stats.turns and not (stats.errors or stats.timeouts or stats.dropped)
     # second turns too: their audio positions follow a first clip whose last frame was short
@@ -41,8 +47,9 @@ async def test_the_generator_measures_each_answer_after_its_last_frame():
         assert t.client_extra_ms >= 0
 
 
-def test_the_cli_says_what_it_is_doing_and_that_plots_need_matplotlib(tmp_path, monkeypatch,
-                                                                       capsys):
+def test_the_cli_says_what_it_is_doing_and_that_plots_need_matplotlib(
+    tmp_path, monkeypatch, capsys
+):
     import asyncio
     import sys
     import threading
@@ -64,9 +71,24 @@ def test_the_cli_says_what_it_is_doing_and_that_plots_need_matplotlib(tmp_path, 
     try:
         ready.wait(30)
         monkeypatch.setitem(sys.modules, "matplotlib", None)  # as on a machine without it
-        code = main(["--url", f"ws://127.0.0.1:{port[0]}/v1/stream", "--wav", *CLIPS,
-                     "--sweep", "1", "--duration", "1", "--ramp", "0.1", "--turns", "1",
-                     "--out", str(tmp_path)])
+        code = main(
+            [
+                "--url",
+                f"ws://127.0.0.1:{port[0]}/v1/stream",
+                "--wav",
+                *CLIPS,
+                "--sweep",
+                "1",
+                "--duration",
+                "1",
+                "--ramp",
+                "0.1",
+                "--turns",
+                "1",
+                "--out",
+                str(tmp_path),
+            ]
+        )
     finally:
         stop.set()
         thread.join()

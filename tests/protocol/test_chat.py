@@ -3,7 +3,8 @@
 import json
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from voicert.protocol import chat
 
@@ -21,67 +22,135 @@ def refused(**body) -> chat.ChatError:
 
 
 def test_a_plain_request_maps_roles_and_text_parts():
-    req = parse(messages=[{"role": "developer", "content": "be brief"},
-                          {"role": "user", "content": [{"type": "text", "text": "a"},
-                                                       {"type": "text", "text": "b"}]},
-                          {"role": "assistant", "content": "ok", "name": "bot"}],
-                max_completion_tokens=7, stream=True, stream_options={"include_usage": True},
-                stop="\n", temperature=0, n=1, seed=3, user="u")
+    req = parse(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+            },
+            {"role": "assistant", "content": "ok", "name": "bot"},
+        ],
+        max_completion_tokens=7,
+        stream=True,
+        stream_options={"include_usage": True},
+        stop="\n",
+        temperature=0,
+        n=1,
+        seed=3,
+        user="u",
+    )
     assert [(m.role, m.content) for m in req.messages] == [
-        ("system", "be brief"), ("user", "ab"), ("assistant", "ok")]
+        ("system", "be brief"),
+        ("user", "ab"),
+        ("assistant", "ok"),
+    ]
     assert (req.max_tokens, req.stream, req.include_usage, req.stop) == (7, True, True, ("\n",))
     assert req.id.startswith("chatcmpl-")
 
 
 def test_tools_and_a_tool_conversation_are_read():
-    req = parse(tools=[{"type": "function", "function": {"name": "weather", "parameters": {
-                    "type": "object", "properties": {"city": {"type": "string"}}}}}],
-                tool_choice="required", parallel_tool_calls=False,
-                messages=[{"role": "user", "content": "weather?"},
-                          {"role": "assistant", "content": None, "tool_calls": [{
-                              "id": "call_1", "type": "function",
-                              "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}]},
-                          {"role": "tool", "tool_call_id": "call_1", "content": "cold"}])
+    req = parse(
+        tools=[
+            {
+                "type": "function",
+                "function": {
+                    "name": "weather",
+                    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+                },
+            }
+        ],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        messages=[
+            {"role": "user", "content": "weather?"},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "cold"},
+        ],
+    )
     assert [t.name for t in req.tools] == ["weather"] and not req.parallel_tool_calls
     assert req.tool_choice.mode.value == "required"
     assert req.messages[1].tool_calls[0].arguments == '{"city": "Oslo"}'
     assert (req.messages[2].role, req.messages[2].tool_call_id) == ("tool", "call_1")
 
 
-@pytest.mark.parametrize("body, param, code", [
-    ({"temperature": 0.7}, "temperature", "unsupported_value"),
-    ({"n": 2}, "n", "unsupported_value"),
-    ({"top_p": True}, "top_p", "unsupported_value"),
-    ({"tools": {}}, "tools", "invalid_value"),
-    ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools[0].name",
-     "invalid_value"),
-    ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
-     "invalid_value"),
-    ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "invalid_value"),
-    ({"logprobs": True}, "logprobs", "unsupported_parameter"),
-    ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
-    ({"max_tokens": 0}, "max_tokens", "invalid_value"),
-    ({"max_tokens": "5"}, "max_tokens", "invalid_value"),
-    ({"stream": "yes"}, "stream", "invalid_value"),
-    ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
-    ({"stop": ["a"] * 5}, "stop", "invalid_value"),
-    ({"stop": [""]}, "stop", "invalid_value"),
-    ({"model": ""}, "model", "invalid_value"),
-    ({"messages": []}, "messages", "invalid_value"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id",
-     "invalid_value"),
-    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role",
-     "unsupported_value"),
-    ({"messages": [{"role": "assistant", "tool_calls": [{"id": "c", "function": {
-        "name": "f", "arguments": "[1]"}}]}]}, "messages[0].tool_calls[0].function.arguments",
-     "invalid_value"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content",
-     "unsupported_value"),
-    ({"messages": [{"role": "user", "content": "x" * 1001}]}, "messages[0].content",
-     "string_above_max_length"),
-    ({"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
-     "messages[0].tool_calls", "unsupported_parameter"),
-])
+@pytest.mark.parametrize(
+    "body, param, code",
+    [
+        ({"temperature": 0.7}, "temperature", "unsupported_value"),
+        ({"n": 2}, "n", "unsupported_value"),
+        ({"top_p": True}, "top_p", "unsupported_value"),
+        ({"tools": {}}, "tools", "invalid_value"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "a b"}}]},
+            "tools[0].name",
+            "invalid_value",
+        ),
+        (
+            {"tool_choice": {"type": "function", "function": {"name": "f"}}},
+            "tool_choice",
+            "invalid_value",
+        ),
+        ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "invalid_value"),
+        ({"logprobs": True}, "logprobs", "unsupported_parameter"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+        ({"max_tokens": 0}, "max_tokens", "invalid_value"),
+        ({"max_tokens": "5"}, "max_tokens", "invalid_value"),
+        ({"stream": "yes"}, "stream", "invalid_value"),
+        ({"stream_options": {"include_usage": True}}, "stream_options", "invalid_value"),
+        ({"stop": ["a"] * 5}, "stop", "invalid_value"),
+        ({"stop": [""]}, "stop", "invalid_value"),
+        ({"model": ""}, "model", "invalid_value"),
+        ({"messages": []}, "messages", "invalid_value"),
+        (
+            {"messages": [{"role": "tool", "content": "x"}]},
+            "messages[0].tool_call_id",
+            "invalid_value",
+        ),
+        (
+            {"messages": [{"role": "function", "content": "x"}]},
+            "messages[0].role",
+            "unsupported_value",
+        ),
+        (
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"id": "c", "function": {"name": "f", "arguments": "[1]"}}],
+                    }
+                ]
+            },
+            "messages[0].tool_calls[0].function.arguments",
+            "invalid_value",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content",
+            "unsupported_value",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x" * 1001}]},
+            "messages[0].content",
+            "string_above_max_length",
+        ),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+            "messages[0].tool_calls",
+            "unsupported_parameter",
+        ),
+    ],
+)
 def test_what_voicert_would_not_honour_is_refused_with_the_parameter_named(body, param, code):
     err = refused(**body)
     assert (err.status, err.param, err.code) == (400, param, code)
@@ -109,21 +178,24 @@ def test_held_back_text_that_did_not_become_a_stop_string_is_sent_later():
     assert m.flush() == "\n"
 
 
-@given(st.text(alphabet="ab\n", max_size=40), st.lists(st.integers(1, 5), max_size=20),
-       st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3))
+@given(
+    st.text(alphabet="ab\n", max_size=40),
+    st.lists(st.integers(1, 5), max_size=20),
+    st.lists(st.text(alphabet="ab\n", min_size=1, max_size=3), min_size=1, max_size=3),
+)
 def test_streamed_output_is_the_text_cut_where_a_stop_string_first_appeared(text, cuts, stops):
     """The reply ends with the first delta after which the text holds a stop string; what was
     sent is that text up to the stop string's earliest occurrence, and nothing after it."""
     m = chat.StopMatcher(tuple(stops))
     out, pos, want = [], 0, None
-    for n in cuts + [len(text)]:
-        piece, hit = m.push(text[pos:pos + n])
+    for n in [*cuts, len(text)]:
+        piece, hit = m.push(text[pos : pos + n])
         out.append(piece)
         pos += n
         found = [i for i in (text[:pos].find(s) for s in stops) if i >= 0]
         assert hit == bool(found)
         if found:
-            want = text[:min(found)]
+            want = text[: min(found)]
             break
         if pos >= len(text):
             break

@@ -29,8 +29,10 @@ def test_check_order_and_defaults():
     r = access.check("/x", None, None, ("t",), ())
     assert r.status is http.HTTPStatus.UNAUTHORIZED and r.headers[0][0] == "WWW-Authenticate"
     assert access.check("/x?token=t", None, None, ("t",), ()) is None
-    assert access.check("/x", "Bearer t", "https://evil", ("t",), ("https://ok",)).status \
+    assert (
+        access.check("/x", "Bearer t", "https://evil", ("t",), ("https://ok",)).status
         is http.HTTPStatus.FORBIDDEN
+    )
     assert access.check("/x", "Bearer t", None, ("t",), ("https://ok",)) is None  # not a browser
 
 
@@ -45,9 +47,17 @@ def test_rate_limiter_allows_bursts_then_the_average():
 @pytest.fixture(scope="module")
 async def guarded(services):
     cfg = services.cfg
-    cfg = dataclasses.replace(cfg, server=dataclasses.replace(
-        cfg.server, port=0, auth_tokens="s3cret, other", allowed_origins="https://ok.example",
-        max_messages_per_s=60, message_burst=30))  # real-time 20 ms frames are 50/s
+    cfg = dataclasses.replace(
+        cfg,
+        server=dataclasses.replace(
+            cfg.server,
+            port=0,
+            auth_tokens="s3cret, other",
+            allowed_origins="https://ok.example",
+            max_messages_per_s=60,
+            message_burst=30,
+        ),
+    )  # real-time 20 ms frames are 50/s
     srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
     await srv.start()
     yield srv
@@ -64,7 +74,10 @@ async def refused(url, **kw) -> int:
 async def test_missing_or_wrong_token_is_401_on_every_websocket_route(guarded):
     base = f"ws://127.0.0.1:{guarded.port}"
     assert await refused(base + STREAM_PATH) == 401
-    assert await refused(base + STREAM_PATH, additional_headers={"Authorization": "Bearer nope"}) == 401
+    assert (
+        await refused(base + STREAM_PATH, additional_headers={"Authorization": "Bearer nope"})
+        == 401
+    )
     assert await refused(base + "/v1/dashboard") == 401
     assert await refused(base + "/v1/dashboard?token=nope") == 401
     assert await refused(base + "/v1/realtime?model=x") == 401
@@ -77,8 +90,9 @@ async def test_realtime_and_twilio_accept_the_token(guarded):
     from voicert.protocol import twilio as tw
 
     base = f"ws://127.0.0.1:{guarded.port}"
-    async with connect(base + "/v1/realtime?model=x",
-                       additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+    async with connect(
+        base + "/v1/realtime?model=x", additional_headers={"Authorization": "Bearer s3cret"}
+    ) as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"  # how the SDK sends it
     async with connect(base + "/twilio?token=s3cret") as ws:  # how a TwiML <Stream> URL carries it
         await ws.send(tw.InboundWriter("MZ1", "CA1").start())

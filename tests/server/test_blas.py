@@ -22,8 +22,13 @@ print([after_zero, blas()])
 
 
 def test_the_configured_blas_threads_are_applied_and_zero_leaves_the_default():
-    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                         check=True, env={"OPENBLAS_NUM_THREADS": "2", "PATH": ""})
+    out = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"OPENBLAS_NUM_THREADS": "2", "PATH": ""},
+    )
     after_zero, after_one = ast.literal_eval(out.stdout)
     assert after_zero == [2]  # the library's own setting (here from the environment)
     assert after_one == [1]

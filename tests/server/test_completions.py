@@ -10,13 +10,16 @@ import pytest
 from voicert.server.completions import EMBEDDED_MODEL_ID
 
 openai = pytest.importorskip("openai")
-MESSAGES = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": "Name three colours."}]
+MESSAGES = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Name three colours."},
+]
 
 
 def client(port: int, key: str = "unused"):
-    return openai.AsyncOpenAI(api_key=key, base_url=f"http://127.0.0.1:{port}/v1", max_retries=0,
-                              timeout=120)
+    return openai.AsyncOpenAI(
+        api_key=key, base_url=f"http://127.0.0.1:{port}/v1", max_retries=0, timeout=120
+    )
 
 
 async def test_models_lists_the_served_model(server):
@@ -26,33 +29,41 @@ async def test_models_lists_the_served_model(server):
 
 async def test_a_streamed_reply_equals_the_whole_one_and_reports_usage(server):
     api = client(server.port)
-    whole = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
-                                              max_tokens=24)
+    whole = await api.chat.completions.create(
+        model=EMBEDDED_MODEL_ID, messages=MESSAGES, max_tokens=24
+    )
     text = whole.choices[0].message.content
     assert text and whole.choices[0].finish_reason in ("stop", "length")
     assert whole.usage.prompt_tokens > 10 and 0 < whole.usage.completion_tokens <= 24
-    stream = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
-                                               max_tokens=24, stream=True,
-                                               stream_options={"include_usage": True})
+    stream = await api.chat.completions.create(
+        model=EMBEDDED_MODEL_ID,
+        messages=MESSAGES,
+        max_tokens=24,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = [c async for c in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
-    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == \
-        whole.choices[0].finish_reason
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[
+        0
+    ].finish_reason
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
     assert not server.services.engine.live_requests()
 
 
 async def test_a_stop_string_ends_the_reply_before_it(server):
     api = client(server.port)
-    full = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
-                                             max_tokens=24)
+    full = await api.chat.completions.create(
+        model=EMBEDDED_MODEL_ID, messages=MESSAGES, max_tokens=24
+    )
     text = full.choices[0].message.content
-    stop = text[len(text) // 2:len(text) // 2 + 2]
-    cut = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
-                                            max_tokens=24, stop=[stop])
-    assert cut.choices[0].message.content == text[:text.index(stop)]
+    stop = text[len(text) // 2 : len(text) // 2 + 2]
+    cut = await api.chat.completions.create(
+        model=EMBEDDED_MODEL_ID, messages=MESSAGES, max_tokens=24, stop=[stop]
+    )
+    assert cut.choices[0].message.content == text[: text.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
     await _until_idle(server)
 
@@ -60,12 +71,16 @@ async def test_a_stop_string_ends_the_reply_before_it(server):
 async def test_refusals_are_openai_errors_naming_the_parameter(server):
     api = client(server.port)
     with pytest.raises(openai.BadRequestError) as info:
-        await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES,
-                                          temperature=0.8)
+        await api.chat.completions.create(
+            model=EMBEDDED_MODEL_ID, messages=MESSAGES, temperature=0.8
+        )
     assert info.value.body["param"] == "temperature"
     with pytest.raises(openai.BadRequestError) as info:
-        await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES, tools=[
-            {"type": "function", "function": {"name": "no spaces", "parameters": {}}}])
+        await api.chat.completions.create(
+            model=EMBEDDED_MODEL_ID,
+            messages=MESSAGES,
+            tools=[{"type": "function", "function": {"name": "no spaces", "parameters": {}}}],
+        )
     assert info.value.body["param"] == "tools[0].name"
     with pytest.raises(openai.NotFoundError) as info:
         await api.chat.completions.create(model="gpt-4o", messages=MESSAGES)
@@ -76,26 +91,34 @@ async def test_bearer_tokens_guard_the_routes_when_configured(server):
     from voicert.server.app import VoiceServer
 
     svc = server.services
-    cfg = dataclasses.replace(svc.cfg, server=dataclasses.replace(svc.cfg.server, port=0,
-                                                                  auth_tokens="s3cret"))
+    cfg = dataclasses.replace(
+        svc.cfg, server=dataclasses.replace(svc.cfg.server, port=0, auth_tokens="s3cret")
+    )
     srv = VoiceServer(dataclasses.replace(svc, cfg=cfg))
     await srv.start()
     try:
         with pytest.raises(openai.AuthenticationError):
             await client(srv.port, "wrong").models.list()
         reply = await client(srv.port, "s3cret").chat.completions.create(
-            model=EMBEDDED_MODEL_ID, messages=MESSAGES, max_tokens=4)
+            model=EMBEDDED_MODEL_ID, messages=MESSAGES, max_tokens=4
+        )
         assert reply.usage.completion_tokens >= 1
     finally:
         await srv.shutdown()
 
 
 async def test_a_client_that_leaves_mid_stream_frees_its_engine_request(server):
-    body = ('{"model":"%s","stream":true,"max_tokens":400,"messages":'
-            '[{"role":"user","content":"Count from one to two hundred."}]}' % EMBEDDED_MODEL_ID)
+    body = (
+        f'{{"model":"{EMBEDDED_MODEL_ID}","stream":true,"max_tokens":400,"messages":'
+        '[{"role":"user","content":"Count from one to two hundred."}]}'
+    )
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                  f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}").encode())
+    writer.write(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+    )
     await writer.drain()
     seen = b""
     while seen.count(b"data: ") < 3:  # the role chunk and two tokens: it is generating
@@ -115,10 +138,19 @@ async def _until_idle(server, timeout_s: float = 60) -> None:
         await asyncio.sleep(0.01)
 
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The weather in a city now",
-    "parameters": {"type": "object", "additionalProperties": False, "required": ["city"],
-                   "properties": {"city": {"type": "string", "maxLength": 24}}}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city now",
+        "parameters": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city"],
+            "properties": {"city": {"type": "string", "maxLength": 24}},
+        },
+    },
+}
 
 
 async def test_a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed(server):
@@ -132,26 +164,43 @@ async def test_a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed(se
     ask = [{"role": "user", "content": "What is the weather in Paris?"}]
     choice = {"type": "function", "function": {"name": "get_weather"}}
     one = {}  # parallel calls allowed: the 135M model repeats its call, which stops it
-    whole = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=ask,
-                                              tools=[WEATHER], tool_choice=choice, max_tokens=96,
-                                              **one)
+    whole = await api.chat.completions.create(
+        model=EMBEDDED_MODEL_ID,
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice=choice,
+        max_tokens=96,
+        **one,
+    )
     msg = whole.choices[0].message
     assert whole.choices[0].finish_reason == "tool_calls" and not msg.content
     assert whole.usage.completion_tokens < 96  # its repeated call stopped it
-    call, = msg.tool_calls
+    (call,) = msg.tool_calls
     assert call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
-    stream = await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=ask,
-                                               tools=[WEATHER], tool_choice=choice,
-                                               max_tokens=96, stream=True, **one)
+    stream = await api.chat.completions.create(
+        model=EMBEDDED_MODEL_ID,
+        messages=ask,
+        tools=[WEATHER],
+        tool_choice=choice,
+        max_tokens=96,
+        stream=True,
+        **one,
+    )
     chunks = [c async for c in stream]
     deltas = [tc for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])]
     assert deltas[0].id and deltas[0].function.name == "get_weather"
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     after = await api.chat.completions.create(
-        model=EMBEDDED_MODEL_ID, tools=[WEATHER], max_tokens=24,
-        messages=[*ask, msg.model_dump(exclude_none=True),
-                  {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"}])
+        model=EMBEDDED_MODEL_ID,
+        tools=[WEATHER],
+        max_tokens=24,
+        messages=[
+            *ask,
+            msg.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "Sunny, 24 C"},
+        ],
+    )
     assert after.choices[0].message.content  # it answers in words
     assert not server.services.engine.live_requests()

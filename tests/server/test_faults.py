@@ -24,8 +24,12 @@ from voicert.server.app import STREAM_PATH, VoiceServer
 
 async def server_with(services, **server):
     cfg = services.cfg
-    srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
-        cfg, server=dataclasses.replace(cfg.server, port=0, **server))))
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            cfg=dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0, **server)),
+        )
+    )
     await srv.start()
     return srv
 
@@ -55,12 +59,15 @@ async def test_a_twilio_start_with_a_number_for_a_prompt_harms_nobody(server, ur
     assert call.result.marks_echoed[-1] == "turn1-end"
 
 
-@pytest.mark.parametrize("session", [
-    {"turn_detection": {"type": "server_vad", "threshold": "abc"}},
-    {"turn_detection": {"type": "server_vad", "silence_duration_ms": "abc"}},
-    {"turn_detection": {"type": "server_vad", "prefix_padding_ms": 300.5}},
-    {"audio": {"input": "pcm16"}},
-])
+@pytest.mark.parametrize(
+    "session",
+    [
+        {"turn_detection": {"type": "server_vad", "threshold": "abc"}},
+        {"turn_detection": {"type": "server_vad", "silence_duration_ms": "abc"}},
+        {"turn_detection": {"type": "server_vad", "prefix_padding_ms": 300.5}},
+        {"audio": {"input": "pcm16"}},
+    ],
+)
 async def test_realtime_type_confusion_gets_an_error_event_not_1011(server, session):
     async with connect(f"ws://127.0.0.1:{server.port}/v1/realtime") as ws:
         assert json.loads(await ws.recv())["type"] == "session.created"
@@ -69,8 +76,9 @@ async def test_realtime_type_confusion_gets_an_error_event_not_1011(server, sess
         assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error"
         assert err["error"]["param"].startswith("session.")
         # still open, still the old settings: audio works as before
-        await ws.send(json.dumps({"type": "input_audio_buffer.append",
-                                  "audio": "AAAAAAAAAAAAAAAA"}))
+        await ws.send(
+            json.dumps({"type": "input_audio_buffer.append", "audio": "AAAAAAAAAAAAAAAA"})
+        )
         await ws.send(json.dumps({"type": "session.update", "session": {"instructions": "Hi."}}))
         assert json.loads(await asyncio.wait_for(ws.recv(), 30))["type"] == "session.updated"
 
@@ -202,19 +210,25 @@ async def test_shutdown_closes_peers_that_never_answer_all_at_once(services):
 @pytest.mark.models
 async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services):
     from voicert.core.llm import EngineState
+    from voicert.engine.build import engine_config
     from voicert.engine.clients.remote import EngineProcess
     from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
     from voicert.engine.factory import cache_dir, resolve_llm
-    from voicert.engine.build import engine_config
 
     cfg = services.cfg
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
     eager = dataclasses.replace(cfg.llm, torchscript=False)  # starts sooner (traced: test_runner)
     engine = SupervisedEngine(
         lambda: EngineProcess(model_dir, engine_config(eager), threads=1),
-        RestartPolicy(max_restarts=3, window_s=600, backoff_s=0.05))
-    srv = VoiceServer(dataclasses.replace(services, engine=engine, cfg=dataclasses.replace(
-        cfg, server=dataclasses.replace(cfg.server, port=0))))
+        RestartPolicy(max_restarts=3, window_s=600, backoff_s=0.05),
+    )
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            engine=engine,
+            cfg=dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0)),
+        )
+    )
     await srv.start()
     base = f"http://127.0.0.1:{srv.port}"
     try:
@@ -260,8 +274,15 @@ async def test_an_engine_that_cannot_be_kept_up_stops_the_server_with_an_error(s
         return FakeEngine()
 
     engine = SupervisedEngine(build, RestartPolicy(max_restarts=1, window_s=60, backoff_s=0.01))
-    srv = VoiceServer(dataclasses.replace(services, engine=engine, cfg=dataclasses.replace(
-        services.cfg, server=dataclasses.replace(services.cfg.server, port=0))))
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            engine=engine,
+            cfg=dataclasses.replace(
+                services.cfg, server=dataclasses.replace(services.cfg.server, port=0)
+            ),
+        )
+    )
     await srv.start()
     try:
         engine.engine.die("engine thread died")

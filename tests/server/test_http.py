@@ -36,8 +36,9 @@ async def test_a_wrong_method_is_refused_with_the_allowed_ones(server):
 
 async def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
     limit = server.cfg.server.max_message_bytes
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            f"Content-Length: {limit + 1}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {limit + 1}\r\n\r\n"
+    ).encode()
     assert status_of(await raw(server.port, head)) == 413
 
 
@@ -45,13 +46,22 @@ async def test_a_chunked_body_over_the_limit_is_refused(server):
     limit = server.cfg.server.max_message_bytes
     piece = b"x" * 4096
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(limit // 4096 + 2))
-    got = await raw(server.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                    b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+    got = await raw(
+        server.port,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n",
+    )
     assert status_of(got) == 413
 
 
-@pytest.mark.parametrize("junk", [b"NOT HTTP AT ALL\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
-                                  b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n"])
+@pytest.mark.parametrize(
+    "junk",
+    [
+        b"NOT HTTP AT ALL\r\n\r\n",
+        b"GET / HTTP/1.1\r\nBad Header\r\n\r\n",
+        b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n",
+    ],
+)
 async def test_a_malformed_request_gets_a_4xx_and_the_server_goes_on(server, junk):
     assert 400 <= status_of(await raw(server.port, junk)) < 500
     assert status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200

@@ -20,8 +20,12 @@ openai = pytest.importorskip("openai")
 def client(server):
     """The SDK pointed at this server (the beta client needs the WebSocket base URL spelled out:
     it would otherwise switch to wss://)."""
-    return openai.AsyncOpenAI(api_key="unused", base_url=f"http://127.0.0.1:{server.port}/v1",
-                              websocket_base_url=f"ws://127.0.0.1:{server.port}/v1", max_retries=0)
+    return openai.AsyncOpenAI(
+        api_key="unused",
+        base_url=f"http://127.0.0.1:{server.port}/v1",
+        websocket_base_url=f"ws://127.0.0.1:{server.port}/v1",
+        max_retries=0,
+    )
 
 
 def kind(ev) -> str:
@@ -30,6 +34,7 @@ def kind(ev) -> str:
 
 async def until(conn, wanted: str, seen: list | None = None, timeout: float = 120):
     """Read events until one of type ``wanted``; every event read goes into ``seen``."""
+
     async def read():
         while True:
             ev = await conn.recv()
@@ -37,16 +42,18 @@ async def until(conn, wanted: str, seen: list | None = None, timeout: float = 12
                 seen.append(ev)
             if kind(ev) == wanted:
                 return ev
+
     return await asyncio.wait_for(read(), timeout)
 
 
 async def stream_speech(conn, name: str, rate: int, encoding: str, silence_s: float = 1.0):
     x, r = wav(name)
-    x = np.concatenate([soxr.resample(x, r, rate).astype(np.float32),
-                        np.zeros(int(rate * silence_s), np.float32)])
+    x = np.concatenate(
+        [soxr.resample(x, r, rate).astype(np.float32), np.zeros(int(rate * silence_s), np.float32)]
+    )
     step = rate // 50  # 20 ms
     for i in range(0, x.size, step):
-        chunk = encode_audio(x[i:i + step], encoding)
+        chunk = encode_audio(x[i : i + step], encoding)
         await conn.input_audio_buffer.append(audio=base64.b64encode(chunk).decode())
 
 
@@ -54,14 +61,22 @@ async def test_ga_text_conversation(server):
     async with client(server).realtime.connect(model="voicert-smollm2") as conn:
         created = await until(conn, "session.created")
         assert created.session.model == "voicert-smollm2"
-        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
-                                           "instructions": "You are a helpful voice assistant. "
-                                                           "Answer in one short sentence."})
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["text"],
+                "instructions": "You are a helpful voice assistant. Answer in one short sentence.",
+            }
+        )
         updated = await until(conn, "session.updated")
         assert updated.session.output_modalities == ["text"]
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "What is the capital of France?"}]})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the capital of France?"}],
+            }
+        )
         added = await until(conn, "conversation.item.added")
         assert added.item.role == "user"
         await conn.response.create()
@@ -74,11 +89,17 @@ async def test_ga_text_conversation(server):
         assert "paris" in deltas.lower() and text_done.text == deltas.strip()
         assert done.response.status == "completed"
         assert done.response.output[0].content[0].text == text_done.text
-        assert done.response.usage.output_tokens >= sum(1 for k in kinds if k.endswith("text.delta"))
+        assert done.response.usage.output_tokens >= sum(
+            1 for k in kinds if k.endswith("text.delta")
+        )
         # the conversation carries on
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "And what about Germany?"}]})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "And what about Germany?"}],
+            }
+        )
         await conn.response.create()
         done = await until(conn, "response.done")
         assert "berlin" in done.response.output[0].content[0].text.lower()
@@ -87,31 +108,47 @@ async def test_ga_text_conversation(server):
 async def test_ga_speech_in_speech_out_with_server_vad(server, services):
     async with client(server).realtime.connect(model="voicert") as conn:
         await until(conn, "session.created")
-        await conn.session.update(session={
-            "type": "realtime", "output_modalities": ["audio"],
-            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
-                                "turn_detection": {"type": "server_vad", "silence_duration_ms": 400}},
-                      "output": {"format": {"type": "audio/pcm", "rate": 24000}}}})
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["audio"],
+                "audio": {
+                    "input": {
+                        "format": {"type": "audio/pcm", "rate": 24000},
+                        "turn_detection": {"type": "server_vad", "silence_duration_ms": 400},
+                    },
+                    "output": {"format": {"type": "audio/pcm", "rate": 24000}},
+                },
+            }
+        )
         await until(conn, "session.updated")
         await stream_speech(conn, "capital_of_france", 24000, "pcm16")
         seen: list = []
         done = await until(conn, "response.done", seen)
         kinds = [kind(e) for e in seen]
-        for k in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                  "input_audio_buffer.committed",
-                  "conversation.item.input_audio_transcription.completed", "response.created",
-                  "response.output_audio.delta", "response.output_audio_transcript.delta",
-                  "response.output_audio.done"):
+        for k in (
+            "input_audio_buffer.speech_started",
+            "input_audio_buffer.speech_stopped",
+            "input_audio_buffer.committed",
+            "conversation.item.input_audio_transcription.completed",
+            "response.created",
+            "response.output_audio.delta",
+            "response.output_audio_transcript.delta",
+            "response.output_audio.done",
+        ):
             assert k in kinds, (k, kinds)
         item_id = next(e for e in seen if kind(e) == "input_audio_buffer.committed").item_id
-        transcript = next(e for e in seen
-                          if kind(e) == "conversation.item.input_audio_transcription.completed")
+        transcript = next(
+            e for e in seen if kind(e) == "conversation.item.input_audio_transcription.completed"
+        )
         assert transcript.item_id == item_id and "france" in transcript.transcript.lower()
-        audio = b"".join(base64.b64decode(e.delta) for e in seen
-                         if kind(e) == "response.output_audio.delta")
+        audio = b"".join(
+            base64.b64decode(e.delta) for e in seen if kind(e) == "response.output_audio.delta"
+        )
         x24 = decode_pcm(audio, "pcm16")
-        heard, _ = services.asr.model.transcribe(soxr.resample(x24, 24000, 16000).astype(np.float32),
-                                                 beam_size=1, language="en")
+        heard, _ = services.asr.model.transcribe(
+            soxr.resample(x24, 24000, 16000).astype(np.float32), beam_size=1, language="en"
+        )
         text = " ".join(s.text for s in heard)
         assert heard_the_answer(text), text
         said = "".join(e.delta for e in seen if kind(e) == "response.output_audio_transcript.delta")
@@ -122,14 +159,21 @@ async def test_ga_speech_in_speech_out_with_server_vad(server, services):
 async def test_beta_client_mulaw_manual_commit_and_beta_event_names(server):
     async with client(server).beta.realtime.connect(model="voicert") as conn:
         await until(conn, "session.created")
-        await conn.session.update(session={"modalities": ["text"], "turn_detection": None,
-                                           "input_audio_format": "g711_ulaw"})
+        await conn.session.update(
+            session={
+                "modalities": ["text"],
+                "turn_detection": None,
+                "input_audio_format": "g711_ulaw",
+            }
+        )
         updated = await until(conn, "session.updated")
         assert updated.session.turn_detection is None
         await stream_speech(conn, "capital_of_france", 8000, "mulaw", silence_s=0.3)
         await conn.input_audio_buffer.commit()
         seen: list = []
-        transcript = await until(conn, "conversation.item.input_audio_transcription.completed", seen)
+        transcript = await until(
+            conn, "conversation.item.input_audio_transcription.completed", seen
+        )
         assert "capital" in transcript.transcript.lower()
         assert "input_audio_buffer.committed" in [kind(e) for e in seen]
         assert "conversation.item.created" in [kind(e) for e in seen]  # the beta name
@@ -157,33 +201,58 @@ async def test_bad_events_get_error_events_and_the_session_goes_on(server):
         assert err.type == "invalid_request_error" and err.param == "type"
         assert err.event_id == "evt_1" and "no.such.event" in err.message
         assert (await error_for("{not json")).code == "invalid_json"
-        assert (await error_for(json.dumps({"type": "output_audio_buffer.clear"}))).code == \
-            "unsupported_event"
-        assert (await error_for(json.dumps({"type": "conversation.item.truncate"}))).code == \
-            "missing_required_parameter"
-        err = await error_for(json.dumps({"type": "session.update", "session": {"tools": [
-            {"type": "mcp", "server_label": "x"}]}}))  # only function tools
+        assert (
+            await error_for(json.dumps({"type": "output_audio_buffer.clear"}))
+        ).code == "unsupported_event"
+        assert (
+            await error_for(json.dumps({"type": "conversation.item.truncate"}))
+        ).code == "missing_required_parameter"
+        err = await error_for(
+            json.dumps(
+                {
+                    "type": "session.update",
+                    "session": {"tools": [{"type": "mcp", "server_label": "x"}]},
+                }
+            )
+        )  # only function tools
         assert (err.code, err.param) == ("invalid_value", "session.tools[0].type")
         err = await error_for(json.dumps({"type": "session.update", "session": {"colour": 1}}))
         assert (err.code, err.param) == ("unknown_parameter", "session.colour")
-        assert (await error_for(json.dumps({"type": "input_audio_buffer.commit"}))).code == \
-            "input_audio_buffer_commit_empty"
-        assert (await error_for(json.dumps({"type": "response.cancel"}))).code == \
-            "response_cancel_not_active"
-        assert (await error_for(json.dumps({"type": "input_audio_buffer.append",
-                                            "audio": "!!"}))).code == "invalid_value"
-        assert (await error_for(json.dumps({"type": "input_audio_buffer.append",
-                                            "audio": base64.b64encode(b"abc").decode()}))).code \
-            == "bad_audio"
-        assert (await error_for(json.dumps({"type": "session.update", "session": {
-            "input_audio_format": "opus"}}))).param == "session.input_audio_format"
+        assert (
+            await error_for(json.dumps({"type": "input_audio_buffer.commit"}))
+        ).code == "input_audio_buffer_commit_empty"
+        assert (
+            await error_for(json.dumps({"type": "response.cancel"}))
+        ).code == "response_cancel_not_active"
+        assert (
+            await error_for(json.dumps({"type": "input_audio_buffer.append", "audio": "!!"}))
+        ).code == "invalid_value"
+        assert (
+            await error_for(
+                json.dumps(
+                    {
+                        "type": "input_audio_buffer.append",
+                        "audio": base64.b64encode(b"abc").decode(),
+                    }
+                )
+            )
+        ).code == "bad_audio"
+        assert (
+            await error_for(
+                json.dumps({"type": "session.update", "session": {"input_audio_format": "opus"}})
+            )
+        ).param == "session.input_audio_format"
         await conn.input_audio_buffer.clear()
         await until(conn, "input_audio_buffer.cleared", timeout=10)
         # still a working session
         await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "What is the capital of France?"}]})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "What is the capital of France?"}],
+            }
+        )
         await conn.response.create(response={"max_output_tokens": 3})
         done = await until(conn, "response.done")
         assert done.response.status == "incomplete"
@@ -194,9 +263,13 @@ async def test_response_cancel_mid_reply(server, services):
     async with client(server).realtime.connect(model="voicert") as conn:
         await until(conn, "session.created")
         await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "Count from one to one hundred."}]})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Count from one to one hundred."}],
+            }
+        )
         await conn.response.create(response={"max_output_tokens": 400})
         await until(conn, "response.output_text.delta")
         await conn.response.cancel()
@@ -211,12 +284,14 @@ async def test_response_cancel_mid_reply(server, services):
 
 async def recv_raw(conn, wanted: str, seen: list, timeout: float = 120) -> dict:
     """Read raw server events (JSON) until one of type ``wanted``; all go into ``seen``."""
+
     async def read():
         while True:
             ev = json.loads(await conn.recv_bytes())
             seen.append(ev)
             if ev["type"] == wanted:
                 return ev
+
     return await asyncio.wait_for(read(), timeout)
 
 
@@ -224,9 +299,8 @@ def assert_ga_models(events: list[dict]) -> None:
     """Every server event validates against the official SDK's GA models, warnings as errors."""
     import warnings
 
-    from pydantic import TypeAdapter
-
     from openai.types.realtime import RealtimeServerEvent
+    from pydantic import TypeAdapter
 
     adapter = TypeAdapter(RealtimeServerEvent)
     with warnings.catch_warnings():
@@ -239,12 +313,21 @@ async def test_truncate_after_an_interruption_keeps_what_was_heard_and_delete_re
     seen: list = []
     async with client(server).realtime.connect(model="voicert") as conn:
         await recv_raw(conn, "session.created", seen)
-        await conn.session.update(session={"type": "realtime", "output_modalities": ["audio"],
-                                           "audio": {"input": {"turn_detection": None}}})
+        await conn.session.update(
+            session={
+                "type": "realtime",
+                "output_modalities": ["audio"],
+                "audio": {"input": {"turn_detection": None}},
+            }
+        )
         await recv_raw(conn, "session.updated", seen)
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "Count from one to forty in words."}]})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Count from one to forty in words."}],
+            }
+        )
         user = (await recv_raw(conn, "conversation.item.added", seen))["item"]
         await conn.response.create(response={"max_output_tokens": 200})
         assistant = (await recv_raw(conn, "response.output_item.added", seen))["item"]
@@ -260,8 +343,9 @@ async def test_truncate_after_an_interruption_keeps_what_was_heard_and_delete_re
         cut_ms = int(audio_ms / 2)
         if done is None:
             await conn.response.cancel()
-        await conn.conversation.item.truncate(item_id=assistant["id"], content_index=0,
-                                              audio_end_ms=cut_ms)
+        await conn.conversation.item.truncate(
+            item_id=assistant["id"], content_index=0, audio_end_ms=cut_ms
+        )
         done = done or await recv_raw(conn, "response.done", seen)
         full = done["response"]["output"][0]["content"][0]["transcript"]
         truncated = await recv_raw(conn, "conversation.item.truncated", seen)
@@ -272,8 +356,9 @@ async def test_truncate_after_an_interruption_keeps_what_was_heard_and_delete_re
         assert item["content"][0]["type"] == "output_audio"
         assert full.startswith(heard) and 0 < len(heard) < len(full), (heard, full)
         # errors, shaped as the API shapes them
-        await conn.conversation.item.truncate(item_id=assistant["id"], content_index=0,
-                                              audio_end_ms=10 ** 7)
+        await conn.conversation.item.truncate(
+            item_id=assistant["id"], content_index=0, audio_end_ms=10**7
+        )
         err = (await recv_raw(conn, "error", seen))["error"]
         assert err["param"] == "audio_end_ms" and "already shorter" in err["message"]
         await conn.conversation.item.truncate(item_id=user["id"], content_index=0, audio_end_ms=0)
@@ -293,11 +378,20 @@ async def test_truncate_after_an_interruption_keeps_what_was_heard_and_delete_re
     assert_ga_models(seen)
 
 
-BOOK = {"type": "function", "name": "book_table", "description": "Book a restaurant table",
-        "parameters": {"type": "object", "additionalProperties": False,
-                       "required": ["people", "time"],
-                       "properties": {"people": {"type": "integer", "minimum": 1, "maximum": 12},
-                                      "time": {"type": "string", "maxLength": 8}}}}
+BOOK = {
+    "type": "function",
+    "name": "book_table",
+    "description": "Book a restaurant table",
+    "parameters": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["people", "time"],
+        "properties": {
+            "people": {"type": "integer", "minimum": 1, "maximum": 12},
+            "time": {"type": "string", "maxLength": 8},
+        },
+    },
+}
 
 
 @pytest.mark.parametrize("beta", [False, True])
@@ -311,26 +405,39 @@ async def test_a_forced_tool_choice_gives_a_schema_valid_call_whose_output_is_us
     connect = sdk.beta.realtime.connect if beta else sdk.realtime.connect
     async with connect(model="voicert") as conn:
         await until(conn, "session.created")
-        session = ({"modalities": ["text"], "tools": [BOOK]} if beta else
-                   {"type": "realtime", "output_modalities": ["text"], "tools": [BOOK]})
+        session = (
+            {"modalities": ["text"], "tools": [BOOK]}
+            if beta
+            else {"type": "realtime", "output_modalities": ["text"], "tools": [BOOK]}
+        )
         await conn.session.update(session=session)
         await until(conn, "session.updated")
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "A table for four at 7pm, please."}]})
-        await conn.response.create(response={"tool_choice": {"type": "function",
-                                                             "name": "book_table"}})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "A table for four at 7pm, please."}],
+            }
+        )
+        await conn.response.create(
+            response={"tool_choice": {"type": "function", "name": "book_table"}}
+        )
         seen: list = []
         done = await until(conn, "response.done", seen)
         calls = [o for o in done.response.output if o.type == "function_call"]
         assert len(calls) == 1 and calls[0].name == "book_table"
         jsonschema.validate(json.loads(calls[0].arguments), BOOK["parameters"])
-        deltas = "".join(e.delta for e in seen
-                         if kind(e) == "response.function_call_arguments.delta")
+        deltas = "".join(
+            e.delta for e in seen if kind(e) == "response.function_call_arguments.delta"
+        )
         assert deltas == calls[0].arguments
-        await conn.conversation.item.create(item={
-            "type": "function_call_output", "call_id": calls[0].call_id,
-            "output": json.dumps({"booked": True, "table": 12})})
+        await conn.conversation.item.create(
+            item={
+                "type": "function_call_output",
+                "call_id": calls[0].call_id,
+                "output": json.dumps({"booked": True, "table": 12}),
+            }
+        )
         await conn.response.create()
         done = await until(conn, "response.done")
         assert done.response.status in ("completed", "incomplete")
@@ -345,16 +452,22 @@ async def test_a_responses_own_tools_are_offered_for_that_response_only(server):
         await until(conn, "session.created")
         await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
         await until(conn, "session.updated")
-        await conn.conversation.item.create(item={
-            "type": "message", "role": "user",
-            "content": [{"type": "input_text", "text": "A table for two at 8pm, please."}]})
-        await conn.response.create(response={
-            "tools": [BOOK], "tool_choice": {"type": "function", "name": "book_table"}})
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "A table for two at 8pm, please."}],
+            }
+        )
+        await conn.response.create(
+            response={"tools": [BOOK], "tool_choice": {"type": "function", "name": "book_table"}}
+        )
         done = await until(conn, "response.done")
         calls = [o for o in done.response.output if o.type == "function_call"]
         assert len(calls) == 1 and calls[0].name == "book_table"
-        await conn.response.create(response={"tool_choice": {"type": "function",
-                                                             "name": "book_table"}})
+        await conn.response.create(
+            response={"tool_choice": {"type": "function", "name": "book_table"}}
+        )
         error = await until(conn, "error")
         assert error.error.param == "response.tool_choice"
         await conn.response.create(response={"tools": [{"type": "function", "name": 7}]})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ pytest.importorskip("openai")
 
 class FakeRequest:
     path = "/v1/realtime?model=m"
-    headers: dict = {}
+    headers: ClassVar[dict] = {}
 
 
 class FakeWs:
@@ -73,16 +74,24 @@ def assert_ga(ws) -> None:
 
 async def test_a_typed_question_gets_a_text_response_in_the_ga_shapes():
     conn, ws, _ = await open_door()
-    await send(conn, type="session.update", session={"type": "realtime",
-                                                     "output_modalities": ["text"]})
-    await send(conn, type="conversation.item.create", item={
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]})
+    await send(
+        conn, type="session.update", session={"type": "realtime", "output_modalities": ["text"]}
+    )
+    await send(
+        conn,
+        type="conversation.item.create",
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+    )
     await send(conn, type="response.create")
     await until(lambda: "response.done" in types(ws))
     t = types(ws)
     assert t[:3] == ["session.created", "session.updated", "conversation.item.added"]
-    assert t.index("response.created") < t.index("response.output_text.delta") < \
-        t.index("response.output_text.done") < t.index("response.done")
+    assert (
+        t.index("response.created")
+        < t.index("response.output_text.delta")
+        < t.index("response.output_text.done")
+        < t.index("response.done")
+    )
     deltas = "".join(e["delta"] for e in ws.sent if e["type"] == "response.output_text.delta")
     done = ws.sent[-1]["response"]
     assert deltas == "The capital of France is Paris." and done["status"] == "completed"
@@ -93,16 +102,20 @@ async def test_a_typed_question_gets_a_text_response_in_the_ga_shapes():
 async def test_speech_over_a_reply_interrupts_it_as_turn_detected():
     engine = FakeEngine(reply="one two three four five", gated=True)
     conn, ws, _ = await open_door(engine)
-    await send(conn, type="session.update", session={"type": "realtime",
-                                                     "output_modalities": ["text"]})
+    await send(
+        conn, type="session.update", session={"type": "realtime", "output_modalities": ["text"]}
+    )
     voice = encode_pcm16((0.3 * np.sin(np.arange(24000) * 0.05)).astype(np.float32))
     silence = encode_pcm16(np.zeros(24000 * 6 // 10, np.float32))
 
     async def speak() -> None:  # 1 s of voice, 0.6 s of silence at 24 kHz, 20 ms frames
         audio = voice + silence
         for i in range(0, len(audio), 960):
-            await send(conn, type="input_audio_buffer.append",
-                       audio=base64.b64encode(audio[i:i + 960]).decode())
+            await send(
+                conn,
+                type="input_audio_buffer.append",
+                audio=base64.b64encode(audio[i : i + 960]).decode(),
+            )
 
     await speak()
     await until(lambda: engine.requests)
@@ -122,9 +135,16 @@ async def test_speech_over_a_reply_interrupts_it_as_turn_detected():
 
 async def test_items_are_deleted_and_retrieved_by_their_wire_ids():
     conn, ws, _ = await open_door()
-    await send(conn, type="conversation.item.create", item={
-        "id": "item_a", "type": "message", "role": "user",
-        "content": [{"type": "input_text", "text": "Remember: blue."}]})
+    await send(
+        conn,
+        type="conversation.item.create",
+        item={
+            "id": "item_a",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Remember: blue."}],
+        },
+    )
     await send(conn, type="conversation.item.retrieve", item_id="item_a")
     assert ws.sent[-1]["item"]["content"][0]["text"] == "Remember: blue."
     await send(conn, type="conversation.item.delete", item_id="item_a")
@@ -140,26 +160,45 @@ async def test_items_are_deleted_and_retrieved_by_their_wire_ids():
 
 async def test_semantic_vad_gives_the_session_the_semantic_detector_by_eagerness():
     conn, ws, svc = await open_door()
-    await send(conn, type="session.update",
-               session={"type": "realtime", "audio": {"input": {"turn_detection": {
-                   "type": "semantic_vad", "eagerness": "high"}}}})
+    await send(
+        conn,
+        type="session.update",
+        session={
+            "type": "realtime",
+            "audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}},
+        },
+    )
     updated = ws.sent[-1]
     assert updated["type"] == "session.updated"
     assert updated["session"]["audio"]["input"]["turn_detection"]["type"] == "semantic_vad"
     turns = conn.session.turns
     assert turns.semantic and turns.turn.max_silence_ms < svc.cfg.turn.max_silence_ms
     assert turns.turn.model == "none"  # no audio model on this server: the words judge
-    await send(conn, type="session.update",
-               session={"type": "realtime", "audio": {"input": {"turn_detection": {
-                   "type": "server_vad", "silence_duration_ms": 600}}}})
+    await send(
+        conn,
+        type="session.update",
+        session={
+            "type": "realtime",
+            "audio": {
+                "input": {"turn_detection": {"type": "server_vad", "silence_duration_ms": 600}}
+            },
+        },
+    )
     assert not conn.session.turns.semantic
     assert conn.session.turns.endpointer.cfg.min_silence_ms == 600
     assert_ga(ws)
 
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                          "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather in a city",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}},
+        "required": ["city"],
+    },
+}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
 
@@ -171,28 +210,52 @@ async def test_a_function_call_round_trip_in_the_api_shapes(beta, monkeypatch):
         monkeypatch.setattr(FakeRequest, "headers", {"OpenAI-Beta": "realtime=v1"})
     engine = FakeEngine(script=[f"Let me check. {CALL}", "It is sunny in Paris."])
     conn, ws, _ = await open_door(engine)
-    await send(conn, type="session.update", session={
-        "type": "realtime", "output_modalities": ["text"], "tools": [WEATHER],
-        "tool_choice": "auto"} if not beta else {"modalities": ["text"], "tools": [WEATHER]})
+    await send(
+        conn,
+        type="session.update",
+        session={
+            "type": "realtime",
+            "output_modalities": ["text"],
+            "tools": [WEATHER],
+            "tool_choice": "auto",
+        }
+        if not beta
+        else {"modalities": ["text"], "tools": [WEATHER]},
+    )
     assert ws.sent[-1]["session"]["tools"][0]["name"] == "get_weather"
-    await send(conn, type="conversation.item.create", item={
-        "type": "message", "role": "user", "content": [{"type": "input_text",
-                                                        "text": "Weather in Paris?"}]})
+    await send(
+        conn,
+        type="conversation.item.create",
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Weather in Paris?"}],
+        },
+    )
     await send(conn, type="response.create")
     await until(lambda: "response.done" in types(ws))
     done = ws.sent[-1]["response"]
     message, call = done["output"]
     assert message["type"] == "message" and call["type"] == "function_call"
     assert call["name"] == "get_weather" and json.loads(call["arguments"]) == {"city": "Paris"}
-    deltas = "".join(e["delta"] for e in ws.sent
-                     if e["type"] == "response.function_call_arguments.delta")
+    deltas = "".join(
+        e["delta"] for e in ws.sent if e["type"] == "response.function_call_arguments.delta"
+    )
     assert deltas == call["arguments"]
     texts = "".join(e["delta"] for e in ws.sent if e["type"].endswith("text.delta"))
     assert texts.strip() == "Let me check."  # the call's text is never sent as text
-    assert {e["output_index"] for e in ws.sent
-            if e["type"] == "response.function_call_arguments.delta"} == {1}
-    await send(conn, type="conversation.item.create", item={
-        "type": "function_call_output", "call_id": call["call_id"], "output": '{"sky": "sunny"}'})
+    assert {
+        e["output_index"] for e in ws.sent if e["type"] == "response.function_call_arguments.delta"
+    } == {1}
+    await send(
+        conn,
+        type="conversation.item.create",
+        item={
+            "type": "function_call_output",
+            "call_id": call["call_id"],
+            "output": '{"sky": "sunny"}',
+        },
+    )
     await send(conn, type="response.create")
     await until(lambda: types(ws).count("response.done") == 2)
     assert ws.sent[-1]["response"]["output"][0]["content"][0]["text"] == "It is sunny in Paris."
@@ -205,18 +268,34 @@ async def test_a_server_side_tool_is_answered_by_the_server_within_one_response(
     from tests.agent.test_session_tools import book_table
     from voicert.agent.toolbox import Toolbox, describe
 
-    engine = FakeEngine(script=['<tool_call>\n{"name": "book_table", "arguments": {"people": 2, '
-                                '"time": "20:00"}}\n</tool_call>', "Booked for two at eight."])
+    engine = FakeEngine(
+        script=[
+            '<tool_call>\n{"name": "book_table", "arguments": {"people": 2, '
+            '"time": "20:00"}}\n</tool_call>',
+            "Booked for two at eight.",
+        ]
+    )
     conn, ws, svc = await open_door(engine)
     svc.toolbox = Toolbox([describe(book_table)])
-    await send(conn, type="session.update", session={"type": "realtime",
-                                                     "output_modalities": ["text"]})
-    await send(conn, type="conversation.item.create", item={
-        "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Book"}]})
+    await send(
+        conn, type="session.update", session={"type": "realtime", "output_modalities": ["text"]}
+    )
+    await send(
+        conn,
+        type="conversation.item.create",
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Book"}],
+        },
+    )
     await send(conn, type="response.create")
     await until(lambda: "response.done" in types(ws))
-    outputs = [e["item"] for e in ws.sent if e["type"] == "conversation.item.added"
-               and e["item"]["type"] == "function_call_output"]
+    outputs = [
+        e["item"]
+        for e in ws.sent
+        if e["type"] == "conversation.item.added" and e["item"]["type"] == "function_call_output"
+    ]
     assert len(outputs) == 1 and json.loads(outputs[0]["output"])["booked"] is True
     done = ws.sent[-1]["response"]
     assert [o["type"] for o in done["output"]] == ["function_call", "message"]
@@ -225,18 +304,27 @@ async def test_a_server_side_tool_is_answered_by_the_server_within_one_response(
 
 
 async def test_tool_errors_are_shaped_as_the_api_shapes_them():
-    conn, ws, _ = await open_door()
+    conn, _ws, _ = await open_door()
     with pytest.raises(Exception) as bad_output:
-        await send(conn, type="conversation.item.create", item={
-            "type": "function_call_output", "call_id": "call_nope", "output": "x"})
+        await send(
+            conn,
+            type="conversation.item.create",
+            item={"type": "function_call_output", "call_id": "call_nope", "output": "x"},
+        )
     assert bad_output.value.param == "item.call_id"
     with pytest.raises(Exception) as bad_tool:
-        await send(conn, type="session.update", session={"tools": [{"type": "function",
-                                                                    "name": "has space"}]})
+        await send(
+            conn,
+            type="session.update",
+            session={"tools": [{"type": "function", "name": "has space"}]},
+        )
     assert bad_tool.value.param == "session.tools[0].name"
     with pytest.raises(Exception) as bad_choice:
-        await send(conn, type="response.create", response={
-            "tool_choice": {"type": "function", "name": "nope"}})
+        await send(
+            conn,
+            type="response.create",
+            response={"tool_choice": {"type": "function", "name": "nope"}},
+        )
     assert bad_choice.value.param == "response.tool_choice"
 
 
@@ -252,14 +340,23 @@ async def test_the_session_voice_is_one_the_server_offers_and_another_is_refused
         conn = RealtimeConnection(ws, svc)
         assert await conn.open()
         assert ws.sent[0]["session"]["audio"]["output"]["voice"] == "joe"  # the server's default
-        await send(conn, type="session.update", session={"type": "realtime", "audio": {
-            "output": {"voice": "anna"}}})
+        await send(
+            conn,
+            type="session.update",
+            session={"type": "realtime", "audio": {"output": {"voice": "anna"}}},
+        )
         assert ws.sent[-1]["session"]["audio"]["output"]["voice"] == "anna"
         assert conn.session.voice == "anna"
-        with pytest.raises(RealtimeError, match=r"'alloy' is not offered here \(offered: joe, "
-                                                r"anna\)") as err:
-            await send(conn, type="session.update", session={"type": "realtime", "audio": {
-                "output": {"voice": "alloy"}}})
+        with pytest.raises(
+            RealtimeError,
+            match=r"'alloy' is not offered here \(offered: joe, "
+            r"anna\)",
+        ) as err:
+            await send(
+                conn,
+                type="session.update",
+                session={"type": "realtime", "audio": {"output": {"voice": "alloy"}}},
+            )
         assert err.value.param == "session.voice" and conn.session.voice == "anna"
         assert_ga(ws)
     finally:

@@ -10,8 +10,10 @@ from voicert.config import load_config
 from voicert.protocol import native as p
 from voicert.server.connection import session_turn_taking
 
+_A_JUDGE = object()
 
-def services(detector="semantic", judge=object()):
+
+def services(detector="semantic", judge=_A_JUDGE):
     cfg = load_config(environ={})
     cfg = dataclasses.replace(cfg, turn=dataclasses.replace(cfg.turn, detector=detector))
     return SimpleNamespace(cfg=cfg, turn_judge=judge)
@@ -38,8 +40,9 @@ def test_a_lower_vad_threshold_lowers_the_silence_threshold_with_it():
 
 
 def test_semantic_without_the_audio_model_judges_by_the_transcript():
-    _, turn = session_turn_taking(p.SessionStart(end_of_turn="semantic"),
-                                  services(detector="silence", judge=None))
+    _, turn = session_turn_taking(
+        p.SessionStart(end_of_turn="semantic"), services(detector="silence", judge=None)
+    )
     assert turn.detector == "semantic" and turn.model == "none" and turn.text_cue
 
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+from websockets.asyncio.client import connect
 
 from tests.conftest import heard_the_answer, wav
 from tests.server.test_stream import recv_until
 from voicert.audio.pcm import decode_pcm
 from voicert.client import stream_audio
 from voicert.protocol import native as p
-from websockets.asyncio.client import connect
 
 
 def hear(services, audio: np.ndarray) -> str:
@@ -22,8 +22,9 @@ def hear(services, audio: np.ndarray) -> str:
 
 
 async def test_reply_is_spoken_and_whisper_hears_the_reply(url, services):
-    result = await stream_audio(url, [wav("capital_of_france")], realtime=False,
-                                output_audio=p.OutputAudio("pcm16", 16000))
+    result = await stream_audio(
+        url, [wav("capital_of_france")], realtime=False, output_audio=p.OutputAudio("pcm16", 16000)
+    )
     assert not result.errors, result.errors
     turn = result.turns[0]
     assert "paris" in turn.reply.lower()
@@ -34,19 +35,26 @@ async def test_reply_is_spoken_and_whisper_hears_the_reply(url, services):
     assert " ".join(turn.audio_pieces) == turn.reply.strip()  # every piece spoken, in order
     lat = turn.latency
     assert 0 < lat["tts_ms"] < lat["ttfa_ms"] and lat["ttfa_ms"] >= lat["ttft_ms"]
-    parts = [lat["tts_wait_ms"], lat["tts_synth_ms"], lat["tts_out_ms"]]  # the first piece's way out
+    parts = [
+        lat["tts_wait_ms"],
+        lat["tts_synth_ms"],
+        lat["tts_out_ms"],
+    ]  # the first piece's way out
     assert min(parts) >= 0 and abs(sum(parts) - lat["tts_ms"]) < 0.01
     kinds = [e["type"] for e in result.events]
     # the reply is done when its last audio is out
     assert kinds.index("response.started") < kinds.index("response.token")
-    assert max(i for i, k in enumerate(kinds) if k == "response.audio") < kinds.index("response.done")
+    assert max(i for i, k in enumerate(kinds) if k == "response.audio") < kinds.index(
+        "response.done"
+    )
     seqs = [e["seq"] for e in result.events if e["type"] == "response.audio"]
     assert seqs == list(range(len(seqs)))
 
 
 async def test_telephone_format_mulaw_8k_out(url, services):
-    result = await stream_audio(url, [wav("capital_of_france")], realtime=False,
-                                output_audio=p.OutputAudio("mulaw", 8000))
+    result = await stream_audio(
+        url, [wav("capital_of_france")], realtime=False, output_audio=p.OutputAudio("mulaw", 8000)
+    )
     turn = result.turns[0]
     audio8 = decode_pcm(bytes(turn.audio), "mulaw")  # one byte a sample
     import soxr
@@ -112,8 +120,10 @@ async def test_a_session_picks_its_voice_at_start_and_changes_it_mid_session(url
 
 
 async def test_bad_output_audio_formats_are_refused(url):
-    for fmt, code in ((p.OutputAudio("opus", 24000), "unsupported_encoding"),
-                      (p.OutputAudio("pcm16", 12345), "unsupported_sample_rate")):
+    for fmt, code in (
+        (p.OutputAudio("opus", 24000), "unsupported_encoding"),
+        (p.OutputAudio("pcm16", 12345), "unsupported_sample_rate"),
+    ):
         async with connect(url) as ws:
             await ws.send(p.encode(p.SessionStart(output_audio=fmt)))
             assert (await recv_until(ws, "error"))["code"] == code
@@ -126,17 +136,19 @@ def test_the_native_door_cuts_history_at_a_barge_in_on_a_reply_sent_but_still_pl
     import time
     from types import SimpleNamespace
 
+    from voicert.audio.playout import Playout
     from voicert.core import events as ev
     from voicert.protocol import native as p
     from voicert.server.connection import Connection
-    from voicert.audio.playout import Playout
     from voicert.transport.spoken import PacingClock
 
     kept = []
     door = Connection.__new__(Connection)  # the pacing only: no socket
     door.clock = PacingClock()
-    door.session = SimpleNamespace(settings=p.SessionStart(output_audio=p.OutputAudio("pcm16", 24000)),
-                                   keep_heard=lambda *args: kept.append(args))
+    door.session = SimpleNamespace(
+        settings=p.SessionStart(output_audio=p.OutputAudio("pcm16", 24000)),
+        keep_heard=lambda *args: kept.append(args),
+    )
     t0 = time.perf_counter_ns()
     door._pace(ev.ReplyStarted(5, spoken=True))
     door._pace(ev.ReplyAudio(5, 0, b"\0" * 48 * 1000, "One two three four."))
@@ -146,6 +158,6 @@ def test_the_native_door_cuts_history_at_a_barge_in_on_a_reply_sent_but_still_pl
     door.clock.playout = Playout()  # as if the audio had gone out 1.5 s ago
     door.clock.playout.add(2_000_000_000, t0 - 1_500_000_000)
     door._pace(ev.BargeIn(6))
-    (item, chars, offset), = kept
+    ((item, chars, offset),) = kept
     assert item == "item_5" and offset == 0
     assert "One two three four. Five six."[:chars] == "One two three four. Five"

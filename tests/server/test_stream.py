@@ -16,14 +16,22 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.conftest import wav
+from voicert.client import stream_audio
 from voicert.core.llm import EngineBase, EngineState, EngineStats
 from voicert.core.speech import AsrBase
-from voicert.client import stream_audio
 from voicert.protocol import native as p
 from voicert.server.app import STREAM_PATH, VoiceServer
 
-STAGES = ("endpoint_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "send_ms", "ttft_ms",
-          "voice_to_first_token_ms")
+STAGES = (
+    "endpoint_ms",
+    "asr_ms",
+    "queue_ms",
+    "prefill_ms",
+    "first_token_ms",
+    "send_ms",
+    "ttft_ms",
+    "voice_to_first_token_ms",
+)
 
 
 async def one_turn(url, name="capital_of_france", **kw):
@@ -51,8 +59,9 @@ async def recv_until(ws, kind, limit=200):
 
 
 async def test_capital_of_france_then_history_carries_to_the_next_turn(url):
-    result = await stream_audio(url, [wav("capital_of_france"), wav("what_about_germany")],
-                                realtime=False)
+    result = await stream_audio(
+        url, [wav("capital_of_france"), wav("what_about_germany")], realtime=False
+    )
     assert not result.errors, result.errors
     first, second = result.turns
     words = first.transcript.lower()
@@ -81,12 +90,14 @@ async def test_json_text_frames_and_48k_float_audio(url):
 
     x48 = soxr.resample(x, 16000, 48000).astype(np.float32)
     async with connect(url) as ws:
-        await ws.send(json.dumps({"type": "session.start", "sample_rate": 48000, "encoding": "f32"}))
+        await ws.send(
+            json.dumps({"type": "session.start", "sample_rate": 48000, "encoding": "f32"})
+        )
         started = json.loads(await ws.recv())
         assert started["type"] == "session.started" and started["sample_rate"] == 48000
         audio = np.concatenate([x48, np.zeros(48000, np.float32)])
         for i in range(0, audio.size, 960):
-            await ws.send(p.encode(p.Audio(audio[i:i + 960].tobytes()), binary=False))
+            await ws.send(p.encode(p.Audio(audio[i : i + 960].tobytes()), binary=False))
         final = await recv_until(ws, "transcript.final")
         assert "france" in final["text"].lower()
         done = await recv_until(ws, "response.done")
@@ -106,7 +117,7 @@ async def test_telephone_audio_8k_mulaw(url):
         await ws.send(p.encode(p.SessionStart(sample_rate=8000, encoding="mulaw")))
         await recv_until(ws, "session.started")
         for i in range(0, len(ulaw), 160):  # 20 ms frames, as telephony sends them
-            await ws.send(p.encode(p.Audio(ulaw[i:i + 160])))
+            await ws.send(p.encode(p.Audio(ulaw[i : i + 160])))
         final = await recv_until(ws, "transcript.final")
         assert "capital" in final["text"].lower() and "france" in final["text"].lower()
         await recv_until(ws, "response.done")
@@ -129,9 +140,15 @@ async def test_push_to_talk_commit_ends_the_turn(url):
 async def start_long_reply(ws) -> None:
     """Ask for a long reply (spoken question, verbose system prompt) and wait for its first token."""
     x, rate = wav("count_to_five")
-    await ws.send(p.encode(p.SessionStart(
-        sample_rate=rate, system_prompt="Answer at great length, with many details.",
-        max_new_tokens=400)))
+    await ws.send(
+        p.encode(
+            p.SessionStart(
+                sample_rate=rate,
+                system_prompt="Answer at great length, with many details.",
+                max_new_tokens=400,
+            )
+        )
+    )
     await recv_until(ws, "session.started")
     for frame in np.array_split(np.concatenate([x, np.zeros(16000, np.float32)]), 60):
         await ws.send(p.encode(p.Audio((frame * 32767).astype("<i2").tobytes())))
@@ -169,7 +186,9 @@ async def test_non_msgpack_bytes(url):
 
 
 async def test_unknown_type(url):
-    msg = await expect_error(url, [msgpack.packb({"type": "audio.explode"})], p.ErrorCode.UNKNOWN_TYPE)
+    msg = await expect_error(
+        url, [msgpack.packb({"type": "audio.explode"})], p.ErrorCode.UNKNOWN_TYPE
+    )
     assert "audio.explode" in msg["message"]
     await assert_server_still_serves(url)
 
@@ -180,21 +199,26 @@ async def test_audio_before_session_start(url):
 
 
 async def test_unsupported_sample_rate(url):
-    msg = await expect_error(url, [p.encode(p.SessionStart(sample_rate=12345))],
-                             p.ErrorCode.UNSUPPORTED_SAMPLE_RATE)
+    msg = await expect_error(
+        url, [p.encode(p.SessionStart(sample_rate=12345))], p.ErrorCode.UNSUPPORTED_SAMPLE_RATE
+    )
     assert "16000" in msg["message"]
     await assert_server_still_serves(url)
 
 
 async def test_unsupported_encoding(url):
-    await expect_error(url, [msgpack.packb({"type": "session.start", "encoding": "opus"})],
-                       p.ErrorCode.UNSUPPORTED_ENCODING)
+    await expect_error(
+        url,
+        [msgpack.packb({"type": "session.start", "encoding": "opus"})],
+        p.ErrorCode.UNSUPPORTED_ENCODING,
+    )
     await assert_server_still_serves(url)
 
 
 async def test_odd_byte_count_audio(url):
-    await expect_error(url, [p.encode(p.SessionStart()), p.encode(p.Audio(b"\x00\x01\x02"))],
-                       p.ErrorCode.BAD_AUDIO)
+    await expect_error(
+        url, [p.encode(p.SessionStart()), p.encode(p.Audio(b"\x00\x01\x02"))], p.ErrorCode.BAD_AUDIO
+    )
     await assert_server_still_serves(url)
 
 
@@ -246,8 +270,11 @@ async def test_metrics_endpoint_reports_turns_sessions_and_errors(url, server):
     assert status == 200
     from prometheus_client.parser import text_string_to_metric_families
 
-    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
-              for f in text_string_to_metric_families(body) for s in f.samples}
+    values = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(body)
+        for s in f.samples
+    }
     assert values[("voicert_ttft_seconds_count", ())] >= 1
     assert values[("voicert_stage_latency_seconds_count", (("stage", "asr"),))] >= 1
     assert values[("voicert_errors_total", (("code", "unknown_type"),))] >= 1
@@ -296,15 +323,20 @@ class _DownAsr(AsrBase):
 
 async def test_a_refusal_names_the_part_that_is_down(services):
     cfg = dataclasses.replace(services.cfg, server=dataclasses.replace(services.cfg.server, port=0))
-    down = [("engine", _RestartingEngine(), "engine restarting"),
-            ("asr", _DownAsr(), "speech recognition down"),
-            ("tts", types.SimpleNamespace(alive=False), "voice down")]
+    down = [
+        ("engine", _RestartingEngine(), "engine restarting"),
+        ("asr", _DownAsr(), "speech recognition down"),
+        ("tts", types.SimpleNamespace(alive=False), "voice down"),
+    ]
     for part, fake, why in down:
         srv = VoiceServer(dataclasses.replace(services, cfg=cfg, **{part: fake}))
         await srv.start()
         try:
             base = f"http://127.0.0.1:{srv.port}"
-            assert (await asyncio.to_thread(_get, base + "/readyz")) == (503, f"not ready ({why})\n")
+            assert (await asyncio.to_thread(_get, base + "/readyz")) == (
+                503,
+                f"not ready ({why})\n",
+            )
             with pytest.raises(InvalidStatus) as info:
                 async with connect(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"):
                     pass
@@ -322,7 +354,9 @@ async def test_not_ready_until_the_models_are_loaded(services):
     try:
         assert (await asyncio.to_thread(_get, base + "/healthz"))[0] == 200
         assert (await asyncio.to_thread(_get, base + "/readyz")) == (
-            503, "not ready (loading models)\n")
+            503,
+            "not ready (loading models)\n",
+        )
         with pytest.raises(InvalidStatus) as info:
             async with connect(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"):
                 pass
@@ -334,8 +368,13 @@ async def test_not_ready_until_the_models_are_loaded(services):
 
 
 async def test_graceful_shutdown_lets_the_running_turn_finish(services):
-    svc = dataclasses.replace(services, cfg=dataclasses.replace(
-        services.cfg, server=dataclasses.replace(services.cfg.server, port=0, shutdown_grace_s=30)))
+    svc = dataclasses.replace(
+        services,
+        cfg=dataclasses.replace(
+            services.cfg,
+            server=dataclasses.replace(services.cfg.server, port=0, shutdown_grace_s=30),
+        ),
+    )
     srv = VoiceServer(svc)
     await srv.start()
     url = f"ws://127.0.0.1:{srv.port}{STREAM_PATH}"
@@ -365,16 +404,24 @@ async def test_slow_reader_is_disconnected_and_its_reply_freed(services):
     running), the engine holds nothing for it, and another session is served normally."""
     import socket
 
-    srv = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
-        services.cfg, server=dataclasses.replace(services.cfg.server, port=0, send_timeout_s=1.0))))
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            cfg=dataclasses.replace(
+                services.cfg,
+                server=dataclasses.replace(services.cfg.server, port=0, send_timeout_s=1.0),
+            ),
+        )
+    )
     await srv.start()
     try:
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a reader that falls behind
         sock.connect(("127.0.0.1", srv.port))
         ws = await connect(f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", sock=sock, max_queue=1)
-        await ws.send(p.encode(p.SessionStart(output_audio=p.OutputAudio("f32", 48000),
-                                              max_new_tokens=200)))
+        await ws.send(
+            p.encode(p.SessionStart(output_audio=p.OutputAudio("f32", 48000), max_new_tokens=200))
+        )
         await recv_until(ws, "session.started")
         # loopback buffers autotune to megabytes; a small server-side send buffer stands in for a
         # long network path to a client that has stopped reading

@@ -58,7 +58,7 @@ async def test_caller_talking_over_the_reply_clears_playback(server, services):
     assert len(result.played) < len(result.received)  # part of the first reply never played
     # the reply to the second question played in full after the clear (its words depend on the
     # interrupted history, so only check that it is speech)
-    second = result.played[result.played_at_clear[-1]:]
+    second = result.played[result.played_at_clear[-1] :]
     assert len(second) > 8000 // 2 and len(hear(services, second).split()) >= 2
     assert result.marks_played[-1].endswith("-end") and result.marks_played[-1] != "turn1-end"
 

@@ -26,13 +26,23 @@ pytestmark = pytest.mark.models
 async def voicert_b(services, base_url: str) -> VoiceServer:
     cfg = services.cfg
     cfg = dataclasses.replace(
-        cfg, server=dataclasses.replace(cfg.server, port=0),
+        cfg,
+        server=dataclasses.replace(cfg.server, port=0),
         turn=dataclasses.replace(cfg.turn, detector="silence"),
-        llm=dataclasses.replace(cfg.llm, engine="openai", base_url=base_url,
-                                model=EMBEDDED_MODEL_ID, first_token_timeout_s=120,
-                                stall_timeout_s=120))
-    srv = VoiceServer(dataclasses.replace(services, cfg=cfg,
-                                          engine=OpenAICompatEngine(cfg.llm, EMBEDDED_MODEL_ID)))
+        llm=dataclasses.replace(
+            cfg.llm,
+            engine="openai",
+            base_url=base_url,
+            model=EMBEDDED_MODEL_ID,
+            first_token_timeout_s=120,
+            stall_timeout_s=120,
+        ),
+    )
+    srv = VoiceServer(
+        dataclasses.replace(
+            services, cfg=cfg, engine=OpenAICompatEngine(cfg.llm, EMBEDDED_MODEL_ID)
+        )
+    )
     await srv.start()
     return srv
 
@@ -57,7 +67,8 @@ def turn_latency(turn_id):
 
 
 async def test_spoken_turns_with_history_and_a_barge_in_that_stops_the_remote_generation(
-        server, services):
+    server, services
+):
     a_engine = services.engine
     b = await voicert_b(services, f"http://127.0.0.1:{server.port}/v1")
     try:
@@ -69,11 +80,15 @@ async def test_spoken_turns_with_history_and_a_barge_in_that_stops_the_remote_ge
             await send_speech(ws, "what_about_germany")
             events += await events_until(ws, turn_latency(2))
             # a long reply, then the caller speaks over it
-            await ws.send(p.encode(p.SessionUpdate(
-                system_prompt="Answer at great length, with many details.")))
+            await ws.send(
+                p.encode(
+                    p.SessionUpdate(system_prompt="Answer at great length, with many details.")
+                )
+            )
             await ws.send(p.encode(p.UserText("Tell me everything about the history of Rome.")))
-            events += await events_until(ws, lambda ev: ev["type"] == "response.token"
-                                         and ev["turn_id"] == 3)
+            events += await events_until(
+                ws, lambda ev: ev["type"] == "response.token" and ev["turn_id"] == 3
+            )
             cancelled = a_engine.stats().cancelled
             await send_speech(ws, "capital_of_france")
             events += await events_until(ws, turn_latency(4))
@@ -91,7 +106,7 @@ async def test_spoken_turns_with_history_and_a_barge_in_that_stops_the_remote_ge
             await asyncio.sleep(0.05)
         assert not a_engine.live_requests()
         assert a_engine.stats().cancelled >= cancelled + 1
-        latency = [e for e in events if e["type"] == "turn.latency"][0]["stages"]
+        latency = next(e for e in events if e["type"] == "turn.latency")["stages"]
         assert latency["prefill_ms"] > 0 and latency["ttft_ms"] > 0
     finally:
         await b.shutdown()
@@ -123,14 +138,22 @@ async def test_a_tool_call_made_by_the_remote_model_reaches_the_caller(server, s
 
     from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
-    weather = ToolSpec.of("get_weather", "The weather in a city.",
-                          {"type": "object", "properties": {"city": {"type": "string"}},
-                           "required": ["city"]})
+    weather = ToolSpec.of(
+        "get_weather",
+        "The weather in a city.",
+        {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    )
     b = await voicert_b(services, f"http://127.0.0.1:{server.port}/v1")
     try:
         async with connect(f"ws://127.0.0.1:{b.port}{STREAM_PATH}") as ws:
-            await ws.send(p.encode(p.SessionStart(
-                tools=(weather,), tool_choice=ToolChoice(ToolChoiceMode.NAMED, "get_weather"))))
+            await ws.send(
+                p.encode(
+                    p.SessionStart(
+                        tools=(weather,),
+                        tool_choice=ToolChoice(ToolChoiceMode.NAMED, "get_weather"),
+                    )
+                )
+            )
             await ws.send(p.encode(p.UserText("What's the weather like in Paris?")))
             events = await events_until(ws, lambda ev: ev["type"] == "response.done")
         started = next(e for e in events if e["type"] == "tool.call.started")

@@ -34,9 +34,13 @@ class ServerProcess:
 
     def __init__(self, *args: str) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "voicert", "serve", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                     env=env)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "voicert", "serve", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.lines: list[str] = []
         self.cond = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
@@ -58,8 +62,9 @@ class ServerProcess:
                     return found[:count]
                 left = deadline - time.monotonic()
                 if left <= 0 or self.proc.poll() is not None:
-                    raise AssertionError(f"no {count} x {pattern!r} in the log:\n"
-                                         + "\n".join(self.lines[-40:]))
+                    raise AssertionError(
+                        f"no {count} x {pattern!r} in the log:\n" + "\n".join(self.lines[-40:])
+                    )
                 self.cond.wait(min(left, 1.0))
 
     def matches(self, pattern: str) -> list[re.Match]:
@@ -70,8 +75,16 @@ class ServerProcess:
 
 @pytest.fixture(scope="module")
 def served():
-    server = ServerProcess("--port", "0", "--set", "server.workers=2", "--set", "tts.engine=none",
-                           "--set", "log.level=INFO")
+    server = ServerProcess(
+        "--port",
+        "0",
+        "--set",
+        "server.workers=2",
+        "--set",
+        "tts.engine=none",
+        "--set",
+        "log.level=INFO",
+    )
     try:
         port = int(server.wait_for(r"listening on ws://[^:]+:(\d+)/")[0].group(1))
         server.wait_for(r"\[w\d\] voicert\.server\.app: ready$", count=2)
@@ -104,13 +117,17 @@ async def text_turn(server, text: str = "What is the capital of France?") -> str
 
 
 def worker_of(server, sid: str) -> int:
-    return int(server.wait_for(rf"\[w(\d)\] voicert\.agent\.session: turn {sid}/", 1, 60)[0]
-               .group(1))
+    return int(
+        server.wait_for(rf"\[w(\d)\] voicert\.agent\.session: turn {sid}/", 1, 60)[0].group(1)
+    )
 
 
 def turns_total(metrics: str) -> float:
-    return sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
-               if line.startswith("voicert_turns_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("voicert_turns_total{")
+    )
 
 
 async def test_turns_on_either_worker_show_on_every_workers_metrics_and_dashboard(served):
@@ -158,8 +175,10 @@ async def test_a_dashboard_counts_the_sessions_open_on_every_worker(served):
 
 
 async def test_a_killed_worker_is_started_again_and_the_port_still_serves(served):
-    pids = {int(m.group(1)): int(m.group(2))
-            for m in served.matches(r"worker (\d) started \(pid (\d+)\)")}
+    pids = {
+        int(m.group(1)): int(m.group(2))
+        for m in served.matches(r"worker (\d) started \(pid (\d+)\)")
+    }
     os.kill(pids[1], signal.SIGKILL)
     served.wait_for(r"worker 1 exited \(status -9\): starting it again", timeout=60)
     served.wait_for(r"\[w1\] voicert\.server\.app: ready$", count=2)
@@ -174,8 +193,11 @@ async def test_a_killed_speech_host_is_replaced_and_the_workers_reconnect(served
     served.wait_for(r"speech host exited \(status -9\): starting another", timeout=60)
     second = int(served.wait_for(r"speech host ready \(pid (\d+)\)", count=2)[1].group(1))
     for w in (0, 1):
-        served.wait_for(rf"\[w{w}\] voicert\.speech\.host: connected to the speech host "
-                        rf"\(pid {second}\)", timeout=120)
+        served.wait_for(
+            rf"\[w{w}\] voicert\.speech\.host: connected to the speech host "
+            rf"\(pid {second}\)",
+            timeout=120,
+        )
     # a spoken turn goes through the new Whisper, whichever worker takes it
     result = await stream_audio(url(served), [wav("capital_of_france")], realtime=False)
     assert "france" in result.turns[0].transcript.lower()

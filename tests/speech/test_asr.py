@@ -140,8 +140,8 @@ def test_the_window_is_padded_as_if_the_audio_went_on_in_silence():
     trained = fe(np.concatenate([x, np.zeros(30 * 16000, np.float32)]))[..., :3000]
     ours = pad_mel(mel, 3000)
     assert ours.shape == (80, 3000)
-    np.testing.assert_allclose(ours[:, :n - 2], trained[:, :n - 2], atol=1e-5)
-    np.testing.assert_allclose(ours[:, n + 2:], trained[:, n + 2:], atol=1e-5)  # past the seam
+    np.testing.assert_allclose(ours[:, : n - 2], trained[:, : n - 2], atol=1e-5)
+    np.testing.assert_allclose(ours[:, n + 2 :], trained[:, n + 2 :], atol=1e-5)  # past the seam
     assert pad_mel(mel, 100).shape == (80, 100)  # a longer clip is cut to the window
 
 

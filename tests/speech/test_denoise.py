@@ -13,15 +13,16 @@ from tests.conftest import wav
 try:
     importlib.metadata.distribution("pyrnnoise")
 except importlib.metadata.PackageNotFoundError:
-    pytest.skip("pyrnnoise is not installed (scripts/setup.sh test installs it)",
-                allow_module_level=True)
+    pytest.skip(
+        "pyrnnoise is not installed (scripts/setup.sh test installs it)", allow_module_level=True
+    )
 
-from voicert.speech.denoise import RnNoise  # noqa: E402
+from voicert.speech.denoise import RnNoise
 
 
 def run(rn: RnNoise, x: np.ndarray, chunk: int) -> np.ndarray:
     d = rn.stream()
-    out = np.concatenate([d(x[i:i + chunk]) for i in range(0, x.size, chunk)])
+    out = np.concatenate([d(x[i : i + chunk]) for i in range(0, x.size, chunk)])
     d.close()
     return out
 

@@ -21,20 +21,27 @@ def reply_24k() -> np.ndarray:
     from voicert.speech.tts import EspeakVoice, load_voice
 
     voice, chunks = EspeakVoice(TtsConfig(voice="en-us")), []
-    voice.synthesize("The capital of France is Paris. It is known for the Eiffel Tower and its "
-                     "museums.", lambda c: chunks.append(c) or True)
+    voice.synthesize(
+        "The capital of France is Paris. It is known for the Eiffel Tower and its museums.",
+        lambda c: chunks.append(c) or True,
+    )
     load_voice(TtsConfig(engine="espeak"))  # the default voice again for later tests
     return soxr.resample(np.concatenate(chunks), voice.sample_rate, 24000).astype(np.float32)
 
 
-def through_room(x16: np.ndarray, gain_db: float, drr_db: float = 6.0,
-                 delay_ms: int = 150, extra_samples: int = 0) -> np.ndarray:
+def through_room(
+    x16: np.ndarray,
+    gain_db: float,
+    drr_db: float = 6.0,
+    delay_ms: int = 150,
+    extra_samples: int = 0,
+) -> np.ndarray:
     """``x16`` played and picked up again: ``delay_ms`` (and ``extra_samples`` at 16 kHz) later,
     quieter, a decaying reverberant tail ``drr_db`` below the direct sound, a little noise."""
     tail = RNG.standard_normal(3200) * np.exp(-np.arange(3200) / 800)  # ~50 ms decay
-    ir = tail * np.sqrt(1 / (tail ** 2).sum() / 10 ** (drr_db / 10))
+    ir = tail * np.sqrt(1 / (tail**2).sum() / 10 ** (drr_db / 10))
     ir[0] = 1.0
-    y = np.convolve(x16, ir)[:x16.size]
+    y = np.convolve(x16, ir)[: x16.size]
     y = y / np.abs(y).max() * np.abs(x16).max() * 10 ** (gain_db / 20)
     y = np.concatenate([np.zeros(16 * delay_ms + extra_samples), y])
     return (y + 0.002 * RNG.standard_normal(y.size)).astype(np.float32)
@@ -43,15 +50,16 @@ def through_room(x16: np.ndarray, gain_db: float, drr_db: float = 6.0,
 MS = 1_000_000
 
 
-def screened(guard: EchoGuard, mic16: np.ndarray, t0_ms: int = 0,
-             runs: list[int] | None = None) -> tuple[int, int]:
+def screened(
+    guard: EchoGuard, mic16: np.ndarray, t0_ms: int = 0, runs: list[int] | None = None
+) -> tuple[int, int]:
     """Stream ``mic16`` in 20 ms frames from ``t0_ms`` on a fake clock, as if every window were
     speech (prob 0.9): (windows screened out, windows). ``runs`` gets the lengths of the runs of
     windows let through."""
     out = total = run = 0
     for k, i in enumerate(range(0, mic16.size, 320)):
         n = (i + 320) // 512 - i // 512
-        probs = guard.screen(mic16[i:i + 320], np.full(n, 0.9, np.float32), (t0_ms + 20 * k) * MS)
+        probs = guard.screen(mic16[i : i + 320], np.full(n, 0.9, np.float32), (t0_ms + 20 * k) * MS)
         out += int(np.count_nonzero(probs == 0))
         total += n
         for prob in probs:
@@ -64,7 +72,7 @@ def screened(guard: EchoGuard, mic16: np.ndarray, t0_ms: int = 0,
 def guard_after(reply_24k: np.ndarray) -> EchoGuard:
     guard = EchoGuard()
     for i in range(0, reply_24k.size, 2400):  # all sent at once, long before it has played
-        guard.reference(reply_24k[i:i + 2400], 24000, 0)
+        guard.reference(reply_24k[i : i + 2400], 24000, 0)
     return guard
 
 
@@ -87,7 +95,7 @@ def test_an_echo_an_odd_number_of_samples_late_correlates_as_well_as_an_even_one
         mic = through_room(reply16, -9, extra_samples=extra)
         for k, i in enumerate(range(0, mic.size, 320)):
             n = (i + 320) // 512 - i // 512
-            guard.screen(mic[i:i + 320], np.full(n, 0.9, np.float32), 20 * k * MS)
+            guard.screen(mic[i : i + 320], np.full(n, 0.9, np.float32), 20 * k * MS)
             if guard.verdict is not None and n:
                 scores.append(guard.score)
         lows.append(np.percentile(scores, 10))
@@ -100,8 +108,8 @@ def test_a_callers_own_voice_is_not_screened_alone_or_over_the_echo(reply_24k):
     caller = soxr.resample(caller, rate, 16000).astype(np.float32) if rate != 16000 else caller
     out, total = screened(guard_after(reply_24k), caller)
     assert out <= 0.1 * total, (out, total)
-    echo = through_room(soxr.resample(reply_24k, 24000, 16000), -6)[:caller.size]
-    both = caller[:echo.size] + echo
+    echo = through_room(soxr.resample(reply_24k, 24000, 16000), -6)[: caller.size]
+    both = caller[: echo.size] + echo
     runs: list[int] = []
     out, total = screened(guard_after(reply_24k), both, runs=runs)
     # where the echo outweighs the caller (between words) it may be screened; the caller's
@@ -133,10 +141,15 @@ def test_speech_held_while_reply_audio_plays_comes_back_whole_and_in_order(reply
     guard, given, back, held_most = guard_after(reply_24k), [], [], 0
     for k, i in enumerate(range(0, mic.size, 320)):
         n = (i + 320) // 512 - i // 512
-        probs = np.linspace(0.4, 0.9, n).astype(np.float32) if np.abs(mic[i:i + 320]).max() > 0.01 \
+        probs = (
+            np.linspace(0.4, 0.9, n).astype(np.float32)
+            if np.abs(mic[i : i + 320]).max() > 0.01
             else np.zeros(n, np.float32)
+        )
         given.extend(probs)
-        back.extend(guard.screen(mic[i:i + 320], probs, 20 * k * MS))
+        back.extend(guard.screen(mic[i : i + 320], probs, 20 * k * MS))
         held_most = max(held_most, len(given) - len(back))
     assert back == given  # the caller's own voice: every window, unchanged, in order
-    assert 0 < held_most <= 9  # held for at most the 256 ms block (8 windows, and the one ending it)
+    assert (
+        0 < held_most <= 9
+    )  # held for at most the 256 ms block (8 windows, and the one ending it)

@@ -11,7 +11,7 @@ def test_speech_start_after_min_speech_and_endpoint_after_min_silence():
     # 3 voiced windows (96 ms) start speech at its first window; 13 silent windows (416 ms) end it.
     probs = [0.0] * 5 + [0.9] * 10 + [0.1] * 20
     events = run(probs, min_speech_ms=96, min_silence_ms=400)
-    (i0, start), (i1, end) = events
+    (i0, start), (_i1, end) = events
     assert start.kind is EventKind.SPEECH_STARTED and start.window == 5 and i0 == 7
     assert end.kind is EventKind.ENDPOINT and end.window == 14 + 13 and not end.forced
 

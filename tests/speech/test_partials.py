@@ -20,7 +20,7 @@ def test_stable_text_never_shrinks_even_if_whisper_revises():
     la.update("the cat sat")
     la.update("the cat sat on")
     assert la.stable == ["the", "cat", "sat"]
-    stable, unstable = la.update("a cat sat on the mat")
+    stable, _unstable = la.update("a cat sat on the mat")
     assert stable.startswith("the cat sat")
 
 

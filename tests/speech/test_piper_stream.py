@@ -43,8 +43,12 @@ def whole_graph_audio(voice, text: str) -> np.ndarray:
     model, _ = piper_stream_model()
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
     speaker = voice.speakers[0]
-    return np.concatenate([session.run(None, speaker.inputs(p, voice._syn))[0].reshape(-1)
-                           for p in speaker.piper.phonemize(text)])
+    return np.concatenate(
+        [
+            session.run(None, speaker.inputs(p, voice._syn))[0].reshape(-1)
+            for p in speaker.piper.phonemize(text)
+        ]
+    )
 
 
 def piper_stream_model():
@@ -56,8 +60,9 @@ def piper_stream_model():
 def test_the_windows_give_the_samples_the_whole_graph_gives(voice):
     speaker = voice.speakers[0]
     chunks = []
-    speaker.speak(SENTENCE + " Is that all right?", voice._syn, 16, 1.0,
-                  lambda a: chunks.append(a) or True)
+    speaker.speak(
+        SENTENCE + " Is that all right?", voice._syn, 16, 1.0, lambda a: chunks.append(a) or True
+    )
     whole = whole_graph_audio(voice, SENTENCE + " Is that all right?")
     streamed = np.concatenate(chunks)
     assert len(chunks) >= 4 and chunks[0].size == 16 * 256  # two sentences, windows in each
@@ -72,8 +77,9 @@ def test_a_stop_ends_the_sentence_after_the_window_that_was_stopped(voice):
     speaker.stream.decode = lambda *a: runs.append(a[1:3]) or decode(*a)
     try:
         got = []
-        speaker.speak(SENTENCE + " Another sentence.", voice._syn, 16, 1.0,
-                      lambda a: got.append(a) and False)
+        speaker.speak(
+            SENTENCE + " Another sentence.", voice._syn, 16, 1.0, lambda a: got.append(a) and False
+        )
     finally:
         speaker.stream.decode = decode
     assert len(got) == 1 and runs == [(0, 16)]  # no more of it, nor of the next sentence
@@ -84,8 +90,9 @@ def test_streamed_audio_is_scaled_by_one_gain_to_below_full_scale(voice):
     voice.synthesize(SENTENCE, lambda a: chunks.append(a) or True)
     audio = np.concatenate(chunks)
     assert 0.5 < np.abs(audio).max() <= 1.0 and voice.gain > 1.0
-    assert np.allclose(audio, np.clip(whole_graph_audio(voice, SENTENCE) * voice.gain, -1, 1),
-                       atol=1e-5)
+    assert np.allclose(
+        audio, np.clip(whole_graph_audio(voice, SENTENCE) * voice.gain, -1, 1), atol=1e-5
+    )
 
 
 def test_a_graph_without_pipers_decoder_is_spoken_whole(tmp_path, caplog):
@@ -121,7 +128,7 @@ def test_fit_widens_a_window_to_the_quantum_with_the_sentences_own_frames():
     assert fit(40, 90, 300, 0) == (40, 90)
     for left, right in [(3, 77), (100, 300), (0, 16), (250, 300)]:
         lo, hi = fit(left, right, 300, 16)
-        assert lo <= left and hi >= right and (hi - lo) % 16 == 0 and 0 <= lo and hi <= 300
+        assert lo <= left and hi >= right and (hi - lo) % 16 == 0 and lo >= 0 and hi <= 300
     assert fit(10, 50, 50, 16) == (2, 50) and fit(0, 40, 40, 16) == (0, 48)
 
 
@@ -146,8 +153,13 @@ def test_windows_of_a_few_fixed_lengths_give_the_same_samples(voice):
     stream.decoder, stream.quantum = recorder, 16
     try:
         chunks = []
-        speaker.speak(SENTENCE + " Is that all right?", voice._syn, 16, 1.0,
-                      lambda a: chunks.append(a) or True)
+        speaker.speak(
+            SENTENCE + " Is that all right?",
+            voice._syn,
+            16,
+            1.0,
+            lambda a: chunks.append(a) or True,
+        )
     finally:
         stream.decoder, stream.quantum = recorder.session, 0
     whole = whole_graph_audio(voice, SENTENCE + " Is that all right?")
@@ -169,8 +181,9 @@ def test_warming_up_runs_the_decoder_on_every_length_it_can_meet(voice):
     stream.decoder, stream.quantum = recorder, 16
     try:
         stream.warm(np.ones((1, 192, 37), np.float32))
-        assert recorder.lengths == list(range(16, piper_stream.MOST_FRAMES + 2 * PAD_FRAMES + 1,
-                                              16))
+        assert recorder.lengths == list(
+            range(16, piper_stream.MOST_FRAMES + 2 * PAD_FRAMES + 1, 16)
+        )
         recorder.lengths.clear()
         stream.quantum = 0  # the CPU takes any length: nothing to warm
         stream.warm(np.ones((1, 192, 37), np.float32))

@@ -38,16 +38,21 @@ def test_the_embedded_voice_is_heard_by_whisper(voice):
     audio = np.concatenate(chunks)
     assert voice.sample_rate == 22050 and 1.0 < audio.size / voice.sample_rate < 5.0
     asr = WhisperModel(str(resolve_asr_model("embedded")), device="cpu", compute_type="int8")
-    segments, _ = asr.transcribe(soxr.resample(audio, voice.sample_rate, 16000), language="en",
-                                 beam_size=1, without_timestamps=True)
+    segments, _ = asr.transcribe(
+        soxr.resample(audio, voice.sample_rate, 16000),
+        language="en",
+        beam_size=1,
+        without_timestamps=True,
+    )
     heard = " ".join(s.text for s in segments).lower()
     assert "capital" in heard and "paris" in heard, heard
 
 
 def test_a_piece_stops_when_told(voice):
     calls = []
-    voice.synthesize("First sentence. Second sentence. Third sentence.",
-                     lambda c: calls.append(c.size) and False)
+    voice.synthesize(
+        "First sentence. Second sentence. Third sentence.", lambda c: calls.append(c.size) and False
+    )
     assert len(calls) == 1
 
 
@@ -62,8 +67,11 @@ def test_variation_zero_speaks_a_text_the_same_way_and_one_draws_the_voices_own_
     assert np.array_equal(spoken(voice, text), spoken(voice, text))
     shipped = piper_voice.PiperTts(TtsConfig(engine="piper"))
     config = shipped.speakers[0].piper.config
-    assert (shipped._syn.noise_scale, shipped._syn.noise_w_scale) == \
-        (config.noise_scale, config.noise_w_scale) != (0.0, 0.0)
+    assert (
+        (shipped._syn.noise_scale, shipped._syn.noise_w_scale)
+        == (config.noise_scale, config.noise_w_scale)
+        != (0.0, 0.0)
+    )
     first = spoken(shipped, text)
     assert any(not np.array_equal(first, spoken(shipped, text)) for _ in range(3))
 
@@ -121,7 +129,7 @@ def test_each_tts_thread_speaks_on_a_session_of_its_own():
     one = piper_voice.PiperTts(TtsConfig(engine="piper", variation=0.0, threads=1))
     assert np.array_equal(second, spoken(one, "Meanwhile, this one."))
     alone = spoken(one, "Hold this one.")
-    assert np.array_equal(first[0], alone[:first[0].size])  # its first window
+    assert np.array_equal(first[0], alone[: first[0].size])  # its first window
 
 
 def test_first_pieces_get_their_own_sessions_and_never_wait_for_them():
@@ -129,16 +137,19 @@ def test_first_pieces_get_their_own_sessions_and_never_wait_for_them():
     piece takes a normal session rather than wait."""
     import threading
 
-    voice = piper_voice.PiperTts(TtsConfig(engine="piper", variation=0.0, threads=1,
-                                           first_threads=2, first_sessions=1))
+    voice = piper_voice.PiperTts(
+        TtsConfig(engine="piper", variation=0.0, threads=1, first_threads=2, first_sessions=1)
+    )
     assert len(voice.first_speakers) == 1 and len(voice.speakers) == 1
     assert voice.first_speakers[0].sessions()[0].get_session_options().intra_op_num_threads == 2
     used = []
     for v in voice.speakers + voice.first_speakers:
         v.speak = (lambda f, v: lambda *a: used.append(v) or f(*a))(v.speak, v)
     held, release = threading.Event(), threading.Event()
-    speaker = threading.Thread(target=voice.synthesize_first, args=(
-        "Hold this one.", lambda c: held.set() or release.wait(60)))
+    speaker = threading.Thread(
+        target=voice.synthesize_first,
+        args=("Hold this one.", lambda c: held.set() or release.wait(60)),
+    )
     speaker.start()
     try:
         assert held.wait(60) and used == voice.first_speakers

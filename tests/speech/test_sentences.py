@@ -6,7 +6,7 @@ def feed(text: str, step: int = 3, **kw) -> list[str]:
     s = SentenceSplitter(**kw)
     out = []
     for i in range(0, len(text), step):
-        out += s.push(text[i:i + step])
+        out += s.push(text[i : i + step])
     return out + s.flush()
 
 
@@ -24,14 +24,20 @@ def test_abbreviations_initials_and_decimals_do_not_end_a_sentence():
 
 def test_question_exclamation_quotes_and_newlines():
     assert feed('He said "yes." Really?! Sure\nNext line') == [
-        'He said "yes."', "Really?!", "Sure", "Next line"]
+        'He said "yes."',
+        "Really?!",
+        "Sure",
+        "Next line",
+    ]
 
 
 def test_first_piece_may_end_at_a_clause_break_later_ones_wait_for_sentences():
     text = "Sure, I can book a table for two, at seven, tomorrow evening. Anything else, or is that all?"
     assert feed(text, first_clause_chars=24) == [
-        "Sure, I can book a table for two,", "at seven, tomorrow evening.",
-        "Anything else, or is that all?"]
+        "Sure, I can book a table for two,",
+        "at seven, tomorrow evening.",
+        "Anything else, or is that all?",
+    ]
 
 
 def test_nothing_empty_and_text_is_preserved():
@@ -44,14 +50,22 @@ def test_nothing_empty_and_text_is_preserved():
 def test_a_first_piece_may_end_after_n_words_when_no_break_comes_and_only_the_first():
     text = "The capital of France is Paris and its river is the Seine. It flows through the city."
     assert feed(text, first_piece_words=4) == [
-        "The capital of France", "is Paris and its river is the Seine.",
-        "It flows through the city."]
+        "The capital of France",
+        "is Paris and its river is the Seine.",
+        "It flows through the city.",
+    ]
     # a sentence or clause break before the Nth word still ends it there
     assert feed("Yes. The table is booked for you now.", first_piece_words=4) == [
-        "Yes.", "The table is booked for you now."]
-    assert feed("Sure, I have booked a table for four at seven thirty tonight.",
-                first_piece_words=6, first_clause_chars=4) == [
-        "Sure,", "I have booked a table for four at seven thirty tonight."]
+        "Yes.",
+        "The table is booked for you now.",
+    ]
+    assert feed(
+        "Sure, I have booked a table for four at seven thirty tonight.",
+        first_piece_words=6,
+        first_clause_chars=4,
+    ) == ["Sure,", "I have booked a table for four at seven thirty tonight."]
     # off by default: the first piece waits for a break
-    assert feed(text) == ["The capital of France is Paris and its river is the Seine.",
-                          "It flows through the city."]
+    assert feed(text) == [
+        "The capital of France is Paris and its river is the Seine.",
+        "It flows through the city.",
+    ]

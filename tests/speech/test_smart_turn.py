@@ -34,10 +34,9 @@ def test_features_equal_the_reference_shipped_with_the_model():
     reference = _reference()
     x, _ = wav("capital_of_france")
     for audio in (x, np.tile(x, 5)):  # shorter than the 8 s window, and longer
-        window = audio[-smart_turn.N_SAMPLES:]
+        window = audio[-smart_turn.N_SAMPLES :]
         padded = np.pad(window, (smart_turn.N_SAMPLES - window.size, 0))
-        np.testing.assert_allclose(features(audio, mel_extractor()), reference(padded),
-                                   atol=1e-4)
+        np.testing.assert_allclose(features(audio, mel_extractor()), reference(padded), atol=1e-4)
 
 
 def test_a_batch_scores_as_each_utterance_alone(model):
@@ -46,7 +45,7 @@ def test_a_batch_scores_as_each_utterance_alone(model):
     together = model.score([a, b, a[:8000]])
     alone = np.concatenate([model.score([a]), model.score([b]), model.score([a[:8000]])])
     np.testing.assert_allclose(together, alone, atol=1e-5)
-    assert together.shape == (3,) and ((0 <= together) & (together <= 1)).all()
+    assert together.shape == (3,) and ((together >= 0) & (together <= 1)).all()
 
 
 def test_a_missing_wheel_is_a_config_error_naming_the_key(monkeypatch):
@@ -54,7 +53,9 @@ def test_a_missing_wheel_is_a_config_error_naming_the_key(monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "distribution", missing)
-    with pytest.raises(ConfigError, match=r"turn\.model=smart_turn.*pip install --no-deps pipecat-ai"):
+    with pytest.raises(
+        ConfigError, match=r"turn\.model=smart_turn.*pip install --no-deps pipecat-ai"
+    ):
         smart_turn.model_path()
 
 
@@ -64,7 +65,8 @@ def test_a_model_path_that_is_not_a_file_is_a_config_error_naming_the_key(tmp_pa
     from voicert.config import Config, TurnConfig
     from voicert.server.app import load_turn_judge
 
-    cfg = dataclasses.replace(Config(), turn=TurnConfig(detector="semantic",
-                                                        model_path=str(tmp_path / "nope.onnx")))
+    cfg = dataclasses.replace(
+        Config(), turn=TurnConfig(detector="semantic", model_path=str(tmp_path / "nope.onnx"))
+    )
     with pytest.raises(ConfigError, match=r"turn\.model_path: .*nope\.onnx is not a file"):
         load_turn_judge(cfg)

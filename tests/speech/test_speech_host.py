@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import wav
 from voicert.config import load_config
 from voicert.core.speech import FINAL, PARTIAL
-from voicert.speech.asr import WhisperAsr
 from voicert.hosting import listen
+from voicert.speech.asr import WhisperAsr
 from voicert.speech.host import Hello, SharedAsr, start_speech_host
 
 KEY = b"test-key"
@@ -44,8 +44,12 @@ async def test_two_workers_get_their_own_whispers_transcripts_decoded_together(c
     try:
         france, germany = wav("capital_of_france")[0], wav("what_about_germany")[0]
         want = [local.transcribe_sync(france).text, local.transcribe_sync(germany).text]
-        got = await asyncio.gather(a.transcribe(france, FINAL), b.transcribe(germany, FINAL),
-                                   a.transcribe(germany, FINAL), b.transcribe(france, FINAL))
+        got = await asyncio.gather(
+            a.transcribe(france, FINAL),
+            b.transcribe(germany, FINAL),
+            a.transcribe(germany, FINAL),
+            b.transcribe(france, FINAL),
+        )
         assert [t.text for t in got] == [want[0], want[1], want[1], want[0]]
         assert "france" in want[0].lower()
         assert max(t.batch for t in got) >= 2  # two workers' utterances in one decode
@@ -138,9 +142,9 @@ def test_the_connected_line_is_said_only_once_the_connection_takes_work(address,
                     break
                 time.sleep(0.05)
         assert alive_when_said == [(102, True)]
-        assert [r.getMessage() for r in caplog.records
-                if r.getMessage().startswith("connected")] == [
-            "connected to the speech host (pid 101)", "connected to the speech host (pid 102)"]
+        assert [
+            r.getMessage() for r in caplog.records if r.getMessage().startswith("connected")
+        ] == ["connected to the speech host (pid 101)", "connected to the speech host (pid 102)"]
     finally:
         logging.getLogger("voicert.speech.host").removeHandler(probe)
         if holder:

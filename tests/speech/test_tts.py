@@ -28,7 +28,7 @@ class ToneVoice:
         beep = (0.3 * np.sin(2 * np.pi * 440 * t)).astype(np.float32)
         for _ in text.split():
             for i in range(0, beep.size, 160):
-                if not on_chunk(beep[i:i + 160]):
+                if not on_chunk(beep[i : i + 160]):
                     return
                 time.sleep(0.001)
 
@@ -53,8 +53,10 @@ def test_espeak_speaks_in_small_chunks_at_its_rate():
 def test_espeak_stops_when_asked_and_rejects_unknown_voices():
     voice = load_voice(TtsConfig(engine="espeak"))
     chunks = []
-    voice.synthesize("One two three four five six seven eight nine ten.",
-                     lambda c: chunks.append(c) or len(chunks) < 2)
+    voice.synthesize(
+        "One two three four five six seven eight nine ten.",
+        lambda c: chunks.append(c) or len(chunks) < 2,
+    )
     assert len(chunks) == 2
     with pytest.raises(TtsError, match="no voice"):
         EspeakVoice(TtsConfig(voice="xx-nope"))
@@ -112,10 +114,10 @@ def median_f0(x: np.ndarray, rate: int) -> float:
     """The median pitch (Hz) of the voiced 40 ms frames, by autocorrelation."""
     n, pitches = int(0.04 * rate), []
     for i in range(0, x.size - n, n):
-        frame = x[i:i + n] - x[i:i + n].mean()
-        if np.sqrt((frame ** 2).mean()) < 0.02:
+        frame = x[i : i + n] - x[i : i + n].mean()
+        if np.sqrt((frame**2).mean()) < 0.02:
             continue
-        ac = np.correlate(frame, frame, "full")[n - 1:]
+        ac = np.correlate(frame, frame, "full")[n - 1 :]
         lo, hi = rate // 400, rate // 70
         lag = lo + int(np.argmax(ac[lo:hi]))
         if ac[lag] > 0.3 * ac[0]:
@@ -132,14 +134,19 @@ def test_each_job_speaks_in_its_own_voice_and_an_unknown_voice_fails_that_job_on
         heard = {}
         for voice in (None, "en-us+f3", "en-us"):
             chunks, done = [], threading.Event()
-            worker.submit(TtsJob("The capital of France is Paris.", chunks.append,
-                                 lambda err: done.set(), voice), 0)
+            worker.submit(
+                TtsJob(
+                    "The capital of France is Paris.", chunks.append, lambda err: done.set(), voice
+                ),
+                0,
+            )
             assert done.wait(30)
             heard[voice] = median_f0(np.concatenate(chunks), 22050)
         assert max(heard[None], heard["en-us"]) < 150 < heard["en-us+f3"]  # male, male, female
         errors, done = [], threading.Event()
-        worker.submit(TtsJob("Hello.", lambda c: None,
-                             lambda err: errors.append(err) or done.set(), "xx"), 0)
+        worker.submit(
+            TtsJob("Hello.", lambda c: None, lambda err: errors.append(err) or done.set(), "xx"), 0
+        )
         assert done.wait(30) and isinstance(errors[0], KeyError)
         _, chunks, done = run_job(worker, "Still here.")
         assert done.wait(30) and chunks  # the worker lives on
@@ -210,8 +217,9 @@ def test_a_replys_pieces_are_spoken_one_after_another_in_order_over_several_thre
         for i in range(6):  # all pieces queued at once, interleaved across three replies
             for r, lane in lanes.items():
                 text = f"{r} piece {i}"
-                lane.submit(TtsJob(text, lambda c, r=r, text=text: heard[r].append(text),
-                                   finished), i)
+                lane.submit(
+                    TtsJob(text, lambda c, r=r, text=text: heard[r].append(text), finished), i
+                )
         assert done.wait(30)
         assert voice.overlaps == []  # never two pieces of one reply at once
         for r in lanes:  # each reply's chunks in piece order
@@ -227,8 +235,12 @@ def test_closing_fails_a_replys_held_pieces_in_order():
     gate, started = threading.Event(), threading.Event()
     errors: list = []
     lane = worker.lane()
-    lane.submit(TtsJob("hold", lambda c: started.set() or gate.wait(5),
-                       lambda e: errors.append(("hold", e))), 0)
+    lane.submit(
+        TtsJob(
+            "hold", lambda c: started.set() or gate.wait(5), lambda e: errors.append(("hold", e))
+        ),
+        0,
+    )
     for i in (1, 2):
         lane.submit(TtsJob(f"piece {i}", lambda c: None, lambda e, i=i: errors.append((i, e))), i)
     assert started.wait(5)  # the first piece is being spoken; the other two are held

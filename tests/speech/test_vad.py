@@ -26,7 +26,7 @@ def test_streaming_is_independent_of_chunk_size(model):
     x, _ = wav("capital_of_france")
     whole = VadStream(model).push(x)
     s = VadStream(model)
-    parts = np.concatenate([s.push(x[i:i + 320]) for i in range(0, x.size, 320)])
+    parts = np.concatenate([s.push(x[i : i + 320]) for i in range(0, x.size, 320)])
     np.testing.assert_allclose(parts, whole, atol=1e-5)
 
 
@@ -63,8 +63,10 @@ async def test_batched_scoring_equals_scoring_each_session_alone(model):
 
     async def feed(i: int) -> np.ndarray:
         clip, step = clips[i], frames[i]
-        out = [await streams[i].push_batched(clip[j:j + step], batcher)
-               for j in range(0, clip.size, step)]
+        out = [
+            await streams[i].push_batched(clip[j : j + step], batcher)
+            for j in range(0, clip.size, step)
+        ]
         return np.concatenate(out)
 
     batched = await asyncio.gather(*(feed(i) for i in range(len(clips))))
@@ -82,7 +84,7 @@ async def test_a_failing_batch_fails_its_sessions_and_the_next_one_works(model):
     batcher = VadBatcher(model)
     bad = VadStream(model)
     bad.state.state = np.zeros((3, 1, 7), np.float32)  # a state of the wrong shape
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 - whatever onnxruntime raises for the shape
         await bad.push_batched(np.zeros(FRAME, np.float32), batcher)
     ok = VadStream(model)
     assert (await ok.push_batched(np.zeros(FRAME, np.float32), batcher)).shape == (1,)
@@ -106,8 +108,10 @@ async def test_windows_that_arrive_while_the_pool_is_busy_go_together_in_the_nex
             gate.wait(10)
             return model.score(windows, states)
 
-    clips = [wav(name)[0][:FRAME * 4] for name in ("capital_of_france", "count_to_five",
-                                                    "tell_me_a_joke", "weather_question")]
+    clips = [
+        wav(name)[0][: FRAME * 4]
+        for name in ("capital_of_france", "count_to_five", "tell_me_a_joke", "weather_question")
+    ]
     alone = [VadStream(model).push(c) for c in clips]
     with ThreadPoolExecutor(1) as pool:
         batcher = VadBatcher(Gated(), pool, in_flight=1)
@@ -121,7 +125,7 @@ async def test_windows_that_arrive_while_the_pool_is_busy_go_together_in_the_nex
             await asyncio.sleep(0)
         assert batcher.batches == 0 and not any(f.done() for f in later)
         gate.set()
-        got = [await first] + list(await asyncio.gather(*later))
+        got = [await first, *list(await asyncio.gather(*later))]
     for a, b in zip(alone, got):
         np.testing.assert_array_equal(a, b)
     # two batches of four window positions each: the held one, then the three sessions together

@@ -54,8 +54,10 @@ def test_jobs_run_by_priority_then_arrival_and_batch_within_one_priority():
     try:
         w.put("hold", 0)  # taken at once; waits on the gate while the rest queue up
         assert w.took.wait(10)
-        w.run_all([("late-2", 2), ("final-a", 0), ("partial", 5), ("final-b", 0), ("final-c", 0)],
-                  running=1)
+        w.run_all(
+            [("late-2", 2), ("final-a", 0), ("partial", 5), ("final-b", 0), ("final-c", 0)],
+            running=1,
+        )
         assert w.batches == [["hold"], ["final-a", "final-b"], ["final-c"], ["late-2"], ["partial"]]
     finally:
         w.close()

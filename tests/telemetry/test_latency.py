@@ -1,12 +1,24 @@
 from voicert.telemetry.latency import STAGES, Point, TurnTrace, format_table
 
-
-TIMES_MS = {Point.VOICE_END: 0, Point.ASR_START: 390, Point.ENDPOINT_HEARD: 398, Point.ENDPOINT: 400, Point.ASR_DONE: 420,
-            Point.TRANSCRIPT: 421, Point.SUBMIT: 422, Point.PREFILL_START: 423,
-            Point.FIRST_TOKEN_SAMPLED: 433, Point.FIRST_TOKEN_RECEIVED: 434,
-            Point.FIRST_TOKEN_SENT: 435, Point.TTS_START: 450, Point.TTS_TAKEN: 451, Point.TTS_FIRST_CHUNK: 452.5,
-            Point.FIRST_AUDIO_SENT: 453,
-            Point.TOOL_CALL: 470, Point.DONE: 500}
+TIMES_MS = {
+    Point.VOICE_END: 0,
+    Point.ASR_START: 390,
+    Point.ENDPOINT_HEARD: 398,
+    Point.ENDPOINT: 400,
+    Point.ASR_DONE: 420,
+    Point.TRANSCRIPT: 421,
+    Point.SUBMIT: 422,
+    Point.PREFILL_START: 423,
+    Point.FIRST_TOKEN_SAMPLED: 433,
+    Point.FIRST_TOKEN_RECEIVED: 434,
+    Point.FIRST_TOKEN_SENT: 435,
+    Point.TTS_START: 450,
+    Point.TTS_TAKEN: 451,
+    Point.TTS_FIRST_CHUNK: 452.5,
+    Point.FIRST_AUDIO_SENT: 453,
+    Point.TOOL_CALL: 470,
+    Point.DONE: 500,
+}
 
 
 def test_stages_come_from_marks_and_first_mark_wins():

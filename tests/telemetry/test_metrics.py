@@ -4,9 +4,17 @@ from voicert.core.llm import EngineBase, EngineStats, StepRecord
 from voicert.telemetry.latency import WATERFALL, Point, TurnRecord, TurnTrace
 from voicert.telemetry.metrics import Metrics, latency_buckets
 
-
-ORDER = (Point.VOICE_END, Point.ENDPOINT, Point.TRANSCRIPT, Point.SUBMIT, Point.PREFILL_START,
-         Point.FIRST_TOKEN_SAMPLED, Point.FIRST_TOKEN_RECEIVED, Point.FIRST_TOKEN_SENT, Point.DONE)
+ORDER = (
+    Point.VOICE_END,
+    Point.ENDPOINT,
+    Point.TRANSCRIPT,
+    Point.SUBMIT,
+    Point.PREFILL_START,
+    Point.FIRST_TOKEN_SAMPLED,
+    Point.FIRST_TOKEN_RECEIVED,
+    Point.FIRST_TOKEN_SENT,
+    Point.DONE,
+)
 
 
 def trace_with(ms_between_points: list[float]) -> TurnTrace:
@@ -38,8 +46,9 @@ def test_turn_record_names_the_dominant_stage_and_the_budget_breach():
 
 def test_exposition_carries_turns_errors_and_engine_figures():
     m = Metrics(budget_ms=100)
-    m.observe_turn(TurnRecord.from_trace(trace_with([400, 30, 1, 2, 80, 1, 1, 50]), "s", "stop", 5,
-                                         100))
+    m.observe_turn(
+        TurnRecord.from_trace(trace_with([400, 30, 1, 2, 80, 1, 1, 50]), "s", "stop", 5, 100)
+    )
     m.observe_error("bad_audio")
     m.observe_error("bad_audio")
     m.session_started()
@@ -51,13 +60,17 @@ def test_exposition_carries_turns_errors_and_engine_figures():
             return EngineStats(2, extra={"prefix_hit_ratio": 0.75, "spec_acceptance_rate": 0.5})
 
         def drain_steps(self):
-            return [StepRecord("prefill", 1, 0.003), StepRecord("decode", 4, 0.0015),
-                    StepRecord("decode", 4, 0.0025)]
+            return [
+                StepRecord("prefill", 1, 0.003),
+                StepRecord("decode", 4, 0.0015),
+                StepRecord("decode", 4, 0.0025),
+            ]
 
     m.sample_engine(Engine())
     fams = {f.name: f for f in text_string_to_metric_families(m.exposition().decode())}
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in fams.values() for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in fams.values() for s in f.samples
+    }
     assert samples[("voicert_ttft_seconds_count", ())] == 1
     assert samples[("voicert_turns_over_budget_total", ())] == 1
     assert samples[("voicert_errors_total", (("code", "bad_audio"),))] == 2

@@ -10,10 +10,12 @@ class _Svc:  # what a Sampler reads; only the merge is under test here
 
 
 def test_workers_samples_merge_into_one_view():
-    ours = SystemSample(t=1.0, sessions=3, queue_depth=2, running=5, steps=10, mean_batch=2.0,
-                        loop_lag_ms=0.4)
-    theirs = SystemSample(t=1.0, sessions=4, queue_depth=2, running=5, steps=0, mean_batch=0.0,
-                          loop_lag_ms=3.5)
+    ours = SystemSample(
+        t=1.0, sessions=3, queue_depth=2, running=5, steps=10, mean_batch=2.0, loop_lag_ms=0.4
+    )
+    theirs = SystemSample(
+        t=1.0, sessions=4, queue_depth=2, running=5, steps=0, mean_batch=0.0, loop_lag_ms=3.5
+    )
     merged = ours.merged([theirs])
     assert (merged.sessions, merged.steps, merged.mean_batch) == (7, 10, 2.0)
     assert (merged.queue_depth, merged.running, merged.loop_lag_ms) == (2, 5, 3.5)

@@ -12,10 +12,10 @@ def test_heard_text_is_every_piece_played_and_the_share_of_the_one_playing():
     spoken.add(b"\0" * 48 * 1000, " Five six.")  # 1500-2500 ms
     spoken.text = "One two three four. Five six. Seven."
     assert spoken.heard_chars(0) == 0
-    assert spoken.text[:spoken.heard_chars(750)] == "One two"  # half of 0-1500 ms: 2 of 4 words
-    assert spoken.text[:spoken.heard_chars(1500)] == "One two three four."
-    assert spoken.text[:spoken.heard_chars(2000)] == "One two three four. Five"
-    assert spoken.text[:spoken.heard_chars(2500)] == "One two three four. Five six."
+    assert spoken.text[: spoken.heard_chars(750)] == "One two"  # half of 0-1500 ms: 2 of 4 words
+    assert spoken.text[: spoken.heard_chars(1500)] == "One two three four."
+    assert spoken.text[: spoken.heard_chars(2000)] == "One two three four. Five"
+    assert spoken.text[: spoken.heard_chars(2500)] == "One two three four. Five six."
 
 
 def test_the_pacing_clock_cuts_a_reply_where_the_caller_talked_over_it():
@@ -26,7 +26,7 @@ def test_the_pacing_clock_cuts_a_reply_where_the_caller_talked_over_it():
     clock.speech_started(now_ns=10_500 * MS)  # the caller talks 0.5 s into it
     reply = clock.done(2, "One two three four. Five six.", "item_9", interrupted=True)
     assert reply is not None and reply.cut_ms == 500
-    assert reply.text[:reply.heard_chars(reply.cut_ms)] == "One two"
+    assert reply.text[: reply.heard_chars(reply.cut_ms)] == "One two"
 
 
 def test_no_cut_unless_the_server_interrupted_the_reply():
@@ -52,7 +52,7 @@ def test_a_barge_in_on_a_reply_all_sent_but_still_playing_cuts_it_at_once():
     assert clock.done(4, text, "item_4", interrupted=False, item_offset=6) is None
     reply = clock.speech_started(now_ns=2500 * MS)  # 1.5 s in: the caller says "wait"
     assert reply is not None and reply.cut_ms == 1500 and reply.item_offset == 6
-    assert reply.text[:reply.heard_chars(reply.cut_ms)] == "Sure. One two three four. Five"
+    assert reply.text[: reply.heard_chars(reply.cut_ms)] == "Sure. One two three four. Five"
     assert clock.speech_started(now_ns=2600 * MS) is None  # cut once
 
 
@@ -68,4 +68,4 @@ def test_the_pacing_clock_does_not_count_a_gap_in_slow_audio_as_played():
     text = "One two three four. Five six seven eight."
     reply = clock.done(4, text, "item_4", interrupted=True)
     assert reply.cut_ms == 1500.0
-    assert text[:reply.heard_chars(reply.cut_ms)] == "One two three four. Five six"
+    assert text[: reply.heard_chars(reply.cut_ms)] == "One two three four. Five six"

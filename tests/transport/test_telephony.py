@@ -74,7 +74,7 @@ def test_a_reply_cut_off_keeps_only_the_pieces_the_caller_heard():
     play.mark_played("turn3-piece2")  # an echo after the clear changes nothing
     assert play.heard(3) == ["One two three."] and play.heard(2) is None
     text = "One two three. Four five. Six seven."
-    assert text[:covered_chars(text, play.heard(3))] == "One two three."
+    assert text[: covered_chars(text, play.heard(3))] == "One two three."
 
 
 def test_a_reply_played_to_its_end_is_not_cut():

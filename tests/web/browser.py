@@ -25,12 +25,26 @@ class Browser:
     def __init__(self, extra_flags: tuple[str, ...] = ()) -> None:
         self.profile = tempfile.mkdtemp(prefix="voicert-chromium-")
         self.proc = subprocess.Popen(
-            [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
-             "--no-first-run", "--disable-background-networking", "--disable-component-update",
-             "--disable-sync", "--remote-debugging-address=127.0.0.1",
-             "--remote-debugging-port=0", f"--user-data-dir={self.profile}",
-             "--window-size=1400,1000", *extra_flags, "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                CHROMIUM,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--remote-debugging-address=127.0.0.1",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={self.profile}",
+                "--window-size=1400,1000",
+                *extra_flags,
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         self.ws = None
         self._id = 0
 
@@ -41,8 +55,13 @@ class Browser:
                 break
             await asyncio.sleep(0.05)
         port = int(port_file.read_text().split()[0])
-        targets = json.loads(await asyncio.to_thread(
-            lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=5).read()))
+        targets = json.loads(
+            await asyncio.to_thread(
+                lambda: urllib.request.urlopen(
+                    f"http://127.0.0.1:{port}/json/list", timeout=5
+                ).read()
+            )
+        )
         page = next(t for t in targets if t["type"] == "page")
         self.ws = await connect(page["webSocketDebuggerUrl"], max_size=None)
 
@@ -58,8 +77,13 @@ class Browser:
 
     async def js(self, expr: str, gesture: bool = False):
         """Evaluate ``expr`` in the page; ``gesture``: as if the user clicked (media, autoplay)."""
-        result = await self.call("Runtime.evaluate", expression=expr, returnByValue=True,
-                                 awaitPromise=True, userGesture=gesture)
+        result = await self.call(
+            "Runtime.evaluate",
+            expression=expr,
+            returnByValue=True,
+            awaitPromise=True,
+            userGesture=gesture,
+        )
         return result["result"].get("value")
 
     async def close(self) -> None:
@@ -78,5 +102,3 @@ async def wait_for(browser: Browser, expr: str, timeout: float = 30.0):
             return value
         await asyncio.sleep(0.2)
     raise AssertionError(f"timed out waiting for {expr}")
-
-

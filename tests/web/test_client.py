@@ -33,9 +33,14 @@ def fake_mic_wav(directory: str, speech: bool = True) -> Path:
 async def open_client(server, speech: bool = True) -> Browser:
     """Headless Chromium whose microphone plays :func:`fake_mic_wav`, on the client page."""
     mic = fake_mic_wav(tempfile.mkdtemp(prefix="voicert-mic-"), speech)
-    browser = Browser(("--use-fake-ui-for-media-stream", "--use-fake-device-for-media-stream",
-                       f"--use-file-for-fake-audio-capture={mic}%noloop",
-                       "--autoplay-policy=no-user-gesture-required"))
+    browser = Browser(
+        (
+            "--use-fake-ui-for-media-stream",
+            "--use-fake-device-for-media-stream",
+            f"--use-file-for-fake-audio-capture={mic}%noloop",
+            "--autoplay-policy=no-user-gesture-required",
+        )
+    )
     try:
         await browser.open()
         await browser.call("Page.enable")
@@ -52,22 +57,32 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
     try:
         await browser.js("document.getElementById('start').click()", gesture=True)
         await wait_for(browser, "document.getElementById('status').textContent === 'live'")
-        user = await wait_for(browser, "[...document.querySelectorAll('.msg.user .text')]"
-                                       ".map(e => e.textContent).join(' ')", timeout=60)
+        user = await wait_for(
+            browser,
+            "[...document.querySelectorAll('.msg.user .text')].map(e => e.textContent).join(' ')",
+            timeout=60,
+        )
         assert "france" in user.lower()
-        reply = await wait_for(browser, "(() => { const e = document.querySelector('.msg.agent');"
-                                        " return e && e.dataset.done ? e.textContent : ''; })()",
-                               timeout=60)
+        reply = await wait_for(
+            browser,
+            "(() => { const e = document.querySelector('.msg.agent');"
+            " return e && e.dataset.done ? e.textContent : ''; })()",
+            timeout=60,
+        )
         assert "paris" in reply.lower()
-        latency = await wait_for(browser, "document.querySelector('.lat') ? "
-                                          "document.querySelector('.lat').textContent : ''")
+        latency = await wait_for(
+            browser,
+            "document.querySelector('.lat') ? document.querySelector('.lat').textContent : ''",
+        )
         assert "ttft" in latency and "ttfa" in latency
         stats = await browser.js("JSON.stringify(window.voicert.stats)")
         assert '"audioChunks":0' not in stats, stats  # the reply's speech was scheduled to play
         assert await browser.js("window.voicert.stats.framesSent") > 100  # > 2 s of mic audio sent
         # one stage-colour definition (/stages.js) behind the bars and their legend
-        legend = await browser.js("[...document.querySelectorAll('#legend span i')]"
-                                  ".map(i => getComputedStyle(i).backgroundColor).join(' ')")
+        legend = await browser.js(
+            "[...document.querySelectorAll('#legend span i')]"
+            ".map(i => getComputedStyle(i).backgroundColor).join(' ')"
+        )
         assert legend.count("rgb(") == len(WATERFALL)
         assert await browser.js("window.VOICERT_STAGES.colours.asr_ms") == STAGE_COLOURS["asr_ms"]
         # the event inspector saw both directions; the export holds the turn and its latency
@@ -78,63 +93,96 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
         assert '"role":"user"' in exported and '"role":"agent"' in exported
         assert "ttft_ms" in exported and "Paris" in exported
         prompt = server.cfg.llm.system_prompt  # the server's own: the answers stay the same
-        await browser.js("document.getElementById('settings').open = true;"
-                         "document.getElementById('inspector').open = true;"
-                         f"document.getElementById('system-prompt').value = {json.dumps(prompt)};"
-                         "document.getElementById('system-prompt').dispatchEvent(new Event('change'));"
-                         "document.getElementById('end-of-turn').value = 'silence';"
-                         "document.getElementById('silence-ms').value = '700';")
-        await wait_for(browser, "document.getElementById('events').textContent"
-                                ".includes('session.update')")  # the prompt applies at once
+        await browser.js(
+            "document.getElementById('settings').open = true;"
+            "document.getElementById('inspector').open = true;"
+            f"document.getElementById('system-prompt').value = {json.dumps(prompt)};"
+            "document.getElementById('system-prompt').dispatchEvent(new Event('change'));"
+            "document.getElementById('end-of-turn').value = 'silence';"
+            "document.getElementById('silence-ms').value = '700';"
+        )
+        await wait_for(
+            browser, "document.getElementById('events').textContent.includes('session.update')"
+        )  # the prompt applies at once
         # emptied mid-session it cannot apply at once (null keeps the prompt): said, not ignored
-        said = await browser.js("(() => { const p = document.getElementById('system-prompt');"
-                                " p.value = ''; p.dispatchEvent(new Event('change'));"
-                                f" p.value = {json.dumps(prompt)};"
-                                " return document.getElementById('banner').textContent; })()")
+        said = await browser.js(
+            "(() => { const p = document.getElementById('system-prompt');"
+            " p.value = ''; p.dispatchEvent(new Event('change'));"
+            f" p.value = {json.dumps(prompt)};"
+            " return document.getElementById('banner').textContent; })()"
+        )
         assert "comes back with the next Start" in said
         assert await browser.js("document.getElementById('mic').options.length") >= 1
         # the server's voices and model, listed once connected; a voice picked applies at once
-        offered = await browser.js("[...document.getElementById('voice').options]"
-                                   ".map(o => o.value).join(',')")
+        offered = await browser.js(
+            "[...document.getElementById('voice').options].map(o => o.value).join(',')"
+        )
         assert offered.split(",") == list(server.services.tts.voices)
-        assert await browser.js("document.getElementById('model').value") == \
-            served_model_id(server.cfg)
-        await browser.js("const v = document.getElementById('voice'); v.value = 'en-us+f3';"
-                         "v.dispatchEvent(new Event('change'));")
-        await wait_for(browser, "document.getElementById('events').textContent"
-                                ".includes('\"voice\":\"en-us+f3\"')")
+        assert await browser.js("document.getElementById('model').value") == served_model_id(
+            server.cfg
+        )
+        await browser.js(
+            "const v = document.getElementById('voice'); v.value = 'en-us+f3';"
+            "v.dispatchEvent(new Event('change'));"
+        )
+        await wait_for(
+            browser,
+            "document.getElementById('events').textContent.includes('\"voice\":\"en-us+f3\"')",
+        )
         shot = await browser.call("Page.captureScreenshot", format="png")
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "client.png").write_bytes(base64.b64decode(shot["data"]))
 
         # a dropped connection is visible and the client reconnects by itself
         await browser.js("window.voicert.ws.close(4000, 'test drop')")
-        banner = await wait_for(browser, "document.getElementById('banner').classList.contains('show')"
-                                         " && document.getElementById('banner').textContent"
-                                         ".includes('Connection lost')"
-                                         " && document.getElementById('banner').textContent")
+        banner = await wait_for(
+            browser,
+            "document.getElementById('banner').classList.contains('show')"
+            " && document.getElementById('banner').textContent"
+            ".includes('Connection lost')"
+            " && document.getElementById('banner').textContent",
+        )
         assert "Reconnecting" in banner
-        await wait_for(browser, "document.getElementById('status').textContent === 'live'"
-                                " && window.voicert.stats.reconnects === 1")
-        assert await browser.js("document.getElementById('banner').classList.contains('show')") is False
+        await wait_for(
+            browser,
+            "document.getElementById('status').textContent === 'live'"
+            " && window.voicert.stats.reconnects === 1",
+        )
+        assert (
+            await browser.js("document.getElementById('banner').classList.contains('show')")
+            is False
+        )
 
         # the new session carries the settings' system prompt, and asks again for the voice
-        await wait_for(browser, "[...document.querySelectorAll('#events div')].filter(d => "
-                                "d.textContent.includes('session.update') && "
-                                "d.textContent.includes('en-us+f3')).length === 2")
+        await wait_for(
+            browser,
+            "[...document.querySelectorAll('#events div')].filter(d => "
+            "d.textContent.includes('session.update') && "
+            "d.textContent.includes('en-us+f3')).length === 2",
+        )
         assert await browser.js("document.getElementById('voice').value") == "en-us+f3"
-        assert await browser.js("[...document.querySelectorAll('#events div')].some(d => "
-                                "d.textContent.includes('session.start ') && "
-                                f"d.textContent.includes({json.dumps(prompt)}) && "
-                                "d.textContent.includes('\"end_of_turn\":\"silence\",\"silence_ms\":700'))")
+        assert await browser.js(
+            "[...document.querySelectorAll('#events div')].some(d => "
+            "d.textContent.includes('session.start ') && "
+            f"d.textContent.includes({json.dumps(prompt)}) && "
+            'd.textContent.includes(\'"end_of_turn":"silence","silence_ms":700\'))'
+        )
         # typing works too (a new connection is a new conversation: ask a whole question); the
         # page shows it is thinking until the first token
-        assert await browser.js("document.getElementById('text').value = 'What is the capital of "
-                                "Germany?'; document.getElementById('send').click();"
-                                "document.getElementById('thinking').classList.contains('show')")
-        await wait_for(browser, "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
-                                " && /berlin/i.test(e.textContent))", timeout=60)
-        assert not await browser.js("document.getElementById('thinking').classList.contains('show')")
+        assert await browser.js(
+            "document.getElementById('text').value = 'What is the capital of "
+            "Germany?'; document.getElementById('send').click();"
+            "document.getElementById('thinking').classList.contains('show')"
+        )
+        await wait_for(
+            browser,
+            "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
+            " && /berlin/i.test(e.textContent))",
+            timeout=60,
+        )
+        assert not await browser.js(
+            "document.getElementById('thinking').classList.contains('show')"
+        )
         await browser.js("document.getElementById('mute').click()")
         muted_at = await browser.js("window.voicert.stats.framesSent")
         await wait_for(browser, f"window.voicert.stats.framesSent > {muted_at} + 10")
@@ -150,16 +198,25 @@ async def test_push_to_talk_sends_only_while_held_and_commits_on_release(server)
         await browser.js("document.getElementById('start').click()", gesture=True)
         await wait_for(browser, "document.getElementById('status').textContent === 'live'")
         assert await browser.js("window.voicert.stats.framesSent") == 0  # nothing until held
-        await browser.js("document.getElementById('ptt').dispatchEvent(new MouseEvent('mousedown'))")
+        await browser.js(
+            "document.getElementById('ptt').dispatchEvent(new MouseEvent('mousedown'))"
+        )
         await asyncio.sleep(4.5)  # hold through the question
         await browser.js("document.getElementById('ptt').dispatchEvent(new MouseEvent('mouseup'))")
         held_frames = await browser.js("window.voicert.stats.framesSent")
         assert 150 < held_frames < 260  # ~4.5 s of 20 ms frames, and only those
-        user = await wait_for(browser, "[...document.querySelectorAll('.msg.user .text')]"
-                                       ".map(e => e.textContent).join(' ')", timeout=60)
+        user = await wait_for(
+            browser,
+            "[...document.querySelectorAll('.msg.user .text')].map(e => e.textContent).join(' ')",
+            timeout=60,
+        )
         assert "france" in user.lower()
-        await wait_for(browser, "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
-                                " && /paris/i.test(e.textContent))", timeout=60)
+        await wait_for(
+            browser,
+            "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done"
+            " && /paris/i.test(e.textContent))",
+            timeout=60,
+        )
         await asyncio.sleep(1.0)
         assert await browser.js("window.voicert.stats.framesSent") <= held_frames + 1  # released
     finally:
@@ -173,26 +230,45 @@ async def test_a_server_tool_call_and_its_output_show_in_the_reply(services):
     from voicert.config import ToolsConfig
     from voicert.server.app import VoiceServer
 
-    tools = ToolsConfig(functions=["tests.agent.test_toolbox:book_table"], choice="required",
-                        parallel=False)  # one call, then the reply
+    tools = ToolsConfig(
+        functions=["tests.agent.test_toolbox:book_table"], choice="required", parallel=False
+    )  # one call, then the reply
     cfg = services.cfg
-    srv = VoiceServer(dataclasses.replace(services, toolbox=Toolbox.from_config(tools), cfg=(
-        dataclasses.replace(cfg, tools=tools, server=dataclasses.replace(cfg.server, port=0)))))
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            toolbox=Toolbox.from_config(tools),
+            cfg=(
+                dataclasses.replace(
+                    cfg, tools=tools, server=dataclasses.replace(cfg.server, port=0)
+                )
+            ),
+        )
+    )
     await srv.start()
     try:
         browser = await open_client(srv, speech=False)  # a silent microphone: typed turns only
         try:
             await browser.js("document.getElementById('start').click()", gesture=True)
             await wait_for(browser, "document.getElementById('status').textContent === 'live'")
-            await browser.js("document.getElementById('text').value = 'Book a table for two "
-                             "people at eight tonight.'; document.getElementById('send').click();")
-            lines = await wait_for(browser, "(() => { const t = [...document.querySelectorAll("
-                                            "'.msg.agent .tool')].map(e => e.textContent);"
-                                            " return t.length >= 2 ? t : null; })()", timeout=90)
+            await browser.js(
+                "document.getElementById('text').value = 'Book a table for two "
+                "people at eight tonight.'; document.getElementById('send').click();"
+            )
+            lines = await wait_for(
+                browser,
+                "(() => { const t = [...document.querySelectorAll("
+                "'.msg.agent .tool')].map(e => e.textContent);"
+                " return t.length >= 2 ? t : null; })()",
+                timeout=90,
+            )
             assert lines[0].startswith("book_table({") and '"people"' in lines[0], lines
             assert lines[1].startswith("\u2192 ") and '"booked":true' in lines[1], lines
-            await wait_for(browser, "[...document.querySelectorAll('.msg.agent')]"
-                                    ".some(e => e.dataset.done)", timeout=90)
+            await wait_for(
+                browser,
+                "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done)",
+                timeout=90,
+            )
             shot = await browser.call("Page.captureScreenshot", format="png")
             ARTIFACTS.mkdir(exist_ok=True)
             (ARTIFACTS / "client-tools.png").write_bytes(base64.b64decode(shot["data"]))

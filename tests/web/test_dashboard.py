@@ -24,19 +24,24 @@ async def test_dashboard_shows_real_turns_live(server, url):
         await browser.call("Page.enable")
         await browser.call("Page.navigate", url=f"http://127.0.0.1:{server.port}/dashboard")
         await wait_for(browser, "document.getElementById('status').textContent === 'live'")
-        before = int(await wait_for(browser, "Number(document.getElementById('turn-count').dataset.turns)"))
+        before = int(
+            await wait_for(browser, "Number(document.getElementById('turn-count').dataset.turns)")
+        )
         assert before >= 1
         await stream_audio(url, [wav("what_about_germany")], realtime=False)  # pushed live
         after = await wait_for(
-            browser, f"Number(document.getElementById('turn-count').dataset.turns) > {before} && "
-                     "Number(document.getElementById('turn-count').dataset.turns)")
+            browser,
+            f"Number(document.getElementById('turn-count').dataset.turns) > {before} && "
+            "Number(document.getElementById('turn-count').dataset.turns)",
+        )
         assert after == before + 1
         # the charts drew the turns: the waterfall canvas has coloured pixels, the table the stages
         painted = await browser.js(
             "(() => { const c = document.getElementById('waterfall');"
             " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
             " let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i + 3] && (d[i] !== d[i + 1] || d[i + 1] !== d[i + 2])) n++;"
-            " return n; })()")
+            " return n; })()"
+        )
         assert painted > 500
         assert "ttft_ms" in await browser.js("document.getElementById('last').textContent")
         # rows are labelled by what the caller said; the colours are the client's (/stages.js)
@@ -53,7 +58,10 @@ async def test_dashboard_shows_real_turns_live(server, url):
 
 async def test_dashboard_static_files_and_feed_snapshot(server):
     body = await asyncio.to_thread(
-        lambda: urllib.request.urlopen(f"http://127.0.0.1:{server.port}/dashboard", timeout=5).read())
+        lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{server.port}/dashboard", timeout=5
+        ).read()
+    )
     assert b"<canvas" in body and b"/dashboard.js" in body
     async with connect(f"ws://127.0.0.1:{server.port}/v1/dashboard") as ws:
         snap = json.loads(await ws.recv())

@@ -12,11 +12,10 @@ from __future__ import annotations
 import collections
 import enum
 import itertools
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
-from voicert.core.chat import ChatMessage
-from voicert.core.chat import ToolCall
+from voicert.core.chat import ChatMessage, ToolCall
 
 
 class Role(enum.StrEnum):
@@ -58,8 +57,13 @@ class Item:
 
 
 class Conversation:
-    def __init__(self, max_items: int = 200, max_text_chars: int = 16000,
-                 max_chars: int | None = None, id_prefix: str = "item") -> None:
+    def __init__(
+        self,
+        max_items: int = 200,
+        max_text_chars: int = 16000,
+        max_chars: int | None = None,
+        id_prefix: str = "item",
+    ) -> None:
         self.max_items = max_items
         self.max_text_chars = max_text_chars
         self.max_chars = max_chars if max_chars is not None else 8 * max_text_chars
@@ -88,8 +92,16 @@ class Conversation:
     def add_call(self, call: ToolCall, item_id: str | None = None) -> Item:
         """The assistant's call of a tool joins the conversation. Raises TextTooLong."""
         self.check_text(call.arguments)
-        return self._append(Item(item_id or self.new_id(), Role.ASSISTANT,
-                                 call.arguments, ItemKind.FUNCTION_CALL, call.call_id, call.name))
+        return self._append(
+            Item(
+                item_id or self.new_id(),
+                Role.ASSISTANT,
+                call.arguments,
+                ItemKind.FUNCTION_CALL,
+                call.call_id,
+                call.name,
+            )
+        )
 
     def add_output(self, call_id: str, output: str, item_id: str | None = None) -> Item:
         """A call's output joins the conversation. Raises TextTooLong, or KeyError when no call
@@ -97,14 +109,18 @@ class Conversation:
         self.check_text(output)
         if not any(i.kind is ItemKind.FUNCTION_CALL and i.call_id == call_id for i in self._items):
             raise KeyError(call_id)
-        return self._append(Item(item_id or self.new_id(), Role.TOOL,
-                                 output, ItemKind.FUNCTION_CALL_OUTPUT, call_id))
+        return self._append(
+            Item(
+                item_id or self.new_id(), Role.TOOL, output, ItemKind.FUNCTION_CALL_OUTPUT, call_id
+            )
+        )
 
     def _append(self, item: Item) -> Item:
         self._items.append(item)
         self._chars += len(item.text)
-        while len(self._items) > 1 and (len(self._items) > self.max_items
-                                        or self._chars > self.max_chars):
+        while len(self._items) > 1 and (
+            len(self._items) > self.max_items or self._chars > self.max_chars
+        ):
             self._chars -= len(self._items.popleft().text)
             self.dropped += 1
         return item
@@ -120,8 +136,10 @@ class Conversation:
             if item.item_id != item_id:
                 continue
             if item.role is not Role.ASSISTANT or item.kind is not ItemKind.MESSAGE:
-                raise ValueError(f"item {item_id!r} is a {item.role.value} {item.kind.value} item;"
-                                 " only assistant messages are truncated")
+                raise ValueError(
+                    f"item {item_id!r} is a {item.role.value} {item.kind.value} item;"
+                    " only assistant messages are truncated"
+                )
             if chars < 0:
                 raise ValueError("chars must be >= 0")
             cut = Item(item.item_id, item.role, item.text[:chars])
@@ -160,8 +178,9 @@ class Conversation:
     def pending_calls(self) -> list[Item]:
         """Function calls with no output yet, oldest first."""
         answered = {i.call_id for i in self._items if i.kind is ItemKind.FUNCTION_CALL_OUTPUT}
-        return [i for i in self._items
-                if i.kind is ItemKind.FUNCTION_CALL and i.call_id not in answered]
+        return [
+            i for i in self._items if i.kind is ItemKind.FUNCTION_CALL and i.call_id not in answered
+        ]
 
     def __len__(self) -> int:
         return len(self._items)

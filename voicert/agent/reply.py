@@ -13,14 +13,15 @@ events (the session gives each call its id and item) and the outcome's ``calls``
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, Protocol
+from typing import Protocol
 
 from voicert.agent import tool_calls as tc
 from voicert.agent.speech_out import SpeechOut
 from voicert.core import events as ev
-from voicert.core.llm import Engine, FinishReason, GenerationRequest
 from voicert.core.chat import ToolCall
+from voicert.core.llm import Engine, FinishReason, GenerationRequest
 from voicert.core.session import ErrorCode
 from voicert.telemetry.latency import Point, TurnTrace
 
@@ -53,10 +54,18 @@ class Reply:
     outcome's. ``speech`` (optional) is fed each token and waited for: the reply ends when its last
     audio has been sent."""
 
-    def __init__(self, engine: Engine, request: GenerationRequest, turn_id: int,
-                 trace: TurnTrace, emit: Emit, speech: SpeechOut | None = None,
-                 ids: CallIds | None = None, server_tools: frozenset[str] = frozenset(),
-                 announce: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        request: GenerationRequest,
+        turn_id: int,
+        trace: TurnTrace,
+        emit: Emit,
+        speech: SpeechOut | None = None,
+        ids: CallIds | None = None,
+        server_tools: frozenset[str] = frozenset(),
+        announce: bool = True,
+    ) -> None:
         self.engine = engine
         self.request = request
         self.turn_id = turn_id
@@ -115,9 +124,15 @@ class Reply:
             if self.speech is not None and (self.cancel_requested or reason == "error"):
                 self.speech.cancel()
             self.trace.mark(Point.DONE)
-            self.outcome = ReplyOutcome("".join(self._parts).strip(), self._tokens,
-                                        self._prompt_tokens, reason, tuple(self._calls),
-                                        self._broken, dict(self._open.values()))
+            self.outcome = ReplyOutcome(
+                "".join(self._parts).strip(),
+                self._tokens,
+                self._prompt_tokens,
+                reason,
+                tuple(self._calls),
+                self._broken,
+                dict(self._open.values()),
+            )
         return self.outcome
 
     async def _stream(self, stream) -> str:
@@ -128,8 +143,11 @@ class Reply:
                 if tok.error:
                     await self.emit(ev.SessionError(ErrorCode.ENGINE_FAILED.value, tok.error))
                 if tok.finish_reason == FinishReason.CANCELLED:
-                    return FinishReason.STOP.value if self._looped and not \
-                        self.cancel_requested else self.cancel_reason
+                    return (
+                        FinishReason.STOP.value
+                        if self._looped and not self.cancel_requested
+                        else self.cancel_reason
+                    )
                 return tok.finish_reason
             if self.cancel_requested:
                 continue  # the engine stops within a step; tokens already made are dropped
@@ -167,14 +185,18 @@ class Reply:
 
     async def _piece(self, piece: tc.Piece) -> None:
         if isinstance(piece, tc.CallOpened):
-            ids = (self.ids.call_id(), self.ids.item_id()) if self.ids else (
-                f"call_{self.request_id}_{piece.index}", "")
+            ids = (
+                (self.ids.call_id(), self.ids.item_id())
+                if self.ids
+                else (f"call_{self.request_id}_{piece.index}", "")
+            )
             self._open[piece.index] = ids
             await self.emit(ev.ToolCallStarted(self.turn_id, ids[0], piece.name, ids[1]))
             self.trace.mark(Point.FIRST_TOKEN_SENT)
         elif isinstance(piece, tc.CallArgs):
-            await self.emit(ev.ToolCallArguments(self.turn_id, self._open[piece.index][0],
-                                                 piece.delta))
+            await self.emit(
+                ev.ToolCallArguments(self.turn_id, self._open[piece.index][0], piece.delta)
+            )
         elif isinstance(piece, tc.CallClosed):
             await self._closed(piece)
 
@@ -182,5 +204,13 @@ class Reply:
         call_id, item_id = self._open[piece.index]
         self._calls.append(ToolCall(call_id, piece.name, piece.arguments))
         self.trace.mark(Point.TOOL_CALL)
-        await self.emit(ev.ToolCallDone(self.turn_id, call_id, piece.name, piece.arguments,
-                                        item_id, piece.name in self.server_tools))
+        await self.emit(
+            ev.ToolCallDone(
+                self.turn_id,
+                call_id,
+                piece.name,
+                piece.arguments,
+                item_id,
+                piece.name in self.server_tools,
+            )
+        )

@@ -12,30 +12,37 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable
 
 from voicert.agent.conversation import Conversation, Item, Role, TextTooLong
 from voicert.agent.reply import Reply, ReplyOutcome
-from voicert.agent.toolbox import Toolbox
 from voicert.agent.speech_out import AudioOut, SpeechOut
-from voicert.core import events as ev
-from voicert.agent.turns import (DecodeKind, Detection, DropDecode, JudgeTurn, StartDecode,
-                                 TurnEnded, TurnJudged, TurnTaking)
+from voicert.agent.toolbox import Toolbox
+from voicert.agent.turns import (
+    DecodeKind,
+    Detection,
+    DropDecode,
+    JudgeTurn,
+    StartDecode,
+    TurnEnded,
+    TurnJudged,
+    TurnTaking,
+)
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.audio.playout import Playout
 from voicert.config import Config, TurnConfig, VadConfig
-from voicert.core.chat import ChatMessage
+from voicert.core import events as ev
+from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.llm import Engine, FinishReason, GenerationRequest
-from voicert.core.chat import ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.session import ErrorCode, SessionRefused, SessionSettings
 from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle
 from voicert.speech.denoise import RnNoise
 from voicert.speech.echo import EchoGuard
 from voicert.speech.smart_turn import Judge
-from voicert.speech.turn_text import is_backchannel
 from voicert.speech.tts import TtsWorker, unoffered
+from voicert.speech.turn_text import is_backchannel
 from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
@@ -137,9 +144,16 @@ class Session:
     only adds the transcript to the conversation and :meth:`respond` asks for a reply (the
     Realtime API without turn detection)."""
 
-    def __init__(self, session_id: str, settings: SessionSettings, services: Services, emit: Emit,
-                 auto_respond: bool = True, vad: VadConfig | None = None,
-                 turn: TurnConfig | None = None) -> None:
+    def __init__(
+        self,
+        session_id: str,
+        settings: SessionSettings,
+        services: Services,
+        emit: Emit,
+        auto_respond: bool = True,
+        vad: VadConfig | None = None,
+        turn: TurnConfig | None = None,
+    ) -> None:
         self.id = session_id
         self.auto_respond = auto_respond
         self.vad_cfg = vad or services.cfg.vad
@@ -156,14 +170,20 @@ class Session:
         self.denoiser = services.denoise.stream() if services.denoise is not None else None
         self.vad = VadStream(services.vad)
         self.echo = self._echo_guard(turn or self.cfg.turn, settings)
-        self.turns = TurnTaking(self.vad_cfg, Detection(settings.turn_detection),
-                                self.cfg.asr.early_final_ms, self.cfg.asr.partial_interval_ms,
-                                auto_respond, turn or self.cfg.turn)
+        self.turns = TurnTaking(
+            self.vad_cfg,
+            Detection(settings.turn_detection),
+            self.cfg.asr.early_final_ms,
+            self.cfg.asr.partial_interval_ms,
+            auto_respond,
+            turn or self.cfg.turn,
+        )
         self.turn: Turn | None = None
         self.playout = Playout()  # when the reply audio sent plays at the caller's end
         self.decodes: dict[int, AsrHandle] = {}  # early, partial, overlap decodes in flight, by id
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
+        self._detached: set[asyncio.Task] = set()  # sends and drains not waited for
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
         self.tool_choice = ToolChoice(ToolChoiceMode(self.cfg.tools.choice))
         self.set_tools(settings.tools, settings.tool_choice)
@@ -197,8 +217,11 @@ class Session:
         if self.echo is not None:
             probs = self.echo.screen(x16, probs, received_ns)  # its own voice back: silence
         if probs.size:
-            await self._act_all(self.turns.on_windows(probs, received_ns, now_ns(),
-                                                      self._asr_busy, self._agent_speaking()))
+            await self._act_all(
+                self.turns.on_windows(
+                    probs, received_ns, now_ns(), self._asr_busy, self._agent_speaking()
+                )
+            )
 
     @staticmethod
     def _echo_guard(turn: TurnConfig, settings: SessionSettings) -> EchoGuard | None:
@@ -211,8 +234,12 @@ class Session:
     def _replying(self) -> bool:
         """A reply is in the engine and not yet over (speech now may be a backchannel)."""
         turn = self.turn
-        return (turn is not None and turn.task is not None and not turn.task.done()
-                and turn.reply is not None)
+        return (
+            turn is not None
+            and turn.task is not None
+            and not turn.task.done()
+            and turn.reply is not None
+        )
 
     def _agent_speaking(self) -> bool:
         """The agent has the floor: a reply is being generated or sent, or its audio, all sent
@@ -250,10 +277,11 @@ class Session:
     def _act_now(self, action) -> None:
         """The decisions that need no sending: decodes and the end of a turn."""
         if isinstance(action, StartDecode):
-            kind, done = {DecodeKind.EARLY: (EARLY, self._on_early),
-                          DecodeKind.PARTIAL: (PARTIAL, self._on_partial),
-                          DecodeKind.OVERLAP: (FINAL, self._on_overlap),  # a barge-in may wait
-                          }[action.kind]
+            kind, done = {
+                DecodeKind.EARLY: (EARLY, self._on_early),
+                DecodeKind.PARTIAL: (PARTIAL, self._on_partial),
+                DecodeKind.OVERLAP: (FINAL, self._on_overlap),  # a barge-in may wait
+            }[action.kind]
             if kind == EARLY and self.turns.semantic and self.turns.turn.text_cue:
                 kind = FINAL  # the semantic verdict waits for it: the endpoint is behind it
             handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
@@ -272,7 +300,7 @@ class Session:
         elif isinstance(action, JudgeTurn):
             self._spawn(self._judge(action), f"judge-{self.id}")
         elif isinstance(action, (ev.TranscriptPartial, ev.SpeechStopped)):
-            asyncio.ensure_future(self.emit(action))
+            self._detach(self.emit(action))
 
     async def _judge(self, action: JudgeTurn) -> None:
         """Score a pause with the turn-completion model (off the loop), then let turn-taking
@@ -286,6 +314,13 @@ class Session:
                 log.exception("session %s: the turn-completion model failed", self.id)
             self.svc.metrics.judge_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
         await self._act_all(self.turns.judged(action.judge_id, prob, now_ns()))
+
+    def _detach(self, coro) -> None:
+        """Run ``coro`` to its end without waiting for it; the task is held until then (the loop
+        keeps only a weak reference: an unheld task can be collected mid-flight)."""
+        task = asyncio.ensure_future(coro)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
 
     def _spawn(self, coro, name: str) -> None:
         """A judgement or an overlap screen: cancelled with the session."""
@@ -345,12 +380,18 @@ class Session:
         server = self._server_tools
         clash = sorted({t.name for t in tools} & server)
         if clash:
-            raise SessionRefused(ErrorCode.INVALID, f"tool {clash[0]!r} is a server-side tool;"
-                                  " declare another name")
-        if choice is not None and choice.name and choice.name not in server | {
-                t.name for t in tools}:
-            raise SessionRefused(ErrorCode.INVALID, f"tool_choice names {choice.name!r}, "
-                                  "which is not among the tools")
+            raise SessionRefused(
+                ErrorCode.INVALID, f"tool {clash[0]!r} is a server-side tool; declare another name"
+            )
+        if (
+            choice is not None
+            and choice.name
+            and choice.name not in server | {t.name for t in tools}
+        ):
+            raise SessionRefused(
+                ErrorCode.INVALID,
+                f"tool_choice names {choice.name!r}, which is not among the tools",
+            )
 
     @property
     def _server_tools(self) -> frozenset[str]:
@@ -366,8 +407,11 @@ class Session:
         """The voice the session's next replies speak in: one of the server's voice ids (None:
         the server's default). Raises ProtocolError(INVALID) for another, or when the server has
         no speech output."""
-        refusal = None if voice is None else unoffered(
-            self.svc.tts.voices if self.svc.tts is not None else None, voice)
+        refusal = (
+            None
+            if voice is None
+            else unoffered(self.svc.tts.voices if self.svc.tts is not None else None, voice)
+        )
         if refusal is not None:
             raise SessionRefused(ErrorCode.INVALID, refusal)
         self.voice = voice
@@ -395,8 +439,13 @@ class Session:
         self._check_text(output, "tool output")
         return self.history.add_output(call_id, output, item_id)
 
-    def reconfigure(self, settings: SessionSettings, auto_respond: bool, vad: VadConfig,
-                    turn: TurnConfig | None = None) -> None:
+    def reconfigure(
+        self,
+        settings: SessionSettings,
+        auto_respond: bool,
+        vad: VadConfig,
+        turn: TurnConfig | None = None,
+    ) -> None:
         """Change the session's settings mid-conversation (the Realtime API's session.update).
         A new input rate takes effect with the next audio; new VAD settings reset the endpointer."""
         self._check_text(settings.system_prompt, "instructions")
@@ -412,9 +461,14 @@ class Session:
         self.system_prompt = settings.system_prompt or self.cfg.llm.system_prompt
         self.max_new_tokens = settings.max_new_tokens or self.cfg.llm.max_new_tokens
 
-    def respond(self, max_new_tokens: int | None = None, instructions: str | None = None,
-                speak: bool | None = None, tool_choice: ToolChoice | None = None,
-                tools: tuple[ToolSpec, ...] | None = None) -> int:
+    def respond(
+        self,
+        max_new_tokens: int | None = None,
+        instructions: str | None = None,
+        speak: bool | None = None,
+        tool_choice: ToolChoice | None = None,
+        tools: tuple[ToolSpec, ...] | None = None,
+    ) -> int:
         """Reply to the conversation as it stands (no audio turn); returns the turn id. A reply
         still streaming is interrupted first. ``ttft_ms`` runs from this call.
         ``instructions`` replace the system prompt for this reply only; ``speak`` overrides whether
@@ -429,10 +483,18 @@ class Session:
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
-        turn = Turn(trace.turn_id, trace, system_prompt=instructions, speak=speak,
-                    tool_choice=tool_choice, tools=tools)
-        turn.task = asyncio.create_task(self._run_response(turn, previous, max_new_tokens),
-                                        name=f"response-{self.id}-{turn.turn_id}")
+        turn = Turn(
+            trace.turn_id,
+            trace,
+            system_prompt=instructions,
+            speak=speak,
+            tool_choice=tool_choice,
+            tools=tools,
+        )
+        turn.task = asyncio.create_task(
+            self._run_response(turn, previous, max_new_tokens),
+            name=f"response-{self.id}-{turn.turn_id}",
+        )
         self.turn = turn
         return turn.turn_id
 
@@ -443,16 +505,17 @@ class Session:
         failed = fut.cancelled() or fut.exception() is not None
         if self.turns.early_is_current(decode_id):
             # the transcript is also the text cue of a semantic judgement of this pause
-            decided = self.turns.early_done(decode_id, None if failed else fut.result().text,
-                                            now_ns())
+            decided = self.turns.early_done(
+                decode_id, None if failed else fut.result().text, now_ns()
+            )
             if decided:
-                asyncio.ensure_future(self._act_all(decided))
+                self._detach(self._act_all(decided))
         if not self.turns.early_is_current(decode_id) or failed or not fut.result().text:
             return
         messages = self._messages(fut.result().text)
         request = GenerationRequest(f"{self.id}-warm-{next(_request_ids)}", messages, 1, self.id)
         self.warm[decode_id] = request.request_id
-        asyncio.ensure_future(_drain(self.svc.engine.submit(request)))
+        self._detach(_drain(self.svc.engine.submit(request)))
 
     async def _act_all(self, actions: list) -> None:
         for action in actions:
@@ -471,7 +534,7 @@ class Session:
         ok = not fut.cancelled() and fut.exception() is None
         actions = self.turns.overlap_done(decode_id, fut.result().text if ok else None)
         if actions:
-            asyncio.ensure_future(self._act_all(actions))
+            self._detach(self._act_all(actions))
 
     def _barge_in(self) -> None:
         """Speech that interrupts (a BargeIn) stops the reply streaming, if any, and the audio
@@ -493,13 +556,14 @@ class Session:
             early = None
         asr = early if early is not None else self.svc.asr.submit(ended.audio, FINAL)
         if ended.overlap:  # the reply may have ended meanwhile: a backchannel still needs no answer
-            self._spawn(self._screen(ended, asr, early is not None, bool(warm_id)),
-                        f"screen-{self.id}-{ended.turn_id}")
+            self._spawn(
+                self._screen(ended, asr, early is not None, bool(warm_id)),
+                f"screen-{self.id}-{ended.turn_id}",
+            )
             return
         self._answer(ended, asr, early is not None, bool(warm_id))
 
-    async def _screen(self, ended: TurnEnded, asr: AsrHandle, early_asr: bool,
-                      warm: bool) -> None:
+    async def _screen(self, ended: TurnEnded, asr: AsrHandle, early_asr: bool, warm: bool) -> None:
         """Speech over a reply that has not interrupted it yet: a backchannel ("mm-hm") is let
         go (the reply goes on, nothing joins the conversation); anything else interrupts now and
         is answered."""
@@ -530,8 +594,9 @@ class Session:
         turn = Turn(ended.turn_id, trace)
         turn.early_asr = early_asr
         turn.early_prefill = early_asr and warm
-        turn.task = asyncio.create_task(self._run_turn(turn, asr, previous),
-                                        name=f"turn-{self.id}-{turn.turn_id}")
+        turn.task = asyncio.create_task(
+            self._run_turn(turn, asr, previous), name=f"turn-{self.id}-{turn.turn_id}"
+        )
         self.turn = turn
 
     # ------------------------------------------------------------ turns
@@ -561,8 +626,13 @@ class Session:
             if previous is not None and previous.task is not None:
                 await asyncio.gather(previous.task, return_exceptions=True)  # its history first
             if self.svc.draining:
-                await self.emit(ev.SessionError(ErrorCode.SHUTTING_DOWN.value,
-                                        "server is shutting down; no new turns", fatal=False))
+                await self.emit(
+                    ev.SessionError(
+                        ErrorCode.SHUTTING_DOWN.value,
+                        "server is shutting down; no new turns",
+                        fatal=False,
+                    )
+                )
                 return
             transcript = await asyncio.shield(asr.future)
         except asyncio.CancelledError:
@@ -570,7 +640,9 @@ class Session:
             raise
         except Exception as exc:
             log.exception("session %s: ASR failed", self.id)
-            await self.emit(ev.SessionError(ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}"))
+            await self.emit(
+                ev.SessionError(ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}")
+            )
             return
         trace = turn.trace
         trace.mark(Point.TRANSCRIPT)
@@ -579,24 +651,33 @@ class Session:
         if not transcript.text:
             await self.emit(ev.TranscriptFinal(turn.turn_id, ""))
             return  # no speech found: no reply
-        item = self.history.add(Role.USER, transcript.text[:self.history.max_text_chars])
+        item = self.history.add(Role.USER, transcript.text[: self.history.max_text_chars])
         await self.emit(ev.TranscriptFinal(turn.turn_id, transcript.text, item.item_id))
         if self.auto_respond:
             await self._reply(turn)
 
-    async def _run_response(self, turn: Turn, previous: Turn | None,
-                            max_new_tokens: int | None) -> None:
+    async def _run_response(
+        self, turn: Turn, previous: Turn | None, max_new_tokens: int | None
+    ) -> None:
         if previous is not None and previous.task is not None:
             await asyncio.gather(previous.task, return_exceptions=True)
         if self.svc.draining:
-            await self.emit(ev.SessionError(ErrorCode.SHUTTING_DOWN.value,
-                                    "server is shutting down; no new turns", fatal=False))
+            await self.emit(
+                ev.SessionError(
+                    ErrorCode.SHUTTING_DOWN.value,
+                    "server is shutting down; no new turns",
+                    fatal=False,
+                )
+            )
             return
         await self._reply(turn, max_new_tokens)
 
     def _messages(self, user_text: str) -> list[ChatMessage]:
-        return [ChatMessage("system", self.system_prompt), *self.history.messages(),
-                ChatMessage("user", user_text)]
+        return [
+            ChatMessage("system", self.system_prompt),
+            *self.history.messages(),
+            ChatMessage("user", user_text),
+        ]
 
     def _speech_out(self, turn: Turn) -> SpeechOut | None:
         fmt, worker = self.settings.output_audio, self.svc.tts
@@ -612,22 +693,31 @@ class Session:
             await self.emit(ev.ReplyAudio(turn.turn_id, seq, chunk.audio, chunk.text))
 
         tts = self.cfg.tts
-        return SpeechOut(worker, fmt, send, turn.trace, tts.first_clause_chars,
-                         tts.first_piece_words, self.voice)
+        return SpeechOut(
+            worker, fmt, send, turn.trace, tts.first_clause_chars, tts.first_piece_words, self.voice
+        )
 
     def _request(self, turn: Turn, max_new_tokens: int | None, round_: int) -> GenerationRequest:
         """The engine request for one round of a reply. The first round uses the turn's (else the
         session's) tool_choice; later rounds, after tool outputs, let the model choose (``auto``:
         a forced choice would call again forever), and the last allowed round offers no tool."""
-        messages = [ChatMessage("system", turn.system_prompt or self.system_prompt),
-                    *self.history.messages()]
+        messages = [
+            ChatMessage("system", turn.system_prompt or self.system_prompt),
+            *self.history.messages(),
+        ]
         tools = self.offered_tools(turn.tools)
         choice = (turn.tool_choice or self.tool_choice) if round_ == 0 else ToolChoice()
         if round_ >= self.cfg.tools.max_rounds or choice.mode is ToolChoiceMode.NONE:
             tools, choice = (), ToolChoice()
-        return GenerationRequest(f"{self.id}-{next(_request_ids)}", messages,
-                                 max_new_tokens or self.max_new_tokens, self.id, tools=tools,
-                                 tool_choice=choice, parallel_tool_calls=self.cfg.tools.parallel)
+        return GenerationRequest(
+            f"{self.id}-{next(_request_ids)}",
+            messages,
+            max_new_tokens or self.max_new_tokens,
+            self.id,
+            tools=tools,
+            tool_choice=choice,
+            parallel_tool_calls=self.cfg.tools.parallel,
+        )
 
     async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
         """Generate (and, when asked for, speak) the reply to the conversation in ``history``;
@@ -641,9 +731,17 @@ class Session:
         try:
             for round_ in range(self.cfg.tools.max_rounds + 1):
                 request = self._request(turn, max_new_tokens, round_)
-                reply = turn.reply = Reply(self.svc.engine, request, turn.turn_id, turn.trace,
-                                           self.emit, self._speech_out(turn), _Ids(self.history),
-                                           server, announce=round_ == 0)
+                reply = turn.reply = Reply(
+                    self.svc.engine,
+                    request,
+                    turn.turn_id,
+                    turn.trace,
+                    self.emit,
+                    self._speech_out(turn),
+                    _Ids(self.history),
+                    server,
+                    announce=round_ == 0,
+                )
                 try:
                     await reply.run()
                 finally:
@@ -651,9 +749,13 @@ class Session:
                     if out is not None:
                         tally.add(out, self._keep(out))
                 if out.broken_calls:
-                    await self.emit(ev.SessionError(ErrorCode.INVALID.value,
-                                                    f"{out.broken_calls} tool call(s) cut off "
-                                                    f"({out.reason}); not made", fatal=False))
+                    await self.emit(
+                        ev.SessionError(
+                            ErrorCode.INVALID.value,
+                            f"{out.broken_calls} tool call(s) cut off ({out.reason}); not made",
+                            fatal=False,
+                        )
+                    )
                 if not out.calls or not _calls_stand(out.reason) or turn.cancel_requested:
                     break
                 if any(c.name not in server for c in out.calls):
@@ -663,8 +765,13 @@ class Session:
                 await self._run_tools(turn, list(out.calls), tally)
                 if turn.cancel_requested:
                     break
-            if out is not None and out.reason == FinishReason.ERROR and not tally.texts \
-                    and not turn.cancel_requested and self.cfg.llm.apology:
+            if (
+                out is not None
+                and out.reason == FinishReason.ERROR
+                and not tally.texts
+                and not turn.cancel_requested
+                and self.cfg.llm.apology
+            ):
                 await self._say_aside(turn, tally, self.cfg.llm.apology)
         finally:
             if out is not None:
@@ -672,8 +779,11 @@ class Session:
 
     def _keep(self, out: ReplyOutcome) -> Item | None:
         """What a round sent joins the history: its text, then its calls. The text item, if any."""
-        item = (self.history.add(Role.ASSISTANT, out.text[:self.history.max_text_chars])
-                if out.text else None)
+        item = (
+            self.history.add(Role.ASSISTANT, out.text[: self.history.max_text_chars])
+            if out.text
+            else None
+        )
         for call in out.calls:
             self.history.add_call(call, out.call_items.get(call.call_id))
         return item
@@ -694,11 +804,14 @@ class Session:
             for run in runs:
                 run.cancel()
         for call, result in zip(calls, outcomes):
-            item = self.history.add_output(call.call_id, result.output[:self.history.max_text_chars])
+            item = self.history.add_output(
+                call.call_id, result.output[: self.history.max_text_chars]
+            )
             self.svc.metrics.tool_calls.labels("error" if result.error else "ok").inc()
             self.svc.metrics.tool_seconds.observe(result.seconds)
-            await self.emit(ev.ToolResult(turn.turn_id, call.call_id, result.output,
-                                          item.item_id, result.error))
+            await self.emit(
+                ev.ToolResult(turn.turn_id, call.call_id, result.output, item.item_id, result.error)
+            )
 
     async def _say_aside(self, turn: Turn, tally: ReplyTally, text: str) -> None:
         """Words of the server's own (the filler while tools run, the apology for a failed reply):
@@ -717,16 +830,37 @@ class Session:
 
     async def _reply_done(self, turn: Turn, out: ReplyOutcome, tally: ReplyTally) -> None:
         reason = turn.cancel_reason if turn.cancel_requested else out.reason
-        record = TurnRecord.from_trace(turn.trace, self.id, reason, tally.tokens,
-                                       self.cfg.telemetry.budget_ms, self._last_said())
+        record = TurnRecord.from_trace(
+            turn.trace,
+            self.id,
+            reason,
+            tally.tokens,
+            self.cfg.telemetry.budget_ms,
+            self._last_said(),
+        )
         self.svc.metrics.observe_turn(record)
         stages = record.stages
-        log.info("turn %s/%d %s tokens=%d prompt=%d %s", self.id, turn.turn_id, reason,
-                 tally.tokens, tally.prompt_tokens,
-                 " ".join(f"{k}={v:.1f}" for k, v in stages.items()))
-        await self.emit(ev.ReplyDone(turn.turn_id, tally.text, tally.tokens, tally.prompt_tokens,
-                                     ev.ReplyEnd(reason), tally.item_id, tally.waiting,
-                                     tally.item_offset))
+        log.info(
+            "turn %s/%d %s tokens=%d prompt=%d %s",
+            self.id,
+            turn.turn_id,
+            reason,
+            tally.tokens,
+            tally.prompt_tokens,
+            " ".join(f"{k}={v:.1f}" for k, v in stages.items()),
+        )
+        await self.emit(
+            ev.ReplyDone(
+                turn.turn_id,
+                tally.text,
+                tally.tokens,
+                tally.prompt_tokens,
+                ev.ReplyEnd(reason),
+                tally.item_id,
+                tally.waiting,
+                tally.item_offset,
+            )
+        )
         await self.emit(ev.TurnLatency(turn.turn_id, stages, turn.early_asr, turn.early_prefill))
 
     def idle(self) -> bool:

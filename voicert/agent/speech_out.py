@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Awaitable, Callable
 
 import numpy as np
 
@@ -44,9 +44,16 @@ class SpeechOut:
     text, then ``await`` :meth:`wait` until the last audio is sent. :meth:`cancel` (barge-in) drops
     queued pieces, stops the one being spoken and stops sending, at once."""
 
-    def __init__(self, worker: TtsWorker, fmt: OutputAudio, send: SendAudio, trace: TurnTrace,
-                 first_clause_chars: int = 24, first_piece_words: int = 0,
-                 voice: str | None = None) -> None:
+    def __init__(
+        self,
+        worker: TtsWorker,
+        fmt: OutputAudio,
+        send: SendAudio,
+        trace: TurnTrace,
+        first_clause_chars: int = 24,
+        first_piece_words: int = 0,
+        voice: str | None = None,
+    ) -> None:
         """``voice``: one of the worker's voice ids (None: its default); raises KeyError for
         another."""
         self.worker = worker.lane()  # this reply's pieces one after another: audio in order

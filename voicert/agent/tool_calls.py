@@ -113,7 +113,7 @@ class _Call:
                 self.args_from = m.end()
         if self.args_from is not None and self.name is not None and not self.args_scan.done:
             new = []
-            for ch in self.text[max(self._scanned, self.args_from):]:
+            for ch in self.text[max(self._scanned, self.args_from) :]:
                 if self.args_scan.done:
                     break
                 self.args_scan.push(ch)
@@ -173,7 +173,7 @@ class CallParser:
             if not self._started:
                 stripped = text.lstrip()
                 if stripped.startswith(PYTHON_TAG):  # Llama's marker of a call: not said
-                    text = stripped[len(PYTHON_TAG):]
+                    text = stripped[len(PYTHON_TAG) :]
                     continue
                 if not stripped or PYTHON_TAG.startswith(stripped):
                     self._held = text
@@ -187,11 +187,11 @@ class CallParser:
             if at >= 0:
                 self._say(text[:at], out)
                 self._call = _Call(self._count, HERMES_CLOSE)
-                text = text[at + len(HERMES_OPEN):]
+                text = text[at + len(HERMES_OPEN) :]
                 continue
             keep = _partial_suffix(text, HERMES_OPEN)
             self._say(text[: len(text) - keep], out)
-            self._held = text[len(text) - keep:]
+            self._held = text[len(text) - keep :]
             text = ""
         return out
 
@@ -212,7 +212,7 @@ class CallParser:
             for i, ch in enumerate(text):
                 out.extend(call.feed(ch))
                 if call.outer.done:
-                    rest = text[i + 1:]
+                    rest = text[i + 1 :]
                     break
             if not call.outer.done:
                 return ""

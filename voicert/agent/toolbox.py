@@ -16,8 +16,9 @@ import inspect
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 
@@ -52,10 +53,10 @@ def describe(fn: Callable[..., Any], name: str | None = None) -> Tool:
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
             raise TypeError(f"{fn.__qualname__}: parameter {pname} must be passable by keyword")
         typ = hints.get(pname, Any)
-        fields.append((pname, typ) if param.default is param.empty
-                      else (pname, typ, param.default))
-    args_type = msgspec.defstruct(f"{fn.__name__}_args", fields, forbid_unknown_fields=True,
-                                  kw_only=True)
+        fields.append((pname, typ) if param.default is param.empty else (pname, typ, param.default))
+    args_type = msgspec.defstruct(
+        f"{fn.__name__}_args", fields, forbid_unknown_fields=True, kw_only=True
+    )
     (schema,), defs = msgspec.json.schema_components([args_type], ref_template="#/$defs/{name}")
     params = dict(defs.pop(schema["$ref"].rsplit("/", 1)[1]))
     params.pop("title", None)
@@ -82,8 +83,9 @@ def load_function(ref: str) -> Callable[..., Any]:
     naming ``tools.functions``."""
     mod_name, _, fn_name = ref.rpartition(":")
     try:
-        module = _load_file(mod_name) if mod_name.endswith(".py") else \
-            importlib.import_module(mod_name)
+        module = (
+            _load_file(mod_name) if mod_name.endswith(".py") else importlib.import_module(mod_name)
+        )
     except Exception as exc:
         raise ConfigError(f"config tools.functions: cannot import {mod_name!r} ({exc})") from None
     fn = getattr(module, fn_name, None)
@@ -126,7 +128,7 @@ class Toolbox:
         self.timeout_s = timeout_s
 
     @classmethod
-    def from_config(cls, cfg: ToolsConfig) -> "Toolbox":
+    def from_config(cls, cfg: ToolsConfig) -> Toolbox:
         tools = []
         for ref in cfg.functions:
             try:
@@ -158,9 +160,11 @@ class Toolbox:
             kwargs = {f: getattr(args, f) for f in args.__struct_fields__}
             result = await asyncio.wait_for(self._invoke(tool.fn, kwargs), self.timeout_s)
             output, error = _as_text(result), False
-        except asyncio.TimeoutError:
-            output, error = json.dumps({"error": f"{call.name} timed out after "
-                                                 f"{self.timeout_s:g} s"}), True
+        except TimeoutError:
+            output, error = (
+                json.dumps({"error": f"{call.name} timed out after {self.timeout_s:g} s"}),
+                True,
+            )
         except Exception as exc:  # the tool's own failure: the model is told, the session lives
             log.warning("tool %s failed: %s", call.name, exc)
             output, error = json.dumps({"error": f"{type(exc).__name__}: {exc}"[:500]}), True

@@ -34,8 +34,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Union
 
 import numpy as np
 
@@ -101,8 +102,17 @@ class TurnJudged:
     verdict: Verdict  # complete: the TurnEnded follows
 
 
-Action = Union[SpeechStarted, SpeechStopped, StartDecode, DropDecode, TurnEnded, TranscriptPartial,
-               JudgeTurn, TurnJudged, BargeIn]
+Action = Union[
+    SpeechStarted,
+    SpeechStopped,
+    StartDecode,
+    DropDecode,
+    TurnEnded,
+    TranscriptPartial,
+    JudgeTurn,
+    TurnJudged,
+    BargeIn,
+]
 
 
 @dataclass(slots=True)
@@ -144,9 +154,15 @@ class TurnTaking:
     speech goes on (0: off). ``turn``: when an utterance is over (default: after
     ``vad.min_silence_ms`` of silence)."""
 
-    def __init__(self, vad: VadConfig, detection: Detection = Detection.SERVER_VAD,
-                 early_final_ms: int = 0, partial_interval_ms: int = 0,
-                 auto_respond: bool = True, turn: TurnConfig | None = None) -> None:
+    def __init__(
+        self,
+        vad: VadConfig,
+        detection: Detection = Detection.SERVER_VAD,
+        early_final_ms: int = 0,
+        partial_interval_ms: int = 0,
+        auto_respond: bool = True,
+        turn: TurnConfig | None = None,
+    ) -> None:
         self.vad = vad
         self.turn = turn or TurnConfig()
         self.detection = detection
@@ -178,8 +194,13 @@ class TurnTaking:
 
     # ------------------------------------------------------------ settings
 
-    def reconfigure(self, vad: VadConfig, detection: Detection, auto_respond: bool,
-                    turn: TurnConfig | None = None) -> None:
+    def reconfigure(
+        self,
+        vad: VadConfig,
+        detection: Detection,
+        auto_respond: bool,
+        turn: TurnConfig | None = None,
+    ) -> None:
         """New settings (Realtime ``session.update``); new VAD or turn settings reset the
         endpointer."""
         turn = turn or self.turn
@@ -201,9 +222,14 @@ class TurnTaking:
         """Audio received (16 kHz float32 [N]), before its VAD windows are scored."""
         self.audio.append(x16)
 
-    def on_windows(self, probs: np.ndarray, received_ns: int, decided_ns: int,
-                   asr_busy: Callable[[], bool] = lambda: False,
-                   replying: bool = False) -> list[Action]:
+    def on_windows(
+        self,
+        probs: np.ndarray,
+        received_ns: int,
+        decided_ns: int,
+        asr_busy: Callable[[], bool] = lambda: False,
+        replying: bool = False,
+    ) -> list[Action]:
         """Speech probabilities of the VAD windows the last pushed audio completed, in order.
         ``received_ns``: when that audio arrived; ``decided_ns``: now (the windows were scored).
         ``asr_busy``: whether the ASR worker has work queued (partials back off then).
@@ -337,8 +363,13 @@ class TurnTaking:
         decode_id = next(self._ids)
         deadline = received_ns + self.turn.interrupt_check_ms * 1_000_000
         self._overlap_check = _OverlapCheck(decode_id, deadline)
-        out.append(StartDecode(decode_id, DecodeKind.OVERLAP,
-                               self.audio.slice(self.utterance_start, self.audio.end)))
+        out.append(
+            StartDecode(
+                decode_id,
+                DecodeKind.OVERLAP,
+                self.audio.slice(self.utterance_start, self.audio.end),
+            )
+        )
 
     def _overlap_overdue(self, now_ns: int, out: list[Action]) -> None:
         check = self._overlap_check
@@ -374,8 +405,13 @@ class TurnTaking:
 
     def _maybe_start_early(self, out: list[Action]) -> None:
         ep, early_ms = self.endpointer, self._early_ms()
-        if (not early_ms or self._early is not None or not ep.in_speech
-                or self.detection is not Detection.SERVER_VAD or not self.auto_respond):
+        if (
+            not early_ms
+            or self._early is not None
+            or not ep.in_speech
+            or self.detection is not Detection.SERVER_VAD
+            or not self.auto_respond
+        ):
             return
         if (ep.window - ep.last_voiced) * WINDOW_MS < early_ms:
             return
@@ -387,8 +423,12 @@ class TurnTaking:
         """Semantic detection: at ``turn.pause_ms`` of silence, judge the utterance once. True
         when the verdict (already in) ended the turn."""
         ep = self.endpointer
-        if (not self.semantic or not ep.in_speech or self._judgement is not None
-                or (ep.window - ep.last_voiced) * WINDOW_MS < self.turn.pause_ms):
+        if (
+            not self.semantic
+            or not ep.in_speech
+            or self._judgement is not None
+            or (ep.window - ep.last_voiced) * WINDOW_MS < self.turn.pause_ms
+        ):
             return False
         early = self._early
         need_text = self.turn.text_cue and early is not None
@@ -433,8 +473,9 @@ class TurnTaking:
         if st is None or st.utterance_start != self.utterance_start:
             # the first one after an interval of speech: at its start there is nothing to hear,
             # and an empty decode would hold the worker while the first words arrive
-            st = self._partials = _Partials(LocalAgreement(), self.utterance_start,
-                                            ep.window + step)
+            st = self._partials = _Partials(
+                LocalAgreement(), self.utterance_start, ep.window + step
+            )
         if st.in_flight is not None or ep.window < st.next_window:
             return
         if asr_busy():
@@ -454,15 +495,18 @@ class TurnTaking:
             out.append(DropDecode(self._partials.in_flight, DecodeKind.PARTIAL))
         self._partials = None
 
-    def _end_turn(self, end: int, endpoint_ns: int, out: list[Action],
-                  heard_ns: int | None = None) -> None:
+    def _end_turn(
+        self, end: int, endpoint_ns: int, out: list[Action], heard_ns: int | None = None
+    ) -> None:
         self._drop_partials(out)
         self._judgement = None
         overlap, self._overlap_voiced = self._overlap_voiced is not None, None
         self._drop_overlap_check(out)  # the turn's own transcript screens it now
         early, self._early = self._early, None
-        if early is not None and not (early.utterance_start == self.utterance_start
-                                      and early.last_voiced == self.endpointer.last_voiced):
+        if early is not None and not (
+            early.utterance_start == self.utterance_start
+            and early.last_voiced == self.endpointer.last_voiced
+        ):
             out.append(DropDecode(early.decode_id, DecodeKind.EARLY))
             early = None
         audio = self.audio.slice(self.utterance_start, end)
@@ -472,6 +516,14 @@ class TurnTaking:
             if early is not None:
                 out.append(DropDecode(early.decode_id, DecodeKind.EARLY))
             return  # nothing to transcribe
-        out.append(TurnEnded(self.new_turn_id(), audio, self.last_voice_ns or endpoint_ns,
-                             endpoint_ns, early.decode_id if early is not None else None,
-                             overlap, heard_ns))
+        out.append(
+            TurnEnded(
+                self.new_turn_id(),
+                audio,
+                self.last_voice_ns or endpoint_ns,
+                endpoint_ns,
+                early.decode_id if early is not None else None,
+                overlap,
+                heard_ns,
+            )
+        )

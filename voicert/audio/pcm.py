@@ -24,8 +24,9 @@ def _alaw_table() -> np.ndarray:
     """G.711 A-law byte -> linear 16-bit value. [256]"""
     a = np.arange(256, dtype=np.int32) ^ 0x55
     exponent, mantissa = (a >> 4) & 0x07, a & 0x0F
-    magnitude = np.where(exponent == 0, (mantissa << 4) + 8,
-                         ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0))
+    magnitude = np.where(
+        exponent == 0, (mantissa << 4) + 8, ((mantissa << 4) + 0x108) << np.maximum(exponent - 1, 0)
+    )
     return np.where(a & 0x80, magnitude, -magnitude).astype(np.float32)
 
 
@@ -106,8 +107,11 @@ class Resampler:
     Output may lag input by the filter delay until ``last`` flushes it."""
 
     def __init__(self, rate_in: int, rate_out: int) -> None:
-        self._stream = None if rate_in == rate_out else soxr.ResampleStream(
-            rate_in, rate_out, 1, dtype="float32", quality="HQ")
+        self._stream = (
+            None
+            if rate_in == rate_out
+            else soxr.ResampleStream(rate_in, rate_out, 1, dtype="float32", quality="HQ")
+        )
 
     def __call__(self, x: np.ndarray, last: bool = False) -> np.ndarray:
         """[N] at rate_in -> [M] at rate_out; ``last`` flushes the filter's tail."""

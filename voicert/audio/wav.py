@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 G711 = {6: "alaw", 7: "mulaw"}  # WAVE format tags
 
 
@@ -18,8 +17,8 @@ def read_g711(path: str | Path) -> tuple[bytes, str, int, int] | None:
         return None
     pos, fmt, body = 12, None, None
     while pos + 8 <= len(data):
-        cid, size = data[pos:pos + 4], int.from_bytes(data[pos + 4:pos + 8], "little")
-        chunk = data[pos + 8:pos + 8 + size]
+        cid, size = data[pos : pos + 4], int.from_bytes(data[pos + 4 : pos + 8], "little")
+        chunk = data[pos + 8 : pos + 8 + size]
         if cid == b"fmt ":
             fmt = chunk
         elif cid == b"data":

@@ -24,14 +24,28 @@ from voicert.config import AsrConfig
 from voicert.core.speech import FINAL
 from voicert.speech.asr import WhisperAsr, embedded_whisper_dir, resolve_asr_model
 
-CLIPS = sorted(str(p) for p in (Path(__file__).resolve().parents[2] / "tests" / "data").glob("*.wav"))
+CLIPS = sorted(
+    str(p) for p in (Path(__file__).resolve().parents[2] / "tests" / "data").glob("*.wav")
+)
 SHAPES = {  # English-only Whisper shapes (same vocabulary as tiny.en)
-    "whisper-base-random": dict(d_model=512, encoder_layers=6, decoder_layers=6,
-                                encoder_attention_heads=8, decoder_attention_heads=8,
-                                encoder_ffn_dim=2048, decoder_ffn_dim=2048),
-    "whisper-small-random": dict(d_model=768, encoder_layers=12, decoder_layers=12,
-                                 encoder_attention_heads=12, decoder_attention_heads=12,
-                                 encoder_ffn_dim=3072, decoder_ffn_dim=3072),
+    "whisper-base-random": dict(
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+    ),
+    "whisper-small-random": dict(
+        d_model=768,
+        encoder_layers=12,
+        decoder_layers=12,
+        encoder_attention_heads=12,
+        decoder_attention_heads=12,
+        encoder_ffn_dim=3072,
+        decoder_ffn_dim=3072,
+    ),
 }
 
 
@@ -42,17 +56,25 @@ def random_ct2_model(name: str, out: Path, tokenizer_dir: Path) -> Path:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
     tiny = tokenizer_dir
-    cfg = WhisperConfig(vocab_size=51864, num_mel_bins=80, max_source_positions=1500,
-                        max_target_positions=448, decoder_start_token_id=50257,
-                        eos_token_id=50256, pad_token_id=50256, bos_token_id=50256,
-                        **SHAPES[name])
+    cfg = WhisperConfig(
+        vocab_size=51864,
+        num_mel_bins=80,
+        max_source_positions=1500,
+        max_target_positions=448,
+        decoder_start_token_id=50257,
+        eos_token_id=50256,
+        pad_token_id=50256,
+        bos_token_id=50256,
+        **SHAPES[name],
+    )
     torch.manual_seed(0)
     hf_dir = out / "hf"
     WhisperForConditionalGeneration(cfg).save_pretrained(hf_dir)
     shutil.copy(tiny / "tokenizer.json", hf_dir / "tokenizer.json")
     ct2_dir = out / "ct2"
-    ctranslate2.converters.TransformersConverter(str(hf_dir), copy_files=["tokenizer.json"]) \
-        .convert(str(ct2_dir), quantization="float16", force=True)
+    ctranslate2.converters.TransformersConverter(
+        str(hf_dir), copy_files=["tokenizer.json"]
+    ).convert(str(ct2_dir), quantization="float16", force=True)
     return ct2_dir
 
 
@@ -66,7 +88,9 @@ async def ours(asr: WhisperAsr, audios: list[np.ndarray], n: int, rounds: int) -
         t0 = time.perf_counter()
         handles = [asr.submit(audios[i % len(audios)], FINAL) for i in range(n)]
         for h in handles:
-            h.future.add_done_callback(lambda _f, t0=t0: out.append((time.perf_counter() - t0) * 1e3))
+            h.future.add_done_callback(
+                lambda _f, t0=t0: out.append((time.perf_counter() - t0) * 1e3)
+            )
         await asyncio.gather(*(h.future for h in handles))
     return out
 
@@ -77,9 +101,16 @@ def baseline(model_dir: str, device: str, compute: str, audios, n: int, rounds: 
     model = WhisperModel(model_dir, device=device, compute_type=compute, num_workers=n)
 
     def one(i: int, t0: float) -> float:
-        segments, _ = model.transcribe(audios[i % len(audios)], language="en", beam_size=1,
-                                       temperature=0.0, vad_filter=False, without_timestamps=True,
-                                       condition_on_previous_text=False, max_new_tokens=224)
+        segments, _ = model.transcribe(
+            audios[i % len(audios)],
+            language="en",
+            beam_size=1,
+            temperature=0.0,
+            vad_filter=False,
+            without_timestamps=True,
+            condition_on_previous_text=False,
+            max_new_tokens=224,
+        )
         " ".join(s.text for s in segments)
         return (time.perf_counter() - t0) * 1e3
 
@@ -94,14 +125,19 @@ def baseline(model_dir: str, device: str, compute: str, audios, n: int, rounds: 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.asr_batch", description=__doc__)
-    ap.add_argument("--model", default="embedded", help="embedded | CT2 dir | " + " | ".join(SHAPES))
+    ap.add_argument(
+        "--model", default="embedded", help="embedded | CT2 dir | " + " | ".join(SHAPES)
+    )
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--compute-type", default=None)
     ap.add_argument("--sessions", default="1,16,64")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--batch-window-ms", type=float, default=2.0)
-    ap.add_argument("--tokenizer-dir", help="CT2 Whisper dir whose tokenizer.json random models use "
-                    "(default: the embedded tiny.en)")
+    ap.add_argument(
+        "--tokenizer-dir",
+        help="CT2 Whisper dir whose tokenizer.json random models use "
+        "(default: the embedded tiny.en)",
+    )
     args = ap.parse_args(argv)
     compute = args.compute_type or ("float16" if args.device == "cuda" else "int8")
     tmp = None
@@ -114,19 +150,30 @@ def main(argv: list[str] | None = None) -> int:
         model_dir, label = str(resolve_asr_model(args.model)), f"{args.model} ({compute})"
     audios = [read_wav(c)[0] for c in CLIPS]
     levels = [int(s) for s in args.sessions.split(",")]
-    asr = WhisperAsr(AsrConfig(device=args.device, compute_type=compute,
-                               batch_window_ms=args.batch_window_ms, max_batch=max(levels)),
-                     model_dir)
+    asr = WhisperAsr(
+        AsrConfig(
+            device=args.device,
+            compute_type=compute,
+            batch_window_ms=args.batch_window_ms,
+            max_batch=max(levels),
+        ),
+        model_dir,
+    )
     asr.warmup()
     print(f"model: {label}; device {args.device}; {args.rounds} rounds")
-    print("| sessions | voicert batched P50 ms | P99 ms | per-session transcribe() P50 ms | P99 ms "
-          "| P50 ratio |")
+    print(
+        "| sessions | voicert batched P50 ms | P99 ms | per-session transcribe() P50 ms | P99 ms "
+        "| P50 ratio |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for n in levels:
         a = asyncio.run(ours(asr, audios, n, args.rounds))
         b = baseline(model_dir, args.device, compute, audios, n, args.rounds)
-        print(f"| {n} | {pct(a, 50):.1f} | {pct(a, 99):.1f} | {pct(b, 50):.1f} | {pct(b, 99):.1f} "
-              f"| {pct(b, 50) / pct(a, 50):.1f}x |", flush=True)
+        print(
+            f"| {n} | {pct(a, 50):.1f} | {pct(a, 99):.1f} | {pct(b, 50):.1f} | {pct(b, 99):.1f} "
+            f"| {pct(b, 50) / pct(a, 50):.1f}x |",
+            flush=True,
+        )
     sizes = asr.drain_batch_sizes()
     print(f"batch sizes seen by the worker: max {max(sizes)}, mean {sum(sizes) / len(sizes):.1f}")
     asr.close()

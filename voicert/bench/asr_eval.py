@@ -25,8 +25,21 @@ from voicert.audio.wav import read_g711, read_wav
 from voicert.protocol import native as p
 
 EVAL_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "eval"
-_NUMBERS = {"0": "zero", "1": "one", "2": "two", "3": "three", "4": "four", "5": "five", "6": "six",
-            "7": "seven", "8": "eight", "9": "nine", "10": "ten", "11": "eleven", "12": "twelve"}
+_NUMBERS = {
+    "0": "zero",
+    "1": "one",
+    "2": "two",
+    "3": "three",
+    "4": "four",
+    "5": "five",
+    "6": "six",
+    "7": "seven",
+    "8": "eight",
+    "9": "nine",
+    "10": "ten",
+    "11": "eleven",
+    "12": "twelve",
+}
 
 
 def normalize(text: str) -> list[str]:
@@ -98,14 +111,15 @@ async def stream_one(url: str, utt: Utterance, timeout: float = 60.0) -> str:
         speech, silence = encode_pcm16(x), bytes(2 * rate)
         step = rate // 50 * 2
     async with connect(url) as ws:
-        await ws.send(p.encode(p.SessionStart(sample_rate=rate, encoding=encoding,
-                                              max_new_tokens=1)))
+        await ws.send(
+            p.encode(p.SessionStart(sample_rate=rate, encoding=encoding, max_new_tokens=1))
+        )
         # speech as fast as it goes, the trailing second of silence at real-time pace: the
         # endpointing then runs as in a live call (the early final decode has time to start)
         for i in range(0, len(speech), step):
-            await ws.send(p.encode(p.Audio(speech[i:i + step])))
+            await ws.send(p.encode(p.Audio(speech[i : i + step])))
         for i in range(0, len(silence), step):
-            await ws.send(p.encode(p.Audio(silence[i:i + step])))
+            await ws.send(p.encode(p.Audio(silence[i : i + step])))
             await asyncio.sleep(0.02)
         while True:
             ev = p.decode_server(await asyncio.wait_for(ws.recv(), timeout))
@@ -116,9 +130,15 @@ async def stream_one(url: str, utt: Utterance, timeout: float = 60.0) -> str:
 
 
 def offline(model, utt: Utterance) -> str:
-    segments, _ = model.transcribe(audio_16k(utt.path), language="en", beam_size=1,
-                                   temperature=0.0, vad_filter=False,
-                                   condition_on_previous_text=False, without_timestamps=True)
+    segments, _ = model.transcribe(
+        audio_16k(utt.path),
+        language="en",
+        beam_size=1,
+        temperature=0.0,
+        vad_filter=False,
+        condition_on_previous_text=False,
+        without_timestamps=True,
+    )
     return " ".join(s.text.strip() for s in segments)
 
 
@@ -134,8 +154,15 @@ async def evaluate(url: str, model, utts: list[Utterance], callers: int = 4) -> 
     streaming = await asyncio.gather(*(streamed(u) for u in utts))
     rows = []
     for u, text in zip(utts, streaming):
-        rows.append({"id": u.id, "condition": u.condition, "reference": u.text,
-                     "streaming": text, "offline": await asyncio.to_thread(offline, model, u)})
+        rows.append(
+            {
+                "id": u.id,
+                "condition": u.condition,
+                "reference": u.text,
+                "streaming": text,
+                "offline": await asyncio.to_thread(offline, model, u),
+            }
+        )
     conditions = sorted({r["condition"] for r in rows})
     table = {}
     for cond in [*conditions, "all"]:
@@ -144,21 +171,31 @@ async def evaluate(url: str, model, utts: list[Utterance], callers: int = 4) -> 
         whole = [(r["reference"], r["offline"]) for r in sel]
         table[cond] = {"n": len(sel), "streaming_wer": wer(live), "offline_wer": wer(whole)}
         try:  # as ASR papers count (numbers as digits on both sides); where installed
-            table[cond] |= {"streaming_wer_whisper_norm": wer(live, whisper_normalize),
-                            "offline_wer_whisper_norm": wer(whole, whisper_normalize)}
+            table[cond] |= {
+                "streaming_wer_whisper_norm": wer(live, whisper_normalize),
+                "offline_wer_whisper_norm": wer(whole, whisper_normalize),
+            }
         except ImportError:
             pass
     return {"rows": rows, "wer": table}
 
 
 def markdown(result: dict) -> str:
-    lines = ["| condition | utterances | streaming WER % | offline WER % | difference | "
-             "streaming / offline, Whisper-normalized |", "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| condition | utterances | streaming WER % | offline WER % | difference | "
+        "streaming / offline, Whisper-normalized |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for cond, w in result["wer"].items():
-        norm = (f"{w['streaming_wer_whisper_norm']:.1f} / {w['offline_wer_whisper_norm']:.1f}"
-                if "offline_wer_whisper_norm" in w else "-")
-        lines.append(f"| {cond} | {w['n']} | {w['streaming_wer']:.1f} | {w['offline_wer']:.1f} | "
-                     f"{w['streaming_wer'] - w['offline_wer']:+.1f} | {norm} |")
+        norm = (
+            f"{w['streaming_wer_whisper_norm']:.1f} / {w['offline_wer_whisper_norm']:.1f}"
+            if "offline_wer_whisper_norm" in w
+            else "-"
+        )
+        lines.append(
+            f"| {cond} | {w['n']} | {w['streaming_wer']:.1f} | {w['offline_wer']:.1f} | "
+            f"{w['streaming_wer'] - w['offline_wer']:+.1f} | {norm} |"
+        )
     return "\n".join(lines)
 
 
@@ -178,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(result))
     for r in result["rows"]:
         if normalize(r["streaming"]) != normalize(r["reference"]):
-            print(f"{r['id']} [{r['condition']}] ref: {r['reference']!r} stream: {r['streaming']!r}")
+            print(
+                f"{r['id']} [{r['condition']}] ref: {r['reference']!r} stream: {r['streaming']!r}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

@@ -20,8 +20,12 @@ import numpy as np
 from loadgen.caller import Caller, CallerStats
 from voicert.client import load_for_streaming
 
-CLIPS = ["tests/data/capital_of_france.wav", "tests/data/what_about_germany.wav",
-         "tests/data/weather_question.wav", "tests/data/tell_me_a_joke.wav"]
+CLIPS = [
+    "tests/data/capital_of_france.wav",
+    "tests/data/what_about_germany.wav",
+    "tests/data/weather_question.wav",
+    "tests/data/tell_me_a_joke.wav",
+]
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -32,8 +36,18 @@ async def ours(url: str, clips, sessions: int, rounds: int) -> list[float]:
     out: list[float] = []
     for r in range(rounds):
         stats = CallerStats()
-        callers = [Caller(url, clips, turns=1, think_s=0, turn_timeout_s=120, concurrency=sessions,
-                          seed=r * 100 + i) for i in range(sessions)]
+        callers = [
+            Caller(
+                url,
+                clips,
+                turns=1,
+                think_s=0,
+                turn_timeout_s=120,
+                concurrency=sessions,
+                seed=r * 100 + i,
+            )
+            for i in range(sessions)
+        ]
         stop = time.monotonic() + 600
         await asyncio.gather(*(c.session(stats, stop) for c in callers))
         out += [t.stages["asr_ms"] for t in stats.turns if "asr_ms" in t.stages]
@@ -48,9 +62,14 @@ def baseline(model_dir: str, clips, sessions: int, rounds: int) -> list[float]:
 
     def one(i: int) -> float:
         t0 = time.perf_counter()
-        segments, _ = model.transcribe(audios[i % len(audios)], language="en", beam_size=1,
-                                       vad_filter=False, without_timestamps=True,
-                                       condition_on_previous_text=False)
+        segments, _ = model.transcribe(
+            audios[i % len(audios)],
+            language="en",
+            beam_size=1,
+            vad_filter=False,
+            without_timestamps=True,
+            condition_on_previous_text=False,
+        )
         " ".join(s.text for s in segments)
         return (time.perf_counter() - t0) * 1000
 
@@ -72,14 +91,19 @@ def main(argv: list[str] | None = None) -> int:
     from voicert.speech.asr import resolve_asr_model
 
     clips = [load_for_streaming(c) for c in CLIPS]
-    print("| sessions | voicert endpoint->final P50 ms | P99 ms | per-session faster-whisper P50 ms "
-          "| P99 ms | P50 ratio |")
+    print(
+        "| sessions | voicert endpoint->final P50 ms | P99 ms | per-session faster-whisper P50 ms "
+        "| P99 ms | P50 ratio |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for n in [int(s) for s in args.sessions.split(",")]:
         a = asyncio.run(ours(args.url, clips, n, args.rounds))
         b = baseline(str(resolve_asr_model(args.asr)), clips, n, args.rounds)
-        print(f"| {n} | {pct(a, 50):.1f} | {pct(a, 99):.1f} | {pct(b, 50):.1f} | {pct(b, 99):.1f} | "
-              f"{pct(b, 50) / pct(a, 50):.1f}x |", flush=True)
+        print(
+            f"| {n} | {pct(a, 50):.1f} | {pct(a, 99):.1f} | {pct(b, 50):.1f} | {pct(b, 99):.1f} | "
+            f"{pct(b, 50) / pct(a, 50):.1f}x |",
+            flush=True,
+        )
     return 0
 
 

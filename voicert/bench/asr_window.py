@@ -29,7 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from voicert.audio.wav import read_wav
-from voicert.bench.asr_eval import audio_16k, load_set as load_eval_set, wer
+from voicert.bench.asr_eval import audio_16k, wer
+from voicert.bench.asr_eval import load_set as load_eval_set
 from voicert.bench.turns import load_set
 from voicert.config import AsrConfig
 from voicert.speech.asr import WINDOW_S, max_tokens, pad_mel, window_frames
@@ -50,7 +51,7 @@ def pause_start(audio: np.ndarray, tail_s: float = 0.5) -> int:
     """Sample index where the longest quiet stretch (10 ms frames under -40 dBFS RMS) that ends
     more than ``tail_s`` before the clip's end begins: the pause inside an utterance."""
     frames = audio[: audio.size // 160 * 160].reshape(-1, 160)  # [F, 160]
-    quiet = np.sqrt((frames ** 2).mean(axis=1)) < 0.01
+    quiet = np.sqrt((frames**2).mean(axis=1)) < 0.01
     best, run, end = 0, 0, 0
     for i, q in enumerate(quiet):
         run = run + 1 if q else 0
@@ -97,9 +98,13 @@ class Decoder:
             feats = np.pad(mel, ((0, 0), (0, max(0, width - mel.shape[-1]))))[:, :width]
         enc = model.encode(feats[None].astype(np.float32))  # [1, width / 2, d]
         res = model.model.generate(
-            enc, [asr.prompt], beam_size=1,
+            enc,
+            [asr.prompt],
+            beam_size=1,
             max_length=max_tokens(audio.size / 16000, len(asr.prompt)),
-            suppress_blank=True, suppress_tokens=asr.suppress)[0]
+            suppress_blank=True,
+            suppress_tokens=asr.suppress,
+        )[0]
         ms = (time.perf_counter_ns() - t0) / 1e6
         tokens = [t for t in res.sequences_ids[0] if t < asr.tokenizer.eot]
         return asr.tokenizer.decode(tokens).strip(), ms
@@ -108,8 +113,14 @@ class Decoder:
         self.asr.close()
 
 
-def row(dec: Decoder, window_s: float, pad: str, clips: list[tuple[np.ndarray, str]],
-        pauses: list[PauseClip], demo: np.ndarray) -> dict:
+def row(
+    dec: Decoder,
+    window_s: float,
+    pad: str,
+    clips: list[tuple[np.ndarray, str]],
+    pauses: list[PauseClip],
+    demo: np.ndarray,
+) -> dict:
     times, pairs = [], []
     for audio, ref in clips:
         text, ms = dec.text(audio, window_s, pad)
@@ -117,26 +128,43 @@ def row(dec: Decoder, window_s: float, pad: str, clips: list[tuple[np.ndarray, s
         times.append(ms)
     halves = [dec.text(p.first, window_s, pad)[0] for p in pauses]
     whole = [(p.text, dec.text(p.whole, window_s, pad)[0]) for p in pauses]
-    return {"window_s": window_s, "pad": pad, "wer": wer(pairs), "pause_wer": wer(whole),
-            "decode_p50": statistics.median(times), "held": sum(continues(h) for h in halves),
-            "halves": halves, "demo": dec.text(demo, window_s, pad)[0], "clips": len(pairs)}
+    return {
+        "window_s": window_s,
+        "pad": pad,
+        "wer": wer(pairs),
+        "pause_wer": wer(whole),
+        "decode_p50": statistics.median(times),
+        "held": sum(continues(h) for h in halves),
+        "halves": halves,
+        "demo": dec.text(demo, window_s, pad)[0],
+        "clips": len(pairs),
+    }
 
 
 def markdown(rows: list[dict], pauses: int) -> str:
-    out = ["| window | padding | WER, eval + complete questions | WER, pause utterances whole | "
-           "decode P50 | first halves held by the text cue | the demo question heard as |",
-           "|---|---|---:|---:|---:|---:|---|"]
+    out = [
+        "| window | padding | WER, eval + complete questions | WER, pause utterances whole | "
+        "decode P50 | first halves held by the text cue | the demo question heard as |",
+        "|---|---|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
-        out.append(f"| {r['window_s']:g} s | {r['pad']} | {r['wer']:.1f} % ({r['clips']} clips) | "
-                   f"{r['pause_wer']:.1f} % | {r['decode_p50']:.0f} ms | {r['held']} / {pauses} | "
-                   f"{r['demo']} |")
+        out.append(
+            f"| {r['window_s']:g} s | {r['pad']} | {r['wer']:.1f} % ({r['clips']} clips) | "
+            f"{r['pause_wer']:.1f} % | {r['decode_p50']:.0f} ms | {r['held']} / {pauses} | "
+            f"{r['demo']} |"
+        )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m voicert.bench.asr_window", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--windows", default="30,8", help="encoder windows in seconds (30 = as trained)")
+    ap = argparse.ArgumentParser(
+        prog="python -m voicert.bench.asr_window",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--windows", default="30,8", help="encoder windows in seconds (30 = as trained)"
+    )
     ap.add_argument("--pads", default="silence,zero", help="silence (the server's) and/or zero")
     ap.add_argument("--asr", default="embedded", help="a CTranslate2 Whisper dir")
     ap.add_argument("--halves", action="store_true", help="print each row's first-half transcripts")

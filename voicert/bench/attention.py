@@ -28,8 +28,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -56,7 +56,7 @@ class Case:
         return "decode" if self.new == 1 else "verify" if self.new <= 4 else "prefill"
 
     @classmethod
-    def parse(cls, text: str) -> "Case":
+    def parse(cls, text: str) -> Case:
         """``BxNxL``: batch x new tokens x context, e.g. ``8x1x600``."""
         try:
             b, n, ctx = (int(v) for v in text.lower().split("x"))
@@ -67,9 +67,20 @@ class Case:
         return cls(b, n, ctx)
 
 
-DEFAULT_CASES = ("1x1x600", "8x1x600", "32x1x1024", "64x1x2048", "1x1x4096",  # decode
-                 "1x3x600", "16x3x1024",  # verify (2 drafts)
-                 "1x32x600", "1x128x600", "1x600x600", "4x128x600", "16x64x1024")  # prefill
+DEFAULT_CASES = (
+    "1x1x600",
+    "8x1x600",
+    "32x1x1024",
+    "64x1x2048",
+    "1x1x4096",  # decode
+    "1x3x600",
+    "16x3x1024",  # verify (2 drafts)
+    "1x32x600",
+    "1x128x600",
+    "1x600x600",
+    "4x128x600",
+    "16x64x1024",
+)  # prefill
 
 
 @dataclass
@@ -88,8 +99,14 @@ class Pool:
         return self.k.shape[1]
 
 
-def make_pool(case: Case, heads: tuple[int, int, int], block_size: int, dtype: torch.dtype,
-              device: str, seed: int = 0) -> Pool:
+def make_pool(
+    case: Case,
+    heads: tuple[int, int, int],
+    block_size: int,
+    dtype: torch.dtype,
+    device: str,
+    seed: int = 0,
+) -> Pool:
     h, kvh, d = heads
     g = torch.Generator(device="cpu").manual_seed(seed)
     per_row = -(-case.context // block_size)
@@ -131,14 +148,19 @@ def reference(pool: Pool, heads: tuple[int, int, int]) -> torch.Tensor:
     keys = pool.k.index_select(0, pool.tables.view(-1)).view(b, span, kvh, d).float()
     vals = pool.v.index_select(0, pool.tables.view(-1)).view(b, span, kvh, d).float()
     mask = causal_mask(pool.positions, span, torch.float32)  # [B, 1, Q, L]
-    out = F.scaled_dot_product_attention(pool.q.float().transpose(1, 2), keys.transpose(1, 2),
-                                         vals.transpose(1, 2), attn_mask=mask,
-                                         enable_gqa=h != kvh)  # [B, H, Q, D]
+    out = F.scaled_dot_product_attention(
+        pool.q.float().transpose(1, 2),
+        keys.transpose(1, 2),
+        vals.transpose(1, 2),
+        attn_mask=mask,
+        enable_gqa=h != kvh,
+    )  # [B, H, Q, D]
     return out.transpose(1, 2).reshape(b, q_len, h * d)
 
 
-def backend(name: str, pool: Pool, heads: tuple[int, int, int],
-            flash_splits: int = 1) -> Callable[[], torch.Tensor]:
+def backend(
+    name: str, pool: Pool, heads: tuple[int, int, int], flash_splits: int = 1
+) -> Callable[[], torch.Tensor]:
     """A call of backend ``name`` on ``pool`` returning [B, Q, H * D]. ``flash_splits``: FA4's
     ``num_splits`` (1: one program per row's keys, as the engine calls it; 0: its heuristic)."""
     h, kvh, d = heads
@@ -147,15 +169,26 @@ def backend(name: str, pool: Pool, heads: tuple[int, int, int],
         from voicert.engine.gpu import kernels
 
         count = kernels.counters(pool.q.device)
-        return lambda: kernels.paged_attention(pool.qkv, pool.k, pool.v, pool.tables,
-                                               pool.positions, h, kvh, count)
+        return lambda: kernels.paged_attention(
+            pool.qkv, pool.k, pool.v, pool.tables, pool.positions, h, kvh, count
+        )
     if name == "gather+sdpa":
-        from voicert.engine.models.layers import AttnInputs, Attention, causal_mask
+        from voicert.engine.models.layers import Attention, AttnInputs, causal_mask
         from voicert.engine.models.llama import LlamaConfig
 
-        cfg = LlamaConfig(vocab_size=1, hidden_size=h * d, intermediate_size=1, num_layers=1,
-                          num_heads=h, num_kv_heads=kvh, head_dim=d, rms_norm_eps=1e-5,
-                          rope_theta=1e4, max_position=1 << 16, tie_word_embeddings=True)
+        cfg = LlamaConfig(
+            vocab_size=1,
+            hidden_size=h * d,
+            intermediate_size=1,
+            num_layers=1,
+            num_heads=h,
+            num_kv_heads=kvh,
+            head_dim=d,
+            rms_norm_eps=1e-5,
+            rope_theta=1e4,
+            max_position=1 << 16,
+            tie_word_embeddings=True,
+        )
         layer = Attention(cfg)
         inp = AttnInputs(pool.positions, pool.positions.view(-1), pool.tables)
         mask = causal_mask(pool.positions, pool.tables.shape[1] * pool.block_size, pool.q.dtype)
@@ -169,8 +202,16 @@ def backend(name: str, pool: Pool, heads: tuple[int, int, int],
         q = pool.q.contiguous()  # [B, Q, H, D]
 
         def call() -> torch.Tensor:
-            out = flash_attn_varlen_func(q, paged.k, paged.v, seqused_k=used, page_table=table,
-                                         max_seqlen_q=q_len, causal=True, num_splits=flash_splits)
+            out = flash_attn_varlen_func(
+                q,
+                paged.k,
+                paged.v,
+                seqused_k=used,
+                page_table=table,
+                max_seqlen_q=q_len,
+                causal=True,
+                num_splits=flash_splits,
+            )
             out = out[0] if isinstance(out, tuple) else out
             return out.reshape(b, q_len, h * d)
 
@@ -213,37 +254,57 @@ def baseline(case: Case) -> str:
 
 
 def render(label: str, results: list[tuple[Case, dict[str, Figure]]], backends) -> str:
-    head = ("| phase | batch x new x context | " + " | ".join(backends)
-            + " | fastest, against the baseline |")
-    lines = [f"### {label}", "", "GPU time per call, P50 (P99), in a CUDA graph; max |error| "
-             "against float32 SDPA", "", head, "|---|---|" + "---:|" * len(backends) + "---|"]
+    head = (
+        "| phase | batch x new x context | "
+        + " | ".join(backends)
+        + " | fastest, against the baseline |"
+    )
+    lines = [
+        f"### {label}",
+        "",
+        "GPU time per call, P50 (P99), in a CUDA graph; max |error| against float32 SDPA",
+        "",
+        head,
+        "|---|---|" + "---:|" * len(backends) + "---|",
+    ]
     for case, row in results:
         cells = []
         for name in backends:
             f = row.get(name, Figure(note="-"))
-            cells.append(f.note if f.p50_us is None else
-                         f"{f.p50_us:.1f} ({f.p99_us:.1f}) us, err {f.max_err:.0e}")
+            cells.append(
+                f.note
+                if f.p50_us is None
+                else f"{f.p50_us:.1f} ({f.p99_us:.1f}) us, err {f.max_err:.0e}"
+            )
         timed = {n: f.p50_us for n, f in row.items() if f.p50_us is not None}
         base = baseline(case)
         best = min(timed, key=timed.get) if timed else "-"
-        ratio = (f"{best}, {timed[base] / timed[best]:.2f}x"
-                 if timed and base in timed else best)
-        lines.append(f"| {case.phase} | {case.batch} x {case.new} x {case.context} | "
-                     + " | ".join(cells) + f" | {ratio} |")
+        ratio = f"{best}, {timed[base] / timed[best]:.2f}x" if timed and base in timed else best
+        lines.append(
+            f"| {case.phase} | {case.batch} x {case.new} x {case.context} | "
+            + " | ".join(cells)
+            + f" | {ratio} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m voicert.bench.attention",
-                                 description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m voicert.bench.attention", description=__doc__.split("\n\n")[0]
+    )
     ap.add_argument("--shape", default="llama-1b", choices=sorted(HEADS))
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16"))
     ap.add_argument("--block-size", type=int, default=16, help="the engine's llm.block_size")
-    ap.add_argument("--cases", default=",".join(DEFAULT_CASES),
-                    help="comma-separated BATCHxNEWxCONTEXT")
+    ap.add_argument(
+        "--cases", default=",".join(DEFAULT_CASES), help="comma-separated BATCHxNEWxCONTEXT"
+    )
     ap.add_argument("--backends", default=",".join(BACKENDS))
-    ap.add_argument("--flash-splits", type=int, default=1,
-                    help="FA4's num_splits (1: as the engine calls it; 0: FA4's heuristic)")
+    ap.add_argument(
+        "--flash-splits",
+        type=int,
+        default=1,
+        help="FA4's num_splits (1: as the engine calls it; 0: FA4's heuristic)",
+    )
     ap.add_argument("--calls", type=int, default=20, help="calls per captured graph")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--json", action="store_true")
@@ -253,14 +314,18 @@ def main(argv: list[str] | None = None) -> int:
         args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
         unknown = set(args.backends) - set(BACKENDS)
         if unknown:
-            raise ValueError(f"--backends: unknown {sorted(unknown)} (known: {', '.join(BACKENDS)})")
+            raise ValueError(
+                f"--backends: unknown {sorted(unknown)} (known: {', '.join(BACKENDS)})"
+            )
         if args.block_size not in (8, 16, 32, 64, 128, 256):
             raise ValueError("--block-size must be one of 8, 16, 32, 64, 128, 256")
     except ValueError as exc:
         ap.error(str(exc))
     if not torch.cuda.is_available():
-        print("bench.attention: needs a CUDA GPU (the kernels it compares run only there)",
-              file=sys.stderr)
+        print(
+            "bench.attention: needs a CUDA GPU (the kernels it compares run only there)",
+            file=sys.stderr,
+        )
         return 2
     heads = HEADS[args.shape]
     from voicert.engine.gpu.flash import unavailable
@@ -270,13 +335,26 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         results.append((case, measure(case, heads, args, flash_missing)))
         print(f"attention: {case} done", file=sys.stderr, flush=True)
-    label = (f"{args.shape} attention ({heads[0]} query heads, {heads[1]} KV heads, head dim "
-             f"{heads[2]}), {args.dtype}, KV blocks of {args.block_size}, FA4 num_splits "
-             f"{args.flash_splits}, {torch.cuda.get_device_name()}")
+    label = (
+        f"{args.shape} attention ({heads[0]} query heads, {heads[1]} KV heads, head dim "
+        f"{heads[2]}), {args.dtype}, KV blocks of {args.block_size}, FA4 num_splits "
+        f"{args.flash_splits}, {torch.cuda.get_device_name()}"
+    )
     if args.json:
-        print(json.dumps({"label": label, "rows": [
-            {"case": vars(c) | {"phase": c.phase},
-             "backends": {n: vars(f) for n, f in row.items()}} for c, row in results]}))
+        print(
+            json.dumps(
+                {
+                    "label": label,
+                    "rows": [
+                        {
+                            "case": vars(c) | {"phase": c.phase},
+                            "backends": {n: vars(f) for n, f in row.items()},
+                        }
+                        for c, row in results
+                    ],
+                }
+            )
+        )
     else:
         print(render(label, results, args.backends))
         if flash_missing:

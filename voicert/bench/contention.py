@@ -30,8 +30,9 @@ def _hog(spec: str, active, ready, count) -> None:
         audio = (np.random.default_rng(0).standard_normal(32000) * 0.05).astype(np.float32)
 
         def once() -> None:
-            segments, _ = model.transcribe(audio, beam_size=1, without_timestamps=True,
-                                           condition_on_previous_text=False)
+            segments, _ = model.transcribe(
+                audio, beam_size=1, without_timestamps=True, condition_on_previous_text=False
+            )
             list(segments)
     else:
         import torch
@@ -42,6 +43,7 @@ def _hog(spec: str, active, ready, count) -> None:
             for _ in range(16):
                 a @ a
             torch.cuda.synchronize()
+
     once()
     ready.set()
     while True:
@@ -55,8 +57,9 @@ async def _request(engine, prompt: list[int], new: int) -> tuple[float, float]:
     """(TTFT ms, mean TPOT ms) of one request, client side."""
     from voicert.core.llm import GenerationRequest
 
-    req = GenerationRequest(f"c-{time.perf_counter_ns()}", [], new, ignore_eos=True,
-                            prompt_ids=prompt)
+    req = GenerationRequest(
+        f"c-{time.perf_counter_ns()}", [], new, ignore_eos=True, prompt_ids=prompt
+    )
     times = [ev_time async for ev_time in _times(engine.submit(req))]
     return (times[0] - req.submit_ns) / 1e6, (times[-1] - times[0]) / 1e6 / max(len(times) - 1, 1)
 
@@ -72,16 +75,19 @@ def _measure(engine, rng, reps: int, new: int) -> tuple[list[float], list[float]
 
     async def run():
         await _request(engine, prefix + rng.integers(100, 30000, 100).tolist(), 4)  # cache it
-        out = [await _request(engine, prefix + rng.integers(100, 30000, 100).tolist(), new)
-               for _ in range(reps)]
+        out = [
+            await _request(engine, prefix + rng.integers(100, 30000, 100).tolist(), new)
+            for _ in range(reps)
+        ]
         return [a for a, _ in out], [b for _, b in out]
+
     return asyncio.run(run())
 
 
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, pct
+    from voicert.bench.engine import SHAPES, _NullTokenizer, pct, shape_config
     from voicert.engine.build import EngineConfig
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, load_llama, random_llama
@@ -94,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.model in SHAPES:
         label = f"{args.model} (RANDOM WEIGHTS, timing only)"
-        model = random_llama(LlamaConfig.from_hf(shape_config(args.model)),
-                             torch.bfloat16, "cuda")
+        model = random_llama(LlamaConfig.from_hf(shape_config(args.model)), torch.bfloat16, "cuda")
     else:
         label, model = args.model, load_llama(args.model, torch.bfloat16, "cuda")
     tok = _NullTokenizer(model.cfg.vocab_size)
@@ -107,10 +112,20 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the GPU hog did not start")
     rows = []
     for graphs in (False, True):
-        engine = LLMEngine("", EngineConfig(device="cuda", dtype="bfloat16", kv_memory_gb=2,
-                                            cuda_graphs=graphs, max_batch=8,
-                                            max_context_tokens=2048, own_stream=True),
-                           model=model, tokenizer=tok)
+        engine = LLMEngine(
+            "",
+            EngineConfig(
+                device="cuda",
+                dtype="bfloat16",
+                kv_memory_gb=2,
+                cuda_graphs=graphs,
+                max_batch=8,
+                max_context_tokens=2048,
+                own_stream=True,
+            ),
+            model=model,
+            tokenizer=tok,
+        )
         try:
             for busy in (False, True):
                 (active.set if busy else active.clear)()
@@ -124,12 +139,16 @@ def main(argv: list[str] | None = None) -> int:
             engine.close()
     hog.kill()
     print(f"\n**{label}**, bf16, {torch.cuda.get_device_name()}; other process: {args.hog}\n")
-    print("| engine steps | other process | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | TPOT P99 ms "
-          "| other's iterations/s |")
+    print(
+        "| engine steps | other process | TTFT P50 ms | TTFT P99 ms | TPOT P50 ms | TPOT P99 ms "
+        "| other's iterations/s |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|")
     for name, busy, ttft, tpot, rate in rows:
-        print(f"| {name} | {'busy' if busy else 'idle'} | {pct(ttft, 50):.1f} | {pct(ttft, 99):.1f} "
-              f"| {pct(tpot, 50):.2f} | {pct(tpot, 99):.2f} | {rate:.1f} |")
+        print(
+            f"| {name} | {'busy' if busy else 'idle'} | {pct(ttft, 50):.1f} | {pct(ttft, 99):.1f} "
+            f"| {pct(tpot, 50):.2f} | {pct(tpot, 99):.2f} | {rate:.1f} |"
+        )
     return 0
 
 

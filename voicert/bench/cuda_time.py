@@ -3,7 +3,7 @@ and replayed between CUDA events. Shared by the benches that time kernels."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -17,8 +17,8 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
-from typing import Awaitable, Callable
 
 import numpy as np
 import torch
@@ -31,29 +31,73 @@ from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_
 from voicert.telemetry.gcwatch import settle
 
 SHAPES = {
-    "llama-1b-random": dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192,
-                            num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
-                            head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
-                            max_position_embeddings=131072, tie_word_embeddings=True,
-                            rope_scaling={"rope_type": "llama3", "factor": 32.0,
-                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                          "original_max_position_embeddings": 8192}),
-    "llama-8b-random": dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
-                            num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
-                            head_dim=128, rms_norm_eps=1e-5, rope_theta=500000.0,
-                            max_position_embeddings=131072, tie_word_embeddings=False,
-                            rope_scaling={"rope_type": "llama3", "factor": 8.0,
-                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                          "original_max_position_embeddings": 8192}),
-    "smollm2-random": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536,
-                           num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                           head_dim=64, rms_norm_eps=1e-5, rope_theta=100000.0,
-                           max_position_embeddings=8192, tie_word_embeddings=True),
-    "qwen3-8b-random": dict(model_type="qwen3", vocab_size=151936, hidden_size=4096,
-                            intermediate_size=12288, num_hidden_layers=36,
-                            num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-                            rms_norm_eps=1e-6, rope_theta=1000000.0,
-                            max_position_embeddings=40960, tie_word_embeddings=False),
+    "llama-1b-random": dict(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "llama-8b-random": dict(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ),
+    "smollm2-random": dict(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b-random": dict(
+        model_type="qwen3",
+        vocab_size=151936,
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        max_position_embeddings=40960,
+        tie_word_embeddings=False,
+    ),
 }
 
 
@@ -76,17 +120,20 @@ VOICE_PROMPTS = [
     "Say back my email address: anna dot smith at example dot com.",
     "Repeat after me: the quick brown fox jumps over the lazy dog.",
 ]
-VOICE_SYSTEM = ("You are a phone assistant. When the caller asks you to confirm or repeat "
-                "something, repeat it back exactly, then ask if it is correct.")
+VOICE_SYSTEM = (
+    "You are a phone assistant. When the caller asks you to confirm or repeat "
+    "something, repeat it back exactly, then ask if it is correct."
+)
 
 
 def voice_prompt_ids(tokenizer) -> list[list[int]]:
     """The voice prompt set as token ids, under the voice system prompt."""
     from voicert.engine.core.prompt import build_prompt
 
-    return [build_prompt(tokenizer, [ChatMessage("system", VOICE_SYSTEM),
-                                     ChatMessage("user", p)], 2048)
-            for p in VOICE_PROMPTS]
+    return [
+        build_prompt(tokenizer, [ChatMessage("system", VOICE_SYSTEM), ChatMessage("user", p)], 2048)
+        for p in VOICE_PROMPTS
+    ]
 
 
 def shared_prefix(x: list[int], y: list[int]) -> int:
@@ -124,8 +171,9 @@ StreamFn = Callable[[list[int], int], Awaitable[tuple[list[int], int]]]
 TokensFn = Callable[[int], list[int]]  # n -> n random prompt token ids
 
 
-async def ttft_cached(stream: StreamFn, tokens: TokensFn, reps: int, cached: int = 500,
-                      new: int = 100) -> list[float]:
+async def ttft_cached(
+    stream: StreamFn, tokens: TokensFn, reps: int, cached: int = 500, new: int = 100
+) -> list[float]:
     """TTFT in ms of prompts whose first ``cached`` tokens an earlier request left in the cache."""
     prefix = tokens(cached)
     await stream(prefix + tokens(new), 1)
@@ -136,8 +184,9 @@ async def ttft_cached(stream: StreamFn, tokens: TokensFn, reps: int, cached: int
     return out
 
 
-async def concurrent(stream: StreamFn, prompts: list[list[int]],
-                     new: int) -> tuple[float, list[float], list[float]]:
+async def concurrent(
+    stream: StreamFn, prompts: list[list[int]], new: int
+) -> tuple[float, list[float], list[float]]:
     """All prompts at once: (tokens/s, each stream's TPOT in ms, each stream's TPOT once every
     stream had its first token: decode only, no newcomer's prefill interleaved)."""
     t0 = time.perf_counter()
@@ -169,8 +218,9 @@ def tokens_per_s(n: int) -> str:
     return f"tokens/s, {n} streams"
 
 
-async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[int],
-                  new: int, prompt_tokens: int) -> dict[str, float]:
+async def measure(
+    stream: StreamFn, tokens: TokensFn, reps: int, streams: list[int], new: int, prompt_tokens: int
+) -> dict[str, float]:
     """The bench's figures of one engine, by row name (the same names for every engine)."""
     out: dict[str, float] = {}
     t = await ttft_cached(stream, tokens, reps)
@@ -178,8 +228,9 @@ async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[i
     out[TTFT_TURN] = pct(await ttft_cached(stream, tokens, reps, cached=150, new=20), 50)
     for n in streams:
         await concurrent(stream, [tokens(prompt_tokens) for _ in range(min(n, 2))], 4)  # warm
-        tps, tpots, steady = await concurrent(stream, [tokens(prompt_tokens) for _ in range(n)],
-                                              new)
+        tps, tpots, steady = await concurrent(
+            stream, [tokens(prompt_tokens) for _ in range(n)], new
+        )
         out[tpot_decode(n)] = pct(steady, 50) if steady else pct(tpots, 50)
         out[tpot_all(n)] = pct(tpots, 50)
         out[tokens_per_s(n)] = tps
@@ -187,10 +238,12 @@ async def measure(stream: StreamFn, tokens: TokensFn, reps: int, streams: list[i
 
 
 # --against: this engine again with one setting changed, run side by side (label, the change)
-TWINS = {"sdpa-prefill": ("voicert, prefill by gather + SDPA", {"prefill_attention": "sdpa"}),
-         "model-kv": ("voicert, KV cache in the model's dtype", {"kv_cache": "model"}),
-         "no-pdl": ("voicert, kernels launched without PDL", {"pdl": "off"}),
-         "cublas-linear": ("voicert, small steps' Linears by cuBLAS", {"decode_linear": "cublas"})}
+TWINS = {
+    "sdpa-prefill": ("voicert, prefill by gather + SDPA", {"prefill_attention": "sdpa"}),
+    "model-kv": ("voicert, KV cache in the model's dtype", {"kv_cache": "model"}),
+    "no-pdl": ("voicert, kernels launched without PDL", {"pdl": "off"}),
+    "cublas-linear": ("voicert, small steps' Linears by cuBLAS", {"decode_linear": "cublas"}),
+}
 
 
 class Bench:
@@ -215,38 +268,58 @@ class Bench:
             self.model = load_llama(self.model_dir, dtype, args.device)
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.vocab = self.model.cfg.vocab_size
-        base = dict(device=args.device, dtype=args.dtype, kv_memory_gb=args.kv_gb,
-                    batch_window_ms=args.batch_window_ms, max_batch=max(args.streams),
-                    max_context_tokens=4096, int8=args.int8, cuda_graphs=args.cuda_graphs,
-                    fused_kernels=args.fused_kernels, torchscript=args.torchscript,
-                    overlap=args.overlap, fp8=args.fp8,
-                    # random weights have no text to calibrate on; the rounding changes no timing
-                    fp8_rounding="gptq" if self.tokenizer is not None else "nearest")
+        base = dict(
+            device=args.device,
+            dtype=args.dtype,
+            kv_memory_gb=args.kv_gb,
+            batch_window_ms=args.batch_window_ms,
+            max_batch=max(args.streams),
+            max_context_tokens=4096,
+            int8=args.int8,
+            cuda_graphs=args.cuda_graphs,
+            fused_kernels=args.fused_kernels,
+            torchscript=args.torchscript,
+            overlap=args.overlap,
+            fp8=args.fp8,
+            # random weights have no text to calibrate on; the rounding changes no timing
+            fp8_rounding="gptq" if self.tokenizer is not None else "nearest",
+        )
         twin = TWINS.get(args.against)  # --against sdpa-prefill / model-kv: this engine, one change
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
         ours = dict(base, prefill_attention=args.prefill_attention, kv_cache=args.kv_cache)
-        self.engine = LLMEngine(self.model_dir or "", EngineConfig(**ours), model=self.model,
-                                tokenizer=tok)
+        self.engine = LLMEngine(
+            self.model_dir or "", EngineConfig(**ours), model=self.model, tokenizer=tok
+        )
         self.twin = None
         if twin is not None:  # its own copy of the model: the prefill choice is the model's
-            self.twin = LLMEngine(self.model_dir or "", EngineConfig(**(ours | twin[1])),
-                                  model=copy.deepcopy(self.model), tokenizer=tok)
+            self.twin = LLMEngine(
+                self.model_dir or "",
+                EngineConfig(**(ours | twin[1])),
+                model=copy.deepcopy(self.model),
+                tokenizer=tok,
+            )
         self.spec_engines: dict[str, LLMEngine] = {}  # label -> an engine that speculates
         if args.spec:
             self.spec_engines[f"n-gram prompt lookup, k={args.spec}"] = LLMEngine(
-                self.model_dir or "", EngineConfig(**base, spec_tokens=args.spec),
-                model=self.engine.model, tokenizer=tok)
+                self.model_dir or "",
+                EngineConfig(**base, spec_tokens=args.spec),
+                model=self.engine.model,
+                tokenizer=tok,
+            )
         if args.heads:
             self.spec_engines[f"draft heads ({args.heads}), k={args.heads_k}"] = LLMEngine(
-                self.model_dir or "", EngineConfig(**base, spec_tokens=args.heads_k,
-                                                   draft_heads=args.heads),
-                model=self.engine.model, tokenizer=tok)
+                self.model_dir or "",
+                EngineConfig(**base, spec_tokens=args.heads_k, draft_heads=args.heads),
+                model=self.engine.model,
+                tokenizer=tok,
+            )
         self.hf = self._hf_model() if args.against == "transformers" else None
         self.rng = np.random.default_rng(0)
         self.hops: list[float] = []
 
     def _hf_model(self):
-        from transformers import AutoModelForCausalLM, LlamaConfig as HFLlamaConfig
+        from transformers import AutoModelForCausalLM
+        from transformers import LlamaConfig as HFLlamaConfig
 
         dtype = DTYPES[self.args.dtype]
         if self.model_dir:
@@ -267,8 +340,9 @@ class Bench:
 
     async def _stream(self, engine: LLMEngine, prompt: list[int], new: int, tag: str):
         """Returns (client receive times of each token in ns, submit ns, token ids)."""
-        req = GenerationRequest(f"{tag}-{time.perf_counter_ns()}", [], new, ignore_eos=True,
-                                prompt_ids=prompt)
+        req = GenerationRequest(
+            f"{tag}-{time.perf_counter_ns()}", [], new, ignore_eos=True, prompt_ids=prompt
+        )
         times, ids = [], []
         async for ev in engine.submit(req):
             if ev.finish_reason is None:
@@ -295,8 +369,13 @@ class Bench:
         ids = torch.tensor(prompts, device=self.args.device)
         sync(self.args.device)
         t0 = time.perf_counter()
-        self.hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
-                         min_new_tokens=new, do_sample=False)
+        self.hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+        )
         sync(self.args.device)
         return time.perf_counter() - t0
 
@@ -316,8 +395,9 @@ class Bench:
         """Mean TPOT (ms) over the voice prompts one at a time, and each reply's tokens."""
         tpots, outs = [], []
         for p in prompts:
-            req = GenerationRequest(f"v-{time.perf_counter_ns()}", [], self.args.new_tokens,
-                                    prompt_ids=p)
+            req = GenerationRequest(
+                f"v-{time.perf_counter_ns()}", [], self.args.new_tokens, prompt_ids=p
+            )
             times, ids = [], []
             async for ev in eng.submit(req):
                 if ev.finish_reason is None:
@@ -343,12 +423,18 @@ class Bench:
             spec = eng.core.scheduler.spec
             steps, emitted = spec.seq_steps - before.seq_steps, spec.emitted - before.emitted
             proposed, accepted = spec.proposed - before.proposed, spec.accepted - before.accepted
-            out.append({"name": name, "greedy_tpot_ms": greedy_tpot, "tpot_ms": tpot,
-                        "speedup": greedy_tpot / tpot,
-                        "identical": f"{sum(a == b for a, b in zip(greedy, outs))}/{len(prompts)}",
-                        "acceptance_rate": accepted / proposed if proposed else 0.0,
-                        "mean_accepted_length": emitted / steps if steps else 0.0,
-                        "sample": self.tokenizer.decode(outs[0])})
+            out.append(
+                {
+                    "name": name,
+                    "greedy_tpot_ms": greedy_tpot,
+                    "tpot_ms": tpot,
+                    "speedup": greedy_tpot / tpot,
+                    "identical": f"{sum(a == b for a, b in zip(greedy, outs))}/{len(prompts)}",
+                    "acceptance_rate": accepted / proposed if proposed else 0.0,
+                    "mean_accepted_length": emitted / steps if steps else 0.0,
+                    "sample": self.tokenizer.decode(outs[0]),
+                }
+            )
         return out
 
     async def int8_check(self) -> dict | None:
@@ -368,19 +454,27 @@ class Bench:
         _, ours = await self._voice_run(self.engine, prompts)
         prefix = [shared_prefix(x, y) for x, y in zip(ours, ref)]
         texts = [(self.tokenizer.decode(x), self.tokenizer.decode(y)) for x, y in zip(ours, ref)]
-        overlap = [len(set(a.lower().split()) & set(b.lower().split())) / max(1, len(set(b.lower().split())))
-                   for a, b in texts]
-        return {"identical": f"{sum(x == y for x, y in zip(ours, ref))}/{len(ref)}",
-                "prefix": statistics.mean(prefix), "overlap": statistics.mean(overlap),
-                "samples": texts[:3]}
+        overlap = [
+            len(set(a.lower().split()) & set(b.lower().split()))
+            / max(1, len(set(b.lower().split())))
+            for a, b in texts
+        ]
+        return {
+            "identical": f"{sum(x == y for x, y in zip(ours, ref))}/{len(ref)}",
+            "prefix": statistics.mean(prefix),
+            "overlap": statistics.mean(overlap),
+            "samples": texts[:3],
+        }
 
     # ---------------------------------------------------------------- all
 
     def hf_figures(self) -> dict[str, float]:
         """transformers generate()'s figures under the same row names (those it has)."""
         a, reps = self.args, max(3, self.args.reps // 4)
-        out = {TTFT_600 + " (P50)": pct(self.hf_ttft(reps), 50),
-               TTFT_TURN: pct(self.hf_ttft(reps, total=170), 50)}
+        out = {
+            TTFT_600 + " (P50)": pct(self.hf_ttft(reps), 50),
+            TTFT_TURN: pct(self.hf_ttft(reps, total=170), 50),
+        }
         for n in a.streams:
             tps, tpot = self.hf_concurrent(n, a.new_tokens)
             out[tpot_decode(n)], out[tokens_per_s(n)] = tpot, tps
@@ -389,18 +483,26 @@ class Bench:
     async def run(self, baseline: dict[str, float] | None = None) -> dict:
         """Our figures beside ``baseline`` (by row name; None: transformers when it was loaded)."""
         a = self.args
-        ours = await measure(self.ours, self.tokens, a.reps, a.streams, a.new_tokens,
-                             a.prompt_tokens)
+        ours = await measure(
+            self.ours, self.tokens, a.reps, a.streams, a.new_tokens, a.prompt_tokens
+        )
         if baseline is None and self.hf is not None:
             baseline = self.hf_figures()
         if self.twin is not None:
-            baseline = await measure(self.twin_stream, self.tokens, a.reps, a.streams,
-                                     a.new_tokens, a.prompt_tokens)
+            baseline = await measure(
+                self.twin_stream, self.tokens, a.reps, a.streams, a.new_tokens, a.prompt_tokens
+            )
         baseline = baseline or {}
-        rows = [Row(name, v, baseline.get(name), "tok/s" if name.startswith("tokens/s") else "ms")
-                for name, v in ours.items()]
-        rows.append(Row("engine thread -> asyncio hop per token (P50)", pct(self.hops, 50), None, "us"))
-        rows.append(Row("engine thread -> asyncio hop per token (P99)", pct(self.hops, 99), None, "us"))
+        rows = [
+            Row(name, v, baseline.get(name), "tok/s" if name.startswith("tokens/s") else "ms")
+            for name, v in ours.items()
+        ]
+        rows.append(
+            Row("engine thread -> asyncio hop per token (P50)", pct(self.hops, 50), None, "us")
+        )
+        rows.append(
+            Row("engine thread -> asyncio hop per token (P99)", pct(self.hops, 99), None, "us")
+        )
         spec = await self.spec_compare() if self.spec_engines else []
         return {"rows": rows, "spec": spec, "int8": await self.int8_check()}
 
@@ -419,48 +521,65 @@ class _NullTokenizer:
         return ""
 
 
-def render(label: str, args: argparse.Namespace, result: dict,
-           baseline: str = "transformers generate()") -> str:
-    lines = [f"model: {label}; device {args.device}; dtype {args.dtype}"
-             f"{'; FP8 weights' if args.fp8 else ''}"
-             f"{'; CUDA graphs' if args.cuda_graphs else ''}"
-             f"{'; fused Triton kernels' if args.fused_kernels else ''}"
-             f"{'; prefill attention ' + args.prefill_attention if args.fused_kernels else ''}"
-             f"{'; overlapped decode steps' if args.overlap and args.cuda_graphs else ''}"
-             f"{'; TorchScript forward' if args.torchscript else ''}"
-             f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
-             f"{args.new_tokens} new tokens", "",
-             f"| metric | voicert | {baseline} | ratio (x better) |",
-             "|---|---:|---:|---:|"]
+def render(
+    label: str, args: argparse.Namespace, result: dict, baseline: str = "transformers generate()"
+) -> str:
+    lines = [
+        f"model: {label}; device {args.device}; dtype {args.dtype}"
+        f"{'; FP8 weights' if args.fp8 else ''}"
+        f"{'; CUDA graphs' if args.cuda_graphs else ''}"
+        f"{'; fused Triton kernels' if args.fused_kernels else ''}"
+        f"{'; prefill attention ' + args.prefill_attention if args.fused_kernels else ''}"
+        f"{'; overlapped decode steps' if args.overlap and args.cuda_graphs else ''}"
+        f"{'; TorchScript forward' if args.torchscript else ''}"
+        f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
+        f"{args.new_tokens} new tokens",
+        "",
+        f"| metric | voicert | {baseline} | ratio (x better) |",
+        "|---|---:|---:|---:|",
+    ]
     for r in result["rows"]:
         base = f"{r.baseline:.2f}" if r.baseline is not None else "-"
         ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
         lines.append(f"| {r.name} | {r.ours:.2f} {r.unit} | {base} | {ratio} |")
     if result["spec"]:
-        lines += ["", "| speculative (batch 1, voice prompt set) | greedy TPOT ms | speculative TPOT ms "
-                  "| speedup | identical | acceptance | mean accepted length |",
-                  "|---|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "",
+            "| speculative (batch 1, voice prompt set) | greedy TPOT ms | speculative TPOT ms "
+            "| speedup | identical | acceptance | mean accepted length |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+        ]
         for s in result["spec"]:
-            lines.append(f"| {s['name']} | {s['greedy_tpot_ms']:.2f} | {s['tpot_ms']:.2f} | "
-                         f"{s['speedup']:.2f}x | {s['identical']} | {s['acceptance_rate']:.2f} | "
-                         f"{s['mean_accepted_length']:.2f} |")
+            lines.append(
+                f"| {s['name']} | {s['greedy_tpot_ms']:.2f} | {s['tpot_ms']:.2f} | "
+                f"{s['speedup']:.2f}x | {s['identical']} | {s['acceptance_rate']:.2f} | "
+                f"{s['mean_accepted_length']:.2f} |"
+            )
     if result.get("int8"):
         q = result["int8"]
-        lines += ["", "| INT8 vs fp32 replies, voice prompt set | token-identical | mean shared "
-                  "prefix (tokens) | fp32 reply words also in the INT8 reply |", "|---|---:|---:|---:|",
-                  f"| {args.new_tokens} new tokens at most, EOS ends | {q['identical']} | "
-                  f"{q['prefix']:.1f} | {q['overlap']:.2f} |", ""]
+        lines += [
+            "",
+            "| INT8 vs fp32 replies, voice prompt set | token-identical | mean shared "
+            "prefix (tokens) | fp32 reply words also in the INT8 reply |",
+            "|---|---:|---:|---:|",
+            f"| {args.new_tokens} new tokens at most, EOS ends | {q['identical']} | "
+            f"{q['prefix']:.1f} | {q['overlap']:.2f} |",
+            "",
+        ]
         lines += [f"- INT8: {a!r}\n  fp32: {b!r}" for a, b in q["samples"]]
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.engine")
-    ap.add_argument("--model", default="embedded",
-                    help="embedded | HF dir | .gguf | " + " | ".join(SHAPES))
+    ap.add_argument(
+        "--model", default="embedded", help="embedded | HF dir | .gguf | " + " | ".join(SHAPES)
+    )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
-    ap.add_argument("--int8", action="store_true", help="CPU: dynamic INT8 Linear layers (both sides)")
+    ap.add_argument(
+        "--int8", action="store_true", help="CPU: dynamic INT8 Linear layers (both sides)"
+    )
     ap.add_argument("--streams", default="1,8,32,64")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--prompt-tokens", type=int, default=100)
@@ -471,29 +590,55 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kv-gb", type=float, default=0.0, help="KV pool size (0: automatic)")
     ap.add_argument("--batch-window-ms", type=float, default=0.0)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
-    ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=None,
-                    help="GPU: the Triton kernels (default on a GPU)")
-    ap.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
-                    help="GPU: queue each decode step (plain or draft heads) before reading "
-                         "the last one's tokens")
-    ap.add_argument("--torchscript", action=argparse.BooleanOptionalAction, default=None,
-                    help="CPU: the forward as a frozen TorchScript trace (default on the CPU)")
-    ap.add_argument("--against", choices=("transformers", "vllm", *TWINS, "none"),
-                    default="transformers",
-                    help="the engine run side by side: transformers generate() in this process, "
-                         "vLLM (bench/vllm_side.py, in a child process first, same shape and "
-                         "prompts; needs vllm), or this engine with --prefill-attention sdpa "
-                         "(sdpa-prefill), with its KV cache in the model's dtype (model-kv) or "
-                         "with its kernels launched without programmatic dependent launch "
-                         "(no-pdl) or with small steps' Linears by cuBLAS (cublas-linear)")
-    ap.add_argument("--prefill-attention", choices=("auto", "paged", "flash", "sdpa"), default="auto",
-                    help="GPU: prefill steps' attention (llm.prefill_attention)")
+    ap.add_argument(
+        "--fused-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="GPU: the Triton kernels (default on a GPU)",
+    )
+    ap.add_argument(
+        "--overlap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="GPU: queue each decode step (plain or draft heads) before reading "
+        "the last one's tokens",
+    )
+    ap.add_argument(
+        "--torchscript",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="CPU: the forward as a frozen TorchScript trace (default on the CPU)",
+    )
+    ap.add_argument(
+        "--against",
+        choices=("transformers", "vllm", *TWINS, "none"),
+        default="transformers",
+        help="the engine run side by side: transformers generate() in this process, "
+        "vLLM (bench/vllm_side.py, in a child process first, same shape and "
+        "prompts; needs vllm), or this engine with --prefill-attention sdpa "
+        "(sdpa-prefill), with its KV cache in the model's dtype (model-kv) or "
+        "with its kernels launched without programmatic dependent launch "
+        "(no-pdl) or with small steps' Linears by cuBLAS (cublas-linear)",
+    )
+    ap.add_argument(
+        "--prefill-attention",
+        choices=("auto", "paged", "flash", "sdpa"),
+        default="auto",
+        help="GPU: prefill steps' attention (llm.prefill_attention)",
+    )
     ap.add_argument("--no-baseline", dest="against", action="store_const", const="none")
-    ap.add_argument("--fp8", action="store_true",
-                    help="GPU: FP8 layer weights (engine/gpu/fp8.py); with --against vllm, vLLM's "
-                         "quantization=fp8 too")
-    ap.add_argument("--kv-cache", choices=("model", "int8", "fp8"), default="model",
-                    help="GPU: the KV cache's values (llm.kv_cache)")
+    ap.add_argument(
+        "--fp8",
+        action="store_true",
+        help="GPU: FP8 layer weights (engine/gpu/fp8.py); with --against vllm, vLLM's "
+        "quantization=fp8 too",
+    )
+    ap.add_argument(
+        "--kv-cache",
+        choices=("model", "int8", "fp8"),
+        default="model",
+        help="GPU: the KV cache's values (llm.kv_cache)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",")]
@@ -507,11 +652,15 @@ def main(argv: list[str] | None = None) -> int:
     if (args.fp8 or args.kv_cache != "model") and not args.device.startswith("cuda"):
         ap.error("--fp8 and --kv-cache int8 | fp8 are GPU options")
     if args.against == "model-kv" and args.kv_cache == "model":
-        ap.error("--against model-kv compares a one-byte KV cache with the model's dtype: add "
-                 "--kv-cache int8 or fp8")
+        ap.error(
+            "--against model-kv compares a one-byte KV cache with the model's dtype: add "
+            "--kv-cache int8 or fp8"
+        )
     if args.against in ("sdpa-prefill", "no-pdl", "cublas-linear") and not args.fused_kernels:
-        ap.error(f"--against {args.against} changes the fused GPU path's kernels: it needs "
-                 "--fused-kernels (a CUDA device)")
+        ap.error(
+            f"--against {args.against} changes the fused GPU path's kernels: it needs "
+            "--fused-kernels (a CUDA device)"
+        )
     against, baseline, failed = "transformers generate()", None, False
     if args.against in TWINS:
         against = TWINS[args.against][0]
@@ -519,8 +668,15 @@ def main(argv: list[str] | None = None) -> int:
         from voicert.bench.vllm_side import measure_in_child
 
         try:
-            side = measure_in_child(args.model, args.dtype, args.fp8, args.streams,
-                                    args.new_tokens, args.prompt_tokens, args.reps)
+            side = measure_in_child(
+                args.model,
+                args.dtype,
+                args.fp8,
+                args.streams,
+                args.new_tokens,
+                args.prompt_tokens,
+                args.reps,
+            )
             against, baseline = side["engine"], side["figures"]
         except RuntimeError as e:  # ours is still measured (its column alone); exit status 1
             print(f"error: {e}", file=sys.stderr)
@@ -532,10 +688,19 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"label": bench.label, "args": vars(args),
-                       "rows": [asdict(r) | {"ratio": r.ratio} for r in result["rows"]],
-                       "spec": result["spec"], "int8": result["int8"], "table": text}, f,
-                      indent=1, default=str)
+            json.dump(
+                {
+                    "label": bench.label,
+                    "args": vars(args),
+                    "rows": [asdict(r) | {"ratio": r.ratio} for r in result["rows"]],
+                    "spec": result["spec"],
+                    "int8": result["int8"],
+                    "table": text,
+                },
+                f,
+                indent=1,
+                default=str,
+            )
     bench.engine.close()
     if bench.twin is not None:
         bench.twin.close()

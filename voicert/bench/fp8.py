@@ -24,9 +24,9 @@ import sys
 import torch
 
 from voicert.bench.cuda_time import graph_times
+from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.gpu.fp8 import Fp8Linear, calibration_forward, quantize_fp8
 from voicert.engine.models.layers import KV_DTYPES
-from voicert.engine.core.runner import ModelRunner, Row
 
 # A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
 TEXTS = [
@@ -49,8 +49,9 @@ TEXTS = [
 ]
 
 
-def next_tokens(model, texts: list[list[int]], block_size: int = 16,
-                kv_cache: str = "model") -> list[list[int]]:
+def next_tokens(
+    model, texts: list[list[int]], block_size: int = 16, kv_cache: str = "model"
+) -> list[list[int]]:
     """The model's greedy next token after each position of each text (teacher-forced: one
     prefill of all the texts as rows of one step, through the engine's own runner; ``kv_cache``:
     int8 or fp8, its KV pool in one byte a value, which the prefill's attention reads back)."""
@@ -59,8 +60,7 @@ def next_tokens(model, texts: list[list[int]], block_size: int = 16,
         blocks = -(-len(ids) // block_size)
         rows.append(Row(ids, 0, list(range(first, first + blocks)), 0))
         first += blocks
-    return ModelRunner(model, first, block_size,
-                       kv_dtype=KV_DTYPES.get(kv_cache)).run_rows(rows)
+    return ModelRunner(model, first, block_size, kv_dtype=KV_DTYPES.get(kv_cache)).run_rows(rows)
 
 
 def top1_agreement(ref, quant, texts: list[list[int]], kv_cache: str = "model") -> tuple[int, int]:
@@ -81,9 +81,12 @@ def quantized_copy(model, tokenizer=None):
     return q
 
 
-VARIANTS = {"weights": "FP8 layer weights (GPTQ rounding, as served)",
-            "weights-nearest": "FP8 layer weights (rounded to nearest)", "kv-fp8": "FP8 KV cache",
-            "kv-int8": "INT8 KV cache (a scale per token and KV head)"}
+VARIANTS = {
+    "weights": "FP8 layer weights (GPTQ rounding, as served)",
+    "weights-nearest": "FP8 layer weights (rounded to nearest)",
+    "kv-fp8": "FP8 KV cache",
+    "kv-int8": "INT8 KV cache (a scale per token and KV head)",
+}
 
 
 def quality(model_name: str, device: str, dtype: str, variant: str = "weights") -> dict:
@@ -115,25 +118,35 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
     same, total = top1_agreement(ref, quant, texts, kv_cache)
 
     async def replies(model, kv_cache: str = "model") -> list[list[int]]:
-        eng = LLMEngine(model_dir, EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25,
-                                                kv_cache=kv_cache),
-                        model=model, tokenizer=tok)
+        eng = LLMEngine(
+            model_dir,
+            EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25, kv_cache=kv_cache),
+            model=model,
+            tokenizer=tok,
+        )
         outs = []
         try:
             for ids in voice_prompt_ids(tok):
                 req = GenerationRequest(f"q-{len(outs)}", [], 48, prompt_ids=ids)
-                outs.append([ev.token_id async for ev in eng.submit(req)
-                             if ev.finish_reason is None])
+                outs.append(
+                    [ev.token_id async for ev in eng.submit(req) if ev.finish_reason is None]
+                )
         finally:
             eng.close()
         return outs
 
     a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant, kv_cache))
     prefix = [shared_prefix(u, v) for u, v in zip(a, b)]
-    return {"model": model_dir, "variant": variant, "same": same, "total": total,
-            "identical": sum(u == v for u, v in zip(a, b)), "replies": len(a),
-            "prefix": statistics.mean(prefix),
-            "samples": [(tok.decode(u), tok.decode(v)) for u, v in zip(a[:3], b[:3])]}
+    return {
+        "model": model_dir,
+        "variant": variant,
+        "same": same,
+        "total": total,
+        "identical": sum(u == v for u, v in zip(a, b)),
+        "replies": len(a),
+        "prefix": statistics.mean(prefix),
+        "samples": [(tok.decode(u), tok.decode(v)) for u, v in zip(a[:3], b[:3])],
+    }
 
 
 def time_graph(fn, reps: int = 20, repeats: int = 30) -> float:
@@ -142,8 +155,9 @@ def time_graph(fn, reps: int = 20, repeats: int = 30) -> float:
     return statistics.median(graph_times(fn, reps, repeats))
 
 
-def kernels_table(shapes: list[tuple[str, int, int]], rows: list[int],
-                  blocks: list[tuple[int, ...] | None]) -> list[dict]:
+def kernels_table(
+    shapes: list[tuple[str, int, int]], rows: list[int], blocks: list[tuple[int, ...] | None]
+) -> list[dict]:
     """Each (name, N, K) at each row count: bf16 F.linear against the FP8 kernel (each block
     config in ``blocks``; None: the default choice), GPU time and weight GB/s."""
     from voicert.engine.gpu import kernels
@@ -155,8 +169,14 @@ def kernels_table(shapes: list[tuple[str, int, int]], rows: list[int],
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = time_graph(lambda: torch.nn.functional.linear(x, w))
-            row = {"name": name, "n": n, "k": k, "m": m, "bf16_us": ref,
-                   "bf16_gbs": n * k * 2 / ref / 1e3}
+            row = {
+                "name": name,
+                "n": n,
+                "k": k,
+                "m": m,
+                "bf16_us": ref,
+                "bf16_gbs": n * k * 2 / ref / 1e3,
+            }
             for cfg in blocks:
                 count = kernels.counters(x.device)
                 t = time_graph(lambda: kernels.fp8_linear(x, q.weight, q.scale, None, count, cfg))
@@ -173,35 +193,53 @@ def _linear(w: torch.Tensor) -> torch.nn.Linear:
 
 
 SHAPE_SETS = {  # (name, N, K) of each layer Linear, fused as the engine holds them
-    "llama-1b": [("qkv", 3072, 2048), ("o", 2048, 2048), ("gate_up", 16384, 2048),
-                 ("down", 2048, 8192)],
-    "llama-8b": [("qkv", 6144, 4096), ("o", 4096, 4096), ("gate_up", 28672, 4096),
-                 ("down", 4096, 14336)],
+    "llama-1b": [
+        ("qkv", 3072, 2048),
+        ("o", 2048, 2048),
+        ("gate_up", 16384, 2048),
+        ("down", 2048, 8192),
+    ],
+    "llama-8b": [
+        ("qkv", 6144, 4096),
+        ("o", 4096, 4096),
+        ("gate_up", 28672, 4096),
+        ("down", 4096, 14336),
+    ],
 }
 
 
 def render_quality(q: dict) -> str:
     share = q["same"] / q["total"]
-    lines = [f"model: {q['model']} (real weights)", "",
-             f"| {VARIANTS[q['variant']]} against the unquantized model | value |", "|---|---:|",
-             f"| top-1 agreement, teacher-forced over {len(TEXTS)} texts | {q['same']}/{q['total']}"
-             f" = {share:.1%} |",
-             f"| voice prompt set: greedy replies token-identical (48 tokens at most) | "
-             f"{q['identical']}/{q['replies']} |",
-             f"| voice prompt set: mean shared prefix, tokens | {q['prefix']:.1f} |", ""]
+    lines = [
+        f"model: {q['model']} (real weights)",
+        "",
+        f"| {VARIANTS[q['variant']]} against the unquantized model | value |",
+        "|---|---:|",
+        f"| top-1 agreement, teacher-forced over {len(TEXTS)} texts | {q['same']}/{q['total']}"
+        f" = {share:.1%} |",
+        f"| voice prompt set: greedy replies token-identical (48 tokens at most) | "
+        f"{q['identical']}/{q['replies']} |",
+        f"| voice prompt set: mean shared prefix, tokens | {q['prefix']:.1f} |",
+        "",
+    ]
     lines += [f"- FP8:  {b!r}\n  ref:  {a!r}" for a, b in q["samples"]]
     return "\n".join(lines)
 
 
 def render_kernels(rows: list[dict]) -> str:
     keys = [k for k in rows[0] if k not in ("name", "n", "k", "m", "bf16_us", "bf16_gbs")]
-    head = "| shape | rows | bf16 F.linear us (GB/s) | " + " | ".join(
-        f"FP8 {k} us (GB/s)" for k in keys) + " | FP8 default vs bf16 |"
+    head = (
+        "| shape | rows | bf16 F.linear us (GB/s) | "
+        + " | ".join(f"FP8 {k} us (GB/s)" for k in keys)
+        + " | FP8 default vs bf16 |"
+    )
     lines = [head, "|---|---:|---:|" + "---:|" * len(keys) + "---:|"]
     for r in rows:
         cells = " | ".join(f"{r[k][0]:.1f} ({r[k][1]:.0f})" for k in keys)
-        lines.append(f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {r['bf16_us']:.1f} "
-                     f"({r['bf16_gbs']:.0f}) | {cells} | {r['bf16_us'] / r[keys[0]][0]:.2f}x |")
+        lines.append(
+            f"| {r['name']} {r['n']}x{r['k']} | {r['m']} | {r['bf16_us']:.1f} "
+            f"({r['bf16_gbs']:.0f}) | {cells} | {r['bf16_us'] / r[keys[0]][0]:.2f}x |"
+        )
     return "\n".join(lines)
 
 
@@ -209,19 +247,31 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.fp8")
     ap.add_argument("--model", default="embedded", help="the model whose quality is measured")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, help="the reference's dtype (default: bfloat16 on "
-                                                  "a GPU, float32 on the CPU)")
-    ap.add_argument("--shapes", default="llama-1b,llama-8b",
-                    help="kernel shapes (CUDA): " + ", ".join(SHAPE_SETS))
+    ap.add_argument(
+        "--dtype",
+        default=None,
+        help="the reference's dtype (default: bfloat16 on a GPU, float32 on the CPU)",
+    )
+    ap.add_argument(
+        "--shapes",
+        default="llama-1b,llama-8b",
+        help="kernel shapes (CUDA): " + ", ".join(SHAPE_SETS),
+    )
     ap.add_argument("--rows", default="1,8,32,64")
-    ap.add_argument("--blocks", default="",
-                    help="extra FP8 tile configs to time, BMxBNxBKxWARPSxSTAGES[xSPLIT],... "
-                         "(no SPLIT: chosen as by default)")
+    ap.add_argument(
+        "--blocks",
+        default="",
+        help="extra FP8 tile configs to time, BMxBNxBKxWARPSxSTAGES[xSPLIT],... "
+        "(no SPLIT: chosen as by default)",
+    )
     ap.add_argument("--no-quality", dest="quality", action="store_false")
-    ap.add_argument("--quantize", default="weights",
-                    help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
-                         "rounding), weights-nearest (FP8, nearest), kv-fp8, kv-int8 (the KV "
-                         "cache)")
+    ap.add_argument(
+        "--quantize",
+        default="weights",
+        help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
+        "rounding), weights-nearest (FP8, nearest), kv-fp8, kv-int8 (the KV "
+        "cache)",
+    )
     args = ap.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     try:
@@ -238,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     for variant in variants if args.quality else []:
         print(render_quality(quality(args.model, args.device, dtype, variant)) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
-        print("\n" + render_kernels(kernels_table(shapes, rows, [None] + extra)), flush=True)
+        print("\n" + render_kernels(kernels_table(shapes, rows, [None, *extra])), flush=True)
     return 0
 
 

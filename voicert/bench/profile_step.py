@@ -15,8 +15,8 @@ import time
 import torch
 
 from voicert.bench.engine import SHAPES, shape_config
-from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 from voicert.engine.core.runner import ModelRunner, Row, StepGraphs
+from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -25,27 +25,50 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--context", type=int, default=600)
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--fused-kernels", action=argparse.BooleanOptionalAction, default=True,
-                    help="the Triton kernels (voicert.engine.gpu.kernels) or the torch path")
-    ap.add_argument("--split-target", type=int, default=None,
-                    help="fused kernels: attention programs to aim for when splitting keys "
-                         "(kernels._SPLIT_TARGET; fewer: fewer, longer splits)")
-    ap.add_argument("--pdl", action=argparse.BooleanOptionalAction, default=True,
-                    help="fused kernels: programmatic dependent launch where the GPU has it "
-                         "(llm.pdl)")
-    ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (engine/gpu/fp8.py), nearest")
-    ap.add_argument("--fp8-mma-rows", type=int, default=None,
-                    help="FP8: steps of more rows than this quantize their activations and run "
-                         "on the FP8 tensor cores (kernels.FP8_MMA_ROWS)")
-    ap.add_argument("--triton-linear-rows", type=int, default=0,
-                    help="fused kernels: steps of at most this many rows run bf16 Linears through "
-                         "the Triton kernel instead of cuBLAS")
+    ap.add_argument(
+        "--fused-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the Triton kernels (voicert.engine.gpu.kernels) or the torch path",
+    )
+    ap.add_argument(
+        "--split-target",
+        type=int,
+        default=None,
+        help="fused kernels: attention programs to aim for when splitting keys "
+        "(kernels._SPLIT_TARGET; fewer: fewer, longer splits)",
+    )
+    ap.add_argument(
+        "--pdl",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fused kernels: programmatic dependent launch where the GPU has it (llm.pdl)",
+    )
+    ap.add_argument(
+        "--fp8", action="store_true", help="FP8 layer weights (engine/gpu/fp8.py), nearest"
+    )
+    ap.add_argument(
+        "--fp8-mma-rows",
+        type=int,
+        default=None,
+        help="FP8: steps of more rows than this quantize their activations and run "
+        "on the FP8 tensor cores (kernels.FP8_MMA_ROWS)",
+    )
+    ap.add_argument(
+        "--triton-linear-rows",
+        type=int,
+        default=0,
+        help="fused kernels: steps of at most this many rows run bf16 Linears through "
+        "the Triton kernel instead of cuBLAS",
+    )
     args = ap.parse_args(argv)
     from voicert.engine.gpu import kernels  # (after the arguments: it needs Triton)
 
     if not 0 <= args.triton_linear_rows <= kernels.LINEAR_ROWS:
-        ap.error(f"--triton-linear-rows must be in [0, {kernels.LINEAR_ROWS}] (the tiles are "
-                 "measured for that many rows)")
+        ap.error(
+            f"--triton-linear-rows must be in [0, {kernels.LINEAR_ROWS}] (the tiles are "
+            "measured for that many rows)"
+        )
     if args.fp8_mma_rows is not None and not args.fp8:
         ap.error("--fp8-mma-rows needs --fp8 (it picks the FP8 Linears' path)")
     dev = "cuda"
@@ -62,35 +85,43 @@ def main(argv: list[str] | None = None) -> None:
     model.use_kernels = args.fused_kernels
     model.triton_linear_rows = args.triton_linear_rows
     if args.triton_linear_rows:
-        model.linear_tiles = kernels.linear_tiles(torch.cuda.get_device_name(dev), DTYPES[args.dtype])
+        model.linear_tiles = kernels.linear_tiles(
+            torch.cuda.get_device_name(dev), DTYPES[args.dtype]
+        )
     if args.fused_kernels and args.pdl:
         model.pdl = kernels.pdl_supported(dev)
     bs = 16
     per_seq = -(-(args.context + 1) // bs)
     runner = ModelRunner(model, 1 + per_seq * args.batch, bs)
-    rows = [Row([100], args.context, list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), 0)
-            for i in range(args.batch)]
+    rows = [
+        Row([100], args.context, list(range(1 + i * per_seq, 1 + (i + 1) * per_seq)), 0)
+        for i in range(args.batch)
+    ]
     ids, inp = runner.prepare(rows)
     with torch.inference_mode():
         for _ in range(3):
             runner.forward(ids, inp, runner.k_pool, runner.v_pool)
         torch.cuda.synchronize()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                                torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CUDA, torch.profiler.ProfilerActivity.CPU]
+        ) as prof:
             for _ in range(5):
                 h = runner.forward(ids, inp, runner.k_pool, runner.v_pool)
                 model.greedy(h[:, -1])
             torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30))
     step, gpu, host_min, overlapped = time_graph_step(runner, rows, args.batch, args.context)
-    print(f"batch {args.batch}, context {args.context}: graph step (staging + replay + tolist) "
-          f"P50 {step:.3f} ms, min {host_min:.3f} ms; replays back to back {gpu:.4f} ms per step "
-          f"(GPU time); host adds {step - gpu:.3f} ms; overlapped steps (next queued before "
-          f"reading the last) {overlapped:.3f} ms per step")
+    print(
+        f"batch {args.batch}, context {args.context}: graph step (staging + replay + tolist) "
+        f"P50 {step:.3f} ms, min {host_min:.3f} ms; replays back to back {gpu:.4f} ms per step "
+        f"(GPU time); host adds {step - gpu:.3f} ms; overlapped steps (next queued before "
+        f"reading the last) {overlapped:.3f} ms per step"
+    )
 
 
-def time_graph_step(runner: ModelRunner, rows: list[Row], batch: int,
-                    context: int) -> tuple[float, float, float, float]:
+def time_graph_step(
+    runner: ModelRunner, rows: list[Row], batch: int, context: int
+) -> tuple[float, float, float, float]:
     """(graph step P50 ms with staging and reading, GPU ms per step of replays back to back,
     graph step min ms, ms per step when each is queued before the last is read), with a CUDA
     graph captured now."""

@@ -28,12 +28,12 @@ import time
 import numpy as np
 import torch
 
-from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer
+from voicert.bench.engine import SHAPES, _NullTokenizer, shape_config
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig, build_core
 from voicert.engine.core.engine_core import EngineCore
-from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 from voicert.engine.core.runner import bucket, rows_for
+from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 
 PHASES = ("add", "schedule", "launch", "wait", "post")
 
@@ -63,15 +63,19 @@ def first_token(core: EngineCore, prompt: list[int], tag: str) -> dict[str, floa
     return us
 
 
-def graph_gpu_us(core: EngineCore, prompt_len: int, new: int,
-                 replays: int = 50) -> tuple[float, float]:
+def graph_gpu_us(
+    core: EngineCore, prompt_len: int, new: int, replays: int = 50
+) -> tuple[float, float]:
     """GPU microseconds of the prefill graph a (prompt_len, new) step replays (inputs as last
     staged), back to back; and the host's microseconds in one ``replay()`` call on an idle GPU
     (P50 of 20)."""
     graphs = core.runner.prefill_graphs
     bs = core.cfg.block_size
-    key = (bucket(1, graphs.batches), bucket(-(-prompt_len // bs), graphs.blocks),
-           bucket(new, graphs.widths))
+    key = (
+        bucket(1, graphs.batches),
+        bucket(-(-prompt_len // bs), graphs.blocks),
+        bucket(new, graphs.widths),
+    )
     graph = graphs.graphs[key]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     runs = []
@@ -130,17 +134,33 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default="llama-1b-random", choices=sorted(SHAPES))
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
     ap.add_argument("--reps", type=int, default=40)
-    ap.add_argument("--rows", type=prompt_rows, default="500+100,150+20",
-                    help="cached+new, comma-separated")
+    ap.add_argument(
+        "--rows", type=prompt_rows, default="500+100,150+20", help="cached+new, comma-separated"
+    )
     ap.add_argument("--device", default="cuda", help="cpu: the host phases only (a smoke run)")
-    ap.add_argument("--prefill-attention", default="auto", choices=("auto", "paged", "flash", "sdpa"))
-    ap.add_argument("--fp8", action="store_true", help="FP8 layer weights (llm.fp8), nearest rounding")
-    ap.add_argument("--pdl", default="auto", choices=("auto", "on", "off"),
-                    help="programmatic dependent launch of the fused kernels (llm.pdl)")
-    ap.add_argument("--cprofile", action="store_true",
-                    help="also print the host's functions by own time over each row's requests")
-    ap.add_argument("--kernels", action=argparse.BooleanOptionalAction, default=True,
-                    help="also print the kernel table of an eager forward per row")
+    ap.add_argument(
+        "--prefill-attention", default="auto", choices=("auto", "paged", "flash", "sdpa")
+    )
+    ap.add_argument(
+        "--fp8", action="store_true", help="FP8 layer weights (llm.fp8), nearest rounding"
+    )
+    ap.add_argument(
+        "--pdl",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="programmatic dependent launch of the fused kernels (llm.pdl)",
+    )
+    ap.add_argument(
+        "--cprofile",
+        action="store_true",
+        help="also print the host's functions by own time over each row's requests",
+    )
+    ap.add_argument(
+        "--kernels",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also print the kernel table of an eager forward per row",
+    )
     args = ap.parse_args(argv)
     if args.reps < 1:
         ap.error("--reps must be at least 1")
@@ -149,19 +169,36 @@ def main(argv: list[str] | None = None) -> None:
     cfg = LlamaConfig.from_hf(shape_config(args.model))
     gpu = args.device.startswith("cuda")
     model = random_llama(cfg, DTYPES[args.dtype], args.device)
-    core = build_core("", EngineConfig(device=args.device, dtype=args.dtype, kv_memory_gb=4,
-                                       max_context_tokens=4096, cuda_graphs=gpu,
-                                       fused_kernels=gpu, overlap=True,
-                                       prefill_attention=args.prefill_attention, fp8=args.fp8,
-                                       fp8_rounding="nearest", pdl=args.pdl),
-                      model=model, tokenizer=_NullTokenizer(cfg.vocab_size))
+    core = build_core(
+        "",
+        EngineConfig(
+            device=args.device,
+            dtype=args.dtype,
+            kv_memory_gb=4,
+            max_context_tokens=4096,
+            cuda_graphs=gpu,
+            fused_kernels=gpu,
+            overlap=True,
+            prefill_attention=args.prefill_attention,
+            fp8=args.fp8,
+            fp8_rounding="nearest",
+            pdl=args.pdl,
+        ),
+        model=model,
+        tokenizer=_NullTokenizer(cfg.vocab_size),
+    )
     rng = np.random.default_rng(0)
-    tokens = lambda n: rng.integers(100, 30000, n).tolist()  # noqa: E731
-    print(f"# {args.model} (RANDOM WEIGHTS, timing only), {args.dtype}{', FP8' if args.fp8 else ''}, "
-          f"PDL {'on' if core.model.pdl else 'off'}, "
-          f"{torch.cuda.get_device_name() if gpu else 'cpu'}; P50 us over {args.reps} requests\n")
-    print("| cached + new | " + " | ".join(PHASES)
-          + " | total (host) | gpu (graph back to back) | of launch: the replay() call |")
+    tokens = lambda n: rng.integers(100, 30000, n).tolist()
+    print(
+        f"# {args.model} (RANDOM WEIGHTS, timing only), {args.dtype}{', FP8' if args.fp8 else ''}, "
+        f"PDL {'on' if core.model.pdl else 'off'}, "
+        f"{torch.cuda.get_device_name() if gpu else 'cpu'}; P50 us over {args.reps} requests\n"
+    )
+    print(
+        "| cached + new | "
+        + " | ".join(PHASES)
+        + " | total (host) | gpu (graph back to back) | of launch: the replay() call |"
+    )
     print("|---|" + "---:|" * (len(PHASES) + 3))
     tables, hosts = [], []
     for cached, new in args.rows:
@@ -181,8 +218,11 @@ def main(argv: list[str] | None = None) -> None:
         total = float(np.median([sum(r[p] for p in PHASES) for r in runs]))
         assert all(r["steps"] == 1 for r in runs), "a measured prompt took more than one step"
         gpu_us, call_us = graph_gpu_us(core, cached + new, new) if gpu else (np.nan, np.nan)
-        print(f"| {cached} + {new} | " + " | ".join(f"{p50[p]:.0f}" for p in PHASES)
-              + f" | {total:.0f} | {gpu_us:.0f} | {call_us:.0f} |")
+        print(
+            f"| {cached} + {new} | "
+            + " | ".join(f"{p50[p]:.0f}" for p in PHASES)
+            + f" | {total:.0f} | {gpu_us:.0f} | {call_us:.0f} |"
+        )
         if args.kernels and gpu:
             tables.append((spec, kernel_table(core, prefix + tokens(new))))
     for spec, text in hosts:

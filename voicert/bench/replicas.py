@@ -31,10 +31,12 @@ from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.clients.replicas import Placement, ReplicaEngine
 
-SYSTEM = ("You are the voice assistant of a restaurant group. Callers book and change tables, ask "
-          "about opening hours, menus, allergens, parking and gift cards. Answer in one or two "
-          "short sentences, confirm names, dates, times and party sizes back to the caller, and "
-          "never read out long lists. If you are not sure, ask one short question.")
+SYSTEM = (
+    "You are the voice assistant of a restaurant group. Callers book and change tables, ask "
+    "about opening hours, menus, allergens, parking and gift cards. Answer in one or two "
+    "short sentences, confirm names, dates, times and party sizes back to the caller, and "
+    "never read out long lists. If you are not sure, ask one short question."
+)
 
 
 @dataclasses.dataclass
@@ -54,17 +56,33 @@ class Level:
         t = np.asarray(self.ttft_ms) if self.ttft_ms else np.asarray([float("nan")])
         lag = np.percentile(self.lag_ms, 99) if self.lag_ms else 0.0
         total = sum(self.shares) or 1
-        return {"gpus": self.gpus, "sessions": self.sessions, "turns": len(self.ttft_ms),
-                "ttft_p50": float(np.percentile(t, 50)), "ttft_p95": float(np.percentile(t, 95)),
-                "ttft_p99": float(np.percentile(t, 99)),
-                "tokens_per_s": self.tokens / self.seconds,
-                "kept": self.kept, "moved": self.moved, "prefix_hit": self.prefix_hit,
-                "shares": [round(s / total, 3) for s in self.shares],
-                "client_lag_p99_ms": float(lag), "valid": bool(lag <= 10.0)}
+        return {
+            "gpus": self.gpus,
+            "sessions": self.sessions,
+            "turns": len(self.ttft_ms),
+            "ttft_p50": float(np.percentile(t, 50)),
+            "ttft_p95": float(np.percentile(t, 95)),
+            "ttft_p99": float(np.percentile(t, 99)),
+            "tokens_per_s": self.tokens / self.seconds,
+            "kept": self.kept,
+            "moved": self.moved,
+            "prefix_hit": self.prefix_hit,
+            "shares": [round(s / total, 3) for s in self.shares],
+            "client_lag_p99_ms": float(lag),
+            "valid": bool(lag <= 10.0),
+        }
 
 
-async def _session(engine, index: int, args, deadline: float, counted_from: float,
-                   out: list[float], tokens: list[int], rng: random.Random) -> None:
+async def _session(
+    engine,
+    index: int,
+    args,
+    deadline: float,
+    counted_from: float,
+    out: list[float],
+    tokens: list[int],
+    rng: random.Random,
+) -> None:
     history: list[ChatMessage] = []
     turn = 0
     await asyncio.sleep(rng.uniform(0, args.think))  # sessions start spread out
@@ -75,8 +93,9 @@ async def _session(engine, index: int, args, deadline: float, counted_from: floa
             return
         question = f"{rng.choice(VOICE_PROMPTS)} (caller {index}, turn {turn})"
         messages = [ChatMessage("system", SYSTEM), *history[-8:], ChatMessage("user", question)]
-        request = GenerationRequest(f"b{index}-{turn}", messages, args.new,
-                                    session_id=f"s{index}", ignore_eos=True)
+        request = GenerationRequest(
+            f"b{index}-{turn}", messages, args.new, session_id=f"s{index}", ignore_eos=True
+        )
         counted = loop.time() >= counted_from
         t0 = time.perf_counter_ns()
         first = None
@@ -117,16 +136,30 @@ async def run_level(engine, gpus: int, sessions: int, args) -> Level:
     shares_before = _shares(engine)
     lag_task = asyncio.ensure_future(_lag(stop, lag))
     rng = random.Random(sessions * 7919 + gpus)
-    await asyncio.gather(*(_session(engine, i, args, deadline, counted_from, ttft, tokens,
-                                    random.Random(rng.random())) for i in range(sessions)))
+    await asyncio.gather(
+        *(
+            _session(
+                engine, i, args, deadline, counted_from, ttft, tokens, random.Random(rng.random())
+            )
+            for i in range(sessions)
+        )
+    )
     stop.set()
     await lag_task
     after = engine.stats().extra
     shares = [a - b for a, b in zip(_shares(engine), shares_before)]
-    return Level(gpus, sessions, ttft, tokens[0], args.duration, lag, shares,
-                 after.get("placement_kept", 0) - before.get("placement_kept", 0),
-                 after.get("placement_moved", 0) - before.get("placement_moved", 0),
-                 after.get("prefix_hit_ratio", float("nan")))
+    return Level(
+        gpus,
+        sessions,
+        ttft,
+        tokens[0],
+        args.duration,
+        lag,
+        shares,
+        after.get("placement_kept", 0) - before.get("placement_kept", 0),
+        after.get("placement_moved", 0) - before.get("placement_moved", 0),
+        after.get("prefix_hit_ratio", float("nan")),
+    )
 
 
 def _shares(engine) -> list[int]:
@@ -138,27 +171,41 @@ def build(model_dir: str, gpus: int, config: str | None):
     from voicert.config import load_config
     from voicert.engine.factory import build_engine
 
-    cfg = load_config(config, {"models.llm": model_dir, "llm.gpus": str(gpus),
-                               "llm.process": "true", "llm.max_batch": "256"}, environ={})
+    cfg = load_config(
+        config,
+        {
+            "models.llm": model_dir,
+            "llm.gpus": str(gpus),
+            "llm.process": "true",
+            "llm.max_batch": "256",
+        },
+        environ={},
+    )
     return build_engine(cfg)[1]
 
 
 def render(rows: list[dict], label: str) -> str:
-    out = [f"Engine replicas, {label}", "",
-           "| GPUs | placement | sessions | turns | TTFT P50 | P95 | P99 (ms) | tokens/s "
-           "| kept / moved | replica shares | prefix hit | client lag P99 |",
-           "|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+    out = [
+        f"Engine replicas, {label}",
+        "",
+        "| GPUs | placement | sessions | turns | TTFT P50 | P95 | P99 (ms) | tokens/s "
+        "| kept / moved | replica shares | prefix hit | client lag P99 |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|",
+    ]
     for r in rows:
         mark = "" if r["valid"] else " (client-bound: invalid)"
-        placement = "-" if r["gpus"] == 1 else ("affinity" if r.get("affinity", True)
-                                                else "load only")
+        placement = (
+            "-" if r["gpus"] == 1 else ("affinity" if r.get("affinity", True) else "load only")
+        )
         if r.get("remote"):
             placement = "remote (OpenAI API)"
-        out.append(f"| {r['gpus']} | {placement} | {r['sessions']} | {r['turns']} | {r['ttft_p50']:.1f} | "
-                   f"{r['ttft_p95']:.1f} | {r['ttft_p99']:.1f} | {r['tokens_per_s']:.0f} | "
-                   f"{r['kept']:.0f} / {r['moved']:.0f} | "
-                   f"{' / '.join(f'{s:.2f}' for s in r['shares'])} | {r['prefix_hit']:.2f} | "
-                   f"{r['client_lag_p99_ms']:.1f}{mark} |")
+        out.append(
+            f"| {r['gpus']} | {placement} | {r['sessions']} | {r['turns']} | {r['ttft_p50']:.1f} | "
+            f"{r['ttft_p95']:.1f} | {r['ttft_p99']:.1f} | {r['tokens_per_s']:.0f} | "
+            f"{r['kept']:.0f} / {r['moved']:.0f} | "
+            f"{' / '.join(f'{s:.2f}' for s in r['shares'])} | {r['prefix_hit']:.2f} | "
+            f"{r['client_lag_p99_ms']:.1f}{mark} |"
+        )
     return "\n".join(out)
 
 
@@ -167,8 +214,15 @@ def build_remote(url: str, extra: dict):
     from voicert.config import LlmConfig
     from voicert.engine.clients.openai_compat import OpenAICompatEngine, resolve_model
 
-    cfg = LlmConfig(engine="openai", base_url=url, extra=extra, max_context_tokens=4096,
-                    first_token_timeout_s=60, stall_timeout_s=60, retries=0)
+    cfg = LlmConfig(
+        engine="openai",
+        base_url=url,
+        extra=extra,
+        max_context_tokens=4096,
+        first_token_timeout_s=60,
+        stall_timeout_s=60,
+        retries=0,
+    )
     return OpenAICompatEngine(cfg, resolve_model(cfg))
 
 
@@ -188,8 +242,11 @@ async def main_async(args) -> list[dict]:
         levels = [s * gpus for s in args.sessions]
         t0 = time.perf_counter()
         engine = await asyncio.to_thread(build, args.model, gpus, args.config)
-        print(f"# {gpus} GPU(s): engines up in {time.perf_counter() - t0:.0f} s",
-              file=sys.stderr, flush=True)
+        print(
+            f"# {gpus} GPU(s): engines up in {time.perf_counter() - t0:.0f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         try:
             variants = [True, False] if gpus > 1 and args.compare_affinity else [True]
             for affinity in variants:
@@ -206,24 +263,42 @@ async def main_async(args) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m voicert.bench.replicas", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="HF checkpoint dir (or anything models.llm takes)")
+    ap = argparse.ArgumentParser(
+        prog="python -m voicert.bench.replicas",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--model", required=True, help="HF checkpoint dir (or anything models.llm takes)"
+    )
     ap.add_argument("--label", default="", help="what the model is (say 'random weights')")
     ap.add_argument("--config", default="configs/gpu.yaml")
     ap.add_argument("--gpus", default="1,2", help="GPU counts to run, each in turn")
-    ap.add_argument("--sessions", default="64,128,256",
-                    help="sessions per level per GPU (N GPUs run N times as many)")
+    ap.add_argument(
+        "--sessions",
+        default="64,128,256",
+        help="sessions per level per GPU (N GPUs run N times as many)",
+    )
     ap.add_argument("--think", type=float, default=3.0, help="mean seconds between turns")
     ap.add_argument("--new", type=int, default=48, help="tokens per reply")
     ap.add_argument("--duration", type=float, default=20.0, help="counted seconds per level")
     ap.add_argument("--warmup", type=float, default=6.0, help="uncounted seconds per level")
-    ap.add_argument("--compare-affinity", action="store_true",
-                    help="also run each multi-GPU level with placement by load alone")
-    ap.add_argument("--remote", default="", help="also run the levels (one GPU's) through the "
-                    "LLM stage's client of this OpenAI-compatible server (e.g. vLLM's /v1)")
-    ap.add_argument("--remote-extra", default='{"ignore_eos": true}',
-                    help="request fields for the remote server (JSON)")
+    ap.add_argument(
+        "--compare-affinity",
+        action="store_true",
+        help="also run each multi-GPU level with placement by load alone",
+    )
+    ap.add_argument(
+        "--remote",
+        default="",
+        help="also run the levels (one GPU's) through the "
+        "LLM stage's client of this OpenAI-compatible server (e.g. vLLM's /v1)",
+    )
+    ap.add_argument(
+        "--remote-extra",
+        default='{"ignore_eos": true}',
+        help="request fields for the remote server (JSON)",
+    )
     ap.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
     args = ap.parse_args(argv)
     args.gpus = [int(g) for g in args.gpus.split(",") if g]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from voicert.bench.engine import SHAPES, shape_config, _NullTokenizer, voice_prompt_ids
+from voicert.bench.engine import SHAPES, _NullTokenizer, shape_config, voice_prompt_ids
 from voicert.config import ConfigError
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
@@ -49,13 +49,16 @@ class Level:
     plain_steps: int = 0
 
 
-async def run_streams(engine: LLMEngine, prompts: list[list[int]], new: int, ignore_eos: bool
-                      ) -> tuple[list[list[int]], list[float], list[float], float]:
+async def run_streams(
+    engine: LLMEngine, prompts: list[list[int]], new: int, ignore_eos: bool
+) -> tuple[list[list[int]], list[float], list[float], float]:
     """All prompts at once: (each reply's tokens, each stream's TPOT in ms, each reply's time
     from submit to its last token in ms, wall seconds)."""
+
     async def one(i: int, prompt: list[int]) -> tuple[list[int], float | None, float]:
-        req = GenerationRequest(f"s{i}-{time.perf_counter_ns()}", [], new,
-                                ignore_eos=ignore_eos, prompt_ids=prompt)
+        req = GenerationRequest(
+            f"s{i}-{time.perf_counter_ns()}", [], new, ignore_eos=ignore_eos, prompt_ids=prompt
+        )
         ids, times = [], []
         async for ev in engine.submit(req):
             if ev.finish_reason is None:
@@ -67,8 +70,12 @@ async def run_streams(engine: LLMEngine, prompts: list[list[int]], new: int, ign
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
     wall = time.perf_counter() - t0
-    return ([r for r, _, _ in results], [t for _, t, _ in results if t is not None],
-            [d for _, _, d in results], wall)
+    return (
+        [r for r, _, _ in results],
+        [t for _, t, _ in results if t is not None],
+        [d for _, _, d in results],
+        wall,
+    )
 
 
 def steps_of(engine: LLMEngine) -> tuple[int, int]:
@@ -77,14 +84,15 @@ def steps_of(engine: LLMEngine) -> tuple[int, int]:
     return (policy.spec_steps, policy.plain_steps) if policy is not None else (0, 0)
 
 
-async def measure(engines: dict[str, LLMEngine], prompts: list[list[int]], new: int,
-                  rounds: int, ignore_eos: bool) -> dict[str, Level]:
+async def measure(
+    engines: dict[str, LLMEngine], prompts: list[list[int]], new: int, rounds: int, ignore_eos: bool
+) -> dict[str, Level]:
     """One level: a warm round each, then ``rounds`` rounds, the engines' order rotating."""
     levels = {mode: Level() for mode in engines}
-    for mode, eng in engines.items():
+    for eng in engines.values():
         await run_streams(eng, prompts, new, ignore_eos)  # graphs, cache and policy warm
     for r in range(rounds):
-        order = list(engines)[r % len(engines):] + list(engines)[:r % len(engines)]
+        order = list(engines)[r % len(engines) :] + list(engines)[: r % len(engines)]
         for mode in order:
             eng, lv = engines[mode], levels[mode]
             v0, p0 = steps_of(eng)
@@ -100,14 +108,19 @@ async def measure(engines: dict[str, LLMEngine], prompts: list[list[int]], new: 
     return levels
 
 
-def render(label: str, args: argparse.Namespace, results: dict[int, dict[str, Level]],
-           policy_table: list) -> str:
-    lines = [f"### Speculation by batch size: {label}", "",
-             f"drafter: {args.drafter}, k={args.k}; {args.rounds} rounds per level, engines "
-             f"interleaved; TPOT: per stream, mean over streams and rounds", "",
-             "| streams | plain TPOT | always TPOT | adaptive TPOT | plain tok/s | always tok/s | "
-             "adaptive tok/s | adaptive: verify steps | identical to plain (always / adaptive) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+def render(
+    label: str, args: argparse.Namespace, results: dict[int, dict[str, Level]], policy_table: list
+) -> str:
+    lines = [
+        f"### Speculation by batch size: {label}",
+        "",
+        f"drafter: {args.drafter}, k={args.k}; {args.rounds} rounds per level, engines "
+        f"interleaved; TPOT: per stream, mean over streams and rounds",
+        "",
+        "| streams | plain TPOT | always TPOT | adaptive TPOT | plain tok/s | always tok/s | "
+        "adaptive tok/s | adaptive: verify steps | identical to plain (always / adaptive) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for n, lv in results.items():
         base_tpot = statistics.mean(lv["plain"].tpots)
         base_tps = lv["plain"].tokens / lv["plain"].wall_s
@@ -122,20 +135,42 @@ def render(label: str, args: argparse.Namespace, results: dict[int, dict[str, Le
         (pt, ps), (at, as_), (dt, ds) = cell("plain"), cell("always"), cell("adaptive")
         a = lv["adaptive"]
         share = a.verify_steps / max(a.verify_steps + a.plain_steps, 1)
-        same = [sum(x == y for x, y in zip(lv[m].replies, lv["plain"].replies))
-                for m in ("always", "adaptive")]
-        lines.append(f"| {n} | {pt} | {at} | {dt} | {ps} | {as_} | {ds} | {share:.0%} | "
-                     f"{same[0]}/{n} / {same[1]}/{n} |")
-    lines += ["", "Reply done (submit -> last token), P50 / P95:", "",
-              "| streams | plain | always | adaptive |", "|---:|---:|---:|---:|"]
+        same = [
+            sum(x == y for x, y in zip(lv[m].replies, lv["plain"].replies))
+            for m in ("always", "adaptive")
+        ]
+        lines.append(
+            f"| {n} | {pt} | {at} | {dt} | {ps} | {as_} | {ds} | {share:.0%} | "
+            f"{same[0]}/{n} / {same[1]}/{n} |"
+        )
+    lines += [
+        "",
+        "Reply done (submit -> last token), P50 / P95:",
+        "",
+        "| streams | plain | always | adaptive |",
+        "|---:|---:|---:|---:|",
+    ]
     for n, lv in results.items():
-        lines.append(f"| {n} | " + " | ".join(
-            f"{np.percentile(lv[m].done, 50):.0f} / {np.percentile(lv[m].done, 95):.0f} ms"
-            for m in MODES) + " |")
-    lines += ["", "The adaptive engine's measured step times at the end (per batch bucket):", "",
-              "| batch bucket | plain step | verify step | speculates |", "|---:|---:|---:|---|"]
-    lines += [f"| {row.bucket} | {row.plain_ms:.2f} ms | {row.spec_ms:.2f} ms | "
-              f"{'yes' if row.speculate else 'no'} |" for row in policy_table]
+        lines.append(
+            f"| {n} | "
+            + " | ".join(
+                f"{np.percentile(lv[m].done, 50):.0f} / {np.percentile(lv[m].done, 95):.0f} ms"
+                for m in MODES
+            )
+            + " |"
+        )
+    lines += [
+        "",
+        "The adaptive engine's measured step times at the end (per batch bucket):",
+        "",
+        "| batch bucket | plain step | verify step | speculates |",
+        "|---:|---:|---:|---|",
+    ]
+    lines += [
+        f"| {row.bucket} | {row.plain_ms:.2f} ms | {row.spec_ms:.2f} ms | "
+        f"{'yes' if row.speculate else 'no'} |"
+        for row in policy_table
+    ]
     return "\n".join(lines)
 
 
@@ -160,26 +195,44 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, LLMEngine], list[lis
         tok = AutoTokenizer.from_pretrained(model_dir)
         prompts, label, ignore_eos = voice_prompt_ids(tok), f"{args.model} ({model_dir})", False
     cuda = args.device.startswith("cuda")
-    base = dict(device=args.device, dtype=args.dtype, kv_memory_gb=args.kv_gb,
-                max_batch=max(args.streams), max_context_tokens=2048, cuda_graphs=cuda,
-                fused_kernels=cuda, torchscript=not cuda)
+    base = dict(
+        device=args.device,
+        dtype=args.dtype,
+        kv_memory_gb=args.kv_gb,
+        max_batch=max(args.streams),
+        max_context_tokens=2048,
+        cuda_graphs=cuda,
+        fused_kernels=cuda,
+        torchscript=not cuda,
+    )
     heads = "embedded" if args.drafter == "heads" else ""
     engines = {"plain": LLMEngine(model_dir, EngineConfig(**base), model=model, tokenizer=tok)}
     for mode in ("always", "adaptive"):
-        engines[mode] = LLMEngine(model_dir, EngineConfig(**base, spec_tokens=args.k,
-                                                          spec_policy=mode, draft_heads=heads),
-                                  model=model, tokenizer=tok)
+        engines[mode] = LLMEngine(
+            model_dir,
+            EngineConfig(**base, spec_tokens=args.k, spec_policy=mode, draft_heads=heads),
+            model=model,
+            tokenizer=tok,
+        )
     return label, engines, prompts, ignore_eos
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m voicert.bench.spec", description=__doc__.split(
-        "\n\n")[0])
-    ap.add_argument("--model", default="embedded",
-                    help="embedded (SmolLM2, real weights), a .gguf or HF directory, or a random "
-                         f"shape: {', '.join(SHAPES)}")
-    ap.add_argument("--drafter", choices=("heads", "ngram"), default="heads",
-                    help="heads: the draft heads shipped for the embedded SmolLM2")
+    ap = argparse.ArgumentParser(
+        prog="python -m voicert.bench.spec", description=__doc__.split("\n\n")[0]
+    )
+    ap.add_argument(
+        "--model",
+        default="embedded",
+        help="embedded (SmolLM2, real weights), a .gguf or HF directory, or a random "
+        f"shape: {', '.join(SHAPES)}",
+    )
+    ap.add_argument(
+        "--drafter",
+        choices=("heads", "ngram"),
+        default="heads",
+        help="heads: the draft heads shipped for the embedded SmolLM2",
+    )
     ap.add_argument("--k", type=int, default=2, help="drafts per verify step")
     ap.add_argument("--streams", default="1,4,16,64")
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -208,8 +261,9 @@ def main(argv: list[str] | None = None) -> int:
         results = {}
         for n in args.streams:
             level = [prompts[i % len(prompts)] for i in range(n)]
-            results[n] = asyncio.run(measure(engines, level, args.new_tokens, args.rounds,
-                                             ignore_eos))
+            results[n] = asyncio.run(
+                measure(engines, level, args.new_tokens, args.rounds, ignore_eos)
+            )
             print(f"spec: {n} streams measured", file=sys.stderr, flush=True)
         print(render(label, args, results, engines["adaptive"].core.scheduler.policy.table()))
     finally:

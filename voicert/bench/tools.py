@@ -25,9 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-from voicert.core.chat import ChatMessage
+from voicert.core.chat import ChatMessage, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.llm import GenerationRequest
-from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
 DEFAULT_CONFIG = "examples/restaurant/config.yaml"
 DEFAULT_PROMPTS = "examples/restaurant/eval.jsonl"
@@ -48,8 +47,9 @@ async def _one_turn(url: str, text: str, choice: str) -> dict:
 
     out: dict = {"calls": [], "text": "", "stages": {}, "outputs": []}
     async with websockets.connect(url, max_size=None) as ws:
-        start = p.SessionStart(tool_choice=None if choice == "server" else
-                               ToolChoice(ToolChoiceMode(choice)))
+        start = p.SessionStart(
+            tool_choice=None if choice == "server" else ToolChoice(ToolChoiceMode(choice))
+        )
         await ws.send(p.encode(start))
         await ws.send(p.encode(p.UserText(text)))
         while True:
@@ -73,8 +73,8 @@ async def run_eval(args: argparse.Namespace) -> dict:
     from voicert.server.app import VoiceServer, load_services
 
     cfg = load_config(args.config, {"server.port": 0, "server.host": "127.0.0.1"})
-    prompts = [json.loads(line) for line in Path(args.prompts).read_text().splitlines()
-               if line.strip()]
+    text = await asyncio.to_thread(Path(args.prompts).read_text)
+    prompts = [json.loads(line) for line in text.splitlines() if line.strip()]
     svc = load_services(cfg)
     server = VoiceServer(svc)
     await server.start()
@@ -84,42 +84,66 @@ async def run_eval(args: argparse.Namespace) -> dict:
         for prompt in prompts:
             got = await _one_turn(url, prompt["text"], args.choice)
             called = got["calls"][0][0] if got["calls"] else None
-            rows.append({"text": prompt["text"], "want": prompt["tool"], "called": called,
-                         "arguments": got["calls"][0][1] if got["calls"] else "",
-                         "right": called == prompt["tool"], "reply": got["text"],
-                         **{k: got["stages"].get(k) for k in ("tool_call_ms", "ttft_ms",
-                                                              "total_ms")}})
-            print(f"  {'ok ' if rows[-1]['right'] else 'BAD'} want={prompt['tool']} "
-                  f"got={called} {rows[-1]['arguments'][:60]}", file=sys.stderr)
+            rows.append(
+                {
+                    "text": prompt["text"],
+                    "want": prompt["tool"],
+                    "called": called,
+                    "arguments": got["calls"][0][1] if got["calls"] else "",
+                    "right": called == prompt["tool"],
+                    "reply": got["text"],
+                    **{k: got["stages"].get(k) for k in ("tool_call_ms", "ttft_ms", "total_ms")},
+                }
+            )
+            print(
+                f"  {'ok ' if rows[-1]['right'] else 'BAD'} want={prompt['tool']} "
+                f"got={called} {rows[-1]['arguments'][:60]}",
+                file=sys.stderr,
+            )
     finally:
         await server.shutdown()
         svc.engine.close()
         svc.asr.close()
     calls = [r["tool_call_ms"] for r in rows if r["tool_call_ms"] is not None]
     should = [r for r in rows if r["want"]]
-    return {"config": args.config, "choice": args.choice, "llm": cfg.models.llm,
-            "device": cfg.llm.device, "rows": rows,
-            "right": sum(r["right"] for r in rows), "n": len(rows),
-            "right_when_a_tool_is_wanted": sum(r["right"] for r in should), "n_wanted": len(should),
-            "called_when_none_is_wanted": sum(r["called"] is not None for r in rows
-                                              if not r["want"]),
-            "tool_call_ms": {"p50": pct(calls, 50), "p95": pct(calls, 95), "n": len(calls)},
-            "ttft_ms": {"p50": pct([r["ttft_ms"] for r in rows if r["ttft_ms"] is not None], 50)}}
+    return {
+        "config": args.config,
+        "choice": args.choice,
+        "llm": cfg.models.llm,
+        "device": cfg.llm.device,
+        "rows": rows,
+        "right": sum(r["right"] for r in rows),
+        "n": len(rows),
+        "right_when_a_tool_is_wanted": sum(r["right"] for r in should),
+        "n_wanted": len(should),
+        "called_when_none_is_wanted": sum(r["called"] is not None for r in rows if not r["want"]),
+        "tool_call_ms": {"p50": pct(calls, 50), "p95": pct(calls, 95), "n": len(calls)},
+        "ttft_ms": {"p50": pct([r["ttft_ms"] for r in rows if r["ttft_ms"] is not None], 50)},
+    }
 
 
 def render_eval(r: dict) -> str:
-    lines = [f"### Tool choice on {r['n']} prompts ({r['config']}, tool_choice={r['choice']}, "
-             f"llm {r['llm']} on {r['device']})", "",
-             "| prompt | wanted | called | arguments | tool_call_ms |", "|---|---|---|---|---:|"]
+    lines = [
+        f"### Tool choice on {r['n']} prompts ({r['config']}, tool_choice={r['choice']}, "
+        f"llm {r['llm']} on {r['device']})",
+        "",
+        "| prompt | wanted | called | arguments | tool_call_ms |",
+        "|---|---|---|---|---:|",
+    ]
     for row in r["rows"]:
         ms = f"{row['tool_call_ms']:.0f}" if row["tool_call_ms"] is not None else "-"
-        lines.append(f"| {row['text']} | {row['want'] or '-'} | {row['called'] or '-'} | "
-                     f"`{row['arguments'][:70]}` | {ms} |")
+        lines.append(
+            f"| {row['text']} | {row['want'] or '-'} | {row['called'] or '-'} | "
+            f"`{row['arguments'][:70]}` | {ms} |"
+        )
     t = r["tool_call_ms"]
-    lines += ["", f"Right: {r['right']}/{r['n']} (a tool wanted: {r['right_when_a_tool_is_wanted']}"
-              f"/{r['n_wanted']}; a call where none was wanted: {r['called_when_none_is_wanted']}). "
-              f"Endpoint -> call complete: P50 {t['p50']:.0f} ms, P95 {t['p95']:.0f} ms over "
-              f"{t['n']} calls; TTFT P50 {r['ttft_ms']['p50']:.0f} ms."]
+    lines += [
+        "",
+        f"Right: {r['right']}/{r['n']} (a tool wanted: {r['right_when_a_tool_is_wanted']}"
+        f"/{r['n_wanted']}; a call where none was wanted: {r['called_when_none_is_wanted']}). "
+        f"Endpoint -> call complete: P50 {t['p50']:.0f} ms, P95 {t['p95']:.0f} ms over "
+        f"{t['n']} calls; TTFT P50 {r['ttft_ms']['p50']:.0f} ms.",
+    ]
     return "\n".join(lines)
 
 
@@ -133,32 +157,44 @@ def _core(args: argparse.Namespace):
     from voicert.bench.engine import SHAPES, shape_config
     from voicert.config import cache_dir, load_config
     from voicert.engine.build import EngineConfig, build_core
-    from voicert.engine.core.engine_core import EngineCore
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 
-    model_dir = args.tokenizer or str(resolve_llm("embedded",
-                                                  cache_dir(load_config(environ={}).models)))
+    model_dir = args.tokenizer or str(
+        resolve_llm("embedded", cache_dir(load_config(environ={}).models))
+    )
     tok = AutoTokenizer.from_pretrained(model_dir)
     dtype = DTYPES[args.dtype]
     if args.model in SHAPES:
         torch.manual_seed(0)
-        model = random_llama(LlamaConfig.from_hf(shape_config(args.model)),
-                             dtype, args.device)
+        model = random_llama(LlamaConfig.from_hf(shape_config(args.model)), dtype, args.device)
         label = f"{args.model} (RANDOM WEIGHTS, timing only; the embedded tokenizer)"
     else:
         model = load_llama(model_dir, dtype, args.device)
         label = f"embedded SmolLM2-135M ({model_dir})"
-    cfg = EngineConfig(device=args.device, dtype=args.dtype, max_batch=max(args.batches),
-                       kv_memory_gb=args.kv_gb, max_context_tokens=1024,
-                       cuda_graphs=args.cuda_graphs, fused_kernels=args.fused_kernels,
-                       torchscript=args.device == "cpu")
+    cfg = EngineConfig(
+        device=args.device,
+        dtype=args.dtype,
+        max_batch=max(args.batches),
+        kv_memory_gb=args.kv_gb,
+        max_context_tokens=1024,
+        cuda_graphs=args.cuda_graphs,
+        fused_kernels=args.fused_kernels,
+        torchscript=args.device == "cpu",
+    )
     return build_core(model_dir, cfg, model=model, tokenizer=tok), label
 
 
-NOTE = ToolSpec.of("take_note", "Write down what the caller says, word for word", {
-    "type": "object", "required": ["text"], "additionalProperties": False,
-    "properties": {"text": {"type": "string"}}})
+NOTE = ToolSpec.of(
+    "take_note",
+    "Write down what the caller says, word for word",
+    {
+        "type": "object",
+        "required": ["text"],
+        "additionalProperties": False,
+        "properties": {"text": {"type": "string"}},
+    },
+)
 
 
 def _batch(core, n: int, new: int, guided: bool, tag: str) -> dict:
@@ -166,21 +202,32 @@ def _batch(core, n: int, new: int, guided: bool, tag: str) -> dict:
     core.drain_steps()
     steps0, ns0 = core.guided_steps, core.guide_ns
     for i in range(n):
-        core.add(GenerationRequest(
-            f"{tag}-{i}", [ChatMessage("user", f"Please note down item number {i} of the list.")],
-            new, ignore_eos=not guided,
-            tools=(NOTE,) if guided else (), tool_choice=ToolChoice(ToolChoiceMode.REQUIRED)))
+        core.add(
+            GenerationRequest(
+                f"{tag}-{i}",
+                [ChatMessage("user", f"Please note down item number {i} of the list.")],
+                new,
+                ignore_eos=not guided,
+                tools=(NOTE,) if guided else (),
+                tool_choice=ToolChoice(ToolChoiceMode.REQUIRED),
+            )
+        )
     tokens = 0
     while core.has_work():
         tokens += sum(o.finish_reason is None for o in core.step())
     records = [r for r in core.drain_steps() if r.kind == "decode"]
     full = [r.seconds * 1e3 for r in records if r.batch == n]
-    return {"decode_steps": len(records), "full_batch_steps": len(full),
-            "step_ms": statistics.fmean(full) if full else float("nan"),
-            "step_ms_p50": pct(full, 50), "tokens": tokens,
-            "mean_batch": statistics.fmean(r.batch for r in records) if records else 0.0,
-            "guide_us_per_step": ((core.guide_ns - ns0) / 1e3 / max(core.guided_steps - steps0, 1))
-            if guided else 0.0}
+    return {
+        "decode_steps": len(records),
+        "full_batch_steps": len(full),
+        "step_ms": statistics.fmean(full) if full else float("nan"),
+        "step_ms_p50": pct(full, 50),
+        "tokens": tokens,
+        "mean_batch": statistics.fmean(r.batch for r in records) if records else 0.0,
+        "guide_us_per_step": ((core.guide_ns - ns0) / 1e3 / max(core.guided_steps - steps0, 1))
+        if guided
+        else 0.0,
+    }
 
 
 def run_masks(args: argparse.Namespace) -> dict:
@@ -192,24 +239,45 @@ def run_masks(args: argparse.Namespace) -> dict:
         _batch(core, n, 16, True, f"warmg{n}")
         plain = _batch(core, n, args.new, False, f"plain{n}")
         guided = _batch(core, n, args.new, True, f"guided{n}")
-        rows.append({"batch": n, "plain": plain, "guided": guided,
-                     "overhead_ms": guided["step_ms"] - plain["step_ms"]})
-    return {"label": label, "device": args.device, "dtype": args.dtype,
-            "cuda_graphs": args.cuda_graphs, "new": args.new, "rows": rows}
+        rows.append(
+            {
+                "batch": n,
+                "plain": plain,
+                "guided": guided,
+                "overhead_ms": guided["step_ms"] - plain["step_ms"],
+            }
+        )
+    return {
+        "label": label,
+        "device": args.device,
+        "dtype": args.dtype,
+        "cuda_graphs": args.cuda_graphs,
+        "new": args.new,
+        "rows": rows,
+    }
 
 
 def render_masks(r: dict) -> str:
-    lines = [f"### Guided decoding, per decode step ({r['label']}, {r['device']} {r['dtype']}, "
-             f"cuda_graphs={r['cuda_graphs']}, {r['new']} new tokens)", "",
-             "| batch | unguided step ms | guided step ms | overhead ms | host guide us/step "
-             "| full-batch steps (unguided / guided) |", "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"### Guided decoding, per decode step ({r['label']}, {r['device']} {r['dtype']}, "
+        f"cuda_graphs={r['cuda_graphs']}, {r['new']} new tokens)",
+        "",
+        "| batch | unguided step ms | guided step ms | overhead ms | host guide us/step "
+        "| full-batch steps (unguided / guided) |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for row in r["rows"]:
         p, g = row["plain"], row["guided"]
-        lines.append(f"| {row['batch']} | {p['step_ms']:.3f} | {g['step_ms']:.3f} | "
-                     f"{row['overhead_ms']:+.3f} | {g['guide_us_per_step']:.0f} | "
-                     f"{p['full_batch_steps']} / {g['full_batch_steps']} |")
-    lines += ["", "Step times are the mean of decode steps that ran the whole batch (guided rows "
-              "end when their call is complete; steps after that are left out)."]
+        lines.append(
+            f"| {row['batch']} | {p['step_ms']:.3f} | {g['step_ms']:.3f} | "
+            f"{row['overhead_ms']:+.3f} | {g['guide_us_per_step']:.0f} | "
+            f"{p['full_batch_steps']} / {g['full_batch_steps']} |"
+        )
+    lines += [
+        "",
+        "Step times are the mean of decode steps that ran the whole batch (guided rows "
+        "end when their call is complete; steps after that are left out).",
+    ]
     return "\n".join(lines)
 
 
@@ -217,18 +285,26 @@ def render_masks(r: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m voicert.bench.tools", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m voicert.bench.tools",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = ap.add_subparsers(dest="cmd", required=True)
     ev = sub.add_parser("eval", help="tool choice and call latency over an eval set")
     ev.add_argument("--config", default=DEFAULT_CONFIG)
     ev.add_argument("--prompts", default=DEFAULT_PROMPTS)
-    ev.add_argument("--choice", default="server", choices=["server", "auto", "required"],
-                    help="server: the config's tools.choice")
+    ev.add_argument(
+        "--choice",
+        default="server",
+        choices=["server", "auto", "required"],
+        help="server: the config's tools.choice",
+    )
     ev.add_argument("--json", action="store_true")
     ms = sub.add_parser("masks", help="per-step cost of grammar masks")
-    ms.add_argument("--model", default="smollm2-random",
-                    help="embedded | smollm2-random | llama-1b-random")
+    ms.add_argument(
+        "--model", default="smollm2-random", help="embedded | smollm2-random | llama-1b-random"
+    )
     ms.add_argument("--device", default="cpu")
     ms.add_argument("--dtype", default="float32")
     ms.add_argument("--batches", default="1,8", type=lambda s: [int(x) for x in s.split(",")])
@@ -236,8 +312,9 @@ def main(argv: list[str] | None = None) -> int:
     ms.add_argument("--kv-gb", type=float, default=1.0)
     ms.add_argument("--cuda-graphs", action="store_true")
     ms.add_argument("--fused-kernels", action="store_true")
-    ms.add_argument("--tokenizer", default="",
-                    help="a tokenizer dir (default: the embedded model's)")
+    ms.add_argument(
+        "--tokenizer", default="", help="a tokenizer dir (default: the embedded model's)"
+    )
     ms.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.cmd == "eval":

@@ -29,7 +29,6 @@ import dataclasses
 import json
 import sys
 import time
-
 from pathlib import Path
 
 import numpy as np
@@ -70,8 +69,7 @@ def pieces_of(text: str, first_clause_chars: int = 24, first_words: int = 0) -> 
     return pieces + splitter.flush()
 
 
-def time_voice(voice, repeat: int, asr, first_words: int = 0,
-               save: Path | None = None) -> Timing:
+def time_voice(voice, repeat: int, asr, first_words: int = 0, save: Path | None = None) -> Timing:
     """Time ``voice`` over REPLIES (after one warm-up call); transcribe each reply, spoken piece
     by piece as the session cuts it, with ``asr`` (None: no transcripts); with ``save``, write each
     reply's audio there as ``NN.wav`` (16 kHz)."""
@@ -96,8 +94,14 @@ def time_voice(voice, repeat: int, asr, first_words: int = 0,
         arrivals: list[float] = []
         t0 = time.perf_counter()
         for part in pieces:
-            voice.synthesize(part, lambda c: arrivals.append(time.perf_counter())
-                             or chunks.append(np.asarray(c, np.float32)) or True)
+            voice.synthesize(
+                part,
+                lambda c: (
+                    arrivals.append(time.perf_counter())
+                    or chunks.append(np.asarray(c, np.float32))
+                    or True
+                ),
+            )
         took = time.perf_counter() - t0
         audio = np.concatenate(chunks)  # [N] at the voice's rate
         rtfs.append(took / (audio.size / voice.sample_rate))
@@ -138,8 +142,10 @@ def time_parallel(voice, callers: int, repeat: int, first_words: int) -> dict:
             with lock:
                 firsts.append(seen[0] / 1e6)
 
-    for warm in [threading.Thread(target=voice.synthesize, args=("Warming up.", lambda c: True))
-                 for _ in range(callers)]:
+    for warm in [
+        threading.Thread(target=voice.synthesize, args=("Warming up.", lambda c: True))
+        for _ in range(callers)
+    ]:
         warm.start()
         warm.join()
     threads = [threading.Thread(target=speak, args=(pieces[i::callers],)) for i in range(callers)]
@@ -149,8 +155,11 @@ def time_parallel(voice, callers: int, repeat: int, first_words: int) -> dict:
     for t in threads:
         t.join()
     took = time.perf_counter() - t0
-    return {"first_audio_p50_ms": pct(firsts, 50), "first_audio_p95_ms": pct(firsts, 95),
-            "pieces_per_s": len(firsts) / took}
+    return {
+        "first_audio_p50_ms": pct(firsts, 50),
+        "first_audio_p95_ms": pct(firsts, 95),
+        "pieces_per_s": len(firsts) / took,
+    }
 
 
 def parallel(callers: int, ort_threads: int, repeat: int, first_words: int) -> int:
@@ -159,23 +168,35 @@ def parallel(callers: int, ort_threads: int, repeat: int, first_words: int) -> i
     from voicert.config import TtsConfig
     from voicert.speech.piper_voice import PiperTts
 
-    print(f"Piper, {callers} threads speaking first pieces at once ({ort_threads or 'all'} "
-          f"onnxruntime threads each, {len(REPLIES)} pieces x {repeat})\n")
+    print(
+        f"Piper, {callers} threads speaking first pieces at once ({ort_threads or 'all'} "
+        f"onnxruntime threads each, {len(REPLIES)} pieces x {repeat})\n"
+    )
     print("| sessions | first audio P50 | P95 (ms) | pieces a second |")
     print("|---|---:|---:|---:|")
     for label, sessions in (("one, in turn", 1), ("one per thread", callers)):
-        voice = PiperTts(TtsConfig(engine="piper", workers=callers, sessions=sessions,
-                                   threads=ort_threads))
+        voice = PiperTts(
+            TtsConfig(engine="piper", workers=callers, sessions=sessions, threads=ort_threads)
+        )
         r = time_parallel(voice, callers, repeat, first_words)
-        print(f"| {label} | {r['first_audio_p50_ms']:.1f} | {r['first_audio_p95_ms']:.1f} | "
-              f"{r['pieces_per_s']:.1f} |", flush=True)
+        print(
+            f"| {label} | {r['first_audio_p50_ms']:.1f} | {r['first_audio_p95_ms']:.1f} | "
+            f"{r['pieces_per_s']:.1f} |",
+            flush=True,
+        )
     return 0
 
 
 def transcribe(asr, audio16: np.ndarray) -> str:
-    segments, _ = asr.transcribe(audio16, language="en", beam_size=1, temperature=0.0,
-                                 vad_filter=False, condition_on_previous_text=False,
-                                 without_timestamps=True)
+    segments, _ = asr.transcribe(
+        audio16,
+        language="en",
+        beam_size=1,
+        temperature=0.0,
+        vad_filter=False,
+        condition_on_previous_text=False,
+        without_timestamps=True,
+    )
     return " ".join(s.text.strip() for s in segments)
 
 
@@ -194,8 +215,10 @@ def wer_of(directory: Path) -> int:
     for folder in sorted(p for p in directory.iterdir() if p.is_dir()):
         wavs = sorted(folder.glob("*.wav"))
         heard = [transcribe(asr, read_wav(w)[0]) for w in wavs]
-        print(f"| {folder.name} | {wer(list(zip(REPLIES, heard))):.1f} % ({len(wavs)} replies) "
-              f"| {percent(normalized_wer(heard))} |")
+        print(
+            f"| {folder.name} | {wer(list(zip(REPLIES, heard))):.1f} % ({len(wavs)} replies) "
+            f"| {percent(normalized_wer(heard))} |"
+        )
     return 0
 
 
@@ -223,12 +246,19 @@ def voices(which: list[str], stream_frames: int | None = None):
         spin = name == "piper-spin"  # tts.spin: true
         whole = name == "piper-whole"  # tts.stream_frames: 0
         frames = 0 if whole else stream_frames
-        voice = PiperTts(TtsConfig(engine="piper", device=device, spin=spin,
-                                   **({} if frames is None else {"stream_frames": frames})))
+        voice = PiperTts(
+            TtsConfig(
+                engine="piper",
+                device=device,
+                spin=spin,
+                **({} if frames is None else {"stream_frames": frames}),
+            )
+        )
         print(f"# {name}: onnxruntime providers {voice.providers()}", file=sys.stderr)
         how = "whole sentences" if whole else f"streamed, first {voice.stream_frames} frames"
-        out.append((f"Piper {voice.name} ({voice.device}, {how}{', spinning' if spin else ''})",
-                    voice))
+        out.append(
+            (f"Piper {voice.name} ({voice.device}, {how}{', spinning' if spin else ''})", voice)
+        )
     return out
 
 
@@ -237,32 +267,64 @@ def pct(values: list[float], q: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m voicert.bench.tts", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--voices", default="espeak,piper-whole,piper,piper-cuda",
-                    help="any of espeak, piper (streamed), piper-whole (tts.stream_frames: 0), "
-                    "piper-spin (tts.spin: true), piper-cuda")
+    ap = argparse.ArgumentParser(
+        prog="python -m voicert.bench.tts",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--voices",
+        default="espeak,piper-whole,piper,piper-cuda",
+        help="any of espeak, piper (streamed), piper-whole (tts.stream_frames: 0), "
+        "piper-spin (tts.spin: true), piper-cuda",
+    )
     ap.add_argument("--repeat", type=int, default=5, help="first-audio timings per reply")
     ap.add_argument("--threads", type=int, default=0, help="torch/ort threads hint (0: default)")
-    ap.add_argument("--first-words", default="0",
-                    help="tts.first_piece_words settings to compare, e.g. 0,6 (0: off)")
-    ap.add_argument("--stream-frames", type=int, default=None, metavar="N",
-                    help="tts.stream_frames of the streamed Piper rows (default: the config's)")
+    ap.add_argument(
+        "--first-words",
+        default="0",
+        help="tts.first_piece_words settings to compare, e.g. 0,6 (0: off)",
+    )
+    ap.add_argument(
+        "--stream-frames",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tts.stream_frames of the streamed Piper rows (default: the config's)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-wer", action="store_true", help="no round trip (Whisper not needed)")
-    ap.add_argument("--save", type=Path, metavar="DIR",
-                    help="write each voice's spoken replies under DIR (16 kHz WAV)")
-    ap.add_argument("--wer-of", type=Path, metavar="DIR", help="only: the round-trip WER of "
-                    "replies an earlier --save wrote")
-    ap.add_argument("--parallel", type=int, default=0, metavar="N",
-                    help="only: Piper with N threads speaking at once, one onnxruntime session "
-                    "in turn against one per thread (with --ort-threads and --first-words)")
-    ap.add_argument("--ort-threads", type=int, default=2,
-                    help="--parallel: onnxruntime threads per session (tts.threads; 0: all)")
+    ap.add_argument(
+        "--save",
+        type=Path,
+        metavar="DIR",
+        help="write each voice's spoken replies under DIR (16 kHz WAV)",
+    )
+    ap.add_argument(
+        "--wer-of",
+        type=Path,
+        metavar="DIR",
+        help="only: the round-trip WER of replies an earlier --save wrote",
+    )
+    ap.add_argument(
+        "--parallel",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only: Piper with N threads speaking at once, one onnxruntime session "
+        "in turn against one per thread (with --ort-threads and --first-words)",
+    )
+    ap.add_argument(
+        "--ort-threads",
+        type=int,
+        default=2,
+        help="--parallel: onnxruntime threads per session (tts.threads; 0: all)",
+    )
     args = ap.parse_args(argv)
     if args.parallel:
-        return parallel(args.parallel, args.ort_threads, args.repeat,
-                        int(args.first_words.split(",")[0]))
+        return parallel(
+            args.parallel, args.ort_threads, args.repeat, int(args.first_words.split(",")[0])
+        )
     if args.wer_of is not None:
         if not args.wer_of.is_dir():
             ap.error(f"--wer-of: {args.wer_of} is not a folder of saved replies")
@@ -270,8 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     asr = None if args.no_wer else whisper()
     rows = []
     settings = [int(n) for n in args.first_words.split(",")]
-    for (label, voice), words in ((v, n) for v in voices(args.voices.split(","), args.stream_frames)
-                              for n in settings):
+    for (label, voice), words in (
+        (v, n) for v in voices(args.voices.split(","), args.stream_frames) for n in settings
+    ):
         if len(settings) > 1:
             label += f", first piece <= {words} words" if words else ", first piece: clause"
         save = None
@@ -279,28 +342,43 @@ def main(argv: list[str] | None = None) -> int:
             save = args.save / slug(label)
             save.mkdir(parents=True, exist_ok=True)
         t = time_voice(voice, args.repeat, asr, words, save)
-        rows.append({"voice": label, "sample_rate": voice.sample_rate,
-                     "first_audio_p50_ms": pct(t.first_ms, 50),
-                     "first_audio_p95_ms": pct(t.first_ms, 95),
-                     "rtf_mean": float(np.mean(t.rtf)), "rtf_max": float(np.max(t.rtf)),
-                     "stall_max_ms": float(np.max(t.stall_ms)),
-                     "wer": wer(list(zip(REPLIES, t.transcripts))) if asr else None,
-                     "wer_whisper_norm": normalized_wer(t.transcripts) if asr else None,
-                     "transcripts": t.transcripts})
-        print(json.dumps({k: v for k, v in rows[-1].items() if k != "transcripts"}),
-              file=sys.stderr, flush=True)
+        rows.append(
+            {
+                "voice": label,
+                "sample_rate": voice.sample_rate,
+                "first_audio_p50_ms": pct(t.first_ms, 50),
+                "first_audio_p95_ms": pct(t.first_ms, 95),
+                "rtf_mean": float(np.mean(t.rtf)),
+                "rtf_max": float(np.max(t.rtf)),
+                "stall_max_ms": float(np.max(t.stall_ms)),
+                "wer": wer(list(zip(REPLIES, t.transcripts))) if asr else None,
+                "wer_whisper_norm": normalized_wer(t.transcripts) if asr else None,
+                "transcripts": t.transcripts,
+            }
+        )
+        print(
+            json.dumps({k: v for k, v in rows[-1].items() if k != "transcripts"}),
+            file=sys.stderr,
+            flush=True,
+        )
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    print(f"Speech out over {len(REPLIES)} agent replies ({args.repeat} first-audio timings each)\n")
-    print("| voice | rate | first audio P50 | P95 (ms) | real-time factor mean | max | "
-          "longest stall | round-trip WER | same, Whisper-normalized |")
+    print(
+        f"Speech out over {len(REPLIES)} agent replies ({args.repeat} first-audio timings each)\n"
+    )
+    print(
+        "| voice | rate | first audio P50 | P95 (ms) | real-time factor mean | max | "
+        "longest stall | round-trip WER | same, Whisper-normalized |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['voice']} | {r['sample_rate']} | {r['first_audio_p50_ms']:.1f} | "
-              f"{r['first_audio_p95_ms']:.1f} | {r['rtf_mean']:.3f} | {r['rtf_max']:.3f} | "
-              f"{r['stall_max_ms']:.0f} ms | {percent(r['wer'])} | "
-              f"{percent(r['wer_whisper_norm'])} |")
+        print(
+            f"| {r['voice']} | {r['sample_rate']} | {r['first_audio_p50_ms']:.1f} | "
+            f"{r['first_audio_p95_ms']:.1f} | {r['rtf_mean']:.3f} | {r['rtf_max']:.3f} | "
+            f"{r['stall_max_ms']:.0f} ms | {percent(r['wer'])} | "
+            f"{percent(r['wer_whisper_norm'])} |"
+        )
     return 0
 
 

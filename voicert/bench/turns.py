@@ -77,8 +77,10 @@ class Utterance:
 def load_set(directory: Path = SET_DIR) -> list[Utterance]:
     with open(directory / "turns.tsv", newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))
-    return [Utterance(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], directory / f"{r[0]}.wav")
-            for r in rows]
+    return [
+        Utterance(r[0], r[1], r[2], int(r[3]), int(r[4]), r[5], directory / f"{r[0]}.wav")
+        for r in rows
+    ]
 
 
 @dataclass
@@ -95,8 +97,9 @@ class Outcome:
     no_reply: bool = False  # the last turn never got an answer
 
 
-async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: int,
-                 tail_s: float) -> Outcome:
+async def stream(
+    url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: int, tail_s: float
+) -> Outcome:
     """One utterance, sent at real-time pace in 20 ms frames and followed by silence until its
     reply is done (at most ``tail_s``)."""
     x, rate = read_wav(utt.path)
@@ -135,7 +138,7 @@ async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: 
                     raise RuntimeError(f"{utt.id}: {event}")
 
         receiver = asyncio.create_task(receive())
-        frames = [x[i:i + FRAME] for i in range(0, x.size, FRAME)]
+        frames = [x[i : i + FRAME] for i in range(0, x.size, FRAME)]
         silence = np.zeros(FRAME, np.float32)
         t0 = time.perf_counter()
         i = 0
@@ -149,7 +152,7 @@ async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: 
                 break
         try:
             await asyncio.wait_for(done.wait(), timeout=20)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             out.no_reply = True  # e.g. the transcript came back empty: nothing to answer
         receiver.cancel()
     out.cut_off = out.cut_off or len(out.finals) > 1
@@ -160,8 +163,9 @@ async def stream(url: str, utt: Utterance, max_silence_ms: int, max_new_tokens: 
     return out
 
 
-async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float = 30,
-                     spoken: bool = False) -> bool | None:
+async def over_reply(
+    url: str, question: Path, clip: Utterance, timeout_s: float = 30, spoken: bool = False
+) -> bool | None:
     """Speak ``clip`` over the reply to ``question`` (both at real-time pace, silence between
     and after, as a live line); True when the reply was interrupted (the server stopped it or
     told the client to stop its audio), False when the clip was heard out while the agent still
@@ -176,10 +180,16 @@ async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float
     play_end_ns = 0  # its audio received so far ends playing
     clip_at = None
     async with connect(url, max_size=None) as ws:
-        await ws.send(p.encode(p.SessionStart(
-            sample_rate=16000, max_new_tokens=400,
-            output_audio=p.OutputAudio("pcm16", 16000) if spoken else None,
-            system_prompt="Answer at great length, with many details and examples.")))
+        await ws.send(
+            p.encode(
+                p.SessionStart(
+                    sample_rate=16000,
+                    max_new_tokens=400,
+                    output_audio=p.OutputAudio("pcm16", 16000) if spoken else None,
+                    system_prompt="Answer at great length, with many details and examples.",
+                )
+            )
+        )
 
         async def receive() -> None:
             nonlocal done_ns, play_end_ns
@@ -208,19 +218,26 @@ async def over_reply(url: str, question: Path, clip: Utterance, timeout_s: float
 
         receiver = asyncio.create_task(receive())
         silence = np.zeros(FRAME, np.float32)
-        frames = [q[i:i + FRAME] for i in range(0, q.size, FRAME)]
+        frames = [q[i : i + FRAME] for i in range(0, q.size, FRAME)]
         t0, i, clip_end_ns = time.perf_counter(), 0, 0
         deadline = t0 + timeout_s
         while not interrupted.is_set() and time.perf_counter() < deadline:
             now = time.perf_counter_ns()
-            if floor_end() and now > floor_end() and not (clip_end_ns and clip_end_ns < floor_end()):
+            if (
+                floor_end()
+                and now > floor_end()
+                and not (clip_end_ns and clip_end_ns < floor_end())
+            ):
                 break  # the agent's turn is over: heard out within it, or no verdict
             if clip_end_ns and now - clip_end_ns > 3e9:
                 break  # heard out and 3 s later the agent still has the floor
             if clip_at is None and first_token.is_set():
                 clip_at = i
-                frames = (frames[:i] + [silence] * (i - len(frames))
-                          + [x[j:j + FRAME] for j in range(0, x.size, FRAME)])
+                frames = (
+                    frames[:i]
+                    + [silence] * (i - len(frames))
+                    + [x[j : j + FRAME] for j in range(0, x.size, FRAME)]
+                )
             frame = frames[i] if i < len(frames) else silence
             await ws.send(p.encode(p.Audio(encode_pcm16(frame))))
             i += 1
@@ -250,15 +267,21 @@ class Room:
     def impulse(self) -> np.ndarray:
         rng = np.random.default_rng(self.seed)
         tail = rng.standard_normal(3200) * np.exp(-np.arange(3200) / 800)  # ~50 ms decay
-        ir = tail * np.sqrt(1 / (tail ** 2).sum() / 10 ** (self.drr_db / 10))
+        ir = tail * np.sqrt(1 / (tail**2).sum() / 10 ** (self.drr_db / 10))
         ir[0] = 1.0
         return (ir * 10 ** (self.gain_db / 20)).astype(np.float32)
 
 
-async def speakerphone(url: str, question: str, room: Room = Room(),
-                       interject: np.ndarray | None = None, interject_after_s: float = 1.0,
-                       max_new_tokens: int = 24, stop_on: str | None = None,
-                       stats: dict | None = None) -> list[dict]:
+async def speakerphone(
+    url: str,
+    question: str,
+    room: Room = Room(),
+    interject: np.ndarray | None = None,
+    interject_after_s: float = 1.0,
+    max_new_tokens: int = 24,
+    stop_on: str | None = None,
+    stats: dict | None = None,
+) -> list[dict]:
     """Ask ``question`` by text with spoken replies (16 kHz), and play each reply into the
     microphone through ``room``: a player plays the audio as it comes, at real time (silent when
     it has played all that came); every 20 ms frame sent holds what the player played
@@ -277,8 +300,13 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
     events: list[dict] = []
     chunks: list[tuple[np.ndarray, float]] = []  # reply audio and when it arrived (loop time)
     async with connect(url) as ws:
-        await ws.send(p.encode(p.SessionStart(output_audio=p.OutputAudio("pcm16", 16000),
-                                              max_new_tokens=max_new_tokens)))
+        await ws.send(
+            p.encode(
+                p.SessionStart(
+                    output_audio=p.OutputAudio("pcm16", 16000), max_new_tokens=max_new_tokens
+                )
+            )
+        )
         await asyncio.wait_for(ws.recv(), 10)
         await ws.send(p.encode(p.UserText(question)))
 
@@ -310,27 +338,32 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
                 if ready > got:
                     at_s = t0 + k * FRAME_S + (queue.size - pos) / 16000  # they play from then
                     for c, arrived in chunks[got:ready]:
-                        plays.append((round(arrived * 1000) % 100_000, round(at_s * 1000) % 100_000,
-                                      c.size // 16))
+                        plays.append(
+                            (
+                                round(arrived * 1000) % 100_000,
+                                round(at_s * 1000) % 100_000,
+                                c.size // 16,
+                            )
+                        )
                         at_s += c.size / 16000
                     queue = np.concatenate((queue[pos:], *(c for c, _ in chunks[got:ready])))
                     got, pos = ready, 0
                 barge_ins = sum(e["type"] == "vad.barge_in" for e in events)
                 if barge_ins > dropped:  # the player drops what it had queued, once each
                     dropped, pos = barge_ins, queue.size
-                out = queue[pos:pos + FRAME]  # the player: what it has, else silence
+                out = queue[pos : pos + FRAME]  # the player: what it has, else silence
                 pos += out.size
                 if out.size:
                     started = k if started is None else started
                     at = k * FRAME + delay
                     y = np.convolve(out, ir)
-                    wet[at:at + y.size] += y[:max(0, wet.size - at)]
-                frame = wet[k * FRAME:(k + 1) * FRAME].copy()
+                    wet[at : at + y.size] += y[: max(0, wet.size - at)]
+                frame = wet[k * FRAME : (k + 1) * FRAME].copy()
                 if talk is not None and started is not None:
                     j = (k - started - talk) * FRAME
                     if 0 <= j < interject.size:
-                        part = interject[j:j + FRAME]
-                        frame[:part.size] += part
+                        part = interject[j : j + FRAME]
+                        frame[: part.size] += part
                 frame += room.noise * rng.standard_normal(FRAME).astype(np.float32)
                 slip = max(slip, loop.time() - (t0 + k * FRAME_S))  # frame k is due at k * 20 ms
                 await ws.send(p.encode(p.Audio(encode_pcm16(frame))))
@@ -353,28 +386,39 @@ async def speakerphone(url: str, question: str, room: Room = Room(),
 def interrupted(events: list[dict]) -> bool:
     """Whether the first reply was interrupted (a barge-in, or its finish says so)."""
     first = next((e for e in events if e["type"] == "response.done"), None)
-    return (any(e["type"] == "vad.barge_in" for e in events)
-            or (first is not None and first["finish_reason"] == "interrupted"))
+    return any(e["type"] == "vad.barge_in" for e in events) or (
+        first is not None and first["finish_reason"] == "interrupted"
+    )
 
 
 def self_interrupted(events: list[dict]) -> bool:
     """Whether a session interrupted its own first reply, or took its own voice for a turn."""
     kinds = [e["type"] for e in events]
     first = next((e for e in events if e["type"] == "response.done"), None)
-    return ("vad.barge_in" in kinds or kinds.count("response.started") > 1
-            or (first is not None and first["finish_reason"] == "interrupted"))
+    return (
+        "vad.barge_in" in kinds
+        or kinds.count("response.started") > 1
+        or (first is not None and first["finish_reason"] == "interrupted")
+    )
 
 
 ECHO_QUESTIONS = (
-    "What is the capital of France?", "Tell me about the Eiffel Tower.",
-    "How do I boil an egg?", "What is the weather usually like in London?",
-    "Name three colours of the rainbow.", "Why is the sky blue?",
-    "What do cats like to eat?", "How far is the Moon?",
-    "Who wrote Romeo and Juliet?", "What is a good name for a dog?")
+    "What is the capital of France?",
+    "Tell me about the Eiffel Tower.",
+    "How do I boil an egg?",
+    "What is the weather usually like in London?",
+    "Name three colours of the rainbow.",
+    "Why is the sky blue?",
+    "What do cats like to eat?",
+    "How far is the Moon?",
+    "Who wrote Romeo and Juliet?",
+    "What is a good name for a dog?",
+)
 
 
-async def evaluate_echo(services, cfg: Config, gains: tuple[float, ...] = (-6.0, -12.0),
-                        n: int = 5) -> list[dict]:
+async def evaluate_echo(
+    services, cfg: Config, gains: tuple[float, ...] = (-6.0, -12.0), n: int = 5
+) -> list[dict]:
     """The agent's reply played back into the microphone through a :class:`Room` at each gain,
     for ``n`` questions, with ``turn.echo_guard`` on and off: **echo self-interruptions**; and,
     guard on, a caller's interjection spoken over that echo: **missed interruptions**."""
@@ -384,26 +428,43 @@ async def evaluate_echo(services, cfg: Config, gains: tuple[float, ...] = (-6.0,
     rows = []
     for guard in (True, False):
         turn = dataclasses.replace(cfg.turn, detector="silence", echo_guard=guard)
-        server = VoiceServer(dataclasses.replace(services, cfg=dataclasses.replace(
-            cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0))))
+        server = VoiceServer(
+            dataclasses.replace(
+                services,
+                cfg=dataclasses.replace(
+                    cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0)
+                ),
+            )
+        )
         await server.start()
         url = f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
         try:
             for gain in gains:
-                outcomes = [self_interrupted(await speakerphone(url, q, Room(gain_db=gain)))
-                            for q in ECHO_QUESTIONS[:n]]
-                row = {"echo_guard": guard, "gain_db": gain, "self_interruptions": sum(outcomes),
-                       "n": len(outcomes)}
+                outcomes = [
+                    self_interrupted(await speakerphone(url, q, Room(gain_db=gain)))
+                    for q in ECHO_QUESTIONS[:n]
+                ]
+                row = {
+                    "echo_guard": guard,
+                    "gain_db": gain,
+                    "self_interruptions": sum(outcomes),
+                    "n": len(outcomes),
+                }
                 if guard:
-                    heard = [await speakerphone(url, q, Room(gain_db=gain), interject=interject,
-                                                max_new_tokens=64)
-                             for q in ECHO_QUESTIONS[:n]]
+                    heard = [
+                        await speakerphone(
+                            url, q, Room(gain_db=gain), interject=interject, max_new_tokens=64
+                        )
+                        for q in ECHO_QUESTIONS[:n]
+                    ]
                     row["missed_interjections"] = sum(not interrupted(ev) for ev in heard)
                 rows.append(row)
                 missed = row.get("missed_interjections")
-                print(f"| {'on' if guard else 'off'} | {gain:g} dB | {row['self_interruptions']} "
-                      f"/ {row['n']} | {'-' if missed is None else f'{missed} / {n}'} |",
-                      flush=True)
+                print(
+                    f"| {'on' if guard else 'off'} | {gain:g} dB | {row['self_interruptions']} "
+                    f"/ {row['n']} | {'-' if missed is None else f'{missed} / {n}'} |",
+                    flush=True,
+                )
         finally:
             await server.shutdown()
     return rows
@@ -419,40 +480,56 @@ def summarize(mode: str, outcomes: list[Outcome], semantic: bool) -> dict:
     client = [o.client_v2ft_ms for o in complete if o.client_v2ft_ms is not None]
     server = [o.server_v2ft_ms for o in complete if o.server_v2ft_ms is not None]
     endpoint = [o.endpoint_ms for o in complete if o.endpoint_ms is not None]
-    return {"mode": mode, "pauses": len(pauses), "cut_offs": sum(o.cut_off for o in pauses),
-            "complete": len(complete), "no_reply": sum(o.no_reply for o in outcomes),
-            "waited_max": sum(o.waited_max for o in complete) if semantic else None,
-            "client_v2ft_p50": _pct(client, 50), "client_v2ft_p95": _pct(client, 95),
-            "server_v2ft_p50": _pct(server, 50), "endpoint_p50": _pct(endpoint, 50),
-            "endpoint_p95": _pct(endpoint, 95)}
+    return {
+        "mode": mode,
+        "pauses": len(pauses),
+        "cut_offs": sum(o.cut_off for o in pauses),
+        "complete": len(complete),
+        "no_reply": sum(o.no_reply for o in outcomes),
+        "waited_max": sum(o.waited_max for o in complete) if semantic else None,
+        "client_v2ft_p50": _pct(client, 50),
+        "client_v2ft_p95": _pct(client, 95),
+        "server_v2ft_p50": _pct(server, 50),
+        "endpoint_p50": _pct(endpoint, 50),
+        "endpoint_p95": _pct(endpoint, 95),
+    }
 
 
 def markdown(rows: list[dict]) -> str:
     def ms(v):
         return "-" if v is None else f"{v:.0f}"
 
-    lines = ["| detector | false cut-offs (pause set) | waited the maximum (complete set) | "
-             "voice-to-first-token P50 / P95, client | server P50 | endpoint stage P50 / P95 | "
-             "unanswered |", "|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| detector | false cut-offs (pause set) | waited the maximum (complete set) | "
+        "voice-to-first-token P50 / P95, client | server P50 | endpoint stage P50 / P95 | "
+        "unanswered |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
         waited = "-" if r["waited_max"] is None else f"{r['waited_max']} / {r['complete']}"
-        lines.append(f"| {r['mode']} | {r['cut_offs']} / {r['pauses']} | {waited} | "
-                     f"{ms(r['client_v2ft_p50'])} / {ms(r['client_v2ft_p95'])} ms | "
-                     f"{ms(r['server_v2ft_p50'])} ms | "
-                     f"{ms(r['endpoint_p50'])} / {ms(r['endpoint_p95'])} ms | {r['no_reply']} |")
+        lines.append(
+            f"| {r['mode']} | {r['cut_offs']} / {r['pauses']} | {waited} | "
+            f"{ms(r['client_v2ft_p50'])} / {ms(r['client_v2ft_p95'])} ms | "
+            f"{ms(r['server_v2ft_p50'])} ms | "
+            f"{ms(r['endpoint_p50'])} / {ms(r['endpoint_p95'])} ms | {r['no_reply']} |"
+        )
     return "\n".join(lines)
 
 
 def mode_config(cfg: Config, mode: str) -> Config:
     """The config a mode's server runs: the mode's detector with the bench config's timings."""
-    turn = dataclasses.replace(MODES[mode], pause_ms=cfg.turn.pause_ms,
-                               max_silence_ms=cfg.turn.max_silence_ms,
-                               threshold=cfg.turn.threshold)
+    turn = dataclasses.replace(
+        MODES[mode],
+        pause_ms=cfg.turn.pause_ms,
+        max_silence_ms=cfg.turn.max_silence_ms,
+        threshold=cfg.turn.threshold,
+    )
     return dataclasses.replace(cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0))
 
 
-async def evaluate(services, cfg: Config, modes: list[str], utts: list[Utterance],
-                   max_new_tokens: int = 4) -> dict:
+async def evaluate(
+    services, cfg: Config, modes: list[str], utts: list[Utterance], max_new_tokens: int = 4
+) -> dict:
     """Every mode's server up at once (sharing the models); each utterance is streamed to the
     modes in turn, so a machine whose speed drifts during the run (a shared VM) slows every mode
     alike instead of the mode that happened to run last."""
@@ -470,8 +547,9 @@ async def evaluate(services, cfg: Config, modes: list[str], utts: list[Utterance
                 turn = servers[mode].cfg.turn
                 tail = max(turn.max_silence_ms, cfg.vad.min_silence_ms) / 1000 + 1.5
                 url = f"ws://127.0.0.1:{servers[mode].port}{STREAM_PATH}"
-                outcomes[mode].append(await stream(url, u, turn.max_silence_ms, max_new_tokens,
-                                                   tail))
+                outcomes[mode].append(
+                    await stream(url, u, turn.max_silence_ms, max_new_tokens, tail)
+                )
     finally:
         for server in servers.values():
             await server.shutdown()
@@ -479,8 +557,10 @@ async def evaluate(services, cfg: Config, modes: list[str], utts: list[Utterance
     for mode in modes:
         rows.append(summarize(mode, outcomes[mode], servers[mode].cfg.turn.detector == "semantic"))
         print(markdown([rows[-1]]).splitlines()[-1], flush=True)
-    return {"rows": rows,
-            "utterances": {m: [dataclasses.asdict(o) for o in outcomes[m]] for m in modes}}
+    return {
+        "rows": rows,
+        "utterances": {m: [dataclasses.asdict(o) for o in outcomes[m]] for m in modes},
+    }
 
 
 async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> list[dict]:
@@ -494,51 +574,76 @@ async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> lis
     check = cfg.turn.interrupt_check_ms
     settings = [(True, check), (True, 0), (False, 0)] if check else [(True, 0), (False, 0)]
     for on, check_ms in settings:
-        turn = dataclasses.replace(cfg.turn, detector="silence", backchannels=on,
-                                   interrupt_check_ms=check_ms)
-        mode_cfg = dataclasses.replace(cfg, turn=turn,
-                                       server=dataclasses.replace(cfg.server, port=0))
+        turn = dataclasses.replace(
+            cfg.turn, detector="silence", backchannels=on, interrupt_check_ms=check_ms
+        )
+        mode_cfg = dataclasses.replace(
+            cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0)
+        )
         server = VoiceServer(dataclasses.replace(services, cfg=mode_cfg))
         await server.start()
         url = f"ws://127.0.0.1:{server.port}{STREAM_PATH}"
         try:
-            verdicts = {u.id: await over_reply(url, question, u, spoken=services.tts is not None)
-                        for u in clips}
+            verdicts = {
+                u.id: await over_reply(url, question, u, spoken=services.tts is not None)
+                for u in clips
+            }
         finally:
             await server.shutdown()
         back = [verdicts[u.id] for u in clips if u.kind == "backchannel"]
         inter = [verdicts[u.id] for u in clips if u.kind == "interject"]
-        row = {"backchannels": on, "interrupt_check_ms": check_ms,
-               "false": sum(v is True for v in back),
-               "backchannel_n": sum(v is not None for v in back),
-               "missed": sum(v is False for v in inter),
-               "interject_n": sum(v is not None for v in inter), "verdicts": verdicts}
+        row = {
+            "backchannels": on,
+            "interrupt_check_ms": check_ms,
+            "false": sum(v is True for v in back),
+            "backchannel_n": sum(v is not None for v in back),
+            "missed": sum(v is False for v in inter),
+            "interject_n": sum(v is not None for v in inter),
+            "verdicts": verdicts,
+        }
         rows.append(row)
-        label = (f"on, transcript checked at interrupt_ms ({check_ms} ms)" if check_ms else
-                 "on" if on else "off (every utterance interrupts)")
-        print(f"| {label} | {row['false']} / "
-              f"{row['backchannel_n']} | {row['missed']} / {row['interject_n']} |", flush=True)
+        label = (
+            f"on, transcript checked at interrupt_ms ({check_ms} ms)"
+            if check_ms
+            else "on"
+            if on
+            else "off (every utterance interrupts)"
+        )
+        print(
+            f"| {label} | {row['false']} / "
+            f"{row['backchannel_n']} | {row['missed']} / {row['interject_n']} |",
+            flush=True,
+        )
     return rows
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m voicert.bench.turns", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m voicert.bench.turns",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--config", help="a voicert config (default: the embedded CPU default)")
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     ap.add_argument("--modes", default="silence,semantic,semantic-audio,semantic-text")
     ap.add_argument("--only", default="", help="comma-separated utterance ids")
     ap.add_argument("--no-barge-in", action="store_true", help="skip speech over a reply")
-    ap.add_argument("--echo", type=int, default=5, metavar="N",
-                    help="questions whose spoken reply comes back through a speakerphone, per "
-                         "gain, echo guard on and off (0: skip)")
+    ap.add_argument(
+        "--echo",
+        type=int,
+        default=5,
+        metavar="N",
+        help="questions whose spoken reply comes back through a speakerphone, per "
+        "gain, echo guard on and off (0: skip)",
+    )
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown:
-        print(f"bench.turns: unknown mode(s) {unknown} (known: {', '.join(MODES)})",
-              file=sys.stderr)
+        print(
+            f"bench.turns: unknown mode(s) {unknown} (known: {', '.join(MODES)})", file=sys.stderr
+        )
         return 2
     try:
         overrides = dict(kv.split("=", 1) for kv in args.set)
@@ -558,24 +663,33 @@ def main(argv: list[str] | None = None) -> int:
     if wants_model and services.turn_judge is None:
         turn = dataclasses.replace(cfg.turn, detector="semantic", model="smart_turn")
         services.turn_judge = load_turn_judge(dataclasses.replace(cfg, turn=turn))
-    print(f"{len(utts)} utterances; turn.pause_ms {cfg.turn.pause_ms}, turn.max_silence_ms "
-          f"{cfg.turn.max_silence_ms}, vad.min_silence_ms {cfg.vad.min_silence_ms}, "
-          f"asr.early_final_ms {cfg.asr.early_final_ms}")
+    print(
+        f"{len(utts)} utterances; turn.pause_ms {cfg.turn.pause_ms}, turn.max_silence_ms "
+        f"{cfg.turn.max_silence_ms}, vad.min_silence_ms {cfg.vad.min_silence_ms}, "
+        f"asr.early_final_ms {cfg.asr.early_final_ms}"
+    )
     print(markdown([]))
     result = asyncio.run(evaluate(services, cfg, modes, utts))
     if not args.no_barge_in:
-        print("\n| turn.backchannels | false interruptions (backchannels) | missed interruptions "
-              "(interjections) |\n|---|---:|---:|")
+        print(
+            "\n| turn.backchannels | false interruptions (backchannels) | missed interruptions "
+            "(interjections) |\n|---|---:|---:|"
+        )
         result["barge_in"] = asyncio.run(evaluate_barge_in(services, cfg, utts))
     if args.echo:
-        print("\n| turn.echo_guard | echo gain | echo self-interruptions | missed interjections "
-              "over the echo |\n|---|---:|---:|---:|")
+        print(
+            "\n| turn.echo_guard | echo gain | echo self-interruptions | missed interjections "
+            "over the echo |\n|---|---:|---:|---:|"
+        )
         result["echo"] = asyncio.run(evaluate_echo(services, cfg, n=args.echo))
     print()
     for mode, outcomes in result["utterances"].items():
         for o in outcomes:
-            flag = (("CUT " if o["cut_off"] else "") + ("MAX " if o["waited_max"] else "")
-                    + ("UNANSWERED " if o["no_reply"] else ""))
+            flag = (
+                ("CUT " if o["cut_off"] else "")
+                + ("MAX " if o["waited_max"] else "")
+                + ("UNANSWERED " if o["no_reply"] else "")
+            )
             if flag:
                 print(f"{mode:15s} {o['id']} {flag}{o['finals']}")
     if args.json:

@@ -46,7 +46,7 @@ async def _run(model: SileroVad, n: int, ticks: int, speech: np.ndarray) -> tupl
     batcher = VadBatcher(model)
     t_alone, t_batched = [], []
     for t in range(ticks):
-        frames = [speech[o + t * TICK:o + (t + 1) * TICK] for o in offsets]
+        frames = [speech[o + t * TICK : o + (t + 1) * TICK] for o in offsets]
         t0 = time.perf_counter_ns()
         ref = [s.push(f) for s, f in zip(alone, frames)]
         t1 = time.perf_counter_ns()
@@ -77,16 +77,23 @@ def _compare_decisions(model: SileroVad, threshold: float = 0.5) -> str:
         if rate != 16000:
             continue
         n = x.size // FRAME
-        w = x[:n * FRAME].reshape(n, FRAME).astype(np.float32)
+        w = x[: n * FRAME].reshape(n, FRAME).astype(np.float32)
         tails = np.concatenate([np.zeros((1, 64), np.float32), w[:-1, -64:]])
-        ref, _, _ = old.run(None, {"input": np.concatenate([tails, w], 1),
-                                   "h": np.zeros((1, 1, 128), np.float32),
-                                   "c": np.zeros((1, 1, 128), np.float32)})
-        new = VadStream(model).push(x[:n * FRAME])
+        ref, _, _ = old.run(
+            None,
+            {
+                "input": np.concatenate([tails, w], 1),
+                "h": np.zeros((1, 1, 128), np.float32),
+                "c": np.zeros((1, 1, 128), np.float32),
+            },
+        )
+        new = VadStream(model).push(x[: n * FRAME])
         total += n
         differ += int(((ref.reshape(-1) > threshold) != (new > threshold)).sum())
-    return (f"speech/silence calls that differ from faster-whisper's bundled model: {differ} of "
-            f"{total} windows ({100 * differ / max(total, 1):.1f} %)")
+    return (
+        f"speech/silence calls that differ from faster-whisper's bundled model: {differ} of "
+        f"{total} windows ({100 * differ / max(total, 1):.1f} %)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -96,14 +103,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--compare-decisions", action="store_true")
     args = ap.parse_args(argv)
     model, speech = SileroVad(), _speech()
-    print("| sessions | per session: P50 / P95 / P99 ms per tick | batched: P50 / P95 / P99 ms "
-          "per tick | ratio (P50) | batched, share of a 20 ms tick |")
+    print(
+        "| sessions | per session: P50 / P95 / P99 ms per tick | batched: P50 / P95 / P99 ms "
+        "per tick | ratio (P50) | batched, share of a 20 ms tick |"
+    )
     print("|---:|---:|---:|---:|---:|")
     for n in (int(s) for s in args.sessions.split(",")):
         a, b = asyncio.run(_run(model, n, args.ticks, speech))
         pa, pb = _pct(a), _pct(b)
-        print(f"| {n} | {pa[0]:.2f} / {pa[1]:.2f} / {pa[2]:.2f} | {pb[0]:.2f} / {pb[1]:.2f} / "
-              f"{pb[2]:.2f} | {pa[0] / max(pb[0], 1e-9):.1f}x | {100 * pb[0] / 20:.0f} % |")
+        print(
+            f"| {n} | {pa[0]:.2f} / {pa[1]:.2f} / {pa[2]:.2f} | {pb[0]:.2f} / {pb[1]:.2f} / "
+            f"{pb[2]:.2f} | {pa[0] / max(pb[0], 1e-9):.1f}x | {100 * pb[0] / 20:.0f} % |"
+        )
     if args.compare_decisions:
         print()
         print(_compare_decisions(model))

@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 
 
@@ -36,8 +35,14 @@ def write_shape(shape: dict, out_dir: Path) -> Path:
     """A config.json for vLLM's dummy loader: the shape's HF config (Llama unless it names its
     ``model_type``), bf16."""
     kind = shape.get("model_type", "llama")
-    cfg = dict(shape, model_type=kind, architectures=[ARCHITECTURES[kind]],
-               torch_dtype="bfloat16", bos_token_id=1, eos_token_id=2)
+    cfg = dict(
+        shape,
+        model_type=kind,
+        architectures=[ARCHITECTURES[kind]],
+        torch_dtype="bfloat16",
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(cfg, indent=1))
     return out_dir
@@ -48,11 +53,18 @@ def engine_args(model_dir: str, dummy: bool, fp8: bool, max_batch: int, dtype: s
     the bench's widest level, half the GPU's memory."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    return AsyncEngineArgs(model=model_dir, load_format="dummy" if dummy else "auto",
-                           skip_tokenizer_init=True, dtype=dtype, gpu_memory_utilization=0.45,
-                           enable_prefix_caching=True, max_model_len=4096,
-                           max_num_seqs=max(max_batch, 8), quantization="fp8" if fp8 else None,
-                           disable_log_stats=True)
+    return AsyncEngineArgs(
+        model=model_dir,
+        load_format="dummy" if dummy else "auto",
+        skip_tokenizer_init=True,
+        dtype=dtype,
+        gpu_memory_utilization=0.45,
+        enable_prefix_caching=True,
+        max_model_len=4096,
+        max_num_seqs=max(max_batch, 8),
+        quantization="fp8" if fp8 else None,
+        disable_log_stats=True,
+    )
 
 
 def stream_fn(engine):
@@ -66,13 +78,21 @@ def stream_fn(engine):
     async def stream(prompt: list[int], new: int) -> tuple[list[int], int]:
         nonlocal count
         count += 1
-        params = SamplingParams(max_tokens=new, min_tokens=new, ignore_eos=True, temperature=0.0,
-                                detokenize=False, output_kind=RequestOutputKind.DELTA)
+        params = SamplingParams(
+            max_tokens=new,
+            min_tokens=new,
+            ignore_eos=True,
+            temperature=0.0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
         times: list[int] = []
         t0 = time.perf_counter_ns()
-        async for out in engine.generate(request_id=f"b{count}",
-                                         prompt=TokensPrompt(prompt_token_ids=prompt),
-                                         sampling_params=params):
+        async for out in engine.generate(
+            request_id=f"b{count}",
+            prompt=TokensPrompt(prompt_token_ids=prompt),
+            sampling_params=params,
+        ):
             now = time.perf_counter_ns()
             times.extend([now] * len(out.outputs[0].token_ids))
         return times, t0
@@ -96,8 +116,9 @@ async def run(args: argparse.Namespace) -> dict:
         dummy = False
         vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
     t0 = time.perf_counter()
-    engine = AsyncLLM.from_engine_args(engine_args(model_dir, dummy, args.fp8, max(args.streams),
-                                                   args.dtype))
+    engine = AsyncLLM.from_engine_args(
+        engine_args(model_dir, dummy, args.fp8, max(args.streams), args.dtype)
+    )
     started = time.perf_counter() - t0
     rng = np.random.default_rng(0)  # the same prompts as voicert's side
 
@@ -105,14 +126,18 @@ async def run(args: argparse.Namespace) -> dict:
         return rng.integers(100, min(vocab, 30000), n).tolist()
 
     try:
-        figures = await measure(stream_fn(engine), tokens, args.reps, args.streams,
-                                args.new_tokens, args.prompt_tokens)
+        figures = await measure(
+            stream_fn(engine), tokens, args.reps, args.streams, args.new_tokens, args.prompt_tokens
+        )
     finally:
         engine.shutdown()
     import vllm
 
-    return {"engine": f"vLLM {vllm.__version__}" + (" fp8" if args.fp8 else ""),
-            "startup_s": started, "figures": figures}
+    return {
+        "engine": f"vLLM {vllm.__version__}" + (" fp8" if args.fp8 else ""),
+        "startup_s": started,
+        "figures": figures,
+    }
 
 
 def parser() -> argparse.ArgumentParser:
@@ -137,16 +162,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def measure_in_child(model: str, dtype: str, fp8: bool, streams: list[int], new_tokens: int,
-                     prompt_tokens: int, reps: int, timeout_s: float = 900) -> dict:
+def measure_in_child(
+    model: str,
+    dtype: str,
+    fp8: bool,
+    streams: list[int],
+    new_tokens: int,
+    prompt_tokens: int,
+    reps: int,
+    timeout_s: float = 900,
+) -> dict:
     """Run this module in a child process and return its result ({"engine", "startup_s",
     "figures": {row name: value}}). Raises RuntimeError with the child's last output lines when
     vLLM is missing or fails."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "vllm.json"
-        cmd = [sys.executable, "-m", "voicert.bench.vllm_side", "--model", model, "--dtype", dtype,
-               "--streams", ",".join(map(str, streams)), "--new-tokens", str(new_tokens),
-               "--prompt-tokens", str(prompt_tokens), "--reps", str(reps), "--json", str(out)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "voicert.bench.vllm_side",
+            "--model",
+            model,
+            "--dtype",
+            dtype,
+            "--streams",
+            ",".join(map(str, streams)),
+            "--new-tokens",
+            str(new_tokens),
+            "--prompt-tokens",
+            str(prompt_tokens),
+            "--reps",
+            str(reps),
+            "--json",
+            str(out),
+        ]
         if fp8:
             cmd.append("--fp8")
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)

@@ -54,8 +54,12 @@ class ToolSpec:
         object schema, or one the engine could not decode under (llguidance's own check: a
         dangling ``$ref``, an unknown type...), so a door refuses it when it is declared rather
         than failing every reply that offers it."""
-        if not name or not isinstance(name, str) or len(name) > 64 or not all(
-                c.isalnum() or c in "_-" for c in name):
+        if (
+            not name
+            or not isinstance(name, str)
+            or len(name) > 64
+            or not all(c.isalnum() or c in "_-" for c in name)
+        ):
             raise ValueError(f"tool name {name!r:.70} must be 1-64 letters, digits, _ or -")
         schema = {"type": "object", "properties": {}} if parameters is None else parameters
         if not isinstance(schema, dict) or schema.get("type", "object") != "object":
@@ -72,9 +76,14 @@ class ToolSpec:
 
     def openai(self) -> dict:
         """The OpenAI / Hugging Face chat-template shape of this tool."""
-        return {"type": "function", "function": {"name": self.name,
-                                                 "description": self.description,
-                                                 "parameters": self.schema}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.schema,
+            },
+        }
 
 
 def _schema_problem(schema_json: str) -> str:
@@ -86,8 +95,9 @@ def _schema_problem(schema_json: str) -> str:
 
     try:
         return llguidance.LLMatcher.validate_grammar(
-            llguidance.LLMatcher.grammar_from_json_schema(schema_json))
-    except Exception as exc:  # noqa: BLE001 - a schema it cannot even read
+            llguidance.LLMatcher.grammar_from_json_schema(schema_json)
+        )
+    except Exception as exc:
         return str(exc)
 
 
@@ -100,13 +110,18 @@ class ToolCall:
     arguments: str
 
     def openai(self) -> dict:
-        return {"id": self.call_id, "type": "function",
-                "function": {"name": self.name, "arguments": json.loads(self.arguments)}}
+        return {
+            "id": self.call_id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.loads(self.arguments)},
+        }
 
 
 @dataclass(frozen=True, slots=True)
 class ChatMessage:
     role: str  # one of ROLES: system | user | assistant | tool
     content: str
-    tool_calls: tuple[ToolCall, ...] = ()  # an assistant's calls (its content: any text before them)
+    tool_calls: tuple[
+        ToolCall, ...
+    ] = ()  # an assistant's calls (its content: any text before them)
     tool_call_id: str = ""  # a tool message: the call it answers

@@ -144,6 +144,20 @@ class SessionError:
     fatal: bool = False
 
 
-SessionEvent = Union[SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial, TranscriptFinal,
-                     ReplyStarted, ReplyToken, ReplyAudio, ToolCallStarted, ToolCallArguments,
-                     ToolCallDone, ToolResult, ReplyDone, TurnLatency, SessionError]
+SessionEvent = Union[
+    SpeechStarted,
+    BargeIn,
+    SpeechStopped,
+    TranscriptPartial,
+    TranscriptFinal,
+    ReplyStarted,
+    ReplyToken,
+    ReplyAudio,
+    ToolCallStarted,
+    ToolCallArguments,
+    ToolCallDone,
+    ToolResult,
+    ReplyDone,
+    TurnLatency,
+    SessionError,
+]

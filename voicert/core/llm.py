@@ -111,10 +111,12 @@ class EngineLoad:
     kv_blocks_free: int = 0
 
     def extra(self) -> dict[str, float]:
-        return {"prefix_hit_ratio": self.prefix_hit_ratio,
-                "spec_acceptance_rate": self.spec_acceptance_rate,
-                "spec_mean_accepted_length": self.spec_mean_accepted_length,
-                "kv_blocks_free": float(self.kv_blocks_free)}
+        return {
+            "prefix_hit_ratio": self.prefix_hit_ratio,
+            "spec_acceptance_rate": self.spec_acceptance_rate,
+            "spec_mean_accepted_length": self.spec_mean_accepted_length,
+            "kv_blocks_free": float(self.kv_blocks_free),
+        }
 
 
 def request_problem(request: GenerationRequest) -> str | None:
@@ -122,12 +124,16 @@ def request_problem(request: GenerationRequest) -> str | None:
     None. Engines check this when a request is submitted, so a bad request fails alone."""
     if not isinstance(request.request_id, str) or not request.request_id:
         return "request_id must be a non-empty string"
-    if isinstance(request.max_new_tokens, bool) or not isinstance(request.max_new_tokens, int) \
-            or request.max_new_tokens < 1:
+    if (
+        isinstance(request.max_new_tokens, bool)
+        or not isinstance(request.max_new_tokens, int)
+        or request.max_new_tokens < 1
+    ):
         return "max_new_tokens must be a positive integer"
     if request.prompt_ids is not None:
-        if not request.prompt_ids or not all(isinstance(t, int) and t >= 0
-                                             for t in request.prompt_ids):
+        if not request.prompt_ids or not all(
+            isinstance(t, int) and t >= 0 for t in request.prompt_ids
+        ):
             return "prompt_ids must be non-empty non-negative integers"
         return None
     if not isinstance(request.messages, list) or not request.messages:
@@ -137,8 +143,9 @@ def request_problem(request: GenerationRequest) -> str | None:
             return f"messages[{i}] must be a ChatMessage with a role in {ROLES} and string content"
         if not all(isinstance(c, ToolCall) for c in m.tool_calls):
             return f"messages[{i}].tool_calls must be ToolCalls"
-    if not all(isinstance(t, ToolSpec) for t in request.tools) \
-            or not isinstance(request.tool_choice, ToolChoice):
+    if not all(isinstance(t, ToolSpec) for t in request.tools) or not isinstance(
+        request.tool_choice, ToolChoice
+    ):
         return "tools must be ToolSpecs and tool_choice a ToolChoice"
     names = {t.name for t in request.tools}
     if len(names) != len(request.tools):
@@ -148,11 +155,24 @@ def request_problem(request: GenerationRequest) -> str | None:
     return None
 
 
-def final_event(reason: str, error: str | None = None, index: int = 0, prefill_start_ns: int = 0,
-                prompt_tokens: int = 0) -> TokenEvent:
+def final_event(
+    reason: str,
+    error: str | None = None,
+    index: int = 0,
+    prefill_start_ns: int = 0,
+    prompt_tokens: int = 0,
+) -> TokenEvent:
     """The last event of a request's stream."""
-    return TokenEvent(index, -1, "", time.perf_counter_ns(), prefill_start_ns, prompt_tokens,
-                      finish_reason=reason, error=error)
+    return TokenEvent(
+        index,
+        -1,
+        "",
+        time.perf_counter_ns(),
+        prefill_start_ns,
+        prompt_tokens,
+        finish_reason=reason,
+        error=error,
+    )
 
 
 class EndedStream:

@@ -17,7 +17,7 @@ TURN_DETECTION = ("server_vad", "manual")
 END_OF_TURN = ("semantic", "silence")
 
 
-class ErrorCode(str, enum.Enum):
+class ErrorCode(str, enum.Enum):  # noqa: UP042 - str() and format() stay as they were on the wire
     """Stable error codes sent in ``error`` events. Never renamed; new ones may be added."""
 
     MALFORMED = "malformed_message"  # not msgpack / not JSON / not a map
@@ -35,9 +35,13 @@ class ErrorCode(str, enum.Enum):
     SESSION_LIMIT = "session_limit"  # server.max_sessions reached: the connection is closed (1013)
     TEXT_TOO_LONG = "text_too_long"  # a text over server.max_text_chars; nothing was added
     START_TIMEOUT = "start_timeout"  # no session.start within server.start_timeout_s (closed, 1008)
-    IDLE_TIMEOUT = "idle_timeout"  # nothing from the client for server.idle_timeout_s (closed, 1000)
+    IDLE_TIMEOUT = (
+        "idle_timeout"  # nothing from the client for server.idle_timeout_s (closed, 1000)
+    )
     SHUTTING_DOWN = "shutting_down"
-    NO_SPEECH_OUTPUT = "speech_output_unavailable"  # output_audio asked of a server with tts.engine none
+    NO_SPEECH_OUTPUT = (
+        "speech_output_unavailable"  # output_audio asked of a server with tts.engine none
+    )
     ASR_FAILED = "asr_failed"
     ENGINE_FAILED = "engine_failed"
     INTERNAL = "internal_error"

@@ -140,8 +140,10 @@ class AsrBase(abc.ABC):
         return await self.submit(audio, priority).future
 
     def stream(self) -> AsrStream:
-        raise NotImplementedError(f"{type(self).__name__} transcribes whole utterances only "
-                                  "(capabilities.streaming is False)")
+        raise NotImplementedError(
+            f"{type(self).__name__} transcribes whole utterances only "
+            "(capabilities.streaming is False)"
+        )
 
     @property
     def alive(self) -> bool:

@@ -17,19 +17,19 @@ from pathlib import Path
 import torch
 
 from voicert.config import ConfigError, LlmConfig
-from voicert.engine.core.engine_core import CoreParts, EngineCore
 from voicert.engine.core.draft import DraftModelProposer
+from voicert.engine.core.engine_core import CoreParts, EngineCore
 from voicert.engine.core.guided import Guides
 from voicert.engine.core.heads import EMBEDDED_HEADS, DraftHeads, load_heads
 from voicert.engine.core.kv_cache import BlockManager
-from voicert.engine.models.base import Model
-from voicert.engine.models.layers import KV_DTYPES
-from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX
-from voicert.engine.models.registry import load_model
 from voicert.engine.core.prompt import PromptBuilder, stop_token_ids
 from voicert.engine.core.runner import ModelRunner
 from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.core.spec_policy import SpecMode, SpecPolicy
+from voicert.engine.models.base import Model
+from voicert.engine.models.layers import KV_DTYPES
+from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX
+from voicert.engine.models.registry import load_model
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +53,12 @@ class EngineConfig(LlmConfig):
         """These settings as they apply on ``device``."""
         cuda = self.device.startswith("cuda")
         return dataclasses.replace(
-            self, cuda_graphs=self.cuda_graphs and cuda, own_stream=self.own_stream and cuda,
-            fused_kernels=self.fused_kernels and cuda, torchscript=self.torchscript and not cuda)
+            self,
+            cuda_graphs=self.cuda_graphs and cuda,
+            own_stream=self.own_stream and cuda,
+            fused_kernels=self.fused_kernels and cuda,
+            torchscript=self.torchscript and not cuda,
+        )
 
 
 def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
@@ -63,8 +67,13 @@ def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
     return EngineConfig(**values, models_cache=models_cache)
 
 
-def build_core(model_dir: str, cfg: EngineConfig, model: Model | None = None, tokenizer=None,
-               draft: Model | None = None) -> EngineCore:
+def build_core(
+    model_dir: str,
+    cfg: EngineConfig,
+    model: Model | None = None,
+    tokenizer=None,
+    draft: Model | None = None,
+) -> EngineCore:
     """An engine core for the checkpoint in ``model_dir`` (or the given ``model`` and
     ``tokenizer``; ``draft``: a draft model for speculation), built as ``cfg`` says. Raises
     ValueError (or ConfigError, naming the key) for settings this machine or model cannot run."""
@@ -74,42 +83,79 @@ def build_core(model_dir: str, cfg: EngineConfig, model: Model | None = None, to
     t0 = time.perf_counter()
     hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
-    model = _quantized(model or load_model(model_dir, DTYPES[cfg.dtype], cfg.device), tokenizer,
-                       cfg)
+    model = _quantized(
+        model or load_model(model_dir, DTYPES[cfg.dtype], cfg.device), tokenizer, cfg
+    )
     if cfg.fused_kernels:
         _choose_kernels(model, cfg)
     stop_ids = stop_token_ids(tokenizer, hf_cfg)
     prompts = PromptBuilder(tokenizer)
     num_blocks = cfg.num_blocks or pool_blocks(model, cfg)
     heads = _heads(model, cfg)
-    runner = ModelRunner(model, num_blocks, cfg.block_size, cuda_graphs=cfg.cuda_graphs,
-                         max_batch=cfg.max_batch, max_context=cfg.max_context_tokens,
-                         widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
-                         prefill_budget=cfg.prefill_token_budget,
-                         prefill_rows=cfg.prefill_graph_rows, heads=heads,
-                         torchscript=cfg.torchscript, kv_dtype=kv_dtype(cfg))
+    runner = ModelRunner(
+        model,
+        num_blocks,
+        cfg.block_size,
+        cuda_graphs=cfg.cuda_graphs,
+        max_batch=cfg.max_batch,
+        max_context=cfg.max_context_tokens,
+        widths=(1, cfg.spec_tokens + 1) if cfg.spec_tokens else (1,),
+        prefill_budget=cfg.prefill_token_budget,
+        prefill_rows=cfg.prefill_graph_rows,
+        heads=heads,
+        torchscript=cfg.torchscript,
+        kv_dtype=kv_dtype(cfg),
+    )
     drafter = _drafter(model, draft, num_blocks, cfg)
     blocks = BlockManager(num_blocks, cfg.block_size)
-    parts = CoreParts(model, tokenizer, prompts, Guides(tokenizer, model.cfg.vocab_size,
-                                                        prompts.call_format),
-                      blocks, runner, _scheduler(blocks, runner, stop_ids, cfg,
-                                                 drafter is not None, heads is not None),
-                      stop_ids, heads, drafter)
-    log.info("engine: %s on %s/%s, %d KV blocks of %d, built in %.1f s", model_dir, cfg.device,
-             cfg.dtype, num_blocks, cfg.block_size, time.perf_counter() - t0)
+    parts = CoreParts(
+        model,
+        tokenizer,
+        prompts,
+        Guides(tokenizer, model.cfg.vocab_size, prompts.call_format),
+        blocks,
+        runner,
+        _scheduler(blocks, runner, stop_ids, cfg, drafter is not None, heads is not None),
+        stop_ids,
+        heads,
+        drafter,
+    )
+    log.info(
+        "engine: %s on %s/%s, %d KV blocks of %d, built in %.1f s",
+        model_dir,
+        cfg.device,
+        cfg.dtype,
+        num_blocks,
+        cfg.block_size,
+        time.perf_counter() - t0,
+    )
     return EngineCore(cfg, parts)
 
 
-def _scheduler(blocks: BlockManager, runner: ModelRunner, stop_ids: set[int], cfg: EngineConfig,
-               external_drafts: bool, head_drafts: bool) -> Scheduler:
+def _scheduler(
+    blocks: BlockManager,
+    runner: ModelRunner,
+    stop_ids: set[int],
+    cfg: EngineConfig,
+    external_drafts: bool,
+    head_drafts: bool,
+) -> Scheduler:
     pg = runner.prefill_graphs  # pack prefill steps into the captured shapes
     pg = pg if pg is not None and len(pg.batches) > 1 else None
-    return Scheduler(blocks, SchedulerConfig(
-        cfg.max_batch, cfg.prefill_token_budget, cfg.spec_tokens,
-        external_drafts=external_drafts, head_drafts=head_drafts,
-        prefill_batches=tuple(pg.batches) if pg else (),
-        prefill_widths=tuple(pg.widths) if pg else ()), stop_ids,
-        SpecPolicy(cfg.spec_tokens, SpecMode(cfg.spec_policy)))
+    return Scheduler(
+        blocks,
+        SchedulerConfig(
+            cfg.max_batch,
+            cfg.prefill_token_budget,
+            cfg.spec_tokens,
+            external_drafts=external_drafts,
+            head_drafts=head_drafts,
+            prefill_batches=tuple(pg.batches) if pg else (),
+            prefill_widths=tuple(pg.widths) if pg else (),
+        ),
+        stop_ids,
+        SpecPolicy(cfg.spec_tokens, SpecMode(cfg.spec_policy)),
+    )
 
 
 def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
@@ -119,8 +165,10 @@ def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
             raise ValueError("int8 dynamic quantization is a CPU option")
         model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
         if cfg.spec_tokens > 0:  # one activation scale per tensor: rows change each other
-            log.warning("int8 with speculation: a verify step quantizes its rows together, so "
-                        "the output is not token-identical to int8 greedy decoding")
+            log.warning(
+                "int8 with speculation: a verify step quantizes its rows together, so "
+                "the output is not token-identical to int8 greedy decoding"
+            )
     if cfg.fp8:
         _quantize_fp8(model, tokenizer, cfg)
     return model
@@ -138,13 +186,18 @@ def _quantize_fp8(model: Model, tokenizer, cfg: EngineConfig) -> None:
         raise ValueError("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
     rounding = cfg.fp8_rounding
     t0 = time.perf_counter()
-    calibrate = (calibration_forward(model, tokenizer, cfg.block_size)
-                 if rounding == "gptq" else None)
+    calibrate = (
+        calibration_forward(model, tokenizer, cfg.block_size) if rounding == "gptq" else None
+    )
     n = quantize_fp8(model, calibrate)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
-    log.info("engine: %d Linear layers hold FP8 weights (rounded: %s, %.1f s)", n, rounding,
-             time.perf_counter() - t0)
+    log.info(
+        "engine: %d Linear layers hold FP8 weights (rounded: %s, %.1f s)",
+        n,
+        rounding,
+        time.perf_counter() - t0,
+    )
 
 
 def _choose_kernels(model: Model, cfg: EngineConfig) -> None:
@@ -167,8 +220,11 @@ def _kernels_usable(model: Model, cfg: EngineConfig) -> bool:
     d = model.cfg.head_dim
     table = min(model.cfg.max_position, ROPE_TABLE_MAX)
     if cfg.max_context_tokens > table:
-        log.warning("fused kernels off: max_context_tokens %d is past their RoPE table (%d)",
-                    cfg.max_context_tokens, table)
+        log.warning(
+            "fused kernels off: max_context_tokens %d is past their RoPE table (%d)",
+            cfg.max_context_tokens,
+            table,
+        )
         return False
     if d & (d - 1) or d < 16:
         log.warning("fused kernels off: head_dim %d is not a power of two >= 16", d)
@@ -197,8 +253,7 @@ def _prefill_attention(model: Model, cfg: EngineConfig) -> str:
         return "flash"
     if choice == "flash":
         raise ValueError(f"llm.prefill_attention flash: {why}")
-    log.info("prefill attention by the paged Triton kernel: FlashAttention-4 not used (%s)",
-             why)
+    log.info("prefill attention by the paged Triton kernel: FlashAttention-4 not used (%s)", why)
     return "paged"
 
 
@@ -213,8 +268,9 @@ def _pdl(model: Model, cfg: EngineConfig) -> bool:
     if kernels.pdl_supported(cfg.device):
         return True
     if cfg.pdl == "on":
-        raise ValueError(f"llm.pdl on: {cfg.device} is not a GPU of compute capability "
-                         "9.0 or newer (Hopper)")
+        raise ValueError(
+            f"llm.pdl on: {cfg.device} is not a GPU of compute capability 9.0 or newer (Hopper)"
+        )
     return False
 
 
@@ -244,8 +300,9 @@ def _weight_dtype(model: Model) -> torch.dtype:
     return model.embed.weight.dtype  # type: ignore[attr-defined]  # every architecture embeds
 
 
-def _drafter(model: Model, draft: Model | None, num_blocks: int,
-             cfg: EngineConfig) -> DraftModelProposer | None:
+def _drafter(
+    model: Model, draft: Model | None, num_blocks: int, cfg: EngineConfig
+) -> DraftModelProposer | None:
     """The draft model, when speculation uses one (loaded by config or handed in)."""
     if cfg.spec_tokens <= 0 or (draft is None and not cfg.draft_model):
         return None
@@ -253,15 +310,19 @@ def _drafter(model: Model, draft: Model | None, num_blocks: int,
         from voicert.config import ModelsConfig, cache_dir
         from voicert.engine.loader import resolve_llm
 
-        cache = (Path(cfg.models_cache) if cfg.models_cache
-                 else cache_dir(ModelsConfig()))  # the user's cache dir, as the server's default
+        cache = (
+            Path(cfg.models_cache) if cfg.models_cache else cache_dir(ModelsConfig())
+        )  # the user's cache dir, as the server's default
         path = resolve_llm(cfg.draft_model, cache)
         draft = load_model(path, DTYPES[cfg.dtype], cfg.device)
     if draft.cfg.vocab_size != model.cfg.vocab_size:
-        raise ValueError(f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
-                         f"({model.cfg.vocab_size}): it must share the tokenizer")
-    return DraftModelProposer(draft, max(num_blocks // 2, 2), cfg.block_size,
-                              torchscript=cfg.torchscript)
+        raise ValueError(
+            f"draft vocabulary ({draft.cfg.vocab_size}) differs from the target's "
+            f"({model.cfg.vocab_size}): it must share the tokenizer"
+        )
+    return DraftModelProposer(
+        draft, max(num_blocks // 2, 2), cfg.block_size, torchscript=cfg.torchscript
+    )
 
 
 def _heads(model: Model, cfg: EngineConfig) -> DraftHeads | None:
@@ -279,12 +340,17 @@ def _heads(model: Model, cfg: EngineConfig) -> DraftHeads | None:
     except ValueError as exc:
         if not auto:
             raise
-        log.info("engine: the embedded draft heads do not fit this model (%s); drafts come "
-                 "from n-gram prompt lookup", exc)
+        log.info(
+            "engine: the embedded draft heads do not fit this model (%s); drafts come "
+            "from n-gram prompt lookup",
+            exc,
+        )
         return None
     if cfg.spec_tokens > heads.num_heads:
-        raise ValueError(f"spec_tokens ({cfg.spec_tokens}) is more than the "
-                         f"{heads.num_heads} draft heads in {path}")
+        raise ValueError(
+            f"spec_tokens ({cfg.spec_tokens}) is more than the "
+            f"{heads.num_heads} draft heads in {path}"
+        )
     return heads
 
 

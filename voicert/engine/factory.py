@@ -13,9 +13,9 @@ from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.core.llm import Engine
 from voicert.engine.build import engine_config
 from voicert.engine.clients.llm_engine import LLMEngine
-from voicert.engine.loader import resolve_llm
 from voicert.engine.clients.simple import SimpleEngine
 from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
+from voicert.engine.loader import resolve_llm
 
 if TYPE_CHECKING:
     from voicert.engine.clients.host import HostAddresses
@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def build_engine(cfg: Config, hosts: "HostAddresses | None" = None) -> tuple[Config, Engine]:
+def build_engine(cfg: Config, hosts: HostAddresses | None = None) -> tuple[Config, Engine]:
     """The configured LLM engine (``llm.engine``) and the config as it resolved it. The built-in
     engines: weights resolved (and converted) by config, under a supervisor that rebuilds the
     engine if it fails (engine/clients/supervisor.py). ``openai``: a client of that server, ``llm.model``
@@ -37,8 +37,11 @@ def build_engine(cfg: Config, hosts: "HostAddresses | None" = None) -> tuple[Con
         log.info("llm: %s at %s", model, cfg.llm.base_url)
         cfg = dataclasses.replace(cfg, llm=dataclasses.replace(cfg.llm, model=model))
         return cfg, OpenAICompatEngine(cfg.llm, model)
-    policy = RestartPolicy(max_restarts=cfg.llm.restart_max, window_s=cfg.llm.restart_window_s,
-                           wait_s=cfg.llm.restart_wait_s)
+    policy = RestartPolicy(
+        max_restarts=cfg.llm.restart_max,
+        window_s=cfg.llm.restart_window_s,
+        wait_s=cfg.llm.restart_wait_s,
+    )
     if hosts is None:
         check_device(cfg.llm)
     if hosts is not None:
@@ -57,9 +60,16 @@ def _start_replicas(cfg: Config, model_dir: str, policy: RestartPolicy) -> Engin
     engine_cfg = engine_config(cfg.llm, str(cache_dir(cfg.models)))
 
     def start(gpu: int) -> SupervisedEngine:
-        return SupervisedEngine(lambda: EngineProcess(
-            model_dir, engine_cfg, threads=cfg.llm.threads, gc_freeze=cfg.server.gc_freeze,
-            gpu=str(gpu)), policy)
+        return SupervisedEngine(
+            lambda: EngineProcess(
+                model_dir,
+                engine_cfg,
+                threads=cfg.llm.threads,
+                gc_freeze=cfg.server.gc_freeze,
+                gpu=str(gpu),
+            ),
+            policy,
+        )
 
     with ThreadPoolExecutor(cfg.llm.gpus) as pool:
         futures = [pool.submit(start, i) for i in range(cfg.llm.gpus)]
@@ -84,7 +94,7 @@ class _HostConnector:
 
     START_WAIT_S = 600.0
 
-    def __init__(self, hosts: "HostAddresses", address: str, wait_s: float, tokenizer) -> None:
+    def __init__(self, hosts: HostAddresses, address: str, wait_s: float, tokenizer) -> None:
         self.hosts, self.address, self.tokenizer = hosts, address, tokenizer
         self.wait_s = max(wait_s, 1.0)
         self.timeout_s = self.START_WAIT_S
@@ -92,21 +102,24 @@ class _HostConnector:
     def __call__(self):
         from voicert.engine.clients.host import SharedEngineClient
 
-        client = SharedEngineClient(self.address, self.hosts.authkey, self.hosts.model_dir,
-                                    self.timeout_s, self.tokenizer)
+        client = SharedEngineClient(
+            self.address, self.hosts.authkey, self.hosts.model_dir, self.timeout_s, self.tokenizer
+        )
         self.timeout_s = self.wait_s
         return client
 
 
-def _connect_hosts(hosts: "HostAddresses", policy: RestartPolicy, wait_s: float) -> Engine:
+def _connect_hosts(hosts: HostAddresses, policy: RestartPolicy, wait_s: float) -> Engine:
     """A worker's engine: a supervised client of each engine host (several: replicas)."""
     from transformers import AutoTokenizer
 
     from voicert.engine.clients.replicas import ReplicaEngine
 
     tokenizer = AutoTokenizer.from_pretrained(hosts.model_dir)  # loaded once, for every link
-    engines = [SupervisedEngine(_HostConnector(hosts, address, wait_s, tokenizer), policy)
-               for address in hosts.addresses]
+    engines = [
+        SupervisedEngine(_HostConnector(hosts, address, wait_s, tokenizer), policy)
+        for address in hosts.addresses
+    ]
     return engines[0] if len(engines) == 1 else ReplicaEngine(engines)
 
 
@@ -119,14 +132,20 @@ def check_device(llm: LlmConfig) -> None:
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     index = int(llm.device.partition(":")[2] or 0)
     if count == 0:
-        why = "torch here was built without CUDA" if torch.version.cuda is None else \
-            "torch sees no CUDA device"
-        raise ConfigError(f"llm.device: {llm.device}, but {why}; use cpu (or configs/gpu.yaml "
-                          "on a GPU machine)")
+        why = (
+            "torch here was built without CUDA"
+            if torch.version.cuda is None
+            else "torch sees no CUDA device"
+        )
+        raise ConfigError(
+            f"llm.device: {llm.device}, but {why}; use cpu (or configs/gpu.yaml on a GPU machine)"
+        )
     for gpu in range(llm.gpus):
         if index + gpu >= count:
-            raise ConfigError(f"llm.device: {llm.device} with llm.gpus {llm.gpus}, but torch "
-                              f"sees {count} CUDA device(s)")
+            raise ConfigError(
+                f"llm.device: {llm.device} with llm.gpus {llm.gpus}, but torch "
+                f"sees {count} CUDA device(s)"
+            )
 
 
 def _start_engine(cfg: Config, model_dir: str):
@@ -140,8 +159,9 @@ def _start_engine(cfg: Config, model_dir: str):
     if llm.process:
         from voicert.engine.clients.remote import EngineProcess
 
-        return EngineProcess(model_dir, engine_cfg, threads=llm.threads,
-                             gc_freeze=cfg.server.gc_freeze)
+        return EngineProcess(
+            model_dir, engine_cfg, threads=llm.threads, gc_freeze=cfg.server.gc_freeze
+        )
     if llm.threads > 0:
         import torch
 

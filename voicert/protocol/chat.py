@@ -17,32 +17,65 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from voicert.core.chat import ChatMessage
-from voicert.core.chat import AUTO, ToolCall, ToolChoice, ToolSpec
+from voicert.core.chat import AUTO, ChatMessage, ToolCall, ToolChoice, ToolSpec
 from voicert.protocol.tools import WireError, choice_from_wire, tools_from_wire
 
 MAX_STOP_STRINGS = 4
 # accepted as long as they ask for nothing greedy decoding does not give
 _NEUTRAL = {"temperature": 0, "top_p": 1, "n": 1, "presence_penalty": 0, "frequency_penalty": 0}
 _IGNORABLE = {"user", "seed", "store", "metadata", "service_tier"}  # change nothing we serve
-_KNOWN = {"model", "messages", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-          "stop", "tools", "tool_choice", "parallel_tool_calls", *_NEUTRAL, *_IGNORABLE}
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
-          "tool": "tool"}
+_KNOWN = {
+    "model",
+    "messages",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    *_NEUTRAL,
+    *_IGNORABLE,
+}
+_ROLES = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+}
 
 
 class ChatError(Exception):
     """A refused request: the HTTP status and the OpenAI error object."""
 
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None, kind: str = "invalid_request_error") -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = (
-            status, message, param, code, kind)
+            status,
+            message,
+            param,
+            code,
+            kind,
+        )
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +110,14 @@ def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
         raise _bad(f"unsupported parameter: {unknown[0]}", unknown[0], "unsupported_parameter")
     for key, neutral in _NEUTRAL.items():
         value = data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                  or value != neutral):
-            raise _bad(f"{key} must be {neutral} or absent: voicert decodes greedily, one choice",
-                       key, "unsupported_value")
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or value != neutral
+        ):
+            raise _bad(
+                f"{key} must be {neutral} or absent: voicert decodes greedily, one choice",
+                key,
+                "unsupported_value",
+            )
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model must be a non-empty string", "model")
@@ -91,21 +128,31 @@ def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
     parallel = data.get("parallel_tool_calls", True)
     if not isinstance(parallel, bool):
         raise _bad("parallel_tool_calls must be a boolean", "parallel_tool_calls")
-    return ChatRequest(model, _messages(data.get("messages"), max_text_chars),
-                       _max_tokens(data), bool(stream), _include_usage(data, bool(stream)),
-                       _stop(data.get("stop")), tools, choice, parallel)
+    return ChatRequest(
+        model,
+        _messages(data.get("messages"), max_text_chars),
+        _max_tokens(data),
+        bool(stream),
+        _include_usage(data, bool(stream)),
+        _stop(data.get("stop")),
+        tools,
+        choice,
+        parallel,
+    )
 
 
 def _tools(data: dict) -> tuple[tuple[ToolSpec, ...], ToolChoice]:
     try:
         tools = tools_from_wire(data["tools"]) if data.get("tools") is not None else ()
-        choice = (choice_from_wire(data["tool_choice"]) if data.get("tool_choice") is not None
-                  else AUTO)
+        choice = (
+            choice_from_wire(data["tool_choice"]) if data.get("tool_choice") is not None else AUTO
+        )
     except WireError as exc:
         raise _bad(str(exc), exc.param) from None
     if choice.name and choice.name not in {t.name for t in tools}:
-        raise _bad(f"tool_choice names {choice.name!r}, which is not among the tools",
-                   "tool_choice")
+        raise _bad(
+            f"tool_choice names {choice.name!r}, which is not among the tools", "tool_choice"
+        )
     return tools, choice
 
 
@@ -119,19 +166,34 @@ def _messages(raw: Any, max_text_chars: int) -> list[ChatMessage]:
             raise _bad(f"{where} must be an object", where)
         role = m.get("role")
         if role not in _ROLES:
-            raise _bad(f"{where}.role {role!r} is not supported (system, developer, user, "
-                       f"assistant, tool)", f"{where}.role", "unsupported_value")
-        allowed = {"role", "content", "name"} | ({"tool_calls", "refusal"} if role == "assistant"
-                                                 else {"tool_call_id"} if role == "tool" else set())
+            raise _bad(
+                f"{where}.role {role!r} is not supported (system, developer, user, "
+                f"assistant, tool)",
+                f"{where}.role",
+                "unsupported_value",
+            )
+        allowed = {"role", "content", "name"} | (
+            {"tool_calls", "refusal"}
+            if role == "assistant"
+            else {"tool_call_id"}
+            if role == "tool"
+            else set()
+        )
         extra = sorted(set(m) - allowed)
         if extra:
-            raise _bad(f"{where}.{extra[0]} is not supported", f"{where}.{extra[0]}",
-                       "unsupported_parameter")
+            raise _bad(
+                f"{where}.{extra[0]} is not supported",
+                f"{where}.{extra[0]}",
+                "unsupported_parameter",
+            )
         calls = _calls(m.get("tool_calls"), where) if role == "assistant" else ()
         content = "" if calls and m.get("content") is None else _content(m.get("content"), where)
         if len(content) > max_text_chars:
-            raise _bad(f"{where}.content is over {max_text_chars} characters",
-                       f"{where}.content", "string_above_max_length")
+            raise _bad(
+                f"{where}.content is over {max_text_chars} characters",
+                f"{where}.content",
+                "string_above_max_length",
+            )
         call_id = m.get("tool_call_id", "") if role == "tool" else ""
         if role == "tool" and (not isinstance(call_id, str) or not call_id):
             raise _bad(f"{where}.tool_call_id must be a non-empty string", f"{where}.tool_call_id")
@@ -149,15 +211,21 @@ def _calls(raw: Any, where: str) -> tuple[ToolCall, ...]:
     for j, c in enumerate(raw):
         at = f"{where}.tool_calls[{j}]"
         fn = c.get("function") if isinstance(c, dict) else None
-        if not isinstance(fn, dict) or not isinstance(c.get("id"), str) or not isinstance(
-                fn.get("name"), str) or not isinstance(fn.get("arguments"), str):
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(c.get("id"), str)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("arguments"), str)
+        ):
             raise _bad(f"{at} must be {{id, type: function, function: {{name, arguments}}}}", at)
         try:
             if not isinstance(json.loads(fn["arguments"]), dict):
                 raise ValueError
         except ValueError:
-            raise _bad(f"{at}.function.arguments must be JSON text of an object",
-                       f"{at}.function.arguments") from None
+            raise _bad(
+                f"{at}.function.arguments must be JSON text of an object",
+                f"{at}.function.arguments",
+            ) from None
         calls.append(ToolCall(c["id"], fn["name"], fn["arguments"]))
     return tuple(calls)
 
@@ -168,10 +236,16 @@ def _content(raw: Any, where: str) -> str:
     if isinstance(raw, list):
         parts = []
         for j, part in enumerate(raw):
-            if not (isinstance(part, dict) and part.get("type") == "text"
-                    and isinstance(part.get("text"), str)):
-                raise _bad(f"{where}.content[{j}]: only text parts are supported",
-                           f"{where}.content", "unsupported_value")
+            if not (
+                isinstance(part, dict)
+                and part.get("type") == "text"
+                and isinstance(part.get("text"), str)
+            ):
+                raise _bad(
+                    f"{where}.content[{j}]: only text parts are supported",
+                    f"{where}.content",
+                    "unsupported_value",
+                )
             parts.append(part["text"])
         return "".join(parts)
     raise _bad(f"{where}.content must be a string or an array of text parts", f"{where}.content")
@@ -194,8 +268,11 @@ def _include_usage(data: dict, stream: bool) -> bool:
         return False
     if not stream:
         raise _bad("stream_options is only allowed with stream: true", "stream_options")
-    if not isinstance(opts, dict) or set(opts) - {"include_usage"} \
-            or not isinstance(opts.get("include_usage", False), bool):
+    if (
+        not isinstance(opts, dict)
+        or set(opts) - {"include_usage"}
+        or not isinstance(opts.get("include_usage", False), bool)
+    ):
         raise _bad("stream_options supports include_usage (a boolean) only", "stream_options")
     return bool(opts.get("include_usage", False))
 
@@ -204,8 +281,11 @@ def _stop(raw: Any) -> tuple[str, ...]:
     if raw is None:
         return ()
     stops = [raw] if isinstance(raw, str) else raw
-    if not isinstance(stops, list) or len(stops) > MAX_STOP_STRINGS or not all(
-            isinstance(s, str) and s for s in stops):
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOP_STRINGS
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
         raise _bad(f"stop must be a non-empty string or up to {MAX_STOP_STRINGS} of them", "stop")
     return tuple(stops)
 
@@ -227,10 +307,12 @@ class StopMatcher:
         if cut >= 0:
             self.held = ""
             return text[:cut], True
-        keep = max((n for s in self.stops for n in range(len(s) - 1, 0, -1)
-                    if text.endswith(s[:n])), default=0)
-        self.held = text[len(text) - keep:] if keep else ""
-        return text[:len(text) - keep], False
+        keep = max(
+            (n for s in self.stops for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])),
+            default=0,
+        )
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
 
     def flush(self) -> str:
         held, self.held = self.held, ""
@@ -246,40 +328,69 @@ def finish_reason(engine_reason: str, called: bool = False) -> str:
 
 
 def call_wire(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.call_id, "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments}}
+    return {
+        "id": call.call_id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def completion(req: ChatRequest, model: str, text: str, reason: str,
-               prompt_tokens: int, completion_tokens: int,
-               calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+def completion(
+    req: ChatRequest,
+    model: str,
+    text: str,
+    reason: str,
+    prompt_tokens: int,
+    completion_tokens: int,
+    calls: tuple[ToolCall, ...] = (),
+) -> dict[str, Any]:
     """A whole (non-streamed) response body."""
-    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else ""),
-                               "refusal": None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": text or (None if calls else ""),
+        "refusal": None,
+    }
     if calls:
         message["tool_calls"] = [call_wire(c) for c in calls]
-    return {"id": req.id, "object": "chat.completion", "created": req.created, "model": model,
-            "choices": [{"index": 0, "message": message, "logprobs": None,
-                         "finish_reason": reason}],
-            "usage": usage(prompt_tokens, completion_tokens)}
+    return {
+        "id": req.id,
+        "object": "chat.completion",
+        "created": req.created,
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reason}],
+        "usage": usage(prompt_tokens, completion_tokens),
+    }
 
 
-def chunk(req: ChatRequest, model: str, delta: dict[str, Any] | None = None,
-          reason: str | None = None, usage_: dict[str, int] | None = None) -> dict[str, Any]:
+def chunk(
+    req: ChatRequest,
+    model: str,
+    delta: dict[str, Any] | None = None,
+    reason: str | None = None,
+    usage_: dict[str, int] | None = None,
+) -> dict[str, Any]:
     """One stream chunk: a delta, the finish reason, or (``usage_``: no choices) the usage."""
-    body: dict[str, Any] = {"id": req.id, "object": "chat.completion.chunk",
-                            "created": req.created, "model": model}
+    body: dict[str, Any] = {
+        "id": req.id,
+        "object": "chat.completion.chunk",
+        "created": req.created,
+        "model": model,
+    }
     if usage_ is not None:
         body["choices"] = []
         body["usage"] = usage_
     else:
-        body["choices"] = [{"index": 0, "delta": delta or {}, "logprobs": None,
-                            "finish_reason": reason}]
+        body["choices"] = [
+            {"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": reason}
+        ]
         if req.include_usage:
             body["usage"] = None
     return body
@@ -292,5 +403,7 @@ def sse(payload: dict[str, Any] | str) -> bytes:
 
 
 def models_list(model: str, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [{"id": model, "object": "model", "created": created,
-                                        "owned_by": "voicert"}]}
+    return {
+        "object": "list",
+        "data": [{"id": model, "object": "model", "created": created, "owned_by": "voicert"}],
+    }

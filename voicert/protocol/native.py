@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import enum
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
@@ -19,14 +18,30 @@ import msgpack
 
 from voicert.core import events as ev
 from voicert.core.chat import ToolChoice, ToolSpec
-from voicert.core.session import (END_OF_TURN, ENCODINGS, TURN_DETECTION, ErrorCode, OutputAudio,
-                                  SessionRefused, SessionSettings)
+from voicert.core.session import (
+    END_OF_TURN,
+    TURN_DETECTION,
+    ErrorCode,
+    OutputAudio,
+    SessionRefused,
+    SessionSettings,
+)
 from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tools_from_wire
 
 PROTOCOL_VERSION = 1
-SESSION_OPTIONS = frozenset({"turn_detection", "max_new_tokens", "output_audio", "tools",
-                             "tool_choice", "end_of_turn", "silence_ms", "vad_threshold",
-                             "voice"})
+SESSION_OPTIONS = frozenset(
+    {
+        "turn_detection",
+        "max_new_tokens",
+        "output_audio",
+        "tools",
+        "tool_choice",
+        "end_of_turn",
+        "silence_ms",
+        "vad_threshold",
+        "voice",
+    }
+)
 
 
 ProtocolError = SessionRefused  # the codecs' one exception type
@@ -93,8 +108,16 @@ class UserText:
     type: str = field(default="user.text", init=False)
 
 
-ClientEvent = Union[SessionStart, Audio, AudioCommit, ResponseCancel, SessionEnd, UserText,
-                    SessionUpdate, ToolResultIn]
+ClientEvent = Union[
+    SessionStart,
+    Audio,
+    AudioCommit,
+    ResponseCancel,
+    SessionEnd,
+    UserText,
+    SessionUpdate,
+    ToolResultIn,
+]
 
 # ---------------------------------------------------------------- server -> client
 
@@ -178,7 +201,9 @@ class ResponseDone:
     tokens: int
     prompt_tokens: int
     finish_reason: str  # stop | length | cancelled | interrupted | error
-    tool_calls: list[str] = field(default_factory=list)  # calls waiting for the client's tool.result
+    tool_calls: list[str] = field(
+        default_factory=list
+    )  # calls waiting for the client's tool.result
     type: str = field(default="response.done", init=False)
 
 
@@ -243,10 +268,25 @@ class SessionEnded:
     type: str = field(default="session.ended", init=False)
 
 
-ServerEvent = Union[SessionStarted, SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial,
-                    TranscriptFinal, ResponseStarted, ResponseToken, ResponseAudio, ResponseDone,
-                    ToolCallStarted, ToolCallDelta, ToolCallOut, ToolOutput, TurnLatency, Error,
-                    SessionEnded]
+ServerEvent = Union[
+    SessionStarted,
+    SpeechStarted,
+    BargeIn,
+    SpeechStopped,
+    TranscriptPartial,
+    TranscriptFinal,
+    ResponseStarted,
+    ResponseToken,
+    ResponseAudio,
+    ResponseDone,
+    ToolCallStarted,
+    ToolCallDelta,
+    ToolCallOut,
+    ToolOutput,
+    TurnLatency,
+    Error,
+    SessionEnded,
+]
 
 
 def from_core(event: ev.SessionEvent) -> ServerEvent:
@@ -268,15 +308,22 @@ def from_core(event: ev.SessionEvent) -> ServerEvent:
     if isinstance(event, ev.ReplyStarted):
         return ResponseStarted(event.turn_id)
     if isinstance(event, ev.ReplyDone):
-        return ResponseDone(event.turn_id, event.text, event.tokens, event.prompt_tokens,
-                            event.finish_reason.value, list(event.calls))
+        return ResponseDone(
+            event.turn_id,
+            event.text,
+            event.tokens,
+            event.prompt_tokens,
+            event.finish_reason.value,
+            list(event.calls),
+        )
     if isinstance(event, ev.ToolCallStarted):
         return ToolCallStarted(event.turn_id, event.call_id, event.name)
     if isinstance(event, ev.ToolCallArguments):
         return ToolCallDelta(event.turn_id, event.call_id, event.delta)
     if isinstance(event, ev.ToolCallDone):
-        return ToolCallOut(event.turn_id, event.call_id, event.name, event.arguments,
-                           event.runs_on_server)
+        return ToolCallOut(
+            event.turn_id, event.call_id, event.name, event.arguments, event.runs_on_server
+        )
     if isinstance(event, ev.ToolResult):
         return ToolOutput(event.turn_id, event.call_id, event.output, event.error)
     if isinstance(event, ev.TurnLatency):
@@ -297,37 +344,47 @@ def _field(msg: dict, name: str, typ: type | tuple[type, ...], default: Any = ..
     value = msg[name]
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
         want = typ.__name__ if isinstance(typ, type) else "/".join(t.__name__ for t in typ)
-        raise ProtocolError(ErrorCode.INVALID,
-                            f"{msg.get('type')}: field '{name}' must be {want}")
+        raise ProtocolError(ErrorCode.INVALID, f"{msg.get('type')}: field '{name}' must be {want}")
     return value
 
 
 def _session_start(msg: dict) -> SessionStart:
     version = _field(msg, "protocol_version", int, PROTOCOL_VERSION)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(ErrorCode.UNSUPPORTED_VERSION,
-                            f"protocol_version {version} not supported (this server speaks "
-                            f"{PROTOCOL_VERSION})")
+        raise ProtocolError(
+            ErrorCode.UNSUPPORTED_VERSION,
+            f"protocol_version {version} not supported (this server speaks {PROTOCOL_VERSION})",
+        )
     options = _field(msg, "options", dict, {})
     unknown = sorted(set(options) - SESSION_OPTIONS)
     if unknown:  # said, not ignored: a misspelt option would otherwise just not apply
-        raise ProtocolError(ErrorCode.INVALID, f"options: unknown {', '.join(unknown)[:200]} "
-                            f"(known: {', '.join(sorted(SESSION_OPTIONS))})")
+        raise ProtocolError(
+            ErrorCode.INVALID,
+            f"options: unknown {', '.join(unknown)[:200]} "
+            f"(known: {', '.join(sorted(SESSION_OPTIONS))})",
+        )
     turn = _field(options, "turn_detection", str, "server_vad")
     if turn not in TURN_DETECTION:
-        raise ProtocolError(ErrorCode.INVALID,
-                            f"options.turn_detection must be one of {', '.join(TURN_DETECTION)}")
+        raise ProtocolError(
+            ErrorCode.INVALID, f"options.turn_detection must be one of {', '.join(TURN_DETECTION)}"
+        )
     max_new = _field(options, "max_new_tokens", int, None)
     if max_new is not None and not 1 <= max_new <= 4096:
         raise ProtocolError(ErrorCode.INVALID, "options.max_new_tokens must be in [1, 4096]")
     out = _field(options, "output_audio", dict, None)
-    output_audio = None if out is None else OutputAudio(
-        _field(out, "encoding", str, "pcm16"), _field(out, "sample_rate", int, 24000))
+    output_audio = (
+        None
+        if out is None
+        else OutputAudio(
+            _field(out, "encoding", str, "pcm16"), _field(out, "sample_rate", int, 24000)
+        )
+    )
     tools, choice = _tools(options, "options.")
     end_of_turn = _field(options, "end_of_turn", str, None)
     if end_of_turn is not None and end_of_turn not in END_OF_TURN:
-        raise ProtocolError(ErrorCode.INVALID,
-                            f"options.end_of_turn must be one of {', '.join(END_OF_TURN)}")
+        raise ProtocolError(
+            ErrorCode.INVALID, f"options.end_of_turn must be one of {', '.join(END_OF_TURN)}"
+        )
     silence_ms = _field(options, "silence_ms", int, None)
     if silence_ms is not None and not 32 <= silence_ms <= 10000:
         raise ProtocolError(ErrorCode.INVALID, "options.silence_ms must be in [32, 10000]")
@@ -355,10 +412,16 @@ def _session_start(msg: dict) -> SessionStart:
 def _tools(msg: dict, prefix: str) -> tuple[tuple[ToolSpec, ...] | None, ToolChoice | None]:
     """A message's ``tools`` and ``tool_choice`` (None when absent)."""
     try:
-        tools = (tools_from_wire(msg["tools"], f"{prefix}tools")
-                 if msg.get("tools") is not None else None)
-        choice = (choice_from_wire(msg["tool_choice"], f"{prefix}tool_choice")
-                  if msg.get("tool_choice") is not None else None)
+        tools = (
+            tools_from_wire(msg["tools"], f"{prefix}tools")
+            if msg.get("tools") is not None
+            else None
+        )
+        choice = (
+            choice_from_wire(msg["tool_choice"], f"{prefix}tool_choice")
+            if msg.get("tool_choice") is not None
+            else None
+        )
     except WireError as exc:
         raise ProtocolError(ErrorCode.INVALID, str(exc)) from None
     return tools, choice
@@ -366,8 +429,9 @@ def _tools(msg: dict, prefix: str) -> tuple[tuple[ToolSpec, ...] | None, ToolCho
 
 def _session_update(msg: dict) -> SessionUpdate:
     tools, choice = _tools(msg, "")
-    return SessionUpdate(tools, choice, _field(msg, "system_prompt", str, None),
-                         _field(msg, "voice", str, None))
+    return SessionUpdate(
+        tools, choice, _field(msg, "system_prompt", str, None), _field(msg, "voice", str, None)
+    )
 
 
 def _tool_result(msg: dict) -> ToolResultIn:
@@ -387,7 +451,9 @@ def _audio(msg: dict, text_frame: bool) -> Audio:
         try:
             data = base64.b64decode(b64, validate=True)
         except (binascii.Error, ValueError):
-            raise ProtocolError(ErrorCode.INVALID, "audio: field 'audio' is not valid base64") from None
+            raise ProtocolError(
+                ErrorCode.INVALID, "audio: field 'audio' is not valid base64"
+            ) from None
     else:
         data = _field(msg, "audio", (bytes, bytearray))
     return Audio(audio=bytes(data))
@@ -424,8 +490,10 @@ def decode_client(frame: bytes | str) -> ClientEvent:
         raise ProtocolError(ErrorCode.INVALID, "message has no string 'type'")
     decoder = _DECODERS.get(kind)
     if decoder is None:
-        raise ProtocolError(ErrorCode.UNKNOWN_TYPE,
-                            f"unknown message type {kind[:64]!r} (known: {', '.join(CLIENT_TYPES)})")
+        raise ProtocolError(
+            ErrorCode.UNKNOWN_TYPE,
+            f"unknown message type {kind[:64]!r} (known: {', '.join(CLIENT_TYPES)})",
+        )
     return decoder(msg, text_frame)
 
 
@@ -443,23 +511,31 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
     Client events encode too, so clients and tests share this codec."""
     d = _to_map(event)
     if isinstance(event, SessionStart):
-        d = {"type": d["type"], "protocol_version": d["protocol_version"],
-             "sample_rate": d["sample_rate"], "encoding": d["encoding"],
-             "system_prompt": d["system_prompt"],
-             "options": {"turn_detection": d["turn_detection"],
-                         "max_new_tokens": d["max_new_tokens"],
-                         "output_audio": d["output_audio"],
-                         "tools": [_tool_map(t) for t in event.tools],
-                         "tool_choice": (choice_to_wire(event.tool_choice)
-                                         if event.tool_choice else None)}}
+        d = {
+            "type": d["type"],
+            "protocol_version": d["protocol_version"],
+            "sample_rate": d["sample_rate"],
+            "encoding": d["encoding"],
+            "system_prompt": d["system_prompt"],
+            "options": {
+                "turn_detection": d["turn_detection"],
+                "max_new_tokens": d["max_new_tokens"],
+                "output_audio": d["output_audio"],
+                "tools": [_tool_map(t) for t in event.tools],
+                "tool_choice": (choice_to_wire(event.tool_choice) if event.tool_choice else None),
+            },
+        }
         for name in ("end_of_turn", "silence_ms", "vad_threshold", "voice"):  # sent when set
             if getattr(event, name) is not None:
                 d["options"][name] = getattr(event, name)
     elif isinstance(event, SessionUpdate):
-        d = {"type": d["type"], "system_prompt": event.system_prompt,
-             "tools": None if event.tools is None else [_tool_map(t) for t in event.tools],
-             "tool_choice": choice_to_wire(event.tool_choice) if event.tool_choice else None,
-             "voice": event.voice}
+        d = {
+            "type": d["type"],
+            "system_prompt": event.system_prompt,
+            "tools": None if event.tools is None else [_tool_map(t) for t in event.tools],
+            "tool_choice": choice_to_wire(event.tool_choice) if event.tool_choice else None,
+            "voice": event.voice,
+        }
     if binary:
         return msgpack.packb(d, use_bin_type=True)
     if "audio" in d and isinstance(d["audio"], bytes):
@@ -471,10 +547,28 @@ def _tool_map(spec: ToolSpec) -> dict:
     return {"name": spec.name, "description": spec.description, "parameters": spec.schema}
 
 
-_SERVER_TYPES = {cls.__dataclass_fields__["type"].default: cls for cls in (
-    SessionStarted, SpeechStarted, BargeIn, SpeechStopped, TranscriptPartial, TranscriptFinal,
-    ResponseStarted, ResponseToken, ResponseAudio, ResponseDone, ToolCallStarted, ToolCallDelta,
-    ToolCallOut, ToolOutput, TurnLatency, Error, SessionEnded)}
+_SERVER_TYPES = {
+    cls.__dataclass_fields__["type"].default: cls
+    for cls in (
+        SessionStarted,
+        SpeechStarted,
+        BargeIn,
+        SpeechStopped,
+        TranscriptPartial,
+        TranscriptFinal,
+        ResponseStarted,
+        ResponseToken,
+        ResponseAudio,
+        ResponseDone,
+        ToolCallStarted,
+        ToolCallDelta,
+        ToolCallOut,
+        ToolOutput,
+        TurnLatency,
+        Error,
+        SessionEnded,
+    )
+}
 
 
 def decode_server(frame: bytes | str) -> dict[str, Any]:

@@ -19,17 +19,28 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 from voicert.core.chat import AUTO, ToolChoice, ToolSpec
-from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tool_to_wire, \
-    tools_from_wire
+from voicert.protocol.tools import (
+    WireError,
+    choice_from_wire,
+    choice_to_wire,
+    tool_to_wire,
+    tools_from_wire,
+)
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
 
 # wire audio format names -> (voicert encoding, sample rate)
-BETA_FORMATS = {"pcm16": ("pcm16", 24000), "g711_ulaw": ("mulaw", 8000),
-                "g711_alaw": ("alaw", 8000)}
-GA_FORMATS = {"audio/pcm": ("pcm16", 24000), "audio/pcmu": ("mulaw", 8000),
-              "audio/pcma": ("alaw", 8000)}
+BETA_FORMATS = {
+    "pcm16": ("pcm16", 24000),
+    "g711_ulaw": ("mulaw", 8000),
+    "g711_alaw": ("alaw", 8000),
+}
+GA_FORMATS = {
+    "audio/pcm": ("pcm16", 24000),
+    "audio/pcmu": ("mulaw", 8000),
+    "audio/pcma": ("alaw", 8000),
+}
 
 
 class Flavor(enum.Enum):
@@ -52,11 +63,22 @@ _BETA_NAMES = {
 class RealtimeError(Exception):
     """A client mistake, answered with an ``error`` event; the socket stays open."""
 
-    def __init__(self, code: str, message: str, param: str | None = None,
-                 event_id: str | None = None, kind: str = INVALID_REQUEST) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        param: str | None = None,
+        event_id: str | None = None,
+        kind: str = INVALID_REQUEST,
+    ) -> None:
         super().__init__(message)
         self.code, self.message, self.param, self.event_id, self.kind = (
-            code, message, param, event_id, kind)
+            code,
+            message,
+            param,
+            event_id,
+            kind,
+        )
 
 
 # ---------------------------------------------------------------- session configuration
@@ -80,14 +102,20 @@ class TurnDetection:
 
     def to_wire(self) -> dict[str, Any]:
         if self.type == "semantic_vad":
-            return {"type": "semantic_vad", "eagerness": self.eagerness,
-                    "create_response": self.create_response,
-                    "interrupt_response": self.interrupt_response}
-        return {"type": "server_vad", "threshold": self.threshold,
-                "prefix_padding_ms": self.prefix_padding_ms,
-                "silence_duration_ms": self.silence_duration_ms,
+            return {
+                "type": "semantic_vad",
+                "eagerness": self.eagerness,
                 "create_response": self.create_response,
-                "interrupt_response": self.interrupt_response}
+                "interrupt_response": self.interrupt_response,
+            }
+        return {
+            "type": "server_vad",
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            "create_response": self.create_response,
+            "interrupt_response": self.interrupt_response,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,24 +136,41 @@ class SessionConfig:
         max_tokens = self.max_output_tokens if self.max_output_tokens is not None else "inf"
         transcription = {"model": "whisper-1"} if self.transcription else None
         if flavor is Flavor.BETA:
-            return {"id": session_id, "object": "realtime.session", "model": model,
-                    "modalities": ["text", "audio"] if self.audio_out else ["text"],
-                    "instructions": self.instructions, "voice": self.voice,
-                    "input_audio_format": self.input_format,
-                    "output_audio_format": self.output_format,
-                    "input_audio_transcription": transcription, "turn_detection": td,
-                    "tools": [tool_to_wire(t) for t in self.tools],
-                    "tool_choice": choice_to_wire(self.tool_choice), "temperature": 0.8,
-                    "max_response_output_tokens": max_tokens}
-        return {"type": "realtime", "id": session_id, "object": "realtime.session", "model": model,
-                "output_modalities": ["audio"] if self.audio_out else ["text"],
+            return {
+                "id": session_id,
+                "object": "realtime.session",
+                "model": model,
+                "modalities": ["text", "audio"] if self.audio_out else ["text"],
                 "instructions": self.instructions,
-                "audio": {"input": {"format": _ga_format(self.input_format),
-                                    "transcription": transcription, "turn_detection": td},
-                          "output": {"format": _ga_format(self.output_format),
-                                     "voice": self.voice}},
+                "voice": self.voice,
+                "input_audio_format": self.input_format,
+                "output_audio_format": self.output_format,
+                "input_audio_transcription": transcription,
+                "turn_detection": td,
                 "tools": [tool_to_wire(t) for t in self.tools],
-                "tool_choice": choice_to_wire(self.tool_choice), "max_output_tokens": max_tokens}
+                "tool_choice": choice_to_wire(self.tool_choice),
+                "temperature": 0.8,
+                "max_response_output_tokens": max_tokens,
+            }
+        return {
+            "type": "realtime",
+            "id": session_id,
+            "object": "realtime.session",
+            "model": model,
+            "output_modalities": ["audio"] if self.audio_out else ["text"],
+            "instructions": self.instructions,
+            "audio": {
+                "input": {
+                    "format": _ga_format(self.input_format),
+                    "transcription": transcription,
+                    "turn_detection": td,
+                },
+                "output": {"format": _ga_format(self.output_format), "voice": self.voice},
+            },
+            "tools": [tool_to_wire(t) for t in self.tools],
+            "tool_choice": choice_to_wire(self.tool_choice),
+            "max_output_tokens": max_tokens,
+        }
 
 
 def _ga_format(beta_name: str) -> dict[str, Any]:
@@ -138,15 +183,19 @@ def _format(value: Any, param: str) -> str:
     """A wire audio format in either flavour -> its beta name."""
     if isinstance(value, str) and value in BETA_FORMATS:
         return value
-    if isinstance(value, dict) and isinstance(value.get("type"), str) \
-            and value["type"] in GA_FORMATS:
+    if (
+        isinstance(value, dict)
+        and isinstance(value.get("type"), str)
+        and value["type"] in GA_FORMATS
+    ):
         encoding, rate = GA_FORMATS[value["type"]]
         if value.get("rate", rate) != rate:
             raise RealtimeError("invalid_value", f"{param}.rate must be {rate}", f"{param}.rate")
         return next(k for k, v in BETA_FORMATS.items() if v == (encoding, rate))
     supported = ", ".join([*BETA_FORMATS, *GA_FORMATS])
-    raise RealtimeError("invalid_value", f"Invalid audio format {value!r:.60}; supported: "
-                        f"{supported}", param)
+    raise RealtimeError(
+        "invalid_value", f"Invalid audio format {value!r:.60}; supported: {supported}", param
+    )
 
 
 def _number(value: Any, param: str) -> float:
@@ -177,35 +226,55 @@ def _turn_detection(value: Any, current: TurnDetection | None, param: str) -> Tu
         raise RealtimeError("invalid_type", f"{param} must be an object or null", param)
     kind = value.get("type", "server_vad")
     if kind not in ("server_vad", "semantic_vad"):
-        raise RealtimeError("invalid_value", f"{param}.type {kind!r:.40} is not supported "
-                            "(supported: server_vad, semantic_vad, or null for manual commits)",
-                            f"{param}.type")
+        raise RealtimeError(
+            "invalid_value",
+            f"{param}.type {kind!r:.40} is not supported "
+            "(supported: server_vad, semantic_vad, or null for manual commits)",
+            f"{param}.type",
+        )
     td = current if current is not None and current.type == kind else TurnDetection(type=kind)
     fields: dict[str, Any] = {}
-    keys = ((("eagerness", _eagerness),) if kind == "semantic_vad" else
-            (("threshold", _number), ("prefix_padding_ms", _whole),
-             ("silence_duration_ms", _whole)))
+    keys = (
+        (("eagerness", _eagerness),)
+        if kind == "semantic_vad"
+        else (
+            ("threshold", _number),
+            ("prefix_padding_ms", _whole),
+            ("silence_duration_ms", _whole),
+        )
+    )
     allowed = {"type", "create_response", "interrupt_response", *(k for k, _ in keys)}
     for key in value:
         if key not in allowed and value[key] is not None:
-            raise RealtimeError("invalid_value", f"{param}.{key:.40} is not supported with "
-                                f"type {kind} (supported: {', '.join(sorted(allowed))})",
-                                f"{param}.{key:.40}")
+            raise RealtimeError(
+                "invalid_value",
+                f"{param}.{key:.40} is not supported with "
+                f"type {kind} (supported: {', '.join(sorted(allowed))})",
+                f"{param}.{key:.40}",
+            )
     for key, parse in (*keys, ("create_response", _flag), ("interrupt_response", _flag)):
         if value.get(key) is not None:
             fields[key] = parse(value[key], f"{param}.{key}")
     td = replace(td, **fields)
-    if not (0 < td.threshold < 1 and 0 <= td.prefix_padding_ms <= 2000
-            and 32 <= td.silence_duration_ms <= 10000):
-        raise RealtimeError("invalid_value", f"{param}: threshold in (0, 1), prefix_padding_ms in "
-                            "[0, 2000], silence_duration_ms in [32, 10000]", param)
+    if not (
+        0 < td.threshold < 1
+        and 0 <= td.prefix_padding_ms <= 2000
+        and 32 <= td.silence_duration_ms <= 10000
+    ):
+        raise RealtimeError(
+            "invalid_value",
+            f"{param}: threshold in (0, 1), prefix_padding_ms in "
+            "[0, 2000], silence_duration_ms in [32, 10000]",
+            param,
+        )
     return td
 
 
 def _eagerness(value: Any, param: str) -> str:
     if value not in EAGERNESS:
-        raise RealtimeError("invalid_value", f"{param} must be one of {', '.join(EAGERNESS)}",
-                            param)
+        raise RealtimeError(
+            "invalid_value", f"{param} must be one of {', '.join(EAGERNESS)}", param
+        )
     return value
 
 
@@ -218,21 +287,46 @@ def _max_tokens(value: Any, param: str) -> int | None:
 
 
 def _audio_out(modalities: Any, param: str) -> bool:
-    if not isinstance(modalities, list) or not modalities \
-            or not all(m in ("text", "audio") for m in modalities if isinstance(m, str)) \
-            or not all(isinstance(m, str) for m in modalities):
+    if (
+        not isinstance(modalities, list)
+        or not modalities
+        or not all(m in ("text", "audio") for m in modalities if isinstance(m, str))
+        or not all(isinstance(m, str) for m in modalities)
+    ):
         raise RealtimeError("invalid_value", f"{param} must be a list of 'text' / 'audio'", param)
     return "audio" in modalities
 
 
 # session fields of either flavour: those that change what voicert does are applied; the rest
 # are accepted only at values that ask for nothing voicert would not do (see _check_inert)
-_SESSION_KEYS = {"type", "model", "id", "object", "instructions", "modalities", "output_modalities",
-                 "input_audio_format", "output_audio_format", "turn_detection",
-                 "input_audio_transcription", "max_response_output_tokens", "max_output_tokens",
-                 "voice", "audio", "tools", "tool_choice", "temperature", "tracing", "truncation",
-                 "speed", "include", "prompt", "input_audio_noise_reduction", "expires_at",
-                 "client_secret"}
+_SESSION_KEYS = {
+    "type",
+    "model",
+    "id",
+    "object",
+    "instructions",
+    "modalities",
+    "output_modalities",
+    "input_audio_format",
+    "output_audio_format",
+    "turn_detection",
+    "input_audio_transcription",
+    "max_response_output_tokens",
+    "max_output_tokens",
+    "voice",
+    "audio",
+    "tools",
+    "tool_choice",
+    "temperature",
+    "tracing",
+    "truncation",
+    "speed",
+    "include",
+    "prompt",
+    "input_audio_noise_reduction",
+    "expires_at",
+    "client_secret",
+}
 _AUDIO_INPUT_KEYS = {"format", "transcription", "turn_detection", "noise_reduction"}
 _AUDIO_OUTPUT_KEYS = {"format", "voice", "speed"}
 
@@ -240,13 +334,15 @@ _AUDIO_OUTPUT_KEYS = {"format", "voice", "speed"}
 def _unknown(keys: set[str], known: set[str], where: str) -> None:
     extra = sorted(k for k in keys if k not in known)
     if extra:
-        raise RealtimeError("unknown_parameter", f"Unknown parameter: '{where}.{extra[0]}'.",
-                            f"{where}.{extra[0]}")
+        raise RealtimeError(
+            "unknown_parameter", f"Unknown parameter: '{where}.{extra[0]}'.", f"{where}.{extra[0]}"
+        )
 
 
 def _unsupported(param: str, what: str) -> RealtimeError:
-    return RealtimeError("unsupported_value", f"{param}: {what} is not supported by this server",
-                         param)
+    return RealtimeError(
+        "unsupported_value", f"{param}: {what} is not supported by this server", param
+    )
 
 
 def _check_inert(s: dict[str, Any]) -> None:
@@ -269,8 +365,9 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
     changes: dict[str, Any] = {}
     if "instructions" in s:
         if not isinstance(s["instructions"], str):
-            raise RealtimeError("invalid_type", "session.instructions must be a string",
-                                "session.instructions")
+            raise RealtimeError(
+                "invalid_type", "session.instructions must be a string", "session.instructions"
+            )
         changes["instructions"] = s["instructions"]
     for key in ("modalities", "output_modalities"):
         if key in s:
@@ -280,8 +377,9 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
     if "output_audio_format" in s:
         changes["output_format"] = _format(s["output_audio_format"], "session.output_audio_format")
     if "turn_detection" in s:
-        changes["turn_detection"] = _turn_detection(s["turn_detection"], cfg.turn_detection,
-                                                    "session.turn_detection")
+        changes["turn_detection"] = _turn_detection(
+            s["turn_detection"], cfg.turn_detection, "session.turn_detection"
+        )
     if "input_audio_transcription" in s:
         changes["transcription"] = s["input_audio_transcription"] is not None
     for key in ("max_response_output_tokens", "max_output_tokens"):
@@ -302,11 +400,16 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
             raise RealtimeError("invalid_type", "session.audio must be an object", "session.audio")
         inp, out = audio.get("input") or {}, audio.get("output") or {}
         _unknown(set(audio), {"input", "output"}, "session.audio")
-        for name, part, known in (("input", inp, _AUDIO_INPUT_KEYS),
-                                  ("output", out, _AUDIO_OUTPUT_KEYS)):
+        for name, part, known in (
+            ("input", inp, _AUDIO_INPUT_KEYS),
+            ("output", out, _AUDIO_OUTPUT_KEYS),
+        ):
             if not isinstance(part, dict):
-                raise RealtimeError("invalid_type", f"session.audio.{name} must be an object",
-                                    f"session.audio.{name}")
+                raise RealtimeError(
+                    "invalid_type",
+                    f"session.audio.{name} must be an object",
+                    f"session.audio.{name}",
+                )
             _unknown(set(part), known, f"session.audio.{name}")
         if inp.get("noise_reduction") is not None:
             raise _unsupported("session.audio.input.noise_reduction", "noise reduction")
@@ -318,7 +421,8 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
             changes["output_format"] = _format(out["format"], "session.audio.output.format")
         if "turn_detection" in inp:
             changes["turn_detection"] = _turn_detection(
-                inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection")
+                inp["turn_detection"], cfg.turn_detection, "session.audio.input.turn_detection"
+            )
         if "transcription" in inp:
             changes["transcription"] = inp["transcription"] is not None
         if "voice" in out:
@@ -396,8 +500,18 @@ class ItemRetrieve:
     item_id: str
 
 
-ClientEvent = Union[SessionUpdate, AudioAppend, AudioCommit, AudioClear, ItemCreate,
-                    ResponseCreate, ResponseCancel, ItemTruncate, ItemDelete, ItemRetrieve]
+ClientEvent = Union[
+    SessionUpdate,
+    AudioAppend,
+    AudioCommit,
+    AudioClear,
+    ItemCreate,
+    ResponseCreate,
+    ResponseCancel,
+    ItemTruncate,
+    ItemDelete,
+    ItemRetrieve,
+]
 
 # Known API events this server does not implement: answered with an error naming them.
 UNSUPPORTED = ("output_audio_buffer.clear", "transcription_session.update")
@@ -406,8 +520,9 @@ UNSUPPORTED = ("output_audio_buffer.clear", "transcription_session.update")
 def _item_id(msg: dict) -> str:
     item_id = msg.get("item_id")
     if not isinstance(item_id, str) or not item_id:
-        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'item_id'.",
-                            "item_id")
+        raise RealtimeError(
+            "missing_required_parameter", "Missing required parameter: 'item_id'.", "item_id"
+        )
     return item_id
 
 
@@ -415,44 +530,67 @@ def _item_truncate(msg: dict) -> ItemTruncate:
     item_id = _item_id(msg)
     for key in ("content_index", "audio_end_ms"):
         if key not in msg:
-            raise RealtimeError("missing_required_parameter",
-                                f"Missing required parameter: '{key}'.", key)
-    index, end = _whole(msg["content_index"], "content_index"), _whole(msg["audio_end_ms"],
-                                                                       "audio_end_ms")
+            raise RealtimeError(
+                "missing_required_parameter", f"Missing required parameter: '{key}'.", key
+            )
+    index, end = (
+        _whole(msg["content_index"], "content_index"),
+        _whole(msg["audio_end_ms"], "audio_end_ms"),
+    )
     if index < 0 or end < 0:
-        raise RealtimeError("invalid_value", "content_index and audio_end_ms must be >= 0",
-                            "audio_end_ms" if end < 0 else "content_index")
+        raise RealtimeError(
+            "invalid_value",
+            "content_index and audio_end_ms must be >= 0",
+            "audio_end_ms" if end < 0 else "content_index",
+        )
     return ItemTruncate(item_id, index, end)
 
 
 def _item_create(msg: dict) -> ItemCreate:
     item = msg.get("item")
     if not isinstance(item, dict):
-        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'item'.",
-                            "item")
+        raise RealtimeError(
+            "missing_required_parameter", "Missing required parameter: 'item'.", "item"
+        )
     kind = item.get("type", "message")
     if kind in ("function_call", "function_call_output"):
         return _call_item(item, kind)
     if kind != "message":
-        raise RealtimeError("invalid_value", f"item.type {kind!r:.40} is not supported (supported: "
-                            "message, function_call, function_call_output)", "item.type")
+        raise RealtimeError(
+            "invalid_value",
+            f"item.type {kind!r:.40} is not supported (supported: "
+            "message, function_call, function_call_output)",
+            "item.type",
+        )
     role = item.get("role")
     if role not in ("user", "assistant", "system"):
-        raise RealtimeError("invalid_value", "item.role must be user, assistant or system",
-                            "item.role")
+        raise RealtimeError(
+            "invalid_value", "item.role must be user, assistant or system", "item.role"
+        )
     content = item.get("content")
     if not isinstance(content, list) or not content:
-        raise RealtimeError("missing_required_parameter", "item.content must be a non-empty list",
-                            "item.content")
+        raise RealtimeError(
+            "missing_required_parameter", "item.content must be a non-empty list", "item.content"
+        )
     texts = []
     for i, part in enumerate(content):
-        if not isinstance(part, dict) or part.get("type") not in ("input_text", "text", "output_text"):
-            raise RealtimeError("invalid_value", f"item.content[{i}].type must be input_text or "
-                                "text (audio content is sent with input_audio_buffer.append)",
-                                f"item.content[{i}].type")
+        if not isinstance(part, dict) or part.get("type") not in (
+            "input_text",
+            "text",
+            "output_text",
+        ):
+            raise RealtimeError(
+                "invalid_value",
+                f"item.content[{i}].type must be input_text or "
+                "text (audio content is sent with input_audio_buffer.append)",
+                f"item.content[{i}].type",
+            )
         if not isinstance(part.get("text"), str):
-            raise RealtimeError("invalid_type", f"item.content[{i}].text must be a string",
-                                f"item.content[{i}].text")
+            raise RealtimeError(
+                "invalid_type",
+                f"item.content[{i}].text must be a string",
+                f"item.content[{i}].text",
+            )
         texts.append(part["text"])
     item_id = item.get("id")
     return ItemCreate(item_id if isinstance(item_id, str) else None, role, "".join(texts))
@@ -462,8 +600,11 @@ def _call_item(item: dict, kind: str) -> ItemCreate:
     """A function_call (the client records a call) or function_call_output (a call's result)."""
     call_id = item.get("call_id")
     if not isinstance(call_id, str) or not call_id:
-        raise RealtimeError("missing_required_parameter",
-                            "Missing required parameter: 'item.call_id'.", "item.call_id")
+        raise RealtimeError(
+            "missing_required_parameter",
+            "Missing required parameter: 'item.call_id'.",
+            "item.call_id",
+        )
     item_id = item.get("id") if isinstance(item.get("id"), str) else None
     if kind == "function_call_output":
         output = item.get("output")
@@ -472,14 +613,16 @@ def _call_item(item: dict, kind: str) -> ItemCreate:
         return ItemCreate(item_id, "tool", output, kind, call_id)
     name, arguments = item.get("name"), item.get("arguments", "{}")
     if not isinstance(name, str) or not name:
-        raise RealtimeError("missing_required_parameter", "Missing required parameter: "
-                            "'item.name'.", "item.name")
+        raise RealtimeError(
+            "missing_required_parameter", "Missing required parameter: 'item.name'.", "item.name"
+        )
     try:
         if not isinstance(arguments, str) or not isinstance(json.loads(arguments), dict):
             raise ValueError
     except ValueError:
-        raise RealtimeError("invalid_value", "item.arguments must be JSON text of an object",
-                            "item.arguments") from None
+        raise RealtimeError(
+            "invalid_value", "item.arguments must be JSON text of an object", "item.arguments"
+        ) from None
     return ItemCreate(item_id, "assistant", arguments, kind, call_id, name)
 
 
@@ -489,8 +632,9 @@ def _response_create(msg: dict) -> ResponseCreate:
         raise RealtimeError("invalid_type", "response must be an object", "response")
     instructions = r.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
-        raise RealtimeError("invalid_type", "response.instructions must be a string",
-                            "response.instructions")
+        raise RealtimeError(
+            "invalid_type", "response.instructions must be a string", "response.instructions"
+        )
     max_tokens = None
     for key in ("max_output_tokens", "max_response_output_tokens"):
         if key in r:
@@ -513,8 +657,9 @@ def _response_create(msg: dict) -> ResponseCreate:
 def _audio_append(msg: dict) -> AudioAppend:
     b64 = msg.get("audio")
     if not isinstance(b64, str):
-        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'audio'.",
-                            "audio")
+        raise RealtimeError(
+            "missing_required_parameter", "Missing required parameter: 'audio'.", "audio"
+        )
     try:
         return AudioAppend(base64.b64decode(b64, validate=True))
     except (binascii.Error, ValueError):
@@ -524,8 +669,9 @@ def _audio_append(msg: dict) -> AudioAppend:
 def _session_update(msg: dict) -> SessionUpdate:
     s = msg.get("session")
     if not isinstance(s, dict):
-        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'session'.",
-                            "session")
+        raise RealtimeError(
+            "missing_required_parameter", "Missing required parameter: 'session'.", "session"
+        )
     return SessionUpdate(s)
 
 
@@ -557,15 +703,21 @@ def decode_client(frame: str | bytes) -> tuple[ClientEvent, str | None]:
     event_id = msg.get("event_id") if isinstance(msg.get("event_id"), str) else None
     kind = msg.get("type")
     if not isinstance(kind, str):
-        raise RealtimeError("missing_required_parameter", "Missing required parameter: 'type'.",
-                            "type", event_id)
+        raise RealtimeError(
+            "missing_required_parameter", "Missing required parameter: 'type'.", "type", event_id
+        )
     decoder = _DECODERS.get(kind)
     if decoder is None:
         if kind in UNSUPPORTED:
-            raise RealtimeError("unsupported_event", f"'{kind}' is not supported by this server.",
-                                "type", event_id)
-        raise RealtimeError("invalid_value", f"Invalid value: '{kind[:64]}'. Supported values "
-                            f"are: {', '.join(CLIENT_TYPES)}.", "type", event_id)
+            raise RealtimeError(
+                "unsupported_event", f"'{kind}' is not supported by this server.", "type", event_id
+            )
+        raise RealtimeError(
+            "invalid_value",
+            f"Invalid value: '{kind[:64]}'. Supported values are: {', '.join(CLIENT_TYPES)}.",
+            "type",
+            event_id,
+        )
     try:
         return decoder(msg), event_id
     except RealtimeError as exc:
@@ -591,21 +743,47 @@ class EventWriter:
         return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
 
     def error(self, exc: RealtimeError) -> str:
-        return self.event("error", error={"type": exc.kind, "code": exc.code, "message": exc.message,
-                                          "param": exc.param, "event_id": exc.event_id})
+        return self.event(
+            "error",
+            error={
+                "type": exc.kind,
+                "code": exc.code,
+                "message": exc.message,
+                "param": exc.param,
+                "event_id": exc.event_id,
+            },
+        )
 
 
 def message_item(item_id: str, role: str, status: str, content: list[dict]) -> dict[str, Any]:
-    return {"id": item_id, "object": "realtime.item", "type": "message", "role": role,
-            "status": status, "content": content}
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "message",
+        "role": role,
+        "status": status,
+        "content": content,
+    }
 
 
-def call_item(item_id: str, call_id: str, name: str, arguments: str,
-              status: str) -> dict[str, Any]:
-    return {"id": item_id, "object": "realtime.item", "type": "function_call", "status": status,
-            "call_id": call_id, "name": name, "arguments": arguments}
+def call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call",
+        "status": status,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+    }
 
 
 def output_item(item_id: str, call_id: str, output: str) -> dict[str, Any]:
-    return {"id": item_id, "object": "realtime.item", "type": "function_call_output",
-            "status": "completed", "call_id": call_id, "output": output}
+    return {
+        "id": item_id,
+        "object": "realtime.item",
+        "type": "function_call_output",
+        "status": "completed",
+        "call_id": call_id,
+        "output": output,
+    }

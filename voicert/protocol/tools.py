@@ -38,8 +38,9 @@ def tools_from_wire(value: Any, where: str = "tools") -> tuple[ToolSpec, ...]:
             raise WireError(f"{at} must be an object", at)
         kind = tool.get("type", "function")
         if kind != "function":
-            raise WireError(f"{at}.type {str(kind)[:40]!r} is not supported (only function tools)",
-                            f"{at}.type")
+            raise WireError(
+                f"{at}.type {str(kind)[:40]!r} is not supported (only function tools)", f"{at}.type"
+            )
         body = tool.get("function") if isinstance(tool.get("function"), dict) else tool
         name, params = body.get("name"), body.get("parameters")
         description = body.get("description") or ""
@@ -48,8 +49,9 @@ def tools_from_wire(value: Any, where: str = "tools") -> tuple[ToolSpec, ...]:
         if params is not None and not isinstance(params, dict):
             raise WireError(f"{at}.parameters must be a JSON schema object", f"{at}.parameters")
         if params is not None and len(repr(params)) > MAX_SCHEMA_CHARS:
-            raise WireError(f"{at}.parameters is over {MAX_SCHEMA_CHARS} characters",
-                            f"{at}.parameters")
+            raise WireError(
+                f"{at}.parameters is over {MAX_SCHEMA_CHARS} characters", f"{at}.parameters"
+            )
         try:
             spec = ToolSpec.of(name, description, params)
         except ToolSchemaError as exc:
@@ -73,8 +75,9 @@ def choice_from_wire(value: Any, where: str = "tool_choice") -> ToolChoice:
         name = body.get("name")
         if value.get("type", "function") == "function" and isinstance(name, str) and name:
             return ToolChoice(ToolChoiceMode.NAMED, name)
-    raise WireError(f"{where} must be auto, none, required or {{\"type\": \"function\", "
-                    f"\"name\": ...}}", where)
+    raise WireError(
+        f'{where} must be auto, none, required or {{"type": "function", "name": ...}}', where
+    )
 
 
 def choice_to_wire(choice: ToolChoice) -> str | dict:
@@ -86,5 +89,9 @@ def choice_to_wire(choice: ToolChoice) -> str | dict:
 
 def tool_to_wire(spec: ToolSpec) -> dict:
     """The Realtime API's (flat) shape of a tool."""
-    return {"type": "function", "name": spec.name, "description": spec.description,
-            "parameters": spec.schema}
+    return {
+        "type": "function",
+        "name": spec.name,
+        "description": spec.description,
+        "parameters": spec.schema,
+    }

@@ -109,24 +109,28 @@ def decode_inbound(text: str | bytes) -> InboundEvent | None:
     if kind == "start":
         start = _get(msg, "start", dict, "start")
         fmt = _get(start, "mediaFormat", dict, "start")
-        return Start(stream_sid=str(msg.get("streamSid") or start.get("streamSid") or ""),
-                     call_sid=str(start.get("callSid", "")),
-                     account_sid=str(start.get("accountSid", "")),
-                     tracks=_strings(start.get("tracks") or ["inbound"], "start.tracks"),
-                     custom_parameters=_parameters(start.get("customParameters") or {}),
-                     encoding=_get(fmt, "encoding", str, "start.mediaFormat"),
-                     sample_rate=_int(fmt.get("sampleRate"), "start.mediaFormat.sampleRate"),
-                     channels=_int(fmt.get("channels", 1), "start.mediaFormat.channels"))
+        return Start(
+            stream_sid=str(msg.get("streamSid") or start.get("streamSid") or ""),
+            call_sid=str(start.get("callSid", "")),
+            account_sid=str(start.get("accountSid", "")),
+            tracks=_strings(start.get("tracks") or ["inbound"], "start.tracks"),
+            custom_parameters=_parameters(start.get("customParameters") or {}),
+            encoding=_get(fmt, "encoding", str, "start.mediaFormat"),
+            sample_rate=_int(fmt.get("sampleRate"), "start.mediaFormat.sampleRate"),
+            channels=_int(fmt.get("channels", 1), "start.mediaFormat.channels"),
+        )
     if kind == "media":
         media = _get(msg, "media", dict, "media")
         try:
             payload = base64.b64decode(_get(media, "payload", str, "media"), validate=True)
         except (binascii.Error, ValueError):
             raise TwilioError("media.payload is not valid base64") from None
-        return Media(track=str(media.get("track", "inbound")),
-                     chunk=_int(media.get("chunk", 0), "media.chunk"),
-                     timestamp_ms=_int(media.get("timestamp", 0), "media.timestamp"),
-                     payload=payload)
+        return Media(
+            track=str(media.get("track", "inbound")),
+            chunk=_int(media.get("chunk", 0), "media.chunk"),
+            timestamp_ms=_int(media.get("timestamp", 0), "media.timestamp"),
+            payload=payload,
+        )
     if kind == "mark":
         return Mark(_get(_get(msg, "mark", dict, "mark"), "name", str, "mark"))
     if kind == "dtmf":
@@ -147,8 +151,13 @@ def _dump(msg: dict[str, Any]) -> str:
 
 
 def media_message(stream_sid: str, payload: bytes) -> str:
-    return _dump({"event": "media", "streamSid": stream_sid,
-                  "media": {"payload": base64.b64encode(payload).decode("ascii")}})
+    return _dump(
+        {
+            "event": "media",
+            "streamSid": stream_sid,
+            "media": {"payload": base64.b64encode(payload).decode("ascii")},
+        }
+    )
 
 
 def mark_message(stream_sid: str, name: str) -> str:
@@ -214,28 +223,64 @@ class InboundWriter:
         return _dump({"event": "connected", "protocol": "Call", "version": "1.0.0"})
 
     def start(self, encoding: str = MULAW, sample_rate: int = SAMPLE_RATE) -> str:
-        return _dump({"event": "start", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
-                      "start": {"streamSid": self.stream_sid, "accountSid": self.account_sid,
-                                "callSid": self.call_sid, "tracks": ["inbound"],
-                                "customParameters": self.custom_parameters,
-                                "mediaFormat": {"encoding": encoding, "sampleRate": sample_rate,
-                                                "channels": 1}}})
+        return _dump(
+            {
+                "event": "start",
+                "sequenceNumber": self._next(),
+                "streamSid": self.stream_sid,
+                "start": {
+                    "streamSid": self.stream_sid,
+                    "accountSid": self.account_sid,
+                    "callSid": self.call_sid,
+                    "tracks": ["inbound"],
+                    "customParameters": self.custom_parameters,
+                    "mediaFormat": {"encoding": encoding, "sampleRate": sample_rate, "channels": 1},
+                },
+            }
+        )
 
     def media(self, payload: bytes, timestamp_ms: int) -> str:
         self._chunk += 1
-        return _dump({"event": "media", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
-                      "media": {"track": "inbound", "chunk": str(self._chunk),
-                                "timestamp": str(timestamp_ms),
-                                "payload": base64.b64encode(payload).decode("ascii")}})
+        return _dump(
+            {
+                "event": "media",
+                "sequenceNumber": self._next(),
+                "streamSid": self.stream_sid,
+                "media": {
+                    "track": "inbound",
+                    "chunk": str(self._chunk),
+                    "timestamp": str(timestamp_ms),
+                    "payload": base64.b64encode(payload).decode("ascii"),
+                },
+            }
+        )
 
     def mark(self, name: str) -> str:
-        return _dump({"event": "mark", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
-                      "mark": {"name": name}})
+        return _dump(
+            {
+                "event": "mark",
+                "sequenceNumber": self._next(),
+                "streamSid": self.stream_sid,
+                "mark": {"name": name},
+            }
+        )
 
     def dtmf(self, digit: str) -> str:
-        return _dump({"event": "dtmf", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
-                      "dtmf": {"track": "inbound_track", "digit": digit}})
+        return _dump(
+            {
+                "event": "dtmf",
+                "sequenceNumber": self._next(),
+                "streamSid": self.stream_sid,
+                "dtmf": {"track": "inbound_track", "digit": digit},
+            }
+        )
 
     def stop(self) -> str:
-        return _dump({"event": "stop", "sequenceNumber": self._next(), "streamSid": self.stream_sid,
-                      "stop": {"accountSid": self.account_sid, "callSid": self.call_sid}})
+        return _dump(
+            {
+                "event": "stop",
+                "sequenceNumber": self._next(),
+                "streamSid": self.stream_sid,
+                "stop": {"accountSid": self.account_sid, "callSid": self.call_sid},
+            }
+        )

@@ -50,27 +50,44 @@ def same_origin(origin: str, host: str | None) -> bool:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         return False
     default = "443" if parts.scheme == "https" else "80"
+
     def norm(netloc: str) -> str:
         netloc = netloc.lower()
         return netloc if ":" in netloc.rsplit("]", 1)[-1] else f"{netloc}:{default}"
+
     return norm(parts.netloc) == norm(host)
 
 
-def check(path: str, authorization: str | None, origin: str | None, tokens: tuple[str, ...],
-          origins: tuple[str, ...], host: str | None = None) -> Refusal | None:
+def check(
+    path: str,
+    authorization: str | None,
+    origin: str | None,
+    tokens: tuple[str, ...],
+    origins: tuple[str, ...],
+    host: str | None = None,
+) -> Refusal | None:
     """None when the request may open a WebSocket; otherwise the HTTP refusal to send.
 
     No tokens configured: no authentication. Origins: a request without an Origin header (not a
     browser: SDKs, telephony) is not subject to them; a browser's is admitted when it is the server's
     own page (same host and port), listed in ``origins``, or ``origins`` holds ``*``. So by default
     no other web page the user visits can open a session on their behalf."""
-    if origin is not None and "*" not in origins and origin not in origins \
-            and not same_origin(origin, host):
-        return Refusal(http.HTTPStatus.FORBIDDEN, f"origin {origin[:100]!r} not allowed "
-                       "(server.allowed_origins)")
+    if (
+        origin is not None
+        and "*" not in origins
+        and origin not in origins
+        and not same_origin(origin, host)
+    ):
+        return Refusal(
+            http.HTTPStatus.FORBIDDEN,
+            f"origin {origin[:100]!r} not allowed (server.allowed_origins)",
+        )
     if tokens and not token_ok(presented_token(path, authorization), tokens):
-        return Refusal(http.HTTPStatus.UNAUTHORIZED, "missing or invalid bearer token",
-                       (("WWW-Authenticate", 'Bearer realm="voicert"'),))
+        return Refusal(
+            http.HTTPStatus.UNAUTHORIZED,
+            "missing or invalid bearer token",
+            (("WWW-Authenticate", 'Bearer realm="voicert"'),),
+        )
     return None
 
 

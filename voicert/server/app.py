@@ -26,30 +26,33 @@ from voicert.config import Config, ConfigError
 from voicert.core.llm import EngineState
 from voicert.engine.factory import build_engine
 from voicert.hosting import limit_blas_threads
-from voicert.server.logs import quiet_handshake_logger
 from voicert.server import access, dashboard
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
 from voicert.server.connection import CLOSE_GOING_AWAY, Connection
 from voicert.server.dashboard import STATIC, static_file
 from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, route_path, text
+from voicert.server.logs import quiet_handshake_logger
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.server.workers import WorkerRole
 from voicert.speech.asr import asr_backend, build_asr
-from voicert.speech.tts import TtsWorker, first_piece_threads, load_voices
-from voicert.speech.vad import SileroVad, VadBatcher
-from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.speech.denoise import RnNoise
 from voicert.speech.smart_turn import SmartTurn, TurnJudge
+from voicert.speech.tts import TtsWorker, first_piece_threads, load_voices
+from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.gcwatch import GcWatch, settle
 from voicert.telemetry.latency import stages_js
+from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.telemetry.metrics import Metrics
 from voicert.telemetry.sampler import Sampler
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
-SESSION_ROUTES = {STREAM_PATH: Connection, REALTIME_PATH: RealtimeConnection,
-                  TWILIO_PATH: TwilioConnection}
+SESSION_ROUTES = {
+    STREAM_PATH: Connection,
+    REALTIME_PATH: RealtimeConnection,
+    TWILIO_PATH: TwilioConnection,
+}
 MAX_DASHBOARDS = 16
 CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before sockets are aborted
 
@@ -71,27 +74,50 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     else:
         asr = build_asr(cfg.asr, cfg.models.asr)
         asr.warmup()
-        log.info("asr ready (%s, %s) after %.1f s", cfg.asr.backend, cfg.models.asr,
-                 time.perf_counter() - t0)
+        log.info(
+            "asr ready (%s, %s) after %.1f s",
+            cfg.asr.backend,
+            cfg.models.asr,
+            time.perf_counter() - t0,
+        )
     cfg, engine = build_engine(cfg, hosts)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
     voices = load_voices(cfg.tts)
-    tts = TtsWorker(voices, threads=cfg.tts.workers, first_threads=first_piece_threads(cfg.tts)) \
-        if voices else None
+    tts = (
+        TtsWorker(voices, threads=cfg.tts.workers, first_threads=first_piece_threads(cfg.tts))
+        if voices
+        else None
+    )
     if tts is not None:
         tts.warmup()
-        log.info("tts ready (%s, %d Hz; sessions may pick %s)",
-                 getattr(tts.voice, "name", cfg.tts.engine), tts.sample_rate, ", ".join(voices))
-    vad_pool = (ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
-                if cfg.vad.threads > 0 else None)
+        log.info(
+            "tts ready (%s, %d Hz; sessions may pick %s)",
+            getattr(tts.voice, "name", cfg.tts.engine),
+            tts.sample_rate,
+            ", ".join(voices),
+        )
+    vad_pool = (
+        ThreadPoolExecutor(cfg.vad.threads, thread_name_prefix="voicert-vad")
+        if cfg.vad.threads > 0
+        else None
+    )
     vad_batcher = VadBatcher(vad, vad_pool, in_flight=cfg.vad.threads)
     if cfg.server.gc_freeze:
         log.info("gc: %d loaded objects exempted from collection", settle())
-    return Services(cfg=cfg, vad=vad, asr=asr, engine=engine,
-                    metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns), tts=tts,
-                    vad_pool=vad_pool, vad_batcher=vad_batcher, gc_watch=GcWatch().install(),
-                    turn_judge=judge, denoise=RnNoise() if cfg.asr.denoise == "rnnoise" else None,
-                    toolbox=toolbox)
+    return Services(
+        cfg=cfg,
+        vad=vad,
+        asr=asr,
+        engine=engine,
+        metrics=Metrics(cfg.telemetry.budget_ms, cfg.telemetry.recent_turns),
+        tts=tts,
+        vad_pool=vad_pool,
+        vad_batcher=vad_batcher,
+        gc_watch=GcWatch().install(),
+        turn_judge=judge,
+        denoise=RnNoise() if cfg.asr.denoise == "rnnoise" else None,
+        toolbox=toolbox,
+    )
 
 
 def load_turn_judge(cfg: Config) -> TurnJudge | None:
@@ -106,8 +132,12 @@ def load_turn_judge(cfg: Config) -> TurnJudge | None:
             raise ConfigError(f"turn.model_path: {path} is not a file (a smart-turn v3 .onnx)")
     judge = TurnJudge(SmartTurn(path, threads=cfg.turn.threads), cfg.turn.concurrency)
     judge.warmup()
-    log.info("turn detection: semantic (%s, judged at %d ms of silence, at most %d ms)",
-             judge.model.path.name, cfg.turn.pause_ms, cfg.turn.max_silence_ms)
+    log.info(
+        "turn detection: semantic (%s, judged at %d ms of silence, at most %d ms)",
+        judge.model.path.name,
+        cfg.turn.pause_ms,
+        cfg.turn.max_silence_ms,
+    )
     return judge
 
 
@@ -125,6 +155,7 @@ class VoiceServer:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
     sampler: Sampler | None = None  # the process's one telemetry sampler
+    _stopping_samplers: set[asyncio.Task] = field(default_factory=set)
     exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
     role: WorkerRole | None = None  # one of several workers (server.workers): its socket, hosts
     # a stop while the models load: False waits for the loading thread (then frees what it
@@ -189,12 +220,14 @@ class VoiceServer:
         if self.services is None:
             return text(http.HTTPStatus.SERVICE_UNAVAILABLE, "loading models\n")
         self._sampler_for(self.services).sample()
-        return HttpResponse(http.HTTPStatus.OK, self.services.metrics.exposition(),
-                            METRICS_CONTENT_TYPE)
+        return HttpResponse(
+            http.HTTPStatus.OK, self.services.metrics.exposition(), METRICS_CONTENT_TYPE
+        )
 
     async def _stages_js(self, request: HttpRequest) -> HttpResponse:
-        return HttpResponse(http.HTTPStatus.OK, stages_js().encode(),
-                            "text/javascript; charset=utf-8")
+        return HttpResponse(
+            http.HTTPStatus.OK, stages_js().encode(), "text/javascript; charset=utf-8"
+        )
 
     async def _static(self, request: HttpRequest) -> HttpResponse:
         body, content_type = static_file(request.path)
@@ -221,19 +254,27 @@ class VoiceServer:
             return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready ({why})\n")
         s = self.cfg.server
         if self.services.metrics.active_sessions >= s.max_sessions:
-            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                              f"session limit ({s.max_sessions}) reached\n")
+            return ws.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE, f"session limit ({s.max_sessions}) reached\n"
+            )
         if len(self.connections) >= s.max_connections:
-            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE,
-                              f"connection limit ({s.max_connections}) reached\n")
+            return ws.respond(
+                http.HTTPStatus.SERVICE_UNAVAILABLE,
+                f"connection limit ({s.max_connections}) reached\n",
+            )
         return None
 
     def _refuse(self, ws: ServerConnection, request: Request) -> Response | None:
         """Bearer token and origin checks for a WebSocket route (see server/access.py)."""
         s = self.cfg.server
-        refusal = access.check(request.path, request.headers.get("Authorization"),
-                               request.headers.get("Origin"), access.split_list(s.auth_tokens),
-                               access.split_list(s.allowed_origins), request.headers.get("Host"))
+        refusal = access.check(
+            request.path,
+            request.headers.get("Authorization"),
+            request.headers.get("Origin"),
+            access.split_list(s.auth_tokens),
+            access.split_list(s.allowed_origins),
+            request.headers.get("Host"),
+        )
         if refusal is None:
             return None
         log.info("refused %s: %s", route_path(request.path)[0], refusal.reason)
@@ -265,11 +306,17 @@ class VoiceServer:
         self._loop = asyncio.get_running_loop()
         if self.services is not None:
             self._watch_services(self.services)
-        ws_server = Server(self._handler, process_request=self._process_request,
-                           logger=quiet_handshake_logger())
-        self._listener = Listener(self.routes(), ws_server, max_body_bytes=s.max_message_bytes,
-                                  ws_options=dict(max_size=s.max_message_bytes, max_queue=64,
-                                                  ping_interval=20, ping_timeout=20))
+        ws_server = Server(
+            self._handler, process_request=self._process_request, logger=quiet_handshake_logger()
+        )
+        self._listener = Listener(
+            self.routes(),
+            ws_server,
+            max_body_bytes=s.max_message_bytes,
+            ws_options=dict(
+                max_size=s.max_message_bytes, max_queue=64, ping_interval=20, ping_timeout=20
+            ),
+        )
         if self.role is not None:
             await self._listener.start(s.host, s.port, sock=self.role.sock)
             log.info("worker %d serving on port %d", self.role.index, self.port)
@@ -282,7 +329,9 @@ class VoiceServer:
         """The process's one sampler (started with the services; also made on first use)."""
         if self.sampler is None or self.sampler.svc is not svc:
             if self.sampler is not None:
-                asyncio.ensure_future(self.sampler.stop())
+                old = asyncio.ensure_future(self.sampler.stop())
+                self._stopping_samplers.add(old)  # held until it is done
+                old.add_done_callback(self._stopping_samplers.discard)
             self.sampler = Sampler(svc)
             self.sampler.start()
         return self.sampler
@@ -339,10 +388,12 @@ class VoiceServer:
         # timeout, not everyone's; whatever is still open after CLOSE_WAIT_S is aborted
         sockets = [c.ws for c in self.connections] + list(self.dashboard_conns)
         closing = [asyncio.ensure_future(self._close(c)) for c in list(self.connections)]
-        closing += [asyncio.ensure_future(ws.close(CLOSE_GOING_AWAY, "server shutting down"))
-                    for ws in self.dashboard_conns]
+        closing += [
+            asyncio.ensure_future(ws.close(CLOSE_GOING_AWAY, "server shutting down"))
+            for ws in self.dashboard_conns
+        ]
         if closing:
-            done, late = await asyncio.wait(closing, timeout=CLOSE_WAIT_S)
+            _done, late = await asyncio.wait(closing, timeout=CLOSE_WAIT_S)
             for task in late:
                 task.cancel()
             for ws in sockets:
@@ -386,9 +437,14 @@ class VoiceServer:
         await self.start()
         if self.services is None:  # listen (healthz, readyz) while the models load
             role = self.role
-            loading = asyncio.ensure_future(asyncio.to_thread(
-                load_services, self.config, role.hosts if role else None,
-                role.speech if role else None))
+            loading = asyncio.ensure_future(
+                asyncio.to_thread(
+                    load_services,
+                    self.config,
+                    role.hosts if role else None,
+                    role.speech if role else None,
+                )
+            )
             stop = asyncio.ensure_future(self._stopping.wait())
             await asyncio.wait({loading, stop}, return_when=asyncio.FIRST_COMPLETED)
             if not loading.done():  # a thread cannot be interrupted
@@ -444,8 +500,10 @@ def websockets_problem(version: str) -> str | None:
         return None
     if major in WEBSOCKETS_MAJORS:
         return None
-    return (f"websockets {version} is installed; the server runs on websockets 13-15 (its "
-            f"asyncio Server API changed in 16): pip install 'websockets>=13,<16'")
+    return (
+        f"websockets {version} is installed; the server runs on websockets 13-15 (its "
+        f"asyncio Server API changed in 16): pip install 'websockets>=13,<16'"
+    )
 
 
 def run_server(cfg: Config, role: WorkerRole | None = None) -> int:

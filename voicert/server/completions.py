@@ -14,14 +14,14 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import AsyncIterator, Callable
 
+from voicert.agent import tool_calls as tc
 from voicert.agent.session import Services
 from voicert.config import Config
-from voicert.agent import tool_calls as tc
-from voicert.core.llm import FinishReason, GenerationRequest, TokenEvent
 from voicert.core.chat import ToolCall
+from voicert.core.llm import FinishReason, GenerationRequest, TokenEvent
 from voicert.protocol import chat
 from voicert.server import access
 from voicert.server.http import HttpRequest, HttpResponse, json_response
@@ -56,8 +56,9 @@ class ChatCompletions:
     ``unready_reason`` says why new work is refused now (loading, draining, a part down), or None
     when it is taken."""
 
-    def __init__(self, services: Callable[[], Services | None],
-                 unready_reason: Callable[[], str | None]) -> None:
+    def __init__(
+        self, services: Callable[[], Services | None], unready_reason: Callable[[], str | None]
+    ) -> None:
         self._services = services
         self._unready_reason = unready_reason
         self.running = 0
@@ -71,8 +72,9 @@ class ChatCompletions:
         refusal = self._check(request, svc)
         if refusal is not None:
             return refusal
-        return json_response(http.HTTPStatus.OK,
-                             chat.models_list(served_model_id(svc.cfg), self._started))
+        return json_response(
+            http.HTTPStatus.OK, chat.models_list(served_model_id(svc.cfg), self._started)
+        )
 
     async def completions(self, request: HttpRequest) -> HttpResponse:
         svc = self._services()
@@ -84,31 +86,59 @@ class ChatCompletions:
             req = chat.parse_request(request.body, cfg.server.max_text_chars)
             model = served_model_id(cfg)
             if req.model != model:
-                raise chat.ChatError(404, f"model {req.model!r} is not served here (this "
-                                     f"server serves {model!r}; see GET {MODELS_PATH})",
-                                     "model", "model_not_found")
+                raise chat.ChatError(
+                    404,
+                    f"model {req.model!r} is not served here (this "
+                    f"server serves {model!r}; see GET {MODELS_PATH})",
+                    "model",
+                    "model_not_found",
+                )
             max_new = req.max_tokens or max(cfg.llm.max_context_tokens // 4, 1)
             if max_new >= cfg.llm.max_context_tokens:
-                raise chat.ChatError(400, f"max_tokens must be below the context length "
-                                     f"({cfg.llm.max_context_tokens})", "max_tokens")
+                raise chat.ChatError(
+                    400,
+                    f"max_tokens must be below the context length ({cfg.llm.max_context_tokens})",
+                    "max_tokens",
+                )
         except chat.ChatError as exc:
             return _error(exc)
         if cfg.server.max_completions == 0:
-            return _error(chat.ChatError(403, "chat completions are off here "
-                                         "(server.max_completions: 0)", None, "disabled",
-                                         "permission_error"))
+            return _error(
+                chat.ChatError(
+                    403,
+                    "chat completions are off here (server.max_completions: 0)",
+                    None,
+                    "disabled",
+                    "permission_error",
+                )
+            )
         if self.running >= cfg.server.max_completions:
-            return _error(chat.ChatError(429, f"{self.running} completions running (the limit, "
-                                         f"server.max_completions); retry shortly", None,
-                                         "rate_limit_exceeded", "rate_limit_error"),
-                          [("Retry-After", "1")])
-        engine_req = GenerationRequest(f"http-{next(self._ids)}-{req.id}", list(req.messages),
-                                       max_new, session_id="http", tools=req.tools,
-                                       tool_choice=req.tool_choice,
-                                       parallel_tool_calls=req.parallel_tool_calls)
+            return _error(
+                chat.ChatError(
+                    429,
+                    f"{self.running} completions running (the limit, "
+                    f"server.max_completions); retry shortly",
+                    None,
+                    "rate_limit_exceeded",
+                    "rate_limit_error",
+                ),
+                [("Retry-After", "1")],
+            )
+        engine_req = GenerationRequest(
+            f"http-{next(self._ids)}-{req.id}",
+            list(req.messages),
+            max_new,
+            session_id="http",
+            tools=req.tools,
+            tool_choice=req.tool_choice,
+            parallel_tool_calls=req.parallel_tool_calls,
+        )
         if req.stream:
-            return HttpResponse(http.HTTPStatus.OK, content_type="text/event-stream",
-                                stream=self._stream(svc, req, engine_req, model))
+            return HttpResponse(
+                http.HTTPStatus.OK,
+                content_type="text/event-stream",
+                stream=self._stream(svc, req, engine_req, model),
+            )
         return await self._whole(svc, req, engine_req, model)
 
     def _check(self, request: HttpRequest, svc: Services | None) -> HttpResponse | None:
@@ -116,23 +146,32 @@ class ChatCompletions:
         why = self._unready_reason()
         if svc is None or why is not None:
             why = why or "loading models"
-            return _error(chat.ChatError(503, why, code="unavailable", kind="server_error"),
-                          [("Retry-After", "1")])
+            return _error(
+                chat.ChatError(503, why, code="unavailable", kind="server_error"),
+                [("Retry-After", "1")],
+            )
         s = svc.cfg.server
-        refusal = access.check(request.path, request.header("Authorization"),
-                               request.header("Origin"), access.split_list(s.auth_tokens),
-                               access.split_list(s.allowed_origins), request.header("Host"))
+        refusal = access.check(
+            request.path,
+            request.header("Authorization"),
+            request.header("Origin"),
+            access.split_list(s.auth_tokens),
+            access.split_list(s.allowed_origins),
+            request.header("Host"),
+        )
         if refusal is None:
             return None
         log.info("refused %s: %s", request.path, refusal.reason)
         kind = "authentication_error" if refusal.status == 401 else "permission_error"
-        return _error(chat.ChatError(refusal.status, refusal.reason, None, None, kind),
-                      list(refusal.headers))
+        return _error(
+            chat.ChatError(refusal.status, refusal.reason, None, None, kind), list(refusal.headers)
+        )
 
     # ------------------------------------------------------------ generating
 
-    async def _tokens(self, svc: Services, engine_req: GenerationRequest,
-                      stops: chat.StopMatcher) -> AsyncIterator[tuple[str, TokenEvent]]:
+    async def _tokens(
+        self, svc: Services, engine_req: GenerationRequest, stops: chat.StopMatcher
+    ) -> AsyncIterator[tuple[str, TokenEvent]]:
         """(text to send, event) per engine event; cancels the request in the engine when a stop
         string ends it early or the consumer goes away."""
         self.running += 1
@@ -147,9 +186,18 @@ class ChatCompletions:
                 if hit:
                     svc.engine.cancel(engine_req.request_id)
                     done = True
-                    yield piece, TokenEvent(ev.index + 1, -1, "", ev.sampled_ns,
-                                            ev.prefill_start_ns, ev.prompt_tokens,
-                                            FinishReason.STOP)
+                    yield (
+                        piece,
+                        TokenEvent(
+                            ev.index + 1,
+                            -1,
+                            "",
+                            ev.sampled_ns,
+                            ev.prefill_start_ns,
+                            ev.prompt_tokens,
+                            FinishReason.STOP,
+                        ),
+                    )
                     return
                 yield piece, ev
         finally:
@@ -157,8 +205,9 @@ class ChatCompletions:
             if not done:
                 svc.engine.cancel(engine_req.request_id)
 
-    async def _whole(self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest,
-                     model: str) -> HttpResponse:
+    async def _whole(
+        self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest, model: str
+    ) -> HttpResponse:
         stops = chat.StopMatcher(req.stop)
         calls = _Calls(bool(req.tools))
         tokens = self._tokens(svc, engine_req, stops)
@@ -168,22 +217,38 @@ class ChatCompletions:
                 if ev.finish_reason is not None:
                     break
                 if calls.repeats.looping:  # repeating its calls: the reply is complete
-                    ev = dataclasses.replace(ev, index=ev.index + 1,
-                                             finish_reason=FinishReason.STOP)
+                    ev = dataclasses.replace(
+                        ev, index=ev.index + 1, finish_reason=FinishReason.STOP
+                    )
                     break
         finally:
             await tokens.aclose()
         calls.close()
         if ev.finish_reason == FinishReason.ERROR or ev.finish_reason == FinishReason.CANCELLED:
-            return _error(chat.ChatError(503, f"generation failed: {ev.error or ev.finish_reason}",
-                                         code="engine_error", kind="server_error"))
-        return json_response(http.HTTPStatus.OK, chat.completion(
-            req, model, calls.text.strip() if req.tools else calls.text,
-            chat.finish_reason(ev.finish_reason, bool(calls.done)), ev.prompt_tokens, ev.index,
-            tuple(calls.done)))
+            return _error(
+                chat.ChatError(
+                    503,
+                    f"generation failed: {ev.error or ev.finish_reason}",
+                    code="engine_error",
+                    kind="server_error",
+                )
+            )
+        return json_response(
+            http.HTTPStatus.OK,
+            chat.completion(
+                req,
+                model,
+                calls.text.strip() if req.tools else calls.text,
+                chat.finish_reason(ev.finish_reason, bool(calls.done)),
+                ev.prompt_tokens,
+                ev.index,
+                tuple(calls.done),
+            ),
+        )
 
-    async def _stream(self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest,
-                      model: str) -> AsyncIterator[bytes]:
+    async def _stream(
+        self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest, model: str
+    ) -> AsyncIterator[bytes]:
         stops = chat.StopMatcher(req.stop)
         yield chat.sse(chat.chunk(req, model, {"role": "assistant", "content": ""}))
         tokens = self._tokens(svc, engine_req, stops)
@@ -193,22 +258,32 @@ class ChatCompletions:
                 for delta in calls.feed(piece) if piece else []:
                     yield chat.sse(chat.chunk(req, model, delta))
                 if ev.finish_reason is None and calls.repeats.looping:
-                    ev = dataclasses.replace(ev, index=ev.index + 1,
-                                             finish_reason=FinishReason.STOP)
+                    ev = dataclasses.replace(
+                        ev, index=ev.index + 1, finish_reason=FinishReason.STOP
+                    )
                 if ev.finish_reason is None:
                     continue
                 for delta in calls.close():
                     yield chat.sse(chat.chunk(req, model, delta))
                 if ev.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
-                    yield chat.sse(chat.ChatError(503, f"generation failed: "
-                                                  f"{ev.error or ev.finish_reason}",
-                                                  code="engine_error", kind="server_error").body())
+                    yield chat.sse(
+                        chat.ChatError(
+                            503,
+                            f"generation failed: {ev.error or ev.finish_reason}",
+                            code="engine_error",
+                            kind="server_error",
+                        ).body()
+                    )
                     return
-                yield chat.sse(chat.chunk(req, model, reason=chat.finish_reason(
-                    ev.finish_reason, bool(calls.done))))
+                yield chat.sse(
+                    chat.chunk(
+                        req, model, reason=chat.finish_reason(ev.finish_reason, bool(calls.done))
+                    )
+                )
                 if req.include_usage:
-                    yield chat.sse(chat.chunk(req, model,
-                                              usage_=chat.usage(ev.prompt_tokens, ev.index)))
+                    yield chat.sse(
+                        chat.chunk(req, model, usage_=chat.usage(ev.prompt_tokens, ev.index))
+                    )
                 yield chat.sse("[DONE]")
                 return
         finally:
@@ -243,12 +318,20 @@ class _Calls:
                 out.append({"content": p.text})
             elif isinstance(p, tc.CallOpened):
                 self._ids[p.index] = f"call_{uuid.uuid4().hex[:24]}"
-                out.append({"tool_calls": [{"index": p.index, "id": self._ids[p.index],
-                                            "type": "function",
-                                            "function": {"name": p.name, "arguments": ""}}]})
+                out.append(
+                    {
+                        "tool_calls": [
+                            {
+                                "index": p.index,
+                                "id": self._ids[p.index],
+                                "type": "function",
+                                "function": {"name": p.name, "arguments": ""},
+                            }
+                        ]
+                    }
+                )
             elif isinstance(p, tc.CallArgs):
-                out.append({"tool_calls": [{"index": p.index,
-                                            "function": {"arguments": p.delta}}]})
+                out.append({"tool_calls": [{"index": p.index, "function": {"arguments": p.delta}}]})
             elif isinstance(p, tc.CallClosed):
                 self.done.append(ToolCall(self._ids[p.index], p.name, p.arguments))
         return out

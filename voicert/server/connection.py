@@ -12,9 +12,9 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from voicert.agent.session import Services, Session
-from voicert.core.session import ENCODINGS, SessionSettings
-from voicert.core import events as ev
 from voicert.config import SUPPORTED_SAMPLE_RATES, ConfigError, TurnConfig, VadConfig
+from voicert.core import events as ev
+from voicert.core.session import ENCODINGS, SessionSettings
 from voicert.protocol import native as p
 from voicert.server.access import RateLimiter
 from voicert.server.completions import served_model_id
@@ -43,6 +43,13 @@ class BaseConnection:
         self.claimed = False  # this connection counts against server.max_sessions
         self.opened_at = self.last_message = 0.0  # loop times: socket opened, client's last message
         self._watchdog: asyncio.TimerHandle | None = None
+        self._detached: set[asyncio.Task] = set()  # time-outs and closes not waited for
+
+    def _detach(self, coro) -> None:
+        """Run ``coro`` to its end without waiting for it, holding its task until then."""
+        task = asyncio.ensure_future(coro)
+        self._detached.add(task)
+        task.add_done_callback(self._detached.discard)
 
     def claim_session(self) -> None:
         """Count this connection's session against ``server.max_sessions``; raises
@@ -50,8 +57,10 @@ class BaseConnection:
         limit = self.svc.cfg.server.max_sessions
         if self.svc.metrics.active_sessions >= limit:
             self.svc.metrics.observe_error(p.ErrorCode.SESSION_LIMIT.value)
-            raise p.ProtocolError(p.ErrorCode.SESSION_LIMIT,
-                                  f"the server is at its session limit ({limit}); try again later")
+            raise p.ProtocolError(
+                p.ErrorCode.SESSION_LIMIT,
+                f"the server is at its session limit ({limit}); try again later",
+            )
         self.claimed = True
         self.svc.metrics.session_started()
 
@@ -85,16 +94,24 @@ class BaseConnection:
         if now < self._deadline():
             self._arm_watchdog()
         elif self.session is None:
-            asyncio.ensure_future(self._time_out(
-                p.ErrorCode.START_TIMEOUT, f"no session started within {s.start_timeout_s:g} s",
-                CLOSE_POLICY))
+            self._detach(
+                self._time_out(
+                    p.ErrorCode.START_TIMEOUT,
+                    f"no session started within {s.start_timeout_s:g} s",
+                    CLOSE_POLICY,
+                )
+            )
         elif not self.session.idle():  # a reply still running is activity
             self.last_message = now
             self._arm_watchdog()
         else:
-            asyncio.ensure_future(self._time_out(
-                p.ErrorCode.IDLE_TIMEOUT, f"nothing received for {s.idle_timeout_s:g} s",
-                CLOSE_NORMAL))
+            self._detach(
+                self._time_out(
+                    p.ErrorCode.IDLE_TIMEOUT,
+                    f"nothing received for {s.idle_timeout_s:g} s",
+                    CLOSE_NORMAL,
+                )
+            )
 
     async def _time_out(self, code: p.ErrorCode, message: str, close_code: int) -> None:
         log.info("connection %s: %s: closing", self.ws.id, message)
@@ -120,15 +137,16 @@ class BaseConnection:
             self.svc.metrics.observe_error("slow_reader")
             if self.session is not None:
                 self.session.cancel_response()  # free the engine now, not when the socket goes
-            asyncio.ensure_future(self._close_slow_reader())
+            self._detach(self._close_slow_reader())
 
     async def _close_slow_reader(self) -> None:
         """Close 1008 if the close frame gets through within ``send_timeout_s``; else drop the
         socket (a reader that does not drain cannot take the close frame either: websockets would
         wait on it until its keep-alive gives up, 20 s and more)."""
         try:
-            await asyncio.wait_for(self.ws.close(CLOSE_POLICY, "slow reader"),
-                                   self.svc.cfg.server.send_timeout_s)
+            await asyncio.wait_for(
+                self.ws.close(CLOSE_POLICY, "slow reader"), self.svc.cfg.server.send_timeout_s
+            )
         except TimeoutError:
             self.ws.transport.abort()
 
@@ -158,9 +176,12 @@ class BaseConnection:
                     continue  # drain what the client already sent so its close reply can arrive
                 if not limiter.allow(time.monotonic()):
                     self.svc.metrics.observe_error(p.ErrorCode.RATE_LIMITED.value)
-                    await self.fatal(p.ErrorCode.RATE_LIMITED,
-                                     f"more than {s.max_messages_per_s:g} messages/s")
-                    closing = asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "message rate limit"))
+                    await self.fatal(
+                        p.ErrorCode.RATE_LIMITED, f"more than {s.max_messages_per_s:g} messages/s"
+                    )
+                    closing = asyncio.ensure_future(
+                        self.ws.close(CLOSE_POLICY, "message rate limit")
+                    )
                     continue
                 try:
                     if await self.dispatch(frame):
@@ -219,8 +240,13 @@ class Connection(BaseConnection):
         elif isinstance(event, ev.BargeIn):
             cut = clock.speech_started(time.perf_counter_ns())  # a reply sent, still playing
         elif isinstance(event, ev.ReplyDone):
-            cut = clock.done(event.turn_id, event.text, event.item_id,
-                             event.finish_reason == ev.ReplyEnd.INTERRUPTED, event.item_offset)
+            cut = clock.done(
+                event.turn_id,
+                event.text,
+                event.item_id,
+                event.finish_reason == ev.ReplyEnd.INTERRUPTED,
+                event.item_offset,
+            )
         if cut is not None:
             self.session.keep_heard(cut.item_id, cut.heard_chars(cut.cut_ms), cut.item_offset)
 
@@ -239,8 +265,7 @@ class Connection(BaseConnection):
             await self._start(event, binary=isinstance(frame, bytes))
             return False
         if self.session is None:
-            raise p.ProtocolError(p.ErrorCode.NO_SESSION,
-                                  f"'{event.type}' before 'session.start'")
+            raise p.ProtocolError(p.ErrorCode.NO_SESSION, f"'{event.type}' before 'session.start'")
         if isinstance(event, p.Audio):
             await self.session.on_audio(event.audio)
         elif isinstance(event, p.AudioCommit):
@@ -275,8 +300,9 @@ class Connection(BaseConnection):
         try:
             self.session.add_tool_output(event.call_id, event.output)
         except KeyError:
-            raise p.ProtocolError(p.ErrorCode.INVALID, f"tool.result: no call has call_id "
-                                  f"{event.call_id[:64]!r}") from None
+            raise p.ProtocolError(
+                p.ErrorCode.INVALID, f"tool.result: no call has call_id {event.call_id[:64]!r}"
+            ) from None
         if event.respond and not self.session.waiting_calls():
             self.session.respond()
 
@@ -304,10 +330,18 @@ class Connection(BaseConnection):
             raise
         self._arm_watchdog()  # the idle timeout from now on
         tts = self.svc.tts
-        await self.send(p.SessionStarted(
-            sid, start.sample_rate, start.encoding, start.turn_detection, start.output_audio,
-            voice=None if tts is None else (self.session.voice or tts.default_voice),
-            voices=() if tts is None else tuple(tts.voices), model=served_model_id(self.svc.cfg)))
+        await self.send(
+            p.SessionStarted(
+                sid,
+                start.sample_rate,
+                start.encoding,
+                start.turn_detection,
+                start.output_audio,
+                voice=None if tts is None else (self.session.voice or tts.default_voice),
+                voices=() if tts is None else tuple(tts.voices),
+                model=served_model_id(self.svc.cfg),
+            )
+        )
 
 
 def check_output_audio(fmt: p.OutputAudio | None, svc: Services) -> None:
@@ -315,21 +349,25 @@ def check_output_audio(fmt: p.OutputAudio | None, svc: Services) -> None:
     if fmt is None:
         return
     if svc.tts is None:
-        raise p.ProtocolError(p.ErrorCode.NO_SPEECH_OUTPUT,
-                              "this server has no speech output (tts.engine is none)")
+        raise p.ProtocolError(
+            p.ErrorCode.NO_SPEECH_OUTPUT, "this server has no speech output (tts.engine is none)"
+        )
     check_format(fmt.encoding, fmt.sample_rate, "output_audio.")
 
 
 def check_format(encoding: str, rate: int, prefix: str) -> None:
     """Raises ProtocolError for an audio encoding or sample rate the server does not take."""
     if rate not in SUPPORTED_SAMPLE_RATES:
-        raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_SAMPLE_RATE,
-                              f"{prefix}sample_rate {rate} not supported "
-                              f"(supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))})")
+        raise p.ProtocolError(
+            p.ErrorCode.UNSUPPORTED_SAMPLE_RATE,
+            f"{prefix}sample_rate {rate} not supported "
+            f"(supported: {', '.join(map(str, SUPPORTED_SAMPLE_RATES))})",
+        )
     if encoding not in ENCODINGS:
-        raise p.ProtocolError(p.ErrorCode.UNSUPPORTED_ENCODING,
-                              f"{prefix}encoding {encoding[:32]!r} not supported "
-                              f"(supported: {', '.join(ENCODINGS)})")
+        raise p.ProtocolError(
+            p.ErrorCode.UNSUPPORTED_ENCODING,
+            f"{prefix}encoding {encoding[:32]!r} not supported (supported: {', '.join(ENCODINGS)})",
+        )
 
 
 def session_turn_taking(start: SessionSettings, svc: Services) -> tuple[VadConfig, TurnConfig]:
@@ -340,8 +378,11 @@ def session_turn_taking(start: SessionSettings, svc: Services) -> tuple[VadConfi
     vad, turn = svc.cfg.vad, svc.cfg.turn
     try:
         if start.vad_threshold is not None:
-            vad = dataclasses.replace(vad, threshold=start.vad_threshold,
-                                      neg_threshold=min(vad.neg_threshold, start.vad_threshold))
+            vad = dataclasses.replace(
+                vad,
+                threshold=start.vad_threshold,
+                neg_threshold=min(vad.neg_threshold, start.vad_threshold),
+            )
         if start.end_of_turn is not None and start.end_of_turn != turn.detector:
             turn = dataclasses.replace(turn, detector=start.end_of_turn)
             if turn.detector == "semantic" and svc.turn_judge is None:  # no audio model loaded

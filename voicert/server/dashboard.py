@@ -20,11 +20,13 @@ from voicert.telemetry.sampler import Sampler, SystemSample
 
 log = logging.getLogger(__name__)
 WEB_DIR = Path(__file__).resolve().parents[1] / "web"  # package data: in the wheel too
-STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
-          "/app.js": ("app.js", "text/javascript; charset=utf-8"),
-          "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8"),
-          "/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
-          "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8")}
+STATIC = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8"),
+    "/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
+    "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+}
 FEED_PATH = "/v1/dashboard"
 
 
@@ -56,9 +58,17 @@ async def feed(ws: ServerConnection, svc: Services, sampler: Sampler) -> None:
     m.listeners.add(on_turn)
     sampler.listeners.add(on_sample)
     try:
-        await ws.send(json.dumps({"type": "snapshot", "budget_ms": m.budget_ms,
-                                  "waterfall": list(WATERFALL), "max_turns": m.recent.maxlen,
-                                  "turns": [r.as_dict() for r in m.recent]}))
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "snapshot",
+                    "budget_ms": m.budget_ms,
+                    "waterfall": list(WATERFALL),
+                    "max_turns": m.recent.maxlen,
+                    "turns": [r.as_dict() for r in m.recent],
+                }
+            )
+        )
         while True:
             await ws.send(json.dumps(await queue.get()))
     except ConnectionClosed:

@@ -18,8 +18,8 @@ import http
 import json
 import logging
 import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable
 from urllib.parse import urlsplit
 
 import h11
@@ -58,8 +58,9 @@ def text(status: int, body: str, headers: list[tuple[str, str]] | None = None) -
 
 
 def json_response(status: int, payload: object) -> HttpResponse:
-    return HttpResponse(status, json.dumps(payload, separators=(",", ":")).encode(),
-                        "application/json")
+    return HttpResponse(
+        status, json.dumps(payload, separators=(",", ":")).encode(), "application/json"
+    )
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
@@ -89,13 +90,19 @@ class Routes:
         methods = self._http.get(path)
         if methods is None:
             if path in self.websocket:
-                return text(http.HTTPStatus.UPGRADE_REQUIRED, f"{path} is a WebSocket route\n",
-                            [("Upgrade", "websocket")])
+                return text(
+                    http.HTTPStatus.UPGRADE_REQUIRED,
+                    f"{path} is a WebSocket route\n",
+                    [("Upgrade", "websocket")],
+                )
             return text(http.HTTPStatus.NOT_FOUND, f"no route {path}\n")
         handler = methods.get(method)
         if handler is None:
-            return text(http.HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed on {path}\n",
-                        [("Allow", ", ".join(sorted(methods)))])
+            return text(
+                http.HTTPStatus.METHOD_NOT_ALLOWED,
+                f"{method} not allowed on {path}\n",
+                [("Allow", ", ".join(sorted(methods)))],
+            )
         return handler
 
 
@@ -109,7 +116,7 @@ def _is_upgrade(event: h11.Request) -> bool:
 class HttpDoor(asyncio.Protocol):
     """One accepted connection until it is known to be plain HTTP or a WebSocket upgrade."""
 
-    def __init__(self, listener: "Listener") -> None:
+    def __init__(self, listener: Listener) -> None:
         self.listener = listener
         self.transport: asyncio.Transport | None = None
         self.h11 = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
@@ -177,16 +184,24 @@ class HttpDoor(asyncio.Protocol):
                 if _is_upgrade(event):
                     self._hand_to_websockets()
                     return
-                length = dict((k.lower(), v) for k, v in event.headers).get(b"content-length")
+                length = {k.lower(): v for k, v in event.headers}.get(b"content-length")
                 if length is not None and int(length) > self.listener.max_body_bytes:
-                    self._finish(text(http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                      f"body over {self.listener.max_body_bytes} bytes\n"))
+                    self._finish(
+                        text(
+                            http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                            f"body over {self.listener.max_body_bytes} bytes\n",
+                        )
+                    )
                     return
             elif isinstance(event, h11.Data):
                 self.body += event.data
                 if len(self.body) > self.listener.max_body_bytes:
-                    self._finish(text(http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                      f"body over {self.listener.max_body_bytes} bytes\n"))
+                    self._finish(
+                        text(
+                            http.HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                            f"body over {self.listener.max_body_bytes} bytes\n",
+                        )
+                    )
                     return
             elif isinstance(event, h11.EndOfMessage):
                 self._dispatch()
@@ -217,8 +232,9 @@ class HttpDoor(asyncio.Protocol):
         for name, value in self.request.headers:
             key, val = name.decode("latin-1").lower(), value.decode("latin-1")
             headers[key] = f"{headers[key]}, {val}" if key in headers else val
-        request = HttpRequest(self.request.method.decode("ascii"), path, query, headers,
-                              bytes(self.body))
+        request = HttpRequest(
+            self.request.method.decode("ascii"), path, query, headers, bytes(self.body)
+        )
         self.task = asyncio.ensure_future(self._respond(request))
 
     # ------------------------------------------------------------ answering
@@ -236,12 +252,20 @@ class HttpDoor(asyncio.Protocol):
         await self._send(response)
 
     async def _send(self, response: HttpResponse) -> None:
-        headers = [("Server", SERVER_NAME), ("Content-Type", response.content_type),
-                   ("Cache-Control", "no-store"), ("Connection", "close"), *response.headers]
+        headers = [
+            ("Server", SERVER_NAME),
+            ("Content-Type", response.content_type),
+            ("Cache-Control", "no-store"),
+            ("Connection", "close"),
+            *response.headers,
+        ]
         if response.stream is None:
             headers.append(("Content-Length", str(len(response.body))))
-        self._write(h11.Response(status_code=response.status, headers=headers,
-                                 reason=_reason(response.status)))
+        self._write(
+            h11.Response(
+                status_code=response.status, headers=headers, reason=_reason(response.status)
+            )
+        )
         if response.stream is None:
             if response.body:
                 self._write(h11.Data(data=response.body))
@@ -299,8 +323,9 @@ class Listener:
     """The listening socket: plain HTTP through :class:`Routes`, WebSocket upgrades through a
     websockets :class:`Server` (``ws_server``: its handler, ``process_request`` and limits)."""
 
-    def __init__(self, routes: Routes, ws_server: Server, max_body_bytes: int,
-                 ws_options: dict) -> None:
+    def __init__(
+        self, routes: Routes, ws_server: Server, max_body_bytes: int, ws_options: dict
+    ) -> None:
         self.routes = routes
         self.ws_server = ws_server
         self.max_body_bytes = max_body_bytes
@@ -322,11 +347,15 @@ class Listener:
         """A websockets connection, made as ``websockets.asyncio.server.serve`` makes one."""
         o = self.ws_options
         protocol = ServerProtocol(max_size=o.get("max_size"), logger=self.ws_server.logger)
-        return ServerConnection(protocol, self.ws_server, ping_interval=o.get("ping_interval", 20),
-                                ping_timeout=o.get("ping_timeout", 20),
-                                close_timeout=o.get("close_timeout", 10),
-                                max_queue=o.get("max_queue", 16),
-                                write_limit=o.get("write_limit", 2 ** 15))
+        return ServerConnection(
+            protocol,
+            self.ws_server,
+            ping_interval=o.get("ping_interval", 20),
+            ping_timeout=o.get("ping_timeout", 20),
+            close_timeout=o.get("close_timeout", 10),
+            max_queue=o.get("max_queue", 16),
+            write_limit=o.get("write_limit", 2**15),
+        )
 
     @property
     def port(self) -> int:

@@ -12,8 +12,14 @@ from __future__ import annotations
 import logging
 import time
 
-_ROUTINE = ("connection rejected", "connection open", "connection closed", "server listening",
-            "server closing", "server closed")
+_ROUTINE = (
+    "connection rejected",
+    "connection open",
+    "connection closed",
+    "server listening",
+    "server closing",
+    "server closed",
+)
 
 
 class _HandshakeFilter(logging.Filter):

@@ -19,10 +19,10 @@ import uuid
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
-from voicert.core.session import OutputAudio, SessionSettings
 from voicert.config import TurnConfig
 from voicert.core import events as core
 from voicert.core.chat import ToolCall
+from voicert.core.session import OutputAudio, SessionSettings
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
 from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
@@ -33,17 +33,22 @@ log = logging.getLogger(__name__)
 REALTIME_PATH = "/v1/realtime"
 
 # our finish reasons -> the Realtime response status and status_details
-_STATUS = {"stop": ("completed", None),
-           "length": ("incomplete", {"type": "incomplete", "reason": "max_output_tokens"}),
-           "cancelled": ("cancelled", {"type": "cancelled", "reason": "client_cancelled"}),
-           "interrupted": ("cancelled", {"type": "cancelled", "reason": "turn_detected"}),
-           "error": ("failed", {"type": "failed", "error": {"type": "server_error",
-                                                            "code": "engine_failed"}})}
+_STATUS = {
+    "stop": ("completed", None),
+    "length": ("incomplete", {"type": "incomplete", "reason": "max_output_tokens"}),
+    "cancelled": ("cancelled", {"type": "cancelled", "reason": "client_cancelled"}),
+    "interrupted": ("cancelled", {"type": "cancelled", "reason": "turn_detected"}),
+    "error": (
+        "failed",
+        {"type": "failed", "error": {"type": "server_error", "code": "engine_failed"}},
+    ),
+}
 
 
 def _no_item(item_id: str) -> rt.RealtimeError:
-    return rt.RealtimeError("invalid_value", f"Item with item_id not found: {item_id[:64]}",
-                            "item_id")
+    return rt.RealtimeError(
+        "invalid_value", f"Item with item_id not found: {item_id[:64]}", "item_id"
+    )
 
 
 def flavor_of(headers) -> rt.Flavor:
@@ -86,9 +91,11 @@ class RealtimeConnection(BaseConnection):
         self.model = params.get("model", "voicert")
         self.session_id = f"sess_{uuid.uuid4().hex[:20]}"
         can_speak = services.tts is not None
-        self.config = rt.SessionConfig(instructions=services.cfg.llm.system_prompt,
-                                       audio_out=can_speak,
-                                       voice=services.tts.default_voice if can_speak else "")
+        self.config = rt.SessionConfig(
+            instructions=services.cfg.llm.system_prompt,
+            audio_out=can_speak,
+            voice=services.tts.default_voice if can_speak else "",
+        )
         self.last_item: str | None = None
         self.user_items: dict[int, str] = {}  # turn id -> user item id
         self.responses: dict[int, ResponseState] = {}  # turn id -> the response answering it
@@ -104,12 +111,17 @@ class RealtimeConnection(BaseConnection):
         enc, rate = rt.BETA_FORMATS[c.input_format]
         out_enc, out_rate = rt.BETA_FORMATS[c.output_format]
         manual = c.turn_detection is None
-        start = SessionSettings(sample_rate=rate, encoding=enc, system_prompt=c.instructions,
-                                turn_detection="manual" if manual else "server_vad",
-                                max_new_tokens=c.max_output_tokens,
-                                output_audio=OutputAudio(out_enc, out_rate) if c.audio_out else None,
-                                tools=c.tools, tool_choice=c.tool_choice,
-                                voice=c.voice if self.svc.tts is not None else None)
+        start = SessionSettings(
+            sample_rate=rate,
+            encoding=enc,
+            system_prompt=c.instructions,
+            turn_detection="manual" if manual else "server_vad",
+            max_new_tokens=c.max_output_tokens,
+            output_audio=OutputAudio(out_enc, out_rate) if c.audio_out else None,
+            tools=c.tools,
+            tool_choice=c.tool_choice,
+            voice=c.voice if self.svc.tts is not None else None,
+        )
         auto_respond = not manual and c.turn_detection.create_response
         return start, auto_respond
 
@@ -121,23 +133,30 @@ class RealtimeConnection(BaseConnection):
         turn = dataclasses.replace(turn, backchannels=False)
         if td is None or td.type != "semantic_vad":
             return dataclasses.replace(turn, detector="silence")
-        longest = {"low": min(2 * turn.max_silence_ms, 10000),
-                   "high": max(turn.pause_ms + 320, 800)}
+        longest = {
+            "low": min(2 * turn.max_silence_ms, 10000),
+            "high": max(turn.pause_ms + 320, 800),
+        }
         return dataclasses.replace(
-            turn, detector="semantic",
+            turn,
+            detector="semantic",
             max_silence_ms=longest.get(td.eagerness, turn.max_silence_ms),
             model=turn.model if self.svc.turn_judge is not None else "none",
-            text_cue=turn.text_cue or self.svc.turn_judge is None)
+            text_cue=turn.text_cue or self.svc.turn_judge is None,
+        )
 
     def _vad_config(self):
         td, vad = self.config.turn_detection, self.svc.cfg.vad
         if td is None:
             return vad
-        return dataclasses.replace(vad, threshold=td.threshold,
-                                   neg_threshold=min(vad.neg_threshold, td.threshold),
-                                   min_silence_ms=td.silence_duration_ms,
-                                   speech_pad_ms=td.prefix_padding_ms,
-                                   barge_in=td.interrupt_response)
+        return dataclasses.replace(
+            vad,
+            threshold=td.threshold,
+            neg_threshold=min(vad.neg_threshold, td.threshold),
+            min_silence_ms=td.silence_duration_ms,
+            speech_pad_ms=td.prefix_padding_ms,
+            barge_in=td.interrupt_response,
+        )
 
     async def open(self) -> bool:
         """The session starts with the socket; False (and the socket closing) when the server has
@@ -149,8 +168,15 @@ class RealtimeConnection(BaseConnection):
             await self.ws.close(CLOSE_TRY_AGAIN, "session limit reached")
             return False
         start, auto = self._session_start()
-        self.session = Session(self.session_id, start, self.svc, self.on_event, auto_respond=auto,
-                               vad=self._vad_config(), turn=self._turn_config())
+        self.session = Session(
+            self.session_id,
+            start,
+            self.svc,
+            self.on_event,
+            auto_respond=auto,
+            vad=self._vad_config(),
+            turn=self._turn_config(),
+        )
         await self.send_event("session.created", session=self._wire_session())
         return True
 
@@ -167,8 +193,9 @@ class RealtimeConnection(BaseConnection):
         await self.send_frame(self.writer.error(exc))
 
     async def fatal(self, code: p.ErrorCode, message: str) -> None:
-        await self.send_frame(self.writer.error(rt.RealtimeError(code.value, message,
-                                                                 kind=rt.SERVER_ERROR)))
+        await self.send_frame(
+            self.writer.error(rt.RealtimeError(code.value, message, kind=rt.SERVER_ERROR))
+        )
 
     # ------------------------------------------------------------ client events
 
@@ -190,8 +217,10 @@ class RealtimeConnection(BaseConnection):
         elif isinstance(event, rt.AudioCommit):
             turn_id = s.next_turn_id
             if not s.commit():
-                raise rt.RealtimeError("input_audio_buffer_commit_empty",
-                                       "Error committing input audio buffer: buffer is empty.")
+                raise rt.RealtimeError(
+                    "input_audio_buffer_commit_empty",
+                    "Error committing input audio buffer: buffer is empty.",
+                )
             await self._committed(turn_id)
         elif isinstance(event, rt.AudioClear):
             s.clear_audio()
@@ -200,24 +229,37 @@ class RealtimeConnection(BaseConnection):
             await self._item_create(event)
         elif isinstance(event, rt.ResponseCreate):
             if self.svc.draining:
-                raise rt.RealtimeError(p.ErrorCode.SHUTTING_DOWN.value, "server is shutting down",
-                                       kind=rt.SERVER_ERROR)
-            if event.tool_choice is not None and event.tool_choice.name and \
-                    event.tool_choice.name not in {t.name for t in s.offered_tools(event.tools)}:
-                raise rt.RealtimeError("invalid_value", f"response.tool_choice names "
-                                       f"{event.tool_choice.name[:64]!r}, which is not a tool",
-                                       "response.tool_choice")
+                raise rt.RealtimeError(
+                    p.ErrorCode.SHUTTING_DOWN.value, "server is shutting down", kind=rt.SERVER_ERROR
+                )
+            if (
+                event.tool_choice is not None
+                and event.tool_choice.name
+                and event.tool_choice.name not in {t.name for t in s.offered_tools(event.tools)}
+            ):
+                raise rt.RealtimeError(
+                    "invalid_value",
+                    f"response.tool_choice names "
+                    f"{event.tool_choice.name[:64]!r}, which is not a tool",
+                    "response.tool_choice",
+                )
             try:
-                s.respond(event.max_output_tokens, event.instructions, event.audio_out,
-                          event.tool_choice, event.tools)
+                s.respond(
+                    event.max_output_tokens,
+                    event.instructions,
+                    event.audio_out,
+                    event.tool_choice,
+                    event.tools,
+                )
             except p.ProtocolError as exc:
                 if exc.code is not p.ErrorCode.INVALID:
                     raise
                 raise rt.RealtimeError("invalid_value", exc.message, "response.tools") from None
         elif isinstance(event, rt.ResponseCancel):
             if s.idle():
-                raise rt.RealtimeError("response_cancel_not_active",
-                                       "Cancellation failed: no active response found.")
+                raise rt.RealtimeError(
+                    "response_cancel_not_active", "Cancellation failed: no active response found."
+                )
             s.cancel_response()
         elif isinstance(event, rt.ItemTruncate):
             await self._truncate(event)
@@ -234,11 +276,16 @@ class RealtimeConnection(BaseConnection):
         config = rt.update_session(self.config, changes)
         tts = self.svc.tts
         if config.audio_out and tts is None:
-            raise rt.RealtimeError(p.ErrorCode.NO_SPEECH_OUTPUT.value,
-                                   "this server has no speech output; use text modalities",
-                                   "session.modalities")
-        refusal = (unoffered(tts.voices if tts is not None else None, config.voice)
-                   if config.voice != self.config.voice else None)
+            raise rt.RealtimeError(
+                p.ErrorCode.NO_SPEECH_OUTPUT.value,
+                "this server has no speech output; use text modalities",
+                "session.modalities",
+            )
+        refusal = (
+            unoffered(tts.voices if tts is not None else None, config.voice)
+            if config.voice != self.config.voice
+            else None
+        )
         if refusal is not None:
             raise rt.RealtimeError("invalid_value", refusal, "session.voice")
         old, self.config = self.config, config
@@ -263,25 +310,40 @@ class RealtimeConnection(BaseConnection):
         spoken = self.spoken.get(event.item_id)
         if spoken is None:
             if event.item_id in self.wire_items:
-                raise rt.RealtimeError("invalid_value", "Only assistant messages with audio can "
-                                       "be truncated.", "item_id")
+                raise rt.RealtimeError(
+                    "invalid_value",
+                    "Only assistant messages with audio can be truncated.",
+                    "item_id",
+                )
             raise _no_item(event.item_id)
         if event.content_index != 0:
-            raise rt.RealtimeError("invalid_value", "content_index must be 0 (the item's one "
-                                   "audio part)", "content_index")
+            raise rt.RealtimeError(
+                "invalid_value",
+                "content_index must be 0 (the item's one audio part)",
+                "content_index",
+            )
         if event.audio_end_ms > spoken.sent_ms + 1:
-            raise rt.RealtimeError("invalid_value", f"Audio content of {spoken.sent_ms:.0f}ms is "
-                                   f"already shorter than {event.audio_end_ms}ms", "audio_end_ms")
+            raise rt.RealtimeError(
+                "invalid_value",
+                f"Audio content of {spoken.sent_ms:.0f}ms is "
+                f"already shorter than {event.audio_end_ms}ms",
+                "audio_end_ms",
+            )
         if spoken.item_id:
             self._apply_truncation(event.item_id, spoken, event.audio_end_ms)
         else:  # still being generated: applied when it is done
             spoken.cut_ms = event.audio_end_ms
-        await self.send_event("conversation.item.truncated", item_id=event.item_id,
-                              content_index=0, audio_end_ms=event.audio_end_ms)
+        await self.send_event(
+            "conversation.item.truncated",
+            item_id=event.item_id,
+            content_index=0,
+            audio_end_ms=event.audio_end_ms,
+        )
 
     def _apply_truncation(self, wire_id: str, spoken: SpokenReply, audio_end_ms: float) -> None:
-        cut = self.session.keep_heard(spoken.item_id, spoken.heard_chars(audio_end_ms),
-                                      spoken.item_offset)
+        cut = self.session.keep_heard(
+            spoken.item_id, spoken.heard_chars(audio_end_ms), spoken.item_offset
+        )
         if cut is None:  # dropped off the old end meanwhile
             return
         part = {"type": self._part_type(True), "transcript": cut.text}
@@ -301,8 +363,12 @@ class RealtimeConnection(BaseConnection):
         core_id = self.items.get(wire_id)
         if core_id is None:
             if wire_id in self.wire_items:
-                raise rt.RealtimeError("invalid_value", f"Item '{wire_id[:64]}' is still in "
-                                       "progress; it can be deleted once it is done", "item_id")
+                raise rt.RealtimeError(
+                    "invalid_value",
+                    f"Item '{wire_id[:64]}' is still in "
+                    "progress; it can be deleted once it is done",
+                    "item_id",
+                )
             raise _no_item(wire_id)
         try:
             self.session.delete_item(core_id)
@@ -327,11 +393,14 @@ class RealtimeConnection(BaseConnection):
             raise rt.RealtimeError("invalid_value", "item.content text is empty", "item.content")
         item_id = event.item_id or f"item_{uuid.uuid4().hex[:20]}"
         if item_id in self.wire_items:
-            raise rt.RealtimeError("invalid_value", f"Item '{item_id[:64]}' already exists",
-                                   "item.id")
+            raise rt.RealtimeError(
+                "invalid_value", f"Item '{item_id[:64]}' already exists", "item.id"
+            )
         self.items[item_id] = self.session.add_item(event.role, event.text).item_id
         kind = "input_text" if event.role != "assistant" else self._part_type(False)
-        item = rt.message_item(item_id, event.role, "completed", [{"type": kind, "text": event.text}])
+        item = rt.message_item(
+            item_id, event.role, "completed", [{"type": kind, "text": event.text}]
+        )
         await self._item_added(item)
 
     async def _call_item_create(self, event: rt.ItemCreate) -> None:
@@ -339,15 +408,18 @@ class RealtimeConnection(BaseConnection):
         records."""
         item_id = event.item_id or f"item_{uuid.uuid4().hex[:20]}"
         if item_id in self.wire_items:
-            raise rt.RealtimeError("invalid_value", f"Item '{item_id[:64]}' already exists",
-                                   "item.id")
+            raise rt.RealtimeError(
+                "invalid_value", f"Item '{item_id[:64]}' already exists", "item.id"
+            )
         if event.kind == "function_call_output":
             try:
                 core_item = self.session.add_tool_output(event.call_id, event.text)
             except KeyError:
-                raise rt.RealtimeError("invalid_value", f"No function call with call_id "
-                                       f"'{event.call_id[:64]}' in the conversation",
-                                       "item.call_id") from None
+                raise rt.RealtimeError(
+                    "invalid_value",
+                    f"No function call with call_id '{event.call_id[:64]}' in the conversation",
+                    "item.call_id",
+                ) from None
             item = rt.output_item(item_id, event.call_id, event.text)
         else:
             core_item = self.session.add_call(ToolCall(event.call_id, event.name, event.text))
@@ -364,10 +436,14 @@ class RealtimeConnection(BaseConnection):
 
     async def _committed(self, turn_id: int) -> None:
         item_id = self._user_item(turn_id)
-        await self.send_event("input_audio_buffer.committed", previous_item_id=self.last_item,
-                              item_id=item_id)
-        await self._item_added(rt.message_item(item_id, "user", "completed",
-                                               [{"type": "input_audio", "transcript": None}]))
+        await self.send_event(
+            "input_audio_buffer.committed", previous_item_id=self.last_item, item_id=item_id
+        )
+        await self._item_added(
+            rt.message_item(
+                item_id, "user", "completed", [{"type": "input_audio", "transcript": None}]
+            )
+        )
 
     def _user_item(self, turn_id: int) -> str:
         if turn_id not in self.user_items:
@@ -379,11 +455,17 @@ class RealtimeConnection(BaseConnection):
     async def on_event(self, ev: core.SessionEvent) -> None:
         """The session's events, as Realtime server events."""
         if isinstance(ev, core.SpeechStarted):
-            await self.send_event("input_audio_buffer.speech_started", audio_start_ms=ev.audio_ms,
-                                  item_id=self._user_item(ev.turn_id))
+            await self.send_event(
+                "input_audio_buffer.speech_started",
+                audio_start_ms=ev.audio_ms,
+                item_id=self._user_item(ev.turn_id),
+            )
         elif isinstance(ev, core.SpeechStopped):
-            await self.send_event("input_audio_buffer.speech_stopped", audio_end_ms=ev.audio_ms,
-                                  item_id=self._user_item(ev.turn_id))
+            await self.send_event(
+                "input_audio_buffer.speech_stopped",
+                audio_end_ms=ev.audio_ms,
+                item_id=self._user_item(ev.turn_id),
+            )
             if self.config.turn_detection is not None:  # server VAD commits by itself
                 await self._committed(ev.turn_id)
         elif isinstance(ev, core.TranscriptPartial):
@@ -391,30 +473,46 @@ class RealtimeConnection(BaseConnection):
         elif isinstance(ev, core.TranscriptFinal):
             self._transcribed(ev)
             if self.config.transcription:
-                await self.send_event("conversation.item.input_audio_transcription.completed",
-                                      item_id=self._user_item(ev.turn_id), content_index=0,
-                                      transcript=ev.text, usage={"type": "duration", "seconds": 0})
+                await self.send_event(
+                    "conversation.item.input_audio_transcription.completed",
+                    item_id=self._user_item(ev.turn_id),
+                    content_index=0,
+                    transcript=ev.text,
+                    usage={"type": "duration", "seconds": 0},
+                )
         elif isinstance(ev, core.ReplyStarted):
             await self._response_started(ev.turn_id, ev.spoken)
         elif isinstance(ev, core.ReplyToken):
             r = self.responses.get(ev.turn_id)
             if r is not None and ev.text:
                 await self._open_message(r)
-                name = ("response.output_audio_transcript.delta" if r.audio_out
-                        else "response.output_text.delta")
-                await self.send_event(name, response_id=r.response_id, item_id=r.item_id,
-                                      output_index=r.message_index, content_index=0,
-                                      delta=ev.text)
+                name = (
+                    "response.output_audio_transcript.delta"
+                    if r.audio_out
+                    else "response.output_text.delta"
+                )
+                await self.send_event(
+                    name,
+                    response_id=r.response_id,
+                    item_id=r.item_id,
+                    output_index=r.message_index,
+                    content_index=0,
+                    delta=ev.text,
+                )
         elif isinstance(ev, core.ReplyAudio):
             r = self.responses.get(ev.turn_id)
             if r is not None:
                 await self._open_message(r)
                 if r.spoken is not None:
                     r.spoken.add(ev.audio, ev.text)
-                await self.send_event("response.output_audio.delta", response_id=r.response_id,
-                                      item_id=r.item_id, output_index=r.message_index,
-                                      content_index=0,
-                                      delta=base64.b64encode(ev.audio).decode("ascii"))
+                await self.send_event(
+                    "response.output_audio.delta",
+                    response_id=r.response_id,
+                    item_id=r.item_id,
+                    output_index=r.message_index,
+                    content_index=0,
+                    delta=base64.b64encode(ev.audio).decode("ascii"),
+                )
         elif isinstance(ev, (core.ToolCallStarted, core.ToolCallArguments, core.ToolCallDone)):
             r = self.responses.get(ev.turn_id)
             if r is not None:
@@ -427,8 +525,12 @@ class RealtimeConnection(BaseConnection):
             await self._response_done(ev)
         elif isinstance(ev, core.SessionError):
             self.svc.metrics.observe_error(ev.code)
-            kind = rt.INVALID_REQUEST if ev.code in (p.ErrorCode.BAD_AUDIO.value,) else rt.SERVER_ERROR
-            await self.send_frame(self.writer.error(rt.RealtimeError(ev.code, ev.message, kind=kind)))
+            kind = (
+                rt.INVALID_REQUEST if ev.code in (p.ErrorCode.BAD_AUDIO.value,) else rt.SERVER_ERROR
+            )
+            await self.send_frame(
+                self.writer.error(rt.RealtimeError(ev.code, ev.message, kind=kind))
+            )
 
     def _transcribed(self, ev: core.TranscriptFinal) -> None:
         """A user audio item now has its transcript (and a conversation item, if it had speech)."""
@@ -438,21 +540,27 @@ class RealtimeConnection(BaseConnection):
         self.items[wire_id] = ev.item_id
         item = self.wire_items.get(wire_id)
         if item is not None:
-            self.wire_items[wire_id] = {**item, "content": [{"type": "input_audio",
-                                                             "transcript": ev.text}]}
+            self.wire_items[wire_id] = {
+                **item,
+                "content": [{"type": "input_audio", "transcript": ev.text}],
+            }
 
     async def _transcript_delta(self, ev: core.TranscriptPartial) -> None:
         sent = self.partials.get(ev.turn_id, "")
         if not self.config.transcription or not ev.stable.startswith(sent) or ev.stable == sent:
             return
         self.partials[ev.turn_id] = ev.stable
-        await self.send_event("conversation.item.input_audio_transcription.delta",
-                              item_id=self._user_item(ev.turn_id), content_index=0,
-                              delta=ev.stable[len(sent):])
+        await self.send_event(
+            "conversation.item.input_audio_transcription.delta",
+            item_id=self._user_item(ev.turn_id),
+            content_index=0,
+            delta=ev.stable[len(sent) :],
+        )
 
     async def _response_started(self, turn_id: int, audio_out: bool) -> None:
-        r = ResponseState(f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}",
-                          audio_out)
+        r = ResponseState(
+            f"resp_{uuid.uuid4().hex[:20]}", f"item_{uuid.uuid4().hex[:20]}", audio_out
+        )
         self.responses[turn_id] = r
         await self.send_event("response.created", response=self._response(r, "in_progress", []))
 
@@ -462,19 +570,30 @@ class RealtimeConnection(BaseConnection):
             return
         r.message_index = r.open_output()
         if r.audio_out:
-            r.spoken = self.spoken[r.item_id] = SpokenReply(_BYTES_PER_MS[self.config.output_format])
+            r.spoken = self.spoken[r.item_id] = SpokenReply(
+                _BYTES_PER_MS[self.config.output_format]
+            )
             while len(self.spoken) > MAX_SPOKEN_ITEMS:
                 self.spoken.pop(next(iter(self.spoken)))
         item = rt.message_item(r.item_id, "assistant", "in_progress", [])
-        await self.send_event("response.output_item.added", response_id=r.response_id,
-                              output_index=r.message_index, item=item)
+        await self.send_event(
+            "response.output_item.added",
+            response_id=r.response_id,
+            output_index=r.message_index,
+            item=item,
+        )
         await self._item_added(item)
         # content_part events name parts "audio" / "text" in both flavours; items' content does
         # not (GA: output_audio / output_text; see _part_type)
         part = {"type": "audio", "transcript": ""} if r.audio_out else {"type": "text", "text": ""}
-        await self.send_event("response.content_part.added", response_id=r.response_id,
-                              item_id=r.item_id, output_index=r.message_index, content_index=0,
-                              part=part)
+        await self.send_event(
+            "response.content_part.added",
+            response_id=r.response_id,
+            item_id=r.item_id,
+            output_index=r.message_index,
+            content_index=0,
+            part=part,
+        )
 
     async def _call_event(self, r: ResponseState, ev) -> None:
         """A function_call output item: added with its name, its arguments streamed, done."""
@@ -483,23 +602,33 @@ class RealtimeConnection(BaseConnection):
             r.calls[ev.call_id] = (wire_id, index)
             self.items[wire_id] = ev.item_id
             item = rt.call_item(wire_id, ev.call_id, ev.name, "", "in_progress")
-            await self.send_event("response.output_item.added", response_id=r.response_id,
-                                  output_index=index, item=item)
+            await self.send_event(
+                "response.output_item.added",
+                response_id=r.response_id,
+                output_index=index,
+                item=item,
+            )
             await self._item_added(item)
             return
         wire_id, index = r.calls[ev.call_id]
-        ids = {"response_id": r.response_id, "item_id": wire_id, "output_index": index,
-               "call_id": ev.call_id}
+        ids = {
+            "response_id": r.response_id,
+            "item_id": wire_id,
+            "output_index": index,
+            "call_id": ev.call_id,
+        }
         if isinstance(ev, core.ToolCallArguments):
             await self.send_event("response.function_call_arguments.delta", **ids, delta=ev.delta)
             return
-        await self.send_event("response.function_call_arguments.done", **ids, name=ev.name,
-                              arguments=ev.arguments)
+        await self.send_event(
+            "response.function_call_arguments.done", **ids, name=ev.name, arguments=ev.arguments
+        )
         item = rt.call_item(wire_id, ev.call_id, ev.name, ev.arguments, "completed")
         r.done_items[index] = item
         self._remember(item)
-        await self.send_event("response.output_item.done", response_id=r.response_id,
-                              output_index=index, item=item)
+        await self.send_event(
+            "response.output_item.done", response_id=r.response_id, output_index=index, item=item
+        )
         if self.writer.flavor is rt.Flavor.GA:
             await self.send_event("conversation.item.done", previous_item_id=None, item=item)
 
@@ -511,18 +640,27 @@ class RealtimeConnection(BaseConnection):
         if r.message_index is not None:
             await self._message_done(r, ev, status)
         output = [r.done_items[i] for i in sorted(r.done_items)]
-        usage = {"total_tokens": ev.prompt_tokens + ev.tokens, "input_tokens": ev.prompt_tokens,
-                 "output_tokens": ev.tokens}
-        await self.send_event("response.done",
-                              response=self._response(r, status, output, details, usage))
+        usage = {
+            "total_tokens": ev.prompt_tokens + ev.tokens,
+            "input_tokens": ev.prompt_tokens,
+            "output_tokens": ev.tokens,
+        }
+        await self.send_event(
+            "response.done", response=self._response(r, status, output, details, usage)
+        )
 
     async def _message_done(self, r: ResponseState, ev: core.ReplyDone, status: str) -> None:
-        ids = {"response_id": r.response_id, "item_id": r.item_id,
-               "output_index": r.message_index, "content_index": 0}
+        ids = {
+            "response_id": r.response_id,
+            "item_id": r.item_id,
+            "output_index": r.message_index,
+            "content_index": 0,
+        }
         if r.audio_out:
             await self.send_event("response.output_audio.done", **ids)
-            await self.send_event("response.output_audio_transcript.done", **ids,
-                                  transcript=ev.text)
+            await self.send_event(
+                "response.output_audio_transcript.done", **ids, transcript=ev.text
+            )
             part = {"type": "audio", "transcript": ev.text}
         else:
             await self.send_event("response.output_text.done", **ids, text=ev.text)
@@ -540,17 +678,28 @@ class RealtimeConnection(BaseConnection):
             if r.spoken.cut_ms is not None and ev.item_id:
                 self._apply_truncation(r.item_id, r.spoken, r.spoken.cut_ms)
         r.done_items[r.message_index] = item
-        await self.send_event("response.output_item.done", response_id=r.response_id,
-                              output_index=r.message_index, item=item)
+        await self.send_event(
+            "response.output_item.done",
+            response_id=r.response_id,
+            output_index=r.message_index,
+            item=item,
+        )
         if self.writer.flavor is rt.Flavor.GA:
             await self.send_event("conversation.item.done", previous_item_id=None, item=item)
 
-    def _response(self, r: ResponseState, status: str, output: list, details=None,
-                  usage=None) -> dict:
+    def _response(
+        self, r: ResponseState, status: str, output: list, details=None, usage=None
+    ) -> dict:
         modalities = ["audio"] if r.audio_out else ["text"]
-        out = {"id": r.response_id, "object": "realtime.response", "status": status,
-               "status_details": details, "output": output, "usage": usage,
-               "conversation_id": self.session_id}
+        out = {
+            "id": r.response_id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "output": output,
+            "usage": usage,
+            "conversation_id": self.session_id,
+        }
         if self.writer.flavor is rt.Flavor.BETA:
             out["modalities"] = ["text", "audio"] if r.audio_out else ["text"]
         else:

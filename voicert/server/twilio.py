@@ -18,8 +18,8 @@ import logging
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
-from voicert.core.session import OutputAudio, SessionSettings
 from voicert.core import events as core
+from voicert.core.session import OutputAudio, SessionSettings
 from voicert.protocol import native as p
 from voicert.protocol import twilio as tw
 from voicert.server.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, BaseConnection
@@ -79,9 +79,11 @@ class TwilioConnection(BaseConnection):
         if self.session is not None:
             raise tw.TwilioError("a second 'start' on one stream")
         if (start.encoding, start.sample_rate, start.channels) != (tw.MULAW, tw.SAMPLE_RATE, 1):
-            await self._refuse(CLOSE_UNSUPPORTED_DATA,
-                               f"unsupported media format {start.encoding} {start.sample_rate} Hz "
-                               f"x{start.channels} (expected {tw.MULAW} 8000 Hz mono)")
+            await self._refuse(
+                CLOSE_UNSUPPORTED_DATA,
+                f"unsupported media format {start.encoding} {start.sample_rate} Hz "
+                f"x{start.channels} (expected {tw.MULAW} 8000 Hz mono)",
+            )
             return True
         if self.svc.draining:
             await self._refuse(1001, "server shutting down")
@@ -96,9 +98,12 @@ class TwilioConnection(BaseConnection):
             await self._refuse(CLOSE_TRY_AGAIN, exc.message)
             return True
         try:
-            self.session = Session(f"twilio-{start.call_sid or start.stream_sid}",
-                                   SessionSettings(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
-                                   self.svc, self.on_event)
+            self.session = Session(
+                f"twilio-{start.call_sid or start.stream_sid}",
+                SessionSettings(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
+                self.svc,
+                self.on_event,
+            )
         except p.ProtocolError as exc:  # e.g. a system_prompt over server.max_text_chars
             self.release_session()
             await self._refuse(CLOSE_POLICY, exc.message)

@@ -86,9 +86,12 @@ def worker_limits(cfg: Config, workers: int) -> Config:
     def share(n: int) -> int:
         return max(1, math.ceil(n / workers)) if n > 0 else 0
 
-    server = dataclasses.replace(s, max_sessions=share(s.max_sessions),
-                                 max_connections=share(s.max_connections),
-                                 max_completions=share(s.max_completions))
+    server = dataclasses.replace(
+        s,
+        max_sessions=share(s.max_sessions),
+        max_connections=share(s.max_connections),
+        max_completions=share(s.max_completions),
+    )
     return dataclasses.replace(cfg, server=server)
 
 
@@ -127,8 +130,12 @@ class PeerBus:
             pass  # the primary is gone: the reader says so
 
     def start(self, loop, on_peer_turn, on_peer_sample) -> None:
-        threading.Thread(target=self._read, args=(loop, on_peer_turn, on_peer_sample),
-                         name="voicert-peer-bus", daemon=True).start()
+        threading.Thread(
+            target=self._read,
+            args=(loop, on_peer_turn, on_peer_sample),
+            name="voicert-peer-bus",
+            daemon=True,
+        ).start()
 
     def _read(self, loop, on_peer_turn, on_peer_sample) -> None:
         decoder = msgspec.msgpack.Decoder(PeerTurn | PeerSample)
@@ -159,19 +166,28 @@ class WorkerRole:
     bus: PeerBus
 
 
-def _worker_main(index: int, cfg: Config, sock: socket.socket, hosts, speech,
-                 bus_conn: Connection, metrics_dir: str, log_level: str) -> None:
+def _worker_main(
+    index: int,
+    cfg: Config,
+    sock: socket.socket,
+    hosts,
+    speech,
+    bus_conn: Connection,
+    metrics_dir: str,
+    log_level: str,
+) -> None:
     """A worker process: one whole server on its socket, its engine the shared host."""
-    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s %(levelname)s [w{index}] "
-                        "%(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(),
+        format=f"%(asctime)s %(levelname)s [w{index}] %(name)s: %(message)s",
+    )
     logging.getLogger("faster_whisper").setLevel(logging.WARNING)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the primary forwards the signals (as SIGTERM)
     from voicert.telemetry.metrics import use_multiprocess_dir
 
     use_multiprocess_dir(metrics_dir)
-    from voicert.server.app import run_server
-
     from voicert.config import ConfigError
+    from voicert.server.app import run_server
 
     role = WorkerRole(index, sock, hosts, speech, PeerBus(bus_conn, index))
     try:
@@ -241,18 +257,20 @@ class Primary:
         port = self.sockets[0].getsockname()[1]
         log.info("voicert listening on ws://%s:%d/v1/stream (%d workers)", s.host, port, self.n)
         if self.cfg.llm.engine != "openai":
-            from voicert.engine.factory import check_device
             from voicert.engine.build import engine_config
+            from voicert.engine.factory import check_device
             from voicert.engine.loader import resolve_llm
 
             check_device(self.cfg.llm)
             self.model_dir = str(resolve_llm(self.cfg.models.llm, cache_dir(self.cfg.models)))
             self.engine_cfg = engine_config(self.cfg.llm, str(cache_dir(self.cfg.models)))
-            addresses = tuple(os.path.join(self.dir, f"engine-{i}.sock")
-                              for i in range(self.cfg.llm.gpus))
+            addresses = tuple(
+                os.path.join(self.dir, f"engine-{i}.sock") for i in range(self.cfg.llm.gpus)
+            )
             self.host_addresses = HostAddresses(addresses, self.authkey, self.model_dir)
-            self._host_starters += [lambda i=i: self._start_engine_host(i)
-                                    for i in range(len(addresses))]
+            self._host_starters += [
+                lambda i=i: self._start_engine_host(i) for i in range(len(addresses))
+            ]
         if self.cfg.asr.shared:
             self.speech = (os.path.join(self.dir, "speech.sock"), self.authkey)
             self._host_starters.append(self._start_speech_host)
@@ -263,26 +281,46 @@ class Primary:
     def _start_speech_host(self):
         from voicert.speech.host import start_speech_host
 
-        return start_speech_host(self.cfg.asr, self.cfg.models.asr, self.speech[0], self.authkey,
-                                 log_level=self.cfg.log.level,
-                                 blas_threads=self.cfg.server.blas_threads)
+        return start_speech_host(
+            self.cfg.asr,
+            self.cfg.models.asr,
+            self.speech[0],
+            self.authkey,
+            log_level=self.cfg.log.level,
+            blas_threads=self.cfg.server.blas_threads,
+        )
 
     def _start_engine_host(self, i: int):
         from voicert.engine.clients.host import start_engine_host
 
         gpu = str(i) if self.cfg.llm.gpus > 1 else None
-        return start_engine_host(self.model_dir, self.engine_cfg,
-                                 self.host_addresses.addresses[i], self.authkey,
-                                 threads=self.cfg.llm.threads,
-                                 gc_freeze=self.cfg.server.gc_freeze, gpu=gpu,
-                                 log_level=self.cfg.log.level)
+        return start_engine_host(
+            self.model_dir,
+            self.engine_cfg,
+            self.host_addresses.addresses[i],
+            self.authkey,
+            threads=self.cfg.llm.threads,
+            gc_freeze=self.cfg.server.gc_freeze,
+            gpu=gpu,
+            log_level=self.cfg.log.level,
+        )
 
     def _start_worker(self, i: int) -> None:
         ours, theirs = self.ctx.Pipe()
-        proc = self.ctx.Process(target=_worker_main, name=f"voicert-worker-{i}",
-                                args=(i, worker_limits(self.cfg, self.n), self.sockets[i],
-                                      self.host_addresses, self.speech, theirs, self.metrics_dir,
-                                      self.cfg.log.level))
+        proc = self.ctx.Process(
+            target=_worker_main,
+            name=f"voicert-worker-{i}",
+            args=(
+                i,
+                worker_limits(self.cfg, self.n),
+                self.sockets[i],
+                self.host_addresses,
+                self.speech,
+                theirs,
+                self.metrics_dir,
+                self.cfg.log.level,
+            ),
+        )
         proc.start()
         theirs.close()
         self.workers[i], self.buses[i] = proc, ours
@@ -366,8 +404,9 @@ class Primary:
             self.exit_code = EXIT_START_FAILED
             self.stopping = True
         elif not self.restarts.allow(time.monotonic()):
-            log.critical("worker %d exited (status %s); too many restarts: stopping", i,
-                         proc.exitcode)
+            log.critical(
+                "worker %d exited (status %s); too many restarts: stopping", i, proc.exitcode
+            )
             self._give_up()
         else:
             log.error("worker %d exited (status %s): starting it again", i, proc.exitcode)
@@ -394,8 +433,9 @@ class Primary:
             self._host_started(i)
             return
         if not self.restarts.allow(time.monotonic()):
-            log.critical("%s exited (status %s); too many restarts: stopping", host.what,
-                         host.proc.exitcode)
+            log.critical(
+                "%s exited (status %s); too many restarts: stopping", host.what, host.proc.exitcode
+            )
             self._give_up()
             return
         log.error("%s exited (status %s): starting another", host.what, host.proc.exitcode)

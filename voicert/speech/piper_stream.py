@@ -66,8 +66,9 @@ def split_voice(model: Path) -> SplitVoice | None:
     graph = graph_model.graph
     conv = next((n for n in graph.node if n.name == DECODER_NODE), None)
     if conv is None:
-        log.warning("Piper: %s has no %s node; its sentences are spoken whole", model.name,
-                    DECODER_NODE)
+        log.warning(
+            "Piper: %s has no %s node; its sentences are spoken whole", model.name, DECODER_NODE
+        )
         return None
     latent = conv.input[0]
     inputs = [i.name for i in graph.input]
@@ -112,7 +113,9 @@ class StreamingSession:
     ``speak`` hands out audio window by window; the audio is scaled by ``gain`` and clipped to
     [-1, 1] (a sentence cannot be peak-normalized before its end is made)."""
 
-    def __init__(self, split: SplitVoice, make_session, make_decoder=None, quantum: int = 0) -> None:
+    def __init__(
+        self, split: SplitVoice, make_session, make_decoder=None, quantum: int = 0
+    ) -> None:
         """``make_session(model_bytes)``: an onnxruntime InferenceSession with the caller's
         options, for the front; ``make_decoder``: the same for the decoder (default:
         ``make_session``; PiperTts gives it the CUDA provider there); ``quantum``: see :func:`fit`."""
@@ -130,18 +133,20 @@ class StreamingSession:
         """Audio of frames [lo, hi) of ``z`` [1, C, T], decoded with PAD_FRAMES of context each
         side: float32 [(hi - lo) * hop]."""
         frames = z.shape[2]
-        left, right = fit(max(0, lo - PAD_FRAMES), min(frames, hi + PAD_FRAMES), frames,
-                          self.quantum)
+        left, right = fit(
+            max(0, lo - PAD_FRAMES), min(frames, hi + PAD_FRAMES), frames, self.quantum
+        )
         window = z[:, :, left:right]  # [1, C, <= right - left]
         if right > frames:  # a sentence shorter than the quantum's length: zeros after its end
             window = np.concatenate(
-                [window, np.zeros((1, z.shape[1], right - frames), dtype=z.dtype)], axis=2)
+                [window, np.zeros((1, z.shape[1], right - frames), dtype=z.dtype)], axis=2
+            )
         feed = {self.split.latent: np.ascontiguousarray(window)}
         if self.split.speaker:
             feed["sid"] = sid
         audio = self.decoder.run(None, feed)[0].reshape(-1)  # [(right - left) * hop]
         hop = audio.size // (right - left)  # samples a frame (256 for Piper's voices)
-        return audio[(lo - left) * hop:(hi - left) * hop]
+        return audio[(lo - left) * hop : (hi - left) * hop]
 
     def warm(self, z: np.ndarray, sid=None) -> None:
         """With a quantum: run the decoder once on every window length it can meet, frames of

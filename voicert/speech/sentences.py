@@ -14,10 +14,33 @@ import re
 from dataclasses import dataclass, field
 
 # Words whose trailing period does not end a sentence ("Dr. Smith", "e.g. this").
-ABBREVIATIONS = frozenset({
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "vs", "etc", "e.g", "i.e", "approx", "no",
-    "inc", "ltd", "co", "mt", "ft", "a.m", "p.m", "u.s", "u.k",
-})
+ABBREVIATIONS = frozenset(
+    {
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "vs",
+        "etc",
+        "e.g",
+        "i.e",
+        "approx",
+        "no",
+        "inc",
+        "ltd",
+        "co",
+        "mt",
+        "ft",
+        "a.m",
+        "p.m",
+        "u.s",
+        "u.k",
+    }
+)
 _SENTENCE_END = re.compile(r"([.!?…]+[\"')\]]*)(\s+)")
 _CLAUSE_END = re.compile(r"([,;:]|\s[-–—])(\s+)")
 _WORD = re.compile(r"\S+(?=\s)")  # a word with the space after it already here

@@ -35,11 +35,17 @@ class SmartTurnMissing(ConfigError):
 def model_path() -> Path:
     """The smart-turn v3 ONNX file inside the installed ``pipecat-ai`` wheel (the newest v3.x
     it ships). Raises SmartTurnMissing."""
-    hint = ("turn.model=smart_turn needs the smart-turn model from the pipecat-ai wheel: "
-            "pip install --no-deps pipecat-ai  (or set turn.model=none, or turn.detector=silence)")
+    hint = (
+        "turn.model=smart_turn needs the smart-turn model from the pipecat-ai wheel: "
+        "pip install --no-deps pipecat-ai  (or set turn.model=none, or turn.detector=silence)"
+    )
     try:
-        return wheel_file(_DIST, lambda name: name.startswith("smart-turn-v3")
-                          and name.endswith(".onnx"), hint, "has no smart-turn v3 model")
+        return wheel_file(
+            _DIST,
+            lambda name: name.startswith("smart-turn-v3") and name.endswith(".onnx"),
+            hint,
+            "has no smart-turn v3 model",
+        )
     except ConfigError as exc:
         raise SmartTurnMissing(str(exc)) from None
 
@@ -71,8 +77,9 @@ class SmartTurn:
         opts.inter_op_num_threads = 1
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         self.path = path or model_path()
-        self._session = ort.InferenceSession(str(self.path), sess_options=opts,
-                                             providers=["CPUExecutionProvider"])
+        self._session = ort.InferenceSession(
+            str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
+        )
         self._mel = mel_extractor()
 
     def score(self, utterances: list[np.ndarray]) -> np.ndarray:

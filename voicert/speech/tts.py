@@ -22,9 +22,10 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -53,8 +54,9 @@ class TtsError(ConfigError):
 
 # ---------------------------------------------------------------- eSpeak NG (embedded default)
 
-_SYNTH_CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int,
-                                   ctypes.c_void_p)
+_SYNTH_CALLBACK = ctypes.CFUNCTYPE(
+    ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctypes.c_int, ctypes.c_void_p
+)
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
 _POS_CHARACTER = 1
 _CHARS_UTF8 = 1
@@ -73,11 +75,24 @@ def _load_espeak() -> tuple[ctypes.CDLL, int]:
             except ImportError as exc:
                 raise TtsError("tts.engine espeak needs the espeakng-loader package") from exc
             lib = ctypes.CDLL(espeakng_loader.get_library_path())
-            lib.espeak_Initialize.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+            lib.espeak_Initialize.argtypes = [
+                ctypes.c_int,
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_int,
+            ]
             lib.espeak_SetVoiceByName.argtypes = [ctypes.c_char_p]
             lib.espeak_SetParameter.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int]
-            lib.espeak_Synth.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_uint, ctypes.c_int,
-                                         ctypes.c_uint, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p]
+            lib.espeak_Synth.argtypes = [
+                ctypes.c_char_p,
+                ctypes.c_size_t,
+                ctypes.c_uint,
+                ctypes.c_int,
+                ctypes.c_uint,
+                ctypes.c_uint,
+                ctypes.c_void_p,
+                ctypes.c_void_p,
+            ]
             data_parent = str(Path(espeakng_loader.get_data_path()).parent).encode()
             # 60 ms chunks: small enough that the first one is out within a few ms of the call.
             rate = lib.espeak_Initialize(_AUDIO_OUTPUT_SYNCHRONOUS, 60, data_parent, 0)
@@ -119,8 +134,9 @@ class EspeakVoice:
             self._sink = on_chunk
             try:
                 self._select()
-                err = self.lib.espeak_Synth(data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8,
-                                            None, None)
+                err = self.lib.espeak_Synth(
+                    data, len(data), 0, _POS_CHARACTER, 0, _CHARS_UTF8, None, None
+                )
             finally:
                 self._sink = None
         if err not in (0, 4):  # 4: EE_INTERRUPTED, our own stop
@@ -190,8 +206,13 @@ def load_voices(cfg: TtsConfig) -> dict[str, Voice]:
         key = f"tts.voices[{i}]"
         piper = spec in ("", "embedded") or spec.endswith(".onnx")
         try:
-            voice = load_voice(replace(cfg, engine="piper" if piper else "espeak",
-                                       voice="" if spec == "embedded" else spec))
+            voice = load_voice(
+                replace(
+                    cfg,
+                    engine="piper" if piper else "espeak",
+                    voice="" if spec == "embedded" else spec,
+                )
+            )
         except TtsError as exc:
             raise TtsError(f"{key}: {str(exc).split(': ', 1)[-1]}") from None
         voices.setdefault(voice_id(voice), voice)
@@ -235,8 +256,9 @@ class TtsWorker(PriorityWorker[TtsJob]):
     (:func:`load_voices`); a single voice is its own default. ``first_threads`` more threads
     speak only first pieces (:func:`first_piece_threads`)."""
 
-    def __init__(self, voices: Voice | dict[str, Voice], threads: int = 1,
-                 first_threads: int = 0) -> None:
+    def __init__(
+        self, voices: Voice | dict[str, Voice], threads: int = 1, first_threads: int = 0
+    ) -> None:
         if not isinstance(voices, dict):
             voices = {voice_id(voices): voices}
         if not voices:
@@ -277,6 +299,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
         job.taken_ns = time.perf_counter_ns()
         error: BaseException | None = None
         if not job.cancelled:
+
             def on_chunk(chunk: np.ndarray) -> bool:
                 if job.cancelled:
                     return False

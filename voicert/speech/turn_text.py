@@ -12,13 +12,63 @@ import re
 
 # words after which an English statement is (almost) never complete. Kept short on purpose: a word
 # here that does end sentences ("so", "is", "in") would make those turns wait the maximum silence.
-_CONTINUES = frozenset("""
-a an the my your his her our their
-for to of at with from into onto than via per toward towards upon between without
-and or but nor because if when while although though unless whereas
-i we they he she i'm i'd i'll we're they're you're
-um uh er erm uhm
-""".split())
+_CONTINUES = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "my",
+        "your",
+        "his",
+        "her",
+        "our",
+        "their",
+        "for",
+        "to",
+        "of",
+        "at",
+        "with",
+        "from",
+        "into",
+        "onto",
+        "than",
+        "via",
+        "per",
+        "toward",
+        "towards",
+        "upon",
+        "between",
+        "without",
+        "and",
+        "or",
+        "but",
+        "nor",
+        "because",
+        "if",
+        "when",
+        "while",
+        "although",
+        "though",
+        "unless",
+        "whereas",
+        "i",
+        "we",
+        "they",
+        "he",
+        "she",
+        "i'm",
+        "i'd",
+        "i'll",
+        "we're",
+        "they're",
+        "you're",
+        "um",
+        "uh",
+        "er",
+        "erm",
+        "uhm",
+    ]
+)
 _TRAILING = re.compile(r"(\.\.\.|…|-|,|;|:)\s*$")
 _WORD = re.compile(r"[a-z']+")
 
@@ -38,13 +88,54 @@ def continues(text: str) -> bool:
 
 
 # what a listener says to show they follow, not to take the turn (whole utterances)
-_BACKCHANNELS = frozenset([
-    "mm-hm", "mhm", "mm-hmm", "mm hmm", "mm", "hm", "hmm", "uh-huh", "uh huh", "um-hum", "yeah",
-    "yep", "yes", "ok", "okay", "right", "sure", "alright", "all right", "i see", "got it", "cool",
-    "nice", "great", "true", "exactly", "ah", "oh", "yeah yeah", "okay okay", "right right",
-    "yes yes", "oh okay", "ah okay", "oh i see", "yeah okay", "okay yeah", "yeah right", "oh right",
-    "mm-hm yeah", "uh-huh yeah", "sure sure", "makes sense", "that makes sense",
-])
+_BACKCHANNELS = frozenset(
+    [
+        "mm-hm",
+        "mhm",
+        "mm-hmm",
+        "mm hmm",
+        "mm",
+        "hm",
+        "hmm",
+        "uh-huh",
+        "uh huh",
+        "um-hum",
+        "yeah",
+        "yep",
+        "yes",
+        "ok",
+        "okay",
+        "right",
+        "sure",
+        "alright",
+        "all right",
+        "i see",
+        "got it",
+        "cool",
+        "nice",
+        "great",
+        "true",
+        "exactly",
+        "ah",
+        "oh",
+        "yeah yeah",
+        "okay okay",
+        "right right",
+        "yes yes",
+        "oh okay",
+        "ah okay",
+        "oh i see",
+        "yeah okay",
+        "okay yeah",
+        "yeah right",
+        "oh right",
+        "mm-hm yeah",
+        "uh-huh yeah",
+        "sure sure",
+        "makes sense",
+        "that makes sense",
+    ]
+)
 _NOT_WORD = re.compile(r"[^a-z' -]+")
 
 

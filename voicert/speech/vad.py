@@ -32,8 +32,9 @@ def silero_model_path() -> str:
     try:
         import silero_vad
     except ImportError:
-        raise FileNotFoundError("Silero VAD needs the package silero-vad "
-                                "(pip install --no-deps silero-vad)") from None
+        raise FileNotFoundError(
+            "Silero VAD needs the package silero-vad (pip install --no-deps silero-vad)"
+        ) from None
     path = os.path.join(os.path.dirname(silero_vad.__file__), "data", "silero_vad.onnx")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no Silero VAD ONNX model at {path}")
@@ -57,7 +58,8 @@ class SileroVad:
         opts.intra_op_num_threads = threads
         opts.log_severity_level = 4
         self.session = onnxruntime.InferenceSession(
-            path or silero_model_path(), providers=["CPUExecutionProvider"], sess_options=opts)
+            path or silero_model_path(), providers=["CPUExecutionProvider"], sess_options=opts
+        )
 
     def score(self, windows: np.ndarray, states: list[VadState]) -> np.ndarray:
         """One window for each of B streams: windows [B, FRAME] float32 -> probabilities [B].
@@ -65,16 +67,19 @@ class SileroVad:
         contexts = np.stack([s.context for s in states])  # [B, CONTEXT]
         x = np.concatenate([contexts, windows], axis=1).astype(np.float32, copy=False)  # [B, 576]
         h = np.concatenate([s.state for s in states], axis=1)  # [2, B, STATE]
-        out, h = self.session.run(None, {"input": x, "state": h, "sr": _SR})  # [B, 1], [2, B, STATE]
+        out, h = self.session.run(
+            None, {"input": x, "state": h, "sr": _SR}
+        )  # [B, 1], [2, B, STATE]
         for i, s in enumerate(states):
-            s.state = h[:, i:i + 1].copy()
+            s.state = h[:, i : i + 1].copy()
             s.context = windows[i, -CONTEXT:].copy()
         return out.reshape(-1)
 
     def probs(self, windows: np.ndarray, state: VadState) -> np.ndarray:
         """One stream: windows [W, FRAME] consecutive audio -> probabilities [W] (W calls)."""
-        return np.array([self.score(windows[i:i + 1], [state])[0] for i in range(len(windows))],
-                        np.float32)
+        return np.array(
+            [self.score(windows[i : i + 1], [state])[0] for i in range(len(windows))], np.float32
+        )
 
 
 class VadStream:
@@ -90,7 +95,7 @@ class VadStream:
         """samples [N] float32 16 kHz -> the windows [W, FRAME] they complete (W may be 0)."""
         buf = np.concatenate([self._pending, samples]) if self._pending.size else samples
         n = buf.size // FRAME
-        self._pending = buf[n * FRAME:].copy()
+        self._pending = buf[n * FRAME :].copy()
         self.windows_done += n
         return buf[: n * FRAME].reshape(n, FRAME)
 
@@ -101,7 +106,7 @@ class VadStream:
             return np.zeros(0, np.float32)
         return self.model.probs(windows, self.state)
 
-    async def push_batched(self, samples: np.ndarray, batcher: "VadBatcher") -> np.ndarray:
+    async def push_batched(self, samples: np.ndarray, batcher: VadBatcher) -> np.ndarray:
         """As :meth:`push`, scored together with every other session's windows of this tick."""
         windows = self.frame(samples)
         if not len(windows):
@@ -128,8 +133,9 @@ class VadBatcher:
     Contract: a stream submits its next windows only after its previous ones were scored (a
     session awaits each frame), so a stream is in at most one job at a time."""
 
-    def __init__(self, model: SileroVad, executor: Executor | None = None,
-                 in_flight: int = 1) -> None:
+    def __init__(
+        self, model: SileroVad, executor: Executor | None = None, in_flight: int = 1
+    ) -> None:
         self.model = model
         self.executor = executor
         self.in_flight = max(1, in_flight)
@@ -189,8 +195,9 @@ class VadBatcher:
         out = [np.zeros(len(j.windows), np.float32) for j in jobs]
         for k in range(max(len(j.windows) for j in jobs)):
             rows = [i for i, j in enumerate(jobs) if len(j.windows) > k]
-            probs = self.model.score(np.stack([jobs[i].windows[k] for i in rows]),
-                                     [jobs[i].state for i in rows])
+            probs = self.model.score(
+                np.stack([jobs[i].windows[k] for i in rows]), [jobs[i].state for i in rows]
+            )
             for i, p in zip(rows, probs):
                 out[i][k] = p
             self.batches += 1

@@ -21,7 +21,8 @@ import itertools
 import logging
 import threading
 import time
-from typing import Callable, Generic, TypeVar
+from collections.abc import Callable
+from typing import Generic, TypeVar
 
 log = logging.getLogger(__name__)
 J = TypeVar("J")
@@ -32,8 +33,15 @@ class WorkerClosed(RuntimeError):
 
 
 class PriorityWorker(Generic[J]):
-    def __init__(self, name: str, max_batch: int = 1, batch_window_s: float = 0.0,
-                 max_restarts: int = 5, threads: int = 1, urgent_threads: int = 0) -> None:
+    def __init__(
+        self,
+        name: str,
+        max_batch: int = 1,
+        batch_window_s: float = 0.0,
+        max_restarts: int = 5,
+        threads: int = 1,
+        urgent_threads: int = 0,
+    ) -> None:
         self.name = name
         self.max_batch = max_batch
         self.batch_window_s = batch_window_s
@@ -101,8 +109,9 @@ class PriorityWorker(Generic[J]):
 
     def _spawn(self, slot: int) -> threading.Thread:
         suffix = f"-{slot}" if slot else ""
-        thread = threading.Thread(target=self._run, args=(slot,), name=f"voicert-{self.name}{suffix}",
-                                  daemon=True)
+        thread = threading.Thread(
+            target=self._run, args=(slot,), name=f"voicert-{self.name}{suffix}", daemon=True
+        )
         thread.start()
         return thread
 

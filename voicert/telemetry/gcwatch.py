@@ -25,7 +25,7 @@ class GcWatch:
         self._pauses: collections.deque[GcPause] = collections.deque(maxlen=maxlen)
         self._start_ns = 0
 
-    def install(self) -> "GcWatch":
+    def install(self) -> GcWatch:
         gc.callbacks.append(self._on_gc)
         return self
 
@@ -38,8 +38,9 @@ class GcWatch:
         if phase == "start":
             self._start_ns = time.perf_counter_ns()
         else:
-            self._pauses.append(GcPause(info["generation"],
-                                        (time.perf_counter_ns() - self._start_ns) / 1e9))
+            self._pauses.append(
+                GcPause(info["generation"], (time.perf_counter_ns() - self._start_ns) / 1e9)
+            )
 
     def drain(self) -> list[GcPause]:
         """The pauses since the last call."""

@@ -62,70 +62,175 @@ class Stage:
 
 
 STAGES: tuple[Stage, ...] = (
-    Stage("endpoint_ms", Point.VOICE_END, Point.ENDPOINT,
-          "last voiced audio received -> endpoint decision (mostly the configured trailing silence)"),
-    Stage("decide_ms", Point.ENDPOINT_HEARD, Point.ENDPOINT,
-          "the frame completing the deciding VAD window arrived -> endpoint decision (the VAD's "
-          "batch and the event loop's wait: the part of endpoint_ms the silence rule does not set)"),
-    Stage("asr_ms", Point.ENDPOINT, Point.TRANSCRIPT,
-          "endpoint decision -> final transcript back on the event loop"),
-    Stage("asr_wait_ms", Point.ENDPOINT, Point.ASR_START,
-          "endpoint decision -> final decode began (negative: an early decode began before the "
-          "endpoint and was confirmed)"),
-    Stage("asr_decode_ms", Point.ASR_START, Point.ASR_DONE,
-          "the final transcript's decode on the ASR worker"),
-    Stage("dispatch_ms", Point.TRANSCRIPT, Point.SUBMIT,
-          "final transcript on the event loop -> request handed to the engine (transcript sent, "
-          "prompt assembled)"),
-    Stage("queue_ms", Point.SUBMIT, Point.PREFILL_START,
-          "request handed to the engine -> engine thread starts on it"),
-    Stage("prefill_ms", Point.PREFILL_START, Point.FIRST_TOKEN_SAMPLED,
-          "engine starts the request -> first token sampled (tokenize + prefill forward + sample)"),
-    Stage("handoff_ms", Point.FIRST_TOKEN_SAMPLED, Point.FIRST_TOKEN_RECEIVED,
-          "first token sampled on the engine thread -> received by the session's asyncio task"),
-    Stage("first_token_ms", Point.SUBMIT, Point.FIRST_TOKEN_RECEIVED,
-          "request handed to the engine -> first token received in asyncio (the engine's TTFT)"),
-    Stage("send_ms", Point.FIRST_TOKEN_RECEIVED, Point.FIRST_TOKEN_SENT,
-          "first token received in asyncio -> its frame written to the socket"),
-    Stage("ttft_ms", Point.ENDPOINT, Point.FIRST_TOKEN_SENT,
-          "endpoint decision -> first token written to the socket (the budgeted figure)"),
-    Stage("voice_to_first_token_ms", Point.VOICE_END, Point.FIRST_TOKEN_SENT,
-          "last voiced audio received -> first token written to the socket"),
-    Stage("tts_ms", Point.TTS_START, Point.FIRST_AUDIO_SENT,
-          "first speakable piece handed to TTS -> its first audio written to the socket"),
-    Stage("tts_wait_ms", Point.TTS_START, Point.TTS_TAKEN,
-          "first speakable piece handed to TTS -> a TTS thread began it (the queue's wait)"),
-    Stage("tts_synth_ms", Point.TTS_TAKEN, Point.TTS_FIRST_CHUNK,
-          "a TTS thread began the first piece -> the voice handed out its first audio"),
-    Stage("tts_out_ms", Point.TTS_FIRST_CHUNK, Point.FIRST_AUDIO_SENT,
-          "the first piece's first audio made -> written to the socket (back to the event loop, "
-          "resampled, encoded, sent)"),
-    Stage("ttfa_ms", Point.ENDPOINT, Point.FIRST_AUDIO_SENT,
-          "endpoint decision -> first reply audio written to the socket (time to first audio)"),
-    Stage("voice_to_first_audio_ms", Point.VOICE_END, Point.FIRST_AUDIO_SENT,
-          "last voiced audio received -> first reply audio written to the socket"),
-    Stage("token_to_audio_ms", Point.FIRST_TOKEN_SENT, Point.FIRST_AUDIO_SENT,
-          "first token written -> first reply audio written (how far the speech trails the text)"),
-    Stage("tool_call_ms", Point.ENDPOINT, Point.TOOL_CALL,
-          "endpoint decision -> the first tool call's arguments complete"),
-    Stage("total_ms", Point.ENDPOINT, Point.DONE,
-          "endpoint decision -> reply finished"),
+    Stage(
+        "endpoint_ms",
+        Point.VOICE_END,
+        Point.ENDPOINT,
+        "last voiced audio received -> endpoint decision (mostly the configured trailing silence)",
+    ),
+    Stage(
+        "decide_ms",
+        Point.ENDPOINT_HEARD,
+        Point.ENDPOINT,
+        "the frame completing the deciding VAD window arrived -> endpoint decision (the VAD's "
+        "batch and the event loop's wait: the part of endpoint_ms the silence rule does not set)",
+    ),
+    Stage(
+        "asr_ms",
+        Point.ENDPOINT,
+        Point.TRANSCRIPT,
+        "endpoint decision -> final transcript back on the event loop",
+    ),
+    Stage(
+        "asr_wait_ms",
+        Point.ENDPOINT,
+        Point.ASR_START,
+        "endpoint decision -> final decode began (negative: an early decode began before the "
+        "endpoint and was confirmed)",
+    ),
+    Stage(
+        "asr_decode_ms",
+        Point.ASR_START,
+        Point.ASR_DONE,
+        "the final transcript's decode on the ASR worker",
+    ),
+    Stage(
+        "dispatch_ms",
+        Point.TRANSCRIPT,
+        Point.SUBMIT,
+        "final transcript on the event loop -> request handed to the engine (transcript sent, "
+        "prompt assembled)",
+    ),
+    Stage(
+        "queue_ms",
+        Point.SUBMIT,
+        Point.PREFILL_START,
+        "request handed to the engine -> engine thread starts on it",
+    ),
+    Stage(
+        "prefill_ms",
+        Point.PREFILL_START,
+        Point.FIRST_TOKEN_SAMPLED,
+        "engine starts the request -> first token sampled (tokenize + prefill forward + sample)",
+    ),
+    Stage(
+        "handoff_ms",
+        Point.FIRST_TOKEN_SAMPLED,
+        Point.FIRST_TOKEN_RECEIVED,
+        "first token sampled on the engine thread -> received by the session's asyncio task",
+    ),
+    Stage(
+        "first_token_ms",
+        Point.SUBMIT,
+        Point.FIRST_TOKEN_RECEIVED,
+        "request handed to the engine -> first token received in asyncio (the engine's TTFT)",
+    ),
+    Stage(
+        "send_ms",
+        Point.FIRST_TOKEN_RECEIVED,
+        Point.FIRST_TOKEN_SENT,
+        "first token received in asyncio -> its frame written to the socket",
+    ),
+    Stage(
+        "ttft_ms",
+        Point.ENDPOINT,
+        Point.FIRST_TOKEN_SENT,
+        "endpoint decision -> first token written to the socket (the budgeted figure)",
+    ),
+    Stage(
+        "voice_to_first_token_ms",
+        Point.VOICE_END,
+        Point.FIRST_TOKEN_SENT,
+        "last voiced audio received -> first token written to the socket",
+    ),
+    Stage(
+        "tts_ms",
+        Point.TTS_START,
+        Point.FIRST_AUDIO_SENT,
+        "first speakable piece handed to TTS -> its first audio written to the socket",
+    ),
+    Stage(
+        "tts_wait_ms",
+        Point.TTS_START,
+        Point.TTS_TAKEN,
+        "first speakable piece handed to TTS -> a TTS thread began it (the queue's wait)",
+    ),
+    Stage(
+        "tts_synth_ms",
+        Point.TTS_TAKEN,
+        Point.TTS_FIRST_CHUNK,
+        "a TTS thread began the first piece -> the voice handed out its first audio",
+    ),
+    Stage(
+        "tts_out_ms",
+        Point.TTS_FIRST_CHUNK,
+        Point.FIRST_AUDIO_SENT,
+        "the first piece's first audio made -> written to the socket (back to the event loop, "
+        "resampled, encoded, sent)",
+    ),
+    Stage(
+        "ttfa_ms",
+        Point.ENDPOINT,
+        Point.FIRST_AUDIO_SENT,
+        "endpoint decision -> first reply audio written to the socket (time to first audio)",
+    ),
+    Stage(
+        "voice_to_first_audio_ms",
+        Point.VOICE_END,
+        Point.FIRST_AUDIO_SENT,
+        "last voiced audio received -> first reply audio written to the socket",
+    ),
+    Stage(
+        "token_to_audio_ms",
+        Point.FIRST_TOKEN_SENT,
+        Point.FIRST_AUDIO_SENT,
+        "first token written -> first reply audio written (how far the speech trails the text)",
+    ),
+    Stage(
+        "tool_call_ms",
+        Point.ENDPOINT,
+        Point.TOOL_CALL,
+        "endpoint decision -> the first tool call's arguments complete",
+    ),
+    Stage("total_ms", Point.ENDPOINT, Point.DONE, "endpoint decision -> reply finished"),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 # Back-to-back slices from the last voiced audio to the first token on the wire: they add up to
 # voice_to_first_token_ms, so a waterfall of them shows where a turn's time went.
-WATERFALL: tuple[str, ...] = ("endpoint_ms", "asr_ms", "dispatch_ms", "queue_ms", "prefill_ms",
-                              "handoff_ms", "send_ms")
+WATERFALL: tuple[str, ...] = (
+    "endpoint_ms",
+    "asr_ms",
+    "dispatch_ms",
+    "queue_ms",
+    "prefill_ms",
+    "handoff_ms",
+    "send_ms",
+)
 # One colour per stage for every chart: the browser client, the dashboard (both read them from
 # /stages.js, made by stages_js) and the load generator's plots.
 STAGE_COLOURS: dict[str, str] = {
-    "endpoint_ms": "#9e9e9e", "asr_ms": "#1f77b4", "dispatch_ms": "#17becf",
-    "queue_ms": "#bcbd22", "prefill_ms": "#ff7f0e", "handoff_ms": "#9467bd", "send_ms": "#2ca02c",
-    "asr_wait_ms": "#aec7e8", "asr_decode_ms": "#6baed6", "first_token_ms": "#e6550d",
-    "ttft_ms": "#d62728", "voice_to_first_token_ms": "#8c564b", "tts_ms": "#e377c2",
-    "tts_wait_ms": "#fcc5c0", "tts_synth_ms": "#fa9fb5", "tts_out_ms": "#dd3497",
-    "ttfa_ms": "#c51b8a", "decide_ms": "#525252", "voice_to_first_audio_ms": "#7b4173", "tool_call_ms": "#637939",
-    "total_ms": "#393b79", "token_to_audio_ms": "#f768a1",
+    "endpoint_ms": "#9e9e9e",
+    "asr_ms": "#1f77b4",
+    "dispatch_ms": "#17becf",
+    "queue_ms": "#bcbd22",
+    "prefill_ms": "#ff7f0e",
+    "handoff_ms": "#9467bd",
+    "send_ms": "#2ca02c",
+    "asr_wait_ms": "#aec7e8",
+    "asr_decode_ms": "#6baed6",
+    "first_token_ms": "#e6550d",
+    "ttft_ms": "#d62728",
+    "voice_to_first_token_ms": "#8c564b",
+    "tts_ms": "#e377c2",
+    "tts_wait_ms": "#fcc5c0",
+    "tts_synth_ms": "#fa9fb5",
+    "tts_out_ms": "#dd3497",
+    "ttfa_ms": "#c51b8a",
+    "decide_ms": "#525252",
+    "voice_to_first_audio_ms": "#7b4173",
+    "tool_call_ms": "#637939",
+    "total_ms": "#393b79",
+    "token_to_audio_ms": "#f768a1",
 }
 
 
@@ -134,8 +239,11 @@ def stages_js() -> str:
     what each stage measures), as ``window.VOICERT_STAGES``."""
     import json
 
-    table = {"waterfall": list(WATERFALL), "colours": STAGE_COLOURS,
-             "docs": {s.name: s.doc for s in STAGES}}
+    table = {
+        "waterfall": list(WATERFALL),
+        "colours": STAGE_COLOURS,
+        "docs": {s.name: s.doc for s in STAGES},
+    }
     return f"window.VOICERT_STAGES = {json.dumps(table, indent=1)};\n"
 
 
@@ -168,8 +276,11 @@ class TurnTrace:
         return out
 
 
-def format_table(rows: list[dict[str, float]], names: tuple[str, ...] = STAGE_NAMES,
-                 labels: list[str] | None = None) -> str:
+def format_table(
+    rows: list[dict[str, float]],
+    names: tuple[str, ...] = STAGE_NAMES,
+    labels: list[str] | None = None,
+) -> str:
     """A table in ms, one row per turn (labelled by ``labels`` or its index), one column per stage."""
     cols = [n for n in names if any(n in r for r in rows)]
     heads = [n.removesuffix("_ms") for n in cols]
@@ -177,8 +288,10 @@ def format_table(rows: list[dict[str, float]], names: tuple[str, ...] = STAGE_NA
     labels = labels or [str(i) for i in range(len(rows))]
     lines = ["turn" + "".join(f"{h:>{w}}" for h, w in zip(heads, widths))]
     for label, r in zip(labels, rows):
-        lines.append(f"{label:<4}" + "".join(
-            f"{r[n]:>{w}.1f}" if n in r else f"{'-':>{w}}" for n, w in zip(cols, widths)))
+        lines.append(
+            f"{label:<4}"
+            + "".join(f"{r[n]:>{w}.1f}" if n in r else f"{'-':>{w}}" for n, w in zip(cols, widths))
+        )
     return "\n".join(lines)
 
 
@@ -202,14 +315,31 @@ class TurnRecord:
     said: str = ""  # the start of what the caller said (the dashboard's label for the turn)
 
     @classmethod
-    def from_trace(cls, trace: TurnTrace, session_id: str, finish_reason: str, tokens: int,
-                   budget_ms: float, said: str = "") -> "TurnRecord":
+    def from_trace(
+        cls,
+        trace: TurnTrace,
+        session_id: str,
+        finish_reason: str,
+        tokens: int,
+        budget_ms: float,
+        said: str = "",
+    ) -> TurnRecord:
         stages = trace.stages_ms()
         slices = {k: stages[k] for k in WATERFALL if k in stages}
         ttft = stages.get("ttft_ms")
-        return cls(session_id, trace.turn_id, time.time(), stages, finish_reason, tokens, budget_ms,
-                   ttft, max(slices, key=slices.get) if slices else None,
-                   ttft is not None and ttft > budget_ms, said[:SAID_CHARS])
+        return cls(
+            session_id,
+            trace.turn_id,
+            time.time(),
+            stages,
+            finish_reason,
+            tokens,
+            budget_ms,
+            ttft,
+            max(slices, key=slices.get) if slices else None,
+            ttft is not None and ttft > budget_ms,
+            said[:SAID_CHARS],
+        )
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}

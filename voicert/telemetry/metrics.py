@@ -16,11 +16,18 @@ from __future__ import annotations
 import collections
 import logging
 import os
-from typing import Callable
+from collections.abc import Callable
 
-from prometheus_client import (CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector,
-                               generate_latest, values)
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    values,
+)
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from voicert.core.llm import Engine, GcPause, StepRecord
@@ -43,8 +50,36 @@ def use_multiprocess_dir(path: str) -> None:
 
 def latency_buckets(budget_ms: float) -> list[float]:
     """Seconds. Coarse far from the budget, 1 ms steps within 10 ms of it."""
-    ms = {0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 40, 50, 60, 70, 80, 150, 200, 300, 400, 500, 750,
-          1000, 1500, 2000, 3000, 5000, 10000, 30000}
+    ms = {
+        0.5,
+        1,
+        2,
+        3,
+        5,
+        7.5,
+        10,
+        15,
+        20,
+        30,
+        40,
+        50,
+        60,
+        70,
+        80,
+        150,
+        200,
+        300,
+        400,
+        500,
+        750,
+        1000,
+        1500,
+        2000,
+        3000,
+        5000,
+        10000,
+        30000,
+    }
     ms |= {budget_ms + d for d in range(-10, 11) if budget_ms + d > 0}
     return sorted(m / 1000 for m in ms)
 
@@ -55,77 +90,159 @@ class Metrics:
         self.multiprocess_dir = os.environ.get(MULTIPROC_ENV)  # set: one of several workers
         r = self.registry = CollectorRegistry()
         buckets = latency_buckets(budget_ms)
-        self.stage = Histogram("voicert_stage_latency_seconds",
-                               "Per-stage turn latency (see docs/protocol.md for each interval)",
-                               ["stage"], buckets=buckets, registry=r)
-        self.ttft = Histogram("voicert_ttft_seconds", "Endpoint decision -> first token on the wire",
-                              buckets=buckets, registry=r)
-        self.v2ft = Histogram("voicert_voice_to_first_token_seconds",
-                              "Last voiced audio -> first token on the wire", buckets=buckets,
-                              registry=r)
+        self.stage = Histogram(
+            "voicert_stage_latency_seconds",
+            "Per-stage turn latency (see docs/protocol.md for each interval)",
+            ["stage"],
+            buckets=buckets,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "voicert_ttft_seconds",
+            "Endpoint decision -> first token on the wire",
+            buckets=buckets,
+            registry=r,
+        )
+        self.v2ft = Histogram(
+            "voicert_voice_to_first_token_seconds",
+            "Last voiced audio -> first token on the wire",
+            buckets=buckets,
+            registry=r,
+        )
         self.turns = Counter("voicert_turns_total", "Finished turns", ["finish_reason"], registry=r)
-        self.over_budget = Counter("voicert_turns_over_budget_total",
-                                   "Turns whose TTFT exceeded the budget", registry=r)
-        self.errors = Counter("voicert_errors_total", "Error events sent, by code", ["code"],
-                              registry=r)
-        self.verdicts = Counter("voicert_turn_verdicts_total",
-                                "Semantic end-of-turn judgements of a pause, by verdict",
-                                ["verdict"], registry=r)
-        self.judge_seconds = Histogram("voicert_turn_judge_seconds",
-                                       "Turn-completion model: one judgement, queue included",
-                                       buckets=[.005, .01, .02, .05, .1, .2, .5, 1, 2], registry=r)
-        self.overlaps = Counter("voicert_speech_over_reply_total",
-                                "Short speech over a reply, screened: backchannel (let go) or "
-                                "interruption", ["outcome"], registry=r)
-        self.tool_calls = Counter("voicert_tool_calls_total",
-                                  "Server-side tool calls run, by outcome (ok | error)",
-                                  ["outcome"], registry=r)
-        self.tool_seconds = Histogram("voicert_tool_seconds", "Server-side tool calls: one call",
-                                      buckets=[.01, .05, .1, .25, .5, 1, 2, 5, 10, 30], registry=r)
-        self.sessions = Gauge("voicert_active_sessions", "Sessions started and not ended",
-                              registry=r,
-                                multiprocess_mode="livesum")
-        self.queue_depth = Gauge("voicert_engine_queue_depth", "Requests waiting for the engine",
-                                 registry=r,
-                                multiprocess_mode="livemax")
-        self.running = Gauge("voicert_engine_running", "Requests the engine is generating",
-                             registry=r,
-                                multiprocess_mode="livemax")
-        self.batch = Histogram("voicert_engine_batch_size", "Sequences per engine step",
-                               buckets=[1, 2, 4, 8, 16, 32, 64, 128, 256], registry=r)
-        self.step = Histogram("voicert_engine_step_seconds",
-                              "Engine step time on the engine thread (schedule, forward, sync)",
-                              ["kind"], buckets=[.0005, .001, .002, .004, .008, .016, .032, .064,
-                                                 .128, .256, .512, 1.024], registry=r)
-        self.gc_pause = Histogram("voicert_gc_pause_seconds",
-                                  "Garbage-collector pauses, by process and generation",
-                                  ["process", "generation"],
-                                  buckets=[.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5],
-                                  registry=r)
-        self.prefix_hit = Gauge("voicert_prefix_cache_hit_ratio",
-                                "Prompt tokens served from the prefix cache / looked up", registry=r,
-                                multiprocess_mode="livemax")
-        self.spec_accept = Gauge("voicert_spec_acceptance_rate",
-                                 "Accepted / proposed speculative drafts", registry=r,
-                                multiprocess_mode="livemax")
-        self.engine_up = Gauge("voicert_engine_up", "1 while the LLM engine serves; 0 while it is "
-                               "down or restarting", registry=r,
-                                multiprocess_mode="livemin")
-        self.engine_restarts = Gauge("voicert_engine_restarts", "Times the engine was rebuilt after "
-                                     "a failure", registry=r,
-                                multiprocess_mode="livemax")
-        self.engine_pid = Gauge("voicert_engine_pid", "The engine process's pid (0: in the server "
-                                "process)", registry=r,
-                                multiprocess_mode="livemax")
-        self.loop_lag = Histogram("voicert_loop_lag_seconds",
-                                  "How late a timer on the process's event loop fires (the wait "
-                                  "any callback has for the loop)", ["process"],
-                                  buckets=[.0005, .001, .002, .005, .01, .02, .05, .1, .2, .5, 1],
-                                  registry=r)
+        self.over_budget = Counter(
+            "voicert_turns_over_budget_total", "Turns whose TTFT exceeded the budget", registry=r
+        )
+        self.errors = Counter(
+            "voicert_errors_total", "Error events sent, by code", ["code"], registry=r
+        )
+        self.verdicts = Counter(
+            "voicert_turn_verdicts_total",
+            "Semantic end-of-turn judgements of a pause, by verdict",
+            ["verdict"],
+            registry=r,
+        )
+        self.judge_seconds = Histogram(
+            "voicert_turn_judge_seconds",
+            "Turn-completion model: one judgement, queue included",
+            buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2],
+            registry=r,
+        )
+        self.overlaps = Counter(
+            "voicert_speech_over_reply_total",
+            "Short speech over a reply, screened: backchannel (let go) or interruption",
+            ["outcome"],
+            registry=r,
+        )
+        self.tool_calls = Counter(
+            "voicert_tool_calls_total",
+            "Server-side tool calls run, by outcome (ok | error)",
+            ["outcome"],
+            registry=r,
+        )
+        self.tool_seconds = Histogram(
+            "voicert_tool_seconds",
+            "Server-side tool calls: one call",
+            buckets=[0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30],
+            registry=r,
+        )
+        self.sessions = Gauge(
+            "voicert_active_sessions",
+            "Sessions started and not ended",
+            registry=r,
+            multiprocess_mode="livesum",
+        )
+        self.queue_depth = Gauge(
+            "voicert_engine_queue_depth",
+            "Requests waiting for the engine",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.running = Gauge(
+            "voicert_engine_running",
+            "Requests the engine is generating",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.batch = Histogram(
+            "voicert_engine_batch_size",
+            "Sequences per engine step",
+            buckets=[1, 2, 4, 8, 16, 32, 64, 128, 256],
+            registry=r,
+        )
+        self.step = Histogram(
+            "voicert_engine_step_seconds",
+            "Engine step time on the engine thread (schedule, forward, sync)",
+            ["kind"],
+            buckets=[
+                0.0005,
+                0.001,
+                0.002,
+                0.004,
+                0.008,
+                0.016,
+                0.032,
+                0.064,
+                0.128,
+                0.256,
+                0.512,
+                1.024,
+            ],
+            registry=r,
+        )
+        self.gc_pause = Histogram(
+            "voicert_gc_pause_seconds",
+            "Garbage-collector pauses, by process and generation",
+            ["process", "generation"],
+            buckets=[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5],
+            registry=r,
+        )
+        self.prefix_hit = Gauge(
+            "voicert_prefix_cache_hit_ratio",
+            "Prompt tokens served from the prefix cache / looked up",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.spec_accept = Gauge(
+            "voicert_spec_acceptance_rate",
+            "Accepted / proposed speculative drafts",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.engine_up = Gauge(
+            "voicert_engine_up",
+            "1 while the LLM engine serves; 0 while it is down or restarting",
+            registry=r,
+            multiprocess_mode="livemin",
+        )
+        self.engine_restarts = Gauge(
+            "voicert_engine_restarts",
+            "Times the engine was rebuilt after a failure",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.engine_pid = Gauge(
+            "voicert_engine_pid",
+            "The engine process's pid (0: in the server process)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.loop_lag = Histogram(
+            "voicert_loop_lag_seconds",
+            "How late a timer on the process's event loop fires (the wait "
+            "any callback has for the loop)",
+            ["process"],
+            buckets=[0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1],
+            registry=r,
+        )
         if self.multiprocess_dir is None:  # (with workers: per process, so left out)
             ProcessCollector(registry=r)  # process_resident_memory_bytes, process_open_fds, ...
-        self.asr_batch = Histogram("voicert_asr_batch_size", "Utterances per ASR decode",
-                                   buckets=[1, 2, 4, 8, 16, 32, 64], registry=r)
+        self.asr_batch = Histogram(
+            "voicert_asr_batch_size",
+            "Utterances per ASR decode",
+            buckets=[1, 2, 4, 8, 16, 32, 64],
+            registry=r,
+        )
         self.recent: collections.deque[TurnRecord] = collections.deque(maxlen=recent)
         self.listeners: set[Callable[[TurnRecord], None]] = set()
         self.publish: Callable[[TurnRecord], None] | None = None  # workers: to the other workers

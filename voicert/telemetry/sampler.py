@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ class SystemSample:
     mean_batch: float  # sequences per engine step in the interval
     loop_lag_ms: float  # the largest event-loop lag seen in the interval
 
-    def merged(self, others: list["SystemSample"]) -> "SystemSample":
+    def merged(self, others: list[SystemSample]) -> SystemSample:
         """This worker's sample with the other workers' (``server.workers``): sessions and steps
         add up, the engine's figures are the one shared engine's, the loop lag is the worst."""
         if not others:
@@ -41,19 +41,33 @@ class SystemSample:
         every = [self, *others]
         steps = sum(s.steps for s in every)
         batch = sum(s.mean_batch * s.steps for s in every)
-        return SystemSample(self.t, sum(s.sessions for s in every), self.queue_depth,
-                            self.running, steps, batch / steps if steps else 0.0,
-                            max(s.loop_lag_ms for s in every))
+        return SystemSample(
+            self.t,
+            sum(s.sessions for s in every),
+            self.queue_depth,
+            self.running,
+            steps,
+            batch / steps if steps else 0.0,
+            max(s.loop_lag_ms for s in every),
+        )
 
     def as_dict(self) -> dict:
-        return {"type": "system", "t": self.t, "sessions": self.sessions,
-                "queue_depth": self.queue_depth, "running": self.running, "steps": self.steps,
-                "mean_batch": self.mean_batch, "loop_lag_ms": self.loop_lag_ms}
+        return {
+            "type": "system",
+            "t": self.t,
+            "sessions": self.sessions,
+            "queue_depth": self.queue_depth,
+            "running": self.running,
+            "steps": self.steps,
+            "mean_batch": self.mean_batch,
+            "loop_lag_ms": self.loop_lag_ms,
+        }
 
 
 class Sampler:
-    def __init__(self, services, interval_s: float = 1.0, lag_probe_s: float = 0.05,
-                 process: str = "server") -> None:
+    def __init__(
+        self, services, interval_s: float = 1.0, lag_probe_s: float = 0.05, process: str = "server"
+    ) -> None:
         self.svc = services
         self.interval_s = interval_s
         self.lag_probe_s = lag_probe_s
@@ -105,10 +119,15 @@ class Sampler:
         """Sample, then publish this interval's summary to every subscriber."""
         self.sample()
         m = self.svc.metrics
-        sample = SystemSample(time.time(), m.active_sessions, m.queue_depth._value.get(),
-                              m.running._value.get(), self._steps,
-                              self._batch / self._steps if self._steps else 0.0,
-                              round(self._max_lag * 1000, 2))
+        sample = SystemSample(
+            time.time(),
+            m.active_sessions,
+            m.queue_depth._value.get(),
+            m.running._value.get(),
+            self._steps,
+            self._batch / self._steps if self._steps else 0.0,
+            round(self._max_lag * 1000, 2),
+        )
         self._steps = self._batch = 0
         self._max_lag = 0.0
         if self.publish is not None:

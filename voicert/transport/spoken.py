@@ -111,8 +111,9 @@ class PacingClock:
         r.cut_ms = played_ms
         return r
 
-    def done(self, turn_id: int, text: str, item_id: str, interrupted: bool,
-             item_offset: int = 0) -> SpokenReply | None:
+    def done(
+        self, turn_id: int, text: str, item_id: str, interrupted: bool, item_offset: int = 0
+    ) -> SpokenReply | None:
         """The reply is done (``item_offset``: where its item's text starts in ``text``); returns
         it when the caller cut it off (apply ``cut_ms`` now)."""
         r = self.reply

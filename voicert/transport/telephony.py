@@ -69,7 +69,7 @@ class Playback:
         playing at the provider, clear it and drop what of it is still on its way."""
         if not self.playing:
             return []
-        self.cut = (self.turn, self.texts[:self.played])
+        self.cut = (self.turn, self.texts[: self.played])
         self.pending.clear()
         self.marks.clear()
         self.unmarked = False
@@ -79,7 +79,7 @@ class Playback:
     def mark_played(self, name: str) -> None:
         """The provider echoed a mark: it, and everything before it, has played."""
         if name in self.marks:
-            del self.marks[:self.marks.index(name) + 1]
+            del self.marks[: self.marks.index(name) + 1]
             turn, _, piece = name.partition("-piece")
             if turn == f"turn{self.turn}" and piece.isdigit():
                 self.played = max(self.played, int(piece))  # the pieces before this mark
@@ -104,7 +104,7 @@ class Playback:
         self.pending += audio
         n = self.ser.frame_bytes
         whole = len(self.pending) - len(self.pending) % n
-        out = [self.ser.media(bytes(self.pending[i:i + n])) for i in range(0, whole, n)]
+        out = [self.ser.media(bytes(self.pending[i : i + n])) for i in range(0, whole, n)]
         del self.pending[:whole]
         self.unmarked = self.unmarked or bool(out)
         return out

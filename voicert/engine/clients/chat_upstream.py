@@ -19,9 +19,8 @@ from typing import Any
 
 import msgspec
 
-from voicert.core.chat import ChatMessage
+from voicert.core.chat import AUTO, ChatMessage, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.engine.core.tools import HERMES_CLOSE, HERMES_OPEN
-from voicert.core.chat import ToolChoice, ToolChoiceMode, ToolSpec
 
 _decoder = msgspec.json.Decoder()
 DONE = "[DONE]"
@@ -35,10 +34,18 @@ class UpstreamError(Exception):
 def wire_message(m: ChatMessage) -> dict[str, Any]:
     """One message in the OpenAI shape (assistant ``tool_calls``, ``tool`` results by call id)."""
     if m.role == "assistant" and m.tool_calls:
-        return {"role": "assistant", "content": m.content or None,
-                "tool_calls": [{"id": c.call_id, "type": "function",
-                                "function": {"name": c.name, "arguments": c.arguments}}
-                               for c in m.tool_calls]}
+        return {
+            "role": "assistant",
+            "content": m.content or None,
+            "tool_calls": [
+                {
+                    "id": c.call_id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in m.tool_calls
+            ],
+        }
     if m.role == "tool":
         return {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
     return {"role": m.role, "content": m.content}
@@ -50,15 +57,24 @@ def _choice(choice: ToolChoice) -> str | dict[str, Any]:
     return choice.mode.value
 
 
-def request_body(model: str, messages: list[ChatMessage], max_tokens: int,
-                 tools: tuple[ToolSpec, ...] = (), tool_choice: ToolChoice = ToolChoice(),
-                 parallel_tool_calls: bool = True, extra: dict[str, Any] | None = None
-                 ) -> dict[str, Any]:
+def request_body(
+    model: str,
+    messages: list[ChatMessage],
+    max_tokens: int,
+    tools: tuple[ToolSpec, ...] = (),
+    tool_choice: ToolChoice = AUTO,
+    parallel_tool_calls: bool = True,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """A streamed request with usage. ``extra`` (``llm.extra``: sampling settings, a server's own
     fields) is added last and may not replace what this function sets."""
-    body: dict[str, Any] = {"model": model, "messages": [wire_message(m) for m in messages],
-                            "max_tokens": max_tokens, "stream": True,
-                            "stream_options": {"include_usage": True}}
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": [wire_message(m) for m in messages],
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if tools:
         body["tools"] = [t.openai() for t in tools]
         body["tool_choice"] = _choice(tool_choice)
@@ -75,6 +91,7 @@ def fit_messages(messages: list[ChatMessage], max_chars: int) -> list[ChatMessag
     """The conversation cut to at most ``max_chars`` of content by dropping its oldest turns (the
     first message, the system prompt, stays; a tool result never loses its call). The remote
     server's tokenizer is unknown here, so the budget is in characters."""
+
     def size(m: ChatMessage) -> int:
         return len(m.content) + sum(len(c.arguments) + len(c.name) for c in m.tool_calls) + 16
 

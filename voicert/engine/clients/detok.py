@@ -24,11 +24,11 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        before = self.tok.decode(self.ids[self._prefix:self._read], skip_special_tokens=self.skip)
-        after = self.tok.decode(self.ids[self._prefix:], skip_special_tokens=self.skip)
+        before = self.tok.decode(self.ids[self._prefix : self._read], skip_special_tokens=self.skip)
+        after = self.tok.decode(self.ids[self._prefix :], skip_special_tokens=self.skip)
         if after.endswith("\ufffd") or len(after) <= len(before) or not after.startswith(before):
             return ""  # an incomplete character, or nothing new yet: widen the window next time
-        delta = after[len(before):]
+        delta = after[len(before) :]
         self._prefix, self._read = self._read, len(self.ids)
         self.text += delta
         return delta

@@ -30,10 +30,24 @@ import msgspec
 
 from voicert.engine import ipc
 from voicert.engine.base import TokenOut
-from voicert.engine.clients.remote import (EXIT_ENGINE_DIED, STATS_INTERVAL_S, EngineLink, _submit,
-                                   load_core)
-from voicert.hosting import (HostFailed, HostProcess, HostReady, Peer, accept_peers, connect,
-                             listen, say_status, wait_stop)
+from voicert.engine.clients.remote import (
+    EXIT_ENGINE_DIED,
+    STATS_INTERVAL_S,
+    EngineLink,
+    _submit,
+    load_core,
+)
+from voicert.hosting import (
+    HostFailed,
+    HostProcess,
+    HostReady,
+    Peer,
+    accept_peers,
+    connect,
+    listen,
+    say_status,
+    wait_stop,
+)
 
 log = logging.getLogger(__name__)
 SEP = "/"  # client id SEP the client's request id: the id the engine core sees
@@ -117,8 +131,9 @@ class _Hub:
             cid, self._next_id = self._next_id, self._next_id + 1
             client = self.clients[cid] = Peer(cid, conn)
             client.post(ipc.Ready(os.getpid()))
-        threading.Thread(target=self.serve, args=(client,), name=f"voicert-host-recv-{cid}",
-                         daemon=True).start()
+        threading.Thread(
+            target=self.serve, args=(client,), name=f"voicert-host-recv-{cid}", daemon=True
+        ).start()
         log.info("engine host: worker connection %d", cid)
 
     def serve(self, client: Peer) -> None:
@@ -135,8 +150,11 @@ class _Hub:
             except (EOFError, OSError):
                 break
             except msgspec.DecodeError as exc:  # our own workers send these: a bug, said loudly
-                log.error("engine host: undecodable message from worker connection %d: %s",
-                          client.cid, exc)
+                log.error(
+                    "engine host: undecodable message from worker connection %d: %s",
+                    client.cid,
+                    exc,
+                )
                 break
             if isinstance(msg, ipc.Submit):
                 self._submit(client, prompts, msg.request, prefix)
@@ -151,7 +169,7 @@ class _Hub:
         with self.lock:
             client.open.add(rid)
         request.request_id = prefix + rid
-        refused = lambda msg: self._refused(client, rid, msg)  # noqa: E731
+        refused = lambda msg: self._refused(client, rid, msg)
         if not _submit(self.engine, prompts, self.cfg, request, refused):
             with self.lock:
                 client.open.discard(rid)
@@ -159,8 +177,7 @@ class _Hub:
     @staticmethod
     def _refused(client: Peer, rid: str, msg: ipc.Events) -> None:
         """A request that could not be templated: its final record, under the client's id."""
-        client.post(ipc.Events([msgspec.structs.replace(rec, request_id=rid)
-                                for rec in msg.items]))
+        client.post(ipc.Events([msgspec.structs.replace(rec, request_id=rid) for rec in msg.items]))
 
     def _hang_up(self, client: Peer, prefix: str) -> None:
         with self.lock:
@@ -169,17 +186,30 @@ class _Hub:
         for rid in still_open:
             self.engine.abort(prefix + rid)
         client.close()
-        log.info("engine host: worker connection %d closed (%d request(s) aborted)",
-                 client.cid, len(still_open))
+        log.info(
+            "engine host: worker connection %d closed (%d request(s) aborted)",
+            client.cid,
+            len(still_open),
+        )
 
 
-def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, authkey: bytes,
-          gpu: str | None, log_level: str, status) -> None:
+def _host(
+    model_dir: str,
+    cfg,
+    threads: int,
+    gc_freeze: bool,
+    address: str,
+    authkey: bytes,
+    gpu: str | None,
+    log_level: str,
+    status,
+) -> None:
     """The engine host process: load and warm up, listen at ``address``, say Ready on ``status``
     (or StartFailed), serve workers until the primary says Stop or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the primary shuts us down in order
-    logging.basicConfig(level=log_level.upper(),
-                        format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s"
+    )
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:
@@ -194,10 +224,15 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
     hub.engine = engine = EngineThread(core, hub.deliver)
     engine.on_failure = hub.engine_failed
     stop = threading.Event()
-    threading.Thread(target=hub.push_stats, args=(gc_watch, stop), name="voicert-engine-stats",
-                     daemon=True).start()
-    threading.Thread(target=accept_peers, args=(listener, "engine host", hub.join),
-                     name="voicert-host-accept", daemon=True).start()
+    threading.Thread(
+        target=hub.push_stats, args=(gc_watch, stop), name="voicert-engine-stats", daemon=True
+    ).start()
+    threading.Thread(
+        target=accept_peers,
+        args=(listener, "engine host", hub.join),
+        name="voicert-host-accept",
+        daemon=True,
+    ).start()
     say_status(status, HostReady(os.getpid()))
     wait_stop(status)  # until the primary says stop, or is gone
     stop.set()
@@ -205,13 +240,21 @@ def _host(model_dir: str, cfg, threads: int, gc_freeze: bool, address: str, auth
     engine.stop()
 
 
-def start_engine_host(model_dir: str, cfg, address: str, authkey: bytes, threads: int = 0,
-               gc_freeze: bool = True, gpu: str | None = None,
-               log_level: str = "INFO") -> HostProcess:
+def start_engine_host(
+    model_dir: str,
+    cfg,
+    address: str,
+    authkey: bytes,
+    threads: int = 0,
+    gc_freeze: bool = True,
+    gpu: str | None = None,
+    log_level: str = "INFO",
+) -> HostProcess:
     """Start one engine host process serving at ``address`` (the primary's handle; its
     ``wait_ready`` blocks until it serves or raises with the reason it could not start)."""
-    return HostProcess("engine host", _host, (model_dir, cfg, threads, gc_freeze, address,
-                                              authkey, gpu, log_level))
+    return HostProcess(
+        "engine host", _host, (model_dir, cfg, threads, gc_freeze, address, authkey, gpu, log_level)
+    )
 
 
 class SharedEngineClient(EngineLink):
@@ -219,8 +262,14 @@ class SharedEngineClient(EngineLink):
     ``connect_timeout_s`` for a host to accept (one may be starting or restarting) and raises
     ``RuntimeError`` if none does. ``close`` leaves the host (it aborts this side's requests)."""
 
-    def __init__(self, address: str, authkey: bytes, model_dir: str,
-                 connect_timeout_s: float = 600, tokenizer=None) -> None:
+    def __init__(
+        self,
+        address: str,
+        authkey: bytes,
+        model_dir: str,
+        connect_timeout_s: float = 600,
+        tokenizer=None,
+    ) -> None:
         conn = connect(address, authkey, connect_timeout_s)
         if not conn.poll(max(connect_timeout_s, 1.0)):
             conn.close()

@@ -14,20 +14,30 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
 
 import torch
 
 from voicert.core.chat import ChatMessage
-from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, StepRecord, TokenEvent, final_event, refusal
+from voicert.core.llm import (
+    EndedStream,
+    EngineBase,
+    EngineLoad,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    StepRecord,
+    TokenEvent,
+    final_event,
+    refusal,
+)
 from voicert.engine.base import RequestLedger, TokenOut, final_out
 from voicert.engine.build import EngineConfig, build_core
-from voicert.engine.core.engine_core import EngineCore
-from voicert.core.llm import EngineLoad
 from voicert.engine.clients.detok import IncrementalDetokenizer
-from voicert.engine.models.base import Model
 from voicert.engine.clients.stream import TokenStream
+from voicert.engine.core.engine_core import EngineCore
+from voicert.engine.models.base import Model
 
 log = logging.getLogger(__name__)
 __all__ = ["EngineConfig", "EngineLoad", "EngineThread", "LLMEngine"]
@@ -79,8 +89,9 @@ class EngineThread:
             if self.failure is None:
                 self._inbox.put(_Add(request))
                 return
-        self.deliver([final_out(request.request_id, FinishReason.ERROR,
-                                f"engine failed: {self.failure}")])
+        self.deliver(
+            [final_out(request.request_id, FinishReason.ERROR, f"engine failed: {self.failure}")]
+        )
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -152,8 +163,13 @@ class EngineThread:
             self.core.add(request)
         except Exception as exc:  # this request is unservable; the others go on
             log.warning("engine: request %s refused: %s", request.request_id, exc)
-            outs.append(final_out(request.request_id, FinishReason.ERROR,
-                                  f"request refused: {type(exc).__name__}: {exc}"))
+            outs.append(
+                final_out(
+                    request.request_id,
+                    FinishReason.ERROR,
+                    f"request refused: {type(exc).__name__}: {exc}",
+                )
+            )
 
     def _die(self, why: str) -> None:
         """The thread is ending abnormally: every open and queued request ends with an error."""
@@ -200,8 +216,14 @@ class LLMEngine(EngineBase):
     tokenizer copy (the core's is used by its thread). ``on_failure`` (set by a supervisor) is
     called once, on the engine thread, if that thread ever dies."""
 
-    def __init__(self, model_dir: str, cfg: EngineConfig, model: Model | None = None,
-                 tokenizer=None, draft: Model | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        cfg: EngineConfig,
+        model: Model | None = None,
+        tokenizer=None,
+        draft: Model | None = None,
+    ) -> None:
         self.core = build_core(model_dir, cfg, model=model, tokenizer=tokenizer, draft=draft)
         self.cfg = self.core.cfg  # as it applies on the device
         self.tokenizer = copy.deepcopy(self.core.tokenizer)  # the client side's (detokenising)
@@ -219,8 +241,9 @@ class LLMEngine(EngineBase):
         if refused is not None:
             return refused
         if self.last_failure is not None:
-            return EndedStream(final_event(FinishReason.ERROR,
-                                           f"engine failed: {self.last_failure}"))
+            return EndedStream(
+                final_event(FinishReason.ERROR, f"engine failed: {self.last_failure}")
+            )
         stream = TokenStream(asyncio.get_running_loop(), IncrementalDetokenizer(self.tokenizer))
         self._open(request, stream)
         return stream

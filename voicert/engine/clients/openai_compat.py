@@ -27,13 +27,29 @@ import asyncio
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from voicert.config import ConfigError
-from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, TokenEvent, final_event, refusal
+from voicert.core.llm import (
+    EndedStream,
+    EngineBase,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+    final_event,
+    refusal,
+)
 from voicert.engine.base import RequestLedger
+from voicert.engine.clients.chat_upstream import (
+    StreamReader,
+    UpstreamError,
+    fit_messages,
+    request_body,
+    sse_data,
+)
 from voicert.engine.clients.stream import TokenStream
-from voicert.engine.clients.chat_upstream import StreamReader, UpstreamError, fit_messages, request_body, sse_data
 
 if TYPE_CHECKING:
     from voicert.config import LlmConfig
@@ -53,33 +69,43 @@ class _Failed(Exception):
     """The request failed; the message says how (for the caller)."""
 
 
-def api_key(cfg: "LlmConfig") -> str:
+def api_key(cfg: LlmConfig) -> str:
     """``llm.api_key``, else ``$VOICERT_LLM_API_KEY``, else ``$OPENAI_API_KEY``, else a placeholder
     (servers without auth ignore it; the SDK insists on one)."""
-    return (cfg.api_key or os.environ.get("VOICERT_LLM_API_KEY")
-            or os.environ.get("OPENAI_API_KEY") or "none")
+    return (
+        cfg.api_key
+        or os.environ.get("VOICERT_LLM_API_KEY")
+        or os.environ.get("OPENAI_API_KEY")
+        or "none"
+    )
 
 
-def resolve_model(cfg: "LlmConfig") -> str:
+def resolve_model(cfg: LlmConfig) -> str:
     """The model to ask for: ``llm.model`` checked against the server's ``GET /models``, or the
     server's only model when unset. Blocking (start-up). Raises ConfigError naming the key when the
     server does not serve it; a server that cannot be reached now is logged, not fatal, when the
     model is named (replies fail with a typed error until it is up)."""
     import openai
 
-    client = openai.OpenAI(base_url=cfg.base_url, api_key=api_key(cfg), max_retries=0,
-                           timeout=openai.Timeout(cfg.connect_timeout_s * 2,
-                                                  connect=cfg.connect_timeout_s))
+    client = openai.OpenAI(
+        base_url=cfg.base_url,
+        api_key=api_key(cfg),
+        max_retries=0,
+        timeout=openai.Timeout(cfg.connect_timeout_s * 2, connect=cfg.connect_timeout_s),
+    )
     try:
         served = [m.id for m in client.models.list().data]
     except openai.AuthenticationError as exc:
         raise ConfigError(f"llm.api_key: {cfg.base_url} refused it ({exc.status_code})") from None
     except openai.OpenAIError as exc:
         if not cfg.model:
-            raise ConfigError(f"llm.model: not set, and {cfg.base_url} could not be asked which "
-                              f"models it serves ({type(exc).__name__}: {exc})") from None
-        log.warning("llm: %s is not reachable now (%s); replies fail until it is",
-                    cfg.base_url, exc)
+            raise ConfigError(
+                f"llm.model: not set, and {cfg.base_url} could not be asked which "
+                f"models it serves ({type(exc).__name__}: {exc})"
+            ) from None
+        log.warning(
+            "llm: %s is not reachable now (%s); replies fail until it is", cfg.base_url, exc
+        )
         return cfg.model
     finally:
         client.close()
@@ -87,8 +113,9 @@ def resolve_model(cfg: "LlmConfig") -> str:
         return cfg.model
     listed = ", ".join(served[:10]) or "nothing"
     if cfg.model:
-        raise ConfigError(f"llm.model: {cfg.model!r} is not served by {cfg.base_url} "
-                          f"(it serves {listed})")
+        raise ConfigError(
+            f"llm.model: {cfg.model!r} is not served by {cfg.base_url} (it serves {listed})"
+        )
     if len(served) != 1:
         raise ConfigError(f"llm.model: not set, and {cfg.base_url} serves {listed}: name one")
     return served[0]
@@ -99,7 +126,7 @@ class OpenAICompatEngine(EngineBase):
     called on one event loop (the server's); the HTTP client is made on it at the first request.
     It has no failure of its own (``state`` stays SERVING): each request fails alone."""
 
-    def __init__(self, cfg: "LlmConfig", model: str) -> None:
+    def __init__(self, cfg: LlmConfig, model: str) -> None:
         self.cfg = cfg
         self.model = model
         self._ledger = RequestLedger()
@@ -115,8 +142,9 @@ class OpenAICompatEngine(EngineBase):
         if ended is not None:
             return ended
         if request.prompt_ids is not None:
-            return EndedStream(final_event(FinishReason.ERROR,
-                                           "bad request: prompt_ids need the built-in engine"))
+            return EndedStream(
+                final_event(FinishReason.ERROR, "bad request: prompt_ids need the built-in engine")
+            )
         request.submit_ns = time.perf_counter_ns()
         loop = asyncio.get_running_loop()
         stream = TokenStream(loop)
@@ -164,8 +192,11 @@ class OpenAICompatEngine(EngineBase):
             c = self.cfg
             self._loop = asyncio.get_running_loop()
             self._client = openai.AsyncOpenAI(
-                base_url=c.base_url, api_key=api_key(c), max_retries=0,
-                timeout=openai.Timeout(c.stall_timeout_s, connect=c.connect_timeout_s))
+                base_url=c.base_url,
+                api_key=api_key(c),
+                max_retries=0,
+                timeout=openai.Timeout(c.stall_timeout_s, connect=c.connect_timeout_s),
+            )
         return self._client
 
     async def _serve(self, request: GenerationRequest, stream: TokenStream) -> None:
@@ -176,43 +207,59 @@ class OpenAICompatEngine(EngineBase):
             reason = await self._attempts(request, stream, counts)
             final = final_event(reason, None, counts.tokens, counts.start_ns, counts.prompt)
         except asyncio.CancelledError:
-            final = final_event(FinishReason.CANCELLED, None, counts.tokens, counts.start_ns,
-                                counts.prompt)
+            final = final_event(
+                FinishReason.CANCELLED, None, counts.tokens, counts.start_ns, counts.prompt
+            )
         except _Failed as exc:
             log.warning("llm request %s failed: %s", request.request_id, exc)
-            final = final_event(FinishReason.ERROR, str(exc), counts.tokens, counts.start_ns,
-                                counts.prompt)
+            final = final_event(
+                FinishReason.ERROR, str(exc), counts.tokens, counts.start_ns, counts.prompt
+            )
         except Exception as exc:  # a bug here must end this request, not hang its caller
             log.exception("llm request %s", request.request_id)
-            final = final_event(FinishReason.ERROR, f"LLM client failed: {type(exc).__name__}",
-                                counts.tokens, counts.start_ns, counts.prompt)
+            final = final_event(
+                FinishReason.ERROR,
+                f"LLM client failed: {type(exc).__name__}",
+                counts.tokens,
+                counts.start_ns,
+                counts.prompt,
+            )
         finally:
             self._tasks.pop(request.request_id, None)
         self._ledger.closed(request.request_id, final.finish_reason, counts.tokens)
         stream.put(final)
 
-    async def _attempts(self, request: GenerationRequest, stream: TokenStream,
-                        counts: "_Counts") -> str:
+    async def _attempts(
+        self, request: GenerationRequest, stream: TokenStream, counts: _Counts
+    ) -> str:
         """Attempts until one streams a reply; its finish reason."""
-        body = request_body(self.model, fit_messages(request.messages, self._max_chars),
-                            request.max_new_tokens, request.tools, request.tool_choice,
-                            request.parallel_tool_calls)
+        body = request_body(
+            self.model,
+            fit_messages(request.messages, self._max_chars),
+            request.max_new_tokens,
+            request.tools,
+            request.tool_choice,
+            request.parallel_tool_calls,
+        )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.cfg.first_token_timeout_s
         for attempt in range(self.cfg.retries + 1):
             try:
                 return await self._attempt(body, deadline, stream, counts)
             except _Retry as exc:
-                wait = BACKOFF_S * 2 ** attempt
+                wait = BACKOFF_S * 2**attempt
                 if attempt == self.cfg.retries or loop.time() + wait >= deadline:
-                    raise _Failed(f"the LLM server ({self.cfg.base_url}) is unavailable: "
-                                  f"{exc} (after {attempt + 1} attempts)") from None
+                    raise _Failed(
+                        f"the LLM server ({self.cfg.base_url}) is unavailable: "
+                        f"{exc} (after {attempt + 1} attempts)"
+                    ) from None
                 log.info("llm request %s: %s; retrying", request.request_id, exc)
                 await asyncio.sleep(wait)
         raise AssertionError("unreachable")
 
-    async def _attempt(self, body: dict, deadline: float, stream: TokenStream,
-                       counts: "_Counts") -> str:
+    async def _attempt(
+        self, body: dict, deadline: float, stream: TokenStream, counts: _Counts
+    ) -> str:
         import openai
 
         counts.start_ns = time.perf_counter_ns()
@@ -221,7 +268,8 @@ class OpenAICompatEngine(EngineBase):
         try:
             async with asyncio.timeout_at(deadline) as timer:
                 async with self._http().chat.completions.with_streaming_response.create(
-                        **body, extra_body=self.cfg.extra or None) as response:
+                    **body, extra_body=self.cfg.extra or None
+                ) as response:
                     async for line in response.iter_lines():
                         payload = sse_data(line)
                         if payload is None:
@@ -235,28 +283,36 @@ class OpenAICompatEngine(EngineBase):
                             break
         except TimeoutError:
             if counts.tokens:
-                raise _Failed(f"the LLM server ({self.cfg.base_url}) stalled: no token for "
-                              f"{self.cfg.stall_timeout_s:g} s after {counts.tokens}") from None
-            raise _Failed(f"the LLM server ({self.cfg.base_url}) sent no token within "
-                          f"{self.cfg.first_token_timeout_s:g} s") from None
+                raise _Failed(
+                    f"the LLM server ({self.cfg.base_url}) stalled: no token for "
+                    f"{self.cfg.stall_timeout_s:g} s after {counts.tokens}"
+                ) from None
+            raise _Failed(
+                f"the LLM server ({self.cfg.base_url}) sent no token within "
+                f"{self.cfg.first_token_timeout_s:g} s"
+            ) from None
         except openai.APIStatusError as exc:
             why = f"HTTP {exc.status_code}: {_message(exc)}"
             if exc.status_code in RETRY_STATUS and not counts.tokens:
                 raise _Retry(why) from None
-            raise _Failed(f"the LLM server ({self.cfg.base_url}) refused the request ({why})") \
-                from None
+            raise _Failed(
+                f"the LLM server ({self.cfg.base_url}) refused the request ({why})"
+            ) from None
         except (openai.APIConnectionError, OSError) as exc:
             if not counts.tokens:
                 raise _Retry(f"{type(exc).__name__}: {exc}") from None
-            raise _Failed(f"the LLM server's stream broke after {counts.tokens} tokens "
-                          f"({type(exc).__name__})") from None
+            raise _Failed(
+                f"the LLM server's stream broke after {counts.tokens} tokens ({type(exc).__name__})"
+            ) from None
         except UpstreamError as exc:
             raise _Failed(str(exc)) from None
         if reader.finish_reason is None and not reader.done:
             if not counts.tokens:
                 raise _Retry("the stream ended before its first token")
-            raise _Failed(f"the LLM server's stream ended after {counts.tokens} tokens without "
-                          f"a finish reason")
+            raise _Failed(
+                f"the LLM server's stream ended after {counts.tokens} tokens without "
+                f"a finish reason"
+            )
         tail = reader.close()
         if tail:
             counts.put(stream, tail)
@@ -267,7 +323,7 @@ class OpenAICompatEngine(EngineBase):
 class _Counts:
     """What one request has produced so far (across its attempts)."""
 
-    __slots__ = ("tokens", "prompt", "start_ns")
+    __slots__ = ("prompt", "start_ns", "tokens")
 
     def __init__(self) -> None:
         self.tokens = 0
@@ -276,8 +332,9 @@ class _Counts:
 
     def put(self, stream: TokenStream, text: str) -> None:
         """One more token event of text, stamped now."""
-        stream.put(TokenEvent(self.tokens, -1, text, time.perf_counter_ns(), self.start_ns,
-                              self.prompt))
+        stream.put(
+            TokenEvent(self.tokens, -1, text, time.perf_counter_ns(), self.start_ns, self.prompt)
+        )
         self.tokens += 1
 
 
@@ -288,4 +345,3 @@ def _message(exc) -> str:
         if isinstance(err, dict) and err.get("message"):
             return str(err["message"])[:300]
     return str(exc)[:300]
-

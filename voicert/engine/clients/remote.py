@@ -24,12 +24,23 @@ import os
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING, AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
+from voicert.core.llm import (
+    EndedStream,
+    EngineBase,
+    EngineLoad,
+    EngineStats,
+    FinishReason,
+    GenerationRequest,
+    StepRecord,
+    TokenEvent,
+    final_event,
+    refusal,
+)
 from voicert.engine import ipc
-from voicert.core.llm import EndedStream, EngineBase, EngineStats, FinishReason, GenerationRequest, StepRecord, TokenEvent, final_event, refusal
 from voicert.engine.base import RequestLedger, TokenOut, final_out
-from voicert.core.llm import EngineLoad
 from voicert.engine.clients.detok import IncrementalDetokenizer
 from voicert.engine.clients.stream import TokenStream
 from voicert.hosting import child_context
@@ -56,7 +67,7 @@ class _Channel:
             self.conn.send_bytes(self.codec.encode(msg))
 
 
-def _push_stats(engine: "EngineThread", gc_watch, channel: _Channel, stop: threading.Event) -> None:
+def _push_stats(engine: EngineThread, gc_watch, channel: _Channel, stop: threading.Event) -> None:
     """Child: send the engine's figures every STATS_INTERVAL_S until ``stop``."""
     while not stop.wait(STATS_INTERVAL_S):
         try:
@@ -81,8 +92,9 @@ def load_core(model_dir: str, cfg, threads: int, gc_freeze: bool):
     return core, GcWatch().install()
 
 
-def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
-           gpu: str | None = None) -> None:
+def _child(
+    model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events, gpu: str | None = None
+) -> None:
     """The engine process: load, warm up, then serve requests until told to stop (or the server
     goes away: the pipe closes). If the engine thread dies, the process says why and exits.
     ``gpu``: the one GPU this process sees (CUDA_VISIBLE_DEVICES, set before CUDA starts)."""
@@ -113,8 +125,12 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
     engine.on_failure = on_failure
     channel.send(ipc.Ready(os.getpid()))
     stop = threading.Event()
-    threading.Thread(target=_push_stats, args=(engine, gc_watch, channel, stop),
-                     name="voicert-engine-stats", daemon=True).start()
+    threading.Thread(
+        target=_push_stats,
+        args=(engine, gc_watch, channel, stop),
+        name="voicert-engine-stats",
+        daemon=True,
+    ).start()
     decoder = ipc.Codec().to_engine
     while True:
         try:
@@ -131,8 +147,13 @@ def _child(model_dir: str, cfg, threads: int, gc_freeze: bool, requests, events,
     engine.stop()
 
 
-def _submit(engine: "EngineThread", prompts, cfg, request: GenerationRequest,
-            send: Callable[[ipc.FromEngine], None]) -> bool:
+def _submit(
+    engine: EngineThread,
+    prompts,
+    cfg,
+    request: GenerationRequest,
+    send: Callable[[ipc.FromEngine], None],
+) -> bool:
     """Child: template and tokenise here (not between engine steps), then hand the request over.
     A request that cannot be templated fails alone (its final record goes out through ``send``;
     False)."""
@@ -142,8 +163,17 @@ def _submit(engine: "EngineThread", prompts, cfg, request: GenerationRequest,
             request.prompt_ids = prompts.build(request.messages, budget)
         except Exception as exc:
             log.warning("engine: request %s refused: %s", request.request_id, exc)
-            send(ipc.Events([final_out(request.request_id, FinishReason.ERROR,
-                                       f"request refused: {type(exc).__name__}: {exc}")]))
+            send(
+                ipc.Events(
+                    [
+                        final_out(
+                            request.request_id,
+                            FinishReason.ERROR,
+                            f"request refused: {type(exc).__name__}: {exc}",
+                        )
+                    ]
+                )
+            )
             return False
     engine.add(request)
     return True
@@ -179,8 +209,9 @@ class EngineLink(EngineBase):
         self._steps: collections.deque[StepRecord] = collections.deque(maxlen=8192)
         self._gc: collections.deque[GcPause] = collections.deque(maxlen=4096)
         self._closing = False
-        self._reader = threading.Thread(target=self._read, name="voicert-engine-events",
-                                        daemon=True)
+        self._reader = threading.Thread(
+            target=self._read, name="voicert-engine-events", daemon=True
+        )
         self._reader.start()
 
     @property
@@ -246,8 +277,9 @@ class EngineLink(EngineBase):
                 self.ledger.closed(rid, FinishReason.ERROR, 0)
         if streams:
             log.error("engine process: %d request(s) failed with it", len(streams))
-        TokenStream.post_all([(stream, final_event(FinishReason.ERROR, why))
-                              for stream in streams.values()])
+        TokenStream.post_all(
+            [(stream, final_event(FinishReason.ERROR, why)) for stream in streams.values()]
+        )
 
     # ------------------------------------------------------------ the Engine interface
 
@@ -322,16 +354,26 @@ class EngineProcess(EngineLink):
     The constructor blocks until the child has loaded and warmed up the model. The child is
     reaped when it goes."""
 
-    def __init__(self, model_dir: str, cfg, threads: int = 0, start_timeout_s: float = 600,
-                 gc_freeze: bool = True, gpu: str | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str,
+        cfg,
+        threads: int = 0,
+        start_timeout_s: float = 600,
+        gc_freeze: bool = True,
+        gpu: str | None = None,
+    ) -> None:
         """``gpu``: the index of the one GPU the child uses (its ``cuda``), for one engine per
         GPU; None: the devices this process sees."""
         ctx = child_context()
         req_r, req_w = ctx.Pipe(duplex=False)
         ev_r, ev_w = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_child, name="voicert-engine",
-                                 args=(model_dir, cfg, threads, gc_freeze, req_r, ev_w, gpu),
-                                 daemon=True)
+        self._proc = ctx.Process(
+            target=_child,
+            name="voicert-engine",
+            args=(model_dir, cfg, threads, gc_freeze, req_r, ev_w, gpu),
+            daemon=True,
+        )
         self._proc.start()
         req_r.close()
         ev_w.close()

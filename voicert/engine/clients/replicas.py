@@ -17,9 +17,21 @@ import collections
 import hashlib
 import logging
 import threading
-from typing import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
-from voicert.core.llm import EndedStream, Engine, EngineLoad, EngineState, EngineStats, GcPause, StepRecord, FinishReason, GenerationRequest, TokenEvent, final_event
+from voicert.core.llm import (
+    EndedStream,
+    Engine,
+    EngineLoad,
+    EngineState,
+    EngineStats,
+    FinishReason,
+    GcPause,
+    GenerationRequest,
+    StepRecord,
+    TokenEvent,
+    final_event,
+)
 
 log = logging.getLogger(__name__)
 ANONYMOUS_SESSIONS = {"", "http"}  # session ids that do not name one conversation
@@ -44,8 +56,9 @@ class Placement:
     replica a conversation's replica may have and still keep it (at least, and a quarter of the
     least busy one's load)."""
 
-    def __init__(self, replicas: int, slack: int = 4, max_conversations: int = 65536,
-                 affinity: bool = True) -> None:
+    def __init__(
+        self, replicas: int, slack: int = 4, max_conversations: int = 65536, affinity: bool = True
+    ) -> None:
         self.replicas = replicas
         self.affinity = affinity  # False: always the least busy (benchmarks: what affinity buys)
         self.slack = slack
@@ -63,8 +76,11 @@ class Placement:
             return -1
         least = min(candidates, key=lambda i: (loads[i], (i - self._next) % self.replicas))
         home = self._home.get(key) if self.affinity else None
-        if home is not None and usable[home] and \
-                loads[home] - loads[least] <= max(self.slack, loads[least] // 4):
+        if (
+            home is not None
+            and usable[home]
+            and loads[home] - loads[least] <= max(self.slack, loads[least] // 4)
+        ):
             self.kept += 1
             self._home.move_to_end(key)
             return home
@@ -113,8 +129,9 @@ class ReplicaEngine:
 
     @property
     def last_failure(self) -> str | None:
-        fails = [f"replica {i}: {r.last_failure}" for i, r in enumerate(self.replicas)
-                 if r.last_failure]
+        fails = [
+            f"replica {i}: {r.last_failure}" for i, r in enumerate(self.replicas) if r.last_failure
+        ]
         return "; ".join(fails) or None
 
     def _gave_up_callback(self, index: int) -> Callable[[str], None]:
@@ -123,21 +140,35 @@ class ReplicaEngine:
                 if self.on_give_up is not None:
                     self.on_give_up(f"every engine replica failed; last: replica {index}: {why}")
             else:
-                log.critical("engine replica %d (GPU %d) is down for good (%s); the others go "
-                             "on serving", index, index, why)
+                log.critical(
+                    "engine replica %d (GPU %d) is down for good (%s); the others go on serving",
+                    index,
+                    index,
+                    why,
+                )
+
         return gave_up
 
     # ------------------------------------------------------------ the Engine interface
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         serving = [r.state is EngineState.SERVING for r in self.replicas]
-        usable = serving if any(serving) else [  # none serves: wait on one that restarts
-            r.state is EngineState.RESTARTING for r in self.replicas]
+        usable = (
+            serving
+            if any(serving)
+            else [  # none serves: wait on one that restarts
+                r.state is EngineState.RESTARTING for r in self.replicas
+            ]
+        )
         with self._lock:
             index = self.placement.pick(conversation_key(request), self._open, usable)
             if index < 0:
-                return EndedStream(final_event(FinishReason.ERROR, "engine unavailable: no "
-                                               f"replica serves ({self.last_failure})"))
+                return EndedStream(
+                    final_event(
+                        FinishReason.ERROR,
+                        f"engine unavailable: no replica serves ({self.last_failure})",
+                    )
+                )
             self._open[index] += 1
             self._where[request.request_id] = index
         return _Tracked(self, request.request_id, index, self.replicas[index].submit(request))
@@ -155,15 +186,21 @@ class ReplicaEngine:
 
     def stats(self) -> EngineStats:
         parts = [r.stats() for r in self.replicas]
-        out = EngineStats(sum(p.active for p in parts), sum(p.submitted for p in parts),
-                          sum(p.finished for p in parts), sum(p.cancelled for p in parts),
-                          sum(p.tokens for p in parts))
+        out = EngineStats(
+            sum(p.active for p in parts),
+            sum(p.submitted for p in parts),
+            sum(p.finished for p in parts),
+            sum(p.cancelled for p in parts),
+            sum(p.tokens for p in parts),
+        )
         extras = [p.extra or {} for p in parts]
-        out.extra = {"engine_up": float(self.healthy),
-                     "engine_restarts": sum(e.get("engine_restarts", 0.0) for e in extras),
-                     "replicas_serving": float(sum(e.get("engine_up", 1.0) for e in extras)),
-                     "placement_kept": float(self.placement.kept),
-                     "placement_moved": float(self.placement.moved)}
+        out.extra = {
+            "engine_up": float(self.healthy),
+            "engine_restarts": sum(e.get("engine_restarts", 0.0) for e in extras),
+            "replicas_serving": float(sum(e.get("engine_up", 1.0) for e in extras)),
+            "placement_kept": float(self.placement.kept),
+            "placement_moved": float(self.placement.moved),
+        }
         hits = [e["prefix_hit_ratio"] for e in extras if "prefix_hit_ratio" in e]
         if hits:
             out.extra["prefix_hit_ratio"] = sum(hits) / len(hits)
@@ -210,13 +247,13 @@ class _Tracked:
     """A replica's stream that tells the ReplicaEngine when it has ended (its final event, or the
     consumer dropping it)."""
 
-    __slots__ = ("owner", "request_id", "index", "inner", "done")
+    __slots__ = ("done", "index", "inner", "owner", "request_id")
 
     def __init__(self, owner: ReplicaEngine, request_id: str, index: int, inner) -> None:
         self.owner, self.request_id, self.index, self.inner = owner, request_id, index, inner
         self.done = False
 
-    def __aiter__(self) -> "_Tracked":
+    def __aiter__(self) -> _Tracked:
         return self
 
     async def __anext__(self) -> TokenEvent:

@@ -8,7 +8,7 @@ import logging
 import queue
 import threading
 import time
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import torch
 
@@ -17,11 +17,11 @@ from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineBase, EngineStats, GenerationRequest, TokenEvent, refusal
 from voicert.engine.base import RequestLedger
 from voicert.engine.clients.detok import IncrementalDetokenizer
-from voicert.engine.core.guided import Guides
-from voicert.engine.models.llama import DTYPES
-from voicert.engine.core.prompt import PromptBuilder, build_prompt, stop_token_ids
 from voicert.engine.clients.stream import TokenStream
+from voicert.engine.core.guided import Guides
+from voicert.engine.core.prompt import PromptBuilder, build_prompt, stop_token_ids
 from voicert.engine.core.tools import offered
+from voicert.engine.models.llama import DTYPES
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +38,11 @@ class SimpleEngine(EngineBase):
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=DTYPES[cfg.dtype]).to(self.device).eval()
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype])
+            .to(self.device)
+            .eval()
+        )
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.config)
         self.prompts = PromptBuilder(self.tokenizer)  # used on the engine thread only
         self.guides = Guides(self.tokenizer, self.model.config.vocab_size, self.prompts.call_format)
@@ -111,8 +114,18 @@ class SimpleEngine(EngineBase):
             except Exception as exc:  # a failed request must not take the engine down
                 log.exception("engine: request %s failed", request.request_id)
                 self._finish(request.request_id, "error", 0)
-                stream.put_threadsafe(TokenEvent(0, -1, "", time.perf_counter_ns(), 0, 0,
-                                                 finish_reason="error", error=str(exc)))
+                stream.put_threadsafe(
+                    TokenEvent(
+                        0,
+                        -1,
+                        "",
+                        time.perf_counter_ns(),
+                        0,
+                        0,
+                        finish_reason="error",
+                        error=str(exc),
+                    )
+                )
 
     def _serve(self, request: GenerationRequest, stream: TokenStream) -> None:
         start_ns = time.perf_counter_ns()
@@ -123,8 +136,9 @@ class SimpleEngine(EngineBase):
             return
         budget = self.cfg.max_context_tokens - request.max_new_tokens
         guide = self.guides.for_request(request)  # the same masks as the fast engine's
-        prompt = self.prompts.build(request.messages, budget,
-                                    offered(request.tools, request.tool_choice))
+        prompt = self.prompts.build(
+            request.messages, budget, offered(request.tools, request.tool_choice)
+        )
         n_prompt = len(prompt)
         detok = IncrementalDetokenizer(self.tokenizer)
         input_ids = torch.tensor([prompt], device=self.device)  # [1, S]
@@ -146,8 +160,9 @@ class SimpleEngine(EngineBase):
                 break
             if guide is not None:
                 guide.advance(token)
-            stream.put_threadsafe(TokenEvent(index, token, detok.push(token), sampled, start_ns,
-                                             n_prompt))
+            stream.put_threadsafe(
+                TokenEvent(index, token, detok.push(token), sampled, start_ns, n_prompt)
+            )
             index += 1
             if guide is not None and guide.finished:
                 reason = "stop"
@@ -155,5 +170,8 @@ class SimpleEngine(EngineBase):
             input_ids = torch.tensor([[token]], device=self.device)  # [1, 1]
         del past  # free the KV cache before announcing the end
         self._finish(rid, reason, index)
-        stream.put_threadsafe(TokenEvent(index, -1, "", time.perf_counter_ns(), start_ns, n_prompt,
-                                         finish_reason=reason))
+        stream.put_threadsafe(
+            TokenEvent(
+                index, -1, "", time.perf_counter_ns(), start_ns, n_prompt, finish_reason=reason
+            )
+        )

@@ -17,8 +17,9 @@ class TokenStream:
     consumer's event loop, with its own :class:`IncrementalDetokenizer` (so the engine thread or
     process only steps); fed TokenEvents (the simple engine), it passes them through."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop,
-                 detok: IncrementalDetokenizer | None = None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, detok: IncrementalDetokenizer | None = None
+    ) -> None:
         self._loop = loop
         self._detok = detok
         self._queue: asyncio.Queue[TokenEvent | TokenOut] = asyncio.Queue()
@@ -36,7 +37,7 @@ class TokenStream:
         self._queue.put_nowait(event)
 
     @staticmethod
-    def post_all(items: list[tuple["TokenStream", TokenEvent | TokenOut]]) -> None:
+    def post_all(items: list[tuple[TokenStream, TokenEvent | TokenOut]]) -> None:
         """Called on a producer thread with one step's records: one loop wake-up per event loop,
         however many streams and tokens the step produced. Sinks without a loop (a warm-up's)
         get theirs directly."""
@@ -53,7 +54,7 @@ class TokenStream:
             except RuntimeError:  # the loop is closed: nobody is listening any more
                 pass
 
-    def __aiter__(self) -> "TokenStream":
+    def __aiter__(self) -> TokenStream:
         return self
 
     async def __anext__(self) -> TokenEvent:
@@ -68,8 +69,16 @@ class TokenStream:
         text = ""
         if out.token_id >= 0 and self._detok is not None:
             text = self._detok.push(out.token_id)
-        return TokenEvent(out.index, out.token_id, text, out.sampled_ns, out.prefill_start_ns,
-                          out.prompt_tokens, out.finish_reason, out.error)
+        return TokenEvent(
+            out.index,
+            out.token_id,
+            text,
+            out.sampled_ns,
+            out.prefill_start_ns,
+            out.prompt_tokens,
+            out.finish_reason,
+            out.error,
+        )
 
 
 def _deliver(batch: list[tuple[TokenStream, TokenEvent | TokenOut]]) -> None:

@@ -19,10 +19,22 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import AsyncIterator, Callable
 
-from voicert.core.llm import EndedStream, Engine, EngineLoad, EngineState, EngineStats, GcPause, StepRecord, FinishReason, GenerationRequest, TokenEvent, final_event
+from voicert.core.llm import (
+    EndedStream,
+    Engine,
+    EngineLoad,
+    EngineState,
+    EngineStats,
+    FinishReason,
+    GcPause,
+    GenerationRequest,
+    StepRecord,
+    TokenEvent,
+    final_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +53,12 @@ class SupervisedEngine:
     ``on_failure`` hook is set here, and it calls it once if it dies. The first build happens here, so a server
     whose engine cannot start at all fails its start-up with that error."""
 
-    def __init__(self, build: Callable[[], Engine], policy: RestartPolicy = RestartPolicy(),
-                 on_give_up: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        build: Callable[[], Engine],
+        policy: RestartPolicy = RestartPolicy(),
+        on_give_up: Callable[[str], None] | None = None,
+    ) -> None:
         self._build = build
         self.policy = policy
         self.on_give_up = on_give_up
@@ -56,9 +72,10 @@ class SupervisedEngine:
         self._wake = threading.Event()
         self._lock = threading.Lock()  # guards _waiters and _deferred
         self._waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = set()
-        self._deferred: dict[str, "_Deferred"] = {}  # requests waiting for a restart
-        self._watcher = threading.Thread(target=self._watch, name="voicert-engine-supervisor",
-                                         daemon=True)
+        self._deferred: dict[str, _Deferred] = {}  # requests waiting for a restart
+        self._watcher = threading.Thread(
+            target=self._watch, name="voicert-engine-supervisor", daemon=True
+        )
         self._watcher.start()
 
     def _attach(self, engine: Engine) -> Engine:
@@ -103,8 +120,10 @@ class SupervisedEngine:
             log.exception("closing the failed engine")
         while self.state is EngineState.RESTARTING:
             if self._too_many():
-                self._give_up(f"{len(self._failures)} engine failures within "
-                              f"{self.policy.window_s:g} s; last: {self.last_failure}")
+                self._give_up(
+                    f"{len(self._failures)} engine failures within "
+                    f"{self.policy.window_s:g} s; last: {self.last_failure}"
+                )
                 return
             if self._wake.wait(backoff) and self.state is EngineState.CLOSED:
                 return
@@ -123,8 +142,9 @@ class SupervisedEngine:
             self.restarts += 1
             self.state = EngineState.SERVING
             self._notify()
-            log.warning("engine restarted in %.1f s (restart %d)", time.perf_counter() - t0,
-                        self.restarts)
+            log.warning(
+                "engine restarted in %.1f s (restart %d)", time.perf_counter() - t0, self.restarts
+            )
 
     def _notify(self) -> None:
         """Wake every request waiting for the engine (any thread)."""
@@ -160,10 +180,11 @@ class SupervisedEngine:
         return EndedStream(self._unavailable())
 
     def _unavailable(self) -> TokenEvent:
-        return final_event(FinishReason.ERROR, f"engine unavailable ({self.state.value}): "
-                                               f"{self.last_failure}")
+        return final_event(
+            FinishReason.ERROR, f"engine unavailable ({self.state.value}): {self.last_failure}"
+        )
 
-    async def _wait_up(self, deferred: "_Deferred") -> None:
+    async def _wait_up(self, deferred: _Deferred) -> None:
         """Until the engine serves again, fails for good, the request is cancelled, or wait_s."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.policy.wait_s
@@ -177,7 +198,7 @@ class SupervisedEngine:
                 break  # changed while we registered
             try:
                 await asyncio.wait_for(fut, max(deadline - loop.time(), 0))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 break
             finally:
                 with self._lock:
@@ -199,8 +220,11 @@ class SupervisedEngine:
 
     def stats(self) -> EngineStats:
         stats = self.engine.stats()
-        stats.extra = {**(stats.extra or {}), "engine_restarts": float(self.restarts),
-                       "engine_up": float(self.healthy)}
+        stats.extra = {
+            **(stats.extra or {}),
+            "engine_restarts": float(self.restarts),
+            "engine_up": float(self.healthy),
+        }
         return stats
 
     def drain_steps(self) -> list[StepRecord]:
@@ -247,7 +271,7 @@ class _Deferred:
         self.waiter: tuple | None = None
         self.inner: AsyncIterator[TokenEvent] | None = None
 
-    def __aiter__(self) -> "_Deferred":
+    def __aiter__(self) -> _Deferred:
         return self
 
     async def __anext__(self) -> TokenEvent:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voicert.engine.core.kv_cache import BlockManager, OutOfBlocks, SeqBlocks
-from voicert.engine.models.llama import LlamaModel
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.core.sequence import Sequence
+from voicert.engine.models.llama import LlamaModel
 
 
 @dataclass(slots=True)
@@ -24,8 +24,9 @@ class DraftState:
 
 
 class DraftModelProposer:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
-                 torchscript: bool = False) -> None:
+    def __init__(
+        self, model: LlamaModel, num_blocks: int, block_size: int, torchscript: bool = False
+    ) -> None:
         self.runner = ModelRunner(model, num_blocks, block_size, torchscript=torchscript)
         self.blocks = BlockManager(num_blocks, block_size)
         self.state: dict[str, DraftState] = {}
@@ -56,8 +57,15 @@ class DraftModelProposer:
         if not live:
             return
         # catch up on everything the draft has not seen; the last position gives draft token 1
-        rows = [Row(seq.tokens[st.computed:], st.computed, st.blocks.table,
-                    len(seq.tokens) - st.computed - 1) for seq, st, _ in live]
+        rows = [
+            Row(
+                seq.tokens[st.computed :],
+                st.computed,
+                st.blocks.table,
+                len(seq.tokens) - st.computed - 1,
+            )
+            for seq, st, _ in live
+        ]
         firsts = self.runner.run_rows(rows)
         for (seq, st, _), out in zip(live, firsts):
             st.computed = len(seq.tokens)
@@ -67,8 +75,10 @@ class DraftModelProposer:
             active = [(seq, st) for seq, st, n in live if step < n]
             if not active:
                 break
-            rows = [Row([seq.draft[-1]], len(seq.tokens) + step - 1, st.blocks.table, 0)
-                    for seq, st in active]
+            rows = [
+                Row([seq.draft[-1]], len(seq.tokens) + step - 1, st.blocks.table, 0)
+                for seq, st in active
+            ]
             for (seq, _), out in zip(active, self.runner.run_rows(rows)):
                 seq.draft.append(out[0])
         # KV written for the drafts is not trusted: the next catch-up starts at len(tokens)

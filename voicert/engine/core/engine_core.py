@@ -24,12 +24,12 @@ from voicert.engine.core.draft import DraftModelProposer
 from voicert.engine.core.guided import GuideError, Guides, masked_argmax
 from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.kv_cache import BlockManager
-from voicert.engine.models.base import Model
 from voicert.engine.core.prompt import PromptBuilder
 from voicert.engine.core.runner import ModelRunner, Pending
 from voicert.engine.core.scheduler import Scheduler, Step
 from voicert.engine.core.sequence import Sequence
 from voicert.engine.core.tools import offered
+from voicert.engine.models.base import Model
 
 if TYPE_CHECKING:
     from voicert.engine.build import EngineConfig
@@ -88,10 +88,14 @@ class EngineCore:
         budget = self.cfg.max_context_tokens - request.max_new_tokens
         guide = self.guides.for_request(request)  # raises GuideError for an unusable schema
         tools = offered(request.tools, request.tool_choice)
-        prompt = (list(request.prompt_ids) if request.prompt_ids is not None
-                  else self.prompts.build(request.messages, budget, tools))
-        self.scheduler.add(Sequence(request, prompt, arrival_ns=time.perf_counter_ns(),
-                                    guide=guide))
+        prompt = (
+            list(request.prompt_ids)
+            if request.prompt_ids is not None
+            else self.prompts.build(request.messages, budget, tools)
+        )
+        self.scheduler.add(
+            Sequence(request, prompt, arrival_ns=time.perf_counter_ns(), guide=guide)
+        )
 
     def abort(self, request_id: str) -> list[TokenOut]:
         """Stop a request and free its state; its final record (``cancelled``), or nothing when the
@@ -125,8 +129,7 @@ class EngineCore:
         out.extend(self._postprocess(step, tokens, drafts, now, began))
         return out
 
-    def _schedule(self, now: int, out: list[TokenOut]
-                  ) -> tuple[Step | None, Pending | None, int]:
+    def _schedule(self, now: int, out: list[TokenOut]) -> tuple[Step | None, Pending | None, int]:
         """(the step, its launched work, when its work began): the one launched ahead (its work
         began when the step before it was read), else the scheduler's next, launched now.
         Requests that can never fit end here (into ``out``)."""
@@ -149,8 +152,7 @@ class EngineCore:
                     seq.draft = []  # picked under a mask, one token a step
         return step, self.runner.launch(step), now
 
-    def _run(self, step: Step, pending: Pending, run_ahead: bool
-             ) -> tuple[list[list[int]], list]:
+    def _run(self, step: Step, pending: Pending, run_ahead: bool) -> tuple[list[list[int]], list]:
         """Launch the next step behind this one where allowed, then wait for this one's tokens
         (per row; guided rows' picks under their grammars) and drafts."""
         if run_ahead and self.cfg.overlap and self.runner.graphs is not None:
@@ -166,8 +168,9 @@ class EngineCore:
             self.guide_ns += time.perf_counter_ns() - t0
         return result.tokens, result.drafts
 
-    def _postprocess(self, step: Step, tokens: list[list[int]], drafts: list, now: int,
-                     began: int) -> list[TokenOut]:
+    def _postprocess(
+        self, step: Step, tokens: list[list[int]], drafts: list, now: int, began: int
+    ) -> list[TokenOut]:
         """The scheduler takes the step's tokens (accepting drafts, finishing requests); the
         step is timed and recorded; its records go out."""
         emitted = self.scheduler.postprocess(step, tokens, drafts)
@@ -180,14 +183,17 @@ class EngineCore:
         self.scheduler.observe(step, (sampled_ns - began) / 1e9)  # a step's share of the pipeline
         self._read_ns = sampled_ns
         kind = "verify" if step.kind == "decode" and step.drafts else step.kind
-        self.step_records.append(StepRecord(kind, len(step.chunks) + len(step.seqs),
-                                            (sampled_ns - now) / 1e9))
+        self.step_records.append(
+            StepRecord(kind, len(step.chunks) + len(step.seqs), (sampled_ns - now) / 1e9)
+        )
         out: list[TokenOut] = []
         for seq, new in emitted:
             first = seq.num_generated - len(new)
             n_prompt = len(seq.prompt)
-            out.extend(TokenOut(seq.id, first + j, tok, sampled_ns, seq.prefill_start_ns, n_prompt)
-                       for j, tok in enumerate(new))
+            out.extend(
+                TokenOut(seq.id, first + j, tok, sampled_ns, seq.prefill_start_ns, n_prompt)
+                for j, tok in enumerate(new)
+            )
             if seq.finish_reason is not None:
                 out.append(self._end(seq, seq.finish_reason))
         return out
@@ -195,12 +201,16 @@ class EngineCore:
     def _guide_picks(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
         """Replace each guided row's greedy token that its grammar refuses by the best one it
         allows (in place; guided rows carry no drafts, so one token per row)."""
-        seqs = ([c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs)
-        refused = [i for i, seq in enumerate(seqs)
-                   if seq.guide is not None and tokens[i] and not seq.guide.allows(tokens[i][0])]
+        seqs = [c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs
+        refused = [
+            i
+            for i, seq in enumerate(seqs)
+            if seq.guide is not None and tokens[i] and not seq.guide.allows(tokens[i][0])
+        ]
         if refused:  # their logits, their masks: one batch
-            best = masked_argmax([seqs[i].guide for i in refused], pending.logits_rows(refused),
-                                 self.guides.executor)
+            best = masked_argmax(
+                [seqs[i].guide for i in refused], pending.logits_rows(refused), self.guides.executor
+            )
             for i, tok in zip(refused, best):
                 tokens[i][0] = tok
 
@@ -237,8 +247,14 @@ class EngineCore:
     def load(self) -> EngineLoad:
         """A snapshot of the figures other threads may read (take it on the core's thread)."""
         sched, spec = self.scheduler, self.scheduler.spec
-        return EngineLoad(len(sched.waiting), len(sched.running), self.blocks.stats.hit_ratio,
-                          spec.acceptance_rate, spec.mean_accepted_length, self.blocks.available)
+        return EngineLoad(
+            len(sched.waiting),
+            len(sched.running),
+            self.blocks.stats.hit_ratio,
+            spec.acceptance_rate,
+            spec.mean_accepted_length,
+            self.blocks.available,
+        )
 
     def drain_steps(self) -> list[StepRecord]:
         """The steps since the last call (for metrics; the most recent 8192 at most)."""
@@ -251,5 +267,13 @@ class EngineCore:
         """Free the engine-side state of a finished sequence; its final record."""
         if self.drafter is not None:
             self.drafter.release(seq.id)
-        return TokenOut(seq.id, seq.num_generated, -1, time.perf_counter_ns(),
-                        seq.prefill_start_ns or 0, len(seq.prompt), reason, error)
+        return TokenOut(
+            seq.id,
+            seq.num_generated,
+            -1,
+            time.perf_counter_ns(),
+            seq.prefill_start_ns or 0,
+            len(seq.prompt),
+            reason,
+            error,
+        )

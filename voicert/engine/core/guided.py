@@ -44,8 +44,9 @@ class TokenBytes:
         from transformers.convert_slow_tokenizer import bytes_to_unicode
 
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
-        special = set(tokenizer.all_special_ids) | set(getattr(tokenizer, "added_tokens_decoder",
-                                                               {}) or ())
+        special = set(tokenizer.all_special_ids) | set(
+            getattr(tokenizer, "added_tokens_decoder", {}) or ()
+        )
         pieces = tokenizer.convert_ids_to_tokens(list(range(min(len(tokenizer), vocab_size))))
         self.tokens = [_piece_bytes(p, i in special, byte_of) for i, p in enumerate(pieces)]
         self.tokens += [b""] * (vocab_size - len(self.tokens))  # the model's padding ids
@@ -87,7 +88,7 @@ class Guide:
     def allows(self, token: int) -> bool:
         return self.matcher.validate_tokens([token]) == 1
 
-    def pick(self, token: int, logits: "torch.Tensor | None") -> int:
+    def pick(self, token: int, logits: torch.Tensor | None) -> int:
         """The token to keep: ``token`` (the greedy pick over all tokens) when the grammar allows
         it, else the argmax of ``logits`` ([V] float, on any device) over the allowed tokens.
         ``logits`` is only read in the second case; it may be a callable returning them."""
@@ -123,8 +124,12 @@ def masked_argmax(guides: list[Guide], logits: torch.Tensor, executor=None) -> l
     words = -(-vocab // 32)
     packed = np.empty((len(guides), words), dtype=np.int32)  # [R, W]
     if executor is not None and len(guides) >= PARALLEL_ROWS:
-        executor.unsafe_compute_mask_ptr([(g.matcher, i) for i, g in enumerate(guides)],
-                                         packed.ctypes.data, words * 4, len(guides))
+        executor.unsafe_compute_mask_ptr(
+            [(g.matcher, i) for i, g in enumerate(guides)],
+            packed.ctypes.data,
+            words * 4,
+            len(guides),
+        )
     else:
         for i, guide in enumerate(guides):
             guide.matcher.unsafe_compute_mask_ptr(packed[i].ctypes.data, words * 4)
@@ -164,13 +169,19 @@ class Guides:
 
             ll = llguidance.hf.from_tokenizer(self.tokenizer, n_vocab=self.vocab_size)
             if not round_trips(ll, self.tokenizer):
-                log.warning("guided decoding: llguidance misread tokenizer.json; reading the "
-                            "tokens' bytes instead")
-                ll = llguidance.LLTokenizer(llguidance.TokenizerWrapper(
-                    TokenBytes(self.tokenizer, self.vocab_size)), n_vocab=self.vocab_size)
+                log.warning(
+                    "guided decoding: llguidance misread tokenizer.json; reading the "
+                    "tokens' bytes instead"
+                )
+                ll = llguidance.LLTokenizer(
+                    llguidance.TokenizerWrapper(TokenBytes(self.tokenizer, self.vocab_size)),
+                    n_vocab=self.vocab_size,
+                )
                 if not round_trips(ll, self.tokenizer):
-                    raise GuideError("this tokenizer's tokens cannot be read as bytes: tool "
-                                     "calls cannot be decoded under their schemas")
+                    raise GuideError(
+                        "this tokenizer's tokens cannot be read as bytes: tool "
+                        "calls cannot be decoded under their schemas"
+                    )
             self._ll = ll
         return self._ll
 
@@ -178,8 +189,9 @@ class Guides:
         """The Lark grammar ``request`` is decoded under, or None."""
         if not request.tools:
             return None
-        return call_grammar(request.tools, request.tool_choice, self.call_format,
-                            request.parallel_tool_calls)
+        return call_grammar(
+            request.tools, request.tool_choice, self.call_format, request.parallel_tool_calls
+        )
 
     def for_request(self, request: GenerationRequest) -> Guide | None:
         """Raises GuideError for a grammar llguidance cannot compile."""

@@ -36,8 +36,13 @@ class DraftHeads(nn.Module):
         return torch.stack([hidden + F.silu(p(hidden)) for p in self.proj])
 
 
-def load_heads(path: str | Path, hidden_size: int, vocab_size: int, dtype: torch.dtype,
-               device: str | torch.device) -> DraftHeads:
+def load_heads(
+    path: str | Path,
+    hidden_size: int,
+    vocab_size: int,
+    dtype: torch.dtype,
+    device: str | torch.device,
+) -> DraftHeads:
     """Heads from a safetensors file (``proj.{i}.weight`` / ``.bias``, metadata ``vocab_size``).
     Raises ValueError when they were made for another hidden size or vocabulary."""
     from safetensors import safe_open
@@ -45,13 +50,15 @@ def load_heads(path: str | Path, hidden_size: int, vocab_size: int, dtype: torch
     path = Path(path)
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata() or {}
-        state = {k: f.get_tensor(k) for k in f.keys()}
+        state = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not iterable
     n = len([k for k in state if k.endswith(".weight")])
     if n == 0 or state["proj.0.weight"].shape != (hidden_size, hidden_size):
         raise ValueError(f"{path}: draft heads do not fit a model of hidden size {hidden_size}")
     if int(meta.get("vocab_size", vocab_size)) != vocab_size:
-        raise ValueError(f"{path}: draft heads were trained for a vocabulary of "
-                         f"{meta['vocab_size']}, the model has {vocab_size}")
+        raise ValueError(
+            f"{path}: draft heads were trained for a vocabulary of "
+            f"{meta['vocab_size']}, the model has {vocab_size}"
+        )
     heads = DraftHeads(hidden_size, n)
     heads.load_state_dict(state)
     return heads.to(device=device, dtype=dtype).eval()

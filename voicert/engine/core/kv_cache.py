@@ -100,7 +100,7 @@ class BlockManager:
         bs = self.block_size
         ids, h = [], -1
         for i in range((len(tokens) - 1) // bs):
-            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
             nh = chain_hash(h, chunk)
             bid = self.cached.get(nh)
             if bid is None or self.blocks[bid].tokens != chunk:
@@ -143,7 +143,7 @@ class BlockManager:
         bs = self.block_size
         while (seq.registered + 1) * bs <= num_computed:
             i = seq.registered
-            chunk = tuple(tokens[i * bs:(i + 1) * bs])
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
             h = chain_hash(seq.last_hash, chunk)
             bid = seq.table[i]
             block = self.blocks[bid]

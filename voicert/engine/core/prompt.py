@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import collections
 
-from voicert.core.chat import ChatMessage
-from voicert.core.chat import ToolSpec
-from voicert.engine.core.tools import call_format, hermes_system_block, template_message, template_supports_tools
+from voicert.core.chat import ChatMessage, ToolSpec
+from voicert.engine.core.tools import (
+    call_format,
+    hermes_system_block,
+    template_message,
+    template_supports_tools,
+)
 
 
 def stop_token_ids(tokenizer, model_config) -> set[int]:
@@ -50,14 +54,18 @@ class PromptBuilder:
         tools, native = self._tools, self.native_tools
         if tools and not native:  # the tools go into the system prompt, in the Hermes convention
             block = hermes_system_block(tools)
-            msgs = ([ChatMessage("system", msgs[0].content + block), *msgs[1:]]
-                    if msgs and msgs[0].role == "system" else [ChatMessage("system", block.lstrip()),
-                                                               *msgs])
-        rendered = [template_message(m.role, m.content, m.tool_calls, m.tool_call_id, native)
-                    for m in msgs]
+            msgs = (
+                [ChatMessage("system", msgs[0].content + block), *msgs[1:]]
+                if msgs and msgs[0].role == "system"
+                else [ChatMessage("system", block.lstrip()), *msgs]
+            )
+        rendered = [
+            template_message(m.role, m.content, m.tool_calls, m.tool_call_id, native) for m in msgs
+        ]
         extra = {"tools": [t.openai() for t in tools]} if tools and native else {}
-        ids = self.tok.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True,
-                                           return_dict=False, **extra)
+        ids = self.tok.apply_chat_template(
+            rendered, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
+        )
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)
@@ -71,9 +79,14 @@ class PromptBuilder:
         key = m
         cost = self._costs.get(key)
         if cost is None:
-            cost = len(self._text_tokens(m)) + self._overhead + sum(
-                len(self.tok.encode(c.arguments, add_special_tokens=False)) + 16
-                for c in m.tool_calls)
+            cost = (
+                len(self._text_tokens(m))
+                + self._overhead
+                + sum(
+                    len(self.tok.encode(c.arguments, add_special_tokens=False)) + 16
+                    for c in m.tool_calls
+                )
+            )
             self._costs[key] = cost
             if len(self._costs) > self._max:
                 self._costs.popitem(last=False)
@@ -84,8 +97,9 @@ class PromptBuilder:
     def _text_tokens(self, m: ChatMessage) -> list[int]:
         return self.tok.encode(m.content, add_special_tokens=False)
 
-    def build(self, messages: list[ChatMessage], budget: int,
-              tools: list[ToolSpec] | None = None) -> list[int]:
+    def build(
+        self, messages: list[ChatMessage], budget: int, tools: list[ToolSpec] | None = None
+    ) -> list[int]:
         """The prompt ids (see the class doc). ``tools``: the functions offered to the model, shown
         as the template shows them (or in the system prompt, when it cannot)."""
         self._tools = list(tools or ())

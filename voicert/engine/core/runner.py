@@ -12,9 +12,9 @@ import torch
 
 from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.kv_cache import SCRATCH_BLOCK
+from voicert.engine.core.scheduler import Step, bucket
 from voicert.engine.models.layers import pool_row
 from voicert.engine.models.llama import AttnInputs, LlamaModel
-from voicert.engine.core.scheduler import Step, bucket
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,15 @@ class StepOutput:
 
 def rows_for(step: Step) -> list[Row]:
     if step.kind == "prefill":
-        return [Row(c.seq.tokens[c.start:c.end], c.start, c.seq.blocks.table,
-                    (c.end - c.start - 1) if c.samples else (c.end - c.start)) for c in step.chunks]
+        return [
+            Row(
+                c.seq.tokens[c.start : c.end],
+                c.start,
+                c.seq.blocks.table,
+                (c.end - c.start - 1) if c.samples else (c.end - c.start),
+            )
+            for c in step.chunks
+        ]
     return [Row([s.tokens[-1], *s.draft], len(s.tokens) - 1, s.blocks.table, 0) for s in step.seqs]
 
 
@@ -49,12 +56,21 @@ PREFILL_BATCHES = (1, 2, 4, 8, 16)  # rows of a prefill step (graphs with rows *
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int,
-                 cuda_graphs: bool = False, max_batch: int = 64, max_context: int = 2048,
-                 widths: tuple[int, ...] = (1,),
-                 prefill_budget: int = 512, prefill_rows: int = 16,
-                 heads: DraftHeads | None = None, torchscript: bool = False,
-                 kv_dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        num_blocks: int,
+        block_size: int,
+        cuda_graphs: bool = False,
+        max_batch: int = 64,
+        max_context: int = 2048,
+        widths: tuple[int, ...] = (1,),
+        prefill_budget: int = 512,
+        prefill_rows: int = 16,
+        heads: DraftHeads | None = None,
+        torchscript: bool = False,
+        kv_dtype: torch.dtype | None = None,
+    ) -> None:
         """``kv_dtype``: the KV pool's dtype (None: the model's; torch.float8_e4m3fn or
         torch.int8: llm.kv_cache fp8 / int8, written rounded and read widened: models/layers.py,
         kernels.py)."""
@@ -67,9 +83,16 @@ class ModelRunner:
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.kv_dtype = kv_dtype or self.dtype
-        shape = (cfg.num_layers, num_blocks, block_size, cfg.num_kv_heads,
-                 pool_row(cfg.head_dim, self.kv_dtype))
-        self.k_pool = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)  # [layers, NB, BS, KVH, D]
+        shape = (
+            cfg.num_layers,
+            num_blocks,
+            block_size,
+            cfg.num_kv_heads,
+            pool_row(cfg.head_dim, self.kv_dtype),
+        )
+        self.k_pool = torch.zeros(
+            shape, dtype=self.kv_dtype, device=self.device
+        )  # [layers, NB, BS, KVH, D]
         self.v_pool = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
         self.eager_steps = {"prefill": 0, "decode": 0}  # steps no captured graph could take
@@ -80,14 +103,22 @@ class ModelRunner:
             self.graphs = StepGraphs(self, batches, list(widths), max_context, sample_last=False)
             pw = [w for w in PREFILL_LADDER if w < prefill_budget] + [prefill_budget]
             rows = [b for b in PREFILL_BATCHES if b < prefill_rows] + [max(prefill_rows, 1)]
-            self.prefill_graphs = StepGraphs(self, rows, pw, max_context,
-                                             sample_last=True, max_tokens=prefill_budget)
+            self.prefill_graphs = StepGraphs(
+                self, rows, pw, max_context, sample_last=True, max_tokens=prefill_budget
+            )
 
     @staticmethod
     def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
         cfg = model.cfg
         elem = torch.tensor([], dtype=dtype).element_size()
-        return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * pool_row(cfg.head_dim, dtype) * elem
+        return (
+            2
+            * cfg.num_layers
+            * block_size
+            * cfg.num_kv_heads
+            * pool_row(cfg.head_dim, dtype)
+            * elem
+        )
 
     def layout(self, rows: list[Row], batch: int, blocks: int, width: int):
         """Row-major int64 lists (ids, positions, slots, tables) padded to [batch, width] and
@@ -111,9 +142,11 @@ class ModelRunner:
         mb = max(-(-(r.start + len(r.tokens)) // self.block_size) for r in rows)
         ids, pos, slots, tables = self.layout(rows, len(rows), mb, q)
         dev = self.device
-        inp = AttnInputs(positions=torch.tensor(pos, device=dev),  # [B, Q]
-                         slots=torch.tensor(slots, device=dev).view(-1),  # [B*Q]
-                         block_tables=torch.tensor(tables, device=dev))  # [B, MB]
+        inp = AttnInputs(
+            positions=torch.tensor(pos, device=dev),  # [B, Q]
+            slots=torch.tensor(slots, device=dev).view(-1),  # [B*Q]
+            block_tables=torch.tensor(tables, device=dev),
+        )  # [B, MB]
         return torch.tensor(ids, device=dev), inp
 
     def run(self, step: Step) -> list[list[int]]:
@@ -126,7 +159,7 @@ class ModelRunner:
         return self.launch(step).result()
 
     @torch.inference_mode()
-    def launch(self, step: Step) -> "Pending":
+    def launch(self, step: Step) -> Pending:
         """Start the step's forward; its tokens come from the returned handle's ``result()``.
         A step replayed from a CUDA graph is only queued on the GPU (the host is free until it
         asks for the result); one that no graph fits runs eagerly here and is done."""
@@ -143,7 +176,7 @@ class ModelRunner:
         return Pending(output=self.forward_rows(rows))
 
     @torch.inference_mode()
-    def launch_ahead(self, step: Step, after: "Pending") -> "Pending | None":
+    def launch_ahead(self, step: Step, after: Pending) -> Pending | None:
         """Queue the decode step that follows ``after`` (just launched), before ``after``'s
         tokens are read. Row i of ``step`` is row i of ``after`` and has its width (1 + drafts):
         it feeds, on the GPU, the greedy token after ``after``'s last accepted draft and (with
@@ -216,20 +249,25 @@ class TracedForward:
     def __init__(self, fn) -> None:
         self.fn = fn
 
-    def __call__(self, ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
-                 v_pool: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
+    ) -> torch.Tensor:
         return self.fn(ids, inp.positions, inp.slots, inp.block_tables, k_pool, v_pool)
 
 
-def traced_forward(model: LlamaModel, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                   block_size: int):
+def traced_forward(model: LlamaModel, k_pool: torch.Tensor, v_pool: torch.Tensor, block_size: int):
     """A :class:`TracedForward` of ``model`` (traced on a one-token row that writes the scratch
     slot), or the model itself when tracing fails (logged). Shapes are not baked in: the trace
     records them as size ops, so any batch, width and block-table length runs through it."""
     scratch = SCRATCH_BLOCK * block_size
-    example = (torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long),
-               torch.full((1,), scratch, dtype=torch.long),
-               torch.full((1, 1), SCRATCH_BLOCK, dtype=torch.long), k_pool, v_pool)
+    example = (
+        torch.zeros(1, 1, dtype=torch.long),
+        torch.zeros(1, 1, dtype=torch.long),
+        torch.full((1,), scratch, dtype=torch.long),
+        torch.full((1, 1), SCRATCH_BLOCK, dtype=torch.long),
+        k_pool,
+        v_pool,
+    )
     try:
         with torch.inference_mode():
             traced = torch.jit.trace(_Unpacked(model).eval(), example, check_trace=False)
@@ -244,7 +282,7 @@ class Pending:
     """A launched step. ``result()`` waits for it (the step's one host sync) and reads its tokens."""
 
     output: StepOutput | None = None  # set when done
-    graphs: "StepGraphs | None" = None
+    graphs: StepGraphs | None = None
     rows: list[Row] | None = None
     width: int = 0
     slot: int = 0  # which pinned staging / output buffers it used
@@ -262,8 +300,9 @@ class Pending:
         its first sampled token from. Valid after :meth:`result` and until the next step is
         launched; for a step the scheduler marked ``guided``."""
         if self.eager_logits is not None:
-            at = torch.tensor([self.eager_at[(r, 0)] for r in rows],
-                              device=self.eager_logits.device)
+            at = torch.tensor(
+                [self.eager_at[(r, 0)] for r in rows], device=self.eager_logits.device
+            )
             return self.eager_logits.index_select(0, at)
         return self.graphs.logits_rows(self, rows)
 
@@ -285,8 +324,15 @@ class StepGraphs:
     (``stash``). Two sets of pinned buffers alternate, so staging step N + 1 never overwrites the
     inputs of step N before its copy has run, nor its output before the host has read it."""
 
-    def __init__(self, runner: ModelRunner, batches: list[int], widths: list[int], max_context: int,
-                 sample_last: bool, max_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        batches: list[int],
+        widths: list[int],
+        max_context: int,
+        sample_last: bool,
+        max_tokens: int = 8192,
+    ) -> None:
         self.runner = runner
         self.max_tokens = max_tokens
         self.sample_last = sample_last
@@ -301,8 +347,14 @@ class StepGraphs:
         # ids/pos/slots/src [MB*W] each, tables [MB*MBK], last [MB]. out [MB*W] is separate.
         # src[i * W] >= 0: row i takes its inputs from that row of the previous replay's
         # results (feed_step); -1: the staged ones.
-        sizes = {"ids": mb * mw, "pos": mb * mw, "slots": mb * mw, "src": mb * mw,
-                 "tables": mb * mbk, "last": mb}
+        sizes = {
+            "ids": mb * mw,
+            "pos": mb * mw,
+            "slots": mb * mw,
+            "src": mb * mw,
+            "tables": mb * mbk,
+            "last": mb,
+        }
         self.offsets: dict[str, int] = {}
         total = 0
         for name, n in sizes.items():
@@ -312,7 +364,7 @@ class StepGraphs:
         self.host = [torch.zeros(total, dtype=torch.long).pin_memory() for _ in range(2)]
         self.host_np = [h.numpy() for h in self.host]
         for name, n in sizes.items():
-            setattr(self, name, self.packed[self.offsets[name]: self.offsets[name] + n])
+            setattr(self, name, self.packed[self.offsets[name] : self.offsets[name] + n])
         self.src.fill_(-1)  # warm-up and capture run on these buffers: feed nothing there
         # out[0]: greedy tokens; out[1 + i]: draft head i's guesses (with heads)
         nh = runner.heads.num_heads if runner.heads is not None else 0
@@ -321,8 +373,9 @@ class StepGraphs:
         vocab = runner.model.cfg.vocab_size
         self.head_out = torch.empty((1 + nh) * mb * mw * vocab, dtype=runner.dtype, device=dev)
         self.acc = torch.zeros(mb, dtype=torch.long, device=dev)  # drafts accepted per row
-        self.out_host = [torch.zeros(1 + nh, mb * mw, dtype=torch.long).pin_memory()
-                         for _ in range(2)]
+        self.out_host = [
+            torch.zeros(1 + nh, mb * mw, dtype=torch.long).pin_memory() for _ in range(2)
+        ]
         self.done = [torch.cuda.Event() for _ in range(2)]
         self.turn = 0  # which set of pinned buffers (and event) the next launch uses
         self.latest: Pending | None = None  # the last launch (its tokens are in self.out)
@@ -333,17 +386,27 @@ class StepGraphs:
         ids = self.ids[: b * w].view(b, w)
         kern = self.runner.model.use_kernels
         if not self.sample_last:  # decode: inputs fed from the previous replay's results
-            feed_step(ids, self.pos[: b * w].view(b, w), self.slots[: b * w].view(b, w),
-                      self.src[: b * w].view(b, w), self.tables[: b * nblk].view(b, nblk),
-                      self.out, self.acc, self.runner.block_size, kern)
-        inp = AttnInputs(self.pos[: b * w].view(b, w), self.slots[: b * w],
-                         self.tables[: b * nblk].view(b, nblk))
+            feed_step(
+                ids,
+                self.pos[: b * w].view(b, w),
+                self.slots[: b * w].view(b, w),
+                self.src[: b * w].view(b, w),
+                self.tables[: b * nblk].view(b, nblk),
+                self.out,
+                self.acc,
+                self.runner.block_size,
+                kern,
+            )
+        inp = AttnInputs(
+            self.pos[: b * w].view(b, w), self.slots[: b * w], self.tables[: b * nblk].view(b, nblk)
+        )
         h = forward(ids, inp, self.runner.k_pool, self.runner.v_pool)  # [b, w, hidden]
         if self.sample_last:
             h = h[torch.arange(b, device=h.device), self.last[:b]]  # [b, hidden]
         h = self.runner.with_heads(h.reshape(-1, h.shape[-1]))  # [1 + heads, N, hidden]
         head_out = self.head_out[: h.shape[0] * h.shape[1] * self.vocab].view(
-            h.shape[0], h.shape[1], self.vocab)  # [1 + heads, N, V]
+            h.shape[0], h.shape[1], self.vocab
+        )  # [1 + heads, N, V]
         self.runner.model.greedy(h, out=self.out[:, : h.shape[1]], head_out=head_out)
         if not self.sample_last:  # what the next step, if fed from this one, starts from
             accept_counts(ids, self.out[0], self.acc, kern)
@@ -399,9 +462,15 @@ class StepGraphs:
         ids, pos, slots, tables = self.runner.layout(rows, b, nblk, w)
         src = [-1] * (b * w)
         if fed:
-            src[: n * w: w] = range(n)
-        staged = {"ids": ids, "pos": pos, "slots": slots, "src": src, "tables": tables,
-                  "last": [len(r.tokens) - 1 for r in rows] + [0] * (b - n)}
+            src[: n * w : w] = range(n)
+        staged = {
+            "ids": ids,
+            "pos": pos,
+            "slots": slots,
+            "src": src,
+            "tables": tables,
+            "last": [len(r.tokens) - 1 for r in rows] + [0] * (b - n),
+        }
         last = self.latest
         if last is not None and last.output is None and not last.copied:
             self.stash(last)  # not read yet: the replay below overwrites its output on the GPU
@@ -411,7 +480,7 @@ class StepGraphs:
         for name, values in staged.items():
             flat = np.asarray(values, dtype=np.int64).reshape(-1)
             at = self.offsets[name]
-            host_np[at: at + flat.size] = flat
+            host_np[at : at + flat.size] = flat
         self.packed.copy_(self.host[slot], non_blocking=True)  # one H2D copy
         self.graphs[(b, nblk, w)].replay()
         self.latest = Pending(graphs=self, rows=rows, width=w, slot=slot)
@@ -447,7 +516,9 @@ class StepGraphs:
         assert pending is self.latest, "logits are only kept for the latest replay"
         width = 1 if self.sample_last else pending.width
         flat = torch.tensor([r * width for r in rows], device=self.head_out.device)
-        table = self.head_out[: self.head_out.numel() // self.vocab * self.vocab].view(-1, self.vocab)
+        table = self.head_out[: self.head_out.numel() // self.vocab * self.vocab].view(
+            -1, self.vocab
+        )
         return table.index_select(0, flat)
 
     def collect(self, pending: Pending) -> StepOutput:
@@ -457,25 +528,37 @@ class StepGraphs:
         best = self.tokens(pending)
         if self.sample_last:
             keep = [r.sample_from < len(r.tokens) for r in rows]
-            return StepOutput([[t] if k else [] for t, k in zip(best[0], keep)],
-                              [[[d[i] for d in best[1:]]] if k else [] for i, k in enumerate(keep)]
-                              if heads else None)
+            return StepOutput(
+                [[t] if k else [] for t, k in zip(best[0], keep)],
+                [[[d[i] for d in best[1:]]] if k else [] for i, k in enumerate(keep)]
+                if heads
+                else None,
+            )
         spans = [(i * w, i * w + len(r.tokens)) for i, r in enumerate(rows)]
-        return StepOutput([best[0][a:z] for a, z in spans],
-                          [[[d[p] for d in best[1:]] for p in range(a, z)] for a, z in spans]
-                          if heads else None)
+        return StepOutput(
+            [best[0][a:z] for a, z in spans],
+            [[[d[p] for d in best[1:]] for p in range(a, z)] for a, z in spans] if heads else None,
+        )
 
 
-def feed_step(ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, src: torch.Tensor,
-              tables: torch.Tensor, out: torch.Tensor, acc: torch.Tensor, block_size: int,
-              use_kernels: bool) -> None:
+def feed_step(
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    src: torch.Tensor,
+    tables: torch.Tensor,
+    out: torch.Tensor,
+    acc: torch.Tensor,
+    block_size: int,
+    use_kernels: bool,
+) -> None:
     """``kernels.feed_step`` (one launch), or the same in torch ops when the kernels are off."""
     if use_kernels:
         from voicert.engine.gpu import kernels
 
         kernels.feed_step(ids, pos, slots, src, tables, out, acc, block_size)
         return
-    b, w = ids.shape
+    _b, w = ids.shape
     fed = src[:, :1] >= 0  # [B, 1]
     j = src[:, 0].clamp(min=0)
     n = acc.index_select(0, j).unsqueeze(1)  # [B, 1]
@@ -486,8 +569,9 @@ def feed_step(ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, src: to
     slots.copy_(torch.where(fed, page * block_size + pos % block_size, slots))
 
 
-def accept_counts(ids: torch.Tensor, out: torch.Tensor, acc: torch.Tensor,
-                  use_kernels: bool) -> None:
+def accept_counts(
+    ids: torch.Tensor, out: torch.Tensor, acc: torch.Tensor, use_kernels: bool
+) -> None:
     """``kernels.accept_counts``, or the same in torch ops when the kernels are off."""
     if use_kernels:
         from voicert.engine.gpu import kernels

@@ -60,7 +60,8 @@ class Step:
     def guided(self) -> bool:
         """A row of the step decodes under a grammar (the runner keeps its logits readable)."""
         return any(c.seq.guide is not None for c in self.chunks) or any(
-            s.guide is not None for s in self.seqs)
+            s.guide is not None for s in self.seqs
+        )
 
 
 @dataclass(slots=True)
@@ -90,8 +91,13 @@ def bucket(value: int, ladder: tuple[int, ...] | list[int]) -> int | None:
 
 
 class Scheduler:
-    def __init__(self, blocks: BlockManager, cfg: SchedulerConfig, stop_ids: set[int],
-                 policy: SpecPolicy | None = None) -> None:
+    def __init__(
+        self,
+        blocks: BlockManager,
+        cfg: SchedulerConfig,
+        stop_ids: set[int],
+        policy: SpecPolicy | None = None,
+    ) -> None:
         """``policy`` decides, per decode step, whether it carries drafts (default: every step
         with ``spec_tokens`` > 0 does)."""
         self.blocks = blocks
@@ -268,12 +274,15 @@ class Scheduler:
             return None  # (a guided row's token may be replaced after the step: fed would be wrong)
         if self.drafts_for(len(step.seqs)) != k:
             return None
-        if len(self.running) != len(step.seqs) or any(len(s.draft) != k or s.remaining < 2 * k + 2
-                                                      or s.status is not Status.DECODE
-                                                      for s in step.seqs):
+        if len(self.running) != len(step.seqs) or any(
+            len(s.draft) != k or s.remaining < 2 * k + 2 or s.status is not Status.DECODE
+            for s in step.seqs
+        ):
             return None
-        need = sum(self.blocks.blocks_for(len(s.tokens) + 2 * k + 1) - len(s.blocks.table)
-                   for s in step.seqs)
+        need = sum(
+            self.blocks.blocks_for(len(s.tokens) + 2 * k + 1) - len(s.blocks.table)
+            for s in step.seqs
+        )
         if need > self.blocks.available:
             return None
         for s in step.seqs:
@@ -309,8 +318,9 @@ class Scheduler:
 
     # ---------------------------------------------------------------- results
 
-    def postprocess(self, step: Step, sampled: list[list[int]],
-                    drafts: list[list[list[int]]] | None = None) -> list[tuple[Sequence, list[int]]]:
+    def postprocess(
+        self, step: Step, sampled: list[list[int]], drafts: list[list[list[int]]] | None = None
+    ) -> list[tuple[Sequence, list[int]]]:
         """Apply one step's argmax tokens (one list per row: prefill rows that sample give one
         token; decode rows give len(draft) + 1) and, with draft heads, their guesses at each of
         those positions. Returns (sequence, tokens to emit) for every row that produced tokens;

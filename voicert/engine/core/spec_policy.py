@@ -53,7 +53,7 @@ class _Recent:
     thread on the host, a busy moment), so the low end is where a kind's cost shows, and one
     good probe outweighs a warm-up's slow steps."""
 
-    __slots__ = ("samples", "n")
+    __slots__ = ("n", "samples")
 
     def __init__(self, size: int = 12) -> None:
         self.samples: collections.deque[float] = collections.deque(maxlen=size)
@@ -99,8 +99,15 @@ class SpecPolicy:
     """Decides the drafts per row (``k`` or 0) of each decode step. :meth:`drafts` is pure (the
     scheduler may ask twice for one step); :meth:`observe` takes each decode step's outcome."""
 
-    def __init__(self, k: int, mode: SpecMode = SpecMode.ADAPTIVE, warm: int = 3,
-                 probe_every: int = 100, probe_len: int = 4, alpha: float = 0.1) -> None:
+    def __init__(
+        self,
+        k: int,
+        mode: SpecMode = SpecMode.ADAPTIVE,
+        warm: int = 3,
+        probe_every: int = 100,
+        probe_len: int = 4,
+        alpha: float = 0.1,
+    ) -> None:
         """``warm``: timed steps of each kind a bucket measures before choosing;
         ``probe_every``: steps of the winning kind between two runs of the other; ``probe_len``:
         steps in such a run; ``alpha``: the acceptance average's weight of one verify step.
@@ -109,10 +116,10 @@ class SpecPolicy:
         of kind costs the first step of the new kind its overlap with the one before (a step
         launched ahead keeps its predecessor's width), which is the cost of switching, not of
         the kind."""
-        if (k < 0 or warm < 1 or probe_every < 2 or probe_len < 2
-                or not 0.0 < alpha <= 1.0):
-            raise ValueError("SpecPolicy: k >= 0, warm >= 1, probe_every >= 2, probe_len >= 2, "
-                             "0 < alpha <= 1")
+        if k < 0 or warm < 1 or probe_every < 2 or probe_len < 2 or not 0.0 < alpha <= 1.0:
+            raise ValueError(
+                "SpecPolicy: k >= 0, warm >= 1, probe_every >= 2, probe_len >= 2, 0 < alpha <= 1"
+            )
         self.k = k
         self.mode = mode
         self.warm = warm
@@ -197,7 +204,14 @@ class SpecPolicy:
 
     def table(self) -> list[SpecDecision]:
         """Per bucket seen: both step times (ms, 0 where not measured) and the current choice."""
-        return [SpecDecision(key, b.plain.value * 1e3, b.spec.value * 1e3,
-                             self._speculate(b) if b.spec.n >= self.warm and b.plain.n >= self.warm
-                             else self.drafts(key) > 0)
-                for key, b in sorted(self.buckets.items())]
+        return [
+            SpecDecision(
+                key,
+                b.plain.value * 1e3,
+                b.spec.value * 1e3,
+                self._speculate(b)
+                if b.spec.n >= self.warm and b.plain.n >= self.warm
+                else self.drafts(key) > 0,
+            )
+            for key, b in sorted(self.buckets.items())
+        ]

@@ -4,8 +4,9 @@ target forward, keep the longest prefix the target agrees with plus the target's
 from __future__ import annotations
 
 
-def ngram_propose(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1,
-                  window: int = 1024) -> list[int]:
+def ngram_propose(
+    tokens: list[int], k: int, max_n: int = 4, min_n: int = 1, window: int = 1024
+) -> list[int]:
     """Prompt lookup: find the most recent earlier occurrence of the last n tokens (longest n first,
     within the last ``window`` tokens) and propose the (up to) ``k`` tokens that followed it."""
     if k <= 0:
@@ -13,12 +14,12 @@ def ngram_propose(tokens: list[int], k: int, max_n: int = 4, min_n: int = 1,
     seq = tokens[-window:]
     size = len(seq)
     for n in range(min(max_n, size - 1), min_n - 1, -1):
-        suffix = seq[size - n:]
+        suffix = seq[size - n :]
         first = suffix[0]
         # scan right to left for an earlier match that is followed by at least one token
         for i in range(size - n - 1, -1, -1):
-            if seq[i] == first and seq[i:i + n] == suffix:
-                draft = seq[i + n:i + n + k]
+            if seq[i] == first and seq[i : i + n] == suffix:
+                draft = seq[i + n : i + n + k]
                 if draft:
                     return draft
     return []

@@ -48,8 +48,12 @@ def template_supports_tools(chat_template: str | None) -> bool:
 
 def _call_schema(tool: ToolSpec, fmt: CallFormat) -> dict:
     key = "parameters" if fmt is CallFormat.LLAMA3 else "arguments"
-    return {"type": "object", "properties": {"name": {"const": tool.name}, key: tool.schema},
-            "required": ["name", key], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool.name}, key: tool.schema},
+        "required": ["name", key],
+        "additionalProperties": False,
+    }
 
 
 def _calls_schema(tools: list[ToolSpec], fmt: CallFormat) -> str:
@@ -71,8 +75,9 @@ def offered(tools: tuple[ToolSpec, ...], choice: ToolChoice) -> list[ToolSpec]:
     return list(tools)
 
 
-def call_grammar(tools: tuple[ToolSpec, ...], choice: ToolChoice, fmt: CallFormat,
-                 parallel: bool = True) -> str | None:
+def call_grammar(
+    tools: tuple[ToolSpec, ...], choice: ToolChoice, fmt: CallFormat, parallel: bool = True
+) -> str | None:
     """The llguidance Lark grammar a reply is decoded under, or None (no tool may be called).
 
     AUTO: free text, or (HERMES) free text then calls, each call's JSON held to its tool's schema
@@ -108,29 +113,38 @@ def hermes_system_block(tools: list[ToolSpec]) -> str:
     """What a system prompt gains when the chat template cannot show tools itself (the Hermes
     function-calling convention, which Qwen2.5 and SmolLM2 were tuned on)."""
     listed = "\n".join(json.dumps(t.openai(), sort_keys=True) for t in tools)
-    return ("\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{listed}\n</tools>\n\n"
-            "For each function call, return a json object with function name and arguments "
-            "within <tool_call></tool_call> XML tags:\n"
-            '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
-            "</tool_call>")
+    return (
+        "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{listed}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments "
+        "within <tool_call></tool_call> XML tags:\n"
+        '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
+        "</tool_call>"
+    )
 
 
 def hermes_call_text(calls: tuple[ToolCall, ...]) -> str:
     """An assistant's calls written as the HERMES format writes them."""
-    return "\n".join(f'{HERMES_OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": '
-                     f"{c.arguments}}}\n{HERMES_CLOSE}" for c in calls)
+    return "\n".join(
+        f'{HERMES_OPEN}\n{{"name": {json.dumps(c.name)}, "arguments": '
+        f"{c.arguments}}}\n{HERMES_CLOSE}"
+        for c in calls
+    )
 
 
-def template_message(role: str, content: str, calls: tuple[ToolCall, ...], call_id: str,
-                     native: bool) -> dict[str, Any]:
+def template_message(
+    role: str, content: str, calls: tuple[ToolCall, ...], call_id: str, native: bool
+) -> dict[str, Any]:
     """One message as a chat template takes it. ``native``: the template renders tool calls and
     tool results itself; else they are written into the text (HERMES)."""
     if role == "assistant" and calls:
         if native:
-            return {"role": "assistant", "content": content,
-                    "tool_calls": [c.openai() for c in calls]}
+            return {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [c.openai() for c in calls],
+            }
         text = hermes_call_text(calls)
         return {"role": "assistant", "content": f"{content}\n{text}" if content else text}
     if role == "tool":

@@ -21,8 +21,9 @@ import torch
 from voicert.engine.models.layers import AttnInputs
 
 
-def unavailable(device: torch.device | str, dtype: torch.dtype,
-                kv_dtype: torch.dtype | None = None) -> str | None:
+def unavailable(
+    device: torch.device | str, dtype: torch.dtype, kv_dtype: torch.dtype | None = None
+) -> str | None:
     """Why FlashAttention-4 cannot run prefill attention here, or None when it can
     (``kv_dtype``: the KV pool's, which it reads in place; None: ``dtype``)."""
     device = torch.device(device)
@@ -33,8 +34,10 @@ def unavailable(device: torch.device | str, dtype: torch.dtype,
     if dtype not in (torch.bfloat16, torch.float16):
         return f"it runs bf16 and fp16, not {str(dtype).removeprefix('torch.')}"
     if kv_dtype not in (None, dtype):
-        return (f"it reads the KV cache in place, and this cache holds "
-                f"{str(kv_dtype).removeprefix('torch.')} (llm.kv_cache)")
+        return (
+            f"it reads the KV cache in place, and this cache holds "
+            f"{str(kv_dtype).removeprefix('torch.')} (llm.kv_cache)"
+        )
     try:
         from flash_attn.cute import flash_attn_varlen_func  # noqa: F401
     except Exception as exc:  # ImportError, or its CuTe DSL / CUDA libraries failing to load
@@ -55,14 +58,22 @@ class FlashRows:
         self.real = (width < self.used_q.unsqueeze(1)).view(*pos.shape, 1, 1)  # [B, Q, 1, 1]
         self.table = inp.block_tables.to(torch.int32)  # [B, MB]
 
-    def __call__(self, layer, q: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
-                 v_pool: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, layer, q: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
+    ) -> torch.Tensor:
         """q [B, Q, H, D] (rotated) over k_pool / v_pool [NB, BS, KVH, D] -> [B, Q, H * D]."""
         from flash_attn.cute import flash_attn_varlen_func
 
         b, q_len, h, d = q.shape
-        out = flash_attn_varlen_func(q.contiguous(), k_pool, v_pool, seqused_q=self.used_q,
-                                     seqused_k=self.used_k, page_table=self.table,
-                                     max_seqlen_q=q_len, causal=True)
+        out = flash_attn_varlen_func(
+            q.contiguous(),
+            k_pool,
+            v_pool,
+            seqused_q=self.used_q,
+            seqused_k=self.used_k,
+            page_table=self.table,
+            max_seqlen_q=q_len,
+            causal=True,
+        )
         out = out[0] if isinstance(out, tuple) else out  # [B, Q, H, D]
         return torch.where(self.real, out, 0.0).view(b, q_len, h * d)

@@ -36,8 +36,8 @@ unquantized model on the embedded SmolLM2's real weights, and ``python -m voicer
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from importlib import resources
-from typing import Callable
 
 import torch
 from torch import nn
@@ -61,8 +61,9 @@ def _to_grid(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * scale
 
 
-def _round_block(wb: torch.Tensor, hb: torch.Tensor, scale: torch.Tensor, q: torch.Tensor,
-                 errs: torch.Tensor) -> None:
+def _round_block(
+    wb: torch.Tensor, hb: torch.Tensor, scale: torch.Tensor, q: torch.Tensor, errs: torch.Tensor
+) -> None:
     """GPTQ within one block of B columns of L stacked weights, in place, columns as rows (so
     each one is contiguous): wb [L, B, N] float32 (the block's weights, updated as columns are
     rounded), hb [L, B, B] (their parts of the upper Cholesky factors of H^-1), scale [L, N] ->
@@ -113,9 +114,13 @@ def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
-def gptq_weights(ws: list[torch.Tensor], hessians: list[torch.Tensor], damp: float = 0.01,
-                 block: int = 32, graphs: dict | None = None
-                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def gptq_weights(
+    ws: list[torch.Tensor],
+    hessians: list[torch.Tensor],
+    damp: float = 0.01,
+    block: int = 32,
+    graphs: dict | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """GPTQ rounding of L weights of one shape together. ws: L x [N, K] (any float dtype);
     hessians: L x [K, K] (E[x x^T] of each one's inputs) -> L x (FP8 weights [N, K], float32
     scales [N]): the scales of :func:`quantize_weight`, the values rounded with GPTQ's error
@@ -159,8 +164,13 @@ def gptq_weights(ws: list[torch.Tensor], hessians: list[torch.Tensor], damp: flo
     return out
 
 
-def gptq_weight(w: torch.Tensor, hessian: torch.Tensor, damp: float = 0.01, block: int = 32,
-                graphs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def gptq_weight(
+    w: torch.Tensor,
+    hessian: torch.Tensor,
+    damp: float = 0.01,
+    block: int = 32,
+    graphs: dict | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`gptq_weights` of one weight w [N, K] with the moments of its inputs [K, K]."""
     return gptq_weights([w], [hessian], damp, block, graphs)[0]
 
@@ -171,8 +181,9 @@ def calibration_rows(tokenizer) -> list[list[int]]:
     from voicert.core.chat import ChatMessage
     from voicert.engine.core.prompt import build_prompt
 
-    doc = json.loads(resources.files("voicert.engine").joinpath(
-        "data/fp8_calibration.json").read_text())
+    doc = json.loads(
+        resources.files("voicert.engine").joinpath("data/fp8_calibration.json").read_text()
+    )
     rows = [tokenizer(t)["input_ids"] for t in doc["texts"]]
     for user, reply in doc["chats"]:
         prompt = build_prompt(tokenizer, [ChatMessage("user", user)], 4096)
@@ -197,8 +208,9 @@ def calibration_forward(model: nn.Module, tokenizer, block_size: int = 16) -> Ca
     return forward
 
 
-def input_moments(linears: list[nn.Linear],
-                  forward: Callable[[], None]) -> dict[nn.Linear, torch.Tensor]:
+def input_moments(
+    linears: list[nn.Linear], forward: Callable[[], None]
+) -> dict[nn.Linear, torch.Tensor]:
     """E[x x^T] [K, K] (float32) of the inputs of each of ``linears``, over every token that
     ``forward()`` feeds the model they belong to (inference tensors when ``forward`` runs under
     ``torch.inference_mode``, as the engine's runner does: read them without autograd)."""
@@ -227,7 +239,9 @@ class Fp8Linear(nn.Module):
     """A Linear layer over FP8 weights with per-output-channel float32 scales. Contract: input
     [..., K] in the model's dtype; output [..., N] in the input's dtype."""
 
-    def __init__(self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None) -> None:
+    def __init__(
+        self, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None
+    ) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight)  # [N, K] float8_e4m3fn
@@ -236,8 +250,9 @@ class Fp8Linear(nn.Module):
         self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
 
     @classmethod
-    def from_linear(cls, lin: nn.Linear,
-                    rounded: tuple[torch.Tensor, torch.Tensor] | None = None) -> "Fp8Linear":
+    def from_linear(
+        cls, lin: nn.Linear, rounded: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> Fp8Linear:
         """``lin`` over FP8 weights: ``rounded`` (FP8 weights [N, K], scales [N], e.g. from
         :func:`gptq_weights`), or its weights rounded to the nearest e4m3 values."""
         q, scale = rounded or quantize_weight(lin.weight)
@@ -273,19 +288,26 @@ STACK_BYTES = 1 << 30  # GPTQ: work memory of the weights rounded together in on
 
 def _layer_linears(model: nn.Module) -> list[list[tuple[nn.Module, str, nn.Linear]]]:
     """Per layer of ``model.layers``: (parent, attribute, Linear) of each Linear in it."""
-    return [[(child, attr, sub) for child in layer.modules()
-             for attr, sub in child.named_children() if isinstance(sub, nn.Linear)]
-            for layer in model.layers]
+    return [
+        [
+            (child, attr, sub)
+            for child in layer.modules()
+            for attr, sub in child.named_children()
+            if isinstance(sub, nn.Linear)
+        ]
+        for layer in model.layers
+    ]
 
 
-def _groups(layers: list[list[tuple[nn.Module, str, nn.Linear]]],
-            budget: int) -> list[list[nn.Linear]]:
+def _groups(
+    layers: list[list[tuple[nn.Module, str, nn.Linear]]], budget: int
+) -> list[list[nn.Linear]]:
     """Consecutive layers' Linears, in groups whose input moments (K x K float32 each) fit in
     ``budget`` bytes (at least one layer a group)."""
     groups: list[list[nn.Linear]] = []
     used = budget
     for layer in layers:
-        size = sum(4 * lin.in_features ** 2 for _, _, lin in layer)
+        size = sum(4 * lin.in_features**2 for _, _, lin in layer)
         if used + size > budget:
             groups.append([])
             used = 0
@@ -305,12 +327,13 @@ def _by_shape(linears: list[nn.Linear], budget: int = STACK_BYTES) -> list[list[
     for same in shapes.values():
         n, k = same[0].weight.shape
         per = max(1, budget // (4 * (3 * n * k + 2 * k * k)))
-        stacks.extend(same[i:i + per] for i in range(0, len(same), per))
+        stacks.extend(same[i : i + per] for i in range(0, len(same), per))
     return stacks
 
 
-def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None,
-                 moment_bytes: int = MOMENT_BYTES) -> int:
+def quantize_fp8(
+    model: nn.Module, calibrate: Callable[[], None] | None = None, moment_bytes: int = MOMENT_BYTES
+) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` by an :class:`Fp8Linear`;
     returns how many. ``calibrate``: a function that runs the (unquantized) model forward over
     calibration text (see :func:`calibration_forward`); given, the weights are rounded with GPTQ
@@ -325,8 +348,9 @@ def quantize_fp8(model: nn.Module, calibrate: Callable[[], None] | None = None,
     for group in _groups(layers, moment_bytes) if calibrate is not None else []:
         moments = input_moments(group, calibrate)
         for same in _by_shape(group):  # e.g. every layer's qkv of the group, rounded together
-            results = gptq_weights([lin.weight for lin in same], [moments.pop(lin) for lin in same],
-                                   graphs=graphs)
+            results = gptq_weights(
+                [lin.weight for lin in same], [moments.pop(lin) for lin in same], graphs=graphs
+            )
             rounded.update(zip(same, results))
     count = 0
     for layer in layers:

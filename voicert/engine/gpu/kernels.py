@@ -52,6 +52,7 @@ from triton.language.extra import libdevice
 
 try:  # griddepcontrol, for programmatic dependent launch (Triton 3.6 has it)
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
     HAS_GDC = True
 except ImportError:  # older Triton: the kernels run, launched plainly (pdl_supported is False)
     gdc_launch_dependents = gdc_wait = None
@@ -59,7 +60,9 @@ except ImportError:  # older Triton: the kernels run, launched plainly (pdl_supp
 
 from voicert.engine.gpu.fp8 import E4M3_MAX
 
-MAX_ATTN_ROWS = 64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
+MAX_ATTN_ROWS = (
+    64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
+)
 _SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
 _MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all in one load)
 # When a row's query rows (tokens x query heads per KV head) pass 16 (prefill, long verify rows):
@@ -99,16 +102,29 @@ def pdl_supported(device: torch.device | str) -> bool:
     import os
 
     dev = torch.device(device)
-    return (HAS_GDC and dev.type == "cuda" and torch.cuda.get_device_capability(dev)[0] >= 9
-            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
+    return (
+        HAS_GDC
+        and dev.type == "cuda"
+        and torch.cuda.get_device_capability(dev)[0] >= 9
+        and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    )
 
 
 # ----------------------------------------------------------------------------- RMSNorm
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
-                         HAS_RES: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    n_cols,
+    eps,
+    HAS_RES: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < n_cols
@@ -125,8 +141,13 @@ def _add_rms_norm_kernel(x_ptr, res_ptr, w_ptr, out_ptr, n_cols, eps,
     tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=m)
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
-                 eps: float, pdl: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    weight: torch.Tensor,
+    eps: float,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n] (contiguous). With ``residual`` (same shape): residual += x in place, and returns
     (rms_norm(residual) * weight, residual). Without: returns (rms_norm(x) * weight, x).
     ``pdl``: launch with programmatic dependent launch (only where :func:`pdl_supported`)."""
@@ -134,9 +155,19 @@ def add_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.T
     out = torch.empty_like(x)
     rows = x.numel() // n
     res = residual if residual is not None else x
-    _add_rms_norm_kernel[(rows,)](x, res, weight, out, n, eps, HAS_RES=residual is not None,
-                                  BLOCK=_pow2(n), PDL=pdl, num_warps=4 if n <= 4096 else 8,
-                                  launch_pdl=pdl)
+    _add_rms_norm_kernel[(rows,)](
+        x,
+        res,
+        weight,
+        out,
+        n,
+        eps,
+        HAS_RES=residual is not None,
+        BLOCK=_pow2(n),
+        PDL=pdl,
+        num_warps=4 if n <= 4096 else 8,
+        launch_pdl=pdl,
+    )
     return out, res
 
 
@@ -162,8 +193,9 @@ def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
     out = gate_up.new_empty(*gate_up.shape[:-1], inter)
     rows = gate_up.numel() // (2 * inter)
     block = min(1024, _pow2(inter))
-    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](gate_up, out, inter, BLOCK=block, PDL=pdl,
-                                                        launch_pdl=pdl)
+    _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
+        gate_up, out, inter, BLOCK=block, PDL=pdl, launch_pdl=pdl
+    )
     return out
 
 
@@ -171,10 +203,30 @@ def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
 
 
 @triton.jit
-def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, qn_ptr, kn_ptr,
-                    eps, n_rot, kvh_n, n_q_heads, n_pos, D: tl.constexpr, BLOCK_H: tl.constexpr,
-                    BLOCK_KV: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr,
-                    QK_NORM: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
+def _rope_kv_kernel(
+    qkv_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    slot_ptr,
+    k_ptr,
+    v_ptr,
+    qn_ptr,
+    kn_ptr,
+    eps,
+    n_rot,
+    kvh_n,
+    n_q_heads,
+    n_pos,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    KV_INT8: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
     _pdl_enter(PDL)
@@ -207,12 +259,16 @@ def _rope_kv_kernel(qkv_ptr, pos_ptr, cos_ptr, sin_ptr, slot_ptr, k_ptr, v_ptr, 
     vrow = v_ptr + slot * kvh_n * ROW + vh * ROW  # [BLOCK_KV]
     if KV_INT8:  # each head's row scaled by its largest magnitude / 127, the scale after the row
         k1, k2 = o1.to(tl.float32), o2.to(tl.float32)
-        ks = tl.maximum(tl.maximum(tl.max(tl.abs(k1), axis=1), tl.max(tl.abs(k2), axis=1)) / 127,
-                        1e-12)  # [BLOCK_H]
+        ks = tl.maximum(
+            tl.maximum(tl.max(tl.abs(k1), axis=1), tl.max(tl.abs(k2), axis=1)) / 127, 1e-12
+        )  # [BLOCK_H]
         tl.store(kdst, _int8(k1 / ks[:, None]), mask=km)
         tl.store(kdst + HALF, _int8(k2 / ks[:, None]), mask=km)
-        tl.store((krow + D).to(tl.pointer_type(tl.float32)), ks,
-                 mask=(heads >= n_q_heads) & (heads < n_rot))
+        tl.store(
+            (krow + D).to(tl.pointer_type(tl.float32)),
+            ks,
+            mask=(heads >= n_q_heads) & (heads < n_rot),
+        )
         vf = v.to(tl.float32)
         vs = tl.maximum(tl.max(tl.abs(vf), axis=1) / 127, 1e-12)  # [BLOCK_KV]
         tl.store(vrow[:, None] + dd[None, :], _int8(vf / vs[:, None]), mask=vm)
@@ -252,11 +308,19 @@ def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
     return x.to(pool_ptr.dtype.element_ty)
 
 
-def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
-                  sin: torch.Tensor, slots: torch.Tensor, k_pool: torch.Tensor,
-                  v_pool: torch.Tensor, num_heads: int, num_kv_heads: int,
-                  pdl: bool = False,
-                  qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None) -> None:
+def rope_kv_write(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    pdl: bool = False,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+) -> None:
     """qkv [T, (H + 2 KVH) * D] contiguous; positions [T] int64; cos/sin [P, D/2], the model's
     tables of cos and sin of each position's angles (positions past P - 1 read row P - 1: the
     caller keeps positions below P); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one
@@ -268,21 +332,50 @@ def rope_kv_write(qkv: torch.Tensor, positions: torch.Tensor, cos: torch.Tensor,
     n_rot = num_heads + num_kv_heads
     d = qkv.shape[-1] // (n_rot + num_kv_heads)
     q_w, k_w, eps = qk_norm if qk_norm is not None else (cos, cos, 0.0)
-    _rope_kv_kernel[(qkv.shape[0],)](qkv, positions, cos, sin, slots, k_pool, v_pool, q_w, k_w,
-                                     eps, n_rot, num_kv_heads, num_heads, cos.shape[0], D=d,
-                                     BLOCK_H=_pow2(n_rot), BLOCK_KV=_pow2(num_kv_heads),
-                                     KV_FP8=k_pool.dtype == torch.float8_e4m3fn,
-                                     KV_INT8=k_pool.dtype == torch.int8,
-                                     QK_NORM=qk_norm is not None, ROW=k_pool.shape[-1],
-                                     PDL=pdl, num_warps=4, launch_pdl=pdl)
+    _rope_kv_kernel[(qkv.shape[0],)](
+        qkv,
+        positions,
+        cos,
+        sin,
+        slots,
+        k_pool,
+        v_pool,
+        q_w,
+        k_w,
+        eps,
+        n_rot,
+        num_kv_heads,
+        num_heads,
+        cos.shape[0],
+        D=d,
+        BLOCK_H=_pow2(n_rot),
+        BLOCK_KV=_pow2(num_kv_heads),
+        KV_FP8=k_pool.dtype == torch.float8_e4m3fn,
+        KV_INT8=k_pool.dtype == torch.int8,
+        QK_NORM=qk_norm is not None,
+        ROW=k_pool.shape[-1],
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
 
 
 # ----------------------------------------------------------------------------- paged attention
 
 
 @triton.jit
-def _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS: tl.constexpr,
-             D: tl.constexpr, ROWS: tl.constexpr):
+def _combine(
+    part_ptr,
+    ml_ptr,
+    base,
+    active,
+    valid,
+    r,
+    d,
+    SPLITS: tl.constexpr,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+):
     """The ``active`` splits' partial results of one (sequence, KV head) merged, for the
     ``valid`` query rows: [ROWS, D] float32. Loads from L2 (``.cg``): the other programs' stores
     are not in this program's L1."""
@@ -293,18 +386,47 @@ def _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS: tl.constexpr,
     l_s = tl.load(ml_ptr + idx * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
     w = tl.exp(m - tl.max(m, axis=0)[None, :])  # [SPLITS, ROWS]
     l_all = tl.sum(w * l_s, axis=0)  # [ROWS]
-    acc = tl.load(part_ptr + idx[:, :, None] * D + d[None, None, :], mask=sm[:, :, None],
-                  other=0.0, cache_modifier=".cg")
+    acc = tl.load(
+        part_ptr + idx[:, :, None] * D + d[None, None, :],
+        mask=sm[:, :, None],
+        other=0.0,
+        cache_modifier=".cg",
+    )
     return tl.sum(w[:, :, None] * acc, axis=0) / tl.maximum(l_all, 1.0e-30)[:, None]
 
 
 @triton.jit
-def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_ptr, ml_ptr,
-                       count_ptr, q_len, n_q_heads, kvh_n, q_stride, max_blocks, split_keys,
-                       n_splits, tiles, scale, G: tl.constexpr, D: tl.constexpr,
-                       BS: tl.constexpr, ROWS: tl.constexpr, TILE: tl.constexpr,
-                       BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, IEEE: tl.constexpr,
-                       KV_INT8: tl.constexpr, ROW: tl.constexpr, PDL: tl.constexpr):
+def _paged_attn_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    pos_ptr,
+    out_ptr,
+    part_ptr,
+    ml_ptr,
+    count_ptr,
+    q_len,
+    n_q_heads,
+    kvh_n,
+    q_stride,
+    max_blocks,
+    split_keys,
+    n_splits,
+    tiles,
+    scale,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+    KV_INT8: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr,
+):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     t = tl.program_id(2) // n_splits  # this program's tile of TILE query tokens
@@ -315,8 +437,11 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
     valid = (r // G < TILE) & (qi < q_len)
     d = tl.arange(0, D)
     _pdl_enter(PDL)
-    q = tl.load(q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
-                mask=valid[:, None], other=0.0)  # [ROWS, D]
+    q = tl.load(
+        q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
+        mask=valid[:, None],
+        other=0.0,
+    )  # [ROWS, D]
     pos = tl.load(pos_ptr + b * q_len + qi, mask=valid, other=-1)  # last key each row may see
     last = tl.max(pos, axis=0)
     start = s * split_keys
@@ -333,8 +458,12 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         kv_off = kv_row[:, None] + d[None, :]
         k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0)  # [BLOCK_N, D]
         if KV_INT8:  # widened by each row's scale, stored after it
-            k = k.to(tl.float32) * tl.load((k_ptr + kv_row + D).to(tl.pointer_type(tl.float32)),
-                                           mask=km, other=0.0)[:, None]
+            k = (
+                k.to(tl.float32)
+                * tl.load((k_ptr + kv_row + D).to(tl.pointer_type(tl.float32)), mask=km, other=0.0)[
+                    :, None
+                ]
+            )
         k = k.to(q.dtype)
         if IEEE:
             sc = tl.dot(q, tl.trans(k), input_precision="ieee")
@@ -348,8 +477,12 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0)
         if KV_INT8:
-            v = v.to(tl.float32) * tl.load((v_ptr + kv_row + D).to(tl.pointer_type(tl.float32)),
-                                           mask=km, other=0.0)[:, None]
+            v = (
+                v.to(tl.float32)
+                * tl.load((v_ptr + kv_row + D).to(tl.pointer_type(tl.float32)), mask=km, other=0.0)[
+                    :, None
+                ]
+            )
         v = v.to(q.dtype)  # a one-byte pool's values widened
         if IEEE:
             acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
@@ -366,8 +499,7 @@ def _paged_attn_kernel(q_ptr, k_ptr, v_ptr, table_ptr, pos_ptr, out_ptr, part_pt
         active = tl.cdiv(last + 1, split_keys)  # splits holding keys; the rest have nothing
         if s < active:
             keep = valid[:, None]  # padded query rows are never read
-            tl.store(part_ptr + ((base + s) * ROWS + r)[:, None] * D + d[None, :], acc,
-                     mask=keep)
+            tl.store(part_ptr + ((base + s) * ROWS + r)[:, None] * D + d[None, :], acc, mask=keep)
             tl.store(ml_ptr + ((base + s) * ROWS + r) * 2, m_i, mask=valid)
             tl.store(ml_ptr + ((base + s) * ROWS + r) * 2 + 1, l_i, mask=valid)
         tl.debug_barrier()  # every thread's stores issued before the release below
@@ -395,10 +527,17 @@ def counters(device: torch.device | str, n: int = 4096) -> torch.Tensor:
     return torch.zeros(n, dtype=torch.int32, device=device)
 
 
-def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor,
-                    block_tables: torch.Tensor, positions: torch.Tensor, num_heads: int,
-                    num_kv_heads: int, count: torch.Tensor | None = None,
-                    pdl: bool = False) -> torch.Tensor:
+def paged_attention(
+    qkv: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    positions: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    count: torch.Tensor | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
     """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
     written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D]
     (qkv's dtype, or llm.kv_cache's float8_e4m3fn or int8 with scales, widened as read);
@@ -411,7 +550,7 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
     several per prefill row), and one split of the key axis: splits are added while the programs are fewer than
     an H100 has SMs, and the last split of each tile to finish merges them."""
     b, q_len = qkv.shape[:2]
-    nb, bs, kvh, row = k_pool.shape
+    _nb, bs, kvh, row = k_pool.shape
     d = qkv.shape[-1] // (num_heads + 2 * kvh)
     g = num_heads // num_kv_heads
     rows = max(16, _pow2(q_len * g))  # the step's tokens x the query heads of one KV head
@@ -437,11 +576,38 @@ def paged_attention(qkv: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tenso
         count = counters(qkv.device, programs)
     assert count.numel() >= programs or not split, "too few counters for the attention's tiles"
     _paged_attn_kernel[(b, kvh, tiles * splits)](
-        qkv, k_pool, v_pool, block_tables, positions, out, part, ml, count, q_len, num_heads,
-        kvh, qkv.shape[-1], block_tables.shape[1], split_keys, splits, tiles, d ** -0.5, G=g,
-        D=d, BS=bs, ROWS=rows, TILE=tile, BLOCK_N=block_n, SPLITS=_pow2(splits) if split else 1,
-        IEEE=qkv.dtype == torch.float32, KV_INT8=k_pool.dtype == torch.int8, ROW=row, PDL=pdl,
-        num_warps=4, launch_pdl=pdl)
+        qkv,
+        k_pool,
+        v_pool,
+        block_tables,
+        positions,
+        out,
+        part,
+        ml,
+        count,
+        q_len,
+        num_heads,
+        kvh,
+        qkv.shape[-1],
+        block_tables.shape[1],
+        split_keys,
+        splits,
+        tiles,
+        d**-0.5,
+        G=g,
+        D=d,
+        BS=bs,
+        ROWS=rows,
+        TILE=tile,
+        BLOCK_N=block_n,
+        SPLITS=_pow2(splits) if split else 1,
+        IEEE=qkv.dtype == torch.float32,
+        KV_INT8=k_pool.dtype == torch.int8,
+        ROW=row,
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
     return out
 
 
@@ -451,8 +617,19 @@ _ARGMAX_BLOCK = 4096  # logits per program
 
 
 @triton.jit
-def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, count_ptr, out_ptr, n_cols, inner, out_stride,
-                   BLOCK: tl.constexpr, CHUNKS: tl.constexpr, PDL: tl.constexpr):
+def _argmax_kernel(
+    x_ptr,
+    part_v_ptr,
+    part_i_ptr,
+    count_ptr,
+    out_ptr,
+    n_cols,
+    inner,
+    out_stride,
+    BLOCK: tl.constexpr,
+    CHUNKS: tl.constexpr,
+    PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1)
     chunks = tl.num_programs(1)
@@ -468,8 +645,9 @@ def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, count_ptr, out_ptr, n_cols, in
     if tl.atomic_add(count_ptr + row, 1, sem="acq_rel") == chunks - 1:
         k = tl.arange(0, CHUNKS)
         km = k < chunks
-        v = tl.load(part_v_ptr + row * chunks + k, mask=km, other=float("-inf"),
-                    cache_modifier=".cg")
+        v = tl.load(
+            part_v_ptr + row * chunks + k, mask=km, other=float("-inf"), cache_modifier=".cg"
+        )
         i = tl.load(part_i_ptr + row * chunks + k, mask=km, other=n_cols, cache_modifier=".cg")
         top = tl.max(v, axis=0)
         pick = tl.min(tl.where(v == top, i, n_cols), axis=0)  # ties: the lowest column
@@ -477,8 +655,12 @@ def _argmax_kernel(x_ptr, part_v_ptr, part_i_ptr, count_ptr, out_ptr, n_cols, in
         tl.atomic_xchg(count_ptr + row, 0)
 
 
-def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
-                out: torch.Tensor | None = None, pdl: bool = False) -> torch.Tensor:
+def argmax_rows(
+    x: torch.Tensor,
+    count: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
     """x [..., V] (contiguous) -> the index of each row's largest value, int64 [...] (ties: the
     first, as ``torch.argmax``). count: zeroed int32 counters, one per row (None: fresh ones).
     out: where to write, a [R // inner, inner] view with any row stride of a longer buffer.
@@ -495,21 +677,50 @@ def argmax_rows(x: torch.Tensor, count: torch.Tensor | None = None,
     chunks = triton.cdiv(n, _ARGMAX_BLOCK)
     part_v = torch.empty(rows * chunks, dtype=torch.float32, device=x.device)
     part_i = torch.empty(rows * chunks, dtype=torch.int32, device=x.device)
-    _argmax_kernel[(rows, chunks)](x, part_v, part_i, count, out2, n, out2.shape[1],
-                                   out2.stride(0), BLOCK=_ARGMAX_BLOCK, CHUNKS=_pow2(chunks),
-                                   PDL=pdl, num_warps=8, launch_pdl=pdl)
+    _argmax_kernel[(rows, chunks)](
+        x,
+        part_v,
+        part_i,
+        count,
+        out2,
+        n,
+        out2.shape[1],
+        out2.stride(0),
+        BLOCK=_ARGMAX_BLOCK,
+        CHUNKS=_pow2(chunks),
+        PDL=pdl,
+        num_warps=8,
+        launch_pdl=pdl,
+    )
     return out
-
 
 
 # ----------------------------------------------------------------------------- FP8 weights
 
 
 @triton.jit
-def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, M, N, K,
-                       stride_xm, k_per_split, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr,
-                       IEEE: tl.constexpr, SPLIT: tl.constexpr, BLOCK_M: tl.constexpr,
-                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr):
+def _fp8_linear_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    k_per_split,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -545,8 +756,9 @@ def _fp8_linear_kernel(x_ptr, w_ptr, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
             for sp in tl.static_range(SPLIT):
-                acc += tl.load(part_ptr + sp * M * N + at, mask=out_mask, other=0.0,
-                               cache_modifier=".cg")
+                acc += tl.load(
+                    part_ptr + sp * M * N + at, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
             _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
             tl.atomic_xchg(count_ptr + tile, 0)
     else:
@@ -562,8 +774,18 @@ def _fp8_dot(x, w, acc, IEEE: tl.constexpr):
 
 
 @triton.jit
-def _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE: tl.constexpr,
-                  HAS_BIAS: tl.constexpr):
+def _fp8_epilogue(
+    acc,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    at,
+    rn,
+    nm,
+    out_mask,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     if HAS_SCALE:
         acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)[None, :]
     if HAS_BIAS:
@@ -592,9 +814,15 @@ def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, 
     return bm, bn, bk, 4, 4, split
 
 
-def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
-               bias: torch.Tensor | None, count: torch.Tensor | None = None,
-               blocks: tuple[int, ...] | None = None, pdl: bool = False) -> torch.Tensor:
+def fp8_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None = None,
+    blocks: tuple[int, ...] | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
     w is in x's dtype and used as it is: a plain Linear for few rows through the same kernel
@@ -611,13 +839,18 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if (blocks is None and m > FP8_MMA_ROWS and x.dtype in (torch.bfloat16, torch.float16)
-            and w.dtype == torch.float8_e4m3fn and k % 16 == 0 and n % 16 == 0):
+    if (
+        blocks is None
+        and m > FP8_MMA_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and w.dtype == torch.float8_e4m3fn
+        and k % 16 == 0
+        and n % 16 == 0
+    ):
         return fp8_scaled_mm(x2, w, scale, bias, pdl).view(*x.shape[:-1], n)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     default = fp8_blocks(m, n, k, w.element_size())
-    bm, bn, bk, warps, stages, split = (tuple(blocks) + default[len(blocks):] if blocks
-                                        else default)
+    bm, bn, bk, warps, stages, split = tuple(blocks) + default[len(blocks) :] if blocks else default
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
     k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per_split)  # (rounding to whole tiles may leave fewer splits)
@@ -628,17 +861,37 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None,
             count = counters(x.device, grid_n * grid_m)
         assert count.numel() >= grid_n * grid_m
     _fp8_linear_kernel[(grid_n, grid_m, split)](
-        x2, w, w if scale is None else scale, w if bias is None else bias, out, part,
-        w if count is None else count, m, n, k, x2.stride(0), k_per_split,
-        HAS_SCALE=scale is not None, HAS_BIAS=bias is not None, IEEE=x.dtype == torch.float32,
-        SPLIT=split, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, PDL=pdl, num_warps=warps,
-        num_stages=stages, launch_pdl=pdl)
+        x2,
+        w,
+        w if scale is None else scale,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        k_per_split,
+        HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32,
+        SPLIT=split,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
     return out.view(*x.shape[:-1], n)
 
 
 @triton.jit
-def _fp8_rows_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, QMAX: tl.constexpr, BLOCK: tl.constexpr,
-                     PDL: tl.constexpr):
+def _fp8_rows_kernel(
+    x_ptr, q_ptr, s_ptr, K, stride_xm, QMAX: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     m = cols < K
@@ -657,13 +910,28 @@ def fp8_rows(x2: torch.Tensor, pdl: bool = False) -> tuple[torch.Tensor, torch.T
     m, k = x2.shape
     q = torch.empty(m, k, dtype=torch.float8_e4m3fn, device=x2.device)
     s = torch.empty(m, 1, dtype=torch.float32, device=x2.device)
-    _fp8_rows_kernel[(m,)](x2, q, s, k, x2.stride(0), QMAX=E4M3_MAX, BLOCK=_pow2(k), PDL=pdl,
-                           num_warps=4 if k <= 4096 else 8, launch_pdl=pdl)
+    _fp8_rows_kernel[(m,)](
+        x2,
+        q,
+        s,
+        k,
+        x2.stride(0),
+        QMAX=E4M3_MAX,
+        BLOCK=_pow2(k),
+        PDL=pdl,
+        num_warps=4 if k <= 4096 else 8,
+        launch_pdl=pdl,
+    )
     return q, s
 
 
-def fp8_scaled_mm(x2: torch.Tensor, w: torch.Tensor, scale: torch.Tensor,
-                  bias: torch.Tensor | None, pdl: bool = False) -> torch.Tensor:
+def fp8_scaled_mm(
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    pdl: bool = False,
+) -> torch.Tensor:
     """x2 [M, K] (bf16 or fp16) with FP8 weights w [N, K] on the FP8 tensor cores: the rows
     quantized to e4m3 with a scale each (:func:`fp8_rows`), then ``torch._scaled_mm`` with row-
     and column-wise scales -> [M, N] in x2's dtype. For many rows (prefill, wide batches), where
@@ -688,8 +956,9 @@ def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
     import json
     from importlib import resources
 
-    table = json.loads(resources.files("voicert.engine").joinpath("data/linear_tiles.json")
-                       .read_text())
+    table = json.loads(
+        resources.files("voicert.engine").joinpath("data/linear_tiles.json").read_text()
+    )
     shapes = table["devices"].get(gpu, {}).get(str(dtype).removeprefix("torch."), {})
     return {tuple(int(d) for d in key.split("x")): tuple(v) for key, v in shapes.items()}
 
@@ -698,8 +967,21 @@ def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
 
 
 @triton.jit
-def _feed_kernel(ids_ptr, pos_ptr, slot_ptr, src_ptr, table_ptr, out_ptr, acc_ptr, out_stride,
-                 n_out, max_blocks, W: tl.constexpr, BS: tl.constexpr, BLOCK_W: tl.constexpr):
+def _feed_kernel(
+    ids_ptr,
+    pos_ptr,
+    slot_ptr,
+    src_ptr,
+    table_ptr,
+    out_ptr,
+    acc_ptr,
+    out_stride,
+    n_out,
+    max_blocks,
+    W: tl.constexpr,
+    BS: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     i = tl.program_id(0).to(tl.int64)
     j = tl.load(src_ptr + i * W)
     if j >= 0:
@@ -725,8 +1007,16 @@ def _accept_kernel(ids_ptr, out_ptr, acc_ptr, W: tl.constexpr, BLOCK_W: tl.const
     tl.store(acc_ptr + i, first_miss.to(tl.int64))
 
 
-def feed_step(ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, src: torch.Tensor,
-              tables: torch.Tensor, out: torch.Tensor, acc: torch.Tensor, block_size: int) -> None:
+def feed_step(
+    ids: torch.Tensor,
+    pos: torch.Tensor,
+    slots: torch.Tensor,
+    src: torch.Tensor,
+    tables: torch.Tensor,
+    out: torch.Tensor,
+    acc: torch.Tensor,
+    block_size: int,
+) -> None:
     """A decode step's inputs taken from the previous step's results on the GPU, in place.
 
     ids/pos/slots/src [B, W] int64 (W = 1 + drafts per row); tables [B, MB]; out [1 + heads, N]
@@ -738,8 +1028,22 @@ def feed_step(ids: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, src: to
     pos - (W - 1) + n, and its KV slots follow through its block table. Rows with src < 0 keep
     their staged inputs."""
     b, w = ids.shape
-    _feed_kernel[(b,)](ids, pos, slots, src, tables, out, acc, out.stride(0), out.shape[0],
-                       tables.shape[1], W=w, BS=block_size, BLOCK_W=_pow2(w), num_warps=1)
+    _feed_kernel[(b,)](
+        ids,
+        pos,
+        slots,
+        src,
+        tables,
+        out,
+        acc,
+        out.stride(0),
+        out.shape[0],
+        tables.shape[1],
+        W=w,
+        BS=block_size,
+        BLOCK_W=_pow2(w),
+        num_warps=1,
+    )
 
 
 def accept_counts(ids: torch.Tensor, out: torch.Tensor, acc: torch.Tensor) -> None:

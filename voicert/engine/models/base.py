@@ -58,10 +58,15 @@ class Model(Protocol):
     triton_linear_rows: int
     linear_tiles: dict[tuple[int, int], tuple]
 
-    def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
-                v_pool: torch.Tensor) -> torch.Tensor: ...
+    def forward(
+        self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
+    ) -> torch.Tensor: ...
 
-    def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
-               head_out: torch.Tensor | None = None) -> torch.Tensor: ...
+    def greedy(
+        self,
+        hidden: torch.Tensor,
+        out: torch.Tensor | None = None,
+        head_out: torch.Tensor | None = None,
+    ) -> torch.Tensor: ...
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor: ...

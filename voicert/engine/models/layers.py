@@ -11,9 +11,10 @@ Shapes: B sequences, Q new tokens per sequence (right-padded), L = max_blocks * 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -48,8 +49,9 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torc
     return x * cos + torch.cat([x2, x1], dim=-1) * sin_signed
 
 
-def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
-                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sign-folded sin [B, Q, 1, D] of each position's angles (positions [B, Q],
     inv_freq [D/2] float32), in ``dtype`` as HF casts them: the inputs of :func:`rotate`."""
     freqs = positions.unsqueeze(-1).float() * inv_freq  # [B, Q, D/2]
@@ -94,8 +96,14 @@ class SdpaRows:
     def __init__(self, inp: AttnInputs, block_size: int, dtype: torch.dtype) -> None:
         self.mask = causal_mask(inp.positions, inp.block_tables.shape[1] * block_size, dtype)
 
-    def __call__(self, layer: "Attention", q: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
-                 v_pool: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self,
+        layer: Attention,
+        q: torch.Tensor,
+        inp: AttnInputs,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+    ) -> torch.Tensor:
         """q [B, Q, H, D] (rotated) -> [B, Q, H * D]."""
         return layer.attend(q, inp, self.mask, k_pool, v_pool)
 
@@ -153,16 +161,25 @@ class Attention(nn.Module):
     def __init__(self, cfg: LlamaConfig, norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        self.qkv = nn.Linear(cfg.hidden_size, (self.h + 2 * self.kvh) * self.d,
-                             bias=cfg.attention_bias)
+        self.qkv = nn.Linear(
+            cfg.hidden_size, (self.h + 2 * self.kvh) * self.d, bias=cfg.attention_bias
+        )
         self.o = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
         self.qk_norm = cfg.qk_norm  # Qwen3, Gemma 3: each head's q and k normalised before RoPE
         if self.qk_norm:
             self.q_norm = norm(self.d, cfg.rms_norm_eps)
             self.k_norm = norm(self.d, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, inp: AttnInputs,
-                mask: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        inp: AttnInputs,
+        mask: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+    ) -> torch.Tensor:
         # x: [B, Q, hidden]; k_pool/v_pool: [NB, BS, KVH, D] (this layer's slice of the pool)
         b, q_len, _ = x.shape
         h, kvh, d = self.h, self.kvh, self.d
@@ -171,14 +188,22 @@ class Attention(nn.Module):
         if self.qk_norm:
             qk = torch.cat([self.q_norm(qk[:, :, :h]), self.k_norm(qk[:, :, h:])], dim=2)
         qk = rotate(qk, cos, sin)  # q and k rotated together: [B, Q, H + KVH, D]
-        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh:]
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kvh :]
         write_kv(k_pool, inp.slots, k.reshape(-1, kvh, d))
         write_kv(v_pool, inp.slots, v.reshape(-1, kvh, d))
         return self.o(self.attend(q, inp, mask, k_pool, v_pool))
 
-    def attend_fused(self, qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor],
-                     inp: AttnInputs, wide: Callable | None, k_pool: torch.Tensor,
-                     v_pool: torch.Tensor, count: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    def attend_fused(
+        self,
+        qkv: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        inp: AttnInputs,
+        wide: Callable | None,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+        count: torch.Tensor,
+        pdl: bool = False,
+    ) -> torch.Tensor:
         """The attention between the two projections through the Triton kernels: qkv [B, Q,
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
         in one launch, then attention straight from the paged pool (``wide`` None: the caller
@@ -194,16 +219,33 @@ class Attention(nn.Module):
             if type(self.q_norm) is not RMSNorm:
                 raise NotImplementedError(f"fused q/k norms of {type(self.q_norm).__name__}")
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
-        kernels.rope_kv_write(qkv.view(b * q_len, -1), inp.positions.view(-1), *rope, inp.slots,
-                              k_pool, v_pool, h, kvh, pdl, norms)
+        kernels.rope_kv_write(
+            qkv.view(b * q_len, -1),
+            inp.positions.view(-1),
+            *rope,
+            inp.slots,
+            k_pool,
+            v_pool,
+            h,
+            kvh,
+            pdl,
+            norms,
+        )
         if wide is None:
-            return kernels.paged_attention(qkv, k_pool, v_pool, inp.block_tables, inp.positions,
-                                           h, kvh, count, pdl)
+            return kernels.paged_attention(
+                qkv, k_pool, v_pool, inp.block_tables, inp.positions, h, kvh, count, pdl
+            )
         q = qkv.view(b, q_len, h + 2 * kvh, d)[:, :, :h]  # rotated in place
         return wide(self, q, inp, k_pool, v_pool)
 
-    def attend(self, q: torch.Tensor, inp: AttnInputs, mask: torch.Tensor, k_pool: torch.Tensor,
-               v_pool: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        inp: AttnInputs,
+        mask: torch.Tensor,
+        k_pool: torch.Tensor,
+        v_pool: torch.Tensor,
+    ) -> torch.Tensor:
         """q [B, Q, H, D] over the pool's blocks of each sequence (gathered) -> [B, Q, H * D]."""
         b, q_len = q.shape[:2]
         h, kvh, d = self.h, self.kvh, self.d
@@ -217,13 +259,14 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(qf, keys, vals, attn_mask=mf)  # [B, KVH, Q*G, D]
             out = out.view(b, kvh, q_len, g, d).permute(0, 2, 1, 3, 4)  # [B, Q, KVH, G, D]
             return out.reshape(b, q_len, h * d)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), keys, vals, attn_mask=mask,
-                                             enable_gqa=h != kvh)  # [B, H, Q, D]
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), keys, vals, attn_mask=mask, enable_gqa=h != kvh
+        )  # [B, H, Q, D]
         return out.transpose(1, 2).reshape(b, q_len, h * d)
 
-
-    def gather(self, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor,
-               dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def gather(
+        self, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each sequence's keys and values from its blocks, in ``dtype``: two [B, KVH, L, D]."""
         b, mb = inp.block_tables.shape
         bs = k_pool.shape[1]
@@ -253,10 +296,15 @@ class Block(nn.Module):
         self.mlp = MLP(cfg)
 
 
-def load_hf(model_dir: str | Path, dtype: torch.dtype, device: str | torch.device,
-            from_hf: Callable[[dict], object], model_cls: Callable[[object], nn.Module],
-            hf_to_ours: Callable[[dict, object], dict],
-            rope_buffers: Callable[[object], dict[str, torch.Tensor]]) -> nn.Module:
+def load_hf(
+    model_dir: str | Path,
+    dtype: torch.dtype,
+    device: str | torch.device,
+    from_hf: Callable[[dict], object],
+    model_cls: Callable[[object], nn.Module],
+    hf_to_ours: Callable[[dict, object], dict],
+    rope_buffers: Callable[[object], dict[str, torch.Tensor]],
+) -> nn.Module:
     """An architecture's model from an HF checkpoint dir (config.json + *.safetensors): its
     config by ``from_hf``, built on the meta device, the weights renamed by ``hf_to_ours`` and
     assigned, the head tied when the config says so, and the RoPE buffers (``rope_buffers``:

@@ -17,8 +17,15 @@ from torch import nn
 
 from voicert.engine.gpu.flash import FlashRows
 from voicert.engine.gpu.fp8 import Fp8Linear
-from voicert.engine.models.layers import (AttnInputs, Block, RMSNorm, SdpaRows, causal_mask,
-                                          load_hf, rope_cos_sin)
+from voicert.engine.models.layers import (
+    AttnInputs,
+    Block,
+    RMSNorm,
+    SdpaRows,
+    causal_mask,
+    load_hf,
+    rope_cos_sin,
+)
 
 ROPE_TABLE_MAX = 1 << 17  # positions the fused kernels' RoPE tables hold at most
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -45,7 +52,7 @@ class LlamaConfig:
     qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k (head_dim) before RoPE
 
     @classmethod
-    def from_hf(cls, cfg: dict) -> "LlamaConfig":
+    def from_hf(cls, cfg: dict) -> LlamaConfig:
         """From an HF ``config.json`` dict (transformers 4.x and 5.x spellings)."""
         kind = cfg.get("model_type", "llama")
         if kind not in MODEL_TYPES:
@@ -53,25 +60,33 @@ class LlamaConfig:
         rope = cfg.get("rope_parameters") or {}
         theta = cfg.get("rope_theta", rope.get("rope_theta", 10000.0))
         scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type") == "llama3" else None)
-        if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in ("llama3",
-                                                                                         "default"):
+        if scaling is not None and scaling.get("rope_type", scaling.get("type")) not in (
+            "llama3",
+            "default",
+        ):
             raise ValueError(f"rope scaling {scaling} is not supported")
         partial = cfg.get("partial_rotary_factor", rope.get("partial_rotary_factor", 1.0))
         if partial != 1.0:  # (Phi-4-mini: RoPE on part of each head)
             raise ValueError(f"partial_rotary_factor {partial} is not supported (only 1.0)")
         heads = cfg["num_attention_heads"]
         return cls(
-            vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
-            num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads", heads),
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads", heads),
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6), rope_theta=float(theta),
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
             max_position=cfg.get("max_position_embeddings", 4096),
             tie_word_embeddings=cfg.get("tie_word_embeddings", False),
             attention_bias=cfg.get("attention_bias", kind == "qwen2"),
-            rope_scaling=scaling if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3"
+            rope_scaling=scaling
+            if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3"
             else None,
-            qk_norm=kind == "qwen3")
+            qk_norm=kind == "qwen3",
+        )
 
 
 def rope_inv_freq(cfg: LlamaConfig) -> torch.Tensor:
@@ -118,8 +133,9 @@ class LlamaModel(nn.Module):
         self._rope_tables: tuple[torch.Tensor, torch.Tensor] | None = None
         self._counters: torch.Tensor | None = None
 
-    def forward(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
-                v_pool: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
+    ) -> torch.Tensor:
         """input_ids: [B, Q]; k_pool/v_pool: [layers, NB, BS, KVH, D]. Returns hidden [B, Q, hidden]."""
         if self.use_kernels:
             return self._forward_fused(input_ids, inp, k_pool, v_pool)
@@ -138,8 +154,9 @@ class LlamaModel(nn.Module):
     def _mask(self, inp: AttnInputs, block_size: int) -> torch.Tensor:
         """Additive causal mask [B, 1, Q, L] over each row's gathered keys (L = MB * BS), in the
         model's dtype, built once per forward instead of in every layer."""
-        return causal_mask(inp.positions, inp.block_tables.shape[1] * block_size,
-                           self.embed.weight.dtype)
+        return causal_mask(
+            inp.positions, inp.block_tables.shape[1] * block_size, self.embed.weight.dtype
+        )
 
     def rope_tables(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [P, D/2] of every position's angles in the model's dtype, for the fused
@@ -150,8 +167,10 @@ class LlamaModel(nn.Module):
         if t is None or t[0].device != dev or t[0].dtype != dtype:
             n = min(self.cfg.max_position, ROPE_TABLE_MAX)
             freqs = torch.arange(n, device=dev).float().unsqueeze(-1) * self.inv_freq  # [P, D/2]
-            self._rope_tables = (freqs.cos().to(dtype).contiguous(),
-                                 freqs.sin().to(dtype).contiguous())
+            self._rope_tables = (
+                freqs.cos().to(dtype).contiguous(),
+                freqs.sin().to(dtype).contiguous(),
+            )
         return self._rope_tables
 
     def kernel_counters(self) -> torch.Tensor:
@@ -164,8 +183,9 @@ class LlamaModel(nn.Module):
             self._counters = kernels.counters(dev)
         return self._counters
 
-    def _forward_fused(self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor,
-                       v_pool: torch.Tensor) -> torch.Tensor:
+    def _forward_fused(
+        self, input_ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
+    ) -> torch.Tensor:
         """The layer stack through the Triton kernels: each residual add rides in the next
         RMSNorm's launch (``residual`` holds h; ``out`` is the sublayer output not yet added).
         A step launches no per-step setup kernels: RoPE reads the tables, and the paged attention
@@ -179,16 +199,21 @@ class LlamaModel(nn.Module):
         wide = None  # a prefill step's attention by FlashAttention or SDPA, built per forward
         group = cfg.num_heads // cfg.num_kv_heads
         if self.prefill_attention != "paged" and input_ids.shape[1] * group > kernels.MAX_ATTN_ROWS:
-            wide = (FlashRows(inp) if self.prefill_attention == "flash"
-                    else SdpaRows(inp, k_pool.shape[2], self.embed.weight.dtype))
+            wide = (
+                FlashRows(inp)
+                if self.prefill_attention == "flash"
+                else SdpaRows(inp, k_pool.shape[2], self.embed.weight.dtype)
+            )
         eps, pdl, lin = cfg.rms_norm_eps, self.pdl, self._linear
         out, residual = self.embed(input_ids), None
         for i, layer in enumerate(self.layers):
             x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps, pdl)
-            a = layer.attn.attend_fused(lin(layer.attn.qkv, x), rope, inp, wide, k_pool[i],
-                                        v_pool[i], count, pdl)
-            x, residual = kernels.add_rms_norm(lin(layer.attn.o, a), residual,
-                                               layer.mlp_norm.weight, eps, pdl)
+            a = layer.attn.attend_fused(
+                lin(layer.attn.qkv, x), rope, inp, wide, k_pool[i], v_pool[i], count, pdl
+            )
+            x, residual = kernels.add_rms_norm(
+                lin(layer.attn.o, a), residual, layer.mlp_norm.weight, eps, pdl
+            )
             out = lin(layer.mlp.down, kernels.silu_mul(lin(layer.mlp.gate_up, x), pdl))
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
 
@@ -201,20 +226,34 @@ class LlamaModel(nn.Module):
         if x.numel() // x.shape[-1] <= self.triton_linear_rows:
             from voicert.engine.gpu import kernels
 
-            return kernels.fp8_linear(x, lin.weight, None, lin.bias, self.kernel_counters(),
-                                      self.linear_tiles.get(tuple(lin.weight.shape)), self.pdl)
+            return kernels.fp8_linear(
+                x,
+                lin.weight,
+                None,
+                lin.bias,
+                self.kernel_counters(),
+                self.linear_tiles.get(tuple(lin.weight.shape)),
+                self.pdl,
+            )
         return lin(x)
 
-    def greedy(self, hidden: torch.Tensor, out: torch.Tensor | None = None,
-               head_out: torch.Tensor | None = None) -> torch.Tensor:
+    def greedy(
+        self,
+        hidden: torch.Tensor,
+        out: torch.Tensor | None = None,
+        head_out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """hidden [..., hidden] -> the greedy token of each row, int64 [...] (the argmax of
         :meth:`logits`; ties: the lowest id). With the fused kernels one launch picks from the
         LM head's output in place (no float32 copy of the logits); ``out``, if given, receives
         the tokens (a [rows, inner] view, see ``kernels.argmax_rows``). ``head_out``, if given,
         receives the LM head's output (contiguous, [..., vocab] in the model's dtype) so a caller
         can pick again from it under a mask (engine/core/guided.py); the same values either way."""
-        head = (self.lm_head(hidden) if head_out is None
-                else torch.matmul(hidden, self.lm_head.weight.t(), out=head_out))  # [..., V]
+        head = (
+            self.lm_head(hidden)
+            if head_out is None
+            else torch.matmul(hidden, self.lm_head.weight.t(), out=head_out)
+        )  # [..., V]
         count = self.kernel_counters() if self.use_kernels else None
         if count is not None and hidden.numel() // hidden.shape[-1] <= count.numel():
             from voicert.engine.gpu import kernels
@@ -230,7 +269,10 @@ class LlamaModel(nn.Module):
 
 def _hf_to_ours(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, torch.Tensor]:
     """Rename HF Llama weights and fuse q/k/v and gate/up."""
-    out = {"embed.weight": state["model.embed_tokens.weight"], "norm.weight": state["model.norm.weight"]}
+    out = {
+        "embed.weight": state["model.embed_tokens.weight"],
+        "norm.weight": state["model.norm.weight"],
+    }
     if not cfg.tie_word_embeddings:
         out["lm_head.weight"] = state["lm_head.weight"]
     for i in range(cfg.num_layers):
@@ -239,32 +281,46 @@ def _hf_to_ours(state: dict[str, torch.Tensor], cfg: LlamaConfig) -> dict[str, t
         out[f"layers.{i}.attn.qkv.weight"] = state.get(a + "qkv_proj.weight")  # Phi-3: fused
         if out[f"layers.{i}.attn.qkv.weight"] is None:
             out[f"layers.{i}.attn.qkv.weight"] = torch.cat(
-                [state[a + "q_proj.weight"], state[a + "k_proj.weight"], state[a + "v_proj.weight"]])
+                [state[a + "q_proj.weight"], state[a + "k_proj.weight"], state[a + "v_proj.weight"]]
+            )
         if cfg.attention_bias:
             out[f"layers.{i}.attn.qkv.bias"] = torch.cat(
-                [state[a + "q_proj.bias"], state[a + "k_proj.bias"], state[a + "v_proj.bias"]])
+                [state[a + "q_proj.bias"], state[a + "k_proj.bias"], state[a + "v_proj.bias"]]
+            )
         out[f"layers.{i}.attn.o.weight"] = state[a + "o_proj.weight"]
         if cfg.qk_norm:
             out[f"layers.{i}.attn.q_norm.weight"] = state[a + "q_norm.weight"]
             out[f"layers.{i}.attn.k_norm.weight"] = state[a + "k_norm.weight"]
         gate_up = state.get(p + "mlp.gate_up_proj.weight")  # Phi-3: fused, gate rows first
-        out[f"layers.{i}.mlp.gate_up.weight"] = gate_up if gate_up is not None else torch.cat(
-            [state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
+        out[f"layers.{i}.mlp.gate_up.weight"] = (
+            gate_up
+            if gate_up is not None
+            else torch.cat([state[p + "mlp.gate_proj.weight"], state[p + "mlp.up_proj.weight"]])
+        )
         out[f"layers.{i}.mlp.down.weight"] = state[p + "mlp.down_proj.weight"]
         out[f"layers.{i}.attn_norm.weight"] = state[p + "input_layernorm.weight"]
         out[f"layers.{i}.mlp_norm.weight"] = state[p + "post_attention_layernorm.weight"]
     return out
 
 
-def load_llama(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> LlamaModel:
+def load_llama(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> LlamaModel:
     """Build the model from an HF checkpoint dir (config.json + *.safetensors)."""
-    return load_hf(model_dir, dtype, device, LlamaConfig.from_hf, LlamaModel, _hf_to_ours,
-                   lambda cfg: {"inv_freq": rope_inv_freq(cfg)})
+    return load_hf(
+        model_dir,
+        dtype,
+        device,
+        LlamaConfig.from_hf,
+        LlamaModel,
+        _hf_to_ours,
+        lambda cfg: {"inv_freq": rope_inv_freq(cfg)},
+    )
 
 
-def random_llama(cfg: LlamaConfig, dtype: torch.dtype, device: str | torch.device,
-                 seed: int = 0) -> LlamaModel:
+def random_llama(
+    cfg: LlamaConfig, dtype: torch.dtype, device: str | torch.device, seed: int = 0
+) -> LlamaModel:
     """Random weights of a real architecture, for timing only (label results 'random weights')."""
     torch.manual_seed(seed)
     with torch.device(device):

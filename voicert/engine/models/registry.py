@@ -8,9 +8,9 @@ tests/engine (greedy equal to transformers, cached == uncached, batched == unbat
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -40,8 +40,9 @@ def architecture_for(model_type: str) -> Architecture:
     raise ValueError(f"model_type {model_type!r} is not supported (supported: {known})")
 
 
-def load_model(model_dir: str | Path, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> Model:
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> Model:
     """The model of an HF checkpoint dir (config.json + *.safetensors), by its model_type."""
     model_dir = Path(model_dir)
     config = model_dir / "config.json"
