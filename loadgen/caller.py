@@ -196,12 +196,12 @@ class Caller:
         except ConnectionClosed:
             reader.cancel()
             raise
-        first, done, audio = reader.result()
+        first, done, audio_at = reader.result()
         if first:
             sample.client_ttft_ms = (first - speech_end) / 1e6
             self._same_origin(sample, first)
-        if audio:
-            sample.client_ttfa_ms = (audio - speech_end) / 1e6
+        if audio_at:
+            sample.client_ttfa_ms = (audio_at - speech_end) / 1e6
         if done:
             sample.client_done_ms = (done - speech_end) / 1e6
         stats.turns.append(sample)

@@ -112,6 +112,28 @@ def frames_for(x: np.ndarray, rate: int, frame_ms: int = FRAME_MS) -> list[bytes
     return [encode_pcm16(x[i : i + n]) for i in range(0, x.size, n)]
 
 
+def _track(turn: TurnResult, ev: dict) -> bool:
+    """Fold one of the turn's server events into ``turn``; True once the turn is over (its
+    latency came, or its transcript was empty: nothing to answer)."""
+    kind = ev["type"]
+    if kind == "transcript.final":
+        turn.transcript = ev["text"]
+        return not ev["text"]
+    if kind == "response.token":
+        turn.reply += ev["text"]
+    elif kind == "response.audio":
+        audio = ev["audio"]
+        turn.audio += audio if isinstance(audio, bytes) else base64.b64decode(audio)
+        if ev["text"]:
+            turn.audio_pieces.append(ev["text"])
+    elif kind == "response.done":
+        turn.done = ev
+    elif kind == "turn.latency":
+        turn.latency = ev["stages"]
+        return True
+    return False
+
+
 async def stream_audio(
     url: str,
     turns: list[tuple[np.ndarray, int]],
@@ -171,29 +193,17 @@ async def stream_audio(
                 kind = ev["type"]
                 if kind == "vad.speech_started":
                     speech_heard.set()
-                tid = None if kind.startswith("vad.") else ev.get("turn_id")
-                if tid is not None and tid not in current:
-                    current[tid] = TurnResult(tid)
-                    result.turns.append(current[tid])
-                turn = current.get(tid)
-                if kind == "transcript.final":
-                    turn.transcript = ev["text"]
-                    if not ev["text"]:
-                        turn_done.set()
-                elif kind == "response.token":
-                    turn.reply += ev["text"]
-                elif kind == "response.audio":
-                    audio = ev["audio"]
-                    turn.audio += audio if isinstance(audio, bytes) else base64.b64decode(audio)
-                    if ev["text"]:
-                        turn.audio_pieces.append(ev["text"])
-                elif kind == "response.done":
-                    turn.done = ev
-                elif kind == "turn.latency":
-                    turn.latency = ev["stages"]
-                    turn_done.set()
-                elif kind == "error":
+                if kind == "error":
                     result.errors.append(ev)
+                tid = None if kind.startswith("vad.") else ev.get("turn_id")
+                if not isinstance(tid, int):
+                    continue
+                turn = current.get(tid)
+                if turn is None:
+                    turn = current[tid] = TurnResult(tid)
+                    result.turns.append(turn)
+                if _track(turn, ev):
+                    turn_done.set()
 
         read_task = asyncio.create_task(reader())
         silence = np.zeros(int(rate * trailing_silence_s), np.float32)

@@ -638,7 +638,7 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str) -> Any:
     for name, value in data.items():
         key = f"{prefix}.{name}" if prefix else name
         typ = hints[name]
-        if dataclasses.is_dataclass(typ):
+        if isinstance(typ, type) and dataclasses.is_dataclass(typ):
             kwargs[name] = _build(typ, value or {}, key)
         else:
             kwargs[name] = _coerce(value, typ, key)

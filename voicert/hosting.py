@@ -34,7 +34,7 @@ PRELOAD = (
 )
 
 
-def child_context() -> mp.context.BaseContext:
+def child_context() -> mp.context.SpawnContext | mp.context.ForkServerContext:
     """The multiprocessing context for voicert's child processes: forkserver with :data:`PRELOAD`
     where the platform has it, else spawn. Either way a child starts from a clean process, not
     a fork of this one (its threads, CUDA, event loop). A child gets the environment this

@@ -8,6 +8,7 @@ here; the session sends server events through ``emit``. Each turn runs in one ta
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -285,11 +286,11 @@ class Session:
             if kind == EARLY and self.turns.semantic and self.turns.turn.text_cue:
                 kind = FINAL  # the semantic verdict waits for it: the endpoint is behind it
             handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
-            handle.future.add_done_callback(lambda fut, i=action.decode_id: done(i, fut))
+            handle.future.add_done_callback(functools.partial(done, action.decode_id))
         elif isinstance(action, DropDecode):
-            handle = self.decodes.pop(action.decode_id, None)
-            if handle is not None:
-                handle.drop()  # a decode already running finishes and is ignored
+            dropped = self.decodes.pop(action.decode_id, None)
+            if dropped is not None:
+                dropped.drop()  # a decode already running finishes and is ignored
             warm_id = self.warm.pop(action.decode_id, None)
             if warm_id:
                 self.svc.engine.cancel(warm_id)
@@ -542,7 +543,7 @@ class Session:
         if not self.vad_cfg.barge_in:
             return
         self.playout.stop()
-        if self._replying():
+        if self.turn is not None and self._replying():
             self._cancel(self.turn, "interrupted")
 
     def _start_turn(self, ended: TurnEnded) -> None:
@@ -618,7 +619,7 @@ class Session:
         turn.cancel_reason = reason
         if turn.reply is not None and turn.reply.outcome is None:
             turn.reply.cancel(reason)
-        else:
+        elif turn.task is not None:
             turn.task.cancel()
 
     async def _run_turn(self, turn: Turn, asr: AsrHandle, previous: Turn | None) -> None:
@@ -748,6 +749,8 @@ class Session:
                     out = reply.outcome
                     if out is not None:
                         tally.add(out, self._keep(out))
+                if out is None:  # (run() returned: it always leaves an outcome)
+                    break
                 if out.broken_calls:
                     await self.emit(
                         ev.SessionError(
@@ -792,9 +795,10 @@ class Session:
         """Run the server-side calls at once, each with the toolbox's timeout; their outputs join
         the history and are announced. If they take longer than ``tools.filler_after_ms``, the
         filler is said (once) meanwhile."""
-        if not calls:
+        toolbox = self.svc.toolbox
+        if not calls or toolbox is None:  # (calls are of server-side tools: it is there)
             return
-        runs = [asyncio.ensure_future(self.svc.toolbox.run(c)) for c in calls]
+        runs = [asyncio.ensure_future(toolbox.run(c)) for c in calls]
         try:
             done, _ = await asyncio.wait(runs, timeout=self.cfg.tools.filler_after_ms / 1000)
             if len(done) < len(runs) and self.cfg.tools.filler:

@@ -83,8 +83,9 @@ class SpeechOut:
     async def wait(self) -> None:
         """Until the last chunk is sent, or :meth:`cancel` stopped the speech (never raises it)."""
         await asyncio.wait({self.pump})
-        if not self.pump.cancelled() and self.pump.exception() is not None:
-            raise self.pump.exception()
+        failed = None if self.pump.cancelled() else self.pump.exception()
+        if failed is not None:
+            raise failed
 
     def cancel(self) -> None:
         for job in self.jobs:

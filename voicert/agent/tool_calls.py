@@ -163,7 +163,7 @@ class CallParser:
         self._held = ""
         while text:
             if self._call is not None:
-                text = self._in_call(text, out)
+                text = self._in_call(self._call, text, out)
                 continue
             if self._after_call:  # the space between calls, or after the last, is not said
                 text = text.lstrip()
@@ -195,9 +195,8 @@ class CallParser:
             text = ""
         return out
 
-    def _in_call(self, text: str, out: list[Piece]) -> str:
-        """Feed the call in progress; the text after its end, if it ended."""
-        call = self._call
+    def _in_call(self, call: _Call, text: str, out: list[Piece]) -> str:
+        """Feed ``call``, the one in progress; the text after its end, if it ended."""
         if call.closer:
             seen = call.text + text
             end = seen.find(call.closer, max(len(call.text) - len(call.closer), 0))
@@ -271,8 +270,12 @@ class RepeatFilter:
                 self._settle(piece, held, out)
         return out
 
-    def _settle(self, piece: Piece, held: list[Piece], out: list[Piece]) -> None:
-        name = held[0].name
+    def _settle(
+        self, piece: CallOpened | CallArgs | CallClosed, held: list[Piece], out: list[Piece]
+    ) -> None:
+        opened = held[0]
+        assert isinstance(opened, CallOpened)  # a held call's list starts with its opening
+        name = opened.name
         args = "".join(p.delta for p in held if isinstance(p, CallArgs))
         if isinstance(piece, CallClosed) and (name, args) in self.done:
             del self._held[piece.index]  # an exact repeat

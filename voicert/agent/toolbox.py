@@ -105,7 +105,7 @@ def _load_file(path: str):
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, file)
-    if spec is None or not file.is_file():
+    if spec is None or spec.loader is None or not file.is_file():
         raise FileNotFoundError(f"no file {file}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # before running it: dataclasses look their module up
@@ -154,7 +154,7 @@ class Toolbox:
             if tool is None:
                 raise LookupError(f"no tool named {call.name!r}")
             try:
-                args = msgspec.json.decode(call.arguments, type=tool.args_type)
+                args: Any = msgspec.json.decode(call.arguments, type=tool.args_type)
             except msgspec.ValidationError as exc:
                 raise ValueError(f"bad arguments: {exc}") from None
             kwargs = {f: getattr(args, f) for f in args.__struct_fields__}

@@ -303,9 +303,10 @@ class TurnTaking:
     def early_done(self, decode_id: int, text: str | None, now_ns: int) -> list[Action]:
         """An early decode finished (``text`` None: it failed). Its transcript is the text cue of
         a judgement of the same pause; may end the turn."""
-        if not self.early_is_current(decode_id):
+        early = self._early
+        if early is None or early.decode_id != decode_id:  # (early_is_current)
             return []
-        self._early.text = text or ""
+        early.text = text or ""
         st = self._judgement
         if st is None or not st.need_text or st.verdict is not None:
             return []
@@ -433,7 +434,7 @@ class TurnTaking:
         early = self._early
         need_text = self.turn.text_cue and early is not None
         st = self._judgement = _Judgement(next(self._ids), self.turn.model != "none", need_text)
-        if need_text:
+        if early is not None and need_text:
             st.text = early.text  # set when the early decode finished before the pause
         if st.need_audio:
             audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)

@@ -49,11 +49,11 @@ class ToolSpec:
     parameters: str = '{"type": "object", "properties": {}}'
 
     @classmethod
-    def of(cls, name: str, description: str = "", parameters: dict | None = None) -> ToolSpec:
-        """Raises ValueError for a name that a call could not carry, a schema that is not an
-        object schema, or one the engine could not decode under (llguidance's own check: a
-        dangling ``$ref``, an unknown type...), so a door refuses it when it is declared rather
-        than failing every reply that offers it."""
+    def of(cls, name: object, description: str = "", parameters: dict | None = None) -> ToolSpec:
+        """``name`` as a client sent it (any type). Raises ValueError for a name that a call
+        could not carry, a schema that is not an object schema, or one the engine could not
+        decode under (llguidance's own check: a dangling ``$ref``, an unknown type...), so a door
+        refuses it when it is declared rather than failing every reply that offers it."""
         if (
             not name
             or not isinstance(name, str)

@@ -64,6 +64,11 @@ class AsrHandle(Protocol):
 
     future: asyncio.Future[Transcript]
 
+    @property
+    def started(self) -> bool:
+        """The backend has begun decoding it (it can no longer be dropped)."""
+        ...
+
     def drop(self) -> bool:
         """Withdraw a decode not yet started (its future is cancelled); False once it runs (its
         result still comes, and is for nobody)."""

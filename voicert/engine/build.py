@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 
@@ -186,10 +187,11 @@ def _quantize_fp8(model: Model, tokenizer, cfg: EngineConfig) -> None:
         raise ValueError("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
     rounding = cfg.fp8_rounding
     t0 = time.perf_counter()
+    module = cast(torch.nn.Module, model)  # every architecture is an nn.Module
     calibrate = (
-        calibration_forward(model, tokenizer, cfg.block_size) if rounding == "gptq" else None
+        calibration_forward(module, tokenizer, cfg.block_size) if rounding == "gptq" else None
     )
-    n = quantize_fp8(model, calibrate)
+    n = quantize_fp8(module, calibrate)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
     log.info(

@@ -166,6 +166,6 @@ def _start_engine(cfg: Config, model_dir: str):
         import torch
 
         torch.set_num_threads(llm.threads)
-    engine = LLMEngine(model_dir, engine_cfg)
-    engine.warmup()
-    return engine
+    fast = LLMEngine(model_dir, engine_cfg)
+    fast.warmup()
+    return fast

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
@@ -459,7 +460,7 @@ def _audio(msg: dict, text_frame: bool) -> Audio:
     return Audio(audio=bytes(data))
 
 
-_DECODERS = {
+_DECODERS: dict[str, Callable[[dict, bool], ClientEvent]] = {
     "session.start": lambda m, t: _session_start(m),
     "audio": _audio,
     "audio.commit": lambda m, t: AudioCommit(),
@@ -481,8 +482,8 @@ def decode_client(frame: bytes | str) -> ClientEvent:
         else:
             msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
     except Exception:  # msgpack raises several unrelated types for garbage input
-        kind = "JSON" if text_frame else "msgpack"
-        raise ProtocolError(ErrorCode.MALFORMED, f"message is not valid {kind}") from None
+        codec = "JSON" if text_frame else "msgpack"
+        raise ProtocolError(ErrorCode.MALFORMED, f"message is not valid {codec}") from None
     if not isinstance(msg, dict):
         raise ProtocolError(ErrorCode.MALFORMED, "message must be a map with a 'type' key")
     kind = msg.get("type")

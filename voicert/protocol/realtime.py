@@ -15,6 +15,7 @@ import binascii
 import enum
 import itertools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
@@ -675,7 +676,7 @@ def _session_update(msg: dict) -> SessionUpdate:
     return SessionUpdate(s)
 
 
-_DECODERS = {
+_DECODERS: dict[str, Callable[[dict], ClientEvent]] = {
     "session.update": _session_update,
     "input_audio_buffer.append": _audio_append,
     "input_audio_buffer.commit": lambda m: AudioCommit(),

@@ -41,7 +41,8 @@ def tools_from_wire(value: Any, where: str = "tools") -> tuple[ToolSpec, ...]:
             raise WireError(
                 f"{at}.type {str(kind)[:40]!r} is not supported (only function tools)", f"{at}.type"
             )
-        body = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        function = tool.get("function")
+        body: dict = function if isinstance(function, dict) else tool
         name, params = body.get("name"), body.get("parameters")
         description = body.get("description") or ""
         if not isinstance(description, str):
@@ -71,7 +72,8 @@ def choice_from_wire(value: Any, where: str = "tool_choice") -> ToolChoice:
             raise WireError(f"{where} must be auto, none, required or a function", where)
         return ToolChoice(ToolChoiceMode(value))
     if isinstance(value, dict):
-        body = value.get("function") if isinstance(value.get("function"), dict) else value
+        function = value.get("function")
+        body: dict = function if isinstance(function, dict) else value
         name = body.get("name")
         if value.get("type", "function") == "function" and isinstance(name, str) and name:
             return ToolChoice(ToolChoiceMode.NAMED, name)

@@ -24,11 +24,12 @@ from voicert.agent.session import Services
 from voicert.agent.toolbox import Toolbox
 from voicert.config import Config, ConfigError
 from voicert.core.llm import EngineState
+from voicert.core.speech import Asr
 from voicert.engine.factory import build_engine
 from voicert.hosting import limit_blas_threads
 from voicert.server import access, dashboard
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
-from voicert.server.connection import CLOSE_GOING_AWAY, Connection
+from voicert.server.connection import CLOSE_GOING_AWAY, BaseConnection, Connection
 from voicert.server.dashboard import STATIC, static_file
 from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, route_path, text
 from voicert.server.logs import quiet_handshake_logger
@@ -48,7 +49,7 @@ from voicert.telemetry.sampler import Sampler
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
-SESSION_ROUTES = {
+SESSION_ROUTES: dict[str, type[BaseConnection]] = {
     STREAM_PATH: Connection,
     REALTIME_PATH: RealtimeConnection,
     TWILIO_PATH: TwilioConnection,
@@ -66,6 +67,7 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     judge = load_turn_judge(cfg)
     toolbox = Toolbox.from_config(cfg.tools)  # and a tool that does not import
     vad = SileroVad()
+    asr: Asr
     if speech is not None:
         from voicert.speech.host import SharedAsr
 
@@ -148,7 +150,7 @@ class VoiceServer:
 
     services: Services | None = None
     config: Config | None = None
-    connections: set[Connection] = field(default_factory=set)
+    connections: set[BaseConnection] = field(default_factory=set)
     dashboard_conns: set[ServerConnection] = field(default_factory=set)
     _server: Listener | None = None  # while listening
     _listener: Listener | None = None
@@ -165,7 +167,11 @@ class VoiceServer:
 
     @property
     def cfg(self) -> Config:
-        return self.services.cfg if self.services is not None else self.config
+        if self.services is not None:
+            return self.services.cfg
+        if self.config is None:
+            raise ValueError("a VoiceServer needs services or a config")
+        return self.config
 
     def unready_reason(self) -> str | None:
         """Why new work is refused now (the first part that is not up), or None when ready:
@@ -230,7 +236,10 @@ class VoiceServer:
         )
 
     async def _static(self, request: HttpRequest) -> HttpResponse:
-        body, content_type = static_file(request.path)
+        found = static_file(request.path)
+        if found is None:  # (routed only for the static paths)
+            return text(http.HTTPStatus.NOT_FOUND, "not found\n")
+        body, content_type = found
         return HttpResponse(http.HTTPStatus.OK, body, content_type)
 
     def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
@@ -284,15 +293,17 @@ class VoiceServer:
         return response
 
     async def _handler(self, ws: ServerConnection) -> None:
+        svc = self.services
+        assert svc is not None  # sockets are refused (503) until the models are loaded
         path = route_path(ws.request.path)[0] if ws.request is not None else STREAM_PATH
         if path == dashboard.FEED_PATH:
             self.dashboard_conns.add(ws)
             try:
-                await dashboard.feed(ws, self.services, self._sampler_for(self.services))
+                await dashboard.feed(ws, svc, self._sampler_for(svc))
             finally:
                 self.dashboard_conns.discard(ws)
             return
-        conn = SESSION_ROUTES[path](ws, self.services)
+        conn = SESSION_ROUTES[path](ws, svc)
         self.connections.add(conn)
         try:
             if isinstance(conn, RealtimeConnection) and not await conn.open():
@@ -350,7 +361,9 @@ class VoiceServer:
     def _join_peers(self, svc: Services) -> None:
         """A worker: its turns and figures to the other workers' dashboards and theirs to ours;
         stop if the primary is gone."""
-        bus = self.role.bus
+        role = self.role
+        assert role is not None  # only a worker joins its peers
+        bus = role.bus
         svc.metrics.publish = bus.publish
         sampler = self._sampler_for(svc)
         sampler.publish = bus.publish_sample
@@ -407,7 +420,7 @@ class VoiceServer:
             await self.sampler.stop()
 
     @staticmethod
-    async def _close(conn: Connection) -> None:
+    async def _close(conn: BaseConnection) -> None:
         if conn.session is not None:
             await conn.session.close("cancelled")
         await conn.ws.close(CLOSE_GOING_AWAY, "server shutting down")
@@ -440,7 +453,7 @@ class VoiceServer:
             loading = asyncio.ensure_future(
                 asyncio.to_thread(
                     load_services,
-                    self.config,
+                    self.cfg,
                     role.hosts if role else None,
                     role.speech if role else None,
                 )

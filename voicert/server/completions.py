@@ -14,7 +14,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
 
 from voicert.agent import tool_calls as tc
@@ -72,6 +72,7 @@ class ChatCompletions:
         refusal = self._check(request, svc)
         if refusal is not None:
             return refusal
+        assert svc is not None  # _check refuses (503) until the services are loaded
         return json_response(
             http.HTTPStatus.OK, chat.models_list(served_model_id(svc.cfg), self._started)
         )
@@ -81,6 +82,7 @@ class ChatCompletions:
         refusal = self._check(request, svc)
         if refusal is not None:
             return refusal
+        assert svc is not None  # _check refuses (503) until the services are loaded
         cfg = svc.cfg
         try:
             req = chat.parse_request(request.body, cfg.server.max_text_chars)
@@ -171,7 +173,7 @@ class ChatCompletions:
 
     async def _tokens(
         self, svc: Services, engine_req: GenerationRequest, stops: chat.StopMatcher
-    ) -> AsyncIterator[tuple[str, TokenEvent]]:
+    ) -> AsyncGenerator[tuple[str, TokenEvent]]:
         """(text to send, event) per engine event; cancels the request in the engine when a stop
         string ends it early or the consumer goes away."""
         self.running += 1
@@ -239,7 +241,7 @@ class ChatCompletions:
                 req,
                 model,
                 calls.text.strip() if req.tools else calls.text,
-                chat.finish_reason(ev.finish_reason, bool(calls.done)),
+                chat.finish_reason(ev.finish_reason or FinishReason.STOP, bool(calls.done)),
                 ev.prompt_tokens,
                 ev.index,
                 tuple(calls.done),
@@ -311,7 +313,7 @@ class _Calls:
         return self._deltas(self.parser.close()) if self.parser is not None else []
 
     def _deltas(self, pieces: list) -> list[dict]:
-        out = []
+        out: list[dict] = []
         for p in self.repeats.push(pieces):
             if isinstance(p, tc.Said):
                 self.text += p.text

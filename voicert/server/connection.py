@@ -51,6 +51,13 @@ class BaseConnection:
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
 
+    @property
+    def started(self) -> Session:
+        """The session, for handlers that need one (ProtocolError NO_SESSION before it)."""
+        if self.session is None:
+            raise p.ProtocolError(p.ErrorCode.NO_SESSION, "the session has not started")
+        return self.session
+
     def claim_session(self) -> None:
         """Count this connection's session against ``server.max_sessions``; raises
         ProtocolError(SESSION_LIMIT) when there is no room (sockets without a session don't count)."""
@@ -232,7 +239,7 @@ class Connection(BaseConnection):
         clock = self.clock
         cut = None
         if isinstance(event, ev.ReplyStarted) and event.spoken:
-            fmt = self.session.settings.output_audio
+            fmt = self.started.settings.output_audio
             if fmt is not None:
                 clock.started(event.turn_id, bytes_per_ms(fmt.encoding, fmt.sample_rate))
         elif isinstance(event, ev.ReplyAudio):
@@ -247,13 +254,14 @@ class Connection(BaseConnection):
                 event.finish_reason == ev.ReplyEnd.INTERRUPTED,
                 event.item_offset,
             )
-        if cut is not None:
-            self.session.keep_heard(cut.item_id, cut.heard_chars(cut.cut_ms), cut.item_offset)
+        if cut is not None and cut.cut_ms is not None:
+            self.started.keep_heard(cut.item_id, cut.heard_chars(cut.cut_ms), cut.item_offset)
 
     async def error(self, code: p.ErrorCode, message: str, fatal: bool = False) -> None:
         await self.send(p.Error(code.value, message, fatal))
 
     async def reject(self, exc: Exception) -> None:
+        assert isinstance(exc, p.ProtocolError)  # this door's one client error
         await self.error(exc.code, exc.message)
 
     async def fatal(self, code: p.ErrorCode, message: str) -> None:
@@ -298,13 +306,13 @@ class Connection(BaseConnection):
         """A client tool's output joins the conversation; once no call waits any more (and the
         client asks for it), the reply goes on."""
         try:
-            self.session.add_tool_output(event.call_id, event.output)
+            self.started.add_tool_output(event.call_id, event.output)
         except KeyError:
             raise p.ProtocolError(
                 p.ErrorCode.INVALID, f"tool.result: no call has call_id {event.call_id[:64]!r}"
             ) from None
-        if event.respond and not self.session.waiting_calls():
-            self.session.respond()
+        if event.respond and not self.started.waiting_calls():
+            self.started.respond()
 
     async def _start(self, start: p.SessionStart, binary: bool) -> None:
         self.binary = binary

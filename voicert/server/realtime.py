@@ -90,11 +90,11 @@ class RealtimeConnection(BaseConnection):
         params = dict(kv.partition("=")[::2] for kv in query.split("&") if kv)
         self.model = params.get("model", "voicert")
         self.session_id = f"sess_{uuid.uuid4().hex[:20]}"
-        can_speak = services.tts is not None
+        tts = services.tts
         self.config = rt.SessionConfig(
             instructions=services.cfg.llm.system_prompt,
-            audio_out=can_speak,
-            voice=services.tts.default_voice if can_speak else "",
+            audio_out=tts is not None,
+            voice=tts.default_voice if tts is not None else "",
         )
         self.last_item: str | None = None
         self.user_items: dict[int, str] = {}  # turn id -> user item id
@@ -122,7 +122,7 @@ class RealtimeConnection(BaseConnection):
             tool_choice=c.tool_choice,
             voice=c.voice if self.svc.tts is not None else None,
         )
-        auto_respond = not manual and c.turn_detection.create_response
+        auto_respond = c.turn_detection is not None and c.turn_detection.create_response
         return start, auto_respond
 
     def _turn_config(self) -> TurnConfig:
@@ -189,6 +189,7 @@ class RealtimeConnection(BaseConnection):
     async def reject(self, exc: Exception) -> None:
         if isinstance(exc, p.ProtocolError):  # from the session core (bad audio bytes...)
             exc = rt.RealtimeError(exc.code.value, exc.message)
+        assert isinstance(exc, rt.RealtimeError)  # this door's client errors
         self.svc.metrics.observe_error(exc.code)
         await self.send_frame(self.writer.error(exc))
 
@@ -209,7 +210,7 @@ class RealtimeConnection(BaseConnection):
         return False
 
     async def _handle(self, event: rt.ClientEvent) -> None:
-        s = self.session
+        s = self.started
         if isinstance(event, rt.AudioAppend):
             await s.on_audio(event.audio)
         elif isinstance(event, rt.SessionUpdate):
@@ -268,7 +269,7 @@ class RealtimeConnection(BaseConnection):
         elif isinstance(event, rt.ItemRetrieve):
             item = self.wire_items.get(event.item_id)
             core_id = self.items.get(event.item_id)
-            if item is None or (core_id is not None and self.session.item(core_id) is None):
+            if item is None or (core_id is not None and self.started.item(core_id) is None):
                 raise _no_item(event.item_id)  # never made, deleted, or dropped off the old end
             await self.send_event("conversation.item.retrieved", item=item)
 
@@ -292,15 +293,15 @@ class RealtimeConnection(BaseConnection):
         try:
             start, auto = self._session_start()
             check_output_audio(start.output_audio, self.svc)
-            self.session.set_tools(config.tools, config.tool_choice)
-            self.session.reconfigure(start, auto, self._vad_config(), self._turn_config())
+            self.started.set_tools(config.tools, config.tool_choice)
+            self.started.reconfigure(start, auto, self._vad_config(), self._turn_config())
         except p.ProtocolError as exc:  # refused: the session keeps its settings
             self.config = old
-            self.session.set_tools(old.tools, old.tool_choice)
+            self.started.set_tools(old.tools, old.tool_choice)
             raise rt.RealtimeError("invalid_value", exc.message, "session.tools") from None
         except Exception:
             self.config = old
-            self.session.set_tools(old.tools, old.tool_choice)
+            self.started.set_tools(old.tools, old.tool_choice)
             raise
         await self.send_event("session.updated", session=self._wire_session())
 
@@ -341,7 +342,7 @@ class RealtimeConnection(BaseConnection):
         )
 
     def _apply_truncation(self, wire_id: str, spoken: SpokenReply, audio_end_ms: float) -> None:
-        cut = self.session.keep_heard(
+        cut = self.started.keep_heard(
             spoken.item_id, spoken.heard_chars(audio_end_ms), spoken.item_offset
         )
         if cut is None:  # dropped off the old end meanwhile
@@ -371,7 +372,7 @@ class RealtimeConnection(BaseConnection):
                 )
             raise _no_item(wire_id)
         try:
-            self.session.delete_item(core_id)
+            self.started.delete_item(core_id)
         except KeyError:
             raise _no_item(wire_id) from None
         self.items.pop(wire_id, None)
@@ -396,7 +397,7 @@ class RealtimeConnection(BaseConnection):
             raise rt.RealtimeError(
                 "invalid_value", f"Item '{item_id[:64]}' already exists", "item.id"
             )
-        self.items[item_id] = self.session.add_item(event.role, event.text).item_id
+        self.items[item_id] = self.started.add_item(event.role, event.text).item_id
         kind = "input_text" if event.role != "assistant" else self._part_type(False)
         item = rt.message_item(
             item_id, event.role, "completed", [{"type": kind, "text": event.text}]
@@ -413,7 +414,7 @@ class RealtimeConnection(BaseConnection):
             )
         if event.kind == "function_call_output":
             try:
-                core_item = self.session.add_tool_output(event.call_id, event.text)
+                core_item = self.started.add_tool_output(event.call_id, event.text)
             except KeyError:
                 raise rt.RealtimeError(
                     "invalid_value",
@@ -422,7 +423,7 @@ class RealtimeConnection(BaseConnection):
                 ) from None
             item = rt.output_item(item_id, event.call_id, event.text)
         else:
-            core_item = self.session.add_call(ToolCall(event.call_id, event.name, event.text))
+            core_item = self.started.add_call(ToolCall(event.call_id, event.name, event.text))
             item = rt.call_item(item_id, event.call_id, event.name, event.text, "completed")
         self.items[item_id] = core_item.item_id
         await self._item_added(item)
@@ -677,6 +678,7 @@ class RealtimeConnection(BaseConnection):
             r.spoken.item_offset = ev.item_offset
             if r.spoken.cut_ms is not None and ev.item_id:
                 self._apply_truncation(r.item_id, r.spoken, r.spoken.cut_ms)
+        assert r.message_index is not None  # called once the message item is open
         r.done_items[r.message_index] = item
         await self.send_event(
             "response.output_item.done",

@@ -120,7 +120,8 @@ class TwilioConnection(BaseConnection):
     # ------------------------------------------------------------ session events -> Twilio
 
     async def on_event(self, ev: core.SessionEvent) -> None:
-        play = self.playback
+        play, session = self.playback, self.session
+        assert play is not None and session is not None  # events come from the session started
         frames: list[str] = []
         if isinstance(ev, core.ReplyAudio):
             frames = play.audio(ev.turn_id, ev.seq, ev.text, ev.audio)
@@ -128,7 +129,7 @@ class TwilioConnection(BaseConnection):
             frames = play.reply_done(ev.turn_id)
             heard = play.heard(ev.turn_id)
             if heard is not None and ev.item_id:  # cut off: keep only what the caller heard
-                self.session.keep_heard(ev.item_id, covered_chars(ev.text, heard), ev.item_offset)
+                session.keep_heard(ev.item_id, covered_chars(ev.text, heard), ev.item_offset)
         elif isinstance(ev, core.BargeIn):
             # the caller talks over a reply that is still queued at Twilio or playing: the
             # session interrupts it, and Twilio drops what it has not played yet

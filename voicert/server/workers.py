@@ -41,8 +41,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -50,6 +52,10 @@ from voicert.config import Config, cache_dir
 from voicert.hosting import child_context
 from voicert.telemetry.latency import TurnRecord
 from voicert.telemetry.sampler import SystemSample
+
+if TYPE_CHECKING:
+    from voicert.engine.build import EngineConfig
+    from voicert.engine.clients.host import HostAddresses
 
 log = logging.getLogger(__name__)
 EXIT_GAVE_UP = 3  # a part could not be kept up (the same status a single server exits with)
@@ -114,7 +120,7 @@ class PeerBus:
         self.worker = worker
         self._encoder = msgspec.msgpack.Encoder()
         self._lock = threading.Lock()
-        self.on_primary_gone = None
+        self.on_primary_gone: Callable[[], None] | None = None
 
     def publish(self, rec: TurnRecord) -> None:
         self._send(PeerTurn(rec))
@@ -233,10 +239,10 @@ class Primary:
         self.buses: list[Connection | None] = [None] * self.n
         self.hosts: list = []  # HostProcess: the engine hosts (one per GPU), the speech host
         self._host_starters: list = []  # what starts each again
-        self.host_addresses = None
+        self.host_addresses: HostAddresses | None = None
         self.speech: tuple[str, bytes] | None = None  # the speech host's address and key
         self.model_dir: str | None = None
-        self.engine_cfg = None
+        self.engine_cfg: EngineConfig | None = None
         self.stopping = False
         self.exit_code = 0
         llm = cfg.llm
@@ -294,10 +300,12 @@ class Primary:
         from voicert.engine.clients.host import start_engine_host
 
         gpu = str(i) if self.cfg.llm.gpus > 1 else None
+        model_dir, engine_cfg, addresses = self.model_dir, self.engine_cfg, self.host_addresses
+        assert model_dir and engine_cfg and addresses  # set in start() before any host starts
         return start_engine_host(
-            self.model_dir,
-            self.engine_cfg,
-            self.host_addresses.addresses[i],
+            model_dir,
+            engine_cfg,
+            addresses.addresses[i],
             self.authkey,
             threads=self.cfg.llm.threads,
             gc_freeze=self.cfg.server.gc_freeze,
@@ -361,13 +369,14 @@ class Primary:
                 elif obj in starting:
                     self._host_started(starting[obj])
                 else:
+                    assert isinstance(obj, int)  # a process sentinel
                     kind, i = sentinels[obj]
                     if kind == "worker":
                         self._worker_exited(i)
                     else:
                         self._host_exited(i)
 
-    def _relay(self, i: int, conn) -> None:
+    def _relay(self, i: int, conn: Connection) -> None:
         """Worker ``i`` finished a turn (``conn``, its bus, is readable): pass it to the others.
         Nothing when that bus was closed or replaced earlier in the same wake-up (the worker's
         exit, handled first, closes it and may start a new worker with a new bus)."""
@@ -388,12 +397,13 @@ class Primary:
     def _worker_exited(self, i: int) -> None:
         from prometheus_client import multiprocess
 
-        proc = self.workers[i]
+        proc, bus = self.workers[i], self.buses[i]
+        assert proc is not None  # its sentinel woke us
         proc.join()
         multiprocess.mark_process_dead(proc.pid, self.metrics_dir)
         self.workers[i] = None
-        if self.buses[i] is not None:
-            self.buses[i].close()
+        if bus is not None:
+            bus.close()
             self.buses[i] = None
         if self.stopping:
             return
@@ -452,7 +462,7 @@ class Primary:
         self.stopping = True
         live = [p for p in self.workers if p is not None and p.is_alive()]
         for p in live:
-            os.kill(p.pid, signal.SIGTERM)
+            _terminate(p)
         deadline = time.monotonic() + self.cfg.server.shutdown_grace_s + 10
         forced = self._signals
         while any(p.is_alive() for p in live) and time.monotonic() < deadline:
@@ -461,7 +471,7 @@ class Primary:
                 forced = self._signals
                 for p in live:
                     if p.is_alive():
-                        os.kill(p.pid, signal.SIGTERM)
+                        _terminate(p)
         for p in live:
             if p.is_alive():
                 log.warning("worker pid %d did not stop: killing it", p.pid)
@@ -479,3 +489,9 @@ class Primary:
 def run_primary(cfg: Config) -> int:
     """``voicert serve`` with ``server.workers`` above 1 (the exit status)."""
     return Primary(cfg).run()
+
+
+def _terminate(proc: mp.process.BaseProcess) -> None:
+    """SIGTERM to a started process (a graceful stop within its grace period)."""
+    if proc.pid is not None:
+        os.kill(proc.pid, signal.SIGTERM)

@@ -289,7 +289,7 @@ def settle_soon(
         pass
 
 
-def _settle(fut: asyncio.Future, result: Transcript | None, exc: Exception | None) -> None:
+def _settle(fut: asyncio.Future, result: Transcript | None, exc: BaseException | None) -> None:
     if fut.done():
         return
     if exc is not None:

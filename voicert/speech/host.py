@@ -144,7 +144,7 @@ class _Hub:
 
         def settle(result: Transcript | None, exc: BaseException | None) -> None:
             dropped.discard(job)
-            if exc is None:
+            if exc is None and result is not None:
                 peer.post(Decoded(job, result))
             else:
                 peer.post(DecodeFailed(job, f"{type(exc).__name__}: {exc}"))
@@ -351,6 +351,8 @@ class SharedAsr(AsrBase):
         decoder = msgspec.msgpack.Decoder(FromHost)
         while not self._closing:
             conn = self._conn
+            if conn is None:  # (a reconnect that gave up: closing)
+                break
             try:
                 while True:
                     self._on(decoder.decode(conn.recv_bytes()))

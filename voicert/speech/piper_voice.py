@@ -271,14 +271,13 @@ class PiperTts:
         """The streamed audio's gain: what brings a typical reply, without noise, to a peak of
         0.95 (Piper itself scales each sentence to a peak of 1, which needs its end first)."""
         peaks: list[float] = []
+
+        def peak(audio: np.ndarray) -> bool:
+            peaks.append(float(np.abs(audio).max()))
+            return True  # go on
+
         calm = make(length_scale=self._syn.length_scale, noise_scale=0.0, noise_w_scale=0.0)
-        self.speakers[0].speak(
-            CALIBRATION,
-            calm,
-            MOST_FRAMES_FOR_CALIBRATION,
-            1.0,
-            lambda audio: peaks.append(float(np.abs(audio).max())) or True,
-        )
+        self.speakers[0].speak(CALIBRATION, calm, MOST_FRAMES_FOR_CALIBRATION, 1.0, peak)
         return 0.95 / max(max(peaks), 1e-3)
 
     def _speak(self, pool: queue.SimpleQueue, speaker: Speaker, text: str, on_chunk) -> None:

@@ -215,7 +215,8 @@ def load_voices(cfg: TtsConfig) -> dict[str, Voice]:
             )
         except TtsError as exc:
             raise TtsError(f"{key}: {str(exc).split(': ', 1)[-1]}") from None
-        voices.setdefault(voice_id(voice), voice)
+        if voice is not None:  # (None only for tts.engine none)
+            voices.setdefault(voice_id(voice), voice)
     return voices
 
 
@@ -323,7 +324,7 @@ class TtsWorker(PriorityWorker[TtsJob]):
                 voice.warmup()
         done = [threading.Event() for _ in range(self.threads)]
         for event in done:
-            self.submit(TtsJob("Ready.", lambda c: None, lambda e, ev=event: ev.set()), 0)
+            self.submit(TtsJob("Ready.", _ignore, _setter(event)), 0)
         for event in done:
             event.wait(30)
 
@@ -376,3 +377,12 @@ class ReplyLane:
             self.worker.submit(job, piece_index)
         except WorkerClosed as exc:  # the worker went away: this piece fails, and the rest after it
             job.on_done(exc)
+
+
+def _ignore(chunk: np.ndarray) -> None:
+    """A warm-up's audio goes nowhere."""
+
+
+def _setter(event: threading.Event) -> Callable[[BaseException | None], None]:
+    """A warm-up job's end: ``event`` is set, however it ended."""
+    return lambda exc: event.set()

@@ -136,19 +136,20 @@ class PriorityWorker(Generic[J]):
             return jobs
 
     def _run(self, slot: int) -> None:
-        jobs: list[J] = []
+        held: list[J] = []  # the jobs this thread holds, failed with it if it dies
         try:
             while (jobs := self._take(slot)) is not None:
+                held = jobs
                 try:
                     self.handle(jobs)
                 except Exception as exc:  # these jobs fail; the worker keeps serving
                     log.exception("%s worker: a job failed", self.name)
                     for job in jobs:
                         self.fail(job, exc)
-                jobs = []
+                held = []
         except BaseException as exc:  # the thread itself is dying: fail what it held, replace it
             log.exception("%s worker thread died", self.name)
-            for job in jobs:
+            for job in held:
                 self.fail(job, exc)
             self._replace(slot, f"{type(exc).__name__}: {exc}")
 

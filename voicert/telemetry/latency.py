@@ -336,7 +336,7 @@ class TurnRecord:
             tokens,
             budget_ms,
             ttft,
-            max(slices, key=slices.get) if slices else None,
+            max(slices, key=lambda name: slices[name]) if slices else None,
             ttft is not None and ttft > budget_ms,
             said[:SAID_CHARS],
         )

@@ -17,8 +17,15 @@ from typing import Protocol
 
 
 class Serializer(Protocol):
-    frame_bytes: int  # encoded audio per media message (160: 20 ms of 8 kHz mu-law)
-    silence: bytes  # one encoded sample of silence (pads the last frame)
+    @property
+    def frame_bytes(self) -> int:
+        """Encoded audio per media message (160: 20 ms of 8 kHz mu-law)."""
+        ...
+
+    @property
+    def silence(self) -> bytes:
+        """One encoded sample of silence (pads the last frame)."""
+        ...
 
     def media(self, payload: bytes) -> str: ...
 

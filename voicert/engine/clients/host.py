@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
@@ -49,6 +50,9 @@ from voicert.hosting import (
     wait_stop,
 )
 
+if TYPE_CHECKING:
+    from voicert.engine.clients.llm_engine import EngineThread
+
 log = logging.getLogger(__name__)
 SEP = "/"  # client id SEP the client's request id: the id the engine core sees
 
@@ -69,10 +73,19 @@ class _Hub:
     def __init__(self, core, cfg) -> None:
         self.core = core
         self.cfg = cfg
-        self.engine = None  # the EngineThread, set once made
+        self._engine: EngineThread | None = None  # set once made (it delivers to this hub)
         self.lock = threading.Lock()  # guards clients and each client's ``open``
         self.clients: dict[int, Peer] = {}
         self._next_id = 0
+
+    @property
+    def engine(self) -> EngineThread:
+        if self._engine is None:
+            raise RuntimeError("the engine host's engine thread is not made yet")
+        return self._engine
+
+    def attach(self, engine: EngineThread) -> None:
+        self._engine = engine
 
     def reporter(self) -> Peer | None:
         """The client that gets the engine's step records and collector pauses (caller holds the
@@ -83,8 +96,8 @@ class _Hub:
         """Engine thread: one step's records, one message per client that has any."""
         groups: dict[int, list[TokenOut]] = {}
         for rec in outs:
-            cid, _, rid = rec.request_id.partition(SEP)
-            groups.setdefault(int(cid), []).append(msgspec.structs.replace(rec, request_id=rid))
+            prefix, _, rid = rec.request_id.partition(SEP)
+            groups.setdefault(int(prefix), []).append(msgspec.structs.replace(rec, request_id=rid))
         steps = self.core.drain_steps()
         with self.lock:
             reporter = self.reporter()
@@ -95,7 +108,7 @@ class _Hub:
                 for rec in items:
                     if rec.finish_reason is not None:
                         client.open.discard(rec.request_id)
-                if client is reporter:
+                if reporter is not None and client is reporter:
                     client.post(ipc.Events(items, steps))
                     steps = []
                 else:
@@ -221,7 +234,8 @@ def _host(
         say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
         return
     hub = _Hub(core, cfg)
-    hub.engine = engine = EngineThread(core, hub.deliver)
+    engine = EngineThread(core, hub.deliver)
+    hub.attach(engine)
     engine.on_failure = hub.engine_failed
     stop = threading.Event()
     threading.Thread(

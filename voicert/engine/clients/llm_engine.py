@@ -205,7 +205,7 @@ class _WarmSink:
     def __init__(self) -> None:
         self.done = threading.Event()
 
-    def put_threadsafe(self, out: TokenOut) -> None:
+    def put_threadsafe(self, out: TokenEvent | TokenOut) -> None:
         if out.finish_reason is not None:
             self.done.set()
 

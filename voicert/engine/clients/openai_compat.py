@@ -226,7 +226,9 @@ class OpenAICompatEngine(EngineBase):
             )
         finally:
             self._tasks.pop(request.request_id, None)
-        self._ledger.closed(request.request_id, final.finish_reason, counts.tokens)
+        self._ledger.closed(
+            request.request_id, final.finish_reason or FinishReason.STOP, counts.tokens
+        )
         stream.put(final)
 
     async def _attempts(

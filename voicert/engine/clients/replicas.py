@@ -100,8 +100,8 @@ class ReplicaEngine:
 
     on_failure: Callable[[str], None] | None = None  # each replica has its own supervisor
 
-    def __init__(self, replicas: list[Engine], placement: Placement | None = None) -> None:
-        self.replicas = replicas
+    def __init__(self, replicas: Sequence[Engine], placement: Placement | None = None) -> None:
+        self.replicas = list(replicas)
         self.placement = placement or Placement(len(replicas))
         self._lock = threading.RLock()  # the counters below (re-entrant: a dropped stream's
         # __del__ may run inside a locked section of the same thread)

@@ -9,6 +9,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import torch
 
@@ -38,11 +39,8 @@ class SimpleEngine(EngineBase):
         self.cfg = cfg
         self.device = torch.device(cfg.device)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = (
-            AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype])
-            .to(self.device)
-            .eval()
-        )
+        model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=DTYPES[cfg.dtype])
+        self.model = model.to(self.device).eval()
         self.stop_ids = stop_token_ids(self.tokenizer, self.model.config)
         self.prompts = PromptBuilder(self.tokenizer)  # used on the engine thread only
         self.guides = Guides(self.tokenizer, self.model.config.vocab_size, self.prompts.call_format)

@@ -4,10 +4,18 @@ records, an asyncio task consumes them as :class:`~voicert.core.llm.TokenEvent`s
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Protocol
 
 from voicert.core.llm import TokenEvent
 from voicert.engine.base import TokenOut
 from voicert.engine.clients.detok import IncrementalDetokenizer
+
+
+class Sink(Protocol):
+    """Where a request's records go: a :class:`TokenStream`, or a blocking caller's sink."""
+
+    def put_threadsafe(self, event: TokenEvent | TokenOut) -> None: ...
 
 
 class TokenStream:
@@ -37,17 +45,16 @@ class TokenStream:
         self._queue.put_nowait(event)
 
     @staticmethod
-    def post_all(items: list[tuple[TokenStream, TokenEvent | TokenOut]]) -> None:
+    def post_all(items: Sequence[tuple[Sink, TokenEvent | TokenOut]]) -> None:
         """Called on a producer thread with one step's records: one loop wake-up per event loop,
         however many streams and tokens the step produced. Sinks without a loop (a warm-up's)
         get theirs directly."""
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-        for stream, event in items:
-            loop = getattr(stream, "_loop", None)
-            if loop is not None:
-                by_loop.setdefault(loop, []).append((stream, event))
+        for sink, event in items:
+            if isinstance(sink, TokenStream):
+                by_loop.setdefault(sink._loop, []).append((sink, event))
             else:
-                stream.put_threadsafe(event)
+                sink.put_threadsafe(event)
         for loop, batch in by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, batch)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from voicert.engine.core.kv_cache import BlockManager, OutOfBlocks, SeqBlocks
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.core.sequence import Sequence
-from voicert.engine.models.llama import LlamaModel
+from voicert.engine.models.base import Model
 
 
 @dataclass(slots=True)
@@ -25,7 +25,7 @@ class DraftState:
 
 class DraftModelProposer:
     def __init__(
-        self, model: LlamaModel, num_blocks: int, block_size: int, torchscript: bool = False
+        self, model: Model, num_blocks: int, block_size: int, torchscript: bool = False
     ) -> None:
         self.runner = ModelRunner(model, num_blocks, block_size, torchscript=torchscript)
         self.blocks = BlockManager(num_blocks, block_size)

@@ -122,26 +122,28 @@ class EngineCore:
         step's records: tokens in order, each finished request's final one."""
         now = time.perf_counter_ns()
         out: list[TokenOut] = []
-        step, pending, began = self._schedule(now, out)
-        if step is None:
+        launched = self._schedule(now, out)
+        if launched is None:
             return out
+        step, pending, began = launched
         tokens, drafts = self._run(step, pending, run_ahead)
         out.extend(self._postprocess(step, tokens, drafts, now, began))
         return out
 
-    def _schedule(self, now: int, out: list[TokenOut]) -> tuple[Step | None, Pending | None, int]:
+    def _schedule(self, now: int, out: list[TokenOut]) -> tuple[Step, Pending, int] | None:
         """(the step, its launched work, when its work began): the one launched ahead (its work
-        began when the step before it was read), else the scheduler's next, launched now.
-        Requests that can never fit end here (into ``out``)."""
+        began when the step before it was read), else the scheduler's next, launched now; None
+        when there is nothing to run. Requests that can never fit end here (into ``out``)."""
         if self._ahead is not None:
             (step, pending), self._ahead = self._ahead, None
             self.scheduler.bind_ahead(step)
             return step, pending, self._read_ns
-        step, failed = self.scheduler.schedule()
+        planned, failed = self.scheduler.schedule()
         for seq in failed:
             out.append(self._end(seq, FinishReason.ERROR, "prompt does not fit in the KV pool"))
-        if step is None:
-            return None, None, now
+        if planned is None:
+            return None
+        step = planned
         for chunk in step.chunks:
             if not chunk.seq.prefill_start_ns:
                 chunk.seq.prefill_start_ns = now
@@ -152,7 +154,9 @@ class EngineCore:
                     seq.draft = []  # picked under a mask, one token a step
         return step, self.runner.launch(step), now
 
-    def _run(self, step: Step, pending: Pending, run_ahead: bool) -> tuple[list[list[int]], list]:
+    def _run(
+        self, step: Step, pending: Pending, run_ahead: bool
+    ) -> tuple[list[list[int]], list[list[list[int]]] | None]:
         """Launch the next step behind this one where allowed, then wait for this one's tokens
         (per row; guided rows' picks under their grammars) and drafts."""
         if run_ahead and self.cfg.overlap and self.runner.graphs is not None:
@@ -169,7 +173,12 @@ class EngineCore:
         return result.tokens, result.drafts
 
     def _postprocess(
-        self, step: Step, tokens: list[list[int]], drafts: list, now: int, began: int
+        self,
+        step: Step,
+        tokens: list[list[int]],
+        drafts: list[list[list[int]]] | None,
+        now: int,
+        began: int,
     ) -> list[TokenOut]:
         """The scheduler takes the step's tokens (accepting drafts, finishing requests); the
         step is timed and recorded; its records go out."""
@@ -203,15 +212,16 @@ class EngineCore:
         allows (in place; guided rows carry no drafts, so one token per row)."""
         seqs = [c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs
         refused = [
-            i
+            (i, guide)
             for i, seq in enumerate(seqs)
-            if seq.guide is not None and tokens[i] and not seq.guide.allows(tokens[i][0])
+            if (guide := seq.guide) is not None and tokens[i] and not guide.allows(tokens[i][0])
         ]
         if refused:  # their logits, their masks: one batch
+            rows = [i for i, _ in refused]
             best = masked_argmax(
-                [seqs[i].guide for i in refused], pending.logits_rows(refused), self.guides.executor
+                [g for _, g in refused], pending.logits_rows(rows), self.guides.executor
             )
-            for i, tok in zip(refused, best):
+            for i, tok in zip(rows, best):
                 tokens[i][0] = tok
 
     def _guide_advance(self, emitted: list[tuple[Sequence, list[int]]]) -> None:

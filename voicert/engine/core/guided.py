@@ -95,6 +95,8 @@ class Guide:
         if self.allows(token):
             return token
         row = logits() if callable(logits) else logits  # [V]
+        if row is None:
+            raise ValueError("the grammar refuses the greedy token and no logits were given")
         return masked_argmax([self], row.unsqueeze(0))[0]
 
     def advance(self, token: int) -> None:

@@ -145,7 +145,9 @@ class PromptBuilder:
         orphans = next((i for i, m in enumerate(kept) if m.role != "tool"), len(kept) - 1)
         if orphans:  # tool outputs whose call was dropped: they go too (fewer tokens: it fits)
             return self._render(head + kept[orphans:])
-        return fits[lo]
+        ids = fits[lo]
+        assert ids is not None  # lo turns were measured and fit
+        return ids
 
 
 def build_prompt(tokenizer, messages: list[ChatMessage], budget: int) -> list[int]:

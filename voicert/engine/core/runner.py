@@ -13,8 +13,9 @@ import torch
 from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.kv_cache import SCRATCH_BLOCK
 from voicert.engine.core.scheduler import Step, bucket
+from voicert.engine.models.base import Model
 from voicert.engine.models.layers import pool_row
-from voicert.engine.models.llama import AttnInputs, LlamaModel
+from voicert.engine.models.llama import AttnInputs
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ PREFILL_BATCHES = (1, 2, 4, 8, 16)  # rows of a prefill step (graphs with rows *
 class ModelRunner:
     def __init__(
         self,
-        model: LlamaModel,
+        model: Model,
         num_blocks: int,
         block_size: int,
         cuda_graphs: bool = False,
@@ -108,7 +109,7 @@ class ModelRunner:
             )
 
     @staticmethod
-    def kv_bytes_per_block(model: LlamaModel, block_size: int, dtype: torch.dtype) -> int:
+    def kv_bytes_per_block(model: Model, block_size: int, dtype: torch.dtype) -> int:
         cfg = model.cfg
         elem = torch.tensor([], dtype=dtype).element_size()
         return (
@@ -231,7 +232,7 @@ class ModelRunner:
 class _Unpacked(torch.nn.Module):
     """The model's forward over plain tensors (a trace takes tensors, not AttnInputs)."""
 
-    def __init__(self, model: LlamaModel) -> None:
+    def __init__(self, model: Model) -> None:
         super().__init__()
         self.model = model
 
@@ -255,7 +256,7 @@ class TracedForward:
         return self.fn(ids, inp.positions, inp.slots, inp.block_tables, k_pool, v_pool)
 
 
-def traced_forward(model: LlamaModel, k_pool: torch.Tensor, v_pool: torch.Tensor, block_size: int):
+def traced_forward(model: Model, k_pool: torch.Tensor, v_pool: torch.Tensor, block_size: int):
     """A :class:`TracedForward` of ``model`` (traced on a one-token row that writes the scratch
     slot), or the model itself when tracing fails (logged). Shapes are not baked in: the trace
     records them as size ops, so any batch, width and block-table length runs through it."""

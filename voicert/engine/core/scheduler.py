@@ -238,16 +238,16 @@ class Scheduler:
                 else:
                     seq.draft = ngram_propose(seq.tokens, k)
                 need = len(seq.tokens) + len(seq.draft)
-            while not self.blocks.can_grow(seq.blocks, need) and seq.draft:
+            while not self.blocks.can_grow(seq.kv, need) and seq.draft:
                 seq.draft = []  # drop the drafts before anybody else's KV
                 need = len(seq.tokens)
-            while not self.blocks.can_grow(seq.blocks, need):
+            while not self.blocks.can_grow(seq.kv, need):
                 if not self._preempt_one(keep={id(s) for s in picked} | {id(seq)}):
                     break
-            if not self.blocks.can_grow(seq.blocks, need):
+            if not self.blocks.can_grow(seq.kv, need):
                 self._preempt_one(keep=set(), victim=seq)  # alone it still does not fit: requeue
                 continue
-            self.blocks.grow(seq.blocks, need)
+            self.blocks.grow(seq.kv, need)
             picked.append(seq)
         # rotate so sequences beyond max_batch get their turn next time
         if len(seqs) > self.cfg.max_batch:
@@ -280,13 +280,12 @@ class Scheduler:
         ):
             return None
         need = sum(
-            self.blocks.blocks_for(len(s.tokens) + 2 * k + 1) - len(s.blocks.table)
-            for s in step.seqs
+            self.blocks.blocks_for(len(s.tokens) + 2 * k + 1) - len(s.kv.table) for s in step.seqs
         )
         if need > self.blocks.available:
             return None
         for s in step.seqs:
-            self.blocks.grow(s.blocks, len(s.tokens) + 2 * k + 1)
+            self.blocks.grow(s.kv, len(s.tokens) + 2 * k + 1)
         return Step("decode", seqs=list(step.seqs), drafts=k)
 
     def bind_ahead(self, step: Step) -> None:
@@ -307,7 +306,7 @@ class Scheduler:
             if victim is None:
                 return False
         self.running.remove(victim)
-        self.blocks.free_seq(victim.blocks)
+        self.blocks.free_seq(victim.kv)
         victim.blocks = None
         victim.num_computed = 0
         victim.draft = []
@@ -330,7 +329,7 @@ class Scheduler:
             for i, (chunk, toks) in enumerate(zip(step.chunks, sampled)):
                 seq = chunk.seq
                 seq.num_computed = chunk.end
-                self.blocks.register_full(seq.blocks, seq.tokens, seq.num_computed)
+                self.blocks.register_full(seq.kv, seq.tokens, seq.num_computed)
                 if chunk.samples:
                     seq.status = Status.DECODE
                     if drafts is not None:
@@ -369,7 +368,7 @@ class Scheduler:
                 break
         seq.tokens += kept
         if reason is None:
-            self.blocks.register_full(seq.blocks, seq.tokens, seq.num_computed)
+            self.blocks.register_full(seq.kv, seq.tokens, seq.num_computed)
         else:
             self._finish(seq, reason)
         return kept

@@ -41,6 +41,14 @@ class Sequence:
             self.tokens = list(self.prompt)
 
     @property
+    def kv(self) -> SeqBlocks:
+        """Its KV blocks: an admitted sequence (prefill or decode) has them; asking a waiting
+        one is a scheduler bug, said as such."""
+        if self.blocks is None:
+            raise RuntimeError(f"sequence {self.id} holds no KV blocks ({self.status.value})")
+        return self.blocks
+
+    @property
     def id(self) -> str:
         return self.request.request_id
 
