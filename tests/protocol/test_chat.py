@@ -203,3 +203,18 @@ def test_streamed_output_is_the_text_cut_where_a_stop_string_first_appeared(text
         out.append(m.flush())
         want = text
     assert "".join(out) == want
+
+
+def test_a_huge_stop_string_costs_linear_work_not_quadratic():
+    """A 400,000-character stop string (the body limit allows it) with a reply that keeps
+    almost matching it: the old suffix scan took minutes per delta on the event loop. The bound
+    is 100x what the linear matcher needs on a busy 2-core machine, and far below the old one."""
+    import time
+
+    stop = "ab" * 200_000
+    m = chat.StopMatcher((stop,))
+    t0 = time.perf_counter()
+    sent = "".join(m.push("ab" * 50)[0] for _ in range(100))
+    assert sent == "" and len(m.held) == 10_000  # all of it could still become the stop string
+    assert m.push("x") == ("ab" * 5_000 + "x", False)
+    assert time.perf_counter() - t0 < 30

@@ -293,30 +293,67 @@ def _stop(raw: Any) -> tuple[str, ...]:
 class StopMatcher:
     """Cuts streamed text at the first stop string. ``push`` returns the text safe to send now
     (it holds back a tail that could still grow into a stop string) and whether a stop string
-    was reached; ``flush`` returns what is held back at the end of the reply."""
+    was reached; ``flush`` returns what is held back at the end of the reply.
+
+    Linear in the text and the stop strings (Knuth-Morris-Pratt, one automaton per stop string):
+    each pushed character moves every automaton once, amortised, however long a stop string a
+    client sends (a quadratic suffix scan froze the event loop for minutes at the body limit)."""
 
     def __init__(self, stops: tuple[str, ...]) -> None:
-        self.stops = stops
+        self.stops = tuple(s for s in stops if s)
+        self._fail = [_prefix_function(s) for s in self.stops]
+        self._state = [0] * len(self.stops)  # per stop: the longest prefix the text ends with
         self.held = ""
 
     def push(self, delta: str) -> tuple[str, bool]:
         if not self.stops:
             return delta, False
         text = self.held + delta
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        cut = -1
+        for k, stop in enumerate(self.stops):
+            end, self._state[k] = self._advance(k, delta)
+            if end >= 0:  # this stop's first occurrence ends at delta[end]
+                start = len(self.held) + end + 1 - len(stop)
+                cut = start if cut < 0 else min(cut, start)
         if cut >= 0:
             self.held = ""
+            self._state = [0] * len(self.stops)
             return text[:cut], True
-        keep = max(
-            (n for s in self.stops for n in range(len(s) - 1, 0, -1) if text.endswith(s[:n])),
-            default=0,
-        )
+        keep = max(self._state)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False
 
+    def _advance(self, k: int, delta: str) -> tuple[int, int]:
+        """Stop ``k``'s automaton over ``delta``: (index in delta where the stop string is
+        first complete, or -1; the state after)."""
+        stop, fail, q = self.stops[k], self._fail[k], self._state[k]
+        for i, ch in enumerate(delta):
+            while q and stop[q] != ch:
+                q = fail[q - 1]
+            if stop[q] == ch:
+                q += 1
+            if q == len(stop):
+                return i, q
+        return -1, q
+
     def flush(self) -> str:
         held, self.held = self.held, ""
+        self._state = [0] * len(self.stops)
         return held
+
+
+def _prefix_function(s: str) -> list[int]:
+    """pi[i]: the length of the longest proper prefix of ``s[: i + 1]`` that is also its
+    suffix (KMP's failure links), in O(len(s))."""
+    pi = [0] * len(s)
+    q = 0
+    for i in range(1, len(s)):
+        while q and s[i] != s[q]:
+            q = pi[q - 1]
+        if s[i] == s[q]:
+            q += 1
+        pi[i] = q
+    return pi
 
 
 def finish_reason(engine_reason: str, called: bool = False) -> str:
