@@ -101,6 +101,29 @@ async def test_realtime_and_twilio_accept_the_token(guarded):
         assert ws.close_code == 1000
 
 
+async def test_a_repeated_authorization_origin_or_host_header_is_400_not_500(guarded):
+    from websockets.datastructures import Headers
+
+    url = f"ws://127.0.0.1:{guarded.port}{STREAM_PATH}"
+    for name, values in (
+        ("Authorization", ["Bearer s3cret", "Bearer nope"]),
+        ("Origin", ["https://ok.example", "https://evil.example"]),
+        ("Host", ["evil.example"]),  # the client's own Host header is the first
+    ):
+        headers = Headers([(name, v) for v in values])
+        assert await refused(url + "?token=s3cret", additional_headers=headers) == 400, name
+    async with connect(url, additional_headers={"Authorization": "Bearer s3cret"}) as ws:
+        await ws.send(p.encode(p.SessionStart()))  # the server goes on serving
+        assert p.decode_server(await ws.recv())["type"] == "session.started"
+
+
+def test_single_valued_headers_are_read_once_case_blind():
+    ok = access.single_values([("authorization", "Bearer a"), ("X-Other", "1"), ("X-Other", "2")])
+    assert ok == {"Authorization": "Bearer a"}
+    twice = access.single_values([("Origin", "a"), ("origin", "b")])
+    assert isinstance(twice, access.Refusal) and twice.status == 400 and "Origin" in twice.reason
+
+
 async def test_foreign_browser_origin_is_403(guarded):
     url = f"ws://127.0.0.1:{guarded.port}{STREAM_PATH}?token=s3cret"
     assert await refused(url, origin="https://evil.example") == 403

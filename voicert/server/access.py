@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import http
+from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
 
@@ -19,6 +20,27 @@ class Refusal:
 def split_list(value: str) -> tuple[str, ...]:
     """``"a, b,,c"`` -> ``("a", "b", "c")``."""
     return tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+SINGLE_HEADERS = ("Authorization", "Origin", "Host")  # at most once in a request (RFC 9110, 6454)
+
+
+def single_values(
+    pairs: Iterable[tuple[str, str]], names: tuple[str, ...] = SINGLE_HEADERS
+) -> dict[str, str] | Refusal:
+    """The values of the headers that may appear at most once (absent ones left out), or a 400
+    naming the one that came twice: two ``Authorization`` headers leave which token counts to
+    whoever reads them, so the request is refused, as NGINX does a repeated ``Host``."""
+    wanted = {n.lower(): n for n in names}
+    found: dict[str, str] = {}
+    for name, value in pairs:
+        key = wanted.get(name.lower())
+        if key is None:
+            continue
+        if key in found:
+            return Refusal(http.HTTPStatus.BAD_REQUEST, f"more than one {key} header")
+        found[key] = value
+    return found
 
 
 def presented_token(path: str, authorization: str | None) -> str | None:

@@ -276,13 +276,18 @@ class VoiceServer:
     def _refuse(self, ws: ServerConnection, request: Request) -> Response | None:
         """Bearer token and origin checks for a WebSocket route (see server/access.py)."""
         s = self.cfg.server
-        refusal = access.check(
-            request.path,
-            request.headers.get("Authorization"),
-            request.headers.get("Origin"),
-            access.split_list(s.auth_tokens),
-            access.split_list(s.allowed_origins),
-            request.headers.get("Host"),
+        single = access.single_values(request.headers.raw_items())
+        refusal = (
+            single
+            if isinstance(single, access.Refusal)
+            else access.check(
+                request.path,
+                single.get("Authorization"),
+                single.get("Origin"),
+                access.split_list(s.auth_tokens),
+                access.split_list(s.allowed_origins),
+                single.get("Host"),
+            )
         )
         if refusal is None:
             return None
