@@ -163,6 +163,31 @@ def test_bad_tools_and_results_are_invalid_messages(msg):
     assert info.value.code is p.ErrorCode.INVALID
 
 
+@pytest.mark.parametrize(
+    "msg",
+    [
+        {
+            "type": "session.start",
+            "options": {
+                "tools": [
+                    {"name": "f", "parameters": {"type": "object", "properties": {"a": b"x"}}}
+                ]
+            },
+        },
+        {"type": "tool.result", "call_id": "c", "output": b"\x00\x01"},
+        {"type": "tool.result", "call_id": "c", "output": {"rows": [b"x"]}},
+        {"type": "tool.result", "call_id": "c", "output": {"x": float("nan")}},
+    ],
+    ids=["bin-in-a-schema", "bin-output", "bin-in-an-output", "nan-in-an-output"],
+)
+def test_msgpack_values_json_cannot_carry_are_invalid_messages_not_internal_errors(msg):
+    """msgpack has bin values (and NaN) that JSON has no word for: a TypeError escaped the codec
+    and closed the session with 1011 internal_error."""
+    with pytest.raises(p.ProtocolError) as info:
+        p.decode_client(msgpack.packb(msg, use_bin_type=True))
+    assert info.value.code is p.ErrorCode.INVALID
+
+
 def test_tool_events_go_out_from_the_core_events():
     from voicert.core import events as ev
 

@@ -64,7 +64,10 @@ class ToolSpec:
         schema = {"type": "object", "properties": {}} if parameters is None else parameters
         if not isinstance(schema, dict) or schema.get("type", "object") != "object":
             raise ToolSchemaError(f"tool {name}: parameters must be a JSON schema of type object")
-        text = json.dumps(schema, sort_keys=True)
+        try:  # a schema is JSON: not bytes (msgpack bin), NaN or other Python values
+            text = json.dumps(schema, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise ToolSchemaError(f"tool {name}: parameters are not JSON ({exc})") from None
         problem = _schema_problem(text)
         if problem:
             raise ToolSchemaError(f"tool {name}: parameters: {problem[:300]}")

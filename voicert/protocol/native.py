@@ -438,9 +438,12 @@ def _session_update(msg: dict) -> SessionUpdate:
 def _tool_result(msg: dict) -> ToolResultIn:
     output = msg.get("output")
     if output is not None and not isinstance(output, str):
-        import json as _json
-
-        output = _json.dumps(output)  # an object is sent on as its JSON
+        try:  # an object is sent on as its JSON
+            output = json.dumps(output, allow_nan=False)
+        except (TypeError, ValueError):
+            raise ProtocolError(
+                ErrorCode.INVALID, "tool.result: 'output' must be a string or a JSON value"
+            ) from None
     if output is None:
         raise ProtocolError(ErrorCode.INVALID, "tool.result: missing field 'output'")
     return ToolResultIn(_field(msg, "call_id", str), output, _field(msg, "respond", bool, True))
