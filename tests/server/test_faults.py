@@ -135,7 +135,16 @@ async def test_sessions_past_the_limit_are_refused_with_1013(services):
             with pytest.raises(InvalidStatus):  # a full server refuses new sockets up front...
                 async with connect(stream_url(srv)):
                     pass
+            # ...and says so to a load balancer
+            ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{srv.port}/readyz")
+            assert ready == (503, "not ready (session limit (1) reached)\n")
         await assert_server_still_serves(stream_url(srv))  # ...and the slot frees on close
+        for _ in range(300):  # (that session's own close is handled a moment after its socket's)
+            ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{srv.port}/readyz")
+            if ready[0] == 200:
+                break
+            await asyncio.sleep(0.1)
+        assert ready == (200, "ready\n")
     finally:
         await srv.shutdown()
 

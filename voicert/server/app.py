@@ -217,7 +217,9 @@ class VoiceServer:
         return text(http.HTTPStatus.OK, "ok\n")
 
     async def _readyz(self, request: HttpRequest) -> HttpResponse:
-        why = self.unready_reason()
+        """200 when a new session would be taken now; 503 naming why not (a part down, or this
+        process at its session or connection limit: a load balancer sends callers elsewhere)."""
+        why = self.unready_reason() or self.full_reason()
         if why is None:
             return text(http.HTTPStatus.OK, "ready\n")
         return text(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready ({why})\n")
@@ -261,16 +263,19 @@ class VoiceServer:
         why = self.unready_reason()
         if why is not None:
             return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready ({why})\n")
+        full = self.full_reason()
+        if full is not None:
+            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"{full}\n")
+        return None
+
+    def full_reason(self) -> str | None:
+        """Why this process takes no new session now (its share of ``server.max_sessions`` or
+        ``server.max_connections`` is in use), or None."""
         s = self.cfg.server
-        if self.services.metrics.active_sessions >= s.max_sessions:
-            return ws.respond(
-                http.HTTPStatus.SERVICE_UNAVAILABLE, f"session limit ({s.max_sessions}) reached\n"
-            )
+        if self.services is not None and self.services.metrics.active_sessions >= s.max_sessions:
+            return f"session limit ({s.max_sessions}) reached"
         if len(self.connections) >= s.max_connections:
-            return ws.respond(
-                http.HTTPStatus.SERVICE_UNAVAILABLE,
-                f"connection limit ({s.max_connections}) reached\n",
-            )
+            return f"connection limit ({s.max_connections}) reached"
         return None
 
     def _refuse(self, ws: ServerConnection, request: Request) -> Response | None:
