@@ -56,6 +56,8 @@ class ServerConfig:
     # the server and the engine process (full collections then take ~1 ms, not tens of ms)
     start_timeout_s: float = 10.0  # a socket that has not started a session by then is closed
     idle_timeout_s: float = 120.0  # a session whose client sent nothing for this long is closed
+    voice_idle_timeout_s: float = 600.0  # a session that heard no speech and typed no text, and
+    # ran no reply, for this long is closed (its client may still be streaming silence); 0: never
     max_connections: int = 256  # open sockets, sessions or not (max_sessions counts sessions)
     max_history_items: int = 200  # conversation items a session keeps (the oldest go first)
     max_text_chars: int = 16000  # one text message (user.text, an item, instructions, a prompt)
@@ -83,6 +85,9 @@ class ServerConfig:
         _check(self.send_timeout_s > 0, "server.send_timeout_s", "must be > 0")
         _check(self.start_timeout_s > 0, "server.start_timeout_s", "must be > 0")
         _check(self.idle_timeout_s > 0, "server.idle_timeout_s", "must be > 0")
+        _check(
+            self.voice_idle_timeout_s >= 0, "server.voice_idle_timeout_s", "must be >= 0 (0: off)"
+        )
         _check(
             self.max_connections >= self.max_sessions,
             "server.max_connections",

@@ -149,6 +149,32 @@ async def test_sessions_past_the_limit_are_refused_with_1013(services):
         await srv.shutdown()
 
 
+async def test_a_session_that_streams_only_silence_is_closed_after_the_voice_idle_limit(services):
+    """A client that keeps sending silent frames is not idle to the frame timeout, but squats a
+    session slot: no speech, no text and no reply for server.voice_idle_timeout_s closes it."""
+    srv = await server_with(services, voice_idle_timeout_s=1.0)
+    try:
+        async with connect(stream_url(srv)) as ws:
+            await ws.send(p.encode(p.SessionStart()))
+            await recv_until(ws, "session.started")
+
+            async def silence() -> None:
+                frame = p.encode(p.Audio(bytes(640)))  # 20 ms of pcm16 zeros
+                while True:
+                    await ws.send(frame)
+                    await asyncio.sleep(0.02)
+
+            streaming = asyncio.create_task(silence())
+            try:
+                err = await asyncio.wait_for(recv_until(ws, "error"), 60)
+            finally:
+                streaming.cancel()
+            assert err["code"] == p.ErrorCode.IDLE_TIMEOUT.value and err["fatal"]
+            assert "no speech or text" in err["message"]
+    finally:
+        await srv.shutdown()
+
+
 async def test_an_idle_session_is_closed_after_the_idle_timeout(services):
     srv = await server_with(services, idle_timeout_s=1.0)
     try:

@@ -185,6 +185,7 @@ class Session:
         self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
         self._detached: set[asyncio.Task] = set()  # sends and drains not waited for
+        self.activity_ns = now_ns()  # the caller's last speech or text, or a reply's end
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
         self.tool_choice = ToolChoice(ToolChoiceMode(self.cfg.tools.choice))
         self.set_tools(settings.tools, settings.tool_choice)
@@ -271,6 +272,8 @@ class Session:
                 self._barge_in()
                 await self.emit(action)
         elif isinstance(action, (ev.SpeechStarted, ev.SpeechStopped, ev.TranscriptPartial)):
+            if isinstance(action, ev.SpeechStarted):
+                self.touch()
             await self.emit(action)  # core events: the door maps them onto its wire
         else:
             self._act_now(action)
@@ -341,7 +344,14 @@ class Session:
     def add_user_text(self, text: str) -> Item:
         """A typed user message joins the conversation (after any reply now streaming).
         Raises ProtocolError(TEXT_TOO_LONG)."""
-        return self.add_item(Role.USER, text)
+        item = self.add_item(Role.USER, text)
+        self.touch()
+        return item
+
+    def touch(self) -> None:
+        """The session is in use now (speech, text, a reply running): the voice-idle clock
+        (``server.voice_idle_timeout_s``) starts again."""
+        self.activity_ns = now_ns()
 
     def add_item(self, role: Role | str, text: str, item_id: str | None = None) -> Item:
         """Any message joins the conversation. Raises ProtocolError(TEXT_TOO_LONG)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import dataclasses
 import logging
 import time
@@ -18,6 +19,7 @@ from voicert.core.session import ENCODINGS, SessionSettings
 from voicert.protocol import native as p
 from voicert.server.access import RateLimiter
 from voicert.server.completions import served_model_id
+from voicert.telemetry.latency import now_ns
 from voicert.transport.spoken import PacingClock, bytes_per_ms
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,16 @@ class BaseConnection:
         s = self.svc.cfg.server
         if self.session is None:
             return self.opened_at + s.start_timeout_s
-        return self.last_message + s.idle_timeout_s
+        return min(self.last_message + s.idle_timeout_s, self._voice_deadline())
+
+    def _voice_deadline(self) -> float:
+        """When the session has gone ``server.voice_idle_timeout_s`` without speech, text or a
+        reply (a client that streams only silence holds its slot no longer), in loop time."""
+        limit = self.svc.cfg.server.voice_idle_timeout_s
+        if not limit or self.session is None:
+            return math.inf
+        quiet_s = (now_ns() - self.session.activity_ns) / 1e9
+        return asyncio.get_running_loop().time() - quiet_s + limit
 
     def _on_watchdog(self) -> None:
         self._watchdog = None
@@ -110,15 +121,16 @@ class BaseConnection:
             )
         elif not self.session.idle():  # a reply still running is activity
             self.last_message = now
+            self.session.touch()
             self._arm_watchdog()
         else:
-            self._detach(
-                self._time_out(
-                    p.ErrorCode.IDLE_TIMEOUT,
-                    f"nothing received for {s.idle_timeout_s:g} s",
-                    CLOSE_NORMAL,
-                )
+            quiet = now >= self._voice_deadline()
+            why = (
+                f"no speech or text for {s.voice_idle_timeout_s:g} s"
+                if quiet
+                else f"nothing received for {s.idle_timeout_s:g} s"
             )
+            self._detach(self._time_out(p.ErrorCode.IDLE_TIMEOUT, why, CLOSE_NORMAL))
 
     async def _time_out(self, code: p.ErrorCode, message: str, close_code: int) -> None:
         log.info("connection %s: %s: closing", self.ws.id, message)
