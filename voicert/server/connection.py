@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import math
 import dataclasses
 import logging
+import math
 import time
 import uuid
 
