@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voicert.core.chat import AUTO, ChatMessage, ToolCall, ToolChoice, ToolSpec
+from voicert.protocol import jsontext
 from voicert.protocol.tools import WireError, choice_from_wire, tools_from_wire
 
 MAX_STOP_STRINGS = 4
@@ -100,7 +101,7 @@ def _bad(message: str, param: str | None = None, code: str = "invalid_value") ->
 def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
     """The request a body asks for, or :class:`ChatError` saying what is wrong with it."""
     try:
-        data = json.loads(body)
+        data = jsontext.loads(body)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _bad(f"body is not JSON: {exc}", code="invalid_json") from None
     if not isinstance(data, dict):

@@ -27,6 +27,7 @@ from voicert.core.session import (
     SessionRefused,
     SessionSettings,
 )
+from voicert.protocol import jsontext
 from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tools_from_wire
 
 PROTOCOL_VERSION = 1
@@ -481,9 +482,11 @@ def decode_client(frame: bytes | str) -> ClientEvent:
     text_frame = isinstance(frame, str)
     try:
         if text_frame:
-            msg = json.loads(frame)
+            msg = jsontext.loads(frame)
         else:
             msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
+    except jsontext.NotText as exc:
+        raise ProtocolError(ErrorCode.INVALID, str(exc)) from None
     except Exception:  # msgpack raises several unrelated types for garbage input
         codec = "JSON" if text_frame else "msgpack"
         raise ProtocolError(ErrorCode.MALFORMED, f"message is not valid {codec}") from None

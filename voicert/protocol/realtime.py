@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
 from voicert.core.chat import AUTO, ToolChoice, ToolSpec
+from voicert.protocol import jsontext
 from voicert.protocol.tools import (
     WireError,
     choice_from_wire,
@@ -696,7 +697,9 @@ def decode_client(frame: str | bytes) -> tuple[ClientEvent, str | None]:
     if isinstance(frame, bytes):
         raise RealtimeError("invalid_json", "binary frames are not supported; send JSON text")
     try:
-        msg = json.loads(frame)
+        msg = jsontext.loads(frame)
+    except jsontext.NotText as exc:
+        raise RealtimeError("invalid_value", f"The message is not text: {exc}.") from None
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise RealtimeError("invalid_json", "The message is not valid JSON.") from None
     if not isinstance(msg, dict):

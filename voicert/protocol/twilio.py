@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from voicert.protocol import jsontext
+
 MULAW = "audio/x-mulaw"
 SAMPLE_RATE = 8000
 FRAME_BYTES = 160  # 20 ms of 8 kHz mu-law: the frame size Twilio sends and expects
@@ -100,7 +102,7 @@ def decode_inbound(text: str | bytes) -> InboundEvent | None:
     if isinstance(text, bytes):
         raise TwilioError("binary frame: Media Streams messages are JSON text")
     try:
-        msg = json.loads(text)
+        msg = jsontext.loads(text)
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise TwilioError("not valid JSON") from None
     kind = _get(msg, "event", str, "message")
