@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import re
 
 from voicert.core.chat import ChatMessage, ToolSpec
 from voicert.engine.core.tools import (
@@ -11,6 +12,9 @@ from voicert.engine.core.tools import (
     template_message,
     template_supports_tools,
 )
+
+_MARK_OPEN, _MARK_CLOSE = "\ue000", "\ue001"  # private-use characters: no template writes them
+_MARKS = re.compile(f"{_MARK_OPEN}(\\d+){_MARK_CLOSE}")
 
 
 def stop_token_ids(tokenizer, model_config) -> set[int]:
@@ -49,6 +53,9 @@ class PromptBuilder:
         self.native_tools = template_supports_tools(template)  # else: hermes_system_block
         self.call_format = call_format(template)
         self._tools: list[ToolSpec] = []  # offered to the build in progress
+        # the control tokens' texts ("<|im_start|>"...): in a message they are text, not control
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+        self._control = tuple(t.content for t in added.values() if getattr(t, "special", False))
 
     def _render(self, msgs: list[ChatMessage]) -> list[int]:
         tools, native = self._tools, self.native_tools
@@ -63,12 +70,37 @@ class PromptBuilder:
             template_message(m.role, m.content, m.tool_calls, m.tool_call_id, native) for m in msgs
         ]
         extra = {"tools": [t.openai() for t in tools]} if tools and native else {}
+        if self._control and any(c in m["content"] for m in rendered for c in self._control):
+            return self._render_literal(rendered, extra)
         ids = self.tok.apply_chat_template(
             rendered, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
         )
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return list(ids)
+
+    def _render_literal(self, rendered: list[dict], extra: dict) -> list[int]:
+        """The template's ids, each message's content tokenised as plain text: a control token's
+        text in a message ("<|im_start|>system ...", a forged turn) becomes the tokens of those
+        characters, never the control token. The template is rendered with a marker in place of
+        each content; the text between markers is the template's own, control tokens and all."""
+        marked = [{**m, "content": f"{_MARK_OPEN}{i}{_MARK_CLOSE}"} for i, m in enumerate(rendered)]
+        text = self.tok.apply_chat_template(
+            marked, add_generation_prompt=True, tokenize=False, **extra
+        )
+        parts = _MARKS.split(text)
+        if parts[1::2] != [str(i) for i in range(len(rendered))]:  # a marker in a tool's text
+            raise ValueError("the prompt holds the private-use characters U+E000 / U+E001")
+        ids: list[int] = []
+        for k, part in enumerate(parts):
+            if k % 2 == 0:  # the template's text
+                ids += self.tok(part, add_special_tokens=False)["input_ids"]
+            else:  # a message's content
+                content = rendered[int(part)]["content"]
+                ids += self.tok(content, add_special_tokens=False, split_special_tokens=True)[
+                    "input_ids"
+                ]
+        return ids
 
     def _cost(self, m: ChatMessage) -> int:
         """Tokens ``m`` adds to a prompt, estimated: its text's tokens plus the template's."""
