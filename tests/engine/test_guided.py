@@ -291,3 +291,29 @@ def test_a_tokenizer_json_llguidance_misreads_is_read_from_the_tokens_bytes(core
     a.unsafe_compute_mask_ptr(ma.ctypes.data, words * 4)
     b.unsafe_compute_mask_ptr(mb.ctypes.data, words * 4)
     assert (ma == mb).all()
+
+
+def test_a_schema_with_defs_and_refs_is_decoded_under_and_its_calls_validate(core):
+    """pydantic's and msgspec's schemas of nested types point into themselves ($defs, $ref to
+    "#/$defs/..." and "#/properties/..."); nested under a call they used to miss, and every
+    reply that offered the tool failed."""
+    address = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["city"],
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+    }
+    schema = {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["home", "work"],
+        "properties": {"home": {"$ref": "#/$defs/Address"}, "work": {"$ref": "#/properties/home"}},
+        "$defs": {"Address": address},
+    }
+    move = ToolSpec.of("move", "Move house", schema)
+    for rid, others in (("one", []), ("two", [CANCEL])):  # alone, and in an anyOf of tools
+        choice = ToolChoice(ToolChoiceMode.NAMED, "move")
+        ((ids, end),) = _run(core, _ask(rid, [move, *others], choice)).values()
+        (call,) = _calls(core, ids)
+        assert call.name == "move" and end == FinishReason.STOP
+        jsonschema.validate(json.loads(call.arguments), schema)

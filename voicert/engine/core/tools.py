@@ -46,20 +46,64 @@ def template_supports_tools(chat_template: str | None) -> bool:
     return "tools" in (chat_template or "")
 
 
-def _call_schema(tool: ToolSpec, fmt: CallFormat) -> dict:
+def _call_schema(tool: ToolSpec, fmt: CallFormat, defs: dict[str, Any]) -> dict:
+    """One call's schema: the tool's name and its arguments. A tool schema with ``$ref`` s is
+    placed in ``defs`` (the call grammar's root ``$defs``; see :func:`_hoisted`) and referred to."""
     key = "parameters" if fmt is CallFormat.LLAMA3 else "arguments"
+    args = tool.schema
+    if '"$ref"' in tool.parameters:
+        defs.update(_hoisted(tool.name, args))
+        args = {"$ref": f"#/$defs/{tool.name}__root"}
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, key: tool.schema},
+        "properties": {"name": {"const": tool.name}, key: args},
         "required": ["name", key],
         "additionalProperties": False,
     }
 
 
 def _calls_schema(tools: list[ToolSpec], fmt: CallFormat) -> str:
-    schemas = [_call_schema(t, fmt) for t in tools]
+    defs: dict[str, Any] = {}
+    schemas = [_call_schema(t, fmt, defs) for t in tools]
     schema = schemas[0] if len(schemas) == 1 else {"anyOf": schemas}
+    if defs:
+        schema = {**schema, "$defs": defs}
     return json.dumps({**schema, "x-guidance": _JSON_STYLE})
+
+
+def _hoisted(tool: str, schema: dict) -> dict[str, Any]:
+    """A tool schema whose ``$ref`` s point into it from its root ("#", "#/$defs/Address",
+    "#/definitions/...", "#/properties/..."), as the call grammar's root definitions: the schema
+    itself as ``{tool}__root`` and each of its definitions as ``{tool}__$defs__{name}``, every
+    pointer rewritten to match. Nested under a call as it is, its pointers would resolve against
+    the call's root and miss (pydantic's and msgspec's schemas of nested types have them)."""
+    root = dict(schema)
+    defs: dict[str, Any] = {}
+    for section in ("$defs", "definitions"):
+        for name, sub in (root.pop(section, None) or {}).items():
+            defs[f"{tool}__{section}__{name}"] = _repointed(tool, sub)
+    defs[f"{tool}__root"] = _repointed(tool, root)
+    return defs
+
+
+def _repointed(tool: str, value: Any) -> Any:
+    """``value`` with every local ``$ref`` moved to where :func:`_hoisted` puts its target."""
+    if isinstance(value, list):
+        return [_repointed(tool, v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    out = {k: _repointed(tool, v) for k, v in value.items()}
+    ref = value.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#"):
+        path = ref[1:].lstrip("/")
+        head, _, rest = path.partition("/")
+        if head in ("$defs", "definitions") and rest:
+            name, _, tail = rest.partition("/")
+            target = f"{tool}__{head}__{name}" + (f"/{tail}" if tail else "")
+        else:
+            target = f"{tool}__root" + (f"/{path}" if path else "")
+        out["$ref"] = f"#/$defs/{target}"
+    return out
 
 
 def offered(tools: tuple[ToolSpec, ...], choice: ToolChoice) -> list[ToolSpec]:
