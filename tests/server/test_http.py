@@ -67,6 +67,30 @@ async def test_a_malformed_request_gets_a_4xx_and_the_server_goes_on(server, jun
     assert status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "".join(f"X-H{i}: v\r\n" for i in range(500)),  # too many fields
+        "".join(f"X-H{i}: v\r\n" for i in range(1500)),
+        "X-Big: " + "v" * 100_000 + "\r\n",  # one huge value
+    ],
+    ids=["500-headers", "1500-headers", "100kb-value"],
+)
+@pytest.mark.parametrize("path", ["/healthz", "/v1/stream"])
+async def test_oversized_heads_get_431_however_they_arrive(server, extra, path):
+    """A head that arrives in one piece was parsed whatever its size (h11 bounds only heads that
+    arrive in pieces) and answered 200, where Envoy and NGINX answer 431."""
+    upgrade = (
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        if path == "/v1/stream"
+        else ""
+    )
+    head = f"GET {path} HTTP/1.1\r\nHost: x\r\n{upgrade}{extra}\r\n".encode()
+    assert status_of(await raw(server.port, head)) == 431
+    assert status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+
+
 async def test_a_request_that_never_completes_is_closed_after_the_head_timeout(server, monkeypatch):
     monkeypatch.setattr(vhttp, "HEAD_TIMEOUT_S", 0.2)
     got = await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # no blank line

@@ -28,6 +28,8 @@ from websockets.server import ServerProtocol
 
 log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers
+MAX_HEADERS = 100  # header fields in one request (Envoy's default)
+MAX_HEADER_BYTES = 8 * 1024  # one header line (NGINX's large_client_header_buffers: 8k)
 HEAD_TIMEOUT_S = 10.0  # a plain request (head and body) must arrive within this
 SERVER_NAME = "voicert"
 
@@ -106,6 +108,20 @@ class Routes:
         return handler
 
 
+def head_too_large(event: h11.Request, raw: bytes) -> str | None:
+    """Why a request's head is refused with 431, or None. h11 bounds a head that arrives in
+    pieces; one that arrives whole is parsed whatever its size, so the limits are checked here:
+    the head's bytes, the number of header fields and the longest field."""
+    end = raw.find(b"\r\n\r\n")
+    if end < 0 or end > MAX_HEAD_BYTES:
+        return f"request head over {MAX_HEAD_BYTES} bytes"
+    if len(event.headers) > MAX_HEADERS:
+        return f"more than {MAX_HEADERS} header fields"
+    if any(len(name) + len(value) + 2 > MAX_HEADER_BYTES for name, value in event.headers):
+        return f"a header field over {MAX_HEADER_BYTES} bytes"
+    return None
+
+
 def _is_upgrade(event: h11.Request) -> bool:
     """A GET that asks for a WebSocket: websockets takes it from here, and answers a malformed
     handshake (a missing ``Connection`` or key) as it does."""
@@ -181,6 +197,12 @@ class HttpDoor(asyncio.Protocol):
                 return
             if isinstance(event, h11.Request):
                 self.request = event
+                too_large = head_too_large(event, self.raw)
+                if too_large is not None:
+                    self._finish(
+                        text(http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"{too_large}\n")
+                    )
+                    return
                 if _is_upgrade(event):
                     self._hand_to_websockets()
                     return
