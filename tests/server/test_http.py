@@ -129,3 +129,38 @@ async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer
     got = await asyncio.wait_for(reader.read(), 30)
     writer.close()
     assert status_of(got) == 200 and got.endswith(b"ok\n")
+
+
+def _options(path: str, origin: str, method: str = "POST") -> bytes:
+    return (
+        f"OPTIONS {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: {origin}\r\n"
+        f"Access-Control-Request-Method: {method}\r\n"
+        "Access-Control-Request-Headers: authorization, content-type\r\n\r\n"
+    ).encode()
+
+
+def _header(response: bytes, name: str) -> str | None:
+    for line in response.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        key, _, value = line.decode("latin-1").partition(":")
+        if key.strip().lower() == name.lower():
+            return value.strip()
+    return None
+
+
+async def test_a_cors_preflight_from_the_servers_own_page_is_answered(server):
+    """A page on an admitted origin (here the server's own) could not use the HTTP API: its
+    preflight got 405 and no Access-Control-Allow-Origin."""
+    own = f"http://127.0.0.1:{server.port}"
+    got = await raw(server.port, _options("/v1/chat/completions", own).replace(
+        b"Host: 127.0.0.1", f"Host: 127.0.0.1:{server.port}".encode()))  # fmt: skip
+    assert status_of(got) == 204
+    assert _header(got, "Access-Control-Allow-Origin") == own
+    assert "POST" in (_header(got, "Access-Control-Allow-Methods") or "")
+    assert "authorization" in (_header(got, "Access-Control-Allow-Headers") or "").lower()
+    evil = await raw(server.port, _options("/v1/chat/completions", "https://evil.example"))
+    assert status_of(evil) == 403 and _header(evil, "Access-Control-Allow-Origin") is None
+    health = (
+        f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\nOrigin: {own}\r\n\r\n"
+    ).encode()
+    got = await raw(server.port, health)  # the answer itself is readable by that page
+    assert status_of(got) == 200 and _header(got, "Access-Control-Allow-Origin") == own

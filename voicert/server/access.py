@@ -80,6 +80,11 @@ def same_origin(origin: str, host: str | None) -> bool:
     return norm(parts.netloc) == norm(host)
 
 
+def origin_allowed(origin: str, host: str | None, origins: tuple[str, ...]) -> bool:
+    """A browser's ``Origin`` may use this server: its own page, listed, or ``*`` listed."""
+    return "*" in origins or origin in origins or same_origin(origin, host)
+
+
 def check(
     path: str,
     authorization: str | None,
@@ -94,12 +99,7 @@ def check(
     browser: SDKs, telephony) is not subject to them; a browser's is admitted when it is the server's
     own page (same host and port), listed in ``origins``, or ``origins`` holds ``*``. So by default
     no other web page the user visits can open a session on their behalf."""
-    if (
-        origin is not None
-        and "*" not in origins
-        and origin not in origins
-        and not same_origin(origin, host)
-    ):
+    if origin is not None and not origin_allowed(origin, host, origins):
         return Refusal(
             http.HTTPStatus.FORBIDDEN,
             f"origin {origin[:100]!r} not allowed (server.allowed_origins)",

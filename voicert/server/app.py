@@ -199,7 +199,8 @@ class VoiceServer:
 
     def routes(self) -> Routes:
         """The route table: plain HTTP by method and path, and the WebSocket doors."""
-        routes = Routes()
+        origins = access.split_list(self.cfg.server.allowed_origins)
+        routes = Routes(cors=lambda origin, host: access.origin_allowed(origin, host, origins))
         routes.add("GET", "/healthz", self._healthz)
         routes.add("GET", "/readyz", self._readyz)
         routes.add("GET", "/metrics", self._metrics)

@@ -77,15 +77,49 @@ def route_path(target: str) -> tuple[str, str]:
 class Routes:
     """Plain HTTP routes by (method, path) and the paths that take a WebSocket upgrade."""
 
-    def __init__(self) -> None:
+    def __init__(self, cors: Callable[[str, str | None], bool] | None = None) -> None:
         self._http: dict[str, dict[str, Handler]] = {}
         self.websocket: set[str] = set()
+        self.cors = cors  # (Origin, Host) -> may that browser origin use the HTTP routes?
 
     def add(self, method: str, path: str, handler: Handler) -> None:
         self._http.setdefault(path, {})[method.upper()] = handler
 
     def add_websocket(self, path: str) -> None:
         self.websocket.add(path)
+
+    def preflight(self, request: HttpRequest) -> HttpResponse:
+        """The answer to a CORS preflight (``OPTIONS`` with ``Origin`` and
+        ``Access-Control-Request-Method``): 204 with the route's methods for an admitted origin,
+        403 for another, 404 / 405 for a route or method there is not."""
+        methods = self._http.get(request.path)
+        if methods is None:
+            return text(http.HTTPStatus.NOT_FOUND, f"no route {request.path}\n")
+        origin = request.header("Origin") or ""
+        if self.cors is None or not self.cors(origin, request.header("Host")):
+            return text(http.HTTPStatus.FORBIDDEN, f"origin {origin[:100]!r} not allowed\n")
+        asked = (request.header("Access-Control-Request-Method") or "").upper()
+        allow = ", ".join(sorted(methods))
+        if asked not in methods:
+            return text(http.HTTPStatus.METHOD_NOT_ALLOWED, f"{asked[:16]} not allowed\n",
+                        [("Allow", allow)])  # fmt: skip
+        return HttpResponse(
+            http.HTTPStatus.NO_CONTENT,
+            headers=[
+                ("Access-Control-Allow-Origin", origin),
+                ("Access-Control-Allow-Methods", allow),
+                ("Access-Control-Allow-Headers", "Authorization, Content-Type"),
+                ("Access-Control-Max-Age", "600"),
+                ("Vary", "Origin"),
+            ],
+        )
+
+    def with_cors(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        """``response`` readable by the page that asked, when its origin is admitted."""
+        origin = request.header("Origin")
+        if origin and self.cors is not None and self.cors(origin, request.header("Host")):
+            response.headers += [("Access-Control-Allow-Origin", origin), ("Vary", "Origin")]
+        return response
 
     def find(self, method: str, path: str) -> Handler | HttpResponse:
         """The handler for a plain request, or the response that refuses it."""
@@ -108,7 +142,7 @@ class Routes:
         return handler
 
 
-def head_too_large(event: h11.Request, raw: bytes) -> str | None:
+def head_too_large(event: h11.Request, raw: bytes | bytearray) -> str | None:
     """Why a request's head is refused with 431, or None. h11 bounds a head that arrives in
     pieces; one that arrives whole is parsed whatever its size, so the limits are checked here:
     the head's bytes, the number of header fields and the longest field."""
@@ -262,7 +296,11 @@ class HttpDoor(asyncio.Protocol):
     # ------------------------------------------------------------ answering
 
     async def _respond(self, request: HttpRequest) -> None:
-        found = self.listener.routes.find(request.method, request.path)
+        routes = self.listener.routes
+        if request.method == "OPTIONS" and request.header("Access-Control-Request-Method"):
+            await self._send(routes.preflight(request))
+            return
+        found = routes.find(request.method, request.path)
         try:
             response = found if isinstance(found, HttpResponse) else await found(request)
         except asyncio.CancelledError:
@@ -270,6 +308,7 @@ class HttpDoor(asyncio.Protocol):
         except Exception:
             log.exception("%s %s failed", request.method, request.path)
             response = text(http.HTTPStatus.INTERNAL_SERVER_ERROR, "internal error\n")
+        response = routes.with_cors(request, response)
         log.debug("%s %s -> %d", request.method, request.path, response.status)
         await self._send(response)
 
