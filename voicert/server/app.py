@@ -22,7 +22,7 @@ from websockets.http11 import Request, Response
 
 from voicert.agent.session import Services
 from voicert.agent.toolbox import Toolbox
-from voicert.config import Config, ConfigError
+from voicert.config import Config, ConfigError, cache_dir
 from voicert.core.llm import EngineState
 from voicert.core.speech import Asr
 from voicert.engine.factory import build_engine
@@ -36,7 +36,7 @@ from voicert.server.logs import quiet_handshake_logger
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.server.workers import WorkerRole
-from voicert.speech.asr import asr_backend, build_asr
+from voicert.speech.asr import asr_backend, build_asr, resolve_asr_model
 from voicert.speech.denoise import RnNoise
 from voicert.speech.smart_turn import SmartTurn, TurnJudge
 from voicert.speech.tts import TtsWorker, first_piece_threads, load_voices
@@ -74,7 +74,7 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
         asr = SharedAsr(*speech)
         log.info("asr: the speech host (pid %d) after %.1f s", asr.pid, time.perf_counter() - t0)
     else:
-        asr = build_asr(cfg.asr, cfg.models.asr)
+        asr = build_asr(cfg.asr, str(resolve_asr_model(cfg.models.asr, cache_dir(cfg.models))))
         asr.warmup()
         log.info(
             "asr ready (%s, %s) after %.1f s",

@@ -285,11 +285,12 @@ class Primary:
             self._start_worker(i)
 
     def _start_speech_host(self):
+        from voicert.speech.asr import resolve_asr_model
         from voicert.speech.host import start_speech_host
 
         return start_speech_host(
             self.cfg.asr,
-            self.cfg.models.asr,
+            str(resolve_asr_model(self.cfg.models.asr, cache_dir(self.cfg.models))),
             self.speech[0],
             self.authkey,
             log_level=self.cfg.log.level,

@@ -38,13 +38,23 @@ def embedded_whisper_dir() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-def resolve_asr_model(spec: str) -> Path:
-    """``embedded`` or a CTranslate2 Whisper directory (holding model.bin) -> that directory."""
-    path = embedded_whisper_dir() if spec == "embedded" else Path(spec).expanduser()
+def resolve_asr_model(spec: str, cache: Path | None = None) -> Path:
+    """``embedded`` (tiny.en), ``base`` (Whisper base, joined from its two PyPI parts into
+    ``cache``: see speech/whisper_base.py) or a CTranslate2 Whisper directory (holding
+    model.bin) -> that directory."""
+    if spec == "embedded":
+        path = embedded_whisper_dir()
+    elif spec == "base":
+        from voicert.config import ModelsConfig, cache_dir
+        from voicert.speech.whisper_base import whisper_base_dir
+
+        path = whisper_base_dir(cache if cache is not None else cache_dir(ModelsConfig()))
+    else:
+        path = Path(spec).expanduser()
     if not (path / "model.bin").is_file():
         raise ConfigError(
             f"models.asr: {path} is not a CTranslate2 Whisper directory "
-            "(no model.bin); give 'embedded' or a converted model dir"
+            "(no model.bin); give 'embedded', 'base' or a converted model dir"
         )
     return path
 
