@@ -56,6 +56,9 @@ class ServerConfig:
     # the server and the engine process (full collections then take ~1 ms, not tens of ms)
     start_timeout_s: float = 10.0  # a socket that has not started a session by then is closed
     idle_timeout_s: float = 120.0  # a session whose client sent nothing for this long is closed
+    max_audio_rate: float = 2.0  # audio a session may send, in times real time on average (0: no
+    # limit); past it frames are dropped with an audio_too_fast error (at most one a second)
+    audio_burst_s: float = 30.0  # audio a session may send at once above that average
     voice_idle_timeout_s: float = 600.0  # a session that heard no speech and typed no text, and
     # ran no reply, for this long is closed (its client may still be streaming silence); 0: never
     max_connections: int = 256  # open sockets, sessions or not (max_sessions counts sessions)
@@ -85,6 +88,8 @@ class ServerConfig:
         _check(self.send_timeout_s > 0, "server.send_timeout_s", "must be > 0")
         _check(self.start_timeout_s > 0, "server.start_timeout_s", "must be > 0")
         _check(self.idle_timeout_s > 0, "server.idle_timeout_s", "must be > 0")
+        _check(self.max_audio_rate >= 0, "server.max_audio_rate", "must be >= 0 (0: no limit)")
+        _check(self.audio_burst_s > 0, "server.audio_burst_s", "must be > 0")
         _check(
             self.voice_idle_timeout_s >= 0, "server.voice_idle_timeout_s", "must be >= 0 (0: off)"
         )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -243,3 +244,24 @@ async def test_no_apology_when_it_is_configured_off():
     session.respond()
     assert await session.wait_turn(10)
     assert not [e for e in events if isinstance(e, ev.ReplyToken)]
+
+
+async def test_audio_far_faster_than_real_time_is_dropped_with_one_error_a_second():
+    """A session pushing audio at many times real time held back every other caller's turn: past
+    the burst, frames are dropped and the client hears audio_too_fast (once a second, not per
+    frame); the session goes on."""
+    session, svc, _ = make()
+    second = encode_pcm16(np.zeros(16000, np.float32))  # one second of audio a frame
+    refused = []
+    t0 = time.monotonic()
+    for _ in range(100):  # 100 s of audio as fast as the loop takes it
+        try:
+            await session.on_audio(second)
+        except p.ProtocolError as exc:
+            refused.append(exc.code)
+    took = time.monotonic() - t0
+    assert svc.cfg.server.max_audio_rate == 2.0 and svc.cfg.server.audio_burst_s == 30.0
+    # 30 s of burst and twice the time it took were taken (whole frames); the rest was dropped
+    assert 70 - 2 * took - 1 <= session.audio_budget.dropped_s <= 70
+    assert refused[0] == p.ErrorCode.AUDIO_TOO_FAST and set(refused) == {refused[0]}
+    assert len(refused) <= took + 1  # at most one error a second, not one per dropped frame

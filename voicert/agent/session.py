@@ -31,6 +31,7 @@ from voicert.agent.turns import (
     TurnJudged,
     TurnTaking,
 )
+from voicert.audio.budget import AudioBudget
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.audio.playout import Playout
 from voicert.config import Config, TurnConfig, VadConfig
@@ -186,6 +187,9 @@ class Session:
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
         self._detached: set[asyncio.Task] = set()  # sends and drains not waited for
         self.activity_ns = now_ns()  # the caller's last speech or text, or a reply's end
+        server = services.cfg.server
+        self.audio_budget = AudioBudget(server.max_audio_rate, server.audio_burst_s)
+        self._flood_said_ns = 0  # when the last audio_too_fast error was raised
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
         self.tool_choice = ToolChoice(ToolChoiceMode(self.cfg.tools.choice))
         self.set_tools(settings.tools, settings.tool_choice)
@@ -206,6 +210,9 @@ class Session:
             x = decode_pcm(data, self.settings.encoding)
         except AudioFormatError as exc:
             raise SessionRefused(ErrorCode.BAD_AUDIO, str(exc)) from None
+        if not self.audio_budget.take(x.size / self.settings.sample_rate, received_ns / 1e9):
+            self._audio_dropped(received_ns)
+            return
         x16 = self.resampler(x)
         if self.denoiser is not None:
             x16 = self.denoiser(x16)  # ~0.1 of a core in real time: on the loop, per 20 ms frame
@@ -347,6 +354,20 @@ class Session:
         item = self.add_item(Role.USER, text)
         self.touch()
         return item
+
+    def _audio_dropped(self, at_ns: int) -> None:
+        """A frame over ``server.max_audio_rate`` was dropped: say so, at most once a second
+        (SessionRefused AUDIO_TOO_FAST: the door sends a non-fatal error, the session goes on)."""
+        if at_ns - self._flood_said_ns < 1_000_000_000:
+            return
+        self._flood_said_ns = at_ns
+        s = self.cfg.server
+        self.svc.metrics.observe_error(ErrorCode.AUDIO_TOO_FAST.value)
+        raise SessionRefused(
+            ErrorCode.AUDIO_TOO_FAST,
+            f"audio faster than {s.max_audio_rate:g}x real time (bursts of {s.audio_burst_s:g} s): "
+            f"{self.audio_budget.dropped_s:.1f} s dropped so far",
+        )
 
     def touch(self) -> None:
         """The session is in use now (speech, text, a reply running): the voice-idle clock

@@ -31,6 +31,9 @@ class ErrorCode(str, enum.Enum):  # noqa: UP042 - str() and format() stay as the
     BAD_AUDIO = "bad_audio"  # odd byte count, NaN / inf samples
     MESSAGE_TOO_LARGE = "message_too_large"
     RATE_LIMITED = "rate_limited"  # over server.max_messages_per_s: the connection is closed (1008)
+    AUDIO_TOO_FAST = (
+        "audio_too_fast"  # audio past server.max_audio_rate: frames dropped (not fatal)
+    )
     SERVER_BUSY = "server_busy"
     SESSION_LIMIT = "session_limit"  # server.max_sessions reached: the connection is closed (1013)
     TEXT_TOO_LONG = "text_too_long"  # a text over server.max_text_chars; nothing was added
