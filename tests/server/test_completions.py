@@ -204,3 +204,44 @@ async def test_a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed(se
     )
     assert after.choices[0].message.content  # it answers in words
     assert not server.services.engine.live_requests()
+
+
+async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanly(services):
+    """During shutdown the port stays open for the grace period: /readyz answers 503 (it used
+    to refuse the connection), and a streamed completion still running when the grace is over
+    ends with an error event and [DONE] (it used to be cut: SDKs raised a transport error)."""
+    from tests.server.test_stream import _get
+    from voicert.server.app import VoiceServer
+
+    cfg = dataclasses.replace(
+        services.cfg,
+        server=dataclasses.replace(services.cfg.server, port=0, shutdown_grace_s=1.0),
+    )
+    srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
+    await srv.start()
+    body = (
+        f'{{"model":"{EMBEDDED_MODEL_ID}","stream":true,"max_tokens":2000,"messages":'
+        '[{"role":"user","content":"Write a long story about a dragon, two thousand words."}]}'
+    )
+    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+    writer.write(
+        (
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
+        ).encode()
+    )
+    await writer.drain()
+    seen = b""
+    while seen.count(b"data: ") < 3:  # generating
+        seen += await asyncio.wait_for(reader.read(4096), 60)
+    shutdown = asyncio.create_task(srv.shutdown())
+    await asyncio.sleep(0.2)
+    ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{srv.port}/readyz")
+    assert ready == (503, "not ready (shutting down)\n")
+    while chunk := await asyncio.wait_for(reader.read(65536), 60):
+        seen += chunk
+    writer.close()
+    await asyncio.wait_for(shutdown, 60)
+    events = [line for line in seen.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert '"server shutting down"' in events[-2] and '"error"' in events[-2]

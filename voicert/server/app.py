@@ -157,6 +157,7 @@ class VoiceServer:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
     sampler: Sampler | None = None  # the process's one telemetry sampler
+    completions: ChatCompletions | None = None  # the chat completions route (its requests)
     _stopping_samplers: set[asyncio.Task] = field(default_factory=set)
     exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
     role: WorkerRole | None = None  # one of several workers (server.workers): its socket, hosts
@@ -207,7 +208,7 @@ class VoiceServer:
         for path in STATIC:
             routes.add("GET", path, self._static)
         routes.add("GET", "/stages.js", self._stages_js)
-        chat = ChatCompletions(lambda: self.services, self.unready_reason)
+        chat = self.completions = ChatCompletions(lambda: self.services, self.unready_reason)
         routes.add("POST", CHAT_PATH, chat.completions)
         routes.add("GET", MODELS_PATH, chat.models)
         for path in (*SESSION_ROUTES, dashboard.FEED_PATH):
@@ -401,13 +402,20 @@ class VoiceServer:
             await self._server.wait_closed()
             self._server = None
             return
+        # draining: still listening, so /readyz answers 503 ("shutting down") and new sessions
+        # and completions are refused with it, while running turns and completions finish
         self.services.draining = True
-        self._server.close(close_connections=False)
         grace = self.cfg.server.shutdown_grace_s
         sessions = [c.session for c in list(self.connections) if c.session is not None]
         if sessions:
             log.info("shutdown: waiting up to %.1f s for %d session(s)", grace, len(sessions))
-            await asyncio.gather(*(s.wait_turn(grace) for s in sessions))
+        await asyncio.gather(
+            *(s.wait_turn(grace) for s in sessions), self._server.wait_requests(grace)
+        )
+        if self.completions is not None:  # still running: each ends with an error and [DONE]
+            self.completions.end_all()
+        await self._server.wait_requests(CLOSE_WAIT_S)
+        self._server.close(close_connections=False)
         # every connection at once: a peer that never answers the close costs its own close
         # timeout, not everyone's; whatever is still open after CLOSE_WAIT_S is aborted
         sockets = [c.ws for c in self.connections] + list(self.dashboard_conns)

@@ -62,6 +62,8 @@ class ChatCompletions:
         self._services = services
         self._unready_reason = unready_reason
         self.running = 0
+        self._open: dict[str, Services] = {}  # engine requests of the completions running
+        self.stopping = False  # shutdown: the requests still running are ended
         self._ids = itertools.count(1)
         self._started = int(time.time())
 
@@ -177,6 +179,7 @@ class ChatCompletions:
         """(text to send, event) per engine event; cancels the request in the engine when a stop
         string ends it early or the consumer goes away."""
         self.running += 1
+        self._open[engine_req.request_id] = svc
         done = False
         try:
             async for ev in svc.engine.submit(engine_req):
@@ -204,8 +207,30 @@ class ChatCompletions:
                 yield piece, ev
         finally:
             self.running -= 1
+            self._open.pop(engine_req.request_id, None)
             if not done:
                 svc.engine.cancel(engine_req.request_id)
+
+    def _failure(self, ev: TokenEvent) -> chat.ChatError:
+        """What a completion the engine ended (an error, or shutdown's cancel) answers."""
+        if self.stopping and ev.finish_reason == FinishReason.CANCELLED:
+            return chat.ChatError(
+                503, "server shutting down", code="unavailable", kind="server_error"
+            )
+        return chat.ChatError(
+            503,
+            f"generation failed: {ev.error or ev.finish_reason}",
+            code="engine_error",
+            kind="server_error",
+        )
+
+    def end_all(self) -> None:
+        """Shutdown, after the grace period: end the completions still running (their engine
+        requests are cancelled, so each stream closes with an error event and ``[DONE]``, and
+        each whole answer is a 503, rather than the socket being cut mid-reply)."""
+        self.stopping = True
+        for request_id, svc in list(self._open.items()):
+            svc.engine.cancel(request_id)
 
     async def _whole(
         self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest, model: str
@@ -227,14 +252,7 @@ class ChatCompletions:
             await tokens.aclose()
         calls.close()
         if ev.finish_reason == FinishReason.ERROR or ev.finish_reason == FinishReason.CANCELLED:
-            return _error(
-                chat.ChatError(
-                    503,
-                    f"generation failed: {ev.error or ev.finish_reason}",
-                    code="engine_error",
-                    kind="server_error",
-                )
-            )
+            return _error(self._failure(ev))
         return json_response(
             http.HTTPStatus.OK,
             chat.completion(
@@ -268,14 +286,8 @@ class ChatCompletions:
                 for delta in calls.close():
                     yield chat.sse(chat.chunk(req, model, delta))
                 if ev.finish_reason in (FinishReason.ERROR, FinishReason.CANCELLED):
-                    yield chat.sse(
-                        chat.ChatError(
-                            503,
-                            f"generation failed: {ev.error or ev.finish_reason}",
-                            code="engine_error",
-                            kind="server_error",
-                        ).body()
-                    )
+                    yield chat.sse(self._failure(ev).body())
+                    yield chat.sse("[DONE]")  # the stream ends as a stream: no transport error
                     return
                 yield chat.sse(
                     chat.chunk(

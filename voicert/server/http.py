@@ -430,6 +430,12 @@ class Listener:
         if close_connections:
             self.abort_requests()
 
+    async def wait_requests(self, timeout: float) -> None:
+        """Wait up to ``timeout`` for the plain HTTP requests in flight to be answered."""
+        tasks = [d.task for d in list(self.doors) if d.task is not None and not d.task.done()]
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout)
+
     def abort_requests(self) -> None:
         """Abort the plain HTTP requests still in flight (their handlers are cancelled)."""
         for door in list(self.doors):
