@@ -220,6 +220,24 @@ def connect(address: str, authkey: bytes, timeout_s: float) -> Connection:
             time.sleep(0.1)
 
 
+def raise_fd_limit(cap: int = 1 << 20) -> tuple[int, int]:
+    """Raise this process's soft limit on open files to its hard limit (at most ``cap``); returns
+    (before, after). A soft limit of 1024, many systems' default, is reached with a few hundred
+    callers and their sockets, pipes and model files: accept() then fails with EMFILE and the
+    health checks with it, which nobody sees as the cause."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+        except (ValueError, OSError):  # not allowed here: keep what there is
+            return soft, soft
+        return soft, wanted
+    return soft, soft
+
+
 def limit_blas_threads(n: int) -> None:
     """Keep numpy's BLAS pool (OpenBLAS) in this process to ``n`` threads (0: leave it). Its
     default, one thread per core, spin-waits after every small product the front end makes

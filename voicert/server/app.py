@@ -26,7 +26,7 @@ from voicert.config import Config, ConfigError, cache_dir
 from voicert.core.llm import EngineState
 from voicert.core.speech import Asr
 from voicert.engine.factory import build_engine
-from voicert.hosting import limit_blas_threads
+from voicert.hosting import limit_blas_threads, raise_fd_limit
 from voicert.server import access, dashboard
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
 from voicert.server.connection import CLOSE_GOING_AWAY, BaseConnection, Connection
@@ -554,6 +554,9 @@ def run_server(cfg: Config, role: WorkerRole | None = None) -> int:
         return run_primary(cfg)
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
     limit_blas_threads(cfg.server.blas_threads)
+    before, after = raise_fd_limit()
+    if after != before:
+        log.info("open files: soft limit raised from %d to %d", before, after)
     server = VoiceServer(config=cfg, role=role, abandon_loading_on_stop=True)
     loop = new_event_loop()
     try:
