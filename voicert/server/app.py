@@ -200,8 +200,7 @@ class VoiceServer:
 
     def routes(self) -> Routes:
         """The route table: plain HTTP by method and path, and the WebSocket doors."""
-        origins = access.split_list(self.cfg.server.allowed_origins)
-        routes = Routes(cors=lambda origin, host: access.origin_allowed(origin, host, origins))
+        routes = Routes(cors=self._cors_allowed)
         routes.add("GET", "/healthz", self._healthz)
         routes.add("GET", "/readyz", self._readyz)
         routes.add("GET", "/metrics", self._metrics)
@@ -217,6 +216,13 @@ class VoiceServer:
 
     async def _healthz(self, request: HttpRequest) -> HttpResponse:
         return text(http.HTTPStatus.OK, "ok\n")
+
+    def _cors_allowed(self, origin: str, host: str | None) -> bool:
+        """May a page on ``origin`` use the HTTP routes (server.allowed_origins, as the
+        WebSocket routes admit it)?"""
+        return access.origin_allowed(
+            origin, host, access.split_list(self.cfg.server.allowed_origins)
+        )
 
     async def _readyz(self, request: HttpRequest) -> HttpResponse:
         """200 when a new session would be taken now; 503 naming why not (a part down, or this
