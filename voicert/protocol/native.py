@@ -13,7 +13,7 @@ import binascii
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Union
+from typing import Any, Union, get_args
 
 import msgpack
 
@@ -554,27 +554,8 @@ def _tool_map(spec: ToolSpec) -> dict:
     return {"name": spec.name, "description": spec.description, "parameters": spec.schema}
 
 
-_SERVER_TYPES = {
-    cls.__dataclass_fields__["type"].default: cls
-    for cls in (
-        SessionStarted,
-        SpeechStarted,
-        BargeIn,
-        SpeechStopped,
-        TranscriptPartial,
-        TranscriptFinal,
-        ResponseStarted,
-        ResponseToken,
-        ResponseAudio,
-        ResponseDone,
-        ToolCallStarted,
-        ToolCallDelta,
-        ToolCallOut,
-        ToolOutput,
-        TurnLatency,
-        Error,
-        SessionEnded,
-    )
+_SERVER_TYPES = {  # each server event's type tag -> its class (ServerEvent's one list)
+    cls.__dataclass_fields__["type"].default: cls for cls in get_args(ServerEvent)
 }
 
 
