@@ -12,6 +12,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tests.conftest import wav
 from voicert.client import stream_audio
+from voicert.core.bucket import TokenBucket
 from voicert.protocol import native as p
 from voicert.server import access
 from voicert.server.app import STREAM_PATH, VoiceServer
@@ -37,11 +38,11 @@ def test_check_order_and_defaults():
 
 
 def test_rate_limiter_allows_bursts_then_the_average():
-    lim = access.RateLimiter(rate=10, burst=3)
+    lim = TokenBucket(rate=10, burst=3)
     assert [lim.allow(0.0) for _ in range(4)] == [True, True, True, False]
     assert lim.allow(0.1)  # one token back after 100 ms
     assert not lim.allow(0.1)
-    assert access.RateLimiter(0, 1).allow(0.0)  # 0: no limit
+    assert TokenBucket(0, 1).allow(0.0)  # 0: no limit
 
 
 @pytest.fixture(scope="module")

@@ -31,11 +31,11 @@ from voicert.agent.turns import (
     TurnJudged,
     TurnTaking,
 )
-from voicert.audio.budget import AudioBudget
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.audio.playout import Playout
 from voicert.config import Config, TurnConfig, VadConfig
 from voicert.core import events as ev
+from voicert.core.bucket import TokenBucket
 from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.llm import Engine, FinishReason, GenerationRequest
 from voicert.core.session import ErrorCode, SessionRefused, SessionSettings
@@ -188,7 +188,8 @@ class Session:
         self._detached: set[asyncio.Task] = set()  # sends and drains not waited for
         self.activity_ns = now_ns()  # the caller's last speech or text, or a reply's end
         server = services.cfg.server
-        self.audio_budget = AudioBudget(server.max_audio_rate, server.audio_burst_s)
+        self.audio_budget = TokenBucket(server.max_audio_rate, server.audio_burst_s)
+        self.audio_dropped_s = 0.0  # audio refused so far (over the budget)
         self._flood_said_ns = 0  # when the last audio_too_fast error was raised
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
         self.tool_choice = ToolChoice(ToolChoiceMode(self.cfg.tools.choice))
@@ -210,7 +211,9 @@ class Session:
             x = decode_pcm(data, self.settings.encoding)
         except AudioFormatError as exc:
             raise SessionRefused(ErrorCode.BAD_AUDIO, str(exc)) from None
-        if not self.audio_budget.take(x.size / self.settings.sample_rate, received_ns / 1e9):
+        seconds = x.size / self.settings.sample_rate
+        if not self.audio_budget.take(seconds, received_ns / 1e9):
+            self.audio_dropped_s += seconds
             self._audio_dropped(received_ns)
             return
         x16 = self.resampler(x)
@@ -366,7 +369,7 @@ class Session:
         raise SessionRefused(
             ErrorCode.AUDIO_TOO_FAST,
             f"audio faster than {s.max_audio_rate:g}x real time (bursts of {s.audio_burst_s:g} s): "
-            f"{self.audio_budget.dropped_s:.1f} s dropped so far",
+            f"{self.audio_dropped_s:.1f} s dropped so far",
         )
 
     def touch(self) -> None:

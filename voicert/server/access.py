@@ -111,25 +111,3 @@ def check(
             (("WWW-Authenticate", 'Bearer realm="voicert"'),),
         )
     return None
-
-
-class RateLimiter:
-    """Token bucket: ``rate`` messages a second on average, bursts up to ``burst``."""
-
-    def __init__(self, rate: float, burst: float) -> None:
-        self.rate = rate
-        self.burst = burst
-        self.tokens = burst
-        self.last: float | None = None
-
-    def allow(self, now: float) -> bool:
-        """Take one message at monotonic time ``now`` (seconds); False when over the limit."""
-        if self.rate <= 0:
-            return True
-        if self.last is not None:
-            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-        self.last = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return True
-        return False

@@ -15,9 +15,9 @@ from websockets.exceptions import ConnectionClosed
 from voicert.agent.session import Services, Session
 from voicert.config import SUPPORTED_SAMPLE_RATES, ConfigError, TurnConfig, VadConfig
 from voicert.core import events as ev
+from voicert.core.bucket import TokenBucket
 from voicert.core.session import ENCODINGS, SessionSettings
 from voicert.protocol import native as p
-from voicert.server.access import RateLimiter
 from voicert.server.completions import served_model_id
 from voicert.telemetry.latency import now_ns
 from voicert.transport.spoken import PacingClock, bytes_per_ms
@@ -183,7 +183,7 @@ class BaseConnection:
 
     async def run(self) -> None:
         s = self.svc.cfg.server
-        limiter = RateLimiter(s.max_messages_per_s, s.message_burst)
+        limiter = TokenBucket(s.max_messages_per_s, s.message_burst)
         closing = None
         loop = asyncio.get_running_loop()
         self.opened_at = self.last_message = loop.time()
