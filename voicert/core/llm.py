@@ -51,6 +51,11 @@ class GenerationRequest:
     tools: tuple[ToolSpec, ...] = ()  # functions the model may call (engine/core/tools.py)
     tool_choice: ToolChoice = AUTO
     parallel_tool_calls: bool = True  # several calls in one reply (else at most one)
+    # Score, do not generate: the last (user) message is left open, as if its speaker were still
+    # talking, and the stream is one final event whose ``end_prob`` is the model's probability
+    # that the message ends there (its end-of-message token next). max_new_tokens must be 1.
+    # Engines that can score say so (``Engine.scores``); the others fail such a request.
+    score_end: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,7 @@ class TokenEvent:
     prompt_tokens: int
     finish_reason: str | None = None  # a FinishReason value
     error: str | None = None
+    end_prob: float | None = None  # a score_end request's final event: P(the message ends here)
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +136,8 @@ def request_problem(request: GenerationRequest) -> str | None:
         or request.max_new_tokens < 1
     ):
         return "max_new_tokens must be a positive integer"
+    if request.score_end is not False and (problem := _score_problem(request)):
+        return problem
     if request.prompt_ids is not None:
         if not request.prompt_ids or not all(
             isinstance(t, int) and t >= 0 for t in request.prompt_ids
@@ -152,6 +160,17 @@ def request_problem(request: GenerationRequest) -> str | None:
         return "tool names must be unique"
     if request.tool_choice.name and request.tool_choice.name not in names:
         return f"tool_choice names {request.tool_choice.name!r}, which is not among the tools"
+    return None
+
+
+def _score_problem(request: GenerationRequest) -> str | None:
+    if request.score_end is not True:
+        return "score_end must be a boolean"
+    if request.prompt_ids is not None or request.tools or request.max_new_tokens != 1:
+        return "a score_end request has messages, no prompt_ids, no tools and max_new_tokens 1"
+    last = request.messages[-1] if isinstance(request.messages, list) and request.messages else None
+    if not isinstance(last, ChatMessage) or last.role != "user":
+        return "a score_end request's last message must be the user's"
     return None
 
 
@@ -200,6 +219,15 @@ def refusal(request: GenerationRequest) -> EndedStream | None:
     return EndedStream(final_event(FinishReason.ERROR, f"bad request: {problem}"))
 
 
+def unscored(request: GenerationRequest) -> EndedStream | None:
+    """For an engine that cannot score: the stream that fails a ``score_end`` request, or None."""
+    if not request.score_end:
+        return None
+    return EndedStream(
+        final_event(FinishReason.ERROR, "bad request: this engine cannot score (score_end)")
+    )
+
+
 class Engine(Protocol):
     """What the server, the session and the metrics may ask of any engine.
 
@@ -213,6 +241,8 @@ class Engine(Protocol):
     is set by a supervisor and called once, from any thread, when the engine dies (its open
     requests have been or are being failed); ``on_give_up`` is set by the server and called once
     when an engine that rebuilds itself has stopped trying (the server then exits).
+
+    Capability: ``scores``, whether ``score_end`` requests are served (else they fail).
 
     Telemetry, never blocking: ``stats`` (counters), ``load`` (the last published snapshot, None
     when the engine has none), ``drain_steps`` / ``drain_gc`` (what happened since the last
@@ -246,6 +276,9 @@ class Engine(Protocol):
     def drain_gc(self) -> list[GcPause]: ...
 
     def live_requests(self) -> set[str]: ...
+
+    @property
+    def scores(self) -> bool: ...
 
     def warmup(self) -> None: ...
 
@@ -300,6 +333,12 @@ class EngineBase(abc.ABC):
 
     def live_requests(self) -> set[str]:
         return set()
+
+    @property
+    def scores(self) -> bool:
+        """Serves ``score_end`` requests (an end-of-turn score from the model's own
+        probabilities); an engine that cannot fails them with an error event."""
+        return False
 
     def warmup(self) -> None:
         return None

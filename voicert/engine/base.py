@@ -24,6 +24,7 @@ class TokenOut(msgspec.Struct, frozen=True, array_like=True, gc=False):
     prompt_tokens: int
     finish_reason: str | None = None
     error: str | None = None
+    end_prob: float | None = None  # a score_end request's final record: its probability
 
 
 def final_out(request_id: str, reason: str, error: str | None = None) -> TokenOut:

@@ -270,6 +270,10 @@ class LLMEngine(EngineBase):
         """The engine steps since the last call (for metrics; the most recent 8192 at most)."""
         return self.core.drain_steps()
 
+    @property
+    def scores(self) -> bool:
+        return True
+
     def live_requests(self) -> set[str]:
         return self.ledger.live()
 

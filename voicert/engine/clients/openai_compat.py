@@ -40,6 +40,7 @@ from voicert.core.llm import (
     TokenEvent,
     final_event,
     refusal,
+    unscored,
 )
 from voicert.engine.base import RequestLedger
 from voicert.engine.clients.chat_upstream import (
@@ -138,7 +139,7 @@ class OpenAICompatEngine(EngineBase):
     # ------------------------------------------------------------ the Engine interface
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
-        ended = refusal(request)
+        ended = refusal(request) or unscored(request)
         if ended is not None:
             return ended
         if request.prompt_ids is not None:

@@ -329,6 +329,10 @@ class EngineLink(EngineBase):
             out.append(self._gc.popleft())
         return out
 
+    @property
+    def scores(self) -> bool:
+        return True  # the engine process's core scores
+
     def live_requests(self) -> set[str]:
         return self.ledger.live()
 

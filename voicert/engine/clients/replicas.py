@@ -219,6 +219,10 @@ class ReplicaEngine:
     def drain_gc(self) -> list[GcPause]:
         return [g for r in self.replicas for g in r.drain_gc()]
 
+    @property
+    def scores(self) -> bool:
+        return all(r.scores for r in self.replicas)
+
     def live_requests(self) -> set[str]:
         return set().union(*(r.live_requests() for r in self.replicas))
 

@@ -15,7 +15,14 @@ import torch
 
 from voicert.config import LlmConfig
 from voicert.core.chat import ChatMessage
-from voicert.core.llm import EngineBase, EngineStats, GenerationRequest, TokenEvent, refusal
+from voicert.core.llm import (
+    EngineBase,
+    EngineStats,
+    GenerationRequest,
+    TokenEvent,
+    refusal,
+    unscored,
+)
 from voicert.engine.base import RequestLedger
 from voicert.engine.clients.detok import IncrementalDetokenizer
 from voicert.engine.clients.stream import TokenStream
@@ -56,7 +63,7 @@ class SimpleEngine(EngineBase):
 
     def submit(self, request: GenerationRequest) -> AsyncIterator[TokenEvent]:
         request.submit_ns = time.perf_counter_ns()
-        refused = refusal(request)
+        refused = refusal(request) or unscored(request)
         if refused is not None:
             return refused
         stream = TokenStream(asyncio.get_running_loop())

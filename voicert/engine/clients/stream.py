@@ -85,6 +85,7 @@ class TokenStream:
             out.prompt_tokens,
             out.finish_reason,
             out.error,
+            out.end_prob,
         )
 
 

@@ -233,6 +233,10 @@ class SupervisedEngine:
     def drain_gc(self) -> list[GcPause]:
         return self.engine.drain_gc()
 
+    @property
+    def scores(self) -> bool:
+        return self.engine.scores
+
     def live_requests(self) -> set[str]:
         return self.engine.live_requests()
 

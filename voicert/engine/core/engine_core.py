@@ -88,14 +88,16 @@ class EngineCore:
         budget = self.cfg.max_context_tokens - request.max_new_tokens
         guide = self.guides.for_request(request)  # raises GuideError for an unusable schema
         tools = offered(request.tools, request.tool_choice)
-        prompt = (
-            list(request.prompt_ids)
-            if request.prompt_ids is not None
-            else self.prompts.build(request.messages, budget, tools)
-        )
-        self.scheduler.add(
-            Sequence(request, prompt, arrival_ns=time.perf_counter_ns(), guide=guide)
-        )
+        score_id = -1
+        if request.score_end:
+            prompt, score_id = self.prompts.build_open(request.messages, budget, self.stop_ids)
+        elif request.prompt_ids is not None:
+            prompt = list(request.prompt_ids)
+        else:
+            prompt = self.prompts.build(request.messages, budget, tools)
+        seq = Sequence(request, prompt, arrival_ns=time.perf_counter_ns(), guide=guide)
+        seq.score_id = score_id
+        self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> list[TokenOut]:
         """Stop a request and free its state; its final record (``cancelled``), or nothing when the
@@ -166,6 +168,8 @@ class EngineCore:
                 self._ahead = (nxt, ahead) if ahead is not None else None
                 self.ahead_steps += ahead is not None
         result = pending.result()
+        if rows := step.scoring:
+            self._score(step, pending, rows)
         if step.guided:
             t0 = time.perf_counter_ns()
             self._guide_picks(step, pending, result.tokens)
@@ -197,6 +201,10 @@ class EngineCore:
         )
         out: list[TokenOut] = []
         for seq, new in emitted:
+            if seq.scores:  # its answer is a probability, in its final record
+                self.scheduler.finish(seq, FinishReason.STOP)
+                out.append(self._end(seq, FinishReason.STOP))
+                continue
             first = seq.num_generated - len(new)
             n_prompt = len(seq.prompt)
             out.extend(
@@ -206,6 +214,14 @@ class EngineCore:
             if seq.finish_reason is not None:
                 out.append(self._end(seq, seq.finish_reason))
         return out
+
+    def _score(self, step: Step, pending: Pending, rows: list[int]) -> None:
+        """Each scoring row's probability of its asked-for token after its prompt (one batch)."""
+        logits = pending.logits_rows(rows).float()  # [len(rows), V]
+        ids = [step.chunks[i].seq.score_id for i in rows]
+        probs = logits.softmax(-1)[range(len(rows)), ids].tolist()
+        for i, p in zip(rows, probs):
+            step.chunks[i].seq.end_prob = p
 
     def _guide_picks(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
         """Replace each guided row's greedy token that its grammar refuses by the best one it
@@ -286,4 +302,5 @@ class EngineCore:
             len(seq.prompt),
             reason,
             error,
+            seq.end_prob,
         )

@@ -53,6 +53,7 @@ class PromptBuilder:
         self.native_tools = template_supports_tools(template)  # else: hermes_system_block
         self.call_format = call_format(template)
         self._tools: list[ToolSpec] = []  # offered to the build in progress
+        self._open = False  # the build in progress leaves the last message open (no reply header)
         # the control tokens' texts ("<|im_start|>"...): in a message they are text, not control
         added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self._control = tuple(t.content for t in added.values() if getattr(t, "special", False))
@@ -73,7 +74,11 @@ class PromptBuilder:
         if self._control and any(c in m["content"] for m in rendered for c in self._control):
             return self._render_literal(rendered, extra)
         ids = self.tok.apply_chat_template(
-            rendered, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
+            rendered,
+            add_generation_prompt=not self._open,
+            tokenize=True,
+            return_dict=False,
+            **extra,
         )
         if hasattr(ids, "keys"):
             ids = ids["input_ids"]
@@ -86,7 +91,7 @@ class PromptBuilder:
         each content; the text between markers is the template's own, control tokens and all."""
         marked = [{**m, "content": f"{_MARK_OPEN}{i}{_MARK_CLOSE}"} for i, m in enumerate(rendered)]
         text = self.tok.apply_chat_template(
-            marked, add_generation_prompt=True, tokenize=False, **extra
+            marked, add_generation_prompt=not self._open, tokenize=False, **extra
         )
         parts = _MARKS.split(text)
         if parts[1::2] != [str(i) for i in range(len(rendered))]:  # a marker in a tool's text
@@ -139,6 +144,25 @@ class PromptBuilder:
             return self._build(messages, budget)
         finally:
             self._tools = []
+
+    def build_open(
+        self, messages: list[ChatMessage], budget: int, end_ids: set[int]
+    ) -> tuple[list[int], int]:
+        """The prompt of a conversation whose last message is still being spoken: templated as
+        :meth:`build` does (within ``budget``), but cut just before the end-of-message token that
+        closes the last message, and with no reply header. Returns (ids, that token's id): the
+        model's probability of that token next is its belief that the message is complete.
+        ``end_ids``: the template's end-of-message tokens (the engine's stop ids). Raises
+        ValueError when the rendered prompt holds none of them."""
+        self._open = True
+        try:
+            ids = self._build(messages, budget)
+        finally:
+            self._open = False
+        at = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in end_ids), None)
+        if at is None:
+            raise ValueError("the chat template closes messages with no end-of-message token")
+        return ids[:at], ids[at]
 
     def _build(self, messages: list[ChatMessage], budget: int) -> list[int]:
         first = 1 if messages and messages[0].role == "system" else 0

@@ -171,7 +171,7 @@ class ModelRunner:
             if pending is not None:
                 return pending
             self.eager_steps[step.kind] += 1
-        if step.guided:
+        if step.reads_logits:
             out, logits, at = self.forward_rows(rows, keep_logits=True)
             return Pending(output=out, eager_logits=logits, eager_at=at)
         return Pending(output=self.forward_rows(rows))
@@ -299,7 +299,7 @@ class Pending:
     def logits_rows(self, rows: list[int]) -> torch.Tensor:
         """The target model's logits [len(rows), V] (on its device) that each of ``rows`` picked
         its first sampled token from. Valid after :meth:`result` and until the next step is
-        launched; for a step the scheduler marked ``guided``."""
+        launched; for a step whose ``reads_logits`` is set."""
         if self.eager_logits is not None:
             at = torch.tensor(
                 [self.eager_at[(r, 0)] for r in rows], device=self.eager_logits.device

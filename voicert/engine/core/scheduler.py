@@ -58,10 +58,21 @@ class Step:
 
     @property
     def guided(self) -> bool:
-        """A row of the step decodes under a grammar (the runner keeps its logits readable)."""
+        """A row of the step decodes under a grammar."""
         return any(c.seq.guide is not None for c in self.chunks) or any(
             s.guide is not None for s in self.seqs
         )
+
+    @property
+    def scoring(self) -> list[int]:
+        """Rows whose prompt ends in this step and that ask for a probability (score_end)."""
+        return [i for i, c in enumerate(self.chunks) if c.samples and c.seq.scores]
+
+    @property
+    def reads_logits(self) -> bool:
+        """The step's logits are read after it (a guided or a scoring row): the runner keeps them
+        readable."""
+        return self.guided or bool(self.scoring)
 
 
 @dataclass(slots=True)

@@ -35,6 +35,8 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # speculative tokens for the next step
     head_draft: list[int] = field(default_factory=list)  # draft heads' guess after the last token
     guide: Guide | None = None  # decoding under a grammar (a tool call's schema)
+    score_id: int = -1  # a score_end request: the token whose probability after the prompt it asks
+    end_prob: float | None = None  # ... and that probability, once its prompt is in
 
     def __post_init__(self) -> None:
         if not self.tokens:
@@ -51,6 +53,11 @@ class Sequence:
     @property
     def id(self) -> str:
         return self.request.request_id
+
+    @property
+    def scores(self) -> bool:
+        """A score_end request: its prompt's last logits give a probability, not a token."""
+        return self.score_id >= 0
 
     @property
     def num_generated(self) -> int:
