@@ -152,9 +152,13 @@ class TurnConfig:
     """When an utterance is over. ``silence``: after ``vad.min_silence_ms`` of silence, always.
     ``semantic``: judged at a short pause (``pause_ms``) by a turn-completion model on the audio
     and / or the early transcript's last words; a complete turn ends there, an incomplete one
-    waits for more speech up to ``max_silence_ms`` of silence."""
+    waits for more speech up to ``max_silence_ms`` of silence. ``hazard``: judged at the same
+    pause by the audio model and the LLM's end-of-turn score of the early transcript, combined
+    into one hazard that grows with the silence (agent/hazard.py): the turn ends once the pause
+    has outlasted the doubt, adapted to how long this caller pauses, at ``max_silence_ms`` at
+    the latest."""
 
-    detector: str = "silence"  # silence | semantic
+    detector: str = "silence"  # silence | semantic | hazard
     model: str = (
         "smart_turn"  # semantic: the audio model (smart_turn: pipecat-ai's smart-turn v3) | none
     )
@@ -169,6 +173,8 @@ class TurnConfig:
     threshold: float = (
         0.5  # semantic: the audio model's probability of "complete" that ends the turn
     )
+    patience: float = 2.0  # hazard: the log-odds of "the turn is over" that end it (higher: waits
+    # longer, fewer cut-offs; each +1 waits ~250 ms more where the evidence is not decisive)
     threads: int = 1  # onnxruntime threads per judgement (the audio model: ~50 ms on one core)
     concurrency: int = 1  # judgements run at once (each on its own thread)
     backchannels: bool = True  # speech over a reply ("mm-hm", "yeah") interrupts it only once it
@@ -183,11 +189,14 @@ class TurnConfig:
 
     def __post_init__(self) -> None:
         _check(
-            self.detector in ("silence", "semantic"), "turn.detector", "must be silence or semantic"
+            self.detector in ("silence", "semantic", "hazard"),
+            "turn.detector",
+            "must be silence, semantic or hazard",
         )
+        _check(-10 <= self.patience <= 10, "turn.patience", "must be in [-10, 10]")
         _check(self.model in ("smart_turn", "none"), "turn.model", "must be smart_turn or none")
         _check(
-            self.model != "none" or self.text_cue or self.detector == "silence",
+            self.model != "none" or self.text_cue or self.detector != "semantic",
             "turn.model",
             "semantic turn detection needs the audio model or turn.text_cue",
         )

@@ -80,13 +80,22 @@ class FakeEngine(EngineBase):
     requests: list = field(default_factory=list)
     cancelled: set = field(default_factory=set)
     fail: str = ""  # set: every request ends at once with this error (an engine, or server, down)
+    end_probs: dict | None = None  # set: it scores (score_end): the user's last words -> P(end)
     _gates: dict = field(default_factory=dict)
+
+    @property
+    def scores(self) -> bool:
+        return self.end_probs is not None
 
     def submit(self, request):
         self.requests.append(request)
         return self._stream(request)
 
     async def _stream(self, request):
+        if request.score_end:
+            prob = (self.end_probs or {}).get(request.messages[-1].content)
+            yield TokenEvent(0, -1, "", 1, 1, 10, "stop", None, prob)
+            return
         if self.fail:
             yield final_event("error", self.fail)
             return

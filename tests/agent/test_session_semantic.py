@@ -239,3 +239,54 @@ async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_p
         assert finals(events) == ["tell me a story"]  # "mm-hm" is not a turn
     finally:
         tts.close()
+
+
+def with_hazard(engine: FakeEngine, judge: FakeJudge):
+    turn = TurnConfig(detector="hazard")
+    svc = Services(
+        cfg=dataclasses.replace(Config(), turn=turn),
+        vad=EnergyVad(),
+        asr=(asr := FakeAsr(auto=False)),
+        engine=engine,
+        turn_judge=judge,
+    )
+    events: list = []
+
+    async def emit(event):
+        events.append(event)
+
+    return Session("s1", p.SessionStart(), svc, emit), asr, events
+
+
+async def test_hazard_the_llm_scores_the_early_transcript_and_a_sure_turn_ends_at_the_pause():
+    text = "What is the capital of France?"
+    engine = FakeEngine(end_probs={text: 0.9, text.rstrip("?"): 0.2})
+    session, asr, events = with_hazard(engine, FakeJudge(0.9))
+    await send(session, audio(("voice", 1.0), ("silence", 0.25)))  # under today's 400 ms
+    asr.answer(asr.decodes[-1], text)
+    await until(lambda: finals(events))
+    scored = [r for r in engine.requests if r.score_end]
+    assert sorted(r.messages[-1].content for r in scored) == sorted([text, text.rstrip("?")])
+    assert all(r.messages[0].role == "system" for r in scored)  # the conversation's own prefix
+    assert await session.wait_turn(10)
+    registry = session.svc.metrics.registry
+    assert registry.get_sample_value("voicert_turn_text_score_seconds_count") == 1
+
+
+async def test_hazard_doubt_keeps_listening_through_a_pause_and_the_turn_ends_after_it():
+    first, whole = "I need eggs.", "I need eggs, milk and bread."
+    ends = {first: 0.001, "I need eggs": 1e-6, whole: 0.9, whole.rstrip("."): 0.5}
+    engine = FakeEngine(end_probs=ends)
+    session, asr, events = with_hazard(engine, FakeJudge(0.5))
+    await send(session, audio(("voice", 1.0), ("silence", 0.25)))
+    asr.answer(asr.decodes[-1], first)
+    registry = session.svc.metrics.registry
+    await until(
+        lambda: registry.get_sample_value("voicert_turn_verdicts_total", {"verdict": "incomplete"})
+    )
+    await send(session, audio(("silence", 0.15), ("voice", 0.8), ("silence", 0.25)))
+    assert finals(events) == []  # 400 ms of pause: not cut off
+    asr.answer(asr.decodes[-1], whole)
+    await until(lambda: finals(events))
+    assert finals(events) == [whole]
+    assert session.turns.habit.mean_ms is not None  # the pause they went on after

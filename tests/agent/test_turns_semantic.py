@@ -327,3 +327,78 @@ def test_without_the_check_speech_reaching_interrupt_ms_interrupts_as_before():
     o = Overlap(check_ms=0)
     o.run(voiced=30, transcripts=[])
     assert o.decodes == [] and [w for w, _ in o.s.of(BargeIn)] == [3 + 15 - 1]
+
+
+# ---------------------------------------------------------------- the hazard
+
+
+def hazardous(score_text: bool = True, **turn) -> TurnTaking:
+    cfg = dataclasses.replace(TurnConfig(detector="hazard"), **turn)
+    return TurnTaking(VadConfig(), early_final_ms=160, turn=cfg, score_text=score_text)
+
+
+def judged_pause(s: Script, text: str, audio: float, probs: tuple) -> list:
+    """Speech, the 192 ms pause, and every opinion in: the actions of the last one."""
+    from voicert.agent.turns import ScoreText
+
+    speak(s)
+    s.feed(SILENCE, 6)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
+    assert s.turns.judged(judge.judge_id, audio, 1) == []
+    out = s.turns.early_done(early.decode_id, text, 2)
+    (score,) = [a for a in out if isinstance(a, ScoreText)]
+    assert (score.text, score.bare) == (text, text.rstrip(".?"))
+    return s.turns.text_scored(score.judge_id, *probs, 3)
+
+
+def test_hazard_a_pause_the_opinions_call_complete_ends_the_turn_at_once():
+    s = Script(hazardous())
+    out = judged_pause(s, "What is the capital of France?", 0.9, (0.8, 0.1))
+    assert [a.verdict for a in out if isinstance(a, TurnJudged)] == [Verdict.COMPLETE]
+    assert [type(a) for a in out[1:]] == [SpeechStopped, TurnEnded]
+
+
+def test_hazard_doubt_waits_for_a_longer_pause_not_for_the_maximum():
+    from voicert.agent.hazard import Evidence, end_after_ms
+
+    s = Script(hazardous(max_silence_ms=1600))
+    probs = (0.001, 1e-6)
+    out = judged_pause(s, "I need eggs.", 0.5, probs)
+    assert incomplete(out)
+    last = s.window - 6
+    wait = end_after_ms(Evidence(0.5, *probs), 192, 1600, bias=s.turns.turn.patience)
+    assert 192 < wait < 1600
+    s.feed(SILENCE, 60)
+    ((w_stop, _),) = s.of(SpeechStopped)
+    assert w_stop == last + -(-int(wait) // 32)  # the first window at or past the wait
+    assert len(s.of(TurnEnded)) == 1
+
+
+def test_hazard_speech_in_the_wait_keeps_the_turn_and_teaches_the_callers_habit():
+    s = Script(hazardous())
+    judged_pause(s, "I need eggs.", 0.5, (0.001, 1e-6))  # waits ~560 ms
+    s.feed(SILENCE, 4)  # 320 ms in all: still waiting
+    s.feed(VOICE, 10)  # "milk"
+    assert s.of(TurnEnded) == []
+    assert s.turns.habit.mean_ms == 320  # the pause they went on after (10 windows)
+
+
+def test_hazard_without_a_scoring_engine_judges_on_the_audio_alone():
+    from voicert.agent.turns import ScoreText
+
+    s = Script(hazardous(score_text=False))
+    speak(s)
+    s.feed(SILENCE, 6)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
+    out = s.turns.early_done(early.decode_id, "Hello there.", 1)
+    assert not [a for a in out if isinstance(a, ScoreText)]
+    out = s.turns.judged(judge.judge_id, 0.99, 2)
+    assert [a for a in out if isinstance(a, TurnJudged)]
+
+
+def test_hazard_a_failed_score_counts_as_no_opinion():
+    s = Script(hazardous())
+    out = judged_pause(s, "Yes please.", 0.6, (None, None))
+    assert [a for a in out if isinstance(a, TurnJudged)]  # decided without the text

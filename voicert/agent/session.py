@@ -26,6 +26,7 @@ from voicert.agent.turns import (
     Detection,
     DropDecode,
     JudgeTurn,
+    ScoreText,
     StartDecode,
     TurnEnded,
     TurnJudged,
@@ -72,6 +73,10 @@ class Services:
     turn_judge: Judge | None = None  # turn.detector semantic with an audio model: it scores pauses
     denoise: RnNoise | None = None  # asr.denoise rnnoise: each session's input goes through it
     toolbox: Toolbox | None = None  # tools.functions: the tools the server runs itself
+
+
+async def _none() -> None:
+    return None
 
 
 async def _drain(stream) -> None:
@@ -179,6 +184,7 @@ class Session:
             self.cfg.asr.partial_interval_ms,
             auto_respond,
             turn or self.cfg.turn,
+            score_text=self.svc.engine.scores,
         )
         self.turn: Turn | None = None
         self.playout = Playout()  # when the reply audio sent plays at the caller's end
@@ -296,7 +302,11 @@ class Session:
                 DecodeKind.PARTIAL: (PARTIAL, self._on_partial),
                 DecodeKind.OVERLAP: (FINAL, self._on_overlap),  # a barge-in may wait
             }[action.kind]
-            if kind == EARLY and self.turns.semantic and self.turns.turn.text_cue:
+            if (
+                kind == EARLY
+                and self.turns.semantic
+                and (self.turns.turn.text_cue or self.turns.hazard)
+            ):
                 kind = FINAL  # the semantic verdict waits for it: the endpoint is behind it
             handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
             handle.future.add_done_callback(functools.partial(done, action.decode_id))
@@ -313,6 +323,8 @@ class Session:
             self.svc.metrics.verdicts.labels(action.verdict.value).inc()
         elif isinstance(action, JudgeTurn):
             self._spawn(self._judge(action), f"judge-{self.id}")
+        elif isinstance(action, ScoreText):
+            self._spawn(self._score_text(action), f"score-{self.id}")
         elif isinstance(action, (ev.TranscriptPartial, ev.SpeechStopped)):
             self._detach(self.emit(action))
 
@@ -328,6 +340,32 @@ class Session:
                 log.exception("session %s: the turn-completion model failed", self.id)
             self.svc.metrics.judge_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
         await self._act_all(self.turns.judged(action.judge_id, prob, now_ns()))
+
+    async def _score_text(self, action: ScoreText) -> None:
+        """The LLM's end-of-turn scores of the early transcript, as written and bare (two
+        ``score_end`` requests on this conversation: its prefix is cached), then let
+        turn-taking decide; a failed score leaves the decision to the other opinions."""
+        t0 = time.perf_counter_ns()
+        probs = await asyncio.gather(
+            self._end_prob(action.text), self._end_prob(action.bare) if action.bare else _none()
+        )
+        self.svc.metrics.score_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
+        await self._act_all(self.turns.text_scored(action.judge_id, *probs, now_ns()))
+
+    async def _end_prob(self, text: str) -> float | None:
+        rid = f"{self.id}-score-{next(_request_ids)}"
+        request = GenerationRequest(rid, self._messages(text), 1, self.id, score_end=True)
+        prob = None
+        try:
+            async for event in self.svc.engine.submit(request):
+                if event.finish_reason is not None:
+                    prob = event.end_prob
+                    if event.error:
+                        log.warning("session %s: end-of-turn score: %s", self.id, event.error)
+        except asyncio.CancelledError:
+            self.svc.engine.cancel(rid)
+            raise
+        return prob
 
     def _detach(self, coro) -> None:
         """Run ``coro`` to its end without waiting for it; the task is held until then (the loop

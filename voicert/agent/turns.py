@@ -26,6 +26,12 @@ the audio model's probability and the early transcript's last words (``turn.text
 with :meth:`TurnTaking.early_done`). Complete: the turn ends there. Incomplete: the endpointer waits
 for more speech up to ``turn.max_silence_ms`` of silence.
 
+With ``turn.detector: hazard`` the pause is judged the same way, but from the audio model and
+the LLM's end-of-turn score of the early transcript (:class:`ScoreText`, answered with
+:meth:`TurnTaking.text_scored`), combined into one hazard (agent/hazard.py): the verdict is not
+complete / incomplete but the silence after which the turn ends, which may be now; the caller's
+own pauses inside turns (:class:`~voicert.agent.hazard.PauseHabit`) stretch it.
+
 Tests drive it with scripted probabilities and times (tests/agent/test_turns.py).
 """
 
@@ -40,6 +46,7 @@ from typing import Union
 
 import numpy as np
 
+from voicert.agent.hazard import Evidence, PauseHabit, bare, end_after_ms
 from voicert.audio.buffer import AudioBuffer
 from voicert.config import TurnConfig, VadConfig
 from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped, TranscriptPartial
@@ -91,6 +98,16 @@ class JudgeTurn:
     audio: np.ndarray  # [N] float32 16 kHz: the utterance up to the pause
 
 
+@dataclass(frozen=True, slots=True)
+class ScoreText:
+    """(hazard) Score the early transcript with the LLM: P(end of message) after ``text`` and
+    after ``bare`` (without its final punctuation); answer with :meth:`TurnTaking.text_scored`."""
+
+    judge_id: int
+    text: str
+    bare: str
+
+
 class Verdict(enum.StrEnum):
     COMPLETE = "complete"
     INCOMPLETE = "incomplete"
@@ -110,6 +127,7 @@ Action = Union[
     TurnEnded,
     TranscriptPartial,
     JudgeTurn,
+    ScoreText,
     TurnJudged,
     BargeIn,
 ]
@@ -131,6 +149,10 @@ class _Judgement:
     prob: float | None = None
     text: str | None = None
     verdict: Verdict | None = None  # once decided (incomplete: the endpointer's maximum decides)
+    need_score: bool = False  # (hazard) the LLM's scores of the transcript are awaited
+    text_prob: float | None = None
+    bare_prob: float | None = None
+    end_after_ms: float | None = None  # (hazard) the silence that ends the turn, once decided
 
 
 @dataclass(slots=True)
@@ -162,8 +184,13 @@ class TurnTaking:
         partial_interval_ms: int = 0,
         auto_respond: bool = True,
         turn: TurnConfig | None = None,
+        score_text: bool = False,
     ) -> None:
+        """``score_text``: (hazard) the engine scores transcripts (``Engine.scores``): pauses are
+        judged on the LLM's end-of-turn score too."""
         self.vad = vad
+        self.score_text = score_text
+        self.habit = PauseHabit()
         self.turn = turn or TurnConfig()
         self.detection = detection
         self.early_final_ms = early_final_ms
@@ -184,11 +211,16 @@ class TurnTaking:
     @property
     def semantic(self) -> bool:
         """Utterances are judged at a pause (not only ended by silence)."""
-        return self.turn.detector == "semantic" and self.detection is Detection.SERVER_VAD
+        return self.turn.detector != "silence" and self.detection is Detection.SERVER_VAD
+
+    @property
+    def hazard(self) -> bool:
+        """Judged pauses end the turn after a silence the hazard sets (not complete / not)."""
+        return self.semantic and self.turn.detector == "hazard"
 
     def _endpointer_vad(self) -> VadConfig:
         # semantic: the endpointer's silence is the maximum; the judgement ends turns earlier
-        if self.turn.detector != "semantic":
+        if self.turn.detector == "silence":
             return self.vad
         return dataclasses.replace(self.vad, min_silence_ms=self.turn.max_silence_ms)
 
@@ -236,7 +268,11 @@ class TurnTaking:
         ``replying``: a reply is being generated or sent (speech may be a backchannel)."""
         out: list[Action] = []
         for prob in probs:
-            result = self.endpointer.step(float(prob))
+            ep = self.endpointer
+            gap_ms = (ep.window - ep.last_voiced) * WINDOW_MS if ep.in_speech else 0
+            result = ep.step(float(prob))
+            if result.voiced and ep.in_speech and gap_ms >= self.turn.pause_ms:
+                self.habit.observe(gap_ms)  # a pause inside the turn, after which they went on
             if result.voiced and self._overlap_voiced is not None and self.endpointer.in_speech:
                 self._overlap_voiced += 1
                 if self._overlap_voiced * WINDOW_MS >= self.turn.interrupt_ms:
@@ -311,6 +347,21 @@ class TurnTaking:
         if st is None or not st.need_text or st.verdict is not None:
             return []
         st.text = text or ""
+        out: list[Action] = []
+        if self.hazard and self.score_text and st.text.strip():
+            st.need_score = True
+            out.append(ScoreText(st.judge_id, st.text.strip(), bare(st.text)))
+        return out + self._decide(now_ns)
+
+    def text_scored(
+        self, judge_id: int, text_prob: float | None, bare_prob: float | None, now_ns: int
+    ) -> list[Action]:
+        """The LLM's P(end of message) for a :class:`ScoreText` (None: it failed; the hazard
+        does without). May end the turn."""
+        st = self._judgement
+        if st is None or st.judge_id != judge_id or not st.need_score:
+            return []
+        st.need_score, st.text_prob, st.bare_prob = False, text_prob, bare_prob
         return self._decide(now_ns)
 
     def judged(self, judge_id: int, prob: float | None, now_ns: int) -> list[Action]:
@@ -400,7 +451,7 @@ class TurnTaking:
     def _early_ms(self) -> int:
         """Trailing silence that starts the early decode (0: none). Semantic detection with the
         text cue needs its transcript by the pause, so it starts there at the latest."""
-        if self.semantic and self.turn.text_cue:
+        if self.semantic and (self.turn.text_cue or self.hazard):
             return min(self.early_final_ms or self.turn.pause_ms, self.turn.pause_ms)
         return self.early_final_ms
 
@@ -424,18 +475,25 @@ class TurnTaking:
         """Semantic detection: at ``turn.pause_ms`` of silence, judge the utterance once. True
         when the verdict (already in) ended the turn."""
         ep = self.endpointer
-        if (
-            not self.semantic
-            or not ep.in_speech
-            or self._judgement is not None
-            or (ep.window - ep.last_voiced) * WINDOW_MS < self.turn.pause_ms
-        ):
+        silence_ms = (ep.window - ep.last_voiced) * WINDOW_MS
+        st = self._judgement
+        if st is not None and st.end_after_ms is not None and ep.in_speech:
+            if silence_ms < st.end_after_ms:
+                return False
+            out.extend(self._end_judged(now_ns))  # the pause outlasted the hazard's doubt
+            return True
+        if not self.semantic or not ep.in_speech or st is not None:
+            return False
+        if silence_ms < self.turn.pause_ms:
             return False
         early = self._early
-        need_text = self.turn.text_cue and early is not None
+        need_text = (self.turn.text_cue or self.hazard) and early is not None
         st = self._judgement = _Judgement(next(self._ids), self.turn.model != "none", need_text)
-        if early is not None and need_text:
-            st.text = early.text  # set when the early decode finished before the pause
+        if early is not None and need_text and early.text is not None:
+            st.text = early.text  # the early decode finished before the pause
+            if self.hazard and self.score_text and st.text.strip():
+                st.need_score = True
+                out.append(ScoreText(st.judge_id, st.text.strip(), bare(st.text)))
         if st.need_audio:
             audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
             out.append(JudgeTurn(st.judge_id, audio))
@@ -445,8 +503,10 @@ class TurnTaking:
     def _decide(self, now_ns: int) -> list[Action]:
         """The verdict, once every cue awaited is in. Complete: the turn ends now."""
         st = self._judgement
-        if st is None or st.need_audio or (st.need_text and st.text is None):
+        if st is None or st.need_audio or (st.need_text and st.text is None) or st.need_score:
             return []
+        if self.hazard:
+            return self._decide_hazard(st, now_ns)
         text = st.text or ""
         if st.need_text and continues(text):
             complete = False  # the words stop mid-phrase ("a table for"): wait for the rest
@@ -458,9 +518,25 @@ class TurnTaking:
         judged = TurnJudged(st.judge_id, st.verdict)
         if not complete:
             return [judged]
+        return [judged, *self._end_judged(now_ns)]
+
+    def _decide_hazard(self, st: _Judgement, now_ns: int) -> list[Action]:
+        """The silence after which the turn ends, from every opinion in; now, if it is past."""
+        evidence = Evidence(st.prob, st.text_prob, st.bare_prob)
+        turn, ep = self.turn, self.endpointer
+        st.end_after_ms = end_after_ms(
+            evidence, turn.pause_ms, turn.max_silence_ms, turn.patience, self.habit.scale
+        )
+        now = (ep.window - ep.last_voiced) * WINDOW_MS >= st.end_after_ms
+        st.verdict = Verdict.COMPLETE if now else Verdict.INCOMPLETE
+        judged = TurnJudged(st.judge_id, st.verdict)
+        return [judged, *self._end_judged(now_ns)] if now else [judged]
+
+    def _end_judged(self, now_ns: int) -> list[Action]:
+        """A judgement ends the turn at the window just scored."""
         ep = self.endpointer
         end = (ep.window + 1) * FRAME
-        out: list[Action] = [judged, SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE)]
+        out: list[Action] = [SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE)]
         ep.reset()
         self._end_turn(end, now_ns, out)
         return out

@@ -617,6 +617,25 @@ async def evaluate_barge_in(services, cfg: Config, utts: list[Utterance]) -> lis
     return rows
 
 
+def _eot(args: argparse.Namespace) -> int:
+    from voicert.bench import eot
+    from voicert.bench.turn_set import CONDITIONS
+
+    conditions = tuple(c for c in args.conditions.split(",") if c)
+    if not conditions or not set(conditions) <= set(CONDITIONS):
+        print(f"bench.turns: --conditions must be among {', '.join(CONDITIONS)}", file=sys.stderr)
+        return 2
+    try:
+        cfg = load_config(args.config, dict(kv.split("=", 1) for kv in args.set))
+    except (ConfigError, ValueError) as exc:
+        print(f"bench.turns: {exc}", file=sys.stderr)
+        return 2
+    turn = cfg.turn
+    signals = Path(args.signals) if args.signals else None
+    print(eot.run(conditions, args.asr, turn.pause_ms, turn.max_silence_ms, signals, turn.patience))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m voicert.bench.turns",
@@ -637,7 +656,17 @@ def main(argv: list[str] | None = None) -> int:
         "gain, echo guard on and off (0: skip)",
     )
     ap.add_argument("--json")
+    ap.add_argument(
+        "--eot",
+        action="store_true",
+        help="eot-bench's figures instead, offline, over the rendered set (bench/turn_set.py)",
+    )
+    ap.add_argument("--conditions", default="clean,noisy,phone", help="--eot: which renderings")
+    ap.add_argument("--asr", default="embedded", help="--eot: the ASR model (embedded | base)")
+    ap.add_argument("--signals", help="--eot: save the models' signals here, or read them back")
     args = ap.parse_args(argv)
+    if args.eot:
+        return _eot(args)
     modes = [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]
     if unknown:

@@ -14,7 +14,7 @@ from voicert.core.chat import ToolChoice, ToolSpec
 
 ENCODINGS = ("pcm16", "f32", "mulaw", "alaw")
 TURN_DETECTION = ("server_vad", "manual")
-END_OF_TURN = ("semantic", "silence")
+END_OF_TURN = ("semantic", "silence", "hazard")
 
 
 class ErrorCode(str, enum.Enum):  # noqa: UP042 - str() and format() stay as they were on the wire

@@ -123,9 +123,9 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
 
 
 def load_turn_judge(cfg: Config) -> TurnJudge | None:
-    """The turn-completion model when ``turn.detector`` is semantic with an audio model (raises
-    SmartTurnMissing, a ConfigError, when its wheel is not installed)."""
-    if cfg.turn.detector != "semantic" or cfg.turn.model == "none":
+    """The turn-completion model when ``turn.detector`` judges pauses (semantic, hazard) with an
+    audio model (raises SmartTurnMissing, a ConfigError, when its wheel is not installed)."""
+    if cfg.turn.detector == "silence" or cfg.turn.model == "none":
         return None
     path = None
     if cfg.turn.model_path:
@@ -135,7 +135,8 @@ def load_turn_judge(cfg: Config) -> TurnJudge | None:
     judge = TurnJudge(SmartTurn(path, threads=cfg.turn.threads), cfg.turn.concurrency)
     judge.warmup()
     log.info(
-        "turn detection: semantic (%s, judged at %d ms of silence, at most %d ms)",
+        "turn detection: %s (%s, judged at %d ms of silence, at most %d ms)",
+        cfg.turn.detector,
         judge.model.path.name,
         cfg.turn.pause_ms,
         cfg.turn.max_silence_ms,

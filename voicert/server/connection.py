@@ -405,8 +405,10 @@ def session_turn_taking(start: SessionSettings, svc: Services) -> tuple[VadConfi
             )
         if start.end_of_turn is not None and start.end_of_turn != turn.detector:
             turn = dataclasses.replace(turn, detector=start.end_of_turn)
-            if turn.detector == "semantic" and svc.turn_judge is None:  # no audio model loaded
-                turn = dataclasses.replace(turn, model="none", text_cue=True)
+            if turn.detector != "silence" and svc.turn_judge is None:  # no audio model loaded
+                turn = dataclasses.replace(
+                    turn, model="none", text_cue=turn.text_cue or turn.detector == "semantic"
+                )
         if start.silence_ms is not None:
             if turn.detector == "silence":
                 vad = dataclasses.replace(vad, min_silence_ms=start.silence_ms)

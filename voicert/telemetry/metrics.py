@@ -128,6 +128,12 @@ class Metrics:
             buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2],
             registry=r,
         )
+        self.score_seconds = Histogram(
+            "voicert_turn_text_score_seconds",
+            "(hazard) The LLM's end-of-turn scores of one early transcript, queue included",
+            buckets=[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2],
+            registry=r,
+        )
         self.overlaps = Counter(
             "voicert_speech_over_reply_total",
             "Short speech over a reply, screened: backchannel (let go) or interruption",

@@ -1,0 +1,40 @@
+"""eot-bench's figures from scored pauses (bench/eot.py), on hand-made signals: no models."""
+
+import numpy as np
+
+from voicert.bench.eot import Detector, Pause, Scored, evaluate, figures, find_pauses
+
+
+def rendering(inner: list[float], final_ms: float = 2000) -> Scored:
+    s = Scored("x", "pause", "c", "v", "clean", "w")
+    s.pauses = [Pause(100.0 * i, ms, False) for i, ms in enumerate(inner)]
+    s.pauses.append(Pause(5000, final_ms, True))
+    return s
+
+
+def silence(p: Pause, ms: float) -> float:
+    return ms
+
+
+def test_a_pause_shorter_than_the_wait_is_heard_through_and_a_longer_one_cuts_off():
+    scored = [rendering([300]), rendering([900]), rendering([])]
+    point = evaluate(scored, silence, 500)
+    assert point.cut_off == 0.5  # of the two with inner pauses, the 900 ms one
+    # dead air counts only the turns that were not cut off: the other two waited 500 ms
+    assert point.dead_mean == 500 and point.dead_p95 == 500
+
+
+def test_the_figures_pick_the_best_setting_within_each_budget_and_at_the_cut_off_goal():
+    scored = [rendering([ms]) for ms in (200, 400, 600, 800, 1000)] + [rendering([])] * 5
+    d = Detector("silence", silence, tuple(range(100, 1201, 100)), 400)
+    f = figures(scored, d)
+    assert f.default.cut_off == 0.6  # 600, 800 and 1000 ms pauses outlast a 400 ms wait
+    # the fewest cut-offs within the budget, then the least dead air (a 300 ms wait cuts as many
+    # as a 200 ms one: the 200 ms pause is heard through by both)
+    assert f.cut_at[300].setting == 200 and f.cut_at[500].setting == 400
+    assert f.at_goal is not None and f.at_goal.setting == 1000  # none cut off, least dead air
+
+
+def test_pauses_are_the_silences_between_voiced_windows_and_the_last_runs_to_the_end():
+    probs = np.array([0.1, 0.9, 0.9, 0.2, 0.2, 0.2, 0.9, 0.1, 0.1])
+    assert find_pauses(probs, 0.5, 0.35, 9 * 32) == [(96, 96), (224, 64)]

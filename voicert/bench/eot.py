@@ -1,0 +1,389 @@
+"""End-of-turn figures in eot-bench's terms, offline: ``python -m voicert.bench.turns --eot``.
+
+Every rendering of the set (bench/turn_set.py) is scored by the real models the server runs, on
+this machine: Silero VAD over 32 ms windows finds each pause inside speech the way the endpointer
+does; at ``turn.pause_ms`` of silence into each pause the judgement's inputs are computed from the
+audio up to there, as a session computes them: smart-turn's P(complete), the early transcript
+(Whisper), the word cue, and the LLM's end-of-turn probability of that transcript (an engine
+``score_end`` request). The compute each took is measured too.
+
+A detector is then a rule from those signals and the silence so far to a decision; each has one
+knob (a threshold, or the silence for the silence rule), swept. For every setting:
+
+- **false cut-off rate**: the share of renderings with a pause inside the turn where the rule
+  ended the turn in one of those pauses (answered half-heard);
+- **dead air**: per rendering, the silence after its last word before the rule ended the turn,
+  counting the judgement's measured compute where the rule waited for it (mean and P95).
+
+eot-bench's two figures follow: the lowest cut-off rate among the settings whose mean dead air
+fits a budget (300 ms, 500 ms), and the lowest mean dead air among the settings that cut off at
+most 5 %.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from voicert.agent.hazard import bare
+from voicert.bench.turn_set import SAMPLE_RATE, Rendering
+from voicert.speech.endpoint import WINDOW_MS
+
+LEAD_S = 0.3  # silence before the first word
+TAIL_S = 2.0  # silence after the last word (longer than any maximum wait)
+BUDGETS_MS = (300, 500)
+CUT_OFF_GOAL = 0.05
+
+
+@dataclass
+class Pause:
+    """One silence inside speech, as the endpointer sees it, and the judgement's inputs there."""
+
+    start_ms: float  # from the rendering's first sample: where the silence began
+    length_ms: float  # until voice came back (the final pause: until the audio ended)
+    final: bool  # no voice after it: the true end of the turn
+    audio_prob: float | None = None  # smart-turn P(complete) at the judgement
+    text: str = ""  # the early transcript at the judgement
+    text_prob: float | None = None  # the LLM's P(end of message) after that transcript
+    bare_prob: float | None = None  # ... after it without its final punctuation (Whisper's guess)
+    audio_ms: float = 0.0  # compute: smart-turn
+    asr_ms: float = 0.0  # compute: the early decode
+    score_ms: float = 0.0  # compute: the LLM score
+
+
+@dataclass
+class Scored:
+    """A rendering's pauses and its final transcript."""
+
+    id: str
+    kind: str
+    category: str
+    voice: str
+    condition: str
+    words: str
+    transcript: str = ""
+    pauses: list[Pause] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ signals
+
+
+def find_pauses(probs: np.ndarray, threshold: float, neg_threshold: float, end_ms: float) -> list:
+    """(start_ms, length_ms) of every silence inside speech, from per-window VAD probabilities:
+    a run of windows below ``neg_threshold`` after a voiced one (>= ``threshold``) and before
+    the next voiced one (or the audio's end). Times are window ends, as the endpointer counts."""
+    out = []
+    last_voiced: int | None = None
+    silent_from: int | None = None
+    for w, p in enumerate(probs):
+        if p >= threshold:
+            if silent_from is not None and last_voiced is not None:
+                out.append(((last_voiced + 1) * WINDOW_MS, (w - last_voiced - 1) * WINDOW_MS))
+            last_voiced, silent_from = w, None
+        elif p < neg_threshold and last_voiced is not None and silent_from is None:
+            silent_from = w
+    if last_voiced is not None:
+        start = (last_voiced + 1) * WINDOW_MS
+        out.append((start, end_ms - start))
+    return out
+
+
+class Scorer:
+    """The server's models, loaded once: VAD, smart-turn, Whisper, and the engine core."""
+
+    def __init__(self, asr: str = "embedded", system_prompt: str = "") -> None:
+        from voicert.config import AsrConfig, cache_dir, load_config
+        from voicert.engine.build import EngineConfig, build_core
+        from voicert.engine.loader import resolve_llm
+        from voicert.speech.asr import WhisperAsr, resolve_asr_model
+        from voicert.speech.smart_turn import SmartTurn
+        from voicert.speech.vad import SileroVad
+
+        cfg = load_config(environ={})
+        self.cfg = cfg
+        cache = cache_dir(cfg.models)
+        self.vad = SileroVad()
+        self.smart_turn = SmartTurn()
+        self.asr = WhisperAsr(AsrConfig(), str(resolve_asr_model(asr, cache)))
+        self.core = build_core(
+            str(resolve_llm("embedded", cache)), EngineConfig(num_blocks=256, torchscript=False)
+        )
+        self.system_prompt = system_prompt or cfg.llm.system_prompt
+        self._n = 0
+
+    def text_prob(self, text: str) -> float | None:
+        from voicert.core.chat import ChatMessage
+        from voicert.core.llm import GenerationRequest
+
+        if not text.strip():
+            return None
+        self._n += 1
+        rid = f"s{self._n}"
+        msgs = [ChatMessage("system", self.system_prompt), ChatMessage("user", text.strip())]
+        self.core.add(GenerationRequest(rid, msgs, 1, score_end=True))
+        prob = None
+        while self.core.has_work():
+            for out in self.core.step():
+                if out.request_id == rid and out.finish_reason is not None:
+                    prob = out.end_prob
+        return prob
+
+    def score(self, r: Rendering, judge_ms: int) -> Scored:
+        from voicert.speech.vad import FRAME, VadState
+
+        lead = np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)
+        x = np.concatenate([lead, r.audio, np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)])
+        n = x.size // FRAME
+        probs = self.vad.probs(x[: n * FRAME].reshape(n, FRAME), VadState())
+        vad = self.cfg.vad
+        out = Scored(r.id, r.item.kind, r.item.category, r.voice, r.condition, r.words.strip(), "")
+        out.transcript = self.asr.transcribe_sync(r.audio).text
+        true_end_ms = (lead.size + r.end) * 1000 / SAMPLE_RATE
+        for start, length in find_pauses(probs, vad.threshold, vad.neg_threshold, n * WINDOW_MS):
+            final = start + 64 >= true_end_ms  # no voiced audio after it (VAD hangs on ~1 window)
+            p = Pause(start, length, final)
+            if length >= judge_ms:
+                self._judge(p, x[: int((start + judge_ms) * SAMPLE_RATE / 1000)])
+            out.pauses.append(p)
+        return out
+
+    def _judge(self, p: Pause, audio: np.ndarray) -> None:
+        t0 = time.perf_counter_ns()
+        p.audio_prob = float(self.smart_turn.score([audio])[0])
+        t1 = time.perf_counter_ns()
+        p.text = self.asr.transcribe_sync(audio).text
+        t2 = time.perf_counter_ns()
+        p.text_prob = self.text_prob(p.text)
+        t3 = time.perf_counter_ns()
+        p.bare_prob = self.text_prob(bare(p.text))  # its prefix is cached: cheap
+        p.audio_ms, p.asr_ms, p.score_ms = (t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6
+
+
+def save(scored: list[Scored], path: Path) -> None:
+    path.write_text(json.dumps([asdict(s) for s in scored], indent=1))
+
+
+def load(path: Path) -> list[Scored]:
+    out = []
+    for d in json.loads(path.read_text()):
+        pauses = [Pause(**p) for p in d.pop("pauses")]
+        out.append(Scored(**d, pauses=pauses))
+    return out
+
+
+# ------------------------------------------------------------------ detectors
+
+# a rule: (pause, setting) -> the silence in ms after which it ends the turn (math.inf: never)
+Rule = Callable[[Pause, float], float]
+
+
+@dataclass(frozen=True)
+class Detector:
+    name: str
+    rule: Rule
+    settings: tuple[float, ...]  # swept
+    default: float  # the configured setting
+
+
+@dataclass(frozen=True)
+class Point:
+    setting: float
+    cut_off: float  # share of renderings with inner pauses that were cut off
+    dead_mean: float
+    dead_p95: float
+
+
+def evaluate(scored: list[Scored], rule: Rule, setting: float) -> Point:
+    cut, with_inner, dead = 0, 0, []
+    for s in scored:
+        inner = [p for p in s.pauses if not p.final]
+        if inner:
+            with_inner += 1
+            cut += any(rule(p, setting) < p.length_ms for p in inner)
+        final = [p for p in s.pauses if p.final]
+        if final and not any(rule(p, setting) < p.length_ms for p in inner):
+            dead.append(rule(final[-1], setting))
+    dead_arr = np.array(dead) if dead else np.array([math.inf])
+    return Point(
+        setting,
+        cut / max(with_inner, 1),
+        float(dead_arr.mean()),
+        float(np.percentile(dead_arr, 95)),
+    )
+
+
+@dataclass(frozen=True)
+class Figures:
+    name: str
+    default: Point
+    cut_at: dict[int, Point | None]  # budget ms -> the best setting within it
+    at_goal: Point | None  # the least dead air at <= 5 % cut-offs
+
+
+def figures(scored: list[Scored], d: Detector) -> Figures:
+    points = [evaluate(scored, d.rule, s) for s in d.settings]
+    cut_at = {}
+    for budget in BUDGETS_MS:
+        fit = [p for p in points if p.dead_mean <= budget]
+        cut_at[budget] = min(fit, key=lambda p: (p.cut_off, p.dead_mean)) if fit else None
+    ok = [p for p in points if p.cut_off <= CUT_OFF_GOAL]
+    at_goal = min(ok, key=lambda p: (p.dead_mean, p.cut_off)) if ok else None
+    return Figures(d.name, evaluate(scored, d.rule, d.default), cut_at, at_goal)
+
+
+def _logit(p: float | None, floor: float = 1e-6) -> float:
+    if p is None:
+        return 0.0
+    p = min(max(p, floor), 1 - floor)
+    return math.log(p / (1 - p))
+
+
+def _waited(p: Pause, judge_ms: int, compute_ms: float, decided_ms: float) -> float:
+    """When a rule that judged at ``judge_ms`` ends the turn: not before its inputs were in."""
+    return max(decided_ms, judge_ms + compute_ms)
+
+
+def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detector]:
+    """Today's detectors and the hazard, each with its knob's sweep and its configured value."""
+    from voicert.speech.turn_text import continues
+
+    def judged(p: Pause) -> bool:
+        return p.audio_prob is not None
+
+    def silence(p: Pause, ms: float) -> float:
+        return ms
+
+    def audio(p: Pause, th: float) -> float:
+        if not judged(p):
+            return max_ms
+        done = (p.audio_prob or 0.0) >= th
+        return _waited(p, judge_ms, p.audio_ms, judge_ms) if done else max_ms
+
+    def semantic(p: Pause, th: float) -> float:  # today's rule (agent/turns.py _decide)
+        if not judged(p):
+            return max_ms
+        if continues(p.text):
+            return max_ms
+        done = (p.audio_prob or 0.0) >= th or p.text.rstrip().endswith("?")
+        cost = max(p.audio_ms, p.asr_ms)
+        return _waited(p, judge_ms, cost, judge_ms) if done else max_ms
+
+    def text(p: Pause, th: float) -> float:
+        if not judged(p) or p.text_prob is None:
+            return max_ms
+        done = math.log10(max(p.text_prob, 1e-12)) >= th
+        return _waited(p, judge_ms, p.asr_ms + p.score_ms, judge_ms) if done else max_ms
+
+    def hazard(p: Pause, th: float) -> float:
+        from voicert.agent.hazard import Evidence, end_after_ms
+
+        if not judged(p):
+            return max_ms
+        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob)
+        decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
+        return _waited(p, judge_ms, max(p.audio_ms, p.asr_ms + 2 * p.score_ms), decided)
+
+    grid = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
+    return [
+        Detector("silence", silence, tuple(range(96, max_ms + 1, 32)), 400),
+        Detector("smart-turn", audio, grid, 0.5),
+        Detector("semantic (today)", semantic, grid, 0.5),
+        Detector("text score", text, tuple(np.round(np.arange(-6, 0.01, 0.25), 2)), -2.0),
+        Detector("hazard", hazard, tuple(np.round(np.arange(-2, 6.01, 0.25), 2)), patience),
+    ]
+
+
+def _ms(p: Point | None, with_p95: bool = False) -> str:
+    if p is None:
+        return "—"
+    if with_p95:
+        return f"{p.dead_mean:.0f} / {p.dead_p95:.0f} ms ({p.cut_off:.1%})"
+    return f"{p.cut_off:.1%} ({p.dead_mean:.0f} ms)"
+
+
+def table(scored: list[Scored], judge_ms: int, max_ms: int, patience: float = 2.0) -> str:
+    """eot-bench's figures per detector, as a markdown table."""
+    rows = [
+        "| detector | configured: cut-offs (mean dead air) | cut-offs at 300 ms | at 500 ms "
+        "| dead air at <= 5 % cut-offs: mean / P95 (cut-offs) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for d in detectors(judge_ms, max_ms, patience):
+        f = figures(scored, d)
+        rows.append(
+            f"| {f.name} | {_ms(f.default)} | {_ms(f.cut_at[300])} | {_ms(f.cut_at[500])} "
+            f"| {_ms(f.at_goal, True)} |"
+        )
+    return "\n".join(rows)
+
+
+def run(
+    conditions: tuple[str, ...],
+    asr: str,
+    judge_ms: int,
+    max_ms: int,
+    signals: Path | None,
+    patience: float = 2.0,
+) -> str:
+    """Score the set (or read the signals saved by an earlier run), and the tables: all
+    conditions together, then each."""
+    from voicert.bench.turn_set import espeak_available, render_set
+
+    if signals is not None and signals.exists():
+        scored = [s for s in load(signals) if s.condition in conditions]
+    else:
+        renderings = render_set(conditions)
+        scorer = Scorer(asr)
+        scored = []
+        for i, r in enumerate(renderings):
+            scored.append(scorer.score(r, judge_ms))
+            print(f"\r  scored {i + 1}/{len(renderings)}", end="", flush=True)
+        print()
+        if signals is not None:
+            save(scored, signals)
+    inner = sum(1 for s in scored if any(not p.final for p in s.pauses))
+    judged = [p for s in scored for p in s.pauses if p.audio_prob is not None]
+    lines = [
+        f"{len(scored)} renderings ({inner} with pauses inside the turn), {len(judged)} "
+        f"judged pauses; voices: Piper{' and eSpeak NG' if espeak_available() else ' only'}; "
+        f"judgement at {judge_ms} ms, maximum {max_ms} ms; ASR {asr}",
+        "judgement compute on this machine, P50 / P95: smart-turn "
+        + _pct([p.audio_ms for p in judged])
+        + ", early decode "
+        + _pct([p.asr_ms for p in judged])
+        + ", LLM score "
+        + _pct([p.score_ms for p in judged]),
+        f"WER of the final transcripts: {wer(scored):.1%}",
+    ]
+    for cond in ("all", *conditions) if len(conditions) > 1 else conditions:
+        part = scored if cond == "all" else [s for s in scored if s.condition == cond]
+        lines += [
+            "",
+            f"### {cond} ({len(part)} renderings)",
+            "",
+            table(part, judge_ms, max_ms, patience),
+        ]
+    return "\n".join(lines)
+
+
+def _pct(xs: list[float]) -> str:
+    if not xs:
+        return "—"
+    return f"{np.percentile(xs, 50):.0f} / {np.percentile(xs, 95):.0f} ms"
+
+
+def wer(scored: list[Scored]) -> float:
+    """Corpus WER (a fraction) of the final transcripts, Whisper's normaliser where installed."""
+    from voicert.bench import asr_eval
+
+    pairs = [(s.words, s.transcript) for s in scored]
+    try:
+        return asr_eval.wer(pairs, asr_eval.whisper_normalize) / 100
+    except ImportError:
+        return asr_eval.wer(pairs) / 100

