@@ -89,6 +89,28 @@ async def test_a_pause_after_an_incomplete_phrase_does_not_cut_the_speaker_off(s
     assert len(finals) == 1 and "john" in finals[0].lower() and "change" in finals[0].lower()
 
 
+async def test_the_hazard_detector_ends_a_question_on_the_llms_own_score(services):
+    # real models: the early transcript is scored by the engine (score_end) and the turn ends
+    # from the audio model's and the LLM's opinions, however late they come (the client keeps
+    # sending silence past the maximum wait)
+    assert services.engine.scores
+    registry = services.metrics.registry
+    before = registry.get_sample_value("voicert_turn_text_score_seconds_count") or 0
+    srv = await server_with(services, turn={"detector": "hazard"})
+    try:
+        result = await stream_audio(
+            f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
+            [wav("capital_of_france")],
+            trailing_silence_s=2.5,
+        )
+    finally:
+        await srv.shutdown()
+    finals = [e["text"] for e in result.events if e["type"] == "transcript.final"]
+    assert len(finals) == 1 and "france" in finals[0].lower()
+    assert "paris" in result.turns[0].reply.lower()
+    assert registry.get_sample_value("voicert_turn_text_score_seconds_count") > before
+
+
 async def test_speech_during_a_reply_interrupts_it(url):
     x, _ = wav("count_to_five")
     q, _ = wav("capital_of_france")

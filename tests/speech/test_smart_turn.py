@@ -70,3 +70,57 @@ def test_a_model_path_that_is_not_a_file_is_a_config_error_naming_the_key(tmp_pa
     )
     with pytest.raises(ConfigError, match=r"turn\.model_path: .*nope\.onnx is not a file"):
         load_turn_judge(cfg)
+
+
+class _Counting:
+    """Stands in for the model: records each call's batch; ``gate`` holds calls until set."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.batches: list[int] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def score(self, utterances):
+        self.gate.wait(5)
+        self.batches.append(len(utterances))
+        return np.array([float(u[0]) for u in utterances], np.float32)
+
+
+async def test_judgements_asked_for_together_go_in_one_call_each_with_its_own_answer():
+    import asyncio
+
+    from voicert.speech.smart_turn import TurnJudge
+
+    fake = _Counting()
+    judge = TurnJudge(fake, concurrency=1)  # type: ignore[arg-type]
+    try:
+        probs = await asyncio.gather(
+            *(judge.score(np.full(10, i / 10, np.float32)) for i in range(5))
+        )
+        assert probs == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+        assert fake.batches == [5]
+    finally:
+        judge.close()
+
+
+async def test_judgements_that_arrive_during_a_call_go_together_in_the_next():
+    import asyncio
+
+    from voicert.speech.smart_turn import TurnJudge
+
+    fake = _Counting()
+    judge = TurnJudge(fake, concurrency=1, max_batch=3)  # type: ignore[arg-type]
+    try:
+        fake.gate.clear()  # the first call holds
+        first = asyncio.ensure_future(judge.score(np.zeros(10, np.float32)))
+        await asyncio.sleep(0.05)
+        later = [asyncio.ensure_future(judge.score(np.ones(10, np.float32))) for _ in range(4)]
+        await asyncio.sleep(0.05)
+        fake.gate.set()
+        await asyncio.gather(first, *later)
+        assert fake.batches == [1, 3, 1]  # then at most max_batch a call
+        assert judge.calls == 3 and judge.judged == 5
+    finally:
+        judge.close()

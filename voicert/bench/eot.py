@@ -54,7 +54,8 @@ class Pause:
     bare_prob: float | None = None  # ... after it without its final punctuation (Whisper's guess)
     audio_ms: float = 0.0  # compute: smart-turn
     asr_ms: float = 0.0  # compute: the early decode
-    score_ms: float = 0.0  # compute: the LLM score
+    score_ms: float = 0.0  # compute: the LLM's two scores (as written, bare), one batch
+    early_ms: int = 0  # silence at which the early decode started (its audio ends there)
 
 
 @dataclass
@@ -95,46 +96,51 @@ def find_pauses(probs: np.ndarray, threshold: float, neg_threshold: float, end_m
 
 
 class Scorer:
-    """The server's models, loaded once: VAD, smart-turn, Whisper, and the engine core."""
+    """The server's models as ``cfg`` sets them (its ``asr`` and ``llm`` sections), loaded once:
+    VAD, smart-turn, Whisper, and the engine core."""
 
-    def __init__(self, asr: str = "embedded", system_prompt: str = "") -> None:
-        from voicert.config import AsrConfig, cache_dir, load_config
-        from voicert.engine.build import EngineConfig, build_core
+    def __init__(self, cfg, asr: str = "") -> None:
+        """``asr``: the Whisper model (default ``models.asr``)."""
+        from voicert.config import cache_dir
+        from voicert.engine.build import build_core, engine_config
         from voicert.engine.loader import resolve_llm
         from voicert.speech.asr import WhisperAsr, resolve_asr_model
         from voicert.speech.smart_turn import SmartTurn
         from voicert.speech.vad import SileroVad
 
-        cfg = load_config(environ={})
         self.cfg = cfg
         cache = cache_dir(cfg.models)
         self.vad = SileroVad()
         self.smart_turn = SmartTurn()
-        self.asr = WhisperAsr(AsrConfig(), str(resolve_asr_model(asr, cache)))
-        self.core = build_core(
-            str(resolve_llm("embedded", cache)), EngineConfig(num_blocks=256, torchscript=False)
-        )
-        self.system_prompt = system_prompt or cfg.llm.system_prompt
+        self.asr = WhisperAsr(cfg.asr, str(resolve_asr_model(asr or cfg.models.asr, cache)))
+        model_dir = str(resolve_llm(cfg.models.llm, cache))
+        self.core = build_core(model_dir, engine_config(cfg.llm, str(cache)).on_device())
+        self.system_prompt = cfg.llm.system_prompt
         self._n = 0
 
-    def text_prob(self, text: str) -> float | None:
+    def text_probs(self, texts: list[str]) -> list[float | None]:
+        """The LLM's P(end of message) after each text, as a session asks: all at once (one
+        prefill step for all of them, their common prefix cached)."""
         from voicert.core.chat import ChatMessage
         from voicert.core.llm import GenerationRequest
 
-        if not text.strip():
-            return None
-        self._n += 1
-        rid = f"s{self._n}"
-        msgs = [ChatMessage("system", self.system_prompt), ChatMessage("user", text.strip())]
-        self.core.add(GenerationRequest(rid, msgs, 1, score_end=True))
-        prob = None
+        ids: dict[str, int] = {}
+        for i, text in enumerate(texts):
+            if text.strip():
+                self._n += 1
+                ids[f"s{self._n}"] = i
+                msgs = [ChatMessage("system", self.system_prompt), ChatMessage("user", text)]
+                self.core.add(GenerationRequest(f"s{self._n}", msgs, 1, score_end=True))
+        probs: list[float | None] = [None] * len(texts)
         while self.core.has_work():
             for out in self.core.step():
-                if out.request_id == rid and out.finish_reason is not None:
-                    prob = out.end_prob
-        return prob
+                if out.request_id in ids and out.finish_reason is not None:
+                    probs[ids[out.request_id]] = out.end_prob
+        return probs
 
-    def score(self, r: Rendering, judge_ms: int) -> Scored:
+    def score(self, r: Rendering, judge_ms: int, early_ms: int) -> Scored:
+        """Its pauses, each judged as a session judges it: the audio model at ``judge_ms`` of
+        silence, the early decode (and its scores) on the audio up to ``early_ms``."""
         from voicert.speech.vad import FRAME, VadState
 
         lead = np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)
@@ -149,19 +155,20 @@ class Scorer:
             final = start + 64 >= true_end_ms  # no voiced audio after it (VAD hangs on ~1 window)
             p = Pause(start, length, final)
             if length >= judge_ms:
-                self._judge(p, x[: int((start + judge_ms) * SAMPLE_RATE / 1000)])
+                p.early_ms = min(early_ms, judge_ms)
+                at = int((start + judge_ms) * SAMPLE_RATE / 1000)
+                self._judge(p, x[:at], x[: int((start + p.early_ms) * SAMPLE_RATE / 1000)])
             out.pauses.append(p)
         return out
 
-    def _judge(self, p: Pause, audio: np.ndarray) -> None:
+    def _judge(self, p: Pause, audio: np.ndarray, early: np.ndarray) -> None:
         t0 = time.perf_counter_ns()
         p.audio_prob = float(self.smart_turn.score([audio])[0])
         t1 = time.perf_counter_ns()
-        p.text = self.asr.transcribe_sync(audio).text
+        p.text = self.asr.transcribe_sync(early).text
         t2 = time.perf_counter_ns()
-        p.text_prob = self.text_prob(p.text)
+        p.text_prob, p.bare_prob = self.text_probs([p.text.strip(), bare(p.text)])
         t3 = time.perf_counter_ns()
-        p.bare_prob = self.text_prob(bare(p.text))  # its prefix is cached: cheap
         p.audio_ms, p.asr_ms, p.score_ms = (t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6
 
 
@@ -244,9 +251,13 @@ def _logit(p: float | None, floor: float = 1e-6) -> float:
     return math.log(p / (1 - p))
 
 
-def _waited(p: Pause, judge_ms: int, compute_ms: float, decided_ms: float) -> float:
-    """When a rule that judged at ``judge_ms`` ends the turn: not before its inputs were in."""
-    return max(decided_ms, judge_ms + compute_ms)
+def _ready(p: Pause, judge_ms: int, audio: bool, text: bool = False, score: bool = False) -> float:
+    """The silence (ms) by which a judgement's inputs are in: the audio model's from
+    ``judge_ms``; the early transcript from when its decode started, then its LLM scores."""
+    ready = judge_ms + (p.audio_ms if audio else 0.0)
+    if text:
+        ready = max(ready, p.early_ms + p.asr_ms + (p.score_ms if score else 0.0))
+    return ready
 
 
 def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detector]:
@@ -263,7 +274,7 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         if not judged(p):
             return max_ms
         done = (p.audio_prob or 0.0) >= th
-        return _waited(p, judge_ms, p.audio_ms, judge_ms) if done else max_ms
+        return _ready(p, judge_ms, True) if done else max_ms
 
     def semantic(p: Pause, th: float) -> float:  # today's rule (agent/turns.py _decide)
         if not judged(p):
@@ -271,14 +282,13 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         if continues(p.text):
             return max_ms
         done = (p.audio_prob or 0.0) >= th or p.text.rstrip().endswith("?")
-        cost = max(p.audio_ms, p.asr_ms)
-        return _waited(p, judge_ms, cost, judge_ms) if done else max_ms
+        return _ready(p, judge_ms, True, True) if done else max_ms
 
     def text(p: Pause, th: float) -> float:
         if not judged(p) or p.text_prob is None:
             return max_ms
         done = math.log10(max(p.text_prob, 1e-12)) >= th
-        return _waited(p, judge_ms, p.asr_ms + p.score_ms, judge_ms) if done else max_ms
+        return _ready(p, judge_ms, False, True, True) if done else max_ms
 
     def hazard(p: Pause, th: float) -> float:
         from voicert.agent.hazard import Evidence, end_after_ms
@@ -287,7 +297,7 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
             return max_ms
         ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob)
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
-        return _waited(p, judge_ms, max(p.audio_ms, p.asr_ms + 2 * p.score_ms), decided)
+        return max(decided, _ready(p, judge_ms, True, True, True))
 
     grid = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
     return [
@@ -323,26 +333,22 @@ def table(scored: list[Scored], judge_ms: int, max_ms: int, patience: float = 2.
     return "\n".join(rows)
 
 
-def run(
-    conditions: tuple[str, ...],
-    asr: str,
-    judge_ms: int,
-    max_ms: int,
-    signals: Path | None,
-    patience: float = 2.0,
-) -> str:
-    """Score the set (or read the signals saved by an earlier run), and the tables: all
-    conditions together, then each."""
+def run(cfg, conditions: tuple[str, ...], asr: str, signals: Path | None) -> str:
+    """Score the set with the models ``cfg`` sets (or read the signals saved by an earlier run),
+    and the tables for its ``turn`` settings: all conditions together, then each."""
     from voicert.bench.turn_set import espeak_available, render_set
 
+    turn = cfg.turn
+    judge_ms, max_ms, patience = turn.pause_ms, turn.max_silence_ms, turn.patience
+    early_ms = min(cfg.asr.early_final_ms or judge_ms, judge_ms)
     if signals is not None and signals.exists():
         scored = [s for s in load(signals) if s.condition in conditions]
     else:
         renderings = render_set(conditions)
-        scorer = Scorer(asr)
+        scorer = Scorer(cfg, asr)
         scored = []
         for i, r in enumerate(renderings):
-            scored.append(scorer.score(r, judge_ms))
+            scored.append(scorer.score(r, judge_ms, early_ms))
             print(f"\r  scored {i + 1}/{len(renderings)}", end="", flush=True)
         print()
         if signals is not None:
@@ -352,13 +358,15 @@ def run(
     lines = [
         f"{len(scored)} renderings ({inner} with pauses inside the turn), {len(judged)} "
         f"judged pauses; voices: Piper{' and eSpeak NG' if espeak_available() else ' only'}; "
-        f"judgement at {judge_ms} ms, maximum {max_ms} ms; ASR {asr}",
+        f"judgement at {judge_ms} ms (the early decode at {early_ms}), maximum {max_ms} ms; "
+        f"ASR {asr or cfg.models.asr}, encoder window {cfg.asr.min_window_s:g} s",
         "judgement compute on this machine, P50 / P95: smart-turn "
         + _pct([p.audio_ms for p in judged])
         + ", early decode "
         + _pct([p.asr_ms for p in judged])
         + ", LLM score "
-        + _pct([p.score_ms for p in judged]),
+        + _pct([p.score_ms for p in judged])
+        + " (both texts, one batch)",
         f"WER of the final transcripts: {wer(scored):.1%}",
     ]
     for cond in ("all", *conditions) if len(conditions) > 1 else conditions:

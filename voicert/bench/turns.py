@@ -14,7 +14,11 @@ utterance goes to every detector in turn):
   server's own ``voice_to_first_token_ms`` and ``endpoint_ms`` stages.
 
 Modes: ``silence`` (today: ``vad.min_silence_ms``), ``semantic`` (audio model + text cue),
-``semantic-audio`` (the audio model only), ``semantic-text`` (the early transcript's words only).
+``semantic-audio`` (the audio model only), ``semantic-text`` (the early transcript's words only),
+``hazard`` (the audio model and the LLM's end-of-turn score, one hazard: agent/hazard.py).
+
+``--eot`` measures something else, offline: eot-bench's false cut-off and dead-air figures over a
+larger rendered set (bench/turn_set.py, bench/eot.py).
 
 Then the agent's own voice coming back (``--echo 0`` skips it): each reply is played back into the
 microphone through a simulated speakerphone (150 ms later, 6 or 12 dB quieter, some reverberation,
@@ -60,6 +64,7 @@ MODES = {
     "semantic": TurnConfig(detector="semantic"),
     "semantic-audio": TurnConfig(detector="semantic", text_cue=False),
     "semantic-text": TurnConfig(detector="semantic", model="none"),
+    "hazard": TurnConfig(detector="hazard"),
 }
 
 
@@ -630,9 +635,8 @@ def _eot(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError) as exc:
         print(f"bench.turns: {exc}", file=sys.stderr)
         return 2
-    turn = cfg.turn
     signals = Path(args.signals) if args.signals else None
-    print(eot.run(conditions, args.asr, turn.pause_ms, turn.max_silence_ms, signals, turn.patience))
+    print(eot.run(cfg, conditions, args.asr, signals))
     return 0
 
 
@@ -662,7 +666,7 @@ def main(argv: list[str] | None = None) -> int:
         help="eot-bench's figures instead, offline, over the rendered set (bench/turn_set.py)",
     )
     ap.add_argument("--conditions", default="clean,noisy,phone", help="--eot: which renderings")
-    ap.add_argument("--asr", default="embedded", help="--eot: the ASR model (embedded | base)")
+    ap.add_argument("--asr", default="", help="--eot: the ASR model (default: models.asr)")
     ap.add_argument("--signals", help="--eot: save the models' signals here, or read them back")
     args = ap.parse_args(argv)
     if args.eot:

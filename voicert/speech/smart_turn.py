@@ -96,18 +96,61 @@ class Judge(Protocol):
 
 
 class TurnJudge:
-    """Scores utterances for sessions, ``concurrency`` at a time on threads of its own (ONNX
-    releases the GIL). A judgement is ~50 ms of one core, so it never runs on the event loop."""
+    """Scores utterances for sessions on threads of its own (ONNX releases the GIL), never on
+    the event loop, and in batches: every judgement asked for in one loop iteration goes into
+    one model call, at most ``concurrency`` calls at a time; judgements asked for while that
+    many run wait and go together in the next call, as soon as one finishes (so under load a
+    call grows to what arrived during the last one, rather than calls queueing one by one).
+    ``max_batch`` caps a call."""
 
-    def __init__(self, model: SmartTurn, concurrency: int = 1) -> None:
+    def __init__(self, model: SmartTurn, concurrency: int = 1, max_batch: int = 64) -> None:
         self.model = model
-        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="voicert-turn")
+        self.concurrency = max(1, concurrency)
+        self.max_batch = max(1, max_batch)
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="voicert-turn")
+        self._waiting: list[tuple[np.ndarray, asyncio.Future]] = []
+        self._scheduled = False
+        self._running = 0
+        self.calls = 0  # model calls made, and the judgements they scored (metrics, tests)
+        self.judged = 0
 
     async def score(self, audio: np.ndarray) -> float:
         """P(turn complete) for the utterance so far ([N] float32 16 kHz)."""
         loop = asyncio.get_running_loop()
-        probs = await loop.run_in_executor(self._pool, self.model.score, [audio])
-        return float(probs[0])
+        fut: asyncio.Future = loop.create_future()
+        self._waiting.append((audio, fut))
+        self._schedule(loop)
+        return float(await fut)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._waiting and not self._scheduled and self._running < self.concurrency:
+            self._scheduled = True
+            loop.call_soon(self._flush, loop)
+
+    def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._scheduled = False
+        waiting = [(a, f) for a, f in self._waiting if not f.done()]  # (a caller gave up)
+        batch, self._waiting = waiting[: self.max_batch], waiting[self.max_batch :]
+        if not batch:
+            return
+        self._running += 1
+        self.calls += 1
+        self.judged += len(batch)
+        run = loop.run_in_executor(self._pool, self.model.score, [a for a, _ in batch])
+        run.add_done_callback(lambda r: self._done(batch, r, loop))
+        self._schedule(loop)  # more than max_batch waiting: the rest in another call
+
+    def _done(self, batch: list, run: asyncio.Future, loop: asyncio.AbstractEventLoop) -> None:
+        self._running -= 1
+        exc = run.exception() if not run.cancelled() else asyncio.CancelledError()
+        for i, (_, fut) in enumerate(batch):
+            if fut.done():
+                continue
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(run.result()[i])
+        self._schedule(loop)  # what arrived meanwhile goes now, as one call
 
     def warmup(self) -> None:
         """One judgement of silence, so the first caller's does not pay onnxruntime's start."""
