@@ -333,10 +333,16 @@ def table(scored: list[Scored], judge_ms: int, max_ms: int, patience: float = 2.
     return "\n".join(rows)
 
 
-def run(cfg, conditions: tuple[str, ...], asr: str, signals: Path | None) -> str:
+def run(
+    cfg,
+    conditions: tuple[str, ...],
+    asr: str,
+    signals: Path | None,
+    renderings: Path | None = None,
+) -> str:
     """Score the set with the models ``cfg`` sets (or read the signals saved by an earlier run),
     and the tables for its ``turn`` settings: all conditions together, then each."""
-    from voicert.bench.turn_set import espeak_available, render_set
+    from voicert.bench.turn_set import load_renderings, render_set, save_renderings
 
     turn = cfg.turn
     judge_ms, max_ms, patience = turn.pause_ms, turn.max_silence_ms, turn.patience
@@ -344,20 +350,26 @@ def run(cfg, conditions: tuple[str, ...], asr: str, signals: Path | None) -> str
     if signals is not None and signals.exists():
         scored = [s for s in load(signals) if s.condition in conditions]
     else:
-        renderings = render_set(conditions)
+        if renderings is not None and renderings.exists():
+            todo = [r for r in load_renderings(renderings) if r.condition in conditions]
+        else:
+            todo = render_set(conditions)
+            if renderings is not None:
+                save_renderings(todo, renderings)
         scorer = Scorer(cfg, asr)
         scored = []
-        for i, r in enumerate(renderings):
+        for i, r in enumerate(todo):
             scored.append(scorer.score(r, judge_ms, early_ms))
-            print(f"\r  scored {i + 1}/{len(renderings)}", end="", flush=True)
-        print()
+            if (i + 1) % 50 == 0 or i + 1 == len(todo):
+                print(f"  scored {i + 1}/{len(todo)}", flush=True)
         if signals is not None:
             save(scored, signals)
     inner = sum(1 for s in scored if any(not p.final for p in s.pauses))
     judged = [p for s in scored for p in s.pauses if p.audio_prob is not None]
+    voices = sorted({s.voice.split(":")[0] for s in scored})
     lines = [
         f"{len(scored)} renderings ({inner} with pauses inside the turn), {len(judged)} "
-        f"judged pauses; voices: Piper{' and eSpeak NG' if espeak_available() else ' only'}; "
+        f"judged pauses; voices: {', '.join(voices)}; "
         f"judgement at {judge_ms} ms (the early decode at {early_ms}), maximum {max_ms} ms; "
         f"ASR {asr or cfg.models.asr}, encoder window {cfg.asr.min_window_s:g} s",
         "judgement compute on this machine, P50 / P95: smart-turn "

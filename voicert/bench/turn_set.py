@@ -18,6 +18,7 @@ without it only the Piper renderings are made, and the report says so.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import shutil
 import subprocess
@@ -172,6 +173,37 @@ def render_set(
                 audio = _condition(clean, condition, seed=n * 7 + k)
                 rid = f"{item.id}-{voice.split(':')[0]}-{condition}"
                 out.append(Rendering(rid, item, voice, pause, condition, audio, voiced_end(audio)))
+    return out
+
+
+def save_renderings(renderings: list[Rendering], path: Path) -> None:
+    """Into one compressed .npz (16-bit audio): to score the same set on another machine (one
+    without espeak-ng or Piper, say)."""
+    import json
+
+    meta = [
+        dict(id=r.id, item=r.item.id, voice=r.voice, pause_ms=r.pause_ms, condition=r.condition)
+        for r in renderings
+    ]
+    audio = {
+        f"a{i}": np.round(np.clip(r.audio, -1, 1) * 32767).astype(np.int16)
+        for i, r in enumerate(renderings)
+    }
+    np.savez_compressed(path, meta=np.array(json.dumps(meta)), **audio)
+
+
+def load_renderings(path: Path) -> list[Rendering]:
+    import json
+
+    items = {i.id: i for i in ITEMS}
+    with np.load(path) as data:
+        meta = json.loads(str(data["meta"]))
+        out = []
+        for i, m in enumerate(meta):
+            audio = data[f"a{i}"].astype(np.float32) / 32767
+            item = items[m["item"]]
+            r = Rendering(m["id"], item, m["voice"], m["pause_ms"], m["condition"], audio, 0)
+            out.append(dataclasses.replace(r, end=voiced_end(audio)))
     return out
 
 

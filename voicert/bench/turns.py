@@ -636,7 +636,8 @@ def _eot(args: argparse.Namespace) -> int:
         print(f"bench.turns: {exc}", file=sys.stderr)
         return 2
     signals = Path(args.signals) if args.signals else None
-    print(eot.run(cfg, conditions, args.asr, signals))
+    renderings = Path(args.renderings) if args.renderings else None
+    print(eot.run(cfg, conditions, args.asr, signals, renderings))
     return 0
 
 
@@ -668,6 +669,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conditions", default="clean,noisy,phone", help="--eot: which renderings")
     ap.add_argument("--asr", default="", help="--eot: the ASR model (default: models.asr)")
     ap.add_argument("--signals", help="--eot: save the models' signals here, or read them back")
+    ap.add_argument(
+        "--renderings", help="--eot: save the rendered audio here (.npz), or read it back"
+    )
     args = ap.parse_args(argv)
     if args.eot:
         return _eot(args)
