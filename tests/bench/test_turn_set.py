@@ -51,3 +51,19 @@ def test_the_conditions_keep_the_length_and_the_noise_its_level():
     noise = pink_noise(SAMPLE_RATE, seed=1)
     assert np.sqrt(np.mean(noise**2)) == pytest.approx(1.0, rel=1e-3)
     assert np.array_equal(noise, pink_noise(SAMPLE_RATE, seed=1))
+
+
+def test_a_speakers_consecutive_segments_make_one_turn():
+    from voicert.bench.turn_set import _speaker_turns
+
+    stm = (
+        "call 1 Ann 1.0 1.5 Hello?\n"
+        "call 1 Bob 1.8 2.2 Hi.\n"
+        "call 1 Bob 2.3 3.0 How are you?\n"
+        "call 1 Ann 3.4 4.0 Fine.\n"
+    )
+    assert _speaker_turns(stm) == [
+        ("Ann", 1.0, 1.5, "Hello?"),
+        ("Bob", 1.8, 3.0, "Hi. How are you?"),
+        ("Ann", 3.4, 4.0, "Fine."),
+    ]

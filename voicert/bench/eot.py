@@ -151,8 +151,10 @@ class Scorer:
         out = Scored(r.id, r.item.kind, r.item.category, r.voice, r.condition, r.words.strip(), "")
         out.transcript = self.asr.transcribe_sync(r.audio).text
         true_end_ms = (lead.size + r.end) * 1000 / SAMPLE_RATE
-        for start, length in find_pauses(probs, vad.threshold, vad.neg_threshold, n * WINDOW_MS):
-            final = start + 64 >= true_end_ms  # no voiced audio after it (VAD hangs on ~1 window)
+        pauses = find_pauses(probs, vad.threshold, vad.neg_threshold, n * WINDOW_MS)
+        for k, (start, length) in enumerate(pauses):
+            # no voiced audio after it (VAD hangs on ~1 window), or no voice at all after it
+            final = start + 64 >= true_end_ms or k == len(pauses) - 1
             p = Pause(start, length, final)
             if length >= judge_ms:
                 p.early_ms = min(early_ms, judge_ms)
@@ -342,7 +344,12 @@ def run(
 ) -> str:
     """Score the set with the models ``cfg`` sets (or read the signals saved by an earlier run),
     and the tables for its ``turn`` settings: all conditions together, then each."""
-    from voicert.bench.turn_set import load_renderings, render_set, save_renderings
+    from voicert.bench.turn_set import (
+        human_renderings,
+        load_renderings,
+        render_set,
+        save_renderings,
+    )
 
     turn = cfg.turn
     judge_ms, max_ms, patience = turn.pause_ms, turn.max_silence_ms, turn.patience
@@ -352,6 +359,8 @@ def run(
     else:
         if renderings is not None and renderings.exists():
             todo = [r for r in load_renderings(renderings) if r.condition in conditions]
+            if "human" in conditions and not any(r.condition == "human" for r in todo):
+                todo += human_renderings()
         else:
             todo = render_set(conditions)
             if renderings is not None:

@@ -32,7 +32,7 @@ SAMPLE_RATE = 16000
 PAUSES_MS = (300, 450, 600, 750, 900, 1050, 1200)
 ESPEAK_VOICES = (("en-us", 150), ("en-gb", 140), ("en-us+f3", 165), ("en-gb+m3", 155))
 PIPER_SCALES = (1.0, 1.15, 0.9)  # length_scale: trained speed, slower, faster
-CONDITIONS = ("clean", "noisy", "phone")
+CONDITIONS = ("clean", "noisy", "phone", "human")  # human: real speech (human_renderings)
 VOICED = 0.01  # |sample| above this is voice (the true end of the turn is the last such sample)
 
 
@@ -158,9 +158,10 @@ def render_set(
     conditions: tuple[str, ...] = CONDITIONS, items: list[Item] | None = None
 ) -> list[Rendering]:
     """Every item by the Piper voice and (when espeak-ng is installed) by an eSpeak voice, in
-    each condition; deterministic."""
+    each synthetic condition; and the human turns (:func:`human_renderings`) for ``human``."""
     out: list[Rendering] = []
-    for n, item in enumerate(items or ITEMS):
+    synthetic = [c for c in conditions if c != "human"]
+    for n, item in enumerate((items or ITEMS) if synthetic else []):
         pause = PAUSES_MS[n % len(PAUSES_MS)]
         spoken = [
             (f"piper:joe@{PIPER_SCALES[n % 3]}", _piper(item.text, PIPER_SCALES[n % 3], pause))
@@ -169,18 +170,70 @@ def render_set(
             voice, wpm = ESPEAK_VOICES[n % len(ESPEAK_VOICES)]
             spoken.append((f"espeak:{voice}@{wpm}", _espeak(item.text, voice, wpm, pause)))
         for k, (voice, clean) in enumerate(spoken):
-            for condition in conditions:
+            for condition in synthetic:
                 audio = _condition(clean, condition, seed=n * 7 + k)
                 rid = f"{item.id}-{voice.split(':')[0]}-{condition}"
                 out.append(Rendering(rid, item, voice, pause, condition, audio, voiced_end(audio)))
+    if "human" in conditions and items is None:
+        out += human_renderings()
     return out
+
+
+# ------------------------------------------------------------------ human speech
+
+
+def human_renderings() -> list[Rendering]:
+    """Real speech: the 30 s two-speaker phone call that the ``pyannote.audio`` wheel ships as its
+    sample (``pyannote/audio/sample/sample.wav``, with a word-level transcript ``sample.stm``;
+    the wheel is MIT-licensed and does not state the recording's origin, so voicert does not copy
+    it: install the wheel, ``pip install --no-deps pyannote.audio``). Each speaker turn (a
+    speaker's consecutive transcript segments, until the other one speaks) is one ``complete``
+    rendering: its pauses are that speaker's own, its end is where the other took the floor.
+    Empty when the wheel is not installed."""
+    from voicert.audio.wav import read_wav
+    from voicert.config import ConfigError
+    from voicert.packaged import wheel_file
+
+    try:
+        wav = wheel_file("pyannote.audio", lambda n: n == "sample.wav", "", "has no sample")
+        stm = wheel_file("pyannote.audio", lambda n: n == "sample.stm", "", "has no sample")
+    except ConfigError:
+        return []
+    x, rate = read_wav(wav)
+    x = _resample(x, rate) if rate != SAMPLE_RATE else x
+    out = []
+    for n, (speaker, start, end, text) in enumerate(_speaker_turns(stm.read_text())):
+        clip = x[int(start * SAMPLE_RATE) : int(end * SAMPLE_RATE)]
+        item = Item(f"h{n + 1:02d}", "complete", "human", text)
+        # the end is the transcript's: a phone line's noise never falls below VOICED
+        out.append(
+            Rendering(f"{item.id}-human", item, f"human:{speaker}", 0, "human", clip, clip.size)
+        )
+    return out
+
+
+def _speaker_turns(stm: str) -> list[tuple[str, float, float, str]]:
+    """(speaker, start s, end s, words) of each run of one speaker's segments in an STM file."""
+    turns: list[list] = []
+    for line in stm.splitlines():
+        fields = line.split()
+        if len(fields) < 5:
+            continue
+        speaker, start, end, words = fields[2], float(fields[3]), float(fields[4]), fields[5:]
+        if turns and turns[-1][0] == speaker:
+            turns[-1][2], turns[-1][3] = end, turns[-1][3] + " " + " ".join(words)
+        else:
+            turns.append([speaker, start, end, " ".join(words)])
+    return [(t[0], t[1], t[2], t[3]) for t in turns]
 
 
 def save_renderings(renderings: list[Rendering], path: Path) -> None:
     """Into one compressed .npz (16-bit audio): to score the same set on another machine (one
-    without espeak-ng or Piper, say)."""
+    without espeak-ng or Piper, say). The human turns are not copied (they are read from their
+    wheel wherever they are scored)."""
     import json
 
+    renderings = [r for r in renderings if r.condition != "human"]
     meta = [
         dict(id=r.id, item=r.item.id, voice=r.voice, pause_ms=r.pause_ms, condition=r.condition)
         for r in renderings

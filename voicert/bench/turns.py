@@ -666,7 +666,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="eot-bench's figures instead, offline, over the rendered set (bench/turn_set.py)",
     )
-    ap.add_argument("--conditions", default="clean,noisy,phone", help="--eot: which renderings")
+    ap.add_argument(
+        "--conditions",
+        default="clean,noisy,phone,human",
+        help="--eot: which renderings (human: pyannote.audio's sample call, when installed)",
+    )
     ap.add_argument("--asr", default="", help="--eot: the ASR model (default: models.asr)")
     ap.add_argument("--signals", help="--eot: save the models' signals here, or read them back")
     ap.add_argument(
