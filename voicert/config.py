@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -242,9 +243,17 @@ class AsrConfig:
     # tiny.en's WER on our eval set, 32.7 -> 42.3 %: off by default; docs/benchmarks.md section 12)
     shared: bool = True  # with server.workers above 1: one Whisper, in a speech host process,
     # decodes every worker's utterances (batched together); false: one Whisper per worker
+    language: str = "en"  # what callers speak: a Whisper language code (a multilingual model,
+    # e.g. models.asr=base, decodes in it), or auto: each utterance's language is detected and
+    # the transcript says which (transcript.final's language); English-only models take only en
 
     def __post_init__(self) -> None:
         _check(self.device in ("cpu", "cuda", "auto"), "asr.device", "must be cpu, cuda or auto")
+        _check(
+            self.language == "auto" or re.fullmatch(r"[a-z]{2,3}", self.language) is not None,
+            "asr.language",
+            "must be auto or a Whisper language code (en, fr, de, es, ...)",
+        )
         _check(self.beam_size >= 1, "asr.beam_size", "must be >= 1")
         _check(0 <= self.batch_window_ms <= 200, "asr.batch_window_ms", "must be in [0, 200]")
         _check(1 <= self.max_batch <= 256, "asr.max_batch", "must be in [1, 256]")

@@ -12,3 +12,4 @@ say what_about_germany en-us 150 "And what about Germany?"
 say tell_me_a_joke en-gb 140 "Can you tell me a short joke?"
 say weather_question en-us 160 "What is the weather usually like in London?"
 say count_to_five en-us 150 "Please count from one to five."
+say bonjour_fr fr 140 "Bonjour, je voudrais réserver une table pour deux personnes ce soir, s'il vous plaît."  # asr.language auto

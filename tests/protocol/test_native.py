@@ -264,3 +264,13 @@ def test_the_voice_travels_in_session_start_and_session_update():
     assert p.decode_client(p.encode(p.SessionUpdate(voice="en"))).voice == "en"
     with pytest.raises(p.ProtocolError, match="field 'voice' must be str"):
         p.decode_client(json.dumps({"type": "session.update", "voice": 3}))
+
+
+def test_a_final_transcript_carries_the_language_the_recogniser_heard():
+    from voicert.core import events as ev
+    from voicert.protocol import native
+
+    wire = native.decode_server(
+        native.encode(native.from_core(ev.TranscriptFinal(3, "Bonjour", "item_1", "fr")))
+    )
+    assert wire == {"type": "transcript.final", "turn_id": 3, "text": "Bonjour", "language": "fr"}

@@ -75,3 +75,34 @@ def test_whisper_base_hears_the_readme_question(tmp_path):
     finally:
         asr.close()
     assert "capital" in text and "france" in text, text
+
+
+@pytest.mark.models
+def test_with_language_auto_base_detects_french_and_says_so(tmp_path):
+    if importlib.util.find_spec(wb.PARTS[1]) is None:
+        pytest.skip(
+            "the Whisper base parts are not installed (scripts/setup.sh test installs them)"
+        )
+    from tests.conftest import wav
+    from voicert.config import AsrConfig
+    from voicert.speech.asr import WhisperAsr, resolve_asr_model
+
+    asr = WhisperAsr(AsrConfig(language="auto"), str(resolve_asr_model("base", tmp_path)))
+    try:
+        assert "fr" in asr.capabilities.languages and "en" in asr.capabilities.languages
+        fr, en = wav("bonjour_fr")[0], wav("capital_of_france")[0]
+        french, english = asr.decode_batch([fr, en])  # one batch, two languages
+    finally:
+        asr.close()
+    assert french.language == "fr" and "soir" in french.text.lower(), french
+    assert english.language == "en" and "capital" in english.text.lower(), english
+
+
+def test_an_english_only_model_refuses_another_language_naming_the_key():
+    from voicert.config import AsrConfig, ConfigError
+    from voicert.speech.asr import WhisperAsr
+
+    with pytest.raises(ConfigError, match="asr.language.*English-only"):
+        WhisperAsr(AsrConfig(language="fr"))
+    with pytest.raises(ConfigError, match="asr.language"):
+        AsrConfig(language="French")

@@ -725,7 +725,9 @@ class Session:
             await self.emit(ev.TranscriptFinal(turn.turn_id, ""))
             return  # no speech found: no reply
         item = self.history.add(Role.USER, transcript.text[: self.history.max_text_chars])
-        await self.emit(ev.TranscriptFinal(turn.turn_id, transcript.text, item.item_id))
+        await self.emit(
+            ev.TranscriptFinal(turn.turn_id, transcript.text, item.item_id, transcript.language)
+        )
         if self.auto_respond:
             await self._reply(turn)
 

@@ -53,6 +53,7 @@ class TranscriptFinal:
     turn_id: int
     text: str
     item_id: str = ""  # the conversation item it became ("" when none: no speech found)
+    language: str = "en"  # the language the recogniser heard (asr.language; detected with auto)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ class Transcript:
     batch: int  # utterances decoded together
     start_ns: int = 0  # when the worker started the decode (perf_counter_ns)
     rejected: bool = False  # the recogniser judged it not to be speech: text is ""
+    language: str = "en"  # the language it was decoded in (detected, with asr.language auto)
 
 
 @dataclass(frozen=True, slots=True)

@@ -170,6 +170,7 @@ class TranscriptPartial:
 class TranscriptFinal:
     turn_id: int
     text: str
+    language: str = "en"  # what the recogniser heard (detected with asr.language auto)
     type: str = field(default="transcript.final", init=False)
 
 
@@ -306,7 +307,7 @@ def from_core(event: ev.SessionEvent) -> ServerEvent:
     if isinstance(event, ev.TranscriptPartial):
         return TranscriptPartial(event.turn_id, event.stable, event.unstable)
     if isinstance(event, ev.TranscriptFinal):
-        return TranscriptFinal(event.turn_id, event.text)
+        return TranscriptFinal(event.turn_id, event.text, event.language)
     if isinstance(event, ev.ReplyStarted):
         return ResponseStarted(event.turn_id)
     if isinstance(event, ev.ReplyDone):

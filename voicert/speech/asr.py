@@ -174,13 +174,15 @@ class WhisperAsr(AsrBase):
             num_workers=1,
         )
         multilingual = self.model.model.is_multilingual
-        # decoded as English for now (the prompt's language token): what it transcribes
-        self.capabilities = AsrCapabilities(streaming=False, languages=("en",))
+        languages = _languages(cfg.language, multilingual)  # raises ConfigError
+        self.capabilities = AsrCapabilities(streaming=False, languages=languages)
+        self.detect = cfg.language == "auto"
+        self.language = "en" if self.detect else cfg.language
         self.tokenizer = Tokenizer(
             self.model.hf_tokenizer,
             multilingual,
             task="transcribe",
-            language="en" if multilingual else None,
+            language=self.language if multilingual else None,
         )
         self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         self.suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
@@ -198,9 +200,10 @@ class WhisperAsr(AsrBase):
         width = window_frames(max(m.shape[-1] for m in mels), self.cfg)
         feats = [pad_mel(m, width) for m in mels]
         enc = self.model.encode(np.stack(feats).astype(np.float32))  # [B, width / 2, d]
+        langs, prompts = self._prompts(enc, len(audios))
         results = self.model.model.generate(
             enc,
-            [self.prompt] * len(audios),
+            prompts,
             beam_size=self.cfg.beam_size,
             max_length=max_tokens(max(a.size for a in audios) / 16000, len(self.prompt)),
             return_scores=True,
@@ -210,7 +213,7 @@ class WhisperAsr(AsrBase):
         )
         ms = (time.perf_counter_ns() - t0) / 1e6
         out = []
-        for audio, res in zip(audios, results):
+        for audio, res, lang in zip(audios, results, langs):
             tokens = [t for t in res.sequences_ids[0] if t < self.tokenizer.eot]
             avg_logprob = res.scores[0] * len(tokens) / (len(tokens) + 1)
             rejected = res.no_speech_prob > self.cfg.no_speech_threshold and avg_logprob < -0.5
@@ -225,10 +228,25 @@ class WhisperAsr(AsrBase):
                     len(audios),
                     t0,
                     rejected,
+                    lang,
                 )
             )
         self.batch_sizes.append(len(audios))
         return out
+
+    def _prompts(self, enc, n: int) -> tuple[list[str], list[list[int]]]:
+        """Each utterance's language and decoder prompt: the configured language, or (``auto``)
+        the one Whisper detects from its encoding."""
+        if not self.detect:
+            return [self.language] * n, [self.prompt] * n
+        tok = self.tokenizer
+        found = self.model.model.detect_language(enc)  # per utterance: [(token, prob)], best first
+        langs = [best[0][0][2:-2] for best in found]  # "<|fr|>" -> "fr"
+        prompts = [
+            [tok.sot, tok.tokenizer.token_to_id(f"<|{lang}|>"), tok.transcribe, tok.no_timestamps]
+            for lang in langs
+        ]
+        return langs, prompts
 
     def transcribe_sync(self, audio: np.ndarray) -> Transcript:
         """One utterance, decoded on the calling thread (tests, evaluation)."""
@@ -284,6 +302,24 @@ class WhisperAsr(AsrBase):
 
     def close(self) -> None:
         self._worker.close()
+
+
+def _languages(language: str, multilingual: bool) -> tuple[str, ...]:
+    """What a model decodes with ``asr.language``; ConfigError naming the key when it cannot."""
+    from faster_whisper.tokenizer import _LANGUAGE_CODES
+
+    if not multilingual:
+        if language != "en":
+            raise ConfigError(
+                f"asr.language: {language!r} needs a multilingual Whisper model "
+                "(models.asr=base); this one is English-only: use en"
+            )
+        return ("en",)
+    if language == "auto":
+        return tuple(_LANGUAGE_CODES)
+    if language not in _LANGUAGE_CODES:
+        raise ConfigError(f"asr.language: {language!r} is not a language Whisper knows")
+    return (language,)
 
 
 def settle_soon(
