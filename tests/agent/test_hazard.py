@@ -53,3 +53,10 @@ def test_bare_drops_the_punctuation_whisper_ends_every_transcript_with():
     assert bare(" I want to visit Rome. ") == "I want to visit Rome"
     assert bare("the blue one...") == "the blue one"
     assert bare("Where are you from?") == "Where are you from"
+
+
+def test_words_that_dangle_wait_longer_than_the_same_opinions_without_them():
+    ev = Evidence(0.6, 0.05, 1e-4)
+    plain = end_after_ms(ev, 192, 5000, bias=2.0)
+    dangling = end_after_ms(Evidence(0.6, 0.05, 1e-4, dangling=True), 192, 5000, bias=2.0)
+    assert dangling == pytest.approx(plain + 1000 * 2.0 / RATE)

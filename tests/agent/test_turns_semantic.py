@@ -402,3 +402,14 @@ def test_hazard_a_failed_score_counts_as_no_opinion():
     s = Script(hazardous())
     out = judged_pause(s, "Yes please.", 0.6, (None, None))
     assert [a for a in out if isinstance(a, TurnJudged)]  # decided without the text
+
+
+def test_hazard_a_transcript_that_stops_on_a_preposition_waits_longer():
+    waits = []
+    for text in ("I need a table for four.", "I need a table for"):
+        s = Script(hazardous())
+        judged_pause(s, text, 0.6, (0.05, 1e-4))
+        s.feed(SILENCE, 80)
+        ((w_stop, _),) = s.of(SpeechStopped)
+        waits.append(w_stop)
+    assert waits[1] - waits[0] >= 15  # ~500 ms (2 log-odds at 4 a second) more, in 32 ms windows

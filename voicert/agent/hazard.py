@@ -14,7 +14,8 @@ The weights are a logistic regression of "the turn ended here" against "the spea
 over the evaluation set's pauses (bench/turn_set.py, clean condition, 271 judged pauses; 2-fold
 cross-validation by sentence: AUC 0.81 with all three, 0.60 with the audio model alone). They are
 the model's, not the caller's: a caller who pauses long (:class:`PauseHabit`) makes the silence
-count for less.
+count for less. With ``turn.text_cue`` the word cue counts too: a transcript whose last words
+cannot end a sentence waits about 500 ms more.
 
 Pure functions and a small state: no clock, no models.
 """
@@ -28,6 +29,10 @@ W_AUDIO = 0.09  # per unit of logit(smart-turn's P(complete))
 W_TEXT = 0.25  # per unit of logit(LLM P(end) after the transcript as written)
 W_BARE = 0.21  # per unit of logit(LLM P(end) after it without its final punctuation)
 W_0 = 3.16  # the intercept: a pause the evidence says nothing of
+# the words dangle ("a table for", "my number is five five five,": speech/turn_text.continues):
+# not fit but chosen on the set, where it cuts cut-offs at patience 2 from 27.6 to 23.2 % for
+# +33 ms of mean dead air (docs/benchmarks.md section 36): about 500 ms more wait
+W_DANGLING = -2.0
 RATE = 4.0  # log-odds the silence adds per second after the judgement
 FLOOR = 1e-6  # probabilities are clipped to [FLOOR, 1 - FLOOR] (logits of +-13.8)
 # a missing opinion counts as its average over the set's judged pauses (no evidence either way)
@@ -41,6 +46,7 @@ class Evidence:
     audio: float | None = None  # the audio model's P(complete)
     text: float | None = None  # the LLM's P(end of message) after the transcript
     bare: float | None = None  # ... after the transcript without its final punctuation
+    dangling: bool = False  # the transcript's last words cannot end a sentence (the word cue)
 
 
 def _logit(p: float | None, prior: float = 0.0) -> float:
@@ -57,6 +63,7 @@ def log_odds(ev: Evidence) -> float:
         + W_AUDIO * _logit(ev.audio, PRIOR_AUDIO)
         + W_TEXT * _logit(ev.text, PRIOR_TEXT)
         + W_BARE * _logit(ev.bare, PRIOR_BARE)
+        + W_DANGLING * ev.dangling
     )
 
 

@@ -522,7 +522,8 @@ class TurnTaking:
 
     def _decide_hazard(self, st: _Judgement, now_ns: int) -> list[Action]:
         """The silence after which the turn ends, from every opinion in; now, if it is past."""
-        evidence = Evidence(st.prob, st.text_prob, st.bare_prob)
+        dangling = self.turn.text_cue and continues(st.text or "")
+        evidence = Evidence(st.prob, st.text_prob, st.bare_prob, dangling)
         turn, ep = self.turn, self.endpointer
         st.end_after_ms = end_after_ms(
             evidence, turn.pause_ms, turn.max_silence_ms, turn.patience, self.habit.scale

@@ -297,7 +297,7 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
 
         if not judged(p):
             return max_ms
-        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob)
+        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob, continues(p.text))
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
         return max(decided, _ready(p, judge_ms, True, True, True))
 
