@@ -60,3 +60,14 @@ def test_words_that_dangle_wait_longer_than_the_same_opinions_without_them():
     plain = end_after_ms(ev, 192, 5000, bias=2.0)
     dangling = end_after_ms(Evidence(0.6, 0.05, 1e-4, dangling=True), 192, 5000, bias=2.0)
     assert dangling == pytest.approx(plain + 1000 * 2.0 / RATE)
+
+
+def test_a_question_that_does_not_dangle_ends_sooner_and_the_cues_read_the_words():
+    from voicert.agent.hazard import text_cues
+
+    assert text_cues("What time do you open?") == (False, True)
+    assert text_cues("How far is it from London to?") == (True, False)  # dangles: no rescue
+    assert text_cues("I need eggs.") == (False, False)
+    ev = Evidence(0.6, 0.05, 1e-4)
+    asked = end_after_ms(Evidence(0.6, 0.05, 1e-4, question=True), 192, 5000, bias=2.0)
+    assert asked == pytest.approx(end_after_ms(ev, 192, 5000, bias=2.0) - 1000 / RATE)

@@ -46,7 +46,7 @@ from typing import Union
 
 import numpy as np
 
-from voicert.agent.hazard import Evidence, PauseHabit, bare, end_after_ms
+from voicert.agent.hazard import Evidence, PauseHabit, bare, end_after_ms, text_cues
 from voicert.audio.buffer import AudioBuffer
 from voicert.config import TurnConfig, VadConfig
 from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped, TranscriptPartial
@@ -522,8 +522,8 @@ class TurnTaking:
 
     def _decide_hazard(self, st: _Judgement, now_ns: int) -> list[Action]:
         """The silence after which the turn ends, from every opinion in; now, if it is past."""
-        dangling = self.turn.text_cue and continues(st.text or "")
-        evidence = Evidence(st.prob, st.text_prob, st.bare_prob, dangling)
+        cues = text_cues(st.text or "") if self.turn.text_cue else (False, False)
+        evidence = Evidence(st.prob, st.text_prob, st.bare_prob, *cues)
         turn, ep = self.turn, self.endpointer
         st.end_after_ms = end_after_ms(
             evidence, turn.pause_ms, turn.max_silence_ms, turn.patience, self.habit.scale

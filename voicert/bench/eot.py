@@ -293,11 +293,11 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         return _ready(p, judge_ms, False, True, True) if done else max_ms
 
     def hazard(p: Pause, th: float) -> float:
-        from voicert.agent.hazard import Evidence, end_after_ms
+        from voicert.agent.hazard import Evidence, end_after_ms, text_cues
 
         if not judged(p):
             return max_ms
-        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob, continues(p.text))
+        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob, *text_cues(p.text))
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
         return max(decided, _ready(p, judge_ms, True, True, True))
 
