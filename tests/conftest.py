@@ -101,7 +101,8 @@ def services(cfg):
 async def server(services):
     """A real server on 127.0.0.1 (a free port) sharing the loaded models; 64 KiB frame limit.
     Turns end by silence (``turn.detector: silence``) here: the tests on it send a fixed trailing
-    silence and are about other things. The default semantic detector has its own tests
+    silence and are about other things. The judging detectors (semantic, and hazard, the default)
+    have their own tests
     (tests/agent/test_turns_semantic.py, test_session_semantic.py, and over real models in
     tests/agent/test_session.py)."""
     import dataclasses
