@@ -49,7 +49,10 @@ def test_env_names_map_to_dotted_keys():
         ({"server.gc_freeze": "maybe"}, "server.gc_freeze"),
         ({"turn.detector": "vibes"}, "turn.detector"),
         ({"turn.pause_ms": "1700", "turn.max_silence_ms": "1600"}, "turn.max_silence_ms"),
-        ({"turn.model": "none", "turn.text_cue": "false"}, "turn.model"),
+        (
+            {"turn.detector": "semantic", "turn.model": "none", "turn.text_cue": "false"},
+            "turn.model",
+        ),
         ({"turn.model": "none", "turn.model_path": "/x.onnx"}, "turn.model_path"),
         ({"turn.interrupt_ms": "10"}, "turn.interrupt_ms"),
         ({"turn.interrupt_check_ms": "-5"}, "turn.interrupt_check_ms"),

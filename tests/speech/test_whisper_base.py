@@ -90,7 +90,7 @@ def test_with_language_auto_base_detects_french_and_says_so(tmp_path):
     asr = WhisperAsr(AsrConfig(language="auto"), str(resolve_asr_model("base", tmp_path)))
     try:
         assert "fr" in asr.capabilities.languages and "en" in asr.capabilities.languages
-        fr, en = wav("bonjour_fr")[0], wav("capital_of_france")[0]
+        fr, en = wav("lang/bonjour_fr")[0], wav("capital_of_france")[0]
         french, english = asr.decode_batch([fr, en])  # one batch, two languages
     finally:
         asr.close()
