@@ -78,6 +78,13 @@ def test_the_mounted_configs_load_and_the_front_end_asks_the_engine_service(tmp_
     service = next(s for s in by_kind("Service") if s["metadata"]["name"] == "voicert-llm")
     assert front.llm.base_url == f"http://voicert-llm:{service['spec']['ports'][0]['port']}/v1"
     assert llm.server.max_completions >= front.server.max_sessions
+    # the engine pods answer to the name the front ends use (DNS-rebinding guard: server/access.py)
+    from urllib.parse import urlsplit
+
+    from voicert.server.access import host_allowed, split_list
+
+    name = urlsplit(front.llm.base_url).netloc
+    assert host_allowed(name, split_list(llm.server.allowed_hosts))
 
 
 def test_probes_ports_and_drain_fit_the_server(tmp_path):

@@ -45,6 +45,9 @@ class ServerConfig:
     shutdown_grace_s: float = 10.0  # running turns may finish within this, then are cancelled
     send_timeout_s: float = 10.0  # a reader this slow to drain a frame is disconnected
     auth_tokens: str = ""  # comma-separated bearer tokens every WebSocket route requires; "": none
+    allowed_hosts: str = ""  # comma-separated names clients may reach the server by (the Host
+    # header), besides IP addresses and localhost; ".example.com" takes its subdomains, "*" any.
+    # Other names get 403: a DNS-rebinding page cannot use the server through its own name
     allowed_origins: str = ""  # comma-separated browser origins (scheme://host:port) besides the
     # server's own page; "": only its own page; "*": any. Clients that send no Origin (not a
     # browser: SDKs, telephony) are not subject to it

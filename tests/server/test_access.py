@@ -155,3 +155,26 @@ async def test_flooding_messages_closes_with_1008(guarded):
                 if ev["type"] == "error":
                     assert ev["code"] == "rate_limited" and ev["fatal"]
         assert ws.close_code == 1008
+
+
+@pytest.mark.parametrize(
+    "host, allowed, ok",
+    [
+        ("127.0.0.1:8765", (), True),
+        ("[::1]:8765", (), True),
+        ("10.0.0.7", (), True),
+        ("localhost:8765", (), True),
+        ("app.localhost", (), True),
+        ("LOCALHOST", (), True),
+        ("rebind.attacker.example:8765", (), False),  # a page's own name, resolved to us
+        ("voice.example.com", ("voice.example.com",), True),
+        ("voice.example.com:443", ("VOICE.example.com",), True),
+        ("a.voice.example.com", (".voice.example.com",), True),
+        ("voice.example.com", (".voice.example.com",), True),
+        ("evilvoice.example.com", (".voice.example.com",), False),
+        ("anything.example", ("*",), True),
+        (None, (), True),  # HTTP/1.0 without Host: not a browser
+    ],
+)
+def test_the_host_a_request_names_must_be_this_servers(host, allowed, ok):
+    assert access.host_allowed(host, allowed) is ok

@@ -115,7 +115,7 @@ async def test_a_client_that_leaves_mid_stream_frees_its_engine_request(server):
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     writer.write(
         (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
             f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
         ).encode()
     )
@@ -226,7 +226,7 @@ async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanl
     reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
     writer.write(
         (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+            f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
             f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
         ).encode()
     )

@@ -203,7 +203,7 @@ async def test_a_malformed_handshake_logs_one_line_without_a_traceback(server, c
     caplog.set_level(logging.INFO)
     for _ in range(20):
         r, w = await asyncio.open_connection("127.0.0.1", server.port)
-        w.write(b"GET /v1/stream HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n")
+        w.write(b"GET /v1/stream HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n\r\n")
         await w.drain()
         await r.read()
         w.close()

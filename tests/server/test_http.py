@@ -25,19 +25,21 @@ def status_of(response: bytes) -> int:
 
 
 async def test_a_websocket_path_without_an_upgrade_says_upgrade_required(server):
-    got = await raw(server.port, b"GET /v1/stream HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = await raw(server.port, b"GET /v1/stream HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert status_of(got) == 426 and b"upgrade: websocket" in got.lower()
 
 
 async def test_a_wrong_method_is_refused_with_the_allowed_ones(server):
-    got = await raw(server.port, b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    got = await raw(
+        server.port, b"POST /healthz HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n"
+    )
     assert status_of(got) == 405 and b"allow: get" in got.lower()
 
 
 async def test_a_body_over_the_limit_is_refused_before_it_is_read(server):
     limit = server.cfg.server.max_message_bytes
     head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {limit + 1}\r\n\r\n"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: {limit + 1}\r\n\r\n"
     ).encode()
     assert status_of(await raw(server.port, head)) == 413
 
@@ -48,7 +50,7 @@ async def test_a_chunked_body_over_the_limit_is_refused(server):
     chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(limit // 4096 + 2))
     got = await raw(
         server.port,
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n"
         b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n",
     )
     assert status_of(got) == 413
@@ -64,7 +66,10 @@ async def test_a_chunked_body_over_the_limit_is_refused(server):
 )
 async def test_a_malformed_request_gets_a_4xx_and_the_server_goes_on(server, junk):
     assert 400 <= status_of(await raw(server.port, junk)) < 500
-    assert status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+    assert (
+        status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"))
+        == 200
+    )
 
 
 @pytest.mark.parametrize(
@@ -86,19 +91,22 @@ async def test_oversized_heads_get_431_however_they_arrive(server, extra, path):
         if path == "/v1/stream"
         else ""
     )
-    head = f"GET {path} HTTP/1.1\r\nHost: x\r\n{upgrade}{extra}\r\n".encode()
+    head = f"GET {path} HTTP/1.1\r\nHost: localhost\r\n{upgrade}{extra}\r\n".encode()
     assert status_of(await raw(server.port, head)) == 431
-    assert status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")) == 200
+    assert (
+        status_of(await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n"))
+        == 200
+    )
 
 
 async def test_a_request_that_never_completes_is_closed_after_the_head_timeout(server, monkeypatch):
     monkeypatch.setattr(vhttp, "HEAD_TIMEOUT_S", 0.2)
-    got = await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # no blank line
+    got = await raw(server.port, b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n")  # no blank line
     assert status_of(got) == 408
 
 
 async def test_a_query_string_does_not_change_the_route(server):
-    got = await raw(server.port, b"GET /healthz?probe=1 HTTP/1.1\r\nHost: x\r\n\r\n")
+    got = await raw(server.port, b"GET /healthz?probe=1 HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert status_of(got) == 200 and got.endswith(b"ok\n")
 
 
@@ -123,7 +131,7 @@ def test_routes_find_handlers_and_refusals():
 
 async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(server):
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-    writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    writer.write(b"GET /healthz HTTP/1.1\r\nHost: localhost\r\n\r\n")
     await writer.drain()
     writer.write_eof()
     got = await asyncio.wait_for(reader.read(), 30)
@@ -164,3 +172,49 @@ async def test_a_cors_preflight_from_the_servers_own_page_is_answered(server):
     ).encode()
     got = await raw(server.port, health)  # the answer itself is readable by that page
     assert status_of(got) == 200 and _header(got, "Access-Control-Allow-Origin") == own
+
+
+@pytest.mark.parametrize("path", ["/healthz", "/v1/chat/completions", "/v1/stream"])
+async def test_a_request_naming_another_host_is_refused_before_it_is_routed(server, path):
+    # DNS rebinding: a page at rebind.example whose name was made to resolve to 127.0.0.1 sends
+    # its own name in Host (and as its Origin, which a Host-based same-origin check would pass)
+    upgrade = (
+        "Upgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+        if path == "/v1/stream"
+        else ""
+    )
+    head = (
+        f"GET {path} HTTP/1.1\r\nHost: rebind.example:{server.port}\r\n"
+        f"Origin: http://rebind.example:{server.port}\r\n{upgrade}\r\n"
+    )
+    got = await raw(server.port, head.encode())
+    assert status_of(got) == 403 and b"server.allowed_hosts" in got
+    two = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nHost: rebind.example\r\n\r\n"
+    assert status_of(await raw(server.port, two)) == 400
+    ok = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode()
+    assert status_of(await raw(server.port, ok)) == 200
+
+
+async def test_a_listed_host_name_is_served(services):
+    import dataclasses
+
+    from voicert.server.app import VoiceServer
+
+    cfg = services.cfg
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            cfg=dataclasses.replace(
+                cfg,
+                server=dataclasses.replace(cfg.server, port=0, allowed_hosts=".voice.example"),
+            ),
+        )
+    )
+    await srv.start()
+    try:
+        for host, status in (("eu.voice.example", 200), ("rebind.example", 403)):
+            head = f"GET /healthz HTTP/1.1\r\nHost: {host}:{srv.port}\r\n\r\n".encode()
+            assert status_of(await raw(srv.port, head)) == status, host
+    finally:
+        await srv.shutdown()

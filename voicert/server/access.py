@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import http
+import ipaddress
 from collections.abc import Iterable
 from dataclasses import dataclass
 from urllib.parse import parse_qs, urlsplit
@@ -78,6 +79,36 @@ def same_origin(origin: str, host: str | None) -> bool:
         return netloc if ":" in netloc.rsplit("]", 1)[-1] else f"{netloc}:{default}"
 
     return norm(parts.netloc) == norm(host)
+
+
+def host_name(host: str) -> str:
+    """The name in a ``Host`` header, lower case, without its port (``[::1]:8765`` -> ``::1``)."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+def host_allowed(host: str | None, allowed: tuple[str, ...]) -> bool:
+    """Whether a request's ``Host`` names this server: an IP address, ``localhost`` (or a
+    ``*.localhost`` name), or a name ``server.allowed_hosts`` lists (``.example.com``: it and its
+    subdomains; ``*``: any). Against DNS rebinding: a web page whose own name was made to resolve
+    to this server still sends that name, which is none of these. No ``Host`` (HTTP/1.0, not a
+    browser): allowed."""
+    if not host or "*" in allowed:
+        return True
+    name = host_name(host)
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        pass
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    for entry in (a.lower() for a in allowed):
+        if name == entry or (entry.startswith(".") and (name.endswith(entry) or name == entry[1:])):
+            return True
+    return False
 
 
 def origin_allowed(origin: str, host: str | None, origins: tuple[str, ...]) -> bool:

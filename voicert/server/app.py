@@ -346,6 +346,7 @@ class VoiceServer:
             ws_options=dict(
                 max_size=s.max_message_bytes, max_queue=64, ping_interval=20, ping_timeout=20
             ),
+            allowed_hosts=access.split_list(s.allowed_hosts),
         )
         if self.role is not None:
             await self._listener.start(s.host, s.port, sock=self.role.sock)

@@ -26,6 +26,8 @@ import h11
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.server import ServerProtocol
 
+from voicert.server.access import host_allowed
+
 log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers
 MAX_HEADERS = 100  # header fields in one request (Envoy's default)
@@ -237,6 +239,10 @@ class HttpDoor(asyncio.Protocol):
                         text(http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"{too_large}\n")
                     )
                     return
+                refused = self._unknown_host(event)
+                if refused is not None:
+                    self._finish(refused)
+                    return
                 if _is_upgrade(event):
                     self._hand_to_websockets()
                     return
@@ -265,6 +271,20 @@ class HttpDoor(asyncio.Protocol):
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
                 return
+
+    def _unknown_host(self, event: h11.Request) -> HttpResponse | None:
+        """The refusal of a request whose ``Host`` this server does not answer to (DNS
+        rebinding: 403), or that names two hosts (400); None to go on."""
+        hosts = [v.decode("latin-1") for k, v in event.headers if k.lower() == b"host"]
+        if len(hosts) > 1:
+            return text(http.HTTPStatus.BAD_REQUEST, "more than one Host header\n")
+        host = hosts[0] if hosts else None
+        if host is None or host_allowed(host, self.listener.allowed_hosts):
+            return None
+        log.info("refused a request for host %r (server.allowed_hosts)", host[:100])
+        return text(
+            http.HTTPStatus.FORBIDDEN, f"host {host[:100]!r} not allowed (server.allowed_hosts)\n"
+        )
 
     def _hand_to_websockets(self) -> None:
         """Give the connection, and the bytes read so far, to a websockets connection."""
@@ -385,9 +405,17 @@ class Listener:
     websockets :class:`Server` (``ws_server``: its handler, ``process_request`` and limits)."""
 
     def __init__(
-        self, routes: Routes, ws_server: Server, max_body_bytes: int, ws_options: dict
+        self,
+        routes: Routes,
+        ws_server: Server,
+        max_body_bytes: int,
+        ws_options: dict,
+        allowed_hosts: tuple[str, ...] = ("*",),
     ) -> None:
+        """``allowed_hosts``: see :func:`~voicert.server.access.host_allowed` (a request naming
+        another host gets 403 before it is routed)."""
         self.routes = routes
+        self.allowed_hosts = allowed_hosts
         self.ws_server = ws_server
         self.max_body_bytes = max_body_bytes
         self.ws_options = ws_options  # max_size, ping_interval, ... as serve() takes them
