@@ -218,12 +218,13 @@ def evaluate(scored: list[Scored], rule: Rule, setting: float) -> Point:
         final = [p for p in s.pauses if p.final]
         if final and not any(rule(p, setting) < p.length_ms for p in inner):
             dead.append(rule(final[-1], setting))
-    dead_arr = np.array(dead) if dead else np.array([math.inf])
+    if not dead:  # every turn was cut off (or none had an end): no dead air to speak of
+        return Point(setting, cut / max(with_inner, 1), math.inf, math.inf)
     return Point(
         setting,
         cut / max(with_inner, 1),
-        float(dead_arr.mean()),
-        float(np.percentile(dead_arr, 95)),
+        float(np.mean(dead)),
+        float(np.percentile(dead, 95)),
     )
 
 
@@ -335,6 +336,23 @@ def table(scored: list[Scored], judge_ms: int, max_ms: int, patience: float = 2.
     return "\n".join(rows)
 
 
+def by_category(scored: list[Scored], judge_ms: int, max_ms: int, patience: float = 2.0) -> str:
+    """Each detector's cut-off share per item category, at its configured setting (where a
+    detector loses, and to which words)."""
+    dets = detectors(judge_ms, max_ms, patience)
+    cats = sorted({s.category for s in scored if any(not p.final for p in s.pauses)})
+    rows = [
+        "| category | renderings | " + " | ".join(d.name for d in dets) + " |",
+        "|---|---:|" + "---:|" * len(dets),
+    ]
+    for cat in cats:
+        part = [s for s in scored if s.category == cat]
+        shares = [evaluate(part, d.rule, d.default).cut_off for d in dets]
+        inner = sum(1 for s in part if any(not p.final for p in s.pauses))
+        rows.append(f"| {cat} | {inner} | " + " | ".join(f"{x:.0%}" for x in shares) + " |")
+    return "\n".join(rows)
+
+
 def run(
     cfg,
     conditions: tuple[str, ...],
@@ -398,6 +416,12 @@ def run(
             "",
             table(part, judge_ms, max_ms, patience),
         ]
+    lines += [
+        "",
+        "### cut-offs by category, configured settings",
+        "",
+        by_category(scored, judge_ms, max_ms, patience),
+    ]
     return "\n".join(lines)
 
 
