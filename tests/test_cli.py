@@ -257,3 +257,16 @@ def test_ctrl_c_while_the_models_load_exits_at_once():
     said = "".join(lines) + rest
     assert proc.returncode == 0 and "start-up interrupted" in said
     assert "llm ready" not in said and "Traceback" not in said
+
+
+def test_version_prints_the_package_version(capsys):
+    import importlib.metadata
+
+    import pytest
+
+    from voicert.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out.strip() == f"voicert {importlib.metadata.version('voicert')}"

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 
+from voicert import __version__
 from voicert.config import ConfigError, load_config
 
 
@@ -55,6 +56,7 @@ def _config_args(sub: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="voicert", description="streaming real-time voice agent")
+    ap.add_argument("--version", action="version", version=f"voicert {__version__}")
     subs = ap.add_subparsers(dest="cmd", required=True)
     s = subs.add_parser("serve", help="run the server")
     _config_args(s)
