@@ -25,6 +25,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from voicert.speech.turn_text import continues
+
 W_AUDIO = 0.09  # per unit of logit(smart-turn's P(complete))
 W_TEXT = 0.25  # per unit of logit(LLM P(end) after the transcript as written)
 W_BARE = 0.21  # per unit of logit(LLM P(end) after it without its final punctuation)
@@ -93,8 +95,6 @@ def bare(text: str) -> str:
 
 def text_cues(text: str) -> tuple[bool, bool]:
     """(dangling, question) of a transcript: the word cue's two opinions."""
-    from voicert.speech.turn_text import continues
-
     dangling = continues(text)
     return dangling, not dangling and text.rstrip().endswith("?")
 

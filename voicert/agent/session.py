@@ -75,10 +75,6 @@ class Services:
     toolbox: Toolbox | None = None  # tools.functions: the tools the server runs itself
 
 
-async def _none() -> None:
-    return None
-
-
 async def _drain(stream) -> None:
     async for _ in stream:
         pass
@@ -302,11 +298,7 @@ class Session:
                 DecodeKind.PARTIAL: (PARTIAL, self._on_partial),
                 DecodeKind.OVERLAP: (FINAL, self._on_overlap),  # a barge-in may wait
             }[action.kind]
-            if (
-                kind == EARLY
-                and self.turns.semantic
-                and (self.turns.turn.text_cue or self.turns.hazard)
-            ):
+            if kind == EARLY and self.turns.judges_text:
                 kind = FINAL  # the semantic verdict waits for it: the endpoint is behind it
             handle = self.decodes[action.decode_id] = self.svc.asr.submit(action.audio, kind)
             handle.future.add_done_callback(functools.partial(done, action.decode_id))
@@ -346,13 +338,14 @@ class Session:
         ``score_end`` requests on this conversation: its prefix is cached), then let
         turn-taking decide; a failed score leaves the decision to the other opinions."""
         t0 = time.perf_counter_ns()
-        probs = await asyncio.gather(
-            self._end_prob(action.text), self._end_prob(action.bare) if action.bare else _none()
-        )
+        probs = await asyncio.gather(self._end_prob(action.text), self._end_prob(action.bare))
         self.svc.metrics.score_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
         await self._act_all(self.turns.text_scored(action.judge_id, *probs, now_ns()))
 
     async def _end_prob(self, text: str) -> float | None:
+        """P(the user's message ends after ``text``); None when there is no text or it failed."""
+        if not text:
+            return None
         rid = f"{self.id}-score-{next(_request_ids)}"
         request = GenerationRequest(rid, self._messages(text), 1, self.id, score_end=True)
         prob = None

@@ -218,6 +218,12 @@ class TurnTaking:
         """Judged pauses end the turn after a silence the hazard sets (not complete / not)."""
         return self.semantic and self.turn.detector == "hazard"
 
+    @property
+    def judges_text(self) -> bool:
+        """A pause's judgement waits for the early transcript (the word cue, or the hazard's
+        LLM score of it): the early decode must be in by the pause."""
+        return self.semantic and (self.turn.text_cue or self.hazard)
+
     def _endpointer_vad(self) -> VadConfig:
         # semantic: the endpointer's silence is the maximum; the judgement ends turns earlier
         if self.turn.detector == "silence":
@@ -269,7 +275,7 @@ class TurnTaking:
         out: list[Action] = []
         for prob in probs:
             ep = self.endpointer
-            gap_ms = (ep.window - ep.last_voiced) * WINDOW_MS if ep.in_speech else 0
+            gap_ms = ep.silence_ms if ep.in_speech else 0
             result = ep.step(float(prob))
             if result.voiced and ep.in_speech and gap_ms >= self.turn.pause_ms:
                 self.habit.observe(gap_ms)  # a pause inside the turn, after which they went on
@@ -451,7 +457,7 @@ class TurnTaking:
     def _early_ms(self) -> int:
         """Trailing silence that starts the early decode (0: none). Semantic detection with the
         text cue needs its transcript by the pause, so it starts there at the latest."""
-        if self.semantic and (self.turn.text_cue or self.hazard):
+        if self.judges_text:
             return min(self.early_final_ms or self.turn.pause_ms, self.turn.pause_ms)
         return self.early_final_ms
 
@@ -465,7 +471,7 @@ class TurnTaking:
             or not self.auto_respond
         ):
             return
-        if (ep.window - ep.last_voiced) * WINDOW_MS < early_ms:
+        if ep.silence_ms < early_ms:
             return
         audio = self.audio.slice(self.utterance_start, (ep.window + 1) * FRAME)
         self._early = _Early(next(self._ids), ep.last_voiced, self.utterance_start)
@@ -475,19 +481,18 @@ class TurnTaking:
         """Semantic detection: at ``turn.pause_ms`` of silence, judge the utterance once. True
         when the verdict (already in) ended the turn."""
         ep = self.endpointer
-        silence_ms = (ep.window - ep.last_voiced) * WINDOW_MS
         st = self._judgement
         if st is not None and st.end_after_ms is not None and ep.in_speech:
-            if silence_ms < st.end_after_ms:
+            if ep.silence_ms < st.end_after_ms:
                 return False
             out.extend(self._end_judged(now_ns))  # the pause outlasted the hazard's doubt
             return True
         if not self.semantic or not ep.in_speech or st is not None:
             return False
-        if silence_ms < self.turn.pause_ms:
+        if ep.silence_ms < self.turn.pause_ms:
             return False
         early = self._early
-        need_text = (self.turn.text_cue or self.hazard) and early is not None
+        need_text = self.judges_text and early is not None
         st = self._judgement = _Judgement(next(self._ids), self.turn.model != "none", need_text)
         if early is not None and need_text and early.text is not None:
             st.text = early.text  # the early decode finished before the pause
@@ -528,7 +533,7 @@ class TurnTaking:
         st.end_after_ms = end_after_ms(
             evidence, turn.pause_ms, turn.max_silence_ms, turn.patience, self.habit.scale
         )
-        now = (ep.window - ep.last_voiced) * WINDOW_MS >= st.end_after_ms
+        now = ep.silence_ms >= st.end_after_ms
         st.verdict = Verdict.COMPLETE if now else Verdict.INCOMPLETE
         judged = TurnJudged(st.judge_id, st.verdict)
         return [judged, *self._end_judged(now_ns)] if now else [judged]

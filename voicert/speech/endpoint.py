@@ -43,6 +43,11 @@ class Endpointer:
         self.speech_start = -1
         self.last_voiced = -1
 
+    @property
+    def silence_ms(self) -> int:
+        """Silence since the last voiced window, as of the last window stepped."""
+        return (self.window - self.last_voiced) * WINDOW_MS
+
     def step(self, prob: float) -> WindowResult:
         self.window += 1
         w = self.window
@@ -66,8 +71,7 @@ class Endpointer:
         if voiced:
             self.last_voiced = w
         too_long = (w - self.speech_start + 1) * WINDOW_MS >= self.cfg.max_utterance_s * 1000
-        silence_ms = (w - self.last_voiced) * WINDOW_MS
-        if too_long or (silent and silence_ms >= self.cfg.min_silence_ms):
+        if too_long or (silent and self.silence_ms >= self.cfg.min_silence_ms):
             self.reset()
             return WindowResult(voiced, EndpointEvent(EventKind.ENDPOINT, w, forced=too_long))
         return WindowResult(voiced, None)
