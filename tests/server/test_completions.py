@@ -107,12 +107,14 @@ async def test_bearer_tokens_guard_the_routes_when_configured(server):
         await srv.shutdown()
 
 
-async def test_a_client_that_leaves_mid_stream_frees_its_engine_request(server):
+async def streaming(port: int, max_tokens: int, content: str):
+    """A streamed chat completion sent by hand, read until it is generating (the role chunk and
+    two tokens): (reader, writer, what was read)."""
     body = (
-        f'{{"model":"{EMBEDDED_MODEL_ID}","stream":true,"max_tokens":400,"messages":'
-        '[{"role":"user","content":"Count from one to two hundred."}]}'
+        f'{{"model":"{EMBEDDED_MODEL_ID}","stream":true,"max_tokens":{max_tokens},"messages":'
+        f'[{{"role":"user","content":"{content}"}}]}}'
     )
-    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
     writer.write(
         (
             f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
@@ -121,8 +123,13 @@ async def test_a_client_that_leaves_mid_stream_frees_its_engine_request(server):
     )
     await writer.drain()
     seen = b""
-    while seen.count(b"data: ") < 3:  # the role chunk and two tokens: it is generating
+    while seen.count(b"data: ") < 3:
         seen += await asyncio.wait_for(reader.read(4096), 60)
+    return reader, writer, seen
+
+
+async def test_a_client_that_leaves_mid_stream_frees_its_engine_request(server):
+    _, writer, _ = await streaming(server.port, 400, "Count from one to two hundred.")
     cancelled = server.services.engine.stats().cancelled
     writer.close()
     await _until_idle(server)
@@ -219,21 +226,9 @@ async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanl
     )
     srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
     await srv.start()
-    body = (
-        f'{{"model":"{EMBEDDED_MODEL_ID}","stream":true,"max_tokens":2000,"messages":'
-        '[{"role":"user","content":"Write a long story about a dragon, two thousand words."}]}'
+    reader, writer, seen = await streaming(
+        srv.port, 2000, "Write a long story about a dragon, two thousand words."
     )
-    reader, writer = await asyncio.open_connection("127.0.0.1", srv.port)
-    writer.write(
-        (
-            f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: "
-            f"application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}"
-        ).encode()
-    )
-    await writer.drain()
-    seen = b""
-    while seen.count(b"data: ") < 3:  # generating
-        seen += await asyncio.wait_for(reader.read(4096), 60)
     shutdown = asyncio.create_task(srv.shutdown())
     await asyncio.sleep(0.2)
     ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{srv.port}/readyz")
