@@ -181,6 +181,8 @@ class TurnConfig:
     # longer, fewer cut-offs; each +1 waits ~250 ms more where the evidence is not decisive)
     threads: int = 1  # onnxruntime threads per judgement (the audio model: ~50 ms on one core)
     concurrency: int = 1  # judgements run at once (each on its own thread)
+    device: str = "cpu"  # the audio model: cpu (onnxruntime) | cuda[:N] (the same quantized graph
+    # run by torch on the GPU, batched: speech/onnx_torch.py)
     backchannels: bool = True  # speech over a reply ("mm-hm", "yeah") interrupts it only once it
     # has gone on for interrupt_ms, or when its transcript is not a backchannel
     interrupt_ms: int = 640  # backchannels: voiced speech over a reply that interrupts it at once
@@ -218,6 +220,11 @@ class TurnConfig:
         _check(0 < self.threshold < 1, "turn.threshold", "must be in (0, 1)")
         _check(1 <= self.threads <= 16, "turn.threads", "must be in [1, 16]")
         _check(1 <= self.concurrency <= 64, "turn.concurrency", "must be in [1, 64]")
+        _check(
+            self.device == "cpu" or self.device.split(":")[0] == "cuda",
+            "turn.device",
+            "must be cpu or cuda[:N]",
+        )
         _check(96 <= self.interrupt_ms <= 5000, "turn.interrupt_ms", "must be in [96, 5000]")
         _check(
             0 <= self.interrupt_check_ms <= 2000, "turn.interrupt_check_ms", "must be in [0, 2000]"
@@ -302,6 +309,9 @@ class LlmConfig:
     draft_heads: str = ""  # draft heads on the target's hidden state ("embedded": shipped for the
     # embedded SmolLM2; "auto": those where they fit the model, else n-gram drafts; or a
     # .safetensors file); used when spec_tokens > 0
+    turn_head: str = "auto"  # end-of-turn head on the hidden state, for score_end requests
+    # (engine/core/turn_head.py): auto: the one shipped for the embedded SmolLM2 where it was
+    # trained for the model, else none | none | a .safetensors file (refused for another model)
     int8: bool = False  # CPU: dynamic INT8 Linear layers (faster; replies differ from fp32 and
     # depend on what shares a step: batching and prefix caching are not exact under it)
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale

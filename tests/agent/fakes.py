@@ -81,6 +81,7 @@ class FakeEngine(EngineBase):
     cancelled: set = field(default_factory=set)
     fail: str = ""  # set: every request ends at once with this error (an engine, or server, down)
     end_probs: dict | None = None  # set: it scores (score_end): the user's last words -> P(end)
+    turn_probs: dict | None = None  # set: its model has an end-of-turn head: words -> P(over)
     _gates: dict = field(default_factory=dict)
 
     @property
@@ -93,8 +94,10 @@ class FakeEngine(EngineBase):
 
     async def _stream(self, request):
         if request.score_end:
-            prob = (self.end_probs or {}).get(request.messages[-1].content)
-            yield TokenEvent(0, -1, "", 1, 1, 10, "stop", None, prob)
+            words = request.messages[-1].content
+            prob = (self.end_probs or {}).get(words)
+            head = None if self.turn_probs is None else self.turn_probs.get(words)
+            yield TokenEvent(0, -1, "", 1, 1, 10, "stop", None, prob, head)
             return
         if self.fail:
             yield final_event("error", self.fail)

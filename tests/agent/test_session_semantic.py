@@ -273,6 +273,29 @@ async def test_hazard_the_llm_scores_the_early_transcript_and_a_sure_turn_ends_a
     assert registry.get_sample_value("voicert_turn_text_score_seconds_count") == 1
 
 
+async def test_hazard_an_engine_with_a_turn_head_is_asked_once_and_its_head_decides():
+    text = "Book me a table for two."
+    engine = FakeEngine(end_probs={text: 1e-4}, turn_probs={text: 0.99})
+    session, asr, events = with_hazard(engine, FakeJudge(0.5))
+    await send(session, audio(("voice", 1.0), ("silence", 0.25)))  # under today's 400 ms
+    asr.answer(asr.decodes[-1], text)
+    await until(lambda: finals(events))
+    assert [r.messages[-1].content for r in engine.requests if r.score_end] == [text]
+
+
+async def test_hazard_a_turn_head_that_doubts_holds_the_turn_the_zero_shot_score_would_end():
+    text = "Book me a table."
+    engine = FakeEngine(end_probs={text: 0.9, "Book me a table": 0.9}, turn_probs={text: 0.001})
+    session, asr, events = with_hazard(engine, FakeJudge(0.5))
+    await send(session, audio(("voice", 1.0), ("silence", 0.25)))
+    asr.answer(asr.decodes[-1], text)
+    registry = session.svc.metrics.registry
+    await until(
+        lambda: registry.get_sample_value("voicert_turn_verdicts_total", {"verdict": "incomplete"})
+    )
+    assert finals(events) == []
+
+
 async def test_hazard_doubt_keeps_listening_through_a_pause_and_the_turn_ends_after_it():
     first, whole = "I need eggs.", "I need eggs, milk and bread."
     ends = {first: 0.001, "I need eggs": 1e-6, whole: 0.9, whole.rstrip("."): 0.5}

@@ -38,3 +38,26 @@ def test_the_figures_pick_the_best_setting_within_each_budget_and_at_the_cut_off
 def test_pauses_are_the_silences_between_voiced_windows_and_the_last_runs_to_the_end():
     probs = np.array([0.1, 0.9, 0.9, 0.2, 0.2, 0.2, 0.9, 0.1, 0.1])
     assert find_pauses(probs, 0.5, 0.35, 9 * 32) == [(96, 96), (224, 64)]
+
+
+def test_the_hazard_fit_weighs_the_opinion_that_tells_ends_from_pauses():
+    from voicert.bench.eot import fit_weights
+
+    rng = np.random.default_rng(0)
+    scored = []
+    for i in range(60):
+        final = i % 2 == 0
+        head = rng.uniform(0.6, 0.99) if final else rng.uniform(0.01, 0.4)
+        p = Pause(
+            0,
+            300,
+            final,
+            audio_prob=rng.uniform(0.1, 0.9),
+            text="Yes, and",
+            text_prob=rng.uniform(0.01, 0.9),
+            turn_prob=head,
+        )
+        scored.append(Scored(f"s{i}", "k", "c", "v", "clean", "w", pauses=[p]))
+    with_head = fit_weights(scored, head=True)
+    assert with_head.head > 1 and abs(with_head.audio) < with_head.head
+    assert fit_weights(scored, head=False).head == 0.0

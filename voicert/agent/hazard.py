@@ -10,10 +10,15 @@ evidence). The turn ends at the first silence where the log-odds reach ``turn.pa
 ends at once, an uncertain one after a few hundred ms, and one judged unfinished keeps listening,
 though never for a fixed cliff: it ends when its pause has outlasted its doubt.
 
+With an engine whose model has a trained end-of-turn head (engine/core/turn_head.py), the text
+opinion is that head's P(over) with the as-written score, from one request (:data:`WITH_HEAD`);
+without one, the two zero-shot scores (:data:`ZERO_SHOT`).
+
 The weights are a logistic regression of "the turn ended here" against "the speaker went on"
 over the evaluation set's pauses (bench/turn_set.py, clean condition, 271 judged pauses; 2-fold
-cross-validation by sentence: AUC 0.81 with all three, 0.60 with the audio model alone). They are
-the model's, not the caller's: a caller who pauses long (:class:`PauseHabit`) makes the silence
+cross-validation by sentence: AUC 0.81 with all three zero-shot opinions, 0.60 with the audio
+model alone; ``python -m voicert.bench.turns --eot --fit`` refits them). They are the model's,
+not the caller's: a caller who pauses long (:class:`PauseHabit`) makes the silence
 count for less. With ``turn.text_cue`` the word cue counts too: a transcript whose last words
 cannot end a sentence waits about 500 ms more, and one that asks a question about 250 ms less.
 
@@ -27,22 +32,35 @@ from dataclasses import dataclass
 
 from voicert.speech.turn_text import continues
 
-W_AUDIO = 0.09  # per unit of logit(smart-turn's P(complete))
-W_TEXT = 0.25  # per unit of logit(LLM P(end) after the transcript as written)
-W_BARE = 0.21  # per unit of logit(LLM P(end) after it without its final punctuation)
-W_0 = 3.16  # the intercept: a pause the evidence says nothing of
-# the words dangle ("a table for", "my number is five five five,": speech/turn_text.continues):
-# not fit but chosen on the set, where it cuts cut-offs at patience 2 from 27.6 to 23.2 % for
-# +33 ms of mean dead air (docs/benchmarks.md section 36): about 500 ms more wait
-W_DANGLING = -2.0
-# the transcript is a question that does not dangle ("...open on Sunday?"): chosen on the set as
-# well, where it takes the mean dead air after complete questions from 556 to 473 ms (CPU, 8 s
-# window) for +0.6 points of cut-offs
-W_QUESTION = 1.0
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """The hazard's log-odds per unit of each opinion's logit, and for each word cue."""
+
+    w0: float  # the intercept: a pause the evidence says nothing of
+    audio: float  # logit(smart-turn's P(complete))
+    text: float  # logit(LLM P(end of message) after the transcript as written)
+    bare: float  # ... after it without its final punctuation
+    head: float  # logit(the LLM's end-of-turn head's P(over))
+    # the words dangle ("a table for", "my number is five five five,": speech/turn_text.continues):
+    # not fit but chosen on the set, where it cuts cut-offs at patience 2 from 27.6 to 23.2 % for
+    # +33 ms of mean dead air (docs/benchmarks.md section 36): about 500 ms more wait
+    dangling: float = -2.0
+    # the transcript is a question that does not dangle ("...open on Sunday?"): chosen on the set
+    # as well, where it takes the mean dead air after complete questions from 556 to 473 ms (CPU,
+    # 8 s window) for +0.6 points of cut-offs
+    question: float = 1.0
+
+
+# zero-shot: an LLM with no end-of-turn head, scored as written and bare (docs/benchmarks.md 36)
+ZERO_SHOT = Weights(w0=3.16, audio=0.09, text=0.25, bare=0.21, head=0.0)
+# with the end-of-turn head (engine/core/turn_head.py): audio, head and the as-written score,
+# refit on the same pauses (python -m voicert.bench.turns --eot --fit; docs/benchmarks.md 37)
+WITH_HEAD = Weights(w0=0.19, audio=0.08, text=0.11, bare=0.0, head=0.57)
 RATE = 4.0  # log-odds the silence adds per second after the judgement
 FLOOR = 1e-6  # probabilities are clipped to [FLOOR, 1 - FLOOR] (logits of +-13.8)
 # a missing opinion counts as its average over the set's judged pauses (no evidence either way)
-PRIOR_AUDIO, PRIOR_TEXT, PRIOR_BARE = 0.26, -3.88, -11.35
+PRIOR_AUDIO, PRIOR_TEXT, PRIOR_BARE, PRIOR_HEAD = 0.26, -3.88, -11.35, 0.07
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +72,7 @@ class Evidence:
     bare: float | None = None  # ... after the transcript without its final punctuation
     dangling: bool = False  # the transcript's last words cannot end a sentence (the word cue)
     question: bool = False  # it ends with a question mark, and does not dangle
+    head: float | None = None  # the LLM's end-of-turn head's P(over) (an engine with one)
 
 
 def _logit(p: float | None, prior: float = 0.0) -> float:
@@ -64,14 +83,18 @@ def _logit(p: float | None, prior: float = 0.0) -> float:
 
 
 def log_odds(ev: Evidence) -> float:
-    """The log-odds that the turn is over, from the opinions alone (no silence yet counted)."""
+    """The log-odds that the turn is over, from the opinions alone (no silence yet counted):
+    :data:`WITH_HEAD`'s weights when the end-of-turn head gave its opinion, else
+    :data:`ZERO_SHOT`'s."""
+    w = ZERO_SHOT if ev.head is None else WITH_HEAD
     return (
-        W_0
-        + W_AUDIO * _logit(ev.audio, PRIOR_AUDIO)
-        + W_TEXT * _logit(ev.text, PRIOR_TEXT)
-        + W_BARE * _logit(ev.bare, PRIOR_BARE)
-        + W_DANGLING * ev.dangling
-        + W_QUESTION * ev.question
+        w.w0
+        + w.audio * _logit(ev.audio, PRIOR_AUDIO)
+        + w.text * _logit(ev.text, PRIOR_TEXT)
+        + w.bare * _logit(ev.bare, PRIOR_BARE)
+        + w.head * _logit(ev.head, PRIOR_HEAD)
+        + w.dangling * ev.dangling
+        + w.question * ev.question
     )
 
 

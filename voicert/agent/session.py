@@ -334,31 +334,37 @@ class Session:
         await self._act_all(self.turns.judged(action.judge_id, prob, now_ns()))
 
     async def _score_text(self, action: ScoreText) -> None:
-        """The LLM's end-of-turn scores of the early transcript, as written and bare (two
-        ``score_end`` requests on this conversation: its prefix is cached), then let
-        turn-taking decide; a failed score leaves the decision to the other opinions."""
+        """The LLM's end-of-turn scores of the early transcript (a ``score_end`` request on
+        this conversation: its prefix is cached), then let turn-taking decide; a failed score
+        leaves the decision to the other opinions. An engine whose model has an end-of-turn
+        head answers with it; one without is asked a second time, on the bare transcript."""
         t0 = time.perf_counter_ns()
-        probs = await asyncio.gather(self._end_prob(action.text), self._end_prob(action.bare))
+        text_prob, head_prob = await self._end_prob(action.text)
+        bare_prob = None
+        if head_prob is None and text_prob is not None:
+            bare_prob, _ = await self._end_prob(action.bare)
         self.svc.metrics.score_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
-        await self._act_all(self.turns.text_scored(action.judge_id, *probs, now_ns()))
+        actions = self.turns.text_scored(action.judge_id, text_prob, bare_prob, now_ns(), head_prob)
+        await self._act_all(actions)
 
-    async def _end_prob(self, text: str) -> float | None:
-        """P(the user's message ends after ``text``); None when there is no text or it failed."""
+    async def _end_prob(self, text: str) -> tuple[float | None, float | None]:
+        """(P(the user's message ends after ``text``), the end-of-turn head's P(over) there);
+        None for each when there is no text, the engine has no head, or it failed."""
         if not text:
-            return None
+            return None, None
         rid = f"{self.id}-score-{next(_request_ids)}"
         request = GenerationRequest(rid, self._messages(text), 1, self.id, score_end=True)
-        prob = None
+        probs: tuple[float | None, float | None] = None, None
         try:
             async for event in self.svc.engine.submit(request):
                 if event.finish_reason is not None:
-                    prob = event.end_prob
+                    probs = event.end_prob, event.turn_prob
                     if event.error:
                         log.warning("session %s: end-of-turn score: %s", self.id, event.error)
         except asyncio.CancelledError:
             self.svc.engine.cancel(rid)
             raise
-        return prob
+        return probs
 
     def _detach(self, coro) -> None:
         """Run ``coro`` to its end without waiting for it; the task is held until then (the loop

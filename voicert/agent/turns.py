@@ -100,8 +100,9 @@ class JudgeTurn:
 
 @dataclass(frozen=True, slots=True)
 class ScoreText:
-    """(hazard) Score the early transcript with the LLM: P(end of message) after ``text`` and
-    after ``bare`` (without its final punctuation); answer with :meth:`TurnTaking.text_scored`."""
+    """(hazard) Score the early transcript with the LLM: P(end of message) after ``text`` (and
+    its end-of-turn head's P(over), where it has one; where not, P(end) after ``bare``, without
+    its final punctuation); answer with :meth:`TurnTaking.text_scored`."""
 
     judge_id: int
     text: str
@@ -152,6 +153,7 @@ class _Judgement:
     need_score: bool = False  # (hazard) the LLM's scores of the transcript are awaited
     text_prob: float | None = None
     bare_prob: float | None = None
+    head_prob: float | None = None
     end_after_ms: float | None = None  # (hazard) the silence that ends the turn, once decided
 
 
@@ -360,14 +362,21 @@ class TurnTaking:
         return out + self._decide(now_ns)
 
     def text_scored(
-        self, judge_id: int, text_prob: float | None, bare_prob: float | None, now_ns: int
+        self,
+        judge_id: int,
+        text_prob: float | None,
+        bare_prob: float | None,
+        now_ns: int,
+        head_prob: float | None = None,
     ) -> list[Action]:
-        """The LLM's P(end of message) for a :class:`ScoreText` (None: it failed; the hazard
+        """The LLM's P(end of message) for a :class:`ScoreText`, as written and bare, and its
+        end-of-turn head's P(over) where it has one (None: not asked, or failed; the hazard
         does without). May end the turn."""
         st = self._judgement
         if st is None or st.judge_id != judge_id or not st.need_score:
             return []
         st.need_score, st.text_prob, st.bare_prob = False, text_prob, bare_prob
+        st.head_prob = head_prob
         return self._decide(now_ns)
 
     def judged(self, judge_id: int, prob: float | None, now_ns: int) -> list[Action]:
@@ -528,7 +537,7 @@ class TurnTaking:
     def _decide_hazard(self, st: _Judgement, now_ns: int) -> list[Action]:
         """The silence after which the turn ends, from every opinion in; now, if it is past."""
         cues = text_cues(st.text or "") if self.turn.text_cue else (False, False)
-        evidence = Evidence(st.prob, st.text_prob, st.bare_prob, *cues)
+        evidence = Evidence(st.prob, st.text_prob, st.bare_prob, *cues, head=st.head_prob)
         turn, ep = self.turn, self.endpointer
         st.end_after_ms = end_after_ms(
             evidence, turn.pause_ms, turn.max_silence_ms, turn.patience, self.habit.scale

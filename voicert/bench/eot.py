@@ -52,6 +52,7 @@ class Pause:
     text: str = ""  # the early transcript at the judgement
     text_prob: float | None = None  # the LLM's P(end of message) after that transcript
     bare_prob: float | None = None  # ... after it without its final punctuation (Whisper's guess)
+    turn_prob: float | None = None  # the LLM's end-of-turn head's P(over) after that transcript
     audio_ms: float = 0.0  # compute: smart-turn
     asr_ms: float = 0.0  # compute: the early decode
     score_ms: float = 0.0  # compute: the LLM's two scores (as written, bare), one batch
@@ -111,16 +112,17 @@ class Scorer:
         self.cfg = cfg
         cache = cache_dir(cfg.models)
         self.vad = SileroVad()
-        self.smart_turn = SmartTurn()
+        self.smart_turn = SmartTurn(device=cfg.turn.device)
         self.asr = WhisperAsr(cfg.asr, str(resolve_asr_model(asr or cfg.models.asr, cache)))
         model_dir = str(resolve_llm(cfg.models.llm, cache))
         self.core = build_core(model_dir, engine_config(cfg.llm, str(cache)).on_device())
         self.system_prompt = cfg.llm.system_prompt
         self._n = 0
 
-    def text_probs(self, texts: list[str]) -> list[float | None]:
-        """The LLM's P(end of message) after each text, as a session asks: all at once (one
-        prefill step for all of them, their common prefix cached)."""
+    def text_probs(self, texts: list[str]) -> list[tuple[float | None, float | None]]:
+        """The LLM's (P(end of message), its end-of-turn head's P(over)) after each text, as
+        a session asks: all at once (one prefill step for all of them, their common prefix
+        cached)."""
         from voicert.core.chat import ChatMessage
         from voicert.core.llm import GenerationRequest
 
@@ -131,12 +133,27 @@ class Scorer:
                 ids[f"s{self._n}"] = i
                 msgs = [ChatMessage("system", self.system_prompt), ChatMessage("user", text)]
                 self.core.add(GenerationRequest(f"s{self._n}", msgs, 1, score_end=True))
-        probs: list[float | None] = [None] * len(texts)
+        probs: list[tuple[float | None, float | None]] = [(None, None)] * len(texts)
         while self.core.has_work():
             for out in self.core.step():
                 if out.request_id in ids and out.finish_reason is not None:
-                    probs[ids[out.request_id]] = out.end_prob
+                    probs[ids[out.request_id]] = out.end_prob, out.turn_prob
         return probs
+
+    def rescore(self, scored: list[Scored]) -> None:
+        """The text scores of saved signals again, from their transcripts, with this LLM (and
+        its end-of-turn head): the audio and the decodes as they were."""
+        for s in scored:
+            for p in s.pauses:
+                if p.audio_prob is not None:
+                    self._score_texts(p)
+
+    def _score_texts(self, p: Pause) -> None:
+        t0 = time.perf_counter_ns()
+        (p.text_prob, p.turn_prob), (p.bare_prob, _) = self.text_probs(
+            [p.text.strip(), bare(p.text)]
+        )
+        p.score_ms = (time.perf_counter_ns() - t0) / 1e6
 
     def score(self, r: Rendering, judge_ms: int, early_ms: int) -> Scored:
         """Its pauses, each judged as a session judges it: the audio model at ``judge_ms`` of
@@ -168,10 +185,8 @@ class Scorer:
         p.audio_prob = float(self.smart_turn.score([audio])[0])
         t1 = time.perf_counter_ns()
         p.text = self.asr.transcribe_sync(early).text
-        t2 = time.perf_counter_ns()
-        p.text_prob, p.bare_prob = self.text_probs([p.text.strip(), bare(p.text)])
-        t3 = time.perf_counter_ns()
-        p.audio_ms, p.asr_ms, p.score_ms = (t1 - t0) / 1e6, (t2 - t1) / 1e6, (t3 - t2) / 1e6
+        p.audio_ms, p.asr_ms = (t1 - t0) / 1e6, (time.perf_counter_ns() - t1) / 1e6
+        self._score_texts(p)
 
 
 def save(scored: list[Scored], path: Path) -> None:
@@ -293,14 +308,18 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         done = math.log10(max(p.text_prob, 1e-12)) >= th
         return _ready(p, judge_ms, False, True, True) if done else max_ms
 
-    def hazard(p: Pause, th: float) -> float:
+    def hazard(p: Pause, th: float, head: bool = True) -> float:
         from voicert.agent.hazard import Evidence, end_after_ms, text_cues
 
         if not judged(p):
             return max_ms
-        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob, *text_cues(p.text))
+        turn = p.turn_prob if head else None
+        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob, *text_cues(p.text), head=turn)
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
         return max(decided, _ready(p, judge_ms, True, True, True))
+
+    def zero_shot(p: Pause, th: float) -> float:
+        return hazard(p, th, head=False)
 
     grid = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
     return [
@@ -309,6 +328,12 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         Detector("semantic (today)", semantic, grid, 0.5),
         Detector("text score", text, tuple(np.round(np.arange(-6, 0.01, 0.25), 2)), -2.0),
         Detector("hazard", hazard, tuple(np.round(np.arange(-2, 6.01, 0.25), 2)), patience),
+        Detector(
+            "hazard, zero-shot text",
+            zero_shot,
+            tuple(np.round(np.arange(-2, 6.01, 0.25), 2)),
+            patience,
+        ),
     ]
 
 
@@ -359,9 +384,12 @@ def run(
     asr: str,
     signals: Path | None,
     renderings: Path | None = None,
+    rescore: bool = False,
+    fit: bool = False,
 ) -> str:
-    """Score the set with the models ``cfg`` sets (or read the signals saved by an earlier run),
-    and the tables for its ``turn`` settings: all conditions together, then each."""
+    """Score the set with the models ``cfg`` sets (or read the signals saved by an earlier run,
+    with ``rescore`` their text scores again with ``cfg``'s LLM, and save them back), and the
+    tables for its ``turn`` settings: all conditions together, then each."""
     from voicert.bench.turn_set import (
         human_renderings,
         load_renderings,
@@ -374,6 +402,9 @@ def run(
     early_ms = min(cfg.asr.early_final_ms or judge_ms, judge_ms)
     if signals is not None and signals.exists():
         scored = [s for s in load(signals) if s.condition in conditions]
+        if rescore:
+            Scorer(cfg, asr).rescore(scored)
+            save(scored, signals)
     else:
         if renderings is not None and renderings.exists():
             todo = [r for r in load_renderings(renderings) if r.condition in conditions]
@@ -422,6 +453,14 @@ def run(
         "",
         by_category(scored, judge_ms, max_ms, patience),
     ]
+    if fit:
+        clean = [s for s in scored if s.condition == "clean"] or scored
+        lines += [
+            "",
+            "### the hazard's weights, refit",
+            "",
+            fit_report(scored, clean, judge_ms, max_ms),
+        ]
     return "\n".join(lines)
 
 
@@ -440,3 +479,87 @@ def wer(scored: list[Scored]) -> float:
         return asr_eval.wer(pairs, asr_eval.whisper_normalize) / 100
     except ImportError:
         return asr_eval.wer(pairs) / 100
+
+
+# ------------------------------------------------------------------ the hazard's weights
+
+
+def _opinions(p: Pause, head: bool) -> list[float]:
+    """A judged pause's logits: audio, text as written, then bare (zero-shot) or head, then 1."""
+    from voicert.agent import hazard as hz
+
+    def lg(prob: float | None, prior: float) -> float:
+        return hz._logit(prob, prior)
+
+    second = lg(p.turn_prob, hz.PRIOR_HEAD) if head else lg(p.bare_prob, hz.PRIOR_BARE)
+    return [lg(p.audio_prob, hz.PRIOR_AUDIO), lg(p.text_prob, hz.PRIOR_TEXT), second, 1.0]
+
+
+def _cue_offset(p: Pause, w) -> float:
+    from voicert.agent.hazard import text_cues
+
+    dangling, question = text_cues(p.text)
+    return w.dangling * dangling + w.question * question
+
+
+def fit_weights(scored: list[Scored], head: bool, l2: float = 0.1):
+    """The hazard's :class:`~voicert.agent.hazard.Weights` by logistic regression of "the turn
+    ended here" over ``scored``'s judged pauses (Newton steps, L2 ``l2``), the word cues' fixed
+    weights counted as an offset: audio, as written, and bare (zero-shot) or the head."""
+    from voicert.agent.hazard import ZERO_SHOT, Weights
+
+    judged = [p for s in scored for p in s.pauses if p.audio_prob is not None]
+    x = np.array([_opinions(p, head) for p in judged])  # [n, 4]
+    y = np.array([float(p.final) for p in judged])
+    off = np.array([_cue_offset(p, ZERO_SHOT) for p in judged])
+    w = np.zeros(x.shape[1])
+    for _ in range(50):
+        q = 1 / (1 + np.exp(-(x @ w + off)))
+        hess = x.T @ (x * (q * (1 - q))[:, None]) + l2 * np.eye(len(w))
+        w -= np.linalg.solve(hess, x.T @ (q - y) + l2 * w)
+    a, t, second, w0 = (round(float(v), 2) for v in w)
+    if head:
+        return Weights(w0=w0, audio=a, text=t, bare=0.0, head=second)
+    return Weights(w0=w0, audio=a, text=t, bare=second, head=0.0)
+
+
+def fit_report(scored: list[Scored], fit_on: list[Scored], judge_ms: int, max_ms: int) -> str:
+    """The weights fit on ``fit_on``, zero-shot and with the head; and each refit 2-fold by
+    sentence over ``scored`` (no sentence judged by weights fit on it): the mean dead air at a
+    given cut-off share, swept over patience."""
+    from voicert.agent.hazard import RATE
+
+    lines = []
+    for head in (False, True):
+        name = "with the head" if head else "zero-shot"
+        lines.append(f"{name}, fit on {len(fit_on)} renderings: {fit_weights(fit_on, head)}")
+    items = sorted({s.id.split("-")[0] for s in scored})
+    lines += ["", "| opinions (2-fold by sentence) | <= 5 % | <= 10 % | <= 20 % | <= 30 % |"]
+    lines.append("|---|---:|---:|---:|---:|")
+    for head in (False, True):
+        odds: dict[int, float] = {}
+        for fold in (0, 1):
+            test = {it for i, it in enumerate(items) if i % 2 == fold}
+            w = fit_weights([s for s in scored if s.id.split("-")[0] not in test], head)
+            wv = [w.audio, w.text, w.head if head else w.bare, w.w0]
+            for s in scored:
+                if s.id.split("-")[0] in test:
+                    for p in s.pauses:
+                        if p.audio_prob is not None:
+                            odds[id(p)] = float(np.dot(wv, _opinions(p, head))) + _cue_offset(p, w)
+
+        def rule(p: Pause, th: float, odds=odds) -> float:
+            if p.audio_prob is None:
+                return float(max_ms)
+            short = th - odds[id(p)]
+            decided = judge_ms if short <= 0 else min(judge_ms + 1000 * short / RATE, max_ms)
+            return max(decided, _ready(p, judge_ms, True, True, True))
+
+        pts = [evaluate(scored, rule, th) for th in np.arange(-2, 8, 0.25)]
+        cells = []
+        for goal in (0.05, 0.10, 0.20, 0.30):
+            ok = [pt for pt in pts if pt.cut_off <= goal]
+            best = min(ok, key=lambda pt: pt.dead_mean) if ok else None
+            cells.append("—" if best is None else f"{best.dead_mean:.0f} ms")
+        lines.append(f"| {'head' if head else 'zero-shot'} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

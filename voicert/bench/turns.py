@@ -637,7 +637,7 @@ def _eot(args: argparse.Namespace) -> int:
         return 2
     signals = Path(args.signals) if args.signals else None
     renderings = Path(args.renderings) if args.renderings else None
-    print(eot.run(cfg, conditions, args.asr, signals, renderings))
+    print(eot.run(cfg, conditions, args.asr, signals, renderings, args.rescore, args.fit))
     return 0
 
 
@@ -673,6 +673,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--asr", default="", help="--eot: the ASR model (default: models.asr)")
     ap.add_argument("--signals", help="--eot: save the models' signals here, or read them back")
+    ap.add_argument(
+        "--rescore",
+        action="store_true",
+        help="--eot with saved --signals: the LLM's text scores again (a new model or head)",
+    )
+    ap.add_argument(
+        "--fit",
+        action="store_true",
+        help="--eot: the hazard's weights refit on the clean renderings, and 2-fold by sentence",
+    )
     ap.add_argument(
         "--renderings", help="--eot: save the rendered audio here (.npz), or read it back"
     )

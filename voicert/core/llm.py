@@ -53,7 +53,8 @@ class GenerationRequest:
     parallel_tool_calls: bool = True  # several calls in one reply (else at most one)
     # Score, do not generate: the last (user) message is left open, as if its speaker were still
     # talking, and the stream is one final event whose ``end_prob`` is the model's probability
-    # that the message ends there (its end-of-message token next). max_new_tokens must be 1.
+    # that the message ends there (its end-of-message token next), with ``turn_prob`` where the
+    # model has a trained end-of-turn head. max_new_tokens must be 1.
     # Engines that can score say so (``Engine.scores``); the others fail such a request.
     score_end: bool = False
 
@@ -74,6 +75,9 @@ class TokenEvent:
     finish_reason: str | None = None  # a FinishReason value
     error: str | None = None
     end_prob: float | None = None  # a score_end request's final event: P(the message ends here)
+    # ... and P(the user's turn is over) from the model's trained end-of-turn head, where the
+    # engine has one for its model (engine/core/turn_head.py); None otherwise
+    turn_prob: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

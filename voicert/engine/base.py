@@ -25,6 +25,7 @@ class TokenOut(msgspec.Struct, frozen=True, array_like=True, gc=False):
     finish_reason: str | None = None
     error: str | None = None
     end_prob: float | None = None  # a score_end request's final record: its probability
+    turn_prob: float | None = None  # ... and the model's end-of-turn head's (where it has one)
 
 
 def final_out(request_id: str, reason: str, error: str | None = None) -> TokenOut:

@@ -27,6 +27,7 @@ from voicert.engine.core.prompt import PromptBuilder, stop_token_ids
 from voicert.engine.core.runner import ModelRunner
 from voicert.engine.core.scheduler import Scheduler, SchedulerConfig
 from voicert.engine.core.spec_policy import SpecMode, SpecPolicy
+from voicert.engine.core.turn_head import EMBEDDED_TURN_HEAD, TurnHead, load_turn_head
 from voicert.engine.models.base import Model
 from voicert.engine.models.layers import KV_DTYPES
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX
@@ -120,6 +121,7 @@ def build_core(
         stop_ids,
         heads,
         drafter,
+        _turn_head(model, cfg),
     )
     log.info(
         "engine: %s on %s/%s, %d KV blocks of %d, built in %.1f s",
@@ -354,6 +356,26 @@ def _heads(model: Model, cfg: EngineConfig) -> DraftHeads | None:
             f"{heads.num_heads} draft heads in {path}"
         )
     return heads
+
+
+def _turn_head(model: Model, cfg: EngineConfig) -> TurnHead | None:
+    """The end-of-turn head ``turn_head`` names (auto: the embedded one where it fits)."""
+    if cfg.turn_head == "none":
+        return None
+    auto = cfg.turn_head == "auto"
+    path = EMBEDDED_TURN_HEAD if auto else Path(cfg.turn_head)
+    if not path.is_file():
+        if auto:
+            log.info("engine: no end-of-turn head shipped (%s); zero-shot scores only", path)
+            return None
+        raise ConfigError(f"config llm.turn_head: no such file: {path}")
+    try:
+        return load_turn_head(path, cast(torch.Tensor, model.norm.weight))
+    except ValueError as exc:
+        if not auto:
+            raise ConfigError(f"config llm.turn_head: {exc}") from exc
+        log.info("engine: no end-of-turn head for this model (%s); zero-shot scores only", exc)
+        return None
 
 
 def kv_dtype(cfg: EngineConfig) -> torch.dtype:

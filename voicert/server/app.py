@@ -132,7 +132,8 @@ def load_turn_judge(cfg: Config) -> TurnJudge | None:
         path = Path(cfg.turn.model_path).expanduser()
         if not path.is_file():
             raise ConfigError(f"turn.model_path: {path} is not a file (a smart-turn v3 .onnx)")
-    judge = TurnJudge(SmartTurn(path, threads=cfg.turn.threads), cfg.turn.concurrency)
+    model = SmartTurn(path, threads=cfg.turn.threads, device=cfg.turn.device)
+    judge = TurnJudge(model, cfg.turn.concurrency)
     judge.warmup()
     log.info(
         "turn detection: %s (%s, judged at %d ms of silence, at most %d ms)",

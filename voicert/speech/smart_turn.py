@@ -67,26 +67,52 @@ def features(audio: np.ndarray, extractor) -> np.ndarray:
 
 
 class SmartTurn:
-    """The model, loaded once. ``threads``: onnxruntime intra-op threads per call."""
+    """The model, loaded once. ``threads``: onnxruntime intra-op threads per call. ``device``:
+    cpu runs the ONNX file on onnxruntime; cuda[:N] runs the same quantized graph with torch on
+    that GPU (speech/onnx_torch.py: its QDQ rounding kept), one batch per call."""
 
-    def __init__(self, path: Path | None = None, threads: int = 1) -> None:
-        import onnxruntime as ort
-
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = threads
-        opts.inter_op_num_threads = 1
-        opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    def __init__(self, path: Path | None = None, threads: int = 1, device: str = "cpu") -> None:
         self.path = path or model_path()
-        self._session = ort.InferenceSession(
-            str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
-        )
+        self.device = device
         self._mel = mel_extractor()
+        if device == "cpu":
+            import onnxruntime as ort
+
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = threads
+            opts.inter_op_num_threads = 1
+            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+            self._session = ort.InferenceSession(
+                str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
+            )
+        else:
+            self._graph = _torch_graph(self.path, device)
 
     def score(self, utterances: list[np.ndarray]) -> np.ndarray:
         """P(turn complete) per utterance ([N] float32 16 kHz each, the audio up to now) -> [B]."""
         batch = np.stack([features(u, self._mel) for u in utterances])  # [B, 80, 800]
-        out = self._session.run(None, {"input_features": batch})[0]  # [B, 1] sigmoid
+        if self.device == "cpu":
+            out = self._session.run(None, {"input_features": batch})[0]  # [B, 1] sigmoid
+        else:
+            out = self._graph(batch)
         return np.asarray(out, dtype=np.float32).reshape(-1)
+
+
+def _torch_graph(path: Path, device: str):
+    """batch [B, 80, 800] float32 -> [B, 1] P(complete), by torch on ``device`` in fp32 (no
+    TF32: the graph's QDQ rounding is sensitive to its inputs' low bits)."""
+    import torch
+
+    from voicert.speech.onnx_torch import TorchOnnx
+
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    graph = TorchOnnx(path, device)
+
+    def run(batch: np.ndarray) -> np.ndarray:
+        return graph.run(input_features=torch.from_numpy(batch)).cpu().numpy()
+
+    return run
 
 
 class Judge(Protocol):

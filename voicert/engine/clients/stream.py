@@ -86,6 +86,7 @@ class TokenStream:
             out.finish_reason,
             out.error,
             out.end_prob,
+            out.turn_prob,
         )
 
 

@@ -29,6 +29,7 @@ from voicert.engine.core.runner import ModelRunner, Pending
 from voicert.engine.core.scheduler import Scheduler, Step
 from voicert.engine.core.sequence import Sequence
 from voicert.engine.core.tools import offered
+from voicert.engine.core.turn_head import TurnHead
 from voicert.engine.models.base import Model
 
 if TYPE_CHECKING:
@@ -51,6 +52,7 @@ class CoreParts:
     stop_ids: set[int]
     heads: DraftHeads | None = None  # speculation by draft heads on the model's hidden state
     drafter: DraftModelProposer | None = None  # speculation by a draft model
+    turn_head: TurnHead | None = None  # score_end requests: P(turn over) from the hidden state
 
 
 class EngineCore:
@@ -74,6 +76,7 @@ class EngineCore:
         self.stop_ids = parts.stop_ids
         self.heads = parts.heads
         self.drafter = parts.drafter
+        self.turn_head = parts.turn_head
         self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
         self._read_ns = 0  # when the last step's tokens were read
         self.ahead_steps = 0  # decode steps launched before the previous step's tokens were read
@@ -216,12 +219,15 @@ class EngineCore:
         return out
 
     def _score(self, step: Step, pending: Pending, rows: list[int]) -> None:
-        """Each scoring row's probability of its asked-for token after its prompt (one batch)."""
+        """Each scoring row's probability of its asked-for token after its prompt, and the
+        end-of-turn head's probability from the same hidden state (one batch each)."""
         logits = pending.logits_rows(rows).float()  # [len(rows), V]
         ids = [step.chunks[i].seq.score_id for i in rows]
         probs = logits.softmax(-1)[range(len(rows)), ids].tolist()
-        for i, p in zip(rows, probs):
+        heads = self.turn_head.prob(pending.hidden_rows(rows)) if self.turn_head else None
+        for k, (i, p) in enumerate(zip(rows, probs)):
             step.chunks[i].seq.end_prob = p
+            step.chunks[i].seq.turn_prob = heads[k] if heads is not None else None
 
     def _guide_picks(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
         """Replace each guided row's greedy token that its grammar refuses by the best one it
@@ -303,4 +309,5 @@ class EngineCore:
             reason,
             error,
             seq.end_prob,
+            seq.turn_prob,
         )

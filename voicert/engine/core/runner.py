@@ -172,8 +172,8 @@ class ModelRunner:
                 return pending
             self.eager_steps[step.kind] += 1
         if step.reads_logits:
-            out, logits, at = self.forward_rows(rows, keep_logits=True)
-            return Pending(output=out, eager_logits=logits, eager_at=at)
+            out, kept, at = self.forward_rows(rows, keep_logits=True)
+            return Pending(output=out, eager_kept=kept, eager_at=at)
         return Pending(output=self.forward_rows(rows))
 
     @torch.inference_mode()
@@ -198,8 +198,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward_rows(self, rows: list[Row], keep_logits: bool = False):
-        """Eager forward; a StepOutput, or with ``keep_logits`` (StepOutput, the target's logits
-        [P, V] at the sampled positions, {(row, position in row): index into them})."""
+        """Eager forward; a StepOutput, or with ``keep_logits`` (StepOutput, the target's
+        (logits [P, V], final hidden state [P, hidden]) at the sampled positions, {(row, position
+        in row): index into them})."""
         input_ids, inp = self.prepare(rows)
         hidden = self.forward(input_ids, inp, self.k_pool, self.v_pool)  # [B, Q, hidden]
         picks = [(i, j) for i, r in enumerate(rows) for j in range(r.sample_from, len(r.tokens))]
@@ -218,7 +219,7 @@ class ModelRunner:
                 out.drafts[i].append([row[p] for row in best[1:]])
         if keep_logits:
             at = {(i, j - rows[i].sample_from): p for p, (i, j) in enumerate(picks)}
-            return out, logits[0], at
+            return out, (logits[0], h[0]), at
         return out
 
     def with_heads(self, h: torch.Tensor) -> torch.Tensor:
@@ -288,8 +289,10 @@ class Pending:
     width: int = 0
     slot: int = 0  # which pinned staging / output buffers it used
     copied: bool = False  # its tokens are being copied into pinned memory (see StepGraphs.stash)
-    eager_logits: torch.Tensor | None = None  # an eager guided step: logits [P, V] it sampled from
-    eager_at: dict[tuple[int, int], int] | None = None  # (row, sample) -> index into eager_logits
+    # an eager step that reads logits: (logits [P, V] it sampled from, hidden [P, hidden] they
+    # came from), and (row, sample) -> index into them
+    eager_kept: tuple[torch.Tensor, torch.Tensor] | None = None
+    eager_at: dict[tuple[int, int], int] | None = None
 
     def result(self) -> StepOutput:
         if self.output is None:
@@ -300,12 +303,20 @@ class Pending:
         """The target model's logits [len(rows), V] (on its device) that each of ``rows`` picked
         its first sampled token from. Valid after :meth:`result` and until the next step is
         launched; for a step whose ``reads_logits`` is set."""
-        if self.eager_logits is not None:
-            at = torch.tensor(
-                [self.eager_at[(r, 0)] for r in rows], device=self.eager_logits.device
-            )
-            return self.eager_logits.index_select(0, at)
+        if self.eager_kept is not None:
+            return self._eager_rows(self.eager_kept[0], rows)
         return self.graphs.logits_rows(self, rows)
+
+    def hidden_rows(self, rows: list[int]) -> torch.Tensor:
+        """The target's final hidden state [len(rows), hidden] those logits came from (same
+        validity; a prefill step's rows only, when replayed from a graph)."""
+        if self.eager_kept is not None:
+            return self._eager_rows(self.eager_kept[1], rows)
+        return self.graphs.hidden_rows(self, rows)
+
+    def _eager_rows(self, kept: torch.Tensor, rows: list[int]) -> torch.Tensor:
+        at = torch.tensor([self.eager_at[(r, 0)] for r in rows], device=kept.device)
+        return kept.index_select(0, at)
 
 
 class StepGraphs:
@@ -373,6 +384,12 @@ class StepGraphs:
         # the LM head's output of the last replay, [(1 + heads) * rows, V] (read for guided rows)
         vocab = runner.model.cfg.vocab_size
         self.head_out = torch.empty((1 + nh) * mb * mw * vocab, dtype=runner.dtype, device=dev)
+        # prefill: the target's final hidden state at each row's sampled position [MB, hidden]
+        # (read for scoring rows: engine/core/turn_head.py)
+        hidden = runner.model.cfg.hidden_size
+        self.hidden_out = torch.empty(
+            mb if sample_last else 0, hidden, dtype=runner.dtype, device=dev
+        )
         self.acc = torch.zeros(mb, dtype=torch.long, device=dev)  # drafts accepted per row
         self.out_host = [
             torch.zeros(1 + nh, mb * mw, dtype=torch.long).pin_memory() for _ in range(2)
@@ -404,6 +421,7 @@ class StepGraphs:
         h = forward(ids, inp, self.runner.k_pool, self.runner.v_pool)  # [b, w, hidden]
         if self.sample_last:
             h = h[torch.arange(b, device=h.device), self.last[:b]]  # [b, hidden]
+            self.hidden_out[:b].copy_(h)
         h = self.runner.with_heads(h.reshape(-1, h.shape[-1]))  # [1 + heads, N, hidden]
         head_out = self.head_out[: h.shape[0] * h.shape[1] * self.vocab].view(
             h.shape[0], h.shape[1], self.vocab
@@ -521,6 +539,12 @@ class StepGraphs:
             -1, self.vocab
         )
         return table.index_select(0, flat)
+
+    def hidden_rows(self, pending: Pending, rows: list[int]) -> torch.Tensor:
+        """[len(rows), hidden]: each row's final hidden state at its sampled position, from the
+        latest replay (which must be ``pending``, of a prefill graph)."""
+        assert pending is self.latest and self.sample_last, "hidden states: latest prefill only"
+        return self.hidden_out.index_select(0, torch.tensor(rows, device=self.hidden_out.device))
 
     def collect(self, pending: Pending) -> StepOutput:
         """The tokens of a launched step, as a :class:`StepOutput` (waits for them)."""

@@ -52,6 +52,7 @@ class Model(Protocol):
     ``triton_linear_rows`` and ``linear_tiles`` (see ``engine/gpu/kernels.py``)."""
 
     cfg: ModelShape
+    norm: torch.nn.Module  # the final norm; its weight fingerprints the checkpoint (turn_head.py)
     use_kernels: bool
     prefill_attention: str
     pdl: bool
