@@ -3,14 +3,16 @@
     pip install --no-deps chatterbot-corpus   # BSD; training text only, never a dependency
     python scripts/train_turn_head.py --out voicert/engine/data/smollm2-135m-instruct-turn-head.safetensors
 
-1. Text: the English lines of chatterbot-corpus (3-30 words, no markup). Each line gives four
+1. Text: the English lines of chatterbot-corpus (1-30 words, no markup). Each line gives
    examples: whole, as written and bare (complete); cut at a random word, bare and with the
    punctuation Whisper writes where audio stops (".", "?", "...", ","), incomplete.
 2. Features: the engine's own final hidden state at the last token of the open user turn (the
    prompt a ``score_end`` request builds, under the configured system prompt), computed by the
    engine's model runner, so the head reads exactly what it will read when serving.
 3. An L2-regularised logistic regression on the standardised features (Newton steps), folded
-   back to one weight vector and a bias on the raw hidden state.
+   back to one weight vector and a bias on the raw hidden state. Examples are weighted so that
+   complete and cut ones count the same at every length: cut prefixes are short by
+   construction, and a head that learned "short is unfinished" would hold "Count to five."
 4. Reported: AUC on held-out lines (20 %, split by line), for the head and for the zero-shot
    P(end-of-message); with ``--signals`` (an eot bench signals file), AUC of "the turn ended
    here" over its judged pauses, from their early transcripts.
@@ -41,7 +43,7 @@ ENDINGS = [".", ".", "?", "...", ","]  # what Whisper writes where the audio of 
 
 
 def corpus_lines() -> list[str]:
-    """chatterbot-corpus's English lines of 3-30 words, without markup, sorted."""
+    """chatterbot-corpus's English lines of 1-30 words, without markup, sorted."""
     try:
         import yaml
 
@@ -56,7 +58,7 @@ def corpus_lines() -> list[str]:
             for line in conv:
                 if isinstance(line, str):
                     line = " ".join(line.split())
-                    if 3 <= len(line.split()) <= 30 and not re.search(r"[<>{}\[\]=_`]", line):
+                    if 1 <= len(line.split()) <= 30 and not re.search(r"[<>{}\[\]=_`]", line):
                         lines.add(line)
     return sorted(lines)
 
@@ -71,8 +73,9 @@ def examples(lines: list[str], rng: random.Random) -> list[tuple[str, int]]:
     for line in lines:
         words = line.split()
         out += [(line, 1), (bare(line), 1)]
-        cut = bare(" ".join(words[: rng.randint(1, len(words) - 1)]))
-        out += [(cut, 0), (cut + rng.choice(ENDINGS), 0)]
+        if len(words) > 1:
+            cut = bare(" ".join(words[: rng.randint(1, len(words) - 1)]))
+            out += [(cut, 0), (cut + rng.choice(ENDINGS), 0)]
     return [(t, y) for t, y in out if t.strip()]
 
 
@@ -89,13 +92,28 @@ def last_hidden(core, system: str, text: str) -> tuple[np.ndarray, float]:
     return h.float().cpu().numpy(), p
 
 
-def fit(z: np.ndarray, y: np.ndarray, l2: float, steps: int = 30) -> np.ndarray:
-    """Logistic regression by Newton steps; z [n, d] with a column of ones last -> w [d]."""
+LENGTHS = (1, 2, 3, 4, 5, 6, 8, 11, 15)  # word-count buckets' lower edges
+
+
+def balance(texts: list[str], y: np.ndarray) -> np.ndarray:
+    """Example weights [n] (mean 1): in each word-count bucket, both classes weigh the same."""
+    bucket = np.searchsorted(LENGTHS, [len(t.split()) for t in texts], side="right")
+    w = np.zeros(len(y))
+    for b in np.unique(bucket):
+        for c in (0, 1):
+            m = (bucket == b) & (y == c)
+            if m.any() and ((bucket == b) & (y != c)).any():
+                w[m] = 1.0 / m.sum()
+    return w * len(y) / w.sum()
+
+
+def fit(z: np.ndarray, y: np.ndarray, l2: float, weight: np.ndarray, steps: int = 30) -> np.ndarray:
+    """Weighted logistic regression by Newton steps; z [n, d] with a column of ones last -> w."""
     w = np.zeros(z.shape[1])
     for _ in range(steps):
         q = 1 / (1 + np.exp(-z @ w))
-        hess = z.T @ (z * (q * (1 - q))[:, None]) + l2 * np.eye(len(w))
-        w -= np.linalg.solve(hess, z.T @ (q - y) + l2 * w)
+        hess = z.T @ (z * (weight * q * (1 - q))[:, None]) + l2 * np.eye(len(w))
+        w -= np.linalg.solve(hess, z.T @ (weight * (q - y)) + l2 * w)
     return w
 
 
@@ -133,16 +151,17 @@ def main() -> None:
         ex = examples(part, rng)
         feats = [last_hidden(core, system, t) for t, _ in ex]
         x = np.stack([h for h, _ in feats])
-        sets[name] = (x, np.array([y for _, y in ex], float), np.array([p for _, p in feats]))
+        y = np.array([y for _, y in ex], float)
+        sets[name] = (x, y, np.array([p for _, p in feats]), balance([t for t, _ in ex], y))
     print(f"features: {len(lines)} lines, {time.perf_counter() - t0:.0f} s", flush=True)
 
-    x, y, _ = sets["train"]
+    x, y, _, weights = sets["train"]
     mu, sd = x.mean(0), x.std(0) + 1e-6
     ones = np.ones((len(x), 1))
-    w = fit(np.hstack([(x - mu) / sd, ones]), y, args.l2)
+    w = fit(np.hstack([(x - mu) / sd, ones]), y, args.l2, weights)
     weight, bias = w[:-1] / sd, w[-1] - float((w[:-1] * mu / sd).sum())  # on the raw state
 
-    xh, yh, ph = sets["held-out"]
+    xh, yh, ph, _ = sets["held-out"]
     print(f"held-out lines ({len(yh)} examples): AUC head {auc(xh @ weight + bias, yh):.3f}, ")
     print(f"  zero-shot P(end) {auc(ph, yh):.3f}")
     from voicert.engine.core.turn_head import save_turn_head

@@ -18,7 +18,8 @@ def model_dir():
     from voicert.config import cache_dir, load_config
     from voicert.engine.loader import resolve_llm
 
-    return str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+    cfg = load_config()  # the embedded model; on the GPU machine, the one its environment names
+    return str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))
 
 
 @pytest.fixture(scope="module")

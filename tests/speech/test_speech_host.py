@@ -1,6 +1,7 @@
 """One Whisper shared by several workers (asr.shared): each worker gets exactly the transcript
 its own Whisper would give, decodes from both are batched together, a dropped decode is not
-answered, and a host that dies fails the open decodes at once; the workers reconnect to the next."""
+answered, and a host that dies fails the open decodes at once; the workers reconnect to the next.
+A host with a turn model judges pauses for every worker, as the worker's own model would."""
 
 import asyncio
 import logging
@@ -16,7 +17,7 @@ from voicert.config import load_config
 from voicert.core.speech import FINAL, PARTIAL
 from voicert.hosting import listen
 from voicert.speech.asr import WhisperAsr
-from voicert.speech.host import Hello, SharedAsr, start_speech_host
+from voicert.speech.host import Hello, HostJudge, SharedAsr, host_judges, start_speech_host
 
 KEY = b"test-key"
 
@@ -152,3 +153,47 @@ def test_the_connected_line_is_said_only_once_the_connection_takes_work(address,
         listener.close()
         for conn in accepted:
             conn.close()
+
+
+async def test_the_hosts_turn_model_judges_every_workers_pauses_as_their_own_would(cfg, address):
+    from voicert.speech.smart_turn import SmartTurn
+
+    host = start_speech_host(cfg, "embedded", address, KEY, judge=("", "cpu"))
+    host.wait_ready(300)
+    a, b = SharedAsr(address, KEY, 30), SharedAsr(address, KEY, 30)
+    try:
+        clips = [wav("capital_of_france")[0], wav("count_to_five")[0][:16000]]
+        got = await asyncio.gather(
+            HostJudge(a).score(clips[0]), HostJudge(b).score(clips[1]), HostJudge(a).score(clips[1])
+        )
+        local = SmartTurn()
+        want = [float(local.score([c])[0]) for c in (clips[0], clips[1], clips[1])]
+        assert got == pytest.approx(want, abs=1e-5)
+    finally:
+        a.close()
+        b.close()
+        host.stop()
+
+
+async def test_a_host_without_a_turn_model_fails_a_judgement_and_says_why(cfg, address):
+    host = start(cfg, address)
+    a = SharedAsr(address, KEY, 30)
+    try:
+        with pytest.raises(RuntimeError, match="no turn model"):
+            await HostJudge(a).score(np.zeros(16000, np.float32))
+    finally:
+        a.close()
+        host.stop()
+
+
+def test_the_host_judges_only_for_a_gpu_model_shared_by_several_workers():
+    def cfg_with(**keys):
+        return load_config(environ={}, overrides={k: str(v) for k, v in keys.items()})
+
+    gpu = {"turn.detector": "hazard", "turn.device": "cuda", "server.workers": 4}
+    assert host_judges(cfg_with(**gpu, **{"asr.shared": "true"}))
+    assert not host_judges(cfg_with(**{**gpu, "turn.device": "cpu"}, **{"asr.shared": "true"}))
+    assert not host_judges(cfg_with(**{**gpu, "server.workers": 1}, **{"asr.shared": "true"}))
+    assert not host_judges(
+        cfg_with(**{**gpu, "turn.detector": "silence"}, **{"asr.shared": "true"})
+    )

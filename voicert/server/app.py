@@ -38,7 +38,8 @@ from voicert.server.twilio import TWILIO_PATH, TwilioConnection
 from voicert.server.workers import WorkerRole
 from voicert.speech.asr import asr_backend, build_asr, resolve_asr_model
 from voicert.speech.denoise import RnNoise
-from voicert.speech.smart_turn import SmartTurn, TurnJudge
+from voicert.speech.host import host_judges
+from voicert.speech.smart_turn import Judge, SmartTurn, TurnJudge
 from voicert.speech.tts import TtsWorker, first_piece_threads, load_voices
 from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.gcwatch import GcWatch, settle
@@ -64,7 +65,9 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     speech host's address and key) instead of loading those here."""
     t0 = time.perf_counter()
     asr_backend(cfg.asr)  # first: a backend or a model wheel that is not there is said at once
-    judge = load_turn_judge(cfg)
+    judge: Judge | None = None
+    if not (speech is not None and host_judges(cfg)):
+        judge = load_turn_judge(cfg)
     toolbox = Toolbox.from_config(cfg.tools)  # and a tool that does not import
     vad = SileroVad()
     asr: Asr
@@ -73,6 +76,11 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
 
         asr = SharedAsr(*speech)
         log.info("asr: the speech host (pid %d) after %.1f s", asr.pid, time.perf_counter() - t0)
+        if host_judges(cfg):
+            from voicert.speech.host import HostJudge
+
+            judge = HostJudge(asr)
+            log.info("turn detection: %s, judged by the speech host", cfg.turn.detector)
     else:
         asr = build_asr(cfg.asr, str(resolve_asr_model(cfg.models.asr, cache_dir(cfg.models))))
         asr.warmup()

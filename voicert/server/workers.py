@@ -286,7 +286,7 @@ class Primary:
 
     def _start_speech_host(self):
         from voicert.speech.asr import resolve_asr_model
-        from voicert.speech.host import start_speech_host
+        from voicert.speech.host import host_judges, start_speech_host
 
         return start_speech_host(
             self.cfg.asr,
@@ -295,6 +295,9 @@ class Primary:
             self.authkey,
             log_level=self.cfg.log.level,
             blas_threads=self.cfg.server.blas_threads,
+            judge=(self.cfg.turn.model_path, self.cfg.turn.device)
+            if host_judges(self.cfg)
+            else None,
         )
 
     def _start_engine_host(self, i: int):

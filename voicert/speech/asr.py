@@ -325,17 +325,18 @@ def _languages(language: str, multilingual: bool) -> tuple[str, ...]:
 def settle_soon(
     loop: asyncio.AbstractEventLoop,
     fut: asyncio.Future,
-    result: Transcript | None,
+    result: object,
     exc: BaseException | None,
 ) -> None:
-    """Settle ``fut`` on its loop, from any thread (unless it is done: cancelled, say)."""
+    """Settle ``fut`` on its loop, from any thread (unless it is done: cancelled, say), with
+    ``result`` (a Transcript, or a judge's probability) or ``exc``."""
     try:
         loop.call_soon_threadsafe(_settle, fut, result, exc)
     except RuntimeError:  # its loop is closed: nobody waits for it
         pass
 
 
-def _settle(fut: asyncio.Future, result: Transcript | None, exc: BaseException | None) -> None:
+def _settle(fut: asyncio.Future, result: object, exc: BaseException | None) -> None:
     if fut.done():
         return
     if exc is not None:

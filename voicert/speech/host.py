@@ -9,6 +9,10 @@ which has the event-loop side of ``WhisperAsr``'s interface (``submit`` -> a han
 ``future``, ``started`` and ``drop``; ``pending``, ``alive``), over a Unix socket with typed
 messages (below).
 
+With a turn-completion model on a GPU (``turn.device``), the host also judges pauses for every
+worker (:class:`HostJudge`): one model and one CUDA context beside Whisper's, not one per
+worker, and each call batches the judgements every worker asked for meanwhile.
+
 If the host dies, every open decode fails at once (the session reports ``asr_failed`` for that
 turn), the workers say they are not ready, and each reconnects to the host the primary starts in
 its place.
@@ -82,21 +86,88 @@ class DecodeFailed(msgspec.Struct, tag=True, array_like=True):
     error: str
 
 
+class Judge(msgspec.Struct, tag=True, array_like=True):
+    job: int
+    audio: bytes  # [N] float32 16 kHz, little-endian: the utterance up to the pause
+
+
+class Judged(msgspec.Struct, tag=True, array_like=True):
+    job: int
+    prob: float  # the audio model's P(turn complete)
+
+
+class JudgeFailed(msgspec.Struct, tag=True, array_like=True):
+    job: int
+    error: str
+
+
 class AsrStats(msgspec.Struct, tag=True, array_like=True):
     pending: int  # utterances queued in the host (all workers')
     batches: list[int]  # decode batch sizes since the last (to one worker only)
 
 
-ToHost = Union[Decode, Drop, Leave]
-FromHost = Union[Hello, Taken, Decoded, DecodeFailed, AsrStats]
+ToHost = Union[Decode, Drop, Leave, Judge]
+FromHost = Union[Hello, Taken, Decoded, DecodeFailed, AsrStats, Judged, JudgeFailed]
+
+
+def host_judges(cfg) -> bool:
+    """The speech host (``asr.shared`` with several workers) runs the turn model for every
+    worker: where it runs on a GPU (``turn.device``), one model and one batch for all."""
+    audio_model = cfg.turn.detector != "silence" and cfg.turn.model != "none"
+    return audio_model and cfg.turn.device != "cpu" and cfg.asr.shared and cfg.server.workers > 1
 
 
 # ------------------------------------------------------------------ the host process
 
 
+class _Judges:
+    """Every worker's pending judgements, scored by one thread: each model call takes all that
+    are waiting (at most ``max_batch``), so a call grows to what arrived during the last."""
+
+    def __init__(self, model, max_batch: int = 64) -> None:
+        self.model = model
+        self.max_batch = max_batch
+        self._cond = threading.Condition()
+        self._waiting: list[tuple[Peer, int, np.ndarray]] = []
+        self._closed = False
+        threading.Thread(target=self._run, name="voicert-speech-judge", daemon=True).start()
+
+    def submit(self, peer: Peer, msg: Judge) -> None:
+        with self._cond:
+            self._waiting.append((peer, msg.job, np.frombuffer(msg.audio, np.float32)))
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                batch = [w for w in self._waiting[: self.max_batch] if not w[0].gone]
+                self._waiting = self._waiting[self.max_batch :]
+            if not batch:
+                continue
+            try:
+                probs = self.model.score([audio for _, _, audio in batch])
+            except Exception as exc:  # every judgement of the call fails; the sessions go on
+                log.exception("speech host: the turn-completion model failed")
+                for peer, job, _ in batch:
+                    peer.post(JudgeFailed(job, f"{type(exc).__name__}: {exc}"))
+                continue
+            for (peer, job, _), prob in zip(batch, probs):
+                peer.post(Judged(job, float(prob)))
+
+
 class _Hub:
-    def __init__(self, asr) -> None:
+    def __init__(self, asr, judges: _Judges | None = None) -> None:
         self.asr = asr
+        self.judges = judges
         self.lock = threading.Lock()
         self.peers: dict[int, Peer] = {}
         self._ids = itertools.count()
@@ -130,6 +201,11 @@ class _Hub:
                 self._decode(peer, msg, dropped)
             elif isinstance(msg, Drop):
                 dropped.add(msg.job)
+            elif isinstance(msg, Judge):
+                if self.judges is None:  # a worker configured unlike the host: a bug
+                    peer.post(JudgeFailed(msg.job, "this speech host has no turn model"))
+                else:
+                    self.judges.submit(peer, msg)
             elif isinstance(msg, Leave):
                 break
         with self.lock:
@@ -177,10 +253,12 @@ def _speech_host(
     gpu: str | None,
     log_level: str,
     blas_threads: int,
+    judge: tuple[str, str] | None,
     status: Connection,
 ) -> None:
-    """The speech host process: load and warm Whisper, listen at ``address``, say so on
-    ``status``, decode for every worker until the primary says stop."""
+    """The speech host process: load and warm Whisper (and the turn model ``judge`` names:
+    (its path, "" for the wheel's; its device)), listen at ``address``, say so on ``status``,
+    decode and judge for every worker until the primary says stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s [speech] %(name)s: %(message)s"
@@ -194,12 +272,23 @@ def _speech_host(
         asr = WhisperAsr(asr_cfg, model_spec)
         asr.warmup()
         asr.drain_batch_sizes()  # the warm-up's decode is no one's
+        judges = None
+        if judge is not None:
+            from pathlib import Path
+
+            from voicert.speech.smart_turn import SmartTurn
+
+            path = Path(judge[0]).expanduser() if judge[0] else None
+            model = SmartTurn(path, device=judge[1])
+            model.score([np.zeros(16000, np.float32)])  # warm: the first caller's is not slow
+            judges = _Judges(model)
+            log.info("speech host: turn model %s on %s", model.path.name, judge[1])
         listener = listen(address, authkey)
     except Exception as exc:
         say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
         return
     asr.on_give_up = lambda why: os._exit(EXIT_ASR_DIED)
-    hub = _Hub(asr)
+    hub = _Hub(asr, judges)
     stop = threading.Event()
     threading.Thread(
         target=hub.push_stats, args=(stop,), name="voicert-speech-stats", daemon=True
@@ -214,6 +303,8 @@ def _speech_host(
     wait_stop(status)
     stop.set()
     listener.close()
+    if judges is not None:
+        judges.close()
     asr.close()
 
 
@@ -224,13 +315,15 @@ def start_speech_host(
     authkey: bytes,
     log_level: str = "INFO",
     blas_threads: int = 1,
+    judge: tuple[str, str] | None = None,
 ) -> HostProcess:
     """Start the speech host serving at ``address`` (the primary's handle); ``blas_threads``:
-    numpy's BLAS pool in it (``server.blas_threads``)."""
+    numpy's BLAS pool in it (``server.blas_threads``); ``judge``: the turn model it runs for
+    the workers, (path or "", device), or None."""
     return HostProcess(
         "speech host",
         _speech_host,
-        (asr_cfg, model_spec, address, authkey, None, log_level, blas_threads),
+        (asr_cfg, model_spec, address, authkey, None, log_level, blas_threads, judge),
     )
 
 
@@ -267,6 +360,7 @@ class SharedAsr(AsrBase):
         self.address, self.authkey = address, authkey
         self._lock = threading.Lock()  # guards _conn, _jobs, and writing
         self._jobs: dict[int, tuple[asyncio.AbstractEventLoop, RemoteAsrHandle]] = {}
+        self._judges: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._ids = itertools.count()
         self._encoder = msgspec.msgpack.Encoder()
         self._pending = 0
@@ -315,6 +409,23 @@ class SharedAsr(AsrBase):
         handle.future.set_exception(RuntimeError("speech host unavailable"))
         return handle
 
+    def judge(self, audio: np.ndarray) -> asyncio.Future:
+        """The host's turn model's P(complete) for an utterance ([N] float32 16 kHz) (a future)."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future = loop.create_future()
+        job = next(self._ids)
+        msg = Judge(job, np.ascontiguousarray(audio, np.float32).tobytes())
+        with self._lock:
+            if self._conn is not None:
+                self._judges[job] = (loop, future)
+                try:
+                    self._conn.send_bytes(self._encoder.encode(msg))
+                    return future
+                except OSError:
+                    self._judges.pop(job, None)
+        future.set_exception(RuntimeError("speech host unavailable"))
+        return future
+
     def _send(self, msg) -> None:
         with self._lock:
             if self._conn is not None:
@@ -361,10 +472,13 @@ class SharedAsr(AsrBase):
             with self._lock:
                 self._conn = None
                 jobs, self._jobs = self._jobs, {}
+                judges, self._judges = self._judges, {}
             conn.close()
             why = "speech host went away"
             for loop, handle in jobs.values():
                 settle_soon(loop, handle.future, None, RuntimeError(why))
+            for loop, future in judges.values():
+                settle_soon(loop, future, None, RuntimeError(why))
             if self._closing:
                 return
             log.error("%s: %d decode(s) failed; reconnecting", why, len(jobs))
@@ -397,6 +511,26 @@ class SharedAsr(AsrBase):
                     settle_soon(loop, handle.future, msg.transcript, None)
                 else:
                     settle_soon(loop, handle.future, None, RuntimeError(msg.error))
+        elif isinstance(msg, (Judged, JudgeFailed)):
+            with self._lock:
+                waiting = self._judges.pop(msg.job, None)
+            if waiting is not None:
+                loop, future = waiting
+                if isinstance(msg, Judged):
+                    settle_soon(loop, future, msg.prob, None)
+                else:
+                    settle_soon(loop, future, None, RuntimeError(msg.error))
         elif isinstance(msg, AsrStats):
             self._pending = msg.pending
             self._batches.extend(msg.batches)
+
+
+class HostJudge:
+    """A worker's turn judge (:class:`~voicert.speech.smart_turn.Judge`): the speech host's
+    model, over the worker's connection to it (``SharedAsr``)."""
+
+    def __init__(self, asr: SharedAsr) -> None:
+        self.asr = asr
+
+    async def score(self, audio: np.ndarray) -> float:
+        return float(await self.asr.judge(audio))
