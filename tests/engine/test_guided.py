@@ -160,6 +160,25 @@ def test_an_unusable_schema_fails_that_request_alone(core):
     assert not core.has_work()
 
 
+def test_a_hostile_pattern_fails_its_request_alone_with_a_clear_error(core):
+    hostile = {
+        "type": "object",
+        "properties": {"x": {"type": "string", "pattern": "^((a{100}){100}){100}$"}},
+        "required": ["x"],
+    }
+    outs = []
+    core.add(_ask("hostile", [ToolSpec.of("f", "", hostile)]))
+    core.add(_ask("plain", [ToolSpec.of("book", "", {"type": "object"})]))
+    for _ in range(4000):
+        if not core.has_work():
+            break
+        outs += [o for o in core.step() if o.finish_reason is not None]
+    ends = {o.request_id: o for o in outs}
+    assert ends["hostile"].finish_reason == "error"
+    assert "beyond the engine's limits" in (ends["hostile"].error or "")
+    assert ends["plain"].finish_reason in ("stop", "length") and ends["plain"].error is None
+
+
 # ------------------------------------------------------------------ property: random schemas
 
 _leaf = st.one_of(

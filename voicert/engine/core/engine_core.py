@@ -215,7 +215,7 @@ class EngineCore:
                 for j, tok in enumerate(new)
             )
             if seq.finish_reason is not None:
-                out.append(self._end(seq, seq.finish_reason))
+                out.append(self._end(seq, seq.finish_reason, seq.error))
         return out
 
     def _score(self, step: Step, pending: Pending, rows: list[int]) -> None:
@@ -255,8 +255,9 @@ class EngineCore:
             try:
                 for tok in toks:
                     seq.guide.advance(tok)
-            except GuideError:  # cannot happen for a token pick() chose; fail the one request
-                log.exception("engine: grammar of %s", seq.id)
+            except GuideError as exc:  # its grammar went over the limits: fail the one request
+                log.warning("engine: %s: %s", seq.id, exc)
+                seq.error = str(exc)
                 self.scheduler.finish(seq, FinishReason.ERROR)
                 continue
             if seq.guide.finished:

@@ -71,6 +71,20 @@ def _piece_bytes(piece: str | None, special: bool, byte_of: dict[str, int]) -> b
     return piece.replace("\u2581", " ").encode()
 
 
+# llguidance's work per grammar: its lexer's fuel caps how much one request's regexes may build
+# (a pattern like ^((a{100}){100}){100}$ took ~1 s and ~250 MB of the engine thread at the
+# default 1,000,000; at this, ~40 ms and an error for that request alone). A 400-pattern
+# schema and the formats (date-time, email) fit in it.
+LEXER_FUEL = 100_000
+
+
+def limits():
+    import llguidance
+
+    # verbose errors would put the parser state and the client's schema in the logs
+    return llguidance.LLParserLimits(initial_lexer_fuel=LEXER_FUEL, verbose_errors=False)
+
+
 class GuideError(ValueError):
     """A request's grammar could not be compiled (a schema llguidance does not take)."""
 
@@ -100,8 +114,11 @@ class Guide:
         return masked_argmax([self], row.unsqueeze(0))[0]
 
     def advance(self, token: int) -> None:
-        if not self.matcher.consume_token(token):
-            raise GuideError(f"the grammar refused token {token}: {self.matcher.get_error()}")
+        if self.matcher.is_error() or not self.matcher.consume_token(token):
+            first = (self.matcher.get_error().splitlines() or [""])[0]
+            if "lexer error" in first:  # its regexes went over the limits (a hostile pattern)
+                raise GuideError(f"tool schema beyond the engine's limits ({first})")
+            raise GuideError(f"the grammar refused token {token}: {first}")
 
     @property
     def finished(self) -> bool:
@@ -206,7 +223,7 @@ class Guides:
             grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         except Exception as exc:
             raise GuideError(f"tool schema not usable: {exc}") from None
-        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar)
+        matcher = llguidance.LLMatcher(self._ll_tokenizer(), grammar, limits=limits())
         if matcher.is_error():
             raise GuideError(f"tool schema not usable: {matcher.get_error()}")
         return Guide(matcher, self.vocab_size)

@@ -38,6 +38,7 @@ class Sequence:
     score_id: int = -1  # a score_end request: the token whose probability after the prompt it asks
     end_prob: float | None = None  # ... and that probability, once its prompt is in
     turn_prob: float | None = None  # ... and the end-of-turn head's, where the model has one
+    error: str | None = None  # why it ended with an error, for its final record
 
     def __post_init__(self) -> None:
         if not self.tokens:
