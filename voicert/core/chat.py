@@ -8,8 +8,11 @@ into a prompt and decodes calls under a grammar (``engine/core/tools.py``).
 
 from __future__ import annotations
 
+import collections
 import enum
+import hashlib
 import json
+import threading
 from dataclasses import dataclass
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -89,19 +92,35 @@ class ToolSpec:
         }
 
 
+_CHECKED: collections.OrderedDict[bytes, str] = collections.OrderedDict()  # sha256 -> problem
+_CHECKED_MAX = 4096
+_CHECKED_LOCK = threading.Lock()
+
+
 def _schema_problem(schema_json: str) -> str:
     """Why llguidance cannot decode under a JSON schema, or "". The floor's one call outside the
     standard library, made lazily (llguidance is a dependency of every install): the grammar
-    check belongs with the engine's grammar, and moves there with the off-loop, cached check of
-    tool sets ("Hostile input, round two", item 2)."""
+    check belongs with the engine's grammar, and moves there with the off-loop check of tool
+    sets ("Hostile input, round two", item 5). Answers are kept by the schema's digest (the
+    4,096 latest): a client that sends the same tools with every request pays for one check."""
+    key = hashlib.sha256(schema_json.encode()).digest()
+    with _CHECKED_LOCK:
+        if (known := _CHECKED.get(key)) is not None:
+            _CHECKED.move_to_end(key)
+            return known
     import llguidance
 
     try:
-        return llguidance.LLMatcher.validate_grammar(
+        problem = llguidance.LLMatcher.validate_grammar(
             llguidance.LLMatcher.grammar_from_json_schema(schema_json)
         )
     except Exception as exc:
-        return str(exc)
+        problem = str(exc)
+    with _CHECKED_LOCK:
+        _CHECKED[key] = problem
+        if len(_CHECKED) > _CHECKED_MAX:
+            _CHECKED.popitem(last=False)
+    return problem
 
 
 @dataclass(frozen=True, slots=True)
