@@ -149,6 +149,12 @@ def test_a_gpu_setting_on_a_machine_without_one_is_a_message(setting, message, c
             "song.wav: an MP3 file, not a WAV",
         ),
         ("empty.wav", b"", "empty.wav: not a WAV file"),
+        (
+            "adpcm.wav",
+            b"RIFF\x2c\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x02\x00\x01\x00\x80\x3e\x00\x00"
+            b"\x00\x1f\x00\x00\x02\x00\x04\x00data\x08\x00\x00\x00" + bytes(8),
+            "adpcm.wav: unsupported WAV encoding (format tag 2, 4-bit)",
+        ),
     ],
 )
 def test_client_says_what_is_wrong_with_a_file_in_one_line(tmp_path, capsys, name, content, said):

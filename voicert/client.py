@@ -99,6 +99,8 @@ def load_clip(path: str) -> tuple[np.ndarray, int]:
             head = f.read(4)
         what = next((name for magic, name in SNIFF if head.startswith(magic)), None)
         why = f"{what}, not a WAV" if what else f"not a WAV file ({str(exc) or 'cut short'})"
+        if head == b"RIFF" and str(exc).startswith(f"{path}: unsupported"):
+            why = str(exc).removeprefix(f"{path}: ")  # a WAV, in an encoding we do not read
         raise ClientError(f"{path}: {why}; " + WAV_HINT.format(path=path, stem=file.stem)) from None
     except OSError as exc:
         raise ClientError(f"{path}: {exc.strerror or exc}") from None
