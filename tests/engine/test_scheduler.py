@@ -337,3 +337,49 @@ def test_decode_steps_between_a_newcomers_prefill_chunks_carry_no_drafts():
     assert len(between) == 3 and all(st.drafts == 0 for st in between)
     assert any(st.drafts == 2 for st in steps[first_sample + 1 :] if st.kind == "decode")
     assert short.tokens[5:] == reference(5, 30) and long.tokens[50:] == reference(50, 10, first=500)
+
+
+def test_a_short_prompt_is_not_held_behind_every_chunk_of_a_long_one():
+    sched = Scheduler(BlockManager(512, 4), SchedulerConfig(prefill_token_budget=16), {STOP})
+    long, short = seq("long", 100, first=500), seq("short", 6, first=900)
+    sched.add(long)
+    step, _ = sched.schedule()  # the long prompt's first chunk
+    sched.postprocess(step, sample(step))
+    sched.add(short)
+    steps: list = []
+    run_all(sched, steps)
+    prefills = [[c.seq.id for c in st.chunks] for st in steps if st.kind == "prefill"]
+    assert prefills[0] == ["short"]  # done in the very next prefill step, not after 6 more chunks
+    assert short.tokens[6:] == reference(6, 10, first=900)
+    assert long.tokens[100:] == reference(100, 10, first=500)  # order changes no token
+
+
+def test_a_long_prompt_still_moves_under_a_steady_flow_of_short_ones():
+    cfg = SchedulerConfig(prefill_token_budget=16)
+    sched = Scheduler(BlockManager(2048, 4), cfg, {STOP})
+    long = seq("long", 64, first=500)
+    sched.add(long)
+    led: list[str] = []
+    for i in range(40):
+        sched.add(seq(f"s{i}", 4, max_new=1, first=1000 + 10 * i))  # one more every step
+        step, _ = sched.schedule()
+        if step.kind == "prefill":
+            led.append(step.chunks[0].seq.id)
+        sched.postprocess(step, sample(step))
+        if long.status is Status.DECODE:
+            break
+    assert long.status is Status.DECODE  # its 4 chunks went through
+    runs = "".join("L" if x == "long" else "s" for x in led).split("L")
+    assert max(len(r) for r in runs[:-1]) <= cfg.long_prompt_skips
+
+
+def test_with_no_skips_prompts_are_prefilled_first_come_first_served():
+    cfg = SchedulerConfig(prefill_token_budget=16, long_prompt_skips=0)
+    sched = Scheduler(BlockManager(512, 4), cfg, {STOP})
+    long, short = seq("long", 40, first=500), seq("short", 6, first=900)
+    sched.add(long)
+    sched.add(short)
+    steps: list = []
+    run_all(sched, steps)
+    prefills = [[c.seq.id for c in st.chunks] for st in steps if st.kind == "prefill"]
+    assert prefills == [["long"], ["long"], ["long", "short"]]  # short waits for every chunk

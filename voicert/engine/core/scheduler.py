@@ -29,6 +29,9 @@ class SchedulerConfig:
     # With them a step's padded cost is bucket(rows) * bucket(width), kept within the budget.
     prefill_batches: tuple[int, ...] = ()
     prefill_widths: tuple[int, ...] = ()
+    # prefill steps in a row a prompt longer than one step may yield to prompts that fit in one
+    # (0: first come, first served; docs/benchmarks.md 38)
+    long_prompt_skips: int = 2
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.prefill_token_budget < 1 or self.spec_tokens < 0:
@@ -196,8 +199,15 @@ class Scheduler:
 
     def _prefill_step(self, seqs: list[Sequence]) -> Step:
         """The oldest pending prompt first (a budget-sized chunk of it), then whole prompts of
-        others that fit in its padded width, while the padded step stays within the budget."""
+        others that fit in its padded width, while the padded step stays within the budget.
+
+        A prompt longer than one step does not hold the others back: while prompts that fit in
+        a step wait behind it, the oldest of those leads instead (it is done in this step, its
+        first token comes now, not after every chunk of the long one). The long prompt is passed
+        over at most ``long_prompt_skips`` steps in a row, so it still moves under a steady flow
+        of short ones: at least one chunk in every ``long_prompt_skips + 1`` prefill steps."""
         budget = self.cfg.prefill_token_budget
+        seqs = self._fair_order(seqs, budget)
         chunks: list[Chunk] = []
         width = 0
         for seq in seqs:
@@ -212,6 +222,22 @@ class Scheduler:
                     continue
             chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
         return Step("prefill", chunks=chunks)
+
+    def _fair_order(self, seqs: list[Sequence], budget: int) -> list[Sequence]:
+        """``seqs`` (oldest first), with the oldest short prompt moved to the front when the
+        oldest is a long one (more than ``budget`` tokens to go) that may be passed over."""
+        head = seqs[0]
+        if (
+            len(head.tokens) - head.num_computed <= budget
+            or head.prefill_skips >= self.cfg.long_prompt_skips
+        ):
+            head.prefill_skips = 0
+            return seqs
+        short = next((s for s in seqs if len(s.tokens) - s.num_computed <= budget), None)
+        if short is None:
+            return seqs
+        head.prefill_skips += 1
+        return [short, *(s for s in seqs if s is not short)]
 
     def drafts_for(self, batch: int) -> int:
         """Drafts per row for a decode step of ``batch`` rows (the policy's choice, told whether

@@ -39,6 +39,7 @@ class Sequence:
     end_prob: float | None = None  # ... and that probability, once its prompt is in
     turn_prob: float | None = None  # ... and the end-of-turn head's, where the model has one
     error: str | None = None  # why it ended with an error, for its final record
+    prefill_skips: int = 0  # prefill steps in a row this long prompt yielded to short ones
 
     def __post_init__(self) -> None:
         if not self.tokens:
