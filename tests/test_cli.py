@@ -54,6 +54,13 @@ async def test_client_names_the_voices_when_asked_for_one_the_server_lacks(url, 
     assert "Traceback" not in err
 
 
+def test_client_refuses_a_voice_without_spoken_replies(capsys):
+    wav = str(DATA / "capital_of_france.wav")
+    assert cli.main(["client", wav, "--voice", "en-us+f3", "--url", "ws://127.0.0.1:9/x"]) == 2
+    err = capsys.readouterr().err
+    assert "add --speak" in err and "Traceback" not in err
+
+
 def test_client_reports_an_unreachable_server(capsys):
     assert (
         cli.main(

@@ -96,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "client":
         from voicert import client
 
+        if args.voice and not args.speak:
+            print(
+                "voicert client: --voice picks the voice of spoken replies: add --speak OUT.wav",
+                file=sys.stderr,
+            )
+            return 2
+
         return client.main(
             args.wav,
             args.url,

@@ -137,12 +137,19 @@ def render_eval(r: dict) -> str:
             f"`{row['arguments'][:70]}` | {ms} |"
         )
     t = r["tool_call_ms"]
+    timing = (
+        f"Endpoint -> call complete: P50 {t['p50']:.0f} ms, P95 {t['p95']:.0f} ms over "
+        f"{t['n']} calls"
+        if t["n"]
+        else "Endpoint -> call complete: no call was made, so no timing"
+    )
+    ttft = r["ttft_ms"]["p50"]
     lines += [
         "",
         f"Right: {r['right']}/{r['n']} (a tool wanted: {r['right_when_a_tool_is_wanted']}"
         f"/{r['n_wanted']}; a call where none was wanted: {r['called_when_none_is_wanted']}). "
-        f"Endpoint -> call complete: P50 {t['p50']:.0f} ms, P95 {t['p95']:.0f} ms over "
-        f"{t['n']} calls; TTFT P50 {r['ttft_ms']['p50']:.0f} ms.",
+        + timing
+        + (f"; TTFT P50 {ttft:.0f} ms." if ttft == ttft else "."),  # NaN: no reply timed
     ]
     return "\n".join(lines)
 
