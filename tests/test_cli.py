@@ -106,6 +106,23 @@ def test_a_missing_llm_is_one_message_and_leaves_no_pending_task(capsys, caplog)
     assert not [r for r in caplog.records if "was destroyed" in r.getMessage()]
 
 
+@pytest.mark.parametrize(
+    "flag, said",
+    [("--llm", "models.llm: /nope does not exist"), ("--asr", "models.asr: /nope is not")],
+)
+def test_a_mistyped_model_is_said_before_any_other_model_loads(capsys, monkeypatch, flag, said):
+    from voicert.cli import main
+    from voicert.server import app
+
+    def too_soon(*args, **kwargs):
+        raise AssertionError("a model loaded before the names were checked")
+
+    monkeypatch.setattr(app, "SileroVad", too_soon)
+    monkeypatch.setattr(app, "load_turn_judge", too_soon)
+    code = main(["serve", "--port", "0", flag, "/nope", "--set", "tts.engine=none"])
+    assert code == 2 and said in capsys.readouterr().err
+
+
 def test_a_websockets_release_the_server_cannot_run_on_is_named_not_a_traceback(
     capsys, caplog, monkeypatch
 ):

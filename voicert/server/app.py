@@ -65,6 +65,8 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     speech host's address and key) instead of loading those here."""
     t0 = time.perf_counter()
     asr_backend(cfg.asr)  # first: a backend or a model wheel that is not there is said at once
+    check_models(cfg, speech, hosts)
+    voices = load_voices(cfg.tts)  # a voice that is not there is said before the slow loads
     judge: Judge | None = None
     if not (speech is not None and host_judges(cfg)):
         judge = load_turn_judge(cfg)
@@ -92,7 +94,6 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
         )
     cfg, engine = build_engine(cfg, hosts)
     log.info("llm ready after %.1f s", time.perf_counter() - t0)
-    voices = load_voices(cfg.tts)
     tts = (
         TtsWorker(voices, threads=cfg.tts.workers, first_threads=first_piece_threads(cfg.tts))
         if voices
@@ -128,6 +129,19 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
         denoise=RnNoise() if cfg.asr.denoise == "rnnoise" else None,
         toolbox=toolbox,
     )
+
+
+def check_models(cfg: Config, speech=None, hosts=None) -> None:
+    """The model files this process will load, found (or a ConfigError naming the key) before
+    anything slow loads: a mistyped ``--asr`` or ``--llm`` is said in a second, not after the
+    other models. A worker (``speech``, ``hosts``) loads neither: the primary checked them."""
+    cache = cache_dir(cfg.models)
+    if speech is None:
+        resolve_asr_model(cfg.models.asr, cache)
+    if hosts is None and cfg.llm.engine != "openai" and cfg.models.llm != "embedded":
+        path = Path(cfg.models.llm).expanduser()
+        if not path.exists():
+            raise ConfigError(f"models.llm: {path} does not exist")
 
 
 def load_turn_judge(cfg: Config) -> TurnJudge | None:
