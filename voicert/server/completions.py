@@ -23,7 +23,7 @@ from voicert.config import Config
 from voicert.core.chat import ToolCall
 from voicert.core.llm import FinishReason, GenerationRequest, TokenEvent
 from voicert.protocol import chat
-from voicert.server import access
+from voicert.server import access, offloop
 from voicert.server.http import HttpRequest, HttpResponse, json_response
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ class ChatCompletions:
         assert svc is not None  # _check refuses (503) until the services are loaded
         cfg = svc.cfg
         try:
-            req = chat.parse_request(request.body, cfg.server.max_text_chars)
+            req = await offloop.decode(chat.parse_request, request.body, cfg.server.max_text_chars)
             model = served_model_id(cfg)
             if req.model != model:
                 raise chat.ChatError(

@@ -18,6 +18,7 @@ from voicert.core import events as ev
 from voicert.core.bucket import TokenBucket
 from voicert.core.session import ENCODINGS, SessionSettings
 from voicert.protocol import native as p
+from voicert.server import offloop
 from voicert.server.completions import served_model_id
 from voicert.telemetry.latency import now_ns
 from voicert.transport.spoken import PacingClock, bytes_per_ms
@@ -280,7 +281,7 @@ class Connection(BaseConnection):
         await self.send_frame(p.encode(p.Error(code.value, message, True), self.binary))
 
     async def dispatch(self, frame: bytes | str) -> bool:
-        event = p.decode_client(frame)
+        event = await offloop.decode(p.decode_client, frame)
         if isinstance(event, p.SessionStart):
             await self._start(event, binary=isinstance(frame, bytes))
             return False

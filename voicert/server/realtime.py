@@ -25,6 +25,7 @@ from voicert.core.chat import ToolCall
 from voicert.core.session import OutputAudio, SessionSettings
 from voicert.protocol import native as p
 from voicert.protocol import realtime as rt
+from voicert.server import offloop
 from voicert.server.connection import CLOSE_TRY_AGAIN, BaseConnection, check_output_audio
 from voicert.speech.tts import unoffered
 from voicert.transport.spoken import SpokenReply, bytes_per_ms
@@ -201,7 +202,7 @@ class RealtimeConnection(BaseConnection):
     # ------------------------------------------------------------ client events
 
     async def dispatch(self, frame: bytes | str) -> bool:
-        event, event_id = rt.decode_client(frame)
+        event, event_id = await offloop.decode(rt.decode_client, frame)
         try:
             await self._handle(event)
         except rt.RealtimeError as exc:
