@@ -87,6 +87,7 @@ def served():
     )
     try:
         port = int(server.wait_for(r"listening on ws://[^:]+:(\d+)/")[0].group(1))
+        server.wait_for(rf"open http://[^ ]+:{port}/ in a browser")  # the port it took, said
         server.wait_for(r"\[w\d\] voicert\.server\.app: ready$", count=2)
         server.port = port
         yield server

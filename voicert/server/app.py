@@ -131,6 +131,17 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     )
 
 
+def where_to_start(host: str, port: int) -> str:
+    """The line a newcomer needs at start-up: the page to open and the client command, with
+    the port this server took (a wildcard address is reached as localhost)."""
+    near = "localhost" if host in ("", "0.0.0.0", "::") else host
+    near = f"[{near}]" if ":" in near else near
+    return (
+        f"open http://{near}:{port}/ in a browser (the dashboard: /dashboard), or: "
+        f"voicert client YOUR.wav --url ws://{near}:{port}{STREAM_PATH}"
+    )
+
+
 def check_models(cfg: Config, speech=None, hosts=None) -> None:
     """The model files this process will load, found (or a ConfigError naming the key) before
     anything slow loads: a mistyped ``--asr`` or ``--llm`` is said in a second, not after the
@@ -377,6 +388,7 @@ class VoiceServer:
         else:
             await self._listener.start(s.host, s.port)
             log.info("voicert listening on ws://%s:%d%s", s.host, self.port, STREAM_PATH)
+            log.info("%s", where_to_start(s.host, self.port))
         self._server = self._listener
 
     def _sampler_for(self, svc: Services) -> Sampler:

@@ -262,6 +262,9 @@ class Primary:
         self.sockets = listening_sockets(s.host, s.port, self.n)
         port = self.sockets[0].getsockname()[1]
         log.info("voicert listening on ws://%s:%d/v1/stream (%d workers)", s.host, port, self.n)
+        from voicert.server.app import where_to_start
+
+        log.info("%s", where_to_start(s.host, port))
         if self.cfg.llm.engine != "openai":
             from voicert.engine.build import engine_config
             from voicert.engine.factory import check_device
