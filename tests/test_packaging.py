@@ -38,6 +38,8 @@ def test_the_wheel_carries_web_and_the_default_config_and_serves_them(tmp_path):
         "voicert/web/app.js",
         "voicert/web/dashboard.js",
         "voicert/configs/default.yaml",
+        "loadgen/__main__.py",  # python -m loadgen works from the wheel
+        "loadgen/report.py",
     ):
         assert name in names
     target = tmp_path / "site"
@@ -61,7 +63,9 @@ def test_the_wheel_carries_web_and_the_default_config_and_serves_them(tmp_path):
         f"assert voicert.__file__.startswith({str(target)!r}), voicert.__file__;"
         "assert c.DEFAULT_CONFIG_PATH.is_file();"
         "assert b'<html' in d.static_file('/')[0].lower();"
-        "assert b'<canvas' in d.static_file('/dashboard')[0]"
+        "assert b'<canvas' in d.static_file('/dashboard')[0];"
+        "import loadgen;"
+        f"assert loadgen.__file__.startswith({str(target)!r}), loadgen.__file__"
     )
     subprocess.run(
         [sys.executable, "-c", probe],
