@@ -31,11 +31,11 @@ class TurnHead:
     """``prob(hidden)``: hidden [N, hidden] (any float dtype) -> N probabilities."""
 
     def __init__(self, weight: torch.Tensor, bias: float) -> None:
-        self.weight = weight.float()  # [hidden]
+        self.weight = weight.float()  # [hidden], on the device the hidden states come from
         self.bias = bias
 
     def prob(self, hidden: torch.Tensor) -> list[float]:
-        logit = hidden.float() @ self.weight.to(hidden.device) + self.bias  # [N]
+        logit = hidden.float() @ self.weight + self.bias  # [N]
         return torch.sigmoid(logit).tolist()
 
 
@@ -58,8 +58,9 @@ def save_turn_head(
 
 
 def load_turn_head(path: str | Path, norm: torch.Tensor) -> TurnHead:
-    """The head in ``path`` for the model whose final norm weight is ``norm`` [hidden]. Raises
-    ValueError when it was trained for another hidden size or another checkpoint."""
+    """The head in ``path`` for the model whose final norm weight is ``norm`` [hidden], on
+    ``norm``'s device (where the model's hidden states are). Raises ValueError when it was
+    trained for another hidden size or another checkpoint."""
     from safetensors import safe_open
 
     path = Path(path)
@@ -76,4 +77,4 @@ def load_turn_head(path: str | Path, norm: torch.Tensor) -> TurnHead:
         )
     if not torch.allclose(mine, state["norm"], rtol=FINGERPRINT_RTOL, atol=FINGERPRINT_RTOL):
         raise ValueError(f"{path}: the head was trained for another checkpoint (its norm differs)")
-    return TurnHead(state["weight"], float(state["bias"][0]))
+    return TurnHead(state["weight"].to(norm.device), float(state["bias"][0]))
