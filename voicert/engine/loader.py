@@ -130,25 +130,30 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
+def llm_source(spec: str) -> Path:
+    """``embedded`` / a ``.gguf`` file / an HF checkpoint dir -> that GGUF file or HF dir, found
+    (cheap: nothing is read or converted). Raises ConfigError with a clear message otherwise."""
+    if spec == "embedded":
+        return embedded_gguf()
+    path = Path(spec).expanduser()
+    if is_hf_dir(path) or (path.is_file() and path.suffix == ".gguf"):
+        return path
+    if path.exists():
+        raise ConfigError(
+            f"models.llm: {path} is neither an HF checkpoint dir (config.json + "
+            "weights) nor a .gguf file"
+        )
+    raise ConfigError(f"models.llm: {path} does not exist")
+
+
 def resolve_llm(spec: str, cache_root: Path) -> Path:
     """``embedded`` / a ``.gguf`` file / an HF checkpoint dir -> an HF checkpoint dir to load.
 
     Converts a GGUF on first use. Raises ConfigError with a clear message for anything else."""
-    if spec == "embedded":
-        gguf = embedded_gguf()
-    else:
-        path = Path(spec).expanduser()
-        if is_hf_dir(path):
-            return path
-        if path.is_file() and path.suffix == ".gguf":
-            gguf = path
-        elif path.exists():
-            raise ConfigError(
-                f"models.llm: {path} is neither an HF checkpoint dir (config.json + "
-                "weights) nor a .gguf file"
-            )
-        else:
-            raise ConfigError(f"models.llm: {path} does not exist")
+    source = llm_source(spec)
+    if source.is_dir():
+        return source
+    gguf = source
     out = converted_dir(gguf, cache_root)
     if (out / MARKER).is_file():
         return out

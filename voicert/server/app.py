@@ -26,6 +26,7 @@ from voicert.config import Config, ConfigError, cache_dir
 from voicert.core.llm import EngineState
 from voicert.core.speech import Asr
 from voicert.engine.factory import build_engine
+from voicert.engine.loader import llm_source
 from voicert.hosting import limit_blas_threads, raise_fd_limit
 from voicert.server import access, dashboard
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
@@ -149,10 +150,8 @@ def check_models(cfg: Config, speech=None, hosts=None) -> None:
     cache = cache_dir(cfg.models)
     if speech is None:
         resolve_asr_model(cfg.models.asr, cache)
-    if hosts is None and cfg.llm.engine != "openai" and cfg.models.llm != "embedded":
-        path = Path(cfg.models.llm).expanduser()
-        if not path.exists():
-            raise ConfigError(f"models.llm: {path} does not exist")
+    if hosts is None and cfg.llm.engine != "openai":
+        llm_source(cfg.models.llm)
 
 
 def load_turn_judge(cfg: Config) -> TurnJudge | None:
