@@ -68,9 +68,8 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     asr_backend(cfg.asr)  # first: a backend or a model wheel that is not there is said at once
     check_models(cfg, speech, hosts)
     voices = load_voices(cfg.tts)  # a voice that is not there is said before the slow loads
-    judge: Judge | None = None
-    if not (speech is not None and host_judges(cfg)):
-        judge = load_turn_judge(cfg)
+    in_host = speech is not None and host_judges(cfg)  # the speech host runs the turn model
+    judge: Judge | None = None if in_host else load_turn_judge(cfg)
     toolbox = Toolbox.from_config(cfg.tools)  # and a tool that does not import
     vad = SileroVad()
     asr: Asr
@@ -79,7 +78,7 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
 
         asr = SharedAsr(*speech)
         log.info("asr: the speech host (pid %d) after %.1f s", asr.pid, time.perf_counter() - t0)
-        if host_judges(cfg):
+        if in_host:
             from voicert.speech.host import HostJudge
 
             judge = HostJudge(asr)

@@ -398,16 +398,22 @@ class SharedAsr(AsrBase):
         loop = asyncio.get_running_loop()
         handle = RemoteAsrHandle(self, next(self._ids), loop.create_future())
         msg = Decode(handle.job, np.ascontiguousarray(audio, np.float32).tobytes(), priority)
+        if not self._send_tracked(self._jobs, handle.job, (loop, handle), msg):
+            handle.future.set_exception(RuntimeError("speech host unavailable"))
+        return handle
+
+    def _send_tracked(self, table: dict, job: int, entry: tuple, msg) -> bool:
+        """Send ``msg`` with ``entry`` kept in ``table`` under ``job`` until its answer comes
+        (or the host goes away); False, and nothing kept, when the host cannot be reached."""
         with self._lock:
             if self._conn is not None:
-                self._jobs[handle.job] = (loop, handle)
+                table[job] = entry
                 try:
                     self._conn.send_bytes(self._encoder.encode(msg))
-                    return handle
+                    return True
                 except OSError:
-                    self._jobs.pop(handle.job, None)
-        handle.future.set_exception(RuntimeError("speech host unavailable"))
-        return handle
+                    table.pop(job, None)
+        return False
 
     def judge(self, audio: np.ndarray) -> asyncio.Future:
         """The host's turn model's P(complete) for an utterance ([N] float32 16 kHz) (a future)."""
@@ -415,15 +421,8 @@ class SharedAsr(AsrBase):
         future: asyncio.Future = loop.create_future()
         job = next(self._ids)
         msg = Judge(job, np.ascontiguousarray(audio, np.float32).tobytes())
-        with self._lock:
-            if self._conn is not None:
-                self._judges[job] = (loop, future)
-                try:
-                    self._conn.send_bytes(self._encoder.encode(msg))
-                    return future
-                except OSError:
-                    self._judges.pop(job, None)
-        future.set_exception(RuntimeError("speech host unavailable"))
+        if not self._send_tracked(self._judges, job, (loop, future), msg):
+            future.set_exception(RuntimeError("speech host unavailable"))
         return future
 
     def _send(self, msg) -> None:

@@ -85,16 +85,14 @@ class SmartTurn:
             self._session = ort.InferenceSession(
                 str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
             )
+            self._run = lambda batch: self._session.run(None, {"input_features": batch})[0]
         else:
-            self._graph = _torch_graph(self.path, device)
+            self._run = _torch_graph(self.path, device)
 
     def score(self, utterances: list[np.ndarray]) -> np.ndarray:
         """P(turn complete) per utterance ([N] float32 16 kHz each, the audio up to now) -> [B]."""
         batch = np.stack([features(u, self._mel) for u in utterances])  # [B, 80, 800]
-        if self.device == "cpu":
-            out = self._session.run(None, {"input_features": batch})[0]  # [B, 1] sigmoid
-        else:
-            out = self._graph(batch)
+        out = self._run(batch)  # [B, 1] sigmoid
         return np.asarray(out, dtype=np.float32).reshape(-1)
 
 
