@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from voicert.bench.eot import logistic
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.engine.build import build_core, engine_config
@@ -110,16 +111,6 @@ def balance(texts: list[str], y: np.ndarray) -> np.ndarray:
     return w * len(y) / w.sum()
 
 
-def fit(z: np.ndarray, y: np.ndarray, l2: float, weight: np.ndarray, steps: int = 30) -> np.ndarray:
-    """Weighted logistic regression by Newton steps; z [n, d] with a column of ones last -> w."""
-    w = np.zeros(z.shape[1])
-    for _ in range(steps):
-        q = 1 / (1 + np.exp(-z @ w))
-        hess = z.T @ (z * (weight * q * (1 - q))[:, None]) + l2 * np.eye(len(w))
-        w -= np.linalg.solve(hess, z.T @ (weight * (q - y)) + l2 * w)
-    return w
-
-
 def auc(score: np.ndarray, label: np.ndarray) -> float:
     """P(a positive outscores a negative), ties counted half."""
     pos, neg = score[label == 1], score[label == 0]
@@ -164,7 +155,7 @@ def main() -> None:
     x, y, _, weights = sets["train"]
     mu, sd = x.mean(0), x.std(0) + 1e-6
     ones = np.ones((len(x), 1))
-    w = fit(np.hstack([(x - mu) / sd, ones]), y, args.l2, weights)
+    w = logistic(np.hstack([(x - mu) / sd, ones]), y, args.l2, weight=weights, steps=30)
     weight, bias = w[:-1] / sd, w[-1] - float((w[:-1] * mu / sd).sum())  # on the raw state
 
     xh, yh, ph, _ = sets["held-out"]

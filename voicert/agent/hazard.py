@@ -75,7 +75,8 @@ class Evidence:
     head: float | None = None  # the LLM's end-of-turn head's P(over) (an engine with one)
 
 
-def _logit(p: float | None, prior: float = 0.0) -> float:
+def logit(p: float | None, prior: float = 0.0) -> float:
+    """log(p / (1 - p)), ``p`` clipped to [FLOOR, 1 - FLOOR]; ``prior`` for no opinion."""
     if p is None:
         return prior
     p = min(max(p, FLOOR), 1 - FLOOR)
@@ -89,10 +90,10 @@ def log_odds(ev: Evidence) -> float:
     w = ZERO_SHOT if ev.head is None else WITH_HEAD
     return (
         w.w0
-        + w.audio * _logit(ev.audio, PRIOR_AUDIO)
-        + w.text * _logit(ev.text, PRIOR_TEXT)
-        + w.bare * _logit(ev.bare, PRIOR_BARE)
-        + w.head * _logit(ev.head, PRIOR_HEAD)
+        + w.audio * logit(ev.audio, PRIOR_AUDIO)
+        + w.text * logit(ev.text, PRIOR_TEXT)
+        + w.bare * logit(ev.bare, PRIOR_BARE)
+        + w.head * logit(ev.head, PRIOR_HEAD)
         + w.dangling * ev.dangling
         + w.question * ev.question
     )

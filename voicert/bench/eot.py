@@ -262,13 +262,6 @@ def figures(scored: list[Scored], d: Detector) -> Figures:
     return Figures(d.name, evaluate(scored, d.rule, d.default), cut_at, at_goal)
 
 
-def _logit(p: float | None, floor: float = 1e-6) -> float:
-    if p is None:
-        return 0.0
-    p = min(max(p, floor), 1 - floor)
-    return math.log(p / (1 - p))
-
-
 def _ready(p: Pause, judge_ms: int, audio: bool, text: bool = False, score: bool = False) -> float:
     """The silence (ms) by which a judgement's inputs are in: the audio model's from
     ``judge_ms``; the early transcript from when its decode started, then its LLM scores."""
@@ -487,12 +480,10 @@ def wer(scored: list[Scored]) -> float:
 def _opinions(p: Pause, head: bool) -> list[float]:
     """A judged pause's logits: audio, text as written, then bare (zero-shot) or head, then 1."""
     from voicert.agent import hazard as hz
+    from voicert.agent.hazard import logit
 
-    def lg(prob: float | None, prior: float) -> float:
-        return hz._logit(prob, prior)
-
-    second = lg(p.turn_prob, hz.PRIOR_HEAD) if head else lg(p.bare_prob, hz.PRIOR_BARE)
-    return [lg(p.audio_prob, hz.PRIOR_AUDIO), lg(p.text_prob, hz.PRIOR_TEXT), second, 1.0]
+    second = logit(p.turn_prob, hz.PRIOR_HEAD) if head else logit(p.bare_prob, hz.PRIOR_BARE)
+    return [logit(p.audio_prob, hz.PRIOR_AUDIO), logit(p.text_prob, hz.PRIOR_TEXT), second, 1.0]
 
 
 def _cue_offset(p: Pause, w) -> float:
@@ -500,6 +491,27 @@ def _cue_offset(p: Pause, w) -> float:
 
     dangling, question = text_cues(p.text)
     return w.dangling * dangling + w.question * question
+
+
+def logistic(
+    x: np.ndarray,
+    y: np.ndarray,
+    l2: float,
+    offset: np.ndarray | None = None,
+    weight: np.ndarray | None = None,
+    steps: int = 50,
+) -> np.ndarray:
+    """L2-regularised logistic regression by Newton steps: x [n, d] (a column of ones for an
+    intercept), labels y [n] -> coefficients [d]; ``offset`` [n] is added to each row's log-odds
+    and ``weight`` [n] weighs each row (default: none, and all 1)."""
+    off = np.zeros(len(y)) if offset is None else offset
+    wt = np.ones(len(y)) if weight is None else weight
+    w = np.zeros(x.shape[1])
+    for _ in range(steps):
+        q = 1 / (1 + np.exp(-(x @ w + off)))
+        hess = x.T @ (x * (wt * q * (1 - q))[:, None]) + l2 * np.eye(len(w))
+        w -= np.linalg.solve(hess, x.T @ (wt * (q - y)) + l2 * w)
+    return w
 
 
 def fit_weights(scored: list[Scored], head: bool, l2: float = 0.1):
@@ -512,11 +524,7 @@ def fit_weights(scored: list[Scored], head: bool, l2: float = 0.1):
     x = np.array([_opinions(p, head) for p in judged])  # [n, 4]
     y = np.array([float(p.final) for p in judged])
     off = np.array([_cue_offset(p, ZERO_SHOT) for p in judged])
-    w = np.zeros(x.shape[1])
-    for _ in range(50):
-        q = 1 / (1 + np.exp(-(x @ w + off)))
-        hess = x.T @ (x * (q * (1 - q))[:, None]) + l2 * np.eye(len(w))
-        w -= np.linalg.solve(hess, x.T @ (q - y) + l2 * w)
+    w = logistic(x, y, l2, offset=off)
     a, t, second, w0 = (round(float(v), 2) for v in w)
     if head:
         return Weights(w0=w0, audio=a, text=t, bare=0.0, head=second)
