@@ -97,6 +97,24 @@ def services(cfg):
         svc.tts.close()
 
 
+async def server_with(services, **server):
+    """A started real server on a free port with the loaded models and these ``server`` keys
+    changed (the caller shuts it down)."""
+    import dataclasses
+
+    from voicert.server.app import VoiceServer
+
+    cfg = services.cfg
+    srv = VoiceServer(
+        dataclasses.replace(
+            services,
+            cfg=dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0, **server)),
+        )
+    )
+    await srv.start()
+    return srv
+
+
 @pytest.fixture(scope="session")
 async def server(services):
     """A real server on 127.0.0.1 (a free port) sharing the loaded models; 64 KiB frame limit.

@@ -258,6 +258,14 @@ def with_hazard(engine: FakeEngine, judge: FakeJudge):
     return Session("s1", p.SessionStart(), svc, emit), asr, events
 
 
+async def judged_incomplete(session) -> None:
+    """Until the session's turn-taking has judged a pause incomplete (the turn goes on)."""
+    registry = session.svc.metrics.registry
+    await until(
+        lambda: registry.get_sample_value("voicert_turn_verdicts_total", {"verdict": "incomplete"})
+    )
+
+
 async def test_hazard_the_llm_scores_the_early_transcript_and_a_sure_turn_ends_at_the_pause():
     text = "What is the capital of France?"
     engine = FakeEngine(end_probs={text: 0.9, text.rstrip("?"): 0.2})
@@ -289,10 +297,7 @@ async def test_hazard_a_turn_head_that_doubts_holds_the_turn_the_zero_shot_score
     session, asr, events = with_hazard(engine, FakeJudge(0.5))
     await send(session, audio(("voice", 1.0), ("silence", 0.25)))
     asr.answer(asr.decodes[-1], text)
-    registry = session.svc.metrics.registry
-    await until(
-        lambda: registry.get_sample_value("voicert_turn_verdicts_total", {"verdict": "incomplete"})
-    )
+    await judged_incomplete(session)
     assert finals(events) == []
 
 
@@ -303,10 +308,7 @@ async def test_hazard_doubt_keeps_listening_through_a_pause_and_the_turn_ends_af
     session, asr, events = with_hazard(engine, FakeJudge(0.5))
     await send(session, audio(("voice", 1.0), ("silence", 0.25)))
     asr.answer(asr.decodes[-1], first)
-    registry = session.svc.metrics.registry
-    await until(
-        lambda: registry.get_sample_value("voicert_turn_verdicts_total", {"verdict": "incomplete"})
-    )
+    await judged_incomplete(session)
     await send(session, audio(("silence", 0.15), ("voice", 0.8), ("silence", 0.25)))
     assert finals(events) == []  # 400 ms of pause: not cut off
     asr.answer(asr.decodes[-1], whole)

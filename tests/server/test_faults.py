@@ -15,23 +15,11 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from loadgen.twilio import TwilioCall
-from tests.conftest import wav
+from tests.conftest import server_with, wav
 from tests.server.test_stream import _get, assert_server_still_serves, recv_until
 from voicert.protocol import native as p
 from voicert.protocol import twilio as tw
 from voicert.server.app import STREAM_PATH, VoiceServer
-
-
-async def server_with(services, **server):
-    cfg = services.cfg
-    srv = VoiceServer(
-        dataclasses.replace(
-            services,
-            cfg=dataclasses.replace(cfg, server=dataclasses.replace(cfg.server, port=0, **server)),
-        )
-    )
-    await srv.start()
-    return srv
 
 
 def stream_url(srv) -> str:

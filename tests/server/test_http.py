@@ -197,21 +197,9 @@ async def test_a_request_naming_another_host_is_refused_before_it_is_routed(serv
 
 
 async def test_a_listed_host_name_is_served(services):
-    import dataclasses
+    from tests.conftest import server_with
 
-    from voicert.server.app import VoiceServer
-
-    cfg = services.cfg
-    srv = VoiceServer(
-        dataclasses.replace(
-            services,
-            cfg=dataclasses.replace(
-                cfg,
-                server=dataclasses.replace(cfg.server, port=0, allowed_hosts=".voice.example"),
-            ),
-        )
-    )
-    await srv.start()
+    srv = await server_with(services, allowed_hosts=".voice.example")
     try:
         for host, status in (("eu.voice.example", 200), ("rebind.example", 403)):
             head = f"GET /healthz HTTP/1.1\r\nHost: {host}:{srv.port}\r\n\r\n".encode()

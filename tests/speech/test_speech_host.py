@@ -32,8 +32,8 @@ def address(tmp_path):
     return str(tmp_path / "speech.sock")
 
 
-def start(cfg, address):
-    host = start_speech_host(cfg, "embedded", address, KEY)
+def start(cfg, address, judge=None):
+    host = start_speech_host(cfg, "embedded", address, KEY, judge=judge)
     host.wait_ready(300)
     return host
 
@@ -158,8 +158,7 @@ def test_the_connected_line_is_said_only_once_the_connection_takes_work(address,
 async def test_the_hosts_turn_model_judges_every_workers_pauses_as_their_own_would(cfg, address):
     from voicert.speech.smart_turn import SmartTurn
 
-    host = start_speech_host(cfg, "embedded", address, KEY, judge=("", "cpu"))
-    host.wait_ready(300)
+    host = start(cfg, address, judge=("", "cpu"))
     a, b = SharedAsr(address, KEY, 30), SharedAsr(address, KEY, 30)
     try:
         clips = [wav("capital_of_france")[0], wav("count_to_five")[0][:16000]]
@@ -190,10 +189,13 @@ def test_the_host_judges_only_for_a_gpu_model_shared_by_several_workers():
     def cfg_with(**keys):
         return load_config(environ={}, overrides={k: str(v) for k, v in keys.items()})
 
-    gpu = {"turn.detector": "hazard", "turn.device": "cuda", "server.workers": 4}
-    assert host_judges(cfg_with(**gpu, **{"asr.shared": "true"}))
-    assert not host_judges(cfg_with(**{**gpu, "turn.device": "cpu"}, **{"asr.shared": "true"}))
-    assert not host_judges(cfg_with(**{**gpu, "server.workers": 1}, **{"asr.shared": "true"}))
-    assert not host_judges(
-        cfg_with(**{**gpu, "turn.detector": "silence"}, **{"asr.shared": "true"})
-    )
+    gpu = {
+        "turn.detector": "hazard",
+        "turn.device": "cuda",
+        "server.workers": 4,
+        "asr.shared": "true",
+    }
+    assert host_judges(cfg_with(**gpu))
+    assert not host_judges(cfg_with(**{**gpu, "turn.device": "cpu"}))
+    assert not host_judges(cfg_with(**{**gpu, "server.workers": 1}))
+    assert not host_judges(cfg_with(**{**gpu, "turn.detector": "silence"}))
