@@ -67,6 +67,73 @@ def corpus_lines(min_words: int) -> list[str]:
     return sorted(lines)
 
 
+QUESTION_WORDS = (
+    "what",
+    "how",
+    "is",
+    "are",
+    "when",
+    "where",
+    "which",
+    "who",
+    "do",
+    "does",
+    "can",
+    "could",
+    "will",
+    "should",
+    "did",
+    "was",
+    "were",
+    "has",
+    "have",
+    "why",
+)
+AREAS = ["kitchen", "living room", "bedroom", "office", "garage", "bathroom", "hallway", "patio"]
+NAMES = [
+    "kitchen light",
+    "front door",
+    "desk lamp",
+    "thermostat",
+    "garage door",
+    "ceiling fan",
+    "TV",
+]
+
+
+def command_lines(per_intent: int, seed: int) -> list[str]:
+    """Spoken commands and questions to a voice assistant: sentences sampled from
+    home-assistant-intents' English templates (Apache-2.0) by hassil (Apache-2.0), at most
+    ``per_intent`` per intent; slots filled from small lists, numbers in digits (as Whisper
+    writes them), written as Whisper writes a whole utterance (capitalised, "." or "?")."""
+    try:
+        from hassil.intents import Intents, TextSlotList
+        from hassil.sample import sample_intents
+
+        data = resources.files("home_assistant_intents") / "data" / "en.json"
+    except ModuleNotFoundError:
+        sys.exit("commands: pip install --no-deps hassil home-assistant-intents unicode-rbnf")
+    import json
+
+    rng = random.Random(seed)
+    lists = {
+        "area": TextSlotList.from_strings(AREAS),
+        "name": TextSlotList.from_strings(NAMES),
+        "floor": TextSlotList.from_strings(["upstairs", "downstairs", "first floor"]),
+    }
+    intents = Intents.from_dict(json.loads(data.read_text()))
+    raw = sample_intents(intents, lists, max_sentences_per_intent=per_intent, expand_ranges=False)
+    out = set()
+    for _, text in raw:
+        text = re.sub(r"\{[a-z_]+\}", lambda _: str(rng.choice([2, 5, 10, 15, 20, 45, 70])), text)
+        text = " ".join(text.split())
+        if not text or re.search(r"[<>{}\[\]=_`]", text):
+            continue
+        end = "?" if text.split()[0].lower() in QUESTION_WORDS else "."
+        out.add(text[0].upper() + text[1:] + end)
+    return sorted(out)
+
+
 def bare(text: str) -> str:
     return text.strip().rstrip(".?!,;:…-").rstrip()
 
@@ -127,6 +194,12 @@ def main() -> None:
     ap.add_argument("--min-words", type=int, default=3, help="shortest corpus line used")
     ap.add_argument("--balance", action="store_true", help="weigh classes equal per length")
     ap.add_argument("--signals", type=Path, help="an eot bench signals file: report its AUC")
+    ap.add_argument(
+        "--commands",
+        type=int,
+        default=0,
+        help="also this many voice-assistant sentences per intent (home-assistant-intents)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -139,6 +212,8 @@ def main() -> None:
     system = cfg.llm.system_prompt
 
     lines = corpus_lines(args.min_words)
+    if args.commands:
+        lines += command_lines(args.commands, args.seed)
     rng.shuffle(lines)
     held = len(lines) // 5
     t0 = time.perf_counter()
@@ -166,7 +241,9 @@ def main() -> None:
     meta = {
         "model": Path(model_dir).name,
         "system_prompt": system,
-        "data": f"chatterbot-corpus, {len(lines) - held} lines x 4 examples",
+        "data": "chatterbot-corpus"
+        + (f" + home-assistant-intents ({args.commands} per intent)" if args.commands else "")
+        + f", {len(lines) - held} lines x 4 examples",
         "l2": str(args.l2),
         "seed": str(args.seed),
     }

@@ -61,3 +61,41 @@ def test_the_hazard_fit_weighs_the_opinion_that_tells_ends_from_pauses():
     with_head = fit_weights(scored, head=True)
     assert with_head.head > 1 and abs(with_head.audio) < with_head.head
     assert fit_weights(scored, head=False).head == 0.0
+
+
+def test_saved_signals_are_completed_with_the_items_added_since(monkeypatch):
+    from voicert.bench import eot, turn_set
+
+    rendered: list[list[str]] = []
+
+    def fake_render(conditions, items):
+        rendered.append([i.id for i in items])
+        return [
+            turn_set.Rendering(f"{i.id}-piper-{c}", i, "piper:joe@1.0", 300, c, np.zeros(1), 0)
+            for i in items
+            for c in conditions
+        ]
+
+    monkeypatch.setattr(turn_set, "render_set", fake_render)
+    have = [
+        Scored(f"{i.id}-piper-clean", i.kind, i.category, "piper", "clean", i.text)
+        for i in turn_set.ITEMS[:-2]
+    ]
+    todo = eot._to_render(have, ("clean",), None)
+    assert rendered == [[i.id for i in turn_set.ITEMS[-2:]]]
+    assert [r.item.id for r in todo] == [i.id for i in turn_set.ITEMS[-2:]]
+    assert (
+        eot._to_render(
+            have + [eot.Scored(r.id, "", "", "", "clean", "") for r in todo], ("clean",), None
+        )
+        == []
+    )
+
+
+def test_the_second_batch_is_reported_apart_as_held_out():
+    from voicert.bench import eot, turn_set
+
+    one, two = turn_set.ITEMS[0], turn_set.ITEMS[-1]
+    assert (one.batch, two.batch) == (1, 2)
+    scored = [Scored(f"{i.id}-piper-clean", i.kind, "", "", "clean", "") for i in (one, two)]
+    assert [s.id for s in eot.held_out(scored)] == [f"{two.id}-piper-clean"]

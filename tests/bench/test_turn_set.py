@@ -29,7 +29,7 @@ def silent_runs(x: np.ndarray, min_ms: int = 200) -> list[tuple[int, int]]:
 
 
 def test_the_set_has_enough_of_each_kind():
-    assert len(PAUSE_ITEMS) >= 30 and len(COMPLETE_ITEMS) >= 30  # each spoken by two voices
+    assert len(PAUSE_ITEMS) >= 60 and len(COMPLETE_ITEMS) >= 60  # each spoken by two voices
     assert all("|" in i.text for i in PAUSE_ITEMS)
 
 
@@ -67,3 +67,13 @@ def test_a_speakers_consecutive_segments_make_one_turn():
         ("Bob", 1.8, 3.0, "Hi. How are you?"),
         ("Ann", 3.4, 4.0, "Fine."),
     ]
+
+
+def test_an_item_keeps_its_voice_and_pause_whichever_subset_is_rendered():
+    pytest.importorskip("piper")
+    from voicert.bench.turn_set import ITEMS, PAUSES_MS, PIPER_SCALES
+
+    n = 70  # an item of the second batch
+    (r,) = [r for r in render_set(("clean",), [ITEMS[n]]) if r.voice.startswith("piper")]
+    assert r.pause_ms == PAUSES_MS[n % len(PAUSES_MS)]
+    assert r.voice == f"piper:joe@{PIPER_SCALES[n % 3]}"

@@ -383,38 +383,26 @@ def run(
     """Score the set with the models ``cfg`` sets (or read the signals saved by an earlier run,
     with ``rescore`` their text scores again with ``cfg``'s LLM, and save them back), and the
     tables for its ``turn`` settings: all conditions together, then each."""
-    from voicert.bench.turn_set import (
-        human_renderings,
-        load_renderings,
-        render_set,
-        save_renderings,
-    )
 
     turn = cfg.turn
     judge_ms, max_ms, patience = turn.pause_ms, turn.max_silence_ms, turn.patience
     early_ms = min(cfg.asr.early_final_ms or judge_ms, judge_ms)
+    scorer: Scorer | None = None
+    scored: list[Scored] = []
     if signals is not None and signals.exists():
         scored = [s for s in load(signals) if s.condition in conditions]
         if rescore:
-            Scorer(cfg, asr).rescore(scored)
-            save(scored, signals)
-    else:
-        if renderings is not None and renderings.exists():
-            todo = [r for r in load_renderings(renderings) if r.condition in conditions]
-            if "human" in conditions and not any(r.condition == "human" for r in todo):
-                todo += human_renderings()
-        else:
-            todo = render_set(conditions)
-            if renderings is not None:
-                save_renderings(todo, renderings)
-        scorer = Scorer(cfg, asr)
-        scored = []
+            scorer = Scorer(cfg, asr)
+            scorer.rescore(scored)
+    todo = _to_render(scored, conditions, renderings)
+    if todo:
+        scorer = scorer or Scorer(cfg, asr)
         for i, r in enumerate(todo):
             scored.append(scorer.score(r, judge_ms, early_ms))
             if (i + 1) % 50 == 0 or i + 1 == len(todo):
                 print(f"  scored {i + 1}/{len(todo)}", flush=True)
-        if signals is not None:
-            save(scored, signals)
+    if signals is not None and (todo or rescore):
+        save(scored, signals)
     inner = sum(1 for s in scored if any(not p.final for p in s.pauses))
     judged = [p for s in scored for p in s.pauses if p.audio_prob is not None]
     voices = sorted({s.voice.split(":")[0] for s in scored})
@@ -440,6 +428,15 @@ def run(
             "",
             table(part, judge_ms, max_ms, patience),
         ]
+    held = held_out(scored)
+    if held:
+        lines += [
+            "",
+            f"### held out: the second batch of texts ({len(held)} renderings, all conditions), "
+            "written after the hazard's weights and the head were fit",
+            "",
+            table(held, judge_ms, max_ms, patience),
+        ]
     lines += [
         "",
         "### cut-offs by category, configured settings",
@@ -447,14 +444,54 @@ def run(
         by_category(scored, judge_ms, max_ms, patience),
     ]
     if fit:
-        clean = [s for s in scored if s.condition == "clean"] or scored
+        held = {s.id for s in held_out(scored)}  # never fit on: they judge the fit
+        clean = [s for s in scored if s.condition == "clean" and s.id not in held] or scored
         lines += [
             "",
-            "### the hazard's weights, refit",
+            "### the hazard's weights, refit on the first batch's clean renderings",
             "",
             fit_report(scored, clean, judge_ms, max_ms),
         ]
     return "\n".join(lines)
+
+
+def held_out(scored: list[Scored]) -> list[Scored]:
+    """The renderings of the items written after the weights were fit (turn_set's batch 2)."""
+    from voicert.bench.turn_set import ITEMS
+
+    batch = {i.id: i.batch for i in ITEMS}
+    return [s for s in scored if batch.get(s.id.split("-")[0]) == 2]
+
+
+def _to_render(
+    scored: list[Scored], conditions: tuple[str, ...], renderings: Path | None
+) -> list[Rendering]:
+    """The renderings still to score: those of items and conditions the saved signals
+    (``scored``) lack, so signals saved before items were added are completed, not redone;
+    read from ``renderings`` where it holds them, else rendered (and saved there)."""
+    from voicert.bench.turn_set import (
+        ITEMS,
+        human_renderings,
+        load_renderings,
+        render_set,
+        save_renderings,
+    )
+
+    have = {(s.id.split("-")[0], s.condition) for s in scored}
+    synthetic = tuple(c for c in conditions if c != "human")
+    items = [i for i in ITEMS if any((i.id, c) not in have for c in synthetic)]
+    saved = load_renderings(renderings) if renderings is not None and renderings.exists() else []
+    on_file = {(r.item.id, r.condition) for r in saved}
+    todo = [r for r in saved if r.condition in synthetic and (r.item.id, r.condition) not in have]
+    new = [i for i in items if any((i.id, c) not in on_file for c in synthetic)]
+    if new:
+        made = [r for r in render_set(synthetic, new) if (r.item.id, r.condition) not in on_file]
+        todo += made
+        if renderings is not None:
+            save_renderings(saved + made, renderings)
+    if "human" in conditions and not any(s.condition == "human" for s in scored):
+        todo += human_renderings()
+    return todo
 
 
 def _pct(xs: list[float]) -> str:
