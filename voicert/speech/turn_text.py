@@ -70,7 +70,7 @@ _CONTINUES = frozenset(
     ]
 )
 _TRAILING = re.compile(r"(\.\.\.|…|-|,|;|:)\s*$")
-_WORD = re.compile(r"[a-z']+")
+_WORD = re.compile(r"[a-z0-9']+")  # a number is a word: "count from 1 to 5" ends on "5"
 
 
 def continues(text: str) -> bool:
