@@ -34,3 +34,54 @@ def test_a_refused_schema_is_refused_again_from_the_cache():
             assert "nowhere" in str(exc)
         else:
             raise AssertionError("a dangling $ref was accepted")
+
+
+def _tree(required: list[str]) -> dict:
+    return {
+        "type": "object",
+        "properties": {"label": {"type": "string"}, "child": {"$ref": "#/$defs/Node"}},
+        "required": ["label"],
+        "$defs": {
+            "Node": {
+                "type": "object",
+                "properties": {"label": {"type": "string"}, "child": {"$ref": "#/$defs/Node"}},
+                "required": required,
+            }
+        },
+    }
+
+
+def test_a_recursive_schema_with_a_way_out_is_declared():
+    from voicert.core.chat import unsatisfiable
+
+    assert unsatisfiable(_tree(["label"])) == ""  # a node's child is optional
+    either = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#"}}]}
+    assert unsatisfiable({"type": "object", "properties": {"x": either}}) == ""
+    listed = {"type": "array", "items": {"$ref": "#"}, "minItems": 0}
+    assert unsatisfiable({"type": "object", "properties": {"x": listed}}) == ""
+    ToolSpec.of("tree", "", _tree(["label"]))
+
+
+def test_a_schema_that_must_nest_itself_forever_is_refused_naming_the_pointer():
+    from voicert.core.chat import unsatisfiable
+
+    assert "#/$defs/Node" in unsatisfiable(_tree(["label", "child"]))
+    forever = {"type": "object", "properties": {"next": {"$ref": "#"}}, "required": ["next"]}
+    assert "nest itself forever" in unsatisfiable(forever)
+    nonempty = {"type": "array", "items": {"$ref": "#"}, "minItems": 1}
+    assert unsatisfiable({"type": "object", "properties": {"x": nonempty}, "required": ["x"]})
+    try:
+        ToolSpec.of("tree", "", _tree(["label", "child"]))
+    except ValueError as exc:
+        assert "tool tree: parameters: no finite value" in str(exc)
+    else:
+        raise AssertionError("declared")
+
+
+def test_a_schema_nested_too_deep_is_refused_not_a_recursion_error():
+    from voicert.core.chat import MAX_SCHEMA_DEPTH, unsatisfiable
+
+    deep: dict = {"type": "string"}
+    for _ in range(MAX_SCHEMA_DEPTH + 5):
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    assert "deeper than" in unsatisfiable(deep)
