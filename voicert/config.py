@@ -42,7 +42,7 @@ class ServerConfig:
     port: int = 8765
     max_message_bytes: int = 1 << 20  # frames above this close the socket with 1009
     max_sessions: int = 64
-    shutdown_grace_s: float = 10.0  # running turns may finish within this, then are cancelled
+    shutdown_grace_s: float = 10.0  # the whole drain: running turns finish, then sockets close
     send_timeout_s: float = 10.0  # a reader this slow to drain a frame is disconnected
     auth_tokens: str = ""  # comma-separated bearer tokens every WebSocket route requires; "": none
     allowed_hosts: str = ""  # comma-separated names clients may reach the server by (the Host

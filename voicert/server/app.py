@@ -1,7 +1,8 @@
 """Server lifecycle: load models, serve routes on uvloop + websockets, shut down gracefully.
 
-Shutdown order: stop accepting, stop starting new turns, let running turns finish within
-``server.shutdown_grace_s``, cancel the rest, close every connection with 1001.
+Shutdown order: stop accepting, stop starting new turns, let running turns finish, cancel the
+rest, close every connection with 1001; all of it within ``server.shutdown_grace_s`` (the turns
+get what ending streams and closing handshakes leave: 6 of the default 10 s).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ SESSION_ROUTES: dict[str, type[BaseConnection]] = {
 }
 MAX_DASHBOARDS = 16
 CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before sockets are aborted
+# (at most a fifth of server.shutdown_grace_s each: ending streams, then closing sockets)
 
 
 def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = None) -> Services:
@@ -379,6 +381,7 @@ class VoiceServer:
                 max_size=s.max_message_bytes, max_queue=64, ping_interval=20, ping_timeout=20
             ),
             allowed_hosts=access.split_list(s.allowed_hosts),
+            max_open=s.max_connections,
         )
         if self.role is not None:
             await self._listener.start(s.host, s.port, sock=self.role.sock)
@@ -446,16 +449,19 @@ class VoiceServer:
         # draining: still listening, so /readyz answers 503 ("shutting down") and new sessions
         # and completions are refused with it, while running turns and completions finish
         self.services.draining = True
+        # the grace covers the whole shutdown: turns get what the two closing steps leave
         grace = self.cfg.server.shutdown_grace_s
+        close_s = min(CLOSE_WAIT_S, grace / 5)
+        turns_s = grace - 2 * close_s
         sessions = [c.session for c in list(self.connections) if c.session is not None]
         if sessions:
-            log.info("shutdown: waiting up to %.1f s for %d session(s)", grace, len(sessions))
+            log.info("shutdown: waiting up to %.1f s for %d session(s)", turns_s, len(sessions))
         await asyncio.gather(
-            *(s.wait_turn(grace) for s in sessions), self._server.wait_requests(grace)
+            *(s.wait_turn(turns_s) for s in sessions), self._server.wait_requests(turns_s)
         )
         if self.completions is not None:  # still running: each ends with an error and [DONE]
             self.completions.end_all()
-        await self._server.wait_requests(CLOSE_WAIT_S)
+        await self._server.wait_requests(close_s)
         self._server.close(close_connections=False)
         # every connection at once: a peer that never answers the close costs its own close
         # timeout, not everyone's; whatever is still open after CLOSE_WAIT_S is aborted
@@ -466,7 +472,7 @@ class VoiceServer:
             for ws in self.dashboard_conns
         ]
         if closing:
-            _done, late = await asyncio.wait(closing, timeout=CLOSE_WAIT_S)
+            _done, late = await asyncio.wait(closing, timeout=close_s)
             for task in late:
                 task.cancel()
             for ws in sockets:

@@ -34,6 +34,8 @@ MAX_HEADERS = 100  # header fields in one request (Envoy's default)
 MAX_HEADER_BYTES = 8 * 1024  # one header line (NGINX's large_client_header_buffers: 8k)
 HEAD_TIMEOUT_S = 10.0  # a plain request (head and body) must arrive within this
 SERVER_NAME = "voicert"
+PROBE_PATHS = ("/healthz", "/readyz")  # answered over the connection limit (a probe is cheap)
+PROBE_ROOM = 32  # connections over the limit still read for a probe; beyond, closed at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,9 +182,17 @@ class HttpDoor(asyncio.Protocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._done = False
+        self.over_limit = False  # accepted over server.max_connections: probes only
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        over = self.listener.over_limit()
+        if over > PROBE_ROOM:  # no room even for a probe: the limit's answer, unread, and close
+            self._done = True
+            transport.write(_FULL_NOW)  # type: ignore[attr-defined]
+            transport.close()
+            return
+        self.over_limit = over > 0
         self.listener.doors.add(self)
         self.timer = asyncio.get_running_loop().call_later(HEAD_TIMEOUT_S, self._timed_out)
 
@@ -239,7 +249,7 @@ class HttpDoor(asyncio.Protocol):
                         text(http.HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE, f"{too_large}\n")
                     )
                     return
-                refused = self._unknown_host(event)
+                refused = self._unknown_host(event) or self._full(event)
                 if refused is not None:
                     self._finish(refused)
                     return
@@ -271,6 +281,17 @@ class HttpDoor(asyncio.Protocol):
             elif isinstance(event, h11.ConnectionClosed):
                 self._close()
                 return
+
+    def _full(self, event: h11.Request) -> HttpResponse | None:
+        """503 for a request (a WebSocket upgrade too) on a connection accepted over
+        ``server.max_connections``, unless it is a health or readiness probe."""
+        if not self.over_limit or route_path(event.target.decode("latin-1"))[0] in PROBE_PATHS:
+            return None
+        return text(
+            http.HTTPStatus.SERVICE_UNAVAILABLE,
+            f"connection limit ({self.listener.max_open}) reached\n",
+            [("Retry-After", "1")],
+        )
 
     def _unknown_host(self, event: h11.Request) -> HttpResponse | None:
         """The refusal of a request whose ``Host`` this server does not answer to (DNS
@@ -393,6 +414,13 @@ class HttpDoor(asyncio.Protocol):
             self.transport.close()
 
 
+_FULL_NOW = (
+    b"HTTP/1.1 503 Service Unavailable\r\nServer: voicert\r\nContent-Type: text/plain\r\n"
+    b"Retry-After: 1\r\nConnection: close\r\nContent-Length: 25\r\n\r\n"
+    b"connection limit reached\n"
+)
+
+
 def _reason(status: int) -> bytes:
     try:
         return http.HTTPStatus(status).phrase.encode()
@@ -411,9 +439,14 @@ class Listener:
         max_body_bytes: int,
         ws_options: dict,
         allowed_hosts: tuple[str, ...] = ("*",),
+        max_open: int = 0,
     ) -> None:
         """``allowed_hosts``: see :func:`~voicert.server.access.host_allowed` (a request naming
-        another host gets 403 before it is routed)."""
+        another host gets 403 before it is routed). ``max_open``: open connections, plain HTTP
+        and WebSocket alike (``server.max_connections``; 0: no limit). A connection over it gets
+        503 with ``Retry-After`` (health and readiness probes are still answered on up to
+        :data:`PROBE_ROOM` more), so a flood of sockets cannot take the descriptors the
+        sessions, the models and the probes need."""
         self.routes = routes
         self.allowed_hosts = allowed_hosts
         self.ws_server = ws_server
@@ -421,6 +454,13 @@ class Listener:
         self.ws_options = ws_options  # max_size, ping_interval, ... as serve() takes them
         self.doors: set[HttpDoor] = set()
         self.server: asyncio.Server | None = None
+        self.max_open = max_open
+
+    def over_limit(self) -> int:
+        """How many connections, this one included, are open beyond ``max_open`` (0: none)."""
+        if not self.max_open:
+            return 0
+        return max(len(self.doors) + len(self.ws_server.handlers) + 1 - self.max_open, 0)
 
     async def start(self, host: str, port: int, sock: socket.socket | None = None) -> None:
         """Listen at ``host:port``, or on ``sock`` (bound and listening already: a worker's
