@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import sys
 
 from voicert import __version__
 from voicert.config import ConfigError, load_config
+from voicert.telemetry.logs import setup_logging
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, str]:
@@ -116,10 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"voicert: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=cfg.log.level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
-    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    setup_logging(cfg.log.level)
     try:
         if args.cmd == "prepare":
             from voicert.config import cache_dir

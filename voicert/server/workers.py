@@ -183,11 +183,9 @@ def _worker_main(
     log_level: str,
 ) -> None:
     """A worker process: one whole server on its socket, its engine the shared host."""
-    logging.basicConfig(
-        level=log_level.upper(),
-        format=f"%(asctime)s %(levelname)s [w{index}] %(name)s: %(message)s",
-    )
-    logging.getLogger("faster_whisper").setLevel(logging.WARNING)
+    from voicert.telemetry.logs import setup_logging
+
+    setup_logging(log_level, f"%(asctime)s %(levelname)s [w{index}] %(name)s: %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the primary forwards the signals (as SIGTERM)
     from voicert.telemetry.metrics import use_multiprocess_dir
 
