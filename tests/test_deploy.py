@@ -123,10 +123,14 @@ def test_dockerfiles_copy_what_exists_and_run_the_server(name):
     }
     copies = re.findall(r"^COPY (?:--\S+ )*(.+?) \S+$", text, re.M)
     assert copies
-    for sources in copies:
-        for src in sources.split():
-            assert (ROOT / src).exists(), src
-            assert src not in ignored, src
+    copied = {src for sources in copies for src in sources.split()}
+    for src in copied:
+        assert (ROOT / src).exists(), src
+        assert src not in ignored, src
+        for link in (p for p in (ROOT / src).rglob("*") if p.is_symlink()):
+            # a link inside the image must land inside it (voicert/web -> ../web)
+            target = link.resolve().relative_to(ROOT).parts[0]
+            assert target in copied, f"{link.relative_to(ROOT)} -> {target}, not copied"
     assert "scripts/setup.sh" in text  # the same set-up as the README's first command
     assert re.search(r'^ENTRYPOINT \["/opt/voicert/\.venv/bin/voicert"\]', text, re.M)
     assert re.search(r"^EXPOSE 8765$", text, re.M) and "/readyz" in text

@@ -37,6 +37,8 @@ def test_the_wheel_carries_web_and_the_default_config_and_serves_them(tmp_path):
         "voicert/web/index.html",
         "voicert/web/app.js",
         "voicert/web/dashboard.js",
+        "voicert/web/dashboard.html",
+        "voicert/web/capture-worklet.js",
         "voicert/configs/default.yaml",
         "loadgen/__main__.py",  # python -m loadgen works from the wheel
         "loadgen/report.py",
@@ -73,3 +75,11 @@ def test_the_wheel_carries_web_and_the_default_config_and_serves_them(tmp_path):
         cwd=tmp_path,
         env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
     )
+
+
+def test_the_browser_sources_live_in_a_top_level_web_folder():
+    """The project card's layout (pyproject.toml, README.md, voicert/, web/, tests/, configs/,
+    loadgen/): web/ holds the files; the package reaches them through a link, so the wheel
+    carries them as voicert/web/."""
+    assert (ROOT / "web" / "index.html").is_file() and not (ROOT / "web").is_symlink()
+    assert (ROOT / "voicert" / "web").resolve() == (ROOT / "web").resolve()
