@@ -161,6 +161,8 @@ def test_an_unusable_schema_fails_that_request_alone(core):
 
 
 def test_a_hostile_pattern_fails_its_request_alone_with_a_clear_error(core):
+    from voicert.core.llm import is_bad_request
+
     hostile = {
         "type": "object",
         "properties": {"x": {"type": "string", "pattern": "^((a{100}){100}){100}$"}},
@@ -176,6 +178,7 @@ def test_a_hostile_pattern_fails_its_request_alone_with_a_clear_error(core):
     ends = {o.request_id: o for o in outs}
     assert ends["hostile"].finish_reason == "error"
     assert "beyond the engine's limits" in (ends["hostile"].error or "")
+    assert is_bad_request(ends["hostile"].error)  # the client's schema, not the engine, failed
     assert ends["plain"].finish_reason in ("stop", "length") and ends["plain"].error is None
 
 

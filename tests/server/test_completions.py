@@ -87,6 +87,26 @@ async def test_refusals_are_openai_errors_naming_the_parameter(server):
     assert info.value.body["code"] == "model_not_found"
 
 
+async def test_a_schema_beyond_the_engines_limits_is_a_400_naming_the_tools(server):
+    """A hostile ``pattern`` passes declaration and fails its request in the grammar's lexer:
+    the client's mistake, so a 400 on ``tools`` (it used to be a 503 engine_error)."""
+    params = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^((a{100}){100}){100}$"}},
+        "required": ["code"],
+    }
+    with pytest.raises(openai.BadRequestError) as info:
+        await client(server.port).chat.completions.create(
+            model=EMBEDDED_MODEL_ID,
+            messages=MESSAGES,
+            tools=[{"type": "function", "function": {"name": "book", "parameters": params}}],
+            tool_choice="required",
+            max_tokens=16,
+        )
+    assert info.value.body["param"] == "tools"
+    assert "beyond the engine's limits" in info.value.body["message"]
+
+
 async def test_bearer_tokens_guard_the_routes_when_configured(server):
     from voicert.server.app import VoiceServer
 

@@ -214,13 +214,22 @@ class EndedStream:
         return event
 
 
+BAD_REQUEST = "bad request: "  # an ERROR whose text starts so is the client's input, not a failure
+
+
+def is_bad_request(error: str | None) -> bool:
+    """Whether a final event's ``error`` blames the request (a door answers it as a client
+    error: HTTP 400, not 503), rather than the engine."""
+    return error is not None and error.startswith(BAD_REQUEST)
+
+
 def refusal(request: GenerationRequest) -> EndedStream | None:
     """The stream to hand back at once for a request that cannot be served (see
     :func:`request_problem`), or None when it may be submitted."""
     problem = request_problem(request)
     if problem is None:
         return None
-    return EndedStream(final_event(FinishReason.ERROR, f"bad request: {problem}"))
+    return EndedStream(final_event(FinishReason.ERROR, f"{BAD_REQUEST}{problem}"))
 
 
 def unscored(request: GenerationRequest) -> EndedStream | None:
@@ -228,7 +237,7 @@ def unscored(request: GenerationRequest) -> EndedStream | None:
     if not request.score_end:
         return None
     return EndedStream(
-        final_event(FinishReason.ERROR, "bad request: this engine cannot score (score_end)")
+        final_event(FinishReason.ERROR, f"{BAD_REQUEST}this engine cannot score (score_end)")
     )
 
 

@@ -21,7 +21,13 @@ from voicert.agent import tool_calls as tc
 from voicert.agent.session import Services
 from voicert.config import Config
 from voicert.core.chat import ToolCall
-from voicert.core.llm import FinishReason, GenerationRequest, TokenEvent
+from voicert.core.llm import (
+    BAD_REQUEST,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+    is_bad_request,
+)
 from voicert.protocol import chat
 from voicert.server import access, offloop
 from voicert.server.http import HttpRequest, HttpResponse, json_response
@@ -217,6 +223,10 @@ class ChatCompletions:
             return chat.ChatError(
                 503, "server shutting down", code="unavailable", kind="server_error"
             )
+        if is_bad_request(ev.error):  # the request's own fault (its tool schema): a 400
+            assert ev.error is not None
+            why = ev.error.removeprefix(BAD_REQUEST)
+            return chat.ChatError(400, why, "tools" if "tool schema" in why else None)
         return chat.ChatError(
             503,
             f"generation failed: {ev.error or ev.finish_reason}",

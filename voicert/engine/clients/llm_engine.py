@@ -21,6 +21,7 @@ import torch
 
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import (
+    BAD_REQUEST,
     EndedStream,
     EngineBase,
     EngineLoad,
@@ -37,6 +38,7 @@ from voicert.engine.build import EngineConfig, build_core
 from voicert.engine.clients.detok import IncrementalDetokenizer
 from voicert.engine.clients.stream import TokenStream
 from voicert.engine.core.engine_core import EngineCore
+from voicert.engine.core.guided import GuideError
 from voicert.engine.models.base import Model
 
 log = logging.getLogger(__name__)
@@ -161,6 +163,9 @@ class EngineThread:
     def _add(self, request: GenerationRequest, outs: list[TokenOut]) -> None:
         try:
             self.core.add(request)
+        except GuideError as exc:  # its tool schema cannot be decoded under: the client's fault
+            log.warning("engine: request %s refused: %s", request.request_id, exc)
+            outs.append(final_out(request.request_id, FinishReason.ERROR, f"{BAD_REQUEST}{exc}"))
         except Exception as exc:  # this request is unservable; the others go on
             log.warning("engine: request %s refused: %s", request.request_id, exc)
             outs.append(

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from voicert.core.chat import ChatMessage
-from voicert.core.llm import EngineLoad, FinishReason, GenerationRequest, StepRecord
+from voicert.core.llm import BAD_REQUEST, EngineLoad, FinishReason, GenerationRequest, StepRecord
 from voicert.engine.base import TokenOut
 from voicert.engine.core.draft import DraftModelProposer
 from voicert.engine.core.guided import GuideError, Guides, masked_argmax
@@ -257,7 +257,7 @@ class EngineCore:
                     seq.guide.advance(tok)
             except GuideError as exc:  # its grammar went over the limits: fail the one request
                 log.warning("engine: %s: %s", seq.id, exc)
-                seq.error = str(exc)
+                seq.error = f"{BAD_REQUEST}{exc}"  # its schema's fault, not the engine's
                 self.scheduler.finish(seq, FinishReason.ERROR)
                 continue
             if seq.guide.finished:

@@ -1,0 +1,27 @@
+"""The abuse benchmark against a real server: each abuser is answered (no 5xx), the normal
+callers keep being served, and the table names every phase."""
+
+from loadgen import abuse
+
+
+def test_each_abusive_body_is_refused_or_served_never_a_server_error():
+    body = abuse.abusive_body("stops", 10)
+    assert len(body["stop"]) == 4 and all(len(s) == 200_000 for s in body["stop"])
+    assert len(abuse.abusive_body("history", 10)["messages"]) == 11
+    schema = abuse.abusive_body("schema", 10)["tools"][0]["function"]["parameters"]
+    assert schema["properties"]["code"]["pattern"] == abuse.HOSTILE_PATTERN
+
+
+async def test_abusers_get_answers_not_server_errors_while_normal_callers_are_served(server):
+    url = f"http://127.0.0.1:{server.port}"
+    abuse.MODEL[0] = abuse.served_model(url)
+    ttfts, errors, seen = await abuse.phase(url, 1, 2.0, ("schema", "stops"), 200)
+    assert ttfts and not errors
+    statuses = {k.split(": ")[1] for k in seen}
+    assert statuses and all(s.isdigit() and not s.startswith("5") for s in statuses), seen
+
+
+async def test_the_table_has_a_row_per_phase(server):
+    table = await abuse.run(f"http://127.0.0.1:{server.port}", 1, 1.0, 50, ["stops", "history"])
+    names = [line.split(" | ")[0] for line in table.splitlines()[2:]]
+    assert names == ["| nobody", "| stops", "| history", "| all at once"]
