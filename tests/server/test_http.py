@@ -208,20 +208,27 @@ async def test_a_listed_host_name_is_served(services):
         await srv.shutdown()
 
 
+async def _open_doors(srv, n: int) -> None:
+    """Until the server holds exactly ``n`` plain connections (accepted, not yet answered)."""
+    async with asyncio.timeout(60):
+        while len(srv._listener.doors) != n:
+            await asyncio.sleep(0.01)
+
+
 async def test_connections_over_the_limit_get_503_but_probes_are_answered(services):
     from tests.conftest import server_with
 
     srv = await server_with(services, max_sessions=1, max_connections=2)
     try:
         idle = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(2)]
-        await asyncio.sleep(0.1)  # both accepted: the limit is reached
+        await _open_doors(srv, 2)  # both accepted: the limit is reached
         over = await raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert status_of(over) == 503 and b"Retry-After: 1" in over
         probe = await raw(srv.port, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert status_of(probe) == 200
         for _, writer in idle:
             writer.close()
-        await asyncio.sleep(0.1)
+        await _open_doors(srv, 0)
         again = await raw(srv.port, b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert status_of(again) == 200
     finally:
@@ -235,7 +242,7 @@ async def test_a_flood_past_the_probes_room_is_answered_unread_and_closed(servic
     srv = await server_with(services, max_sessions=1, max_connections=1)
     try:
         held = [await asyncio.open_connection("127.0.0.1", srv.port) for _ in range(PROBE_ROOM + 1)]
-        await asyncio.sleep(0.2)
+        await _open_doors(srv, PROBE_ROOM + 1)
         flood = await raw(srv.port, b"")  # sends nothing: answered anyway, and closed
         assert status_of(flood) == 503
         for _, writer in held:
