@@ -170,14 +170,14 @@ class TurnConfig:
     text_cue: bool = (
         True  # semantic: a transcript ending mid-phrase ("for", "the", "and"...) holds the turn
     )
-    pause_ms: int = 128  # semantic, hazard: silence before the turn is judged
+    pause_ms: int = 192  # semantic: silence before the turn is judged
     max_silence_ms: int = (
         1600  # semantic: an utterance judged incomplete ends after this much silence
     )
     threshold: float = (
         0.5  # semantic: the audio model's probability of "complete" that ends the turn
     )
-    patience: float = 2.5  # hazard: the log-odds of "the turn is over" that end it (higher: waits
+    patience: float = 2.0  # hazard: the log-odds of "the turn is over" that end it (higher: waits
     # longer, fewer cut-offs; each +1 waits ~250 ms more where the evidence is not decisive)
     threads: int = 1  # onnxruntime threads per judgement (the audio model: ~50 ms on one core)
     concurrency: int = 1  # judgements run at once (each on its own thread)
@@ -242,11 +242,11 @@ class AsrConfig:
     no_speech_threshold: float = 0.6  # segments Whisper thinks are not speech are dropped
     batch_window_ms: float = 0.0  # the worker waits this long to batch utterances of all sessions
     max_batch: int = 8  # utterances per batched decode
-    early_final_ms: int = 96  # start the final decode after this much trailing silence; 0: off
+    early_final_ms: int = 160  # start the final decode after this much trailing silence; 0: off
     partial_interval_ms: int = (
         0  # re-decode the growing utterance this often for live partials; 0: off
     )
-    min_window_s: float = 20.0  # the encoder sees at least this much audio (padded); 30: Whisper's
+    min_window_s: float = 30.0  # the encoder sees at least this much audio (padded); 30: Whisper's
     # full window, as trained; less: the utterance + window_pad_s, a shorter (faster) encoder pass
     window_pad_s: float = 1.0  # silence after the utterance in a shortened window
     denoise: str = "none"  # none | rnnoise: input noise suppression before VAD and ASR (raised

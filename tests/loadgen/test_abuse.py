@@ -1,6 +1,8 @@
 """The abuse benchmark against a real server: each abuser is answered (no 5xx), the normal
 callers keep being served, and the table names every phase."""
 
+import asyncio
+
 from loadgen import abuse
 
 
@@ -14,11 +16,13 @@ def test_each_abusive_body_is_refused_or_served_never_a_server_error():
 
 async def test_abusers_get_answers_not_server_errors_while_normal_callers_are_served(server):
     url = f"http://127.0.0.1:{server.port}"
-    abuse.MODEL[0] = abuse.served_model(url)
+    abuse.MODEL[0] = await asyncio.to_thread(abuse.served_model, url)  # the server is on this loop
     ttfts, errors, seen = await abuse.phase(url, 1, 2.0, ("schema", "stops"), 200)
     assert ttfts and not errors
-    statuses = {k.split(": ")[1] for k in seen}
-    assert statuses and all(s.isdigit() and not s.startswith("5") for s in statuses), seen
+    statuses = {k for k in seen if k.split(": ")[1].isdigit()}  # (413 may also reset a socket
+    # still sending its body: the server answers before reading it)
+    assert {k.split(": ")[0] for k in statuses} == {"schema", "stops"}, seen  # each answered
+    assert not any(k.split(": ")[1].startswith("5") for k in statuses), seen
 
 
 async def test_the_table_has_a_row_per_phase(server):
