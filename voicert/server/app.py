@@ -60,6 +60,7 @@ SESSION_ROUTES: dict[str, type[BaseConnection]] = {
 MAX_DASHBOARDS = 16
 CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before sockets are aborted
 # (at most a fifth of server.shutdown_grace_s each: ending streams, then closing sockets)
+MIN_CLOSE_S = 0.5  # ... but never less: a session's close cancels its engine request
 
 
 def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = None) -> Services:
@@ -451,8 +452,8 @@ class VoiceServer:
         self.services.draining = True
         # the grace covers the whole shutdown: turns get what the two closing steps leave
         grace = self.cfg.server.shutdown_grace_s
-        close_s = min(CLOSE_WAIT_S, grace / 5)
-        turns_s = grace - 2 * close_s
+        close_s = min(CLOSE_WAIT_S, max(grace / 5, MIN_CLOSE_S))
+        turns_s = max(grace - 2 * close_s, grace / 2)  # (a grace under 2.5 s runs over a little)
         sessions = [c.session for c in list(self.connections) if c.session is not None]
         if sessions:
             log.info("shutdown: waiting up to %.1f s for %d session(s)", turns_s, len(sessions))
