@@ -28,7 +28,7 @@ import sys
 import time
 from urllib.parse import urlsplit
 
-import numpy as np
+from loadgen.report import pcts
 
 ABUSERS = ("history", "schema", "stops", "audio")
 HOSTILE_PATTERN = "^((a{100}){100}){100}$"
@@ -163,13 +163,14 @@ async def audio_abuser(ws_url: str, stop_at: float, seen) -> None:
 
 
 async def _count_errors(ws, seen) -> None:
-    import msgspec
     from websockets.exceptions import ConnectionClosed
+
+    from voicert.protocol import native as p
 
     try:
         async for msg in ws:
-            event = json.loads(msg) if isinstance(msg, str) else msgspec.msgpack.decode(msg)
-            if isinstance(event, dict) and event.get("type") == "error":
+            event = p.decode_server(msg)
+            if event["type"] == "error":
                 seen[f"audio: error {event.get('code', '?')}"] += 1
     except ConnectionClosed as exc:
         seen[f"audio: closed {exc.rcvd.code if exc.rcvd else 'without a code'}"] += 1
@@ -194,13 +195,6 @@ async def phase(url: str, callers: int, seconds: float, abusers: tuple[str, ...]
     return ttfts, errors, seen
 
 
-def _pct(xs: list[float]) -> tuple[float, float, float]:
-    if not xs:
-        return (float("nan"),) * 3
-    a = np.asarray(xs)
-    return float(np.percentile(a, 50)), float(np.percentile(a, 95)), float(np.percentile(a, 99))
-
-
 async def run(url: str, callers: int, seconds: float, history: int, kinds: list[str]) -> str:
     rows = [
         "| beside | normal requests | TTFT P50 / P95 / P99 | P99 vs alone | normal errors | "
@@ -213,7 +207,8 @@ async def run(url: str, callers: int, seconds: float, history: int, kinds: list[
         if name == "all at once" and len(kinds) < 2:
             continue
         ttfts, errors, seen = await phase(url, callers, seconds, tuple(abusers), history)
-        p50, p95, p99 = _pct(ttfts)
+        pc = pcts(ttfts) if ttfts else dict.fromkeys(("p50", "p95", "p99"), float("nan"))
+        p50, p95, p99 = pc["p50"], pc["p95"], pc["p99"]
         base_p99 = p99 if base_p99 is None else base_p99
         answered = ", ".join(f"{k} x{v}" for k, v in sorted(seen.items())) or "-"
         rows.append(

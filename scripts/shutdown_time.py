@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import json
 import signal
 import socket
 import subprocess
@@ -21,7 +20,6 @@ import sys
 import time
 import urllib.request
 
-import msgspec
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
@@ -53,8 +51,7 @@ async def session(url: str, started: asyncio.Event, count: list, codes: collecti
         await ws.send(p.encode(p.UserText("Tell me a very long story about a dragon.")))
         try:
             async for msg in ws:
-                event = json.loads(msg) if isinstance(msg, str) else msgspec.msgpack.decode(msg)
-                token = isinstance(event, dict) and event.get("type") == "response.token"
+                token = p.decode_server(msg)["type"] == "response.token"
                 if token and not started.is_set():
                     count[0] += 1
                     started.set()

@@ -72,6 +72,11 @@ class Scored:
     transcript: str = ""
     pauses: list[Pause] = field(default_factory=list)
 
+    @property
+    def item(self) -> str:
+        """The set's item this renders (``id`` is item-voice-condition)."""
+        return self.id.split("-")[0]
+
 
 # ------------------------------------------------------------------ signals
 
@@ -460,7 +465,7 @@ def held_out(scored: list[Scored]) -> list[Scored]:
     from voicert.bench.turn_set import ITEMS
 
     batch = {i.id: i.batch for i in ITEMS}
-    return [s for s in scored if batch.get(s.id.split("-")[0]) == 2]
+    return [s for s in scored if batch.get(s.item) == 2]
 
 
 def _to_render(
@@ -477,7 +482,7 @@ def _to_render(
         save_renderings,
     )
 
-    have = {(s.id.split("-")[0], s.condition) for s in scored}
+    have = {(s.item, s.condition) for s in scored}
     synthetic = tuple(c for c in conditions if c != "human")
     items = [i for i in ITEMS if any((i.id, c) not in have for c in synthetic)]
     saved = load_renderings(renderings) if renderings is not None and renderings.exists() else []
@@ -578,17 +583,17 @@ def fit_report(scored: list[Scored], fit_on: list[Scored], judge_ms: int, max_ms
     for head in (False, True):
         name = "with the head" if head else "zero-shot"
         lines.append(f"{name}, fit on {len(fit_on)} renderings: {fit_weights(fit_on, head)}")
-    items = sorted({s.id.split("-")[0] for s in scored})
+    items = sorted({s.item for s in scored})
     lines += ["", "| opinions (2-fold by sentence) | <= 5 % | <= 10 % | <= 20 % | <= 30 % |"]
     lines.append("|---|---:|---:|---:|---:|")
     for head in (False, True):
         odds: dict[int, float] = {}
         for fold in (0, 1):
             test = {it for i, it in enumerate(items) if i % 2 == fold}
-            w = fit_weights([s for s in scored if s.id.split("-")[0] not in test], head)
+            w = fit_weights([s for s in scored if s.item not in test], head)
             wv = [w.audio, w.text, w.head if head else w.bare, w.w0]
             for s in scored:
-                if s.id.split("-")[0] in test:
+                if s.item in test:
                     for p in s.pauses:
                         if p.audio_prob is not None:
                             odds[id(p)] = float(np.dot(wv, _opinions(p, head))) + _cue_offset(p, w)
