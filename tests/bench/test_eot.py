@@ -99,3 +99,22 @@ def test_the_second_batch_is_reported_apart_as_held_out():
     assert (one.batch, two.batch) == (1, 2)
     scored = [Scored(f"{i.id}-piper-clean", i.kind, "", "", "clean", "") for i in (one, two)]
     assert [s.id for s in eot.held_out(scored)] == [f"{two.id}-piper-clean"]
+
+
+def test_a_condition_already_scored_is_not_scored_again(monkeypatch):
+    from voicert.bench import eot, turn_set
+
+    def fake_render(conditions, items):
+        return [
+            turn_set.Rendering(f"{i.id}-piper-{c}", i, "piper:joe@1.0", 300, c, np.zeros(1), 0)
+            for i in items
+            for c in conditions
+        ]
+
+    monkeypatch.setattr(turn_set, "render_set", fake_render)
+    have = [
+        Scored(f"{i.id}-piper-clean", i.kind, i.category, "piper", "clean", i.text)
+        for i in turn_set.ITEMS
+    ]  # every item heard clean; none noisy yet, and nothing on file
+    todo = eot._to_render(have, ("clean", "noisy"), None)
+    assert {r.condition for r in todo} == {"noisy"} and len(todo) == len(turn_set.ITEMS)

@@ -491,7 +491,7 @@ def _to_render(
     new = [i for i in items if any((i.id, c) not in on_file for c in synthetic)]
     if new:
         made = [r for r in render_set(synthetic, new) if (r.item.id, r.condition) not in on_file]
-        todo += made
+        todo += [r for r in made if (r.item.id, r.condition) not in have]
         if renderings is not None:
             save_renderings(saved + made, renderings)
     if "human" in conditions and not any(s.condition == "human" for s in scored):
