@@ -96,8 +96,8 @@ def _repointed(tool: str, value: Any) -> Any:
     ref = value.get("$ref")
     if isinstance(ref, str) and ref.startswith("#"):
         path = ref[1:].lstrip("/")
-        head, _, rest = path.partition("/")
-        if head in ("$defs", "definitions") and rest:
+        head, sep, rest = path.partition("/")
+        if head in ("$defs", "definitions") and sep:  # (a definition may be named "")
             name, _, tail = rest.partition("/")
             target = f"{tool}__{head}__{name}" + (f"/{tail}" if tail else "")
         else:
