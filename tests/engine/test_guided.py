@@ -339,3 +339,75 @@ def test_a_schema_with_defs_and_refs_is_decoded_under_and_its_calls_validate(cor
         (call,) = _calls(core, ids)
         assert call.name == "move" and end == FinishReason.STOP
         jsonschema.validate(json.loads(call.arguments), schema)
+
+
+def test_a_tool_set_is_compiled_once_and_each_request_gets_its_own_state(core):
+    """The second request with the same tools copies the cached grammar (no compile); advancing
+    one request's guide leaves the other's at the start."""
+    from voicert.engine.core.guided import Guides
+
+    guides = Guides(core.tokenizer, core.model.cfg.vocab_size, core.guides.call_format)
+    req = GenerationRequest("a", [ChatMessage("user", "Book.")], 8, tools=(BOOK, CANCEL))
+    first = guides.for_request(req)
+    second = guides.for_request(GenerationRequest("b", req.messages, 8, tools=(BOOK, CANCEL)))
+    assert guides.compiles == 1 and first is not None and second is not None
+    ids = core.tokenizer.encode("<tool_call>", add_special_tokens=False)
+    for t in ids:
+        first.advance(t)
+    assert first.matcher.deep_copy() is not None
+    fresh = guides.for_request(GenerationRequest("c", req.messages, 8, tools=(BOOK, CANCEL)))
+    # the copies start where the template does: the first's advance did not move them
+    assert [fresh.allows(t) for t in ids[:1]] == [second.allows(t) for t in ids[:1]]
+    assert second.matcher.validate_tokens(ids) == len(ids)
+    guides.for_request(GenerationRequest("d", req.messages, 8, tools=(BOOK,)))
+    assert guides.compiles == 2
+
+
+def test_a_refused_grammar_is_kept_refused_with_a_one_line_message(core, monkeypatch):
+    """llguidance's message quotes the whole grammar on later lines: the refusal keeps its first
+    line (cut to ERROR_CHARS), and a client that repeats the tool set costs no second compile."""
+    import llguidance
+
+    from voicert.engine.core.guided import ERROR_CHARS, Guides
+
+    guides = Guides(core.tokenizer, core.model.cfg.vocab_size, core.guides.call_format)
+
+    def refuse(lark):
+        raise ValueError("grammar too big " + "x" * 1000 + "\n" + lark)
+
+    monkeypatch.setattr(llguidance.LLMatcher, "grammar_from_lark", staticmethod(refuse))
+    req = GenerationRequest("a", [ChatMessage("user", "Book.")], 8, tools=(BOOK,))
+    for _ in range(2):
+        with pytest.raises(GuideError) as err:
+            guides.for_request(req)
+        message = str(err.value)
+        assert "\n" not in message and "book_table" not in message
+        assert len(message) <= ERROR_CHARS + len("tool schema not usable: ")
+    assert guides.compiles == 1
+
+
+def test_a_tool_set_over_the_lexer_limits_is_refused_from_then_on(core):
+    """The first request under a hostile pattern fails at its first mask; the tool set is then
+    refused when the next request's guide is built, before any step runs it."""
+    from voicert.engine.core.guided import Guides, masked_argmax
+
+    guides = Guides(core.tokenizer, core.model.cfg.vocab_size, core.guides.call_format)
+    hostile = ToolSpec.of(
+        "book",
+        "",
+        {
+            "type": "object",
+            "properties": {"code": {"type": "string", "pattern": "^((a{100}){100}){100}$"}},
+            "required": ["code"],
+        },
+    )
+    req = GenerationRequest("a", [ChatMessage("user", "Book.")], 8, tools=(hostile,))
+    guide = guides.for_request(req)
+    text = '<tool_call>\n{"name": "book", "arguments": {"code": "aaaa'
+    with pytest.raises(GuideError, match="beyond the engine's limits"):
+        for token in core.tokenizer.encode(text, add_special_tokens=False):
+            masked_argmax([guide], torch.zeros(1, core.model.cfg.vocab_size))  # a refused row's
+            guide.advance(token)
+    with pytest.raises(GuideError, match="beyond the engine's limits"):
+        guides.for_request(GenerationRequest("b", req.messages, 8, tools=(hostile,)))
+    assert guides.compiles == 1

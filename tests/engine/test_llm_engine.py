@@ -7,10 +7,11 @@ import torch
 
 from tests.conftest import transformers_next_tokens
 from voicert.config import cache_dir, load_config
-from voicert.core.chat import ChatMessage
+from voicert.core.chat import ChatMessage, ToolSpec
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
+from voicert.engine.core.guided import GuideError
 from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.core.prompt import build_prompt
 from voicert.engine.core.runner import ModelRunner
@@ -284,3 +285,50 @@ async def test_a_request_that_cannot_be_served_fails_alone(engines, parts, monke
 
 async def _collect(stream):
     return [e async for e in stream]
+
+
+TOOL = ToolSpec.of(
+    "book_table",
+    "Book a table",
+    {"type": "object", "properties": {"people": {"type": "integer"}}, "required": ["people"]},
+)
+
+
+async def test_a_tool_grammar_is_built_off_the_engine_thread_while_others_are_served(
+    engines, monkeypatch
+):
+    """A request with tools waits for its grammar on the grammar thread, not in a step: a plain
+    request sent meanwhile is served to its end; one aborted while its grammar is built ends
+    cancelled, and one whose grammar is refused ends with a bad-request error."""
+    import threading
+
+    plain, _ = engines
+    guides = plain.core.guides
+    real, release, threads = guides.for_request, threading.Event(), []
+
+    def slow(request):
+        threads.append(threading.current_thread().name)
+        assert release.wait(30)
+        return real(request)
+
+    monkeypatch.setattr(guides, "for_request", slow)
+    tools = (TOOL,)
+    held = GenerationRequest("held", [SYSTEM, ChatMessage("user", "Book.")], 4, tools=tools)
+    held_task = asyncio.ensure_future(_collect(plain.submit(held)))
+    other = GenerationRequest("other", [SYSTEM, ChatMessage("user", "Hi.")], 4, ignore_eos=True)
+    served = await asyncio.wait_for(_collect(plain.submit(other)), 30)
+    assert served[-1].finish_reason == "length" and not held_task.done()
+    gone = GenerationRequest("gone", [SYSTEM, ChatMessage("user", "Book.")], 4, tools=tools)
+    gone_task = asyncio.ensure_future(_collect(plain.submit(gone)))
+    await asyncio.sleep(0)
+    plain.cancel("gone")
+    release.set()
+    held_events, gone_events = await asyncio.wait_for(asyncio.gather(held_task, gone_task), 30)
+    assert held_events[-1].finish_reason in ("stop", "length", "tool_calls")
+    assert gone_events[-1].finish_reason == "cancelled"
+    assert threads and all(name.startswith("voicert-engine-grammar") for name in threads)
+    monkeypatch.setattr(guides, "for_request", lambda r: (_ for _ in ()).throw(GuideError("no")))
+    refused = GenerationRequest("refused", [SYSTEM, ChatMessage("user", "Book.")], 4, tools=tools)
+    events = await asyncio.wait_for(_collect(plain.submit(refused)), 30)
+    assert events[-1].finish_reason == "error" and events[-1].error.startswith("bad request")
+    assert plain.healthy and not plain.live_requests()

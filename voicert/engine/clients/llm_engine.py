@@ -9,6 +9,7 @@ request id and are routed to their streams with one event-loop wake-up, where th
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import logging
 import queue
@@ -38,7 +39,7 @@ from voicert.engine.build import EngineConfig, build_core
 from voicert.engine.clients.detok import IncrementalDetokenizer
 from voicert.engine.clients.stream import TokenStream
 from voicert.engine.core.engine_core import EngineCore
-from voicert.engine.core.guided import GuideError
+from voicert.engine.core.guided import Guide, GuideError
 from voicert.engine.models.base import Model
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,10 @@ __all__ = ["EngineConfig", "EngineLoad", "EngineThread", "LLMEngine"]
 @dataclass(frozen=True, slots=True)
 class _Add:
     request: GenerationRequest
+    guide: Guide | None = None
+    built: bool = False  # its guide was built on the grammar thread (``guide``, or ``refused``)
+    refused: str | None = None  # why its grammar could not be built
+    aborted: bool = False  # aborted while its grammar was being built
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,11 @@ class EngineThread:
     request added here always gets a final record: served, refused (its prompt cannot be built),
     failed with its step, or failed with the thread. After each step the thread publishes ``load``
     (a snapshot) for other threads to read. ``on_failure`` (set by the owner) is called once, on the
-    engine thread, if the thread dies; every request open then has been failed first."""
+    engine thread, if the thread dies; every request open then has been failed first.
+
+    A request with tools has its grammar built first, on a grammar thread of its own (~30-60 ms
+    for a large tool set the first time, then from the core's cache), so that no step waits for
+    it; it joins the queue when its guide is ready."""
 
     def __init__(self, core: EngineCore, deliver: Deliver, name: str = "voicert-engine") -> None:
         self.core = core
@@ -82,6 +91,8 @@ class EngineThread:
         self.on_failure: Callable[[str], None] | None = None
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._gate = threading.Lock()  # a request is queued before the thread dies, or refused
+        self._building: dict[str, bool] = {}  # request id -> aborted, while its grammar is built
+        self._grammar = concurrent.futures.ThreadPoolExecutor(1, f"{name}-grammar")
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -89,18 +100,46 @@ class EngineThread:
         """Queue a checked request (see :func:`~voicert.core.llm.request_problem`)."""
         with self._gate:
             if self.failure is None:
-                self._inbox.put(_Add(request))
+                if request.tools:
+                    self._building[request.request_id] = False
+                    self._grammar.submit(self._build, request)
+                else:
+                    self._inbox.put(_Add(request, None, True))  # no grammar to build
                 return
+        self._failed_now(request)
+
+    def _build(self, request: GenerationRequest) -> None:
+        """Grammar thread: build the request's guide, then queue it (or its refusal)."""
+        guide, refused = None, None
+        try:
+            guide = self.core.guides.for_request(request)
+        except GuideError as exc:  # its tool schema cannot be decoded under: the client's fault
+            refused = f"{BAD_REQUEST}{exc}"
+        except Exception as exc:
+            refused = f"request refused: {type(exc).__name__}: {exc}"
+        with self._gate:
+            aborted = self._building.pop(request.request_id, False)
+            if self.failure is None:
+                self._inbox.put(_Add(request, guide, True, refused, aborted))
+                return
+        self._failed_now(request)
+
+    def _failed_now(self, request: GenerationRequest) -> None:
         self.deliver(
             [final_out(request.request_id, FinishReason.ERROR, f"engine failed: {self.failure}")]
         )
 
     def abort(self, request_id: str) -> None:
+        with self._gate:
+            if request_id in self._building:  # it is queued when built, and ends there
+                self._building[request_id] = True
+                return
         self._inbox.put(_Abort(request_id))
 
     def stop(self, timeout: float = 10) -> None:
         self._inbox.put(_Stop())
         self._thread.join(timeout=timeout)
+        self._grammar.shutdown(wait=False, cancel_futures=True)
 
     @property
     def alive(self) -> bool:
@@ -149,7 +188,7 @@ class EngineThread:
                 if isinstance(item, _Stop):
                     return False
                 if isinstance(item, _Add):
-                    self._add(item.request, outs)
+                    self._add(item, outs)
                 else:
                     outs.extend(self.core.abort(item.request_id))
                 try:
@@ -160,9 +199,17 @@ class EngineThread:
             if outs:
                 self.deliver(outs)
 
-    def _add(self, request: GenerationRequest, outs: list[TokenOut]) -> None:
+    def _add(self, item: _Add, outs: list[TokenOut]) -> None:
+        request = item.request
+        if item.aborted:
+            outs.append(final_out(request.request_id, FinishReason.CANCELLED))
+            return
+        if item.refused is not None:
+            log.warning("engine: request %s refused: %s", request.request_id, item.refused)
+            outs.append(final_out(request.request_id, FinishReason.ERROR, item.refused))
+            return
         try:
-            self.core.add(request)
+            self.core.add(request, item.guide, item.built)
         except GuideError as exc:  # its tool schema cannot be decoded under: the client's fault
             log.warning("engine: request %s refused: %s", request.request_id, exc)
             outs.append(final_out(request.request_id, FinishReason.ERROR, f"{BAD_REQUEST}{exc}"))

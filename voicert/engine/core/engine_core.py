@@ -21,7 +21,7 @@ from voicert.core.chat import ChatMessage
 from voicert.core.llm import BAD_REQUEST, EngineLoad, FinishReason, GenerationRequest, StepRecord
 from voicert.engine.base import TokenOut
 from voicert.engine.core.draft import DraftModelProposer
-from voicert.engine.core.guided import GuideError, Guides, masked_argmax
+from voicert.engine.core.guided import Guide, GuideError, Guides, masked_argmax
 from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.core.prompt import PromptBuilder
@@ -86,10 +86,16 @@ class EngineCore:
 
     # ------------------------------------------------------------ the three calls
 
-    def add(self, request: GenerationRequest) -> None:
-        """Queue a checked request (its prompt templated here unless ``prompt_ids`` is given)."""
+    def add(
+        self, request: GenerationRequest, guide: Guide | None = None, built: bool = False
+    ) -> None:
+        """Queue a checked request (its prompt templated here unless ``prompt_ids`` is given).
+        ``built``: its ``guide`` was built off this thread (``guides.for_request``; None for a
+        request without tools); else it is built here, raising GuideError for an unusable
+        schema."""
         budget = self.cfg.max_context_tokens - request.max_new_tokens
-        guide = self.guides.for_request(request)  # raises GuideError for an unusable schema
+        if not built:
+            guide = self.guides.for_request(request)
         tools = offered(request.tools, request.tool_choice)
         score_id = -1
         if request.score_end:
