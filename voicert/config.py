@@ -53,6 +53,10 @@ class ServerConfig:
     # browser: SDKs, telephony) are not subject to it
     max_messages_per_s: float = 200.0  # per connection, averaged (20 ms audio frames are 50/s)
     message_burst: int = 400  # messages a connection may send at once above the average
+    max_bytes_per_s: float = float(1 << 20)  # per connection, averaged, whatever the messages;
+    # over it: close 1008. Audio at its limit (max_audio_rate) is ~0.2 MB/s at 48 kHz; a flood
+    # of 1 MiB frames is cut after byte_burst, not after message_burst frames (400 MiB)
+    byte_burst: int = 16 << 20  # bytes a connection may send at once above the average
     gil_switch_interval_ms: float = 5.0  # sys.setswitchinterval: how long a thread may hold the GIL
     # while another waits. The engine and ASR threads wait on the event loop's Python work; under
     # load a shorter interval (0.5 ms) hands them the GIL sooner. 5.0 is Python's default.
@@ -80,6 +84,12 @@ class ServerConfig:
     def __post_init__(self) -> None:
         _check(self.max_messages_per_s >= 0, "server.max_messages_per_s", "must be >= 0 (0: off)")
         _check(self.message_burst >= 1, "server.message_burst", "must be >= 1")
+        _check(self.max_bytes_per_s >= 0, "server.max_bytes_per_s", "must be >= 0 (0: off)")
+        _check(
+            self.byte_burst >= self.max_message_bytes,
+            "server.byte_burst",
+            "must be >= server.max_message_bytes (one frame of the largest size)",
+        )
         _check(
             0.05 <= self.gil_switch_interval_ms <= 100,
             "server.gil_switch_interval_ms",

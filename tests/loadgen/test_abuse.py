@@ -28,4 +28,4 @@ async def test_abusers_get_answers_not_server_errors_while_normal_callers_are_se
 async def test_the_table_has_a_row_per_phase(server):
     table = await abuse.run(f"http://127.0.0.1:{server.port}", 1, 1.0, 50, ["stops", "history"])
     names = [line.split(" | ")[0] for line in table.splitlines()[2:]]
-    assert names == ["| nobody", "| stops", "| history", "| all at once"]
+    assert names == ["| nobody", "| stops", "| history", "| all at once", "| nobody, again"]

@@ -57,8 +57,10 @@ async def guarded(services):
             allowed_origins="https://ok.example",
             max_messages_per_s=60,
             message_burst=30,
+            max_bytes_per_s=200_000,
+            byte_burst=1 << 20,
         ),
-    )  # real-time 20 ms frames are 50/s
+    )  # real-time 20 ms frames are 50/s; 16 kHz pcm16 is 32 kB/s
     srv = VoiceServer(dataclasses.replace(services, cfg=cfg))
     await srv.start()
     yield srv
@@ -155,6 +157,28 @@ async def test_flooding_messages_closes_with_1008(guarded):
                 if ev["type"] == "error":
                     assert ev["code"] == "rate_limited" and ev["fatal"]
         assert ws.close_code == 1008
+
+
+async def test_a_flood_of_large_frames_closes_with_1008_after_the_byte_burst(guarded):
+    """A few frames far under the message rate, but of 16 s of audio each: the connection is
+    cut once it has sent its byte burst (1 MiB here), not after its message burst."""
+    url = f"ws://127.0.0.1:{guarded.port}{STREAM_PATH}?token=s3cret"
+    frame = p.encode(p.Audio(bytes(2**19)))  # 512 KiB
+    errors = []
+    async with connect(url, max_size=None) as ws:
+        await ws.send(p.encode(p.SessionStart()))
+        await ws.recv()
+        with pytest.raises(ConnectionClosed):
+            for _ in range(10):
+                await ws.send(frame)
+            while True:
+                ev = p.decode_server(await asyncio.wait_for(ws.recv(), 10))
+                if ev["type"] == "error":
+                    errors.append(ev)
+        assert ws.close_code == 1008
+    fatal = [e for e in errors if e["fatal"]]
+    assert len(fatal) == 1 and fatal[0]["code"] == "rate_limited"
+    assert "bytes/s" in fatal[0]["message"]
 
 
 @pytest.mark.parametrize(

@@ -185,6 +185,7 @@ class BaseConnection:
     async def run(self) -> None:
         s = self.svc.cfg.server
         limiter = TokenBucket(s.max_messages_per_s, s.message_burst)
+        volume = TokenBucket(s.max_bytes_per_s, s.byte_burst)
         closing = None
         loop = asyncio.get_running_loop()
         self.opened_at = self.last_message = loop.time()
@@ -194,14 +195,11 @@ class BaseConnection:
                 self.last_message = loop.time()
                 if closing is not None:
                     continue  # drain what the client already sent so its close reply can arrive
-                if not limiter.allow(time.monotonic()):
+                over = self._over_rate(limiter, volume, len(frame), time.monotonic())
+                if over is not None:
                     self.svc.metrics.observe_error(p.ErrorCode.RATE_LIMITED.value)
-                    await self.fatal(
-                        p.ErrorCode.RATE_LIMITED, f"more than {s.max_messages_per_s:g} messages/s"
-                    )
-                    closing = asyncio.ensure_future(
-                        self.ws.close(CLOSE_POLICY, "message rate limit")
-                    )
+                    await self.fatal(p.ErrorCode.RATE_LIMITED, over)
+                    closing = asyncio.ensure_future(self.ws.close(CLOSE_POLICY, "rate limit"))
                     continue
                 try:
                     if await self.dispatch(frame):
@@ -223,6 +221,18 @@ class BaseConnection:
                 await self.session.close()
             self.release_session()
             await self.on_closed()
+
+    def _over_rate(
+        self, messages: TokenBucket, volume: TokenBucket, size: int, now: float
+    ) -> str | None:
+        """Why this frame is over the connection's rates (``server.max_messages_per_s``,
+        ``server.max_bytes_per_s``), or None: it is taken from both."""
+        s = self.svc.cfg.server
+        if not messages.allow(now):
+            return f"more than {s.max_messages_per_s:g} messages/s"
+        if not volume.take(size, now):
+            return f"more than {s.max_bytes_per_s:g} bytes/s (bursts of {s.byte_burst})"
+        return None
 
     async def on_closed(self) -> None:
         """Called once after the read loop ends and the session is closed."""
