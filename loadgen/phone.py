@@ -1,18 +1,25 @@
-"""A Twilio Media Streams call simulator: what Twilio does on a ``<Connect><Stream>`` call, by its
-published message formats. It streams a WAV as the caller (mu-law 8 kHz, 20 ms ``media`` messages at
-real-time pace), plays the server's ``media`` back on a real-time clock, echoes each ``mark`` once the
-audio queued before it has played, and on ``clear`` drops unplayed audio and echoes pending marks.
+"""A phone-call simulator for each telephony provider the phone door takes (Twilio Media Streams,
+Telnyx media streaming, Plivo audio streams): what the provider does on a bidirectional stream, by
+its published message formats. It streams a WAV as the caller (G.711 at 8 kHz, 20 ms media messages
+at real-time pace), plays the server's media back on a real-time clock, acknowledges each mark
+(Twilio and Telnyx echo it, Plivo answers a checkpoint with ``playedStream``) once the audio queued
+before it has played, and on a clear drops unplayed audio and acknowledges the pending marks. Between
+utterances it keeps streaming silence, as a live call does.
 
-``python -m loadgen.twilio ws://127.0.0.1:8765/twilio question.wav [more.wav ...]``
+``python -m loadgen.phone --provider telnyx ws://127.0.0.1:8765/telnyx question.wav [more.wav ...]``
+(``python -m loadgen.twilio URL WAV...`` is the Twilio one.)
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
+import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import soxr
@@ -20,9 +27,109 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from voicert.audio.pcm import encode_audio
 from voicert.audio.wav import read_wav
+from voicert.protocol import plivo, telnyx
 from voicert.protocol import twilio as tw
 
 FRAME_S = tw.FRAME_BYTES / tw.SAMPLE_RATE  # 20 ms
+PROVIDERS = ("twilio", "telnyx", "plivo")
+SPEECH_END = "speech end"
+
+
+class TwilioSide:
+    """Twilio's side of a Media Streams call."""
+
+    def __init__(self, parameters: dict[str, str]) -> None:
+        self.writer = tw.InboundWriter(
+            f"MZ{uuid.uuid4().hex}", f"CA{uuid.uuid4().hex}", custom_parameters=parameters
+        )
+
+    def opening(self) -> list[str]:
+        return [self.writer.connected(), self.writer.start()]
+
+    def media(self, payload: bytes, timestamp_ms: int) -> str:
+        return self.writer.media(payload, timestamp_ms)
+
+    def played(self, name: str) -> str:
+        return self.writer.mark(name)
+
+    def cleared(self) -> list[str]:
+        return []
+
+    def closing(self) -> list[str]:
+        return [self.writer.stop()]
+
+    def read(self, frame: str) -> tuple[str, Any]:
+        msg = tw.decode_outbound(frame)
+        assert msg["streamSid"] == self.writer.stream_sid, "reply on the wrong stream"
+        return _our(msg["event"], msg.get("media", {}).get("payload"), msg.get("mark"))
+
+
+class TelnyxSide:
+    """Telnyx's side of a media-streaming call (PCMU)."""
+
+    def __init__(self, parameters: dict[str, str]) -> None:
+        self.writer = telnyx.InboundWriter(str(uuid.uuid4()), f"v3:{uuid.uuid4().hex}", parameters)
+
+    def opening(self) -> list[str]:
+        return [self.writer.connected(), self.writer.start()]
+
+    def media(self, payload: bytes, timestamp_ms: int) -> str:
+        return self.writer.media(payload, timestamp_ms)
+
+    def played(self, name: str) -> str:
+        return self.writer.mark(name)
+
+    def cleared(self) -> list[str]:
+        return []
+
+    def closing(self) -> list[str]:
+        return [self.writer.stop()]
+
+    def read(self, frame: str) -> tuple[str, Any]:
+        msg = telnyx.decode_outbound(frame)
+        return _our(msg["event"], msg.get("media", {}).get("payload"), msg.get("mark"))
+
+
+class PlivoSide:
+    """Plivo's side of an audio-streams call (mu-law 8 kHz). Plivo sends no stop: the call ends
+    with the socket."""
+
+    def __init__(self, parameters: dict[str, str]) -> None:
+        self.writer = plivo.InboundWriter(str(uuid.uuid4()), str(uuid.uuid4()), parameters)
+
+    def opening(self) -> list[str]:
+        return [self.writer.start()]
+
+    def media(self, payload: bytes, timestamp_ms: int) -> str:
+        return self.writer.media(payload, timestamp_ms)
+
+    def played(self, name: str) -> str:
+        return self.writer.played(name)
+
+    def cleared(self) -> list[str]:
+        return [self.writer.cleared()]
+
+    def closing(self) -> list[str]:
+        return []
+
+    def read(self, frame: str) -> tuple[str, Any]:
+        msg = plivo.decode_outbound(frame)
+        if msg["event"] in ("checkpoint", "clearAudio"):
+            assert msg["streamId"] == self.writer.stream_id, "reply on the wrong stream"
+        kind = {"playAudio": "media", "checkpoint": "mark", "clearAudio": "clear"}[msg["event"]]
+        return kind, msg["media"]["payload"] if kind == "media" else msg.get("name")
+
+
+def _our(kind: str, payload: bytes | None, mark: dict | None) -> tuple[str, Any]:
+    """Twilio's and Telnyx's media / mark / clear, as the simulator plays them."""
+    if kind == "media":
+        return "media", payload
+    if kind == "mark":
+        return "mark", (mark or {}).get("name")
+    return "clear", None
+
+
+SIDES = {"twilio": TwilioSide, "telnyx": TelnyxSide, "plivo": PlivoSide}
 
 
 @dataclass
@@ -77,31 +184,33 @@ class Playback:
         return marks
 
 
-class TwilioCall:
-    """One simulated call against ``url``. Use :meth:`run` with the caller's utterances."""
+class PhoneCall:
+    """One simulated call against ``url`` through ``provider``'s media stream (async context
+    manager; :meth:`speak` each utterance, :meth:`wait_played` for the reply)."""
 
-    def __init__(self, url: str, system_prompt: str | None = None) -> None:
+    def __init__(
+        self, url: str, system_prompt: str | None = None, provider: str = "twilio"
+    ) -> None:
         self.url = url
-        self.inbound = tw.InboundWriter(
-            stream_sid=f"MZ{uuid.uuid4().hex}",
-            call_sid=f"CA{uuid.uuid4().hex}",
-            custom_parameters={"system_prompt": system_prompt} if system_prompt else {},
-        )
+        self.side = SIDES[provider]({"system_prompt": system_prompt} if system_prompt else {})
         self.result = CallResult()
         self.playback = Playback()
         self.ws: ClientConnection | None = None
         self.t0 = 0.0
         self._speech_end: float | None = None
+        # frames for the line: (mu-law, SPEECH_END at the utterance's end, a future set once sent)
+        self._queued: collections.deque[tuple[bytes, str | None, asyncio.Future | None]] = (
+            collections.deque()
+        )
 
     async def _send(self, text: str) -> None:
         await self.ws.send(text)
 
     async def _reader(self) -> None:
         async for frame in self.ws:
-            msg = tw.decode_outbound(frame)
-            assert msg["streamSid"] == self.inbound.stream_sid, "reply on the wrong stream"
-            if msg["event"] == "media":
-                payload = msg["media"]["payload"]
+            kind, value = self.side.read(frame)
+            if kind == "media":
+                payload = value
                 self.result.media_sizes.append(len(payload))
                 self.result.received += payload
                 if self._speech_end is not None:
@@ -110,17 +219,19 @@ class TwilioCall:
                     )
                     self._speech_end = None
                 self.playback.push(payload)
-            elif msg["event"] == "mark":
-                self.playback.push(msg["mark"]["name"])
-            elif msg["event"] == "clear":
+            elif kind == "mark":
+                self.playback.push(value)
+            else:
                 self.result.clears += 1
                 self.result.played_at_clear.append(len(self.result.played))
                 for name in self.playback.clear():
                     await self._echo(name)
+                for text in self.side.cleared():
+                    await self._send(text)
 
     async def _echo(self, name: str) -> None:
         self.result.marks_echoed.append(name)
-        await self._send(self.inbound.mark(name))
+        await self._send(self.side.played(name))
 
     async def _player(self) -> None:
         while True:
@@ -129,27 +240,39 @@ class TwilioCall:
                 await self._echo(name)
             await asyncio.sleep(FRAME_S / 2)
 
-    async def speak(self, samples: np.ndarray, rate: int, realtime: bool = True) -> None:
-        """Stream one utterance (then 1 s of silence, as a caller pausing) at real-time pace."""
+    async def speak(self, samples: np.ndarray, rate: int) -> None:
+        """Say one utterance (then 1 s of silence, as a caller pausing) on the line, at real-time
+        pace; returns once it is sent."""
         x = (
             soxr.resample(samples, rate, tw.SAMPLE_RATE).astype(np.float32)
             if rate != tw.SAMPLE_RATE
             else samples
         )
-        silence = np.zeros(tw.SAMPLE_RATE, np.float32)
-        data = encode_audio(np.concatenate([x, silence]), "mulaw")
+        data = encode_audio(np.concatenate([x, np.zeros(tw.SAMPLE_RATE, np.float32)]), "mulaw")
         speech_frames = -(-x.size // tw.FRAME_BYTES)
+        frames = [data[off : off + tw.FRAME_BYTES] for off in range(0, len(data), tw.FRAME_BYTES)]
+        sent = asyncio.get_running_loop().create_future()
+        for i, frame in enumerate(frames):
+            cue = SPEECH_END if i == speech_frames else None
+            self._queued.append((frame, cue, sent if i == len(frames) - 1 else None))
+        await sent
+
+    async def _line(self) -> None:
+        """The caller's side of the line: a 20 ms frame every 20 ms, what :meth:`speak` queued
+        or else silence (a live call never stops sending)."""
+        silence = encode_audio(np.zeros(tw.FRAME_BYTES, np.float32), "mulaw")
         start = time.perf_counter()
-        for i, off in enumerate(range(0, len(data), tw.FRAME_BYTES)):
-            frame = data[off : off + tw.FRAME_BYTES]
-            if i == speech_frames:
+        for i in itertools.count():
+            frame, cue, sent = self._queued.popleft() if self._queued else (silence, None, None)
+            if cue == SPEECH_END:
                 self._speech_end = time.perf_counter()  # the caller has stopped talking
             ts = int((time.perf_counter() - self.t0) * 1000)
-            await self._send(self.inbound.media(frame, ts))
-            if realtime:
-                delay = start + (i + 1) * FRAME_S - time.perf_counter()
-                if delay > 0:
-                    await asyncio.sleep(delay)
+            await self._send(self.side.media(frame, ts))
+            if sent is not None and not sent.done():
+                sent.set_result(None)
+            delay = start + (i + 1) * FRAME_S - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
 
     async def wait_played(self, timeout: float = 60.0, since: int = 0) -> None:
         """Until a reply has been sent and played out: a mark played after the first ``since``
@@ -163,18 +286,25 @@ class TwilioCall:
             await asyncio.sleep(0.05)
         raise TimeoutError("the reply was not played within the timeout")
 
-    async def __aenter__(self) -> TwilioCall:
+    async def __aenter__(self) -> PhoneCall:
         self.ws = await connect(self.url, max_size=None, compression=None)
         self.t0 = time.perf_counter()
-        await self._send(self.inbound.connected())
-        await self._send(self.inbound.start())
-        self._tasks = [asyncio.create_task(self._reader()), asyncio.create_task(self._player())]
+        for text in self.side.opening():
+            await self._send(text)
+        self._tasks = [
+            asyncio.create_task(self._reader()),
+            asyncio.create_task(self._player()),
+            asyncio.create_task(self._line()),
+        ]
         return self
 
     async def __aexit__(self, *exc) -> None:
+        self._tasks[2].cancel()  # the line goes quiet before the call ends
         try:
-            await self._send(self.inbound.stop())
-            await asyncio.wait_for(self._tasks[0], 10)
+            for text in self.side.closing():
+                await self._send(text)
+            if self.side.closing():
+                await asyncio.wait_for(self._tasks[0], 10)
         except Exception:
             pass
         finally:
@@ -185,9 +315,11 @@ class TwilioCall:
             self.result.close_reason = self.ws.close_reason or ""
 
 
-async def call(url: str, utterances: list[tuple[np.ndarray, int]]) -> CallResult:
+async def call(
+    url: str, utterances: list[tuple[np.ndarray, int]], provider: str = "twilio"
+) -> CallResult:
     """Say each utterance and listen to the whole reply before the next."""
-    async with TwilioCall(url) as c:
+    async with PhoneCall(url, provider=provider) as c:
         for samples, rate in utterances:
             marks = len(c.result.marks_played)
             await c.speak(samples, rate)
@@ -195,12 +327,15 @@ async def call(url: str, utterances: list[tuple[np.ndarray, int]]) -> CallResult
     return c.result
 
 
-def main() -> int:
+def main(argv: list[str] | None = None, provider: str | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    if provider is None:
+        ap.add_argument("--provider", choices=PROVIDERS, default="twilio")
     ap.add_argument("url")
     ap.add_argument("wavs", nargs="+")
-    args = ap.parse_args()
-    result = asyncio.run(call(args.url, [read_wav(w) for w in args.wavs]))
+    args = ap.parse_args(argv)
+    chosen = provider or args.provider
+    result = asyncio.run(call(args.url, [read_wav(w) for w in args.wavs], chosen))
     print(
         f"played {len(result.played) / tw.SAMPLE_RATE:.2f} s of reply audio in "
         f"{len(result.media_sizes)} media messages; marks {result.marks_echoed}; "

@@ -68,7 +68,7 @@ async def test_dtmf_is_taken_and_bad_messages_do_not_end_the_call(server, servic
         await call.ws.send("{not json")
         await call.ws.send(json.dumps({"event": "media", "media": {"payload": "%%%"}}))
         await call.ws.send(json.dumps({"event": "someFutureEvent"}))
-        await call.ws.send(call.inbound.dtmf("5"))
+        await call.ws.send(call.side.writer.dtmf("5"))
         await call.speak(*wav("capital_of_france"))
         await call.wait_played()
         heard = hear(services, call.result.played)

@@ -4,6 +4,8 @@ what Twilio itself sends). No sockets, no asyncio.
 
 Twilio -> us: ``connected``, ``start``, ``media`` (base64 mu-law, 8 kHz, mono), ``mark`` (echoed when
 our audio before it has played), ``dtmf``, ``stop``. Us -> Twilio: ``media``, ``mark``, ``clear``.
+
+:data:`PROVIDER` is this file as the phone door takes it (``voicert.core.telephony.Provider``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from voicert.core import telephony as call
 from voicert.protocol import jsontext
 
 MULAW = "audio/x-mulaw"
@@ -21,7 +24,7 @@ SAMPLE_RATE = 8000
 FRAME_BYTES = 160  # 20 ms of 8 kHz mu-law: the frame size Twilio sends and expects
 
 
-class TwilioError(ValueError):
+class TwilioError(call.CallMessageError):
     """A message that does not follow the Media Streams format."""
 
 
@@ -286,3 +289,52 @@ class InboundWriter:
                 "stop": {"accountSid": self.account_sid, "callSid": self.call_sid},
             }
         )
+
+
+# ---------------------------------------------------------------- the phone door's view
+
+
+class TwilioProvider:
+    """Media Streams as the phone door reads it (``voicert.core.telephony.Provider``)."""
+
+    name = "twilio"
+
+    def decode(self, frame: str | bytes) -> call.CallEvent | None:
+        event = decode_inbound(frame)
+        if isinstance(event, Media):
+            return call.CallMedia(event.payload, event.track in ("inbound", "inbound_track"))
+        if isinstance(event, Start):
+            return _start(event)
+        if isinstance(event, Mark):
+            return call.CallMark(event.name)
+        if isinstance(event, Dtmf):
+            return call.CallDtmf(event.digit)
+        if isinstance(event, Stop):
+            return call.CallStop()
+        if isinstance(event, Connected):
+            return call.CallNotice("connected")
+        return None
+
+    def serializer(self, start: call.CallStart) -> Serializer:
+        return Serializer(start.stream_id)
+
+
+def _start(start: Start) -> call.CallStart:
+    fmt = (start.encoding, start.sample_rate, start.channels)
+    refused = None
+    if fmt != (MULAW, SAMPLE_RATE, 1):
+        refused = (
+            f"unsupported media format {start.encoding} {start.sample_rate} Hz "
+            f"x{start.channels} (expected {MULAW} 8000 Hz mono)"
+        )
+    return call.CallStart(
+        start.call_sid or start.stream_sid,
+        start.stream_sid,
+        "mulaw",
+        SAMPLE_RATE,
+        start.custom_parameters,
+        refused,
+    )
+
+
+PROVIDER = TwilioProvider()

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ from voicert.core.speech import Asr
 from voicert.engine.factory import build_engine
 from voicert.engine.loader import llm_source
 from voicert.hosting import limit_blas_threads, raise_fd_limit
+from voicert.protocol import plivo, telnyx, twilio
 from voicert.server import access, dashboard
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
 from voicert.server.connection import CLOSE_GOING_AWAY, BaseConnection, Connection
@@ -36,7 +38,7 @@ from voicert.server.dashboard import STATIC, static_file
 from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, route_path, text
 from voicert.server.logs import quiet_handshake_logger
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
-from voicert.server.twilio import TWILIO_PATH, TwilioConnection
+from voicert.server.telephony import phone_door
 from voicert.server.workers import WorkerRole
 from voicert.speech.asr import asr_backend, build_asr, resolve_asr_model
 from voicert.speech.denoise import RnNoise
@@ -52,10 +54,13 @@ from voicert.telemetry.sampler import Sampler
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
-SESSION_ROUTES: dict[str, type[BaseConnection]] = {
+# each door: a path and what serves a socket on it (a telephony provider: its codec's door)
+SESSION_ROUTES: dict[str, Callable[[ServerConnection, Services], BaseConnection]] = {
     STREAM_PATH: Connection,
     REALTIME_PATH: RealtimeConnection,
-    TWILIO_PATH: TwilioConnection,
+    "/twilio": phone_door(twilio.PROVIDER),
+    "/telnyx": phone_door(telnyx.PROVIDER),
+    "/plivo": phone_door(plivo.PROVIDER),
 }
 MAX_DASHBOARDS = 16
 CLOSE_WAIT_S = 2.0  # at shutdown, how long closing handshakes may take before sockets are aborted

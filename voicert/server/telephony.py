@@ -1,97 +1,104 @@
-"""``/twilio``: Twilio Media Streams onto the session core, with the reply spoken back.
+"""The phone door: a telephony provider's media stream onto the session core, with the reply spoken
+back. One door for every provider: each is a codec (``voicert.core.telephony.Provider``: Twilio,
+Telnyx, Plivo in ``voicert/protocol/``) and one route (``SESSION_ROUTES`` in ``server/app.py``).
 
-The caller's mu-law audio feeds the session (server VAD, barge-in as on any session); the reply is
-spoken in mu-law 8 kHz and sent as 20 ms ``media`` messages, with a ``mark`` after each spoken piece
-so we know what has actually been played (Twilio echoes a mark once the audio before it has played).
-When the caller starts talking while our audio is still queued or playing, we send ``clear`` (Twilio
-drops the unplayed audio) and the session interrupts the reply if it is still being generated.
+The caller's audio (G.711 at 8 kHz, or what the provider's start says and the codec takes) feeds the
+session (server VAD, barge-in as on any session); the reply is spoken in the same format and sent
+as 20 ms media messages, with a mark after each spoken piece so we know what has actually been
+played (the provider echoes a mark once the audio before it has played). When the caller starts
+talking while our audio is still queued or playing, we send a clear (the provider drops the
+unplayed audio) and the session interrupts the reply if it is still being generated.
 
-Twilio has no error channel back to it: malformed messages are logged and counted and the call goes
-on; a call that starts wrong (media before ``start``, a media format other than mu-law 8 kHz mono)
-is closed with 1008 / 1003 and the reason.
+Providers have no error channel back: malformed messages are logged and counted and the call goes
+on; a call that starts wrong (media before the start, a media format the codec does not take) is
+closed with 1008 / 1003 and the reason.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from websockets.asyncio.server import ServerConnection
 
 from voicert.agent.session import Services, Session
 from voicert.core import events as core
+from voicert.core import telephony as call
 from voicert.core.session import OutputAudio, SessionSettings
 from voicert.protocol import native as p
-from voicert.protocol import twilio as tw
 from voicert.server.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, BaseConnection
 from voicert.transport.spoken import covered_chars
 from voicert.transport.telephony import Playback
 
 log = logging.getLogger(__name__)
-TWILIO_PATH = "/twilio"
 CLOSE_UNSUPPORTED_DATA = 1003
 
 
-class TwilioConnection(BaseConnection):
-    client_errors = (tw.TwilioError, p.ProtocolError)
+class PhoneConnection(BaseConnection):
+    """One call's media stream, read and written by ``provider``'s codec."""
 
-    def __init__(self, ws: ServerConnection, services: Services) -> None:
+    client_errors = (call.CallMessageError, p.ProtocolError)
+
+    def __init__(self, ws: ServerConnection, services: Services, provider: call.Provider) -> None:
         super().__init__(ws, services)
-        self.stream_sid = ""
-        self.playback: Playback | None = None  # from 'start' on
+        self.provider = provider
+        self.stream_id = ""
+        self.playback: Playback | None = None  # from the start on
         self.dtmf: list[str] = []
+
+    def _label(self) -> str:
+        return f"{self.provider.name} {self.stream_id or self.ws.id}"
 
     async def reject(self, exc: Exception) -> None:
         message = exc.message if isinstance(exc, p.ProtocolError) else str(exc)
-        log.warning("twilio %s: %s", self.stream_sid or self.ws.id, message)
-        self.svc.metrics.observe_error("twilio_bad_message")
+        log.warning("%s: %s", self._label(), message)
+        self.svc.metrics.observe_error(f"{self.provider.name}_bad_message")
 
     async def fatal(self, code: p.ErrorCode, message: str) -> None:
-        log.warning("twilio %s: closing: %s", self.stream_sid or self.ws.id, message)
+        log.warning("%s: closing: %s", self._label(), message)
 
     async def dispatch(self, frame: bytes | str) -> bool:
-        event = tw.decode_inbound(frame)
-        if isinstance(event, tw.Media):
+        event = self.provider.decode(frame)
+        if isinstance(event, call.CallMedia):
             if self.session is None:
                 await self._refuse(CLOSE_POLICY, "media before start")
                 return True
-            if event.track in ("inbound", "inbound_track"):
+            if event.inbound:
                 await self.session.on_audio(event.payload)
-        elif isinstance(event, tw.Start):
+        elif isinstance(event, call.CallStart):
             return await self._start(event)
-        elif isinstance(event, tw.Mark):
+        elif isinstance(event, call.CallMark):
             if self.playback is not None:
                 self.playback.mark_played(event.name)
-        elif isinstance(event, tw.Dtmf):
+        elif isinstance(event, call.CallDtmf):
             self._on_dtmf(event.digit)
-        elif isinstance(event, tw.Stop):
+        elif isinstance(event, call.CallStop):
             if self.session is not None:
                 await self.session.wait_turn(1.0)
             await self.ws.close(1000, "call ended")
             return True
+        elif isinstance(event, call.CallNotice) and event.what.startswith("error"):
+            log.warning("%s: the provider reports %s", self._label(), event.what)
         return False
 
     async def _refuse(self, code: int, reason: str) -> None:
-        log.warning("twilio %s: %s", self.stream_sid or self.ws.id, reason)
-        self.svc.metrics.observe_error("twilio_refused")
-        await self.ws.close(code, reason)
+        log.warning("%s: %s", self._label(), reason)
+        self.svc.metrics.observe_error(f"{self.provider.name}_refused")
+        await self.ws.close(code, close_reason(reason))
 
-    async def _start(self, start: tw.Start) -> bool:
+    async def _start(self, start: call.CallStart) -> bool:
         if self.session is not None:
-            raise tw.TwilioError("a second 'start' on one stream")
-        if (start.encoding, start.sample_rate, start.channels) != (tw.MULAW, tw.SAMPLE_RATE, 1):
-            await self._refuse(
-                CLOSE_UNSUPPORTED_DATA,
-                f"unsupported media format {start.encoding} {start.sample_rate} Hz "
-                f"x{start.channels} (expected {tw.MULAW} 8000 Hz mono)",
-            )
+            raise call.CallMessageError("a second 'start' on one stream")
+        if start.refused is not None:
+            await self._refuse(CLOSE_UNSUPPORTED_DATA, start.refused)
             return True
         if self.svc.draining:
             await self._refuse(1001, "server shutting down")
             return True
-        self.stream_sid = start.stream_sid
-        self.playback = Playback(tw.Serializer(start.stream_sid))
-        out = OutputAudio("mulaw", tw.SAMPLE_RATE) if self.svc.tts is not None else None
-        prompt = start.custom_parameters.get("system_prompt")
+        self.stream_id = start.stream_id
+        self.playback = Playback(self.provider.serializer(start))
+        out = OutputAudio(start.encoding, start.sample_rate) if self.svc.tts is not None else None
+        prompt = start.parameters.get("system_prompt")
         try:
             self.claim_session()
         except p.ProtocolError as exc:
@@ -99,8 +106,8 @@ class TwilioConnection(BaseConnection):
             return True
         try:
             self.session = Session(
-                f"twilio-{start.call_sid or start.stream_sid}",
-                SessionSettings(tw.SAMPLE_RATE, "mulaw", prompt, output_audio=out),
+                f"{self.provider.name}-{start.call_id or start.stream_id}",
+                SessionSettings(start.sample_rate, start.encoding, prompt, output_audio=out),
                 self.svc,
                 self.on_event,
             )
@@ -108,7 +115,7 @@ class TwilioConnection(BaseConnection):
             self.release_session()
             await self._refuse(CLOSE_POLICY, exc.message)
             return True
-        log.info("twilio call %s stream %s started", start.call_sid, start.stream_sid)
+        log.info("%s call %s stream %s started", self.provider.name, start.call_id, start.stream_id)
         return False
 
     def _on_dtmf(self, digit: str) -> None:
@@ -117,7 +124,7 @@ class TwilioConnection(BaseConnection):
         if self.session is not None:
             self.session.add_user_text(f"(The caller pressed {digit} on the phone keypad.)")
 
-    # ------------------------------------------------------------ session events -> Twilio
+    # ------------------------------------------------------------ session events -> the provider
 
     async def on_event(self, ev: core.SessionEvent) -> None:
         play, session = self.playback, self.session
@@ -131,12 +138,23 @@ class TwilioConnection(BaseConnection):
             if heard is not None and ev.item_id:  # cut off: keep only what the caller heard
                 session.keep_heard(ev.item_id, covered_chars(ev.text, heard), ev.item_offset)
         elif isinstance(ev, core.BargeIn):
-            # the caller talks over a reply that is still queued at Twilio or playing: the
-            # session interrupts it, and Twilio drops what it has not played yet
+            # the caller talks over a reply that is still queued at the provider or playing:
+            # the session interrupts it, and the provider drops what it has not played yet
             if self.svc.cfg.vad.barge_in:
                 frames = play.speech_started(ev.turn_id)
         elif isinstance(ev, core.SessionError):
             self.svc.metrics.observe_error(ev.code)
-            log.warning("twilio %s: %s: %s", self.stream_sid, ev.code, ev.message)
+            log.warning("%s: %s: %s", self._label(), ev.code, ev.message)
         for frame in frames:
             await self.send_frame(frame)
+
+
+def close_reason(text: str, limit: int = 123) -> str:
+    """``text`` cut to what a close frame carries (123 bytes of UTF-8), on a character."""
+    raw = text.encode()
+    return text if len(raw) <= limit else raw[: limit - 3].decode(errors="ignore") + "..."
+
+
+def phone_door(provider: call.Provider):
+    """The door of ``provider``'s media streams, as ``SESSION_ROUTES`` takes it."""
+    return functools.partial(PhoneConnection, provider=provider)

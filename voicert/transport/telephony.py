@@ -8,30 +8,13 @@ still on their way are dropped here and get no end mark (an end mark would read 
 end").
 
 :class:`Playback` keeps that state and returns the frames to send; a provider supplies only a
-:class:`Serializer` (its message formats). ``protocol/twilio.py`` is one; another provider is one more.
+``Serializer`` (its message formats; ``voicert.core.telephony``): ``protocol/twilio.py``,
+``protocol/telnyx.py`` and ``protocol/plivo.py`` each have one.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
-
-
-class Serializer(Protocol):
-    @property
-    def frame_bytes(self) -> int:
-        """Encoded audio per media message (160: 20 ms of 8 kHz mu-law)."""
-        ...
-
-    @property
-    def silence(self) -> bytes:
-        """One encoded sample of silence (pads the last frame)."""
-        ...
-
-    def media(self, payload: bytes) -> str: ...
-
-    def mark(self, name: str) -> str: ...
-
-    def clear(self) -> str: ...
+from voicert.core.telephony import Serializer
 
 
 class Playback:
