@@ -189,6 +189,9 @@ class TurnConfig:
     )
     patience: float = 2.0  # hazard: the log-odds of "the turn is over" that end it (higher: waits
     # longer, fewer cut-offs; each +1 waits ~250 ms more where the evidence is not decisive)
+    preempt: bool = True  # start the reply on the early transcript, before the turn is decided:
+    # its tokens wait in the engine's stream and are sent the moment the turn ends (the request is
+    # cancelled if the caller goes on). False: only its prompt is prefilled ahead
     threads: int = 1  # onnxruntime threads per judgement (the audio model: ~50 ms on one core)
     concurrency: int = 1  # judgements run at once (each on its own thread)
     device: str = "cpu"  # the audio model: cpu (onnxruntime) | cuda[:N] (the same quantized graph

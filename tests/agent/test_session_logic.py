@@ -20,7 +20,7 @@ from voicert.core.speech import EARLY, FINAL, PARTIAL
 from voicert.protocol import native as p
 
 
-def make(asr=None, engine=None, early_final_ms=0, partial_interval_ms=0, **vad):
+def make(asr=None, engine=None, early_final_ms=0, partial_interval_ms=0, preempt=True, **vad):
     cfg = Config()
     cfg = dataclasses.replace(
         cfg,
@@ -28,6 +28,7 @@ def make(asr=None, engine=None, early_final_ms=0, partial_interval_ms=0, **vad):
             cfg.asr, early_final_ms=early_final_ms, partial_interval_ms=partial_interval_ms
         ),
         vad=dataclasses.replace(cfg.vad, **vad),
+        turn=dataclasses.replace(cfg.turn, preempt=preempt),
     )
     svc = Services(cfg=cfg, vad=EnergyVad(), asr=asr or FakeAsr(), engine=engine or FakeEngine())
     events: list = []
@@ -126,10 +127,54 @@ async def test_response_cancel_stops_the_reply():
     assert done.finish_reason == "cancelled" and done.tokens == 1
 
 
-async def test_the_early_decode_and_its_warm_prefill_serve_the_turn():
+async def test_the_early_decode_starts_the_reply_that_the_turn_then_sends():
+    """turn.preempt: the reply is asked on the early transcript, before the endpoint; nothing of
+    it is sent until the turn ends, and the turn takes that request (no second one)."""
     asr = FakeAsr(auto=False)
     engine = FakeEngine()
     session, _, events = make(asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600)
+    await say(session, seconds_silence=0.3)  # past 160 ms of silence, before the endpoint
+    asr.answer(asr.decodes[0])
+    await until(lambda: engine.requests)
+    (ahead,) = engine.requests
+    assert ahead.max_new_tokens == session.max_new_tokens
+    assert ahead.messages[-1].content == asr.text
+    assert not any(isinstance(e, (ev.ReplyStarted, ev.ReplyToken)) for e in events)
+    await say(session, seconds_voice=0, seconds_silence=0.5)  # the endpoint confirms it
+    assert await session.wait_turn(10)
+    assert engine.requests == [ahead] and not engine.cancelled
+    tokens = [e for e in events if isinstance(e, ev.ReplyToken)]
+    assert "".join(t.text for t in tokens) == engine.reply
+    assert kinds(events).index("TranscriptFinal") < kinds(events).index("ReplyToken")
+    latency = events[-1]
+    assert isinstance(latency, ev.TurnLatency) and latency.early_asr and latency.early_prefill
+
+
+async def test_a_reply_started_ahead_is_not_taken_once_the_conversation_moved():
+    """The system prompt changed between the early transcript and the endpoint: the reply
+    started ahead is withdrawn and the turn asks again, with the new prompt."""
+    asr = FakeAsr(auto=False)
+    engine = FakeEngine()
+    session, _, events = make(asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600)
+    await say(session, seconds_silence=0.3)
+    asr.answer(asr.decodes[0])
+    await until(lambda: engine.requests)
+    session.set_system_prompt("Answer in French.")
+    await say(session, seconds_voice=0, seconds_silence=0.5)
+    assert await session.wait_turn(10)
+    ahead, asked = engine.requests
+    assert ahead.request_id in engine.cancelled and asked.request_id not in engine.cancelled
+    assert asked.messages[0].content == "Answer in French."
+    done = next(e for e in events if isinstance(e, ev.ReplyDone))
+    assert done.finish_reason == "stop" and done.text == engine.reply
+
+
+async def test_without_preempt_the_early_decode_prefills_the_prompt_only():
+    asr = FakeAsr(auto=False)
+    engine = FakeEngine()
+    session, _, events = make(
+        asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600, preempt=False
+    )
     await say(session, seconds_silence=0.3)  # past 160 ms of silence, before the endpoint
     (early,) = asr.decodes
     assert early.priority == EARLY
@@ -147,15 +192,19 @@ async def test_the_early_decode_and_its_warm_prefill_serve_the_turn():
     )  # the warm request's token never reached the client
 
 
-async def test_talking_on_after_the_early_decode_drops_it_and_its_prefill():
+@pytest.mark.parametrize("preempt", [True, False])
+async def test_talking_on_after_the_early_decode_drops_it_and_what_it_started(preempt):
     asr = FakeAsr(auto=False)
     engine = FakeEngine()
-    session, _, _ = make(asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600)
+    session, _, events = make(
+        asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600, preempt=preempt
+    )
     await say(session, seconds_silence=0.3)
     asr.answer(asr.decodes[0])
     await until(lambda: engine.requests)
     await say(session, seconds_silence=0.0)  # the caller goes on talking
-    assert engine.requests[0].request_id in engine.cancelled  # the warm prefill is withdrawn
+    assert engine.requests[0].request_id in engine.cancelled  # the reply (or prefill) withdrawn
+    assert not any(isinstance(e, ev.ReplyToken) for e in events)
 
 
 async def test_live_partials_grow_stable_text_and_a_late_one_is_dropped():

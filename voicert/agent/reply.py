@@ -13,7 +13,7 @@ events (the session gives each call its id and item) and the outcome's ``calls``
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,7 +21,7 @@ from voicert.agent import tool_calls as tc
 from voicert.agent.speech_out import SpeechOut
 from voicert.core import events as ev
 from voicert.core.chat import ToolCall
-from voicert.core.llm import Engine, FinishReason, GenerationRequest
+from voicert.core.llm import Engine, FinishReason, GenerationRequest, TokenEvent
 from voicert.core.session import ErrorCode
 from voicert.telemetry.latency import Point, TurnTrace
 
@@ -65,8 +65,12 @@ class Reply:
         ids: CallIds | None = None,
         server_tools: frozenset[str] = frozenset(),
         announce: bool = True,
+        stream: AsyncIterator[TokenEvent] | None = None,
     ) -> None:
+        """``stream``: the request's events, when it was submitted already (a reply started
+        ahead of the endpoint); else ``run`` submits it."""
         self.engine = engine
+        self._submitted = stream
         self.request = request
         self.turn_id = turn_id
         self.trace = trace
@@ -102,7 +106,7 @@ class Reply:
         self.engine.cancel(self.request_id)
 
     async def run(self) -> ReplyOutcome:
-        stream = self.engine.submit(self.request)
+        stream = self._submitted or self.engine.submit(self.request)
         self.trace.mark(Point.SUBMIT, self.request.submit_ns)
         if self.announce:
             await self.emit(ev.ReplyStarted(self.turn_id, self.speech is not None))

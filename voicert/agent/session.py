@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
@@ -38,7 +38,7 @@ from voicert.config import Config, TurnConfig, VadConfig
 from voicert.core import events as ev
 from voicert.core.bucket import TokenBucket
 from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
-from voicert.core.llm import Engine, FinishReason, GenerationRequest
+from voicert.core.llm import Engine, FinishReason, GenerationRequest, TokenEvent
 from voicert.core.session import ErrorCode, SessionRefused, SessionSettings
 from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle
 from voicert.speech.denoise import RnNoise
@@ -81,13 +81,46 @@ async def _drain(stream) -> None:
 
 
 @dataclass(slots=True)
+class Ahead:
+    """A request sent on the early transcript, before the turn was decided: the reply itself
+    (``turn.preempt``: its tokens wait in ``stream`` until the turn ends on that transcript), or
+    only its prompt's prefill (``stream`` None: one token, drained and thrown away)."""
+
+    request: GenerationRequest
+    stream: AsyncIterator[TokenEvent] | None = None
+
+    def fits(self, request: GenerationRequest) -> bool:
+        """The reply would ask exactly this (the conversation, tools and limits have not moved
+        since), so its stream can be taken as that reply's."""
+        a = self.request
+        return self.stream is not None and (
+            a.messages,
+            a.tools,
+            a.tool_choice,
+            a.max_new_tokens,
+            a.parallel_tool_calls,
+        ) == (
+            request.messages,
+            request.tools,
+            request.tool_choice,
+            request.max_new_tokens,
+            request.parallel_tool_calls,
+        )
+
+
+@dataclass(slots=True)
 class Turn:
     turn_id: int
     trace: TurnTrace
     task: asyncio.Task | None = None
     reply: Reply | None = None  # once the reply's request is in the engine
     early_asr: bool = False  # the transcript came from the decode started before the endpoint
-    early_prefill: bool = False  # its prompt was prefilled before the endpoint
+    early_prefill: bool = (
+        False  # its reply was started (or its prompt prefilled) before the endpoint
+    )
+    ahead: Ahead | None = (
+        None  # the reply started on the early transcript, until taken or withdrawn
+    )
     cancel_requested: bool = False
     cancel_reason: str = "cancelled"
     system_prompt: str | None = None  # this reply's own instructions (else the session's)
@@ -185,7 +218,8 @@ class Session:
         self.turn: Turn | None = None
         self.playout = Playout()  # when the reply audio sent plays at the caller's end
         self.decodes: dict[int, AsrHandle] = {}  # early, partial, overlap decodes in flight, by id
-        self.warm: dict[int, str] = {}  # early decode id -> its warm-prefill request id
+        self.ahead: dict[int, Ahead] = {}  # early decode id -> its reply (or prefill) started ahead
+        self._early_text: tuple[int, str] | None = None  # (decode id, text) awaiting its scores
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
         self._detached: set[asyncio.Task] = set()  # sends and drains not waited for
         self.activity_ns = now_ns()  # the caller's last speech or text, or a reply's end
@@ -306,9 +340,9 @@ class Session:
             dropped = self.decodes.pop(action.decode_id, None)
             if dropped is not None:
                 dropped.drop()  # a decode already running finishes and is ignored
-            warm_id = self.warm.pop(action.decode_id, None)
-            if warm_id:
-                self.svc.engine.cancel(warm_id)
+            ahead = self.ahead.pop(action.decode_id, None)
+            if ahead is not None:
+                self._withdraw(ahead)
         elif isinstance(action, TurnEnded):
             self._start_turn(action)
         elif isinstance(action, TurnJudged):
@@ -344,6 +378,11 @@ class Session:
         if head_prob is None and text_prob is not None:
             bare_prob, _ = await self._end_prob(action.bare)
         self.svc.metrics.score_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
+        if self._early_text is not None:  # the reply goes now: its prompt is mostly in the cache
+            decode_id, text = self._early_text
+            self._early_text = None
+            if self.turns.early_is_current(decode_id):
+                self._start_ahead(decode_id, text)
         actions = self.turns.text_scored(action.judge_id, text_prob, bare_prob, now_ns(), head_prob)
         await self._act_all(actions)
 
@@ -571,9 +610,12 @@ class Session:
         return turn.turn_id
 
     def _on_early(self, decode_id: int, fut: asyncio.Future) -> None:
-        """The early transcript is in before the endpoint: prefill the reply's prompt now (one
-        token, thrown away) so the prefix cache leaves the real request only its tail. No token of
-        it ever reaches the client."""
+        """The early transcript is in before the endpoint: start the reply on it now
+        (``turn.preempt``; else prefill its prompt), so that when the turn ends on this transcript
+        its first token is already made. No token of it reaches the client before the endpoint.
+        When the engine scores the transcript for the hazard, the reply waits for those scores:
+        the two prompts share all but their ends, and one after the other the second is nearly
+        all from the prefix cache."""
         failed = fut.cancelled() or fut.exception() is not None
         if self.turns.early_is_current(decode_id):
             # the transcript is also the text cue of a semantic judgement of this pause
@@ -584,10 +626,31 @@ class Session:
                 self._detach(self._act_all(decided))
         if not self.turns.early_is_current(decode_id) or failed or not fut.result().text:
             return
-        messages = self._messages(fut.result().text)
+        if (
+            self.turns.judges_text
+            and self.svc.engine.scores
+            and self.turns.turn.detector == "hazard"
+        ):
+            self._early_text = (decode_id, fut.result().text)  # _score_text starts it
+            return
+        self._start_ahead(decode_id, fut.result().text)
+
+    def _start_ahead(self, decode_id: int, text: str) -> None:
+        """Send the reply to ``text`` (or, without ``turn.preempt``, prefill its prompt)."""
+        if self.cfg.turn.preempt:
+            request = self._request(None, None, 0, user_text=text)
+            self.ahead[decode_id] = Ahead(request, self.svc.engine.submit(request))
+            return
+        messages = self._messages(text)
         request = GenerationRequest(f"{self.id}-warm-{next(_request_ids)}", messages, 1, self.id)
-        self.warm[decode_id] = request.request_id
+        self.ahead[decode_id] = Ahead(request)
         self._detach(_drain(self.svc.engine.submit(request)))
+
+    def _withdraw(self, ahead: Ahead) -> None:
+        """A reply (or prefill) started ahead is not wanted: the engine frees it."""
+        self.svc.engine.cancel(ahead.request.request_id)
+        if ahead.stream is not None:
+            self._detach(_drain(ahead.stream))  # its last event, the cancel, ends it
 
     async def _act_all(self, actions: list) -> None:
         for action in actions:
@@ -622,20 +685,23 @@ class Session:
         answer it, after the turn before it has unwound. Short speech over a running reply
         (``ended.overlap``) is screened first: a backchannel leaves the reply alone."""
         early = self.decodes.pop(ended.early_decode, None) if ended.early_decode else None
-        warm_id = self.warm.pop(ended.early_decode, "") if ended.early_decode else ""
+        ahead = self.ahead.pop(ended.early_decode, None) if ended.early_decode else None
+        self._early_text = None
         if early is not None and not early.started:
             early.drop()  # still queued: a final job (higher priority) replaces it
             early = None
         asr = early if early is not None else self.svc.asr.submit(ended.audio, FINAL)
         if ended.overlap:  # the reply may have ended meanwhile: a backchannel still needs no answer
             self._spawn(
-                self._screen(ended, asr, early is not None, bool(warm_id)),
+                self._screen(ended, asr, early is not None, ahead),
                 f"screen-{self.id}-{ended.turn_id}",
             )
             return
-        self._answer(ended, asr, early is not None, bool(warm_id))
+        self._answer(ended, asr, early is not None, ahead)
 
-    async def _screen(self, ended: TurnEnded, asr: AsrHandle, early_asr: bool, warm: bool) -> None:
+    async def _screen(
+        self, ended: TurnEnded, asr: AsrHandle, early_asr: bool, ahead: Ahead | None
+    ) -> None:
         """Speech over a reply that has not interrupted it yet: a backchannel ("mm-hm") is let
         go (the reply goes on, nothing joins the conversation); anything else interrupts now and
         is answered."""
@@ -643,18 +709,24 @@ class Session:
             transcript = await asyncio.shield(asr.future)
         except asyncio.CancelledError:
             asr.drop()
+            if ahead is not None:
+                self._withdraw(ahead)
             raise
         except Exception:
             transcript = None  # the turn reports the failure
         if transcript is not None and (is_backchannel(transcript.text) or not transcript.text):
             self.svc.metrics.overlaps.labels("backchannel").inc()
             log.debug("session %s: backchannel %r over the reply", self.id, transcript.text)
+            if ahead is not None:
+                self._withdraw(ahead)
             return
         self.svc.metrics.overlaps.labels("interruption").inc()
         await self._act(ev.BargeIn(ended.turn_id))
-        self._answer(ended, asr, early_asr, warm)
+        self._answer(ended, asr, early_asr, ahead)
 
-    def _answer(self, ended: TurnEnded, asr: AsrHandle, early_asr: bool, warm: bool) -> None:
+    def _answer(
+        self, ended: TurnEnded, asr: AsrHandle, early_asr: bool, ahead: Ahead | None
+    ) -> None:
         trace = TurnTrace(ended.turn_id)
         trace.mark(Point.VOICE_END, ended.voice_end_ns)
         trace.mark(Point.ENDPOINT, ended.endpoint_ns)
@@ -665,7 +737,12 @@ class Session:
             self._cancel(previous, "interrupted")
         turn = Turn(ended.turn_id, trace)
         turn.early_asr = early_asr
-        turn.early_prefill = early_asr and warm
+        turn.early_prefill = early_asr and ahead is not None
+        if ahead is not None and ahead.stream is not None:
+            if early_asr:
+                turn.ahead = ahead  # _reply takes it if the conversation still fits it
+            else:
+                self._withdraw(ahead)
         turn.task = asyncio.create_task(
             self._run_turn(turn, asr, previous), name=f"turn-{self.id}-{turn.turn_id}"
         )
@@ -694,6 +771,16 @@ class Session:
             turn.task.cancel()
 
     async def _run_turn(self, turn: Turn, asr: AsrHandle, previous: Turn | None) -> None:
+        try:
+            await self._transcribe_and_reply(turn, asr, previous)
+        finally:
+            if turn.ahead is not None:  # no reply took it (no speech found, an error, a cancel)
+                self._withdraw(turn.ahead)
+                turn.ahead = None
+
+    async def _transcribe_and_reply(
+        self, turn: Turn, asr: AsrHandle, previous: Turn | None
+    ) -> None:
         try:
             if previous is not None and previous.task is not None:
                 await asyncio.gather(previous.task, return_exceptions=True)  # its history first
@@ -771,16 +858,26 @@ class Session:
             worker, fmt, send, turn.trace, tts.first_clause_chars, tts.first_piece_words, self.voice
         )
 
-    def _request(self, turn: Turn, max_new_tokens: int | None, round_: int) -> GenerationRequest:
+    def _request(
+        self,
+        turn: Turn | None,
+        max_new_tokens: int | None,
+        round_: int,
+        user_text: str | None = None,
+    ) -> GenerationRequest:
         """The engine request for one round of a reply. The first round uses the turn's (else the
         session's) tool_choice; later rounds, after tool outputs, let the model choose (``auto``:
-        a forced choice would call again forever), and the last allowed round offers no tool."""
+        a forced choice would call again forever), and the last allowed round offers no tool.
+        ``turn`` None: an audio turn's; ``user_text``: with that user message added to the
+        conversation, as the history will add it (the reply started ahead)."""
         messages = [
-            ChatMessage("system", turn.system_prompt or self.system_prompt),
+            ChatMessage("system", (turn and turn.system_prompt) or self.system_prompt),
             *self.history.messages(),
         ]
-        tools = self.offered_tools(turn.tools)
-        choice = (turn.tool_choice or self.tool_choice) if round_ == 0 else ToolChoice()
+        if user_text is not None:
+            messages.append(ChatMessage("user", user_text[: self.history.max_text_chars]))
+        tools = self.offered_tools(turn.tools if turn else None)
+        choice = ((turn and turn.tool_choice) or self.tool_choice) if round_ == 0 else ToolChoice()
         if round_ >= self.cfg.tools.max_rounds or choice.mode is ToolChoiceMode.NONE:
             tools, choice = (), ToolChoice()
         return GenerationRequest(
@@ -805,6 +902,7 @@ class Session:
         try:
             for round_ in range(self.cfg.tools.max_rounds + 1):
                 request = self._request(turn, max_new_tokens, round_)
+                stream, request = self._take_ahead(turn, request)
                 reply = turn.reply = Reply(
                     self.svc.engine,
                     request,
@@ -815,6 +913,7 @@ class Session:
                     _Ids(self.history),
                     server,
                     announce=round_ == 0,
+                    stream=stream,
                 )
                 try:
                     await reply.run()
@@ -852,6 +951,17 @@ class Session:
         finally:
             if out is not None:
                 await self._reply_done(turn, out, tally)
+
+    def _take_ahead(self, turn: Turn, request: GenerationRequest):
+        """(the stream started ahead and its request, when it asked exactly ``request``; else
+        (None, ``request``), the one started ahead withdrawn)."""
+        ahead, turn.ahead = turn.ahead, None
+        if ahead is None:
+            return None, request
+        if ahead.fits(request):
+            return ahead.stream, ahead.request
+        self._withdraw(ahead)
+        return None, request
 
     def _keep(self, out: ReplyOutcome) -> Item | None:
         """What a round sent joins the history: its text, then its calls. The text item, if any."""

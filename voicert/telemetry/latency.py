@@ -99,7 +99,7 @@ STAGES: tuple[Stage, ...] = (
         Point.TRANSCRIPT,
         Point.SUBMIT,
         "final transcript on the event loop -> request handed to the engine (transcript sent, "
-        "prompt assembled)",
+        "prompt assembled; negative: the reply was started ahead, on the early transcript)",
     ),
     Stage(
         "queue_ms",
@@ -117,13 +117,15 @@ STAGES: tuple[Stage, ...] = (
         "handoff_ms",
         Point.FIRST_TOKEN_SAMPLED,
         Point.FIRST_TOKEN_RECEIVED,
-        "first token sampled on the engine thread -> received by the session's asyncio task",
+        "first token sampled on the engine thread -> received by the session's asyncio task "
+        "(with a reply started ahead, also its wait for the endpoint)",
     ),
     Stage(
         "first_token_ms",
         Point.SUBMIT,
         Point.FIRST_TOKEN_RECEIVED,
-        "request handed to the engine -> first token received in asyncio (the engine's TTFT)",
+        "request handed to the engine -> first token received in asyncio (the engine's TTFT; "
+        "with a reply started ahead, from its early submission)",
     ),
     Stage(
         "send_ms",
