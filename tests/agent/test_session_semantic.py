@@ -281,9 +281,9 @@ async def test_hazard_the_llm_scores_the_early_transcript_and_a_sure_turn_ends_a
     assert registry.get_sample_value("voicert_turn_text_score_seconds_count") == 1
 
 
-async def test_hazard_the_reply_starts_once_the_scores_are_in_and_the_turn_takes_it():
-    """One prompt at a time: the reply started ahead follows the end-of-turn scores (its prompt
-    then comes nearly all from the prefix cache), and it is the reply the turn sends."""
+async def test_hazard_the_reply_starts_with_the_scores_and_the_turn_takes_it():
+    """The reply is asked beside the end-of-turn scores of the early transcript (one prefill
+    step for both), and it is the reply the turn sends: no second request."""
     text = "What is the capital of France?"
     engine = FakeEngine(end_probs={text: 0.9, text.rstrip("?"): 0.2})
     session, asr, events = with_hazard(engine, FakeJudge(0.9))
@@ -291,7 +291,7 @@ async def test_hazard_the_reply_starts_once_the_scores_are_in_and_the_turn_takes
     asr.answer(asr.decodes[-1], text)
     assert await session.wait_turn(10)
     await until(lambda: any(isinstance(e, ev.ReplyDone) for e in events))
-    assert [r.score_end for r in engine.requests] == [True, True, False]  # scores, then the reply
+    assert sorted(r.score_end for r in engine.requests) == [False, True, True]
     (reply,) = [r for r in engine.requests if not r.score_end]
     assert reply.messages[-1].content == text and reply.request_id not in engine.cancelled
     done = next(e for e in events if isinstance(e, ev.ReplyDone))

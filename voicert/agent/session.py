@@ -219,7 +219,6 @@ class Session:
         self.playout = Playout()  # when the reply audio sent plays at the caller's end
         self.decodes: dict[int, AsrHandle] = {}  # early, partial, overlap decodes in flight, by id
         self.ahead: dict[int, Ahead] = {}  # early decode id -> its reply (or prefill) started ahead
-        self._early_text: tuple[int, str] | None = None  # (decode id, text) awaiting its scores
         self.judging: set[asyncio.Task] = set()  # judgements and overlap screens in flight
         self._detached: set[asyncio.Task] = set()  # sends and drains not waited for
         self.activity_ns = now_ns()  # the caller's last speech or text, or a reply's end
@@ -378,11 +377,6 @@ class Session:
         if head_prob is None and text_prob is not None:
             bare_prob, _ = await self._end_prob(action.bare)
         self.svc.metrics.score_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
-        if self._early_text is not None:  # the reply goes now: its prompt is mostly in the cache
-            decode_id, text = self._early_text
-            self._early_text = None
-            if self.turns.early_is_current(decode_id):
-                self._start_ahead(decode_id, text)
         actions = self.turns.text_scored(action.judge_id, text_prob, bare_prob, now_ns(), head_prob)
         await self._act_all(actions)
 
@@ -613,9 +607,10 @@ class Session:
         """The early transcript is in before the endpoint: start the reply on it now
         (``turn.preempt``; else prefill its prompt), so that when the turn ends on this transcript
         its first token is already made. No token of it reaches the client before the endpoint.
-        When the engine scores the transcript for the hazard, the reply waits for those scores:
-        the two prompts share all but their ends, and one after the other the second is nearly
-        all from the prefix cache."""
+        When the engine also scores the transcript (the hazard), the two requests share its next
+        prefill step: the reply's first token comes with the scores, so a turn the scores end
+        has its first token at once (on the 2-core CPU a prefill costs ~65 ms however much of
+        the prompt is cached: one after the other would add that)."""
         failed = fut.cancelled() or fut.exception() is not None
         if self.turns.early_is_current(decode_id):
             # the transcript is also the text cue of a semantic judgement of this pause
@@ -625,13 +620,6 @@ class Session:
             if decided:
                 self._detach(self._act_all(decided))
         if not self.turns.early_is_current(decode_id) or failed or not fut.result().text:
-            return
-        if (
-            self.turns.judges_text
-            and self.svc.engine.scores
-            and self.turns.turn.detector == "hazard"
-        ):
-            self._early_text = (decode_id, fut.result().text)  # _score_text starts it
             return
         self._start_ahead(decode_id, fut.result().text)
 
@@ -686,7 +674,6 @@ class Session:
         (``ended.overlap``) is screened first: a backchannel leaves the reply alone."""
         early = self.decodes.pop(ended.early_decode, None) if ended.early_decode else None
         ahead = self.ahead.pop(ended.early_decode, None) if ended.early_decode else None
-        self._early_text = None
         if early is not None and not early.started:
             early.drop()  # still queued: a final job (higher priority) replaces it
             early = None

@@ -98,6 +98,7 @@ class Outcome:
     client_v2ft_ms: float | None = None  # last voiced frame sent -> first token received
     server_v2ft_ms: float | None = None
     endpoint_ms: float | None = None
+    stages: dict = field(default_factory=dict)  # the final turn's turn.latency stages
     endpoint_audio_ms: float | None = None  # speech_stopped's position - the last voiced sample's
     no_reply: bool = False  # the last turn never got an answer
 
@@ -138,6 +139,7 @@ async def stream(
                 elif kind == "turn.latency" and turn == final_turn:
                     out.server_v2ft_ms = event["stages"].get("voice_to_first_token_ms")
                     out.endpoint_ms = event["stages"].get("endpoint_ms")
+                    out.stages = event["stages"]
                     done.set()  # the last event of a turn
                 elif kind == "error":
                     raise RuntimeError(f"{utt.id}: {event}")
@@ -522,13 +524,10 @@ def markdown(rows: list[dict]) -> str:
 
 
 def mode_config(cfg: Config, mode: str) -> Config:
-    """The config a mode's server runs: the mode's detector with the bench config's timings."""
-    turn = dataclasses.replace(
-        MODES[mode],
-        pause_ms=cfg.turn.pause_ms,
-        max_silence_ms=cfg.turn.max_silence_ms,
-        threshold=cfg.turn.threshold,
-    )
+    """The config a mode's server runs: the bench config's turn settings (``--set turn.*``
+    included) with the mode's detector, audio model and word cue."""
+    m = MODES[mode]
+    turn = dataclasses.replace(cfg.turn, detector=m.detector, model=m.model, text_cue=m.text_cue)
     return dataclasses.replace(cfg, turn=turn, server=dataclasses.replace(cfg.server, port=0))
 
 
