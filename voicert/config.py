@@ -311,7 +311,8 @@ class LlmConfig:
     )
     gpu_memory_fraction: float = 0.85
     max_batch: int = 64
-    prefill_token_budget: int = 512  # padded prompt tokens per prefill step (chunked prefill)
+    prefill_token_budget: int = 128  # padded prompt tokens per prefill step (chunked prefill;
+    # the GPU config takes 2048: a step there costs little more for more tokens)
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
     spec_policy: str = "adaptive"  # adaptive: speculate per decode step where measured faster at
