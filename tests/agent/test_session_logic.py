@@ -314,3 +314,16 @@ async def test_audio_far_faster_than_real_time_is_dropped_with_one_error_a_secon
     assert 70 - 2 * took - 1 <= session.audio_dropped_s <= 70
     assert refused[0] == p.ErrorCode.AUDIO_TOO_FAST and set(refused) == {refused[0]}
     assert len(refused) <= took + 1  # at most one error a second, not one per dropped frame
+
+
+async def test_a_session_temperature_samples_its_replies():
+    engine = FakeEngine()
+    session, _, _ = make(engine=engine)
+    session.add_user_text("Hello?")
+    session.respond()
+    assert await session.wait_turn(10)
+    assert engine.requests[-1].sampling.greedy
+    session.settings = dataclasses.replace(session.settings, temperature=0.7)
+    session.respond()
+    assert await session.wait_turn(10)
+    assert engine.requests[-1].sampling.temperature == 0.7

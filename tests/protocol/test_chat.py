@@ -87,9 +87,13 @@ def test_tools_and_a_tool_conversation_are_read():
 @pytest.mark.parametrize(
     "body, param, code",
     [
-        ({"temperature": 0.7}, "temperature", "unsupported_value"),
+        ({"temperature": 2.5}, "temperature", "invalid_value"),
+        ({"temperature": "hot"}, "temperature", "invalid_value"),
+        ({"seed": 1.5}, "seed", "invalid_value"),
+        ({"top_p": 0}, "top_p", "invalid_value"),
         ({"n": 2}, "n", "unsupported_value"),
-        ({"top_p": True}, "top_p", "unsupported_value"),
+        ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_value"),
+        ({"top_p": True}, "top_p", "invalid_value"),
         ({"tools": {}}, "tools", "invalid_value"),
         (
             {"tools": [{"type": "function", "function": {"name": "a b"}}]},
@@ -218,3 +222,11 @@ def test_a_huge_stop_string_costs_linear_work_not_quadratic():
     assert sent == "" and len(m.held) == 10_000  # all of it could still become the stop string
     assert m.push("x") == ("ab" * 5_000 + "x", False)
     assert time.perf_counter() - t0 < 30
+
+
+def test_temperature_top_p_and_seed_ask_for_sampling():
+    from voicert.core.llm import GREEDY, Sampling
+
+    assert parse(temperature=0.7, top_p=0.9, seed=7).sampling == Sampling(0.7, 0.9, 0, 7)
+    assert parse().sampling == GREEDY
+    assert parse(temperature=0, seed=3).sampling.greedy

@@ -185,3 +185,14 @@ def test_turn_detection_fields_that_do_not_apply_are_refused_by_name(td, param):
     with pytest.raises(rt.RealtimeError) as info:
         rt.update_session(CFG, {"turn_detection": td})
     assert info.value.param == param
+
+
+def test_a_session_temperature_is_taken_and_echoed_and_out_of_range_refused():
+    cfg = rt.update_session(CFG, {"temperature": 1.1})
+    assert cfg.temperature == 1.1
+    assert cfg.to_wire(rt.Flavor.BETA, "s", "m")["temperature"] == 1.1
+    assert CFG.temperature is None  # absent: greedy
+    for bad in (3, -1, "hot", True):
+        with pytest.raises(rt.RealtimeError) as info:
+            rt.update_session(CFG, {"temperature": bad})
+        assert info.value.param == "session.temperature"

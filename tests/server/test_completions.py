@@ -71,10 +71,8 @@ async def test_a_stop_string_ends_the_reply_before_it(server):
 async def test_refusals_are_openai_errors_naming_the_parameter(server):
     api = client(server.port)
     with pytest.raises(openai.BadRequestError) as info:
-        await api.chat.completions.create(
-            model=EMBEDDED_MODEL_ID, messages=MESSAGES, temperature=0.8
-        )
-    assert info.value.body["param"] == "temperature"
+        await api.chat.completions.create(model=EMBEDDED_MODEL_ID, messages=MESSAGES, n=2)
+    assert info.value.body["param"] == "n"
     with pytest.raises(openai.BadRequestError) as info:
         await api.chat.completions.create(
             model=EMBEDDED_MODEL_ID,
@@ -260,3 +258,23 @@ async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanl
     events = [line for line in seen.decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert '"server shutting down"' in events[-2] and '"error"' in events[-2]
+
+
+async def test_the_sdk_with_a_temperature_gets_sampled_answers_a_seed_repeats(server):
+    """temperature (with seed) is served, not refused: the same seed gives the same answer, and
+    different seeds give different ones; greedy stays the default."""
+    api = client(server.port)
+    ask = [{"role": "user", "content": "Write four random words."}]
+
+    async def answer(**kw) -> str:
+        out = await api.chat.completions.create(
+            model=EMBEDDED_MODEL_ID, messages=ask, max_tokens=12, **kw
+        )
+        return out.choices[0].message.content
+
+    first = await answer(temperature=1.2, seed=1)
+    assert first == await answer(temperature=1.2, seed=1)
+    others = {await answer(temperature=1.2, seed=s) for s in (2, 3, 4)}
+    assert len(others | {first}) > 1
+    assert await answer() == await answer(temperature=0)  # absent: greedy
+    await _until_idle(server)

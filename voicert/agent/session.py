@@ -38,7 +38,7 @@ from voicert.config import Config, TurnConfig, VadConfig
 from voicert.core import events as ev
 from voicert.core.bucket import TokenBucket
 from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
-from voicert.core.llm import Engine, FinishReason, GenerationRequest, TokenEvent
+from voicert.core.llm import GREEDY, Engine, FinishReason, GenerationRequest, Sampling, TokenEvent
 from voicert.core.session import ErrorCode, SessionRefused, SessionSettings
 from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle
 from voicert.speech.denoise import RnNoise
@@ -99,12 +99,14 @@ class Ahead:
             a.tool_choice,
             a.max_new_tokens,
             a.parallel_tool_calls,
+            a.sampling.temperature,
         ) == (
             request.messages,
             request.tools,
             request.tool_choice,
             request.max_new_tokens,
             request.parallel_tool_calls,
+            request.sampling.temperature,
         )
 
 
@@ -875,6 +877,7 @@ class Session:
             tools=tools,
             tool_choice=choice,
             parallel_tool_calls=self.cfg.tools.parallel,
+            sampling=Sampling(t) if (t := self.settings.temperature) else GREEDY,
         )
 
     async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:

@@ -36,6 +36,43 @@ class EngineState(enum.Enum):
     CLOSED = "closed"
 
 
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How a request's tokens are chosen. ``temperature`` 0 (the default): greedy, the most likely
+    token each step. Above 0 (at most 2): drawn from the distribution at that temperature, cut to
+    the ``top_k`` most likely (0: no cut) and to the nucleus of probability ``top_p`` (1: no cut);
+    ``seed`` fixes the draws (None: a fresh one per request)."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+GREEDY = Sampling()
+
+
+def sampling_problem(s: Sampling) -> str | None:
+    """What is out of range in ``s``, or None."""
+    if not isinstance(s, Sampling):
+        return "sampling must be a Sampling"
+    if isinstance(s.temperature, bool) or not isinstance(s.temperature, (int, float)):
+        return "temperature must be a number"
+    if not 0 <= s.temperature <= 2:
+        return "temperature must be in [0, 2]"
+    if isinstance(s.top_p, bool) or not isinstance(s.top_p, (int, float)) or not 0 < s.top_p <= 1:
+        return "top_p must be a number in (0, 1]"
+    if isinstance(s.top_k, bool) or not isinstance(s.top_k, int) or s.top_k < 0:
+        return "top_k must be a non-negative integer"
+    if s.seed is not None and (isinstance(s.seed, bool) or not isinstance(s.seed, int)):
+        return "seed must be an integer"
+    return None
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     """One reply to generate. ``messages`` is the whole conversation, system prompt first; the engine
@@ -57,6 +94,7 @@ class GenerationRequest:
     # model has a trained end-of-turn head. max_new_tokens must be 1.
     # Engines that can score say so (``Engine.scores``); the others fail such a request.
     score_end: bool = False
+    sampling: Sampling = GREEDY  # greedy unless a temperature above 0 is asked for
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +179,8 @@ def request_problem(request: GenerationRequest) -> str | None:
     ):
         return "max_new_tokens must be a positive integer"
     if request.score_end is not False and (problem := _score_problem(request)):
+        return problem
+    if problem := sampling_problem(request.sampling):
         return problem
     if request.prompt_ids is not None:
         if not request.prompt_ids or not all(

@@ -87,3 +87,4 @@ class SessionSettings:
     # longest wait after an utterance judged incomplete
     vad_threshold: float | None = None  # speech probability that counts as speech (0-1)
     voice: str | None = None  # one of the server's voices; None: its default
+    temperature: float | None = None  # replies sampled at this temperature (0-2); None or 0: greedy

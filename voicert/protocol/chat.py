@@ -2,9 +2,9 @@
 :class:`ChatRequest` or a :class:`ChatError` out; response bodies and stream chunks built as plain
 maps. No sockets, no asyncio. See ``docs/protocol.md``.
 
-voicert's engine decodes greedily, one choice: a request that asks for something it would not
-honour (``temperature`` above 0, ``n`` above 1, ``logprobs``...) is refused with the parameter
-named, never silently served differently. ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` are
+One choice, greedy unless ``temperature`` (with ``top_p`` and ``seed``) asks for sampling, which
+the engine does: a request that asks for something it would not honour (``n`` above 1, penalties,
+``logprobs``...) is refused with the parameter named, never silently served differently. ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` are
 served: calls are decoded under their schemas, returned as ``tool_calls``; the conversation may
 hold assistant ``tool_calls`` and ``tool`` messages.
 """
@@ -18,13 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from voicert.core.chat import AUTO, ChatMessage, ToolCall, ToolChoice, ToolSpec
+from voicert.core.llm import GREEDY, Sampling, sampling_problem
 from voicert.protocol import jsontext
 from voicert.protocol.tools import WireError, choice_from_wire, tools_from_wire
 
 MAX_STOP_STRINGS = 4
-# accepted as long as they ask for nothing greedy decoding does not give
-_NEUTRAL = {"temperature": 0, "top_p": 1, "n": 1, "presence_penalty": 0, "frequency_penalty": 0}
-_IGNORABLE = {"user", "seed", "store", "metadata", "service_tier"}  # change nothing we serve
+# accepted as long as they ask for nothing the engine does not do (one choice, no penalties)
+_NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0}
+_SAMPLING = ("temperature", "top_p", "seed")  # sampled decoding (voicert.core.llm.Sampling)
+_IGNORABLE = {"user", "store", "metadata", "service_tier"}  # change nothing we serve
 _KNOWN = {
     "model",
     "messages",
@@ -37,6 +39,7 @@ _KNOWN = {
     "tool_choice",
     "parallel_tool_calls",
     *_NEUTRAL,
+    *_SAMPLING,
     *_IGNORABLE,
 }
 _ROLES = {
@@ -90,6 +93,7 @@ class ChatRequest:
     tools: tuple[ToolSpec, ...] = ()
     tool_choice: ToolChoice = AUTO
     parallel_tool_calls: bool = True
+    sampling: Sampling = GREEDY  # temperature, top_p, seed (greedy when temperature is 0 or absent)
     id: str = field(default_factory=lambda: f"chatcmpl-{uuid.uuid4().hex[:24]}")
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -115,7 +119,7 @@ def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
             isinstance(value, bool) or not isinstance(value, (int, float)) or value != neutral
         ):
             raise _bad(
-                f"{key} must be {neutral} or absent: voicert decodes greedily, one choice",
+                f"{key} must be {neutral} or absent: voicert gives one choice, no penalties",
                 key,
                 "unsupported_value",
             )
@@ -139,7 +143,30 @@ def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
         tools,
         choice,
         parallel,
+        _sampling(data),
     )
+
+
+def _sampling(data: dict) -> Sampling:
+    """``temperature`` (0-2), ``top_p`` (0-1] and ``seed`` as the engine takes them. Absent, or a
+    temperature of 0: greedy (the voice default; OpenAI samples at 1 when it is absent)."""
+    for key in _SAMPLING:
+        value = data.get(key)
+        whole = key != "seed" or isinstance(value, int)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, (int, float)) or not whole
+        ):
+            raise _bad(f"{key} must be {'an integer' if key == 'seed' else 'a number'}", key)
+    temperature, top_p = data.get("temperature"), data.get("top_p")
+    sampling = Sampling(
+        float(0 if temperature is None else temperature),
+        float(1 if top_p is None else top_p),
+        0,
+        data.get("seed"),
+    )
+    if problem := sampling_problem(sampling):
+        raise _bad(problem, problem.split()[0])
+    return sampling
 
 
 def _tools(data: dict) -> tuple[tuple[ToolSpec, ...], ToolChoice]:

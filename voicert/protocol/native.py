@@ -42,6 +42,7 @@ SESSION_OPTIONS = frozenset(
         "silence_ms",
         "vad_threshold",
         "voice",
+        "temperature",
     }
 )
 
@@ -395,6 +396,9 @@ def _session_start(msg: dict) -> SessionStart:
     if vad_threshold is not None and not 0 < vad_threshold < 1:
         raise ProtocolError(ErrorCode.INVALID, "options.vad_threshold must be in (0, 1)")
     voice = _field(options, "voice", str, None)
+    temperature = _field(options, "temperature", (int, float), None)
+    if temperature is not None and (isinstance(temperature, bool) or not 0 <= temperature <= 2):
+        raise ProtocolError(ErrorCode.INVALID, "options.temperature must be a number in [0, 2]")
     return SessionStart(
         sample_rate=_field(msg, "sample_rate", int, 16000),
         encoding=_field(msg, "encoding", str, "pcm16"),
@@ -409,6 +413,7 @@ def _session_start(msg: dict) -> SessionStart:
         silence_ms=silence_ms,
         vad_threshold=None if vad_threshold is None else float(vad_threshold),
         voice=voice,
+        temperature=None if temperature is None else float(temperature),
     )
 
 
@@ -533,7 +538,7 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
                 "tool_choice": (choice_to_wire(event.tool_choice) if event.tool_choice else None),
             },
         }
-        for name in ("end_of_turn", "silence_ms", "vad_threshold", "voice"):  # sent when set
+        for name in ("end_of_turn", "silence_ms", "vad_threshold", "voice", "temperature"):
             if getattr(event, name) is not None:
                 d["options"][name] = getattr(event, name)
     elif isinstance(event, SessionUpdate):

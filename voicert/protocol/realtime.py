@@ -132,6 +132,7 @@ class SessionConfig:
     voice: str = ""  # one of the server's voice ids ("": no speech output)
     tools: tuple[ToolSpec, ...] = ()  # functions the client runs
     tool_choice: ToolChoice = AUTO
+    temperature: float | None = None  # sampled replies at this temperature; None: greedy
 
     def to_wire(self, flavor: Flavor, session_id: str, model: str) -> dict[str, Any]:
         td = None if self.turn_detection is None else self.turn_detection.to_wire()
@@ -151,7 +152,7 @@ class SessionConfig:
                 "turn_detection": td,
                 "tools": [tool_to_wire(t) for t in self.tools],
                 "tool_choice": choice_to_wire(self.tool_choice),
-                "temperature": 0.8,
+                "temperature": 0.8 if self.temperature is None else self.temperature,
                 "max_response_output_tokens": max_tokens,
             }
         return {
@@ -359,6 +360,13 @@ def _check_inert(s: dict[str, Any]) -> None:
         raise _unsupported("session.speed", "a speed other than 1.0")
 
 
+def _temperature(value: Any, param: str) -> float:
+    """A sampling temperature: a number in [0, 2] (0: greedy)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 2:
+        raise RealtimeError("invalid_value", f"{param} must be a number in [0, 2]", param)
+    return float(value)
+
+
 def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
     """Apply a ``session.update``'s ``session`` map (either flavour) to ``cfg``. Unknown fields,
     and known ones asking for what this server does not do, are refused (nothing is applied)."""
@@ -389,6 +397,8 @@ def update_session(cfg: SessionConfig, s: dict[str, Any]) -> SessionConfig:
             changes["max_output_tokens"] = _max_tokens(s[key], f"session.{key}")
     if "voice" in s:
         changes["voice"] = _voice(s["voice"], "session.voice")
+    if s.get("temperature") is not None:
+        changes["temperature"] = _temperature(s["temperature"], "session.temperature")
     try:
         if s.get("tools") is not None:
             changes["tools"] = tools_from_wire(s["tools"], "session.tools")

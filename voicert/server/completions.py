@@ -142,6 +142,7 @@ class ChatCompletions:
             tools=req.tools,
             tool_choice=req.tool_choice,
             parallel_tool_calls=req.parallel_tool_calls,
+            sampling=req.sampling,
         )
         if req.stream:
             return HttpResponse(

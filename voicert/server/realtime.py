@@ -122,6 +122,7 @@ class RealtimeConnection(BaseConnection):
             tools=c.tools,
             tool_choice=c.tool_choice,
             voice=c.voice if self.svc.tts is not None else None,
+            temperature=c.temperature,
         )
         auto_respond = c.turn_detection is not None and c.turn_detection.create_response
         return start, auto_respond

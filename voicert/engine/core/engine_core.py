@@ -26,6 +26,7 @@ from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.core.prompt import PromptBuilder
 from voicert.engine.core.runner import ModelRunner, Pending
+from voicert.engine.core.sampling import Sampler
 from voicert.engine.core.scheduler import Scheduler, Step
 from voicert.engine.core.sequence import Sequence
 from voicert.engine.core.tools import offered
@@ -106,6 +107,8 @@ class EngineCore:
             prompt = self.prompts.build(request.messages, budget, tools)
         seq = Sequence(request, prompt, arrival_ns=time.perf_counter_ns(), guide=guide)
         seq.score_id = score_id
+        if not request.sampling.greedy and not request.score_end:
+            seq.sampler = Sampler(request.sampling, self.cfg.device)
         self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> list[TokenOut]:
@@ -161,8 +164,8 @@ class EngineCore:
         if self.drafter is not None and step.kind == "decode":
             self.drafter.propose(step.seqs, step.drafts)
             for seq in step.seqs:
-                if seq.guide is not None:
-                    seq.draft = []  # picked under a mask, one token a step
+                if seq.host_picks:
+                    seq.draft = []  # picked on the host (a mask, a draw), one token a step
         return step, self.runner.launch(step), now
 
     def _run(
@@ -179,6 +182,8 @@ class EngineCore:
         result = pending.result()
         if rows := step.scoring:
             self._score(step, pending, rows)
+        if step.host_picks:
+            self._draws(step, pending, result.tokens)
         if step.guided:
             t0 = time.perf_counter_ns()
             self._guide_picks(step, pending, result.tokens)
@@ -235,14 +240,35 @@ class EngineCore:
             step.chunks[i].seq.end_prob = p
             step.chunks[i].seq.turn_prob = heads[k] if heads is not None else None
 
+    def _draws(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
+        """Replace each sampled row's greedy token by its draw (in place; sampled rows carry no
+        drafts), over what its grammar allows when it has one."""
+        seqs = [c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs
+        rows = [
+            i for i, s in enumerate(seqs) if s.sampler is not None and tokens[i] and not s.scores
+        ]
+        if not rows:
+            return
+        vocab = self.model.cfg.vocab_size
+        logits = pending.logits_rows(rows)  # [len(rows), >= V]
+        for k, i in enumerate(rows):
+            seq = seqs[i]
+            assert seq.sampler is not None
+            allowed = seq.guide.allowed(logits.device) if seq.guide is not None else None
+            tokens[i][0] = seq.sampler.draw(logits[k, :vocab], allowed)
+
     def _guide_picks(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
         """Replace each guided row's greedy token that its grammar refuses by the best one it
-        allows (in place; guided rows carry no drafts, so one token per row)."""
+        allows (in place; guided rows carry no drafts, so one token per row). Sampled rows drew
+        theirs under their grammar already."""
         seqs = [c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs
         refused = [
             (i, guide)
             for i, seq in enumerate(seqs)
-            if (guide := seq.guide) is not None and tokens[i] and not guide.allows(tokens[i][0])
+            if (guide := seq.guide) is not None
+            and seq.sampler is None
+            and tokens[i]
+            and not guide.allows(tokens[i][0])
         ]
         if refused:  # their logits, their masks: one batch
             rows = [i for i, _ in refused]

@@ -111,6 +111,14 @@ class Guide:
     def allows(self, token: int) -> bool:
         return self.matcher.validate_tokens([token]) == 1
 
+    def allowed(self, device: torch.device | str) -> torch.Tensor:
+        """The tokens the grammar allows next: bool [V] on ``device``."""
+        words = -(-self.vocab_size // 32)
+        packed = np.empty((1, words), dtype=np.int32)  # [1, W]
+        self.matcher.unsafe_compute_mask_ptr(packed[0].ctypes.data, words * 4)
+        self.masked_steps += 1
+        return unpack_allowed(torch.from_numpy(packed).to(device), self.vocab_size)[0]
+
     def pick(self, token: int, logits: torch.Tensor | None) -> int:
         """The token to keep: ``token`` (the greedy pick over all tokens) when the grammar allows
         it, else the argmax of ``logits`` ([V] float, on any device) over the allowed tokens.

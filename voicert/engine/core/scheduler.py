@@ -67,15 +67,20 @@ class Step:
         )
 
     @property
+    def host_picks(self) -> bool:
+        """A row's token is picked on the host after the step (a grammar, or sampling)."""
+        return any(c.seq.host_picks for c in self.chunks) or any(s.host_picks for s in self.seqs)
+
+    @property
     def scoring(self) -> list[int]:
         """Rows whose prompt ends in this step and that ask for a probability (score_end)."""
         return [i for i, c in enumerate(self.chunks) if c.samples and c.seq.scores]
 
     @property
     def reads_logits(self) -> bool:
-        """The step's logits are read after it (a guided or a scoring row): the runner keeps them
-        readable."""
-        return self.guided or bool(self.scoring)
+        """The step's logits are read after it (a guided, sampled or scoring row): the runner
+        keeps them readable."""
+        return self.host_picks or bool(self.scoring)
 
 
 @dataclass(slots=True)
@@ -262,8 +267,8 @@ class Scheduler:
             if seq.status is not Status.DECODE:
                 continue  # preempted earlier in this loop
             k = max(min(planned, seq.remaining - 1), 0)
-            if seq.guide is not None:
-                k = 0  # a guided row picks each token under its mask: nothing to verify
+            if seq.host_picks:
+                k = 0  # picked on the host (a mask, a draw) each token: nothing to verify
             if self.cfg.external_drafts:
                 seq.draft = []  # the draft model fills it after scheduling; reserve its k slots
                 need = len(seq.tokens) + k
@@ -307,8 +312,13 @@ class Scheduler:
         :meth:`bind_ahead` once ``step`` is postprocessed. A sequence that stops or is cancelled
         meanwhile has its row ignored by :meth:`postprocess`."""
         k = step.drafts
-        if step.kind != "decode" or self.waiting or (k and not self.cfg.head_drafts) or step.guided:
-            return None  # (a guided row's token may be replaced after the step: fed would be wrong)
+        if (
+            step.kind != "decode"
+            or self.waiting
+            or (k and not self.cfg.head_drafts)
+            or step.host_picks
+        ):
+            return None  # (a row's token may be replaced after the step: fed would be wrong)
         if self.drafts_for(len(step.seqs)) != k:
             return None
         if len(self.running) != len(step.seqs) or any(

@@ -9,8 +9,9 @@ from typing import TYPE_CHECKING
 from voicert.core.llm import GenerationRequest
 from voicert.engine.core.kv_cache import SeqBlocks
 
-if TYPE_CHECKING:  # the guide is made by the engine core (guided.py: torch); held here only
+if TYPE_CHECKING:  # made by the engine core (guided.py, sampling.py: torch); held here only
     from voicert.engine.core.guided import Guide
+    from voicert.engine.core.sampling import Sampler
 
 
 class Status(enum.Enum):
@@ -35,6 +36,7 @@ class Sequence:
     draft: list[int] = field(default_factory=list)  # speculative tokens for the next step
     head_draft: list[int] = field(default_factory=list)  # draft heads' guess after the last token
     guide: Guide | None = None  # decoding under a grammar (a tool call's schema)
+    sampler: Sampler | None = None  # sampled decoding (a temperature above 0); None: greedy
     score_id: int = -1  # a score_end request: the token whose probability after the prompt it asks
     end_prob: float | None = None  # ... and that probability, once its prompt is in
     turn_prob: float | None = None  # ... and the end-of-turn head's, where the model has one
@@ -56,6 +58,12 @@ class Sequence:
     @property
     def id(self) -> str:
         return self.request.request_id
+
+    @property
+    def host_picks(self) -> bool:
+        """Its tokens are picked on the host after each step (under a grammar, or sampled), not
+        taken from the step's greedy result: no drafts, and the step's logits are read."""
+        return self.guide is not None or self.sampler is not None
 
     @property
     def scores(self) -> bool:

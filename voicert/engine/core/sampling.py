@@ -1,0 +1,59 @@
+"""Sampled decoding: a request with a temperature above 0 draws each token from the model's
+distribution, reshaped as the OpenAI API defines it (``temperature``, then ``top_k``, then
+``top_p``, the nucleus), with a generator of its own (``seed``: the same seed, prompt and engine
+give the same reply). Greedy stays the default, and voice turns use it.
+
+A sampled row is picked on the host after its step, from its logits, as a grammar-guided row is
+(engine_core.py): the step's greedy token is replaced. Sampled rows carry no speculative drafts, so
+speculation never changes their distribution. Under a grammar (tools), the draw is over the tokens
+the grammar allows.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from voicert.core.llm import Sampling
+
+
+def filtered_probs(
+    logits: torch.Tensor, sampling: Sampling, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The distribution a token is drawn from: logits [V] (any float dtype, any device) ->
+    probabilities [V] float32: the tokens ``allowed`` (bool [V]) only, softmax at
+    ``temperature``, the ``top_k`` most likely kept (0: all), then the smallest set whose
+    probability reaches ``top_p`` (1: all), renormalised."""
+    x = logits.float() / sampling.temperature  # [V]
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
+    if 0 < sampling.top_k < x.numel():
+        kth = torch.topk(x, sampling.top_k).values[-1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, -1)  # [V]
+    if sampling.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)  # [V] each
+        before = torch.cumsum(sorted_p, -1) - sorted_p  # [V]: mass of the tokens ahead of each
+        drop = before >= sampling.top_p  # the nucleus: each token kept until the mass is reached
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        probs = probs / probs.sum()
+    return probs
+
+
+class Sampler:
+    """One request's draws. Not thread-safe: the engine thread owns it."""
+
+    def __init__(self, sampling: Sampling, device: torch.device | str = "cpu") -> None:
+        self.sampling = sampling
+        seed = (
+            sampling.seed if sampling.seed is not None else int.from_bytes(os.urandom(8), "little")
+        )
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed & (2**63 - 1))
+
+    def draw(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
+        """One token from logits [V] (on the generator's device), over ``allowed`` (bool [V])."""
+        probs = filtered_probs(logits, self.sampling, allowed)
+        return int(torch.multinomial(probs, 1, generator=self.generator).item())
