@@ -300,3 +300,29 @@ def test_version_prints_the_package_version(capsys):
         main(["--version"])
     assert done.value.code == 0
     assert capsys.readouterr().out.strip() == f"voicert {importlib.metadata.version('voicert')}"
+
+
+async def test_client_takes_typed_turns_after_the_spoken_ones(url, capsys):
+    wav = str(DATA / "capital_of_france.wav")
+    code = await asyncio.to_thread(
+        cli.main, ["client", wav, "--url", url, "--fast", "--text", "And Germany?"]
+    )
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert printed.index("Paris") < printed.index("you:   And Germany?")
+    assert "Berlin" in printed.split("you:   And Germany?")[1]
+
+
+def test_client_without_a_wav_or_text_says_so(capsys):
+    assert cli.main(["client", "--url", "ws://127.0.0.1:9/x"]) == 2
+    assert "give WAV files, --text TEXT, or both" in capsys.readouterr().err
+
+
+def test_client_shows_tool_calls_and_their_outputs(capsys):
+    from voicert.client import show_event
+
+    show_event({"type": "tool.call", "name": "book", "arguments": '{"n": 4}', "server": True})
+    show_event({"type": "tool.output", "output": "booked", "error": False})
+    printed = capsys.readouterr().out
+    assert '[tool call book({"n": 4}): the server runs it]' in printed
+    assert "[tool output: booked]" in printed

@@ -64,8 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int)
     pr = subs.add_parser("prepare", help="resolve and convert the configured models, then exit")
     _config_args(pr)
-    c = subs.add_parser("client", help="stream WAV files as turns of one session")
-    c.add_argument("wav", nargs="+", help="WAV files (PCM or G.711), one turn each")
+    c = subs.add_parser("client", help="stream WAV files (and typed turns) as turns of one session")
+    c.add_argument("wav", nargs="*", help="WAV files (PCM or G.711), one turn each")
+    c.add_argument(
+        "--text",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="a typed turn, answered after the WAV turns (repeat for more)",
+    )
     c.add_argument(
         "--url",
         default=os.environ.get("VOICERT_URL", "ws://127.0.0.1:8765/v1/stream"),
@@ -96,6 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "client":
         from voicert import client
 
+        if not args.wav and not args.text:
+            print("voicert client: give WAV files, --text TEXT, or both", file=sys.stderr)
+            return 2
         if args.voice and not args.speak:
             print(
                 "voicert client: --voice picks the voice of spoken replies: add --speak OUT.wav",
@@ -110,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             speak_to=args.speak,
             token=args.token,
             voice=args.voice,
+            texts=tuple(args.text),
         )
     try:
         cfg = load_config(args.config, _overrides(args))

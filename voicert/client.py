@@ -151,6 +151,8 @@ async def stream_audio(
     unheard_after_s: float | None = None,
     headers: dict[str, str] | None = None,
     voice: str | None = None,
+    texts: tuple[str, ...] = (),
+    rate: int = 16000,
 ) -> ClientResult:
     """Open one session; for each (samples, rate) in ``turns`` stream the audio plus trailing
     silence in 20 ms frames, then wait for that turn's ``turn.latency`` before the next, sending
@@ -160,8 +162,10 @@ async def stream_audio(
     index goes to ``result.unheard``) instead of waited on for ``turn_timeout_s``. ``voice``: one
     of the server's voices (``session.started`` lists them; None: its default). Raises
     ``TimeoutError`` when a turn is not answered within ``turn_timeout_s``, ``RuntimeError`` when
-    the session is refused, and websockets' errors when the connection fails or closes."""
-    rate = turns[0][1]
+    the session is refused, and websockets' errors when the connection fails or closes.
+    ``texts``: typed turns (``user.text``), each answered before the next, after the audio ones;
+    ``rate``: the session's input rate when there is no audio turn."""
+    rate = turns[0][1] if turns else rate
     result = ClientResult()
     async with connect(url, max_size=None, compression=None, additional_headers=headers) as ws:
         await ws.send(
@@ -236,6 +240,12 @@ async def stream_audio(
                     await asyncio.wait_for(waiting, turn_timeout_s)
                 finally:
                     answered.cancel()
+            for text in texts:
+                turn_done.clear()
+                if on_event:
+                    on_event({"type": "user.text", "text": text})
+                await ws.send(p.encode(p.UserText(text), binary))
+                await asyncio.wait_for(turn_done.wait(), turn_timeout_s)
             await ws.send(p.encode(p.SessionEnd(), binary))
             await asyncio.wait_for(read_task, 30)
         finally:
@@ -303,12 +313,13 @@ def main(
     speak_to: str | None = None,
     token: str | None = None,
     voice: str | None = None,
+    texts: tuple[str, ...] = (),
 ) -> int:
     """``voicert client``: 0 when every turn was answered, 1 when the server reported an error or
     heard no speech in a clip, 2 when the files, the URL or the connection are wrong (one line
     on stderr each, never a traceback), 130 on Ctrl-C."""
     try:
-        return _run(files, url, realtime, speak_to, token, voice)
+        return _run(files, url, realtime, speak_to, token, voice, texts)
     except ClientError as exc:
         print(f"voicert client: {exc}", file=sys.stderr)
         return 2
@@ -324,6 +335,7 @@ def _run(
     speak_to: str | None,
     token: str | None,
     voice: str | None = None,
+    texts: tuple[str, ...] = (),
 ) -> int:
     turns = [load_clip(f) for f in files]
     url = stream_url(url)
@@ -332,33 +344,7 @@ def _run(
     output_audio = p.OutputAudio("pcm16", SPEAK_RATE) if speak_to else None
 
     def show(ev: dict) -> None:
-        kind = ev["type"]
-        if kind == "session.started":
-            print(
-                f"session {ev['session_id']} (model {ev.get('model') or '?'}"
-                + (
-                    f"; voice {ev['voice']}, offered: {', '.join(ev.get('voices', []))}"
-                    if speak_to and ev.get("voice")
-                    else ""
-                )
-                + ")"
-            )
-        elif kind == "vad.speech_started":
-            print(f"[speech started at {ev['audio_ms']} ms]")
-        elif kind == "vad.speech_stopped":
-            print(f"[speech stopped at {ev['audio_ms']} ms]")
-        elif kind == "transcript.final":
-            print(f"you:   {ev['text']}")
-            if ev["text"]:
-                print("agent: ", end="", flush=True)
-        elif kind == "response.token":
-            print(ev["text"], end="", flush=True)
-        elif kind == "response.done":
-            print(f"\n[{ev['finish_reason']}, {ev['tokens']} tokens]")
-        elif kind == "turn.latency":
-            print(format_table([ev["stages"]], labels=[str(ev["turn_id"])]))
-        elif kind == "error":
-            print(f"error {ev['code']}: {ev['message']}", file=sys.stderr)
+        show_event(ev, bool(speak_to))
 
     headers = {"Authorization": f"Bearer {token}"} if token else None
     try:
@@ -373,6 +359,7 @@ def _run(
                 unheard_after_s=UNHEARD_AFTER_S,
                 voice=voice,
                 turn_timeout_s=TURN_TIMEOUT_S,
+                texts=texts,
             )
         )
     except InvalidStatus as exc:
@@ -405,6 +392,45 @@ def _run(
         write_wav(speak_to, decode_pcm(audio, "pcm16"), SPEAK_RATE)
         print(f"wrote {len(audio) / 2 / SPEAK_RATE:.1f} s of spoken replies to {speak_to}")
     return 1 if result.errors or result.unheard else 0
+
+
+def show_event(ev: dict, speaking: bool = False) -> None:
+    """Print one event of the session as the client shows it (``user.text``: the client's own
+    typed turn, as sent)."""
+    kind = ev["type"]
+    if kind == "session.started":
+        print(
+            f"session {ev['session_id']} (model {ev.get('model') or '?'}"
+            + (
+                f"; voice {ev['voice']}, offered: {', '.join(ev.get('voices', []))}"
+                if speaking and ev.get("voice")
+                else ""
+            )
+            + ")"
+        )
+    elif kind == "vad.speech_started":
+        print(f"[speech started at {ev['audio_ms']} ms]")
+    elif kind == "vad.speech_stopped":
+        print(f"[speech stopped at {ev['audio_ms']} ms]")
+    elif kind == "user.text":
+        print(f"you:   {ev['text']}\nagent: ", end="", flush=True)
+    elif kind == "transcript.final":
+        print(f"you:   {ev['text']}")
+        if ev["text"]:
+            print("agent: ", end="", flush=True)
+    elif kind == "response.token":
+        print(ev["text"], end="", flush=True)
+    elif kind == "tool.call":
+        who = "the server runs it" if ev.get("server") else "the client would run it"
+        print(f"\n[tool call {ev['name']}({ev['arguments']}): {who}]")
+    elif kind == "tool.output":
+        print(f"[tool output{' (error)' if ev.get('error') else ''}: {ev['output']}]")
+    elif kind == "response.done":
+        print(f"\n[{ev['finish_reason']}, {ev['tokens']} tokens]")
+    elif kind == "turn.latency":
+        print(format_table([ev["stages"]], labels=[str(ev["turn_id"])]))
+    elif kind == "error":
+        print(f"error {ev['code']}: {ev['message']}", file=sys.stderr)
 
 
 UNHEARD_AFTER_S = 5.0  # after a clip's last frame, for the server to say it heard speech start
