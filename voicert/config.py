@@ -568,6 +568,9 @@ class TelemetryConfig:
         100.0  # TTFT budget: turns above it are flagged; histogram buckets refine here
     )
     recent_turns: int = 200  # turns the dashboard shows and computes rolling percentiles over
+    otel_endpoint: str = ""  # OpenTelemetry traces (one span per turn, one per stage) go here over
+    # OTLP/HTTP, e.g. http://collector:4318/v1/traces; "": off. Needs pip install 'voicert[otel]'
+    otel_service: str = "voicert"  # the traces' service.name
 
     def __post_init__(self) -> None:
         _check(self.budget_ms > 0, "telemetry.budget_ms", "must be > 0")

@@ -50,6 +50,7 @@ from voicert.speech.vad import SileroVad, VadBatcher, VadStream
 from voicert.telemetry.gcwatch import GcWatch
 from voicert.telemetry.latency import Point, TurnRecord, TurnTrace, now_ns
 from voicert.telemetry.metrics import Metrics
+from voicert.telemetry.tracing import TurnSpans
 
 log = logging.getLogger(__name__)
 Emit = Callable[[ev.SessionEvent], Awaitable[None]]
@@ -73,6 +74,7 @@ class Services:
     turn_judge: Judge | None = None  # turn.detector semantic with an audio model: it scores pauses
     denoise: RnNoise | None = None  # asr.denoise rnnoise: each session's input goes through it
     toolbox: Toolbox | None = None  # tools.functions: the tools the server runs itself
+    spans: TurnSpans | None = None  # telemetry.otel_endpoint: each turn as OpenTelemetry spans
 
 
 async def _drain(stream) -> None:
@@ -1016,6 +1018,8 @@ class Session:
             self._last_said(),
         )
         self.svc.metrics.observe_turn(record)
+        if self.svc.spans is not None:
+            self.svc.spans.turn(turn.trace, record, out.prompt_tokens)
         stages = record.stages
         log.info(
             "turn %s/%d %s tokens=%d prompt=%d %s",

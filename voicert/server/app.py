@@ -51,6 +51,7 @@ from voicert.telemetry.latency import stages_js
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.telemetry.metrics import Metrics
 from voicert.telemetry.sampler import Sampler
+from voicert.telemetry.tracing import TurnSpans, build_spans
 
 log = logging.getLogger(__name__)
 STREAM_PATH = "/v1/stream"
@@ -74,6 +75,7 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
     speech host's address and key) instead of loading those here."""
     t0 = time.perf_counter()
     asr_backend(cfg.asr)  # first: a backend or a model wheel that is not there is said at once
+    spans = turn_spans(cfg)
     check_models(cfg, speech, hosts)
     voices = load_voices(cfg.tts)  # a voice that is not there is said before the slow loads
     in_host = speech is not None and host_judges(cfg)  # the speech host runs the turn model
@@ -136,7 +138,18 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
         turn_judge=judge,
         denoise=RnNoise() if cfg.asr.denoise == "rnnoise" else None,
         toolbox=toolbox,
+        spans=spans,
     )
+
+
+def turn_spans(cfg: Config) -> TurnSpans | None:
+    """The OpenTelemetry turn spans ``telemetry.otel_endpoint`` asks for (None: off). Raises
+    ConfigError naming the key when OpenTelemetry is not installed."""
+    t = cfg.telemetry
+    try:
+        return build_spans(t.otel_endpoint, t.otel_service, cfg.models.llm)
+    except ImportError as exc:
+        raise ConfigError(f"config telemetry.otel_endpoint: {exc}") from None
 
 
 def where_to_start(host: str, port: int) -> str:
