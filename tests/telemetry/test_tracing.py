@@ -85,7 +85,9 @@ def test_a_missing_opentelemetry_is_a_config_error_naming_the_key(monkeypatch):
     from voicert.server import app
 
     def missing(*_):
-        raise ImportError("telemetry.otel_endpoint needs OpenTelemetry: pip install 'voicert[otel]'")
+        raise ImportError(
+            "telemetry.otel_endpoint needs OpenTelemetry: pip install 'voicert[otel]'"
+        )
 
     monkeypatch.setattr(app, "build_spans", missing)
     cfg = Config()
