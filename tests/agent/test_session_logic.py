@@ -327,3 +327,15 @@ async def test_a_session_temperature_samples_its_replies():
     session.respond()
     assert await session.wait_turn(10)
     assert engine.requests[-1].sampling.temperature == 0.7
+
+
+async def test_no_reply_is_started_ahead_when_turns_are_not_answered_by_themselves():
+    asr = FakeAsr(auto=False)
+    engine = FakeEngine()
+    session, _, _ = make(asr=asr, engine=engine, early_final_ms=160, min_silence_ms=600)
+    session.auto_respond = False  # the client asks for each reply (create_response: false)
+    await say(session, seconds_silence=0.3)
+    asr.answer(asr.decodes[0])
+    await say(session, seconds_voice=0, seconds_silence=0.5)
+    assert await session.wait_turn(10)
+    assert not engine.requests

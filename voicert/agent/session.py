@@ -628,7 +628,11 @@ class Session:
         self._start_ahead(decode_id, fut.result().text)
 
     def _start_ahead(self, decode_id: int, text: str) -> None:
-        """Send the reply to ``text`` (or, without ``turn.preempt``, prefill its prompt)."""
+        """Send the reply to ``text`` (or, without ``turn.preempt``, prefill its prompt). Not
+        when no reply follows a turn by itself (the client asks for each: the Realtime API's
+        ``create_response: false``): it would only be withdrawn."""
+        if not self.auto_respond:
+            return
         if self.cfg.turn.preempt:
             request = self._request(None, None, 0, user_text=text)
             self.ahead[decode_id] = Ahead(request, self.svc.engine.submit(request))
