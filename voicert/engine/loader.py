@@ -1,7 +1,11 @@
-"""Where LLM weights come from: the embedded SmolLM2 GGUF, any GGUF file, or an HF checkpoint dir.
+"""Where LLM weights come from: the embedded SmolLM2 GGUF, any GGUF file, an HF checkpoint dir, or a
+Hugging Face hub repo id (``Qwen/Qwen2.5-1.5B-Instruct``), downloaded through ``huggingface_hub``
+into its cache (with its progress bars; ``HF_ENDPOINT`` and ``HF_TOKEN`` as it reads them).
 
 GGUF files are dequantized once through transformers and written to a cache dir as an HF checkpoint
-(safetensors + config + tokenizer files), so later starts load in seconds.
+(safetensors + config + tokenizer files), so later starts load in seconds. A hub repo with
+safetensors is used as it is; one with only GGUF files gets one of them (:data:`GGUF_PREFERENCE`),
+converted the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import shutil
 import sys
 import time
@@ -21,6 +26,11 @@ from voicert.config import ConfigError
 log = logging.getLogger(__name__)
 MARKER = "voicert-converted.json"
 CONVERTER_VERSION = 1
+REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*$")
+# the files of a safetensors checkpoint a hub download takes (not .bin twins, not other formats)
+HF_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja"]
+# a GGUF-only repo: the first quantization found in this order, else its smallest file
+GGUF_PREFERENCE = ("Q8_0", "Q6_K", "Q5_K_M", "Q4_K_M", "Q4_1", "Q4_0", "F16")
 
 
 def embedded_gguf() -> Path:
@@ -130,11 +140,19 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
+def is_repo_id(spec: str) -> bool:
+    """``spec`` names a Hugging Face hub repo (``org/name``) rather than a path on this machine."""
+    return bool(REPO_ID.match(spec)) and not Path(spec).expanduser().exists()
+
+
 def llm_source(spec: str) -> Path:
     """``embedded`` / a ``.gguf`` file / an HF checkpoint dir -> that GGUF file or HF dir, found
-    (cheap: nothing is read or converted). Raises ConfigError with a clear message otherwise."""
+    (cheap: nothing is read or converted); a hub repo id -> ``Path(spec)``, unchecked until it is
+    downloaded. Raises ConfigError with a clear message otherwise."""
     if spec == "embedded":
         return embedded_gguf()
+    if is_repo_id(spec):
+        return Path(spec)
     path = Path(spec).expanduser()
     if is_hf_dir(path) or (path.is_file() and path.suffix == ".gguf"):
         return path
@@ -149,8 +167,9 @@ def llm_source(spec: str) -> Path:
 def resolve_llm(spec: str, cache_root: Path) -> Path:
     """``embedded`` / a ``.gguf`` file / an HF checkpoint dir -> an HF checkpoint dir to load.
 
-    Converts a GGUF on first use. Raises ConfigError with a clear message for anything else."""
-    source = llm_source(spec)
+    Downloads a hub repo and converts a GGUF on first use. Raises ConfigError with a clear
+    message for anything else (a hub that cannot be reached: one line saying what to pass)."""
+    source = download_llm(spec) if is_repo_id(spec) else llm_source(spec)
     if source.is_dir():
         return source
     gguf = source
@@ -158,3 +177,68 @@ def resolve_llm(spec: str, cache_root: Path) -> Path:
     if (out / MARKER).is_file():
         return out
     return convert_gguf(gguf, out)
+
+
+def download_llm(repo_id: str) -> Path:
+    """A hub repo's checkpoint in huggingface_hub's cache: its safetensors checkpoint dir, or one
+    of its GGUF files. Raises ConfigError when the hub cannot be reached, does not have the repo,
+    or the repo holds neither."""
+    from huggingface_hub import HfApi, hf_hub_download, snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+    )
+
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    if (unreachable := _unreachable(endpoint)) is not None:  # at once, not after the retries
+        raise ConfigError(
+            f"models.llm: cannot download {repo_id}: the Hugging Face hub ({endpoint}) cannot be "
+            f"reached ({unreachable}). Offline? Pass --llm PATH, a checkpoint dir or a .gguf file "
+            "on this machine"
+        )
+    try:
+        files = HfApi(endpoint=endpoint).list_repo_files(repo_id)
+        ggufs = [f for f in files if f.endswith(".gguf")]
+        if "config.json" in files and any(f.endswith(".safetensors") for f in files):
+            print(f"voicert: downloading {repo_id} (safetensors)", file=sys.stderr, flush=True)
+            return Path(snapshot_download(repo_id, allow_patterns=HF_FILES, endpoint=endpoint))
+        if ggufs:
+            pick = _pick_gguf(ggufs)
+            print(f"voicert: downloading {repo_id}/{pick}", file=sys.stderr, flush=True)
+            return Path(hf_hub_download(repo_id, pick, endpoint=endpoint))
+    except (GatedRepoError, RepositoryNotFoundError):
+        raise ConfigError(
+            f"models.llm: {repo_id} is not on the Hugging Face hub, or is gated or private "
+            "(set HF_TOKEN for a repo you may read)"
+        ) from None
+    except (OfflineModeIsEnabled, OSError, HfHubHTTPError) as exc:
+        raise ConfigError(
+            f"models.llm: cannot download {repo_id} from the Hugging Face hub ({endpoint}: "
+            f"{type(exc).__name__}). Offline? Pass --llm PATH, a checkpoint dir or a .gguf file "
+            "on this machine"
+        ) from None
+    raise ConfigError(f"models.llm: {repo_id} holds neither safetensors weights nor a .gguf file")
+
+
+def _unreachable(endpoint: str, timeout_s: float = 3.0) -> str | None:
+    """Why a TCP connection to ``endpoint``'s host cannot be opened, or None when it can."""
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname or "", port), timeout=timeout_s).close()
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+    return None
+
+
+def _pick_gguf(files: list[str]) -> str:
+    for quant in GGUF_PREFERENCE:
+        for f in sorted(files):
+            if quant.lower() in f.lower():
+                return f
+    return sorted(files)[0]
