@@ -313,6 +313,8 @@ class LlmConfig:
     max_batch: int = 64
     prefill_token_budget: int = 128  # padded prompt tokens per prefill step (chunked prefill;
     # the GPU config takes 2048: a step there costs little more for more tokens)
+    long_prompt_skips: int = 2  # prefill steps in a row a prompt longer than one step yields to
+    # prompts that fit one (so their first token comes first); it still gets one step in N + 1
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
     spec_policy: str = "adaptive"  # adaptive: speculate per decode step where measured faster at
@@ -432,6 +434,11 @@ class LlmConfig:
         _check(1 <= self.prefill_graph_rows <= 64, "llm.prefill_graph_rows", "must be in [1, 64]")
         _check(0 < self.gpu_memory_fraction < 1, "llm.gpu_memory_fraction", "must be in (0, 1)")
         _check(self.max_batch >= 1, "llm.max_batch", "must be >= 1")
+        _check(
+            self.long_prompt_skips >= 0,
+            "llm.long_prompt_skips",
+            "must be >= 0",
+        )
         _check(
             self.prefill_token_budget >= self.block_size,
             "llm.prefill_token_budget",

@@ -107,3 +107,20 @@ def test_an_unreachable_hub_says_what_to_pass(monkeypatch, tmp_path):
     )
     assert "Pass --llm PATH" in str(err.value) and "\n" not in str(err.value)
     shutil.rmtree(tmp_path / "hub", ignore_errors=True)
+
+
+def test_serve_checks_a_hub_model_before_anything_slow_loads(monkeypatch, tmp_path):
+    """An unreachable hub is said by the early model check, not after the ASR and VAD load."""
+    import dataclasses
+
+    import huggingface_hub.constants as constants
+
+    from voicert.config import Config
+    from voicert.server.app import check_models
+
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg = Config()
+    cfg = dataclasses.replace(cfg, models=dataclasses.replace(cfg.models, llm="acme/tiny-llama"))
+    with pytest.raises(ConfigError, match="cannot be reached"):
+        check_models(cfg)

@@ -155,6 +155,7 @@ def _scheduler(
             head_drafts=head_drafts,
             prefill_batches=tuple(pg.batches) if pg else (),
             prefill_widths=tuple(pg.widths) if pg else (),
+            long_prompt_skips=cfg.long_prompt_skips,
         ),
         stop_ids,
         SpecPolicy(cfg.spec_tokens, SpecMode(cfg.spec_policy)),

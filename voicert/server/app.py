@@ -28,7 +28,7 @@ from voicert.config import Config, ConfigError, cache_dir
 from voicert.core.llm import EngineState
 from voicert.core.speech import Asr
 from voicert.engine.factory import build_engine
-from voicert.engine.loader import llm_source
+from voicert.engine.loader import download_llm, is_repo_id, llm_source
 from voicert.hosting import limit_blas_threads, raise_fd_limit
 from voicert.protocol import plivo, telnyx, twilio
 from voicert.server import access, dashboard
@@ -171,7 +171,10 @@ def check_models(cfg: Config, speech=None, hosts=None) -> None:
     if speech is None:
         resolve_asr_model(cfg.models.asr, cache)
     if hosts is None and cfg.llm.engine != "openai":
-        llm_source(cfg.models.llm)
+        if is_repo_id(cfg.models.llm):
+            download_llm(cfg.models.llm)  # first: its progress, or "offline", before other loads
+        else:
+            llm_source(cfg.models.llm)
 
 
 def load_turn_judge(cfg: Config) -> TurnJudge | None:
