@@ -313,7 +313,7 @@ class LlmConfig:
     max_batch: int = 64
     prefill_token_budget: int = 128  # padded prompt tokens per prefill step (chunked prefill;
     # the GPU config takes 2048: a step there costs little more for more tokens)
-    long_prompt_skips: int = 2  # prefill steps in a row a prompt longer than one step yields to
+    long_prompt_skips: int = 6  # prefill steps in a row a prompt longer than one step yields to
     # prompts that fit one (so their first token comes first); it still gets one step in N + 1
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
