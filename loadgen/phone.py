@@ -18,6 +18,7 @@ import collections
 import itertools
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,40 +36,16 @@ PROVIDERS = ("twilio", "telnyx", "plivo")
 SPEECH_END = "speech end"
 
 
-class TwilioSide:
-    """Twilio's side of a Media Streams call."""
+class EchoSide:
+    """The side of a carrier that opens with ``connected`` and ``start``, echoes each mark once the
+    audio before it has played, and ends with ``stop`` (Twilio Media Streams, Telnyx media
+    streaming): ``writer`` writes its messages, ``decode`` reads ours as it would, and ``stream``
+    (if given) is the stream id each of ours must carry."""
 
-    def __init__(self, parameters: dict[str, str]) -> None:
-        self.writer = tw.InboundWriter(
-            f"MZ{uuid.uuid4().hex}", f"CA{uuid.uuid4().hex}", custom_parameters=parameters
-        )
-
-    def opening(self) -> list[str]:
-        return [self.writer.connected(), self.writer.start()]
-
-    def media(self, payload: bytes, timestamp_ms: int) -> str:
-        return self.writer.media(payload, timestamp_ms)
-
-    def played(self, name: str) -> str:
-        return self.writer.mark(name)
-
-    def cleared(self) -> list[str]:
-        return []
-
-    def closing(self) -> list[str]:
-        return [self.writer.stop()]
-
-    def read(self, frame: str) -> tuple[str, Any]:
-        msg = tw.decode_outbound(frame)
-        assert msg["streamSid"] == self.writer.stream_sid, "reply on the wrong stream"
-        return _our(msg["event"], msg.get("media", {}).get("payload"), msg.get("mark"))
-
-
-class TelnyxSide:
-    """Telnyx's side of a media-streaming call (PCMU)."""
-
-    def __init__(self, parameters: dict[str, str]) -> None:
-        self.writer = telnyx.InboundWriter(str(uuid.uuid4()), f"v3:{uuid.uuid4().hex}", parameters)
+    def __init__(
+        self, writer: Any, decode: Callable[[str], dict[str, Any]], stream: str | None = None
+    ) -> None:
+        self.writer, self.decode, self.stream = writer, decode, stream
 
     def opening(self) -> list[str]:
         return [self.writer.connected(), self.writer.start()]
@@ -86,8 +63,22 @@ class TelnyxSide:
         return [self.writer.stop()]
 
     def read(self, frame: str) -> tuple[str, Any]:
-        msg = telnyx.decode_outbound(frame)
+        msg = self.decode(frame)
+        if self.stream is not None:
+            assert msg["streamSid"] == self.stream, "reply on the wrong stream"
         return _our(msg["event"], msg.get("media", {}).get("payload"), msg.get("mark"))
+
+
+def twilio_side(parameters: dict[str, str]) -> EchoSide:
+    writer = tw.InboundWriter(
+        f"MZ{uuid.uuid4().hex}", f"CA{uuid.uuid4().hex}", custom_parameters=parameters
+    )
+    return EchoSide(writer, tw.decode_outbound, stream=writer.stream_sid)
+
+
+def telnyx_side(parameters: dict[str, str]) -> EchoSide:
+    writer = telnyx.InboundWriter(str(uuid.uuid4()), f"v3:{uuid.uuid4().hex}", parameters)
+    return EchoSide(writer, telnyx.decode_outbound)
 
 
 class PlivoSide:
@@ -129,7 +120,11 @@ def _our(kind: str, payload: bytes | None, mark: dict | None) -> tuple[str, Any]
     return "clear", None
 
 
-SIDES = {"twilio": TwilioSide, "telnyx": TelnyxSide, "plivo": PlivoSide}
+SIDES: dict[str, Callable[[dict[str, str]], Any]] = {
+    "twilio": twilio_side,
+    "telnyx": telnyx_side,
+    "plivo": PlivoSide,
+}
 
 
 @dataclass

@@ -2,41 +2,22 @@
 threaded client around it gives the same tokens, detokenised on the caller's side."""
 
 import pytest
-import torch
 
-from voicert.bench.engine import shape_config
+from tests.engine.random_model import random_core, random_parts
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest
-from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.core.engine_core import EngineCore
-from voicert.engine.models.llama import LlamaConfig, random_llama
 
 
 @pytest.fixture(scope="module")
-def parts(tmp_path_factory):
-    """A random SmolLM2-shaped model (timing shape; exactness does not need real weights) and
-    the embedded model's tokenizer."""
-    from transformers import AutoTokenizer
-
-    from voicert.config import cache_dir, load_config
-    from voicert.engine.loader import resolve_llm
-
-    model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
-    torch.manual_seed(0)
-    model = random_llama(
-        LlamaConfig.from_hf(dict(shape_config("smollm2-random"), num_hidden_layers=2)),
-        torch.float32,
-        "cpu",
-    )
-    return model_dir, model, AutoTokenizer.from_pretrained(model_dir)
+def parts():
+    return random_parts()
 
 
 def _core(parts) -> EngineCore:
-    model_dir, model, tok = parts
-    return build_core(
-        model_dir, EngineConfig(num_blocks=64, torchscript=False), model=model, tokenizer=tok
-    )
+    return random_core(parts, num_blocks=64)
 
 
 def _request(rid: str, text: str, n: int = 12) -> GenerationRequest:

@@ -13,14 +13,12 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.engine.random_model import random_core
 from voicert.agent.tool_calls import CallClosed, CallParser
-from voicert.bench.engine import shape_config
 from voicert.core.chat import ChatMessage, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.llm import FinishReason, GenerationRequest
-from voicert.engine.build import EngineConfig, build_core
 from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.core.guided import GuideError
-from voicert.engine.models.llama import LlamaConfig, random_llama
 
 REQUIRED = ToolChoice(ToolChoiceMode.REQUIRED)
 BOOK = ToolSpec.of(
@@ -50,24 +48,7 @@ CANCEL = ToolSpec.of(
 
 @pytest.fixture(scope="module")
 def core():
-    from transformers import AutoTokenizer
-
-    from voicert.config import cache_dir, load_config
-    from voicert.engine.loader import resolve_llm
-
-    model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
-    torch.manual_seed(0)
-    model = random_llama(
-        LlamaConfig.from_hf(dict(shape_config("smollm2-random"), num_hidden_layers=2)),
-        torch.float32,
-        "cpu",
-    )
-    return build_core(
-        model_dir,
-        EngineConfig(num_blocks=256, torchscript=False),
-        model=model,
-        tokenizer=AutoTokenizer.from_pretrained(model_dir),
-    )
+    return random_core(num_blocks=256)
 
 
 def _run(core: EngineCore, *requests: GenerationRequest) -> dict[str, tuple[list[int], str]]:

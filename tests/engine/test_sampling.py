@@ -15,34 +15,15 @@ import numpy as np
 import pytest
 import torch
 
+from tests.engine.random_model import random_core
 from tests.engine.test_guided import BOOK, REQUIRED, _calls, _run
-from voicert.bench.engine import shape_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest, Sampling, request_problem
-from voicert.engine.build import EngineConfig, build_core
 from voicert.engine.core.sampling import Sampler, filtered_probs
-from voicert.engine.models.llama import LlamaConfig, random_llama
 
 
 def _core(**cfg):
-    from transformers import AutoTokenizer
-
-    from voicert.config import cache_dir, load_config
-    from voicert.engine.loader import resolve_llm
-
-    model_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
-    torch.manual_seed(0)
-    model = random_llama(
-        LlamaConfig.from_hf(dict(shape_config("smollm2-random"), num_hidden_layers=2)),
-        torch.float32,
-        "cpu",
-    )
-    return build_core(
-        model_dir,
-        EngineConfig(num_blocks=512, torchscript=False, **cfg),
-        model=model,
-        tokenizer=AutoTokenizer.from_pretrained(model_dir),
-    )
+    return random_core(num_blocks=512, **cfg)
 
 
 @pytest.fixture(scope="module")

@@ -17,13 +17,12 @@ messages with integers (``"sequenceNumber": 42``).
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from voicert.core import telephony as call
-from voicert.protocol import jsontext
+from voicert.protocol import carrier_json
 
 MULAW = "audio/x-mulaw"
 SAMPLE_RATE = 8000
@@ -34,25 +33,7 @@ class PlivoError(call.CallMessageError):
     """A message that does not follow Plivo's audio-stream format."""
 
 
-def _obj(d: Any, key: str, where: str) -> dict[str, Any]:
-    value = d.get(key) if isinstance(d, dict) else None
-    if not isinstance(value, dict):
-        raise PlivoError(f"{where}: missing or bad '{key}'")
-    return value
-
-
-def _str(d: dict[str, Any], key: str, where: str) -> str:
-    value = d.get(key)
-    if not isinstance(value, str):
-        raise PlivoError(f"{where}: missing or bad '{key}'")
-    return value
-
-
-def _int(value: Any, where: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise PlivoError(f"{where}: not a number") from None
+_F = carrier_json.Fields(PlivoError, "Plivo audio-stream")
 
 
 def extra_headers(value: Any) -> dict[str, str]:
@@ -67,10 +48,10 @@ def extra_headers(value: Any) -> dict[str, str]:
 
 
 def _start(msg: dict[str, Any]) -> call.CallStart:
-    start = _obj(msg, "start", "start")
-    fmt = _obj(start, "mediaFormat", "start")
-    encoding = _str(fmt, "encoding", "start.mediaFormat")
-    rate = _int(fmt.get("sampleRate", SAMPLE_RATE), "start.mediaFormat.sampleRate")
+    start = _F.obj(msg, "start", "start")
+    fmt = _F.obj(start, "mediaFormat", "start")
+    encoding = _F.text(fmt, "encoding", "start.mediaFormat")
+    rate = _F.number(fmt.get("sampleRate", SAMPLE_RATE), "start.mediaFormat.sampleRate")
     refused = None
     if (encoding, rate) != (MULAW, SAMPLE_RATE):
         refused = (
@@ -87,43 +68,28 @@ def _start(msg: dict[str, Any]) -> call.CallStart:
 
 
 def _media(msg: dict[str, Any]) -> call.CallMedia:
-    media = _obj(msg, "media", "media")
-    try:
-        payload = base64.b64decode(_str(media, "payload", "media"), validate=True)
-    except (binascii.Error, ValueError):
-        raise PlivoError("media.payload is not valid base64") from None
-    return call.CallMedia(payload, str(media.get("track", "inbound")) == "inbound")
+    media = _F.obj(msg, "media", "media")
+    return call.CallMedia(_F.audio(media, "media"), str(media.get("track", "inbound")) == "inbound")
 
 
 def decode(frame: str | bytes) -> call.CallEvent | None:
     """One message from Plivo -> a call event; None for an event type we do not handle. Raises
     PlivoError for a malformed message."""
-    if isinstance(frame, bytes):
-        raise PlivoError("binary frame: Plivo audio-stream messages are JSON text")
-    try:
-        msg = jsontext.loads(frame)
-    except (ValueError, RecursionError):
-        raise PlivoError("not valid JSON") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-        raise PlivoError("message: missing or bad 'event'")
+    msg = _F.message(frame)
     kind = msg["event"]
     if kind == "media":
         return _media(msg)
     if kind == "start":
         return _start(msg)
     if kind in ("playedStream", "played"):  # "played" in Plivo's FAQ; "playedStream" its reference
-        return call.CallMark(_str(msg, "name", kind))
+        return call.CallMark(_F.text(msg, "name", kind))
     if kind == "dtmf":
-        return call.CallDtmf(_str(_obj(msg, "dtmf", "dtmf"), "digit", "dtmf"))
+        return call.CallDtmf(_F.text(_F.obj(msg, "dtmf", "dtmf"), "digit", "dtmf"))
     if kind == "clearedAudio":
         return call.CallNotice("cleared")
     if kind == "stop":
         return call.CallStop()
     return None
-
-
-def _dump(msg: dict[str, Any]) -> str:
-    return json.dumps(msg, separators=(",", ":"))
 
 
 # ---------------------------------------------------------------- us -> Plivo
@@ -140,13 +106,13 @@ class Serializer:
     def media(self, payload: bytes) -> str:
         media = {"contentType": MULAW, "sampleRate": SAMPLE_RATE}
         media["payload"] = base64.b64encode(payload).decode()
-        return _dump({"event": "playAudio", "media": media})
+        return carrier_json.dump({"event": "playAudio", "media": media})
 
     def mark(self, name: str) -> str:
-        return _dump({"event": "checkpoint", "streamId": self.stream_id, "name": name})
+        return carrier_json.dump({"event": "checkpoint", "streamId": self.stream_id, "name": name})
 
     def clear(self) -> str:
-        return _dump({"event": "clearAudio", "streamId": self.stream_id})
+        return carrier_json.dump({"event": "clearAudio", "streamId": self.stream_id})
 
 
 class PlivoProvider:
@@ -173,14 +139,14 @@ def decode_outbound(text: str) -> dict[str, Any]:
         raise PlivoError("not valid JSON") from None
     kind = msg.get("event") if isinstance(msg, dict) else None
     if kind == "playAudio":
-        media = _obj(msg, "media", "playAudio")
+        media = _F.obj(msg, "media", "playAudio")
         if (media.get("contentType"), media.get("sampleRate")) != (MULAW, SAMPLE_RATE):
             raise PlivoError(f"playAudio: not the stream's format: {media.get('contentType')}")
-        media["payload"] = base64.b64decode(_str(media, "payload", "playAudio.media"))
+        media["payload"] = base64.b64decode(_F.text(media, "payload", "playAudio.media"))
     elif kind in ("checkpoint", "clearAudio"):
-        _str(msg, "streamId", kind)
+        _F.text(msg, "streamId", kind)
         if kind == "checkpoint":
-            _str(msg, "name", kind)
+            _F.text(msg, "name", kind)
     else:
         raise PlivoError(f"Plivo does not take {kind!r} messages")
     return msg
@@ -207,7 +173,7 @@ class InboundWriter:
         return ";".join(f"{k}={v}" for k, v in self.headers.items())
 
     def start(self, encoding: str = MULAW, sample_rate: int = SAMPLE_RATE) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "start",
                 "sequenceNumber": self._next(),
@@ -224,7 +190,7 @@ class InboundWriter:
 
     def media(self, payload: bytes, timestamp_ms: int) -> str:
         self._chunk += 1
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "media",
                 "sequenceNumber": self._next(),
@@ -240,7 +206,7 @@ class InboundWriter:
         )
 
     def played(self, name: str) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "playedStream",
                 "sequenceNumber": self._next(),
@@ -250,12 +216,12 @@ class InboundWriter:
         )
 
     def cleared(self) -> str:
-        return _dump(
+        return carrier_json.dump(
             {"event": "clearedAudio", "sequenceNumber": self._next(), "streamId": self.stream_id}
         )
 
     def dtmf(self, digit: str) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "dtmf",
                 "sequenceNumber": self._next(),

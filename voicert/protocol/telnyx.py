@@ -17,13 +17,12 @@ numbers its frames with strings (``"sequence_number": "2"``).
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from voicert.core import telephony as call
-from voicert.protocol import jsontext
+from voicert.protocol import carrier_json
 
 # Telnyx's codec name -> the session's encoding; both at 8 kHz
 FORMATS = {"PCMU": "mulaw", "PCMA": "alaw"}
@@ -36,39 +35,15 @@ class TelnyxError(call.CallMessageError):
     """A message that does not follow Telnyx's media-stream format."""
 
 
-def _obj(d: Any, key: str, where: str) -> dict[str, Any]:
-    value = d.get(key) if isinstance(d, dict) else None
-    if not isinstance(value, dict):
-        raise TelnyxError(f"{where}: missing or bad '{key}'")
-    return value
-
-
-def _str(d: dict[str, Any], key: str, where: str) -> str:
-    value = d.get(key)
-    if not isinstance(value, str):
-        raise TelnyxError(f"{where}: missing or bad '{key}'")
-    return value
-
-
-def _int(value: Any, where: str) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise TelnyxError(f"{where}: not a number") from None
-
-
-def _parameters(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise TelnyxError("start.custom_parameters: must be an object of strings")
-    return dict(value)
+_F = carrier_json.Fields(TelnyxError, "Telnyx media-stream")
 
 
 def _start(msg: dict[str, Any]) -> call.CallStart:
-    start = _obj(msg, "start", "start")
-    fmt = _obj(start, "media_format", "start")
-    codec = _str(fmt, "encoding", "start.media_format")
-    rate = _int(fmt.get("sample_rate", 8000), "start.media_format.sample_rate")
-    channels = _int(fmt.get("channels", 1), "start.media_format.channels")
+    start = _F.obj(msg, "start", "start")
+    fmt = _F.obj(start, "media_format", "start")
+    codec = _F.text(fmt, "encoding", "start.media_format")
+    rate = _F.number(fmt.get("sample_rate", 8000), "start.media_format.sample_rate")
+    channels = _F.number(fmt.get("channels", 1), "start.media_format.channels")
     known = FORMATS.get(codec.upper())
     refused = None
     if known is None or rate != SAMPLE_RATE or channels != 1:
@@ -81,18 +56,14 @@ def _start(msg: dict[str, Any]) -> call.CallStart:
         stream_id=str(msg.get("stream_id") or ""),
         encoding=known or "mulaw",
         sample_rate=rate,
-        parameters=_parameters(start.get("custom_parameters") or {}),
+        parameters=_F.strings(start.get("custom_parameters") or {}, "start.custom_parameters"),
         refused=refused,
     )
 
 
 def _media(msg: dict[str, Any]) -> call.CallMedia:
-    media = _obj(msg, "media", "media")
-    try:
-        payload = base64.b64decode(_str(media, "payload", "media"), validate=True)
-    except (binascii.Error, ValueError):
-        raise TelnyxError("media.payload is not valid base64") from None
-    return call.CallMedia(payload, str(media.get("track", "inbound")) == "inbound")
+    media = _F.obj(msg, "media", "media")
+    return call.CallMedia(_F.audio(media, "media"), str(media.get("track", "inbound")) == "inbound")
 
 
 def _error(msg: dict[str, Any]) -> call.CallNotice:
@@ -107,23 +78,16 @@ def _error(msg: dict[str, Any]) -> call.CallNotice:
 def decode(frame: str | bytes) -> call.CallEvent | None:
     """One message from Telnyx -> a call event; None for an event type we do not handle.
     Raises TelnyxError for a malformed message."""
-    if isinstance(frame, bytes):
-        raise TelnyxError("binary frame: Telnyx media-stream messages are JSON text")
-    try:
-        msg = jsontext.loads(frame)
-    except (ValueError, RecursionError):
-        raise TelnyxError("not valid JSON") from None
-    if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
-        raise TelnyxError("message: missing or bad 'event'")
+    msg = _F.message(frame)
     kind = msg["event"]
     if kind == "media":
         return _media(msg)
     if kind == "start":
         return _start(msg)
     if kind == "mark":
-        return call.CallMark(_str(_obj(msg, "mark", "mark"), "name", "mark"))
+        return call.CallMark(_F.text(_F.obj(msg, "mark", "mark"), "name", "mark"))
     if kind == "dtmf":
-        return call.CallDtmf(_str(_obj(msg, "dtmf", "dtmf"), "digit", "dtmf"))
+        return call.CallDtmf(_F.text(_F.obj(msg, "dtmf", "dtmf"), "digit", "dtmf"))
     if kind == "stop":
         return call.CallStop()
     if kind == "error":
@@ -131,10 +95,6 @@ def decode(frame: str | bytes) -> call.CallEvent | None:
     if kind == "connected":
         return call.CallNotice("connected")
     return None
-
-
-def _dump(msg: dict[str, Any]) -> str:
-    return json.dumps(msg, separators=(",", ":"))
 
 
 # ---------------------------------------------------------------- us -> Telnyx
@@ -153,13 +113,15 @@ class Serializer:
         return SILENCE[self.encoding]
 
     def media(self, payload: bytes) -> str:
-        return _dump({"event": "media", "media": {"payload": base64.b64encode(payload).decode()}})
+        return carrier_json.dump(
+            {"event": "media", "media": {"payload": base64.b64encode(payload).decode()}}
+        )
 
     def mark(self, name: str) -> str:
-        return _dump({"event": "mark", "mark": {"name": name}})
+        return carrier_json.dump({"event": "mark", "mark": {"name": name}})
 
     def clear(self) -> str:
-        return _dump({"event": "clear"})
+        return carrier_json.dump({"event": "clear"})
 
 
 class TelnyxProvider:
@@ -188,9 +150,11 @@ def decode_outbound(text: str) -> dict[str, Any]:
     if kind not in ("media", "mark", "clear"):
         raise TelnyxError(f"Telnyx does not take {kind!r} messages")
     if kind == "media":
-        msg["media"]["payload"] = base64.b64decode(_str(_obj(msg, "media", "media"), "payload", ""))
+        msg["media"]["payload"] = base64.b64decode(
+            _F.text(_F.obj(msg, "media", "media"), "payload", "")
+        )
     elif kind == "mark":
-        _str(_obj(msg, "mark", "mark"), "name", "mark")
+        _F.text(_F.obj(msg, "mark", "mark"), "name", "mark")
     return msg
 
 
@@ -212,10 +176,10 @@ class InboundWriter:
         return str(self._seq)
 
     def connected(self) -> str:
-        return _dump({"event": "connected", "version": "1.0.0"})
+        return carrier_json.dump({"event": "connected", "version": "1.0.0"})
 
     def start(self, encoding: str = "PCMU", sample_rate: int = 8000) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "start",
                 "sequence_number": self._next(),
@@ -239,7 +203,7 @@ class InboundWriter:
 
     def media(self, payload: bytes, timestamp_ms: int) -> str:
         self._chunk += 1
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "media",
                 "sequence_number": self._next(),
@@ -254,7 +218,7 @@ class InboundWriter:
         )
 
     def mark(self, name: str) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "mark",
                 "sequence_number": self._next(),
@@ -264,7 +228,7 @@ class InboundWriter:
         )
 
     def dtmf(self, digit: str) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "dtmf",
                 "sequence_number": self._next(),
@@ -274,7 +238,7 @@ class InboundWriter:
         )
 
     def stop(self) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "stop",
                 "sequence_number": self._next(),

@@ -11,13 +11,12 @@ our audio before it has played), ``dtmf``, ``stop``. Us -> Twilio: ``media``, ``
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from dataclasses import dataclass, field
 from typing import Any, Union
 
 from voicert.core import telephony as call
-from voicert.protocol import jsontext
+from voicert.protocol import carrier_json
 
 MULAW = "audio/x-mulaw"
 SAMPLE_RATE = 8000
@@ -72,18 +71,7 @@ class Stop:
 InboundEvent = Union[Connected, Start, Media, Mark, Dtmf, Stop]
 
 
-def _get(d: Any, key: str, typ: type, where: str) -> Any:
-    if not isinstance(d, dict) or not isinstance(d.get(key), typ):
-        raise TwilioError(f"{where}: missing or bad '{key}'")
-    return d[key]
-
-
-def _int(value: Any, where: str) -> int:
-    """Twilio sends numbers as strings (``"sequenceNumber": "2"``)."""
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise TwilioError(f"{where}: not a number") from None
+_F = carrier_json.Fields(TwilioError, "Media Streams")
 
 
 def _strings(value: Any, where: str) -> list[str]:
@@ -92,54 +80,41 @@ def _strings(value: Any, where: str) -> list[str]:
     return list(value)
 
 
-def _parameters(value: Any) -> dict[str, str]:
-    """``<Parameter>`` values of the TwiML: Twilio sends them as strings, and only strings pass."""
-    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
-        raise TwilioError("start.customParameters: must be an object of strings")
-    return dict(value)
-
-
 def decode_inbound(text: str | bytes) -> InboundEvent | None:
     """One message from Twilio -> an event; None for an event type we do not handle (Twilio may
     add some). Raises TwilioError for malformed messages."""
-    if isinstance(text, bytes):
-        raise TwilioError("binary frame: Media Streams messages are JSON text")
-    try:
-        msg = jsontext.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
-        raise TwilioError("not valid JSON") from None
-    kind = _get(msg, "event", str, "message")
+    msg = _F.message(text)
+    kind = msg["event"]
     if kind == "connected":
         return Connected(str(msg.get("protocol", "")), str(msg.get("version", "")))
     if kind == "start":
-        start = _get(msg, "start", dict, "start")
-        fmt = _get(start, "mediaFormat", dict, "start")
+        start = _F.obj(msg, "start", "start")
+        fmt = _F.obj(start, "mediaFormat", "start")
         return Start(
             stream_sid=str(msg.get("streamSid") or start.get("streamSid") or ""),
             call_sid=str(start.get("callSid", "")),
             account_sid=str(start.get("accountSid", "")),
             tracks=_strings(start.get("tracks") or ["inbound"], "start.tracks"),
-            custom_parameters=_parameters(start.get("customParameters") or {}),
-            encoding=_get(fmt, "encoding", str, "start.mediaFormat"),
-            sample_rate=_int(fmt.get("sampleRate"), "start.mediaFormat.sampleRate"),
-            channels=_int(fmt.get("channels", 1), "start.mediaFormat.channels"),
+            custom_parameters=_F.strings(
+                start.get("customParameters") or {}, "start.customParameters"
+            ),
+            encoding=_F.text(fmt, "encoding", "start.mediaFormat"),
+            sample_rate=_F.number(fmt.get("sampleRate"), "start.mediaFormat.sampleRate"),
+            channels=_F.number(fmt.get("channels", 1), "start.mediaFormat.channels"),
         )
     if kind == "media":
-        media = _get(msg, "media", dict, "media")
-        try:
-            payload = base64.b64decode(_get(media, "payload", str, "media"), validate=True)
-        except (binascii.Error, ValueError):
-            raise TwilioError("media.payload is not valid base64") from None
+        media = _F.obj(msg, "media", "media")
+        payload = _F.audio(media, "media")
         return Media(
             track=str(media.get("track", "inbound")),
-            chunk=_int(media.get("chunk", 0), "media.chunk"),
-            timestamp_ms=_int(media.get("timestamp", 0), "media.timestamp"),
+            chunk=_F.number(media.get("chunk", 0), "media.chunk"),
+            timestamp_ms=_F.number(media.get("timestamp", 0), "media.timestamp"),
             payload=payload,
         )
     if kind == "mark":
-        return Mark(_get(_get(msg, "mark", dict, "mark"), "name", str, "mark"))
+        return Mark(_F.text(_F.obj(msg, "mark", "mark"), "name", "mark"))
     if kind == "dtmf":
-        return Dtmf(_get(_get(msg, "dtmf", dict, "dtmf"), "digit", str, "dtmf"))
+        return Dtmf(_F.text(_F.obj(msg, "dtmf", "dtmf"), "digit", "dtmf"))
     if kind == "stop":
         stop = msg.get("stop") or {}
         if not isinstance(stop, dict):
@@ -148,15 +123,11 @@ def decode_inbound(text: str | bytes) -> InboundEvent | None:
     return None
 
 
-def _dump(msg: dict[str, Any]) -> str:
-    return json.dumps(msg, separators=(",", ":"))
-
-
 # ---------------------------------------------------------------- us -> Twilio
 
 
 def media_message(stream_sid: str, payload: bytes) -> str:
-    return _dump(
+    return carrier_json.dump(
         {
             "event": "media",
             "streamSid": stream_sid,
@@ -166,11 +137,11 @@ def media_message(stream_sid: str, payload: bytes) -> str:
 
 
 def mark_message(stream_sid: str, name: str) -> str:
-    return _dump({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
+    return carrier_json.dump({"event": "mark", "streamSid": stream_sid, "mark": {"name": name}})
 
 
 def clear_message(stream_sid: str) -> str:
-    return _dump({"event": "clear", "streamSid": stream_sid})
+    return carrier_json.dump({"event": "clear", "streamSid": stream_sid})
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,12 +168,12 @@ def decode_outbound(text: str) -> dict[str, Any]:
         msg = json.loads(text)
     except ValueError:
         raise TwilioError("not valid JSON") from None
-    kind = _get(msg, "event", str, "message")
+    kind = _F.text(msg, "event", "message")
     if kind not in ("media", "mark", "clear"):
         raise TwilioError(f"Twilio does not accept '{kind}' messages")
-    _get(msg, "streamSid", str, kind)
+    _F.text(msg, "streamSid", kind)
     if kind == "media":
-        msg["media"]["payload"] = base64.b64decode(_get(msg["media"], "payload", str, "media"))
+        msg["media"]["payload"] = base64.b64decode(_F.text(msg["media"], "payload", "media"))
     return msg
 
 
@@ -225,10 +196,10 @@ class InboundWriter:
         return str(self._seq)
 
     def connected(self) -> str:
-        return _dump({"event": "connected", "protocol": "Call", "version": "1.0.0"})
+        return carrier_json.dump({"event": "connected", "protocol": "Call", "version": "1.0.0"})
 
     def start(self, encoding: str = MULAW, sample_rate: int = SAMPLE_RATE) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "start",
                 "sequenceNumber": self._next(),
@@ -246,7 +217,7 @@ class InboundWriter:
 
     def media(self, payload: bytes, timestamp_ms: int) -> str:
         self._chunk += 1
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "media",
                 "sequenceNumber": self._next(),
@@ -261,7 +232,7 @@ class InboundWriter:
         )
 
     def mark(self, name: str) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "mark",
                 "sequenceNumber": self._next(),
@@ -271,7 +242,7 @@ class InboundWriter:
         )
 
     def dtmf(self, digit: str) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "dtmf",
                 "sequenceNumber": self._next(),
@@ -281,7 +252,7 @@ class InboundWriter:
         )
 
     def stop(self) -> str:
-        return _dump(
+        return carrier_json.dump(
             {
                 "event": "stop",
                 "sequenceNumber": self._next(),
