@@ -250,7 +250,7 @@ class AsrConfig:
     backend: str = "whisper"  # the recogniser: one of speech/asr.py's BACKENDS
     device: str = "cpu"
     compute_type: str = "int8"
-    threads: int = 0  # 0: CTranslate2 picks
+    threads: int = 0  # 0: one a core, at most 4 (speech/asr.py cpu_threads)
     beam_size: int = 1
     no_speech_threshold: float = 0.6  # segments Whisper thinks are not speech are dropped
     batch_window_ms: float = 0.0  # the worker waits this long to batch utterances of all sessions

@@ -282,8 +282,9 @@ async def test_hazard_the_llm_scores_the_early_transcript_and_a_sure_turn_ends_a
 
 
 async def test_hazard_the_reply_starts_with_the_scores_and_the_turn_takes_it():
-    """The reply is asked beside the end-of-turn scores of the early transcript (one prefill
-    step for both), and it is the reply the turn sends: no second request."""
+    """The reply is asked right after the end-of-turn scores of the early transcript, in the
+    same callback (so one prefill step takes both), and it is the reply the turn sends: no
+    second request."""
     text = "What is the capital of France?"
     engine = FakeEngine(end_probs={text: 0.9, text.rstrip("?"): 0.2})
     session, asr, events = with_hazard(engine, FakeJudge(0.9))
@@ -291,7 +292,8 @@ async def test_hazard_the_reply_starts_with_the_scores_and_the_turn_takes_it():
     asr.answer(asr.decodes[-1], text)
     assert await session.wait_turn(10)
     await until(lambda: any(isinstance(e, ev.ReplyDone) for e in events))
-    assert sorted(r.score_end for r in engine.requests) == [False, True, True]
+    # the transcript's score, then the reply; the bare transcript's score once the first is in
+    assert [r.score_end for r in engine.requests] == [True, False, True]
     (reply,) = [r for r in engine.requests if not r.score_end]
     assert reply.messages[-1].content == text and reply.request_id not in engine.cancelled
     done = next(e for e in events if isinstance(e, ev.ReplyDone))

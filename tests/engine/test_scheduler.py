@@ -186,6 +186,23 @@ def test_prefill_packs_into_captured_shapes_within_the_budget():
         assert s.tokens[n:] == reference(n, 10, first)
 
 
+def test_a_wider_prompt_joins_the_step_while_the_padded_step_fits_the_budget():
+    # an end-of-turn score (its message left open) and its reply (a few tokens longer) arrive
+    # together: they share one prefill step, so the reply's first token comes with the score
+    sched = Scheduler(BlockManager(256, 4), SchedulerConfig(prefill_token_budget=32), {STOP})
+    score, reply, long = seq("score", 5), seq("reply", 9, first=200), seq("long", 20, first=300)
+    for s in (score, reply, long):
+        sched.add(s)
+    step, _ = sched.schedule()
+    # 2 rows x 9 = 18 <= 32 (widened from 5); a third row would pad to 3 x 20 = 60 > 32
+    assert [(c.seq.id, c.end - c.start) for c in step.chunks] == [("score", 5), ("reply", 9)]
+    tight = Scheduler(BlockManager(256, 4), SchedulerConfig(prefill_token_budget=16), {STOP})
+    for s in (seq("score", 5), seq("reply", 9, first=200)):
+        tight.add(s)
+    step, _ = tight.schedule()
+    assert [c.seq.id for c in step.chunks] == ["score"]  # 2 x 9 = 18 > 16: the reply waits
+
+
 def sample_with_heads(step, right: bool = True) -> tuple[list[list[int]], list]:
     """:func:`sample`, plus two 'draft heads' guesses at each sampled position: right (what the
     model will emit next) or wrong (a constant)."""

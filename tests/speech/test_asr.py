@@ -152,3 +152,12 @@ def test_an_unknown_asr_backend_is_a_config_error_naming_the_key():
     assert asr_backend(AsrConfig()) is BACKENDS["whisper"]
     with pytest.raises(ConfigError, match=r"asr.backend: 'nemo' is not one of whisper"):
         asr_backend(AsrConfig(backend="nemo"))
+
+
+def test_zero_asr_threads_is_one_a_core_at_most_four():
+    import os
+
+    from voicert.speech.asr import cpu_threads
+
+    assert cpu_threads(3) == 3
+    assert cpu_threads(0) == min(4, os.cpu_count() or 1)

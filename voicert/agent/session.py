@@ -55,6 +55,7 @@ from voicert.telemetry.tracing import TurnSpans
 log = logging.getLogger(__name__)
 Emit = Callable[[ev.SessionEvent], Awaitable[None]]
 _request_ids = itertools.count(1)
+_Scoring = tuple[str, AsyncIterator[TokenEvent]]  # a score_end request's id and its stream
 
 
 @dataclass(slots=True)
@@ -353,7 +354,8 @@ class Session:
         elif isinstance(action, JudgeTurn):
             self._spawn(self._judge(action), f"judge-{self.id}")
         elif isinstance(action, ScoreText):
-            self._spawn(self._score_text(action), f"score-{self.id}")
+            first = self._submit_score(action.text)  # now: a reply started next shares its step
+            self._spawn(self._score_text(action, first), f"score-{self.id}")
         elif isinstance(action, (ev.TranscriptPartial, ev.SpeechStopped)):
             self._detach(self.emit(action))
 
@@ -370,30 +372,39 @@ class Session:
             self.svc.metrics.judge_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
         await self._act_all(self.turns.judged(action.judge_id, prob, now_ns()))
 
-    async def _score_text(self, action: ScoreText) -> None:
-        """The LLM's end-of-turn scores of the early transcript (a ``score_end`` request on
-        this conversation: its prefix is cached), then let turn-taking decide; a failed score
-        leaves the decision to the other opinions. An engine whose model has an end-of-turn
-        head answers with it; one without is asked a second time, on the bare transcript."""
+    async def _score_text(self, action: ScoreText, first: _Scoring | None) -> None:
+        """The LLM's end-of-turn scores of the early transcript (``first``: its ``score_end``
+        request on this conversation, already submitted; its prefix is cached), then let
+        turn-taking decide; a failed score leaves the decision to the other opinions. An engine
+        whose model has an end-of-turn head answers with it; one without is asked a second time,
+        on the bare transcript."""
         t0 = time.perf_counter_ns()
-        text_prob, head_prob = await self._end_prob(action.text)
+        text_prob, head_prob = await self._end_prob(first)
         bare_prob = None
         if head_prob is None and text_prob is not None:
-            bare_prob, _ = await self._end_prob(action.bare)
+            bare_prob, _ = await self._end_prob(self._submit_score(action.bare))
         self.svc.metrics.score_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
         actions = self.turns.text_scored(action.judge_id, text_prob, bare_prob, now_ns(), head_prob)
         await self._act_all(actions)
 
-    async def _end_prob(self, text: str) -> tuple[float | None, float | None]:
-        """(P(the user's message ends after ``text``), the end-of-turn head's P(over) there);
-        None for each when there is no text, the engine has no head, or it failed."""
+    def _submit_score(self, text: str) -> _Scoring | None:
+        """Ask the engine now for the end-of-turn scores after ``text`` (None: no text)."""
         if not text:
-            return None, None
+            return None
         rid = f"{self.id}-score-{next(_request_ids)}"
         request = GenerationRequest(rid, self._messages(text), 1, self.id, score_end=True)
+        return rid, self.svc.engine.submit(request)
+
+    async def _end_prob(self, scoring: _Scoring | None) -> tuple[float | None, float | None]:
+        """(P(the user's message ends after the text ``scoring`` asked about), the end-of-turn
+        head's P(over) there); None for each when there is no text, the engine has no head, or
+        it failed."""
+        if scoring is None:
+            return None, None
+        rid, stream = scoring
         probs: tuple[float | None, float | None] = None, None
         try:
-            async for event in self.svc.engine.submit(request):
+            async for event in stream:
                 if event.finish_reason is not None:
                     probs = event.end_prob, event.turn_prob
                     if event.error:
@@ -621,8 +632,12 @@ class Session:
             decided = self.turns.early_done(
                 decode_id, None if failed else fut.result().text, now_ns()
             )
-            if decided:
-                self._detach(self._act_all(decided))
+            for action in decided:  # the scores go in before the reply started below
+                if isinstance(action, ScoreText):
+                    self._act_now(action)
+            rest = [a for a in decided if not isinstance(a, ScoreText)]
+            if rest:
+                self._detach(self._act_all(rest))
         if not self.turns.early_is_current(decode_id) or failed or not fut.result().text:
             return
         self._start_ahead(decode_id, fut.result().text)

@@ -12,6 +12,7 @@ import asyncio
 import collections
 import importlib.util
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -57,6 +58,13 @@ def resolve_asr_model(spec: str, cache: Path | None = None) -> Path:
             "(no model.bin); give 'embedded', 'base' or a converted model dir"
         )
     return path
+
+
+def cpu_threads(threads: int) -> int:
+    """CTranslate2's threads for ``asr.threads``: 0 is one a core this process may use, at most
+    4. (CTranslate2's own default is 4 threads: on a 2-core machine they oversubscribe it, and
+    the LLM's prefill right after a decode, the reply's first token, took ~25 % longer.)"""
+    return threads or min(4, os.cpu_count() or 1)
 
 
 def window_frames(frames: int, cfg: AsrConfig) -> int:
@@ -170,7 +178,7 @@ class WhisperAsr(AsrBase):
             str(self.model_dir),
             device=cfg.device,
             compute_type=cfg.compute_type,
-            cpu_threads=cfg.threads,
+            cpu_threads=cpu_threads(cfg.threads),
             num_workers=1,
         )
         multilingual = self.model.model.is_multilingual

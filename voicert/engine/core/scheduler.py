@@ -204,7 +204,8 @@ class Scheduler:
 
     def _prefill_step(self, seqs: list[Sequence]) -> Step:
         """The oldest pending prompt first (a budget-sized chunk of it), then whole prompts of
-        others that fit in its padded width, while the padded step stays within the budget.
+        others, while the padded step (rows x its widest row) stays within the budget: a reply's
+        prompt goes in the same step as its slightly shorter end-of-turn score.
 
         A prompt longer than one step does not hold the others back: while prompts that fit in
         a step wait behind it, the oldest of those leads instead (it is done in this step, its
@@ -221,10 +222,12 @@ class Scheduler:
                 n = min(todo, budget)
                 width = bucket(n, self.cfg.prefill_widths) or n
             else:
-                n = todo  # later rows come whole and must not widen the padded batch
+                n = todo  # later rows come whole; one may widen the step while it stays in budget
+                wide = max(width, bucket(n, self.cfg.prefill_widths) or n)
                 rows = bucket(len(chunks) + 1, self.cfg.prefill_batches)
-                if n > width or rows is None or rows * width > budget:
+                if rows is None or rows * wide > budget:
                     continue
+                width = wide
             chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
         return Step("prefill", chunks=chunks)
 
