@@ -315,6 +315,8 @@ class LlmConfig:
     # the GPU config takes 2048: a step there costs little more for more tokens)
     long_prompt_skips: int = 6  # prefill steps in a row a prompt longer than one step yields to
     # prompts that fit one (so their first token comes first); it still gets one step in N + 1
+    long_prompt_chunk: int = 32  # a prompt longer than one step goes in chunks of at most this many
+    # tokens while other requests run (0: the whole budget): what another caller's token waits for
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
     spec_policy: str = "adaptive"  # adaptive: speculate per decode step where measured faster at
@@ -438,6 +440,11 @@ class LlmConfig:
             self.long_prompt_skips >= 0,
             "llm.long_prompt_skips",
             "must be >= 0",
+        )
+        _check(
+            self.long_prompt_chunk >= 0,
+            "llm.long_prompt_chunk",
+            "must be >= 0 (0: the whole prefill_token_budget)",
         )
         _check(
             self.prefill_token_budget >= self.block_size,

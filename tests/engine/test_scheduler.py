@@ -203,6 +203,22 @@ def test_a_wider_prompt_joins_the_step_while_the_padded_step_fits_the_budget():
     assert [c.seq.id for c in step.chunks] == ["score"]  # 2 x 9 = 18 > 16: the reply waits
 
 
+def test_a_long_prompt_goes_in_short_chunks_while_others_run_and_whole_alone():
+    cfg = SchedulerConfig(prefill_token_budget=32, long_prompt_chunk=8, long_prompt_skips=0)
+    sched = Scheduler(BlockManager(256, 4), cfg, {STOP})
+    long = seq("long", 100)
+    sched.add(long)
+    step, _ = sched.schedule()
+    assert [(c.seq.id, c.end - c.start) for c in step.chunks] == [("long", 32)]  # alone: whole
+    sched.postprocess(step, sample(step))
+    sched.add(seq("caller", 5, first=200))
+    step, _ = sched.schedule()
+    assert [(c.seq.id, c.end - c.start) for c in step.chunks] == [("long", 8), ("caller", 5)]
+    steps: list = []
+    run_all(sched, steps)
+    assert long.tokens[100:] == reference(100, 10, 100)  # chunked any way, the same tokens
+
+
 def sample_with_heads(step, right: bool = True) -> tuple[list[list[int]], list]:
     """:func:`sample`, plus two 'draft heads' guesses at each sampled position: right (what the
     model will emit next) or wrong (a constant)."""

@@ -156,6 +156,7 @@ def _scheduler(
             prefill_batches=tuple(pg.batches) if pg else (),
             prefill_widths=tuple(pg.widths) if pg else (),
             long_prompt_skips=cfg.long_prompt_skips,
+            long_prompt_chunk=cfg.long_prompt_chunk,
         ),
         stop_ids,
         SpecPolicy(cfg.spec_tokens, SpecMode(cfg.spec_policy)),

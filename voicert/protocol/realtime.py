@@ -1,5 +1,6 @@
 """A compatible subset of the OpenAI Realtime API (``/v1/realtime``). Sans-I/O: JSON text in, typed
-client events out; server events are built as plain maps. No sockets, no asyncio.
+client events out (msgspec structs), typed server events (``realtime_events.py``) encoded. No
+sockets, no asyncio.
 
 Two flavours of event names are spoken: the GA API's (``response.output_text.delta``,
 ``conversation.item.added``...) and the beta API's (``response.text.delta``,
@@ -19,8 +20,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Union
 
+import msgspec
+
 from voicert.core.chat import AUTO, ToolChoice, ToolSpec
 from voicert.protocol import jsontext
+from voicert.protocol import realtime_events as events
 from voicert.protocol.tools import (
     WireError,
     choice_from_wire,
@@ -448,31 +452,26 @@ def _voice(value: Any, param: str) -> str:
     return value
 
 
-# ---------------------------------------------------------------- client events
+# ---------------------------------------------------------------- client events (typed structs)
 
 
-@dataclass(slots=True)
-class SessionUpdate:
+class SessionUpdate(msgspec.Struct):
     session: dict[str, Any]
 
 
-@dataclass(slots=True)
-class AudioAppend:
+class AudioAppend(msgspec.Struct):
     audio: bytes
 
 
-@dataclass(slots=True)
-class AudioCommit:
+class AudioCommit(msgspec.Struct):
     pass
 
 
-@dataclass(slots=True)
-class AudioClear:
+class AudioClear(msgspec.Struct):
     pass
 
 
-@dataclass(slots=True)
-class ItemCreate:
+class ItemCreate(msgspec.Struct):
     item_id: str | None
     role: str  # user | assistant | system (a message); assistant (function_call); tool (output)
     text: str  # a message's text, a function_call's arguments, a function_call_output's output
@@ -481,8 +480,7 @@ class ItemCreate:
     name: str = ""  # function_call: the tool
 
 
-@dataclass(slots=True)
-class ResponseCreate:
+class ResponseCreate(msgspec.Struct):
     instructions: str | None = None
     max_output_tokens: int | None = None
     audio_out: bool | None = None  # None: the session's modalities
@@ -490,25 +488,21 @@ class ResponseCreate:
     tools: tuple[ToolSpec, ...] | None = None  # this response's client tools (None: the session's)
 
 
-@dataclass(slots=True)
-class ResponseCancel:
+class ResponseCancel(msgspec.Struct):
     pass
 
 
-@dataclass(slots=True)
-class ItemTruncate:
+class ItemTruncate(msgspec.Struct):
     item_id: str
     content_index: int
     audio_end_ms: int
 
 
-@dataclass(slots=True)
-class ItemDelete:
+class ItemDelete(msgspec.Struct):
     item_id: str
 
 
-@dataclass(slots=True)
-class ItemRetrieve:
+class ItemRetrieve(msgspec.Struct):
     item_id: str
 
 
@@ -744,7 +738,8 @@ def decode_client(frame: str | bytes) -> tuple[ClientEvent, str | None]:
 
 @dataclass(slots=True)
 class EventWriter:
-    """Builds server events as JSON text with fresh ``event_id``s, in the connection's flavour."""
+    """Encodes typed server events (``protocol/realtime_events.py``) as JSON text, each with a
+    fresh ``event_id`` and named in the connection's flavour."""
 
     flavor: Flavor = Flavor.GA
     _ids: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -752,21 +747,26 @@ class EventWriter:
     def name(self, ga_name: str) -> str:
         return _BETA_NAMES.get(ga_name, ga_name) if self.flavor is Flavor.BETA else ga_name
 
-    def event(self, ga_name: str, **fields: Any) -> str:
-        msg = {"type": self.name(ga_name), "event_id": f"event_{next(self._ids)}", **fields}
+    def encode(self, event: events.ServerEvent) -> str:
+        event.event_id = f"event_{next(self._ids)}"
+        msg = msgspec.to_builtins(event)
+        msg["type"] = self.name(msg["type"])
         return json.dumps(msg, ensure_ascii=False, separators=(",", ":"))
 
     def error(self, exc: RealtimeError) -> str:
-        return self.event(
-            "error",
-            error={
-                "type": exc.kind,
-                "code": exc.code,
-                "message": exc.message,
-                "param": exc.param,
-                "event_id": exc.event_id,
-            },
-        )
+        return self.encode(error_event(exc))
+
+
+def error_event(exc: RealtimeError) -> events.Error:
+    """The ``error`` event that answers ``exc``."""
+    wire = {
+        "type": exc.kind,
+        "code": exc.code,
+        "message": exc.message,
+        "param": exc.param,
+        "event_id": exc.event_id,
+    }
+    return events.Error(error=wire)
 
 
 def message_item(item_id: str, role: str, status: str, content: list[dict]) -> dict[str, Any]:

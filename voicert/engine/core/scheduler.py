@@ -32,6 +32,8 @@ class SchedulerConfig:
     # prefill steps in a row a prompt longer than one step may yield to prompts that fit in one
     # (0: first come, first served; docs/benchmarks.md 38)
     long_prompt_skips: int = 2
+    # tokens of a chunk of such a prompt while other sequences run (0: the whole budget)
+    long_prompt_chunk: int = 0
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.prefill_token_budget < 1 or self.spec_tokens < 0:
@@ -219,7 +221,7 @@ class Scheduler:
         for seq in seqs:
             todo = len(seq.tokens) - seq.num_computed
             if not chunks:
-                n = min(todo, budget)
+                n = min(todo, self._chunk_limit(todo, budget))
                 width = bucket(n, self.cfg.prefill_widths) or n
             else:
                 n = todo  # later rows come whole; one may widen the step while it stays in budget
@@ -230,6 +232,14 @@ class Scheduler:
                 width = wide
             chunks.append(Chunk(seq, seq.num_computed, seq.num_computed + n))
         return Step("prefill", chunks=chunks)
+
+    def _chunk_limit(self, todo: int, budget: int) -> int:
+        """The most tokens of a pending prompt one step computes: the budget, or for a prompt
+        longer than that while other sequences run, ``long_prompt_chunk`` (a caller's next token
+        then waits for a short chunk, not a budget-sized one)."""
+        cap = self.cfg.long_prompt_chunk
+        busy = len(self.running) + len(self.waiting) > 1
+        return min(cap, budget) if cap and todo > budget and busy else budget
 
     def _fair_order(self, seqs: list[Sequence], budget: int) -> list[Sequence]:
         """``seqs`` (oldest first), with the oldest short prompt moved to the front when the
