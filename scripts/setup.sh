@@ -2,8 +2,9 @@
 # Sets voicert up in ./.venv on a fresh machine: Python deps, the embedded models, the one-time
 # GGUF conversion. Idempotent: a second run only checks. Usage: scripts/setup.sh [test]
 #   VOICERT_PYTHON  interpreter to build the venv from (default: python3, must be >= 3.11)
-#   VOICERT_TORCH   torch requirement (default: torch==2.13.0; on machines without a local wheel
-#                   prefer the CPU index: pip's --index-url https://download.pytorch.org/whl/cpu)
+#   VOICERT_TORCH   torch requirement (default: torch==2.13.0). Without an NVIDIA GPU it comes from
+#                   PyTorch's CPU index when that answers (VOICERT_TORCH_INDEX: another one), else
+#                   from pip's index (scripts/torch_source.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${VOICERT_PYTHON:-python3}
@@ -28,8 +29,10 @@ pip_install() {
   rm -f "$log"
 }
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  # no NVIDIA GPU: the CPU build from PyTorch's index, else pip's own (scripts/torch_source.py)
+  mapfile -t TORCH_INDEX < <(.venv/bin/python scripts/torch_source.py)
   echo "setup: installing $TORCH (the largest download: a minute or more)"
-  pip_install "$TORCH"
+  pip_install ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"} "$TORCH"
 fi
 extra=""
 if [ "${1:-}" = "test" ]; then
