@@ -234,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"loadgen.abuse: unknown abuser(s) {unknown} (known: {', '.join(ABUSERS)})")
         return 2
-    print(asyncio.run(run(args.url, args.callers, args.seconds, args.history, kinds)))
+    try:
+        print(asyncio.run(run(args.url, args.callers, args.seconds, args.history, kinds)))
+    except (OSError, ValueError) as exc:  # urllib's URLError and HTTPError are OSErrors
+        print(f"loadgen.abuse: no server ready at {args.url}: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

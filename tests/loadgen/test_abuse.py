@@ -29,3 +29,14 @@ async def test_the_table_has_a_row_per_phase(server):
     table = await abuse.run(f"http://127.0.0.1:{server.port}", 1, 1.0, 50, ["stops", "history"])
     names = [line.split(" | ")[0] for line in table.splitlines()[2:]]
     assert names == ["| nobody", "| stops", "| history", "| all at once", "| nobody, again"]
+
+
+def test_no_server_is_one_line_not_a_traceback(capsys):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nothing listens there
+    assert abuse.main(["--url", f"http://127.0.0.1:{port}", "--seconds", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("loadgen.abuse: no server ready at") and "Traceback" not in err
