@@ -16,7 +16,7 @@ from pathlib import Path
 from loadgen.caller import CallerStats
 from loadgen.report import LevelWriter, write_all
 from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
-from voicert.client import load_for_streaming
+from voicert.client import ClientError, load_for_streaming, server_env, stream_url
 from voicert.protocol import native as p
 
 
@@ -34,7 +34,12 @@ def by_concurrency(stats: CallerStats) -> dict[int, CallerStats]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__.splitlines()[0])
-    ap.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
+    ap.add_argument(
+        "--url",
+        default=server_env(),
+        help="the server: ws://HOST:PORT or the stream's URL (default: $VOICERT_URL, "
+        "else ws://127.0.0.1:8765)",
+    )
     ap.add_argument("--wav", nargs="+", default=sorted(glob.glob("tests/data/*.wav")))
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--callers", type=int, default=1, help="closed loop: concurrent callers")
@@ -77,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.wav:
         ap.error("no WAV files (give --wav)")
+    try:
+        args.url = stream_url(args.url)
+    except ClientError as exc:
+        ap.error(str(exc))
     spec = LoadSpec(
         args.url,
         [load_for_streaming(w) for w in args.wav],

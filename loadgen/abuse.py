@@ -29,6 +29,7 @@ import time
 from urllib.parse import urlsplit
 
 from loadgen.report import pcts
+from voicert.client import ClientError, door_url, server_env
 
 ABUSERS = ("history", "schema", "stops", "audio")
 HOSTILE_PATTERN = "^((a{100}){100}){100}$"
@@ -223,12 +224,18 @@ async def run(url: str, callers: int, seconds: float, history: int, kinds: list[
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m loadgen.abuse", description=__doc__)
-    ap.add_argument("--url", default="http://127.0.0.1:8765", help="the server's HTTP base URL")
+    ap.add_argument(
+        "--url", default=server_env(), help="the server (http:// or ws://; default: $VOICERT_URL)"
+    )
     ap.add_argument("--callers", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20.0, help="each phase")
     ap.add_argument("--history", type=int, default=10_000, help="messages of the huge request")
     ap.add_argument("--abusers", default=",".join(ABUSERS))
     args = ap.parse_args(argv)
+    try:
+        args.url = door_url(args.url, "", http=True)
+    except ClientError as exc:
+        ap.error(str(exc))
     kinds = [k for k in args.abusers.split(",") if k]
     unknown = [k for k in kinds if k not in ABUSERS]
     if unknown:

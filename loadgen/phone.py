@@ -28,6 +28,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from voicert.audio.pcm import encode_audio
 from voicert.audio.wav import read_wav
+from voicert.client import ClientError, door_url
 from voicert.protocol import plivo, telnyx
 from voicert.protocol import twilio as tw
 
@@ -326,11 +327,17 @@ def main(argv: list[str] | None = None, provider: str | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     if provider is None:
         ap.add_argument("--provider", choices=PROVIDERS, default="twilio")
-    ap.add_argument("url")
+    ap.add_argument(
+        "url", help="the server: ws://HOST:PORT (the provider's door is added) or the door's URL"
+    )
     ap.add_argument("wavs", nargs="+")
     args = ap.parse_args(argv)
     chosen = provider or args.provider
-    result = asyncio.run(call(args.url, [read_wav(w) for w in args.wavs], chosen))
+    try:
+        url = door_url(args.url, f"/{chosen}")
+    except ClientError as exc:
+        ap.error(str(exc))
+    result = asyncio.run(call(url, [read_wav(w) for w in args.wavs], chosen))
     print(
         f"played {len(result.played) / tw.SAMPLE_RATE:.2f} s of reply audio in "
         f"{len(result.media_sizes)} media messages; marks {result.marks_echoed}; "

@@ -18,7 +18,7 @@ import time
 from websockets.asyncio.client import connect
 
 from loadgen.caller import Caller, CallerStats
-from voicert.client import load_for_streaming
+from voicert.client import ClientError, load_for_streaming, server_env, stream_url
 
 
 async def pressure(base: str, items: int, chars: int) -> float:
@@ -78,13 +78,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m loadgen.pressure", description=__doc__.splitlines()[0]
     )
-    ap.add_argument("--url", default="ws://127.0.0.1:8765/v1/stream")
+    ap.add_argument("--url", default=server_env(), help="default: $VOICERT_URL")
     ap.add_argument("--wav", default="tests/data/capital_of_france.wav")
     ap.add_argument("--items", type=int, default=800)
     ap.add_argument("--chars", type=int, default=200)
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args(argv)
-    res = asyncio.run(run(args.url, args.wav, args.items, args.chars, args.runs))
+    try:
+        url = stream_url(args.url)
+    except ClientError as exc:
+        ap.error(str(exc))
+    res = asyncio.run(run(url, args.wav, args.items, args.chars, args.runs))
     print("| spoken turn, last frame -> response.done (s) | median | runs |\n|---|---:|---|")
     for name, xs in res.items():
         print(f"| {name} | {statistics.median(xs):.2f} | {', '.join(f'{x:.2f}' for x in xs)} |")

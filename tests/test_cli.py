@@ -204,6 +204,37 @@ def test_client_takes_the_server_url_as_users_type_it():
             stream_url(bad)
 
 
+def test_every_client_finds_the_server_from_one_setting(monkeypatch):
+    from loadgen import abuse, phone
+    from voicert.client import door_url, server_env
+
+    assert server_env({}) == "ws://127.0.0.1:8765"
+    assert server_env({"VOICERT_URL": "http://box:9000"}) == "http://box:9000"
+    assert door_url("http://box:9000", "/telnyx") == "ws://box:9000/telnyx"  # the provider's door
+    assert door_url("wss://box/v1/stream", "", http=True) == "https://box"  # the HTTP API's base
+    assert door_url("ws://box:9000/plivo", "/twilio") == "ws://box:9000/plivo"  # a path is kept
+    calls = []
+
+    async def call(url, clips, provider):
+        calls.append((url, provider))
+        return phone.CallResult()
+
+    monkeypatch.setattr(phone, "call", call)
+    monkeypatch.setattr(phone, "read_wav", lambda path: (None, 8000))
+    phone.main(["--provider", "plivo", "ws://box:9000", "x.wav"])
+    assert calls == [("ws://box:9000/plivo", "plivo")]
+    monkeypatch.setenv("VOICERT_URL", "ws://box:9000/v1/stream")
+    seen = []
+
+    async def run(url, *args):
+        seen.append(url)
+        return "table"
+
+    monkeypatch.setattr(abuse, "run", run)
+    assert abuse.main(["--seconds", "1"]) == 0  # the default, read when main runs
+    assert seen == ["http://box:9000"]
+
+
 def _failing_stream(exc):
     async def stream_audio(*args, **kwargs):
         raise exc

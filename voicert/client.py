@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import struct
 import sys
 import time
@@ -70,18 +71,37 @@ SNIFF = (
 )
 
 
-def stream_url(url: str) -> str:
-    """The native stream's ``ws(s)://`` URL from what a user may type: ``http(s)://`` is taken as
-    ``ws(s)://`` and a bare host (no path) gets ``/v1/stream``. Raises :class:`ClientError`."""
+DEFAULT_SERVER = "ws://127.0.0.1:8765"
+
+
+def server_env(environ: dict[str, str] | None = None) -> str:
+    """The server every client and load generator finds by default: ``$VOICERT_URL`` (any of
+    the forms :func:`door_url` takes), else this machine's default port."""
+    env = os.environ if environ is None else environ
+    return env.get("VOICERT_URL") or DEFAULT_SERVER
+
+
+def door_url(url: str, path: str, http: bool = False) -> str:
+    """A door's URL from what a user may type: ``http(s)://`` and ``ws(s)://`` are the same server,
+    and a URL without a path (``ws://HOST:PORT``) gets ``path``; one with a path keeps it.
+    ``http``: the ``http(s)://`` form (the HTTP API). Raises :class:`ClientError`."""
     parts = urllib.parse.urlsplit(url)
-    scheme = {"ws": "ws", "wss": "wss", "http": "ws", "https": "wss"}.get(parts.scheme.lower())
-    if scheme is None or not parts.netloc:
+    secure = {"ws": False, "wss": True, "http": False, "https": True}.get(parts.scheme.lower())
+    if secure is None or not parts.netloc:
         raise ClientError(
-            f"--url {url}: give the server as ws://HOST:PORT{STREAM_PATH} "
-            "(http://HOST:PORT is taken too)"
+            f"--url {url}: give the server as ws://HOST:PORT (or http://HOST:PORT, or the door's "
+            f"whole URL: ws://HOST:PORT{path})"
         )
-    path = parts.path if parts.path not in ("", "/") else STREAM_PATH
-    return urllib.parse.urlunsplit((scheme, parts.netloc, path, parts.query, ""))
+    scheme = ("https" if secure else "http") if http else ("wss" if secure else "ws")
+    keep = parts.path not in ("", "/") and not http
+    return urllib.parse.urlunsplit(
+        (scheme, parts.netloc, parts.path if keep else path, parts.query, "")
+    )
+
+
+def stream_url(url: str) -> str:
+    """The native stream's ``ws(s)://`` URL (:func:`door_url` with ``/v1/stream``)."""
+    return door_url(url, STREAM_PATH)
 
 
 def load_clip(path: str) -> tuple[np.ndarray, int]:
