@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     setup_logging(cfg.log.level)
     try:
+        from voicert.packaged import check_packages
+
+        check_packages(cfg)  # every model package missing, in one message, before any loads
         if args.cmd == "prepare":
             from voicert.config import cache_dir
             from voicert.engine.loader import resolve_llm
