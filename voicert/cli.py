@@ -86,6 +86,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--fast", action="store_true", help="send audio as fast as possible")
     c.add_argument(
+        "--mic",
+        action="store_true",
+        help="talk from this machine's microphone until Ctrl-C (needs: pip install sounddevice)",
+    )
+    c.add_argument(
+        "--turns", type=int, default=0, metavar="N", help="with --mic: stop after N answered turns"
+    )
+    c.add_argument(
         "--speak",
         metavar="OUT.wav",
         help="ask for spoken replies and write them (all turns, 24 kHz) to this WAV",
@@ -103,8 +111,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "client":
         from voicert import client
 
-        if not args.wav and not args.text:
-            print("voicert client: give WAV files, --text TEXT, or both", file=sys.stderr)
+        if args.mic and (args.wav or args.text or args.speak):
+            print("voicert client: --mic takes no WAV files, --text or --speak", file=sys.stderr)
+            return 2
+        if not args.wav and not args.text and not args.mic:
+            print("voicert client: give WAV files, --text TEXT, or --mic", file=sys.stderr)
             return 2
         if args.voice and not args.speak:
             print(
@@ -121,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
             token=args.token,
             voice=args.voice,
             texts=tuple(args.text),
+            mic=args.mic,
+            max_turns=args.turns,
         )
     try:
         cfg = load_config(args.config, _overrides(args))

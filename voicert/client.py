@@ -334,11 +334,16 @@ def main(
     token: str | None = None,
     voice: str | None = None,
     texts: tuple[str, ...] = (),
+    mic: bool = False,
+    max_turns: int = 0,
 ) -> int:
     """``voicert client``: 0 when every turn was answered, 1 when the server reported an error or
     heard no speech in a clip, 2 when the files, the URL or the connection are wrong (one line
-    on stderr each, never a traceback), 130 on Ctrl-C."""
+    on stderr each, never a traceback), 130 on Ctrl-C. ``mic``: turns from the microphone
+    (``voicert/client_mic.py``) until Ctrl-C, which then ends it with 0, or ``max_turns``."""
     try:
+        if mic:
+            return _run_mic(url, token, voice, max_turns)
         return _run(files, url, realtime, speak_to, token, voice, texts)
     except ClientError as exc:
         print(f"voicert client: {exc}", file=sys.stderr)
@@ -412,6 +417,38 @@ def _run(
         write_wav(speak_to, decode_pcm(audio, "pcm16"), SPEAK_RATE)
         print(f"wrote {len(audio) / 2 / SPEAK_RATE:.1f} s of spoken replies to {speak_to}")
     return 1 if result.errors or result.unheard else 0
+
+
+def _run_mic(url: str, token: str | None, voice: str | None, max_turns: int) -> int:
+    from voicert import client_mic
+
+    url = stream_url(url)
+    headers = {"Authorization": f"Bearer {token}"} if token else None
+
+    async def session() -> int:
+        with client_mic.Microphone(client_mic.sounddevice_module()) as mic:
+            print("listening: speak, and stop with Ctrl-C", flush=True)
+            return await client_mic.talk(
+                url, mic, show_event, max_turns=max_turns, headers=headers, voice=voice
+            )
+
+    try:
+        asyncio.run(session())
+    except client_mic.MicError as exc:
+        raise ClientError(str(exc)) from None
+    except KeyboardInterrupt:
+        print("\nvoicert client: stopped", file=sys.stderr)
+    except InvalidStatus as exc:
+        raise ClientError(refused(url, exc.response.status_code)) from None
+    except ConnectionClosed as exc:
+        rcvd = exc.rcvd
+        why = f"{rcvd.code} {rcvd.reason}".strip() if rcvd else "without a close frame"
+        raise ClientError(f"the server closed the connection ({why})") from None
+    except RuntimeError as exc:
+        raise ClientError(str(exc)) from None
+    except OSError as exc:
+        raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+    return 0
 
 
 def show_event(ev: dict, speaking: bool = False) -> None:
