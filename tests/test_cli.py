@@ -346,7 +346,7 @@ async def test_client_takes_typed_turns_after_the_spoken_ones(url, capsys):
 
 def test_client_without_a_wav_or_text_says_so(capsys):
     assert cli.main(["client", "--url", "ws://127.0.0.1:9/x"]) == 2
-    assert "give WAV files, --text TEXT, or both" in capsys.readouterr().err
+    assert "give WAV files, --text TEXT, or --mic" in capsys.readouterr().err
 
 
 def test_client_shows_tool_calls_and_their_outputs(capsys):
