@@ -315,7 +315,7 @@ class LlmConfig:
     # the GPU config takes 2048: a step there costs little more for more tokens)
     long_prompt_skips: int = 6  # prefill steps in a row a prompt longer than one step yields to
     # prompts that fit one (so their first token comes first); it still gets one step in N + 1
-    long_prompt_chunk: int = 32  # a prompt longer than one step goes in chunks of at most this many
+    long_prompt_chunk: int = 16  # a prompt longer than one step goes in chunks of at most this many
     # tokens while other requests run (0: the whole budget): what another caller's token waits for
     batch_window_ms: float = 0.0  # an idle engine waits this long to batch simultaneous arrivals
     spec_tokens: int = 0  # speculative drafts per step (lossless for greedy); 0: off
