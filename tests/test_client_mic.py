@@ -5,6 +5,7 @@ line."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import types
@@ -61,7 +62,8 @@ async def test_the_microphone_turn_is_heard_and_answered(server):
     events: list[dict] = []
     url = f"ws://127.0.0.1:{server.port}/v1/stream"
     with client_mic.Microphone(device) as mic:
-        answered = await client_mic.talk(url, mic, events.append, max_turns=1)
+        talking = client_mic.talk(url, mic, events.append, max_turns=1)
+        answered = await asyncio.wait_for(talking, 180)  # a hang fails, not blocks the suite
     assert answered == 1
     finals = [e["text"] for e in events if e["type"] == "transcript.final"]
     assert "capital" in finals[0].lower()
@@ -103,8 +105,6 @@ def test_a_device_that_will_not_open_is_one_line(capsys):
     async def opened():
         with client_mic.Microphone(Broken()):  # type: ignore[arg-type]
             pass
-
-    import asyncio
 
     with pytest.raises(client_mic.MicError, match="cannot open the microphone"):
         asyncio.run(opened())
