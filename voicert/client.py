@@ -387,18 +387,10 @@ def _run(
                 texts=texts,
             )
         )
-    except InvalidStatus as exc:
-        raise ClientError(refused(url, exc.response.status_code)) from None
-    except ConnectionClosed as exc:
-        rcvd = exc.rcvd
-        why = f"{rcvd.code} {rcvd.reason}".strip() if rcvd else "without a close frame"
-        raise ClientError(f"the server closed the connection ({why})") from None
     except TimeoutError:
         raise ClientError(f"no answer from {url} within {TURN_TIMEOUT_S:g} s") from None
-    except RuntimeError as exc:
-        raise ClientError(str(exc)) from None
-    except OSError as exc:
-        raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
+    except (InvalidStatus, ConnectionClosed, RuntimeError, OSError) as exc:
+        raise _connection_error(url, exc) from None
     for index in result.unheard:
         print(
             f"voicert client: {files[index]}: the server heard no speech in it (silence, or too "
@@ -438,17 +430,23 @@ def _run_mic(url: str, token: str | None, voice: str | None, max_turns: int) -> 
         raise ClientError(str(exc)) from None
     except KeyboardInterrupt:
         print("\nvoicert client: stopped", file=sys.stderr)
-    except InvalidStatus as exc:
-        raise ClientError(refused(url, exc.response.status_code)) from None
-    except ConnectionClosed as exc:
+    except (InvalidStatus, ConnectionClosed, RuntimeError, OSError) as exc:
+        raise _connection_error(url, exc) from None
+    return 0
+
+
+def _connection_error(url: str, exc: Exception) -> ClientError:
+    """What a session's failure means for the user: refused at the handshake, closed by the
+    server, refused by it (RuntimeError: ``session.started`` did not come), or no connection."""
+    if isinstance(exc, InvalidStatus):
+        return ClientError(refused(url, exc.response.status_code))
+    if isinstance(exc, ConnectionClosed):
         rcvd = exc.rcvd
         why = f"{rcvd.code} {rcvd.reason}".strip() if rcvd else "without a close frame"
-        raise ClientError(f"the server closed the connection ({why})") from None
-    except RuntimeError as exc:
-        raise ClientError(str(exc)) from None
-    except OSError as exc:
-        raise ClientError(f"cannot connect to {url}: {exc.strerror or exc}") from None
-    return 0
+        return ClientError(f"the server closed the connection ({why})")
+    if isinstance(exc, OSError):
+        return ClientError(f"cannot connect to {url}: {exc.strerror or exc}")
+    return ClientError(str(exc))
 
 
 def show_event(ev: dict, speaking: bool = False) -> None:
