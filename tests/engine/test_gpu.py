@@ -2,12 +2,13 @@
 eager decode token for token in fp32; in bf16 the agreement rate with fp32 is reported."""
 
 import asyncio
+import dataclasses
 
 import pytest
 import torch
 
 from voicert.bench.engine import _NullTokenizer, shape_config
-from voicert.core.llm import GenerationRequest
+from voicert.core.llm import GenerationRequest, Sampling
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
@@ -15,10 +16,14 @@ from voicert.engine.models.llama import LlamaConfig, random_llama
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def run_engine(engine, prompts, new=32, sequential=False):
+def run_engine(engine, prompts, new=32, sequential=False, sampling=None):
+    """Each prompt's reply; ``sampling``: one Sampling per prompt (default greedy)."""
+
     async def main():
         async def one(i, p):
             req = GenerationRequest(f"g{i}-{sequential}", [], new, ignore_eos=True, prompt_ids=p)
+            if sampling is not None:
+                req = dataclasses.replace(req, sampling=sampling[i])
             return [e.token_id async for e in engine.submit(req) if e.finish_reason is None]
 
         if sequential:  # one sequence at a time: its prefill runs through the prefill graphs
@@ -162,6 +167,23 @@ def test_speculative_verify_graphs_equal_greedy_fp32(prompts):
     finally:
         plain.close()
         spec.close()
+
+
+def test_sampled_speculation_in_graphs_equals_eager_fp32(prompts):
+    """Rejection sampling over drafts reads every verified position's logits from the decode
+    graph's kept LM-head output: the same seeded replies as the eager path, drafts kept."""
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    eager, graphed = make(model, False, spec=4), make(model, True, spec=4)
+    rep = [(p[:20] * 6)[:100] for p in prompts[:6]]
+    draws = [Sampling(1.0, top_k=3, seed=i) for i in range(len(rep))]
+    try:
+        want = run_engine(eager, rep, new=32, sampling=draws)
+        assert run_engine(graphed, rep, new=32, sampling=draws) == want
+        assert graphed.core.scheduler.spec.accepted > 0
+    finally:
+        eager.close()
+        graphed.close()
 
 
 def test_draft_head_graphs_equal_greedy_fp32(prompts):

@@ -1,8 +1,8 @@
 """Sampled decoding in the engine core: the distribution a token is drawn from equals its reference
 (temperature, top-k, nucleus), a draw equals torch's multinomial on it with the same seed, a
 seeded request repeats itself, greedy rows beside sampled ones are untouched, a sampled row's first
-tokens follow the model's distribution, speculation does not change a sampled reply, and a sampled
-tool call still validates against its schema. A random SmolLM2-shaped model (2 layers): its
+tokens follow the model's distribution, speculation keeps a sampled reply's distribution
+(rejection sampling over the drafts), and a sampled tool call still validates against its schema. A random SmolLM2-shaped model (2 layers): its
 distributions are wide, so draws differ where they should."""
 
 from __future__ import annotations
@@ -139,12 +139,104 @@ def test_first_tokens_follow_the_models_distribution(core, monkeypatch):
     assert set(firsts) <= set(np.flatnonzero(want)) and greedy == int(np.argmax(want))
 
 
-def test_speculation_does_not_change_a_sampled_reply():
-    spec = _core(spec_tokens=4, spec_policy="always")
-    plain = _core()
-    for seed in (1, 2):
-        ask = _ask("s", Sampling(1.0, seed=seed), n=16, text="Count: one two three four")
-        assert _run(spec, ask) == _run(plain, ask)
+def _tv(a: np.ndarray, b: np.ndarray) -> float:
+    return float(0.5 * np.abs(a - b).sum())
+
+
+def _close(draws: list[int], p: np.ndarray) -> bool:
+    """``draws`` look like samples of ``p``: their total variation from it is under 3x what
+    sampling noise alone gives on average (sum of sqrt(2 p (1 - p) / (pi n)) over 2)."""
+    n = len(draws)
+    noise = 0.5 * float(np.sqrt(2 * p * (1 - p) / (np.pi * n)).sum())
+    return _tv(np.bincount(draws, minlength=p.size) / n, p) < 3 * noise
+
+
+@pytest.mark.parametrize("draft_p", [0.05, 0.4, 0.9])
+def test_verifying_a_draft_emits_the_target_distribution(draft_p):
+    """4000 seeded verifications of a two-token draft over 8 tokens: the first emitted token is
+    distributed as p_0 (kept or drawn from the rest), the second (where the first draft was kept)
+    as p_1, and the bonus token as p_2 (:func:`_close`: within 3x the noise, 0.015 for the first
+    at n = 4000). A sampler that kept every draft, or drew a refusal from p_0 itself, is off by
+    0.1-0.9."""
+    v, draft = 8, [3, 5]
+    logits = torch.randn(3, v, generator=torch.Generator().manual_seed(11))
+    logits[0, 3] = 0.0
+    rest = torch.cat([logits[0, :3], logits[0, 4:]])
+    logits[0, 3] = float(np.log(draft_p / (1 - draft_p)) + torch.logsumexp(rest, 0))  # p_0(3)
+    sampling = Sampling(1.0)
+    p = [filtered_probs(logits[j], sampling).numpy() for j in range(3)]
+    assert abs(p[0][3] - draft_p) < 1e-5
+    first, second, third = [], [], []
+    for seed in range(4000):
+        out = Sampler(dataclasses.replace(sampling, seed=seed)).verify(draft, logits)
+        assert 1 <= len(out) <= 3 and out[: len(out) - 1] == draft[: len(out) - 1]
+        first.append(out[0])
+        if out[0] == draft[0]:
+            second.append(out[1])
+            if out[1] == draft[1]:
+                third.append(out[2])
+    assert _close(first, p[0]) and _close(second, p[1])
+    if len(third) >= 100:
+        assert _close(third, p[2])
+
+
+def test_a_certain_draft_is_always_kept():
+    logits = torch.full((2, 6), -1e9)
+    logits[0, 2] = 0.0  # p_0(2) == 1
+    logits[1] = torch.arange(6.0)
+    for seed in range(50):
+        out = Sampler(Sampling(1.0, seed=seed)).verify([2], logits)
+        assert out[0] == 2 and len(out) == 2
+
+
+def _replies(core, n: int = 600) -> list[list[int]]:
+    """``n`` seeded 6-token replies, top-3, to a prompt that repeats itself, 25 at a time (drafts
+    are planned once no prompt waits): the replies repeat themselves too, so n-gram drafts are
+    proposed, and kept or refused."""
+    text, out = "one two three one two three one two three one two", []
+    for batch in range(0, n, 25):
+        reqs = [
+            _ask(f"r{i}", Sampling(1.0, top_k=3, seed=i), n=6, text=text)
+            for i in range(batch, batch + 25)
+        ]
+        out += [ids for ids, _ in _run(core, *reqs).values()]
+    return out
+
+
+def _differ(a: list[list[int]], b: list[list[int]]) -> list[str]:
+    """Where two samples of replies differ by more than 3x sampling noise: each position's
+    token, and how often a token repeats the one before (what keeping drafts too often raises)."""
+    bad = []
+    for j in range(6):
+        keys = sorted({r[j] for r in a} | {r[j] for r in b})
+        pa = np.array([sum(r[j] == k for r in a) for k in keys]) / len(a)
+        pb = np.array([sum(r[j] == k for r in b) for k in keys]) / len(b)
+        pool = (pa + pb) / 2
+        noise = 0.5 * float(np.sqrt(4 * pool * (1 - pool) / (np.pi * len(a))).sum())
+        if _tv(pa, pb) > 3 * noise:
+            bad.append(f"position {j}: {_tv(pa, pb):.3f} > 3 x {noise:.3f}")
+    ra, rb = (np.mean([r[j] == r[j - 1] for r in x for j in range(1, 6)]) for x in (a, b))
+    se = float(np.sqrt(2 * (ra + rb) / 2 * (1 - (ra + rb) / 2) / (5 * len(a))))
+    if abs(ra - rb) > 3.5 * se:
+        bad.append(f"repeats: {ra:.3f} against {rb:.3f} (se {se:.3f})")
+    return bad
+
+
+def test_speculation_keeps_a_sampled_replys_distribution(monkeypatch):
+    """600 seeded replies with n-gram speculation and 600 without: each position's token, and
+    the share of tokens that repeat the one before, agree within 3x sampling noise (seeds fixed:
+    no flakes). The check has teeth: a verifier that keeps every draft fails it."""
+    plain = _replies(_core())
+    spec = _core(spec_tokens=3, spec_policy="always")
+    assert _differ(_replies(spec), plain) == []
+    stats = spec.scheduler.spec
+    assert 0 < stats.accepted < stats.proposed  # drafts were kept, and refused
+
+    def keep_all(self, draft, logits):
+        return [*draft, self.draw(logits[len(draft)])]
+
+    monkeypatch.setattr(Sampler, "verify", keep_all)
+    assert _differ(_replies(_core(spec_tokens=3, spec_policy="always")), plain) != []
 
 
 def test_a_sampled_tool_call_validates_against_its_schema(core):

@@ -164,8 +164,8 @@ class EngineCore:
         if self.drafter is not None and step.kind == "decode":
             self.drafter.propose(step.seqs, step.drafts)
             for seq in step.seqs:
-                if seq.host_picks:
-                    seq.draft = []  # picked on the host (a mask, a draw), one token a step
+                if not seq.speculates:
+                    seq.draft = []  # picked under a grammar's mask, one token a step
         return step, self.runner.launch(step), now
 
     def _run(
@@ -241,8 +241,11 @@ class EngineCore:
             step.chunks[i].seq.turn_prob = heads[k] if heads is not None else None
 
     def _draws(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
-        """Replace each sampled row's greedy token by its draw (in place; sampled rows carry no
-        drafts), over what its grammar allows when it has one."""
+        """Replace each sampled row's greedy tokens by its draws (in place), over what its
+        grammar allows when it has one. A row with drafts is verified by rejection sampling;
+        its tokens become the emitted ones, which the scheduler's greedy acceptance reads back
+        unchanged (the drafts kept, then a token that differs from the next draft, or the
+        bonus token)."""
         seqs = [c.seq for c in step.chunks] if step.kind == "prefill" else step.seqs
         rows = [
             i for i, s in enumerate(seqs) if s.sampler is not None and tokens[i] and not s.scores
@@ -254,6 +257,11 @@ class EngineCore:
         for k, i in enumerate(rows):
             seq = seqs[i]
             assert seq.sampler is not None
+            if step.kind == "decode" and seq.draft:
+                span = pending.logits_span(i, len(seq.draft) + 1)  # [drafts + 1, >= V]
+                emitted = seq.sampler.verify(seq.draft, span[:, :vocab])
+                tokens[i][: len(emitted)] = emitted
+                continue
             allowed = seq.guide.allowed(logits.device) if seq.guide is not None else None
             tokens[i][0] = seq.sampler.draw(logits[k, :vocab], allowed)
 

@@ -314,6 +314,15 @@ class Pending:
             return self._eager_rows(self.eager_kept[1], rows)
         return self.graphs.hidden_rows(self, rows)
 
+    def logits_span(self, row: int, n: int) -> torch.Tensor:
+        """The target's logits [n, V] at ``row``'s first ``n`` sampled positions (a decode
+        row verifying n - 1 drafts: after its last token and after each draft); same validity
+        as :meth:`logits_rows`."""
+        if self.eager_kept is not None:
+            at = torch.tensor([self.eager_at[(row, j)] for j in range(n)])
+            return self.eager_kept[0].index_select(0, at.to(self.eager_kept[0].device))
+        return self.graphs.logits_span(self, row, n)
+
     def _eager_rows(self, kept: torch.Tensor, rows: list[int]) -> torch.Tensor:
         at = torch.tensor([self.eager_at[(r, 0)] for r in rows], device=kept.device)
         return kept.index_select(0, at)
@@ -539,6 +548,15 @@ class StepGraphs:
             -1, self.vocab
         )
         return table.index_select(0, flat)
+
+    def logits_span(self, pending: Pending, row: int, n: int) -> torch.Tensor:
+        """[n, V]: ``row``'s logits at its first ``n`` positions, from the latest replay (which
+        must be ``pending``, of a decode graph: every position is sampled)."""
+        assert pending is self.latest and not self.sample_last, "spans: latest decode only"
+        table = self.head_out[: self.head_out.numel() // self.vocab * self.vocab].view(
+            -1, self.vocab
+        )
+        return table[row * pending.width : row * pending.width + n]
 
     def hidden_rows(self, pending: Pending, rows: list[int]) -> torch.Tensor:
         """[len(rows), hidden]: each row's final hidden state at its sampled position, from the

@@ -4,9 +4,13 @@ distribution, reshaped as the OpenAI API defines it (``temperature``, then ``top
 give the same reply). Greedy stays the default, and voice turns use it.
 
 A sampled row is picked on the host after its step, from its logits, as a grammar-guided row is
-(engine_core.py): the step's greedy token is replaced. Sampled rows carry no speculative drafts, so
-speculation never changes their distribution. Under a grammar (tools), the draw is over the tokens
-the grammar allows.
+(engine_core.py): the step's greedy token is replaced. Under a grammar (tools), the draw is over the
+tokens the grammar allows, one token a step.
+
+A sampled row without a grammar speculates as a greedy one does: its drafts (n-gram, draft heads,
+a draft model; each a deterministic function of the tokens so far) are verified in one step and
+kept by rejection sampling (:meth:`Sampler.verify`), so the reply is drawn from exactly the
+distribution plain sampling draws from.
 """
 
 from __future__ import annotations
@@ -57,3 +61,29 @@ class Sampler:
         """One token from logits [V] (on the generator's device), over ``allowed`` (bool [V])."""
         probs = filtered_probs(logits, self.sampling, allowed)
         return int(torch.multinomial(probs, 1, generator=self.generator).item())
+
+    def verify(self, draft: list[int], logits: torch.Tensor) -> list[int]:
+        """Speculative sampling over a deterministic draft (Leviathan et al. 2023, Chen et al.
+        2023, with the draft's distribution a point mass): ``logits`` [len(draft) + 1, V] are the
+        target's after the last token and after each draft token. Draft token d_j is kept with
+        probability p_j(d_j); at the first refusal the next token is drawn from p_j with d_j
+        taken out (renormalised), and verification stops; if every draft is kept, one more
+        token is drawn from the last position. So each emitted token has exactly the
+        distribution :meth:`draw` would give it after the tokens before it. Returns the tokens
+        to emit (1 to len(draft) + 1)."""
+        out: list[int] = []
+        for j, d in enumerate(draft):
+            probs = filtered_probs(logits[j], self.sampling)  # [V]
+            u = torch.rand(1, generator=self.generator, device=self.generator.device)
+            if bool(u < probs[d]):
+                out.append(d)
+                continue
+            rest = probs.clone()
+            rest[d] = 0.0
+            if not bool(rest.sum() > 0):  # p_j(d_j) == 1 up to rounding: no other token exists
+                out.append(d)
+                continue
+            out.append(int(torch.multinomial(rest, 1, generator=self.generator).item()))
+            return out
+        out.append(self.draw(logits[len(draft)]))
+        return out

@@ -280,8 +280,8 @@ class Scheduler:
             if seq.status is not Status.DECODE:
                 continue  # preempted earlier in this loop
             k = max(min(planned, seq.remaining - 1), 0)
-            if seq.host_picks:
-                k = 0  # picked on the host (a mask, a draw) each token: nothing to verify
+            if not seq.speculates:
+                k = 0  # picked under a grammar's mask, one token at a time
             if self.cfg.external_drafts:
                 seq.draft = []  # the draft model fills it after scheduling; reserve its k slots
                 need = len(seq.tokens) + k

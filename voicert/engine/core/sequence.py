@@ -62,8 +62,15 @@ class Sequence:
     @property
     def host_picks(self) -> bool:
         """Its tokens are picked on the host after each step (under a grammar, or sampled), not
-        taken from the step's greedy result: no drafts, and the step's logits are read."""
+        taken from the step's greedy result: the step's logits are read."""
         return self.guide is not None or self.sampler is not None
+
+    @property
+    def speculates(self) -> bool:
+        """It may carry drafts: greedy rows (kept by agreement) and sampled rows (kept by
+        rejection sampling, sampling.Sampler.verify); not a row under a grammar, whose mask
+        each token needs the token before."""
+        return self.guide is None
 
     @property
     def scores(self) -> bool:
