@@ -4,7 +4,9 @@ its published message formats. It streams a WAV as the caller (G.711 at 8 kHz, 2
 at real-time pace), plays the server's media back on a real-time clock, acknowledges each mark
 (Twilio and Telnyx echo it, Plivo answers a checkpoint with ``playedStream``) once the audio queued
 before it has played, and on a clear drops unplayed audio and acknowledges the pending marks. Between
-utterances it keeps streaming silence, as a live call does.
+utterances it keeps streaming silence, as a live call does. At the end it prints the call in words:
+what the caller said and what they heard back, each heard on this side of the line by the embedded
+Whisper (a carrier's stream carries only audio).
 
 ``python -m loadgen.phone --provider telnyx ws://127.0.0.1:8765/telnyx question.wav [more.wav ...]``
 (``python -m loadgen.twilio URL WAV...`` is the Twilio one.)
@@ -26,6 +28,7 @@ import numpy as np
 import soxr
 from websockets.asyncio.client import ClientConnection, connect
 
+from loadgen.hear import Ear
 from voicert.audio.pcm import encode_audio
 from voicert.audio.wav import read_wav
 from voicert.client import ClientError, door_url
@@ -138,6 +141,9 @@ class CallResult:
     clears: int = 0
     played_at_clear: list[int] = field(default_factory=list)  # len(played) when each clear came
     first_audio_after_speech_s: list[float] = field(default_factory=list)  # per utterance
+    replies: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # per utterance: its span of played
     close_code: int | None = None
     close_reason: str = ""
 
@@ -317,10 +323,26 @@ async def call(
     """Say each utterance and listen to the whole reply before the next."""
     async with PhoneCall(url, provider=provider) as c:
         for samples, rate in utterances:
-            marks = len(c.result.marks_played)
+            marks, start = len(c.result.marks_played), len(c.result.played)
             await c.speak(samples, rate)
             await c.wait_played(120, since=marks)
+            c.result.replies.append((start, len(c.result.played)))
     return c.result
+
+
+def transcript(result: CallResult, utterances: list[tuple[np.ndarray, int]], ear: Ear) -> list[str]:
+    """The call in words, a line a side per utterance: what the caller said and what they heard
+    back (both as the line carried them), with the wait for the first reply audio."""
+    lines = []
+    for i, (samples, rate) in enumerate(utterances):
+        lines.append(f"caller {i + 1}: {ear.spoken(samples, rate) or '(no words)'}")
+        if i < len(result.replies):
+            a, z = result.replies[i]
+            heard = ear.line(bytes(result.played[a:z])) or "(no words)"
+            wait = result.first_audio_after_speech_s
+            after = f" ({wait[i] * 1000:.0f} ms after the caller stopped)" if i < len(wait) else ""
+            lines.append(f"agent {i + 1}:  {heard}{after}")
+    return lines
 
 
 def main(argv: list[str] | None = None, provider: str | None = None) -> int:
@@ -331,20 +353,35 @@ def main(argv: list[str] | None = None, provider: str | None = None) -> int:
         "url", help="the server: ws://HOST:PORT (the provider's door is added) or the door's URL"
     )
     ap.add_argument("wavs", nargs="+")
+    ap.add_argument(
+        "--no-transcripts",
+        action="store_true",
+        help="do not print the call in words (heard on this side by the embedded Whisper)",
+    )
     args = ap.parse_args(argv)
     chosen = provider or args.provider
     try:
         url = door_url(args.url, f"/{chosen}")
     except ClientError as exc:
         ap.error(str(exc))
-    result = asyncio.run(call(url, [read_wav(w) for w in args.wavs], chosen))
+    utterances = [read_wav(w) for w in args.wavs]
+    result = asyncio.run(call(url, utterances, chosen))
     print(
         f"played {len(result.played) / tw.SAMPLE_RATE:.2f} s of reply audio in "
         f"{len(result.media_sizes)} media messages; marks {result.marks_echoed}; "
         f"clears {result.clears}"
     )
-    for i, s in enumerate(result.first_audio_after_speech_s):
-        print(f"utterance {i + 1}: first reply audio {s * 1000:.0f} ms after the caller stopped")
+    problem = None if args.no_transcripts else Ear.problem()
+    if args.no_transcripts or problem:
+        if problem:
+            print(problem)
+        for i, s in enumerate(result.first_audio_after_speech_s):
+            print(
+                f"utterance {i + 1}: first reply audio {s * 1000:.0f} ms after the caller stopped"
+            )
+        return 0
+    for line in transcript(result, utterances, Ear()):
+        print(line)
     return 0
 
 

@@ -221,7 +221,7 @@ def test_every_client_finds_the_server_from_one_setting(monkeypatch):
 
     monkeypatch.setattr(phone, "call", call)
     monkeypatch.setattr(phone, "read_wav", lambda path: (None, 8000))
-    phone.main(["--provider", "plivo", "ws://box:9000", "x.wav"])
+    phone.main(["--provider", "plivo", "ws://box:9000", "x.wav", "--no-transcripts"])
     assert calls == [("ws://box:9000/plivo", "plivo")]
     monkeypatch.setenv("VOICERT_URL", "ws://box:9000/v1/stream")
     seen = []

