@@ -1,6 +1,7 @@
 // voicert browser client: microphone -> AudioWorklet (16 kHz PCM16, 20 ms frames) -> /v1/stream
 // (JSON text frames of the native protocol, docs/protocol.md); live partial transcripts, the reply
-// as it streams, its speech played as it arrives, and each turn's latency waterfall.
+// as it streams, its speech played as it arrives, each turn's latency waterfall, the agent's state
+// (from the server's events), both sides' audio drawn live, tool calls as panels and every event.
 // No build step, no CDN. window.voicert exposes the state for tests and debugging.
 "use strict";
 
@@ -8,7 +9,8 @@
 const STAGES = window.VOICERT_STAGES || { waterfall: [], colours: {}, docs: {} };
 const WATERFALL = STAGES.waterfall;
 const OUT_RATE = 24000;  // the reply's speech: pcm16 at 24 kHz
-const MAX_EVENTS = 300;  // rows kept in the event inspector
+const MAX_EVENTS = 400;  // rows kept in the event inspector
+const SCOPE_POINTS = 160;  // level history drawn per side (one point each 50 ms: 8 s)
 const $ = (id) => document.getElementById(id);
 
 const app = {
@@ -16,7 +18,9 @@ const app = {
   stream: null, captureCtx: null, playCtx: null, node: null, source: null,
   playhead: 0, sources: new Set(), agentEls: new Map(), reconnectDelay: 500, reconnectTimer: null,
   sessionId: "", t0: performance.now(), transcript: [], latencyRows: [], scaleMs: 500,
-  thinkingSince: 0, thinkingTimer: null, agentLevel: 0,
+  thinkingSince: 0, thinkingTimer: null, agentLevel: 0, youLevel: 0,
+  agentState: "idle", stateLog: [], tools: new Map(),
+  levels: { you: new Array(SCOPE_POINTS).fill(0), agent: new Array(SCOPE_POINTS).fill(0) },
   stats: { framesSent: 0, audioChunks: 0, reconnects: 0, turns: 0, events: 0 },
 };
 window.voicert = app;
@@ -51,7 +55,29 @@ function listVoices(voices, current) {
   }
 }
 
-function setStatus(text, cls) { const s = $("status"); s.textContent = text; s.className = cls; }
+function setStatus(text, cls) { const s = $("status"); s.textContent = text; s.className = `pill ${cls}`; }
+
+// ------------------------------------------------------------------ the agent's state
+
+const STATE_TEXT = { idle: "idle", connecting: "connecting", listening: "listening",
+                     hearing: "hearing you", heard: "heard you", thinking: "thinking",
+                     speaking: "speaking" };
+
+function agentState(name) {
+  // driven by the server's events: speech started -> hearing; the endpoint (vad.speech_stopped)
+  // -> heard you, the moment the turn ends; the transcript -> thinking; tokens or audio -> speaking
+  if (app.agentState === name) return;
+  app.agentState = name;
+  app.stateLog.push([Math.round(performance.now() - app.t0), name]);
+  const el = $("agent-state");
+  el.dataset.state = name;
+  el.textContent = STATE_TEXT[name] || name;
+}
+
+function settle() {
+  // a reply is over once its last audio has played: back to listening (if still connected)
+  if (app.started && !app.sources.size && !app.replying) agentState("listening");
+}
 function banner(text) { const b = $("banner"); b.textContent = text || ""; b.classList.toggle("show", !!text); }
 
 function streamUrl() {
@@ -101,10 +127,18 @@ function logEvent(dir, msg) {
   const shown = Object.assign({}, msg);
   for (const k of ["audio"]) if (typeof shown[k] === "string") shown[k] = `<${Math.floor(shown[k].length * 3 / 4)} bytes>`;
   const row = document.createElement("div");
-  row.className = dir === "out" ? "out" : (msg.type === "error" ? "err" : "in");
+  row.className = `ev ${dir === "out" ? "out" : (msg.type === "error" ? "err" : "in")}`;
+  row.dataset.dir = dir;
+  row.dataset.type = msg.type;
   const t = ((performance.now() - app.t0) / 1000).toFixed(3);
-  row.textContent = `${t} ${dir === "out" ? "\u2191" : "\u2193"} ${msg.type} ${JSON.stringify(shown)}`;
-  row.title = row.textContent;
+  const line = document.createElement("span");  // (a row is the only div: tests count them)
+  line.className = "line";
+  line.textContent = `${t} ${dir === "out" ? "\u2191" : "\u2193"} ${msg.type} ${JSON.stringify(shown)}`;
+  const whole = document.createElement("pre");
+  whole.textContent = JSON.stringify(shown, null, 2);
+  row.append(line, whole);
+  row.onclick = () => row.classList.toggle("open");  // the event whole, pretty-printed
+  filterRow(row);
   const list = $("events");
   const atBottom = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
   list.appendChild(row);
@@ -112,6 +146,14 @@ function logEvent(dir, msg) {
   if (atBottom) list.scrollTop = list.scrollHeight;
   $("event-count").textContent = String(app.stats.events);
 }
+
+function filterRow(row) {
+  const q = $("event-filter").value.trim().toLowerCase();
+  const dirOk = $(row.dataset.dir === "out" ? "show-out" : "show-in").checked;
+  row.classList.toggle("hidden", !dirOk || (q !== "" && !row.textContent.toLowerCase().includes(q)));
+}
+
+function filterEvents() { for (const row of $("events").children) filterRow(row); }
 
 // ------------------------------------------------------------------ audio in
 
@@ -162,7 +204,7 @@ async function listMics() {
 const SILENT_FRAME = new Int16Array(320).buffer;  // 20 ms at 16 kHz
 
 function onFrame(e) {
-  $("meter").firstElementChild.style.width = `${app.muted ? 0 : Math.min(100, e.data.peak * 300)}%`;
+  app.youLevel = Math.max(app.youLevel, app.muted ? 0 : e.data.peak);
   if (!app.started) return;
   if (app.mode === "push-to-talk" && !app.held && !e.data.last) return;
   // muted: silence keeps the server's clock (and its endpointing) going; your voice does not leave
@@ -200,8 +242,9 @@ function play(b64) {
   src.start(at);
   app.playhead = at + buf.duration;
   app.sources.add(src);
-  src.onended = () => app.sources.delete(src);
+  src.onended = () => { app.sources.delete(src); settle(); };
   app.stats.audioChunks++;
+  agentState("speaking");
 }
 
 function agentLevelAt(at, duration, peak) {
@@ -210,10 +253,36 @@ function agentLevelAt(at, duration, peak) {
   setTimeout(() => { app.agentLevel = Math.max(app.agentLevel, peak); }, startMs);
 }
 
-setInterval(() => {  // the agent's level decays between chunks
-  app.agentLevel *= 0.8;
-  $("agent-meter").firstElementChild.style.width = `${Math.min(100, app.agentLevel * 150)}%`;
+// ------------------------------------------------------------------ both sides' audio, drawn
+
+setInterval(() => {  // one level point per side each 50 ms; the levels decay between chunks
+  for (const [side, level] of [["you", app.youLevel], ["agent", app.agentLevel]]) {
+    const h = app.levels[side];
+    h.push(level); h.shift();
+  }
+  app.youLevel = 0;
+  app.agentLevel *= 0.6;
 }, 50);
+
+function drawScope(canvas, history, colour) {
+  // mirrored bars of the last 8 s of peak level, newest on the right
+  const g = canvas.getContext("2d"), w = canvas.width, h = canvas.height, mid = h / 2;
+  g.clearRect(0, 0, w, h);
+  g.fillStyle = "#2a3340";
+  g.fillRect(0, mid - 0.5, w, 1);
+  g.fillStyle = colour;
+  const step = w / history.length;
+  history.forEach((v, i) => {
+    const a = Math.min(1, Math.sqrt(v) * 1.2) * (mid - 2);
+    if (a > 0.5) g.fillRect(i * step, mid - a, Math.max(1, step - 1), 2 * a);
+  });
+}
+
+function drawScopes() {
+  drawScope($("viz-you"), app.levels.you, "#2f81f7");
+  drawScope($("viz-agent"), app.levels.agent, "#a371f7");
+  requestAnimationFrame(drawScopes);
+}
 
 function stopPlayback() {
   for (const src of app.sources) { try { src.stop(); } catch (_) { /* already stopped */ } }
@@ -240,12 +309,29 @@ function agentEl(turnId) {
   return app.agentEls.get(turnId);
 }
 
-function toolLine(turnId, text, callId, failed) {
-  const line = document.createElement("div");
-  line.className = failed ? "tool failed" : "tool";
-  line.textContent = text;
-  line.title = callId;
-  agentEl(turnId).appendChild(line);
+function toolPanel(turnId, callId, name) {
+  // a call as a panel in the reply: its name, its arguments as they are decoded, then its output
+  if (app.tools.has(callId)) return app.tools.get(callId);
+  const panel = document.createElement("div");
+  panel.className = "tool";
+  panel.dataset.call = callId;
+  panel.dataset.state = "calling";
+  panel.innerHTML = '<div class="tool-head"><span class="tool-fn">fn</span><span class="tool-name"></span>' +
+    '<span class="tool-state">calling</span></div><pre class="tool-args"></pre><pre class="tool-out"></pre>';
+  panel.querySelector(".tool-name").textContent = name;
+  panel.title = callId;
+  agentEl(turnId).appendChild(panel);
+  app.tools.set(callId, panel);
+  return panel;
+}
+
+function pretty(text) {
+  try { return JSON.stringify(JSON.parse(text), null, 2); } catch (_) { return text; }
+}
+
+function toolState(panel, state, text) {
+  panel.dataset.state = state;
+  panel.querySelector(".tool-state").textContent = text;
 }
 
 function showPartial(stable, unstable) {
@@ -354,27 +440,51 @@ function handle(msg) {
       app.sessionId = msg.session_id;
       app.reconnectDelay = 500;
       setStatus("live", "live");
+      agentState("listening");
       banner("");
       $("model").value = msg.model || "";
+      $("model-name").textContent = msg.model || "";
       listVoices(msg.voices || [], msg.voice);
       break;
-    case "vad.speech_started":
-      break;  // may be a backchannel ("mm-hm"): the reply goes on unless vad.barge_in follows
+    case "vad.speech_started":  // may be a backchannel ("mm-hm"): the reply goes on unless
+      if (app.agentState !== "speaking") agentState("hearing");  // vad.barge_in follows
+      break;
+    case "vad.speech_stopped":  // the endpoint: the turn is over, the reply is on its way
+      agentState("heard");
+      if (!app.pendingUser) app.pendingUser = addMessage("user pending", "you", "");  // its words follow
+      thinking(true);
+      break;
     case "vad.barge_in":
       stopPlayback();  // the user talks over the reply: stop speaking at once
+      agentState("hearing");
       break;
     case "transcript.partial":
       showPartial(msg.stable, msg.unstable);
       break;
     case "transcript.final":
       showPartial("", "");
-      if (msg.text) { addMessage("user", "you", msg.text); remember("user", msg.text, msg.turn_id); thinking(true); }
+      if (msg.text) {
+        const el = app.pendingUser || addMessage("user", "you", "");
+        el.classList.remove("pending");
+        el.querySelector(".text").textContent = msg.text;
+        el.scrollIntoView({ block: "end" });
+        remember("user", msg.text, msg.turn_id); thinking(true);
+        agentState("thinking");
+      } else {
+        if (app.pendingUser) app.pendingUser.remove();
+        thinking(false);
+        settle();  // nothing was recognised: no reply follows
+      }
+      app.pendingUser = null;
       break;
     case "response.started":
       agentEl(msg.turn_id);
+      app.replying = true;
+      if (app.agentState !== "speaking") agentState("thinking");
       break;
     case "response.token":
       thinking(false);
+      agentState("speaking");
       agentEl(msg.turn_id).querySelector(".text").textContent += msg.text;
       break;
     case "response.audio":
@@ -382,6 +492,8 @@ function handle(msg) {
       break;
     case "response.done": {
       thinking(false);
+      app.replying = false;
+      settle();
       app.stats.turns++;
       const el = agentEl(msg.turn_id);
       el.dataset.done = msg.finish_reason;
@@ -396,18 +508,34 @@ function handle(msg) {
       }
       break;
     }
-    case "tool.call":  // the model called a tool: shown, never spoken
-      toolLine(msg.turn_id, `${msg.name}(${msg.arguments})`, msg.call_id);
+    case "tool.call.started":  // the model calls a tool: shown, never spoken
+      toolPanel(msg.turn_id, msg.call_id, msg.name);
       break;
-    case "tool.output":
-      toolLine(msg.turn_id, `\u2192 ${msg.output.slice(0, 200)}`, msg.call_id, msg.error);
+    case "tool.call.delta": {
+      const args = toolPanel(msg.turn_id, msg.call_id, "").querySelector(".tool-args");
+      args.textContent += msg.delta;
       break;
+    }
+    case "tool.call": {
+      const panel = toolPanel(msg.turn_id, msg.call_id, msg.name);
+      panel.querySelector(".tool-name").textContent = msg.name;
+      panel.querySelector(".tool-args").textContent = pretty(msg.arguments);
+      toolState(panel, msg.server ? "running" : "client", msg.server ? "running on the server" : "for the client");
+      break;
+    }
+    case "tool.output": {
+      const panel = toolPanel(msg.turn_id, msg.call_id, "");
+      panel.querySelector(".tool-out").textContent = pretty(String(msg.output));
+      toolState(panel, msg.error ? "failed" : "done", msg.error ? "failed" : "done");
+      break;
+    }
     case "turn.latency":
       showLatency(msg.turn_id, msg.stages);
       break;
     case "error":
       thinking(false);
       banner(`server: ${msg.code}: ${msg.message}`);
+      if (msg.fatal) agentState("idle");
       break;
   }
 }
@@ -426,6 +554,7 @@ function connect() {
     return;
   }
   app.ws = ws;
+  agentState("connecting");
   ws.onopen = () => {
     const ptt = app.mode === "push-to-talk";
     const options = { turn_detection: ptt ? "manual" : "server_vad",
@@ -444,8 +573,11 @@ function connect() {
   ws.onclose = (e) => {
     if (app.ws !== ws) return;
     app.started = false;
+    app.replying = false;
+    if (app.pendingUser) { app.pendingUser.remove(); app.pendingUser = null; }
     thinking(false);
     stopPlayback();
+    agentState(app.running ? "connecting" : "idle");
     if (!app.running) { setStatus("disconnected", "down"); return; }
     const wait = app.reconnectDelay;
     app.reconnectDelay = Math.min(app.reconnectDelay * 2, 8000);
@@ -486,7 +618,8 @@ function stop() {
   $("ptt").disabled = true;
   $("send").disabled = true;
   thinking(false);
-  setStatus("stopped", "down");
+  agentState("idle");
+  setStatus("stopped", "idle");
 }
 
 function pttDown() {
@@ -543,9 +676,14 @@ $("typed").onsubmit = (e) => {
   addMessage("user", "you", text);
   remember("user", text);
   thinking(true);
+  agentState("thinking");
   $("text").value = "";
 };
+$("event-filter").oninput = filterEvents;
+$("show-in").onchange = filterEvents;
+$("show-out").onchange = filterEvents;
 loadSettings();
 showLegend();
 listMics();
+requestAnimationFrame(drawScopes);
 if (new URLSearchParams(location.search).get("autostart") === "1") start();

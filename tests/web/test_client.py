@@ -1,7 +1,8 @@
 """The browser client at ``/`` in real headless Debian Chromium with a fake microphone fed from a
 WAV: the page captures it through its AudioWorklet, streams it to ``/v1/stream``, and must show the
-transcript, the streamed reply, its latency, and play the reply's speech; a dropped socket must
-show a visible reconnect."""
+transcript, the streamed reply, its latency, the agent's state as the server's events move it, both
+sides' audio drawn, tool calls as panels, and play the reply's speech; its event log filters and
+opens each event whole; a dropped socket must show a visible reconnect."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def fake_mic_wav(directory: str, speech: bool = True) -> Path:
     return path
 
 
+def scope_drawn(side: str) -> str:
+    """JS: the side's audio scope holds bars of its colour (the last 8 s had sound)."""
+    return (
+        f"(() => {{ const c = document.getElementById('viz-{side}');"
+        " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        " let n = 0; for (let i = 0; i < d.length; i += 4)"
+        " if (d[i + 3] && d[i + 2] > 200 && d[i] > 40) n++; return n > 20; })()"
+    )
+
+
 async def open_client(server, speech: bool = True) -> Browser:
     """Headless Chromium whose microphone plays :func:`fake_mic_wav`, on the client page."""
     mic = fake_mic_wav(tempfile.mkdtemp(prefix="voicert-mic-"), speech)
@@ -55,14 +66,19 @@ async def open_client(server, speech: bool = True) -> Browser:
 async def test_browser_client_speaks_through_a_fake_microphone(server):
     browser = await open_client(server)
     try:
+        # before Start nothing reads as broken: the page is ready, the agent idle
+        assert await browser.js("document.getElementById('status').textContent") == "ready"
+        assert await browser.js("document.getElementById('agent-state').dataset.state") == "idle"
         await browser.js("document.getElementById('start').click()", gesture=True)
         await wait_for(browser, "document.getElementById('status').textContent === 'live'")
+        await wait_for(browser, scope_drawn("you"))  # the question, drawn as it is spoken
         user = await wait_for(
             browser,
             "[...document.querySelectorAll('.msg.user .text')].map(e => e.textContent).join(' ')",
             timeout=60,
         )
         assert "france" in user.lower()
+        await wait_for(browser, scope_drawn("agent"), timeout=60)  # the reply, as it plays
         reply = await wait_for(
             browser,
             "(() => { const e = document.querySelector('.msg.agent');"
@@ -70,6 +86,14 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
             timeout=60,
         )
         assert "paris" in reply.lower()
+        # the agent's state followed the server's events, in order: the moment speech ended
+        # ("heard you", at vad.speech_stopped) before the transcript, then thinking, speaking,
+        # and listening again once the reply has played
+        await wait_for(browser, "window.voicert.agentState === 'listening'", timeout=60)
+        states = [s for _, s in await browser.js("window.voicert.stateLog")]
+        want = ["connecting", "listening", "hearing", "heard", "thinking", "speaking", "listening"]
+        it = iter(states)
+        assert all(w in it for w in want), states  # a subsequence, in order
         latency = await wait_for(
             browser,
             "document.querySelector('.lat') ? document.querySelector('.lat').textContent : ''",
@@ -88,6 +112,23 @@ async def test_browser_client_speaks_through_a_fake_microphone(server):
         # the event inspector saw both directions; the export holds the turn and its latency
         events = await browser.js("document.getElementById('events').textContent")
         assert "\u2191 session.start" in events and "\u2193 turn.latency" in events
+        # an event opens whole (pretty JSON); the filter keeps the matching rows only
+        opened = await browser.js(
+            "(() => { const row = [...document.querySelectorAll('#events .ev')]"
+            ".find(r => r.dataset.type === 'turn.latency'); row.click();"
+            " return getComputedStyle(row.querySelector('pre')).display + '|' +"
+            " row.querySelector('pre').textContent; })()"
+        )
+        display, whole = opened.split("|", 1)
+        assert display == "block" and json.loads(whole)["type"] == "turn.latency"
+        shown_rows = await browser.js(
+            "(() => { const f = document.getElementById('event-filter'); f.value = 'transcript.final';"
+            " f.dispatchEvent(new Event('input'));"
+            " const rows = [...document.querySelectorAll('#events .ev')]"
+            ".filter(r => !r.classList.contains('hidden')).map(r => r.dataset.type);"
+            " f.value = ''; f.dispatchEvent(new Event('input')); return rows; })()"
+        )
+        assert shown_rows and set(shown_rows) == {"transcript.final"}, shown_rows
         await browser.js("document.getElementById('export').click()")
         exported = await browser.js("JSON.stringify(window.voicert.lastExport.messages)")
         assert '"role":"user"' in exported and '"role":"agent"' in exported
@@ -255,15 +296,18 @@ async def test_a_server_tool_call_and_its_output_show_in_the_reply(services):
                 "document.getElementById('text').value = 'Book a table for two "
                 "people at eight tonight.'; document.getElementById('send').click();"
             )
-            lines = await wait_for(
+            panel = await wait_for(
                 browser,
-                "(() => { const t = [...document.querySelectorAll("
-                "'.msg.agent .tool')].map(e => e.textContent);"
-                " return t.length >= 2 ? t : null; })()",
+                "(() => { const p = document.querySelector('.msg.agent .tool');"
+                " return p && p.dataset.state === 'done' ? {"
+                " name: p.querySelector('.tool-name').textContent,"
+                " args: p.querySelector('.tool-args').textContent,"
+                " out: p.querySelector('.tool-out').textContent } : null; })()",
                 timeout=90,
             )
-            assert lines[0].startswith("book_table({") and '"people"' in lines[0], lines
-            assert lines[1].startswith("\u2192 ") and '"booked":true' in lines[1], lines
+            assert panel["name"] == "book_table", panel
+            assert json.loads(panel["args"])["people"] == 2, panel  # the decoded arguments
+            assert json.loads(panel["out"])["booked"] is True, panel  # the server tool's output
             await wait_for(
                 browser,
                 "[...document.querySelectorAll('.msg.agent')].some(e => e.dataset.done)",

@@ -16,6 +16,16 @@ from voicert.client import stream_audio
 from voicert.telemetry.latency import STAGE_COLOURS
 
 
+def painted(canvas: str) -> str:
+    """JS: how many of the canvas's pixels are coloured (not grey, not empty)."""
+    return (
+        f"(() => {{ const c = document.getElementById('{canvas}');"
+        " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        " let n = 0; for (let i = 0; i < d.length; i += 4)"
+        " if (d[i + 3] && (d[i] !== d[i + 1] || d[i + 1] !== d[i + 2])) n++; return n; })()"
+    )
+
+
 async def test_dashboard_shows_real_turns_live(server, url):
     await stream_audio(url, [wav("capital_of_france")], realtime=False)  # in the snapshot
     browser = Browser()
@@ -36,19 +46,47 @@ async def test_dashboard_shows_real_turns_live(server, url):
         )
         assert after == before + 1
         # the charts drew the turns: the waterfall canvas has coloured pixels, the table the stages
-        painted = await browser.js(
-            "(() => { const c = document.getElementById('waterfall');"
-            " const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
-            " let n = 0; for (let i = 0; i < d.length; i += 4) if (d[i + 3] && (d[i] !== d[i + 1] || d[i + 1] !== d[i + 2])) n++;"
-            " return n; })()"
-        )
-        assert painted > 500
+        assert await browser.js(painted("waterfall")) > 500
         assert "ttft_ms" in await browser.js("document.getElementById('last').textContent")
         # rows are labelled by what the caller said; the colours are the client's (/stages.js)
         said = await browser.js("state.turns.map(t => t.said).join(' | ')")
         assert "germany" in said.lower()
         assert await browser.js("colour('prefill_ms')") == STAGE_COLOURS["prefill_ms"]
         await wait_for(browser, "document.getElementById('sessions').textContent !== ''")
+        # the turns over time, on a clock axis
+        assert await browser.js(painted("timeline")) > 100
+        # the budget is the server's until one is set on the page; set, it recounts the turns
+        # over it and is kept in this browser
+        assert (
+            await browser.js("Number(document.getElementById('budget-input').value)")
+            == server.cfg.telemetry.budget_ms
+        )
+        over = await browser.js(
+            "(() => { const b = document.getElementById('budget-input');"
+            " const at = v => { b.value = String(v); b.dispatchEvent(new Event('change'));"
+            " return Number(document.getElementById('over').textContent); };"
+            " return [at(100000), at(1), state.turns.filter(t => t.ttft_ms > 1).length,"
+            " localStorage.getItem('voicert.dashboard.budget')]; })()"
+        )
+        assert over[0] == 0 and over[1] == over[2] and over[3] == "1", over
+        # drill-down: a session's row shows only its turns, everywhere
+        sid = await browser.js("state.turns[0].session_id")
+        picked = await browser.js(
+            f"(() => {{ document.querySelector('#session-table tr[data-session=\"{sid}\"]').click();"
+            " return [shown().length, shown().every(t => t.session_id === state.session),"
+            " document.querySelector('#session-table tr.picked').dataset.session,"
+            " document.getElementById('session-filter').value,"
+            " document.getElementById('last-label').textContent]; })()"
+        )
+        assert picked[0] >= 1 and picked[1] and picked[2] == sid and picked[3] == sid, picked
+        assert sid[:12] in picked[4]
+        await browser.js(
+            "document.querySelector('#session-table tr[data-session=\"\"]').click();"
+            "const b = document.getElementById('budget-input'); b.value = '';"
+            " b.dispatchEvent(new Event('change'))"
+        )  # all sessions, the server's budget: the screenshot shows every turn
+        assert await browser.js("state.session") == ""
+        assert await browser.js("state.budget") == server.cfg.telemetry.budget_ms
         shot = await browser.call("Page.captureScreenshot", format="png")
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "dashboard.png").write_bytes(base64.b64decode(shot["data"]))
@@ -65,7 +103,7 @@ async def test_dashboard_static_files_and_feed_snapshot(server):
     assert b"<canvas" in body and b"/dashboard.js" in body
     async with connect(f"ws://127.0.0.1:{server.port}/v1/dashboard") as ws:
         snap = json.loads(await ws.recv())
-        assert snap["type"] == "snapshot" and snap["budget_ms"] == 100.0
+        assert snap["type"] == "snapshot" and snap["budget_ms"] == server.cfg.telemetry.budget_ms
         assert snap["waterfall"][0] == "endpoint_ms"
         tick = json.loads(await asyncio.wait_for(ws.recv(), 5))
         assert tick["type"] in ("system", "turn")
