@@ -255,7 +255,7 @@ class AsrConfig:
     no_speech_threshold: float = 0.6  # segments Whisper thinks are not speech are dropped
     batch_window_ms: float = 0.0  # the worker waits this long to batch utterances of all sessions
     max_batch: int = 8  # utterances per batched decode
-    early_final_ms: int = 96  # start the final decode after this much trailing silence; 0: off
+    early_final_ms: int = 32  # start the final decode after this much trailing silence; 0: off
     partial_interval_ms: int = (
         0  # re-decode the growing utterance this often for live partials; 0: off
     )
@@ -579,7 +579,7 @@ class TtsConfig:
 @dataclass(slots=True)
 class TelemetryConfig:
     budget_ms: float = (
-        100.0  # TTFT budget: turns above it are flagged; histogram buckets refine here
+        500.0  # TTFT budget: turns above it are flagged; histogram buckets refine here
     )
     recent_turns: int = 200  # turns the dashboard shows and computes rolling percentiles over
     otel_endpoint: str = ""  # OpenTelemetry traces (one span per turn, one per stage) go here over

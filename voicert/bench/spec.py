@@ -28,7 +28,7 @@ import torch
 
 from voicert.bench.engine import SHAPES, _NullTokenizer, shape_config, voice_prompt_ids
 from voicert.config import ConfigError
-from voicert.core.llm import GenerationRequest
+from voicert.core.llm import GenerationRequest, Sampling
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
@@ -50,14 +50,24 @@ class Level:
 
 
 async def run_streams(
-    engine: LLMEngine, prompts: list[list[int]], new: int, ignore_eos: bool
+    engine: LLMEngine,
+    prompts: list[list[int]],
+    new: int,
+    ignore_eos: bool,
+    temperature: float = 0.0,
 ) -> tuple[list[list[int]], list[float], list[float], float]:
     """All prompts at once: (each reply's tokens, each stream's TPOT in ms, each reply's time
-    from submit to its last token in ms, wall seconds)."""
+    from submit to its last token in ms, wall seconds). ``temperature`` above 0: each stream
+    sampled at it (seed: its index, so every engine draws for the same streams)."""
 
     async def one(i: int, prompt: list[int]) -> tuple[list[int], float | None, float]:
         req = GenerationRequest(
-            f"s{i}-{time.perf_counter_ns()}", [], new, ignore_eos=ignore_eos, prompt_ids=prompt
+            f"s{i}-{time.perf_counter_ns()}",
+            [],
+            new,
+            ignore_eos=ignore_eos,
+            prompt_ids=prompt,
+            sampling=Sampling(temperature, seed=i) if temperature > 0 else Sampling(),
         )
         ids, times = [], []
         async for ev in engine.submit(req):
@@ -85,18 +95,25 @@ def steps_of(engine: LLMEngine) -> tuple[int, int]:
 
 
 async def measure(
-    engines: dict[str, LLMEngine], prompts: list[list[int]], new: int, rounds: int, ignore_eos: bool
+    engines: dict[str, LLMEngine],
+    prompts: list[list[int]],
+    new: int,
+    rounds: int,
+    ignore_eos: bool,
+    temperature: float = 0.0,
 ) -> dict[str, Level]:
     """One level: a warm round each, then ``rounds`` rounds, the engines' order rotating."""
     levels = {mode: Level() for mode in engines}
     for eng in engines.values():
-        await run_streams(eng, prompts, new, ignore_eos)  # graphs, cache and policy warm
+        await run_streams(eng, prompts, new, ignore_eos, temperature)  # graphs, cache, policy
     for r in range(rounds):
         order = list(engines)[r % len(engines) :] + list(engines)[: r % len(engines)]
         for mode in order:
             eng, lv = engines[mode], levels[mode]
             v0, p0 = steps_of(eng)
-            replies, tpots, done, wall = await run_streams(eng, prompts, new, ignore_eos)
+            replies, tpots, done, wall = await run_streams(
+                eng, prompts, new, ignore_eos, temperature
+            )
             v1, p1 = steps_of(eng)
             lv.tpots += tpots
             lv.done += done
@@ -115,7 +132,13 @@ def render(
         f"### Speculation by batch size: {label}",
         "",
         f"drafter: {args.drafter}, k={args.k}; {args.rounds} rounds per level, engines "
-        f"interleaved; TPOT: per stream, mean over streams and rounds",
+        f"interleaved; TPOT: per stream, mean over streams and rounds"
+        + (
+            f"; sampled at temperature {args.temperature} (seeded per stream; identical "
+            "replies are not expected: each engine draws differently)"
+            if args.temperature > 0
+            else ""
+        ),
         "",
         "| streams | plain TPOT | always TPOT | adaptive TPOT | plain tok/s | always tok/s | "
         "adaptive tok/s | adaptive: verify steps | identical to plain (always / adaptive) |",
@@ -240,6 +263,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--kv-gb", type=float, default=0.0, help="each engine's KV pool (0: automatic)")
+    ap.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="above 0: streams sampled at it, drafts kept by rejection sampling (the replies "
+        "then differ from plain's draw for draw; the distribution is the same)",
+    )
     args = ap.parse_args(argv)
     try:
         args.streams = sorted({int(x) for x in args.streams.split(",")})
@@ -247,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--streams {args.streams!r}: a comma-separated list of integers")
     if args.k < 1 or args.rounds < 1 or args.streams[0] < 1:
         ap.error("--k, --rounds and every --streams level must be >= 1")
+    if not 0 <= args.temperature <= 2:
+        ap.error("--temperature: from 0 (greedy) to 2")
     if args.drafter == "heads" and args.model in SHAPES:
         ap.error("--drafter heads: the shipped heads fit the embedded SmolLM2 only")
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
@@ -262,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.streams:
             level = [prompts[i % len(prompts)] for i in range(n)]
             results[n] = asyncio.run(
-                measure(engines, level, args.new_tokens, args.rounds, ignore_eos)
+                measure(engines, level, args.new_tokens, args.rounds, ignore_eos, args.temperature)
             )
             print(f"spec: {n} streams measured", file=sys.stderr, flush=True)
         print(render(label, args, results, engines["adaptive"].core.scheduler.policy.table()))
