@@ -472,3 +472,38 @@ async def test_a_responses_own_tools_are_offered_for_that_response_only(server):
         assert error.error.param == "response.tool_choice"
         await conn.response.create(response={"tools": [{"type": "function", "name": 7}]})
         assert (await until(conn, "error")).error.param.startswith("response.tools")
+
+
+async def test_the_sdk_with_a_temperature_gets_sampled_answers(server):
+    """The beta SDK's session.temperature (0.7) is served, not refused or ignored: four sessions
+    asked the same open question draw different replies, where two greedy ones (0) agree word for
+    word. (Realtime has no seed; 24 sampled tokens from the embedded model repeat themselves four
+    times with a chance far below one in a million: a draw that matched would be a bug.)"""
+
+    async def reply(temperature: float) -> str:
+        async with client(server).beta.realtime.connect(model="voicert") as conn:
+            await until(conn, "session.created")
+            await conn.session.update(
+                session={
+                    "modalities": ["text"],
+                    "temperature": temperature,
+                    "max_response_output_tokens": 24,
+                }
+            )
+            updated = await until(conn, "session.updated")
+            assert updated.session.temperature == temperature
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Tell me a story about a cat."}],
+                }
+            )
+            await conn.response.create()
+            done = await until(conn, "response.done")
+            return done.response.output[0].content[0].text
+
+    greedy = [await reply(0) for _ in range(2)]
+    assert greedy[0] == greedy[1] and greedy[0]
+    sampled = [await reply(0.7) for _ in range(4)]
+    assert all(sampled) and len(set(sampled)) >= 2, sampled
