@@ -16,6 +16,7 @@ from voicert.agent.session import Services, Session
 from voicert.audio.pcm import encode_pcm16
 from voicert.config import Config
 from voicert.core import events as ev
+from voicert.core.llm import Sampling
 from voicert.core.speech import EARLY, FINAL, PARTIAL
 from voicert.protocol import native as p
 
@@ -326,7 +327,11 @@ async def test_a_session_temperature_samples_its_replies():
     session.settings = dataclasses.replace(session.settings, temperature=0.7)
     session.respond()
     assert await session.wait_turn(10)
-    assert engine.requests[-1].sampling.temperature == 0.7
+    assert engine.requests[-1].sampling == Sampling(0.7)
+    session.settings = dataclasses.replace(session.settings, top_p=0.9, top_k=40, seed=5)
+    session.respond()
+    assert await session.wait_turn(10)
+    assert engine.requests[-1].sampling == Sampling(0.7, 0.9, 40, 5)
 
 
 async def test_no_reply_is_started_ahead_when_turns_are_not_answered_by_themselves():

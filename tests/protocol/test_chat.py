@@ -90,6 +90,8 @@ def test_tools_and_a_tool_conversation_are_read():
         ({"temperature": 2.5}, "temperature", "invalid_value"),
         ({"temperature": "hot"}, "temperature", "invalid_value"),
         ({"seed": 1.5}, "seed", "invalid_value"),
+        ({"top_k": 2.5}, "top_k", "invalid_value"),
+        ({"top_k": -2}, "top_k", "invalid_value"),
         ({"top_p": 0}, "top_p", "invalid_value"),
         ({"n": 2}, "n", "unsupported_value"),
         ({"presence_penalty": 0.5}, "presence_penalty", "unsupported_value"),
@@ -228,5 +230,8 @@ def test_temperature_top_p_and_seed_ask_for_sampling():
     from voicert.core.llm import GREEDY, Sampling
 
     assert parse(temperature=0.7, top_p=0.9, seed=7).sampling == Sampling(0.7, 0.9, 0, 7)
+    # top_k: vLLM's and SGLang's extension (the SDK's extra_body); -1 is their "all"
+    assert parse(temperature=0.7, top_k=20).sampling == Sampling(0.7, 1.0, 20)
+    assert parse(temperature=0.7, top_k=-1).sampling == Sampling(0.7, 1.0, 0)
     assert parse().sampling == GREEDY
     assert parse(temperature=0, seed=3).sampling.greedy

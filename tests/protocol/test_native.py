@@ -274,3 +274,20 @@ def test_a_final_transcript_carries_the_language_the_recogniser_heard():
         native.encode(native.from_core(ev.TranscriptFinal(3, "Bonjour", "item_1", "fr")))
     )
     assert wire == {"type": "transcript.final", "turn_id": 3, "text": "Bonjour", "language": "fr"}
+
+
+def test_sampling_options_round_trip_and_are_refused_without_a_temperature():
+    start = p.SessionStart(temperature=0.7, top_p=0.9, top_k=40, seed=7)
+    for binary in (True, False):
+        assert p.decode_client(p.encode(start, binary)) == start
+    for options, named in (
+        ({"top_p": 0.9}, "options.top_p"),  # would change nothing on a greedy reply: said
+        ({"temperature": 0, "seed": 3}, "options.seed"),
+        ({"temperature": 0.7, "top_p": 0}, "options.top_p"),
+        ({"temperature": 0.7, "top_k": -1}, "options.top_k"),
+        ({"temperature": 0.7, "top_k": 1.5}, "top_k"),
+        ({"temperature": 0.7, "seed": True}, "seed"),
+    ):
+        with pytest.raises(p.ProtocolError) as info:
+            p.decode_client(json.dumps({"type": "session.start", "options": options}))
+        assert named in str(info.value), (options, str(info.value))

@@ -898,8 +898,16 @@ class Session:
             tools=tools,
             tool_choice=choice,
             parallel_tool_calls=self.cfg.tools.parallel,
-            sampling=Sampling(t) if (t := self.settings.temperature) else GREEDY,
+            sampling=self._sampling(),
         )
+
+    def _sampling(self) -> Sampling:
+        """The replies' decoding: greedy (the voice default) unless the session asked for a
+        temperature, then with its top_p, top_k and seed (each reply draws from the seed anew)."""
+        st = self.settings
+        if not st.temperature:
+            return GREEDY
+        return Sampling(st.temperature, st.top_p or 1.0, st.top_k or 0, st.seed)
 
     async def _reply(self, turn: Turn, max_new_tokens: int | None = None) -> None:
         """Generate (and, when asked for, speak) the reply to the conversation in ``history``;

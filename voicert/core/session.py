@@ -88,3 +88,6 @@ class SessionSettings:
     vad_threshold: float | None = None  # speech probability that counts as speech (0-1)
     voice: str | None = None  # one of the server's voices; None: its default
     temperature: float | None = None  # replies sampled at this temperature (0-2); None or 0: greedy
+    top_p: float | None = None  # sampled replies: the nucleus (0-1]; None: 1 (all)
+    top_k: int | None = None  # sampled replies: the k most likely tokens only; None or 0: all
+    seed: int | None = None  # sampled replies: the same seed, the same draws

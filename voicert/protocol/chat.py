@@ -2,7 +2,7 @@
 :class:`ChatRequest` or a :class:`ChatError` out; response bodies and stream chunks built as plain
 maps. No sockets, no asyncio. See ``docs/protocol.md``.
 
-One choice, greedy unless ``temperature`` (with ``top_p`` and ``seed``) asks for sampling, which
+One choice, greedy unless ``temperature`` (with ``top_p``, ``top_k`` and ``seed``) asks for sampling, which
 the engine does: a request that asks for something it would not honour (``n`` above 1, penalties,
 ``logprobs``...) is refused with the parameter named, never silently served differently. ``tools`` / ``tool_choice`` / ``parallel_tool_calls`` are
 served: calls are decoded under their schemas, returned as ``tool_calls``; the conversation may
@@ -25,7 +25,8 @@ from voicert.protocol.tools import WireError, choice_from_wire, tools_from_wire
 MAX_STOP_STRINGS = 4
 # accepted as long as they ask for nothing the engine does not do (one choice, no penalties)
 _NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0}
-_SAMPLING = ("temperature", "top_p", "seed")  # sampled decoding (voicert.core.llm.Sampling)
+# sampled decoding (voicert.core.llm.Sampling); top_k is vLLM's and SGLang's extension (-1: all)
+_SAMPLING = ("temperature", "top_p", "top_k", "seed")
 _IGNORABLE = {"user", "store", "metadata", "service_tier"}  # change nothing we serve
 _KNOWN = {
     "model",
@@ -148,20 +149,22 @@ def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
 
 
 def _sampling(data: dict) -> Sampling:
-    """``temperature`` (0-2), ``top_p`` (0-1] and ``seed`` as the engine takes them. Absent, or a
-    temperature of 0: greedy (the voice default; OpenAI samples at 1 when it is absent)."""
+    """``temperature`` (0-2), ``top_p`` (0-1], ``top_k`` (>= 0, or -1: all, as vLLM takes it)
+    and ``seed`` as the engine takes them. Absent, or a temperature of 0: greedy (the voice
+    default; OpenAI samples at 1 when it is absent)."""
     for key in _SAMPLING:
         value = data.get(key)
-        whole = key != "seed" or isinstance(value, int)
+        integer = key in ("seed", "top_k")
+        whole = not integer or isinstance(value, int)
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, (int, float)) or not whole
         ):
-            raise _bad(f"{key} must be {'an integer' if key == 'seed' else 'a number'}", key)
-    temperature, top_p = data.get("temperature"), data.get("top_p")
+            raise _bad(f"{key} must be {'an integer' if integer else 'a number'}", key)
+    temperature, top_p, top_k = data.get("temperature"), data.get("top_p"), data.get("top_k")
     sampling = Sampling(
         float(0 if temperature is None else temperature),
         float(1 if top_p is None else top_p),
-        0,
+        0 if top_k in (None, -1) else top_k,
         data.get("seed"),
     )
     if problem := sampling_problem(sampling):

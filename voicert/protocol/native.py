@@ -43,6 +43,9 @@ SESSION_OPTIONS = frozenset(
         "vad_threshold",
         "voice",
         "temperature",
+        "top_p",
+        "top_k",
+        "seed",
     }
 )
 
@@ -399,6 +402,7 @@ def _session_start(msg: dict) -> SessionStart:
     temperature = _field(options, "temperature", (int, float), None)
     if temperature is not None and (isinstance(temperature, bool) or not 0 <= temperature <= 2):
         raise ProtocolError(ErrorCode.INVALID, "options.temperature must be a number in [0, 2]")
+    top_p, top_k, seed = _sampled(options, temperature)
     return SessionStart(
         sample_rate=_field(msg, "sample_rate", int, 16000),
         encoding=_field(msg, "encoding", str, "pcm16"),
@@ -414,7 +418,33 @@ def _session_start(msg: dict) -> SessionStart:
         vad_threshold=None if vad_threshold is None else float(vad_threshold),
         voice=voice,
         temperature=None if temperature is None else float(temperature),
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
     )
+
+
+def _sampled(
+    options: dict, temperature: float | None
+) -> tuple[float | None, int | None, int | None]:
+    """options.top_p (0-1], top_k (>= 0, 0: all) and seed: they shape sampled replies, so they
+    are refused (not ignored) without a temperature above 0."""
+    top_p = _field(options, "top_p", (int, float), None)
+    if top_p is not None and (isinstance(top_p, bool) or not 0 < top_p <= 1):
+        raise ProtocolError(ErrorCode.INVALID, "options.top_p must be a number in (0, 1]")
+    top_k = _field(options, "top_k", int, None)
+    if top_k is not None and (isinstance(top_k, bool) or top_k < 0):
+        raise ProtocolError(ErrorCode.INVALID, "options.top_k must be an integer >= 0 (0: all)")
+    seed = _field(options, "seed", int, None)
+    if seed is not None and isinstance(seed, bool):
+        raise ProtocolError(ErrorCode.INVALID, "options.seed must be an integer")
+    given = [n for n, v in (("top_p", top_p), ("top_k", top_k), ("seed", seed)) if v is not None]
+    if given and not temperature:
+        raise ProtocolError(
+            ErrorCode.INVALID,
+            f"options.{given[0]} shapes sampled replies: set options.temperature above 0 too",
+        )
+    return None if top_p is None else float(top_p), top_k, seed
 
 
 def _tools(msg: dict, prefix: str) -> tuple[tuple[ToolSpec, ...] | None, ToolChoice | None]:
@@ -538,7 +568,16 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
                 "tool_choice": (choice_to_wire(event.tool_choice) if event.tool_choice else None),
             },
         }
-        for name in ("end_of_turn", "silence_ms", "vad_threshold", "voice", "temperature"):
+        for name in (
+            "end_of_turn",
+            "silence_ms",
+            "vad_threshold",
+            "voice",
+            "temperature",
+            "top_p",
+            "top_k",
+            "seed",
+        ):
             if getattr(event, name) is not None:
                 d["options"][name] = getattr(event, name)
     elif isinstance(event, SessionUpdate):
