@@ -300,6 +300,19 @@ async def test_hazard_the_reply_starts_with_the_scores_and_the_turn_takes_it():
     assert done.text == engine.reply
 
 
+async def test_hazard_a_score_asked_for_is_cancelled_when_the_session_ends_before_reading_it():
+    """The score is submitted in the callback that spawns its reader (so the reply shares its
+    prefill step); a session closed before that reader ran still withdraws it from the engine."""
+    from voicert.agent.turns import ScoreText
+
+    engine = FakeEngine(end_probs={"Hello.": 0.9})
+    session, _, _ = with_hazard(engine, FakeJudge(0.9))
+    session._act_now(ScoreText(1, "Hello.", "Hello"))
+    (scored,) = [r for r in engine.requests if r.score_end]
+    await session.close()  # before the reader's first step
+    await until(lambda: scored.request_id in engine.cancelled)
+
+
 async def test_hazard_an_engine_with_a_turn_head_is_asked_once_and_its_head_decides():
     text = "Book me a table for two."
     engine = FakeEngine(end_probs={text: 1e-4}, turn_probs={text: 0.99})

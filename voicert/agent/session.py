@@ -355,7 +355,10 @@ class Session:
             self._spawn(self._judge(action), f"judge-{self.id}")
         elif isinstance(action, ScoreText):
             first = self._submit_score(action.text)  # now: a reply started next shares its step
-            self._spawn(self._score_text(action, first), f"score-{self.id}")
+            task = self._spawn(self._score_text(action, first), f"score-{self.id}")
+            if first is not None:  # cancelled before it ran, it never reads (or cancels) it
+                rid = first[0]
+                task.add_done_callback(lambda t: t.cancelled() and self.svc.engine.cancel(rid))
         elif isinstance(action, (ev.TranscriptPartial, ev.SpeechStopped)):
             self._detach(self.emit(action))
 
@@ -421,11 +424,12 @@ class Session:
         self._detached.add(task)
         task.add_done_callback(self._detached.discard)
 
-    def _spawn(self, coro, name: str) -> None:
+    def _spawn(self, coro, name: str) -> asyncio.Task:
         """A judgement or an overlap screen: cancelled with the session."""
         task = asyncio.create_task(coro, name=name)
         self.judging.add(task)
         task.add_done_callback(self.judging.discard)
+        return task
 
     def _check_text(self, text: str | None, what: str) -> None:
         """Raises ProtocolError(TEXT_TOO_LONG) for a client text over ``server.max_text_chars``."""
