@@ -13,7 +13,7 @@ def level(tpot: float, tokens: int, wall: float, replies, verify: int = 0, plain
 
 
 def test_the_table_gives_ratios_against_plain_the_verify_share_and_identical_replies():
-    args = argparse.Namespace(drafter="heads", k=2, rounds=3)
+    args = argparse.Namespace(drafter="heads", k=2, rounds=3, temperature=0.0)
     same, other = [[1, 2], [3, 4]], [[1, 2], [3, 5]]
     results = {
         2: {
@@ -27,11 +27,19 @@ def test_the_table_gives_ratios_against_plain_the_verify_share_and_identical_rep
     assert "1.00 ms (2.00x)" in row and "1.60 ms (1.25x)" in row and "200 (2.00x)" in row
     assert "75%" in row and "2/2 / 1/2" in row
     assert "| 2 | 1.00 ms | 1.30 ms | yes |" in text
+    assert "sampled" not in text
+    sampled = render("m", argparse.Namespace(**{**vars(args), "temperature": 0.7}), results, [])
+    assert "sampled at temperature 0.7" in sampled  # its replies are not expected to match
 
 
 @pytest.mark.parametrize(
     "argv",
-    [["--drafter", "heads", "--model", "llama-1b-random"], ["--streams", "1,x"], ["--k", "0"]],
+    [
+        ["--drafter", "heads", "--model", "llama-1b-random"],
+        ["--streams", "1,x"],
+        ["--k", "0"],
+        ["--temperature", "2.5"],
+    ],
 )
 def test_bad_options_are_a_usage_error_before_any_model_loads(argv, capsys):
     with pytest.raises(SystemExit) as exc:
