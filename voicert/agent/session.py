@@ -357,8 +357,7 @@ class Session:
             first = self._submit_score(action.text)  # now: a reply started next shares its step
             task = self._spawn(self._score_text(action, first), f"score-{self.id}")
             if first is not None:  # cancelled before it ran, it never reads (or cancels) it
-                rid = first[0]
-                task.add_done_callback(lambda t: t.cancelled() and self.svc.engine.cancel(rid))
+                task.add_done_callback(functools.partial(self._withdraw_score, first[0]))
         elif isinstance(action, (ev.TranscriptPartial, ev.SpeechStopped)):
             self._detach(self.emit(action))
 
@@ -389,6 +388,12 @@ class Session:
         self.svc.metrics.score_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
         actions = self.turns.text_scored(action.judge_id, text_prob, bare_prob, now_ns(), head_prob)
         await self._act_all(actions)
+
+    def _withdraw_score(self, rid: str, task: asyncio.Task) -> None:
+        """A score's reader is done: if it was cancelled (before it ran, it never cancelled its
+        request itself), the engine drops the request."""
+        if task.cancelled():
+            self.svc.engine.cancel(rid)
 
     def _submit_score(self, text: str) -> _Scoring | None:
         """Ask the engine now for the end-of-turn scores after ``text`` (None: no text)."""
