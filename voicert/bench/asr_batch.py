@@ -20,13 +20,12 @@ from pathlib import Path
 import numpy as np
 
 from voicert.audio.wav import read_wav
+from voicert.bench import DATA
 from voicert.config import AsrConfig
 from voicert.core.speech import FINAL
 from voicert.speech.asr import WhisperAsr, embedded_whisper_dir, resolve_asr_model
 
-CLIPS = sorted(
-    str(p) for p in (Path(__file__).resolve().parents[2] / "tests" / "data").glob("*.wav")
-)
+CLIPS = sorted(str(p) for p in DATA.glob("*.wav"))
 SHAPES = {  # English-only Whisper shapes (same vocabulary as tiny.en)
     "whisper-base-random": dict(
         d_model=512,

@@ -22,9 +22,10 @@ from websockets.asyncio.client import connect
 
 from voicert.audio.pcm import encode_pcm16
 from voicert.audio.wav import read_g711, read_wav
+from voicert.bench import DATA
 from voicert.protocol import native as p
 
-EVAL_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "eval"
+EVAL_DIR = DATA / "eval"
 _NUMBERS = {
     "0": "zero",
     "1": "one",

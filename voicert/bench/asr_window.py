@@ -24,11 +24,11 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from voicert.audio.wav import read_wav
+from voicert.bench import DATA
 from voicert.bench.asr_eval import audio_16k, wer
 from voicert.bench.asr_eval import load_set as load_eval_set
 from voicert.bench.turns import load_set
@@ -36,7 +36,6 @@ from voicert.config import AsrConfig
 from voicert.speech.asr import WINDOW_S, max_tokens, pad_mel, window_frames
 from voicert.speech.turn_text import continues
 
-DATA = Path(__file__).resolve().parents[2] / "tests" / "data"
 EARLY_S = 0.16  # the trailing silence the early final decode hears (asr.early_final_ms)
 
 

@@ -22,9 +22,9 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "tests" / "data"  # a source checkout
+from voicert.bench import DATA
+
 QUESTIONS = (
     "What is the capital of France?",
     "Can you book me a table for four people tomorrow at eight?",

@@ -52,10 +52,11 @@ from websockets.asyncio.client import connect
 
 from voicert.audio.pcm import encode_pcm16
 from voicert.audio.wav import read_wav
+from voicert.bench import DATA
 from voicert.config import Config, ConfigError, TurnConfig, load_config
 from voicert.protocol import native as p
 
-SET_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "turns"
+SET_DIR = DATA / "turns"
 FRAME_S = 0.02
 FRAME = 320  # samples per 20 ms frame at 16 kHz
 VOICED = 0.01  # |sample| above this counts as voice when the set is read
