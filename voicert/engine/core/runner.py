@@ -304,14 +304,14 @@ class Pending:
         its first sampled token from. Valid after :meth:`result` and until the next step is
         launched; for a step whose ``reads_logits`` is set."""
         if self.eager_kept is not None:
-            return self._eager_rows(self.eager_kept[0], rows)
+            return self._eager_at(self.eager_kept[0], [(r, 0) for r in rows])
         return self.graphs.logits_rows(self, rows)
 
     def hidden_rows(self, rows: list[int]) -> torch.Tensor:
         """The target's final hidden state [len(rows), hidden] those logits came from (same
         validity; a prefill step's rows only, when replayed from a graph)."""
         if self.eager_kept is not None:
-            return self._eager_rows(self.eager_kept[1], rows)
+            return self._eager_at(self.eager_kept[1], [(r, 0) for r in rows])
         return self.graphs.hidden_rows(self, rows)
 
     def logits_span(self, row: int, n: int) -> torch.Tensor:
@@ -319,12 +319,12 @@ class Pending:
         row verifying n - 1 drafts: after its last token and after each draft); same validity
         as :meth:`logits_rows`."""
         if self.eager_kept is not None:
-            at = torch.tensor([self.eager_at[(row, j)] for j in range(n)])
-            return self.eager_kept[0].index_select(0, at.to(self.eager_kept[0].device))
+            return self._eager_at(self.eager_kept[0], [(row, j) for j in range(n)])
         return self.graphs.logits_span(self, row, n)
 
-    def _eager_rows(self, kept: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        at = torch.tensor([self.eager_at[(r, 0)] for r in rows], device=kept.device)
+    def _eager_at(self, kept: torch.Tensor, picks: list[tuple[int, int]]) -> torch.Tensor:
+        """``kept``'s rows [len(picks), ...] at (row, sampled position) ``picks``."""
+        at = torch.tensor([self.eager_at[pick] for pick in picks], device=kept.device)
         return kept.index_select(0, at)
 
 
@@ -544,19 +544,19 @@ class StepGraphs:
         assert pending is self.latest, "logits are only kept for the latest replay"
         width = 1 if self.sample_last else pending.width
         flat = torch.tensor([r * width for r in rows], device=self.head_out.device)
-        table = self.head_out[: self.head_out.numel() // self.vocab * self.vocab].view(
-            -1, self.vocab
-        )
-        return table.index_select(0, flat)
+        return self._logits_table().index_select(0, flat)
 
     def logits_span(self, pending: Pending, row: int, n: int) -> torch.Tensor:
         """[n, V]: ``row``'s logits at its first ``n`` positions, from the latest replay (which
         must be ``pending``, of a decode graph: every position is sampled)."""
         assert pending is self.latest and not self.sample_last, "spans: latest decode only"
-        table = self.head_out[: self.head_out.numel() // self.vocab * self.vocab].view(
+        return self._logits_table()[row * pending.width : row * pending.width + n]
+
+    def _logits_table(self) -> torch.Tensor:
+        """The LM head's output buffer as [positions, V] (the target's rows first)."""
+        return self.head_out[: self.head_out.numel() // self.vocab * self.vocab].view(
             -1, self.vocab
         )
-        return table[row * pending.width : row * pending.width + n]
 
     def hidden_rows(self, pending: Pending, rows: list[int]) -> torch.Tensor:
         """[len(rows), hidden]: each row's final hidden state at its sampled position, from the
