@@ -19,6 +19,7 @@ import msgpack
 
 from voicert.core import events as ev
 from voicert.core.chat import ToolChoice, ToolSpec
+from voicert.core.llm import Sampling, sampling_problem
 from voicert.core.session import (
     END_OF_TURN,
     TURN_DETECTION,
@@ -31,6 +32,17 @@ from voicert.protocol import jsontext
 from voicert.protocol.tools import WireError, choice_from_wire, choice_to_wire, tools_from_wire
 
 PROTOCOL_VERSION = 1
+# options a session.start may leave out (None: the server's setting), sent only when set
+OPTIONAL_OPTIONS = (
+    "end_of_turn",
+    "silence_ms",
+    "vad_threshold",
+    "voice",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+)
 SESSION_OPTIONS = frozenset(
     {
         "turn_detection",
@@ -38,14 +50,7 @@ SESSION_OPTIONS = frozenset(
         "output_audio",
         "tools",
         "tool_choice",
-        "end_of_turn",
-        "silence_ms",
-        "vad_threshold",
-        "voice",
-        "temperature",
-        "top_p",
-        "top_k",
-        "seed",
+        *OPTIONAL_OPTIONS,
     }
 )
 
@@ -427,17 +432,15 @@ def _session_start(msg: dict) -> SessionStart:
 def _sampled(
     options: dict, temperature: float | None
 ) -> tuple[float | None, int | None, int | None]:
-    """options.top_p (0-1], top_k (>= 0, 0: all) and seed: they shape sampled replies, so they
-    are refused (not ignored) without a temperature above 0."""
+    """options.top_p (0-1], top_k (>= 0, 0: all) and seed, in the ranges the engine takes
+    (:func:`~voicert.core.llm.sampling_problem`): they shape sampled replies, so they are refused
+    (not ignored) without a temperature above 0."""
     top_p = _field(options, "top_p", (int, float), None)
-    if top_p is not None and (isinstance(top_p, bool) or not 0 < top_p <= 1):
-        raise ProtocolError(ErrorCode.INVALID, "options.top_p must be a number in (0, 1]")
     top_k = _field(options, "top_k", int, None)
-    if top_k is not None and (isinstance(top_k, bool) or top_k < 0):
-        raise ProtocolError(ErrorCode.INVALID, "options.top_k must be an integer >= 0 (0: all)")
     seed = _field(options, "seed", int, None)
-    if seed is not None and isinstance(seed, bool):
-        raise ProtocolError(ErrorCode.INVALID, "options.seed must be an integer")
+    asked = Sampling(temperature or 0.0, 1.0 if top_p is None else top_p, top_k or 0, seed)
+    if problem := sampling_problem(asked):
+        raise ProtocolError(ErrorCode.INVALID, f"options.{problem}")
     given = [n for n, v in (("top_p", top_p), ("top_k", top_k), ("seed", seed)) if v is not None]
     if given and not temperature:
         raise ProtocolError(
@@ -568,16 +571,7 @@ def encode(event: ServerEvent | ClientEvent, binary: bool = True) -> bytes | str
                 "tool_choice": (choice_to_wire(event.tool_choice) if event.tool_choice else None),
             },
         }
-        for name in (
-            "end_of_turn",
-            "silence_ms",
-            "vad_threshold",
-            "voice",
-            "temperature",
-            "top_p",
-            "top_k",
-            "seed",
-        ):
+        for name in OPTIONAL_OPTIONS:
             if getattr(event, name) is not None:
                 d["options"][name] = getattr(event, name)
     elif isinstance(event, SessionUpdate):
