@@ -141,9 +141,8 @@ class CallResult:
     clears: int = 0
     played_at_clear: list[int] = field(default_factory=list)  # len(played) when each clear came
     first_audio_after_speech_s: list[float] = field(default_factory=list)  # per utterance
-    replies: list[tuple[int, int]] = field(
-        default_factory=list
-    )  # per utterance: its span of played
+    # per utterance: the span of ``played`` that answered it
+    replies: list[tuple[int, int]] = field(default_factory=list)
     close_code: int | None = None
     close_reason: str = ""
 

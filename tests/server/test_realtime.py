@@ -46,6 +46,15 @@ async def until(conn, wanted: str, seen: list | None = None, timeout: float = 12
     return await asyncio.wait_for(read(), timeout)
 
 
+async def ask(conn, text: str):
+    """A user text item, then a response to it: its ``response.done``."""
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
+    await conn.response.create()
+    return await until(conn, "response.done")
+
+
 async def stream_speech(conn, name: str, rate: int, encoding: str, silence_s: float = 1.0):
     x, r = wav(name)
     x = np.concatenate(
@@ -93,15 +102,7 @@ async def test_ga_text_conversation(server):
             1 for k in kinds if k.endswith("text.delta")
         )
         # the conversation carries on
-        await conn.conversation.item.create(
-            item={
-                "type": "message",
-                "role": "user",
-                "content": [{"type": "input_text", "text": "And what about Germany?"}],
-            }
-        )
-        await conn.response.create()
-        done = await until(conn, "response.done")
+        done = await ask(conn, "And what about Germany?")
         assert "berlin" in done.response.output[0].content[0].text.lower()
 
 
@@ -492,15 +493,7 @@ async def test_the_sdk_with_a_temperature_gets_sampled_answers(server):
             )
             updated = await until(conn, "session.updated")
             assert updated.session.temperature == temperature
-            await conn.conversation.item.create(
-                item={
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": "Tell me a story about a cat."}],
-                }
-            )
-            await conn.response.create()
-            done = await until(conn, "response.done")
+            done = await ask(conn, "Tell me a story about a cat.")
             return done.response.output[0].content[0].text
 
     greedy = [await reply(0) for _ in range(2)]
