@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from voicert.engine.core.runner import ModelRunner, Row, TracedForward
+from voicert.engine.models.layers import GROUP_COST_BLOCKS, plan_groups
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
 TINY = LlamaConfig(
@@ -82,3 +83,84 @@ def test_torchscript_forward_is_bit_identical_to_eager(cfg, int8):
         assert torch.equal(outs[0], outs[1]), shape
         assert torch.equal(eager.k_pool, traced.k_pool) and torch.equal(eager.v_pool, traced.v_pool)
         assert eager.forward_rows(rows).tokens == traced.forward_rows(rows).tokens
+
+
+def spans_of(spans, width, bs, rng):
+    """Rows of ``width`` new tokens after ``spans[i]`` cached ones, each its own blocks."""
+    rows, nxt = [], 1
+    for start in spans:
+        need = -(-(start + width) // bs)
+        rows.append(
+            Row([rng.randrange(500) for _ in range(width)], start, list(range(nxt, nxt + need)), 0)
+        )
+        nxt += need
+    return rows
+
+
+@pytest.fixture
+def one_thread():
+    """On more than one thread, CPU SDPA splits its work by the batch's shape, so any other
+    batch (not only key groups) sums in another order; on one, the sums are the same."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("torchscript", [False, True], ids=["eager", "traced"])
+def test_rows_attending_in_key_groups_match_rows_padded_to_the_longest(torchscript, one_thread):
+    model = random_llama(TINY, torch.float32, "cpu")
+    padded, grouped = (ModelRunner(model, 400, 16, torchscript=torchscript) for _ in range(2))
+    padded.key_groups = False
+    rng = random.Random(3)
+    for spans, width in [
+        ([2000, 40, 60, 30], 1),  # a long history beside short replies' decode steps
+        ([30, 1700, 50, 1200, 20, 900], 3),  # verify steps, three spans
+        ([700, 10, 25], 24),  # prefill chunks
+    ]:
+        rows = spans_of(spans, width, 16, rng)
+        for runner in (padded, grouped):
+            runner.k_pool.normal_(generator=torch.Generator().manual_seed(1))
+            runner.v_pool.normal_(generator=torch.Generator().manual_seed(2))
+        outs = []
+        for runner in (padded, grouped):
+            ids, inp = runner.prepare(rows)
+            assert (inp.groups is None) == (runner is padded)
+            with torch.inference_mode():
+                outs.append(runner.forward(ids, inp, runner.k_pool, runner.v_pool))
+        assert torch.equal(outs[0], outs[1]), spans
+        assert torch.equal(padded.k_pool, grouped.k_pool)
+        assert padded.forward_rows(rows).tokens == grouped.forward_rows(rows).tokens
+
+
+def test_a_long_row_attends_alone_and_like_rows_share_a_group():
+    assert plan_groups([125, 3, 4, 2]) == [([0], 125), ([2, 1, 3], 4)]
+    assert plan_groups([20, 21, 19, 22]) == [([3, 1, 0, 2], 22)]  # padding costs less than a group
+    assert plan_groups([7]) == [([0], 7)]
+
+
+def partitions(items):
+    if not items:
+        yield []
+        return
+    first, rest = items[0], items[1:]
+    for part in partitions(rest):
+        yield [[first], *part]
+        for i in range(len(part)):
+            yield [*part[:i], [first, *part[i]], *part[i + 1 :]]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_key_groups_cost_the_least_of_every_way_to_split_the_rows(seed):
+    rng = random.Random(seed)
+    blocks = [rng.choice([1, 2, 3, 8, 9, 30, 120]) for _ in range(rng.randrange(1, 7))]
+
+    def cost(groups):
+        return sum(len(g) * max(blocks[i] for i in g) + GROUP_COST_BLOCKS for g in groups)
+
+    plan = plan_groups(blocks)
+    assert sorted(i for rows, _ in plan for i in rows) == list(range(len(blocks)))
+    assert all(span == max(blocks[i] for i in rows) for rows, span in plan)
+    assert cost([rows for rows, _ in plan]) == min(
+        cost(p) for p in partitions(list(range(len(blocks))))
+    )

@@ -14,7 +14,7 @@ from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.kv_cache import SCRATCH_BLOCK
 from voicert.engine.core.scheduler import Step, bucket
 from voicert.engine.models.base import Model
-from voicert.engine.models.layers import pool_row
+from voicert.engine.models.layers import KeyGroups, plan_groups, pool_row
 from voicert.engine.models.llama import AttnInputs
 
 log = logging.getLogger(__name__)
@@ -97,6 +97,11 @@ class ModelRunner:
         self.v_pool = torch.zeros(shape, dtype=self.kv_dtype, device=self.device)
         self.graphs = self.prefill_graphs = None
         self.eager_steps = {"prefill": 0, "decode": 0}  # steps no captured graph could take
+        # the CPU path attends in groups of rows of like key spans (layers.KeyGroups); the GPU
+        # kernels read each row's own blocks, and a one-byte pool is widened on the padded path
+        self.key_groups = (
+            self.device.type == "cpu" and not model.use_kernels and self.kv_dtype == self.dtype
+        )
         if torchscript and self.device.type == "cpu":
             self.forward = traced_forward(model, self.k_pool, self.v_pool, block_size)
         if cuda_graphs and self.device.type == "cuda":
@@ -140,15 +145,31 @@ class ModelRunner:
 
     def prepare(self, rows: list[Row]) -> tuple[torch.Tensor, AttnInputs]:
         q = max(len(r.tokens) for r in rows)
-        mb = max(-(-(r.start + len(r.tokens)) // self.block_size) for r in rows)
-        ids, pos, slots, tables = self.layout(rows, len(rows), mb, q)
+        blocks = [-(-(r.start + len(r.tokens)) // self.block_size) for r in rows]
+        ids, pos, slots, tables = self.layout(rows, len(rows), max(blocks), q)
         dev = self.device
         inp = AttnInputs(
             positions=torch.tensor(pos, device=dev),  # [B, Q]
             slots=torch.tensor(slots, device=dev).view(-1),  # [B*Q]
-            block_tables=torch.tensor(tables, device=dev),
-        )  # [B, MB]
+            block_tables=torch.tensor(tables, device=dev),  # [B, MB]
+            groups=self.key_groups_of(blocks),
+        )
         return torch.tensor(ids, device=dev), inp
+
+    def key_groups_of(self, blocks: list[int]) -> KeyGroups | None:
+        """The groups rows that attend ``blocks[i]`` key blocks attend in (layers.plan_groups),
+        or None: one group pays, or this runner pads every row (GPU kernels, a one-byte pool)."""
+        if not self.key_groups or len(blocks) < 2:
+            return None
+        groups = plan_groups(blocks)
+        if len(groups) < 2:
+            return None
+        order, bounds, at = [], [], 0
+        for rows, span in groups:
+            order += rows
+            bounds.append([at, at + len(rows), span])
+            at += len(rows)
+        return KeyGroups(torch.tensor(order), torch.tensor(bounds))
 
     def run(self, step: Step) -> list[list[int]]:
         """One forward for the step. Returns, per row, the greedy token after each sampled
@@ -241,20 +262,36 @@ class _Unpacked(torch.nn.Module):
         return self.model(ids, AttnInputs(positions, slots, block_tables), k_pool, v_pool)
 
 
+class _Grouped(_Unpacked):
+    """:class:`_Unpacked` for steps whose rows attend in key groups (layers.KeyGroups)."""
+
+    def forward(self, ids, positions, slots, block_tables, order, bounds, k_pool, v_pool):
+        inp = AttnInputs(positions, slots, block_tables, KeyGroups(order, bounds))
+        return self.model(ids, inp, k_pool, v_pool)
+
+
 class TracedForward:
     """The model's forward as a frozen TorchScript trace, called like the model. On the CPU a
     decode step is mostly per-op overhead (~25 small ops per layer, each through Python and the
     dispatcher; the INT8 Linear modules add Python of their own); TorchScript's interpreter runs
     the same ATen ops from C++. Same ops, so the same bits (tests compare hidden states and KV
-    writes with the eager forward over batch sizes, query widths and context lengths)."""
+    writes with the eager forward over batch sizes, query widths and context lengths). Two
+    traces: rows padded to one key span, and rows in key groups (the loop over groups is a
+    scripted function the trace calls, so it runs for however many groups a step has)."""
 
-    def __init__(self, fn) -> None:
+    def __init__(self, fn, grouped) -> None:
         self.fn = fn
+        self.grouped = grouped
 
     def __call__(
         self, ids: torch.Tensor, inp: AttnInputs, k_pool: torch.Tensor, v_pool: torch.Tensor
     ) -> torch.Tensor:
-        return self.fn(ids, inp.positions, inp.slots, inp.block_tables, k_pool, v_pool)
+        if inp.groups is None:
+            return self.fn(ids, inp.positions, inp.slots, inp.block_tables, k_pool, v_pool)
+        g = inp.groups
+        return self.grouped(
+            ids, inp.positions, inp.slots, inp.block_tables, g.order, g.bounds, k_pool, v_pool
+        )
 
 
 def traced_forward(model: Model, k_pool: torch.Tensor, v_pool: torch.Tensor, block_size: int):
@@ -262,21 +299,27 @@ def traced_forward(model: Model, k_pool: torch.Tensor, v_pool: torch.Tensor, blo
     slot), or the model itself when tracing fails (logged). Shapes are not baked in: the trace
     records them as size ops, so any batch, width and block-table length runs through it."""
     scratch = SCRATCH_BLOCK * block_size
-    example = (
+    row = (
         torch.zeros(1, 1, dtype=torch.long),
         torch.zeros(1, 1, dtype=torch.long),
         torch.full((1,), scratch, dtype=torch.long),
         torch.full((1, 1), SCRATCH_BLOCK, dtype=torch.long),
-        k_pool,
-        v_pool,
     )
+    group = (torch.zeros(1, dtype=torch.long), torch.tensor([[0, 1, 1]]))  # one row, one block
     try:
         with torch.inference_mode():
-            traced = torch.jit.trace(_Unpacked(model).eval(), example, check_trace=False)
-            return TracedForward(torch.jit.freeze(traced, optimize_numerics=False))
+            return TracedForward(
+                _trace(_Unpacked(model), (*row, k_pool, v_pool)),
+                _trace(_Grouped(model), (*row, *group, k_pool, v_pool)),
+            )
     except Exception as exc:  # an op the tracer cannot take: the eager forward still works
         log.warning("TorchScript trace of the forward failed (%s); running it eagerly", exc)
         return model
+
+
+def _trace(module: torch.nn.Module, example: tuple):
+    traced = torch.jit.trace(module.eval(), example, check_trace=False)
+    return torch.jit.freeze(traced, optimize_numerics=False)
 
 
 @dataclass(slots=True, eq=False)

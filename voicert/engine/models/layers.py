@@ -69,6 +69,8 @@ class AttnInputs:
     slots:         [B*Q] int64, flat KV-pool slot (block * block_size + offset) each new token writes;
                    padding tokens write the scratch slot 0
     block_tables:  [B, MB] int64, the blocks of each sequence (padded with 0)
+    groups:        None, or rows that attend in groups of their own key span (:class:`KeyGroups`,
+                   a CPU step's; an attention that takes no groups pads, with the same values)
 
     Query q of sequence b attends to key positions 0..positions[b, q] (causal over the cached
     prefix and the new tokens); the mask is derived from ``positions`` inside the forward, so a
@@ -78,6 +80,84 @@ class AttnInputs:
     positions: torch.Tensor
     slots: torch.Tensor
     block_tables: torch.Tensor
+    groups: KeyGroups | None = None
+
+
+@dataclass(slots=True)
+class KeyGroups:
+    """Rows that attend in groups of their own key span (the CPU path; see :func:`plan_groups`).
+    A step that pads every row's keys to its longest row's costs each short row the long one's
+    gather and scores: one 2,000-token history made four short replies' decode steps 2.2x slower.
+
+    order:  [B] int64, the step's rows by group (each group's rows together)
+    bounds: [G, 3] int64, per group: its first and end index into ``order``, and the key blocks
+            its rows attend (its longest row's)
+
+    Same values as the padded attention: a padded key is masked to exactly zero weight (on one
+    thread the same bits; on more, CPU SDPA splits its work by the batch's shape, as any other
+    batch would). Gemma's attention (soft-capped scores, two masks) takes no groups and pads."""
+
+    order: torch.Tensor
+    bounds: torch.Tensor
+
+
+# a group's fixed cost (its dozen ops in each layer), in rows x key blocks: on 2 cores, SmolLM2-135M,
+# ~0.4 ms a group a step against ~0.15 ms a row's 16-token block (docs/benchmarks.md section 44)
+GROUP_COST_BLOCKS = 8
+
+
+def plan_groups(blocks: list[int], fixed: int = GROUP_COST_BLOCKS) -> list[tuple[list[int], int]]:
+    """Split rows that attend ``blocks[i]`` key blocks into groups, each padded to its own
+    longest row, at the least cost: sum over groups of rows x longest + ``fixed`` a group
+    (dynamic programming over the rows sorted by span; B is at most a step's rows). Returns
+    (row indices, blocks) per group, longest first; one group means no split pays."""
+    order = sorted(range(len(blocks)), key=lambda i: -blocks[i])
+    n = len(order)
+    best = [0] + [0] * n  # best[k]: the least cost of the first k rows (longest first)
+    cut = [0] * (n + 1)
+    for k in range(1, n + 1):
+        best[k], cut[k] = min((best[j] + (k - j) * blocks[order[j]] + fixed, j) for j in range(k))
+    groups = []
+    k = n
+    while k:
+        j = cut[k]
+        groups.append((order[j:k], blocks[order[j]]))
+        k = j
+    return groups[::-1]
+
+
+@torch.jit.script
+def attend_groups(
+    q: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    tables: torch.Tensor,
+    mask: torch.Tensor,
+    order: torch.Tensor,
+    bounds: torch.Tensor,
+) -> torch.Tensor:
+    """Attention of each group of rows over its own span of keys (:class:`KeyGroups`): q [B, Q,
+    H, D] (rotated), pools [NB, BS, KVH, D] in q's dtype, tables [B, MB], mask [B, 1, Q, MB * BS]
+    -> [B, Q, H * D]. Scripted, so a traced forward keeps the loop over however many groups."""
+    b, q_len, h, d = q.shape
+    bs, kvh = k_pool.shape[1], k_pool.shape[2]
+    out = torch.empty(b, q_len, h * d, dtype=q.dtype, device=q.device)
+    groups: list[list[int]] = bounds.tolist()
+    for g in groups:
+        rows = order[g[0] : g[1]]
+        n, span = g[1] - g[0], g[2] * bs
+        table = tables.index_select(0, rows)[:, : g[2]].reshape(-1)  # [n * blocks]
+        keys = k_pool.index_select(0, table).view(n, span, kvh, d).transpose(1, 2)
+        vals = v_pool.index_select(0, table).view(n, span, kvh, d).transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q.index_select(0, rows).transpose(1, 2),
+            keys,
+            vals,
+            attn_mask=mask.index_select(0, rows)[..., :span],
+            enable_gqa=h != kvh,
+        )  # [n, H, Q, D]
+        out.index_copy_(0, rows, o.transpose(1, 2).reshape(n, q_len, h * d))
+    return out
 
 
 def causal_mask(positions: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
@@ -249,6 +329,9 @@ class Attention(nn.Module):
         """q [B, Q, H, D] over the pool's blocks of each sequence (gathered) -> [B, Q, H * D]."""
         b, q_len = q.shape[:2]
         h, kvh, d = self.h, self.kvh, self.d
+        if inp.groups is not None:
+            g = inp.groups
+            return attend_groups(q, k_pool, v_pool, inp.block_tables, mask, g.order, g.bounds)
         keys, vals = self.gather(inp, k_pool, v_pool, q.dtype)
         if q.is_cuda and h != kvh:
             # fold the query heads of each KV head into the query axis: [B, KVH, Q*G, D]; the
