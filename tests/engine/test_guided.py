@@ -392,3 +392,17 @@ def test_a_tool_set_over_the_lexer_limits_is_refused_from_then_on(core):
     with pytest.raises(GuideError, match="beyond the engine's limits"):
         guides.for_request(GenerationRequest("b", req.messages, 8, tools=(hostile,)))
     assert guides.compiles == 1
+
+
+def test_the_tokenizer_is_made_at_warm_up_not_by_the_first_request_with_tools(core, monkeypatch):
+    """Making llguidance's tokenizer holds the GIL ~0.5 s: at start, not mid-traffic."""
+    from voicert.engine.core.guided import Guides
+
+    guides = Guides(core.tokenizer, core.model.cfg.vocab_size, core.guides.call_format)
+    made = []
+    make = guides._make_ll_tokenizer
+    monkeypatch.setattr(guides, "_make_ll_tokenizer", lambda: made.append(1) or make())
+    guides.warm()
+    assert made == [1]
+    assert guides.for_request(_ask("w", [BOOK])) is not None
+    assert made == [1]

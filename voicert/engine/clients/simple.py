@@ -92,7 +92,9 @@ class SimpleEngine(EngineBase):
         self._thread.join(timeout=5)
 
     def warmup(self) -> None:
-        """Two greedy steps on a short prompt, on the calling thread, before serving."""
+        """Two greedy steps on a short prompt, on the calling thread, before serving; and guided
+        decoding's tokenizer made."""
+        self.guides.warm()
         ids = build_prompt(self.tokenizer, [ChatMessage("user", "Hello")], 64)
         with torch.inference_mode():
             out = self.model(input_ids=torch.tensor([ids], device=self.device), use_cache=True)

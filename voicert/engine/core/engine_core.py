@@ -119,7 +119,8 @@ class EngineCore:
 
     def warmup(self) -> None:
         """Run a short request through the whole path once (blocking; before a thread owns the
-        core). Its steps are not counted."""
+        core). Its steps are not counted. Guided decoding's tokenizer is made here too."""
+        self.guides.warm()
         self.add(GenerationRequest("warmup", [ChatMessage("user", "Hello")], 4))
         while self.has_work():
             self.step()
