@@ -8,7 +8,12 @@ import pytest
 import torch
 
 from voicert.engine.core.runner import ModelRunner, Row, TracedForward
-from voicert.engine.models.layers import GROUP_COST_BLOCKS, plan_groups
+from voicert.engine.models.layers import (
+    GROUP_COST_BLOCKS,
+    NarrowLinear,
+    narrow_linears,
+    plan_groups,
+)
 from voicert.engine.models.llama import LlamaConfig, random_llama
 
 TINY = LlamaConfig(
@@ -164,3 +169,28 @@ def test_key_groups_cost_the_least_of_every_way_to_split_the_rows(seed):
     assert cost([rows for rows, _ in plan]) == min(
         cost(p) for p in partitions(list(range(len(blocks))))
     )
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, 128, 129, 300])
+@pytest.mark.parametrize("bias", [False, True])
+def test_few_rows_through_the_narrow_side_of_the_product_equal_the_linear(rows, bias):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 1, 96, generator=gen)  # [B, Q, K]
+    lin = torch.nn.Linear(96, 200, bias=bias)
+    want = lin(x)
+    assert narrow_linears(lin) == 1 and isinstance(lin, NarrowLinear)
+    got = lin(x)
+    assert got.shape == (rows, 1, 200) and got.is_contiguous()
+    torch.testing.assert_close(got, want)
+
+
+def test_the_cpu_runner_narrows_plain_linears_and_leaves_int8_ones():
+    model = random_llama(TINY, torch.float32, "cpu")
+    ModelRunner(model, 20, 16)
+    assert type(model.layers[0].attn.qkv) is NarrowLinear and type(model.lm_head) is NarrowLinear
+    int8 = torch.ao.quantization.quantize_dynamic(
+        random_llama(TINY, torch.float32, "cpu"), {torch.nn.Linear}, dtype=torch.qint8
+    )
+    before = type(int8.layers[0].mlp.down)
+    ModelRunner(int8, 20, 16)
+    assert type(int8.layers[0].mlp.down) is before is not NarrowLinear

@@ -14,7 +14,7 @@ from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.kv_cache import SCRATCH_BLOCK
 from voicert.engine.core.scheduler import Step, bucket
 from voicert.engine.models.base import Model
-from voicert.engine.models.layers import KeyGroups, plan_groups, pool_row
+from voicert.engine.models.layers import KeyGroups, narrow_linears, plan_groups, pool_row
 from voicert.engine.models.llama import AttnInputs
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,8 @@ class ModelRunner:
         self.key_groups = (
             self.device.type == "cpu" and not model.use_kernels and self.kv_dtype == self.dtype
         )
+        if self.device.type == "cpu":
+            narrow_linears(model)  # a step's few rows as MKL's narrow side (layers._few_rows)
         if torchscript and self.device.type == "cpu":
             self.forward = traced_forward(model, self.k_pool, self.v_pool, block_size)
         if cuda_graphs and self.device.type == "cuda":

@@ -41,6 +41,45 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
+@torch.jit.script
+def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """F.linear(x, weight, bias), x [..., K], weight [N, K] -> [..., N]; on the CPU, up to 128
+    rows (a decode step's, a CPU prefill step's) as weight @ x^T. MKL's sgemm takes a few rows as
+    its narrow side much faster than as its wide one, and its sgemv is slower still: one row
+    goes as two. SmolLM2-135M on 2 cores, a decode step of 1 / 2 / 4 rows 36 / 63 / 58 ->
+    18 / 19 / 20 ms; a 32-token prefill 70 -> 63 ms (docs/benchmarks.md section 44). Same
+    values within float32 rounding. Scripted, so a trace keeps the choice."""
+    rows = x.numel() // x.shape[-1]
+    if x.is_cuda or rows > 128:
+        return F.linear(x, weight, bias)
+    flat = x.reshape(rows, x.shape[-1])  # [rows, K]
+    if rows == 1:  # sgemv is 2.5x slower than this sgemm of two columns
+        flat = flat.expand(2, flat.shape[1]).contiguous()
+    out = torch.mm(weight, flat.t())[:, :rows].t().contiguous()  # [rows, N]
+    if bias is not None:
+        out = out + bias
+    shape = x.shape[:-1]
+    shape.append(weight.shape[0])
+    return out.view(shape)
+
+
+class NarrowLinear(nn.Linear):
+    """An ``nn.Linear`` whose forward is :func:`_few_rows` (see :func:`narrow_linears`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _few_rows(x, self.weight, self.bias)
+
+
+def narrow_linears(model: nn.Module) -> int:
+    """Give every plain ``nn.Linear`` of ``model`` :class:`NarrowLinear`'s forward, in place
+    (the same module, its weights, hooks and place kept; an INT8 or FP8 one is left as it is).
+    The CPU model runner's, before it traces; returns how many."""
+    plain = [m for m in model.modules() if type(m) is nn.Linear]
+    for m in plain:
+        m.__class__ = NarrowLinear
+    return len(plain)
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """RoPE, HF's half-split convention, x * cos + rotate_half(x) * sin, in x's dtype, with the
     sign of rotate_half folded into ``sin_signed`` = [-sin, sin] (negation is exact, so the result
