@@ -171,7 +171,7 @@ def test_key_groups_cost_the_least_of_every_way_to_split_the_rows(seed):
     )
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 7, 64, 128, 129, 300])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 64])
 @pytest.mark.parametrize("bias", [False, True])
 def test_few_rows_through_the_narrow_side_of_the_product_equal_the_linear(rows, bias):
     gen = torch.Generator().manual_seed(rows)

@@ -36,7 +36,7 @@ from voicert.engine.clients.remote import (
     STATS_INTERVAL_S,
     EngineLink,
     _submit,
-    load_core,
+    start_engine,
 )
 from voicert.hosting import (
     HostFailed,
@@ -70,8 +70,7 @@ class HostAddresses:
 class _Hub:
     """The host's clients: routes each step's records to the workers that asked for them."""
 
-    def __init__(self, core, cfg) -> None:
-        self.core = core
+    def __init__(self, cfg) -> None:
         self.cfg = cfg
         self._engine: EngineThread | None = None  # set once made (it delivers to this hub)
         self.lock = threading.Lock()  # guards clients and each client's ``open``
@@ -83,6 +82,10 @@ class _Hub:
         if self._engine is None:
             raise RuntimeError("the engine host's engine thread is not made yet")
         return self._engine
+
+    @property
+    def core(self):
+        return self.engine.core
 
     def attach(self, engine: EngineThread) -> None:
         self._engine = engine
@@ -225,16 +228,13 @@ def _host(
     )
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
+    hub = _Hub(cfg)
     try:
-        core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
-        from voicert.engine.clients.llm_engine import EngineThread
-
+        engine, gc_watch = start_engine(model_dir, cfg, threads, gc_freeze, hub.deliver)
         listener = listen(address, authkey)
     except Exception as exc:
         say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
         return
-    hub = _Hub(core, cfg)
-    engine = EngineThread(core, hub.deliver)
     hub.attach(engine)
     engine.on_failure = hub.engine_failed
     stop = threading.Event()

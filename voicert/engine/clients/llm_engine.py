@@ -80,21 +80,37 @@ class EngineThread:
 
     A request with tools has its grammar built first, on a grammar thread of its own (~30-60 ms
     for a large tool set the first time, then from the core's cache), so that no step waits for
-    it; it joins the queue when its guide is ready."""
+    it; it joins the queue when its guide is ready.
 
-    def __init__(self, core: EngineCore, deliver: Deliver, name: str = "voicert-engine") -> None:
-        self.core = core
-        self.cfg = core.cfg
+    ``build`` makes the core (and warms it up, if it should be) on the engine thread, so that one
+    thread runs all of its torch work: on the CPU, once two threads have each run torch's
+    parallel ops, their OpenMP teams outnumber the cores, every worker sleeps between regions,
+    and each region waits to wake one (2 cores, SmolLM2: a decode step 18 -> 31 ms, a prefill
+    of the scores and the reply 95 -> 168 ms; docs/benchmarks.md section 44). The constructor
+    returns once the core is built, and raises what ``build`` raised."""
+
+    core: EngineCore  # set on the engine thread, before the constructor returns
+    cfg: EngineConfig
+    load: EngineLoad  # a snapshot, published after each step
+
+    def __init__(
+        self, build: Callable[[], EngineCore], deliver: Deliver, name: str = "voicert-engine"
+    ) -> None:
         self.deliver = deliver
-        self.load: EngineLoad = core.load()
         self.failure: str | None = None  # why the thread died, if it did
         self.on_failure: Callable[[str], None] | None = None
         self._inbox: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._gate = threading.Lock()  # a request is queued before the thread dies, or refused
         self._building: dict[str, bool] = {}  # request id -> aborted, while its grammar is built
         self._grammar = concurrent.futures.ThreadPoolExecutor(1, f"{name}-grammar")
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._built = threading.Event()
+        self._build_error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(build,), name=name, daemon=True)
         self._thread.start()
+        self._built.wait()
+        if self._build_error is not None:
+            self._grammar.shutdown(wait=False)
+            raise self._build_error
 
     def add(self, request: GenerationRequest) -> None:
         """Queue a checked request (see :func:`~voicert.core.llm.request_problem`)."""
@@ -147,7 +163,16 @@ class EngineThread:
 
     # ------------------------------------------------------------ the engine thread
 
-    def _run(self) -> None:
+    def _run(self, build: Callable[[], EngineCore]) -> None:
+        try:
+            self.core = build()
+            self.cfg = self.core.cfg
+            self.load = self.core.load()
+        except BaseException as exc:  # the constructor raises it
+            self._build_error = exc
+            return
+        finally:
+            self._built.set()
         try:
             self._serve()
         except BaseException as exc:  # a bug, not a request: fail everything open, tell the owner
@@ -276,14 +301,17 @@ class LLMEngine(EngineBase):
         tokenizer=None,
         draft: Model | None = None,
     ) -> None:
-        self.core = build_core(model_dir, cfg, model=model, tokenizer=tokenizer, draft=draft)
-        self.cfg = self.core.cfg  # as it applies on the device
-        self.tokenizer = copy.deepcopy(self.core.tokenizer)  # the client side's (detokenising)
         self.ledger = RequestLedger()
         self._lock = threading.Lock()  # guards _sinks (event loop adds, engine thread routes)
         self._sinks: dict[str, TokenStream | _WarmSink] = {}
-        self._thread = EngineThread(self.core, self._route)
+        self._thread = EngineThread(
+            lambda: build_core(model_dir, cfg, model=model, tokenizer=tokenizer, draft=draft),
+            self._route,
+        )
         self._thread.on_failure = self._failed
+        self.core = self._thread.core
+        self.cfg = self.core.cfg  # as it applies on the device
+        self.tokenizer = copy.deepcopy(self.core.tokenizer)  # the client side's (detokenising)
 
     # ------------------------------------------------------------ the Engine interface (event loop)
 

@@ -76,20 +76,27 @@ def _push_stats(engine: EngineThread, gc_watch, channel: _Channel, stop: threadi
             return
 
 
-def load_core(model_dir: str, cfg, threads: int, gc_freeze: bool):
-    """Child: the engine core, loaded and warmed up, and a watch on this process's collector."""
-    import torch
-
-    if threads > 0:
-        torch.set_num_threads(threads)
+def start_engine(model_dir: str, cfg, threads: int, gc_freeze: bool, deliver):
+    """Child: an :class:`EngineThread` whose core was loaded and warmed up on that thread (the
+    one thread that runs its torch work), and a watch on this process's collector. ``deliver``
+    gets the core's records once it serves (it may read ``engine.core`` then)."""
     from voicert.engine.build import build_core
+    from voicert.engine.clients.llm_engine import EngineThread
     from voicert.telemetry.gcwatch import GcWatch, settle
 
-    core = build_core(model_dir, cfg)
-    core.warmup()
+    def build():
+        import torch
+
+        if threads > 0:
+            torch.set_num_threads(threads)
+        core = build_core(model_dir, cfg)
+        core.warmup()
+        return core
+
+    engine = EngineThread(build, deliver)
     if gc_freeze:
         settle()
-    return core, GcWatch().install()
+    return engine, GcWatch().install()
 
 
 def _child(
@@ -102,18 +109,9 @@ def _child(
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     channel = _Channel(events)
-    try:
-        core, gc_watch = load_core(model_dir, cfg, threads, gc_freeze)
-        from voicert.engine.clients.llm_engine import EngineThread
-        from voicert.engine.core.prompt import PromptBuilder
-
-        prompts = PromptBuilder(core.tokenizer)  # this (receiving) thread's
-    except Exception as exc:  # reported to the server, which fails its start with it
-        channel.send(ipc.StartFailed(f"{type(exc).__name__}: {exc}"))
-        return
 
     def deliver(outs: list[TokenOut]) -> None:  # engine thread: one step's records, one message
-        channel.send(ipc.Events(outs, core.drain_steps()))
+        channel.send(ipc.Events(outs, engine.core.drain_steps()))
 
     def on_failure(why: str) -> None:  # engine thread: its open requests are failed next
         try:
@@ -121,7 +119,15 @@ def _child(
         finally:
             os._exit(EXIT_ENGINE_DIED)
 
-    engine = EngineThread(core, deliver)
+    try:
+        engine, gc_watch = start_engine(model_dir, cfg, threads, gc_freeze, deliver)
+        from voicert.engine.core.prompt import PromptBuilder
+
+        core = engine.core
+        prompts = PromptBuilder(core.tokenizer)  # this (receiving) thread's
+    except Exception as exc:  # reported to the server, which fails its start with it
+        channel.send(ipc.StartFailed(f"{type(exc).__name__}: {exc}"))
+        return
     engine.on_failure = on_failure
     channel.send(ipc.Ready(os.getpid()))
     stop = threading.Event()

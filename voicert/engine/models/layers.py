@@ -43,14 +43,15 @@ class RMSNorm(nn.Module):
 
 @torch.jit.script
 def _few_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), x [..., K], weight [N, K] -> [..., N]; on the CPU, up to 128
-    rows (a decode step's, a CPU prefill step's) as weight @ x^T. MKL's sgemm takes a few rows as
-    its narrow side much faster than as its wide one, and its sgemv is slower still: one row
-    goes as two. SmolLM2-135M on 2 cores, a decode step of 1 / 2 / 4 rows 36 / 63 / 58 ->
-    18 / 19 / 20 ms; a 32-token prefill 70 -> 63 ms (docs/benchmarks.md section 44). Same
-    values within float32 rounding. Scripted, so a trace keeps the choice."""
+    """F.linear(x, weight, bias), x [..., K], weight [N, K] -> [..., N]; on the CPU, up to 4
+    rows (a decode step's) as weight @ x^T. MKL's sgemm takes a few rows as its narrow side much
+    faster than as its wide one, and its sgemv is slower still: one row goes as two. SmolLM2-135M
+    on 2 cores, a decode step of 1 / 2 / 4 rows 37 / 63 / 58 -> 18 / 19 / 21 ms; on one thread
+    (the in-process server's steps ran at one thread's speed) 35 -> 30 ms at one row, but
+    8 rows and more are slower this way there (docs/benchmarks.md section 44). Same values
+    within float32 rounding. Scripted, so a trace keeps the choice."""
     rows = x.numel() // x.shape[-1]
-    if x.is_cuda or rows > 128:
+    if x.is_cuda or rows > 4:
         return F.linear(x, weight, bias)
     flat = x.reshape(rows, x.shape[-1])  # [rows, K]
     if rows == 1:  # sgemv is 2.5x slower than this sgemm of two columns
