@@ -79,6 +79,26 @@ def test_speech_then_silence_starts_and_ends_a_turn_with_its_audio():
     assert s.turns.next_turn_id == 2
 
 
+def test_audio_pushed_ahead_of_its_scores_keeps_the_whole_pre_roll():
+    """Audio that arrives in a burst is pushed before its windows are scored (in later calls):
+    the utterance still starts 200 ms before its first voiced window, as when it came window by
+    window, whatever the silence before it."""
+    turns = taking(early_final_ms=0)
+    probs = [SILENCE] * 10 + [VOICE] * 20 + [SILENCE] * 20
+    for p in probs:  # the whole burst first
+        turns.push(np.full(FRAME, 0.3 if p >= 0.5 else 0.0, np.float32))
+    acts = []
+    for p in probs:  # then the VAD's scores, a window a call
+        acts += turns.on_windows(np.array([p]), 0, 1_000)
+    (ended,) = [a for a in acts if isinstance(a, TurnEnded)]
+    by_window = Script(taking(early_final_ms=0))
+    for p in probs:
+        by_window.feed(p)
+    ((_, want),) = by_window.of(TurnEnded)
+    assert ended.audio.size == want.audio.size == 43 * FRAME - (10 * FRAME - 3200)
+    assert np.array_equal(ended.audio, want.audio)
+
+
 def test_a_short_blip_is_not_speech():
     s = Script(taking())
     s.feed(SILENCE, 5)

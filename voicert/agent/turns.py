@@ -459,7 +459,12 @@ class TurnTaking:
             # the pre-roll, and the voiced windows that may yet become speech (min_speech_ms)
             run = -(-max(self.vad.min_speech_ms, WINDOW_MS) // WINDOW_MS)
             keep = self.vad.speech_pad_ms * SAMPLE_RATE // 1000 + run * FRAME
-            self.audio.trim_before(self.audio.end - keep)
+            # before the windows scored so far, not the audio pushed: audio that came in a burst
+            # is pushed ahead of its scores, and a speech start among it must still find its
+            # whole pre-roll (else the utterance's lead-in, and so its transcript, would depend
+            # on how the audio arrived)
+            scored = min(self.audio.end, (self.endpointer.window + 1) * FRAME)
+            self.audio.trim_before(scored - keep)
         else:
             self.audio.trim_before(self.audio.end - int(self.vad.max_utterance_s * SAMPLE_RATE))
 
