@@ -85,9 +85,9 @@ class EngineThread:
     ``build`` makes the core (and warms it up, if it should be) on the engine thread, so that one
     thread runs all of its torch work: on the CPU, once two threads have each run torch's
     parallel ops, their OpenMP teams outnumber the cores, every worker sleeps between regions,
-    and each region waits to wake one (2 cores, SmolLM2: a decode step 18 -> 31 ms, a prefill
-    of the scores and the reply 95 -> 168 ms; docs/benchmarks.md section 44). The constructor
-    returns once the core is built, and raises what ``build`` raised."""
+    and each region waits to wake one (2 cores, SmolLM2: a decode step 20 -> 33 ms;
+    docs/benchmarks.md section 44). The constructor returns once the core is built, and raises
+    what ``build`` raised."""
 
     core: EngineCore  # set on the engine thread, before the constructor returns
     cfg: EngineConfig

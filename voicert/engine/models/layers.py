@@ -127,7 +127,7 @@ class AttnInputs:
 class KeyGroups:
     """Rows that attend in groups of their own key span (the CPU path; see :func:`plan_groups`).
     A step that pads every row's keys to its longest row's costs each short row the long one's
-    gather and scores: one 2,000-token history made four short replies' decode steps 2.2x slower.
+    gather and scores: one 2,000-token history made four short replies' decode steps 2.4x slower.
 
     order:  [B] int64, the step's rows by group (each group's rows together)
     bounds: [G, 3] int64, per group: its first and end index into ``order``, and the key blocks
@@ -153,7 +153,7 @@ def plan_groups(blocks: list[int], fixed: int = GROUP_COST_BLOCKS) -> list[tuple
     (row indices, blocks) per group, longest first; one group means no split pays."""
     order = sorted(range(len(blocks)), key=lambda i: -blocks[i])
     n = len(order)
-    best = [0] + [0] * n  # best[k]: the least cost of the first k rows (longest first)
+    best = [0] * (n + 1)  # best[k]: the least cost of the first k rows (longest first)
     cut = [0] * (n + 1)
     for k in range(1, n + 1):
         best[k], cut[k] = min((best[j] + (k - j) * blocks[order[j]] + fixed, j) for j in range(k))
