@@ -130,3 +130,23 @@ async def test_windows_that_arrive_while_the_pool_is_busy_go_together_in_the_nex
         np.testing.assert_array_equal(a, b)
     # two batches of four window positions each: the held one, then the three sessions together
     assert batcher.batches == 8 and batcher.rows == 16
+
+
+def test_finding_the_model_leaves_torch_threads_of_later_threads_alone():
+    """silero-vad's import sets torch to one thread; a thread that starts torch work afterwards
+    (the engine's) must still get the process's setting."""
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, torch\n"
+        "from voicert.speech.vad import SileroVad, silero_model_path\n"
+        "torch.set_num_threads(3)\n"
+        "silero_model_path(); SileroVad()\n"
+        "seen = []\n"
+        "t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))\n"
+        "t.start(); t.join()\n"
+        "print(seen[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "3"

@@ -13,6 +13,7 @@ those it would get scored alone (the rows do not mix: tests/speech/test_vad.py).
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import os
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -28,14 +29,16 @@ _SR = np.array(SAMPLE_RATE, np.int64)
 
 
 def silero_model_path() -> str:
-    """The batched Silero VAD ONNX file inside the installed ``silero-vad`` package."""
-    try:
-        import silero_vad
-    except ImportError:
+    """The batched Silero VAD ONNX file inside the installed ``silero-vad`` package.
+
+    Found without importing the package: its import runs ``torch.set_num_threads(1)``, and torch
+    then gives every thread that starts its work afterwards (the engine's) one thread."""
+    spec = importlib.util.find_spec("silero_vad")
+    if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(
             "Silero VAD needs the package silero-vad (pip install --no-deps silero-vad)"
-        ) from None
-    path = os.path.join(os.path.dirname(silero_vad.__file__), "data", "silero_vad.onnx")
+        )
+    path = os.path.join(spec.submodule_search_locations[0], "data", "silero_vad.onnx")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no Silero VAD ONNX model at {path}")
     return path
