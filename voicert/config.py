@@ -266,6 +266,8 @@ class AsrConfig:
     # tiny.en's WER on our eval set, 32.7 -> 42.3 %: off by default; docs/benchmarks.md section 12)
     shared: bool = True  # with server.workers above 1: one Whisper, in a speech host process,
     # decodes every worker's utterances (batched together); false: one Whisper per worker
+    ending: bool = True  # each greedy decode also says what Whisper would write after its last
+    # word (P(. ? !), P(, ...)): an opinion of the hazard's (agent/hazard.py); ~2 % of a decode
     language: str = "en"  # what callers speak: a Whisper language code (a multilingual model,
     # e.g. models.asr=base, decodes in it), or auto: each utterance's language is detected and
     # the transcript says which (transcript.final's language); English-only models take only en

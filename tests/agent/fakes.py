@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from voicert.core.llm import EngineBase, EngineStats, TokenEvent, final_event
-from voicert.core.speech import AsrBase, Transcript
+from voicert.core.speech import AsrBase, Ending, Transcript
 
 
 class EnergyVad:
@@ -36,6 +36,19 @@ class FakeDecode:
         return True
 
 
+def ending_of(text: str) -> Ending | None:
+    """The recogniser's opinion of what follows ``text``'s last word, sure of the mark written
+    there: a sentence end, a pause mark, or (no mark) neither."""
+    if not text.strip():
+        return None
+    last = text.rstrip()[-1]
+    if last in ".?!":
+        return Ending(stop=0.9, comma=0.02)
+    if last == ",":
+        return Ending(stop=0.05, comma=0.9)
+    return Ending(stop=0.1, comma=0.1)
+
+
 class FakeAsr(AsrBase):
     """Every decode waits until the test calls :meth:`answer` (or ``auto`` answers at once)."""
 
@@ -51,12 +64,23 @@ class FakeAsr(AsrBase):
             self.answer(decode)
         return decode
 
-    def answer(self, decode: FakeDecode, text: str | None = None) -> None:
+    def answer(
+        self, decode: FakeDecode, text: str | None = None, ending: Ending | None = None
+    ) -> None:
+        """Settle ``decode`` with ``text`` (default: the fake's own). ``ending`` (default: as
+        Whisper's argmax would have it, sure of the mark the text ends with)."""
         decode.started = True
         if not decode.future.done():
+            said = self.text if text is None else text
             decode.future.set_result(
                 Transcript(
-                    self.text if text is None else text, decode.audio.size / 16000, 1.0, 0.0, 0.0, 1
+                    said,
+                    decode.audio.size / 16000,
+                    1.0,
+                    0.0,
+                    0.0,
+                    1,
+                    ending=ending or ending_of(said),
                 )
             )
 

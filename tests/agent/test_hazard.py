@@ -15,7 +15,8 @@ def test_doubt_is_waited_out_in_proportion_and_never_past_the_maximum():
     short = -log_odds(ev)
     assert short > 0
     assert end_after_ms(ev, 192, 5000) == pytest.approx(192 + 1000 * short / RATE)
-    assert end_after_ms(Evidence(0.01, 1e-6, 1e-6), 192, 600) == 600
+    doubt = Evidence(0.01, 1e-6, 1e-6, stop=0.05, comma=0.9)  # Whisper heard a pause mark
+    assert end_after_ms(doubt, 192, 600) == 600
 
 
 def test_more_doubt_or_more_patience_waits_longer():

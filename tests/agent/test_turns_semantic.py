@@ -23,6 +23,7 @@ from voicert.agent.turns import (
 )
 from voicert.config import TurnConfig, VadConfig
 from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped
+from voicert.core.speech import Ending
 from voicert.speech.vad import FRAME
 
 
@@ -337,8 +338,11 @@ def hazardous(score_text: bool = True, **turn) -> TurnTaking:
     return TurnTaking(VadConfig(), early_final_ms=160, turn=cfg, score_text=score_text)
 
 
-def judged_pause(s: Script, text: str, audio: float, probs: tuple) -> list:
-    """Speech, the 192 ms pause, and every opinion in: the actions of the last one."""
+def judged_pause(
+    s: Script, text: str, audio: float, probs: tuple, ending: Ending | None = None
+) -> list:
+    """Speech, the 192 ms pause, and every opinion in: the actions of the last one. ``probs``:
+    the LLM's (as written, bare[, head]); ``ending``: the recogniser's, with its transcript."""
     from voicert.agent.turns import ScoreText
 
     speak(s)
@@ -346,15 +350,16 @@ def judged_pause(s: Script, text: str, audio: float, probs: tuple) -> list:
     ((_, early),) = s.of(StartDecode)
     ((_, judge),) = s.of(JudgeTurn)
     assert s.turns.judged(judge.judge_id, audio, 1) == []
-    out = s.turns.early_done(early.decode_id, text, 2)
+    out = s.turns.early_done(early.decode_id, text, 2, ending)
     (score,) = [a for a in out if isinstance(a, ScoreText)]
     assert (score.text, score.bare) == (text, text.rstrip(".?"))
-    return s.turns.text_scored(score.judge_id, *probs, 3)
+    return s.turns.text_scored(score.judge_id, *probs[:2], 3, *probs[2:])
 
 
 def test_hazard_a_pause_the_opinions_call_complete_ends_the_turn_at_once():
     s = Script(hazardous())
-    out = judged_pause(s, "What is the capital of France?", 0.9, (0.8, 0.1))
+    sure = Ending(stop=0.95, comma=0.01)  # Whisper heard the question end
+    out = judged_pause(s, "What is the capital of France?", 0.9, (0.8, 0.1), sure)
     assert [a.verdict for a in out if isinstance(a, TurnJudged)] == [Verdict.COMPLETE]
     assert [type(a) for a in out[1:]] == [SpeechStopped, TurnEnded]
 
@@ -413,3 +418,18 @@ def test_hazard_a_transcript_that_stops_on_a_preposition_waits_longer():
         ((w_stop, _),) = s.of(SpeechStopped)
         waits.append(w_stop)
     assert waits[1] - waits[0] >= 15  # ~500 ms (2 log-odds at 4 a second) more, in 32 ms windows
+
+
+def test_hazard_the_recognisers_pause_mark_after_the_last_word_waits_longer_than_its_full_stop():
+    """ "I need eggs." with the same scores: Whisper wavering towards "," (the voice went on
+    rising) holds the turn longer than a sure "." does, with the head's opinion and without."""
+    for probs in ((0.01, 1e-4), (0.01, 1e-4, 0.3)):
+        waits = []
+        for ending in (Ending(stop=0.95, comma=0.01), Ending(stop=0.3, comma=0.6), None):
+            s = Script(hazardous())
+            judged_pause(s, "I need eggs.", 0.5, probs, ending)
+            s.feed(SILENCE, 80)
+            ((w_stop, _),) = s.of(SpeechStopped)
+            waits.append(w_stop)
+        sure, wavering, unsaid = waits
+        assert sure < unsaid < wavering, probs

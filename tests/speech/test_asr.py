@@ -161,3 +161,38 @@ def test_zero_asr_threads_is_one_a_core_at_most_four():
 
     assert cpu_threads(3) == 3
     assert cpu_threads(0) == min(4, os.cpu_count() or 1)
+
+
+class _Tok:
+    """A toy tokenizer: ids 0-2 are words, 3 ".", 4 "?", 5 ",", 6 "...", 7 the end token."""
+
+    eot = 7
+    pieces = (" I", " need", " eggs", ".", "?", ",", "...", "")
+
+    def encode(self, text):
+        return [i for i, p in enumerate(self.pieces) if p == text.strip() or p == text][:1]
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_the_ending_is_read_at_the_step_after_the_last_word_not_at_the_end():
+    from voicert.speech.asr import EndingMarks
+
+    marks = EndingMarks(_Tok())
+    assert list(marks.stops) == [3, 4] and list(marks.commas) == [5, 6]
+    # "I need eggs," then the end token: step 3 (after "eggs") chose ","; step 4 the end token
+    after_eggs = np.log([0.01, 0.01, 0.01, 0.2, 0.1, 0.5, 0.1, 0.07])
+    assert marks.step_after_last_word([0, 1, 2, 5], 5) == 3
+    ending = marks.ending(after_eggs)
+    assert ending.stop == pytest.approx(0.3) and ending.comma == pytest.approx(0.6)
+    assert marks.step_after_last_word([3], 2) is None  # no word heard
+    assert marks.step_after_last_word([0], 1) is None  # no step after it
+
+
+def test_a_whole_question_ends_in_a_sentence_end(asr):
+    x, _ = wav("capital_of_france")
+    pad = np.zeros(1600, np.float32)
+    whole = asr.transcribe_sync(np.concatenate([x, pad])).ending
+    assert whole is not None and whole.stop > 0.8 and whole.comma < 0.05
+    assert asr.transcribe_sync(np.zeros(16000, np.float32)).ending is None  # nothing heard

@@ -1,9 +1,11 @@
 """When to end a turn from everything known at a pause: one hazard, growing with the silence.
 
-At a pause (``turn.pause_ms`` of silence) the session has up to three opinions of whether the
-caller has finished: the audio model's P(complete) (smart-turn), and the LLM's probability that
+At a pause (``turn.pause_ms`` of silence) the session has up to five opinions of whether the
+caller has finished: the audio model's P(complete) (smart-turn); the LLM's probability that
 the user's message ends after the transcript so far, as Whisper wrote it and without the final
-punctuation Whisper adds wherever the audio stops. :func:`log_odds` combines them into the log-odds
+punctuation Whisper adds wherever the audio stops; and Whisper's own probabilities, right after
+the last word it heard, of a sentence end (". ? !") and of a pause mark (", ..."): it punctuates
+from the audio, so they carry some of the prosody the words lack (core/speech.py ``Ending``). :func:`log_odds` combines them into the log-odds
 that the turn is over; the silence adds ``RATE`` to it per second (a longer pause is itself
 evidence). The turn ends at the first silence where the log-odds reach ``turn.patience``
 (:func:`end_after_ms`), and at ``turn.max_silence_ms`` at the latest. So a turn judged complete
@@ -50,17 +52,20 @@ class Weights:
     # as well, where it takes the mean dead air after complete questions from 556 to 473 ms (CPU,
     # 8 s window) for +0.6 points of cut-offs
     question: float = 1.0
+    stop: float = 0.0  # logit(the recogniser's P(sentence end) after the last word)
+    comma: float = 0.0  # logit(its P(pause mark) there)
 
 
 # zero-shot: an LLM with no end-of-turn head, scored as written and bare (docs/benchmarks.md 36)
-ZERO_SHOT = Weights(w0=3.16, audio=0.09, text=0.25, bare=0.21, head=0.0)
+ZERO_SHOT = Weights(w0=-1.33, audio=-0.05, text=0.1, bare=0.08, head=0.0, stop=0.34, comma=-0.67)
 # with the end-of-turn head (engine/core/turn_head.py): audio, head and the as-written score,
 # refit on the same pauses (python -m voicert.bench.turns --eot --fit; docs/benchmarks.md 37)
-WITH_HEAD = Weights(w0=0.19, audio=0.08, text=0.11, bare=0.0, head=0.57)
+WITH_HEAD = Weights(w0=-2.45, audio=-0.04, text=0.05, bare=0.0, head=0.44, stop=0.26, comma=-0.66)
 RATE = 4.0  # log-odds the silence adds per second after the judgement
 FLOOR = 1e-6  # probabilities are clipped to [FLOOR, 1 - FLOOR] (logits of +-13.8)
 # a missing opinion counts as its average over the set's judged pauses (no evidence either way)
 PRIOR_AUDIO, PRIOR_TEXT, PRIOR_BARE, PRIOR_HEAD = 0.26, -3.88, -11.35, 0.07
+PRIOR_STOP, PRIOR_COMMA = 0.54, -3.33
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,8 @@ class Evidence:
     dangling: bool = False  # the transcript's last words cannot end a sentence (the word cue)
     question: bool = False  # it ends with a question mark, and does not dangle
     head: float | None = None  # the LLM's end-of-turn head's P(over) (an engine with one)
+    stop: float | None = None  # the recogniser's P(sentence end) after the last word heard
+    comma: float | None = None  # ... and P(pause mark) there (core/speech.py Ending)
 
 
 def logit(p: float | None, prior: float = 0.0) -> float:
@@ -94,6 +101,8 @@ def log_odds(ev: Evidence) -> float:
         + w.text * logit(ev.text, PRIOR_TEXT)
         + w.bare * logit(ev.bare, PRIOR_BARE)
         + w.head * logit(ev.head, PRIOR_HEAD)
+        + w.stop * logit(ev.stop, PRIOR_STOP)
+        + w.comma * logit(ev.comma, PRIOR_COMMA)
         + w.dangling * ev.dangling
         + w.question * ev.question
     )

@@ -638,8 +638,12 @@ class Session:
         failed = fut.cancelled() or fut.exception() is not None
         if self.turns.early_is_current(decode_id):
             # the transcript is also the text cue of a semantic judgement of this pause
+            heard = None if failed else fut.result()
             decided = self.turns.early_done(
-                decode_id, None if failed else fut.result().text, now_ns()
+                decode_id,
+                None if heard is None else heard.text,
+                now_ns(),
+                None if heard is None else heard.ending,
             )
             for action in decided:  # the scores go in before the reply started below
                 if isinstance(action, ScoreText):

@@ -50,6 +50,7 @@ from voicert.agent.hazard import Evidence, PauseHabit, bare, end_after_ms, text_
 from voicert.audio.buffer import AudioBuffer
 from voicert.config import TurnConfig, VadConfig
 from voicert.core.events import BargeIn, SpeechStarted, SpeechStopped, TranscriptPartial
+from voicert.core.speech import Ending
 from voicert.speech.endpoint import WINDOW_MS, Endpointer, EventKind
 from voicert.speech.partials import LocalAgreement
 from voicert.speech.turn_text import continues, is_backchannel
@@ -140,6 +141,7 @@ class _Early:
     last_voiced: int  # endpointer window of the last voiced audio it covers
     utterance_start: int
     text: str | None = None  # its transcript, once in (the text cue of a semantic judgement)
+    ending: Ending | None = None  # what the recogniser would write after its last word
 
 
 @dataclass(slots=True)
@@ -154,6 +156,7 @@ class _Judgement:
     text_prob: float | None = None
     bare_prob: float | None = None
     head_prob: float | None = None
+    ending: Ending | None = None  # (hazard) the early transcript's, once in
     end_after_ms: float | None = None  # (hazard) the silence that ends the turn, once decided
 
 
@@ -344,17 +347,20 @@ class TurnTaking:
         """Whether that early decode still stands for the utterance in progress."""
         return self._early is not None and self._early.decode_id == decode_id
 
-    def early_done(self, decode_id: int, text: str | None, now_ns: int) -> list[Action]:
-        """An early decode finished (``text`` None: it failed). Its transcript is the text cue of
-        a judgement of the same pause; may end the turn."""
+    def early_done(
+        self, decode_id: int, text: str | None, now_ns: int, ending: Ending | None = None
+    ) -> list[Action]:
+        """An early decode finished (``text`` None: it failed; ``ending``: the recogniser's
+        opinion of what follows its last word, if it gave one). Its transcript is the text cue
+        of a judgement of the same pause; may end the turn."""
         early = self._early
         if early is None or early.decode_id != decode_id:  # (early_is_current)
             return []
-        early.text = text or ""
+        early.text, early.ending = text or "", ending
         st = self._judgement
         if st is None or not st.need_text or st.verdict is not None:
             return []
-        st.text = text or ""
+        st.text, st.ending = text or "", ending
         out: list[Action] = []
         if self.hazard and self.score_text and st.text.strip():
             st.need_score = True
@@ -509,7 +515,7 @@ class TurnTaking:
         need_text = self.judges_text and early is not None
         st = self._judgement = _Judgement(next(self._ids), self.turn.model != "none", need_text)
         if early is not None and need_text and early.text is not None:
-            st.text = early.text  # the early decode finished before the pause
+            st.text, st.ending = early.text, early.ending  # the early decode came before the pause
             if self.hazard and self.score_text and st.text.strip():
                 st.need_score = True
                 out.append(ScoreText(st.judge_id, st.text.strip(), bare(st.text)))
@@ -542,7 +548,16 @@ class TurnTaking:
     def _decide_hazard(self, st: _Judgement, now_ns: int) -> list[Action]:
         """The silence after which the turn ends, from every opinion in; now, if it is past."""
         cues = text_cues(st.text or "") if self.turn.text_cue else (False, False)
-        evidence = Evidence(st.prob, st.text_prob, st.bare_prob, *cues, head=st.head_prob)
+        ending = st.ending
+        evidence = Evidence(
+            st.prob,
+            st.text_prob,
+            st.bare_prob,
+            *cues,
+            head=st.head_prob,
+            stop=None if ending is None else ending.stop,
+            comma=None if ending is None else ending.comma,
+        )
         turn, ep = self.turn, self.endpointer
         st.end_after_ms = end_after_ms(
             evidence, turn.pause_ms, turn.max_silence_ms, turn.patience, self.habit.scale

@@ -53,6 +53,8 @@ class Pause:
     text_prob: float | None = None  # the LLM's P(end of message) after that transcript
     bare_prob: float | None = None  # ... after it without its final punctuation (Whisper's guess)
     turn_prob: float | None = None  # the LLM's end-of-turn head's P(over) after that transcript
+    stop_prob: float | None = None  # Whisper's P(. ? !) right after the transcript's last word
+    comma_prob: float | None = None  # ... and its P(, ...) there (core/speech.py Ending)
     audio_ms: float = 0.0  # compute: smart-turn
     asr_ms: float = 0.0  # compute: the early decode
     score_ms: float = 0.0  # compute: the LLM's two scores (as written, bare), one batch
@@ -189,7 +191,10 @@ class Scorer:
         t0 = time.perf_counter_ns()
         p.audio_prob = float(self.smart_turn.score([audio])[0])
         t1 = time.perf_counter_ns()
-        p.text = self.asr.transcribe_sync(early).text
+        heard = self.asr.transcribe_sync(early)
+        p.text = heard.text
+        if heard.ending is not None:
+            p.stop_prob, p.comma_prob = heard.ending.stop, heard.ending.comma
         p.audio_ms, p.asr_ms = (t1 - t0) / 1e6, (time.perf_counter_ns() - t1) / 1e6
         self._score_texts(p)
 
@@ -312,7 +317,15 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         if not judged(p):
             return max_ms
         turn = p.turn_prob if head else None
-        ev = Evidence(p.audio_prob, p.text_prob, p.bare_prob, *text_cues(p.text), head=turn)
+        ev = Evidence(
+            p.audio_prob,
+            p.text_prob,
+            p.bare_prob,
+            *text_cues(p.text),
+            head=turn,
+            stop=p.stop_prob,
+            comma=p.comma_prob,
+        )
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
         return max(decided, _ready(p, judge_ms, True, True, True))
 
@@ -520,12 +533,20 @@ def wer(scored: list[Scored]) -> float:
 
 
 def _opinions(p: Pause, head: bool) -> list[float]:
-    """A judged pause's logits: audio, text as written, then bare (zero-shot) or head, then 1."""
+    """A judged pause's logits: audio, text as written, then bare (zero-shot) or head, Whisper's
+    sentence end and pause mark after the last word, then 1."""
     from voicert.agent import hazard as hz
     from voicert.agent.hazard import logit
 
     second = logit(p.turn_prob, hz.PRIOR_HEAD) if head else logit(p.bare_prob, hz.PRIOR_BARE)
-    return [logit(p.audio_prob, hz.PRIOR_AUDIO), logit(p.text_prob, hz.PRIOR_TEXT), second, 1.0]
+    return [
+        logit(p.audio_prob, hz.PRIOR_AUDIO),
+        logit(p.text_prob, hz.PRIOR_TEXT),
+        second,
+        logit(p.stop_prob, hz.PRIOR_STOP),
+        logit(p.comma_prob, hz.PRIOR_COMMA),
+        1.0,
+    ]
 
 
 def _cue_offset(p: Pause, w) -> float:
@@ -563,14 +584,14 @@ def fit_weights(scored: list[Scored], head: bool, l2: float = 0.1):
     from voicert.agent.hazard import ZERO_SHOT, Weights
 
     judged = [p for s in scored for p in s.pauses if p.audio_prob is not None]
-    x = np.array([_opinions(p, head) for p in judged])  # [n, 4]
+    x = np.array([_opinions(p, head) for p in judged])  # [n, 6]
     y = np.array([float(p.final) for p in judged])
     off = np.array([_cue_offset(p, ZERO_SHOT) for p in judged])
     w = logistic(x, y, l2, offset=off)
-    a, t, second, w0 = (round(float(v), 2) for v in w)
+    a, t, second, stop, comma, w0 = (round(float(v), 2) for v in w)
     if head:
-        return Weights(w0=w0, audio=a, text=t, bare=0.0, head=second)
-    return Weights(w0=w0, audio=a, text=t, bare=second, head=0.0)
+        return Weights(w0=w0, audio=a, text=t, bare=0.0, head=second, stop=stop, comma=comma)
+    return Weights(w0=w0, audio=a, text=t, bare=second, head=0.0, stop=stop, comma=comma)
 
 
 def fit_report(scored: list[Scored], fit_on: list[Scored], judge_ms: int, max_ms: int) -> str:
@@ -591,7 +612,7 @@ def fit_report(scored: list[Scored], fit_on: list[Scored], judge_ms: int, max_ms
         for fold in (0, 1):
             test = {it for i, it in enumerate(items) if i % 2 == fold}
             w = fit_weights([s for s in scored if s.item not in test], head)
-            wv = [w.audio, w.text, w.head if head else w.bare, w.w0]
+            wv = [w.audio, w.text, w.head if head else w.bare, w.stop, w.comma, w.w0]
             for s in scored:
                 if s.item in test:
                     for p in s.pauses:

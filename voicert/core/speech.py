@@ -38,6 +38,17 @@ FINAL, EARLY, PARTIAL = Priority.FINAL, Priority.EARLY, Priority.PARTIAL
 
 
 @dataclass(frozen=True, slots=True)
+class Ending:
+    """What the recogniser would write right after the last word it heard: its probabilities of
+    a sentence end (``.``, ``?``, ``!``) and of a pause mark (``,``, ``...``). Whisper punctuates
+    from the audio, so where the words alone are ambiguous ("I need eggs | and milk") these carry
+    some of the speaker's prosody: an end-of-turn opinion (agent/hazard.py)."""
+
+    stop: float
+    comma: float
+
+
+@dataclass(frozen=True, slots=True)
 class Transcript:
     text: str
     audio_s: float
@@ -48,6 +59,7 @@ class Transcript:
     start_ns: int = 0  # when the worker started the decode (perf_counter_ns)
     rejected: bool = False  # the recogniser judged it not to be speech: text is ""
     language: str = "en"  # the language it was decoded in (detected, with asr.language auto)
+    ending: Ending | None = None  # after the last word (None: the backend does not say)
 
 
 @dataclass(frozen=True, slots=True)

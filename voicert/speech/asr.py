@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from voicert.config import AsrConfig, ConfigError
-from voicert.core.speech import FINAL, AsrBase, AsrCapabilities, Transcript
+from voicert.core.speech import FINAL, AsrBase, AsrCapabilities, Ending, Transcript
 from voicert.speech.worker import PriorityWorker, WorkerClosed
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,50 @@ def max_tokens(audio_s: float, prompt: int) -> int:
     (speech runs at ~3-5 tokens a second), at most Whisper's 224. A decode that loops on a
     phrase ("where contrast? where contrast? ...") stops there instead of running 224 tokens."""
     return min(224, prompt + int(10 * audio_s) + 10)
+
+
+class EndingMarks:
+    """The token ids of a tokenizer's sentence ends and pause marks, and of its words, to read
+    a decode's :class:`~voicert.core.speech.Ending` from its per-step scores."""
+
+    def __init__(self, tokenizer) -> None:
+        """``tokenizer``: faster-whisper's (``encode``, ``decode``, ``eot``)."""
+        self.eot = tokenizer.eot
+        self.stops = self._single(tokenizer, (".", "?", "!"))
+        self.commas = self._single(tokenizer, (",", "..."))
+        self._decode = tokenizer.decode
+        self._word: dict[int, bool] = {}
+
+    @staticmethod
+    def _single(tokenizer, marks: tuple[str, ...]) -> np.ndarray:
+        """The marks that are one token, bare and after a space."""
+        ids = {
+            enc[0]
+            for mark in marks
+            for text in (mark, " " + mark)
+            if len(enc := tokenizer.encode(text)) == 1
+        }
+        return np.array(sorted(ids), np.int64)
+
+    def is_word(self, token: int) -> bool:
+        if token not in self._word:
+            self._word[token] = token < self.eot and any(c.isalnum() for c in self._decode([token]))
+        return self._word[token]
+
+    def step_after_last_word(self, ids: list[int], steps: int) -> int | None:
+        """Of a greedy decode's tokens (``ids``, without the end token) and its ``steps`` scored
+        steps (the end token's included): the step that chose what follows the last word. None
+        without a word, or without that step."""
+        last = next((i for i in range(len(ids) - 1, -1, -1) if self.is_word(ids[i])), None)
+        return None if last is None or last + 1 >= steps else last + 1
+
+    def ending(self, logits) -> Ending:
+        """The probabilities of a sentence end and of a pause mark in one step's vocabulary
+        scores (``logits``: [V], array-like)."""
+        z = np.asarray(logits, np.float64).ravel()  # [V]
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        return Ending(float(p[self.stops].sum()), float(p[self.commas].sum()))
 
 
 @dataclass(eq=False, slots=True)
@@ -194,6 +238,9 @@ class WhisperAsr(AsrBase):
         )
         self.prompt = [*self.tokenizer.sot_sequence, self.tokenizer.no_timestamps]
         self.suppress = list(get_suppressed_tokens(self.tokenizer, [-1]))
+        # each decode says what would follow its last word (greedy decodes: beam search keeps
+        # no per-step scores of the path it returns)
+        self.marks = EndingMarks(self.tokenizer) if cfg.ending and cfg.beam_size == 1 else None
         self.batch_sizes: collections.deque[int] = collections.deque(maxlen=4096)
         self._worker = _AsrWorker(self)
         self._worker.on_give_up = self._gave_up
@@ -215,6 +262,7 @@ class WhisperAsr(AsrBase):
             beam_size=self.cfg.beam_size,
             max_length=max_tokens(max(a.size for a in audios) / 16000, len(self.prompt)),
             return_scores=True,
+            return_logits_vocab=self.marks is not None,
             return_no_speech_prob=True,
             suppress_blank=True,
             suppress_tokens=self.suppress,
@@ -237,10 +285,26 @@ class WhisperAsr(AsrBase):
                     t0,
                     rejected,
                     lang,
+                    None if rejected else self._ending(tokens, res),
                 )
             )
         self.batch_sizes.append(len(audios))
         return out
+
+    def _ending(self, tokens: list[int], res) -> Ending | None:
+        """What the decode ``res`` would have written after the last word of ``tokens``."""
+        if self.marks is None:
+            return None
+        steps = res.logits[0]  # one StorageView [V] a step, on the model's device
+        at = self.marks.step_after_last_word(tokens, len(steps))
+        if at is None:
+            return None
+        logits = steps[at]
+        if self.model.model.device != "cpu":
+            import ctranslate2
+
+            logits = logits.to_device(ctranslate2.Device.cpu)
+        return self.marks.ending(logits)
 
     def _prompts(self, enc, n: int) -> tuple[list[str], list[list[int]]]:
         """Each utterance's language and decoder prompt: the configured language, or (``auto``)
