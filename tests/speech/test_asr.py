@@ -29,9 +29,9 @@ async def test_transcribe_runs_on_the_worker_thread_not_the_loop(asr):
     seen = []
     orig = asr.decode_batch
 
-    def spy(audios):
+    def spy(audios, ending=True):
         seen.append((threading.current_thread().name, len(audios)))
-        return orig(audios)
+        return orig(audios, ending)
 
     asr.decode_batch = spy
     try:
@@ -61,9 +61,9 @@ async def test_worker_batches_queued_jobs_and_serves_finals_first(asr):
     order = []
     orig = asr.decode_batch
 
-    def spy(audios):
+    def spy(audios, ending=True):
         order.append(len(audios))
-        return orig(audios)
+        return orig(audios, ending)
 
     asr.decode_batch = spy
     try:
@@ -196,3 +196,13 @@ def test_a_whole_question_ends_in_a_sentence_end(asr):
     whole = asr.transcribe_sync(np.concatenate([x, pad])).ending
     assert whole is not None and whole.stop > 0.8 and whole.comma < 0.05
     assert asr.transcribe_sync(np.zeros(16000, np.float32)).ending is None  # nothing heard
+
+
+async def test_live_partials_skip_the_ending_and_turn_decodes_keep_it(asr):
+    from voicert.core.speech import FINAL, PARTIAL
+
+    x, _ = wav("capital_of_france")
+    partial = await asr.submit(x, PARTIAL).future
+    final = await asr.submit(x, FINAL).future
+    assert partial.text == final.text and partial.text
+    assert partial.ending is None and final.ending is not None
