@@ -53,6 +53,7 @@ async def test_two_workers_get_their_own_whispers_transcripts_decoded_together(c
         )
         assert [t.text for t in got] == [want[0], want[1], want[1], want[0]]
         assert "france" in want[0].lower()
+        assert all(t.ending is not None for t in got)  # Whisper's odds cross the seam too
         assert max(t.batch for t in got) >= 2  # two workers' utterances in one decode
         await asyncio.sleep(1.2)  # the host's figures come every 0.5 s, to one worker
         sizes = a.drain_batch_sizes() + b.drain_batch_sizes()
