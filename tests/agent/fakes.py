@@ -158,13 +158,15 @@ class FakeEngine(EngineBase):
 class FakeJudge:
     """Stands in for the turn-completion model: answers ``prob`` for every pause (or raises)."""
 
-    def __init__(self, prob: float = 0.9, fail: bool = False) -> None:
+    def __init__(
+        self, prob: float = 0.9, fail: bool = False, error: Exception | None = None
+    ) -> None:
         self.prob = prob
-        self.fail = fail
+        self.error = error or (RuntimeError("model failed") if fail else None)
         self.calls: list[np.ndarray] = []
 
     async def score(self, audio: np.ndarray) -> float:
         self.calls.append(audio)
-        if self.fail:
-            raise RuntimeError("model failed")
+        if self.error is not None:
+            raise self.error
         return self.prob

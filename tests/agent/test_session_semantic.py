@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 
 import numpy as np
 
@@ -116,6 +117,22 @@ async def test_a_failing_model_leaves_the_decision_to_the_words():
     asr.answer(asr.decodes[-1], "Thank you, that is all.")
     await until(lambda: finals(events))
     assert await session.wait_turn(10)
+
+
+async def test_a_judge_whose_host_went_away_is_one_warning_line_and_the_words_decide(caplog):
+    from voicert.core.speech import SpeechUnavailable
+
+    asr = FakeAsr(auto=False)
+    session, events = make(asr, FakeJudge(error=SpeechUnavailable("speech host went away")))
+    with caplog.at_level(logging.WARNING, logger="voicert.agent.session"):
+        await send(session, audio(("voice", 1.0), ("silence", 0.25)))
+        asr.answer(asr.decodes[-1], "Thank you, that is all.")
+        await until(lambda: finals(events))
+    said = [r for r in caplog.records if r.name == "voicert.agent.session"]
+    assert [r.getMessage().split(": ", 1)[1] for r in said] == [
+        "no turn-completion judgement: speech host went away"
+    ]
+    assert all(r.exc_info is None for r in said)  # no traceback
 
 
 async def test_a_backchannel_over_a_reply_lets_it_go_on_and_a_real_interjection_stops_it():

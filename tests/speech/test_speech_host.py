@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import wav
 from voicert.config import load_config
-from voicert.core.speech import FINAL, PARTIAL
+from voicert.core.speech import FINAL, PARTIAL, SpeechUnavailable
 from voicert.hosting import listen
 from voicert.speech.asr import WhisperAsr
 from voicert.speech.host import Hello, HostJudge, SharedAsr, host_judges, start_speech_host
@@ -90,13 +90,13 @@ async def test_a_host_that_dies_fails_open_decodes_and_the_workers_reconnect(cfg
         await asyncio.sleep(0.2)
         host.kill()
         results = await asyncio.gather(*(h.future for h in pending), return_exceptions=True)
-        assert any(isinstance(r, RuntimeError) and "went away" in str(r) for r in results)
+        assert any(isinstance(r, SpeechUnavailable) and "went away" in str(r) for r in results)
         for _ in range(50):
             if not a.alive:
                 break
             await asyncio.sleep(0.1)
         assert not a.alive
-        with pytest.raises(RuntimeError, match="unavailable"):
+        with pytest.raises(SpeechUnavailable, match="unavailable"):
             await a.transcribe(long, FINAL)
         host = start(cfg, address)  # the primary starts another at the same address
         for _ in range(300):

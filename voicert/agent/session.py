@@ -40,7 +40,7 @@ from voicert.core.bucket import TokenBucket
 from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.llm import GREEDY, Engine, FinishReason, GenerationRequest, Sampling, TokenEvent
 from voicert.core.session import ErrorCode, SessionRefused, SessionSettings
-from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle
+from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle, SpeechUnavailable
 from voicert.speech.denoise import RnNoise
 from voicert.speech.echo import EchoGuard
 from voicert.speech.smart_turn import Judge
@@ -369,6 +369,8 @@ class Session:
             t0 = time.perf_counter_ns()
             try:
                 prob = await self.svc.turn_judge.score(action.audio)
+            except SpeechUnavailable as exc:  # stopping, or the speech host restarting
+                log.warning("session %s: no turn-completion judgement: %s", self.id, exc)
             except Exception:
                 log.exception("session %s: the turn-completion model failed", self.id)
             self.svc.metrics.judge_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
@@ -821,7 +823,10 @@ class Session:
             asr.drop()
             raise
         except Exception as exc:
-            log.exception("session %s: ASR failed", self.id)
+            if isinstance(exc, SpeechUnavailable):  # stopping, or the speech host restarting
+                log.warning("session %s: ASR failed: %s", self.id, exc)
+            else:
+                log.exception("session %s: ASR failed", self.id)
             await self.emit(
                 ev.SessionError(ErrorCode.ASR_FAILED.value, f"transcription failed: {exc}")
             )

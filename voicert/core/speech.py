@@ -37,6 +37,12 @@ class Priority(enum.IntEnum):
 FINAL, EARLY, PARTIAL = Priority.FINAL, Priority.EARLY, Priority.PARTIAL
 
 
+class SpeechUnavailable(RuntimeError):
+    """A speech model is gone (its worker closed at shutdown, or the speech host process went
+    away): a decode, judgement or synthesis failed for that, not for its input. Expected while a
+    server stops or a host restarts: one line in the log, not a traceback per session."""
+
+
 @dataclass(frozen=True, slots=True)
 class Ending:
     """What the recogniser would write right after the last word it heard: its probabilities of

@@ -34,7 +34,7 @@ from typing import Union
 import msgspec
 import numpy as np
 
-from voicert.core.speech import FINAL, AsrBase, Transcript
+from voicert.core.speech import FINAL, AsrBase, SpeechUnavailable, Transcript
 from voicert.hosting import (
     HostFailed,
     HostProcess,
@@ -399,7 +399,7 @@ class SharedAsr(AsrBase):
         handle = RemoteAsrHandle(self, next(self._ids), loop.create_future())
         msg = Decode(handle.job, np.ascontiguousarray(audio, np.float32).tobytes(), priority)
         if not self._send_tracked(self._jobs, handle.job, (loop, handle), msg):
-            handle.future.set_exception(RuntimeError("speech host unavailable"))
+            handle.future.set_exception(SpeechUnavailable("speech host unavailable"))
         return handle
 
     def _send_tracked(self, table: dict, job: int, entry: tuple, msg) -> bool:
@@ -422,7 +422,7 @@ class SharedAsr(AsrBase):
         job = next(self._ids)
         msg = Judge(job, np.ascontiguousarray(audio, np.float32).tobytes())
         if not self._send_tracked(self._judges, job, (loop, future), msg):
-            future.set_exception(RuntimeError("speech host unavailable"))
+            future.set_exception(SpeechUnavailable("speech host unavailable"))
         return future
 
     def _send(self, msg) -> None:
@@ -475,9 +475,9 @@ class SharedAsr(AsrBase):
             conn.close()
             why = "speech host went away"
             for loop, handle in jobs.values():
-                settle_soon(loop, handle.future, None, RuntimeError(why))
+                settle_soon(loop, handle.future, None, SpeechUnavailable(why))
             for loop, future in judges.values():
-                settle_soon(loop, future, None, RuntimeError(why))
+                settle_soon(loop, future, None, SpeechUnavailable(why))
             if self._closing:
                 return
             log.error("%s: %d decode(s) failed; reconnecting", why, len(jobs))

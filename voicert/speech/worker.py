@@ -24,11 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+from voicert.core.speech import SpeechUnavailable
+
 log = logging.getLogger(__name__)
 J = TypeVar("J")
 
 
-class WorkerClosed(RuntimeError):
+class WorkerClosed(SpeechUnavailable):
     """The worker was closed before the job ran."""
 
 
