@@ -108,3 +108,30 @@ def test_a_device_that_will_not_open_is_one_line(capsys):
 
     with pytest.raises(client_mic.MicError, match="cannot open the microphone"):
         asyncio.run(opened())
+
+
+class _Socket:
+    """A connected socket stand-in: records what is sent, answers ``reply`` to the first recv."""
+
+    def __init__(self, reply) -> None:
+        self.sent: list = []
+        self.reply = reply
+
+    async def send(self, frame) -> None:
+        self.sent.append(frame)
+
+    async def recv(self):
+        return self.reply
+
+
+async def test_a_session_opens_with_session_start_and_a_refusal_says_the_servers_reason():
+    from voicert.protocol import native as p
+
+    started = p.SessionStarted("s1", 16000, "pcm16", "server_vad")
+    ok = _Socket(p.encode(started))
+    msg = await client_mic.start_session(ok, p.SessionStart(sample_rate=16000))
+    assert msg["type"] == "session.started" and msg["session_id"] == "s1"
+    assert p.decode_client(ok.sent[0]).sample_rate == 16000
+    refused = _Socket(p.encode(p.Error("too_many_sessions", "the server is full", fatal=True)))
+    with pytest.raises(RuntimeError, match="session refused: the server is full"):
+        await client_mic.start_session(refused, p.SessionStart(sample_rate=16000))

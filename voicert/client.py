@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from voicert.audio.pcm import encode_pcm16
 from voicert.audio.wav import read_wav
+from voicert.client_mic import start_session
 from voicert.config import SUPPORTED_SAMPLE_RATES
 from voicert.protocol import native as p
 from voicert.telemetry.latency import format_table
@@ -188,20 +189,10 @@ async def stream_audio(
     rate = turns[0][1] if turns else rate
     result = ClientResult()
     async with connect(url, max_size=None, compression=None, additional_headers=headers) as ws:
-        await ws.send(
-            p.encode(
-                p.SessionStart(
-                    sample_rate=rate,
-                    system_prompt=system_prompt,
-                    output_audio=output_audio,
-                    voice=voice,
-                ),
-                binary,
-            )
+        start = p.SessionStart(
+            sample_rate=rate, system_prompt=system_prompt, output_audio=output_audio, voice=voice
         )
-        msg = p.decode_server(await ws.recv())
-        if msg["type"] != "session.started":
-            raise RuntimeError(f"session refused: {msg.get('message', msg)}")
+        msg = await start_session(ws, start, binary)
         result.session_id = msg["session_id"]
         result.events.append(msg)
         if on_event:

@@ -94,6 +94,16 @@ class Microphone:
         return await self.queue.get()
 
 
+async def start_session(ws, start: p.SessionStart, binary: bool = True) -> dict:
+    """Open a session on the connected socket ``ws``: send ``start`` and return the server's
+    ``session.started`` event. Raises RuntimeError, with the server's reason, when it refuses."""
+    await ws.send(p.encode(start, binary))
+    msg = p.decode_server(await ws.recv())
+    if msg["type"] != "session.started":
+        raise RuntimeError(f"session refused: {msg.get('message', msg)}")
+    return msg
+
+
 async def talk(
     url: str,
     mic: Microphone,
@@ -108,11 +118,7 @@ async def talk(
     errors when the connection fails."""
     answered = 0
     async with connect(url, max_size=None, compression=None, additional_headers=headers) as ws:
-        await ws.send(p.encode(p.SessionStart(sample_rate=RATE, voice=voice)))
-        msg = p.decode_server(await ws.recv())
-        if msg["type"] != "session.started":
-            raise RuntimeError(f"session refused: {msg.get('message', msg)}")
-        on_event(msg)
+        on_event(await start_session(ws, p.SessionStart(sample_rate=RATE, voice=voice)))
         enough = asyncio.Event()
 
         async def reader() -> None:
