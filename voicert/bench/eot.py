@@ -311,14 +311,16 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         done = math.log10(max(p.text_prob, 1e-12)) >= th
         return _ready(p, judge_ms, False, True, True) if done else max_ms
 
-    def hazard(p: Pause, th: float, head: bool = True) -> float:
+    def hazard(p: Pause, th: float, head: bool = True, audio: bool = True) -> float:
+        """``audio`` False: as ``turn.model: none`` runs it, without smart-turn (its opinion
+        counts as the average, and the verdict does not wait for it)."""
         from voicert.agent.hazard import Evidence, end_after_ms, text_cues
 
         if not judged(p):
             return max_ms
         turn = p.turn_prob if head else None
         ev = Evidence(
-            p.audio_prob,
+            p.audio_prob if audio else None,
             p.text_prob,
             p.bare_prob,
             *text_cues(p.text),
@@ -327,10 +329,13 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
             comma=p.comma_prob,
         )
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
-        return max(decided, _ready(p, judge_ms, True, True, True))
+        return max(decided, _ready(p, judge_ms, audio, True, True))
 
     def zero_shot(p: Pause, th: float) -> float:
         return hazard(p, th, head=False)
+
+    def text_only(p: Pause, th: float) -> float:
+        return hazard(p, th, audio=False)
 
     grid = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
     return [
@@ -342,6 +347,12 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         Detector(
             "hazard, zero-shot text",
             zero_shot,
+            tuple(np.round(np.arange(-2, 6.01, 0.25), 2)),
+            patience,
+        ),
+        Detector(
+            "hazard without smart-turn",
+            text_only,
             tuple(np.round(np.arange(-2, 6.01, 0.25), 2)),
             patience,
         ),
