@@ -17,9 +17,10 @@ opinion is that head's P(over) with the as-written score, from one request (:dat
 without one, the two zero-shot scores (:data:`ZERO_SHOT`).
 
 The weights are a logistic regression of "the turn ended here" against "the speaker went on"
-over the evaluation set's pauses (bench/turn_set.py, clean condition, 271 judged pauses; 2-fold
-cross-validation by sentence: AUC 0.81 with all three zero-shot opinions, 0.60 with the audio
-model alone; ``python -m voicert.bench.turns --eot --fit`` refits them). They are the model's,
+over the evaluation set's pauses (bench/turn_set.py: the first batch's clean renderings, the
+second batch held out; ``python -m voicert.bench.turns --eot --fit`` refits them). Over the set's
+judged pauses the head and Whisper's odds tell the most (AUC 0.85 and 0.84 alone, 0.875 together,
+cross-validated by sentence); smart-turn's weight comes out near zero (docs/benchmarks.md 45). They are the model's,
 not the caller's: a caller who pauses long (:class:`PauseHabit`) makes the silence
 count for less. With ``turn.text_cue`` the word cue counts too: a transcript whose last words
 cannot end a sentence waits about 500 ms more, and one that asks a question about 250 ms less.

@@ -4,8 +4,9 @@ Every rendering of the set (bench/turn_set.py) is scored by the real models the 
 this machine: Silero VAD over 32 ms windows finds each pause inside speech the way the endpointer
 does; at ``turn.pause_ms`` of silence into each pause the judgement's inputs are computed from the
 audio up to there, as a session computes them: smart-turn's P(complete), the early transcript
-(Whisper), the word cue, and the LLM's end-of-turn probability of that transcript (an engine
-``score_end`` request). The compute each took is measured too.
+(Whisper) with Whisper's odds of a stop or a comma after its last word, the word cue, and the
+LLM's end-of-turn probability of that transcript (an engine ``score_end`` request). The compute
+each took is measured too.
 
 A detector is then a rule from those signals and the silence so far to a decision; each has one
 knob (a threshold, or the silence for the silence rule), swept. For every setting:
