@@ -4,6 +4,7 @@ caller's pause habit."""
 import pytest
 
 from voicert.agent.hazard import RATE, Evidence, PauseHabit, bare, end_after_ms, log_odds
+from voicert.core.speech import Ending
 
 
 def test_evidence_that_the_turn_is_over_ends_it_at_the_judgement():
@@ -15,7 +16,7 @@ def test_doubt_is_waited_out_in_proportion_and_never_past_the_maximum():
     short = -log_odds(ev)
     assert short > 0
     assert end_after_ms(ev, 192, 5000) == pytest.approx(192 + 1000 * short / RATE)
-    doubt = Evidence(0.01, 1e-6, 1e-6, stop=0.05, comma=0.9)  # Whisper heard a pause mark
+    doubt = Evidence(0.01, 1e-6, 1e-6, ending=Ending(stop=0.05, comma=0.9))  # heard a pause mark
     assert end_after_ms(doubt, 192, 600) == 600
 
 

@@ -5,8 +5,8 @@ caller has finished: the audio model's P(complete) (smart-turn); the LLM's proba
 the user's message ends after the transcript so far, as Whisper wrote it and without the final
 punctuation Whisper adds wherever the audio stops; and Whisper's own probabilities, right after
 the last word it heard, of a sentence end (". ? !") and of a pause mark (", ..."): it punctuates
-from the audio, so they carry some of the prosody the words lack (core/speech.py ``Ending``). :func:`log_odds` combines them into the log-odds
-that the turn is over; the silence adds ``RATE`` to it per second (a longer pause is itself
+from the audio, so they carry some of the prosody the words lack (core/speech.py ``Ending``).
+:func:`log_odds` combines them into the log-odds that the turn is over; the silence adds ``RATE`` to it per second (a longer pause is itself
 evidence). The turn ends at the first silence where the log-odds reach ``turn.patience``
 (:func:`end_after_ms`), and at ``turn.max_silence_ms`` at the latest. So a turn judged complete
 ends at once, an uncertain one after a few hundred ms, and one judged unfinished keeps listening,
@@ -20,9 +20,9 @@ The weights are a logistic regression of "the turn ended here" against "the spea
 over the evaluation set's pauses (bench/turn_set.py: the first batch's clean renderings, the
 second batch held out; ``python -m voicert.bench.turns --eot --fit`` refits them). Over the set's
 judged pauses the head and Whisper's odds tell the most (AUC 0.85 and 0.84 alone, 0.875 together,
-cross-validated by sentence); smart-turn's weight comes out near zero (docs/benchmarks.md 45). They are the model's,
-not the caller's: a caller who pauses long (:class:`PauseHabit`) makes the silence
-count for less. With ``turn.text_cue`` the word cue counts too: a transcript whose last words
+cross-validated by sentence); smart-turn's weight comes out near zero (docs/benchmarks.md 45).
+They are the model's, not the caller's: a caller who pauses long (:class:`PauseHabit`) makes the
+silence count for less. With ``turn.text_cue`` the word cue counts too: a transcript whose last words
 cannot end a sentence waits about 500 ms more, and one that asks a question about 250 ms less.
 
 Pure functions and a small state: no clock, no models.
@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from voicert.core.speech import Ending
 from voicert.speech.turn_text import continues
 
 
@@ -57,10 +58,11 @@ class Weights:
     comma: float = 0.0  # logit(its P(pause mark) there)
 
 
-# zero-shot: an LLM with no end-of-turn head, scored as written and bare (docs/benchmarks.md 36)
+# zero-shot: an LLM with no end-of-turn head, scored as written and bare, with Whisper's odds;
+# refit with them on the first batch's clean renderings (docs/benchmarks.md 45)
 ZERO_SHOT = Weights(w0=-1.33, audio=-0.05, text=0.1, bare=0.08, head=0.0, stop=0.34, comma=-0.67)
-# with the end-of-turn head (engine/core/turn_head.py): audio, head and the as-written score,
-# refit on the same pauses (python -m voicert.bench.turns --eot --fit; docs/benchmarks.md 37)
+# with the end-of-turn head (engine/core/turn_head.py): audio, head, the as-written score and
+# Whisper's odds, refit the same way (python -m voicert.bench.turns --eot --fit)
 WITH_HEAD = Weights(w0=-2.45, audio=-0.04, text=0.05, bare=0.0, head=0.44, stop=0.26, comma=-0.66)
 RATE = 4.0  # log-odds the silence adds per second after the judgement
 FLOOR = 1e-6  # probabilities are clipped to [FLOOR, 1 - FLOOR] (logits of +-13.8)
@@ -79,8 +81,7 @@ class Evidence:
     dangling: bool = False  # the transcript's last words cannot end a sentence (the word cue)
     question: bool = False  # it ends with a question mark, and does not dangle
     head: float | None = None  # the LLM's end-of-turn head's P(over) (an engine with one)
-    stop: float | None = None  # the recogniser's P(sentence end) after the last word heard
-    comma: float | None = None  # ... and P(pause mark) there (core/speech.py Ending)
+    ending: Ending | None = None  # the recogniser's odds of a stop or a comma after the last word
 
 
 def logit(p: float | None, prior: float = 0.0) -> float:
@@ -102,8 +103,8 @@ def log_odds(ev: Evidence) -> float:
         + w.text * logit(ev.text, PRIOR_TEXT)
         + w.bare * logit(ev.bare, PRIOR_BARE)
         + w.head * logit(ev.head, PRIOR_HEAD)
-        + w.stop * logit(ev.stop, PRIOR_STOP)
-        + w.comma * logit(ev.comma, PRIOR_COMMA)
+        + w.stop * logit(None if ev.ending is None else ev.ending.stop, PRIOR_STOP)
+        + w.comma * logit(None if ev.ending is None else ev.ending.comma, PRIOR_COMMA)
         + w.dangling * ev.dangling
         + w.question * ev.question
     )

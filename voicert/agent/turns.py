@@ -548,15 +548,8 @@ class TurnTaking:
     def _decide_hazard(self, st: _Judgement, now_ns: int) -> list[Action]:
         """The silence after which the turn ends, from every opinion in; now, if it is past."""
         cues = text_cues(st.text or "") if self.turn.text_cue else (False, False)
-        ending = st.ending
         evidence = Evidence(
-            st.prob,
-            st.text_prob,
-            st.bare_prob,
-            *cues,
-            head=st.head_prob,
-            stop=None if ending is None else ending.stop,
-            comma=None if ending is None else ending.comma,
+            st.prob, st.text_prob, st.bare_prob, *cues, head=st.head_prob, ending=st.ending
         )
         turn, ep = self.turn, self.endpointer
         st.end_after_ms = end_after_ms(

@@ -316,18 +316,19 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         """``audio`` False: as ``turn.model: none`` runs it, without smart-turn (its opinion
         counts as the average, and the verdict does not wait for it)."""
         from voicert.agent.hazard import Evidence, end_after_ms, text_cues
+        from voicert.core.speech import Ending
 
         if not judged(p):
             return max_ms
         turn = p.turn_prob if head else None
+        said = p.stop_prob is not None and p.comma_prob is not None
         ev = Evidence(
             p.audio_prob if audio else None,
             p.text_prob,
             p.bare_prob,
             *text_cues(p.text),
             head=turn,
-            stop=p.stop_prob,
-            comma=p.comma_prob,
+            ending=Ending(p.stop_prob, p.comma_prob) if said else None,
         )
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
         return max(decided, _ready(p, judge_ms, audio, True, True))

@@ -252,7 +252,7 @@ class WhisperAsr(AsrBase):
     def decode_batch(self, audios: list[np.ndarray], ending: bool = True) -> list[Transcript]:
         """Greedy transcripts of up to 30 s utterances ([N] float32 16 kHz each), decoded together;
         with ``ending`` (and ``asr.ending``), each says what Whisper would write after its last
-        word (its per-step scores are kept for that: on a GPU, ~10 % of a batch's time)."""
+        word (its per-step scores are kept for that: on an H100, 10-20 % of a batch's time)."""
         marks = self.marks if ending else None
         t0 = time.perf_counter_ns()
         fe = self.model.feature_extractor
