@@ -80,8 +80,10 @@ def cfg() -> Config:
     """The default config, but the Piper voice speaks a text the same way every time
     (``tts.variation: 0``): tests that have Whisper hear a reply judge one rendition, and Piper's
     noise makes an odd one now and then (over a phone line, "Paris" was heard as "Perez" in 2 of
-    80 renditions)."""
-    return load_config(environ={}, overrides={"tts.variation": 0.0})
+    80 renditions). The audio turn model is loaded (``turn.model: smart_turn``) for the semantic
+    detector's tests and the hazard's with it; the default hazard runs without it, and its
+    tests say ``model: none``."""
+    return load_config(environ={}, overrides={"tts.variation": 0.0, "turn.model": "smart_turn"})
 
 
 @pytest.fixture(scope="session")

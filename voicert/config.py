@@ -173,9 +173,9 @@ class TurnConfig:
     the latest."""
 
     detector: str = "silence"  # silence | semantic | hazard
-    model: str = (
-        "smart_turn"  # semantic: the audio model (smart_turn: pipecat-ai's smart-turn v3) | none
-    )
+    model: str = "auto"  # the audio model: smart_turn (pipecat-ai's smart-turn v3) | none | auto:
+    # smart_turn for semantic (its main opinion) or with a model_path, else none (the hazard's
+    # refit gives it a weight of -0.05 and every verdict waited for it: docs/benchmarks.md 45)
     model_path: str = ""  # a smart-turn v3 ONNX file on disk; "" = the one in the pipecat-ai wheel
     text_cue: bool = (
         True  # semantic: a transcript ending mid-phrase ("for", "the", "and"...) holds the turn
@@ -213,7 +213,14 @@ class TurnConfig:
             "must be silence, semantic or hazard",
         )
         _check(-10 <= self.patience <= 10, "turn.patience", "must be in [-10, 10]")
-        _check(self.model in ("smart_turn", "none"), "turn.model", "must be smart_turn or none")
+        _check(
+            self.model in ("auto", "smart_turn", "none"),
+            "turn.model",
+            "must be auto, smart_turn or none",
+        )
+        if self.model == "auto":
+            wanted = self.detector == "semantic" or bool(self.model_path)
+            self.model = "smart_turn" if wanted else "none"
         _check(
             self.model != "none" or self.text_cue or self.detector != "semantic",
             "turn.model",

@@ -74,14 +74,16 @@ async def test_early_final_transcript_and_early_prefill(services):
     assert [t["index"] for t in tokens] == list(range(turn.done["tokens"]))
 
 
-@pytest.mark.parametrize("detector", ["semantic", "hazard"])
-async def test_a_pause_after_an_incomplete_phrase_does_not_cut_the_speaker_off(services, detector):
+@pytest.mark.parametrize("detector, model", [("semantic", "smart_turn"), ("hazard", "none")])
+async def test_a_pause_after_an_incomplete_phrase_does_not_cut_the_speaker_off(
+    services, detector, model
+):
     # real models: "My name is John and I want to | (750 ms) change my booking." is one turn.
-    # semantic: its verdict waits for both cues, whatever the load. hazard (the default): its
-    # opinions come late on a busy machine, and a late verdict can only end the turn later
-    # (speech that resumes first drops the judgement), never sooner.
+    # semantic: its verdict waits for both cues, whatever the load. hazard (the default, without
+    # the audio model): its opinions come late on a busy machine, and a late verdict can only end
+    # the turn later (speech that resumes first drops the judgement), never sooner.
     assert services.cfg.turn.detector == "hazard" and services.turn_judge is not None
-    srv = await server_with(services, turn={"detector": detector})
+    srv = await server_with(services, turn={"detector": detector, "model": model})
     try:
         result = await stream_audio(
             f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", [wav("turns/p03")], trailing_silence_s=2.5

@@ -259,7 +259,7 @@ async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_p
 
 
 def with_hazard(engine: FakeEngine, judge: FakeJudge):
-    turn = TurnConfig(detector="hazard")
+    turn = TurnConfig(detector="hazard", model="smart_turn")
     svc = Services(
         cfg=dataclasses.replace(Config(), turn=turn),
         vad=EnergyVad(),

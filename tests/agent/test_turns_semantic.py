@@ -334,6 +334,8 @@ def test_without_the_check_speech_reaching_interrupt_ms_interrupts_as_before():
 
 
 def hazardous(score_text: bool = True, **turn) -> TurnTaking:
+    """The hazard with the audio model's opinion (``model="none"``: without it, as the default)."""
+    turn.setdefault("model", "smart_turn")
     cfg = dataclasses.replace(TurnConfig(detector="hazard"), **turn)
     return TurnTaking(VadConfig(), early_final_ms=160, turn=cfg, score_text=score_text)
 
@@ -362,6 +364,22 @@ def test_hazard_a_pause_the_opinions_call_complete_ends_the_turn_at_once():
     out = judged_pause(s, "What is the capital of France?", 0.9, (0.8, 0.1), sure)
     assert [a.verdict for a in out if isinstance(a, TurnJudged)] == [Verdict.COMPLETE]
     assert [type(a) for a in out[1:]] == [SpeechStopped, TurnEnded]
+
+
+def test_hazard_without_the_audio_model_asks_for_no_judgement_and_decides_on_the_words():
+    from voicert.agent.turns import ScoreText
+
+    assert TurnConfig(detector="hazard").model == "none"  # the default ("auto")
+    s = Script(hazardous(model="none"))
+    speak(s)
+    s.feed(SILENCE, 6)
+    ((_, early),) = s.of(StartDecode)
+    assert s.of(JudgeTurn) == []
+    text = "What is the capital of France?"
+    out = s.turns.early_done(early.decode_id, text, 2, Ending(stop=0.95, comma=0.01))
+    (score,) = [a for a in out if isinstance(a, ScoreText)]
+    out = s.turns.text_scored(score.judge_id, 0.8, 0.1, 3)
+    assert [a.verdict for a in out if isinstance(a, TurnJudged)] == [Verdict.COMPLETE]
 
 
 def test_hazard_doubt_waits_for_a_longer_pause_not_for_the_maximum():

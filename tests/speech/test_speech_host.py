@@ -192,6 +192,7 @@ def test_the_host_judges_only_for_a_gpu_model_shared_by_several_workers():
 
     gpu = {
         "turn.detector": "hazard",
+        "turn.model": "smart_turn",
         "turn.device": "cuda",
         "server.workers": 4,
         "asr.shared": "true",
@@ -200,3 +201,4 @@ def test_the_host_judges_only_for_a_gpu_model_shared_by_several_workers():
     assert not host_judges(cfg_with(**{**gpu, "turn.device": "cpu"}))
     assert not host_judges(cfg_with(**{**gpu, "server.workers": 1}))
     assert not host_judges(cfg_with(**{**gpu, "turn.detector": "silence"}))
+    assert not host_judges(cfg_with(**{**gpu, "turn.model": "auto"}))  # the hazard's: none

@@ -15,7 +15,9 @@ utterance goes to every detector in turn):
 
 Modes: ``silence`` (today: ``vad.min_silence_ms``), ``semantic`` (audio model + text cue),
 ``semantic-audio`` (the audio model only), ``semantic-text`` (the early transcript's words only),
-``hazard`` (the audio model and the LLM's end-of-turn score, one hazard: agent/hazard.py).
+``hazard`` (the LLM's end-of-turn score, Whisper's punctuation odds and the word cues, one
+hazard: agent/hazard.py; as the default runs it, without the audio model), ``hazard-audio`` (the
+same with smart-turn's opinion).
 
 ``--eot`` measures something else, offline: eot-bench's false cut-off and dead-air figures over a
 larger rendered set (bench/turn_set.py, bench/eot.py).
@@ -65,7 +67,8 @@ MODES = {
     "semantic": TurnConfig(detector="semantic"),
     "semantic-audio": TurnConfig(detector="semantic", text_cue=False),
     "semantic-text": TurnConfig(detector="semantic", model="none"),
-    "hazard": TurnConfig(detector="hazard"),
+    "hazard": TurnConfig(detector="hazard"),  # as the default runs it: without smart-turn
+    "hazard-audio": TurnConfig(detector="hazard", model="smart_turn"),
 }
 
 
