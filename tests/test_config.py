@@ -38,7 +38,8 @@ def test_env_names_map_to_dotted_keys():
         ({"llm.device": "tpu"}, "llm.device"),
         ({"llm.prefill_graph_rows": "0"}, "llm.prefill_graph_rows"),
         ({"llm.fp8": "true"}, "llm.fp8: is a GPU option"),
-        ({"llm.fp8_rounding": "stochastic"}, "llm.fp8_rounding: must be gptq or nearest"),
+        ({"llm.rounding": "stochastic"}, "llm.rounding: must be gptq or nearest"),
+        ({"llm.device": "cuda", "llm.fp8": "true", "llm.int4": "true"}, "choose one"),
         ({"llm.kv_cache": "int4"}, "llm.kv_cache: must be model, int8 or fp8"),
         ({"llm.kv_cache": "int8"}, "llm.kv_cache: int8 and fp8 are GPU options"),
         (

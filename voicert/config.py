@@ -343,9 +343,12 @@ class LlmConfig:
     # depend on what shares a step: batching and prefix caching are not exact under it)
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale
     # per output channel: half the weight bytes of bf16 per decode step; replies differ slightly
-    fp8_rounding: str = "gptq"  # gptq: each weight's e4m3 value chosen with GPTQ's error feedback
-    # against a calibration text set (engine/gpu/fp8.py; top-1 agreement 90 -> 95 % on the embedded
-    # model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest e4m3 value
+    int4: bool = False  # GPU: INT4 layer weights, a float16 scale and a zero point per output
+    # channel and 128 input columns (engine/gpu/int4.py): ~0.27 of bf16's weight bytes per decode
+    # step; replies differ more than FP8's (docs/benchmarks.md 46)
+    rounding: str = "gptq"  # fp8, int4: gptq: each weight's value chosen with GPTQ's error
+    # feedback against a calibration text set (engine/gpu/fp8.py; FP8's top-1 agreement 90 -> 95 %
+    # on the embedded model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest one
     kv_cache: str = "model"  # GPU: the KV cache's values in the model's dtype (model), or in one
     # byte: int8 (a scale per token and KV head) | fp8 (e4m3, scale 1; compute capability >= 8.9):
     # half the cache bytes of bf16, twice the context in the same memory; replies differ slightly
@@ -496,8 +499,17 @@ class LlmConfig:
         )
         _check(not (self.fp8 and self.engine != "fast"), "llm.fp8", "needs llm.engine: fast")
         _check(
-            self.fp8_rounding in ("gptq", "nearest"), "llm.fp8_rounding", "must be gptq or nearest"
+            not (self.int4 and not self.device.startswith("cuda")),
+            "llm.int4",
+            "is a GPU option (llm.device: cuda)",
         )
+        _check(not (self.int4 and self.engine != "fast"), "llm.int4", "needs llm.engine: fast")
+        _check(
+            sum((self.int8, self.fp8, self.int4)) <= 1,
+            "llm.int4" if self.int4 else "llm.fp8",
+            "int8, fp8 and int4 are three quantizations: choose one",
+        )
+        _check(self.rounding in ("gptq", "nearest"), "llm.rounding", "must be gptq or nearest")
         _check(
             self.kv_cache in ("model", "int8", "fp8"), "llm.kv_cache", "must be model, int8 or fp8"
         )

@@ -1,4 +1,4 @@
-"""How long GPTQ rounding of FP8 weights (llm.fp8_rounding: gptq) takes at engine start on a GPU,
+"""How long GPTQ rounding of FP8 weights (llm.rounding: gptq) takes at engine start on a GPU,
 for the Llama-3.2-1B and 3.1-8B shapes with RANDOM WEIGHTS (the time depends on the shapes, not
 the values), against nearest rounding; and that the rounded weights lower the layers' output error
 on the calibration inputs there too.

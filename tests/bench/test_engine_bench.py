@@ -47,6 +47,7 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
         device="cuda",
         dtype="bfloat16",
         fp8=True,
+        int4=False,
         cuda_graphs=True,
         fused_kernels=True,
         overlap=True,
@@ -102,7 +103,10 @@ def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
         (bench.main, ["--against", "sglang"]),
         (bench.main, ["--device", "cpu", "--against", "sdpa-prefill"]),
         (bench.main, ["--device", "cuda", "--against", "model-kv"]),
+        (bench.main, ["--device", "cuda", "--fp8", "--int4"]),
+        (bench.main, ["--device", "cuda", "--int4", "--against", "vllm"]),
         (fp8.main, ["--blocks", "16x32x256"]),
+        (fp8.main, ["--kernel", "int4", "--blocks", "16x32x256x4x4x2"]),
         (fp8.main, ["--shapes", "llama-70b"]),
         (fp8.main, ["--quantize", "kv-int8,activations"]),
     ):
@@ -110,7 +114,9 @@ def test_bad_options_are_usage_errors_before_any_model_loads(capsys):
             main(argv)
         assert exc.value.code == 2, argv
     err = capsys.readouterr().err
-    assert "--fp8 and --kv-cache int8 | fp8 are GPU options" in err and "five or six numbers" in err
+    assert "--fp8, --int4 and --kv-cache int8 | fp8 are GPU options" in err
+    assert "5 or 6 numbers each for fp8" in err and "4 or 5 numbers each for int4" in err
+    assert "two quantizations: choose one" in err and "vLLM needs a GPTQ checkpoint" in err
     assert "--against model-kv compares a one-byte KV cache" in err and "--quantize: any of" in err
     assert "--against sdpa-prefill" in err and "--fused-kernels" in err
     assert "bad --shapes" in err and "invalid choice: 'sglang'" in err

@@ -416,7 +416,7 @@ def test_one_byte_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one
 def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     """FP8's GPTQ rounding replays each block's column loop as a CUDA graph: the same kernels as
     the eager loop, so the same bits, and the graph is reused across blocks and calls."""
-    from voicert.engine.gpu.fp8 import _BlockGraph, _round_block, gptq_weights
+    from voicert.engine.gpu.fp8 import _BlockGraph, _round_block, gptq_round, gptq_weights
 
     g = torch.Generator(device="cuda").manual_seed(0)
     stack, n, block = 2, 96, 32
@@ -424,11 +424,12 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     a = torch.randn(stack, block, block, device="cuda", generator=g)
     eye = torch.eye(block, device="cuda")
     hb = torch.linalg.cholesky(a @ a.transpose(1, 2) + block * eye, upper=True)
-    scale = torch.rand(stack, n, device="cuda", generator=g) / 100 + 1e-3  # [L, N]
+    scale = torch.rand(stack, block, n, device="cuda", generator=g) / 100 + 1e-3  # [L, B, N]
+    zero = torch.zeros_like(scale)
     outs = []
     for fn in (_round_block, _BlockGraph((stack, block, n), torch.device("cuda"))):
         w, q, errs = wb.clone(), torch.empty_like(wb), torch.empty_like(wb)
-        fn(w, hb, scale, q, errs)
+        fn(w, hb, scale, zero, q, errs)
         outs.append((w, q, errs))
     for x, y in zip(*outs):
         assert torch.equal(x, y)
@@ -437,6 +438,12 @@ def test_gptq_block_loop_replayed_as_a_cuda_graph_equals_the_eager_loop():
     ws = [torch.randn(n, 3 * block, device="cuda", generator=g) for _ in range(stack)]
     on_gpu = gptq_weights(ws, [x.T @ x / 500] * stack, block=block, graphs=graphs)
     assert [key[:3] for key in graphs] == [(stack, block, n)]  # one graph, replayed for 3 blocks
+    from voicert.engine.gpu.int4 import grid
+
+    int4 = gptq_round(ws, [x.T @ x / 500] * stack, grid(64), block=block, graphs=graphs)
+    assert len(graphs) == 2  # its own graph: another grid
+    cpu = gptq_round([w.cpu() for w in ws], [(x.T @ x / 500).cpu()] * stack, grid(64), block=block)
+    assert (int4[0].cpu() != cpu[0]).float().mean() < 0.01  # the CPU's float order differs
     on_cpu = gptq_weights([w.cpu() for w in ws], [(x.T @ x / 500).cpu()] * stack, block=block)
     for (q1, s1), (q2, s2) in zip(on_gpu, on_cpu):
         assert torch.allclose(

@@ -387,6 +387,31 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
         assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
 
 
+@pytest.mark.parametrize("rows, k", [(1, 256), (5, 192), (40, 256), (130, 384)])
+def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k):
+    """The Triton INT4 kernel against F.linear on the widened weights: decode-sized and
+    prefill-sized row counts, groups of 128 and of 64 (K = 192), N not a multiple of the tiles,
+    a bias, a strided input, and K split over programs (the last split to finish adds)."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    g = torch.Generator().manual_seed(7)
+    lin = torch.nn.Linear(k, 90, bias=True)
+    q = Int4Linear.from_linear(lin).to(DEV)
+    wide = torch.randn(rows, k + 60, generator=g).to(DEV)
+    x = wide[:, :k]
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
+    got = kernels.int4_linear(x, q.weight, q.scale, q.zero, q.bias)
+    assert got.shape == (rows, 90) and close(got, want, 1e-4)
+    count = kernels.counters(DEV)
+    split = kernels.int4_linear(x, q.weight, q.scale, q.zero, None, count, (16, 32, 4, 2, 2))
+    assert close(split, want - q.bias, 1e-4) and not count.any()
+    if DEV == "cuda":  # bf16 activations, the served dtype: fp32 sums, one rounding at the end
+        xb = x.bfloat16()
+        want = torch.nn.functional.linear(xb.float(), q.dequantized(torch.float32), q.bias)
+        got = kernels.int4_linear(xb, q.weight, q.scale, q.zero, q.bias.bfloat16())
+        assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
+
+
 @pytest.mark.parametrize("rows", [1, 5])
 def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dtype(rows):
     """``scale`` None: the weights are used as they are (the model's ``triton_linear_rows``), with

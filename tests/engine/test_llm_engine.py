@@ -234,6 +234,7 @@ def test_gpu_options_are_refused_or_off_on_the_cpu(model_dir, parts):
         (dict(pdl="on"), "llm.pdl"),
         (dict(decode_linear="triton"), "llm.decode_linear"),
         (dict(fp8=True), "llm.fp8"),
+        (dict(int4=True), "llm.int4"),
         (dict(kv_cache="int8"), "llm.kv_cache"),
     ):
         with pytest.raises(ConfigError, match=key):

@@ -281,8 +281,9 @@ class Bench:
             torchscript=args.torchscript,
             overlap=args.overlap,
             fp8=args.fp8,
+            int4=args.int4,
             # random weights have no text to calibrate on; the rounding changes no timing
-            fp8_rounding="gptq" if self.tokenizer is not None else "nearest",
+            rounding="gptq" if self.tokenizer is not None else "nearest",
         )
         twin = TWINS.get(args.against)  # --against sdpa-prefill / model-kv: this engine, one change
         tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
@@ -527,6 +528,7 @@ def render(
     lines = [
         f"model: {label}; device {args.device}; dtype {args.dtype}"
         f"{'; FP8 weights' if args.fp8 else ''}"
+        f"{'; INT4 weights (groups of 128)' if args.int4 else ''}"
         f"{'; CUDA graphs' if args.cuda_graphs else ''}"
         f"{'; fused Triton kernels' if args.fused_kernels else ''}"
         f"{'; prefill attention ' + args.prefill_attention if args.fused_kernels else ''}"
@@ -634,6 +636,11 @@ def main(argv: list[str] | None = None) -> int:
         "quantization=fp8 too",
     )
     ap.add_argument(
+        "--int4",
+        action="store_true",
+        help="GPU: INT4 layer weights, a scale and zero per 128 inputs (engine/gpu/int4.py)",
+    )
+    ap.add_argument(
         "--kv-cache",
         choices=("model", "int8", "fp8"),
         default="model",
@@ -649,8 +656,12 @@ def main(argv: list[str] | None = None) -> int:
         args.fused_kernels = args.device.startswith("cuda")
     if args.torchscript is None:
         args.torchscript = args.device == "cpu"
-    if (args.fp8 or args.kv_cache != "model") and not args.device.startswith("cuda"):
-        ap.error("--fp8 and --kv-cache int8 | fp8 are GPU options")
+    if (args.fp8 or args.int4 or args.kv_cache != "model") and not args.device.startswith("cuda"):
+        ap.error("--fp8, --int4 and --kv-cache int8 | fp8 are GPU options")
+    if args.fp8 and args.int4:
+        ap.error("--fp8 and --int4 are two quantizations: choose one")
+    if args.int4 and args.against == "vllm":
+        ap.error("--int4 against vLLM is not measured by this bench (vLLM needs a GPTQ checkpoint)")
     if args.against == "model-kv" and args.kv_cache == "model":
         ap.error(
             "--against model-kv compares a one-byte KV cache with the model's dtype: add "

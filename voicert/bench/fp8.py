@@ -26,6 +26,7 @@ import torch
 from voicert.bench.cuda_time import graph_times
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.gpu.fp8 import Fp8Linear, calibration_forward, quantize_fp8
+from voicert.engine.gpu.int4 import Int4Linear, quantize_int4
 from voicert.engine.models.layers import KV_DTYPES
 
 # A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
@@ -73,17 +74,21 @@ def top1_agreement(ref, quant, texts: list[list[int]], kv_cache: str = "model") 
     return same, total
 
 
-def quantized_copy(model, tokenizer=None):
-    """A deep copy of ``model`` with FP8 layer weights (the original is left as it is): rounded
-    with GPTQ against the engine's calibration set given the ``tokenizer``, else to nearest."""
+def quantized_copy(model, tokenizer=None, quant: str = "fp8"):
+    """A deep copy of ``model`` with FP8 (``quant`` "fp8") or INT4 ("int4") layer weights (the
+    original is left as it is): rounded with GPTQ against the engine's calibration set given the
+    ``tokenizer``, else to nearest."""
     q = copy.deepcopy(model)
-    quantize_fp8(q, calibration_forward(q, tokenizer) if tokenizer is not None else None)
+    quantize = quantize_int4 if quant == "int4" else quantize_fp8
+    quantize(q, calibration_forward(q, tokenizer) if tokenizer is not None else None)
     return q
 
 
 VARIANTS = {
     "weights": "FP8 layer weights (GPTQ rounding, as served)",
     "weights-nearest": "FP8 layer weights (rounded to nearest)",
+    "int4": "INT4 layer weights, groups of 128 (GPTQ rounding, as served)",
+    "int4-nearest": "INT4 layer weights, groups of 128 (rounded to nearest)",
     "kv-fp8": "FP8 KV cache",
     "kv-int8": "INT8 KV cache (a scale per token and KV head)",
 }
@@ -113,6 +118,8 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
         quant = quantized_copy(ref, tok)
     elif variant == "weights-nearest":
         quant = quantized_copy(ref)
+    elif variant.startswith("int4"):
+        quant = quantized_copy(ref, None if variant.endswith("nearest") else tok, "int4")
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     texts = [tok(t)["input_ids"] for t in TEXTS]
     same, total = top1_agreement(ref, quant, texts, kv_cache)
@@ -156,16 +163,32 @@ def time_graph(fn, reps: int = 20, repeats: int = 30) -> float:
 
 
 def kernels_table(
-    shapes: list[tuple[str, int, int]], rows: list[int], blocks: list[tuple[int, ...] | None]
+    shapes: list[tuple[str, int, int]],
+    rows: list[int],
+    blocks: list[tuple[int, ...] | None],
+    kind: str = "fp8",
 ) -> list[dict]:
-    """Each (name, N, K) at each row count: bf16 F.linear against the FP8 kernel (each block
-    config in ``blocks``; None: the default choice), GPU time and weight GB/s."""
+    """Each (name, N, K) at each row count: bf16 F.linear against the ``kind`` kernel (fp8 or
+    int4; each block config in ``blocks``; None: the default choice), GPU time and the GB/s of
+    the weight bytes each read (INT4: the codes, scales and zeros)."""
     from voicert.engine.gpu import kernels
 
     out = []
     for name, n, k in shapes:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-        q = Fp8Linear.from_linear(_linear(w))
+        if kind == "int4":
+            q4 = Int4Linear.from_linear(_linear(w))
+            nbytes = q4.weight.nbytes + q4.scale.nbytes + q4.zero.nbytes
+
+            def run(x, count, cfg, q4=q4):
+                return kernels.int4_linear(x, q4.weight, q4.scale, q4.zero, None, count, cfg)
+        else:
+            q8 = Fp8Linear.from_linear(_linear(w))
+            nbytes = q8.weight.nbytes + q8.scale.nbytes
+
+            def run(x, count, cfg, q8=q8):
+                return kernels.fp8_linear(x, q8.weight, q8.scale, None, count, cfg)
+
         for m in rows:
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             ref = time_graph(lambda: torch.nn.functional.linear(x, w))
@@ -179,9 +202,9 @@ def kernels_table(
             }
             for cfg in blocks:
                 count = kernels.counters(x.device)
-                t = time_graph(lambda: kernels.fp8_linear(x, q.weight, q.scale, None, count, cfg))
+                t = time_graph(lambda: run(x, count, cfg))
                 key = "default" if cfg is None else "x".join(map(str, cfg))
-                row[key] = (t, n * k / t / 1e3)
+                row[key] = (t, nbytes / t / 1e3)
             out.append(row)
     return out
 
@@ -222,16 +245,17 @@ def render_quality(q: dict) -> str:
         f"| voice prompt set: mean shared prefix, tokens | {q['prefix']:.1f} |",
         "",
     ]
-    lines += [f"- FP8:  {b!r}\n  ref:  {a!r}" for a, b in q["samples"]]
+    lines += [f"- quantized:  {b!r}\n  ref:  {a!r}" for a, b in q["samples"]]
     return "\n".join(lines)
 
 
-def render_kernels(rows: list[dict]) -> str:
+def render_kernels(rows: list[dict], kind: str = "fp8") -> str:
     keys = [k for k in rows[0] if k not in ("name", "n", "k", "m", "bf16_us", "bf16_gbs")]
+    label = kind.upper()
     head = (
         "| shape | rows | bf16 F.linear us (GB/s) | "
-        + " | ".join(f"FP8 {k} us (GB/s)" for k in keys)
-        + " | FP8 default vs bf16 |"
+        + " | ".join(f"{label} {k} us (GB/s)" for k in keys)
+        + f" | {label} default vs bf16 |"
     )
     lines = [head, "|---|---:|---:|" + "---:|" * len(keys) + "---:|"]
     for r in rows:
@@ -261,15 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--blocks",
         default="",
-        help="extra FP8 tile configs to time, BMxBNxBKxWARPSxSTAGES[xSPLIT],... "
-        "(no SPLIT: chosen as by default)",
+        help="extra tile configs to time: FP8 BMxBNxBKxWARPSxSTAGES[xSPLIT], INT4 "
+        "BMxBNxWARPSxSTAGES[xSPLIT],... (no SPLIT: chosen as by default)",
     )
+    ap.add_argument("--kernel", choices=("fp8", "int4"), default="fp8", help="the kernel table's")
     ap.add_argument("--no-quality", dest="quality", action="store_false")
     ap.add_argument(
         "--quantize",
         default="weights",
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
-        "rounding), weights-nearest (FP8, nearest), kv-fp8, kv-int8 (the KV "
+        "rounding), weights-nearest (FP8, nearest), int4, int4-nearest, kv-fp8, kv-int8 (the KV "
         "cache)",
     )
     args = ap.parse_args(argv)
@@ -280,15 +305,17 @@ def main(argv: list[str] | None = None) -> int:
         rows = [int(r) for r in args.rows.split(",")]
     except (KeyError, ValueError) as e:
         ap.error(f"bad --shapes, --rows or --blocks: {e}")
-    if any(len(b) not in (5, 6) for b in extra):
-        ap.error("--blocks: five or six numbers each, BMxBNxBKxWARPSxSTAGES[xSPLIT]")
+    sizes = (5, 6) if args.kernel == "fp8" else (4, 5)
+    if any(len(b) not in sizes for b in extra):
+        ap.error(f"--blocks: {' or '.join(map(str, sizes))} numbers each for {args.kernel}")
     variants = args.quantize.split(",")
     if any(v not in VARIANTS for v in variants):
         ap.error(f"--quantize: any of {', '.join(VARIANTS)}")
     for variant in variants if args.quality else []:
         print(render_quality(quality(args.model, args.device, dtype, variant)) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
-        print("\n" + render_kernels(kernels_table(shapes, rows, [None, *extra])), flush=True)
+        table = kernels_table(shapes, rows, [None, *extra], args.kernel)
+        print("\n" + render_kernels(table, args.kernel), flush=True)
     return 0
 
 

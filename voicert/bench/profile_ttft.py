@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
             overlap=True,
             prefill_attention=args.prefill_attention,
             fp8=args.fp8,
-            fp8_rounding="nearest",
+            rounding="nearest",
             pdl=args.pdl,
         ),
         model=model,

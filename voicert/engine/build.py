@@ -164,7 +164,8 @@ def _scheduler(
 
 
 def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
-    """The model with its layer weights as ``llm.int8`` / ``llm.fp8`` say (in place for FP8)."""
+    """The model with its layer weights as ``llm.int8`` / ``llm.fp8`` / ``llm.int4`` say (in
+    place for FP8 and INT4)."""
     if cfg.int8:
         if cfg.device != "cpu":
             raise ValueError("int8 dynamic quantization is a CPU option")
@@ -174,33 +175,36 @@ def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
                 "int8 with speculation: a verify step quantizes its rows together, so "
                 "the output is not token-identical to int8 greedy decoding"
             )
-    if cfg.fp8:
-        _quantize_fp8(model, tokenizer, cfg)
+    if cfg.fp8 or cfg.int4:
+        _quantize_weights(model, tokenizer, cfg)
     return model
 
 
-def _quantize_fp8(model: Model, tokenizer, cfg: EngineConfig) -> None:
-    """Layer weights to FP8 in place (engine/gpu/fp8.py); refuses INT8 with it, and GPUs whose
-    Triton cannot widen FP8 (compute capability below 8.9)."""
+def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig) -> None:
+    """Layer weights to FP8 (engine/gpu/fp8.py) or INT4 (engine/gpu/int4.py) in place; refuses
+    INT8 with either, and for FP8 GPUs whose Triton cannot widen it (compute capability below
+    8.9)."""
     from voicert.engine.gpu.fp8 import calibration_forward, quantize_fp8
+    from voicert.engine.gpu.int4 import quantize_int4
 
     if cfg.int8:
-        raise ValueError("fp8 and int8 are two quantizations: choose one")
+        raise ValueError("fp8 / int4 and int8 are two quantizations: choose one")
     dev = str(cfg.device)
-    if dev.startswith("cuda") and torch.cuda.get_device_capability(dev) < (8, 9):
+    if cfg.fp8 and dev.startswith("cuda") and torch.cuda.get_device_capability(dev) < (8, 9):
         raise ValueError("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
-    rounding = cfg.fp8_rounding
+    rounding = cfg.rounding
     t0 = time.perf_counter()
     module = cast(torch.nn.Module, model)  # every architecture is an nn.Module
     calibrate = (
         calibration_forward(module, tokenizer, cfg.block_size) if rounding == "gptq" else None
     )
-    n = quantize_fp8(module, calibrate)
+    n = (quantize_int4 if cfg.int4 else quantize_fp8)(module, calibrate)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
     log.info(
-        "engine: %d Linear layers hold FP8 weights (rounded: %s, %.1f s)",
+        "engine: %d Linear layers hold %s weights (rounded: %s, %.1f s)",
         n,
+        "INT4" if cfg.int4 else "FP8",
         rounding,
         time.perf_counter() - t0,
     )

@@ -15,7 +15,7 @@ in fp32); more bf16/fp16 rows (prefill, wide batches) are rounded to e4m3 with a
 and multiplied on the FP8 tensor cores. Elsewhere (the CPU, tests) the weights are widened in
 full first: the same function as the W8A16 kernel, the fp32 sums in another order.
 
-How each weight is rounded (``llm.fp8_rounding``):
+How each weight is rounded (``llm.rounding``):
 
 - ``nearest``: each weight to its nearest e4m3 value;
 - ``gptq`` (the default): error-compensated rounding (GPTQ, Frantar et al. 2022) onto the same
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 
 import torch
@@ -61,46 +62,79 @@ def _to_grid(w: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (w / scale).clamp(-E4M3_MAX, E4M3_MAX).to(FP8).float() * scale
 
 
+@dataclass(frozen=True)
+class Grid:
+    """The values GPTQ may round a weight to. ``params(w)``: w [L, N, K] float32 -> (scale,
+    zero), each [L, N, K // group] float32 (``group`` None: one group of all K columns); ``put(col,
+    scale, zero)``: a column [L, N] and its group's parameters -> the column's values on the grid
+    (float32, times the scale). ``name`` keys the CUDA graphs of :func:`gptq_round`."""
+
+    name: str
+    group: int | None
+    params: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+    put: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _fp8_params(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    amax = w.abs().amax(dim=2, keepdim=True)  # [L, N, 1]
+    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))
+    return scale, torch.zeros_like(scale)
+
+
+FP8_GRID = Grid("fp8", None, _fp8_params, lambda col, scale, _zero: _to_grid(col, scale))
+
+
 def _round_block(
-    wb: torch.Tensor, hb: torch.Tensor, scale: torch.Tensor, q: torch.Tensor, errs: torch.Tensor
+    wb: torch.Tensor,
+    hb: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    q: torch.Tensor,
+    errs: torch.Tensor,
+    grid: Grid = FP8_GRID,
 ) -> None:
     """GPTQ within one block of B columns of L stacked weights, in place, columns as rows (so
     each one is contiguous): wb [L, B, N] float32 (the block's weights, updated as columns are
-    rounded), hb [L, B, B] (their parts of the upper Cholesky factors of H^-1), scale [L, N] ->
-    q [L, B, N] (the rounded values times the scale), errs [L, B, N] (each column's scaled error,
-    for the columns after the block)."""
+    rounded), hb [L, B, B] (their parts of the upper Cholesky factors of H^-1), scale and zero
+    [L, B, N] (each column's grid parameters) -> q [L, B, N] (the values on the grid, times the
+    scale), errs [L, B, N] (each column's scaled error, for the columns after the block)."""
     for i in range(wb.shape[1]):
         col = wb[:, i]  # [L, N]
-        q[:, i] = _to_grid(col, scale)
+        q[:, i] = grid.put(col, scale[:, i], zero[:, i])
         errs[:, i] = (col - q[:, i]) / hb[:, i, i, None]
         wb[:, i:] -= hb[:, i, i:, None] * errs[:, i, None]
 
 
 class _BlockGraph:
-    """:func:`_round_block` for one shape on a GPU, captured once as a CUDA graph over static
-    buffers and replayed per block: the loop is ~5 small launches per column, which eagerly cost
-    more host time than GPU time (docs/benchmarks.md 29)."""
+    """:func:`_round_block` for one shape and grid on a GPU, captured once as a CUDA graph over
+    static buffers and replayed per block: the loop is ~5 small launches per column, which
+    eagerly cost more host time than GPU time (docs/benchmarks.md 29)."""
 
-    def __init__(self, shape: tuple[int, int, int], device: torch.device) -> None:
+    def __init__(
+        self, shape: tuple[int, int, int], device: torch.device, grid: Grid = FP8_GRID
+    ) -> None:
         stack, block, n = shape
         self.wb = torch.zeros(stack, block, n, device=device)
         self.hb = torch.eye(block, device=device).repeat(stack, 1, 1)
-        self.scale = torch.ones(stack, n, device=device)
+        self.scale = torch.ones(stack, block, n, device=device)
+        self.zero = torch.zeros(stack, block, n, device=device)
         self.q = torch.zeros_like(self.wb)
         self.errs = torch.zeros_like(self.wb)
+        args = (self.hb, self.scale, self.zero, self.q, self.errs, grid)
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):  # warm-up outside the capture, as CUDA graphs ask
-            _round_block(self.wb.clone(), self.hb, self.scale, self.q, self.errs)
+            _round_block(self.wb.clone(), *args)
         torch.cuda.current_stream(device).wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
-            _round_block(self.wb, self.hb, self.scale, self.q, self.errs)
+            _round_block(self.wb, *args)
 
-    def __call__(self, wb, hb, scale, q, errs) -> None:
+    def __call__(self, wb, hb, scale, zero, q, errs, _grid=None) -> None:
         self.wb.copy_(wb)
         self.hb.copy_(hb)
         self.scale.copy_(scale)
+        self.zero.copy_(zero)
         self.graph.replay()
         wb.copy_(self.wb)
         q.copy_(self.q)
@@ -114,25 +148,27 @@ def _inverse_factor(h: torch.Tensor, damp: float) -> torch.Tensor:
     return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
-def gptq_weights(
+def gptq_round(
     ws: list[torch.Tensor],
     hessians: list[torch.Tensor],
+    grid: Grid,
     damp: float = 0.01,
     block: int = 32,
     graphs: dict | None = None,
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """GPTQ rounding of L weights of one shape together. ws: L x [N, K] (any float dtype);
-    hessians: L x [K, K] (E[x x^T] of each one's inputs) -> L x (FP8 weights [N, K], float32
-    scales [N]): the scales of :func:`quantize_weight`, the values rounded with GPTQ's error
-    feedback (columns by descending H[k, k]; ``damp`` times the mean diagonal added to H; the
-    feedback applied within blocks of ``block`` columns, then to the rest at once). Each weight's
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTQ rounding of L weights of one shape together onto ``grid``. ws: L x [N, K] (any float
+    dtype); hessians: L x [K, K] (E[x x^T] of each one's inputs) -> (q [L, N, K] float32: the
+    values on the grid, times the scale; scale and zero [L, N, G]: ``grid.params`` of the
+    weights as given, so the groups are those of the original column order). Columns are
+    rounded by descending H[k, k], ``damp`` times the mean diagonal added to H, the error
+    feedback applied within blocks of ``block`` columns, then to the rest at once. Each weight's
     result is that of rounding it alone; stacking shares the loop's per-column launches. Runs on
     the weights' device; on a GPU each block's loop replays a CUDA graph, kept in ``graphs`` (a
-    dict the caller may share between calls) by shape."""
+    dict the caller may share between calls) by shape and grid."""
     w = torch.stack([x.detach().float() for x in ws])  # [L, N, K]
     stack, n, k = w.shape
-    amax = w.abs().amax(dim=2)
-    scale = torch.where(amax > 0, amax / E4M3_MAX, torch.ones_like(amax))  # [L, N]
+    group = grid.group or k
+    scale, zero = grid.params(w)  # [L, N, G]
     orders = []
     hinv = torch.empty(stack, k, k, device=w.device)  # [L, K, K]
     for j, hessian in enumerate(hessians):
@@ -144,23 +180,41 @@ def gptq_weights(
         w[j] = w[j][:, order]
         hinv[j] = _inverse_factor(h[order][:, order], damp)
         orders.append(order)
+    groups = torch.stack(orders) // group  # [L, K]: each permuted column's group
     q = torch.empty_like(w)  # [L, N, K] rounded values (times the scale), in each ``order``
     graphs = {} if graphs is None else graphs
     for a in range(0, k, block):
         b = min(a + block, k)
-        round_block = _round_block
+        round_block: Callable[..., None] = _round_block
         if w.is_cuda:
-            key = (stack, b - a, n, w.device)
-            round_block = graphs[key] = graphs.get(key) or _BlockGraph(key[:3], w.device)
+            key = (stack, b - a, n, w.device, grid.name)
+            round_block = graphs[key] = graphs.get(key) or _BlockGraph(key[:3], w.device, grid)
+        at = groups[:, None, a:b].expand(stack, n, b - a)  # [L, N, B]
+        sb = scale.gather(2, at).transpose(1, 2).contiguous()  # [L, B, N]
+        zb = zero.gather(2, at).transpose(1, 2).contiguous()
         wb = w[:, :, a:b].transpose(1, 2).contiguous()  # [L, B, N]
         qb, errs = torch.empty_like(wb), torch.empty_like(wb)
-        round_block(wb, hinv[:, a:b, a:b].contiguous(), scale, qb, errs)
+        round_block(wb, hinv[:, a:b, a:b].contiguous(), sb, zb, qb, errs, grid)
         q[:, :, a:b] = qb.transpose(1, 2)
         w[:, :, b:] -= torch.bmm(errs.transpose(1, 2), hinv[:, a:b, b:])
-    out = []
     for j, order in enumerate(orders):
-        qj = q[j][:, torch.argsort(order)]
-        out.append(((qj / scale[j][:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), scale[j]))
+        q[j] = q[j][:, torch.argsort(order)]
+    return q, scale, zero
+
+
+def gptq_weights(
+    ws: list[torch.Tensor],
+    hessians: list[torch.Tensor],
+    damp: float = 0.01,
+    block: int = 32,
+    graphs: dict | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`gptq_round` onto FP8's grid -> L x (FP8 weights [N, K], float32 scales [N]): the
+    scales of :func:`quantize_weight`, the values chosen by GPTQ."""
+    q, scale, _ = gptq_round(ws, hessians, FP8_GRID, damp, block, graphs)
+    out = []
+    for qj, sj in zip(q, scale[:, :, 0]):
+        out.append(((qj / sj[:, None]).clamp(-E4M3_MAX, E4M3_MAX).to(FP8), sj))
     return out
 
 

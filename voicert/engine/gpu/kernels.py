@@ -946,6 +946,166 @@ FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm 
 LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear
 
 
+# ----------------------------------------------------------------------------- INT4 weights
+
+
+@triton.jit
+def _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, IEEE: tl.constexpr):
+    """acc [BM, BN] + one group's products: packed codes p [BN, GROUP // 2] uint8 (even columns
+    in the low nibbles), x at x_ptrs [BM, GROUP // 2] (the group's even columns; odd ones at +1),
+    the group's zero and scale per output row at z_ptrs, s_ptrs [BN]."""
+    z = tl.load(z_ptrs, mask=nm, other=0).to(tl.int32)[:, None]  # [BN, 1]
+    s = tl.load(s_ptrs, mask=nm, other=0.0).to(tl.float32)  # [BN]
+    xe = tl.load(x_ptrs, mask=mm[:, None], other=0.0)
+    xo = tl.load(x_ptrs + 1, mask=mm[:, None], other=0.0)
+    lo = ((p & 15).to(tl.int32) - z).to(xe.dtype)  # [BN, GROUP // 2]: code - zero, exact
+    hi = ((p >> 4).to(tl.int32) - z).to(xe.dtype)
+    part = _fp8_dot(xe, lo, tl.zeros(acc.shape, dtype=tl.float32), IEEE)
+    part = _fp8_dot(xo, hi, part, IEEE)
+    return acc + part * s[None, :]
+
+
+@triton.jit
+def _int4_linear_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    stride_xm,
+    k_per_split,
+    HAS_BIAS: tl.constexpr,
+    IEEE: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    GROUP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    half = tl.arange(0, GROUP // 2)
+    mm, nm = rm < M, rn < N
+    groups = K // GROUP
+    k_lo = pid_k * k_per_split  # a multiple of GROUP
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * (K // 2) + (k_lo // 2 + half)[None, :]
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + 2 * half)[None, :]
+    z_ptrs = z_ptr + rn.to(tl.int64) * groups + k_lo // GROUP  # [BN]
+    s_ptrs = s_ptr + rn.to(tl.int64) * groups + k_lo // GROUP
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # the first group's codes are read before waiting for the kernel before (PDL), as FP8's
+    p = tl.load(w_ptrs, mask=nm[:, None], other=0)
+    _pdl_enter(PDL)
+    acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, IEEE)
+    for _k0 in range(k_lo + GROUP, k_hi, GROUP):
+        w_ptrs += GROUP // 2
+        x_ptrs += GROUP
+        z_ptrs += 1
+        s_ptrs += 1
+        p = tl.load(w_ptrs, mask=nm[:, None], other=0)
+        acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, IEEE)
+    out_mask = mm[:, None] & nm[None, :]
+    at = rm[:, None].to(tl.int64) * N + rn[None, :]  # [BM, BN] offsets into [M, N]
+    if SPLIT > 1:  # each split stores its partial sums; the last to finish adds them up
+        tl.store(part_ptr + pid_k * M * N + at, acc, mask=out_mask)
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(0) + pid_n
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for sp in tl.static_range(SPLIT):
+                acc += tl.load(
+                    part_ptr + sp * M * N + at, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
+            _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, False, HAS_BIAS)
+            tl.atomic_xchg(count_ptr + tile, 0)
+    else:
+        _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, False, HAS_BIAS)
+
+
+def int4_blocks(m: int, n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K) for :func:`int4_linear` on x [m, k] and
+    weights [n, k]: as :func:`fp8_blocks` chooses (one M tile up to 64 rows, K split until every
+    SM has programs; square-ish tiles for more rows), a K step being one group."""
+    if m > 64:
+        return 64, 128, 4, 3, 1
+    bm = 16 if m <= 16 else _pow2(m)
+    bn = 64
+    tiles = triton.cdiv(n, bn)
+    split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // max(FP8_MIN_SPLIT_K, group)))
+    return bm, bn, 4, 4, split
+
+
+def int4_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    zero: torch.Tensor,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None = None,
+    blocks: tuple[int, ...] | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """x [..., K] (bf16, fp16 or fp32) times packed INT4 weights w [N, K // 2] uint8 (engine/gpu/
+    int4.py: column 2j in the low nibble) with float16 scales and uint8 zeros [N, K // group],
+    plus ``bias`` [N] -> [..., N] in x's dtype: sum over groups g of scale[n, g] * sum over the
+    group's k of x[k] * (code[n, k] - zero[n, g]), each group's sum in fp32 (IEEE for fp32
+    inputs). ``count``: zeroed int32 counters, one per output tile, for a split over K (None:
+    fresh ones). ``blocks`` overrides :func:`int4_blocks` (the benchmark tries others; the split
+    is then chosen as by default if left out). ``pdl``: as :func:`add_rms_norm`'s."""
+    n, k = w.shape[0], 2 * w.shape[1]
+    group = k // scale.shape[1]
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    default = int4_blocks(m, n, k, group)
+    bm, bn, warps, stages, split = tuple(blocks) + default[len(blocks) :] if blocks else default
+    grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
+    k_per_split = triton.cdiv(triton.cdiv(k, split), group) * group
+    split = triton.cdiv(k, k_per_split)  # (rounding to whole groups may leave fewer splits)
+    part = out
+    if split > 1:
+        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+        if count is None:
+            count = counters(x.device, grid_n * grid_m)
+        assert count.numel() >= grid_n * grid_m
+    _int4_linear_kernel[(grid_n, grid_m, split)](
+        x2,
+        w,
+        scale,
+        zero,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        m,
+        n,
+        k,
+        x2.stride(0),
+        k_per_split,
+        HAS_BIAS=bias is not None,
+        IEEE=x.dtype == torch.float32,
+        SPLIT=split,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        GROUP=group,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
+    return out.view(*x.shape[:-1], n)
+
+
 def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
     """The measured best :func:`fp8_linear` tiles for unscaled ``dtype`` weights at up to
     :data:`LINEAR_ROWS` rows on the GPU model named ``gpu`` (``torch.cuda.get_device_name``),

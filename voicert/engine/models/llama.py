@@ -17,6 +17,7 @@ from torch import nn
 
 from voicert.engine.gpu.flash import FlashRows
 from voicert.engine.gpu.fp8 import Fp8Linear
+from voicert.engine.gpu.int4 import Int4Linear
 from voicert.engine.models.layers import (
     AttnInputs,
     Block,
@@ -218,10 +219,11 @@ class LlamaModel(nn.Module):
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
 
     def _linear(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
-        """One of the layers' Linears on the fused path: an FP8 one (engine/gpu/fp8.py) is told
-        whether to launch with PDL; a plain ``nn.Linear`` runs through cuBLAS, or for a step of
-        at most ``triton_linear_rows`` rows through the FP8 kernel's unscaled form."""
-        if isinstance(lin, Fp8Linear):
+        """One of the layers' Linears on the fused path: an FP8 or INT4 one (engine/gpu/fp8.py,
+        int4.py) is told whether to launch with PDL; a plain ``nn.Linear`` runs through cuBLAS,
+        or for a step of at most ``triton_linear_rows`` rows through the FP8 kernel's unscaled
+        form."""
+        if isinstance(lin, (Fp8Linear, Int4Linear)):
             return lin(x, pdl=self.pdl)
         if x.numel() // x.shape[-1] <= self.triton_linear_rows:
             from voicert.engine.gpu import kernels

@@ -1,0 +1,189 @@
+"""INT4 layer weights (group-wise scales and zero points): the format, the layer's contract, GPTQ
+onto its grid, what the engine does with it, and the quality on the embedded model's real
+weights.
+
+These run on the CPU, where :class:`Int4Linear` widens its weights before the matmul; the Triton
+kernel that computes the same function on a GPU is checked in tests/engine/test_kernels.py."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import random
+
+import pytest
+import torch
+
+from tests.engine.test_architectures import decode, fresh
+from voicert.engine.gpu.fp8 import gptq_round
+from voicert.engine.gpu.int4 import (
+    Int4Linear,
+    grid,
+    group_size,
+    pack,
+    quantize_int4,
+    unpack,
+)
+from voicert.engine.models.llama import LlamaConfig, random_llama
+
+SMALL = LlamaConfig(  # every width a multiple of 64 (a group) but the MLP's 192 (64 only)
+    vocab_size=300,
+    hidden_size=128,
+    intermediate_size=192,
+    num_layers=2,
+    num_heads=8,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    max_position=4096,
+    tie_word_embeddings=True,
+)
+
+
+def test_two_codes_share_a_byte_and_unpack_back():
+    codes = torch.randint(0, 16, (5, 256), generator=torch.Generator().manual_seed(0))
+    packed = pack(codes)
+    assert packed.dtype == torch.uint8 and packed.shape == (5, 128)
+    assert (packed[:, 0] & 15).tolist() == codes[:, 0].tolist()  # column 0: the low nibble
+    assert (packed[:, 0] >> 4).tolist() == codes[:, 1].tolist()
+    assert torch.equal(unpack(packed), codes.to(torch.uint8))
+
+
+def test_group_size_is_128_where_it_divides_else_64_else_none():
+    assert [group_size(k) for k in (4096, 576, 1536, 96)] == [128, 64, 128, None]
+
+
+def test_nearest_int4_puts_zero_on_every_grid_and_each_weight_within_one_step():
+    g = torch.Generator().manual_seed(1)
+    lin = torch.nn.Linear(256, 40, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(40, 256, generator=g) * 0.05)
+        lin.weight[3, :128] = 0.0  # a group of zeros: scale at its floor, zeros stay zeros
+        lin.weight[4, 128:] = torch.rand(128, generator=g)  # all positive: 0 is the grid's bottom
+    q = Int4Linear.from_linear(lin)
+    assert q.weight.shape == (40, 128) and q.scale.shape == (40, 2) and q.group == 128
+    assert q.scale.dtype == torch.float16 and q.zero.dtype == torch.uint8
+    w = q.dequantized(torch.float32)
+    step = q.scale.float().repeat_interleave(128, dim=1)
+    assert ((w - lin.weight).abs() <= step / 2 + 1e-7).all()  # nearest: half a step at most
+    assert torch.equal(w[3, :128], torch.zeros(128))
+    assert q.zero[4, 1] == 0 and (w[4, 128:] >= 0).all()
+    x = torch.randn(3, 256, generator=g)
+    ref = lin(x).detach()
+    assert ((q(x) - ref).norm() / ref.norm()).item() < 0.1  # 16 levels a group: ~5 % here
+
+
+def test_the_layer_computes_with_its_dequantized_weights_and_keeps_the_inputs_dtype():
+    g = torch.Generator().manual_seed(2)
+    lin = torch.nn.Linear(192, 24, bias=True)
+    q = Int4Linear.from_linear(lin)
+    assert q.group == 64
+    x = torch.randn(2, 3, 192, generator=g)
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
+    assert torch.allclose(q(x), want, atol=1e-5, rtol=1e-5)
+    assert q(x.bfloat16()).dtype == torch.bfloat16
+
+
+def test_gptq_onto_the_int4_grid_lowers_the_output_error_on_its_inputs():
+    """GPTQ chooses, within the same groups' scales and zeros, the codes whose layer output on
+    correlated inputs is closest to the original's: tr(E H E^T) below nearest rounding's."""
+    g = torch.Generator().manual_seed(3)
+    n, k, t = 48, 256, 2000
+    mix = torch.randn(k, k, generator=g) / k**0.5
+    x = torch.randn(t, k, generator=g) @ mix + 0.3 * torch.randn(t, k, generator=g)
+    h = x.T @ x / t
+    w = torch.randn(n, k, generator=g) * 0.05
+    (q,), (scale,), (zero,) = gptq_round([w], [h], grid(128))
+    nearest = Int4Linear.from_linear(_linear(w)).dequantized(torch.float32)
+
+    def err(v):
+        e = v - w
+        return (e @ h * e).sum().item()
+
+    assert err(q) < 0.8 * err(nearest)
+    layer = Int4Linear.from_linear(_linear(w), (q, scale, zero))
+    assert torch.allclose(layer.dequantized(torch.float32), q, atol=1e-6)  # codes hold q exactly
+    assert torch.equal(layer.scale, Int4Linear.from_linear(_linear(w)).scale)  # static groups
+
+
+def _linear(w: torch.Tensor) -> torch.nn.Linear:
+    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
+    lin.weight.data.copy_(w)
+    return lin
+
+
+def test_only_the_layers_linears_turn_int4_and_their_bytes_fall_to_about_a_quarter():
+    model = random_llama(SMALL, torch.bfloat16, "cpu")
+    before = {n: p.nbytes for n, p in model.layers.named_parameters()}
+    assert quantize_int4(model) == 4 * SMALL.num_layers  # qkv, o, gate_up, down
+    for layer in model.layers:
+        for mod in (layer.attn.qkv, layer.attn.o, layer.mlp.gate_up, layer.mlp.down):
+            assert isinstance(mod, Int4Linear)
+    assert isinstance(model.lm_head, torch.nn.Linear) and model.embed.weight.dtype == torch.bfloat16
+    linear = sum(v for n, v in before.items() if "norm" not in n)
+    after = sum(b.nbytes for n, b in model.layers.named_buffers() if "norm" not in n)
+    assert linear / 4 < after < linear * 0.29  # codes, and a 2-byte scale + a zero per group
+
+
+def test_a_layer_no_group_divides_keeps_its_weights():
+    model = random_llama(dataclasses.replace(SMALL, intermediate_size=160), torch.float32, "cpu")
+    assert quantize_int4(model) == 3 * SMALL.num_layers  # down (K = 160) stays
+    assert isinstance(model.layers[0].mlp.down, torch.nn.Linear)
+
+
+def test_int4_greedy_equals_the_dequantized_models_and_batched_and_cached_equal_one_at_a_time():
+    """The INT4 model is the model with its weights on the INT4 grid: its greedy tokens equal
+    those of a plain model holding the dequantized weights, decoded together or one at a time,
+    with a prefix from the cache or without."""
+    model = random_llama(SMALL, torch.float32, "cpu")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(30)  # wide logit margins (the head is tied: embeddings too)
+    int4 = copy.deepcopy(model)
+    quantize_int4(int4)
+    plain = copy.deepcopy(model)
+    with torch.no_grad():
+        for lp, lq in zip(plain.layers, int4.layers):
+            for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"):
+                lin, q = lp.get_submodule(name), lq.get_submodule(name)
+                lin.weight.copy_(q.dequantized(torch.float32))
+    rng = random.Random(4)
+    prompts = [[rng.randrange(1, 300) for _ in range(n)] for n in (5, 19, 40)]
+    together = decode(int4, prompts)
+    assert together == decode(plain, prompts)
+    assert together == [decode(int4, [p])[0] for p in prompts]
+    engine = fresh(int4)
+    decode(int4, [prompts[2]], engine=engine)
+    longer = prompts[2] + prompts[1]
+    assert decode(int4, [longer], engine=engine) == decode(int4, [longer])
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    from transformers import AutoTokenizer
+
+    from voicert.config import cache_dir, load_config
+    from voicert.engine.loader import resolve_llm
+    from voicert.engine.models.registry import load_model
+
+    model_dir = resolve_llm("embedded", cache_dir(load_config(environ={}).models))
+    return load_model(model_dir, torch.float32, "cpu"), AutoTokenizer.from_pretrained(model_dir)
+
+
+def test_gptq_int4_keeps_most_of_the_real_embedded_models_next_tokens(embedded, monkeypatch):
+    """Top-1 agreement with the unquantized model, teacher-forced over the bench's text set, of
+    the embedded SmolLM2-135M with GPTQ INT4 weights over part of the calibration set (the first
+    24 rows, to keep the test short), against nearest rounding's. Measured (``python -m
+    voicert.bench.fp8 --quantize int4``, docs/benchmarks.md section 46): see the bars below;
+    a broken scale, zero or nibble order falls far below them."""
+    from voicert.bench.fp8 import TEXTS, quantized_copy, top1_agreement
+    from voicert.engine.gpu import fp8
+
+    ref, tok = embedded
+    rows = fp8.calibration_rows(tok)
+    monkeypatch.setattr(fp8, "calibration_rows", lambda _tok: rows[:24])
+    texts = [tok(t)["input_ids"] for t in TEXTS]
+    near, total = top1_agreement(ref, quantized_copy(ref, quant="int4"), texts)
+    gptq, _ = top1_agreement(ref, quantized_copy(ref, tok, quant="int4"), texts)
+    print(f"INT4 top-1: nearest {near}/{total}, GPTQ (24 rows) {gptq}/{total}")
+    assert near / total >= 0.66 and gptq / total >= 0.75 and gptq > near

@@ -1,0 +1,210 @@
+"""INT4 weights, group-wise scales and zero points ("W4A16"): a quarter of bf16's bytes per step.
+
+A decode step at small batch streams every weight once, so its time is the weight bytes over the
+memory bandwidth; 4-bit weights cut them to ~0.27 of bf16's (the scales and zeros included).
+:func:`quantize_int4` replaces every ``nn.Linear`` inside the model's layers (q/k/v, output,
+gate/up, down; the embedding and LM head keep the model's dtype, as GPTQ and AWQ checkpoints do)
+by an :class:`Int4Linear`. For each output row n and each group of ``group`` input columns
+(128, or 64 where K is not a multiple of 128: SmolLM2-135M's 576):
+
+    scale[n, g] = (max(w_g, 0) - min(w_g, 0)) / 15      (stored as float16)
+    zero[n, g]  = round(-min(w_g, 0) / scale[n, g])      (an integer in [0, 15])
+    code[n, k]  = clamp(round(w[n, k] / scale + zero), 0, 15)
+    w'[n, k]    = (code[n, k] - zero[n, g]) * scale[n, g]
+
+so 0 is on every group's grid. Two codes share a byte (``packed[n, j]``: column 2j in the low
+nibble, 2j + 1 in the high one). ``llm.int4_rounding`` (like FP8's): ``gptq`` chooses each code
+with GPTQ's error feedback against the calibration set (engine/gpu/fp8.py: the groups are fixed
+from the weights before the rounding, "static groups", so the kernel needs no column order);
+``nearest`` takes the nearest code.
+
+On CUDA (``kernels.int4_linear``) one Triton kernel reads the packed bytes, widens ``code -
+zero`` (small integers, exact in bf16) in registers, sums each group's products in fp32 on the
+tensor cores and scales the group's sum once. Elsewhere (the CPU, tests) the weights are widened
+in full first (:meth:`Int4Linear.dequantized`): the same function, the sums in another order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from voicert.engine.gpu.fp8 import (
+    MOMENT_BYTES,
+    Grid,
+    _by_shape,
+    _groups,
+    _layer_linears,
+    gptq_round,
+    input_moments,
+)
+
+LEVELS = 15  # the largest code: four bits
+HALF_MIN = 2.0**-14  # float16's smallest normal number: the least scale stored
+
+
+def group_size(k: int) -> int | None:
+    """The columns a scale covers for an input width ``k``: 128, or 64 where 128 does not divide
+    it; None where neither does (such a layer keeps its weights)."""
+    for g in (128, 64):
+        if k % g == 0:
+            return g
+    return None
+
+
+def _params(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [L, N, K] float32 -> (scale, zero), each [L, N, K // group] float32: the scale rounded
+    to float16 as stored, the zero an integer in [0, 15]."""
+    lead = w.shape[:-1]
+    wg = w.reshape(*lead, -1, group)  # [L, N, G, group]
+    lo = wg.amin(dim=-1).clamp(max=0.0)
+    hi = wg.amax(dim=-1).clamp(min=0.0)
+    scale = ((hi - lo) / LEVELS).clamp(min=HALF_MIN).half().float()
+    zero = (-lo / scale).round().clamp(0, LEVELS)
+    return scale, zero
+
+
+def _put(col: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """A column's values on the grid (times the scale)."""
+    return ((col / scale + zero).round().clamp(0, LEVELS) - zero) * scale
+
+
+def grid(group: int) -> Grid:
+    """GPTQ's view of the INT4 grid with groups of ``group`` columns."""
+    return Grid(f"int4/{group}", group, lambda w: _params(w, group), _put)
+
+
+def pack(codes: torch.Tensor) -> torch.Tensor:
+    """codes [N, K] (integers in [0, 15], any dtype; K even) -> uint8 [N, K // 2]: column 2j in
+    the low nibble, 2j + 1 in the high one."""
+    c = codes.to(torch.uint8)
+    return c[:, 0::2] | (c[:, 1::2] << 4)
+
+
+def unpack(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N, K // 2] -> codes uint8 [N, K] (the inverse of :func:`pack`)."""
+    return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+
+
+def _codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+    """Values on the grid q [N, K] (times the scale) with their groups' scale and zero [N, G]
+    -> codes [N, K] uint8."""
+    s = scale.repeat_interleave(group, dim=1)
+    z = zero.repeat_interleave(group, dim=1)
+    return (q / s + z).round().clamp(0, LEVELS).to(torch.uint8)
+
+
+class Int4Linear(nn.Module):
+    """A Linear layer over packed INT4 weights with a float16 scale and a zero point per output
+    row and group of input columns. Contract: input [..., K] in the model's dtype (K a multiple
+    of ``group``); output [..., N] in the input's dtype."""
+
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        bias: torch.Tensor | None,
+    ) -> None:
+        super().__init__()
+        self.out_features, half = packed.shape
+        self.in_features = 2 * half
+        self.group = self.in_features // scale.shape[1]
+        self.register_buffer("weight", packed)  # [N, K // 2] uint8
+        self.register_buffer("scale", scale)  # [N, K // group] float16
+        self.register_buffer("zero", zero)  # [N, K // group] uint8
+        self.register_buffer("bias", bias)  # [N] in the model's dtype, or None
+        self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
+
+    @classmethod
+    def from_linear(
+        cls, lin: nn.Linear, rounded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    ) -> Int4Linear:
+        """``lin`` over INT4 weights: ``rounded`` (values on the grid [N, K] float32, times the
+        scale; scale and zero [N, G], from :func:`gptq_round` on :func:`grid`), or its weights
+        rounded to the nearest code. Its ``in_features`` must have a :func:`group_size`."""
+        group = group_size(lin.in_features)
+        if group is None:
+            raise ValueError(f"int4: no group size divides in_features={lin.in_features}")
+        w = lin.weight.detach().float()
+        if rounded is None:
+            scale, zero = _params(w[None], group)
+            rounded = (_put_all(w, scale[0], zero[0], group), scale[0], zero[0])
+        q, scale, zero = rounded
+        bias = lin.bias.detach() if lin.bias is not None else None
+        codes = _codes(q, scale, zero, group)
+        return cls(pack(codes), scale.half(), zero.to(torch.uint8), bias)
+
+    def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weights this layer computes with, widened: [N, K] in ``dtype`` (via float32: the
+        product with the scale is rounded once)."""
+        g = self.group
+        codes = unpack(self.weight).float()
+        z = self.zero.float().repeat_interleave(g, dim=1)
+        s = self.scale.float().repeat_interleave(g, dim=1)
+        return ((codes - z) * s).to(dtype)
+
+    def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+        """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
+        programmatic dependent launch (engine/gpu/kernels.py)."""
+        if x.is_cuda:
+            from voicert.engine.gpu import kernels
+
+            if self._count is None or self._count.device != x.device:
+                self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
+            return kernels.int4_linear(
+                x, self.weight, self.scale, self.zero, self.bias, self._count, pdl=pdl
+            )
+        y = torch.nn.functional.linear(x.float(), self.dequantized(torch.float32))  # [..., N]
+        if self.bias is not None:
+            y = y + self.bias.float()
+        return y.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"int4, group={self.group}"
+        )
+
+
+def _put_all(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
+    """Nearest rounding of w [N, K] onto the grid of scale and zero [N, G]."""
+    s = scale.repeat_interleave(group, dim=1)
+    z = zero.repeat_interleave(group, dim=1)
+    return _put(w, s, z)
+
+
+def quantize_int4(
+    model: nn.Module, calibrate: Callable[[], None] | None = None, moment_bytes: int = MOMENT_BYTES
+) -> int:
+    """Replace, in place, every ``nn.Linear`` under ``model.layers`` whose input width has a
+    :func:`group_size` by an :class:`Int4Linear`; returns how many. ``calibrate``: as
+    :func:`voicert.engine.gpu.fp8.quantize_fp8`'s (GPTQ against those inputs; None: nearest
+    rounding). The embedding and LM head keep the model's dtype."""
+    layers = _layer_linears(model)
+    rounded: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    graphs: dict = {}
+    for group in _groups(layers, moment_bytes) if calibrate is not None else []:
+        fits = [lin for lin in group if group_size(lin.in_features) is not None]
+        moments = input_moments(fits, calibrate)
+        for same in _by_shape(fits):
+            g = group_size(same[0].in_features)
+            assert g is not None
+            q, scale, zero = gptq_round(
+                [lin.weight for lin in same],
+                [moments.pop(lin) for lin in same],
+                grid(g),
+                graphs=graphs,
+            )
+            rounded.update((lin, (q[j], scale[j], zero[j])) for j, lin in enumerate(same))
+            del q
+    count = 0
+    for layer in layers:
+        for child, attr, lin in layer:
+            if group_size(lin.in_features) is None:
+                continue
+            setattr(child, attr, Int4Linear.from_linear(lin, rounded.pop(lin, None)))
+            count += 1
+    return count
