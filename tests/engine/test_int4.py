@@ -41,13 +41,14 @@ SMALL = LlamaConfig(  # every width a multiple of 64 (a group) but the MLP's 192
 )
 
 
-def test_two_codes_share_a_byte_and_unpack_back():
+def test_two_codes_of_a_group_share_a_byte_and_unpack_back():
     codes = torch.randint(0, 16, (5, 256), generator=torch.Generator().manual_seed(0))
-    packed = pack(codes)
+    packed = pack(codes, 128)
     assert packed.dtype == torch.uint8 and packed.shape == (5, 128)
     assert (packed[:, 0] & 15).tolist() == codes[:, 0].tolist()  # column 0: the low nibble
-    assert (packed[:, 0] >> 4).tolist() == codes[:, 1].tolist()
-    assert torch.equal(unpack(packed), codes.to(torch.uint8))
+    assert (packed[:, 0] >> 4).tolist() == codes[:, 64].tolist()  # its group's column 64
+    assert (packed[:, 64] >> 4).tolist() == codes[:, 192].tolist()  # the second group's
+    assert torch.equal(unpack(packed, 128), codes.to(torch.uint8))
 
 
 def test_group_size_is_128_where_it_divides_else_64_else_none():

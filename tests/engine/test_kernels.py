@@ -403,13 +403,24 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k):
     got = kernels.int4_linear(x, q.weight, q.scale, q.zero, q.bias)
     assert got.shape == (rows, 90) and close(got, want, 1e-4)
     count = kernels.counters(DEV)
-    split = kernels.int4_linear(x, q.weight, q.scale, q.zero, None, count, (16, 32, 4, 2, 2))
-    assert close(split, want - q.bias, 1e-4) and not count.any()
-    if DEV == "cuda":  # bf16 activations, the served dtype: fp32 sums, one rounding at the end
-        xb = x.bfloat16()
-        want = torch.nn.functional.linear(xb.float(), q.dequantized(torch.float32), q.bias)
-        got = kernels.int4_linear(xb, q.weight, q.scale, q.zero, q.bias.bfloat16())
-        assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
+    for swap in (False, True):  # the weights as the MMA's second operand, or its first
+        split = kernels.int4_linear(
+            x, q.weight, q.scale, q.zero, None, count, (16, 32, 4, 2, 2), swap=swap
+        )
+        assert close(split, want - q.bias, 1e-4) and not count.any()
+    wide = kernels.int4_dequantize(q.weight, q.scale, q.zero, torch.float32)  # prefill's path
+    assert torch.equal(wide, q.dequantized(torch.float32))
+    if DEV == "cuda":  # bf16 / fp16 activations: codes widened by their bits, fp32 sums
+        for dt in (torch.bfloat16, torch.float16):
+            xh = x.to(dt)
+            want = torch.nn.functional.linear(xh.float(), q.dequantized(torch.float32), q.bias)
+            got = kernels.int4_linear(xh, q.weight, q.scale, q.zero, q.bias.to(dt))
+            assert got.dtype == dt and close(got, want, 2e-2)
+            for magic, swap in ((True, False), (False, True), (True, True)):
+                other = kernels.int4_linear(
+                    xh, q.weight, q.scale, q.zero, q.bias.to(dt), magic=magic, swap=swap
+                )
+                assert close(other, want, 2e-2), (magic, swap)
 
 
 @pytest.mark.parametrize("rows", [1, 5])

@@ -12,8 +12,8 @@ by an :class:`Int4Linear`. For each output row n and each group of ``group`` inp
     code[n, k]  = clamp(round(w[n, k] / scale + zero), 0, 15)
     w'[n, k]    = (code[n, k] - zero[n, g]) * scale[n, g]
 
-so 0 is on every group's grid. Two codes share a byte (``packed[n, j]``: column 2j in the low
-nibble, 2j + 1 in the high one). ``llm.int4_rounding`` (like FP8's): ``gptq`` chooses each code
+so 0 is on every group's grid. Two codes share a byte: within a group, byte j holds column j
+(low nibble) and column j + group / 2 (high nibble). ``llm.int4_rounding`` (like FP8's): ``gptq`` chooses each code
 with GPTQ's error feedback against the calibration set (engine/gpu/fp8.py: the groups are fixed
 from the weights before the rounding, "static groups", so the kernel needs no column order);
 ``nearest`` takes the nearest code.
@@ -76,16 +76,20 @@ def grid(group: int) -> Grid:
     return Grid(f"int4/{group}", group, lambda w: _params(w, group), _put)
 
 
-def pack(codes: torch.Tensor) -> torch.Tensor:
-    """codes [N, K] (integers in [0, 15], any dtype; K even) -> uint8 [N, K // 2]: column 2j in
-    the low nibble, 2j + 1 in the high one."""
-    c = codes.to(torch.uint8)
-    return c[:, 0::2] | (c[:, 1::2] << 4)
+def pack(codes: torch.Tensor, group: int) -> torch.Tensor:
+    """codes [N, K] (integers in [0, 15], any dtype; K a multiple of ``group``) -> uint8
+    [N, K // 2]: within each group, byte j holds column j in its low nibble and column j +
+    group / 2 in its high one (so a kernel's two halves of a group are each contiguous)."""
+    n, k = codes.shape
+    c = codes.to(torch.uint8).reshape(n, k // group, 2, group // 2)  # [N, G, half, group / 2]
+    return (c[:, :, 0] | (c[:, :, 1] << 4)).reshape(n, k // 2)
 
 
-def unpack(packed: torch.Tensor) -> torch.Tensor:
+def unpack(packed: torch.Tensor, group: int) -> torch.Tensor:
     """uint8 [N, K // 2] -> codes uint8 [N, K] (the inverse of :func:`pack`)."""
-    return torch.stack((packed & 15, packed >> 4), dim=-1).reshape(packed.shape[0], -1)
+    n, half = packed.shape
+    p = packed.reshape(n, -1, 1, group // 2)  # [N, G, 1, group / 2]
+    return torch.cat((p & 15, p >> 4), dim=2).reshape(n, 2 * half)
 
 
 def _codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
@@ -135,13 +139,13 @@ class Int4Linear(nn.Module):
         q, scale, zero = rounded
         bias = lin.bias.detach() if lin.bias is not None else None
         codes = _codes(q, scale, zero, group)
-        return cls(pack(codes), scale.half(), zero.to(torch.uint8), bias)
+        return cls(pack(codes, group), scale.half(), zero.to(torch.uint8), bias)
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weights this layer computes with, widened: [N, K] in ``dtype`` (via float32: the
         product with the scale is rounded once)."""
         g = self.group
-        codes = unpack(self.weight).float()
+        codes = unpack(self.weight, g).float()
         z = self.zero.float().repeat_interleave(g, dim=1)
         s = self.scale.float().repeat_interleave(g, dim=1)
         return ((codes - z) * s).to(dtype)

@@ -950,19 +950,59 @@ LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears th
 
 
 @triton.jit
-def _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, IEEE: tl.constexpr):
-    """acc [BM, BN] + one group's products: packed codes p [BN, GROUP // 2] uint8 (even columns
-    in the low nibbles), x at x_ptrs [BM, GROUP // 2] (the group's even columns; odd ones at +1),
-    the group's zero and scale per output row at z_ptrs, s_ptrs [BN]."""
-    z = tl.load(z_ptrs, mask=nm, other=0).to(tl.int32)[:, None]  # [BN, 1]
-    s = tl.load(s_ptrs, mask=nm, other=0.0).to(tl.float32)  # [BN]
-    xe = tl.load(x_ptrs, mask=mm[:, None], other=0.0)
-    xo = tl.load(x_ptrs + 1, mask=mm[:, None], other=0.0)
-    lo = ((p & 15).to(tl.int32) - z).to(xe.dtype)  # [BN, GROUP // 2]: code - zero, exact
-    hi = ((p >> 4).to(tl.int32) - z).to(xe.dtype)
-    part = _fp8_dot(xe, lo, tl.zeros(acc.shape, dtype=tl.float32), IEEE)
-    part = _fp8_dot(xo, hi, part, IEEE)
-    return acc + part * s[None, :]
+def _int4_group(
+    acc,
+    p,
+    x_ptrs,
+    z_ptrs,
+    s_ptrs,
+    mm,
+    nm,
+    HALF: tl.constexpr,
+    MAGIC: tl.constexpr,
+    SWAP: tl.constexpr,
+    IEEE: tl.constexpr,
+):
+    """acc + one group's products: packed codes p [BN, HALF] uint8 (byte j: the group's column j
+    in the low nibble, column j + HALF in the high one), x at x_ptrs [BM, HALF] (the group's
+    first half; the second at + HALF), the group's zero and scale per output row at z_ptrs,
+    s_ptrs [BN]. acc is [BM, BN], or [BN, BM] with ``SWAP`` (the weights as the MMA's first
+    operand). ``MAGIC`` 1 (bf16 x) / 2 (fp16 x): each code widened by its bits alone,
+    ``0x4300 | code`` being the bf16 128 + code (fp16: ``0x6400 | code``, 1024 + code), the
+    offset and zero taken off the group's sum once, as (offset + zero) * sum(x); 0: code - zero
+    widened from int32."""
+    z = tl.load(z_ptrs, mask=nm, other=0).to(tl.float32)  # [BN]
+    s = tl.load(s_ptrs, mask=nm, other=0.0).to(tl.float32)
+    xa = tl.load(x_ptrs, mask=mm[:, None], other=0.0)  # [BM, HALF]
+    xb = tl.load(x_ptrs + HALF, mask=mm[:, None], other=0.0)
+    if MAGIC == 0:
+        zi = z.to(tl.int32)[:, None]
+        lo = ((p & 15).to(tl.int32) - zi).to(xa.dtype)  # [BN, HALF]: code - zero, exact
+        hi = ((p >> 4).to(tl.int32) - zi).to(xa.dtype)
+    else:
+        bits: tl.constexpr = 0x4300 if MAGIC == 1 else 0x6400
+        p16 = p.to(tl.int16)
+        lo = ((p16 & 15) | bits).to(tl.int16).to(xa.dtype, bitcast=True)  # [BN, HALF]
+        hi = ((p16 >> 4) | bits).to(tl.int16).to(xa.dtype, bitcast=True)
+    part = tl.zeros(acc.shape, dtype=tl.float32)
+    if SWAP:
+        part = _fp8_dot(lo, xa, part, IEEE)  # [BN, BM]
+        part = _fp8_dot(hi, xb, part, IEEE)
+    else:
+        part = _fp8_dot(xa, lo, part, IEEE)  # [BM, BN]
+        part = _fp8_dot(xb, hi, part, IEEE)
+    if MAGIC != 0:
+        offset: tl.constexpr = 128.0 if MAGIC == 1 else 1024.0
+        xs = tl.sum(xa.to(tl.float32), axis=1) + tl.sum(xb.to(tl.float32), axis=1)  # [BM]
+        if SWAP:
+            part -= (z + offset)[:, None] * xs[None, :]
+        else:
+            part -= xs[:, None] * (z + offset)[None, :]
+    if SWAP:
+        acc += part * s[:, None]
+    else:
+        acc += part * s[None, :]
+    return acc
 
 
 @triton.jit
@@ -986,32 +1026,40 @@ def _int4_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     GROUP: tl.constexpr,
+    MAGIC: tl.constexpr,
+    SWAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    half = tl.arange(0, GROUP // 2)
+    HALF: tl.constexpr = GROUP // 2
+    half = tl.arange(0, HALF)
     mm, nm = rm < M, rn < N
     groups = K // GROUP
     k_lo = pid_k * k_per_split  # a multiple of GROUP
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * (K // 2) + (k_lo // 2 + half)[None, :]
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + 2 * half)[None, :]
+    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + half)[None, :]
     z_ptrs = z_ptr + rn.to(tl.int64) * groups + k_lo // GROUP  # [BN]
     s_ptrs = s_ptr + rn.to(tl.int64) * groups + k_lo // GROUP
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # the first group's codes are read before waiting for the kernel before (PDL), as FP8's
     p = tl.load(w_ptrs, mask=nm[:, None], other=0)
     _pdl_enter(PDL)
-    acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, IEEE)
+    acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE)
     for _k0 in range(k_lo + GROUP, k_hi, GROUP):
         w_ptrs += GROUP // 2
         x_ptrs += GROUP
         z_ptrs += 1
         s_ptrs += 1
         p = tl.load(w_ptrs, mask=nm[:, None], other=0)
-        acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, IEEE)
+        acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE)
+    if SWAP:
+        acc = tl.trans(acc)  # [BM, BN]
     out_mask = mm[:, None] & nm[None, :]
     at = rm[:, None].to(tl.int64) * N + rn[None, :]  # [BM, BN] offsets into [M, N]
     if SPLIT > 1:  # each split stores its partial sums; the last to finish adds them up
@@ -1040,7 +1088,7 @@ def int4_blocks(m: int, n: int, k: int, group: int) -> tuple[int, int, int, int,
     bn = 64
     tiles = triton.cdiv(n, bn)
     split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // max(FP8_MIN_SPLIT_K, group)))
-    return bm, bn, 4, 4, split
+    return bm, bn, 4, 4 if m <= 16 else 3, split
 
 
 def int4_linear(
@@ -1052,15 +1100,25 @@ def int4_linear(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
+    magic: bool = True,
+    swap: bool = True,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times packed INT4 weights w [N, K // 2] uint8 (engine/gpu/
-    int4.py: column 2j in the low nibble) with float16 scales and uint8 zeros [N, K // group],
+    int4.py's layout) with float16 scales and uint8 zeros [N, K // group],
     plus ``bias`` [N] -> [..., N] in x's dtype: sum over groups g of scale[n, g] * sum over the
     group's k of x[k] * (code[n, k] - zero[n, g]), each group's sum in fp32 (IEEE for fp32
     inputs). ``count``: zeroed int32 counters, one per output tile, for a split over K (None:
     fresh ones). ``blocks`` overrides :func:`int4_blocks` (the benchmark tries others; the split
-    is then chosen as by default if left out). ``pdl``: as :func:`add_rms_norm`'s."""
+    is then chosen as by default if left out). ``pdl``: as :func:`add_rms_norm`'s. ``magic``:
+    bf16 / fp16 codes widened by their bits (else through int32); ``swap``: the weights as the
+    MMA's first operand. Both on: 1.4-1.9x bf16's speed at up to 16 rows on an H100's Llama-8B
+    shapes against 1.2-1.6x for neither (scripts/gpu/int4_tiles.py, docs/benchmarks.md 46).
+    More than :data:`INT4_DEQUANT_ROWS` rows: the weights widened into a scratch [N, K] in x's
+    dtype (:func:`int4_dequantize`), then cuBLAS (the tensor cores at prefill sizes)."""
     n, k = w.shape[0], 2 * w.shape[1]
+    if blocks is None and x.numel() // k > INT4_DEQUANT_ROWS:
+        wide = int4_dequantize(w, scale, zero, x.dtype, pdl)
+        return torch.nn.functional.linear(x, wide, bias)
     group = k // scale.shape[1]
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -1098,12 +1156,76 @@ def int4_linear(
         BLOCK_M=bm,
         BLOCK_N=bn,
         GROUP=group,
+        MAGIC=MAGIC_BITS.get(x.dtype, 0) if magic else 0,
+        SWAP=swap,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
         launch_pdl=pdl,
     )
     return out.view(*x.shape[:-1], n)
+
+
+MAGIC_BITS = {torch.bfloat16: 1, torch.float16: 2}  # int4_linear's widening by bits, by x dtype
+INT4_DEQUANT_ROWS = 64  # above this many rows, int4_linear widens the weights for cuBLAS
+
+
+@triton.jit
+def _int4_dequant_kernel(
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    out_ptr,
+    N,
+    K,
+    GROUP: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pid_n, g = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nm = rn < N
+    HALF: tl.constexpr = GROUP // 2
+    half = tl.arange(0, HALF)
+    groups = K // GROUP
+    p = tl.load(
+        w_ptr + rn[:, None].to(tl.int64) * (K // 2) + (g * HALF + half)[None, :],
+        mask=nm[:, None],
+        other=0,
+    )  # [BN, HALF]
+    _pdl_enter(PDL)
+    z = tl.load(z_ptr + rn.to(tl.int64) * groups + g, mask=nm, other=0).to(tl.float32)[:, None]
+    s = tl.load(s_ptr + rn.to(tl.int64) * groups + g, mask=nm, other=0.0).to(tl.float32)[:, None]
+    lo = ((p & 15).to(tl.float32) - z) * s
+    hi = ((p >> 4).to(tl.float32) - z) * s
+    at = out_ptr + rn[:, None].to(tl.int64) * K + (g * GROUP + half)[None, :]
+    tl.store(at, lo.to(out_ptr.dtype.element_ty), mask=nm[:, None])
+    tl.store(at + HALF, hi.to(out_ptr.dtype.element_ty), mask=nm[:, None])
+
+
+def int4_dequantize(
+    w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype, pdl: bool = False
+) -> torch.Tensor:
+    """Packed INT4 weights w [N, K // 2] with scales and zeros [N, G] -> [N, K] in ``dtype``:
+    (code - zero) * scale, in fp32, rounded once (:meth:`Int4Linear.dequantized`'s values)."""
+    n, k = w.shape[0], 2 * w.shape[1]
+    group = k // scale.shape[1]
+    out = torch.empty(n, k, dtype=dtype, device=w.device)
+    block_n = 32
+    _int4_dequant_kernel[(triton.cdiv(n, block_n), k // group)](
+        w,
+        scale,
+        zero,
+        out,
+        n,
+        k,
+        GROUP=group,
+        BLOCK_N=block_n,
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
+    return out
 
 
 def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
