@@ -392,6 +392,27 @@ def test_fp8_graphed_and_fused_equals_fp8_eager_and_batched_equals_one_at_a_time
         served.close()
 
 
+def test_int4_graphed_and_fused_equals_int4_eager_batched_one_at_a_time_and_speculative(prompts):
+    """INT4 weights (engine/gpu/int4.py; SmolLM2's K of 576 in groups of 64, of 1536 in 128), as
+    served (CUDA graphs, the Triton kernel) against eager torch layers over the same codes, fp32
+    activations: same tokens, together or one at a time, and with speculation's verify steps."""
+    from voicert.engine.gpu.int4 import quantize_int4
+
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    assert quantize_int4(model) == 4 * cfg.num_layers
+    eager, served = make(model, False, fused=False), make(model, True)
+    spec = make(model, True, spec=2)
+    try:
+        want = run_engine(eager, prompts)
+        assert run_engine(served, prompts) == want
+        assert run_engine(served, prompts, sequential=True) == want
+        assert run_engine(spec, prompts) == want
+    finally:
+        for e in (eager, served, spec):
+            e.close()
+
+
 @pytest.mark.parametrize("kind,dtype", [("fp8", torch.float8_e4m3fn), ("int8", torch.int8)])
 def test_one_byte_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one_at_a_time(
     prompts, kind, dtype
