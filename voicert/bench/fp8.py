@@ -94,9 +94,13 @@ VARIANTS = {
 }
 
 
-def quality(model_name: str, device: str, dtype: str, variant: str = "weights") -> dict:
-    """Top-1 agreement over TEXTS and the voice prompt set's replies, ``variant`` (a key of
-    VARIANTS) against ``dtype``."""
+def quality(
+    model_name: str, device: str, dtype: str, variant: str = "weights", prompts: int = 0
+) -> dict:
+    """Top-1 agreement over TEXTS and the voice prompt set's replies (its first ``prompts``; 0:
+    all), ``variant`` (a key of VARIANTS) against ``dtype``. The reference's figures are taken
+    first and the weights then quantized in place, so one copy of the model is held (a 1.5B
+    model in fp32 on a 24 GB machine)."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -112,19 +116,11 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
 
     model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(model_dir)
-    ref = load_model(model_dir, DTYPES[dtype], device)
-    quant = ref  # the KV cache variants quantize the cache, not the weights
-    if variant == "weights":
-        quant = quantized_copy(ref, tok)
-    elif variant == "weights-nearest":
-        quant = quantized_copy(ref)
-    elif variant.startswith("int4"):
-        quant = quantized_copy(ref, None if variant.endswith("nearest") else tok, "int4")
-    kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
+    model = load_model(model_dir, DTYPES[dtype], device)
     texts = [tok(t)["input_ids"] for t in TEXTS]
-    same, total = top1_agreement(ref, quant, texts, kv_cache)
+    asked = voice_prompt_ids(tok)[: prompts or None]
 
-    async def replies(model, kv_cache: str = "model") -> list[list[int]]:
+    async def replies(kv_cache: str = "model") -> list[list[int]]:
         eng = LLMEngine(
             model_dir,
             EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25, kv_cache=kv_cache),
@@ -133,7 +129,7 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
         )
         outs = []
         try:
-            for ids in voice_prompt_ids(tok):
+            for ids in asked:
                 req = GenerationRequest(f"q-{len(outs)}", [], 48, prompt_ids=ids)
                 outs.append(
                     [ev.token_id async for ev in eng.submit(req) if ev.finish_reason is None]
@@ -142,13 +138,21 @@ def quality(model_name: str, device: str, dtype: str, variant: str = "weights") 
             eng.close()
         return outs
 
-    a, b = asyncio.run(replies(ref)), asyncio.run(replies(quant, kv_cache))
+    want, a = next_tokens(model, texts), asyncio.run(replies())
+    if variant in ("weights", "weights-nearest") or variant.startswith("int4"):
+        quantize = quantize_int4 if variant.startswith("int4") else quantize_fp8
+        rounded = variant in ("weights", "int4")
+        quantize(model, calibration_forward(model, tok) if rounded else None)
+    kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
+    got = next_tokens(model, texts, kv_cache=kv_cache)
+    same = sum(x == y for u, v in zip(want, got) for x, y in zip(u, v))
+    b = asyncio.run(replies(kv_cache))
     prefix = [shared_prefix(u, v) for u, v in zip(a, b)]
     return {
         "model": model_dir,
         "variant": variant,
         "same": same,
-        "total": total,
+        "total": sum(map(len, want)),
         "identical": sum(u == v for u, v in zip(a, b)),
         "replies": len(a),
         "prefix": statistics.mean(prefix),
@@ -290,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--kernel", choices=("fp8", "int4"), default="fp8", help="the kernel table's")
     ap.add_argument("--no-quality", dest="quality", action="store_false")
+    ap.add_argument("--prompts", type=int, default=0, help="voice prompts replied to (0: all ten)")
     ap.add_argument(
         "--quantize",
         default="weights",
@@ -312,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(v not in VARIANTS for v in variants):
         ap.error(f"--quantize: any of {', '.join(VARIANTS)}")
     for variant in variants if args.quality else []:
-        print(render_quality(quality(args.model, args.device, dtype, variant)) + "\n", flush=True)
+        q = quality(args.model, args.device, dtype, variant, args.prompts)
+        print(render_quality(q) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
         table = kernels_table(shapes, rows, [None, *extra], args.kernel)
         print("\n" + render_kernels(table, args.kernel), flush=True)
