@@ -188,7 +188,8 @@ def quantize_int4(
     :func:`voicert.engine.gpu.fp8.quantize_fp8`'s (GPTQ against those inputs; None: nearest
     rounding). The embedding and LM head keep the model's dtype."""
     layers = _layer_linears(model)
-    rounded: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+    rounded: dict[nn.Linear, Int4Linear] = {}  # packed as soon as rounded: fp32 values of every
+    # layer would be a second fp32 copy of the model (a 1.5B model ran out of 24 GB so)
     graphs: dict = {}
     for group in _groups(layers, moment_bytes) if calibrate is not None else []:
         fits = [lin for lin in group if group_size(lin.in_features) is not None]
@@ -202,13 +203,14 @@ def quantize_int4(
                 grid(g),
                 graphs=graphs,
             )
-            rounded.update((lin, (q[j], scale[j], zero[j])) for j, lin in enumerate(same))
+            for j, lin in enumerate(same):
+                rounded[lin] = Int4Linear.from_linear(lin, (q[j], scale[j], zero[j]))
             del q
     count = 0
     for layer in layers:
         for child, attr, lin in layer:
             if group_size(lin.in_features) is None:
                 continue
-            setattr(child, attr, Int4Linear.from_linear(lin, rounded.pop(lin, None)))
+            setattr(child, attr, rounded.pop(lin, None) or Int4Linear.from_linear(lin))
             count += 1
     return count
