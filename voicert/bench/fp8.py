@@ -123,7 +123,13 @@ def quality(
     async def replies(kv_cache: str = "model") -> list[list[int]]:
         eng = LLMEngine(
             model_dir,
-            EngineConfig(device=device, dtype=dtype, kv_memory_gb=0.25, kv_cache=kv_cache),
+            EngineConfig(
+                device=device,
+                dtype=dtype,
+                kv_memory_gb=0.25,
+                kv_cache=kv_cache,
+                torchscript=False,  # a CPU trace would fold INT4's widened weights in: fp32 again
+            ),
             model=model,
             tokenizer=tok,
         )
