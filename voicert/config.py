@@ -346,6 +346,8 @@ class LlmConfig:
     int4: bool = False  # GPU: INT4 layer weights, a float16 scale and a zero point per output
     # channel and 128 input columns (engine/gpu/int4.py): ~0.27 of bf16's weight bytes per decode
     # step; replies differ more than FP8's (docs/benchmarks.md 46)
+    int4_group: int = 128  # int4: input columns per scale and zero: 128 | 64 | 32 (closer to the
+    # model's replies, ~6 / ~13 % more weight bytes than 128's; docs/benchmarks.md 47)
     rounding: str = "gptq"  # fp8, int4: gptq: each weight's value chosen with GPTQ's error
     # feedback against a calibration text set (engine/gpu/fp8.py; FP8's top-1 agreement 90 -> 95 %
     # on the embedded model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest one
@@ -504,6 +506,7 @@ class LlmConfig:
             "is a GPU option (llm.device: cuda)",
         )
         _check(not (self.int4 and self.engine != "fast"), "llm.int4", "needs llm.engine: fast")
+        _check(self.int4_group in (128, 64, 32), "llm.int4_group", "must be 128, 64 or 32")
         _check(
             sum((self.int8, self.fp8, self.int4)) <= 1,
             "llm.int4" if self.int4 else "llm.fp8",

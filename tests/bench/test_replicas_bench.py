@@ -4,7 +4,8 @@ what it measured (its own timing is not asserted)."""
 import argparse
 
 from tests.agent.fakes import FakeEngine
-from voicert.bench.replicas import render, run_level
+from voicert.bench import replicas
+from voicert.bench.replicas import capacity, render, run_level
 from voicert.engine.clients.replicas import ReplicaEngine
 
 
@@ -16,7 +17,7 @@ class Replica(FakeEngine):
 async def test_a_level_runs_conversations_over_the_replicas_and_reports_them():
     one, two = Replica(), Replica()
     engine = ReplicaEngine([one, two])
-    args = argparse.Namespace(think=0.001, new=4, duration=1.0, warmup=0.0)
+    args = argparse.Namespace(think=0.001, new=4, duration=1.0, warmup=0.0, listen=0.0)
     row = (await run_level(engine, 2, 6, args)).row()
     assert row["turns"] >= 1 and row["sessions"] == 6
     sessions = {r.session_id for r in one.requests} | {r.session_id for r in two.requests}
@@ -27,3 +28,34 @@ async def test_a_level_runs_conversations_over_the_replicas_and_reports_them():
     assert all(len(r.messages) == 4 for r in later)  # system, turn 0 asked and answered, turn 1
     table = render([row], "fake")
     assert "| 2 | affinity | 6 |" in table
+
+
+async def test_a_listening_caller_hears_the_reply_before_talking_again(monkeypatch):
+    """With ``listen`` the session waits the reply's tokens over the rate before its next turn
+    (the fake replies with four words; the waits are recorded, not timed)."""
+    waits: list[float] = []
+    sleep = replicas.asyncio.sleep
+
+    async def recorded(seconds, *a, **k):
+        waits.append(seconds)
+        await sleep(0)
+
+    monkeypatch.setattr(replicas.asyncio, "sleep", recorded)
+    args = argparse.Namespace(think=0.001, new=4, duration=0.2, warmup=0.0, listen=0.5)
+    await run_level(ReplicaEngine([Replica(), Replica()]), 2, 1, args)
+    assert 4 / 0.5 in waits
+
+
+def _row(sessions: int, p99: float, valid: bool = True) -> dict:
+    return {"gpus": 1, "sessions": sessions, "ttft_p99": p99, "valid": valid}
+
+
+def test_capacity_is_the_most_sessions_within_the_bar_and_names_the_first_level_past_it():
+    rows = [_row(64, 30.0), _row(128, 80.0), _row(192, 140.0), _row(256, 400.0)]
+    assert capacity(rows, 100) == (
+        "- 1 GPU(s): 128 sessions within P99 TTFT <= 100 ms; 192 gave 140.0 ms"
+    )
+    # a client-bound level does not count, however low its P99
+    assert capacity([_row(64, 30.0), _row(128, 50.0, valid=False)], 100).startswith(
+        "- 1 GPU(s): 64 sessions"
+    )

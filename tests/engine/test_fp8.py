@@ -12,7 +12,8 @@ import random
 import pytest
 import torch
 
-from tests.engine.test_architectures import decode, fresh
+from tests.engine.quantized import TINY, assert_greedy_is_the_dequantized_models
+from tests.engine.test_architectures import decode
 from voicert.engine.gpu.fp8 import (
     E4M3_MAX,
     Fp8Linear,
@@ -21,21 +22,7 @@ from voicert.engine.gpu.fp8 import (
     quantize_fp8,
     quantize_weight,
 )
-from voicert.engine.models.llama import LlamaConfig, random_llama
-
-TINY = LlamaConfig(
-    vocab_size=300,
-    hidden_size=96,
-    intermediate_size=160,
-    num_layers=2,
-    num_heads=6,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position=4096,
-    tie_word_embeddings=True,
-)
+from voicert.engine.models.llama import random_llama
 
 
 def test_each_rows_largest_weight_maps_to_e4m3s_largest_and_the_rest_within_its_precision():
@@ -148,29 +135,8 @@ def test_only_the_layers_linears_turn_fp8_and_their_bytes_halve_against_bf16():
 
 
 def test_fp8_greedy_equals_the_dequantized_models_and_batched_and_cached_equal_one_at_a_time():
-    """The FP8 model is the model with its weights rounded to e4m3: its greedy tokens equal those
-    of a plain model holding the dequantized weights, decoded together or one at a time, with a
-    prefix from the cache or without."""
-    model = random_llama(TINY, torch.float32, "cpu")
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # wide logit margins (the head is tied: embeddings too)
-    fp8 = copy.deepcopy(model)
-    quantize_fp8(fp8)
-    plain = copy.deepcopy(model)
-    with torch.no_grad():
-        for lp, lq in zip(plain.layers, fp8.layers):
-            for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"):
-                lin, q = lp.get_submodule(name), lq.get_submodule(name)
-                lin.weight.copy_(q.dequantized(torch.float32))
-    rng = random.Random(4)
-    prompts = [[rng.randrange(1, 300) for _ in range(n)] for n in (5, 19, 40)]
-    together = decode(fp8, prompts)
-    assert together == decode(plain, prompts)
-    assert together == [decode(fp8, [p])[0] for p in prompts]
-    engine = fresh(fp8)
-    decode(fp8, [prompts[2]], engine=engine)
-    longer = prompts[2] + prompts[1]
-    assert decode(fp8, [longer], engine=engine) == decode(fp8, [longer])
+    """The FP8 model is the model with its weights rounded to e4m3 (tests/engine/quantized.py)."""
+    assert_greedy_is_the_dequantized_models(TINY, quantize_fp8)
 
 
 @pytest.fixture(scope="module")

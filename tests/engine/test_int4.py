@@ -7,14 +7,12 @@ kernel that computes the same function on a GPU is checked in tests/engine/test_
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import random
 
 import pytest
 import torch
 
-from tests.engine.test_architectures import decode, fresh
+from tests.engine.quantized import SMALL, assert_greedy_is_the_dequantized_models
 from voicert.engine.gpu.fp8 import gptq_round
 from voicert.engine.gpu.int4 import (
     Int4Linear,
@@ -24,21 +22,7 @@ from voicert.engine.gpu.int4 import (
     quantize_int4,
     unpack,
 )
-from voicert.engine.models.llama import LlamaConfig, random_llama
-
-SMALL = LlamaConfig(  # every width a multiple of 64 (a group) but the MLP's 192 (64 only)
-    vocab_size=300,
-    hidden_size=128,
-    intermediate_size=192,
-    num_layers=2,
-    num_heads=8,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position=4096,
-    tie_word_embeddings=True,
-)
+from voicert.engine.models.llama import random_llama
 
 
 def test_two_codes_of_a_group_share_a_byte_and_unpack_back():
@@ -133,30 +117,13 @@ def test_a_layer_no_group_divides_keeps_its_weights():
     assert isinstance(model.layers[0].mlp.down, torch.nn.Linear)
 
 
-def test_int4_greedy_equals_the_dequantized_models_and_batched_and_cached_equal_one_at_a_time():
-    """The INT4 model is the model with its weights on the INT4 grid: its greedy tokens equal
-    those of a plain model holding the dequantized weights, decoded together or one at a time,
-    with a prefix from the cache or without."""
-    model = random_llama(SMALL, torch.float32, "cpu")
-    with torch.no_grad():
-        model.lm_head.weight.mul_(30)  # wide logit margins (the head is tied: embeddings too)
-    int4 = copy.deepcopy(model)
-    quantize_int4(int4)
-    plain = copy.deepcopy(model)
-    with torch.no_grad():
-        for lp, lq in zip(plain.layers, int4.layers):
-            for name in ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down"):
-                lin, q = lp.get_submodule(name), lq.get_submodule(name)
-                lin.weight.copy_(q.dequantized(torch.float32))
-    rng = random.Random(4)
-    prompts = [[rng.randrange(1, 300) for _ in range(n)] for n in (5, 19, 40)]
-    together = decode(int4, prompts)
-    assert together == decode(plain, prompts)
-    assert together == [decode(int4, [p])[0] for p in prompts]
-    engine = fresh(int4)
-    decode(int4, [prompts[2]], engine=engine)
-    longer = prompts[2] + prompts[1]
-    assert decode(int4, [longer], engine=engine) == decode(int4, [longer])
+@pytest.mark.parametrize("group", [128, 32])
+def test_int4_greedy_equals_the_dequantized_models_and_batched_and_cached_equal_one_at_a_time(
+    group,
+):
+    """The INT4 model (groups of 128 or of ``llm.int4_group`` 32) is the model with its weights
+    on the INT4 grid (tests/engine/quantized.py)."""
+    assert_greedy_is_the_dequantized_models(SMALL, lambda m: quantize_int4(m, group=group))
 
 
 @pytest.fixture(scope="module")

@@ -387,16 +387,19 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
         assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
 
 
-@pytest.mark.parametrize("rows, k", [(1, 256), (5, 192), (40, 256), (130, 384)])
-def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k):
+@pytest.mark.parametrize(
+    "rows, k, group", [(1, 256, 128), (5, 192, 128), (40, 256, 128), (130, 384, 128), (3, 96, 32)]
+)
+def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group):
     """The Triton INT4 kernel against F.linear on the widened weights: decode-sized and
-    prefill-sized row counts, groups of 128 and of 64 (K = 192), N not a multiple of the tiles,
-    a bias, a strided input, and K split over programs (the last split to finish adds)."""
+    prefill-sized row counts, groups of 128, of 64 (K = 192) and of 32 (``llm.int4_group``), N
+    not a multiple of the tiles, a bias, a strided input, and K split over programs (the last
+    split to finish adds)."""
     from voicert.engine.gpu.int4 import Int4Linear
 
     g = torch.Generator().manual_seed(7)
     lin = torch.nn.Linear(k, 90, bias=True)
-    q = Int4Linear.from_linear(lin).to(DEV)
+    q = Int4Linear.from_linear(lin, None, group).to(DEV)
     wide = torch.randn(rows, k + 60, generator=g).to(DEV)
     x = wide[:, :k]
     want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)

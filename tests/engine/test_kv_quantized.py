@@ -10,8 +10,9 @@ import random
 import pytest
 import torch
 
+from tests.engine.quantized import TINY
 from tests.engine.test_architectures import decode
-from tests.engine.test_fp8 import TINY, embedded  # noqa: F401  (the fixture, shared)
+from tests.engine.test_fp8 import embedded  # noqa: F401  (the fixture, shared)
 from voicert.engine.core.kv_cache import BlockManager
 from voicert.engine.core.runner import ModelRunner
 from voicert.engine.core.scheduler import Scheduler, SchedulerConfig

@@ -94,13 +94,28 @@ VARIANTS = {
 }
 
 
+def turn_texts(per_text: int = 8) -> list[str]:
+    """A second, larger text set: the end-of-turn set's sentences (bench/turn_set.py, pauses
+    removed), ``per_text`` to a text (~1250 tokens in all for SmolLM2's tokenizer)."""
+    from voicert.bench.turn_set import ITEMS
+
+    said = [" ".join(item.text.replace("|", " ").split()) for item in ITEMS]
+    return [" ".join(said[i : i + per_text]) for i in range(0, len(said), per_text)]
+
+
 def quality(
-    model_name: str, device: str, dtype: str, variant: str = "weights", prompts: int = 0
+    model_name: str,
+    device: str,
+    dtype: str,
+    variant: str = "weights",
+    prompts: int = 0,
+    group: int = 128,
 ) -> dict:
-    """Top-1 agreement over TEXTS and the voice prompt set's replies (its first ``prompts``; 0:
-    all), ``variant`` (a key of VARIANTS) against ``dtype``. The reference's figures are taken
-    first and the weights then quantized in place, so one copy of the model is held (a 1.5B
-    model in fp32 on a 24 GB machine)."""
+    """Top-1 agreement over TEXTS and over :func:`turn_texts`, and the voice prompt set's
+    replies (its first ``prompts``; 0: all), ``variant`` (a key of VARIANTS; INT4 in groups of
+    ``group``) against ``dtype``. The reference's figures are taken first and the weights then
+    quantized in place, so one copy of the model is held (a 1.5B model in fp32 on a 24 GB
+    machine)."""
     import asyncio
 
     from transformers import AutoTokenizer
@@ -118,6 +133,7 @@ def quality(
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = load_model(model_dir, DTYPES[dtype], device)
     texts = [tok(t)["input_ids"] for t in TEXTS]
+    more = [tok(t)["input_ids"] for t in turn_texts()]
     asked = voice_prompt_ids(tok)[: prompts or None]
 
     async def replies(kv_cache: str = "model") -> list[list[int]]:
@@ -144,21 +160,28 @@ def quality(
             eng.close()
         return outs
 
-    want, a = next_tokens(model, texts), asyncio.run(replies())
-    if variant in ("weights", "weights-nearest") or variant.startswith("int4"):
-        quantize = quantize_int4 if variant.startswith("int4") else quantize_fp8
-        rounded = variant in ("weights", "int4")
-        quantize(model, calibration_forward(model, tok) if rounded else None)
+    want, want_more = next_tokens(model, texts), next_tokens(model, more)
+    a = asyncio.run(replies())
+    calibrate = calibration_forward(model, tok) if variant in ("weights", "int4") else None
+    if variant.startswith("int4"):
+        quantize_int4(model, calibrate, group=group)
+    elif variant in ("weights", "weights-nearest"):
+        quantize_fp8(model, calibrate)
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     got = next_tokens(model, texts, kv_cache=kv_cache)
+    got_more = next_tokens(model, more, kv_cache=kv_cache)
     same = sum(x == y for u, v in zip(want, got) for x, y in zip(u, v))
+    same_more = sum(x == y for u, v in zip(want_more, got_more) for x, y in zip(u, v))
     b = asyncio.run(replies(kv_cache))
     prefix = [shared_prefix(u, v) for u, v in zip(a, b)]
     return {
         "model": model_dir,
         "variant": variant,
+        "group": group,
         "same": same,
         "total": sum(map(len, want)),
+        "same_more": same_more,
+        "total_more": sum(map(len, want_more)),
         "identical": sum(u == v for u, v in zip(a, b)),
         "replies": len(a),
         "prefix": statistics.mean(prefix),
@@ -243,13 +266,19 @@ SHAPE_SETS = {  # (name, N, K) of each layer Linear, fused as the engine holds t
 
 def render_quality(q: dict) -> str:
     share = q["same"] / q["total"]
+    share_more = q["same_more"] / q["total_more"]
+    what = VARIANTS[q["variant"]]
+    if q["variant"].startswith("int4"):
+        what = what.replace("groups of 128", f"groups of {q['group']}")
     lines = [
         f"model: {q['model']} (real weights)",
         "",
-        f"| {VARIANTS[q['variant']]} against the unquantized model | value |",
+        f"| {what} against the unquantized model | value |",
         "|---|---:|",
         f"| top-1 agreement, teacher-forced over {len(TEXTS)} texts | {q['same']}/{q['total']}"
         f" = {share:.1%} |",
+        f"| top-1 agreement, teacher-forced over the end-of-turn set's sentences | "
+        f"{q['same_more']}/{q['total_more']} = {share_more:.1%} |",
         f"| voice prompt set: greedy replies token-identical (48 tokens at most) | "
         f"{q['identical']}/{q['replies']} |",
         f"| voice prompt set: mean shared prefix, tokens | {q['prefix']:.1f} |",
@@ -302,6 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-quality", dest="quality", action="store_false")
     ap.add_argument("--prompts", type=int, default=0, help="voice prompts replied to (0: all ten)")
     ap.add_argument(
+        "--int4-group", type=int, default=128, help="INT4's input columns per scale: 128, 64, 32"
+    )
+    ap.add_argument(
         "--quantize",
         default="weights",
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
@@ -319,11 +351,13 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (5, 6) if args.kernel == "fp8" else (4, 5)
     if any(len(b) not in sizes for b in extra):
         ap.error(f"--blocks: {' or '.join(map(str, sizes))} numbers each for {args.kernel}")
+    if args.int4_group not in (128, 64, 32):
+        ap.error("--int4-group: 128, 64 or 32")
     variants = args.quantize.split(",")
     if any(v not in VARIANTS for v in variants):
         ap.error(f"--quantize: any of {', '.join(VARIANTS)}")
     for variant in variants if args.quality else []:
-        q = quality(args.model, args.device, dtype, variant, args.prompts)
+        q = quality(args.model, args.device, dtype, variant, args.prompts, args.int4_group)
         print(render_quality(q) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
         table = kernels_table(shapes, rows, [None, *extra], args.kernel)

@@ -10,8 +10,12 @@ engines, and is marked so).
 
 A session: the speaker talks for ``--think`` seconds (uniform in [0.5x, 1.5x]), then asks; the
 request is the shared system prompt, the conversation so far and the new question, and the reply
-is ``--new`` tokens (``ignore_eos``: random-weight models do not end by themselves). Turns that
-start in the first ``--warmup`` seconds are not counted.
+is ``--new`` tokens (``ignore_eos``: random-weight models do not end by themselves). With
+``--listen R`` the caller then hears the reply spoken at R tokens a second before talking again
+(a voice call's pace; 0: the next turn starts as the reply ends, a heavier load than any
+caller's). Turns that start in the first ``--warmup`` seconds are not counted. ``--set KEY=VALUE``
+overrides the engine's config (``llm.fp8=true``, ``llm.int4=true``, ...), and ``--p99-bar MS``
+adds a line per run: the most sessions whose TTFT P99 stayed within it.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ async def _session(
 ) -> None:
     history: list[ChatMessage] = []
     turn = 0
-    await asyncio.sleep(rng.uniform(0, args.think))  # sessions start spread out
+    cycle = args.think + (args.new / args.listen if args.listen > 0 else 0.0)
+    await asyncio.sleep(rng.uniform(0, cycle))  # sessions start spread over a turn's cycle
     loop = asyncio.get_running_loop()
     while loop.time() < deadline:
         await asyncio.sleep(rng.uniform(0.5, 1.5) * args.think)
@@ -113,6 +118,8 @@ async def _session(
             tokens[0] += len(parts)
         history += [ChatMessage("user", question), ChatMessage("assistant", "".join(parts)[:400])]
         turn += 1
+        if args.listen > 0:  # the reply, spoken; the caller answers after hearing it
+            await asyncio.sleep(len(parts) / args.listen)
 
 
 async def _lag(stop: asyncio.Event, out: list[float], period_s: float = 0.01) -> None:
@@ -167,7 +174,9 @@ def _shares(engine) -> list[int]:
     return [r.stats().submitted for r in replicas]
 
 
-def build(model_dir: str, gpus: int, config: str | None):
+def build(model_dir: str, gpus: int, config: str | None, overrides: dict[str, str] | None = None):
+    """The engine a config builds for ``model_dir`` on ``gpus`` GPUs, in processes of their own,
+    ``overrides`` (config keys) applied last."""
     from voicert.config import load_config
     from voicert.engine.factory import build_engine
 
@@ -178,10 +187,25 @@ def build(model_dir: str, gpus: int, config: str | None):
             "llm.gpus": str(gpus),
             "llm.process": "true",
             "llm.max_batch": "256",
+            **(overrides or {}),
         },
         environ={},
     )
     return build_engine(cfg)[1]
+
+
+def capacity(rows: list[dict], bar_ms: float) -> str:
+    """One line per GPU count: the most sessions whose TTFT P99 was within ``bar_ms`` (levels of
+    a client-bound run not counted), and the first level above them that was not."""
+    out = []
+    for gpus in sorted({r["gpus"] for r in rows}):
+        levels = sorted((r for r in rows if r["gpus"] == gpus), key=lambda r: r["sessions"])
+        met = [r for r in levels if r["valid"] and r["ttft_p99"] <= bar_ms]
+        best = max((r["sessions"] for r in met), default=0)
+        over = [r for r in levels if r["sessions"] > best and r["ttft_p99"] > bar_ms]
+        past = f"; {over[0]['sessions']} gave {over[0]['ttft_p99']:.1f} ms" if over else ""
+        out.append(f"- {gpus} GPU(s): {best} sessions within P99 TTFT <= {bar_ms:g} ms{past}")
+    return "\n".join(out)
 
 
 def render(rows: list[dict], label: str) -> str:
@@ -241,7 +265,7 @@ async def main_async(args) -> list[dict]:
     for gpus in args.gpus:
         levels = [s * gpus for s in args.sessions]
         t0 = time.perf_counter()
-        engine = await asyncio.to_thread(build, args.model, gpus, args.config)
+        engine = await asyncio.to_thread(build, args.model, gpus, args.config, args.overrides)
         print(
             f"# {gpus} GPU(s): engines up in {time.perf_counter() - t0:.0f} s",
             file=sys.stderr,
@@ -299,8 +323,27 @@ def main(argv: list[str] | None = None) -> int:
         default='{"ignore_eos": true}',
         help="request fields for the remote server (JSON)",
     )
+    ap.add_argument(
+        "--listen",
+        type=float,
+        default=0.0,
+        help="tokens a second at which the caller hears each reply before talking again (0: not)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an engine config override, e.g. llm.int4=true (repeatable)",
+    )
+    ap.add_argument(
+        "--p99-bar", type=float, default=0.0, help="also print the most sessions within this P99"
+    )
     ap.add_argument("--json", action="store_true", help="print the rows as JSON, not a table")
     args = ap.parse_args(argv)
+    if any("=" not in kv for kv in args.set):
+        ap.error("--set takes KEY=VALUE")
+    args.overrides = dict(kv.split("=", 1) for kv in args.set)
     args.gpus = [int(g) for g in args.gpus.split(",") if g]
     args.sessions = [int(s) for s in args.sessions.split(",")]
     try:
@@ -311,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
         pass
     rows = asyncio.run(main_async(args))
     print(json.dumps(rows) if args.json else render(rows, args.label or args.model))
+    if args.p99_bar > 0:
+        print("\n" + capacity(rows, args.p99_bar))
     return 0
 
 

@@ -198,13 +198,16 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig) -> None:
     calibrate = (
         calibration_forward(module, tokenizer, cfg.block_size) if rounding == "gptq" else None
     )
-    n = (quantize_int4 if cfg.int4 else quantize_fp8)(module, calibrate)
+    if cfg.int4:
+        n = quantize_int4(module, calibrate, group=cfg.int4_group)
+    else:
+        n = quantize_fp8(module, calibrate)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
     log.info(
         "engine: %d Linear layers hold %s weights (rounded: %s, %.1f s)",
         n,
-        "INT4" if cfg.int4 else "FP8",
+        f"INT4 (groups of {cfg.int4_group})" if cfg.int4 else "FP8",
         rounding,
         time.perf_counter() - t0,
     )

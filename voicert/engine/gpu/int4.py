@@ -5,7 +5,8 @@ memory bandwidth; 4-bit weights cut them to ~0.27 of bf16's (the scales and zero
 :func:`quantize_int4` replaces every ``nn.Linear`` inside the model's layers (q/k/v, output,
 gate/up, down; the embedding and LM head keep the model's dtype, as GPTQ and AWQ checkpoints do)
 by an :class:`Int4Linear`. For each output row n and each group of ``group`` input columns
-(128, or 64 where K is not a multiple of 128: SmolLM2-135M's 576):
+(``llm.int4_group``: 128, 64 or 32; half that where K is not a multiple of it: SmolLM2-135M's 576
+in 64s at the default):
 
     scale[n, g] = (max(w_g, 0) - min(w_g, 0)) / 15      (stored as float16)
     zero[n, g]  = round(-min(w_g, 0) / scale[n, g])      (an integer in [0, 15])
@@ -45,11 +46,15 @@ LEVELS = 15  # the largest code: four bits
 HALF_MIN = 2.0**-14  # float16's smallest normal number: the least scale stored
 
 
-def group_size(k: int) -> int | None:
-    """The columns a scale covers for an input width ``k``: 128, or 64 where 128 does not divide
-    it; None where neither does (such a layer keeps its weights)."""
-    for g in (128, 64):
-        if k % g == 0:
+GROUPS = (128, 64, 32)  # the group sizes ``llm.int4_group`` may name
+
+
+def group_size(k: int, want: int = 128) -> int | None:
+    """The columns a scale covers for an input width ``k``: ``want`` (one of :data:`GROUPS`), or
+    half of it (at least 32) where ``want`` does not divide ``k``; None where neither does (such
+    a layer keeps its weights)."""
+    for g in (want, want // 2):
+        if g >= GROUPS[-1] and k % g == 0:
             return g
     return None
 
@@ -92,11 +97,20 @@ def unpack(packed: torch.Tensor, group: int) -> torch.Tensor:
     return torch.cat((p & 15, p >> 4), dim=2).reshape(n, 2 * half)
 
 
+def _per_column(
+    scale: torch.Tensor, zero: torch.Tensor, group: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A group's scale and zero [N, G] -> each column's [N, K] (float32)."""
+    return (
+        scale.float().repeat_interleave(group, dim=1),
+        zero.float().repeat_interleave(group, dim=1),
+    )
+
+
 def _codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
     """Values on the grid q [N, K] (times the scale) with their groups' scale and zero [N, G]
     -> codes [N, K] uint8."""
-    s = scale.repeat_interleave(group, dim=1)
-    z = zero.repeat_interleave(group, dim=1)
+    s, z = _per_column(scale, zero, group)
     return (q / s + z).round().clamp(0, LEVELS).to(torch.uint8)
 
 
@@ -124,12 +138,16 @@ class Int4Linear(nn.Module):
 
     @classmethod
     def from_linear(
-        cls, lin: nn.Linear, rounded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        cls,
+        lin: nn.Linear,
+        rounded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+        want: int = 128,
     ) -> Int4Linear:
         """``lin`` over INT4 weights: ``rounded`` (values on the grid [N, K] float32, times the
         scale; scale and zero [N, G], from :func:`gptq_round` on :func:`grid`), or its weights
-        rounded to the nearest code. Its ``in_features`` must have a :func:`group_size`."""
-        group = group_size(lin.in_features)
+        rounded to the nearest code. Its ``in_features`` must have a :func:`group_size` for
+        ``want``."""
+        group = group_size(lin.in_features, want)
         if group is None:
             raise ValueError(f"int4: no group size divides in_features={lin.in_features}")
         w = lin.weight.detach().float()
@@ -144,10 +162,8 @@ class Int4Linear(nn.Module):
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weights this layer computes with, widened: [N, K] in ``dtype`` (via float32: the
         product with the scale is rounded once)."""
-        g = self.group
-        codes = unpack(self.weight, g).float()
-        z = self.zero.float().repeat_interleave(g, dim=1)
-        s = self.scale.float().repeat_interleave(g, dim=1)
+        codes = unpack(self.weight, self.group).float()
+        s, z = _per_column(self.scale, self.zero, self.group)
         return ((codes - z) * s).to(dtype)
 
     def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
@@ -175,27 +191,30 @@ class Int4Linear(nn.Module):
 
 def _put_all(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
     """Nearest rounding of w [N, K] onto the grid of scale and zero [N, G]."""
-    s = scale.repeat_interleave(group, dim=1)
-    z = zero.repeat_interleave(group, dim=1)
-    return _put(w, s, z)
+    return _put(w, *_per_column(scale, zero, group))
 
 
 def quantize_int4(
-    model: nn.Module, calibrate: Callable[[], None] | None = None, moment_bytes: int = MOMENT_BYTES
+    model: nn.Module,
+    calibrate: Callable[[], None] | None = None,
+    moment_bytes: int = MOMENT_BYTES,
+    group: int = 128,
 ) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` whose input width has a
-    :func:`group_size` by an :class:`Int4Linear`; returns how many. ``calibrate``: as
-    :func:`voicert.engine.gpu.fp8.quantize_fp8`'s (GPTQ against those inputs; None: nearest
-    rounding). The embedding and LM head keep the model's dtype."""
+    :func:`group_size` for ``group`` (one of :data:`GROUPS`) by an :class:`Int4Linear`; returns
+    how many. ``calibrate``: as :func:`voicert.engine.gpu.fp8.quantize_fp8`'s (GPTQ against those
+    inputs; None: nearest rounding). The embedding and LM head keep the model's dtype."""
+    if group not in GROUPS:
+        raise ValueError(f"int4: group {group} is not one of {GROUPS}")
     layers = _layer_linears(model)
     rounded: dict[nn.Linear, Int4Linear] = {}  # packed as soon as rounded: fp32 values of every
     # layer would be a second fp32 copy of the model (a 1.5B model ran out of 24 GB so)
     graphs: dict = {}
-    for group in _groups(layers, moment_bytes) if calibrate is not None else []:
-        fits = [lin for lin in group if group_size(lin.in_features) is not None]
+    for part in _groups(layers, moment_bytes) if calibrate is not None else []:
+        fits = [lin for lin in part if group_size(lin.in_features, group) is not None]
         moments = input_moments(fits, calibrate)
         for same in _by_shape(fits):
-            g = group_size(same[0].in_features)
+            g = group_size(same[0].in_features, group)
             assert g is not None
             q, scale, zero = gptq_round(
                 [lin.weight for lin in same],
@@ -204,13 +223,13 @@ def quantize_int4(
                 graphs=graphs,
             )
             for j, lin in enumerate(same):
-                rounded[lin] = Int4Linear.from_linear(lin, (q[j], scale[j], zero[j]))
+                rounded[lin] = Int4Linear.from_linear(lin, (q[j], scale[j], zero[j]), group)
             del q
     count = 0
     for layer in layers:
         for child, attr, lin in layer:
-            if group_size(lin.in_features) is None:
+            if group_size(lin.in_features, group) is None:
                 continue
-            setattr(child, attr, rounded.pop(lin, None) or Int4Linear.from_linear(lin))
+            setattr(child, attr, rounded.pop(lin, None) or Int4Linear.from_linear(lin, None, group))
             count += 1
     return count

@@ -747,22 +747,10 @@ def _fp8_linear_kernel(
         acc = _fp8_dot(x, w, acc, IEEE)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    out_mask = mm[:, None] & nm[None, :]
-    at = rm[:, None].to(tl.int64) * N + rn[None, :]  # [BM, BN] offsets into [M, N]
-    if SPLIT > 1:  # each split stores its partial sums; the last to finish adds them up
-        tl.store(part_ptr + pid_k * M * N + at, acc, mask=out_mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sp in tl.static_range(SPLIT):
-                acc += tl.load(
-                    part_ptr + sp * M * N + at, mask=out_mask, other=0.0, cache_modifier=".cg"
-                )
-            _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
-            tl.atomic_xchg(count_ptr + tile, 0)
-    else:
-        _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
+    _split_k_finish(
+        acc, rm, rn, mm, nm, M, N, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+        SPLIT, HAS_SCALE, HAS_BIAS,
+    )  # fmt: skip
 
 
 @triton.jit
@@ -791,6 +779,47 @@ def _fp8_epilogue(
     if HAS_BIAS:
         acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _split_k_finish(
+    acc,
+    rm,
+    rn,
+    mm,
+    nm,
+    M,
+    N,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    SPLIT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """A program's output tile acc [BM, BN] (fp32; rows rm, columns rn, their masks mm, nm) to
+    out [M, N] through :func:`_fp8_epilogue`. ``SPLIT`` > 1 (K split over the grid's third
+    axis): each split stores its partial sums in part [SPLIT, M, N] and the last of the tile's
+    programs to finish (``count_ptr``'s counter, one per tile, left at zero again) adds them up
+    and writes the tile."""
+    out_mask = mm[:, None] & nm[None, :]
+    at = rm[:, None].to(tl.int64) * N + rn[None, :]  # [BM, BN] offsets into [M, N]
+    if SPLIT > 1:
+        tl.store(part_ptr + tl.program_id(2) * M * N + at, acc, mask=out_mask)
+        tl.debug_barrier()
+        tile = tl.program_id(1) * tl.num_programs(0) + tl.program_id(0)
+        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
+            total = tl.zeros(acc.shape, dtype=tl.float32)
+            for sp in tl.static_range(SPLIT):
+                total += tl.load(
+                    part_ptr + sp * M * N + at, mask=out_mask, other=0.0, cache_modifier=".cg"
+                )
+            _fp8_epilogue(total, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
+            tl.atomic_xchg(count_ptr + tile, 0)
+    else:
+        _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
 
 
 FP8_PROGRAMS = 264  # aim for at least this many programs (two per SM of an H100's 132)
@@ -1060,22 +1089,10 @@ def _int4_linear_kernel(
         acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE)
     if SWAP:
         acc = tl.trans(acc)  # [BM, BN]
-    out_mask = mm[:, None] & nm[None, :]
-    at = rm[:, None].to(tl.int64) * N + rn[None, :]  # [BM, BN] offsets into [M, N]
-    if SPLIT > 1:  # each split stores its partial sums; the last to finish adds them up
-        tl.store(part_ptr + pid_k * M * N + at, acc, mask=out_mask)
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(0) + pid_n
-        if tl.atomic_add(count_ptr + tile, 1, sem="acq_rel") == SPLIT - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for sp in tl.static_range(SPLIT):
-                acc += tl.load(
-                    part_ptr + sp * M * N + at, mask=out_mask, other=0.0, cache_modifier=".cg"
-                )
-            _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, False, HAS_BIAS)
-            tl.atomic_xchg(count_ptr + tile, 0)
-    else:
-        _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, False, HAS_BIAS)
+    _split_k_finish(
+        acc, rm, rn, mm, nm, M, N, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
+        SPLIT, False, HAS_BIAS,
+    )  # fmt: skip
 
 
 def int4_blocks(m: int, n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
