@@ -159,6 +159,15 @@ class Int4Linear(nn.Module):
         codes = _codes(q, scale, zero, group)
         return cls(pack(codes, group), scale.half(), zero.to(torch.uint8), bias)
 
+    def _apply(self, fn, recurse: bool = True):
+        """As nn.Module's, but a model-wide ``.to(dtype)`` leaves the scales in float16 (their
+        stored format; the kernels read them so): only their device follows."""
+        scale = self.scale
+        super()._apply(fn, recurse)
+        if self.scale.dtype != scale.dtype:
+            self.scale = scale.to(self.scale.device)
+        return self
+
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weights this layer computes with, widened: [N, K] in ``dtype`` (via float32: the
         product with the scale is rounded once)."""

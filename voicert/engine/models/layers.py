@@ -431,20 +431,39 @@ def load_hf(
     """An architecture's model from an HF checkpoint dir (config.json + *.safetensors): its
     config by ``from_hf``, built on the meta device, the weights renamed by ``hf_to_ours`` and
     assigned, the head tied when the config says so, and the RoPE buffers (``rope_buffers``:
-    name -> float32 tensor) set, kept in float32 on ``device`` while the rest takes ``dtype``."""
+    name -> float32 tensor) set, kept in float32 on ``device`` while the rest takes ``dtype``.
+    An AWQ checkpoint's layers (engine/gpu/awq.py) become :class:`Int4Linear` as they are, their
+    scales kept in float16."""
     from safetensors.torch import load_file
 
+    from voicert.engine.gpu import awq
+
     model_dir = Path(model_dir)
-    cfg = from_hf(json.loads((model_dir / "config.json").read_text()))
+    hf_config = json.loads((model_dir / "config.json").read_text())
+    cfg = from_hf(hf_config)
+    try:
+        group = awq.awq_group(hf_config)
+    except ValueError as e:
+        raise ValueError(f"{model_dir}: {e}") from None
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"{model_dir}: no *.safetensors weights")
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
+    if group is not None:
+        state = awq.awq_records(state)
+    ours = hf_to_ours(state, cfg)
+    records = {n: ours.pop(n) for n in [n for n, t in ours.items() if t.dtype == torch.uint8]}
     with torch.device("meta"):
         model = model_cls(cfg)
-    model.load_state_dict(hf_to_ours(state, cfg), assign=True, strict=False)
+    model.load_state_dict(ours, assign=True, strict=False)
+    for name, record in records.items():  # AWQ layers: Int4Linear from their row records
+        path, _, attr = name.removesuffix(".weight").rpartition(".")
+        parent = model.get_submodule(path)
+        lin = getattr(parent, attr)
+        bias = None if lin.bias is None or lin.bias.is_meta else lin.bias.detach()
+        setattr(parent, attr, awq.from_record(record, lin.in_features, bias))
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.embed.weight
     ropes = rope_buffers(cfg)
