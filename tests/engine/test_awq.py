@@ -126,3 +126,15 @@ def test_a_quantized_checkpoint_of_another_kind_is_refused_naming_the_field(quan
     with pytest.raises(ValueError, match=message):
         awq_group({"quantization_config": quant})
     assert awq_group({}) is None
+
+
+def test_the_command_writes_a_checkpoint_that_loads_as_int4(tmp_path, capsys):
+    from voicert.engine.gpu.awq import main
+
+    src = _hf_checkpoint("llama", tmp_path / "hf")
+    assert main([str(src), str(tmp_path / "awq"), "--rounding", "nearest", "--group", "64"]) == 0
+    assert "8 INT4 layers (groups of 64, nearest)" in capsys.readouterr().out
+    loaded = load_model(tmp_path / "awq", torch.float32, "cpu")
+    assert (
+        isinstance(loaded.layers[1].mlp.down, Int4Linear) and loaded.layers[1].mlp.down.group == 64
+    )
