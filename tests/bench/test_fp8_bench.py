@@ -1,0 +1,32 @@
+"""The weight-quality bench's text sets and its table (its figures are measured, not asserted)."""
+
+from voicert.bench.fp8 import render_quality, turn_texts
+from voicert.bench.turn_set import ITEMS
+
+
+def test_the_turn_set_texts_hold_every_items_words_eight_to_a_text_without_pause_marks():
+    texts = turn_texts()
+    assert len(texts) == -(-len(ITEMS) // 8)
+    assert all("|" not in t and "  " not in t for t in texts)
+    assert " ".join(texts).split() == [
+        w for item in ITEMS for w in item.text.replace("|", " ").split()
+    ]
+
+
+def test_the_quality_table_names_int4s_group_and_both_text_sets():
+    q = {
+        "model": "m",
+        "variant": "int4",
+        "group": 32,
+        "same": 9,
+        "total": 10,
+        "same_more": 40,
+        "total_more": 50,
+        "identical": 1,
+        "replies": 2,
+        "prefix": 3.0,
+        "samples": [],
+    }
+    table = render_quality(q)
+    assert "INT4 layer weights, groups of 32 (GPTQ rounding, as served)" in table
+    assert "| 9/10 = 90.0% |" in table and "| 40/50 = 80.0% |" in table
