@@ -347,7 +347,7 @@ class LlmConfig:
     # channel and 128 input columns (engine/gpu/int4.py): ~0.27 of bf16's weight bytes per decode
     # step; replies differ more than FP8's (docs/benchmarks.md 46)
     int4_group: int = 128  # int4: input columns per scale and zero: 128 | 64 | 32 (closer to the
-    # model's replies, ~6 / ~13 % more weight bytes than 128's; docs/benchmarks.md 47)
+    # model's replies, ~4 / ~13 % more weight bytes than 128's; docs/benchmarks.md 47)
     rounding: str = "gptq"  # fp8, int4: gptq: each weight's value chosen with GPTQ's error
     # feedback against a calibration text set (engine/gpu/fp8.py; FP8's top-1 agreement 90 -> 95 %
     # on the embedded model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest one
