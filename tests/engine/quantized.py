@@ -5,6 +5,7 @@ dequantized weights."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 from collections.abc import Callable
 
@@ -27,18 +28,8 @@ TINY = LlamaConfig(  # widths of 96 and 160: FP8's per-channel scales need no gr
     tie_word_embeddings=True,
 )
 
-SMALL = LlamaConfig(  # every width a multiple of 64 (a group) but the MLP's 192 (64 only)
-    vocab_size=300,
-    hidden_size=128,
-    intermediate_size=192,
-    num_layers=2,
-    num_heads=8,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position=4096,
-    tie_word_embeddings=True,
+SMALL = dataclasses.replace(  # every width a multiple of 64 (a group) but the MLP's 192 (64 only)
+    TINY, hidden_size=128, intermediate_size=192, num_heads=8
 )
 
 LINEARS = ("attn.qkv", "attn.o", "mlp.gate_up", "mlp.down")

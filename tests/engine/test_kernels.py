@@ -31,22 +31,9 @@ def _interpreter_index_fix() -> None:
 
 if DEV == "cpu":
     _interpreter_index_fix()
+from tests.engine.quantized import TINY  # noqa: E402
 from voicert.engine.core.runner import ModelRunner, Row  # noqa: E402
 from voicert.engine.models.llama import AttnInputs, LlamaConfig, random_llama  # noqa: E402
-
-TINY = LlamaConfig(
-    vocab_size=300,
-    hidden_size=96,
-    intermediate_size=160,
-    num_layers=2,
-    num_heads=6,
-    num_kv_heads=2,
-    head_dim=16,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    max_position=4096,
-    tie_word_embeddings=True,
-)
 
 
 def close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> bool:

@@ -26,7 +26,7 @@ import torch
 from voicert.bench.cuda_time import graph_times
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.gpu.fp8 import Fp8Linear, calibration_forward, quantize_fp8
-from voicert.engine.gpu.int4 import Int4Linear, quantize_int4
+from voicert.engine.gpu.int4 import GROUPS, Int4Linear, quantize_int4
 from voicert.engine.models.layers import KV_DTYPES
 
 # A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
@@ -64,14 +64,16 @@ def next_tokens(
     return ModelRunner(model, first, block_size, kv_dtype=KV_DTYPES.get(kv_cache)).run_rows(rows)
 
 
+def agreement(want: list[list[int]], got: list[list[int]]) -> tuple[int, int]:
+    """(positions where ``got`` picks ``want``'s next token, positions), text by text."""
+    same = sum(x == y for u, v in zip(want, got) for x, y in zip(u, v))
+    return same, sum(map(len, want))
+
+
 def top1_agreement(ref, quant, texts: list[list[int]], kv_cache: str = "model") -> tuple[int, int]:
     """(positions where both models pick the same next token, positions) over ``texts``
     (``kv_cache`` int8 / fp8: ``quant`` reads such a KV cache)."""
-    same = total = 0
-    for a, b in zip(next_tokens(ref, texts), next_tokens(quant, texts, kv_cache=kv_cache)):
-        same += sum(x == y for x, y in zip(a, b))
-        total += len(a)
-    return same, total
+    return agreement(next_tokens(ref, texts), next_tokens(quant, texts, kv_cache=kv_cache))
 
 
 def quantized_copy(model, tokenizer=None, quant: str = "fp8"):
@@ -87,8 +89,8 @@ def quantized_copy(model, tokenizer=None, quant: str = "fp8"):
 VARIANTS = {
     "weights": "FP8 layer weights (GPTQ rounding, as served)",
     "weights-nearest": "FP8 layer weights (rounded to nearest)",
-    "int4": "INT4 layer weights, groups of 128 (GPTQ rounding, as served)",
-    "int4-nearest": "INT4 layer weights, groups of 128 (rounded to nearest)",
+    "int4": "INT4 layer weights, groups of {group} (GPTQ rounding, as served)",
+    "int4-nearest": "INT4 layer weights, groups of {group} (rounded to nearest)",
     "kv-fp8": "FP8 KV cache",
     "kv-int8": "INT8 KV cache (a scale per token and KV head)",
 }
@@ -168,10 +170,8 @@ def quality(
     elif variant in ("weights", "weights-nearest"):
         quantize_fp8(model, calibrate)
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
-    got = next_tokens(model, texts, kv_cache=kv_cache)
-    got_more = next_tokens(model, more, kv_cache=kv_cache)
-    same = sum(x == y for u, v in zip(want, got) for x, y in zip(u, v))
-    same_more = sum(x == y for u, v in zip(want_more, got_more) for x, y in zip(u, v))
+    same, total = agreement(want, next_tokens(model, texts, kv_cache=kv_cache))
+    same_more, total_more = agreement(want_more, next_tokens(model, more, kv_cache=kv_cache))
     b = asyncio.run(replies(kv_cache))
     prefix = [shared_prefix(u, v) for u, v in zip(a, b)]
     return {
@@ -179,9 +179,9 @@ def quality(
         "variant": variant,
         "group": group,
         "same": same,
-        "total": sum(map(len, want)),
+        "total": total,
         "same_more": same_more,
-        "total_more": sum(map(len, want_more)),
+        "total_more": total_more,
         "identical": sum(u == v for u, v in zip(a, b)),
         "replies": len(a),
         "prefix": statistics.mean(prefix),
@@ -267,9 +267,7 @@ SHAPE_SETS = {  # (name, N, K) of each layer Linear, fused as the engine holds t
 def render_quality(q: dict) -> str:
     share = q["same"] / q["total"]
     share_more = q["same_more"] / q["total_more"]
-    what = VARIANTS[q["variant"]]
-    if q["variant"].startswith("int4"):
-        what = what.replace("groups of 128", f"groups of {q['group']}")
+    what = VARIANTS[q["variant"]].format(group=q["group"])
     lines = [
         f"model: {q['model']} (real weights)",
         "",
@@ -331,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-quality", dest="quality", action="store_false")
     ap.add_argument("--prompts", type=int, default=0, help="voice prompts replied to (0: all ten)")
     ap.add_argument(
-        "--int4-group", type=int, default=128, help="INT4's input columns per scale: 128, 64, 32"
+        "--int4-group", type=int, default=128, choices=GROUPS, help="INT4's input columns per scale"
     )
     ap.add_argument(
         "--quantize",
@@ -351,11 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = (5, 6) if args.kernel == "fp8" else (4, 5)
     if any(len(b) not in sizes for b in extra):
         ap.error(f"--blocks: {' or '.join(map(str, sizes))} numbers each for {args.kernel}")
-    if args.int4_group not in (128, 64, 32):
-        ap.error("--int4-group: 128, 64 or 32")
     variants = args.quantize.split(",")
     if any(v not in VARIANTS for v in variants):
         ap.error(f"--quantize: any of {', '.join(VARIANTS)}")
+    if any(v.startswith("kv-") for v in variants) and not args.device.startswith("cuda"):
+        ap.error("--quantize kv-int8 / kv-fp8: the one-byte KV cache is a GPU option")
     for variant in variants if args.quality else []:
         q = quality(args.model, args.device, dtype, variant, args.prompts, args.int4_group)
         print(render_quality(q) + "\n", flush=True)

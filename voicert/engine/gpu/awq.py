@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from voicert.engine.gpu.int4 import Int4Linear, pack, unpack
+from voicert.engine.gpu.int4 import GROUPS, Int4Linear, pack, unpack
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble order within an int32 of 8 output columns
 SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble i at bits 4i
@@ -47,8 +47,8 @@ def awq_group(config: dict) -> int | None:
     if str(q.get("version", "gemm")).lower() != "gemm":
         raise ValueError(f"quantization_config.version {q.get('version')!r}: only gemm loads")
     group = int(q.get("group_size", q.get("q_group_size", 128)))
-    if group not in (128, 64, 32):
-        raise ValueError(f"quantization_config.group_size {group}: must be 128, 64 or 32")
+    if group not in GROUPS:
+        raise ValueError(f"quantization_config.group_size {group}: must be one of {GROUPS}")
     return group
 
 
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m voicert.engine.gpu.awq", description=main.__doc__)
     ap.add_argument("source", help="an HF checkpoint dir (config.json + *.safetensors)")
     ap.add_argument("out", help="the AWQ checkpoint dir to write")
-    ap.add_argument("--group", type=int, default=128, choices=(128, 64, 32))
+    ap.add_argument("--group", type=int, default=128, choices=GROUPS)
     ap.add_argument("--rounding", default="gptq", choices=("gptq", "nearest"))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
