@@ -33,8 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from corpus import corpus_lines
 
-from voicert.bench.eot import logistic
+from voicert.bench.eot import auc, logistic
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.engine.build import build_core, engine_config
@@ -42,29 +43,6 @@ from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.loader import resolve_llm
 
 ENDINGS = [".", ".", "?", "...", ","]  # what Whisper writes where the audio of a cut line stops
-
-
-def corpus_lines(min_words: int) -> list[str]:
-    """chatterbot-corpus's English lines of ``min_words``-30 words, without markup, sorted."""
-    try:
-        import yaml
-
-        root = resources.files("chatterbot_corpus") / "data" / "english"
-    except ModuleNotFoundError:
-        sys.exit("training text: pip install --no-deps chatterbot-corpus (BSD)")
-    lines = set()
-    for f in sorted(root.iterdir(), key=lambda p: p.name):
-        if not f.name.endswith(".yml"):
-            continue
-        for conv in yaml.safe_load(f.read_text()).get("conversations", []):
-            for line in conv:
-                if isinstance(line, str):
-                    line = " ".join(line.split())
-                    if min_words <= len(line.split()) <= 30 and not re.search(
-                        r"[<>{}\[\]=_`]", line
-                    ):
-                        lines.add(line)
-    return sorted(lines)
 
 
 QUESTION_WORDS = (
@@ -176,14 +154,6 @@ def balance(texts: list[str], y: np.ndarray) -> np.ndarray:
             if m.any() and ((bucket == b) & (y != c)).any():
                 w[m] = 1.0 / m.sum()
     return w * len(y) / w.sum()
-
-
-def auc(score: np.ndarray, label: np.ndarray) -> float:
-    """P(a positive outscores a negative), ties counted half."""
-    pos, neg = score[label == 1], score[label == 0]
-    greater = (pos[:, None] > neg[None, :]).mean()
-    ties = (pos[:, None] == neg[None, :]).mean()
-    return float(greater + 0.5 * ties)
 
 
 def main() -> None:

@@ -174,9 +174,13 @@ class TurnConfig:
 
     detector: str = "silence"  # silence | semantic | hazard
     model: str = "auto"  # the audio model: smart_turn (pipecat-ai's smart-turn v3) | none | auto:
-    # smart_turn for semantic (its main opinion) or with a model_path, else none (the hazard's
-    # refit gives it a weight of -0.05 and every verdict waited for it: docs/benchmarks.md 45)
+    # smart_turn for semantic (its main opinion), with a model_path, or for the hazard with its
+    # pause head (audio_head; smart-turn's own opinion alone the hazard weighs ~0: benchmarks 45,
+    # the pause head's 0.6: benchmarks 48), else none
     model_path: str = ""  # a smart-turn v3 ONNX file on disk; "" = the one in the pipecat-ai wheel
+    audio_head: str = "auto"  # the audio model's P(complete) from a pause head on its encoder
+    # (speech/smart_turn.py PauseHead), trained on pauses inside turns: auto (the one voicert ships
+    # for the wheel's smart-turn v3.2; none for another graph) | none (smart-turn's own) | a file
     text_cue: bool = (
         True  # semantic: a transcript ending mid-phrase ("for", "the", "and"...) holds the turn
     )
@@ -219,7 +223,8 @@ class TurnConfig:
             "must be auto, smart_turn or none",
         )
         if self.model == "auto":
-            wanted = self.detector == "semantic" or bool(self.model_path)
+            head = self.detector == "hazard" and self.audio_head != "none"
+            wanted = self.detector == "semantic" or bool(self.model_path) or head
             self.model = "smart_turn" if wanted else "none"
         _check(
             self.model != "none" or self.text_cue or self.detector != "semantic",

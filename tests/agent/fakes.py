@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from voicert.core.llm import EngineBase, EngineStats, TokenEvent, final_event
-from voicert.core.speech import AsrBase, Ending, Transcript
+from voicert.core.speech import AsrBase, Ending, Transcript, TurnAudio
 
 
 class EnergyVad:
@@ -156,17 +156,23 @@ class FakeEngine(EngineBase):
 
 
 class FakeJudge:
-    """Stands in for the turn-completion model: answers ``prob`` for every pause (or raises)."""
+    """Stands in for the turn-completion model: answers ``prob`` (and its pause head's ``pause``)
+    for every pause (or raises)."""
 
     def __init__(
-        self, prob: float = 0.9, fail: bool = False, error: Exception | None = None
+        self,
+        prob: float = 0.9,
+        fail: bool = False,
+        error: Exception | None = None,
+        pause: float | None = None,
     ) -> None:
         self.prob = prob
+        self.pause = pause
         self.error = error or (RuntimeError("model failed") if fail else None)
         self.calls: list[np.ndarray] = []
 
-    async def score(self, audio: np.ndarray) -> float:
+    async def score(self, audio: np.ndarray) -> TurnAudio:
         self.calls.append(audio)
         if self.error is not None:
             raise self.error
-        return self.prob
+        return TurnAudio(self.prob, self.pause)

@@ -1,6 +1,8 @@
 """The hazard (agent/hazard.py): opinions at a pause into the silence that ends the turn, and a
 caller's pause habit."""
 
+import dataclasses
+
 import pytest
 
 from voicert.agent.hazard import RATE, Evidence, PauseHabit, bare, end_after_ms, log_odds
@@ -73,3 +75,20 @@ def test_a_question_that_does_not_dangle_ends_sooner_and_the_cues_read_the_words
     ev = Evidence(0.6, 0.05, 1e-4)
     asked = end_after_ms(Evidence(0.6, 0.05, 1e-4, question=True), 192, 5000, bias=2.0)
     assert asked == pytest.approx(end_after_ms(ev, 192, 5000, bias=2.0) - 1000 / RATE)
+
+
+def test_the_pause_heads_opinion_counts_by_weights_fit_with_it_and_without_it_by_the_others():
+    from voicert.agent import hazard as hz
+    from voicert.agent.hazard import logit
+
+    for without, with_pause, ev in (
+        (hz.ZERO_SHOT, hz.ZERO_SHOT_PAUSE, Evidence(0.5, 0.01, 1e-6)),
+        (hz.WITH_HEAD, hz.WITH_HEAD_PAUSE, Evidence(0.5, 0.01, head=0.4)),
+    ):
+        assert hz.weights(ev) is without  # no pause head: the weights fit without one
+        assert with_pause.pause > 0  # a pause it hears as the end makes the end likelier
+        done, doubt = (dataclasses.replace(ev, pause=p) for p in (0.9, 0.1))
+        assert hz.weights(done) is with_pause
+        assert log_odds(done) - log_odds(doubt) == pytest.approx(
+            with_pause.pause * (logit(0.9) - logit(0.1))
+        )

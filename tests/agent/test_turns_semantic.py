@@ -341,17 +341,23 @@ def hazardous(score_text: bool = True, **turn) -> TurnTaking:
 
 
 def judged_pause(
-    s: Script, text: str, audio: float, probs: tuple, ending: Ending | None = None
+    s: Script,
+    text: str,
+    audio: float,
+    probs: tuple,
+    ending: Ending | None = None,
+    pause: float | None = None,
 ) -> list:
     """Speech, the 192 ms pause, and every opinion in: the actions of the last one. ``probs``:
-    the LLM's (as written, bare[, head]); ``ending``: the recogniser's, with its transcript."""
+    the LLM's (as written, bare[, head]); ``ending``: the recogniser's, with its transcript;
+    ``pause``: the audio model's pause head's."""
     from voicert.agent.turns import ScoreText
 
     speak(s)
     s.feed(SILENCE, 6)
     ((_, early),) = s.of(StartDecode)
     ((_, judge),) = s.of(JudgeTurn)
-    assert s.turns.judged(judge.judge_id, audio, 1) == []
+    assert s.turns.judged(judge.judge_id, audio, 1, pause) == []
     out = s.turns.early_done(early.decode_id, text, 2, ending)
     (score,) = [a for a in out if isinstance(a, ScoreText)]
     assert (score.text, score.bare) == (text, text.rstrip(".?"))
@@ -369,7 +375,8 @@ def test_hazard_a_pause_the_opinions_call_complete_ends_the_turn_at_once():
 def test_hazard_without_the_audio_model_asks_for_no_judgement_and_decides_on_the_words():
     from voicert.agent.turns import ScoreText
 
-    assert TurnConfig(detector="hazard").model == "none"  # the default ("auto")
+    assert TurnConfig(detector="hazard").model == "smart_turn"  # "auto": for its pause head
+    assert TurnConfig(detector="hazard", audio_head="none").model == "none"
     s = Script(hazardous(model="none"))
     speak(s)
     s.feed(SILENCE, 6)
@@ -380,6 +387,23 @@ def test_hazard_without_the_audio_model_asks_for_no_judgement_and_decides_on_the
     (score,) = [a for a in out if isinstance(a, ScoreText)]
     out = s.turns.text_scored(score.judge_id, 0.8, 0.1, 3)
     assert [a.verdict for a in out if isinstance(a, TurnJudged)] == [Verdict.COMPLETE]
+
+
+def test_hazard_weighs_the_pause_heads_opinion_as_the_hazard_says():
+    from voicert.agent.hazard import Evidence, end_after_ms
+
+    waits = []
+    for pause in (0.02, 0.98):  # the pause head hears a speaker who will go on / who is done
+        s = Script(hazardous(max_silence_ms=3000))
+        probs = (0.001, 1e-6)
+        assert incomplete(judged_pause(s, "I need eggs.", 0.5, probs, pause=pause))
+        wait = end_after_ms(Evidence(0.5, *probs, pause=pause), 192, 3000, 2.0)
+        last = s.window - 6
+        s.feed(SILENCE, 100)
+        ((w_stop, _),) = s.of(SpeechStopped)
+        assert w_stop == last + -(-int(wait) // 32)
+        waits.append(wait)
+    assert waits[0] > waits[1]  # "will go on" waits longer
 
 
 def test_hazard_doubt_waits_for_a_longer_pause_not_for_the_maximum():

@@ -77,3 +77,29 @@ def test_an_item_keeps_its_voice_and_pause_whichever_subset_is_rendered():
     (r,) = [r for r in render_set(("clean",), [ITEMS[n]]) if r.voice.startswith("piper")]
     assert r.pause_ms == PAUSES_MS[n % len(PAUSES_MS)]
     assert r.voice == f"piper:joe@{PIPER_SCALES[n % 3]}"
+
+
+def test_a_noisy_lines_noise_goes_on_through_the_silence_around_the_turn():
+    from voicert.bench.turn_set import ITEMS, Rendering
+
+    speech = np.sin(np.arange(SAMPLE_RATE) * 0.05).astype(np.float32) * 0.3
+    noisy = Rendering(
+        "c01-piper-noisy", ITEMS[0], "piper:joe@1.0", 300, "noisy", speech, 16000, 0.02
+    )
+    x = noisy.padded(800, 1600)
+    assert x.size == 800 + speech.size + 1600
+    assert np.array_equal(x[800:-1600], speech)
+    tail = x[-1600:]
+    assert np.sqrt(np.mean(tail**2)) == pytest.approx(0.02, rel=0.2)  # noise, not digital silence
+    clean = Rendering("c01-piper-clean", ITEMS[0], "piper:joe@1.0", 300, "clean", speech, 16000)
+    assert not clean.padded(800, 1600)[-1600:].any()
+
+
+def test_renderings_keep_their_noise_level_through_a_file(tmp_path):
+    from voicert.bench.turn_set import ITEMS, Rendering, load_renderings, save_renderings
+
+    speech = np.sin(np.arange(1600) * 0.05).astype(np.float32) * 0.3
+    r = Rendering("p01-piper-noisy", ITEMS[0], "piper:joe@1.0", 300, "noisy", speech, 1600, 0.02)
+    save_renderings([r], tmp_path / "r.npz")
+    (back,) = load_renderings(tmp_path / "r.npz")
+    assert back.noise_rms == pytest.approx(0.02)

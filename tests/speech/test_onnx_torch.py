@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from tests.conftest import wav
+from voicert.speech import smart_turn
 from voicert.speech.onnx_torch import OPS, TorchOnnx
 from voicert.speech.smart_turn import SmartTurn, features, mel_extractor, model_path
 
@@ -107,6 +108,11 @@ def clips() -> np.ndarray:
     return np.stack([features(wav(f"eval/u{i:02d}")[0], mel) for i in range(1, 7)])
 
 
+def _onnxruntime(clips: np.ndarray) -> np.ndarray:
+    run = smart_turn._onnx_graph(model_path(), 1, [smart_turn.LOGITS])
+    return run(clips)[0].reshape(-1)
+
+
 def test_smart_turn_on_torch_agrees_with_the_reference_as_closely_as_onnxruntime(clips):
     """The reference (onnx's evaluator, in numpy) is the graph's meaning; onnxruntime fuses the
     QDQ pairs into integer kernels, torch keeps them as float ops: both differ from it by a
@@ -117,7 +123,7 @@ def test_smart_turn_on_torch_agrees_with_the_reference_as_closely_as_onnxruntime
             o.version = max(o.version, 19)
     want = ReferenceEvaluator(model).run(None, {"input_features": clips})[0].reshape(-1)
     ours = TorchOnnx(model_path()).run(input_features=torch.from_numpy(clips)).numpy().reshape(-1)
-    ort = SmartTurn()._session.run(None, {"input_features": clips})[0].reshape(-1)
+    ort = _onnxruntime(clips)
     assert np.abs(ours - want).mean() <= 1.5 * np.abs(ort - want).mean() + 0.01
     assert ((ours > 0.5) == (want > 0.5)).mean() >= 5 / 6
 
@@ -129,6 +135,17 @@ def test_the_torch_device_scores_a_batch_as_its_parts(clips):
     np.testing.assert_allclose(batch[:2], alone, atol=1e-6)
 
 
+def test_intermediate_values_come_out_by_name_beside_the_output(clips):
+    names = [smart_turn.LOGITS, smart_turn.POOLED, smart_turn.FRAMES]
+    graph = TorchOnnx(model_path(), outputs=names)
+    p, pooled, frames = graph.run_all(input_features=torch.from_numpy(clips[:2]))
+    whole = TorchOnnx(model_path()).run(input_features=torch.from_numpy(clips[:2]))
+    np.testing.assert_array_equal(p.numpy(), whole.numpy())
+    assert pooled.shape == (2, 384) and frames.shape == (2, 400, 384)
+    with pytest.raises(ValueError, match="no value named nope"):
+        TorchOnnx(model_path(), outputs=["nope"])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_smart_turn_on_the_gpu_agrees_with_the_cpu_as_onnxruntime_does(clips):
     cpu = TorchOnnx(model_path()).run(input_features=torch.from_numpy(clips)).numpy().reshape(-1)
@@ -136,5 +153,5 @@ def test_smart_turn_on_the_gpu_agrees_with_the_cpu_as_onnxruntime_does(clips):
     assert gpu.shape == (1,)
     graph = TorchOnnx(model_path(), "cuda")
     ours = graph.run(input_features=torch.from_numpy(clips)).cpu().numpy().reshape(-1)
-    ort = SmartTurn()._session.run(None, {"input_features": clips})[0].reshape(-1)
+    ort = _onnxruntime(clips)
     assert np.abs(ours - cpu).mean() <= np.abs(ort - cpu).mean() + 0.01

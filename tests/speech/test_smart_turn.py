@@ -72,6 +72,54 @@ def test_a_model_path_that_is_not_a_file_is_a_config_error_naming_the_key(tmp_pa
         load_turn_judge(cfg)
 
 
+def _head(graph: str, seed: int = 0) -> smart_turn.PauseHead:
+    rng = np.random.default_rng(seed)
+    return smart_turn.PauseHead(rng.normal(0, 0.05, 768), 0.1, graph, {"data": "a test's"})
+
+
+def test_the_pause_head_reads_the_same_forward_pass_as_smart_turns_own_score(model, tmp_path):
+    a, _ = wav("capital_of_france")
+    b, _ = wav("tell_me_a_joke")
+    head = _head(smart_turn.graph_digest(model.path))
+    with_head = SmartTurn(model.path, head=head)
+    own, by_head = with_head.score_both([a, b])
+    np.testing.assert_allclose(own, model.score([a, b]), atol=1e-6)  # smart-turn's own, unchanged
+    np.testing.assert_array_equal(with_head.score([a, b]), by_head)  # the head's is the score
+    # the head's figure by hand: its logistic on the graph's pooled state and its last frames
+    names = [smart_turn.LOGITS, smart_turn.POOLED, smart_turn.FRAMES]
+    batch = np.stack([features(u, mel_extractor()) for u in (a, b)])
+    _, pooled, frames = smart_turn._onnx_graph(model.path, 1, names)(batch)
+    x = np.concatenate([pooled, frames[:, -12:].mean(1)], axis=1)
+    want = 1 / (1 + np.exp(-(x @ head.weight + head.bias)))
+    np.testing.assert_allclose(by_head, want, rtol=1e-5)
+
+
+def test_a_pause_head_survives_its_file(tmp_path):
+    head = _head("abc")
+    head.save(tmp_path / "h.json")
+    back = smart_turn.PauseHead.load(tmp_path / "h.json")
+    np.testing.assert_array_equal(back.weight, head.weight)
+    assert (back.bias, back.graph, back.meta) == (head.bias, "abc", head.meta)
+
+
+def test_a_pause_head_for_another_graph_is_refused_naming_the_key_or_left_out_by_auto(
+    model, tmp_path, monkeypatch
+):
+    _head("not this graph").save(tmp_path / "other.json")
+    with pytest.raises(ConfigError, match=r"turn\.audio_head: .*another smart-turn graph"):
+        smart_turn.pause_head(str(tmp_path / "other.json"), model.path)
+    monkeypatch.setattr(smart_turn, "EMBEDDED_PAUSE_HEAD", tmp_path / "other.json")
+    assert smart_turn.pause_head("auto", model.path) is None
+    assert smart_turn.pause_head("none", model.path) is None
+    with pytest.raises(ConfigError, match=r"turn\.audio_head: .*nope\.json is not a file"):
+        smart_turn.pause_head(str(tmp_path / "nope.json"), model.path)
+
+
+def test_the_shipped_pause_head_fits_the_wheels_smart_turn(model):
+    head = smart_turn.pause_head("auto", model.path)
+    assert head is not None and head.weight.shape == (768,)
+
+
 class _Counting:
     """Stands in for the model: records each call's batch; ``gate`` holds calls until set."""
 
@@ -82,10 +130,12 @@ class _Counting:
         self.gate = threading.Event()
         self.gate.set()
 
-    def score(self, utterances):
+    def opinions(self, utterances):
+        from voicert.core.speech import TurnAudio
+
         self.gate.wait(5)
         self.batches.append(len(utterances))
-        return np.array([float(u[0]) for u in utterances], np.float32)
+        return [TurnAudio(float(u[0]), float(u[0]) / 2) for u in utterances]
 
 
 async def test_judgements_asked_for_together_go_in_one_call_each_with_its_own_answer():
@@ -99,7 +149,8 @@ async def test_judgements_asked_for_together_go_in_one_call_each_with_its_own_an
         probs = await asyncio.gather(
             *(judge.score(np.full(10, i / 10, np.float32)) for i in range(5))
         )
-        assert probs == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+        assert [p.complete for p in probs] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
+        assert [p.pause for p in probs] == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
         assert fake.batches == [5]
     finally:
         judge.close()

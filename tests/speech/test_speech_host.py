@@ -157,18 +157,20 @@ def test_the_connected_line_is_said_only_once_the_connection_takes_work(address,
 
 
 async def test_the_hosts_turn_model_judges_every_workers_pauses_as_their_own_would(cfg, address):
-    from voicert.speech.smart_turn import SmartTurn
+    from voicert.speech import smart_turn
 
-    host = start(cfg, address, judge=("", "cpu"))
+    host = start(cfg, address, judge=("", "cpu", "auto"))
     a, b = SharedAsr(address, KEY, 30), SharedAsr(address, KEY, 30)
     try:
         clips = [wav("capital_of_france")[0], wav("count_to_five")[0][:16000]]
         got = await asyncio.gather(
             HostJudge(a).score(clips[0]), HostJudge(b).score(clips[1]), HostJudge(a).score(clips[1])
         )
-        local = SmartTurn()
-        want = [float(local.score([c])[0]) for c in (clips[0], clips[1], clips[1])]
-        assert got == pytest.approx(want, abs=1e-5)
+        local = smart_turn.load("", "cpu", "auto")
+        assert local.head is not None  # the shipped pause head, whose opinion comes along
+        want = [local.opinions([c])[0] for c in (clips[0], clips[1], clips[1])]
+        assert [g.complete for g in got] == pytest.approx([w.complete for w in want], abs=1e-5)
+        assert [g.pause for g in got] == pytest.approx([w.pause for w in want], abs=1e-5)
     finally:
         a.close()
         b.close()
@@ -201,4 +203,5 @@ def test_the_host_judges_only_for_a_gpu_model_shared_by_several_workers():
     assert not host_judges(cfg_with(**{**gpu, "turn.device": "cpu"}))
     assert not host_judges(cfg_with(**{**gpu, "server.workers": 1}))
     assert not host_judges(cfg_with(**{**gpu, "turn.detector": "silence"}))
-    assert not host_judges(cfg_with(**{**gpu, "turn.model": "auto"}))  # the hazard's: none
+    assert host_judges(cfg_with(**{**gpu, "turn.model": "auto"}))  # the hazard's: for its pause head
+    assert not host_judges(cfg_with(**{**gpu, "turn.model": "auto", "turn.audio_head": "none"}))

@@ -1,16 +1,18 @@
 """When to end a turn from everything known at a pause: one hazard, growing with the silence.
 
-At a pause (``turn.pause_ms`` of silence) the session has up to five opinions of whether the
-caller has finished: the audio model's P(complete) (smart-turn); the LLM's probability that
-the user's message ends after the transcript so far, as Whisper wrote it and without the final
-punctuation Whisper adds wherever the audio stops; and Whisper's own probabilities, right after
-the last word it heard, of a sentence end (". ? !") and of a pause mark (", ..."): it punctuates
-from the audio, so they carry some of the prosody the words lack (core/speech.py ``Ending``).
-:func:`log_odds` combines them into the log-odds that the turn is over; the silence adds ``RATE`` to it per second (a longer pause is itself
-evidence). The turn ends at the first silence where the log-odds reach ``turn.patience``
-(:func:`end_after_ms`), and at ``turn.max_silence_ms`` at the latest. So a turn judged complete
-ends at once, an uncertain one after a few hundred ms, and one judged unfinished keeps listening,
-though never for a fixed cliff: it ends when its pause has outlasted its doubt.
+At a pause (``turn.pause_ms`` of silence) the session has up to six opinions of whether the
+caller has finished: the audio model's P(complete) (smart-turn), and its pause head's, trained
+on pauses inside turns (speech/smart_turn.py ``PauseHead``: the prosody of a speaker who will go
+on); the LLM's probability that the user's message ends after the transcript so far, as Whisper
+wrote it and without the final punctuation Whisper adds wherever the audio stops; and Whisper's
+own probabilities, right after the last word it heard, of a sentence end (". ? !") and of a pause
+mark (", ..."): it punctuates from the audio, so they carry some of the prosody the words lack
+(core/speech.py ``Ending``). :func:`log_odds` combines them into the log-odds that the turn is
+over; the silence adds ``RATE`` to it per second (a longer pause is itself evidence). The turn
+ends at the first silence where the log-odds reach ``turn.patience`` (:func:`end_after_ms`), and
+at ``turn.max_silence_ms`` at the latest. So a turn judged complete ends at once, an uncertain
+one after a few hundred ms, and one judged unfinished keeps listening, though never for a fixed
+cliff: it ends when its pause has outlasted its doubt.
 
 With an engine whose model has a trained end-of-turn head (engine/core/turn_head.py), the text
 opinion is that head's P(over) with the as-written score, from one request (:data:`WITH_HEAD`);
@@ -56,6 +58,7 @@ class Weights:
     question: float = 1.0
     stop: float = 0.0  # logit(the recogniser's P(sentence end) after the last word)
     comma: float = 0.0  # logit(its P(pause mark) there)
+    pause: float = 0.0  # logit(the audio model's pause head's P(complete))
 
 
 # zero-shot: an LLM with no end-of-turn head, scored as written and bare, with Whisper's odds;
@@ -64,11 +67,16 @@ ZERO_SHOT = Weights(w0=-1.33, audio=-0.05, text=0.1, bare=0.08, head=0.0, stop=0
 # with the end-of-turn head (engine/core/turn_head.py): audio, head, the as-written score and
 # Whisper's odds, refit the same way (python -m voicert.bench.turns --eot --fit)
 WITH_HEAD = Weights(w0=-2.45, audio=-0.04, text=0.05, bare=0.0, head=0.44, stop=0.26, comma=-0.66)
+# the same two with the audio model's pause head (speech/smart_turn.py PauseHead) as well, refit
+# the same way on its opinions (docs/benchmarks.md 48): they take over wherever it gave one
+ZERO_SHOT_PAUSE = Weights(-2.32, 0.03, 0.14, 0.06, 0.0, stop=0.43, comma=-0.7, pause=0.57)
+WITH_HEAD_PAUSE = Weights(-3.23, 0.07, 0.09, 0.0, 0.63, stop=0.38, comma=-0.59, pause=0.64)
 RATE = 4.0  # log-odds the silence adds per second after the judgement
 FLOOR = 1e-6  # probabilities are clipped to [FLOOR, 1 - FLOOR] (logits of +-13.8)
 # a missing opinion counts as its average over the set's judged pauses (no evidence either way)
 PRIOR_AUDIO, PRIOR_TEXT, PRIOR_BARE, PRIOR_HEAD = 0.26, -3.88, -11.35, 0.07
 PRIOR_STOP, PRIOR_COMMA = 0.54, -3.33
+PRIOR_PAUSE = 1.09
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +90,7 @@ class Evidence:
     question: bool = False  # it ends with a question mark, and does not dangle
     head: float | None = None  # the LLM's end-of-turn head's P(over) (an engine with one)
     ending: Ending | None = None  # the recogniser's odds of a stop or a comma after the last word
+    pause: float | None = None  # the audio model's pause head's P(complete) (turn.audio_head)
 
 
 def logit(p: float | None, prior: float = 0.0) -> float:
@@ -92,11 +101,18 @@ def logit(p: float | None, prior: float = 0.0) -> float:
     return math.log(p / (1 - p))
 
 
+def weights(ev: Evidence) -> Weights:
+    """The weights fit for the opinions ``ev`` has: with or without the end-of-turn head's, and
+    with or without the pause head's."""
+    if ev.pause is None:
+        return ZERO_SHOT if ev.head is None else WITH_HEAD
+    return ZERO_SHOT_PAUSE if ev.head is None else WITH_HEAD_PAUSE
+
+
 def log_odds(ev: Evidence) -> float:
-    """The log-odds that the turn is over, from the opinions alone (no silence yet counted):
-    :data:`WITH_HEAD`'s weights when the end-of-turn head gave its opinion, else
-    :data:`ZERO_SHOT`'s."""
-    w = ZERO_SHOT if ev.head is None else WITH_HEAD
+    """The log-odds that the turn is over, from the opinions alone (no silence yet counted),
+    under :func:`weights`."""
+    w = weights(ev)
     return (
         w.w0
         + w.audio * logit(ev.audio, PRIOR_AUDIO)
@@ -105,6 +121,7 @@ def log_odds(ev: Evidence) -> float:
         + w.head * logit(ev.head, PRIOR_HEAD)
         + w.stop * logit(None if ev.ending is None else ev.ending.stop, PRIOR_STOP)
         + w.comma * logit(None if ev.ending is None else ev.ending.comma, PRIOR_COMMA)
+        + w.pause * logit(ev.pause, PRIOR_PAUSE)
         + w.dangling * ev.dangling
         + w.question * ev.question
     )

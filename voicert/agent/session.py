@@ -40,7 +40,7 @@ from voicert.core.bucket import TokenBucket
 from voicert.core.chat import ChatMessage, ToolCall, ToolChoice, ToolChoiceMode, ToolSpec
 from voicert.core.llm import GREEDY, Engine, FinishReason, GenerationRequest, Sampling, TokenEvent
 from voicert.core.session import ErrorCode, SessionRefused, SessionSettings
-from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle, SpeechUnavailable
+from voicert.core.speech import EARLY, FINAL, PARTIAL, Asr, AsrHandle, SpeechUnavailable, TurnAudio
 from voicert.speech.denoise import RnNoise
 from voicert.speech.echo import EchoGuard
 from voicert.speech.smart_turn import Judge
@@ -364,17 +364,18 @@ class Session:
     async def _judge(self, action: JudgeTurn) -> None:
         """Score a pause with the turn-completion model (off the loop), then let turn-taking
         decide; a failed model leaves the decision to the words."""
-        prob: float | None = None
+        heard: TurnAudio | None = None
         if self.svc.turn_judge is not None:
             t0 = time.perf_counter_ns()
             try:
-                prob = await self.svc.turn_judge.score(action.audio)
+                heard = await self.svc.turn_judge.score(action.audio)
             except SpeechUnavailable as exc:  # stopping, or the speech host restarting
                 log.warning("session %s: no turn-completion judgement: %s", self.id, exc)
             except Exception:
                 log.exception("session %s: the turn-completion model failed", self.id)
             self.svc.metrics.judge_seconds.observe((time.perf_counter_ns() - t0) / 1e9)
-        await self._act_all(self.turns.judged(action.judge_id, prob, now_ns()))
+        prob, pause = (None, None) if heard is None else (heard.complete, heard.pause)
+        await self._act_all(self.turns.judged(action.judge_id, prob, now_ns(), pause))
 
     async def _score_text(self, action: ScoreText, first: _Scoring | None) -> None:
         """The LLM's end-of-turn scores of the early transcript (``first``: its ``score_end``

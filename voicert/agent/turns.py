@@ -150,6 +150,7 @@ class _Judgement:
     need_audio: bool  # the audio model's probability is awaited
     need_text: bool  # the early decode's transcript is awaited
     prob: float | None = None
+    pause_prob: float | None = None  # (hazard) the audio model's pause head's P(complete)
     text: str | None = None
     verdict: Verdict | None = None  # once decided (incomplete: the endpointer's maximum decides)
     need_score: bool = False  # (hazard) the LLM's scores of the transcript are awaited
@@ -385,13 +386,16 @@ class TurnTaking:
         st.head_prob = head_prob
         return self._decide(now_ns)
 
-    def judged(self, judge_id: int, prob: float | None, now_ns: int) -> list[Action]:
+    def judged(
+        self, judge_id: int, prob: float | None, now_ns: int, pause: float | None = None
+    ) -> list[Action]:
         """The turn-completion model's P(complete) for a :class:`JudgeTurn` (None: it failed; the
-        text cue alone decides). May end the turn: SpeechStopped and TurnEnded."""
+        text cue alone decides), and its pause head's (the hazard weighs it; None: no head). May
+        end the turn: SpeechStopped and TurnEnded."""
         st = self._judgement
         if st is None or st.judge_id != judge_id or st.verdict is not None:
             return []
-        st.need_audio, st.prob = False, prob
+        st.need_audio, st.prob, st.pause_prob = False, prob, pause
         return self._decide(now_ns)
 
     def overlap_done(self, decode_id: int, text: str | None) -> list[Action]:
@@ -549,7 +553,13 @@ class TurnTaking:
         """The silence after which the turn ends, from every opinion in; now, if it is past."""
         cues = text_cues(st.text or "") if self.turn.text_cue else (False, False)
         evidence = Evidence(
-            st.prob, st.text_prob, st.bare_prob, *cues, head=st.head_prob, ending=st.ending
+            st.prob,
+            st.text_prob,
+            st.bare_prob,
+            *cues,
+            head=st.head_prob,
+            ending=st.ending,
+            pause=st.pause_prob,
         )
         turn, ep = self.turn, self.endpointer
         st.end_after_ms = end_after_ms(

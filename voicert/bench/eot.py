@@ -50,6 +50,7 @@ class Pause:
     length_ms: float  # until voice came back (the final pause: until the audio ended)
     final: bool  # no voice after it: the true end of the turn
     audio_prob: float | None = None  # smart-turn P(complete) at the judgement
+    pause_prob: float | None = None  # its pause head's (turn.audio_head), on the same forward pass
     text: str = ""  # the early transcript at the judgement
     text_prob: float | None = None  # the LLM's P(end of message) after that transcript
     bare_prob: float | None = None  # ... after it without its final punctuation (Whisper's guess)
@@ -104,6 +105,25 @@ def find_pauses(probs: np.ndarray, threshold: float, neg_threshold: float, end_m
     return out
 
 
+def heard_pauses(vad, vad_cfg, r: Rendering) -> tuple[np.ndarray, list[Pause]]:
+    """(the rendering as a line carries it: LEAD_S before, TAIL_S after; every pause in it as
+    the endpointer finds them with ``vad`` (a SileroVad) under ``vad_cfg``, times from that
+    audio's first sample, the last one final)."""
+    from voicert.speech.vad import FRAME, VadState
+
+    lead = int(LEAD_S * SAMPLE_RATE)
+    x = r.padded(lead, int(TAIL_S * SAMPLE_RATE))
+    n = x.size // FRAME
+    probs = vad.probs(x[: n * FRAME].reshape(n, FRAME), VadState())
+    true_end_ms = (lead + r.end) * 1000 / SAMPLE_RATE
+    found = find_pauses(probs, vad_cfg.threshold, vad_cfg.neg_threshold, n * WINDOW_MS)
+    # final: no voiced audio after it (VAD hangs on ~1 window), or no voice at all after it
+    return x, [
+        Pause(start, length, start + 64 >= true_end_ms or k == len(found) - 1)
+        for k, (start, length) in enumerate(found)
+    ]
+
+
 class Scorer:
     """The server's models as ``cfg`` sets them (its ``asr`` and ``llm`` sections), loaded once:
     VAD, smart-turn, Whisper, and the engine core."""
@@ -113,14 +133,15 @@ class Scorer:
         from voicert.config import cache_dir
         from voicert.engine.build import build_core, engine_config
         from voicert.engine.loader import resolve_llm
+        from voicert.speech import smart_turn
         from voicert.speech.asr import WhisperAsr, resolve_asr_model
-        from voicert.speech.smart_turn import SmartTurn
         from voicert.speech.vad import SileroVad
 
         self.cfg = cfg
         cache = cache_dir(cfg.models)
         self.vad = SileroVad()
-        self.smart_turn = SmartTurn(device=cfg.turn.device)
+        t = cfg.turn
+        self.smart_turn = smart_turn.load(t.model_path, t.device, t.audio_head)
         self.asr = WhisperAsr(cfg.asr, str(resolve_asr_model(asr or cfg.models.asr, cache)))
         model_dir = str(resolve_llm(cfg.models.llm, cache))
         self.core = build_core(model_dir, engine_config(cfg.llm, str(cache)).on_device())
@@ -163,34 +184,47 @@ class Scorer:
         )
         p.score_ms = (time.perf_counter_ns() - t0) / 1e6
 
+    def rejudge_audio(
+        self, scored: list[Scored], renderings: list[Rendering], judge_ms: int
+    ) -> int:
+        """The audio opinions (smart-turn's, its pause head's) of saved signals again, from the
+        renderings they were judged on, where the pause head's is missing (signals saved before
+        it): the decodes and scores as they were. Returns how many pauses were judged again."""
+        by_id = {r.id: r for r in renderings}
+        n = 0
+        for s in scored:
+            todo = [p for p in s.pauses if p.audio_prob is not None and p.pause_prob is None]
+            if not todo or s.id not in by_id:
+                continue
+            x = by_id[s.id].padded(int(LEAD_S * SAMPLE_RATE), int(TAIL_S * SAMPLE_RATE))
+            cut = [x[: int((p.start_ms + judge_ms) * SAMPLE_RATE / 1000)] for p in todo]
+            own, head = self.smart_turn.score_both(cut)
+            if head is None:
+                return n
+            for p, o, h in zip(todo, own, head):
+                p.audio_prob, p.pause_prob = float(o), float(h)
+            n += len(todo)
+        return n
+
     def score(self, r: Rendering, judge_ms: int, early_ms: int) -> Scored:
         """Its pauses, each judged as a session judges it: the audio model at ``judge_ms`` of
         silence, the early decode (and its scores) on the audio up to ``early_ms``."""
-        from voicert.speech.vad import FRAME, VadState
-
-        lead = np.zeros(int(LEAD_S * SAMPLE_RATE), np.float32)
-        x = np.concatenate([lead, r.audio, np.zeros(int(TAIL_S * SAMPLE_RATE), np.float32)])
-        n = x.size // FRAME
-        probs = self.vad.probs(x[: n * FRAME].reshape(n, FRAME), VadState())
-        vad = self.cfg.vad
         out = Scored(r.id, r.item.kind, r.item.category, r.voice, r.condition, r.words.strip(), "")
         out.transcript = self.asr.transcribe_sync(r.audio).text
-        true_end_ms = (lead.size + r.end) * 1000 / SAMPLE_RATE
-        pauses = find_pauses(probs, vad.threshold, vad.neg_threshold, n * WINDOW_MS)
-        for k, (start, length) in enumerate(pauses):
-            # no voiced audio after it (VAD hangs on ~1 window), or no voice at all after it
-            final = start + 64 >= true_end_ms or k == len(pauses) - 1
-            p = Pause(start, length, final)
-            if length >= judge_ms:
+        x, pauses = heard_pauses(self.vad, self.cfg.vad, r)
+        for p in pauses:
+            if p.length_ms >= judge_ms:
                 p.early_ms = min(early_ms, judge_ms)
-                at = int((start + judge_ms) * SAMPLE_RATE / 1000)
-                self._judge(p, x[:at], x[: int((start + p.early_ms) * SAMPLE_RATE / 1000)])
+                at = int((p.start_ms + judge_ms) * SAMPLE_RATE / 1000)
+                self._judge(p, x[:at], x[: int((p.start_ms + p.early_ms) * SAMPLE_RATE / 1000)])
             out.pauses.append(p)
         return out
 
     def _judge(self, p: Pause, audio: np.ndarray, early: np.ndarray) -> None:
         t0 = time.perf_counter_ns()
-        p.audio_prob = float(self.smart_turn.score([audio])[0])
+        own, head = self.smart_turn.score_both([audio])
+        p.audio_prob = float(own[0])
+        p.pause_prob = None if head is None else float(head[0])
         t1 = time.perf_counter_ns()
         heard = self.asr.transcribe_sync(early)
         p.text = heard.text
@@ -312,9 +346,12 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
         done = math.log10(max(p.text_prob, 1e-12)) >= th
         return _ready(p, judge_ms, False, True, True) if done else max_ms
 
-    def hazard(p: Pause, th: float, head: bool = True, audio: bool = True) -> float:
-        """``audio`` False: as ``turn.model: none`` runs it, without smart-turn (its opinion
-        counts as the average, and the verdict does not wait for it)."""
+    def hazard(
+        p: Pause, th: float, head: bool = True, audio: bool = True, pause: bool = True
+    ) -> float:
+        """``audio`` False: as ``turn.model: none`` runs it, without smart-turn (its opinions
+        count as their averages, and the verdict does not wait for it); ``pause`` False: as
+        ``turn.audio_head: none`` runs it."""
         from voicert.agent.hazard import Evidence, end_after_ms, text_cues
         from voicert.core.speech import Ending
 
@@ -329,6 +366,7 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
             *text_cues(p.text),
             head=turn,
             ending=Ending(p.stop_prob, p.comma_prob) if said else None,
+            pause=p.pause_prob if audio and pause else None,
         )
         decided = end_after_ms(ev, judge_ms, max_ms, bias=th)
         return max(decided, _ready(p, judge_ms, audio, True, True))
@@ -339,16 +377,31 @@ def detectors(judge_ms: int, max_ms: int, patience: float = 2.0) -> list[Detecto
     def text_only(p: Pause, th: float) -> float:
         return hazard(p, th, audio=False)
 
+    def no_pause_head(p: Pause, th: float) -> float:
+        return hazard(p, th, pause=False)
+
+    def pause_head(p: Pause, th: float) -> float:
+        if not judged(p) or p.pause_prob is None:
+            return max_ms
+        return _ready(p, judge_ms, True) if p.pause_prob >= th else max_ms
+
     grid = tuple(np.round(np.linspace(0.05, 0.95, 19), 2))
     return [
         Detector("silence", silence, tuple(range(96, max_ms + 1, 32)), 400),
         Detector("smart-turn", audio, grid, 0.5),
+        Detector("smart-turn's pause head", pause_head, grid, 0.5),
         Detector("semantic (today)", semantic, grid, 0.5),
         Detector("text score", text, tuple(np.round(np.arange(-6, 0.01, 0.25), 2)), -2.0),
         Detector("hazard", hazard, tuple(np.round(np.arange(-2, 6.01, 0.25), 2)), patience),
         Detector(
             "hazard, zero-shot text",
             zero_shot,
+            tuple(np.round(np.arange(-2, 6.01, 0.25), 2)),
+            patience,
+        ),
+        Detector(
+            "hazard without the pause head",
+            no_pause_head,
             tuple(np.round(np.arange(-2, 6.01, 0.25), 2)),
             patience,
         ),
@@ -425,6 +478,16 @@ def run(
         if rescore:
             scorer = Scorer(cfg, asr)
             scorer.rescore(scored)
+    rejudged = 0
+    if (
+        renderings is not None
+        and renderings.exists()
+        and any(p.audio_prob is not None and p.pause_prob is None for s in scored for p in s.pauses)
+    ):
+        from voicert.bench.turn_set import load_renderings
+
+        scorer = scorer or Scorer(cfg, asr)
+        rejudged = scorer.rejudge_audio(scored, load_renderings(renderings), judge_ms)
     todo = _to_render(scored, conditions, renderings)
     if todo:
         scorer = scorer or Scorer(cfg, asr)
@@ -432,7 +495,7 @@ def run(
             scored.append(scorer.score(r, judge_ms, early_ms))
             if (i + 1) % 50 == 0 or i + 1 == len(todo):
                 print(f"  scored {i + 1}/{len(todo)}", flush=True)
-    if signals is not None and (todo or rescore):
+    if signals is not None and (todo or rescore or rejudged):
         save(scored, signals)
     inner = sum(1 for s in scored if any(not p.final for p in s.pauses))
     judged = [p for s in scored for p in s.pauses if p.audio_prob is not None]
@@ -547,7 +610,7 @@ def wer(scored: list[Scored]) -> float:
 
 def _opinions(p: Pause, head: bool) -> list[float]:
     """A judged pause's logits: audio, text as written, then bare (zero-shot) or head, Whisper's
-    sentence end and pause mark after the last word, then 1."""
+    sentence end and pause mark after the last word, the pause head's, then 1."""
     from voicert.agent import hazard as hz
     from voicert.agent.hazard import logit
 
@@ -558,6 +621,7 @@ def _opinions(p: Pause, head: bool) -> list[float]:
         second,
         logit(p.stop_prob, hz.PRIOR_STOP),
         logit(p.comma_prob, hz.PRIOR_COMMA),
+        logit(p.pause_prob, hz.PRIOR_PAUSE),
         1.0,
     ]
 
@@ -590,42 +654,55 @@ def logistic(
     return w
 
 
-def fit_weights(scored: list[Scored], head: bool, l2: float = 0.1):
+def auc(score: np.ndarray, label: np.ndarray) -> float:
+    """P(a positive outscores a negative), ties counted half."""
+    pos, neg = score[label == 1], score[label == 0]
+    greater = (pos[:, None] > neg[None, :]).mean()
+    ties = (pos[:, None] == neg[None, :]).mean()
+    return float(greater + 0.5 * ties)
+
+
+def fit_weights(scored: list[Scored], head: bool, pause: bool = True, l2: float = 0.1):
     """The hazard's :class:`~voicert.agent.hazard.Weights` by logistic regression of "the turn
     ended here" over ``scored``'s judged pauses (Newton steps, L2 ``l2``), the word cues' fixed
-    weights counted as an offset: audio, as written, and bare (zero-shot) or the head."""
+    weights counted as an offset: audio, as written, and bare (zero-shot) or the head, Whisper's
+    odds, and (``pause``) the pause head's opinion."""
     from voicert.agent.hazard import ZERO_SHOT, Weights
 
     judged = [p for s in scored for p in s.pauses if p.audio_prob is not None]
-    x = np.array([_opinions(p, head) for p in judged])  # [n, 6]
+    x = np.array([_opinions(p, head) for p in judged])  # [n, 7]
+    if not pause:
+        x[:, 5] = 0.0  # the pause head's column says nothing: its weight stays 0
     y = np.array([float(p.final) for p in judged])
     off = np.array([_cue_offset(p, ZERO_SHOT) for p in judged])
     w = logistic(x, y, l2, offset=off)
-    a, t, second, stop, comma, w0 = (round(float(v), 2) for v in w)
-    if head:
-        return Weights(w0=w0, audio=a, text=t, bare=0.0, head=second, stop=stop, comma=comma)
-    return Weights(w0=w0, audio=a, text=t, bare=second, head=0.0, stop=stop, comma=comma)
+    a, t, second, stop, comma, pause_w, w0 = (round(float(v), 2) for v in w)
+    bare, text_head = (0.0, second) if head else (second, 0.0)
+    return Weights(w0, a, t, bare, text_head, stop=stop, comma=comma, pause=pause_w)
 
 
 def fit_report(scored: list[Scored], fit_on: list[Scored], judge_ms: int, max_ms: int) -> str:
-    """The weights fit on ``fit_on``, zero-shot and with the head; and each refit 2-fold by
+    """The weights fit on ``fit_on``, zero-shot and with the head, each without and with the
+    pause head; and each refit 2-fold by
     sentence over ``scored`` (no sentence judged by weights fit on it): the mean dead air at a
     given cut-off share, swept over patience."""
     from voicert.agent.hazard import RATE
 
     lines = []
-    for head in (False, True):
-        name = "with the head" if head else "zero-shot"
-        lines.append(f"{name}, fit on {len(fit_on)} renderings: {fit_weights(fit_on, head)}")
+    kinds = [(head, pause) for pause in (False, True) for head in (False, True)]
+    for head, pause in kinds:
+        name = ("with the head" if head else "zero-shot") + (", pause head" if pause else "")
+        w = fit_weights(fit_on, head, pause)
+        lines.append(f"{name}, fit on {len(fit_on)} renderings: {w}")
     items = sorted({s.item for s in scored})
     lines += ["", "| opinions (2-fold by sentence) | <= 5 % | <= 10 % | <= 20 % | <= 30 % |"]
     lines.append("|---|---:|---:|---:|---:|")
-    for head in (False, True):
+    for head, pause in kinds:
         odds: dict[int, float] = {}
         for fold in (0, 1):
             test = {it for i, it in enumerate(items) if i % 2 == fold}
-            w = fit_weights([s for s in scored if s.item not in test], head)
-            wv = [w.audio, w.text, w.head if head else w.bare, w.stop, w.comma, w.w0]
+            w = fit_weights([s for s in scored if s.item not in test], head, pause)
+            wv = [w.audio, w.text, w.head if head else w.bare, w.stop, w.comma, w.pause, w.w0]
             for s in scored:
                 if s.item in test:
                     for p in s.pauses:
@@ -645,5 +722,6 @@ def fit_report(scored: list[Scored], fit_on: list[Scored], judge_ms: int, max_ms
             ok = [pt for pt in pts if pt.cut_off <= goal]
             best = min(ok, key=lambda pt: pt.dead_mean) if ok else None
             cells.append("—" if best is None else f"{best.dead_mean:.0f} ms")
-        lines.append(f"| {'head' if head else 'zero-shot'} | " + " | ".join(cells) + " |")
+        name = ("head" if head else "zero-shot") + (" + pause head" if pause else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -23,6 +23,7 @@ import functools
 import shutil
 import subprocess
 import tempfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -232,10 +233,21 @@ class Rendering:
     condition: str
     audio: np.ndarray  # [N] float32 16 kHz, no silence after the last word
     end: int  # sample after the last voiced one: the true end of the turn
+    noise_rms: float = 0.0  # the line's noise level (noisy: the noise added; else 0)
 
     @property
     def words(self) -> str:
         return self.item.text.replace("|", " ").replace("  ", " ")
+
+    def padded(self, lead: int, tail: int) -> np.ndarray:
+        """[lead + N + tail] float32: the audio with ``lead`` samples of silence before it and
+        ``tail`` after, as a caller's line carries it: in the noisy condition the noise goes on
+        through both (it does not stop when the speaker does, so silence after the last word is
+        no different from a pause inside the turn)."""
+        pad = np.zeros(lead + tail, np.float32)
+        if self.noise_rms > 0:
+            pad = pink_noise(lead + tail, seed=zlib.crc32(self.id.encode())) * self.noise_rms
+        return np.concatenate([pad[:lead], self.audio, pad[lead:]]).astype(np.float32)
 
 
 def espeak_available() -> bool:
@@ -260,9 +272,10 @@ def render_set(
             spoken.append((f"espeak:{voice}@{wpm}", _espeak(item.text, voice, wpm, pause)))
         for k, (voice, clean) in enumerate(spoken):
             for condition in synthetic:
-                audio = _condition(clean, condition, seed=n * 7 + k)
+                audio, noise = _condition(clean, condition, seed=n * 7 + k)
                 rid = f"{item.id}-{voice.split(':')[0]}-{condition}"
-                out.append(Rendering(rid, item, voice, pause, condition, audio, voiced_end(audio)))
+                end = voiced_end(audio)
+                out.append(Rendering(rid, item, voice, pause, condition, audio, end, noise))
     if "human" in conditions and items is None:
         out += human_renderings()
     return out
@@ -324,7 +337,14 @@ def save_renderings(renderings: list[Rendering], path: Path) -> None:
 
     renderings = [r for r in renderings if r.condition != "human"]
     meta = [
-        dict(id=r.id, item=r.item.id, voice=r.voice, pause_ms=r.pause_ms, condition=r.condition)
+        dict(
+            id=r.id,
+            item=r.item.id,
+            voice=r.voice,
+            pause_ms=r.pause_ms,
+            condition=r.condition,
+            noise_rms=r.noise_rms,
+        )
         for r in renderings
     ]
     audio = {
@@ -335,6 +355,8 @@ def save_renderings(renderings: list[Rendering], path: Path) -> None:
 
 
 def load_renderings(path: Path) -> list[Rendering]:
+    """What :func:`save_renderings` wrote. Raises ValueError for a file of noisy renderings
+    written before their noise level was kept (render it again to another path)."""
     import json
 
     items = {i.id: i for i in ITEMS}
@@ -342,10 +364,16 @@ def load_renderings(path: Path) -> list[Rendering]:
         meta = json.loads(str(data["meta"]))
         out = []
         for i, m in enumerate(meta):
+            if m["condition"] == "noisy" and "noise_rms" not in m:
+                raise ValueError(
+                    f"{path}: its noisy renderings predate their noise level (the noise now goes "
+                    "on through the silence after the last word): render the set again"
+                )
             audio = data[f"a{i}"].astype(np.float32) / 32767
             item = items[m["item"]]
             r = Rendering(m["id"], item, m["voice"], m["pause_ms"], m["condition"], audio, 0)
-            out.append(dataclasses.replace(r, end=voiced_end(audio)))
+            noise = float(m.get("noise_rms", 0.0))
+            out.append(dataclasses.replace(r, end=voiced_end(audio), noise_rms=noise))
     return out
 
 
@@ -436,13 +464,15 @@ def _espeak(text: str, voice: str, wpm: int, pause_ms: int) -> np.ndarray:
 # ------------------------------------------------------------------ conditions
 
 
-def _condition(x: np.ndarray, condition: str, seed: int) -> np.ndarray:
+def _condition(x: np.ndarray, condition: str, seed: int) -> tuple[np.ndarray, float]:
+    """(the audio in ``condition``, the RMS of the noise it added)."""
     if condition == "clean":
-        return x
+        return x, 0.0
     if condition == "noisy":
-        return x + pink_noise(x.size, seed) * _rms(x) / 10 ** (15 / 20)
+        level = _rms(x) / 10 ** (15 / 20)
+        return x + pink_noise(x.size, seed) * level, level
     if condition == "phone":
-        return phone_line(x)
+        return phone_line(x), 0.0
     raise ValueError(f"unknown condition {condition!r} (one of {', '.join(CONDITIONS)})")
 
 

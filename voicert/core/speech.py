@@ -55,6 +55,16 @@ class Ending:
 
 
 @dataclass(frozen=True, slots=True)
+class TurnAudio:
+    """An audio turn model's opinions of a pause (speech/smart_turn.py): its own P(the turn is
+    complete), and its pause head's, trained on pauses inside turns (None: it has no head). Both
+    are end-of-turn opinions (agent/hazard.py)."""
+
+    complete: float
+    pause: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class Transcript:
     text: str
     audio_s: float

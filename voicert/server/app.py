@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from websockets.asyncio.server import Server, ServerConnection
 from websockets.http11 import Request, Response
@@ -40,10 +39,11 @@ from voicert.server.logs import quiet_handshake_logger
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.telephony import phone_door
 from voicert.server.workers import WorkerRole
+from voicert.speech import smart_turn
 from voicert.speech.asr import asr_backend, build_asr, resolve_asr_model
 from voicert.speech.denoise import RnNoise
 from voicert.speech.host import host_judges
-from voicert.speech.smart_turn import Judge, SmartTurn, TurnJudge
+from voicert.speech.smart_turn import Judge, TurnJudge
 from voicert.speech.tts import TtsWorker, first_piece_threads, load_voices
 from voicert.speech.vad import SileroVad, VadBatcher
 from voicert.telemetry.gcwatch import GcWatch, settle
@@ -182,18 +182,15 @@ def load_turn_judge(cfg: Config) -> TurnJudge | None:
     audio model (raises SmartTurnMissing, a ConfigError, when its wheel is not installed)."""
     if cfg.turn.detector == "silence" or cfg.turn.model == "none":
         return None
-    path = None
-    if cfg.turn.model_path:
-        path = Path(cfg.turn.model_path).expanduser()
-        if not path.is_file():
-            raise ConfigError(f"turn.model_path: {path} is not a file (a smart-turn v3 .onnx)")
-    model = SmartTurn(path, threads=cfg.turn.threads, device=cfg.turn.device)
+    t = cfg.turn
+    model = smart_turn.load(t.model_path, t.device, t.audio_head, t.threads)
     judge = TurnJudge(model, cfg.turn.concurrency)
     judge.warmup()
     log.info(
-        "turn detection: %s (%s, judged at %d ms of silence, at most %d ms)",
+        "turn detection: %s (%s%s, judged at %d ms of silence, at most %d ms)",
         cfg.turn.detector,
         judge.model.path.name,
+        " with its pause head" if model.head is not None else "",
         cfg.turn.pause_ms,
         cfg.turn.max_silence_ms,
     )

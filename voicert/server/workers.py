@@ -296,7 +296,7 @@ class Primary:
             self.authkey,
             log_level=self.cfg.log.level,
             blas_threads=self.cfg.server.blas_threads,
-            judge=(self.cfg.turn.model_path, self.cfg.turn.device)
+            judge=(self.cfg.turn.model_path, self.cfg.turn.device, self.cfg.turn.audio_head)
             if host_judges(self.cfg)
             else None,
         )

@@ -34,7 +34,7 @@ from typing import Union
 import msgspec
 import numpy as np
 
-from voicert.core.speech import FINAL, AsrBase, SpeechUnavailable, Transcript
+from voicert.core.speech import FINAL, AsrBase, SpeechUnavailable, Transcript, TurnAudio
 from voicert.hosting import (
     HostFailed,
     HostProcess,
@@ -94,6 +94,7 @@ class Judge(msgspec.Struct, tag=True, array_like=True):
 class Judged(msgspec.Struct, tag=True, array_like=True):
     job: int
     prob: float  # the audio model's P(turn complete)
+    pause: float | None = None  # its pause head's (core/speech.py TurnAudio; None: no head)
 
 
 class JudgeFailed(msgspec.Struct, tag=True, array_like=True):
@@ -154,14 +155,14 @@ class _Judges:
             if not batch:
                 continue
             try:
-                probs = self.model.score([audio for _, _, audio in batch])
+                opinions = self.model.opinions([audio for _, _, audio in batch])
             except Exception as exc:  # every judgement of the call fails; the sessions go on
                 log.exception("speech host: the turn-completion model failed")
                 for peer, job, _ in batch:
                     peer.post(JudgeFailed(job, f"{type(exc).__name__}: {exc}"))
                 continue
-            for (peer, job, _), prob in zip(batch, probs):
-                peer.post(Judged(job, float(prob)))
+            for (peer, job, _), op in zip(batch, opinions):
+                peer.post(Judged(job, op.complete, op.pause))
 
 
 class _Hub:
@@ -253,11 +254,11 @@ def _speech_host(
     gpu: str | None,
     log_level: str,
     blas_threads: int,
-    judge: tuple[str, str] | None,
+    judge: tuple[str, str, str] | None,
     status: Connection,
 ) -> None:
     """The speech host process: load and warm Whisper (and the turn model ``judge`` names:
-    (its path, "" for the wheel's; its device)), listen at ``address``, say so on ``status``,
+    (its path, "" for the wheel's; its device; its ``turn.audio_head``)), listen at ``address``, say so on ``status``,
     decode and judge for every worker until the primary says stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(
@@ -274,15 +275,13 @@ def _speech_host(
         asr.drain_batch_sizes()  # the warm-up's decode is no one's
         judges = None
         if judge is not None:
-            from pathlib import Path
+            from voicert.speech import smart_turn
 
-            from voicert.speech.smart_turn import SmartTurn
-
-            path = Path(judge[0]).expanduser() if judge[0] else None
-            model = SmartTurn(path, device=judge[1])
+            model = smart_turn.load(*judge)
             model.score([np.zeros(16000, np.float32)])  # warm: the first caller's is not slow
             judges = _Judges(model)
-            log.info("speech host: turn model %s on %s", model.path.name, judge[1])
+            head = " with its pause head" if model.head is not None else ""
+            log.info("speech host: turn model %s%s on %s", model.path.name, head, judge[1])
         listener = listen(address, authkey)
     except Exception as exc:
         say_status(status, HostFailed(f"{type(exc).__name__}: {exc}"))
@@ -416,7 +415,8 @@ class SharedAsr(AsrBase):
         return False
 
     def judge(self, audio: np.ndarray) -> asyncio.Future:
-        """The host's turn model's P(complete) for an utterance ([N] float32 16 kHz) (a future)."""
+        """The host's turn model's :class:`TurnAudio` for an utterance ([N] float32 16 kHz), as
+        a future."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future = loop.create_future()
         job = next(self._ids)
@@ -516,7 +516,7 @@ class SharedAsr(AsrBase):
             if waiting is not None:
                 loop, future = waiting
                 if isinstance(msg, Judged):
-                    settle_soon(loop, future, msg.prob, None)
+                    settle_soon(loop, future, TurnAudio(msg.prob, msg.pause), None)
                 else:
                     settle_soon(loop, future, None, RuntimeError(msg.error))
         elif isinstance(msg, AsrStats):
@@ -531,5 +531,5 @@ class HostJudge:
     def __init__(self, asr: SharedAsr) -> None:
         self.asr = asr
 
-    async def score(self, audio: np.ndarray) -> float:
-        return float(await self.asr.judge(audio))
+    async def score(self, audio: np.ndarray) -> TurnAudio:
+        return await self.asr.judge(audio)

@@ -135,10 +135,13 @@ _SHAPE_INPUTS = {"Reshape": (1,), "Slice": (1, 2, 3, 4), "ReduceSum": (1,)}  # r
 
 class TorchOnnx:
     """``source``'s graph (a file, or a loaded model) on ``device``; ``run(**inputs)`` -> its
-    first output. Contract: the inputs are float32 tensors (any batch size); one graph, no
-    control flow."""
+    first output, ``run_all(**inputs)`` -> the values named by ``outputs`` (default: that first
+    output; any intermediate value of the graph can be named). Contract: the inputs are float32
+    tensors (any batch size); one graph, no control flow."""
 
-    def __init__(self, source, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, source, device: str | torch.device = "cpu", outputs: list[str] | None = None
+    ) -> None:
         import onnx
         from onnx import helper, numpy_helper
 
@@ -150,7 +153,11 @@ class TorchOnnx:
             raise ValueError(f"{path}: operators this runner lacks: {', '.join(unknown)}")
         self.device = torch.device(device)
         self.inputs = [i.name for i in g.input]
-        self.output = g.output[0].name
+        self.outputs = outputs or [g.output[0].name]
+        made = {o for n in g.node for o in n.output}
+        missing = [o for o in self.outputs if o not in made]
+        if missing:
+            raise ValueError(f"{path}: no value named {', '.join(missing)} in the graph")
         consts: dict[str, torch.Tensor] = {}
         for t in g.initializer:
             arr = numpy_helper.to_array(t)
@@ -172,8 +179,11 @@ class TorchOnnx:
             k: v if v.dtype == torch.long else v.to(self.device) for k, v in consts.items()
         }
 
-    @torch.inference_mode()
     def run(self, **inputs: torch.Tensor) -> torch.Tensor:
+        return self.run_all(**inputs)[0]
+
+    @torch.inference_mode()
+    def run_all(self, **inputs: torch.Tensor) -> list[torch.Tensor]:
         env = dict(self.consts)
         env.update({k: v.to(self.device) for k, v in inputs.items()})
         for fn, ins, outs, attrs, op in self.nodes:
@@ -182,4 +192,4 @@ class TorchOnnx:
                 if k < len(args) and (arg := args[k]) is not None:
                     args[k] = arg.cpu()
             env[outs[0]] = fn(*args, **attrs)
-        return env[self.output]
+        return [env[o] for o in self.outputs]

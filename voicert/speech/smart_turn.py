@@ -8,24 +8,45 @@ the speaker has finished their turn.
 
 :class:`SmartTurn` is the model (synchronous; one call scores a batch). :class:`TurnJudge` is the
 client a session awaits: each judgement runs on the judge's own threads, never on the event loop.
+
+:class:`PauseHead` (``turn.audio_head``) is a second classifier on the same forward pass: a
+logistic regression on smart-turn's own encoder state (its attention-pooled vector, and the mean
+of its last 12 frames, the 240 ms up to the judgement), trained on pauses *inside* turns, which
+smart-turn's training lacked: corpus sentences spoken by Piper and eSpeak voices, paused at a
+random word, each pause against the turn's end (``scripts/train_pause_head.py``). With it the
+model's P(complete) is the head's. It is valid only for the graph it was trained on: the file
+carries that graph's sha256.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import hashlib
+import json
+import logging
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from voicert.config import ConfigError
+from voicert.core.speech import TurnAudio
 from voicert.packaged import wheel_file
 
 SAMPLE_RATE = 16000
 WINDOW_S = 8
 N_SAMPLES = SAMPLE_RATE * WINDOW_S  # 128000: the model's input length
 _DIST = "pipecat-ai"
+log = logging.getLogger(__name__)
+# the graph's values the pause head reads (smart-turn v3's encoder, 384 wide, 20 ms a frame)
+LOGITS = "logits"  # [B, 1] smart-turn's own P(complete) (a sigmoid, despite the name)
+POOLED = "sum_1_DequantizeLinear_Output"  # [B, 384] the attention-pooled state its classifier reads
+FRAMES = "layer_norm_8_DequantizeLinear_Output"  # [B, 400, 384] the encoder's last layer
+LAST_FRAMES = 12  # the head reads the mean of the last 12 frames (240 ms) too
+EMBEDDED_PAUSE_HEAD = Path(__file__).parent / "data" / "smart-turn-v3.2-pause-head.json"
 
 
 class SmartTurnMissing(ConfigError):
@@ -66,49 +87,159 @@ def features(audio: np.ndarray, extractor) -> np.ndarray:
     return extractor(x, padding=0).astype(np.float32)  # [80, 800]
 
 
+@functools.cache
+def graph_digest(path: Path) -> str:
+    """The sha256 of an ONNX file (what a pause head is tied to)."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def pause_features(pooled: np.ndarray, frames: np.ndarray) -> np.ndarray:
+    """pooled [B, 384], frames [B, T, 384] -> [B, 768]: what the pause head reads."""
+    return np.concatenate([pooled, frames[:, -LAST_FRAMES:, :].mean(1)], axis=1)
+
+
+@dataclass(frozen=True)
+class PauseHead:
+    """P(turn complete) = sigmoid(features @ weight + bias), ``weight`` [768] on
+    :func:`pause_features` of the graph whose sha256 is ``graph``."""
+
+    weight: np.ndarray
+    bias: float
+    graph: str
+    meta: dict
+
+    def prob(self, pooled: np.ndarray, frames: np.ndarray) -> np.ndarray:
+        """[B] P(complete) from the graph's pooled state and frames."""
+        z = pause_features(pooled, frames).astype(np.float64) @ self.weight + self.bias
+        return (1 / (1 + np.exp(-z))).astype(np.float32)
+
+    def save(self, path: Path) -> None:
+        data = dict(graph=self.graph, bias=self.bias, weight=self.weight.tolist(), meta=self.meta)
+        Path(path).write_text(json.dumps(data))
+
+    @classmethod
+    def load(cls, path: Path) -> PauseHead:
+        data = json.loads(Path(path).read_text())
+        weight = np.asarray(data["weight"], dtype=np.float64)
+        return cls(weight, float(data["bias"]), data["graph"], data.get("meta", {}))
+
+
+def pause_head(setting: str, graph: Path) -> PauseHead | None:
+    """The pause head ``turn.audio_head`` names for the smart-turn file ``graph``: ``none``;
+    ``auto``: the one voicert ships, where it was trained on this very graph, else none; or a
+    head file, which must be (raises ConfigError naming the key)."""
+    if setting == "none":
+        return None
+    path = EMBEDDED_PAUSE_HEAD if setting == "auto" else Path(setting).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"turn.audio_head: {path} is not a file (a pause head's .json)")
+    head = PauseHead.load(path)
+    if head.graph != graph_digest(graph):
+        if setting == "auto":
+            log.warning(
+                "turn.audio_head auto: the shipped pause head was trained on another smart-turn "
+                "graph than %s; judging without it",
+                graph.name,
+            )
+            return None
+        raise ConfigError(
+            f"turn.audio_head: {path} was trained on another smart-turn graph than {graph.name}"
+        )
+    return head
+
+
+def load(model_file: str = "", device: str = "cpu", audio_head: str = "auto", threads: int = 1):
+    """The model as the ``turn`` config names it: ``model_path`` ("" = the wheel's), its
+    ``device``, ``audio_head`` and ``threads``. Raises ConfigError naming the key at fault."""
+    path = None
+    if model_file:
+        path = Path(model_file).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"turn.model_path: {path} is not a file (a smart-turn v3 .onnx)")
+    path = path or model_path()
+    return SmartTurn(path, threads, device, pause_head(audio_head, path))
+
+
 class SmartTurn:
     """The model, loaded once. ``threads``: onnxruntime intra-op threads per call. ``device``:
     cpu runs the ONNX file on onnxruntime; cuda[:N] runs the same quantized graph with torch on
-    that GPU (speech/onnx_torch.py: its QDQ rounding kept), one batch per call."""
+    that GPU (speech/onnx_torch.py: its QDQ rounding kept), one batch per call. With ``head``,
+    P(complete) is the pause head's, read from the same forward pass."""
 
-    def __init__(self, path: Path | None = None, threads: int = 1, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        path: Path | None = None,
+        threads: int = 1,
+        device: str = "cpu",
+        head: PauseHead | None = None,
+    ) -> None:
         self.path = path or model_path()
         self.device = device
+        self.head = head
         self._mel = mel_extractor()
+        names = [LOGITS, POOLED, FRAMES] if head is not None else [LOGITS]
         if device == "cpu":
-            import onnxruntime as ort
-
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = threads
-            opts.inter_op_num_threads = 1
-            opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            self._session = ort.InferenceSession(
-                str(self.path), sess_options=opts, providers=["CPUExecutionProvider"]
-            )
-            self._run = lambda batch: self._session.run(None, {"input_features": batch})[0]
+            self._run = _onnx_graph(self.path, threads, names)
         else:
-            self._run = _torch_graph(self.path, device)
+            self._run = _torch_graph(self.path, device, names)
 
     def score(self, utterances: list[np.ndarray]) -> np.ndarray:
-        """P(turn complete) per utterance ([N] float32 16 kHz each, the audio up to now) -> [B]."""
+        """P(turn complete) per utterance ([N] float32 16 kHz each, the audio up to now) -> [B]:
+        the pause head's where there is one, else smart-turn's own."""
+        own, head = self.score_both(utterances)
+        return own if head is None else head
+
+    def score_both(self, utterances: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
+        """(smart-turn's own P(complete) [B], the pause head's [B] or None without one)."""
         batch = np.stack([features(u, self._mel) for u in utterances])  # [B, 80, 800]
-        out = self._run(batch)  # [B, 1] sigmoid
-        return np.asarray(out, dtype=np.float32).reshape(-1)
+        out = self._run(batch)
+        own = np.asarray(out[0], dtype=np.float32).reshape(-1)  # [B, 1] sigmoid -> [B]
+        return own, None if self.head is None else self.head.prob(out[1], out[2])
+
+    def opinions(self, utterances: list[np.ndarray]) -> list[TurnAudio]:
+        """Each utterance's :class:`TurnAudio` (smart-turn's own, and the head's if any)."""
+        own, head = self.score_both(utterances)
+        return [
+            TurnAudio(float(o), None if head is None else float(h))
+            for o, h in zip(own, own if head is None else head)
+        ]
 
 
-def _torch_graph(path: Path, device: str):
-    """batch [B, 80, 800] float32 -> [B, 1] P(complete), by torch on ``device`` in fp32 (no
-    TF32: the graph's QDQ rounding is sensitive to its inputs' low bits)."""
+def _onnx_graph(path: Path, threads: int, names: list[str]):
+    """batch [B, 80, 800] float32 -> the graph's values ``names``, by onnxruntime on the CPU."""
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    source: str | bytes = str(path)
+    if names != [LOGITS]:  # intermediate values become outputs of the graph
+        import onnx
+
+        model = onnx.load(str(path))
+        for name in names[1:]:
+            model.graph.output.append(
+                onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)
+            )
+        source = model.SerializeToString()
+    session = ort.InferenceSession(source, sess_options=opts, providers=["CPUExecutionProvider"])
+    return lambda batch: session.run(names, {"input_features": batch})
+
+
+def _torch_graph(path: Path, device: str, names: list[str]):
+    """batch [B, 80, 800] float32 -> the graph's values ``names``, by torch on ``device`` in
+    fp32 (no TF32: the graph's QDQ rounding is sensitive to its inputs' low bits)."""
     import torch
 
     from voicert.speech.onnx_torch import TorchOnnx
 
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    graph = TorchOnnx(path, device)
+    graph = TorchOnnx(path, device, outputs=names)
 
-    def run(batch: np.ndarray) -> np.ndarray:
-        return graph.run(input_features=torch.from_numpy(batch)).cpu().numpy()
+    def run(batch: np.ndarray) -> list[np.ndarray]:
+        return [v.cpu().numpy() for v in graph.run_all(input_features=torch.from_numpy(batch))]
 
     return run
 
@@ -116,7 +247,7 @@ def _torch_graph(path: Path, device: str):
 class Judge(Protocol):
     """What a session needs of a turn judge (tests give a fake)."""
 
-    async def score(self, audio: np.ndarray) -> float: ...
+    async def score(self, audio: np.ndarray) -> TurnAudio: ...
 
 
 class TurnJudge:
@@ -138,13 +269,13 @@ class TurnJudge:
         self.calls = 0  # model calls made, and the judgements they scored (metrics, tests)
         self.judged = 0
 
-    async def score(self, audio: np.ndarray) -> float:
-        """P(turn complete) for the utterance so far ([N] float32 16 kHz)."""
+    async def score(self, audio: np.ndarray) -> TurnAudio:
+        """The model's opinions of the utterance so far ([N] float32 16 kHz)."""
         loop = asyncio.get_running_loop()
         fut: asyncio.Future = loop.create_future()
         self._waiting.append((audio, fut))
         self._schedule(loop)
-        return float(await fut)
+        return await fut
 
     def _schedule(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._waiting and not self._scheduled and self._running < self.concurrency:
@@ -160,7 +291,7 @@ class TurnJudge:
         self._running += 1
         self.calls += 1
         self.judged += len(batch)
-        run = loop.run_in_executor(self._pool, self.model.score, [a for a, _ in batch])
+        run = loop.run_in_executor(self._pool, self.model.opinions, [a for a, _ in batch])
         run.add_done_callback(lambda r: self._done(batch, r, loop))
         self._schedule(loop)  # more than max_batch waiting: the rest in another call
 
