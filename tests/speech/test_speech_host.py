@@ -203,5 +203,7 @@ def test_the_host_judges_only_for_a_gpu_model_shared_by_several_workers():
     assert not host_judges(cfg_with(**{**gpu, "turn.device": "cpu"}))
     assert not host_judges(cfg_with(**{**gpu, "server.workers": 1}))
     assert not host_judges(cfg_with(**{**gpu, "turn.detector": "silence"}))
-    assert host_judges(cfg_with(**{**gpu, "turn.model": "auto"}))  # the hazard's: for its pause head
+    assert host_judges(
+        cfg_with(**{**gpu, "turn.model": "auto"})
+    )  # the hazard's: for its pause head
     assert not host_judges(cfg_with(**{**gpu, "turn.model": "auto", "turn.audio_head": "none"}))
