@@ -58,9 +58,10 @@ pip_install -e ".$extra"
 .venv/bin/python -c 'import importlib.util as u, sys; sys.exit(u.find_spec("silero_vad") is None)' \
   || "${PIP[@]}" install --no-deps "silero-vad>=6.2"
 # The semantic end-of-turn model (smart-turn v3, BSD-2-Clause) ships inside pipecat-ai; voicert only
-# reads its ONNX file, so the framework's own dependencies are not installed.
+# reads its ONNX file, so the framework's own dependencies are not installed. Pinned: voicert's pause
+# head (turn.audio_head) is trained on this release's smart-turn-v3.2 graph, tied to its sha256.
 .venv/bin/python -c 'import importlib.metadata as m; m.distribution("pipecat-ai")' 2>/dev/null \
-  || "${PIP[@]}" install --no-deps "pipecat-ai>=1.14"
+  || "${PIP[@]}" install --no-deps "pipecat-ai==1.14.0"
 # Optional input noise suppression (asr.denoise: rnnoise; off by default): only librnnoise.so is
 # loaded from pyrnnoise. Installed for the tests.
 if [ "$extra" = "[test]" ]; then

@@ -84,7 +84,10 @@ def test_the_pause_head_reads_the_same_forward_pass_as_smart_turns_own_score(mod
     with_head = SmartTurn(model.path, head=head)
     own, by_head = with_head.score_both([a, b])
     np.testing.assert_allclose(own, model.score([a, b]), atol=1e-6)  # smart-turn's own, unchanged
-    np.testing.assert_array_equal(with_head.score([a, b]), by_head)  # the head's is the score
+    got = with_head.opinions([a, b])
+    assert [o.complete for o in got] == pytest.approx(list(own))
+    assert [o.pause for o in got] == pytest.approx(list(by_head))
+    assert all(o.pause is None for o in model.opinions([a, b]))  # no head, no second opinion
     # the head's figure by hand: its logistic on the graph's pooled state and its last frames
     names = [smart_turn.LOGITS, smart_turn.POOLED, smart_turn.FRAMES]
     batch = np.stack([features(u, mel_extractor()) for u in (a, b)])

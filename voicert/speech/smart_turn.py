@@ -13,9 +13,10 @@ client a session awaits: each judgement runs on the judge's own threads, never o
 logistic regression on smart-turn's own encoder state (its attention-pooled vector, and the mean
 of its last 12 frames, the 240 ms up to the judgement), trained on pauses *inside* turns, which
 smart-turn's training lacked: corpus sentences spoken by Piper and eSpeak voices, paused at a
-random word, each pause against the turn's end (``scripts/train_pause_head.py``). With it the
-model's P(complete) is the head's. It is valid only for the graph it was trained on: the file
-carries that graph's sha256.
+random word, each pause against the turn's end (``scripts/train_pause_head.py``). A judgement
+then gives both opinions (core/speech.py ``TurnAudio``): the hazard weighs the head's, the
+semantic detector reads smart-turn's own. A head is valid only for the graph it was trained on:
+the file carries that graph's sha256.
 """
 
 from __future__ import annotations
@@ -164,7 +165,7 @@ class SmartTurn:
     """The model, loaded once. ``threads``: onnxruntime intra-op threads per call. ``device``:
     cpu runs the ONNX file on onnxruntime; cuda[:N] runs the same quantized graph with torch on
     that GPU (speech/onnx_torch.py: its QDQ rounding kept), one batch per call. With ``head``,
-    P(complete) is the pause head's, read from the same forward pass."""
+    the pause head's opinion comes from the same forward pass (:meth:`opinions`)."""
 
     def __init__(
         self,
@@ -184,10 +185,9 @@ class SmartTurn:
             self._run = _torch_graph(self.path, device, names)
 
     def score(self, utterances: list[np.ndarray]) -> np.ndarray:
-        """P(turn complete) per utterance ([N] float32 16 kHz each, the audio up to now) -> [B]:
-        the pause head's where there is one, else smart-turn's own."""
-        own, head = self.score_both(utterances)
-        return own if head is None else head
+        """smart-turn's own P(turn complete) per utterance ([N] float32 16 kHz each, the audio
+        up to now) -> [B]."""
+        return self.score_both(utterances)[0]
 
     def score_both(self, utterances: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray | None]:
         """(smart-turn's own P(complete) [B], the pause head's [B] or None without one)."""
