@@ -40,13 +40,14 @@ import numpy as np
 from corpus import corpus_lines
 
 from voicert.bench import turn_set as ts
-from voicert.bench.eot import LEAD_S, auc, heard_pauses, load, logistic
+from voicert.bench.eot import auc, heard_pauses, load, logistic, rejudge_audio, up_to
 from voicert.config import load_config
 from voicert.speech import smart_turn as st
 from voicert.speech.vad import SileroVad
 
 JUDGE_MS = (128, 192)
 CONDITIONS = ("clean", "clean", "noisy", "phone")
+VOICES = ("piper", "espeak")
 
 
 def words_of(text: str) -> tuple[str, ...]:
@@ -122,7 +123,7 @@ def render_features(lines: list[str], rng: random.Random, enc: Encoder) -> dict[
             x, pauses = heard_pauses(vad, vad_cfg, r)
             for p in pauses:
                 if p.length_ms >= judge:
-                    audios.append(x[: int((p.start_ms + judge) * ts.SAMPLE_RATE / 1000)])
+                    audios.append(up_to(x, p.start_ms + judge))
                     y.append(float(p.final)), g.append(n), v.append(r.voice), c.append(r.condition)
         if n % 200 == 0:
             print(f"  {n}/{len(lines)} lines, {len(y)} pauses, {time.perf_counter() - t0:.0f} s")
@@ -154,31 +155,27 @@ def report(name: str, head: np.ndarray, own: np.ndarray, y: np.ndarray, groups: 
             print(f"  {label:18s} {auc(head[m], y[m]):6.3f} {auc(own[m], y[m]):10.3f}")
 
 
-def eval_set(
-    renderings: Path, signals: Path, judge_ms: int, enc: Encoder, head: st.PauseHead
-) -> None:
-    """AUC over an eot run's judged pauses (judged at ``judge_ms``), the audio recomputed from
-    its renderings."""
-    by_id = {r.id: r for r in ts.load_renderings(renderings)}
-    batch = {i.id: i.batch for i in ts.ITEMS}
-    audios, y, meta = [], [], []
-    for s in load(signals):
-        if s.id not in by_id:
-            continue
-        x = by_id[s.id].padded(int(LEAD_S * ts.SAMPLE_RATE), int(2 * ts.SAMPLE_RATE))
+def eval_set(renderings: Path, signals: Path, judge_ms: int, head: st.PauseHead) -> None:
+    """AUC over an eot run's judged pauses (judged at ``judge_ms``), the audio opinions judged
+    again from its renderings."""
+    scored = load(signals)
+    for s in scored:
         for p in s.pauses:
-            if p.audio_prob is not None:
-                audios.append(x[: int((p.start_ms + judge_ms) * ts.SAMPLE_RATE / 1000)])
-                y.append(float(p.final))
-                meta.append((batch[s.item], s.voice.split(":")[0], s.condition))
-    own, x = enc(audios)
-    prob = x @ head.weight + head.bias
-    y_ = np.array(y)
-    groups = {"first batch": np.array([m[0] == 1 for m in meta])}
+            p.pause_prob = None
+    model = st.SmartTurn(st.model_path(), 2, head=head)
+    rejudge_audio(model, scored, ts.load_renderings(renderings), judge_ms)
+    batch = {i.id: i.batch for i in ts.ITEMS}
+    judged = [(s, p) for s in scored for p in s.pauses if p.pause_prob is not None]
+    y = np.array([float(p.final) for _, p in judged])
+    groups = {"first batch": np.array([batch[s.item] == 1 for s, _ in judged])}
     groups["held-out batch"] = ~groups["first batch"]
-    for k, names in ((1, ("piper", "espeak")), (2, ("clean", "noisy", "phone"))):
-        groups.update({n: np.array([m[k] == n for m in meta]) for n in names})
-    report(f"the eval set ({signals})", prob, own, y_, groups)
+    groups.update({n: np.array([s.voice.startswith(n) for s, _ in judged]) for n in VOICES})
+    groups.update(
+        {n: np.array([s.condition == n for s, _ in judged]) for n in ("clean", "noisy", "phone")}
+    )
+    head_p = np.array([p.pause_prob for _, p in judged])
+    own = np.array([p.audio_prob for _, p in judged])
+    report(f"the eval set ({signals})", head_p, own, y, groups)
 
 
 def main() -> None:
@@ -202,7 +199,7 @@ def main() -> None:
         d = render_features(lines, rng, enc)
         if args.features:
             np.savez(args.features, **d)
-    groups = {n: d["v"] == n for n in ("piper", "espeak")}
+    groups = {n: d["v"] == n for n in VOICES}
     groups.update({n: d["c"] == n for n in ("clean", "noisy", "phone")})
     report("corpus pauses, 5-fold by line", cross_validated(d, args.l2), d["p"], d["y"], groups)
     weight, bias = fit(d["x"], d["y"], args.l2)
@@ -217,7 +214,7 @@ def main() -> None:
     head.save(args.out)
     print(f"wrote {args.out}")
     if args.renderings and args.signals:
-        eval_set(args.renderings, args.signals, args.judge_ms, enc, head)
+        eval_set(args.renderings, args.signals, args.judge_ms, head)
 
 
 if __name__ == "__main__":

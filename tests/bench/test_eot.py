@@ -129,16 +129,14 @@ def test_signals_saved_before_the_pause_head_get_its_opinion_from_their_renderin
             own = np.array([a.size / 16000 for a in audios])
             return own, own / 2
 
-    scorer = eot.Scorer.__new__(eot.Scorer)
-    scorer.smart_turn = Model()
     item = turn_set.ITEMS[0]
     r = turn_set.Rendering(
         f"{item.id}-piper-clean", item, "piper", 300, "clean", np.ones(8000), 8000
     )
     judged, unjudged = Pause(500.0, 400.0, False, audio_prob=0.3), Pause(900.0, 100.0, True)
     s = Scored(r.id, item.kind, item.category, "piper", "clean", "", pauses=[judged, unjudged])
-    assert scorer.rejudge_audio([s], [r], judge_ms=192) == 1
+    assert eot.rejudge_audio(Model(), [s], [r], judge_ms=192) == 1
     assert judged.audio_prob == pytest.approx((500 + 192) / 1000)  # the audio up to the judgement
     assert judged.pause_prob == pytest.approx(judged.audio_prob / 2)
     assert unjudged.pause_prob is None  # never judged (too short): stays so
-    assert scorer.rejudge_audio([s], [r], judge_ms=192) == 0  # complete now
+    assert eot.rejudge_audio(Model(), [s], [r], judge_ms=192) == 0  # complete now

@@ -105,17 +105,26 @@ def find_pauses(probs: np.ndarray, threshold: float, neg_threshold: float, end_m
     return out
 
 
+def on_the_line(r: Rendering) -> np.ndarray:
+    """The rendering as a caller's line carries it: LEAD_S of silence before, TAIL_S after."""
+    return r.padded(int(LEAD_S * SAMPLE_RATE), int(TAIL_S * SAMPLE_RATE))
+
+
+def up_to(x: np.ndarray, ms: float) -> np.ndarray:
+    """The first ``ms`` of ``x`` (16 kHz): the audio heard by that time."""
+    return x[: int(ms * SAMPLE_RATE / 1000)]
+
+
 def heard_pauses(vad, vad_cfg, r: Rendering) -> tuple[np.ndarray, list[Pause]]:
     """(the rendering as a line carries it: LEAD_S before, TAIL_S after; every pause in it as
     the endpointer finds them with ``vad`` (a SileroVad) under ``vad_cfg``, times from that
     audio's first sample, the last one final)."""
     from voicert.speech.vad import FRAME, VadState
 
-    lead = int(LEAD_S * SAMPLE_RATE)
-    x = r.padded(lead, int(TAIL_S * SAMPLE_RATE))
+    x = on_the_line(r)
     n = x.size // FRAME
     probs = vad.probs(x[: n * FRAME].reshape(n, FRAME), VadState())
-    true_end_ms = (lead + r.end) * 1000 / SAMPLE_RATE
+    true_end_ms = LEAD_S * 1000 + r.end * 1000 / SAMPLE_RATE
     found = find_pauses(probs, vad_cfg.threshold, vad_cfg.neg_threshold, n * WINDOW_MS)
     # final: no voiced audio after it (VAD hangs on ~1 window), or no voice at all after it
     return x, [
@@ -184,28 +193,6 @@ class Scorer:
         )
         p.score_ms = (time.perf_counter_ns() - t0) / 1e6
 
-    def rejudge_audio(
-        self, scored: list[Scored], renderings: list[Rendering], judge_ms: int
-    ) -> int:
-        """The audio opinions (smart-turn's, its pause head's) of saved signals again, from the
-        renderings they were judged on, where the pause head's is missing (signals saved before
-        it): the decodes and scores as they were. Returns how many pauses were judged again."""
-        by_id = {r.id: r for r in renderings}
-        n = 0
-        for s in scored:
-            todo = [p for p in s.pauses if p.audio_prob is not None and p.pause_prob is None]
-            if not todo or s.id not in by_id:
-                continue
-            x = by_id[s.id].padded(int(LEAD_S * SAMPLE_RATE), int(TAIL_S * SAMPLE_RATE))
-            cut = [x[: int((p.start_ms + judge_ms) * SAMPLE_RATE / 1000)] for p in todo]
-            own, head = self.smart_turn.score_both(cut)
-            if head is None:
-                return n
-            for p, o, h in zip(todo, own, head):
-                p.audio_prob, p.pause_prob = float(o), float(h)
-            n += len(todo)
-        return n
-
     def score(self, r: Rendering, judge_ms: int, early_ms: int) -> Scored:
         """Its pauses, each judged as a session judges it: the audio model at ``judge_ms`` of
         silence, the early decode (and its scores) on the audio up to ``early_ms``."""
@@ -215,8 +202,7 @@ class Scorer:
         for p in pauses:
             if p.length_ms >= judge_ms:
                 p.early_ms = min(early_ms, judge_ms)
-                at = int((p.start_ms + judge_ms) * SAMPLE_RATE / 1000)
-                self._judge(p, x[:at], x[: int((p.start_ms + p.early_ms) * SAMPLE_RATE / 1000)])
+                self._judge(p, up_to(x, p.start_ms + judge_ms), up_to(x, p.start_ms + p.early_ms))
             out.pauses.append(p)
         return out
 
@@ -232,6 +218,27 @@ class Scorer:
             p.stop_prob, p.comma_prob = heard.ending.stop, heard.ending.comma
         p.audio_ms, p.asr_ms = (t1 - t0) / 1e6, (time.perf_counter_ns() - t1) / 1e6
         self._score_texts(p)
+
+
+def rejudge_audio(model, scored: list[Scored], renderings: list[Rendering], judge_ms: int) -> int:
+    """The audio opinions (smart-turn's, its pause head's) of saved signals again by ``model``
+    (a SmartTurn), from the renderings they were judged on, where the pause head's is missing
+    (signals saved before it): the decodes and scores as they were. Returns how many pauses
+    were judged again (none when ``model`` has no head)."""
+    by_id = {r.id: r for r in renderings}
+    n = 0
+    for s in scored:
+        todo = [p for p in s.pauses if p.audio_prob is not None and p.pause_prob is None]
+        if not todo or s.id not in by_id:
+            continue
+        x = on_the_line(by_id[s.id])
+        own, head = model.score_both([up_to(x, p.start_ms + judge_ms) for p in todo])
+        if head is None:
+            return n
+        for p, o, h in zip(todo, own, head):
+            p.audio_prob, p.pause_prob = float(o), float(h)
+        n += len(todo)
+    return n
 
 
 def save(scored: list[Scored], path: Path) -> None:
@@ -487,7 +494,7 @@ def run(
         from voicert.bench.turn_set import load_renderings
 
         scorer = scorer or Scorer(cfg, asr)
-        rejudged = scorer.rejudge_audio(scored, load_renderings(renderings), judge_ms)
+        rejudged = rejudge_audio(scorer.smart_turn, scored, load_renderings(renderings), judge_ms)
     todo = _to_render(scored, conditions, renderings)
     if todo:
         scorer = scorer or Scorer(cfg, asr)

@@ -199,10 +199,9 @@ class SmartTurn:
     def opinions(self, utterances: list[np.ndarray]) -> list[TurnAudio]:
         """Each utterance's :class:`TurnAudio` (smart-turn's own, and the head's if any)."""
         own, head = self.score_both(utterances)
-        return [
-            TurnAudio(float(o), None if head is None else float(h))
-            for o, h in zip(own, own if head is None else head)
-        ]
+        if head is None:
+            return [TurnAudio(float(o)) for o in own]
+        return [TurnAudio(float(o), float(h)) for o, h in zip(own, head)]
 
 
 def _onnx_graph(path: Path, threads: int, names: list[str]):
