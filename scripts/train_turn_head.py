@@ -112,6 +112,42 @@ def command_lines(per_intent: int, seed: int) -> list[str]:
     return sorted(out)
 
 
+NUMBERS = [  # (lead-ins, chunk sizes): identifiers callers read out in chunks, whole at the end
+    (("My phone number is", "You can reach me at", "Call me at", "My cell is", "Text me at"),
+     (3, 3, 4)),
+    (("My card number is", "The card number is", "Charge it to", "The card is"), (4, 4, 4, 4)),
+    (("My zip code is", "The zip is", "Ship it to zip code"), (2, 3)),
+    (("My PIN is", "The pin code is"), (2, 2)),
+    (("The order number is", "My tracking number is", "The reference is", "My member ID is"),
+     (3, 3, 3)),
+    (("The confirmation code is", "The booking code is"), (3, 3)),
+]  # fmt: skip
+NUMBER_SEPS = (("-", "-"), (" ", " "), (", ", "-"), (", ", " "))  # (between chunks, in a chunk)
+
+
+def _chunk(digits: str, inner: str, rng: random.Random) -> str:
+    """A chunk as Whisper writes digits read one by one: "555", "5-5-5" or "5 5 5"."""
+    return rng.choice((digits, inner.join(digits)))
+
+
+def number_examples(n: int, rng: random.Random) -> list[tuple[str, int]]:
+    """(text, label) for ``n`` numbers read in chunks: the whole number (1: complete, with and
+    without a final "."), and the same cut after a random earlier chunk (0: the caller paused
+    mid-number; bare, or with the ".", "," or "..." Whisper writes there). No amounts, years or
+    extensions (the end-of-turn set's held-out batch reads those)."""
+    out = []
+    for _ in range(n):
+        leads, sizes = rng.choice(NUMBERS)
+        between, inner = rng.choice(NUMBER_SEPS)
+        chunks = ["".join(rng.choice("0123456789") for _ in range(k)) for k in sizes]
+        words = [_chunk(c, inner if inner != " " else rng.choice(" -"), rng) for c in chunks]
+        lead = rng.choice(leads)
+        whole = f"{lead} {between.join(words)}"
+        cut = f"{lead} {between.join(words[: rng.randint(1, len(words) - 1)])}"
+        out += [(whole + ".", 1), (whole, 1), (cut, 0), (cut + rng.choice(ENDINGS), 0)]
+    return out
+
+
 def bare(text: str) -> str:
     return text.strip().rstrip(".?!,;:…-").rstrip()
 
@@ -170,6 +206,12 @@ def main() -> None:
         default=0,
         help="also this many voice-assistant sentences per intent (home-assistant-intents)",
     )
+    ap.add_argument(
+        "--numbers",
+        type=int,
+        default=0,
+        help="also this many numbers read in chunks (phone, card, zip ...; whole and cut)",
+    )
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     torch.manual_seed(args.seed)
@@ -188,8 +230,13 @@ def main() -> None:
     held = len(lines) // 5
     t0 = time.perf_counter()
     sets = {}
-    for name, part in (("train", lines[held:]), ("held-out", lines[:held])):
-        ex = examples(part, rng)
+    numbers = number_examples(args.numbers, rng)
+    held_numbers = len(numbers) // 5 // 4 * 4  # whole numbers' four examples stay together
+    for name, part, extra in (
+        ("train", lines[held:], numbers[held_numbers:]),
+        ("held-out", lines[:held], numbers[:held_numbers]),
+    ):
+        ex = examples(part, rng) + extra
         feats = [last_hidden(core, system, t) for t, _ in ex]
         x = np.stack([h for h, _ in feats])
         y = np.array([y for _, y in ex], float)
@@ -213,6 +260,7 @@ def main() -> None:
         "system_prompt": system,
         "data": "chatterbot-corpus"
         + (f" + home-assistant-intents ({args.commands} per intent)" if args.commands else "")
+        + (f" + {args.numbers} numbers read in chunks" if args.numbers else "")
         + f", {len(lines) - held} lines x 4 examples",
         "l2": str(args.l2),
         "seed": str(args.seed),
