@@ -14,6 +14,8 @@
    are weighted so that complete and cut ones count the same at every length (cut prefixes are
    short by construction). Tried with ``--min-words 1``: on the eot set it did worse (hazard
    dead air at <= 10 % cut-offs 969 against 925 ms), so the shipped head is trained without.
+   Tried with ``--numbers 400`` (numbers read in chunks): mixed, the CPU's digits cut off less
+   and the GPU config's cut-offs rose (docs/benchmarks.md 51), so it is trained without too.
 4. Reported: AUC on held-out lines (20 %, split by line), for the head and for the zero-shot
    P(end-of-message); with ``--signals`` (an eot bench signals file), AUC of "the turn ended
    here" over its judged pauses, from their early transcripts.
