@@ -7,6 +7,8 @@ import dataclasses
 
 import pytest
 
+from tests.agent.fakes import FakeEngine
+from voicert.core.llm import TokenEvent
 from voicert.server.completions import EMBEDDED_MODEL_ID
 
 openai = pytest.importorskip("openai")
@@ -261,6 +263,48 @@ async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanl
     events = [line for line in seen.decode().splitlines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
     assert '"server shutting down"' in events[-2] and '"error"' in events[-2]
+
+
+class _DeafEngine(FakeEngine):
+    """A stuck engine: streams two tokens, then nothing, and never answers a cancel."""
+
+    def submit(self, request):
+        self.requests.append(request)
+        return self._hang()
+
+    async def _hang(self):
+        yield TokenEvent(0, 100, "Once", 1, 1, 10)
+        yield TokenEvent(1, 101, " upon", 1, 1, 10)
+        await asyncio.Event().wait()  # (never set)
+        yield TokenEvent(2, 102, " a", 1, 1, 10)
+
+    def cancel(self, request_id):
+        self.cancelled.add(request_id)  # heard, never answered
+
+
+async def test_shutdown_ends_a_stream_whose_engine_never_answers_the_cancel(services):
+    """A completion still streaming when the grace is over ends with the error event and
+    [DONE] even when its engine never acknowledges the cancel (stuck, or busier than the
+    grace): the end does not wait for the engine, which is still told to cancel."""
+    from voicert.server.app import VoiceServer
+
+    engine = _DeafEngine()
+    cfg = dataclasses.replace(
+        services.cfg,
+        server=dataclasses.replace(services.cfg.server, port=0, shutdown_grace_s=1.0),
+    )
+    srv = VoiceServer(dataclasses.replace(services, cfg=cfg, engine=engine))
+    await srv.start()
+    reader, writer, seen = await streaming(srv.port, 100, "Tell me a story.")
+    shutdown = asyncio.create_task(srv.shutdown())
+    while chunk := await asyncio.wait_for(reader.read(65536), 60):
+        seen += chunk
+    writer.close()
+    await asyncio.wait_for(shutdown, 60)
+    events = [line for line in seen.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert '"server shutting down"' in events[-2] and '"error"' in events[-2]
+    assert engine.cancelled == {engine.requests[-1].request_id}
 
 
 async def test_the_sdk_with_a_temperature_gets_sampled_answers_a_seed_repeats(server):

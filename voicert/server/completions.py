@@ -8,6 +8,7 @@ request in the engine. The wire shapes are built in ``voicert/protocol/chat.py``
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import http
 import itertools
@@ -26,6 +27,7 @@ from voicert.core.llm import (
     FinishReason,
     GenerationRequest,
     TokenEvent,
+    final_event,
     is_bad_request,
 )
 from voicert.protocol import chat
@@ -57,6 +59,9 @@ def _error(exc: chat.ChatError, headers: list[tuple[str, str]] | None = None) ->
     return response
 
 
+_ENDED = object()  # on a completion's event queue: shutdown ended it (ChatCompletions.end_all)
+
+
 class ChatCompletions:
     """The two routes. ``services`` returns the loaded services (None while loading);
     ``unready_reason`` says why new work is refused now (loading, draining, a part down), or None
@@ -68,7 +73,8 @@ class ChatCompletions:
         self._services = services
         self._unready_reason = unready_reason
         self.running = 0
-        self._open: dict[str, Services] = {}  # engine requests of the completions running
+        # the completions running: their engine, and the queue their engine events arrive on
+        self._open: dict[str, tuple[Services, asyncio.Queue]] = {}
         self.stopping = False  # shutdown: the requests still running are ended
         self._ids = itertools.count(1)
         self._started = int(time.time())
@@ -184,19 +190,30 @@ class ChatCompletions:
         self, svc: Services, engine_req: GenerationRequest, stops: chat.StopMatcher
     ) -> AsyncGenerator[tuple[str, TokenEvent]]:
         """(text to send, event) per engine event; cancels the request in the engine when a stop
-        string ends it early or the consumer goes away."""
+        string ends it early or the consumer goes away. The engine's events arrive through a
+        queue (:meth:`_pump`), so that :meth:`end_all` can end the completion at once."""
         self.running += 1
-        self._open[engine_req.request_id] = svc
+        request_id = engine_req.request_id
+        events: asyncio.Queue = asyncio.Queue()
+        self._open[request_id] = (svc, events)
+        pump = asyncio.ensure_future(self._pump(svc, engine_req, events))
         done = False
         try:
-            async for ev in svc.engine.submit(engine_req):
+            while True:
+                ev = await events.get()
+                if isinstance(ev, BaseException):  # the engine's stream raised
+                    raise ev
+                if ev is _ENDED:  # shutdown: the engine's acknowledgement is not waited for
+                    done = True
+                    yield stops.flush(), final_event(FinishReason.CANCELLED)
+                    return
                 if ev.finish_reason is not None:
                     done = True
                     yield stops.flush(), ev
                     return
                 piece, hit = stops.push(ev.text)
                 if hit:
-                    svc.engine.cancel(engine_req.request_id)
+                    svc.engine.cancel(request_id)
                     done = True
                     yield (
                         piece,
@@ -214,9 +231,22 @@ class ChatCompletions:
                 yield piece, ev
         finally:
             self.running -= 1
-            self._open.pop(engine_req.request_id, None)
+            self._open.pop(request_id, None)
             if not done:
-                svc.engine.cancel(engine_req.request_id)
+                svc.engine.cancel(request_id)
+            pump.cancel()  # (a no-op once the engine's stream has ended)
+
+    @staticmethod
+    async def _pump(svc: Services, engine_req: GenerationRequest, events: asyncio.Queue) -> None:
+        """The engine's events for one request onto ``events``, up to its last; an exception
+        the engine's stream raises goes onto it too, for the consumer to raise."""
+        try:
+            async for ev in svc.engine.submit(engine_req):
+                events.put_nowait(ev)
+                if ev.finish_reason is not None:
+                    return
+        except Exception as e:  # handed to the consumer, which raises it
+            events.put_nowait(e)
 
     def _failure(self, ev: TokenEvent) -> chat.ChatError:
         """What a completion the engine ended (an error, or shutdown's cancel) answers."""
@@ -236,12 +266,14 @@ class ChatCompletions:
         )
 
     def end_all(self) -> None:
-        """Shutdown, after the grace period: end the completions still running (their engine
-        requests are cancelled, so each stream closes with an error event and ``[DONE]``, and
-        each whole answer is a 503, rather than the socket being cut mid-reply)."""
+        """Shutdown, after the grace period: end the completions still running, at once. Each
+        stream closes with an error event and ``[DONE]``, and each whole answer is a 503, rather
+        than the socket being cut mid-reply; their engine requests are cancelled, and the end
+        does not wait for the engine to say so (a busy or stuck engine cannot hold it)."""
         self.stopping = True
-        for request_id, svc in list(self._open.items()):
+        for request_id, (svc, events) in list(self._open.items()):
             svc.engine.cancel(request_id)
+            events.put_nowait(_ENDED)
 
     async def _whole(
         self, svc: Services, req: chat.ChatRequest, engine_req: GenerationRequest, model: str
