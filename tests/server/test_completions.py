@@ -233,6 +233,18 @@ async def test_a_forced_tool_call_comes_back_as_tool_calls_whole_and_streamed(se
     assert not server.services.engine.live_requests()
 
 
+async def read_to_shutdowns_end(reader, writer, seen: bytes, shutdown: asyncio.Task) -> None:
+    """Read a stream until the server, shutting down, closes it; it must end with shutdown's
+    error event and [DONE]."""
+    while chunk := await asyncio.wait_for(reader.read(65536), 60):
+        seen += chunk
+    writer.close()
+    await asyncio.wait_for(shutdown, 60)
+    events = [line for line in seen.decode().splitlines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert '"server shutting down"' in events[-2] and '"error"' in events[-2]
+
+
 async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanly(services):
     """During shutdown the port stays open for the grace period: /readyz answers 503 (it used
     to refuse the connection), and a streamed completion still running when the grace is over
@@ -240,9 +252,9 @@ async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanl
     from tests.server.test_stream import _get
     from voicert.server.app import VoiceServer
 
-    # a grace of 5 s leaves the stream's end 1 s (a fifth) after its engine request is cancelled:
-    # with 1 s of grace it had 0.5 s, less than one engine step takes on a loaded 2-core machine,
-    # and the socket was cut before the engine said "cancelled" (seen with three busy processes)
+    # a grace of 5 s: with 1 s, when the stream's end still waited for the engine to say
+    # "cancelled", a loaded 2-core machine cut the socket first (seen with three busy processes);
+    # the end no longer waits (the next test), and the grace stays
     cfg = dataclasses.replace(
         services.cfg,
         server=dataclasses.replace(services.cfg.server, port=0, shutdown_grace_s=5.0),
@@ -256,13 +268,7 @@ async def test_shutdown_says_503_while_draining_and_ends_a_running_stream_cleanl
     await asyncio.sleep(0.2)
     ready = await asyncio.to_thread(_get, f"http://127.0.0.1:{srv.port}/readyz")
     assert ready == (503, "not ready (shutting down)\n")
-    while chunk := await asyncio.wait_for(reader.read(65536), 60):
-        seen += chunk
-    writer.close()
-    await asyncio.wait_for(shutdown, 60)
-    events = [line for line in seen.decode().splitlines() if line.startswith("data: ")]
-    assert events[-1] == "data: [DONE]"
-    assert '"server shutting down"' in events[-2] and '"error"' in events[-2]
+    await read_to_shutdowns_end(reader, writer, seen, shutdown)
 
 
 class _DeafEngine(FakeEngine):
@@ -297,13 +303,7 @@ async def test_shutdown_ends_a_stream_whose_engine_never_answers_the_cancel(serv
     await srv.start()
     reader, writer, seen = await streaming(srv.port, 100, "Tell me a story.")
     shutdown = asyncio.create_task(srv.shutdown())
-    while chunk := await asyncio.wait_for(reader.read(65536), 60):
-        seen += chunk
-    writer.close()
-    await asyncio.wait_for(shutdown, 60)
-    events = [line for line in seen.decode().splitlines() if line.startswith("data: ")]
-    assert events[-1] == "data: [DONE]"
-    assert '"server shutting down"' in events[-2] and '"error"' in events[-2]
+    await read_to_shutdowns_end(reader, writer, seen, shutdown)
     assert engine.cancelled == {engine.requests[-1].request_id}
 
 
