@@ -65,6 +65,12 @@ def test_env_names_map_to_dotted_keys():
         ({"tts.stream_frames": "-1"}, "tts.stream_frames"),
         ({"asr.denoise": "magic"}, "asr.denoise"),
         ({"asr.min_window_s": "0.5"}, "asr.min_window_s"),
+        ({"asr.hosts": "0"}, "asr.hosts: must be in"),
+        ({"asr.hosts": "2"}, "asr.hosts: above 1 needs asr.shared: true and server.workers >="),
+        (
+            {"asr.hosts": "2", "server.workers": "2", "asr.shared": "false"},
+            "asr.hosts: above 1 needs asr.shared: true",
+        ),
         ({"port": "1"}, "section.key"),
         ({"tools.functions": "no_colon"}, "tools.functions"),
         ({"tools.functions": "[1, 2]"}, "tools.functions: expected a list of strings"),

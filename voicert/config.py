@@ -278,6 +278,8 @@ class AsrConfig:
     # tiny.en's WER on our eval set, 32.7 -> 42.3 %: off by default; docs/benchmarks.md section 12)
     shared: bool = True  # with server.workers above 1: one Whisper, in a speech host process,
     # decodes every worker's utterances (batched together); false: one Whisper per worker
+    hosts: int = 1  # speech host processes, with server.workers above 1 and asr.shared: worker
+    # w's utterances go to host w mod hosts; on cuda, host i runs on GPU i (one per GPU)
     ending: bool = True  # each greedy decode also says what Whisper would write after its last
     # word (P(. ? !), P(, ...)): an opinion of the hazard's (agent/hazard.py); ~2 % of a decode
     language: str = "en"  # what callers speak: a Whisper language code (a multilingual model,
@@ -304,6 +306,7 @@ class AsrConfig:
         _check(1 <= self.min_window_s <= 30, "asr.min_window_s", "must be in [1, 30]")
         _check(0 <= self.window_pad_s <= 10, "asr.window_pad_s", "must be in [0, 10]")
         _check(self.denoise in ("none", "rnnoise"), "asr.denoise", "must be none or rnnoise")
+        _check(1 <= self.hosts <= 64, "asr.hosts", "must be in [1, 64]")
 
 
 @dataclass(slots=True)
@@ -687,6 +690,12 @@ class Config:
             "server.workers",
             "above 1 needs llm.engine: fast or openai (workers share one engine host; the "
             "simple engine runs in one process)",
+        )
+        _check(
+            self.asr.hosts == 1 or (self.asr.shared and self.server.workers >= self.asr.hosts),
+            "asr.hosts",
+            f"above 1 needs asr.shared: true and server.workers >= asr.hosts (each worker's "
+            f"utterances go to one speech host; {self.server.workers} worker(s) here)",
         )
 
 

@@ -1,8 +1,8 @@
-"""server.workers: 2 worker processes on one port sharing one engine host and one speech host,
-run as a user runs it (``voicert serve``) with the embedded models: turns served by either worker
-show on every worker's /metrics and dashboard; a killed worker is started again; a killed host is
-replaced and the workers reconnect (the engine's side of that: tests/engine/test_host.py);
-SIGINT stops every process."""
+"""server.workers: 2 worker processes on one port sharing one engine host and, with
+``asr.hosts: 2``, a speech host each, run as a user runs it (``voicert serve``) with the embedded
+models: turns served by either worker show on every worker's /metrics and dashboard; a killed
+worker is started again; a killed speech host is replaced and only its worker reconnects (the
+engine's side of that: tests/engine/test_host.py); SIGINT stops every process."""
 
 from __future__ import annotations
 
@@ -80,6 +80,8 @@ def served():
         "0",
         "--set",
         "server.workers=2",
+        "--set",
+        "asr.hosts=2",
         "--set",
         "tts.engine=none",
         "--set",
@@ -188,25 +190,40 @@ async def test_a_killed_worker_is_started_again_and_the_port_still_serves(served
     assert served.proc.poll() is None
 
 
-async def test_a_killed_speech_host_is_replaced_and_the_workers_reconnect(served):
-    first = int(served.wait_for(r"speech host ready \(pid (\d+)\)")[0].group(1))
-    os.kill(first, signal.SIGKILL)
-    served.wait_for(r"speech host exited \(status -9\): starting another", timeout=60)
-    second = int(served.wait_for(r"speech host ready \(pid (\d+)\)", count=2)[1].group(1))
-    for w in (0, 1):
-        served.wait_for(
-            rf"\[w{w}\] voicert\.speech\.host: connected to the speech host "
-            rf"\(pid {second}\)",
-            timeout=120,
-        )
-    # a spoken turn goes through the new Whisper, whichever worker takes it
-    result = await stream_audio(url(served), [wav("capital_of_france")], realtime=False)
-    assert "france" in result.turns[0].transcript.lower()
+def first_speech_hosts(server) -> dict[int, int]:
+    """Speech host index -> pid, as the two hosts first said they were ready."""
+    found = server.wait_for(r"speech host (\d) ready \(pid (\d+)\)", count=2)
+    return {int(m.group(1)): int(m.group(2)) for m in found}
+
+
+def connected(server, worker: int, pid: int, timeout: float = 120) -> None:
+    server.wait_for(
+        rf"\[w{worker}\] voicert\.speech\.host: connected to the speech host \(pid {pid}\)",
+        timeout=timeout,
+    )
+
+
+async def test_each_worker_has_its_own_speech_host_and_a_killed_one_is_replaced(served):
+    hosts = first_speech_hosts(served)
+    assert sorted(hosts) == [0, 1] and hosts[0] != hosts[1]
+    for w in (0, 1):  # worker w sends to host w mod asr.hosts
+        connected(served, w, hosts[w])
+    w1_connects = r"\[w1\] voicert\.speech\.host: connected to the speech host"
+    before = len(served.matches(w1_connects))  # (a restarted worker 1 connected again)
+    os.kill(hosts[0], signal.SIGKILL)
+    served.wait_for(r"speech host 0 exited \(status -9\): starting another", timeout=60)
+    second = int(served.wait_for(r"speech host 0 ready \(pid (\d+)\)", count=2)[1].group(1))
+    connected(served, 0, second)
+    assert len(served.matches(w1_connects)) == before  # host 1 was not touched
+    # spoken turns go through, whichever worker (and so speech host) takes them
+    for _ in range(2):
+        result = await stream_audio(url(served), [wav("capital_of_france")], realtime=False)
+        assert "france" in result.turns[0].transcript.lower()
 
 
 def test_sigint_stops_the_workers_and_the_hosts_and_exits_cleanly(served):
     pids = [int(m.group(2)) for m in served.matches(r"worker (\d) started \(pid (\d+)\)")]
-    pids += [int(m.group(1)) for m in served.matches(r"host ready \(pid (\d+)\)")]
+    pids += [int(m.group(1)) for m in served.matches(r"host(?: \d)? ready \(pid (\d+)\)")]
     served.proc.send_signal(signal.SIGINT)
     assert served.proc.wait(120) == 0
     for pid in pids:

@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> None:
         "--fp8", action="store_true", help="FP8 layer weights (engine/gpu/fp8.py), nearest"
     )
     ap.add_argument(
+        "--int4", action="store_true", help="INT4 layer weights (engine/gpu/int4.py), nearest"
+    )
+    ap.add_argument(
         "--fp8-mma-rows",
         type=int,
         default=None,
@@ -69,6 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             f"--triton-linear-rows must be in [0, {kernels.LINEAR_ROWS}] (the tiles are "
             "measured for that many rows)"
         )
+    if args.fp8 and args.int4:
+        ap.error("--fp8 and --int4 are two quantizations: choose one")
     if args.fp8_mma_rows is not None and not args.fp8:
         ap.error("--fp8-mma-rows needs --fp8 (it picks the FP8 Linears' path)")
     dev = "cuda"
@@ -82,6 +87,10 @@ def main(argv: list[str] | None = None) -> None:
         from voicert.engine.gpu.fp8 import quantize_fp8
 
         quantize_fp8(model)
+    if args.int4:
+        from voicert.engine.gpu.int4 import quantize_int4
+
+        quantize_int4(model)
     model.use_kernels = args.fused_kernels
     model.triton_linear_rows = args.triton_linear_rows
     if args.triton_linear_rows:

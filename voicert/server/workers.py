@@ -238,7 +238,7 @@ class Primary:
         self.hosts: list = []  # HostProcess: the engine hosts (one per GPU), the speech host
         self._host_starters: list = []  # what starts each again
         self.host_addresses: HostAddresses | None = None
-        self.speech: tuple[str, bytes] | None = None  # the speech host's address and key
+        self.speech: list[str] = []  # the speech hosts' addresses (asr.hosts; none: asr.shared off)
         self.model_dir: str | None = None
         self.engine_cfg: EngineConfig | None = None
         self.stopping = False
@@ -279,27 +279,39 @@ class Primary:
                 lambda i=i: self._start_engine_host(i) for i in range(len(addresses))
             ]
         if self.cfg.asr.shared:
-            self.speech = (os.path.join(self.dir, "speech.sock"), self.authkey)
-            self._host_starters.append(self._start_speech_host)
+            self.speech = [
+                os.path.join(self.dir, f"speech-{i}.sock") for i in range(self.cfg.asr.hosts)
+            ]
+            self._host_starters += [
+                lambda i=i: self._start_speech_host(i) for i in range(len(self.speech))
+            ]
         self.hosts = [start() for start in self._host_starters]
         for i in range(self.n):
             self._start_worker(i)
 
-    def _start_speech_host(self):
+    def _start_speech_host(self, i: int):
         from voicert.speech.asr import resolve_asr_model
         from voicert.speech.host import host_judges, start_speech_host
 
         return start_speech_host(
             self.cfg.asr,
             str(resolve_asr_model(self.cfg.models.asr, cache_dir(self.cfg.models))),
-            self.speech[0],
+            self.speech[i],
             self.authkey,
+            index=i if len(self.speech) > 1 else None,
             log_level=self.cfg.log.level,
             blas_threads=self.cfg.server.blas_threads,
             judge=(self.cfg.turn.model_path, self.cfg.turn.device, self.cfg.turn.audio_head)
             if host_judges(self.cfg)
             else None,
         )
+
+    def _speech_for(self, worker: int) -> tuple[str, bytes] | None:
+        """The speech host worker ``worker`` sends its utterances to (address, key): host
+        ``worker mod asr.hosts``; None where each worker runs its own Whisper."""
+        if not self.speech:
+            return None
+        return self.speech[worker % len(self.speech)], self.authkey
 
     def _start_engine_host(self, i: int):
         from voicert.engine.clients.host import start_engine_host
@@ -328,7 +340,7 @@ class Primary:
                 worker_limits(self.cfg, self.n),
                 self.sockets[i],
                 self.host_addresses,
-                self.speech,
+                self._speech_for(i),
                 theirs,
                 self.metrics_dir,
                 self.cfg.log.level,

@@ -314,15 +314,19 @@ def start_speech_host(
     authkey: bytes,
     log_level: str = "INFO",
     blas_threads: int = 1,
-    judge: tuple[str, str] | None = None,
+    judge: tuple[str, str, str] | None = None,
+    index: int | None = None,
 ) -> HostProcess:
     """Start the speech host serving at ``address`` (the primary's handle); ``blas_threads``:
     numpy's BLAS pool in it (``server.blas_threads``); ``judge``: the turn model it runs for
-    the workers, (path or "", device), or None."""
+    the workers, (path or "", device, audio head), or None; ``index``: which of
+    ``asr.hosts`` it is (None: the only one). On cuda, host ``index`` sees GPU ``index`` alone
+    (``CUDA_VISIBLE_DEVICES``)."""
+    gpu = str(index) if index is not None and asr_cfg.device == "cuda" else None
     return HostProcess(
-        "speech host",
+        "speech host" if index is None else f"speech host {index}",
         _speech_host,
-        (asr_cfg, model_spec, address, authkey, None, log_level, blas_threads, judge),
+        (asr_cfg, model_spec, address, authkey, gpu, log_level, blas_threads, judge),
     )
 
 
