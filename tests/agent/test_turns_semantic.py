@@ -370,6 +370,8 @@ def test_hazard_a_pause_the_opinions_call_complete_ends_the_turn_at_once():
     out = judged_pause(s, "What is the capital of France?", 0.9, (0.8, 0.1), sure)
     assert [a.verdict for a in out if isinstance(a, TurnJudged)] == [Verdict.COMPLETE]
     assert [type(a) for a in out[1:]] == [SpeechStopped, TurnEnded]
+    # the turn ends at the last window scored: decide_ms counts from that audio's arrival
+    assert out[-1].heard_ns == s.window * WINDOW_NS and out[-1].endpoint_ns == 3
 
 
 def test_hazard_without_the_audio_model_asks_for_no_judgement_and_decides_on_the_words():
@@ -419,7 +421,8 @@ def test_hazard_doubt_waits_for_a_longer_pause_not_for_the_maximum():
     s.feed(SILENCE, 60)
     ((w_stop, _),) = s.of(SpeechStopped)
     assert w_stop == last + -(-int(wait) // 32)  # the first window at or past the wait
-    assert len(s.of(TurnEnded)) == 1
+    ((_, ended),) = s.of(TurnEnded)
+    assert ended.heard_ns == w_stop * WINDOW_NS and ended.endpoint_ns == w_stop * WINDOW_NS + 1_000
 
 
 def test_hazard_speech_in_the_wait_keeps_the_turn_and_teaches_the_callers_habit():

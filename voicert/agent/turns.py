@@ -89,8 +89,8 @@ class TurnEnded:
     endpoint_ns: int
     early_decode: int | None  # the early decode covering exactly this audio, if still valid
     overlap: bool = False  # short speech over a reply that has not interrupted it (yet)
-    heard_ns: int | None = None  # arrival of the audio completing the window the silence rule
-    #                              decided on (None: ended by a commit or a turn judgement)
+    heard_ns: int | None = None  # arrival of the audio completing the window the turn ended at,
+    #                              by the silence rule or a judgement (None: ended by a commit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +211,7 @@ class TurnTaking:
         self._early: _Early | None = None
         self._partials: _Partials | None = None
         self._judgement: _Judgement | None = None
+        self._heard_ns: int | None = None  # arrival of the audio completing the last scored window
         self._overlap_voiced: int | None = None  # voiced windows of speech over a reply, held
         self._overlap_check: _OverlapCheck | None = None  # its transcript, awaited
 
@@ -279,6 +280,7 @@ class TurnTaking:
         ``asr_busy``: whether the ASR worker has work queued (partials back off then).
         ``replying``: a reply is being generated or sent (speech may be a backchannel)."""
         out: list[Action] = []
+        self._heard_ns = received_ns
         for prob in probs:
             ep = self.endpointer
             gap_ms = ep.silence_ms if ep.in_speech else 0
@@ -576,7 +578,7 @@ class TurnTaking:
         end = (ep.window + 1) * FRAME
         out: list[Action] = [SpeechStopped(self.next_turn_id, end * 1000 // SAMPLE_RATE)]
         ep.reset()
-        self._end_turn(end, now_ns, out)
+        self._end_turn(end, now_ns, out, heard_ns=self._heard_ns)
         return out
 
     def _maybe_partial(self, out: list[Action], asr_busy: Callable[[], bool]) -> None:

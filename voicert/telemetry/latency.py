@@ -72,8 +72,9 @@ STAGES: tuple[Stage, ...] = (
         "decide_ms",
         Point.ENDPOINT_HEARD,
         Point.ENDPOINT,
-        "the frame completing the deciding VAD window arrived -> endpoint decision (the VAD's "
-        "batch and the event loop's wait: the part of endpoint_ms the silence rule does not set)",
+        "the frame completing the VAD window the turn ended at arrived -> endpoint decision (the "
+        "VAD's batch and the event loop's wait: the part of endpoint_ms the silence rule or the "
+        "judgement does not set)",
     ),
     Stage(
         "asr_ms",
