@@ -356,6 +356,8 @@ class LlmConfig:
     # step; replies differ more than FP8's (docs/benchmarks.md 46)
     int4_group: int = 128  # int4: input columns per scale and zero: 128 | 64 | 32 (closer to the
     # model's replies, ~4 / ~13 % more weight bytes than 128's; docs/benchmarks.md 47)
+    quant_head: bool = False  # fp8, int4: the LM head in the layers' format too, rounded to nearest
+    # (8B: 1.05 GB of bf16 read every step; docs/benchmarks.md 57)
     rounding: str = "gptq"  # fp8, int4: gptq: each weight's value chosen with GPTQ's error
     # feedback against a calibration text set (engine/gpu/fp8.py; FP8's top-1 agreement 90 -> 95 %
     # on the embedded model, docs/benchmarks.md 29; seconds at start-up) | nearest: the nearest one
@@ -515,6 +517,11 @@ class LlmConfig:
         )
         _check(not (self.int4 and self.engine != "fast"), "llm.int4", "needs llm.engine: fast")
         _check(self.int4_group in (128, 64, 32), "llm.int4_group", "must be 128, 64 or 32")
+        _check(
+            not self.quant_head or self.fp8 or self.int4,
+            "llm.quant_head",
+            "needs llm.fp8 or llm.int4 (the head takes the layers' format)",
+        )
         _check(
             sum((self.int8, self.fp8, self.int4)) <= 1,
             "llm.int4" if self.int4 else "llm.fp8",

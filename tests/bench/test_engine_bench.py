@@ -48,6 +48,7 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
         dtype="bfloat16",
         fp8=True,
         int4=False,
+        quant_head=False,
         cuda_graphs=True,
         fused_kernels=True,
         overlap=True,

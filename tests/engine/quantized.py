@@ -39,7 +39,7 @@ def assert_greedy_is_the_dequantized_models(
     config: LlamaConfig, quantize: Callable[[torch.nn.Module], object]
 ) -> None:
     """A random model of ``config`` quantized in place by ``quantize`` is the model with its
-    weights on the grid: its greedy tokens equal those of a plain model holding the dequantized
+    weights (its LM head's too, if quantized) on the grid: its greedy tokens equal those of a plain model holding the dequantized
     weights, decoded together or one at a time, with a prefix from the cache or without."""
     model = random_llama(config, torch.float32, "cpu")
     with torch.no_grad():
@@ -52,6 +52,9 @@ def assert_greedy_is_the_dequantized_models(
             for name in LINEARS:
                 lin, q = lp.get_submodule(name), lq.get_submodule(name)
                 lin.weight.copy_(q.dequantized(torch.float32))
+        if not isinstance(quant.lm_head, torch.nn.Linear):  # llm.quant_head: a head of its own
+            plain.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            plain.lm_head.weight.copy_(quant.lm_head.dequantized(torch.float32))
     rng = random.Random(4)
     prompts = [[rng.randrange(1, config.vocab_size) for _ in range(n)] for n in (5, 19, 40)]
     together = decode(quant, prompts)

@@ -139,6 +139,17 @@ def test_fp8_greedy_equals_the_dequantized_models_and_batched_and_cached_equal_o
     assert_greedy_is_the_dequantized_models(TINY, quantize_fp8)
 
 
+def test_the_lm_head_too_computes_with_its_dequantized_weights_and_the_embedding_stays():
+    """``llm.quant_head``: the head rounded to nearest e4m3 with a scale per row; a tied
+    embedding keeps its weights."""
+    model = random_llama(TINY, torch.float32, "cpu")
+    embed = model.embed.weight.detach().clone()
+    assert quantize_fp8(model, head=True) == 4 * TINY.num_layers + 1
+    assert isinstance(model.lm_head, Fp8Linear) and torch.equal(model.embed.weight, embed)
+    assert model.lm_head.weight.dtype == torch.float8_e4m3fn
+    assert_greedy_is_the_dequantized_models(TINY, lambda m: quantize_fp8(m, head=True))
+
+
 @pytest.fixture(scope="module")
 def embedded():
     from transformers import AutoTokenizer

@@ -22,6 +22,7 @@ from voicert.engine.gpu.int4 import (
     quantize_int4,
     unpack,
 )
+from voicert.engine.models.layers import lm_head_out
 from voicert.engine.models.llama import random_llama
 
 
@@ -124,6 +125,21 @@ def test_int4_greedy_equals_the_dequantized_models_and_batched_and_cached_equal_
     """The INT4 model (groups of 128 or of ``llm.int4_group`` 32) is the model with its weights
     on the INT4 grid (tests/engine/quantized.py)."""
     assert_greedy_is_the_dequantized_models(SMALL, lambda m: quantize_int4(m, group=group))
+
+
+def test_the_lm_head_too_computes_with_its_dequantized_weights_and_the_embedding_stays():
+    """``llm.quant_head``: the head rounded to nearest on the same grid; a tied embedding keeps
+    its weights; the head's output into a caller's buffer (guided decoding) is the same values."""
+    model = random_llama(SMALL, torch.float32, "cpu")
+    embed = model.embed.weight.detach().clone()
+    assert quantize_int4(model, head=True) == 4 * SMALL.num_layers + 1
+    assert isinstance(model.lm_head, Int4Linear) and torch.equal(model.embed.weight, embed)
+    h = torch.randn(3, SMALL.hidden_size, generator=torch.Generator().manual_seed(5))
+    want = torch.nn.functional.linear(h, model.lm_head.dequantized(torch.float32))
+    out = torch.empty(3, SMALL.vocab_size)
+    assert torch.equal(lm_head_out(model.lm_head, h, out), out)
+    assert torch.allclose(out, want, atol=1e-5) and torch.equal(model.greedy(h), want.argmax(-1))
+    assert_greedy_is_the_dequantized_models(SMALL, lambda m: quantize_int4(m, head=True))
 
 
 @pytest.fixture(scope="module")

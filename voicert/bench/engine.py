@@ -282,6 +282,7 @@ class Bench:
             overlap=args.overlap,
             fp8=args.fp8,
             int4=args.int4,
+            quant_head=args.quant_head,
             # random weights have no text to calibrate on; the rounding changes no timing
             rounding="gptq" if self.tokenizer is not None else "nearest",
         )
@@ -529,6 +530,7 @@ def render(
         f"model: {label}; device {args.device}; dtype {args.dtype}"
         f"{'; FP8 weights' if args.fp8 else ''}"
         f"{'; INT4 weights (groups of 128)' if args.int4 else ''}"
+        f"{'; the LM head quantized too' if args.quant_head else ''}"
         f"{'; CUDA graphs' if args.cuda_graphs else ''}"
         f"{'; fused Triton kernels' if args.fused_kernels else ''}"
         f"{'; prefill attention ' + args.prefill_attention if args.fused_kernels else ''}"
@@ -641,6 +643,11 @@ def main(argv: list[str] | None = None) -> int:
         help="GPU: INT4 layer weights, a scale and zero per 128 inputs (engine/gpu/int4.py)",
     )
     ap.add_argument(
+        "--quant-head",
+        action="store_true",
+        help="GPU, with --fp8 or --int4: the LM head in that format too (llm.quant_head)",
+    )
+    ap.add_argument(
         "--kv-cache",
         choices=("model", "int8", "fp8"),
         default="model",
@@ -660,6 +667,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--fp8, --int4 and --kv-cache int8 | fp8 are GPU options")
     if args.fp8 and args.int4:
         ap.error("--fp8 and --int4 are two quantizations: choose one")
+    if args.quant_head and not (args.fp8 or args.int4):
+        ap.error("--quant-head needs --fp8 or --int4 (the head takes the layers' format)")
     if args.int4 and args.against == "vllm":
         ap.error("--int4 against vLLM is not measured by this bench (vLLM needs a GPTQ checkpoint)")
     if args.against == "model-kv" and args.kv_cache == "model":

@@ -112,10 +112,11 @@ def quality(
     variant: str = "weights",
     prompts: int = 0,
     group: int = 128,
+    head: bool = False,
 ) -> dict:
     """Top-1 agreement over TEXTS and over :func:`turn_texts`, and the voice prompt set's
     replies (its first ``prompts``; 0: all), ``variant`` (a key of VARIANTS; INT4 in groups of
-    ``group``) against ``dtype``. The reference's figures are taken first and the weights then
+    ``group``; ``head``: the LM head too, to nearest) against ``dtype``. The reference's figures are taken first and the weights then
     quantized in place, so one copy of the model is held (a 1.5B model in fp32 on a 24 GB
     machine)."""
     import asyncio
@@ -166,9 +167,9 @@ def quality(
     a = asyncio.run(replies())
     calibrate = calibration_forward(model, tok) if variant in ("weights", "int4") else None
     if variant.startswith("int4"):
-        quantize_int4(model, calibrate, group=group)
+        quantize_int4(model, calibrate, group=group, head=head)
     elif variant in ("weights", "weights-nearest"):
-        quantize_fp8(model, calibrate)
+        quantize_fp8(model, calibrate, head=head)
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     same, total = agreement(want, next_tokens(model, texts, kv_cache=kv_cache))
     same_more, total_more = agreement(want_more, next_tokens(model, more, kv_cache=kv_cache))
@@ -178,6 +179,7 @@ def quality(
         "model": model_dir,
         "variant": variant,
         "group": group,
+        "head": head,
         "same": same,
         "total": total,
         "same_more": same_more,
@@ -268,6 +270,8 @@ def render_quality(q: dict) -> str:
     share = q["same"] / q["total"]
     share_more = q["same_more"] / q["total_more"]
     what = VARIANTS[q["variant"]].format(group=q["group"])
+    if q["head"]:
+        what += ", the LM head too (nearest)"
     lines = [
         f"model: {q['model']} (real weights)",
         "",
@@ -332,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
         "--int4-group", type=int, default=128, choices=GROUPS, help="INT4's input columns per scale"
     )
     ap.add_argument(
+        "--quant-head",
+        action="store_true",
+        help="with FP8 / INT4 weights: the LM head in that format too (llm.quant_head)",
+    )
+    ap.add_argument(
         "--quantize",
         default="weights",
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
@@ -355,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     if any(v.startswith("kv-") for v in variants) and not args.device.startswith("cuda"):
         ap.error("--quantize kv-int8 / kv-fp8: the one-byte KV cache is a GPU option")
     for variant in variants if args.quality else []:
-        q = quality(args.model, args.device, dtype, variant, args.prompts, args.int4_group)
+        head = args.quant_head and not variant.startswith("kv-")
+        q = quality(args.model, args.device, dtype, variant, args.prompts, args.int4_group, head)
         print(render_quality(q) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
         table = kernels_table(shapes, rows, [None, *extra], args.kernel)

@@ -199,16 +199,17 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig) -> None:
         calibration_forward(module, tokenizer, cfg.block_size) if rounding == "gptq" else None
     )
     if cfg.int4:
-        n = quantize_int4(module, calibrate, group=cfg.int4_group)
+        n = quantize_int4(module, calibrate, group=cfg.int4_group, head=cfg.quant_head)
     else:
-        n = quantize_fp8(module, calibrate)
+        n = quantize_fp8(module, calibrate, head=cfg.quant_head)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
     log.info(
-        "engine: %d Linear layers hold %s weights (rounded: %s, %.1f s)",
+        "engine: %d Linear layers hold %s weights (rounded: %s%s, %.1f s)",
         n,
         f"INT4 (groups of {cfg.int4_group})" if cfg.int4 else "FP8",
         rounding,
+        "; the LM head's to nearest" if cfg.quant_head else "",
         time.perf_counter() - t0,
     )
 

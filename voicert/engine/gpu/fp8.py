@@ -386,7 +386,10 @@ def _by_shape(linears: list[nn.Linear], budget: int = STACK_BYTES) -> list[list[
 
 
 def quantize_fp8(
-    model: nn.Module, calibrate: Callable[[], None] | None = None, moment_bytes: int = MOMENT_BYTES
+    model: nn.Module,
+    calibrate: Callable[[], None] | None = None,
+    moment_bytes: int = MOMENT_BYTES,
+    head: bool = False,
 ) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` by an :class:`Fp8Linear`;
     returns how many. ``calibrate``: a function that runs the (unquantized) model forward over
@@ -394,8 +397,9 @@ def quantize_fp8(
     against those inputs, else to the nearest e4m3 value. With GPTQ the moments of as many
     layers as fit in ``moment_bytes`` are gathered per forward; every layer is replaced only
     after the last forward, so each layer's moments come from the unquantized model whatever
-    the grouping. The embedding and LM head keep the model's dtype. The model's memory drops by
-    about half of its layers' weights (the originals are released)."""
+    the grouping. The embedding keeps the model's dtype, and so does the LM head unless
+    ``head`` (then it is rounded to nearest: see :func:`quantize_head`). The model's memory drops
+    by about half of its layers' weights (the originals are released)."""
     layers = _layer_linears(model)
     rounded: dict[nn.Linear, tuple[torch.Tensor, torch.Tensor]] = {}
     graphs: dict = {}
@@ -411,4 +415,20 @@ def quantize_fp8(
         for child, attr, lin in layer:
             setattr(child, attr, Fp8Linear.from_linear(lin, rounded.pop(lin, None)))
             count += 1
+    if head:
+        count += quantize_head(model, Fp8Linear.from_linear)
     return count
+
+
+def quantize_head(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:
+    """Replace ``model.lm_head`` (an ``nn.Linear``) by ``make(lm_head)``, its weights rounded to
+    nearest (GPTQ would need the head's input moments, and a calibration forward passes it one
+    token a row); returns 1, or 0 where ``make`` refuses the shape (ValueError). A tied
+    embedding keeps its weights in the model's dtype."""
+    lin = model.lm_head
+    assert isinstance(lin, nn.Linear), "the LM head is quantized once"
+    try:
+        model.lm_head = make(lin)
+    except ValueError:
+        return 0
+    return 1

@@ -40,6 +40,7 @@ from voicert.engine.gpu.fp8 import (
     _layer_linears,
     gptq_round,
     input_moments,
+    quantize_head,
 )
 
 LEVELS = 15  # the largest code: four bits
@@ -208,11 +209,13 @@ def quantize_int4(
     calibrate: Callable[[], None] | None = None,
     moment_bytes: int = MOMENT_BYTES,
     group: int = 128,
+    head: bool = False,
 ) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` whose input width has a
     :func:`group_size` for ``group`` (one of :data:`GROUPS`) by an :class:`Int4Linear`; returns
     how many. ``calibrate``: as :func:`voicert.engine.gpu.fp8.quantize_fp8`'s (GPTQ against those
-    inputs; None: nearest rounding). The embedding and LM head keep the model's dtype."""
+    inputs; None: nearest rounding). The embedding keeps the model's dtype, and so does the LM
+    head unless ``head`` (then to nearest: ``fp8.quantize_head``)."""
     if group not in GROUPS:
         raise ValueError(f"int4: group {group} is not one of {GROUPS}")
     layers = _layer_linears(model)
@@ -241,4 +244,6 @@ def quantize_int4(
                 continue
             setattr(child, attr, rounded.pop(lin, None) or Int4Linear.from_linear(lin, None, group))
             count += 1
+    if head:
+        count += quantize_head(model, lambda lin: Int4Linear.from_linear(lin, None, group))
     return count

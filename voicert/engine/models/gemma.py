@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voicert.engine.models.layers import Attention, AttnInputs, load_hf, rope_cos_sin
+from voicert.engine.models.layers import Attention, AttnInputs, lm_head_out, load_hf, rope_cos_sin
 
 MODEL_TYPES = ("gemma2", "gemma3_text")
 
@@ -259,11 +259,7 @@ class GemmaModel(nn.Module):
         """The argmax of :meth:`logits` per row (after the soft cap, as transformers picks: a cap
         can make two logits equal, and then the lower id wins). ``out``/``head_out`` as
         :meth:`LlamaModel.greedy`."""
-        head = (
-            self.lm_head(hidden)
-            if head_out is None
-            else torch.matmul(hidden, self.lm_head.weight.t(), out=head_out)
-        )  # [..., V]
+        head = lm_head_out(self.lm_head, hidden, head_out)  # [..., V]
         best = softcap(head.float(), self.cfg.final_softcap).argmax(-1)
         return best if out is None else out.copy_(best)
 

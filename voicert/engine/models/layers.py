@@ -81,6 +81,19 @@ def narrow_linears(model: nn.Module) -> int:
     return len(plain)
 
 
+def lm_head_out(
+    head: nn.Module, hidden: torch.Tensor, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The LM head's output [..., V] for hidden [..., H], in ``out`` if given (contiguous, the
+    model's dtype): a plain Linear writes it directly; a quantized head (``llm.quant_head``)
+    computes it, then it is copied in."""
+    if out is None:
+        return head(hidden)
+    if isinstance(head, nn.Linear):
+        return torch.matmul(hidden, head.weight.t(), out=out)
+    return out.copy_(head(hidden))
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """RoPE, HF's half-split convention, x * cos + rotate_half(x) * sin, in x's dtype, with the
     sign of rotate_half folded into ``sin_signed`` = [-sin, sin] (negation is exact, so the result

@@ -24,6 +24,7 @@ from voicert.engine.models.layers import (
     RMSNorm,
     SdpaRows,
     causal_mask,
+    lm_head_out,
     load_hf,
     rope_cos_sin,
 )
@@ -251,11 +252,7 @@ class LlamaModel(nn.Module):
         the tokens (a [rows, inner] view, see ``kernels.argmax_rows``). ``head_out``, if given,
         receives the LM head's output (contiguous, [..., vocab] in the model's dtype) so a caller
         can pick again from it under a mask (engine/core/guided.py); the same values either way."""
-        head = (
-            self.lm_head(hidden)
-            if head_out is None
-            else torch.matmul(hidden, self.lm_head.weight.t(), out=head_out)
-        )  # [..., V]
+        head = lm_head_out(self.lm_head, hidden, head_out)  # [..., V]
         count = self.kernel_counters() if self.use_kernels else None
         if count is not None and hidden.numel() // hidden.shape[-1] <= count.numel():
             from voicert.engine.gpu import kernels
