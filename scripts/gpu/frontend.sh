@@ -3,9 +3,10 @@
 # then load sweeps of the whole voice pipeline (real speech, Whisper tiny.en and SmolLM2 on the GPU)
 # with one server process and with server.workers=N, back to back on the same machine.
 # Needs /root/models and /root/whl from the bundle (scripts/gpu/receive.sh .carry/fb/partNN ...).
-# Usage: bash scripts/gpu/frontend.sh STEP...   steps: install | piper | trivial | w1 | wN | naive | r1b | r8b
+# Usage: bash scripts/gpu/frontend.sh STEP...   steps: install | piper | trivial | w1 | wN | naive | r1b | r8b | g2
 #   piper: installs piper-tts and the embedded voice from /root/pp (each call: cp .carry/ppN/* /root/pp/)
 #   naive: the plain pipeline (transformers, one request at a time; Whisper one utterance at a time)
+#   g2: a 2-GPU kind, llm.gpus=2 and asr.hosts=2 (WORKERS=8 LEVELS=1024,1536: section 54's run)
 #   r1b / r8b: server.workers=WORKERS on a Llama-3.2-1B / 3.1-8B shape with RANDOM weights (timing only;
 #              needs a w1 or wN run first, which converts SmolLM2, whose tokenizer drives them)
 #   env: LEVELS (default 64,128,256), WORKERS (default 4), TRIVIAL_LEVELS (default 64,256,1024),
@@ -71,6 +72,12 @@ for step in "$@"; do
       WORKERS=$workers DURATION=15 RAMP=5 PROCS=${PROCS:-6} OUT=$OUT bash scripts/gpu/sweep.sh "$step-w$workers" "$levels" \
         "${limits[@]}" --set models.llm="$model" --set server.workers=$workers --set vad.threads=2 \
         | grep -vi warn ;;
+    g2)  # a 2-GPU host: an engine replica and a speech host on each GPU (docs/benchmarks.md 54)
+      source scripts/gpu/env.sh
+      WORKERS=$workers DURATION=20 RAMP=5 PROCS=${PROCS:-14} OUT=$OUT bash scripts/gpu/sweep.sh "g2-w$workers" \
+        "$levels" --set server.max_sessions=1700 --set server.max_connections=1700 \
+        --set server.workers=$workers --set vad.threads=2 --set tts.engine=none \
+        --set llm.gpus=2 --set asr.hosts=2 | grep -vi warn ;;
   esac
   date -u
 done
