@@ -116,9 +116,9 @@ def quality(
 ) -> dict:
     """Top-1 agreement over TEXTS and over :func:`turn_texts`, and the voice prompt set's
     replies (its first ``prompts``; 0: all), ``variant`` (a key of VARIANTS; INT4 in groups of
-    ``group``; ``head``: the LM head too, to nearest) against ``dtype``. The reference's figures are taken first and the weights then
-    quantized in place, so one copy of the model is held (a 1.5B model in fp32 on a 24 GB
-    machine)."""
+    ``group``; ``head``: the LM head too, to nearest) against ``dtype``. The reference's
+    figures are taken first and the weights then quantized in place, so one copy of the model
+    is held (a 1.5B model in fp32 on a 24 GB machine)."""
     import asyncio
 
     from transformers import AutoTokenizer
