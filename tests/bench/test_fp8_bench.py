@@ -18,6 +18,7 @@ def test_the_quality_table_names_int4s_group_and_both_text_sets():
         "model": "m",
         "variant": "int4",
         "group": 32,
+        "head": False,
         "same": 9,
         "total": 10,
         "same_more": 40,
@@ -28,5 +29,7 @@ def test_the_quality_table_names_int4s_group_and_both_text_sets():
         "samples": [],
     }
     table = render_quality(q)
-    assert "INT4 layer weights, groups of 32 (GPTQ rounding, as served)" in table
+    assert "INT4 layer weights, groups of 32 (GPTQ rounding, as served) against" in table
     assert "| 9/10 = 90.0% |" in table and "| 40/50 = 80.0% |" in table
+    headed = render_quality(q | {"head": True})  # --quant-head
+    assert "groups of 32 (GPTQ rounding, as served), the LM head too (nearest) against" in headed
