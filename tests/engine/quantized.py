@@ -39,8 +39,9 @@ def assert_greedy_is_the_dequantized_models(
     config: LlamaConfig, quantize: Callable[[torch.nn.Module], object]
 ) -> None:
     """A random model of ``config`` quantized in place by ``quantize`` is the model with its
-    weights (its LM head's too, if quantized) on the grid: its greedy tokens equal those of a plain model holding the dequantized
-    weights, decoded together or one at a time, with a prefix from the cache or without."""
+    weights (its LM head's too, if quantized) on the grid: its greedy tokens equal those of a
+    plain model holding the dequantized weights, decoded together or one at a time, with a
+    prefix from the cache or without."""
     model = random_llama(config, torch.float32, "cpu")
     with torch.no_grad():
         model.lm_head.weight.mul_(30)  # wide logit margins (the head is tied: embeddings too)
