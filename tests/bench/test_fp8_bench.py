@@ -1,6 +1,8 @@
 """The weight-quality bench's text sets and its table (its figures are measured, not asserted)."""
 
-from voicert.bench.fp8 import render_quality, turn_texts
+import pytest
+
+from voicert.bench.fp8 import main, render_quality, turn_texts
 from voicert.bench.turn_set import ITEMS
 
 
@@ -33,3 +35,11 @@ def test_the_quality_table_names_int4s_group_and_both_text_sets():
     assert "| 9/10 = 90.0% |" in table and "| 40/50 = 80.0% |" in table
     headed = render_quality(q | {"head": True})  # --quant-head
     assert "groups of 32 (GPTQ rounding, as served), the LM head too (nearest) against" in headed
+
+
+def test_a_quantized_head_with_a_kv_cache_variant_is_refused_not_ignored(capsys):
+    """--quant-head rounds the head with the layer weights; a KV-cache variant has none."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--device", "cuda", "--quantize", "weights,kv-fp8", "--quant-head"])
+    assert exc.value.code == 2
+    assert "--quant-head quantizes the LM head with the weights" in capsys.readouterr().err

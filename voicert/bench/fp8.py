@@ -363,9 +363,12 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--quantize: any of {', '.join(VARIANTS)}")
     if any(v.startswith("kv-") for v in variants) and not args.device.startswith("cuda"):
         ap.error("--quantize kv-int8 / kv-fp8: the one-byte KV cache is a GPU option")
+    if args.quant_head and any(v.startswith("kv-") for v in variants):
+        ap.error("--quant-head quantizes the LM head with the weights: not with kv-int8 / kv-fp8")
     for variant in variants if args.quality else []:
-        head = args.quant_head and not variant.startswith("kv-")
-        q = quality(args.model, args.device, dtype, variant, args.prompts, args.int4_group, head)
+        q = quality(
+            args.model, args.device, dtype, variant, args.prompts, args.int4_group, args.quant_head
+        )
         print(render_quality(q) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
         table = kernels_table(shapes, rows, [None, *extra], args.kernel)
