@@ -375,15 +375,17 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
 
 
 @pytest.mark.parametrize(
-    "rows, k, group", [(1, 256, 128), (5, 192, 128), (40, 256, 128), (130, 384, 128), (3, 96, 32)]
+    "rows, k, group",
+    [(1, 256, 128), (5, 192, 128), (40, 256, 128), (130, 384, 128), (170, 256, 128), (3, 96, 32)],
 )
 def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group):
     """The Triton INT4 kernel against F.linear on the widened weights: decode-sized and
-    prefill-sized row counts, groups of 128, of 64 (K = 192) and of 32 (``llm.int4_group``), N
-    not a multiple of the tiles, a bias, a strided input, and K split over programs (the last
-    split to finish adds)."""
+    prefill-sized row counts (each of the three paths, by choice or forced), groups
+    of 128, of 64 (K = 192) and of 32 (``llm.int4_group``), N not a multiple of the tiles, a
+    bias, a strided input, and K split over programs (the last split to finish adds)."""
     from voicert.engine.gpu.int4 import Int4Linear
 
+    SCALED = kernels.Int4Path.SCALED
     g = torch.Generator().manual_seed(7)
     lin = torch.nn.Linear(k, 90, bias=True)
     q = Int4Linear.from_linear(lin, None, group).to(DEV)
@@ -398,6 +400,11 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
             x, q.weight, q.scale, q.zero, None, count, (16, 32, 4, 2, 2), swap=swap
         )
         assert close(split, want - q.bias, 1e-4) and not count.any()
+    for swap in (False, True):  # each weight widened whole with its scale (the many-row path)
+        whole = kernels.int4_linear(
+            x, q.weight, q.scale, q.zero, q.bias, count, (16, 32, 4, 2, 2), swap=swap, path=SCALED
+        )
+        assert close(whole, want, 1e-4) and not count.any()
     wide = kernels.int4_dequantize(q.weight, q.scale, q.zero, torch.float32)  # prefill's path
     assert torch.equal(wide, q.dequantized(torch.float32))
     if DEV == "cuda":  # bf16 / fp16 activations: codes widened by their bits, fp32 sums
@@ -411,6 +418,21 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
                     xh, q.weight, q.scale, q.zero, q.bias.to(dt), magic=magic, swap=swap
                 )
                 assert close(other, want, 2e-2), (magic, swap)
+            # widened whole, the weights are int4_dequantize's in dt: F.linear's on them
+            want = torch.nn.functional.linear(xh.float(), q.dequantized(dt).float(), q.bias)
+            whole = kernels.int4_linear(xh, q.weight, q.scale, q.zero, q.bias.to(dt), path=SCALED)
+            assert close(whole, want, 1e-2)
+
+
+def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_counts():
+    """By groups for decode rows, the scaled kernel from 33 to 160 rows where both sides of the
+    weights are 4096 or more (Llama-8B), widened for prefill; narrower weights (Llama-1B) go by
+    groups up to 64 rows."""
+    P = kernels.Int4Path
+    eight = [kernels.int4_path(m, 6144, 4096) for m in (1, 32, 33, 64, 160, 161, 600)]
+    assert eight == [P.GROUPS, P.GROUPS, P.SCALED, P.SCALED, P.SCALED, P.WIDEN, P.WIDEN]
+    one = [kernels.int4_path(m, 2048, 8192) for m in (1, 33, 64, 65, 128)]
+    assert one == [P.GROUPS, P.GROUPS, P.GROUPS, P.WIDEN, P.WIDEN]
 
 
 @pytest.mark.parametrize("rows", [1, 5])

@@ -45,6 +45,8 @@ module is imported, the same kernels run on CPU tensors (tests do this; it is sl
 
 from __future__ import annotations
 
+import enum
+
 import torch
 import triton
 import triton.language as tl
@@ -991,46 +993,73 @@ def _int4_group(
     MAGIC: tl.constexpr,
     SWAP: tl.constexpr,
     IEEE: tl.constexpr,
+    SCALED: tl.constexpr,
 ):
     """acc + one group's products: packed codes p [BN, HALF] uint8 (byte j: the group's column j
     in the low nibble, column j + HALF in the high one), x at x_ptrs [BM, HALF] (the group's
     first half; the second at + HALF), the group's zero and scale per output row at z_ptrs,
     s_ptrs [BN]. acc is [BM, BN], or [BN, BM] with ``SWAP`` (the weights as the MMA's first
-    operand). ``MAGIC`` 1 (bf16 x) / 2 (fp16 x): each code widened by its bits alone,
-    ``0x4300 | code`` being the bf16 128 + code (fp16: ``0x6400 | code``, 1024 + code), the
-    offset and zero taken off the group's sum once, as (offset + zero) * sum(x); 0: code - zero
-    widened from int32."""
+    operand). ``SCALED``: each weight widened whole in registers, (code - zero) * scale in fp32
+    rounded once to x's dtype (:func:`int4_dequantize`'s values), and summed straight into acc
+    (one accumulator: the many-row path). Else ``MAGIC`` 1 (bf16 x) / 2 (fp16 x): each code
+    widened by its bits alone, ``0x4300 | code`` being the bf16 128 + code (fp16: ``0x6400 |
+    code``, 1024 + code), the offset and zero taken off the group's sum once, as (offset +
+    zero) * sum(x), and the group's sum scaled; 0: code - zero widened from int32."""
     z = tl.load(z_ptrs, mask=nm, other=0).to(tl.float32)  # [BN]
     s = tl.load(s_ptrs, mask=nm, other=0.0).to(tl.float32)
     xa = tl.load(x_ptrs, mask=mm[:, None], other=0.0)  # [BM, HALF]
     xb = tl.load(x_ptrs + HALF, mask=mm[:, None], other=0.0)
-    if MAGIC == 0:
-        zi = z.to(tl.int32)[:, None]
-        lo = ((p & 15).to(tl.int32) - zi).to(xa.dtype)  # [BN, HALF]: code - zero, exact
-        hi = ((p >> 4).to(tl.int32) - zi).to(xa.dtype)
+    if SCALED:
+        acc = _int4_scaled_group(acc, p, xa, xb, z, s, SWAP, IEEE)
     else:
-        bits: tl.constexpr = 0x4300 if MAGIC == 1 else 0x6400
-        p16 = p.to(tl.int16)
-        lo = ((p16 & 15) | bits).to(tl.int16).to(xa.dtype, bitcast=True)  # [BN, HALF]
-        hi = ((p16 >> 4) | bits).to(tl.int16).to(xa.dtype, bitcast=True)
-    part = tl.zeros(acc.shape, dtype=tl.float32)
-    if SWAP:
-        part = _fp8_dot(lo, xa, part, IEEE)  # [BN, BM]
-        part = _fp8_dot(hi, xb, part, IEEE)
-    else:
-        part = _fp8_dot(xa, lo, part, IEEE)  # [BM, BN]
-        part = _fp8_dot(xb, hi, part, IEEE)
-    if MAGIC != 0:
-        offset: tl.constexpr = 128.0 if MAGIC == 1 else 1024.0
-        xs = tl.sum(xa.to(tl.float32), axis=1) + tl.sum(xb.to(tl.float32), axis=1)  # [BM]
-        if SWAP:
-            part -= (z + offset)[:, None] * xs[None, :]
+        if MAGIC == 0:
+            zi = z.to(tl.int32)[:, None]
+            lo = ((p & 15).to(tl.int32) - zi).to(xa.dtype)  # [BN, HALF]: code - zero, exact
+            hi = ((p >> 4).to(tl.int32) - zi).to(xa.dtype)
         else:
-            part -= xs[:, None] * (z + offset)[None, :]
-    if SWAP:
-        acc += part * s[:, None]
+            bits: tl.constexpr = 0x4300 if MAGIC == 1 else 0x6400
+            p16 = p.to(tl.int16)
+            lo = ((p16 & 15) | bits).to(tl.int16).to(xa.dtype, bitcast=True)  # [BN, HALF]
+            hi = ((p16 >> 4) | bits).to(tl.int16).to(xa.dtype, bitcast=True)
+        part = tl.zeros(acc.shape, dtype=tl.float32)
+        if SWAP:
+            part = _fp8_dot(lo, xa, part, IEEE)  # [BN, BM]
+            part = _fp8_dot(hi, xb, part, IEEE)
+        else:
+            part = _fp8_dot(xa, lo, part, IEEE)  # [BM, BN]
+            part = _fp8_dot(xb, hi, part, IEEE)
+        if MAGIC != 0:
+            offset: tl.constexpr = 128.0 if MAGIC == 1 else 1024.0
+            xs = tl.sum(xa.to(tl.float32), axis=1) + tl.sum(xb.to(tl.float32), axis=1)  # [BM]
+            if SWAP:
+                part -= (z + offset)[:, None] * xs[None, :]
+            else:
+                part -= xs[:, None] * (z + offset)[None, :]
+        if SWAP:
+            acc += part * s[:, None]
+        else:
+            acc += part * s[None, :]
+    return acc
+
+
+@triton.jit
+def _int4_scaled_group(acc, p, xa, xb, z, s, SWAP: tl.constexpr, IEEE: tl.constexpr):
+    """acc + a group's products with its weights widened whole: p [BN, HALF] uint8 codes, xa /
+    xb [BM, HALF] the group's two halves of x, z / s [BN] fp32. A code becomes 2^23 + code by
+    its bits (``0x4B000000 | code`` as fp32), so (code - zero) * scale is exact in fp32 and is
+    rounded once, to x's dtype."""
+    base = (z + 8388608.0)[:, None]  # [BN, 1]: 2^23 + zero
+    p32 = p.to(tl.int32)
+    lo = ((((p32 & 15) | 0x4B000000).to(tl.float32, bitcast=True) - base) * s[:, None]).to(
+        xa.dtype
+    )  # [BN, HALF]
+    hi = ((((p32 >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - base) * s[:, None]).to(xa.dtype)
+    if SWAP:  # (no early return: Triton compiles the rest of a constexpr branch's function too)
+        acc = _fp8_dot(lo, xa, acc, IEEE)  # [BN, BM]
+        acc = _fp8_dot(hi, xb, acc, IEEE)
     else:
-        acc += part * s[None, :]
+        acc = _fp8_dot(xa, lo, acc, IEEE)  # [BM, BN]
+        acc = _fp8_dot(xb, hi, acc, IEEE)
     return acc
 
 
@@ -1057,9 +1086,13 @@ def _int4_linear_kernel(
     GROUP: tl.constexpr,
     MAGIC: tl.constexpr,
     SWAP: tl.constexpr,
+    SCALED: tl.constexpr,
+    M_FAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    if M_FAST:  # the programs of one weight tile run together: it is read from memory once
+        pid_n, pid_m = tl.program_id(1), tl.program_id(0)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     HALF: tl.constexpr = GROUP // 2
@@ -1079,14 +1112,14 @@ def _int4_linear_kernel(
     # the first group's codes are read before waiting for the kernel before (PDL), as FP8's
     p = tl.load(w_ptrs, mask=nm[:, None], other=0)
     _pdl_enter(PDL)
-    acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE)
+    acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE, SCALED)
     for _k0 in range(k_lo + GROUP, k_hi, GROUP):
         w_ptrs += GROUP // 2
         x_ptrs += GROUP
         z_ptrs += 1
         s_ptrs += 1
         p = tl.load(w_ptrs, mask=nm[:, None], other=0)
-        acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE)
+        acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE, SCALED)
     if SWAP:
         acc = tl.trans(acc)  # [BM, BN]
     _split_k_finish(
@@ -1095,17 +1128,47 @@ def _int4_linear_kernel(
     )  # fmt: skip
 
 
-def int4_blocks(m: int, n: int, k: int, group: int) -> tuple[int, int, int, int, int]:
+class Int4Path(enum.Enum):
+    """How :func:`int4_linear` computes a call (:func:`int4_path` chooses by shape)."""
+
+    GROUPS = "groups"  # each group's sum over the bare codes, scaled once (decode rows)
+    SCALED = "scaled"  # each weight widened whole with its scale, one accumulator (more rows)
+    WIDEN = "widen"  # the weights widened into a scratch [N, K], then cuBLAS (prefill)
+
+
+def int4_path(m: int, n: int, k: int) -> Int4Path:
+    """The path for x [m, k] times weights [n, k], as measured on an H200 (docs/benchmarks.md
+    58): the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
+    where both of the weights' sides are at least :data:`INT4_SCALED_MIN_WIDTH` (Llama-8B's
+    Linears: its four at 64 rows 167 us against 195 by groups and 301 widened; in the engine, 64
+    streams 7.76 -> 6.92 ms a token); narrower weights (Llama-1B's, where the engine lost 0.1 ms
+    a token at 64 streams with it) by groups up to 64 rows; more rows widened."""
+    wide = min(n, k) >= INT4_SCALED_MIN_WIDTH
+    if m > (INT4_WIDEN_ROWS if wide else INT4_GROUP_ROWS):
+        return Int4Path.WIDEN
+    return Int4Path.SCALED if wide and m > INT4_SCALED_ROWS else Int4Path.GROUPS
+
+
+def int4_blocks(
+    m: int, n: int, k: int, group: int, path: Int4Path = Int4Path.GROUPS
+) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K) for :func:`int4_linear` on x [m, k] and
-    weights [n, k]: as :func:`fp8_blocks` chooses (one M tile up to 64 rows, K split until every
-    SM has programs; square-ish tiles for more rows), a K step being one group."""
-    if m > 64:
-        return 64, 128, 4, 3, 1
-    bm = 16 if m <= 16 else _pow2(m)
-    bn = 64
-    tiles = triton.cdiv(n, bn)
-    split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // max(FP8_MIN_SPLIT_K, group)))
-    return bm, bn, 4, 4 if m <= 16 else 3, split
+    weights [n, k] by ``path``: GROUPS as :func:`fp8_blocks` chooses (one M tile of up to 64
+    rows), a K step being one group; SCALED :data:`INT4_MANY_ROWS_TILE`. K is split
+    (:func:`int4_split`) until every SM has programs."""
+    if path is Int4Path.SCALED:
+        bm, bn, warps, stages = INT4_MANY_ROWS_TILE
+    else:
+        bm, bn, warps, stages = 16 if m <= 16 else _pow2(m), 64, 4, 4 if m <= 16 else 3
+    return bm, bn, warps, stages, int4_split(m, n, k, group, bm, bn)
+
+
+def int4_split(m: int, n: int, k: int, group: int, bm: int, bn: int) -> int:
+    """How many parts K is split into for tiles of bm x bn: enough programs for
+    :data:`FP8_PROGRAMS`, at most 16 parts, each at least ``FP8_MIN_SPLIT_K`` columns (or a
+    group)."""
+    tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
+    return max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // max(FP8_MIN_SPLIT_K, group)))
 
 
 def int4_linear(
@@ -1119,21 +1182,28 @@ def int4_linear(
     pdl: bool = False,
     magic: bool = True,
     swap: bool = True,
+    path: Int4Path | None = None,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times packed INT4 weights w [N, K // 2] uint8 (engine/gpu/
     int4.py's layout) with float16 scales and uint8 zeros [N, K // group],
     plus ``bias`` [N] -> [..., N] in x's dtype: sum over groups g of scale[n, g] * sum over the
-    group's k of x[k] * (code[n, k] - zero[n, g]), each group's sum in fp32 (IEEE for fp32
-    inputs). ``count``: zeroed int32 counters, one per output tile, for a split over K (None:
-    fresh ones). ``blocks`` overrides :func:`int4_blocks` (the benchmark tries others; the split
-    is then chosen as by default if left out). ``pdl``: as :func:`add_rms_norm`'s. ``magic``:
-    bf16 / fp16 codes widened by their bits (else through int32); ``swap``: the weights as the
-    MMA's first operand. Both on: 1.4-1.9x bf16's speed at up to 16 rows on an H100's Llama-8B
-    shapes against 1.2-1.6x for neither (scripts/gpu/int4_tiles.py, docs/benchmarks.md 46).
-    More than :data:`INT4_DEQUANT_ROWS` rows: the weights widened into a scratch [N, K] in x's
-    dtype (:func:`int4_dequantize`), then cuBLAS (the tensor cores at prefill sizes)."""
+    group's k of x[k] * (code[n, k] - zero[n, g]), in fp32 (IEEE for fp32 inputs). ``count``:
+    zeroed int32 counters, one per output tile, for a split over K (None: fresh ones).
+    ``blocks`` overrides :func:`int4_blocks` (the benchmark tries others; the split is then
+    chosen as by default if left out). ``pdl``: as :func:`add_rms_norm`'s.
+
+    ``path`` (None: :func:`int4_path`'s): GROUPS, each group's sum over the bare codes, scaled
+    once; ``magic``: bf16 / fp16 codes widened by their bits (else through int32); ``swap``:
+    the weights as the MMA's first operand. Both on: 1.4-1.9x bf16's speed at up to 16 rows on
+    an H100's Llama-8B shapes against 1.2-1.6x for neither (scripts/gpu/int4_tiles.py,
+    docs/benchmarks.md 46). SCALED: each weight widened whole in registers to (code - zero) *
+    scale in x's dtype (:func:`int4_dequantize`'s values) and summed into one accumulator, the
+    programs of one weight tile side by side. WIDEN: the weights widened into a scratch [N, K]
+    in x's dtype (:func:`int4_dequantize`), then cuBLAS (``blocks`` ignored)."""
     n, k = w.shape[0], 2 * w.shape[1]
-    if blocks is None and x.numel() // k > INT4_DEQUANT_ROWS:
+    if path is None:
+        path = int4_path(x.numel() // k, n, k)
+    if path is Int4Path.WIDEN:
         wide = int4_dequantize(w, scale, zero, x.dtype, pdl)
         return torch.nn.functional.linear(x, wide, bias)
     group = k // scale.shape[1]
@@ -1141,9 +1211,13 @@ def int4_linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    scaled = path is Int4Path.SCALED
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    default = int4_blocks(m, n, k, group)
-    bm, bn, warps, stages, split = tuple(blocks) + default[len(blocks) :] if blocks else default
+    bm, bn, warps, stages, split = (*blocks, None)[:5] if blocks else (None,) * 5
+    if bm is None:
+        bm, bn, warps, stages, split = int4_blocks(m, n, k, group, path)
+    elif split is None:
+        split = int4_split(m, n, k, group, bm, bn)
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
     k_per_split = triton.cdiv(triton.cdiv(k, split), group) * group
     split = triton.cdiv(k, k_per_split)  # (rounding to whole groups may leave fewer splits)
@@ -1153,7 +1227,7 @@ def int4_linear(
         if count is None:
             count = counters(x.device, grid_n * grid_m)
         assert count.numel() >= grid_n * grid_m
-    _int4_linear_kernel[(grid_n, grid_m, split)](
+    _int4_linear_kernel[(grid_m, grid_n, split) if scaled else (grid_n, grid_m, split)](
         x2,
         w,
         scale,
@@ -1175,6 +1249,8 @@ def int4_linear(
         GROUP=group,
         MAGIC=MAGIC_BITS.get(x.dtype, 0) if magic else 0,
         SWAP=swap,
+        SCALED=scaled,
+        M_FAST=scaled,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
@@ -1184,7 +1260,11 @@ def int4_linear(
 
 
 MAGIC_BITS = {torch.bfloat16: 1, torch.float16: 2}  # int4_linear's widening by bits, by x dtype
-INT4_DEQUANT_ROWS = 64  # above this many rows, int4_linear widens the weights for cuBLAS
+INT4_SCALED_ROWS = 32  # above this many rows, the SCALED path (wide enough weights)
+INT4_MANY_ROWS_TILE = (64, 64, 4, 3)  # its tiles: BM, BN, warps, stages
+INT4_WIDEN_ROWS = 160  # above this many, WIDEN (faster from ~192 rows on Llama-8B's shapes)
+INT4_SCALED_MIN_WIDTH = 4096  # N and K both at least this for the SCALED path
+INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDEN
 
 
 @triton.jit
