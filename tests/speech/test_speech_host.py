@@ -207,3 +207,21 @@ def test_the_host_judges_only_for_a_gpu_model_shared_by_several_workers():
         cfg_with(**{**gpu, "turn.model": "auto"})
     )  # the hazard's: for its pause head
     assert not host_judges(cfg_with(**{**gpu, "turn.model": "auto", "turn.audio_head": "none"}))
+
+
+def test_more_speech_hosts_on_cuda_than_gpus_is_a_config_error_naming_the_key():
+    """``asr.hosts`` above 1 on cuda pins host i to GPU i, so the primary checks the count before
+    it starts any (here a stand-in count: CI has no GPU); cpu, auto and one host need none."""
+    from voicert.config import ConfigError
+    from voicert.speech.host import check_speech_gpus
+
+    over = {"asr.device": "cuda", "asr.hosts": 3, "asr.shared": True, "server.workers": 3}
+    cuda3 = load_config(None, over).asr
+    with pytest.raises(ConfigError, match=r"asr.hosts: 3 .* CTranslate2 sees 2; .* at most 2"):
+        check_speech_gpus(cuda3, lambda: 2)
+    with pytest.raises(ConfigError, match=r"sees 0; use asr.device: cpu"):
+        check_speech_gpus(cuda3, lambda: 0)
+    check_speech_gpus(cuda3, lambda: 3)  # one GPU each
+    for device, hosts in (("cpu", 3), ("auto", 3), ("cuda", 1)):
+        cfg = load_config(None, {**over, "asr.device": device, "asr.hosts": hosts}).asr
+        check_speech_gpus(cfg, lambda: 0)  # (the count is not asked)

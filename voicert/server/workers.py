@@ -279,6 +279,9 @@ class Primary:
                 lambda i=i: self._start_engine_host(i) for i in range(len(addresses))
             ]
         if self.cfg.asr.shared:
+            from voicert.speech.host import check_speech_gpus
+
+            check_speech_gpus(self.cfg.asr)
             self.speech = [
                 os.path.join(self.dir, f"speech-{i}.sock") for i in range(self.cfg.asr.hosts)
             ]

@@ -28,12 +28,14 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Union
 
 import msgspec
 import numpy as np
 
+from voicert.config import AsrConfig, ConfigError
 from voicert.core.speech import FINAL, AsrBase, SpeechUnavailable, Transcript, TurnAudio
 from voicert.hosting import (
     HostFailed,
@@ -305,6 +307,26 @@ def _speech_host(
     if judges is not None:
         judges.close()
     asr.close()
+
+
+def check_speech_gpus(asr_cfg: AsrConfig, count: Callable[[], int] | None = None) -> None:
+    """Before starting them: ``asr.hosts`` above 1 on ``asr.device: cuda`` puts host i on GPU i
+    alone, so this machine needs at least that many GPUs. ``count``: how many it has (default:
+    CTranslate2's count, as each host's Whisper sees them). Raises ConfigError naming
+    asr.hosts; else a host past the last GPU would fail only once started."""
+    if asr_cfg.hosts <= 1 or asr_cfg.device != "cuda":
+        return
+    if count is None:
+        import ctranslate2
+
+        count = ctranslate2.get_cuda_device_count
+    have = count()
+    if have < asr_cfg.hosts:
+        fix = f"set asr.hosts to at most {have}" if have else "use asr.device: cpu (or auto)"
+        raise ConfigError(
+            f"asr.hosts: {asr_cfg.hosts} speech hosts on asr.device cuda need a GPU each, but "
+            f"CTranslate2 sees {have}; {fix}"
+        )
 
 
 def start_speech_host(
