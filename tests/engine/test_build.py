@@ -38,3 +38,24 @@ def test_options_of_the_other_device_are_off_where_the_engine_runs():
     )
     gpu = EngineConfig(device="cuda", cuda_graphs=True, torchscript=True).on_device()
     assert gpu.cuda_graphs and not gpu.torchscript
+
+
+def test_the_start_up_line_says_whether_the_lm_head_was_quantized(caplog):
+    """``llm.quant_head`` with INT4: a hidden width no group divides (96 here) keeps the head in
+    the model's dtype, and the log line says so rather than that it was rounded."""
+    import logging
+
+    import torch
+
+    from tests.engine.quantized import SMALL, TINY
+    from voicert.engine.build import _quantize_weights
+    from voicert.engine.models.llama import random_llama
+
+    cfg = EngineConfig(device="cuda", int4=True, quant_head=True, rounding="nearest")
+    for shape, said in ((SMALL, "the LM head's to nearest"), (TINY, "the LM head kept: no group")):
+        model = random_llama(shape, torch.float32, "cpu")  # hidden widths 128 / 96
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="voicert.engine.build"):
+            _quantize_weights(model, None, cfg)
+        assert said in caplog.text
+        assert isinstance(model.lm_head, torch.nn.Linear) == (shape is TINY)

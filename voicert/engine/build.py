@@ -204,12 +204,18 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig) -> None:
         n = quantize_fp8(module, calibrate, head=cfg.quant_head)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
+    head = ""
+    if cfg.quant_head:  # (quantize_head leaves a head no INT4 group fits as it was)
+        kept = isinstance(module.lm_head, torch.nn.Linear)
+        head = (
+            "; the LM head kept: no group fits its width" if kept else "; the LM head's to nearest"
+        )
     log.info(
         "engine: %d Linear layers hold %s weights (rounded: %s%s, %.1f s)",
         n,
         f"INT4 (groups of {cfg.int4_group})" if cfg.int4 else "FP8",
         rounding,
-        "; the LM head's to nearest" if cfg.quant_head else "",
+        head,
         time.perf_counter() - t0,
     )
 
