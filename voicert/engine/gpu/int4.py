@@ -19,10 +19,12 @@ with GPTQ's error feedback against the calibration set (engine/gpu/fp8.py: the g
 from the weights before the rounding, "static groups", so the kernel needs no column order);
 ``nearest`` takes the nearest code.
 
-On CUDA (``kernels.int4_linear``) one Triton kernel reads the packed bytes, widens ``code -
+On CUDA (``kernels.int4_linear``) a Triton kernel reads the packed bytes, widens ``code -
 zero`` (small integers, exact in bf16) in registers, sums each group's products in fp32 on the
-tensor cores and scales the group's sum once. Elsewhere (the CPU, tests) the weights are widened
-in full first (:meth:`Int4Linear.dequantized`): the same function, the sums in another order.
+tensor cores and scales the group's sum once; at more rows each weight is widened whole with its
+scale, in registers or into a scratch for cuBLAS (``kernels.int4_path`` chooses). Elsewhere (the
+CPU, tests) the weights are widened in full first (:meth:`Int4Linear.dequantized`): the same
+function, the sums in another order.
 """
 
 from __future__ import annotations
