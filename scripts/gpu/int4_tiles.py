@@ -1,6 +1,6 @@
 """INT4 kernel variants on the GPU machine, RANDOM WEIGHTS: each Llama-8B / 1B Linear shape at
 decode row counts, the kernel's tiles with codes widened by their bits (magic) or through int32,
-and the widen-then-cuBLAS path at more rows, against bf16 F.linear (GPU time per call in a CUDA
+against bf16 F.linear (more rows: scripts/gpu/int4_many.py) (GPU time per call in a CUDA
 graph of 20 calls, median of 30; the GB/s of the weight bytes each read).
 
 Usage (GPU machine, repo root): python3 scripts/gpu/int4_tiles.py [8b,1b] [1,4,16]
@@ -64,28 +64,6 @@ def main(shapes: str = "8b,1b", rows: str = "1,4,16") -> None:
                         f"({nbytes / t / 1e3:.0f} GB/s, {ref / t:.2f}x)"
                     )
                 print(f"{shape} {name} {n}x{k} rows {m}: " + " | ".join(cells), flush=True)
-            for m in (64, 512):
-                x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-                ref = time_graph(lambda: torch.nn.functional.linear(x, w))
-                wide = time_graph(
-                    lambda: torch.nn.functional.linear(
-                        x, kernels.int4_dequantize(q.weight, q.scale, q.zero, x.dtype)
-                    )
-                )
-                tc = min(
-                    time_graph(
-                        lambda tile=tile, swap=swap: kernels.int4_linear(
-                            x, q.weight, q.scale, q.zero, None, None, tile, swap=swap
-                        )
-                    )
-                    for tile in ((64, 64, 4, 3), (64, 128, 4, 3), (64, 128, 8, 3))
-                    for swap in (False, True)
-                )
-                print(
-                    f"{shape} {name} rows {m}: bf16 {ref:.1f} | widen+cuBLAS {wide:.1f} "
-                    f"({ref / wide:.2f}x) | best kernel tile {tc:.1f} ({ref / tc:.2f}x)",
-                    flush=True,
-                )
 
 
 if __name__ == "__main__":

@@ -1199,10 +1199,13 @@ def int4_linear(
     docs/benchmarks.md 46). SCALED: each weight widened whole in registers to (code - zero) *
     scale in x's dtype (:func:`int4_dequantize`'s values) and summed into one accumulator, the
     programs of one weight tile side by side. WIDEN: the weights widened into a scratch [N, K]
-    in x's dtype (:func:`int4_dequantize`), then cuBLAS (``blocks`` ignored)."""
+    in x's dtype (:func:`int4_dequantize`), then cuBLAS (chosen only where ``blocks`` is left
+    out: with tiles and no ``path``, a row count past the kernels' runs by GROUPS)."""
     n, k = w.shape[0], 2 * w.shape[1]
     if path is None:
         path = int4_path(x.numel() // k, n, k)
+        if blocks is not None and path is Int4Path.WIDEN:  # tiles asked for: a kernel runs
+            path = Int4Path.GROUPS
     if path is Int4Path.WIDEN:
         wide = int4_dequantize(w, scale, zero, x.dtype, pdl)
         return torch.nn.functional.linear(x, wide, bias)
