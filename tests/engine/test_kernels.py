@@ -435,6 +435,23 @@ def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_c
     assert one == [P.GROUPS, P.GROUPS, P.GROUPS, P.WIDEN, P.WIDEN]
 
 
+def test_int4_tiles_asked_for_run_a_kernel_where_the_default_would_widen(monkeypatch):
+    """Past the kernels' row counts ``int4_linear`` widens the weights for cuBLAS, unless the
+    caller names tiles (the benchmarks' tables): then the groups kernel runs them."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    q = Int4Linear.from_linear(torch.nn.Linear(128, 40, bias=False), None, 64).to(DEV)
+    x = torch.randn(70, 128, generator=torch.Generator().manual_seed(3)).to(DEV)
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32))
+    widened = []
+    real = kernels.int4_dequantize
+    monkeypatch.setattr(kernels, "int4_dequantize", lambda *a: widened.append(1) or real(*a))
+    assert close(kernels.int4_linear(x, q.weight, q.scale, q.zero, None), want, 1e-4)
+    assert widened == [1]
+    tiles = kernels.int4_linear(x, q.weight, q.scale, q.zero, None, None, (32, 32, 4, 2))
+    assert close(tiles, want, 1e-4) and widened == [1]
+
+
 @pytest.mark.parametrize("rows", [1, 5])
 def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dtype(rows):
     """``scale`` None: the weights are used as they are (the model's ``triton_linear_rows``), with
