@@ -1141,8 +1141,8 @@ def int4_path(m: int, n: int, k: int) -> Int4Path:
     58): the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
     where both of the weights' sides are at least :data:`INT4_SCALED_MIN_WIDTH` (Llama-8B's
     Linears: its four at 64 rows 167 us against 195 by groups and 301 widened; in the engine, 64
-    streams 7.76 -> 6.92 ms a token); narrower weights (Llama-1B's, where the engine lost 0.1 ms
-    a token at 64 streams with it) by groups up to 64 rows; more rows widened."""
+    streams 7.70-7.84 -> 6.88-6.91 ms a token); narrower weights (Llama-1B's, where the engine
+    lost 0.1 ms a token at 64 streams with it) by groups up to 64 rows; more rows widened."""
     wide = min(n, k) >= INT4_SCALED_MIN_WIDTH
     if m > (INT4_WIDEN_ROWS if wide else INT4_GROUP_ROWS):
         return Int4Path.WIDEN
