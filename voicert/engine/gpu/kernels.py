@@ -1087,11 +1087,10 @@ def _int4_linear_kernel(
     MAGIC: tl.constexpr,
     SWAP: tl.constexpr,
     SCALED: tl.constexpr,
-    M_FAST: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    if M_FAST:  # the programs of one weight tile run together: it is read from memory once
+    if SCALED:  # M first in the grid: one weight tile's programs run together, it is read once
         pid_n, pid_m = tl.program_id(1), tl.program_id(0)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1150,7 +1149,7 @@ def int4_path(m: int, n: int, k: int) -> Int4Path:
 
 
 def int4_blocks(
-    m: int, n: int, k: int, group: int, path: Int4Path = Int4Path.GROUPS
+    m: int, n: int, k: int, group: int, path: Int4Path
 ) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K) for :func:`int4_linear` on x [m, k] and
     weights [n, k] by ``path``: GROUPS as :func:`fp8_blocks` chooses (one M tile of up to 64
@@ -1253,7 +1252,6 @@ def int4_linear(
         MAGIC=MAGIC_BITS.get(x.dtype, 0) if magic else 0,
         SWAP=swap,
         SCALED=scaled,
-        M_FAST=scaled,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
