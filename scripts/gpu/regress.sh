@@ -3,6 +3,8 @@
 # minutes): bench.engine on each shape, base then head then base then head, and first (TESTS=gpu)
 # this tree's GPU tests. The earlier tree travels as .carry/base (git archive COMMIT voicert).
 #   TESTS=gpu ROUNDS=2 bash scripts/gpu/regress.sh "1b"      outputs under $OUT (or ./regress-out)
+# EXTRA: more bench.engine flags for both sides (e.g. "--fp8 --quant-head"); STREAMS: 1,64 unless set;
+# TAG: a name for the output files (default: the shape).
 set -u
 out=${OUT:-regress-out}
 source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
@@ -19,10 +21,12 @@ for shape in $1; do
     for side in base head; do
       tree=$base; [ "$side" = head ] && tree=$head
       (cd "$tree" && PYTHONPATH=$tree:/root/site python3 -m voicert.bench.engine \
-        --model "llama-$shape-random" --device cuda --spec 0 --new-tokens 128 --streams 1,64 \
-        --reps 10 --kv-gb 4 --against none --no-baseline) > "$out/engine-$shape-$side-$round.txt" 2>&1
+        --model "llama-$shape-random" --device cuda --spec 0 --new-tokens 128 --streams "${STREAMS:-1,64}" \
+        --reps 10 --kv-gb 4 --against none --no-baseline ${EXTRA:-}) \
+        > "$out/engine-${TAG:-$shape}-$side-$round.txt" 2>&1
       echo "== $shape $side round $round"
-      grep -E "TPOT per stream, (1|64) streams, decode only|TTFT, 600" "$out/engine-$shape-$side-$round.txt"
+      grep -E "TPOT, batch 1|TPOT per stream, (1|64) streams, decode only|TTFT, 600" \
+        "$out/engine-${TAG:-$shape}-$side-$round.txt"
     done
   done
 done

@@ -83,6 +83,7 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
         "decode",
         "decode-wide",
         "decode-triton-linear",
+        "decode-one-triton-linear",
         "decode-qk-norm",
         "verify",
         "verify-one",
@@ -110,7 +111,7 @@ def test_fused_forward_matches_torch_forward(case):
                     norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) + 0.5)
     if case == "prefill-sdpa":
         model.prefill_attention = "sdpa"
-    if case == "decode-triton-linear":  # Linears by the FP8 kernel (unscaled)
+    if "triton-linear" in case:  # Linears by the FP8 kernel (unscaled; one row: gemv)
         model.triton_linear_rows = 16
     g = torch.Generator().manual_seed(2)
     bs, lengths = (
@@ -119,6 +120,7 @@ def test_fused_forward_matches_torch_forward(case):
             "decode": [5, 40, 17],
             "decode-wide": [5, 40, 17, 3, 60, 21],
             "decode-triton-linear": [5, 40, 17],
+            "decode-one-triton-linear": [40],
             "decode-qk-norm": [5, 40, 17],
             "prefill-qk-norm": [20, 33],
             "verify": [30, 9],
@@ -466,6 +468,60 @@ def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dt
     assert close(split, x @ w.T, 1e-4) and not count.any()
 
 
+@pytest.mark.parametrize("blocks", [(32, 64, 4), (8, 64, 4, 3), (4, 128, 4, 2)])
+def test_gemv_computes_one_row_with_the_dequantized_weights(blocks):
+    """The one-row kernel (:func:`kernels.gemv`) against F.linear on the widened weights: FP8
+    with scales and unscaled weights, a bias or none, N and K not multiples of the tile, K split
+    or not (the counters left at zero)."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(11)
+    q = Fp8Linear.from_linear(torch.nn.Linear(200, 90, bias=True)).to(DEV)
+    x = torch.randn(1, 200, generator=g).to(DEV)
+    count = kernels.counters(DEV)
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
+    got = kernels.gemv(x, q.weight, q.scale, q.bias, count, blocks)
+    assert got.shape == (1, 90) and close(got, want, 1e-4) and not count.any()
+    w = torch.randn(90, 200, generator=g).to(DEV)
+    assert close(kernels.gemv(x, w, None, None, count, blocks), x @ w.T, 1e-4)
+    assert not count.any()
+    if DEV == "cuda":  # bf16 activations: fp32 sums, one rounding at the end
+        want = torch.nn.functional.linear(x.bfloat16().float(), q.dequantized(torch.float32))
+        got = kernels.gemv(x.bfloat16(), q.weight, q.scale, None, count, blocks)
+        assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
+
+
+def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
+    """``fp8_linear`` sends a one-row step to gemv, a row more to the MMA kernel, and one row
+    with tiles named (the benchmarks' tables) or of more than ``GEMV_MAX_N`` outputs to the MMA
+    kernel too. The model's Linears at one row leave the MMA kernel's measured tiles out."""
+    calls = []
+    real = kernels.gemv
+    monkeypatch.setattr(kernels, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    g = torch.Generator().manual_seed(12)
+    w = torch.randn(48, 64, generator=g).to(DEV)
+    one, two = torch.randn(1, 64, generator=g).to(DEV), torch.randn(2, 64, generator=g).to(DEV)
+    assert close(kernels.fp8_linear(one, w, None, None), one @ w.T, 1e-4) and calls == [1]
+    assert close(kernels.fp8_linear(two, w, None, None), two @ w.T, 1e-4) and calls == [1]
+    tiles = kernels.fp8_linear(one, w, None, None, None, (16, 32, 64, 4, 2))
+    assert close(tiles, one @ w.T, 1e-4) and calls == [1]
+    monkeypatch.setattr(kernels, "GEMV_MAX_N", 32)  # wider weights (an LM head): the MMA kernel
+    assert close(kernels.fp8_linear(one, w, None, None), one @ w.T, 1e-4) and calls == [1]
+    model = random_llama(TINY, torch.float32, DEV)
+    model.triton_linear_rows = 16
+    model.linear_tiles = {tuple(model.layers[0].attn.qkv.weight.shape): (16, 32, 64, 4, 2)}
+    seen = []
+    fp8_linear = kernels.fp8_linear
+    monkeypatch.setattr(
+        kernels,
+        "fp8_linear",
+        lambda x, w, s, b, c, t, p: seen.append(t) or fp8_linear(x, w, s, b, c, t, p),
+    )
+    model._linear(model.layers[0].attn.qkv, torch.randn(1, TINY.hidden_size).to(DEV))
+    model._linear(model.layers[0].attn.qkv, torch.randn(3, TINY.hidden_size).to(DEV))
+    assert seen == [None, (16, 32, 64, 4, 2)]
+
+
 def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(5, 300, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [1.0], [0.2]])
@@ -535,7 +591,7 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
         for n, t in zip(lengths, tables)
     ]
     prefill = [Row(torch.randint(0, 30000, (40,), generator=g).tolist(), lengths[0], tables[0], 0)]
-    for rows in (decode, prefill):
+    for rows in (decode, decode[:1], prefill):  # (one row: gemv)
         model.pdl = False
         want = run_layers(model, runners[0], rows, True)
         model.pdl = True

@@ -824,6 +824,117 @@ def _split_k_finish(
         _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
 
 
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    N,
+    K,
+    k_per_split,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """:func:`_fp8_linear_kernel` for one row on the CUDA cores, no MMA: each weight tile
+    [BN, BK] is widened to fp32 and multiplied by x's columns into a [BN, BK] accumulator by
+    FMAs, summed over K once at the end (no reduction across threads in the loop)."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    nm = rn < N
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_ptrs = x_ptr + k_lo + rk  # [BK]
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
+    km = (k_lo + rk) < k_hi
+    w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)  # before the wait (PDL)
+    _pdl_enter(PDL)
+    x = tl.load(x_ptrs, mask=km, other=0.0)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        km = (k0 + rk) < k_hi
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=km, other=0.0)
+    acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    rm = tl.arange(0, 1)
+    _split_k_finish(
+        tl.sum(acc, axis=1)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr, out_ptr, part_ptr,
+        count_ptr, SPLIT, HAS_SCALE, HAS_BIAS,
+    )  # fmt: skip
+
+
+GEMV_ROWS = 1  # steps of this many rows take gemv in fp8_linear (docs/benchmarks.md section 59)
+GEMV_MAX_N = 65536  # ... for weights of at most this many outputs: an LM head's 128k columns
+# stream faster through the MMA kernel's wider tiles (FP8, H100)
+GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
+
+
+def gemv(
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None = None,
+    blocks: tuple[int, ...] = GEMV_TILE,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """One row x2 [1, K] times w [N, K] (FP8 with ``scale`` [N] float32, or unscaled in x2's
+    dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
+    at one row a step only streams the weights, and FMAs over the widened tile read them
+    faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
+    SPLIT]); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS` programs. ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s."""
+    m, k = x2.shape
+    assert m == 1 and x2.stride(-1) == 1, x2.shape
+    n = w.shape[0]
+    bn, bk, warps = blocks[:3]
+    split = blocks[3] if len(blocks) > 3 else 0
+    tiles = triton.cdiv(n, bn)
+    if not split:
+        split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
+    k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
+    split = triton.cdiv(k, k_per_split)
+    out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    part = out
+    if split > 1:
+        part = torch.empty(split, 1, n, dtype=torch.float32, device=x2.device)
+        if count is None:
+            count = counters(x2.device, tiles)
+        assert count.numel() >= tiles
+    _gemv_kernel[(tiles, 1, split)](
+        x2,
+        w,
+        w if scale is None else scale,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        n,
+        k,
+        k_per_split,
+        HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=pdl,
+    )
+    return out
+
+
 FP8_PROGRAMS = 264  # aim for at least this many programs (two per SM of an H100's 132)
 FP8_MIN_SPLIT_K = 512  # a split of K streams at least this many columns
 
@@ -858,18 +969,23 @@ def fp8_linear(
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
     w is in x's dtype and used as it is: a plain Linear for few rows through the same kernel
     (launched like the step's other kernels, so with ``pdl`` it chains). The weights are widened
-    to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). More than
+    to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). One row
+    (:data:`GEMV_ROWS`) of up to :data:`GEMV_MAX_N` outputs goes to :func:`gemv`, the same
+    sums on the CUDA cores. More than
     ``FP8_MMA_ROWS`` rows of bf16/fp16 go to :func:`fp8_scaled_mm` instead (the activations
     rounded to FP8 too: the tensor cores beat widening there); fp32 inputs, the exactness
     tests' dtype, always take the widening kernel. ``count``: zeroed int32
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
-    see :func:`counters`). ``blocks`` overrides :func:`fp8_blocks` (the benchmark tries others;
-    five numbers: the split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s."""
+    see :func:`counters`). ``blocks``: the MMA kernel's tiles, overriding :func:`fp8_blocks`
+    (given, that kernel runs at any row count: the benchmarks try tiles; five numbers: the
+    split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s."""
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    if blocks is None and m <= GEMV_ROWS and n <= GEMV_MAX_N:
+        return gemv(x2, w, scale, bias, count, GEMV_TILE, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None
         and m > FP8_MMA_ROWS

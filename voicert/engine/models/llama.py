@@ -226,7 +226,8 @@ class LlamaModel(nn.Module):
         form."""
         if isinstance(lin, (Fp8Linear, Int4Linear)):
             return lin(x, pdl=self.pdl)
-        if x.numel() // x.shape[-1] <= self.triton_linear_rows:
+        rows = x.numel() // x.shape[-1]
+        if rows <= self.triton_linear_rows:
             from voicert.engine.gpu import kernels
 
             return kernels.fp8_linear(
@@ -235,7 +236,10 @@ class LlamaModel(nn.Module):
                 None,
                 lin.bias,
                 self.kernel_counters(),
-                self.linear_tiles.get(tuple(lin.weight.shape)),
+                # the tiles are the MMA kernel's, measured at 1-16 rows; one row takes gemv
+                None
+                if rows <= kernels.GEMV_ROWS
+                else self.linear_tiles.get(tuple(lin.weight.shape)),
                 self.pdl,
             )
         return lin(x)
