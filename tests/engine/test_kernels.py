@@ -493,8 +493,11 @@ def test_gemv_computes_one_row_with_the_dequantized_weights(blocks):
 
 def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
     """``fp8_linear`` sends a one-row step to gemv, a row more to the MMA kernel, and one row
-    with tiles named (the benchmarks' tables) or of more than ``GEMV_MAX_N`` outputs to the MMA
-    kernel too. The model's Linears at one row leave the MMA kernel's measured tiles out."""
+    with tiles named (the benchmarks' tables) or FP8 weights of more than ``GEMV_MAX_N`` outputs
+    to the MMA kernel too. The model's Linears at one row leave the MMA kernel's measured tiles
+    out."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
     calls = []
     real = kernels.gemv
     monkeypatch.setattr(kernels, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -505,8 +508,11 @@ def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
     assert close(kernels.fp8_linear(two, w, None, None), two @ w.T, 1e-4) and calls == [1]
     tiles = kernels.fp8_linear(one, w, None, None, None, (16, 32, 64, 4, 2))
     assert close(tiles, one @ w.T, 1e-4) and calls == [1]
-    monkeypatch.setattr(kernels, "GEMV_MAX_N", 32)  # wider weights (an LM head): the MMA kernel
-    assert close(kernels.fp8_linear(one, w, None, None), one @ w.T, 1e-4) and calls == [1]
+    monkeypatch.setattr(kernels, "GEMV_MAX_N", 32)  # wider FP8 weights (a head): the MMA kernel
+    q = Fp8Linear.from_linear(torch.nn.Linear(64, 48, bias=False)).to(DEV)
+    want = torch.nn.functional.linear(one, q.dequantized(torch.float32))
+    assert close(kernels.fp8_linear(one, q.weight, q.scale, None), want, 1e-4) and calls == [1]
+    assert close(kernels.fp8_linear(one, w, None, None), one @ w.T, 1e-4) and calls == [1, 1]
     model = random_llama(TINY, torch.float32, DEV)
     model.triton_linear_rows = 16
     model.linear_tiles = {tuple(model.layers[0].attn.qkv.weight.shape): (16, 32, 64, 4, 2)}
@@ -520,6 +526,30 @@ def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
     model._linear(model.layers[0].attn.qkv, torch.randn(1, TINY.hidden_size).to(DEV))
     model._linear(model.layers[0].attn.qkv, torch.randn(3, TINY.hidden_size).to(DEV))
     assert seen == [None, (16, 32, 64, 4, 2)]
+
+
+def test_a_one_row_step_reads_the_lm_head_through_gemv_with_the_same_logits(monkeypatch):
+    """With the Triton Linears on (``triton_linear_rows``), a one-row step's unquantized LM head
+    runs through gemv into the caller's buffer: the logits of F.linear and the same greedy
+    token. Two rows, or the Linears on cuBLAS, keep the torch head."""
+    calls = []
+    real = kernels.gemv
+    monkeypatch.setattr(kernels, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = random_llama(TINY, torch.float32, DEV)
+    model.use_kernels = True
+    g = torch.Generator().manual_seed(13)
+    hidden = torch.randn(1, 1, TINY.hidden_size, generator=g).to(DEV)
+    want = torch.nn.functional.linear(hidden, model.lm_head.weight).detach()  # [1, 1, V]
+    head_out = torch.empty_like(want)
+    with torch.inference_mode():  # (as the engine runs)
+        plain = model.greedy(hidden, head_out=head_out)
+        assert calls == [] and close(head_out, want, 1e-4)
+        model.triton_linear_rows = 1
+        head_out.zero_()
+        assert torch.equal(model.greedy(hidden, head_out=head_out), plain) and calls == [1]
+        assert close(head_out, want, 1e-4)
+        model.greedy(torch.randn(2, 1, TINY.hidden_size, generator=g).to(DEV))
+        assert calls == [1]
 
 
 def test_fp8_rows_quantizes_each_row_by_its_own_largest_magnitude():

@@ -875,8 +875,8 @@ def _gemv_kernel(
 
 
 GEMV_ROWS = 1  # steps of this many rows take gemv in fp8_linear (docs/benchmarks.md section 59)
-GEMV_MAX_N = 65536  # ... for weights of at most this many outputs: an LM head's 128k columns
-# stream faster through the MMA kernel's wider tiles (FP8, H100)
+GEMV_MAX_N = 65536  # ... for FP8 weights of at most this many outputs: an FP8 LM head's 128k
+# columns stream faster through the MMA kernel's wider tiles (H100); bf16 ones do not
 GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
 
 
@@ -888,12 +888,15 @@ def gemv(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] = GEMV_TILE,
     pdl: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One row x2 [1, K] times w [N, K] (FP8 with ``scale`` [N] float32, or unscaled in x2's
     dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
     at one row a step only streams the weights, and FMAs over the widened tile read them
     faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
-    SPLIT]); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS` programs. ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s."""
+    SPLIT]); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS` programs.
+    ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s. ``out``: where to
+    write (N contiguous values in x2's dtype; None: a new [1, N])."""
     m, k = x2.shape
     assert m == 1 and x2.stride(-1) == 1, x2.shape
     n = w.shape[0]
@@ -904,7 +907,9 @@ def gemv(
         split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
     k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
     split = triton.cdiv(k, k_per_split)
-    out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    if out is None:
+        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    assert out.is_contiguous() and out.numel() == n and out.dtype == x2.dtype
     part = out
     if split > 1:
         part = torch.empty(split, 1, n, dtype=torch.float32, device=x2.device)
@@ -970,8 +975,8 @@ def fp8_linear(
     w is in x's dtype and used as it is: a plain Linear for few rows through the same kernel
     (launched like the step's other kernels, so with ``pdl`` it chains). The weights are widened
     to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). One row
-    (:data:`GEMV_ROWS`) of up to :data:`GEMV_MAX_N` outputs goes to :func:`gemv`, the same
-    sums on the CUDA cores. More than
+    (:data:`GEMV_ROWS`) goes to :func:`gemv`, the same sums on the CUDA cores (FP8 weights:
+    up to :data:`GEMV_MAX_N` outputs). More than
     ``FP8_MMA_ROWS`` rows of bf16/fp16 go to :func:`fp8_scaled_mm` instead (the activations
     rounded to FP8 too: the tensor cores beat widening there); fp32 inputs, the exactness
     tests' dtype, always take the widening kernel. ``count``: zeroed int32
@@ -984,7 +989,7 @@ def fp8_linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if blocks is None and m <= GEMV_ROWS and n <= GEMV_MAX_N:
+    if blocks is None and m <= GEMV_ROWS and (n <= GEMV_MAX_N or w.element_size() > 1):
         return gemv(x2, w, scale, bias, count, GEMV_TILE, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None

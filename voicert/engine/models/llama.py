@@ -256,7 +256,7 @@ class LlamaModel(nn.Module):
         the tokens (a [rows, inner] view, see ``kernels.argmax_rows``). ``head_out``, if given,
         receives the LM head's output (contiguous, [..., vocab] in the model's dtype) so a caller
         can pick again from it under a mask (engine/core/guided.py); the same values either way."""
-        head = lm_head_out(self.lm_head, hidden, head_out)  # [..., V]
+        head = self._head(hidden, head_out)  # [..., V]
         count = self.kernel_counters() if self.use_kernels else None
         if count is not None and hidden.numel() // hidden.shape[-1] <= count.numel():
             from voicert.engine.gpu import kernels
@@ -264,6 +264,23 @@ class LlamaModel(nn.Module):
             return kernels.argmax_rows(head, count, out, self.pdl)
         best = head.float().argmax(-1)  # (more rows than counters: the torch path)
         return best if out is None else out.copy_(best)
+
+    def _head(self, hidden: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """The LM head's output [..., V] (in ``out`` if given): a one-row step whose Linears
+        take the Triton kernels (``triton_linear_rows``) reads an unquantized head through
+        ``kernels.gemv`` too (1.13x cuBLAS at Llama-1B's head, docs/benchmarks.md section 59);
+        else :func:`lm_head_out`."""
+        rows = hidden.numel() // hidden.shape[-1]
+        if rows > 1 or not self.triton_linear_rows or not isinstance(self.lm_head, nn.Linear):
+            return lm_head_out(self.lm_head, hidden, out)
+        from voicert.engine.gpu import kernels
+
+        w = self.lm_head.weight  # [V, H]
+        flat = out.view(1, -1) if out is not None else None
+        got = kernels.gemv(
+            hidden.reshape(1, -1), w, None, None, self.kernel_counters(), pdl=self.pdl, out=flat
+        )
+        return got.view(*hidden.shape[:-1], w.shape[0])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [..., hidden] -> logits [..., vocab] in float32."""
