@@ -5,11 +5,12 @@ before it read in the last ~512 MB, as a step does (the same weights back to bac
 the 50 MB L2): each shape is held in enough copies and the calls go round them. GPU time per
 call in a CUDA graph (median of 30 replays) and the weight bytes read per second.
 
-Then the chain: the four Linears of each of 8 layers in order, launched with PDL as the engine
-launches them, per layer: the MMA kernel (the path before; bf16 with the engine's tiles),
-gemv's default tile and the best gemv tile of each shape.
+Then the chain, twice: the four Linears of each of 8 layers in order, launched with PDL as the
+engine launches them, per layer: the MMA kernel (the path before; bf16 with the engine's
+tiles), gemv's default tile with 1, 2 or 4 weight tiles loaded before the PDL wait, and the
+best gemv tile of each shape.
 
-Usage (GPU machine, repo root): python3 scripts/gpu/gemv_fp8.py [OUT.json]
+Usage (GPU machine, repo root): python3 scripts/gpu/gemv_fp8.py [OUT.json] [8b,1b] [sweep|chain]
 """
 
 import itertools
@@ -111,19 +112,24 @@ def sweep(label: str, fp8: bool, tiles: dict) -> dict:
 
 def chain(label: str, fp8: bool, results: dict, tiles: dict, layers: int = 8) -> None:
     """The four Linears of ``layers`` layers in order under PDL, us per layer: the MMA kernel,
-    gemv's default tile and each shape's best gemv tile."""
+    gemv's default tile with 1, 2 and 4 weight tiles loaded before the PDL wait, and (after a
+    sweep, ``results``) each shape's best gemv tile."""
     shapes = SHAPE_SETS[label]
     ws = {name: _weights(n, k, fp8, layers) for name, n, k in shapes}
     xs = {name: torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for name, n, k in shapes}
-    best = {
-        name: tuple(
-            int(v)
-            for v in _best(results[f"{label} {name} {n}x{k} {'fp8' if fp8 else 'bf16'}"])[1]
-            .split()[1]
-            .split("x")
-        )
-        for name, n, k in shapes
+    ways = {
+        f"pre{p}": {name: (*kernels.GEMV_TILE, 0, p) for name, _, _ in shapes} for p in (1, 2, 4)
     }
+    if results:
+        ways["best"] = {
+            name: tuple(
+                int(v)
+                for v in _best(results[f"{label} {name} {n}x{k} {'fp8' if fp8 else 'bf16'}"])[1]
+                .split()[1]
+                .split("x")
+            )
+            for name, n, k in shapes
+        }
     count = kernels.counters("cuda", 1 << 16)
 
     def run(how: str) -> float:
@@ -134,36 +140,39 @@ def chain(label: str, fp8: bool, results: dict, tiles: dict, layers: int = 8) ->
                     if how == "mma":
                         t = _mma(n, k, fp8, tiles)
                         kernels.fp8_linear(xs[name], w, s, None, count, t, pdl=True)
-                    elif how == "default":
-                        kernels.fp8_linear(xs[name], w, s, None, count, pdl=True)
                     else:
-                        kernels.gemv(xs[name], w, s, None, count, best[name], pdl=True)
+                        kernels.gemv(xs[name], w, s, None, count, ways[how][name], pdl=True)
 
         return time_graph(step, 1) / layers
 
     nbytes = sum(ws[name][0][2] for name, _, _ in shapes)
-    times = {how: run(how) for how in ("mma", "default", "best")}
+    times = {how: run(how) for how in ["mma", *ways]}
     print(
         f"{label} {'FP8' if fp8 else 'bf16'}, chain of {layers} layers, one row, PDL, us a "
         "layer (GB/s): "
         + " | ".join(f"{h} {t:.1f} ({nbytes / t / 1e3:.0f})" for h, t in times.items())
-        + f" | default {times['mma'] / times['default']:.2f}x the MMA kernel; best {best}",
+        + f" | best {ways.get('best')}",
         flush=True,
     )
 
 
-def main(out: str = "") -> None:
+def main(out: str = "", sets: str = "8b,1b", sweep_too: str = "sweep") -> None:
+    """``sets``: 8b (FP8) and/or 1b (bf16); ``sweep_too``: "chain" for the chains alone."""
     tiles = kernels.linear_tiles(torch.cuda.get_device_name(), torch.bfloat16)  # as the engine
-    print(f"# {torch.cuda.get_device_name()}; us per call (GB/s of weights), one row\n")
-    print("| Linear | cuBLAS bf16 | MMA kernel (before) | default (gemv) | best gemv |")
-    print("|---|---:|---:|---:|---:|")
-    results = sweep("llama-8b", True, tiles)
-    results.update(sweep("llama-1b", False, tiles))
-    if out:
-        with open(out, "w") as f:
-            json.dump(results, f, indent=1)
-    chain("llama-8b", True, results, tiles)
-    chain("llama-1b", False, results, tiles)
+    chosen = [(f"llama-{s}", s == "8b") for s in sets.split(",")]
+    results = {}
+    if sweep_too == "sweep":
+        print(f"# {torch.cuda.get_device_name()}; us per call (GB/s of weights), one row\n")
+        print("| Linear | cuBLAS bf16 | MMA kernel (before) | default (gemv) | best gemv |")
+        print("|---|---:|---:|---:|---:|")
+        for label, fp8 in chosen:
+            results.update(sweep(label, fp8, tiles))
+        if out:
+            with open(out, "w") as f:
+                json.dump(results, f, indent=1)
+    for label, fp8 in chosen:
+        for _ in range(2):
+            chain(label, fp8, results, tiles)
 
 
 if __name__ == "__main__":

@@ -468,11 +468,14 @@ def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dt
     assert close(split, x @ w.T, 1e-4) and not count.any()
 
 
-@pytest.mark.parametrize("blocks", [(32, 64, 4), (8, 64, 4, 3), (4, 128, 4, 2)])
+@pytest.mark.parametrize(
+    "blocks", [(32, 64, 4), (8, 64, 4, 3), (4, 128, 4, 2), (8, 32, 4, 0, 2), (8, 32, 4, 2, 4)]
+)
 def test_gemv_computes_one_row_with_the_dequantized_weights(blocks):
     """The one-row kernel (:func:`kernels.gemv`) against F.linear on the widened weights: FP8
     with scales and unscaled weights, a bias or none, N and K not multiples of the tile, K split
-    or not (the counters left at zero)."""
+    or not (the counters left at zero), one tile or more of each program loaded before the
+    wait for the kernel before (a K of 200 ends inside the last)."""
     from voicert.engine.gpu.fp8 import Fp8Linear
 
     g = torch.Generator().manual_seed(11)

@@ -841,11 +841,14 @@ def _gemv_kernel(
     SPLIT: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PRE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """:func:`_fp8_linear_kernel` for one row on the CUDA cores, no MMA: each weight tile
     [BN, BK] is widened to fp32 and multiplied by x's columns into a [BN, BK] accumulator by
-    FMAs, summed over K once at the end (no reduction across threads in the loop)."""
+    FMAs, summed over K once at the end (no reduction across threads in the loop). PRE (1, 2
+    or 4): weight tiles loaded before the wait for the kernel before (PDL), so a program
+    started during that kernel's tail streams its weights meanwhile."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -856,10 +859,41 @@ def _gemv_kernel(
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
     km = (k_lo + rk) < k_hi
     w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)  # before the wait (PDL)
+    if PRE >= 2:
+        w1 = tl.load(
+            w_ptrs + BLOCK_K, mask=nm[:, None] & (k_lo + BLOCK_K + rk < k_hi)[None, :], other=0.0
+        )
+    if PRE >= 4:
+        w2 = tl.load(
+            w_ptrs + 2 * BLOCK_K,
+            mask=nm[:, None] & (k_lo + 2 * BLOCK_K + rk < k_hi)[None, :],
+            other=0.0,
+        )
+        w3 = tl.load(
+            w_ptrs + 3 * BLOCK_K,
+            mask=nm[:, None] & (k_lo + 3 * BLOCK_K + rk < k_hi)[None, :],
+            other=0.0,
+        )
     _pdl_enter(PDL)
-    x = tl.load(x_ptrs, mask=km, other=0.0)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+    if PRE >= 2:
+        x = tl.load(x_ptrs, mask=km, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        km = (k_lo + BLOCK_K + rk) < k_hi
+        w = w1
+    if PRE >= 4:
+        x = tl.load(x_ptrs, mask=km, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        x = tl.load(x_ptrs + BLOCK_K, mask=(k_lo + 2 * BLOCK_K + rk) < k_hi, other=0.0)
+        acc += w2.to(tl.float32) * x.to(tl.float32)[None, :]
+        x_ptrs += 2 * BLOCK_K
+        w_ptrs += 2 * BLOCK_K
+        km = (k_lo + 3 * BLOCK_K + rk) < k_hi
+        w = w3
+    x = tl.load(x_ptrs, mask=km, other=0.0)
+    for k0 in range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K):
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
         km = (k0 + rk) < k_hi
@@ -878,6 +912,8 @@ GEMV_ROWS = 1  # steps of this many rows take gemv in fp8_linear (docs/benchmark
 GEMV_MAX_N = 65536  # ... for FP8 weights of at most this many outputs: an FP8 LM head's 128k
 # columns stream faster through the MMA kernel's wider tiles (H100); bf16 ones do not
 GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
+GEMV_PRE = {1: 4}  # weight tiles loaded before the PDL wait, by weight bytes (else 1): FP8
+# layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59)
 
 
 def gemv(
@@ -894,7 +930,8 @@ def gemv(
     dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
     at one row a step only streams the weights, and FMAs over the widened tile read them
     faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
-    SPLIT]); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS` programs.
+    SPLIT[, PRE]]); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS`
+    programs; PRE (absent: :data:`GEMV_PRE`'s): the kernel's.
     ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s. ``out``: where to
     write (N contiguous values in x2's dtype; None: a new [1, N])."""
     m, k = x2.shape
@@ -902,6 +939,7 @@ def gemv(
     n = w.shape[0]
     bn, bk, warps = blocks[:3]
     split = blocks[3] if len(blocks) > 3 else 0
+    pre = blocks[4] if len(blocks) > 4 else GEMV_PRE.get(w.element_size(), 1)
     tiles = triton.cdiv(n, bn)
     if not split:
         split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
@@ -932,6 +970,7 @@ def gemv(
         SPLIT=split,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        PRE=pre,
         PDL=pdl,
         num_warps=warps,
         num_stages=1,
