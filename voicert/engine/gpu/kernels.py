@@ -931,9 +931,9 @@ def gemv(
     at one row a step only streams the weights, and FMAs over the widened tile read them
     faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
     SPLIT[, PRE]]); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS`
-    programs; PRE (absent: :data:`GEMV_PRE`'s): the kernel's.
-    ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s. ``out``: where to
-    write (N contiguous values in x2's dtype; None: a new [1, N])."""
+    programs; PRE: weight tiles read before the PDL wait (absent: :data:`GEMV_PRE` by the
+    weights' bytes). ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s.
+    ``out``: where to write (N contiguous values in x2's dtype; None: a new [1, N])."""
     m, k = x2.shape
     assert m == 1 and x2.stride(-1) == 1, x2.shape
     n = w.shape[0]
@@ -1015,10 +1015,10 @@ def fp8_linear(
     (launched like the step's other kernels, so with ``pdl`` it chains). The weights are widened
     to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). One row
     (:data:`GEMV_ROWS`) goes to :func:`gemv`, the same sums on the CUDA cores (FP8 weights:
-    up to :data:`GEMV_MAX_N` outputs). More than
-    ``FP8_MMA_ROWS`` rows of bf16/fp16 go to :func:`fp8_scaled_mm` instead (the activations
-    rounded to FP8 too: the tensor cores beat widening there); fp32 inputs, the exactness
-    tests' dtype, always take the widening kernel. ``count``: zeroed int32
+    up to :data:`GEMV_MAX_N` outputs). More than ``FP8_MMA_ROWS`` rows of bf16/fp16 go to
+    :func:`fp8_scaled_mm` instead (the activations rounded to FP8 too: the tensor cores beat
+    widening there); fp32 inputs, the exactness tests' dtype, always take the widening kernel
+    there. ``count``: zeroed int32
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks``: the MMA kernel's tiles, overriding :func:`fp8_blocks`
     (given, that kernel runs at any row count: the benchmarks try tiles; five numbers: the
