@@ -824,6 +824,25 @@ def _split_k_finish(
         _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
 
 
+def _split_k(
+    out: torch.Tensor, k: int, split: int, step: int, tiles: int, count: torch.Tensor | None
+) -> tuple[int, int, torch.Tensor, torch.Tensor | None]:
+    """For a kernel whose programs each sum a part of K into ``out`` [M, N] (finished by
+    :func:`_split_k_finish`): (columns a part, parts, where the parts' sums go, counters).
+    ``split`` parts are asked for, each a whole number of ``step`` columns, so fewer may come;
+    with more than one, the partial sums go to a new float32 [parts, M, N] and ``count`` (one
+    zeroed counter per output tile, ``tiles`` of them; None: fresh ones) orders the finish."""
+    per = triton.cdiv(triton.cdiv(k, split), step) * step
+    split = triton.cdiv(k, per)
+    if split == 1:
+        return per, 1, out, count
+    part = torch.empty(split, *out.shape, dtype=torch.float32, device=out.device)
+    if count is None:
+        count = counters(out.device, tiles)
+    assert count.numel() >= tiles
+    return per, split, part, count
+
+
 @triton.jit
 def _gemv_kernel(
     x_ptr,
@@ -943,17 +962,10 @@ def gemv(
     tiles = triton.cdiv(n, bn)
     if not split:
         split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
-    k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, k_per_split)
     if out is None:
         out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
     assert out.is_contiguous() and out.numel() == n and out.dtype == x2.dtype
-    part = out
-    if split > 1:
-        part = torch.empty(split, 1, n, dtype=torch.float32, device=x2.device)
-        if count is None:
-            count = counters(x2.device, tiles)
-        assert count.numel() >= tiles
+    k_per_split, split, part, count = _split_k(out.view(1, n), k, split, bk, tiles, count)
     _gemv_kernel[(tiles, 1, split)](
         x2,
         w,
@@ -1043,14 +1055,7 @@ def fp8_linear(
     default = fp8_blocks(m, n, k, w.element_size())
     bm, bn, bk, warps, stages, split = tuple(blocks) + default[len(blocks) :] if blocks else default
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), bk) * bk
-    split = triton.cdiv(k, k_per_split)  # (rounding to whole tiles may leave fewer splits)
-    part = out
-    if split > 1:
-        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-        if count is None:
-            count = counters(x.device, grid_n * grid_m)
-        assert count.numel() >= grid_n * grid_m
+    k_per_split, split, part, count = _split_k(out, k, split, bk, grid_n * grid_m, count)
     _fp8_linear_kernel[(grid_n, grid_m, split)](
         x2,
         w,
@@ -1381,14 +1386,7 @@ def int4_linear(
     elif split is None:
         split = int4_split(m, n, k, group, bm, bn)
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
-    k_per_split = triton.cdiv(triton.cdiv(k, split), group) * group
-    split = triton.cdiv(k, k_per_split)  # (rounding to whole groups may leave fewer splits)
-    part = out
-    if split > 1:
-        part = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
-        if count is None:
-            count = counters(x.device, grid_n * grid_m)
-        assert count.numel() >= grid_n * grid_m
+    k_per_split, split, part, count = _split_k(out, k, split, group, grid_n * grid_m, count)
     _int4_linear_kernel[(grid_m, grid_n, split) if scaled else (grid_n, grid_m, split)](
         x2,
         w,
