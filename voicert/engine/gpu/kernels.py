@@ -1485,10 +1485,11 @@ def int4_dequantize(
 
 
 def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
-    """The measured best :func:`fp8_linear` tiles for unscaled ``dtype`` weights at up to
-    :data:`LINEAR_ROWS` rows on the GPU model named ``gpu`` (``torch.cuda.get_device_name``),
-    per weight shape (N, K): (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages), from
-    ``engine/data/linear_tiles.json`` (``scripts/gpu/gemv_bf16.py --json`` writes it). A fixed
+    """The measured best :func:`fp8_linear` tiles for unscaled ``dtype`` weights at 2 to
+    :data:`LINEAR_ROWS` rows (one row takes :func:`gemv`, not these tiles) on the GPU model
+    named ``gpu`` (``torch.cuda.get_device_name``), per weight shape (N, K): (BLOCK_M, BLOCK_N,
+    BLOCK_K, num_warps, num_stages), from ``engine/data/linear_tiles.json``
+    (``scripts/gpu/gemv_bf16.py --json`` writes it). A fixed
     table, not timed at start, so an engine computes the same bits on every start. Empty for a
     GPU or dtype it does not list (the :func:`fp8_blocks` rule then)."""
     import json
