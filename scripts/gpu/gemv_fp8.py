@@ -57,8 +57,9 @@ def _time(ws, x, count, call) -> float:
 
 
 def _mma(n: int, k: int, fp8: bool, tiles: dict) -> tuple:
-    """The MMA kernel's tile at one row before gemv: bf16 from the engine's table."""
-    return tiles.get((n, k)) or kernels.fp8_blocks(1, n, k, 1 if fp8 else 2)[:5]
+    """The MMA kernel's tile at one row before gemv: bf16 weights from the engine's table
+    (``tiles``, bf16 only), FP8 ones by ``fp8_blocks`` as ``Fp8Linear`` took it."""
+    return (not fp8 and tiles.get((n, k))) or kernels.fp8_blocks(1, n, k, 1 if fp8 else 2)[:5]
 
 
 def _best(cell: dict) -> tuple[float, str]:
