@@ -1,9 +1,10 @@
 """One-row Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: cuBLAS
 (F.linear on bf16 weights), kernels.fp8_linear's MMA kernel (its former default tile and
-another) and kernels.gemv (the CUDA cores, no MMA) over a set of tiles; the LM heads too. Every call reads weights no call
-before it read in the last ~512 MB, as a step does (the same weights back to back would sit in
-the 50 MB L2): each shape is held in enough copies and the calls go round them. GPU time per
-call in a CUDA graph (median of 30 replays) and the weight bytes read per second.
+another) and kernels.gemv (the CUDA cores, no MMA) over a set of tiles; the LM heads too.
+Every call reads weights no call before it read in the last ~512 MB, as a step does (the same
+weights back to back would sit in the 50 MB L2): each shape is held in enough copies and the
+calls go round them. GPU time per call in a CUDA graph (median of 30 replays) and the weight
+bytes read per second.
 
 Then the chain, twice: the four Linears of each of 8 layers in order, launched with PDL as the
 engine launches them, per layer: the MMA kernel (the path before; bf16 with the engine's
@@ -62,6 +63,11 @@ def _mma(n: int, k: int, fp8: bool, tiles: dict) -> tuple:
     return (not fp8 and tiles.get((n, k))) or kernels.fp8_blocks(1, n, k, 1 if fp8 else 2)[:5]
 
 
+def _key(label: str, name: str, n: int, k: int, fp8: bool) -> str:
+    """A shape's entry in the sweep's results."""
+    return f"{label} {name} {n}x{k} {'fp8' if fp8 else 'bf16'}"
+
+
 def _best(cell: dict) -> tuple[float, str]:
     return min((v, key) for key, v in cell.items() if key.startswith("gemv "))
 
@@ -107,7 +113,7 @@ def sweep(label: str, fp8: bool, tiles: dict) -> dict:
             f"{best[1]} {best[0]:.1f} ({gbs(best[0]):.0f}) |",
             flush=True,
         )
-        results[f"{label} {name} {n}x{k} {'fp8' if fp8 else 'bf16'}"] = cell
+        results[_key(label, name, n, k, fp8)] = cell
     return results
 
 
@@ -125,9 +131,7 @@ def chain(label: str, fp8: bool, results: dict, tiles: dict, layers: int = 8) ->
         ways["best"] = {
             name: tuple(
                 int(v)
-                for v in _best(results[f"{label} {name} {n}x{k} {'fp8' if fp8 else 'bf16'}"])[1]
-                .split()[1]
-                .split("x")
+                for v in _best(results[_key(label, name, n, k, fp8)])[1].split()[1].split("x")
             )
             for name, n, k in shapes
         }
