@@ -961,7 +961,7 @@ def gemv(
     pre = blocks[4] if len(blocks) > 4 else GEMV_PRE.get(w.element_size(), 1)
     tiles = triton.cdiv(n, bn)
     if not split:
-        split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
+        split = _split_rule(tiles, k)
     if out is None:
         out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
     assert out.is_contiguous() and out.numel() == n and out.dtype == x2.dtype
@@ -995,6 +995,12 @@ FP8_PROGRAMS = 264  # aim for at least this many programs (two per SM of an H100
 FP8_MIN_SPLIT_K = 512  # a split of K streams at least this many columns
 
 
+def _split_rule(tiles: int, k: int, least: int = FP8_MIN_SPLIT_K) -> int:
+    """How many parts to split K into for ``tiles`` output tiles: until there are
+    :data:`FP8_PROGRAMS` programs, at most 16 parts, each at least ``least`` columns."""
+    return max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // least))
+
+
 def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for :func:`fp8_linear` on
     x [m, k] and weights [n, k] of ``wbytes`` bytes each. Up to 64 rows (decode, verify): the
@@ -1008,7 +1014,7 @@ def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, 
     bm = 16 if m <= 16 else _pow2(m)
     bn, bk = ((32, 256) if wbytes == 1 else (64, 128)) if m <= 16 else (64, 128)
     tiles = triton.cdiv(n, bn)
-    split = max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // FP8_MIN_SPLIT_K))
+    split = _split_rule(tiles, k)
     return bm, bn, bk, 4, 4, split
 
 
@@ -1332,7 +1338,7 @@ def int4_split(m: int, n: int, k: int, group: int, bm: int, bn: int) -> int:
     :data:`FP8_PROGRAMS`, at most 16 parts, each at least ``FP8_MIN_SPLIT_K`` columns (or a
     group)."""
     tiles = triton.cdiv(n, bn) * triton.cdiv(m, bm)
-    return max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // max(FP8_MIN_SPLIT_K, group)))
+    return _split_rule(tiles, k, max(FP8_MIN_SPLIT_K, group))
 
 
 def int4_linear(
@@ -1489,9 +1495,9 @@ def linear_tiles(gpu: str, dtype: torch.dtype) -> dict[tuple[int, int], tuple]:
     :data:`LINEAR_ROWS` rows (one row takes :func:`gemv`, not these tiles) on the GPU model
     named ``gpu`` (``torch.cuda.get_device_name``), per weight shape (N, K): (BLOCK_M, BLOCK_N,
     BLOCK_K, num_warps, num_stages), from ``engine/data/linear_tiles.json``
-    (``scripts/gpu/gemv_bf16.py --json`` writes it). A fixed
-    table, not timed at start, so an engine computes the same bits on every start. Empty for a
-    GPU or dtype it does not list (the :func:`fp8_blocks` rule then)."""
+    (``scripts/gpu/gemv_bf16.py --json`` writes it). A fixed table, not timed at start, so an
+    engine computes the same bits on every start. Empty for a GPU or dtype it does not list
+    (the :func:`fp8_blocks` rule then)."""
     import json
     from importlib import resources
 
