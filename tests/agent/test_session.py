@@ -169,7 +169,7 @@ async def test_no_turn_from_silence_or_noise(url):
     async def events_of(x: np.ndarray) -> list[dict]:
         async with connect(url) as ws:
             await ws.send(p.encode(p.SessionStart()))
-            await asyncio.wait_for(ws.recv(), 10)
+            await asyncio.wait_for(ws.recv(), 60)
             await send_realtime(ws, np.concatenate([x, np.zeros(16000, np.float32)]))
             events = []
             try:

@@ -171,7 +171,7 @@ async def test_a_request_made_during_a_restart_waits_and_is_served_by_the_new_en
         await asyncio.sleep(0)  # it waits (no event yet) while the engine is rebuilt...
         assert not waiting.done()
         gate.set()
-        ev = await asyncio.wait_for(waiting, 10)
+        ev = await asyncio.wait_for(waiting, 60)
         assert ev.finish_reason == "stop" and sup.engine.submitted == ["patient"]
     finally:
         gate.set()
@@ -186,7 +186,7 @@ async def test_a_waiting_request_can_be_cancelled():
         waiting = asyncio.ensure_future(first_event(sup.submit(request("changed-mind"))))
         await asyncio.sleep(0)
         sup.cancel("changed-mind")
-        ev = await asyncio.wait_for(waiting, 10)
+        ev = await asyncio.wait_for(waiting, 60)
         assert ev.finish_reason == "cancelled"
     finally:
         gate.set()
@@ -198,7 +198,7 @@ async def test_a_request_that_waits_too_long_ends_with_a_typed_error():
     sup = SupervisedEngine(build, dataclasses.replace(FAST, wait_s=0.05))
     try:
         sup.engine.die("killed")
-        ev = await asyncio.wait_for(first_event(sup.submit(request())), 10)
+        ev = await asyncio.wait_for(first_event(sup.submit(request())), 60)
         assert ev.finish_reason == "error" and "unavailable" in ev.error
     finally:
         gate.set()

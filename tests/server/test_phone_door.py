@@ -69,7 +69,7 @@ async def test_formats_the_codecs_do_not_take_close_with_1003(server):
     for path, start in (("/telnyx", telnyx_start), ("/plivo", plivo_start)):
         async with connect(base + path) as ws:
             await ws.send(start)
-            await asyncio.wait_for(ws.wait_closed(), 10)
+            await asyncio.wait_for(ws.wait_closed(), 60)
             assert ws.close_code == 1003 and "media format" in ws.close_reason
 
 

@@ -80,9 +80,9 @@ async def test_media_before_start_and_wrong_format_close_the_stream(server):
     async with connect(twilio_url(server)) as ws:
         await ws.send(inbound.connected())
         await ws.send(inbound.media(b"\xff" * 160, 0))
-        await asyncio.wait_for(ws.wait_closed(), 10)
+        await asyncio.wait_for(ws.wait_closed(), 60)
         assert ws.close_code == 1008 and "before start" in ws.close_reason
     async with connect(twilio_url(server)) as ws:
         await ws.send(inbound.start(encoding="audio/l16", sample_rate=16000))
-        await asyncio.wait_for(ws.wait_closed(), 10)
+        await asyncio.wait_for(ws.wait_closed(), 60)
         assert ws.close_code == 1003 and "media format" in ws.close_reason
