@@ -2,9 +2,9 @@
 what it measured (its own timing is not asserted)."""
 
 import argparse
+import asyncio
 
 from tests.agent.fakes import FakeEngine
-from voicert.bench import replicas
 from voicert.bench.replicas import capacity, render, run_level
 from voicert.engine.clients.replicas import ReplicaEngine
 
@@ -30,19 +30,17 @@ async def test_a_level_runs_conversations_over_the_replicas_and_reports_them():
     assert "| 2 | affinity | 6 |" in table
 
 
-async def test_a_listening_caller_hears_the_reply_before_talking_again(monkeypatch):
+async def test_a_listening_caller_hears_the_reply_before_talking_again():
     """With ``listen`` the session waits the reply's tokens over the rate before its next turn
     (the fake replies with four words; the waits are recorded, not timed)."""
     waits: list[float] = []
-    sleep = replicas.asyncio.sleep
 
-    async def recorded(seconds, *a, **k):
+    async def recorded(seconds: float) -> None:
         waits.append(seconds)
-        await sleep(0)
+        await asyncio.sleep(0)
 
-    monkeypatch.setattr(replicas.asyncio, "sleep", recorded)
     args = argparse.Namespace(think=0.001, new=4, duration=0.2, warmup=0.0, listen=0.5)
-    await run_level(ReplicaEngine([Replica(), Replica()]), 2, 1, args)
+    await run_level(ReplicaEngine([Replica(), Replica()]), 2, 1, args, pause=recorded)
     assert 4 / 0.5 in waits
 
 

@@ -27,6 +27,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
@@ -86,14 +87,15 @@ async def _session(
     out: list[float],
     tokens: list[int],
     rng: random.Random,
+    pause: Callable[[float], Awaitable[None]],
 ) -> None:
     history: list[ChatMessage] = []
     turn = 0
     cycle = args.think + (args.new / args.listen if args.listen > 0 else 0.0)
-    await asyncio.sleep(rng.uniform(0, cycle))  # sessions start spread over a turn's cycle
+    await pause(rng.uniform(0, cycle))  # sessions start spread over a turn's cycle
     loop = asyncio.get_running_loop()
     while loop.time() < deadline:
-        await asyncio.sleep(rng.uniform(0.5, 1.5) * args.think)
+        await pause(rng.uniform(0.5, 1.5) * args.think)
         if loop.time() >= deadline:
             return
         question = f"{rng.choice(VOICE_PROMPTS)} (caller {index}, turn {turn})"
@@ -119,7 +121,7 @@ async def _session(
         history += [ChatMessage("user", question), ChatMessage("assistant", "".join(parts)[:400])]
         turn += 1
         if args.listen > 0:  # the reply, spoken; the caller answers after hearing it
-            await asyncio.sleep(len(parts) / args.listen)
+            await pause(len(parts) / args.listen)
 
 
 async def _lag(stop: asyncio.Event, out: list[float], period_s: float = 0.01) -> None:
@@ -130,7 +132,16 @@ async def _lag(stop: asyncio.Event, out: list[float], period_s: float = 0.01) ->
         out.append(max(loop.time() - t0 - period_s, 0.0) * 1000)
 
 
-async def run_level(engine, gpus: int, sessions: int, args) -> Level:
+async def run_level(
+    engine,
+    gpus: int,
+    sessions: int,
+    args,
+    pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> Level:
+    """One level: ``sessions`` simulated callers on ``engine`` for ``args.duration`` seconds
+    after ``args.warmup``. ``pause``: how a caller waits (thinking, listening to a reply);
+    tests pass a recorder, so no other sleeper in the process is touched."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     counted_from = start + args.warmup
@@ -146,7 +157,15 @@ async def run_level(engine, gpus: int, sessions: int, args) -> Level:
     await asyncio.gather(
         *(
             _session(
-                engine, i, args, deadline, counted_from, ttft, tokens, random.Random(rng.random())
+                engine,
+                i,
+                args,
+                deadline,
+                counted_from,
+                ttft,
+                tokens,
+                random.Random(rng.random()),
+                pause,
             )
             for i in range(sessions)
         )

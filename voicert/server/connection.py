@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 CLOSE_NORMAL = 1000
 CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED_DATA = 1003  # a message of a kind this socket does not take
 CLOSE_POLICY = 1008  # a reader too slow to drain its frames; a sender over the message rate
 CLOSE_TRY_AGAIN = 1013  # the server has no room for another session now
 

@@ -2,7 +2,9 @@
 
 Feed messages (JSON text frames): ``snapshot`` once (budget, waterfall stage names, recent turns),
 then ``turn`` for every finished turn and ``system`` once a second (sessions, engine queue, mean
-batch size, event-loop lag; from the server's one sampler, telemetry/sampler.py). A dashboard that cannot keep up loses turns, never slows a session down."""
+batch size, event-loop lag; from the server's one sampler, telemetry/sampler.py). A dashboard
+that cannot keep up loses turns, never slows a session down. The feed takes no messages: one
+sent closes the socket with 1003."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from voicert.agent.session import Services
+from voicert.server.connection import CLOSE_UNSUPPORTED_DATA
 from voicert.telemetry.latency import WATERFALL, TurnRecord
 from voicert.telemetry.sampler import Sampler, SystemSample
 
@@ -39,7 +42,10 @@ def static_file(path: str, web_dir: Path = WEB_DIR) -> tuple[bytes, str] | None:
 
 
 async def feed(ws: ServerConnection, svc: Services, sampler: Sampler) -> None:
-    """One dashboard: a snapshot, then every finished turn and every system sample."""
+    """One dashboard: a snapshot, then every finished turn and every system sample, until the
+    dashboard leaves. The feed takes no messages: one sent is answered by a close with 1003
+    (unsupported data), never left unread (unread frames would stop the socket's reading,
+    its close handshake included)."""
     m = svc.metrics
     queue: asyncio.Queue[dict] = asyncio.Queue(maxsize=256)
 
@@ -57,6 +63,7 @@ async def feed(ws: ServerConnection, svc: Services, sampler: Sampler) -> None:
 
     m.listeners.add(on_turn)
     sampler.listeners.add(on_sample)
+    reader = asyncio.ensure_future(_refuse_messages(ws))
     try:
         await ws.send(
             json.dumps(
@@ -69,10 +76,34 @@ async def feed(ws: ServerConnection, svc: Services, sampler: Sampler) -> None:
                 }
             )
         )
-        while True:
-            await ws.send(json.dumps(await queue.get()))
+        while (msg := await _next_or_gone(queue, reader)) is not None:
+            await ws.send(json.dumps(msg))
     except ConnectionClosed:
         pass
     finally:
+        reader.cancel()
         m.listeners.discard(on_turn)
         sampler.listeners.discard(on_sample)
+
+
+async def _next_or_gone(queue: asyncio.Queue[dict], reader: asyncio.Future) -> dict | None:
+    """The feed's next message, or None once the dashboard has left (``reader`` ended): a
+    dashboard that leaves between messages is let go at once, not at the next message, which
+    may never come (a server shutting down waits for every connection's handler)."""
+    get = asyncio.ensure_future(queue.get())
+    await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
+    if get.done():
+        return get.result()
+    get.cancel()
+    return None
+
+
+async def _refuse_messages(ws: ServerConnection) -> None:
+    """Read the dashboard's socket until it closes; close it with 1003 on any message."""
+    try:
+        async for _ in ws:
+            log.info("a dashboard sent a message: closed (the feed takes none)")
+            await ws.close(CLOSE_UNSUPPORTED_DATA, "the dashboard feed takes no messages")
+            return
+    except ConnectionClosed:
+        pass

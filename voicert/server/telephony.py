@@ -26,12 +26,16 @@ from voicert.core import events as core
 from voicert.core import telephony as call
 from voicert.core.session import OutputAudio, SessionSettings
 from voicert.protocol import native as p
-from voicert.server.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, BaseConnection
+from voicert.server.connection import (
+    CLOSE_POLICY,
+    CLOSE_TRY_AGAIN,
+    CLOSE_UNSUPPORTED_DATA,
+    BaseConnection,
+)
 from voicert.transport.spoken import covered_chars
 from voicert.transport.telephony import Playback
 
 log = logging.getLogger(__name__)
-CLOSE_UNSUPPORTED_DATA = 1003
 
 
 class PhoneConnection(BaseConnection):

@@ -64,11 +64,27 @@ class SystemSample:
         }
 
 
+def next_tick(last: float, now: float, interval_s: float) -> float:
+    """When the tick after the one due at ``last`` is due, at ``now``: an interval on, so ticks
+    keep their phase; but a loop held up past it gets one tick now, not one for each interval
+    missed, and a wake-up before its time (a sleep that returned early) never moves the next
+    tick more than an interval past now."""
+    return min(max(last + interval_s, now), now + interval_s)
+
+
 class Sampler:
     def __init__(
-        self, services, interval_s: float = 1.0, lag_probe_s: float = 0.05, process: str = "server"
+        self,
+        services,
+        interval_s: float = 1.0,
+        lag_probe_s: float = 0.05,
+        process: str = "server",
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """``clock``: seconds, for how fresh the other workers' samples are (tests pass a fake;
+        the ticks and the lag probe run on the event loop's own clock)."""
         self.svc = services
+        self.clock = clock
         self.interval_s = interval_s
         self.lag_probe_s = lag_probe_s
         self.process = process
@@ -83,12 +99,12 @@ class Sampler:
 
     def fresh_peers(self) -> list[SystemSample]:
         """The other workers' latest samples, heard within three intervals."""
-        now = time.monotonic()
+        now = self.clock()
         return [peer for heard, peer in self._peers.values() if now - heard < 3 * self.interval_s]
 
     def add_peer_sample(self, worker: int, sample: SystemSample) -> None:
         """Another worker's latest figures (merged into what the dashboards see for a while)."""
-        self._peers[worker] = (time.monotonic(), sample)
+        self._peers[worker] = (self.clock(), sample)
 
     def start(self) -> None:
         """Sample once now (a worker's gauges say what is true from its first scrape on: its
@@ -145,8 +161,8 @@ class Sampler:
         loop = asyncio.get_running_loop()
         next_at = loop.time()
         while True:
-            next_at += self.interval_s
-            await asyncio.sleep(max(next_at - loop.time(), 0))
+            next_at = next_tick(next_at, loop.time(), self.interval_s)
+            await asyncio.sleep(next_at - loop.time())
             try:
                 self.tick()
             except Exception:
