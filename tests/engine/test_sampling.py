@@ -1,9 +1,10 @@
 """Sampled decoding in the engine core: the distribution a token is drawn from equals its reference
-(temperature, top-k, nucleus), a draw equals torch's multinomial on it with the same seed, a
-seeded request repeats itself, greedy rows beside sampled ones are untouched, a sampled row's first
-tokens follow the model's distribution, speculation keeps a sampled reply's distribution
-(rejection sampling over the drafts), and a sampled tool call still validates against its schema. A random SmolLM2-shaped model (2 layers): its
-distributions are wide, so draws differ where they should."""
+(temperature, top-k, nucleus), a draw equals torch's multinomial over its support with the same
+seed, a seeded request repeats itself, greedy rows beside sampled ones are untouched, a sampled
+row's first tokens follow the model's distribution, speculation keeps a sampled reply's
+distribution (rejection sampling over the drafts), and a sampled tool call still validates
+against its schema. A random SmolLM2-shaped model (2 layers): its distributions are wide, so
+draws differ where they should."""
 
 from __future__ import annotations
 
@@ -59,14 +60,21 @@ def test_the_distribution_equals_its_reference(t, top_k, top_p):
     assert (ours > 0).sum() == (want > 0).sum()
 
 
-def test_a_draw_is_torch_multinomial_with_the_requests_seed():
+def test_a_draw_is_torch_multinomial_over_the_support_with_the_requests_seed():
     logits = torch.randn(1000, generator=torch.Generator().manual_seed(5))
     s = Sampling(0.9, 0.95, 0, seed=42)
     sampler = Sampler(s)
     gen = torch.Generator().manual_seed(42)
     probs = filtered_probs(logits, s)
+    support = probs.nonzero().squeeze(1)  # the nucleus: fewer than the 1000
+    assert 0 < support.numel() < 1000
     for _ in range(20):
-        assert sampler.draw(logits) == int(torch.multinomial(probs, 1, generator=gen).item())
+        want = support[torch.multinomial(probs[support], 1, generator=gen)]
+        assert sampler.draw(logits) == int(want.item())
+    full = Sampler(Sampling(0.9, seed=42))  # no filter: every token is in the support
+    gen.manual_seed(42)
+    probs = filtered_probs(logits, Sampling(0.9))
+    assert full.draw(logits) == int(torch.multinomial(probs, 1, generator=gen).item())
     allowed = torch.zeros(1000, dtype=torch.bool)
     allowed[[3, 17, 999]] = True
     assert {Sampler(s).draw(logits, allowed) for _ in range(30)} <= {3, 17, 999}

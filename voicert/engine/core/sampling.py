@@ -59,8 +59,17 @@ class Sampler:
 
     def draw(self, logits: torch.Tensor, allowed: torch.Tensor | None = None) -> int:
         """One token from logits [V] (on the generator's device), over ``allowed`` (bool [V])."""
-        probs = filtered_probs(logits, self.sampling, allowed)
-        return int(torch.multinomial(probs, 1, generator=self.generator).item())
+        return self._pick(filtered_probs(logits, self.sampling, allowed))
+
+    def _pick(self, probs: torch.Tensor) -> int:
+        """One token drawn from probs [V], over its support only: top-k, top-p and grammars leave
+        a few tokens of a vocabulary of ~10^5, and ``torch.multinomial`` costs the same for
+        every entry, zero or not (one draw over 49152 entries with 3 nonzero took ~9x the time
+        of one over those 3, on the CPU)."""
+        support = probs.nonzero().squeeze(1)  # [S] token ids, ascending
+        if support.numel() == probs.numel():
+            return int(torch.multinomial(probs, 1, generator=self.generator).item())
+        return int(support[torch.multinomial(probs[support], 1, generator=self.generator)].item())
 
     def verify(self, draft: list[int], logits: torch.Tensor) -> list[int]:
         """Speculative sampling over a deterministic draft (Leviathan et al. 2023, Chen et al.
@@ -83,7 +92,7 @@ class Sampler:
             if not bool(rest.sum() > 0):  # p_j(d_j) == 1 up to rounding: no other token exists
                 out.append(d)
                 continue
-            out.append(int(torch.multinomial(rest, 1, generator=self.generator).item()))
+            out.append(self._pick(rest))
             return out
         out.append(self.draw(logits[len(draft)]))
         return out
