@@ -4,7 +4,8 @@
 # this tree's GPU tests. The earlier tree travels as .carry/base (git archive COMMIT voicert).
 #   TESTS=gpu ROUNDS=2 bash scripts/gpu/regress.sh "1b"      outputs under $OUT (or ./regress-out)
 # EXTRA: more bench.engine flags for both sides (e.g. "--fp8 --quant-head"); STREAMS: 1,64 unless set;
-# TAG: a name for the output files (default: the shape).
+# TAG: a name for the output files (default: the shape). KTESTS: a -k expression of
+# tests/engine/test_kernels.py to run compiled first.
 set -u
 out=${OUT:-regress-out}
 source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
@@ -15,6 +16,11 @@ if [ "${TESTS:-}" = gpu ]; then
     -o addopts="" tests/engine/test_gpu.py "tests/engine/test_architectures.py" -k "gpu" \
     > "$out/tests.txt" 2>&1
   tail -3 "$out/tests.txt"
+fi
+if [ -n "${KTESTS:-}" ]; then  # the kernel tests compiled, e.g. KTESTS="gemv or pdl or one"
+  timeout 240 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/engine/test_kernels.py \
+    -k "$KTESTS" > "$out/kernel-tests.txt" 2>&1
+  tail -3 "$out/kernel-tests.txt"
 fi
 for shape in $1; do
   for round in $(seq "${ROUNDS:-2}"); do
