@@ -197,7 +197,7 @@ def test_a_certain_draft_is_always_kept():
         assert out[0] == 2 and len(out) == 2
 
 
-def _replies(core, n: int = 600) -> list[list[int]]:
+def _replies(core, n: int = 300) -> list[list[int]]:
     """``n`` seeded 6-token replies, top-3, to a prompt that repeats itself, 25 at a time (drafts
     are planned once no prompt waits): the replies repeat themselves too, so n-gram drafts are
     proposed, and kept or refused."""
@@ -231,9 +231,10 @@ def _differ(a: list[list[int]], b: list[list[int]]) -> list[str]:
 
 
 def test_speculation_keeps_a_sampled_replys_distribution(monkeypatch):
-    """600 seeded replies with n-gram speculation and 600 without: each position's token, and
+    """300 seeded replies with n-gram speculation and 300 without: each position's token, and
     the share of tokens that repeat the one before, agree within 3x sampling noise (seeds fixed:
-    no flakes). The check has teeth: a verifier that keeps every draft fails it."""
+    no flakes). The check has teeth: a verifier that keeps every draft fails it (repeats 0.647
+    against 0.551, 5.3 standard errors where 3.5 fails)."""
     plain = _replies(_core())
     spec = _core(spec_tokens=3, spec_policy="always")
     assert _differ(_replies(spec), plain) == []
