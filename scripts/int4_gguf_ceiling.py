@@ -25,7 +25,7 @@ import torch
 from gguf import GGUFReader
 from transformers import AutoTokenizer
 
-from voicert.bench.fp8 import TEXTS, agreement, next_tokens, turn_texts
+from voicert.bench.fp8 import TEXTS, _linear, agreement, next_tokens, turn_texts
 from voicert.config import cache_dir, load_config
 from voicert.engine.gpu.fp8 import Fp8Linear
 from voicert.engine.gpu.int4 import Int4Linear
@@ -33,12 +33,6 @@ from voicert.engine.loader import resolve_llm
 from voicert.engine.models.registry import load_model
 
 Round = Callable[[torch.Tensor], torch.Tensor]
-
-
-def _linear(w: torch.Tensor) -> torch.nn.Linear:
-    lin = torch.nn.Linear(w.shape[1], w.shape[0], bias=False)
-    lin.weight.data = w.clone()
-    return lin
 
 
 def int4(group: int) -> Round:
@@ -57,6 +51,15 @@ def keep(w: torch.Tensor) -> torch.Tensor:
 
 def main(path: str) -> None:
     types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    layer_types = {
+        t for name, t in types.items() if name.startswith("blk.") and "_norm" not in name
+    }
+    if not layer_types <= {"Q4_K", "Q6_K", "F32"}:  # F32: biases
+        sys.exit(f"{path}: layer tensors of {sorted(layer_types)}; this script reads Q4_K_M files")
+    for name in (n for n in types if n.endswith((".attn_q.weight", ".ffn_gate.weight"))):
+        twin = name.replace("attn_q", "attn_k").replace("ffn_gate", "ffn_up")
+        if types[name] != types[twin]:  # parts of one fused Linear must share a type
+            sys.exit(f"{name} and {twin} differ in type; this script assumes not")
     model_dir = resolve_llm(path, cache_dir(load_config(environ={}).models))
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = load_model(str(model_dir), torch.float32, "cpu")
@@ -66,10 +69,6 @@ def main(path: str) -> None:
     }
     ref = {name: next_tokens(model, texts) for name, texts in sets.items()}
     layers = list(model.layers)
-    for i in range(len(layers)):  # fused Linears: their parts must share a type
-        for x, y in (("attn_q", "attn_k"), ("ffn_gate", "ffn_up")):
-            if types[f"blk.{i}.{x}.weight"] != types[f"blk.{i}.{y}.weight"]:
-                sys.exit(f"layer {i}: {x} and {y} differ in type; this script assumes not")
     orig = [
         {n: getattr(p, n).weight.detach().clone() for p, n in _parts(layer)} for layer in layers
     ]
