@@ -17,12 +17,13 @@ import torch
 
 from voicert.bench.fp8 import SHAPE_SETS, _linear, time_graph
 from voicert.engine.gpu import kernels
+from voicert.engine.gpu.awq import awq_zeros
 from voicert.engine.gpu.int4 import Int4Linear, unpack
 
 
 def gemlite_layer(q: Int4Linear, out_dtype: str = "BF16"):
-    """gemlite's A16W4 layer over q's codes: (code - zero) * scale per group, as ours; its
-    output in ``out_dtype`` (its one-row kernel adds the K splits' sums into it atomically)."""
+    """gemlite's A16W4 layer over q's codes: (code - zero) * scale per group, ours on AWQ's grid
+    (``integer_zero``: the zeros are ``awq_zeros``); its output in ``out_dtype`` (its one-row kernel adds the K splits' sums into it atomically)."""
     from gemlite import DType, GemLiteLinear
 
     layer = GemLiteLinear(
@@ -34,7 +35,7 @@ def gemlite_layer(q: Int4Linear, out_dtype: str = "BF16"):
         output_dtype=getattr(DType, out_dtype),
     )
     codes = unpack(q.weight, q.group)  # [N, K] uint8
-    return layer.pack(codes, q.scale, q.scale.new_tensor(q.zero), None, fma_mode=False)
+    return layer.pack(codes, q.scale, q.scale.new_tensor(awq_zeros(q)), None, fma_mode=False)
 
 
 def err(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -47,7 +48,7 @@ def main(shapes: str = "8b", rows: str = "1,16,64,600") -> None:
     for shape in shapes.split(","):
         for name, n, k in SHAPE_SETS[f"llama-{shape}"]:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-            q = Int4Linear.from_linear(_linear(w))
+            q = Int4Linear.from_linear(_linear(w), integer_zero=True)
             nbytes = q.weight.nbytes + q.scale.nbytes + q.zero.nbytes
             wide = q.dequantized(torch.float32)
             gl, gl32 = gemlite_layer(q), gemlite_layer(q, "FP32")

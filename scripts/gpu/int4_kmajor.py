@@ -19,12 +19,13 @@ import triton
 import triton.language as tl
 
 from voicert.engine.gpu import kernels
+from voicert.engine.gpu.awq import awq_zeros
 from voicert.engine.gpu.int4 import Int4Linear, unpack
 
 
 def kmajor(q: Int4Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q's codes as words [K / 8, N] int32 (word i of column n: codes 8i .. 8i + 7, code 8i + j
-    in bits 4j .. 4j + 3), its scales and zeros as [G, N]."""
+    in bits 4j .. 4j + 3), its scales and zeros as [G, N] (q on AWQ's grid, ``integer_zero``)."""
     codes = unpack(q.weight, q.group).to(torch.int32)  # [N, K]
     n, k = codes.shape
     c = codes.t().reshape(k // 8, 8, n)  # [K / 8, 8, N]
@@ -32,7 +33,7 @@ def kmajor(q: Int4Linear) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     for j in range(8):
         words |= c[:, j].to(torch.int64) << (4 * j)
     words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
-    return words, q.scale.t().contiguous(), q.zero.t().contiguous()
+    return words, q.scale.t().contiguous(), awq_zeros(q).t().contiguous()
 
 
 @triton.jit
@@ -158,7 +159,7 @@ def check() -> None:
 
     g = torch.Generator().manual_seed(3)
     for n, k, group in ((96, 256, 128), (200, 512, 64), (64, 384, 128)):
-        q = Int4Linear.from_linear(torch.nn.Linear(k, n, bias=False), None, group)
+        q = Int4Linear.from_linear(torch.nn.Linear(k, n, bias=False), None, group, True)
         words, scale, zero = kmajor(q)
         x = torch.randn(k, generator=g)
         want = torch.nn.functional.linear(x, q.dequantized(torch.float32))
@@ -182,7 +183,7 @@ def time_shapes(shapes: str = "8b") -> None:
         total = {}
         for name, n, k in SHAPE_SETS[f"llama-{shape}"]:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-            q = Int4Linear.from_linear(_linear(w))
+            q = Int4Linear.from_linear(_linear(w), integer_zero=True)
             words, scale, zero = kmajor(q)
             x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
             want = torch.nn.functional.linear(x.float(), q.dequantized(torch.float32))[0]

@@ -51,14 +51,14 @@ def main(shapes: str = "8b", rows: str = "16,64,128,600,2048") -> None:
                 ref = time_graph(lambda x=x: torch.nn.functional.linear(x, w))
                 wide = time_graph(
                     lambda x=x: torch.nn.functional.linear(
-                        x, kernels.int4_dequantize(q.weight, q.scale, q.zero, x.dtype)
+                        x, kernels.int4_dequantize(q.weight, q.scale, q.low, x.dtype)
                     )
                 )
                 old = float("nan")
                 if m <= 64:
                     old = time_graph(
                         lambda x=x: kernels.int4_linear(
-                            x, q.weight, q.scale, q.zero, None, path=kernels.Int4Path.GROUPS
+                            x, q.weight, q.scale, q.low, None, path=kernels.Int4Path.GROUPS
                         )
                     )
                 best = None
@@ -71,7 +71,7 @@ def main(shapes: str = "8b", rows: str = "16,64,128,600,2048") -> None:
                             x,
                             q.weight,
                             q.scale,
-                            q.zero,
+                            q.low,
                             None,
                             None,
                             tile,
@@ -88,12 +88,12 @@ def main(shapes: str = "8b", rows: str = "16,64,128,600,2048") -> None:
                 t, tag = best
                 dflt = time_graph(
                     lambda x=x: kernels.int4_linear(
-                        x, q.weight, q.scale, q.zero, None, path=kernels.Int4Path.SCALED
+                        x, q.weight, q.scale, q.low, None, path=kernels.Int4Path.SCALED
                     )
                 )
                 err = _err(
                     kernels.int4_linear(
-                        x, q.weight, q.scale, q.zero, None, path=kernels.Int4Path.SCALED
+                        x, q.weight, q.scale, q.low, None, path=kernels.Int4Path.SCALED
                     ),
                     want,
                 )

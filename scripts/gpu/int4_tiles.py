@@ -32,7 +32,7 @@ def main(shapes: str = "8b,1b", rows: str = "1,4,16") -> None:
         for name, n, k in SHAPE_SETS[f"llama-{shape}"]:
             w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
             q = Int4Linear.from_linear(_linear(w))
-            nbytes = q.weight.nbytes + q.scale.nbytes + q.zero.nbytes
+            nbytes = q.weight.nbytes + q.scale.nbytes + q.low.nbytes
             for m in [int(r) for r in rows.split(",")]:
                 x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
                 ref = time_graph(lambda: torch.nn.functional.linear(x, w))
@@ -47,7 +47,7 @@ def main(shapes: str = "8b,1b", rows: str = "1,4,16") -> None:
                                 x,
                                 q.weight,
                                 q.scale,
-                                q.zero,
+                                q.low,
                                 None,
                                 count,
                                 tile,

@@ -1,4 +1,4 @@
-"""INT4 layer weights (group-wise scales and zero points): the format, the layer's contract, GPTQ
+"""INT4 layer weights (group-wise scales and lows): the format, the layer's contract, GPTQ
 onto its grid, what the engine does with it, and the quality on the embedded model's real
 weights.
 
@@ -40,24 +40,45 @@ def test_group_size_is_128_where_it_divides_else_64_else_none():
     assert [group_size(k) for k in (4096, 576, 1536, 96)] == [128, 64, 128, None]
 
 
-def test_nearest_int4_puts_zero_on_every_grid_and_each_weight_within_one_step():
+def test_nearest_int4_spans_each_groups_own_range_within_half_a_step():
     g = torch.Generator().manual_seed(1)
     lin = torch.nn.Linear(256, 40, bias=True)
     with torch.no_grad():
         lin.weight.copy_(torch.randn(40, 256, generator=g) * 0.05)
         lin.weight[3, :128] = 0.0  # a group of zeros: scale at its floor, zeros stay zeros
-        lin.weight[4, 128:] = torch.rand(128, generator=g)  # all positive: 0 is the grid's bottom
+        lin.weight[4, 128:] = torch.rand(128, generator=g) + 1.0  # all in [1, 2]: so is its grid
     q = Int4Linear.from_linear(lin)
     assert q.weight.shape == (40, 128) and q.scale.shape == (40, 2) and q.group == 128
-    assert q.scale.dtype == torch.float16 and q.zero.dtype == torch.uint8
+    assert q.scale.dtype == torch.float16 and q.low.dtype == torch.float16
     w = q.dequantized(torch.float32)
     step = q.scale.float().repeat_interleave(128, dim=1)
-    assert ((w - lin.weight).abs() <= step / 2 + 1e-7).all()  # nearest: half a step at most
+    fp16 = lin.weight.abs() * 2**-11  # the low's float16 rounding, at most
+    assert ((w - lin.weight).abs() <= step / 2 + fp16 + 1e-7).all()  # nearest: half a step
     assert torch.equal(w[3, :128], torch.zeros(128))
-    assert q.zero[4, 1] == 0 and (w[4, 128:] >= 0).all()
+    assert q.low[4, 1] >= 1.0 and (w[4, 128:] >= 1.0).all() and (w[4, 128:] <= 2.0).all()
+    assert torch.equal(q.low[0], lin.weight[0].reshape(2, 128).amin(1).half())  # the group's min
     x = torch.randn(3, 256, generator=g)
     ref = lin(x).detach()
     assert ((q(x) - ref).norm() / ref.norm()).item() < 0.1  # 16 levels a group: ~5 % here
+
+
+def test_the_integer_zero_grid_holds_zero_and_its_lows_are_whole_steps():
+    """AWQ's grid (``integer_zero``): the range widened to hold 0, and low = -zero * scale for
+    an integer zero, so the layer exports to AWQ. The low is that product in float16, so a zero
+    weight comes back as 0 to within 2^-11 of the low."""
+    g = torch.Generator().manual_seed(6)
+    lin = torch.nn.Linear(128, 16, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(16, 128, generator=g) * 0.05)
+        lin.weight[5] = torch.rand(128, generator=g) + 0.5  # else positive: zero 0
+        lin.weight[:, ::7] = 0.0
+    q = Int4Linear.from_linear(lin, integer_zero=True)
+    zero = -q.low.float() / q.scale.float()
+    assert torch.allclose(zero, zero.round(), atol=0.01) and zero[5].item() == 0
+    bound = q.low.float().abs().repeat_interleave(128, dim=1)[:, ::7] * 2**-11
+    assert (q.dequantized(torch.float32)[:, ::7].abs() <= bound).all()
+    own = Int4Linear.from_linear(lin)
+    assert not torch.equal(own.low, q.low)  # the default grid is each group's own range
 
 
 def test_the_layer_computes_with_its_dequantized_weights_and_keeps_the_inputs_dtype():
@@ -72,7 +93,7 @@ def test_the_layer_computes_with_its_dequantized_weights_and_keeps_the_inputs_dt
 
 
 def test_gptq_onto_the_int4_grid_lowers_the_output_error_on_its_inputs():
-    """GPTQ chooses, within the same groups' scales and zeros, the codes whose layer output on
+    """GPTQ chooses, within the same groups' scales and lows, the codes whose layer output on
     correlated inputs is closest to the original's: tr(E H E^T) below nearest rounding's."""
     g = torch.Generator().manual_seed(3)
     n, k, t = 48, 256, 2000
@@ -80,7 +101,7 @@ def test_gptq_onto_the_int4_grid_lowers_the_output_error_on_its_inputs():
     x = torch.randn(t, k, generator=g) @ mix + 0.3 * torch.randn(t, k, generator=g)
     h = x.T @ x / t
     w = torch.randn(n, k, generator=g) * 0.05
-    (q,), (scale,), (zero,) = gptq_round([w], [h], grid(128))
+    (q,), (scale,), (low,) = gptq_round([w], [h], grid(128))
     nearest = Int4Linear.from_linear(_linear(w)).dequantized(torch.float32)
 
     def err(v):
@@ -88,7 +109,7 @@ def test_gptq_onto_the_int4_grid_lowers_the_output_error_on_its_inputs():
         return (e @ h * e).sum().item()
 
     assert err(q) < 0.8 * err(nearest)
-    layer = Int4Linear.from_linear(_linear(w), (q, scale, zero))
+    layer = Int4Linear.from_linear(_linear(w), (q, scale, low))
     assert torch.allclose(layer.dequantized(torch.float32), q, atol=1e-6)  # codes hold q exactly
     assert torch.equal(layer.scale, Int4Linear.from_linear(_linear(w)).scale)  # static groups
 
@@ -109,7 +130,7 @@ def test_only_the_layers_linears_turn_int4_and_their_bytes_fall_to_about_a_quart
     assert isinstance(model.lm_head, torch.nn.Linear) and model.embed.weight.dtype == torch.bfloat16
     linear = sum(v for n, v in before.items() if "norm" not in n)
     after = sum(b.nbytes for n, b in model.layers.named_buffers() if "norm" not in n)
-    assert linear / 4 < after < linear * 0.29  # codes, and a 2-byte scale + a zero per group
+    assert linear / 4 < after < linear * 0.29  # codes, and a 2-byte scale + a 2-byte low a group
 
 
 def test_a_layer_no_group_divides_keeps_its_weights():
@@ -159,7 +180,7 @@ def test_gptq_int4_keeps_most_of_the_real_embedded_models_next_tokens(embedded, 
     the embedded SmolLM2-135M with GPTQ INT4 weights over part of the calibration set (the first
     24 rows, to keep the test short), against nearest rounding's. Measured (``python -m
     voicert.bench.fp8 --quantize int4``, docs/benchmarks.md section 46): see the bars below;
-    a broken scale, zero or nibble order falls far below them."""
+    a broken scale, low or nibble order falls far below them."""
     from voicert.bench.fp8 import TEXTS, quantized_copy, top1_agreement
     from voicert.engine.gpu import fp8
 

@@ -394,35 +394,35 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
     wide = torch.randn(rows, k + 60, generator=g).to(DEV)
     x = wide[:, :k]
     want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
-    got = kernels.int4_linear(x, q.weight, q.scale, q.zero, q.bias)
+    got = kernels.int4_linear(x, q.weight, q.scale, q.low, q.bias)
     assert got.shape == (rows, 90) and close(got, want, 1e-4)
     count = kernels.counters(DEV)
     for swap in (False, True):  # the weights as the MMA's second operand, or its first
         split = kernels.int4_linear(
-            x, q.weight, q.scale, q.zero, None, count, (16, 32, 4, 2, 2), swap=swap
+            x, q.weight, q.scale, q.low, None, count, (16, 32, 4, 2, 2), swap=swap
         )
         assert close(split, want - q.bias, 1e-4) and not count.any()
     for swap in (False, True):  # each weight widened whole with its scale (the many-row path)
         whole = kernels.int4_linear(
-            x, q.weight, q.scale, q.zero, q.bias, count, (16, 32, 4, 2, 2), swap=swap, path=SCALED
+            x, q.weight, q.scale, q.low, q.bias, count, (16, 32, 4, 2, 2), swap=swap, path=SCALED
         )
         assert close(whole, want, 1e-4) and not count.any()
-    wide = kernels.int4_dequantize(q.weight, q.scale, q.zero, torch.float32)  # prefill's path
+    wide = kernels.int4_dequantize(q.weight, q.scale, q.low, torch.float32)  # prefill's path
     assert torch.equal(wide, q.dequantized(torch.float32))
     if DEV == "cuda":  # bf16 / fp16 activations: codes widened by their bits, fp32 sums
         for dt in (torch.bfloat16, torch.float16):
             xh = x.to(dt)
             want = torch.nn.functional.linear(xh.float(), q.dequantized(torch.float32), q.bias)
-            got = kernels.int4_linear(xh, q.weight, q.scale, q.zero, q.bias.to(dt))
+            got = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt))
             assert got.dtype == dt and close(got, want, 2e-2)
             for magic, swap in ((True, False), (False, True), (True, True)):
                 other = kernels.int4_linear(
-                    xh, q.weight, q.scale, q.zero, q.bias.to(dt), magic=magic, swap=swap
+                    xh, q.weight, q.scale, q.low, q.bias.to(dt), magic=magic, swap=swap
                 )
                 assert close(other, want, 2e-2), (magic, swap)
             # widened whole, the weights are int4_dequantize's in dt: F.linear's on them
             want = torch.nn.functional.linear(xh.float(), q.dequantized(dt).float(), q.bias)
-            whole = kernels.int4_linear(xh, q.weight, q.scale, q.zero, q.bias.to(dt), path=SCALED)
+            whole = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=SCALED)
             assert close(whole, want, 1e-2)
 
 
@@ -448,9 +448,9 @@ def test_int4_tiles_asked_for_run_a_kernel_where_the_default_would_widen(monkeyp
     widened = []
     real = kernels.int4_dequantize
     monkeypatch.setattr(kernels, "int4_dequantize", lambda *a: widened.append(1) or real(*a))
-    assert close(kernels.int4_linear(x, q.weight, q.scale, q.zero, None), want, 1e-4)
+    assert close(kernels.int4_linear(x, q.weight, q.scale, q.low, None), want, 1e-4)
     assert widened == [1]
-    tiles = kernels.int4_linear(x, q.weight, q.scale, q.zero, None, None, (32, 32, 4, 2))
+    tiles = kernels.int4_linear(x, q.weight, q.scale, q.low, None, None, (32, 32, 4, 2))
     assert close(tiles, want, 1e-4) and widened == [1]
 
 

@@ -640,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--int4",
         action="store_true",
-        help="GPU: INT4 layer weights, a scale and zero per 128 inputs (engine/gpu/int4.py)",
+        help="GPU: INT4 layer weights, a scale and low per 128 inputs (engine/gpu/int4.py)",
     )
     ap.add_argument(
         "--quant-head",

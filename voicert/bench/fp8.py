@@ -91,6 +91,8 @@ VARIANTS = {
     "weights-nearest": "FP8 layer weights (rounded to nearest)",
     "int4": "INT4 layer weights, groups of {group} (GPTQ rounding, as served)",
     "int4-nearest": "INT4 layer weights, groups of {group} (rounded to nearest)",
+    "int4-zero": "INT4 layer weights, groups of {group}, AWQ's grid (integer zeros; GPTQ)",
+    "int4-zero-nearest": "INT4 layer weights, groups of {group}, AWQ's grid (nearest)",
     "kv-fp8": "FP8 KV cache",
     "kv-int8": "INT8 KV cache (a scale per token and KV head)",
 }
@@ -165,9 +167,11 @@ def quality(
 
     want, want_more = next_tokens(model, texts), next_tokens(model, more)
     a = asyncio.run(replies())
-    calibrate = calibration_forward(model, tok) if variant in ("weights", "int4") else None
+    gptq = variant in ("weights", "int4", "int4-zero")
+    calibrate = calibration_forward(model, tok) if gptq else None
     if variant.startswith("int4"):
-        quantize_int4(model, calibrate, group=group, head=head)
+        zero = variant.startswith("int4-zero")
+        quantize_int4(model, calibrate, group=group, head=head, integer_zero=zero)
     elif variant in ("weights", "weights-nearest"):
         quantize_fp8(model, calibrate, head=head)
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
@@ -205,7 +209,7 @@ def kernels_table(
 ) -> list[dict]:
     """Each (name, N, K) at each row count: bf16 F.linear against the ``kind`` kernel (fp8 or
     int4; each block config in ``blocks``; None: the default choice), GPU time and the GB/s of
-    the weight bytes each read (INT4: the codes, scales and zeros)."""
+    the weight bytes each read (INT4: the codes, scales and lows)."""
     from voicert.engine.gpu import kernels
 
     out = []
@@ -213,10 +217,10 @@ def kernels_table(
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         if kind == "int4":
             q4 = Int4Linear.from_linear(_linear(w))
-            nbytes = q4.weight.nbytes + q4.scale.nbytes + q4.zero.nbytes
+            nbytes = q4.weight.nbytes + q4.scale.nbytes + q4.low.nbytes
 
             def run(x, count, cfg, q4=q4):
-                return kernels.int4_linear(x, q4.weight, q4.scale, q4.zero, None, count, cfg)
+                return kernels.int4_linear(x, q4.weight, q4.scale, q4.low, None, count, cfg)
         else:
             q8 = Fp8Linear.from_linear(_linear(w))
             nbytes = q8.weight.nbytes + q8.scale.nbytes
@@ -344,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
         "--quantize",
         default="weights",
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
-        "rounding), weights-nearest (FP8, nearest), int4, int4-nearest, kv-fp8, kv-int8 (the KV "
-        "cache)",
+        "rounding), weights-nearest (FP8, nearest), int4, int4-nearest, int4-zero, "
+        "int4-zero-nearest (AWQ's grid), kv-fp8, kv-int8 (the KV cache)",
     )
     args = ap.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")

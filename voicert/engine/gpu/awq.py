@@ -9,11 +9,14 @@ columns (G = K / group_size)::
     scales  float16 [G, N]
     w[n, k] = (code[k, n] - zero[g, n]) * scale[g, n],  g = k // group_size
 
-That is INT4's function (int4.py: a float16 scale and an integer zero per row and group), so a
-checkpoint's layers load as they are, with no rounding of our own, and ours export exactly. The
-loader (models/layers.py ``load_hf``) meets the fused layers (q/k/v, gate/up) through
-:func:`row_record`: each layer as one uint8 tensor of rows [N, K/2 + 3G] (its packed codes, its
-scales' bytes, its zeros), which concatenates along N as weights do.
+That is INT4's grid (int4.py: ``code * scale + low`` per row and group) with ``low = -zero *
+scale``, rounded to float16 (at most 2^-12 of the low, the only rounding on load). A layer
+whose lows are such products exports exactly: ``round(-low / scale)`` is its zero again. A
+layer quantized on int4.py's own grid (any float low) does not: :func:`to_awq` rounds its zeros
+and says how far that moved its weights. The loader (models/layers.py ``load_hf``) meets the
+fused layers (q/k/v, gate/up) through :func:`row_record`: each layer as one uint8 tensor of rows
+[N, K/2 + 4G] (its packed codes, its scales' and lows' bytes), which concatenates along N as
+weights do.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from voicert.engine.gpu.int4 import GROUPS, Int4Linear, pack, unpack
+from voicert.engine.gpu.int4 import GROUPS, LEVELS, Int4Linear, pack, unpack
 
 ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ's nibble order within an int32 of 8 output columns
 SHIFTS = torch.arange(0, 32, 4, dtype=torch.int32)  # nibble i at bits 4i
@@ -72,13 +75,29 @@ def _pack_cols(values: torch.Tensor) -> torch.Tensor:
 def from_awq(
     qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An AWQ layer -> (packed uint8 [N, K/2] in int4.py's layout, scale float16 [N, G], zero
-    uint8 [N, G])."""
+    """An AWQ layer -> (packed uint8 [N, K/2] in int4.py's layout, scale float16 [N, G], low
+    float16 [N, G] = -zero * scale)."""
     k = qweight.shape[0]
     group = k // scales.shape[0]
     codes = _unpack_cols(qweight).t().contiguous()  # [N, K]
     zero = _unpack_cols(qzeros).t().contiguous()  # [N, G]
-    return pack(codes, group), scales.t().contiguous().half(), zero
+    scale = scales.t().contiguous().half()
+    return pack(codes, group), scale, (-zero.float() * scale.float()).half()
+
+
+def awq_zeros(lin: Int4Linear, tolerance: float = 0.01) -> torch.Tensor:
+    """``lin``'s integer zeros uint8 [N, G] for AWQ, ``round(-low / scale)``. ValueError when
+    a low lies more than ``tolerance`` of a step off such a zero, or outside [-15, 0] steps (a
+    layer from int4.py's own grid, not from AWQ's: exporting it would move its weights)."""
+    steps = -lin.low.float() / lin.scale.float()  # [N, G]
+    zero = steps.round()
+    off = (steps - zero).abs().max().item() if steps.numel() else 0.0
+    if off > tolerance or (zero < 0).any() or (zero > LEVELS).any():
+        raise ValueError(
+            f"to_awq: the layer's lows are not integer zeros (off by up to {off:.3f} of a step, "
+            f"zeros {zero.min().item():.0f}..{zero.max().item():.0f}): AWQ cannot hold its grid"
+        )
+    return zero.to(torch.uint8)
 
 
 def to_awq(lin: Int4Linear) -> dict[str, torch.Tensor]:
@@ -87,7 +106,7 @@ def to_awq(lin: Int4Linear) -> dict[str, torch.Tensor]:
     codes = unpack(lin.weight.cpu(), lin.group)  # [N, K]
     out = {
         "qweight": _pack_cols(codes.t().contiguous()),
-        "qzeros": _pack_cols(lin.zero.cpu().t().contiguous()),
+        "qzeros": _pack_cols(awq_zeros(lin).cpu().t().contiguous()),
         "scales": lin.scale.cpu().t().contiguous(),
     }
     if lin.bias is not None:
@@ -95,21 +114,26 @@ def to_awq(lin: Int4Linear) -> dict[str, torch.Tensor]:
     return out
 
 
-def row_record(packed: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """A layer's three tensors as one uint8 [N, K/2 + 2G + G] of rows (codes, the scales' bytes,
-    zeros), so that layers fused along N (q/k/v, gate/up) fuse by concatenating records."""
-    scale_bytes = scale.contiguous().view(-1).view(torch.uint8).view(scale.shape[0], -1)
-    return torch.cat((packed, scale_bytes, zero), dim=1)
+def row_record(packed: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """A layer's three tensors as one uint8 [N, K/2 + 2G + 2G] of rows (codes, the scales' and
+    the lows' bytes), so that layers fused along N (q/k/v, gate/up) fuse by concatenating
+    records."""
+    return torch.cat((packed, _bytes(scale), _bytes(low)), dim=1)
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    """float16 [N, G] -> its bytes uint8 [N, 2G]."""
+    return t.contiguous().view(-1).view(torch.uint8).view(t.shape[0], -1)
 
 
 def from_record(record: torch.Tensor, in_features: int, bias: torch.Tensor | None) -> Int4Linear:
     """The :class:`Int4Linear` of a (possibly fused) :func:`row_record` for ``in_features``."""
     half = in_features // 2
-    groups = (record.shape[1] - half) // 3
+    groups = (record.shape[1] - half) // 4
     packed = record[:, :half].contiguous()
     scale = record[:, half : half + 2 * groups].contiguous().view(torch.float16)
-    zero = record[:, half + 2 * groups :].contiguous()
-    return Int4Linear(packed, scale, zero, bias)
+    low = record[:, half + 2 * groups :].contiguous().view(torch.float16)
+    return Int4Linear(packed, scale, low, bias)
 
 
 def awq_records(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -119,9 +143,9 @@ def awq_records(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = dict(state)
     for name in [n for n in state if n.endswith(".qweight")]:
         p = name.removesuffix("qweight")
-        packed, scale, zero = from_awq(out.pop(name), out.pop(p + "qzeros"), out.pop(p + "scales"))
+        packed, scale, low = from_awq(out.pop(name), out.pop(p + "qzeros"), out.pop(p + "scales"))
         out.pop(p + "g_idx", None)  # (some exporters write an unused column order)
-        out[p + "weight"] = row_record(packed, scale, zero)
+        out[p + "weight"] = row_record(packed, scale, low)
     return out
 
 
@@ -166,7 +190,7 @@ def save_llama_awq(model: torch.nn.Module, source_dir: str | Path, out_dir: str 
                 piece = Int4Linear(
                     lin.weight[first : first + rows],
                     lin.scale[first : first + rows],
-                    lin.zero[first : first + rows],
+                    lin.low[first : first + rows],
                     None if lin.bias is None else lin.bias[first : first + rows],
                 )
                 first += rows
@@ -214,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         from transformers import AutoTokenizer
 
         calibrate = calibration_forward(model, AutoTokenizer.from_pretrained(args.source))
-    n = quantize_int4(model, calibrate, group=args.group)
+    n = quantize_int4(model, calibrate, group=args.group, integer_zero=True)
     out = save_llama_awq(model, args.source, args.out)
     print(f"{n} INT4 layers (groups of {args.group}, {args.rounding}) -> {out}")
     return 0

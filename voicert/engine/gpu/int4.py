@@ -1,30 +1,34 @@
-"""INT4 weights, group-wise scales and zero points ("W4A16"): a quarter of bf16's bytes per step.
+"""INT4 weights, group-wise scales and offsets ("W4A16"): a quarter of bf16's bytes per step.
 
 A decode step at small batch streams every weight once, so its time is the weight bytes over the
-memory bandwidth; 4-bit weights cut them to ~0.27 of bf16's (the scales and zeros included).
+memory bandwidth; 4-bit weights cut them to ~0.28 of bf16's (the scales and offsets included).
 :func:`quantize_int4` replaces every ``nn.Linear`` inside the model's layers (q/k/v, output,
 gate/up, down; the embedding and LM head keep the model's dtype, as GPTQ and AWQ checkpoints do)
 by an :class:`Int4Linear`. For each output row n and each group of ``group`` input columns
 (``llm.int4_group``: 128, 64 or 32; half that where K is not a multiple of it: SmolLM2-135M's 576
-in 64s at the default):
+in 64s at the default), a float16 scale and a float16 low (the group's least value):
 
-    scale[n, g] = (max(w_g, 0) - min(w_g, 0)) / 15      (stored as float16)
-    zero[n, g]  = round(-min(w_g, 0) / scale[n, g])      (an integer in [0, 15])
-    code[n, k]  = clamp(round(w[n, k] / scale + zero), 0, 15)
-    w'[n, k]    = (code[n, k] - zero[n, g]) * scale[n, g]
+    w'[n, k] = code[n, k] * scale[n, g] + low[n, g]        (code an integer in [0, 15])
 
-so 0 is on every group's grid. Two codes share a byte: within a group, byte j holds column j
-(low nibble) and column j + group / 2 (high nibble). ``llm.int4_rounding`` (like FP8's): ``gptq`` chooses each code
-with GPTQ's error feedback against the calibration set (engine/gpu/fp8.py: the groups are fixed
-from the weights before the rounding, "static groups", so the kernel needs no column order);
+computed in float32 (the product is exact there, the sum rounded once). That is the grid of
+llama.cpp's 4-bit formats (Q4_1, and Q4_K's sub-blocks of 32): such a file's layers load with
+no rounding of their own but the float16 of Q4_K's two-level scales (engine/gguf_int4.py). AWQ's
+``(code - zero) * scale`` with an integer zero is ``low = -zero * scale`` (rounded to float16:
+at most 2^-12 of it; ``round(-low / scale)`` gives the zero back exactly). Quantizing here
+(:func:`grid`) takes each group's own [min, max]: ``low = min``, ``scale = (max - min) / 15``.
+
+Two codes share a byte: within a group, byte j holds column j (low nibble) and column j +
+group / 2 (high nibble). ``llm.int4_rounding`` (like FP8's): ``gptq`` chooses each code with
+GPTQ's error feedback against the calibration set (engine/gpu/fp8.py: the groups are fixed from
+the weights before the rounding, "static groups", so the kernel needs no column order);
 ``nearest`` takes the nearest code.
 
-On CUDA (``kernels.int4_linear``) a Triton kernel reads the packed bytes, widens ``code -
-zero`` (small integers, exact in bf16) in registers, sums each group's products in fp32 on the
-tensor cores and scales the group's sum once; at more rows each weight is widened whole with its
-scale, in registers or into a scratch for cuBLAS (``kernels.int4_path`` chooses). Elsewhere (the
-CPU, tests) the weights are widened in full first (:meth:`Int4Linear.dequantized`): the same
-function, the sums in another order.
+On CUDA (``kernels.int4_linear``) a Triton kernel reads the packed bytes, widens the codes
+(small integers, exact in bf16) in registers, sums each group's products in fp32 on the tensor
+cores and applies the group's scale and low once (``scale * sum(x * code) + low * sum(x)``); at
+more rows each weight is widened whole, in registers or into a scratch for cuBLAS
+(``kernels.int4_path`` chooses). Elsewhere (the CPU, tests) the weights are widened in full first
+(:meth:`Int4Linear.dequantized`): the same function, the sums in another order.
 """
 
 from __future__ import annotations
@@ -62,26 +66,40 @@ def group_size(k: int, want: int = 128) -> int | None:
     return None
 
 
-def _params(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """w [L, N, K] float32 -> (scale, zero), each [L, N, K // group] float32: the scale rounded
-    to float16 as stored, the zero an integer in [0, 15]."""
+def _params(
+    w: torch.Tensor, group: int, integer_zero: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [L, N, K] float32 -> (scale, low), each [L, N, K // group] float32 holding float16
+    values as stored: low the group's least value, scale its range over 15. ``integer_zero``:
+    AWQ's grid instead, the range widened to hold 0 and low = -zero * scale for an integer zero
+    in [0, 15], so that 0 is on the grid and the layer exports to AWQ (engine/gpu/awq.py)."""
     lead = w.shape[:-1]
     wg = w.reshape(*lead, -1, group)  # [L, N, G, group]
-    lo = wg.amin(dim=-1).clamp(max=0.0)
-    hi = wg.amax(dim=-1).clamp(min=0.0)
-    scale = ((hi - lo) / LEVELS).clamp(min=HALF_MIN).half().float()
-    zero = (-lo / scale).round().clamp(0, LEVELS)
-    return scale, zero
+    lo, hi = wg.amin(dim=-1), wg.amax(dim=-1)
+    if integer_zero:
+        lo, hi = lo.clamp(max=0.0), hi.clamp(min=0.0)
+        scale = ((hi - lo) / LEVELS).clamp(min=HALF_MIN).half().float()
+        zero = (-lo / scale).round().clamp(0, LEVELS)
+        return scale, (-zero * scale).half().float()
+    low = lo.half().float()
+    return ((hi - low) / LEVELS).clamp(min=HALF_MIN).half().float(), low
 
 
-def _put(col: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    """A column's values on the grid (times the scale)."""
-    return ((col / scale + zero).round().clamp(0, LEVELS) - zero) * scale
+def _code_of(col: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """The nearest code (float32, an integer in [0, 15]) of each value on its grid."""
+    return ((col - low) / scale).round().clamp(0, LEVELS)
 
 
-def grid(group: int) -> Grid:
-    """GPTQ's view of the INT4 grid with groups of ``group`` columns."""
-    return Grid(f"int4/{group}", group, lambda w: _params(w, group), _put)
+def _put(col: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """A column's values on the grid: code * scale + low, in float32 (as the kernels widen)."""
+    return _code_of(col, scale, low) * scale + low
+
+
+def grid(group: int, integer_zero: bool = False) -> Grid:
+    """GPTQ's view of the INT4 grid with groups of ``group`` columns (``integer_zero``: as
+    :func:`_params`)."""
+    name = f"int4/{group}" + ("/zero" if integer_zero else "")
+    return Grid(name, group, lambda w: _params(w, group, integer_zero), _put)
 
 
 def pack(codes: torch.Tensor, group: int) -> torch.Tensor:
@@ -101,32 +119,31 @@ def unpack(packed: torch.Tensor, group: int) -> torch.Tensor:
 
 
 def _per_column(
-    scale: torch.Tensor, zero: torch.Tensor, group: int
+    scale: torch.Tensor, low: torch.Tensor, group: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A group's scale and zero [N, G] -> each column's [N, K] (float32)."""
+    """A group's scale and low [N, G] -> each column's [N, K] (float32)."""
     return (
         scale.float().repeat_interleave(group, dim=1),
-        zero.float().repeat_interleave(group, dim=1),
+        low.float().repeat_interleave(group, dim=1),
     )
 
 
-def _codes(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
-    """Values on the grid q [N, K] (times the scale) with their groups' scale and zero [N, G]
-    -> codes [N, K] uint8."""
-    s, z = _per_column(scale, zero, group)
-    return (q / s + z).round().clamp(0, LEVELS).to(torch.uint8)
+def _codes(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int) -> torch.Tensor:
+    """Values on the grid q [N, K] with their groups' scale and low [N, G] -> codes [N, K]
+    uint8."""
+    return _code_of(q, *_per_column(scale, low, group)).to(torch.uint8)
 
 
 class Int4Linear(nn.Module):
-    """A Linear layer over packed INT4 weights with a float16 scale and a zero point per output
-    row and group of input columns. Contract: input [..., K] in the model's dtype (K a multiple
+    """A Linear layer over packed INT4 weights with a float16 scale and low per output row and
+    group of input columns. Contract: input [..., K] in the model's dtype (K a multiple
     of ``group``); output [..., N] in the input's dtype."""
 
     def __init__(
         self,
         packed: torch.Tensor,
         scale: torch.Tensor,
-        zero: torch.Tensor,
+        low: torch.Tensor,
         bias: torch.Tensor | None,
     ) -> None:
         super().__init__()
@@ -135,7 +152,7 @@ class Int4Linear(nn.Module):
         self.group = self.in_features // scale.shape[1]
         self.register_buffer("weight", packed)  # [N, K // 2] uint8
         self.register_buffer("scale", scale)  # [N, K // group] float16
-        self.register_buffer("zero", zero)  # [N, K // group] uint8
+        self.register_buffer("low", low)  # [N, K // group] float16
         self.register_buffer("bias", bias)  # [N] in the model's dtype, or None
         self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
 
@@ -145,38 +162,41 @@ class Int4Linear(nn.Module):
         lin: nn.Linear,
         rounded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
         want: int = 128,
+        integer_zero: bool = False,
     ) -> Int4Linear:
-        """``lin`` over INT4 weights: ``rounded`` (values on the grid [N, K] float32, times the
-        scale; scale and zero [N, G], from :func:`gptq_round` on :func:`grid`), or its weights
-        rounded to the nearest code. Its ``in_features`` must have a :func:`group_size` for
-        ``want``."""
+        """``lin`` over INT4 weights: ``rounded`` (values on the grid [N, K] float32; scale and
+        low [N, G], from :func:`gptq_round` on :func:`grid`), or its weights rounded to the
+        nearest code of :func:`_params`'s grid (``integer_zero``: AWQ's). Its ``in_features``
+        must have a :func:`group_size` for ``want``."""
         group = group_size(lin.in_features, want)
         if group is None:
             raise ValueError(f"int4: no group size divides in_features={lin.in_features}")
         w = lin.weight.detach().float()
         if rounded is None:
-            scale, zero = _params(w[None], group)
-            rounded = (_put_all(w, scale[0], zero[0], group), scale[0], zero[0])
-        q, scale, zero = rounded
+            scale, low = _params(w[None], group, integer_zero)
+            rounded = (_put_all(w, scale[0], low[0], group), scale[0], low[0])
+        q, scale, low = rounded
         bias = lin.bias.detach() if lin.bias is not None else None
-        codes = _codes(q, scale, zero, group)
-        return cls(pack(codes, group), scale.half(), zero.to(torch.uint8), bias)
+        codes = _codes(q, scale, low, group)
+        return cls(pack(codes, group), scale.half(), low.half(), bias)
 
     def _apply(self, fn, recurse: bool = True):
-        """As nn.Module's, but a model-wide ``.to(dtype)`` leaves the scales in float16 (their
-        stored format; the kernels read them so): only their device follows."""
-        scale = self.scale
+        """As nn.Module's, but a model-wide ``.to(dtype)`` leaves the scales and lows in float16
+        (their stored format; the kernels read them so): only their device follows."""
+        scale, low = self.scale, self.low
         super()._apply(fn, recurse)
         if self.scale.dtype != scale.dtype:
             self.scale = scale.to(self.scale.device)
+        if self.low.dtype != low.dtype:
+            self.low = low.to(self.low.device)
         return self
 
     def dequantized(self, dtype: torch.dtype) -> torch.Tensor:
         """The weights this layer computes with, widened: [N, K] in ``dtype`` (via float32: the
-        product with the scale is rounded once)."""
+        product with the scale is exact, the sum with the low rounded once)."""
         codes = unpack(self.weight, self.group).float()
-        s, z = _per_column(self.scale, self.zero, self.group)
-        return ((codes - z) * s).to(dtype)
+        s, low = _per_column(self.scale, self.low, self.group)
+        return (codes * s + low).to(dtype)
 
     def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
@@ -187,7 +207,7 @@ class Int4Linear(nn.Module):
             if self._count is None or self._count.device != x.device:
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
             return kernels.int4_linear(
-                x, self.weight, self.scale, self.zero, self.bias, self._count, pdl=pdl
+                x, self.weight, self.scale, self.low, self.bias, self._count, pdl=pdl
             )
         y = torch.nn.functional.linear(x.float(), self.dequantized(torch.float32))  # [..., N]
         if self.bias is not None:
@@ -201,9 +221,9 @@ class Int4Linear(nn.Module):
         )
 
 
-def _put_all(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group: int) -> torch.Tensor:
-    """Nearest rounding of w [N, K] onto the grid of scale and zero [N, G]."""
-    return _put(w, *_per_column(scale, zero, group))
+def _put_all(w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int) -> torch.Tensor:
+    """Nearest rounding of w [N, K] onto the grid of scale and low [N, G]."""
+    return _put(w, *_per_column(scale, low, group))
 
 
 def quantize_int4(
@@ -212,12 +232,14 @@ def quantize_int4(
     moment_bytes: int = MOMENT_BYTES,
     group: int = 128,
     head: bool = False,
+    integer_zero: bool = False,
 ) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` whose input width has a
     :func:`group_size` for ``group`` (one of :data:`GROUPS`) by an :class:`Int4Linear`; returns
     how many. ``calibrate``: as :func:`voicert.engine.gpu.fp8.quantize_fp8`'s (GPTQ against those
     inputs; None: nearest rounding). The embedding keeps the model's dtype, and so does the LM
-    head unless ``head`` (then to nearest: ``fp8.quantize_head``)."""
+    head unless ``head`` (then to nearest: ``fp8.quantize_head``). ``integer_zero``: AWQ's grid
+    (:func:`_params`), for a model to export as AWQ."""
     if group not in GROUPS:
         raise ValueError(f"int4: group {group} is not one of {GROUPS}")
     layers = _layer_linears(model)
@@ -230,22 +252,25 @@ def quantize_int4(
         for same in _by_shape(fits):
             g = group_size(same[0].in_features, group)
             assert g is not None
-            q, scale, zero = gptq_round(
+            q, scale, low = gptq_round(
                 [lin.weight for lin in same],
                 [moments.pop(lin) for lin in same],
-                grid(g),
+                grid(g, integer_zero),
                 graphs=graphs,
             )
             for j, lin in enumerate(same):
-                rounded[lin] = Int4Linear.from_linear(lin, (q[j], scale[j], zero[j]), group)
+                rounded[lin] = Int4Linear.from_linear(lin, (q[j], scale[j], low[j]), group)
             del q
     count = 0
     for layer in layers:
         for child, attr, lin in layer:
             if group_size(lin.in_features, group) is None:
                 continue
-            setattr(child, attr, rounded.pop(lin, None) or Int4Linear.from_linear(lin, None, group))
+            q4 = rounded.pop(lin, None) or Int4Linear.from_linear(lin, None, group, integer_zero)
+            setattr(child, attr, q4)
             count += 1
     if head:
-        count += quantize_head(model, lambda lin: Int4Linear.from_linear(lin, None, group))
+        count += quantize_head(
+            model, lambda lin: Int4Linear.from_linear(lin, None, group, integer_zero)
+        )
     return count

@@ -1156,7 +1156,7 @@ def _int4_group(
     acc,
     p,
     x_ptrs,
-    z_ptrs,
+    l_ptrs,
     s_ptrs,
     mm,
     nm,
@@ -1168,63 +1168,56 @@ def _int4_group(
 ):
     """acc + one group's products: packed codes p [BN, HALF] uint8 (byte j: the group's column j
     in the low nibble, column j + HALF in the high one), x at x_ptrs [BM, HALF] (the group's
-    first half; the second at + HALF), the group's zero and scale per output row at z_ptrs,
+    first half; the second at + HALF), the group's low and scale per output row at l_ptrs,
     s_ptrs [BN]. acc is [BM, BN], or [BN, BM] with ``SWAP`` (the weights as the MMA's first
-    operand). ``SCALED``: each weight widened whole in registers, (code - zero) * scale in fp32
+    operand). ``SCALED``: each weight widened whole in registers, code * scale + low in fp32
     rounded once to x's dtype (:func:`int4_dequantize`'s values), and summed straight into acc
-    (one accumulator: the many-row path). Else ``MAGIC`` 1 (bf16 x) / 2 (fp16 x): each code
-    widened by its bits alone, ``0x4300 | code`` being the bf16 128 + code (fp16: ``0x6400 |
-    code``, 1024 + code), the offset and zero taken off the group's sum once, as (offset +
-    zero) * sum(x), and the group's sum scaled; 0: code - zero widened from int32."""
-    z = tl.load(z_ptrs, mask=nm, other=0).to(tl.float32)  # [BN]
+    (one accumulator: the many-row path). Else the group's sum over the bare codes, then
+    scale * sum(x * code) + low * sum(x): ``MAGIC`` 1 (bf16 x) / 2 (fp16 x) widens each code by
+    its bits alone, ``0x4300 | code`` being the bf16 128 + code (fp16: ``0x6400 | code``, 1024
+    + code), the offset taken off the group's sum once, as offset * sum(x); 0: the code
+    converted (exact in any float dtype)."""
+    low = tl.load(l_ptrs, mask=nm, other=0.0).to(tl.float32)  # [BN]
     s = tl.load(s_ptrs, mask=nm, other=0.0).to(tl.float32)
     xa = tl.load(x_ptrs, mask=mm[:, None], other=0.0)  # [BM, HALF]
     xb = tl.load(x_ptrs + HALF, mask=mm[:, None], other=0.0)
     if SCALED:
-        acc = _int4_scaled_group(acc, p, xa, xb, z, s, SWAP, IEEE)
+        acc = _int4_scaled_group(acc, p, xa, xb, low, s, SWAP, IEEE)
     else:
         if MAGIC == 0:
-            zi = z.to(tl.int32)[:, None]
-            lo = ((p & 15).to(tl.int32) - zi).to(xa.dtype)  # [BN, HALF]: code - zero, exact
-            hi = ((p >> 4).to(tl.int32) - zi).to(xa.dtype)
+            lo = (p & 15).to(xa.dtype)  # [BN, HALF]: the codes, exact
+            hi = (p >> 4).to(xa.dtype)
+            offset: tl.constexpr = 0.0
         else:
             bits: tl.constexpr = 0x4300 if MAGIC == 1 else 0x6400
+            offset: tl.constexpr = 128.0 if MAGIC == 1 else 1024.0
             p16 = p.to(tl.int16)
             lo = ((p16 & 15) | bits).to(tl.int16).to(xa.dtype, bitcast=True)  # [BN, HALF]
             hi = ((p16 >> 4) | bits).to(tl.int16).to(xa.dtype, bitcast=True)
         part = tl.zeros(acc.shape, dtype=tl.float32)
+        xs = tl.sum(xa.to(tl.float32), axis=1) + tl.sum(xb.to(tl.float32), axis=1)  # [BM]
         if SWAP:
             part = _fp8_dot(lo, xa, part, IEEE)  # [BN, BM]
             part = _fp8_dot(hi, xb, part, IEEE)
+            acc += (part - offset * xs[None, :]) * s[:, None] + low[:, None] * xs[None, :]
         else:
             part = _fp8_dot(xa, lo, part, IEEE)  # [BM, BN]
             part = _fp8_dot(xb, hi, part, IEEE)
-        if MAGIC != 0:
-            offset: tl.constexpr = 128.0 if MAGIC == 1 else 1024.0
-            xs = tl.sum(xa.to(tl.float32), axis=1) + tl.sum(xb.to(tl.float32), axis=1)  # [BM]
-            if SWAP:
-                part -= (z + offset)[:, None] * xs[None, :]
-            else:
-                part -= xs[:, None] * (z + offset)[None, :]
-        if SWAP:
-            acc += part * s[:, None]
-        else:
-            acc += part * s[None, :]
+            acc += (part - xs[:, None] * offset) * s[None, :] + xs[:, None] * low[None, :]
     return acc
 
 
 @triton.jit
-def _int4_scaled_group(acc, p, xa, xb, z, s, SWAP: tl.constexpr, IEEE: tl.constexpr):
+def _int4_scaled_group(acc, p, xa, xb, low, s, SWAP: tl.constexpr, IEEE: tl.constexpr):
     """acc + a group's products with its weights widened whole: p [BN, HALF] uint8 codes, xa /
-    xb [BM, HALF] the group's two halves of x, z / s [BN] fp32. A code becomes 2^23 + code by
-    its bits (``0x4B000000 | code`` as fp32), so (code - zero) * scale is exact in fp32 and is
-    rounded once, to x's dtype."""
-    base = (z + 8388608.0)[:, None]  # [BN, 1]: 2^23 + zero
+    xb [BM, HALF] the group's two halves of x, low / s [BN] fp32. A code becomes 2^23 + code by
+    its bits (``0x4B000000 | code`` as fp32), less 2^23 exactly; code * scale is exact in fp32,
+    the sum with the low is rounded once in fp32 and once more to x's dtype."""
     p32 = p.to(tl.int32)
-    lo = ((((p32 & 15) | 0x4B000000).to(tl.float32, bitcast=True) - base) * s[:, None]).to(
-        xa.dtype
-    )  # [BN, HALF]
-    hi = ((((p32 >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - base) * s[:, None]).to(xa.dtype)
+    lo = (((p32 & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s[:, None]
+    hi = (((p32 >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s[:, None]
+    lo = (lo + low[:, None]).to(xa.dtype)  # [BN, HALF]
+    hi = (hi + low[:, None]).to(xa.dtype)
     if SWAP:  # (no early return: Triton compiles the rest of a constexpr branch's function too)
         acc = _fp8_dot(lo, xa, acc, IEEE)  # [BN, BM]
         acc = _fp8_dot(hi, xb, acc, IEEE)
@@ -1239,7 +1232,7 @@ def _int4_linear_kernel(
     x_ptr,
     w_ptr,
     s_ptr,
-    z_ptr,
+    l_ptr,
     b_ptr,
     out_ptr,
     part_ptr,
@@ -1273,7 +1266,7 @@ def _int4_linear_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * (K // 2) + (k_lo // 2 + half)[None, :]
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + half)[None, :]
-    z_ptrs = z_ptr + rn.to(tl.int64) * groups + k_lo // GROUP  # [BN]
+    l_ptrs = l_ptr + rn.to(tl.int64) * groups + k_lo // GROUP  # [BN]
     s_ptrs = s_ptr + rn.to(tl.int64) * groups + k_lo // GROUP
     if SWAP:
         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
@@ -1282,14 +1275,14 @@ def _int4_linear_kernel(
     # the first group's codes are read before waiting for the kernel before (PDL), as FP8's
     p = tl.load(w_ptrs, mask=nm[:, None], other=0)
     _pdl_enter(PDL)
-    acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE, SCALED)
+    acc = _int4_group(acc, p, x_ptrs, l_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE, SCALED)
     for _k0 in range(k_lo + GROUP, k_hi, GROUP):
         w_ptrs += GROUP // 2
         x_ptrs += GROUP
-        z_ptrs += 1
+        l_ptrs += 1
         s_ptrs += 1
         p = tl.load(w_ptrs, mask=nm[:, None], other=0)
-        acc = _int4_group(acc, p, x_ptrs, z_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE, SCALED)
+        acc = _int4_group(acc, p, x_ptrs, l_ptrs, s_ptrs, mm, nm, HALF, MAGIC, SWAP, IEEE, SCALED)
     if SWAP:
         acc = tl.trans(acc)  # [BM, BN]
     _split_k_finish(
@@ -1345,7 +1338,7 @@ def int4_linear(
     x: torch.Tensor,
     w: torch.Tensor,
     scale: torch.Tensor,
-    zero: torch.Tensor,
+    low: torch.Tensor,
     bias: torch.Tensor | None,
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
@@ -1355,19 +1348,19 @@ def int4_linear(
     path: Int4Path | None = None,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times packed INT4 weights w [N, K // 2] uint8 (engine/gpu/
-    int4.py's layout) with float16 scales and uint8 zeros [N, K // group],
-    plus ``bias`` [N] -> [..., N] in x's dtype: sum over groups g of scale[n, g] * sum over the
-    group's k of x[k] * (code[n, k] - zero[n, g]), in fp32 (IEEE for fp32 inputs). ``count``:
+    int4.py's layout) with float16 scales and lows [N, K // group], plus ``bias`` [N] -> [..., N]
+    in x's dtype: sum over groups g of scale[n, g] * sum over the group's k of x[k] * code[n, k],
+    plus low[n, g] * sum over the group's k of x[k], in fp32 (IEEE for fp32 inputs). ``count``:
     zeroed int32 counters, one per output tile, for a split over K (None: fresh ones).
     ``blocks`` overrides :func:`int4_blocks` (the benchmark tries others; the split is then
     chosen as by default if left out). ``pdl``: as :func:`add_rms_norm`'s.
 
     ``path`` (None: :func:`int4_path`'s): GROUPS, each group's sum over the bare codes, scaled
-    once; ``magic``: bf16 / fp16 codes widened by their bits (else through int32); ``swap``:
+    once; ``magic``: bf16 / fp16 codes widened by their bits (else converted); ``swap``:
     the weights as the MMA's first operand. Both on: 1.4-1.9x bf16's speed at up to 16 rows on
     an H100's Llama-8B shapes against 1.2-1.6x for neither (scripts/gpu/int4_tiles.py,
-    docs/benchmarks.md 46). SCALED: each weight widened whole in registers to (code - zero) *
-    scale in x's dtype (:func:`int4_dequantize`'s values) and summed into one accumulator, the
+    docs/benchmarks.md 46). SCALED: each weight widened whole in registers to code * scale +
+    low in x's dtype (:func:`int4_dequantize`'s values) and summed into one accumulator, the
     programs of one weight tile side by side. WIDEN: the weights widened into a scratch [N, K]
     in x's dtype (:func:`int4_dequantize`), then cuBLAS (chosen only where ``blocks`` is left
     out: with tiles and no ``path``, a row count past the kernels' runs by GROUPS)."""
@@ -1377,7 +1370,7 @@ def int4_linear(
         if blocks is not None and path is Int4Path.WIDEN:  # tiles asked for: a kernel runs
             path = Int4Path.GROUPS
     if path is Int4Path.WIDEN:
-        wide = int4_dequantize(w, scale, zero, x.dtype, pdl)
+        wide = int4_dequantize(w, scale, low, x.dtype, pdl)
         return torch.nn.functional.linear(x, wide, bias)
     group = k // scale.shape[1]
     x2 = x.reshape(-1, k)
@@ -1397,7 +1390,7 @@ def int4_linear(
         x2,
         w,
         scale,
-        zero,
+        low,
         w if bias is None else bias,
         out,
         part,
@@ -1436,7 +1429,7 @@ INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDE
 def _int4_dequant_kernel(
     w_ptr,
     s_ptr,
-    z_ptr,
+    l_ptr,
     out_ptr,
     N,
     K,
@@ -1456,20 +1449,21 @@ def _int4_dequant_kernel(
         other=0,
     )  # [BN, HALF]
     _pdl_enter(PDL)
-    z = tl.load(z_ptr + rn.to(tl.int64) * groups + g, mask=nm, other=0).to(tl.float32)[:, None]
+    low = tl.load(l_ptr + rn.to(tl.int64) * groups + g, mask=nm, other=0.0)
+    low = low.to(tl.float32)[:, None]  # [BN, 1]
     s = tl.load(s_ptr + rn.to(tl.int64) * groups + g, mask=nm, other=0.0).to(tl.float32)[:, None]
-    lo = ((p & 15).to(tl.float32) - z) * s
-    hi = ((p >> 4).to(tl.float32) - z) * s
+    lo = (p & 15).to(tl.float32) * s + low
+    hi = (p >> 4).to(tl.float32) * s + low
     at = out_ptr + rn[:, None].to(tl.int64) * K + (g * GROUP + half)[None, :]
     tl.store(at, lo.to(out_ptr.dtype.element_ty), mask=nm[:, None])
     tl.store(at + HALF, hi.to(out_ptr.dtype.element_ty), mask=nm[:, None])
 
 
 def int4_dequantize(
-    w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype: torch.dtype, pdl: bool = False
+    w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, dtype: torch.dtype, pdl: bool = False
 ) -> torch.Tensor:
-    """Packed INT4 weights w [N, K // 2] with scales and zeros [N, G] -> [N, K] in ``dtype``:
-    (code - zero) * scale, in fp32, rounded once (:meth:`Int4Linear.dequantized`'s values)."""
+    """Packed INT4 weights w [N, K // 2] with scales and lows [N, G] -> [N, K] in ``dtype``:
+    code * scale + low in fp32, then in ``dtype`` (:meth:`Int4Linear.dequantized`'s values)."""
     n, k = w.shape[0], 2 * w.shape[1]
     group = k // scale.shape[1]
     out = torch.empty(n, k, dtype=dtype, device=w.device)
@@ -1477,7 +1471,7 @@ def int4_dequantize(
     _int4_dequant_kernel[(triton.cdiv(n, block_n), k // group)](
         w,
         scale,
-        zero,
+        low,
         out,
         n,
         k,
