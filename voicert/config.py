@@ -351,11 +351,14 @@ class LlmConfig:
     # depend on what shares a step: batching and prefix caching are not exact under it)
     fp8: bool = False  # GPU (compute capability >= 8.9): FP8 (e4m3) layer weights with a scale
     # per output channel: half the weight bytes of bf16 per decode step; replies differ slightly
-    int4: bool = False  # GPU: INT4 layer weights, a float16 scale and a zero point per output
-    # channel and 128 input columns (engine/gpu/int4.py): ~0.27 of bf16's weight bytes per decode
-    # step; replies differ more than FP8's (docs/benchmarks.md 46)
-    int4_group: int = 128  # int4: input columns per scale and zero: 128 | 64 | 32 (closer to the
-    # model's replies, ~4 / ~13 % more weight bytes than 128's; docs/benchmarks.md 47)
+    int4: bool = False  # GPU: INT4 layer weights, a float16 scale and low per output channel
+    # and 128 input columns (engine/gpu/int4.py): ~0.27 of bf16's weight bytes per decode step;
+    # replies differ more than FP8's (docs/benchmarks.md 46)
+    int4_group: int = 128  # int4: input columns per scale and low: 128 | 64 | 32 (closer to the
+    # model's replies, ~6 / ~18 % more weight bytes than 128's; docs/benchmarks.md 47)
+    int4_gguf: bool = True  # int4 on a .gguf model: the file's 4-bit layers (Q4_0, Q4_1, Q4_K)
+    # as it holds them, in groups of 32, not rounded again (engine/gpu/gguf.py; docs/benchmarks.md
+    # 63); the rest by llm.rounding. false: every layer rounded from the dequantized weights
     quant_head: bool = False  # fp8, int4: the LM head in the layers' format too, rounded to nearest
     # (8B: 1.05 GB of bf16 read every step; docs/benchmarks.md 57)
     rounding: str = "gptq"  # fp8, int4: gptq: each weight's value chosen with GPTQ's error

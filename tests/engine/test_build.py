@@ -3,6 +3,8 @@ key carried, the other device's options off."""
 
 import dataclasses
 
+import pytest
+
 from voicert.config import LlmConfig
 from voicert.engine.build import EngineConfig, engine_config
 
@@ -59,3 +61,50 @@ def test_the_start_up_line_says_whether_the_lm_head_was_quantized(caplog):
             _quantize_weights(model, None, cfg)
         assert said in caplog.text
         assert isinstance(model.lm_head, torch.nn.Linear) == (shape is TINY)
+
+
+@pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
+def test_int4_on_a_gguf_model_serves_its_4_bit_layers_and_the_rest_fp8_where_it_runs(
+    monkeypatch, caplog, capability
+):
+    """``llm.int4`` on a model converted from a GGUF file: its 4-bit layers hold the file's
+    codes; a fused layer with a Q6_K part and the Q6_K layers go to FP8 where FP8 runs (compute
+    capability 8.9+), else the part is rounded to INT4 within the imported layer and the Q6_K
+    layers are rounded to INT4 in ``llm.int4_group``'s groups. The log line says which."""
+    import logging
+
+    import torch
+
+    from tests.engine.quantized import SMALL
+    from tests.engine.test_gguf import _source
+    from voicert.engine import loader
+    from voicert.engine.build import _quantize_weights
+    from voicert.engine.gpu import gguf
+    from voicert.engine.gpu.fp8 import Fp8Linear
+    from voicert.engine.gpu.int4 import Int4Linear
+    from voicert.engine.models.llama import random_llama
+
+    model = random_llama(SMALL, torch.float32, "cpu")
+    src = _source(model, {"attn_v": "Q6_K", "ffn_down": "Q6_K"})
+    monkeypatch.setattr(loader, "gguf_source", lambda d: gguf.Path(d) / "model.gguf")
+    monkeypatch.setattr(gguf, "GgufFile", lambda path: src)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: capability)
+    cfg = EngineConfig(device="cuda", int4=True, rounding="nearest")
+    with caplog.at_level(logging.INFO, logger="voicert.engine.build"):
+        _quantize_weights(model, None, cfg, "/models/x")
+    fp8 = capability >= (8, 9)
+    layers = SMALL.num_layers
+    for layer in model.layers:
+        assert isinstance(layer.attn.o, Int4Linear) and layer.attn.o.group == 32
+        assert isinstance(layer.mlp.gate_up, Int4Linear) and layer.mlp.gate_up.group == 32
+        assert isinstance(layer.attn.qkv, Fp8Linear if fp8 else Int4Linear)
+        assert isinstance(layer.mlp.down, Fp8Linear if fp8 else Int4Linear)
+        if not fp8:  # the imported q/k/v in groups of 32; the Q6_K down in the config's
+            assert (layer.attn.qkv.group, layer.mlp.down.group) == (32, 64)
+    said = (
+        f"{2 * layers} hold model.gguf's own 4-bit codes (groups of 32); {2 * layers} the rest FP8"
+        if fp8
+        else f"{3 * layers} hold model.gguf's own 4-bit codes (groups of 32), {layers} of them "
+        f"with a part rounded; {layers} INT4 (groups of 128)"
+    )
+    assert said in caplog.text

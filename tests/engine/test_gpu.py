@@ -413,6 +413,30 @@ def test_int4_graphed_and_fused_equals_int4_eager_batched_one_at_a_time_and_spec
             e.close()
 
 
+def test_a_model_of_int4_and_fp8_layers_graphed_and_fused_equals_it_eager(prompts):
+    """A GGUF Q4_K_M model as ``llm.int4`` serves it: INT4 layers in groups of 32 beside FP8
+    ones (its Q6_K layers: q/k/v and down in every other layer here), as served against eager
+    torch layers over the same weights: same tokens, together or one at a time."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+    from voicert.engine.gpu.int4 import Int4Linear, quantize_int4
+
+    cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
+    model = random_llama(cfg, torch.float32, "cuda")
+    for layer in model.layers[1::2]:
+        layer.attn.qkv = Fp8Linear.from_linear(layer.attn.qkv)
+        layer.mlp.down = Fp8Linear.from_linear(layer.mlp.down)
+    assert quantize_int4(model, group=32) == 4 * cfg.num_layers - 2 * len(model.layers[1::2])
+    assert isinstance(model.layers[0].mlp.down, Int4Linear)
+    eager, served = make(model, False, fused=False), make(model, True)
+    try:
+        want = run_engine(eager, prompts)
+        assert run_engine(served, prompts) == want
+        assert run_engine(served, prompts, sequential=True) == want
+    finally:
+        eager.close()
+        served.close()
+
+
 @pytest.mark.parametrize("kind,dtype", [("fp8", torch.float8_e4m3fn), ("int8", torch.int8)])
 def test_one_byte_kv_cache_graphed_and_fused_equals_eager_and_batched_equals_one_at_a_time(
     prompts, kind, dtype

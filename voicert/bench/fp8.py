@@ -93,6 +93,8 @@ VARIANTS = {
     "int4-nearest": "INT4 layer weights, groups of {group} (rounded to nearest)",
     "int4-zero": "INT4 layer weights, groups of {group}, AWQ's grid (integer zeros; GPTQ)",
     "int4-zero-nearest": "INT4 layer weights, groups of {group}, AWQ's grid (nearest)",
+    "int4-gguf": "INT4 from a GGUF model: its 4-bit layers as the file holds them (groups of 32), "
+    "the rest FP8 (GPTQ), as served (llm.int4_gguf)",
     "kv-fp8": "FP8 KV cache",
     "kv-int8": "INT8 KV cache (a scale per token and KV head)",
 }
@@ -167,9 +169,17 @@ def quality(
 
     want, want_more = next_tokens(model, texts), next_tokens(model, more)
     a = asyncio.run(replies())
-    gptq = variant in ("weights", "int4", "int4-zero")
+    gptq = variant in ("weights", "int4", "int4-zero", "int4-gguf")
     calibrate = calibration_forward(model, tok) if gptq else None
-    if variant.startswith("int4"):
+    if variant == "int4-gguf":
+        from voicert.engine.gpu.gguf import GgufFile, quantize_from_gguf
+        from voicert.engine.loader import gguf_source
+
+        source = gguf_source(model_dir)
+        if source is None:
+            raise ValueError(f"--quantize int4-gguf: {model_name} is not a .gguf model")
+        quantize_from_gguf(model, GgufFile(source), calibrate, True, group, head)
+    elif variant.startswith("int4"):
         zero = variant.startswith("int4-zero")
         quantize_int4(model, calibrate, group=group, head=head, integer_zero=zero)
     elif variant in ("weights", "weights-nearest"):
@@ -349,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
         default="weights",
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
         "rounding), weights-nearest (FP8, nearest), int4, int4-nearest, int4-zero, "
-        "int4-zero-nearest (AWQ's grid), kv-fp8, kv-int8 (the KV cache)",
+        "int4-zero-nearest (AWQ's grid), int4-gguf (a .gguf model's own 4-bit layers), kv-fp8, "
+        "kv-int8 (the KV cache)",
     )
     args = ap.parse_args(argv)
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")

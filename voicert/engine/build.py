@@ -86,7 +86,7 @@ def build_core(
     hf_cfg = AutoConfig.from_pretrained(model_dir) if model is None or tokenizer is None else None
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(model_dir)
     model = _quantized(
-        model or load_model(model_dir, DTYPES[cfg.dtype], cfg.device), tokenizer, cfg
+        model or load_model(model_dir, DTYPES[cfg.dtype], cfg.device), tokenizer, cfg, model_dir
     )
     if cfg.fused_kernels:
         _choose_kernels(model, cfg)
@@ -163,9 +163,9 @@ def _scheduler(
     )
 
 
-def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
-    """The model with its layer weights as ``llm.int8`` / ``llm.fp8`` / ``llm.int4`` say (in
-    place for FP8 and INT4)."""
+def _quantized(model: Model, tokenizer, cfg: EngineConfig, model_dir: str = "") -> Model:
+    """The model (from ``model_dir``) with its layer weights as ``llm.int8`` / ``llm.fp8`` /
+    ``llm.int4`` say (in place for FP8 and INT4)."""
     if cfg.int8:
         if cfg.device != "cpu":
             raise ValueError("int8 dynamic quantization is a CPU option")
@@ -176,32 +176,38 @@ def _quantized(model: Model, tokenizer, cfg: EngineConfig) -> Model:
                 "the output is not token-identical to int8 greedy decoding"
             )
     if cfg.fp8 or cfg.int4:
-        _quantize_weights(model, tokenizer, cfg)
+        _quantize_weights(model, tokenizer, cfg, model_dir)
     return model
 
 
-def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig) -> None:
-    """Layer weights to FP8 (engine/gpu/fp8.py) or INT4 (engine/gpu/int4.py) in place; refuses
-    INT8 with either, and for FP8 GPUs whose Triton cannot widen it (compute capability below
-    8.9)."""
+def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str = "") -> None:
+    """Layer weights to FP8 (engine/gpu/fp8.py) or INT4 (engine/gpu/int4.py) in place: for INT4
+    from a GGUF file (``llm.int4_gguf``), its 4-bit layers first as the file holds them
+    (engine/gpu/gguf.py), the rest rounded. Refuses INT8 with either, and for FP8 GPUs whose
+    Triton cannot widen it (compute capability below 8.9)."""
     from voicert.engine.gpu.fp8 import calibration_forward, quantize_fp8
     from voicert.engine.gpu.int4 import quantize_int4
+    from voicert.engine.loader import gguf_source
 
     if cfg.int8:
         raise ValueError("fp8 / int4 and int8 are two quantizations: choose one")
     dev = str(cfg.device)
-    if cfg.fp8 and dev.startswith("cuda") and torch.cuda.get_device_capability(dev) < (8, 9):
+    if cfg.fp8 and not _fp8_capable(dev):
         raise ValueError("fp8 needs a GPU of compute capability 8.9 or newer (Ada, Hopper)")
-    rounding = cfg.rounding
     t0 = time.perf_counter()
     module = cast(torch.nn.Module, model)  # every architecture is an nn.Module
     calibrate = (
-        calibration_forward(module, tokenizer, cfg.block_size) if rounding == "gptq" else None
+        calibration_forward(module, tokenizer, cfg.block_size) if cfg.rounding == "gptq" else None
     )
-    if cfg.int4:
+    done = []
+    source = gguf_source(model_dir) if cfg.int4 and cfg.int4_gguf and model_dir else None
+    if source is not None:
+        done = _from_gguf(module, source, calibrate, cfg)
+    elif cfg.int4:
         n = quantize_int4(module, calibrate, group=cfg.int4_group, head=cfg.quant_head)
+        done = [f"{n} INT4 (groups of {cfg.int4_group})"]
     else:
-        n = quantize_fp8(module, calibrate, head=cfg.quant_head)
+        done = [f"{quantize_fp8(module, calibrate, head=cfg.quant_head)} FP8"]
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
     head = ""
@@ -211,13 +217,32 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig) -> None:
             "; the LM head kept: no group fits its width" if kept else "; the LM head's to nearest"
         )
     log.info(
-        "engine: %d Linear layers hold %s weights (rounded: %s%s, %.1f s)",
-        n,
-        f"INT4 (groups of {cfg.int4_group})" if cfg.int4 else "FP8",
-        rounding,
+        "engine: Linear layers: %s (rounded: %s%s, %.1f s)",
+        "; ".join(done),
+        cfg.rounding,
         head,
         time.perf_counter() - t0,
     )
+
+
+def _fp8_capable(dev: str) -> bool:
+    """Whether FP8 weights can run on ``dev``: the CPU (widened), or a GPU of compute
+    capability 8.9 or newer."""
+    return not dev.startswith("cuda") or torch.cuda.get_device_capability(dev) >= (8, 9)
+
+
+def _from_gguf(module: torch.nn.Module, source: Path, calibrate, cfg: EngineConfig) -> list[str]:
+    """``llm.int4`` on a checkpoint converted from the GGUF file ``source``: its 4-bit layers as
+    the file holds them, the rest FP8 where it runs (engine/gpu/gguf.py); what was done."""
+    from voicert.engine.gpu import gguf
+
+    fp8_rest = _fp8_capable(str(cfg.device))
+    try:
+        return gguf.quantize_from_gguf(
+            module, gguf.GgufFile(source), calibrate, fp8_rest, cfg.int4_group, cfg.quant_head
+        )
+    except ValueError as e:
+        raise ConfigError(f"llm.int4_gguf: {e} (set it to false to round every layer)") from None
 
 
 def _choose_kernels(model: Model, cfg: EngineConfig) -> None:

@@ -140,6 +140,19 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
     return out
 
 
+def gguf_source(model_dir: str | Path) -> Path | None:
+    """The GGUF file a converted checkpoint dir (:func:`convert_gguf`) was written from, where
+    it is still there; None for any other dir."""
+    marker = Path(model_dir) / MARKER
+    if not marker.is_file():
+        return None
+    try:
+        source = Path(json.loads(marker.read_text())["source"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    return source if source.is_file() else None
+
+
 def is_repo_id(spec: str) -> bool:
     """``spec`` names a Hugging Face hub repo (``org/name``) rather than a path on this machine."""
     return bool(REPO_ID.match(spec)) and not Path(spec).expanduser().exists()

@@ -1,7 +1,7 @@
 """INT4 weights, group-wise scales and offsets ("W4A16"): a quarter of bf16's bytes per step.
 
 A decode step at small batch streams every weight once, so its time is the weight bytes over the
-memory bandwidth; 4-bit weights cut them to ~0.28 of bf16's (the scales and offsets included).
+memory bandwidth; 4-bit weights cut them to ~0.27 of bf16's (the scales and offsets included).
 :func:`quantize_int4` replaces every ``nn.Linear`` inside the model's layers (q/k/v, output,
 gate/up, down; the embedding and LM head keep the model's dtype, as GPTQ and AWQ checkpoints do)
 by an :class:`Int4Linear`. For each output row n and each group of ``group`` input columns
@@ -171,13 +171,12 @@ class Int4Linear(nn.Module):
         group = group_size(lin.in_features, want)
         if group is None:
             raise ValueError(f"int4: no group size divides in_features={lin.in_features}")
-        w = lin.weight.detach().float()
-        if rounded is None:
-            scale, low = _params(w[None], group, integer_zero)
-            rounded = (_put_all(w, scale[0], low[0], group), scale[0], low[0])
-        q, scale, low = rounded
         bias = lin.bias.detach() if lin.bias is not None else None
-        codes = _codes(q, scale, low, group)
+        if rounded is None:
+            codes, scale, low = nearest(lin.weight.detach(), group, integer_zero)
+        else:
+            q, scale, low = rounded
+            codes = _codes(q, scale, low, group)
         return cls(pack(codes, group), scale.half(), low.half(), bias)
 
     def _apply(self, fn, recurse: bool = True):
@@ -219,6 +218,17 @@ class Int4Linear(nn.Module):
             f"in_features={self.in_features}, out_features={self.out_features}, "
             f"int4, group={self.group}"
         )
+
+
+def nearest(
+    w: torch.Tensor, group: int, integer_zero: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Weights w [N, K] (K a multiple of ``group``) rounded to the nearest code of
+    :func:`_params`'s grid -> (codes uint8 [N, K], scale, low [N, K // group] float32 holding
+    float16 values)."""
+    w = w.detach().float()
+    scale, low = _params(w[None], group, integer_zero)  # [1, N, G]
+    return _codes(_put_all(w, scale[0], low[0], group), scale[0], low[0], group), scale[0], low[0]
 
 
 def _put_all(w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int) -> torch.Tensor:
