@@ -133,6 +133,19 @@ def test_only_the_layers_linears_turn_int4_and_their_bytes_fall_to_about_a_quart
     assert linear / 4 < after < linear * 0.29  # codes, and a 2-byte scale + a 2-byte low a group
 
 
+def test_gptq_over_layers_already_quantized_has_nothing_to_calibrate():
+    """Layers that hold no nn.Linear any more (a GGUF model's, imported as the file holds them)
+    are passed over: no calibration forward runs and nothing is replaced; a later layer that
+    still has its Linears is rounded."""
+    model = random_llama(SMALL, torch.float32, "cpu")
+    quantize_int4(model)
+    runs = []
+    assert quantize_int4(model, lambda: runs.append(1)) == 0 and runs == []
+    model.layers[1].mlp.down = _linear(model.layers[1].mlp.down.dequantized(torch.float32))
+    with pytest.raises(RuntimeError, match="calibrated"):  # (GPTQ asks for its inputs)
+        quantize_int4(model, lambda: (_ for _ in ()).throw(RuntimeError("calibrated")))
+
+
 def test_a_layer_no_group_divides_keeps_its_weights():
     model = random_llama(dataclasses.replace(SMALL, intermediate_size=160), torch.float32, "cpu")
     assert quantize_int4(model) == 3 * SMALL.num_layers  # down (K = 160) stays

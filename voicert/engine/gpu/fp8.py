@@ -357,10 +357,11 @@ def _groups(
     layers: list[list[tuple[nn.Module, str, nn.Linear]]], budget: int
 ) -> list[list[nn.Linear]]:
     """Consecutive layers' Linears, in groups whose input moments (K x K float32 each) fit in
-    ``budget`` bytes (at least one layer a group)."""
+    ``budget`` bytes (at least one layer a group); none for layers with no Linears left (a
+    GGUF model's layers imported as they are, engine/gpu/gguf.py)."""
     groups: list[list[nn.Linear]] = []
     used = budget
-    for layer in layers:
+    for layer in (layer for layer in layers if layer):
         size = sum(4 * lin.in_features**2 for _, _, lin in layer)
         if used + size > budget:
             groups.append([])
