@@ -246,6 +246,31 @@ TWINS = {
 }
 
 
+Q4KM = "; as llm.int4_gguf serves a Q4_K_M file: q/k/v and down FP8 in llama.cpp's more-bits layers"
+
+
+def more_bits(i: int, n: int) -> bool:
+    """Whether layer ``i`` of ``n`` gets the more-bits type (Q6_K) for attn_v and ffn_down in
+    llama.cpp's Q4_K_M: the first and last eighth, and every third layer between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def q4km_layers(model) -> int:
+    """In place: the q/k/v and down Linears of :func:`more_bits` layers to FP8 (nearest), as
+    llm.int4_gguf serves a Q4_K_M file (its Q6_K parts); the rest are left for INT4. Returns
+    how many became FP8."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    n = len(model.layers)
+    count = 0
+    for i, layer in enumerate(model.layers):
+        if more_bits(i, n):
+            layer.attn.qkv = Fp8Linear.from_linear(layer.attn.qkv)
+            layer.mlp.down = Fp8Linear.from_linear(layer.mlp.down)
+            count += 2
+    return count
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
@@ -268,6 +293,8 @@ class Bench:
             self.model = load_llama(self.model_dir, dtype, args.device)
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
         self.vocab = self.model.cfg.vocab_size
+        if args.q4km:
+            q4km_layers(self.model)
         base = dict(
             device=args.device,
             dtype=args.dtype,
@@ -282,6 +309,7 @@ class Bench:
             overlap=args.overlap,
             fp8=args.fp8,
             int4=args.int4,
+            int4_group=args.int4_group,
             quant_head=args.quant_head,
             # random weights have no text to calibrate on; the rounding changes no timing
             rounding="gptq" if self.tokenizer is not None else "nearest",
@@ -529,7 +557,8 @@ def render(
     lines = [
         f"model: {label}; device {args.device}; dtype {args.dtype}"
         f"{'; FP8 weights' if args.fp8 else ''}"
-        f"{'; INT4 weights (groups of 128)' if args.int4 else ''}"
+        f"{'; INT4 weights (groups of ' + str(args.int4_group) + ')' if args.int4 else ''}"
+        f"{Q4KM if args.q4km else ''}"
         f"{'; the LM head quantized too' if args.quant_head else ''}"
         f"{'; CUDA graphs' if args.cuda_graphs else ''}"
         f"{'; fused Triton kernels' if args.fused_kernels else ''}"
@@ -643,6 +672,19 @@ def main(argv: list[str] | None = None) -> int:
         help="GPU: INT4 layer weights, a scale and low per 128 inputs (engine/gpu/int4.py)",
     )
     ap.add_argument(
+        "--int4-group",
+        type=int,
+        choices=(128, 64, 32),
+        default=128,
+        help="with --int4 (llm.int4_group)",
+    )
+    ap.add_argument(
+        "--q4km",
+        action="store_true",
+        help="with --int4: the layers as llm.int4_gguf serves a Q4_K_M file: INT4 in groups of 32, "
+        "and in the layers llama.cpp gives more bits (about half) q/k/v and down in FP8",
+    )
+    ap.add_argument(
         "--quant-head",
         action="store_true",
         help="GPU, with --fp8 or --int4: the LM head in that format too (llm.quant_head)",
@@ -667,6 +709,10 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--fp8, --int4 and --kv-cache int8 | fp8 are GPU options")
     if args.fp8 and args.int4:
         ap.error("--fp8 and --int4 are two quantizations: choose one")
+    if args.q4km and not args.int4:
+        ap.error("--q4km is a layout of --int4")
+    if args.q4km:
+        args.int4_group = 32
     if args.quant_head and not (args.fp8 or args.int4):
         ap.error("--quant-head needs --fp8 or --int4 (the head takes the layers' format)")
     if args.int4 and args.against == "vllm":

@@ -216,17 +216,18 @@ def kernels_table(
     rows: list[int],
     blocks: list[tuple[int, ...] | None],
     kind: str = "fp8",
+    group: int = 128,
 ) -> list[dict]:
     """Each (name, N, K) at each row count: bf16 F.linear against the ``kind`` kernel (fp8 or
-    int4; each block config in ``blocks``; None: the default choice), GPU time and the GB/s of
-    the weight bytes each read (INT4: the codes, scales and lows)."""
+    int4, in groups of ``group``; each block config in ``blocks``; None: the default choice),
+    GPU time and the GB/s of the weight bytes each read (INT4: the codes, scales and lows)."""
     from voicert.engine.gpu import kernels
 
     out = []
     for name, n, k in shapes:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
         if kind == "int4":
-            q4 = Int4Linear.from_linear(_linear(w))
+            q4 = Int4Linear.from_linear(_linear(w), None, group)
             nbytes = q4.weight.nbytes + q4.scale.nbytes + q4.low.nbytes
 
             def run(x, count, cfg, q4=q4):
@@ -386,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(render_quality(q) + "\n", flush=True)
     if args.device.startswith("cuda") and shapes:
-        table = kernels_table(shapes, rows, [None, *extra], args.kernel)
+        table = kernels_table(shapes, rows, [None, *extra], args.kernel, args.int4_group)
         print("\n" + render_kernels(table, args.kernel), flush=True)
     return 0
 

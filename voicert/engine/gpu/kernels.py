@@ -1322,7 +1322,8 @@ def int4_blocks(
     if path is Int4Path.SCALED:
         bm, bn, warps, stages = INT4_MANY_ROWS_TILE
     else:
-        bm, bn, warps, stages = 16 if m <= 16 else _pow2(m), 64, 4, 4 if m <= 16 else 3
+        bn = min(INT4_GROUP_BYTES // (group // 2), 256) if m <= 16 else 64  # (a K step: a group)
+        bm, warps, stages = 16 if m <= 16 else _pow2(m), 4, 4 if m <= 16 else 3
     return bm, bn, warps, stages, int4_split(m, n, k, group, bm, bn)
 
 
@@ -1423,6 +1424,8 @@ INT4_MANY_ROWS_TILE = (64, 64, 4, 3)  # its tiles: BM, BN, warps, stages
 INT4_WIDEN_ROWS = 160  # above this many, WIDEN (faster from ~192 rows on Llama-8B's shapes)
 INT4_SCALED_MIN_WIDTH = 4096  # N and K both at least this for the SCALED path
 INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDEN
+INT4_GROUP_BYTES = 4096  # GROUPS: the codes a program reads a K step: 64 rows of a group of 128;
+# groups of 32 (16 bytes a row) in 64 rows read a quarter of that and ran an 8B step 2x slower
 
 
 @triton.jit
