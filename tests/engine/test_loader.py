@@ -38,3 +38,21 @@ def test_a_conversion_left_by_a_process_that_is_gone_is_cleared_and_a_live_ones_
         (d / "model.safetensors").write_bytes(b"half")
     remove_stale_temps(out)
     assert not gone.exists() and live.exists()
+
+
+def test_a_gguf_that_dequantizes_to_nan_is_refused_naming_the_tensor(tmp_path):
+    """A damaged GGUF (e.g. parts joined out of order: blocks whose float16 scale reads as NaN)
+    is refused when converted, naming the first bad tensor, rather than served as a model of
+    NaN weights."""
+    import torch
+
+    from voicert.config import ConfigError
+    from voicert.engine.loader import _refuse_non_finite
+
+    good = {"model.embed_tokens.weight": torch.ones(4, 3), "ids": torch.arange(3)}
+    _refuse_non_finite(good, tmp_path / "m.gguf")
+    bad = dict(
+        good, **{"model.layers.0.self_attn.k_proj.weight": torch.tensor([1.0, float("nan")])}
+    )
+    with pytest.raises(ConfigError, match=r"1 NaN / infinite values in model.layers.0.self_attn"):
+        _refuse_non_finite(bad, tmp_path / "m.gguf")

@@ -114,6 +114,7 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
             del cfg.quantization_config  # the weights we write are plain fp32
         cfg.save_pretrained(tmp)
         state = model.state_dict()
+        _refuse_non_finite(state, gguf)
         if getattr(cfg, "tie_word_embeddings", False):
             state.pop(
                 "lm_head.weight", None
@@ -138,6 +139,19 @@ def convert_gguf(gguf: Path, out: Path) -> Path:
         f"voicert: conversion done in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True
     )
     return out
+
+
+def _refuse_non_finite(state: dict, gguf: Path) -> None:
+    """ConfigError naming the first tensor of a dequantized GGUF that holds NaN or infinity: a
+    damaged file (e.g. parts joined out of order) whose blocks' float16 scales read as such,
+    which would otherwise be served as a model that answers nothing."""
+    for name, t in state.items():
+        if t.is_floating_point() and not bool(t.isfinite().all()):
+            bad = int((~t.isfinite()).sum())
+            raise ConfigError(
+                f"models.llm: {gguf} dequantizes to {bad} NaN / infinite values in {name}: the "
+                "file is damaged (a partial download, or parts joined out of order?)"
+            )
 
 
 def gguf_source(model_dir: str | Path) -> Path | None:

@@ -263,7 +263,7 @@ def _check(q: Int4Linear, held: torch.Tensor, exact: torch.Tensor, where: str, f
     eps = torch.finfo(held.dtype).eps
     bound = step / 100 + low * 2**-11 + held.float().abs() * eps
     off = ((ours - held.float()).abs() - bound).max().item()
-    if off > 0:
+    if not off <= 0:  # (NaN too: a damaged block's scale)
         raise ValueError(
             f"{file}: the 4-bit codes read for {where} are not the weights the model holds "
             f"(off by {off:.3g} past the rounding allowed): this GGUF layout is not supported"
