@@ -387,7 +387,7 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
     bias, a strided input, and K split over programs (the last split to finish adds)."""
     from voicert.engine.gpu.int4 import Int4Linear
 
-    SCALED = kernels.Int4Path.SCALED
+    SCALED, STEPS = kernels.Int4Path.SCALED, kernels.Int4Path.STEPS
     g = torch.Generator().manual_seed(7)
     lin = torch.nn.Linear(k, 90, bias=True)
     q = Int4Linear.from_linear(lin, None, group).to(DEV)
@@ -407,6 +407,9 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
             x, q.weight, q.scale, q.low, q.bias, count, (16, 32, 4, 2, 2), swap=swap, path=SCALED
         )
         assert close(whole, want, 1e-4) and not count.any()
+    for blocks in (None, (16, 32, 4, 2, 2)):  # several groups a K step (small groups)
+        steps = kernels.int4_linear(x, q.weight, q.scale, q.low, q.bias, count, blocks, path=STEPS)
+        assert close(steps, want, 1e-4) and not count.any()
     wide = kernels.int4_dequantize(q.weight, q.scale, q.low, torch.float32)  # prefill's path
     assert torch.equal(wide, q.dequantized(torch.float32))
     if DEV == "cuda":  # bf16 / fp16 activations: codes widened by their bits, fp32 sums
@@ -424,9 +427,13 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
             want = torch.nn.functional.linear(xh.float(), q.dequantized(dt).float(), q.bias)
             whole = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=SCALED)
             assert close(whole, want, 1e-2)
+            steps = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=STEPS)
+            assert close(steps, want, 1e-2)
 
 
-def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_counts():
+def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_counts(
+    monkeypatch,
+):
     """By groups for decode rows, the scaled kernel from 33 to 160 rows where both sides of the
     weights are 4096 or more (Llama-8B), widened for prefill; narrower weights (Llama-1B) go by
     groups up to 64 rows."""
@@ -434,6 +441,10 @@ def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_c
     eight = [kernels.int4_path(m, 6144, 4096) for m in (1, 32, 33, 64, 160, 161, 600)]
     assert eight == [P.GROUPS, P.GROUPS, P.SCALED, P.SCALED, P.SCALED, P.WIDEN, P.WIDEN]
     one = [kernels.int4_path(m, 2048, 8192) for m in (1, 33, 64, 65, 128)]
+    assert kernels.int4_path(1, 6144, 4096, 32) is P.GROUPS  # STEPS untimed: off
+    monkeypatch.setattr(kernels, "INT4_STEPS_GROUP", 32)
+    small = [kernels.int4_path(m, 6144, 4096, 32) for m in (1, 32, 33, 161)]
+    assert small == [P.STEPS, P.STEPS, P.SCALED, P.WIDEN]  # groups of 32: several a K step
     assert one == [P.GROUPS, P.GROUPS, P.GROUPS, P.WIDEN, P.WIDEN]
 
 
