@@ -1465,39 +1465,10 @@ def int4_linear(
     elif split is None:
         split = int4_split(m, n, k, group, bm, bn)
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
-    if path is Int4Path.STEPS:
-        step = max(1, INT4_STEP_COLUMNS // group)
-        tiles = grid_n * grid_m
-        k_per_split, split, part, count = _split_k(out, k, split, group * step, tiles, count)
-        _int4_steps_kernel[(grid_n, grid_m, split)](
-            x2,
-            w,
-            scale,
-            low,
-            w if bias is None else bias,
-            out,
-            part,
-            w if count is None else count,
-            m,
-            n,
-            k,
-            x2.stride(0),
-            k_per_split,
-            HAS_BIAS=bias is not None,
-            IEEE=x.dtype == torch.float32,
-            SPLIT=split,
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            GROUP=group,
-            STEP=step,
-            PDL=pdl,
-            num_warps=warps,
-            num_stages=stages,
-            launch_pdl=pdl,
-        )
-        return out.view(*x.shape[:-1], n)
-    k_per_split, split, part, count = _split_k(out, k, split, group, grid_n * grid_m, count)
-    _int4_linear_kernel[(grid_m, grid_n, split) if scaled else (grid_n, grid_m, split)](
+    step = max(1, INT4_STEP_COLUMNS // group) if path is Int4Path.STEPS else 1
+    tiles = grid_n * grid_m
+    k_per_split, split, part, count = _split_k(out, k, split, group * step, tiles, count)
+    args = (
         x2,
         w,
         scale,
@@ -1506,25 +1477,31 @@ def int4_linear(
         out,
         part,
         w if count is None else count,
-        m,
-        n,
-        k,
-        x2.stride(0),
-        k_per_split,
+    )
+    common = dict(
         HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32,
         SPLIT=split,
         BLOCK_M=bm,
         BLOCK_N=bn,
         GROUP=group,
-        MAGIC=MAGIC_BITS.get(x.dtype, 0) if magic else 0,
-        SWAP=swap,
-        SCALED=scaled,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
         launch_pdl=pdl,
     )
+    sizes = (m, n, k, x2.stride(0), k_per_split)
+    if path is Int4Path.STEPS:
+        _int4_steps_kernel[(grid_n, grid_m, split)](*args, *sizes, STEP=step, **common)
+    else:
+        _int4_linear_kernel[(grid_m, grid_n, split) if scaled else (grid_n, grid_m, split)](
+            *args,
+            *sizes,
+            MAGIC=MAGIC_BITS.get(x.dtype, 0) if magic else 0,
+            SWAP=swap,
+            SCALED=scaled,
+            **common,
+        )
     return out.view(*x.shape[:-1], n)
 
 
