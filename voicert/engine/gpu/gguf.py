@@ -15,11 +15,13 @@ group's scale and low in float32, exactly as gguf-py's dequantization computes t
 :class:`Int4Linear` stores the scale and low in float16, which holds Q4_0's and Q4_1's exactly
 and Q4_K's ``d * sc`` and ``dmin * m`` to within 2^-12 of them.
 
-A fused layer of ours (q/k/v, gate/up) imports when each of its GGUF parts is 4-bit; the
-others (a Q4_K_M file keeps half its layers' ``attn_v`` and ``ffn_down`` in Q6_K) are left as
-they are, for the caller to quantize its own way. Each import is checked against the weights
-the model already holds (the same file dequantized by transformers): a layout this module
-misreads is refused, not served.
+A fused layer of ours (q/k/v, gate/up) imports whole when each of its GGUF parts is 4-bit. A
+Q4_K_M file keeps half its layers' ``attn_v`` and ``ffn_down`` in Q6_K: a fused layer with such
+a part has it rounded to INT4 inside the layer, or is left whole (:func:`import_int4`'s
+``round_parts``), and the layers of more bits are left to the caller (:func:`quantize_from_gguf`
+puts them in FP8 where it runs). Each import is checked against the weights the model already
+holds (the same file dequantized by transformers): a layout this module misreads is refused,
+not served.
 """
 
 from __future__ import annotations
@@ -137,8 +139,14 @@ def _linears(model: nn.Module) -> Iterator[tuple[int, str, nn.Module, str, nn.Mo
     for i, layer in enumerate(model.layers):
         for path in PARTS:
             parent_path, _, attr = path.rpartition(".")
-            parent = layer.get_submodule(parent_path)
-            yield i, path, parent, attr, getattr(parent, attr)
+            try:
+                parent = layer.get_submodule(parent_path)
+                yield i, path, parent, attr, getattr(parent, attr)
+            except AttributeError:
+                raise ValueError(
+                    f"the model's layers have no {path}: {type(model).__name__} does not "
+                    "import a GGUF's 4-bit layers"
+                ) from None
 
 
 @dataclass
