@@ -48,6 +48,8 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
         dtype="bfloat16",
         fp8=True,
         int4=False,
+        int4_group=128,
+        q4km=False,
         quant_head=False,
         cuda_graphs=True,
         fused_kernels=True,
@@ -68,6 +70,13 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
     )
     assert "| metric | voicert | vLLM 0.26.0 fp8 | ratio (x better) |" in text
     assert "FP8 weights" in text and "prefill attention flash" in text
+    q4km = argparse.Namespace(**{**vars(args), "fp8": False, "int4": True, "int4_group": 32})
+    text = bench.render(
+        "llama-8b-random",
+        argparse.Namespace(**{**vars(q4km), "q4km": True}),
+        {"rows": rows, "spec": [], "int8": None},
+    )
+    assert "INT4 weights (groups of 32); as llm.int4_gguf serves a Q4_K_M file" in text
     assert "| 1.00 ms | 1.50 | 1.50x |" in text and "| 200.00 tok/s | 100.00 | 2.00x |" in text
     assert "| 1.00 ms | - | - |" in text
 
