@@ -199,7 +199,6 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
     calibrate = (
         calibration_forward(module, tokenizer, cfg.block_size) if cfg.rounding == "gptq" else None
     )
-    done = []
     source = gguf_source(model_dir) if cfg.int4 and cfg.int4_gguf and model_dir else None
     if source is not None:
         done = _from_gguf(module, source, calibrate, cfg)

@@ -12,8 +12,8 @@ columns (G = K / group_size)::
 That is INT4's grid (int4.py: ``code * scale + low`` per row and group) with ``low = -zero *
 scale``, rounded to float16 (at most 2^-12 of the low, the only rounding on load). A layer
 whose lows are such products exports exactly: ``round(-low / scale)`` is its zero again. A
-layer quantized on int4.py's own grid (any float low) does not: :func:`to_awq` rounds its zeros
-and says how far that moved its weights. The loader (models/layers.py ``load_hf``) meets the
+layer quantized on int4.py's own grid (any float low) does not: :func:`to_awq` refuses it,
+saying how far its lows lie off integer zeros. The loader (models/layers.py ``load_hf``) meets the
 fused layers (q/k/v, gate/up) through :func:`row_record`: each layer as one uint8 tensor of rows
 [N, K/2 + 4G] (its packed codes, its scales' and lows' bytes), which concatenates along N as
 weights do.

@@ -104,13 +104,17 @@ class GgufFile:
 
         reader = GGUFReader(str(path))
         self.path = Path(path)
-        arch = reader.fields["general.architecture"]
-        self.arch = bytes(arch.parts[arch.data[0]]).decode()
+
+        def value(key: str):  # a field's first value (an array of parts), or None
+            field = reader.fields.get(key)
+            return None if field is None else field.parts[field.data[0]]
+
+        self.arch = bytes(value("general.architecture")).decode()
         self.tensors = {t.name: Tensor(t.tensor_type.name, t.data) for t in reader.tensors}
-        heads = reader.fields.get(f"{self.arch}.attention.head_count")
-        self.heads = int(heads.parts[heads.data[0]][0]) if heads is not None else 0
-        kv = reader.fields.get(f"{self.arch}.attention.head_count_kv")
-        self.kv_heads = int(kv.parts[kv.data[0]][0]) if kv is not None else self.heads
+        heads = value(f"{self.arch}.attention.head_count")
+        self.heads = int(heads[0]) if heads is not None else 0
+        kv = value(f"{self.arch}.attention.head_count_kv")
+        self.kv_heads = int(kv[0]) if kv is not None else self.heads
 
     def int4_rows(self, name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """Tensor ``name``'s (codes, scale, low) in the model's row order (:func:`decode`), or
@@ -166,9 +170,8 @@ def import_int4(model: nn.Module, source: GgufFile, round_parts: bool = True) ->
     rows hold the file's own codes; ``round_parts``: another part of the same fused layer (a
     Q6_K ``attn_v`` beside Q4_K q and k) is rounded to the nearest code of int4.py's grid from
     the weights the model holds (else such a layer is left whole). ValueError when the model's
-    shapes are not
-    the file's, or a layer's imported rows are not the weights it held (within the float16 of
-    the scales and lows, and the model's dtype)."""
+    shapes are not the file's, or a layer's imported rows are not the weights it held (within
+    the float16 of the scales and lows, and the model's dtype)."""
     done = Imported(0, [], [])
     for i, path, parent, attr, lin in _linears(model):
         names = [f"blk.{i}.{part}.weight" for part in PARTS[path]]

@@ -12,7 +12,7 @@ in 64s at the default), a float16 scale and a float16 low (the group's least val
 
 computed in float32 (the product is exact there, the sum rounded once). That is the grid of
 llama.cpp's 4-bit formats (Q4_1, and Q4_K's sub-blocks of 32): such a file's layers load with
-no rounding of their own but the float16 of Q4_K's two-level scales (engine/gguf_int4.py). AWQ's
+no rounding of their own but the float16 of Q4_K's two-level scales (engine/gpu/gguf.py). AWQ's
 ``(code - zero) * scale`` with an integer zero is ``low = -zero * scale`` (rounded to float16:
 at most 2^-12 of it; ``round(-low / scale)`` gives the zero back exactly). Quantizing here
 (:func:`grid`) takes each group's own [min, max]: ``low = min``, ``scale = (max - min) / 15``.
@@ -129,8 +129,8 @@ def _per_column(
 
 
 def _codes(q: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int) -> torch.Tensor:
-    """Values on the grid q [N, K] with their groups' scale and low [N, G] -> codes [N, K]
-    uint8."""
+    """Values q [N, K] (on the grid, or any: the nearest code) with their groups' scale and low
+    [N, G] -> codes [N, K] uint8."""
     return _code_of(q, *_per_column(scale, low, group)).to(torch.uint8)
 
 
@@ -228,12 +228,7 @@ def nearest(
     float16 values)."""
     w = w.detach().float()
     scale, low = _params(w[None], group, integer_zero)  # [1, N, G]
-    return _codes(_put_all(w, scale[0], low[0], group), scale[0], low[0], group), scale[0], low[0]
-
-
-def _put_all(w: torch.Tensor, scale: torch.Tensor, low: torch.Tensor, group: int) -> torch.Tensor:
-    """Nearest rounding of w [N, K] onto the grid of scale and low [N, G]."""
-    return _put(w, *_per_column(scale, low, group))
+    return _codes(w, scale[0], low[0], group), scale[0], low[0]
 
 
 def quantize_int4(
