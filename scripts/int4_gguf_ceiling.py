@@ -60,14 +60,7 @@ def main(path: str) -> None:
         twin = name.replace("attn_q", "attn_k").replace("ffn_gate", "ffn_up")
         if types[name] != types[twin]:  # parts of one fused Linear must share a type
             sys.exit(f"{name} and {twin} differ in type; this script assumes not")
-    model_dir = resolve_llm(path, cache_dir(load_config(environ={}).models))
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = load_model(str(model_dir), torch.float32, "cpu")
-    sets = {
-        "10 texts": [tok(t)["input_ids"] for t in TEXTS],
-        "turn set": [tok(t)["input_ids"] for t in turn_texts()],
-    }
-    ref = {name: next_tokens(model, texts) for name, texts in sets.items()}
+    model, sets, ref = reference(path)
     layers = list(model.layers)
     orig = [
         {n: getattr(p, n).weight.detach().clone() for p, n in _parts(layer)} for layer in layers
@@ -96,6 +89,19 @@ def main(path: str) -> None:
         for name, texts in sets.items():
             same, total = agreement(ref[name], next_tokens(model, texts))
             print(f"| {label} | {name} | {same}/{total} = {100 * same / total:.1f}% |", flush=True)
+
+
+def reference(path: str) -> tuple[torch.nn.Module, dict, dict]:
+    """The GGUF ``path`` dequantized (float32, CPU), bench.fp8's two text sets as its token ids
+    by name, and its greedy next tokens over each (teacher-forced): the reference figures."""
+    model_dir = resolve_llm(path, cache_dir(load_config(environ={}).models))
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = load_model(str(model_dir), torch.float32, "cpu")
+    sets = {
+        "10 texts": [tok(t)["input_ids"] for t in TEXTS],
+        "turn set": [tok(t)["input_ids"] for t in turn_texts()],
+    }
+    return model, sets, {name: next_tokens(model, texts) for name, texts in sets.items()}
 
 
 def _parts(layer: torch.nn.Module) -> list[tuple[torch.nn.Module, str]]:

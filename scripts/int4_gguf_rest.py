@@ -21,15 +21,12 @@ import time
 from collections.abc import Callable
 
 import torch
-from transformers import AutoTokenizer
+from int4_gguf_ceiling import reference  # (scripts/, beside this one)
 
-from voicert.bench.fp8 import TEXTS, agreement, next_tokens, turn_texts
-from voicert.config import cache_dir, load_config
+from voicert.bench.fp8 import agreement, next_tokens
 from voicert.engine.gpu.fp8 import Fp8Linear
 from voicert.engine.gpu.gguf import GgufFile, _linears, import_int4
 from voicert.engine.gpu.int4 import Int4Linear
-from voicert.engine.loader import resolve_llm
-from voicert.engine.models.registry import load_model
 
 Make = Callable[[torch.nn.Linear], torch.nn.Module]
 VARIANTS: list[tuple[str, bool, Make]] = [
@@ -45,14 +42,7 @@ VARIANTS: list[tuple[str, bool, Make]] = [
 
 
 def main(path: str) -> None:
-    model_dir = resolve_llm(path, cache_dir(load_config(environ={}).models))
-    tok = AutoTokenizer.from_pretrained(model_dir)
-    model = load_model(str(model_dir), torch.float32, "cpu")
-    sets = {
-        "10 texts": [tok(t)["input_ids"] for t in TEXTS],
-        "turn set": [tok(t)["input_ids"] for t in turn_texts()],
-    }
-    ref = {name: next_tokens(model, texts) for name, texts in sets.items()}
+    model, sets, ref = reference(path)
     held = [(parent, attr, lin) for _, _, parent, attr, lin in _linears(model)]
     source = GgufFile(path)
     print("| the 4-bit layers imported; the rest | layers | 10 texts | turn set |")
