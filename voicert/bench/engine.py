@@ -27,6 +27,7 @@ from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
+from voicert.engine.gpu.int4 import GROUPS
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
 from voicert.telemetry.gcwatch import settle
 
@@ -674,7 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--int4-group",
         type=int,
-        choices=(128, 64, 32),
+        choices=GROUPS,
         default=128,
         help="with --int4 (llm.int4_group)",
     )
