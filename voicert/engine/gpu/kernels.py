@@ -1208,16 +1208,20 @@ def _int4_group(
 
 
 @triton.jit
+def _int4_widen(code, s, low):
+    """code * s + low in fp32 for int32 codes in [0, 15]: a code becomes 2^23 + code by its bits
+    (``0x4B000000 | code`` as fp32), less 2^23 exactly; code * s is exact in fp32, the sum with
+    the low is rounded once (the caller rounds it once more, to x's dtype)."""
+    return ((code | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + low
+
+
+@triton.jit
 def _int4_scaled_group(acc, p, xa, xb, low, s, SWAP: tl.constexpr, IEEE: tl.constexpr):
-    """acc + a group's products with its weights widened whole: p [BN, HALF] uint8 codes, xa /
-    xb [BM, HALF] the group's two halves of x, low / s [BN] fp32. A code becomes 2^23 + code by
-    its bits (``0x4B000000 | code`` as fp32), less 2^23 exactly; code * scale is exact in fp32,
-    the sum with the low is rounded once in fp32 and once more to x's dtype."""
+    """acc + a group's products with its weights widened whole (:func:`_int4_widen`): p [BN,
+    HALF] uint8 codes, xa / xb [BM, HALF] the group's two halves of x, low / s [BN] fp32."""
     p32 = p.to(tl.int32)
-    lo = (((p32 & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s[:, None]
-    hi = (((p32 >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s[:, None]
-    lo = (lo + low[:, None]).to(xa.dtype)  # [BN, HALF]
-    hi = (hi + low[:, None]).to(xa.dtype)
+    lo = _int4_widen(p32 & 15, s[:, None], low[:, None]).to(xa.dtype)  # [BN, HALF]
+    hi = _int4_widen(p32 >> 4, s[:, None], low[:, None]).to(xa.dtype)
     if SWAP:  # (no early return: Triton compiles the rest of a constexpr branch's function too)
         acc = _fp8_dot(lo, xa, acc, IEEE)  # [BN, BM]
         acc = _fp8_dot(hi, xb, acc, IEEE)
@@ -1348,10 +1352,10 @@ def _int4_steps_kernel(
         xa = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)  # [BM, BYTES]
         xb = tl.load(x_ptrs + HALF, mask=mm[:, None] & km[None, :], other=0.0)
         p32 = p.to(tl.int32)
-        lo = (((p32 & 15) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + low
-        hi = (((p32 >> 4) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0) * s + low
-        acc = _fp8_dot(lo.to(xa.dtype), xa, acc, IEEE)  # [BN, BM]
-        acc = _fp8_dot(hi.to(xa.dtype), xb, acc, IEEE)
+        lo = _int4_widen(p32 & 15, s, low).to(xa.dtype)  # [BN, BYTES]
+        hi = _int4_widen(p32 >> 4, s, low).to(xa.dtype)
+        acc = _fp8_dot(lo, xa, acc, IEEE)  # [BN, BM]
+        acc = _fp8_dot(hi, xb, acc, IEEE)
         w_ptrs += STEP * HALF
         s_ptrs += STEP
         l_ptrs += STEP
