@@ -378,7 +378,16 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
 
 @pytest.mark.parametrize(
     "rows, k, group",
-    [(1, 256, 128), (5, 192, 128), (40, 256, 128), (130, 384, 128), (170, 256, 128), (3, 96, 32)],
+    [
+        (1, 256, 128),
+        (5, 192, 128),
+        (40, 256, 128),
+        (130, 384, 128),
+        (170, 256, 128),
+        (3, 96, 32),
+        (1, 576, 32),
+        (1, 192, 64),
+    ],
 )
 def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group):
     """The Triton INT4 kernel against F.linear on the widened weights: decode-sized and
@@ -387,7 +396,7 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
     bias, a strided input, and K split over programs (the last split to finish adds)."""
     from voicert.engine.gpu.int4 import Int4Linear
 
-    SCALED, STEPS = kernels.Int4Path.SCALED, kernels.Int4Path.STEPS
+    SCALED, STEPS, GEMV = kernels.Int4Path.SCALED, kernels.Int4Path.STEPS, kernels.Int4Path.GEMV
     g = torch.Generator().manual_seed(7)
     lin = torch.nn.Linear(k, 90, bias=True)
     q = Int4Linear.from_linear(lin, None, group).to(DEV)
@@ -410,6 +419,10 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
     for blocks in (None, (16, 32, 4, 2, 2)):  # several groups a K step (small groups)
         steps = kernels.int4_linear(x, q.weight, q.scale, q.low, q.bias, count, blocks, path=STEPS)
         assert close(steps, want, 1e-4) and not count.any()
+    if rows == 1:  # one row on the CUDA cores: unsplit, split, a step past K (masked)
+        for blocks in (None, (16, 8, 1), (8, 16, 2, 2), (32, 64, 4)):
+            one = kernels.int4_linear(x, q.weight, q.scale, q.low, q.bias, count, blocks, path=GEMV)
+            assert close(one, want, 1e-4) and not count.any(), blocks
     wide = kernels.int4_dequantize(q.weight, q.scale, q.low, torch.float32)  # prefill's path
     assert torch.equal(wide, q.dequantized(torch.float32))
     if DEV == "cuda":  # bf16 / fp16 activations: codes widened by their bits, fp32 sums
@@ -429,15 +442,22 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
             assert close(whole, want, 1e-2)
             steps = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=STEPS)
             assert close(steps, want, 1e-2)
+            if rows == 1:  # the fp32 sums of the exact codes, one rounding to dt at the end
+                want = torch.nn.functional.linear(xh.float(), q.dequantized(torch.float32), q.bias)
+                one = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=GEMV)
+                assert close(one, want, 2e-2)
 
 
 def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_counts(
     monkeypatch,
 ):
-    """By groups for decode rows, the scaled kernel from 33 to 160 rows where both sides of the
-    weights are 4096 or more (Llama-8B), widened for prefill; narrower weights (Llama-1B) go by
-    groups up to 64 rows."""
+    """One row on the CUDA cores (unless switched off); else by groups for decode rows, the
+    scaled kernel from 33 to 160 rows where both sides of the weights are 4096 or more
+    (Llama-8B), widened for prefill; narrower weights (Llama-1B) go by groups up to 64 rows."""
     P = kernels.Int4Path
+    assert kernels.int4_path(1, 6144, 4096) is P.GEMV  # one row: the CUDA cores
+    assert kernels.int4_path(1, 6144, 4096, 32) is P.GEMV
+    monkeypatch.setattr(kernels, "INT4_GEMV", False)
     eight = [kernels.int4_path(m, 6144, 4096) for m in (1, 32, 33, 64, 160, 161, 600)]
     assert eight == [P.GROUPS, P.GROUPS, P.SCALED, P.SCALED, P.SCALED, P.WIDEN, P.WIDEN]
     one = [kernels.int4_path(m, 2048, 8192) for m in (1, 33, 64, 65, 128)]

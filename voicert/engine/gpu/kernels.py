@@ -1368,6 +1368,140 @@ def _int4_steps_kernel(
     )  # fmt: skip
 
 
+@triton.jit
+def _int4_planes_kernel(
+    x_ptr, p_ptr, W, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    """One row x [K] -> :func:`_int4_gemv_kernel`'s planes [10, XS] fp32 (XS >= W = K // 8): for
+    each packed word w of a row, the x values of its eight codes (plane j: the code at bits
+    4j..4j+3, column q = j // 2 of the word's four, + HALF for odd j), each pre-scaled by
+    2^(23 - p) for the bit p the gemv reads it at (11, 15 or 19); plane 8 their sum
+    (sum(x')), plane 9 the unscaled sum (sum(x))."""
+    WPG: tl.constexpr = GROUP // 8
+    HALF: tl.constexpr = GROUP // 2
+    w = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = w < W
+    at = x_ptr + (w // WPG) * GROUP + 4 * (w % WPG)  # the word's first low-nibble column
+    _pdl_enter(PDL)
+    xs = tl.zeros((BLOCK,), dtype=tl.float32)
+    xp = tl.zeros((BLOCK,), dtype=tl.float32)
+    for j in tl.static_range(8):
+        xj = tl.load(at + (j // 2) + (j % 2) * HALF, mask=m, other=0.0).to(tl.float32)
+        xs += xj
+        xj = xj * (4096.0 if j % 3 == 0 else (256.0 if j % 3 == 1 else 16.0))
+        xp += xj
+        tl.store(p_ptr + j * XS + w, xj, mask=m)
+    tl.store(p_ptr + 8 * XS + w, xp, mask=m)
+    tl.store(p_ptr + 9 * XS + w, xs, mask=m)
+
+
+@triton.jit
+def _int4_gemv_kernel(
+    p_ptr,
+    w_ptr,
+    s_ptr,
+    l_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    N,
+    K,
+    W,
+    XS,
+    k_per_split,
+    ONE,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """:func:`_int4_linear_kernel` for one row on the CUDA cores, no MMA (:func:`int4_gemv`).
+    w_ptr: the packed codes read as int32 words [N, W = K // 8]; word i of a row holds bytes
+    4i..4i+3, so (a group's HALF bytes being a whole number of words) its four low nibbles are
+    columns c..c+3 of one group's first half and its four high nibbles c + HALF..c + HALF + 3.
+    p_ptr: x as :func:`_int4_planes_kernel` lays it out, [10, XS] fp32.
+
+    A program (one warp: its loads need no layout conversion, which costs shared memory and
+    barriers every step) takes BLOCK_N rows and BLOCK_G groups a K step: words [BG, BN, WPG]
+    (groups first, so that one thread holds the same words of each of its rows) and the planes
+    [BG, 1, WPG] in the same layout, read once for all the rows. A partial sum per word; no
+    reduction across threads in the loop.
+
+    Each code is widened by bit operations alone: a nibble at bits p..p+3, p in {11, 15, 19}
+    (inside fp32's 23 mantissa bits), or'ed into 1.0's bits is the fp32 1 + code * 2^(p - 23),
+    exact. The word shifted 11 left, 1 right and 13 right brings its eight nibbles to those
+    places (three shifts a word, then one AND-OR a code). With x's column pre-scaled by
+    2^(23 - p) (exact), the word's products sum to t = sum(x') + sum(x * code); less sum(x')
+    that is the sum over the bare codes, scaled once: scale * sum(x * code) + low * sum(x).
+    The codes' products are 2^-11 of sum(x')'s terms or more: the sums keep ~2^-15 of relative
+    precision in fp32 (the MMA kernel's, ~2^-22; bf16's rounding is 2^-9)."""
+    WPG: tl.constexpr = GROUP // 8  # words a group
+    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    rg = tl.arange(0, BLOCK_G)
+    rw = tl.arange(0, WPG)
+    nm = rn < N
+    groups = K // GROUP
+    g_lo = pid_k * (k_per_split // GROUP)
+    g_hi = tl.minimum(g_lo + k_per_split // GROUP, groups)
+    gw = (g_lo + rg)[:, None, None] * WPG + rw[None, None, :]  # [BG, 1, WPG]: places in a row
+    w_ptrs = w_ptr + rn[None, :, None].to(tl.int64) * W + gw  # [BG, BN, WPG]
+    p_ptrs = p_ptr + gw
+    sl_at = rn[None, :].to(tl.int64) * groups + (g_lo + rg)[:, None]  # [BG, BN]
+    gm = (g_lo + rg) < g_hi
+    v = tl.load(w_ptrs, mask=gm[:, None, None] & nm[None, :, None], other=0)  # before the wait
+    _pdl_enter(PDL)
+    acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
+    for g0 in range(g_lo, g_hi, BLOCK_G):
+        m2 = gm[:, None] & nm[None, :]
+        s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]  # [BG, BN, 1]
+        low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
+        pm = gm[:, None, None]
+        x0 = tl.load(p_ptrs, mask=pm, other=0.0)  # [BG, 1, WPG]: bits 0..3's x'
+        x1 = tl.load(p_ptrs + XS, mask=pm, other=0.0)
+        x2 = tl.load(p_ptrs + 2 * XS, mask=pm, other=0.0)
+        x3 = tl.load(p_ptrs + 3 * XS, mask=pm, other=0.0)
+        x4 = tl.load(p_ptrs + 4 * XS, mask=pm, other=0.0)
+        x5 = tl.load(p_ptrs + 5 * XS, mask=pm, other=0.0)
+        x6 = tl.load(p_ptrs + 6 * XS, mask=pm, other=0.0)
+        x7 = tl.load(p_ptrs + 7 * XS, mask=pm, other=0.0)
+        xp = tl.load(p_ptrs + 8 * XS, mask=pm, other=0.0)  # sum(x')
+        xs = tl.load(p_ptrs + 9 * XS, mask=pm, other=0.0)  # sum(x)
+        a = v << 11  # bits 0, 4, 8 at 11, 15, 19
+        b = v >> 1  # bits 12, 16, 20 (the sign bits shifted in are masked off)
+        c = v >> 13  # bits 24, 28 at 11, 15
+        t = _int4_one(a, 11, x0, ONE) + _int4_one(a, 15, x1, ONE)  # [BG, BN, WPG]
+        t += _int4_one(a, 19, x2, ONE)
+        t += _int4_one(b, 11, x3, ONE)
+        t += _int4_one(b, 15, x4, ONE)
+        t += _int4_one(b, 19, x5, ONE)
+        t += _int4_one(c, 11, x6, ONE)
+        t += _int4_one(c, 15, x7, ONE)
+        acc += s * (t - xp) + low * xs
+        w_ptrs += BLOCK_G * WPG
+        p_ptrs += BLOCK_G * WPG
+        sl_at += BLOCK_G
+        gm = (g0 + BLOCK_G + rg) < g_hi
+        v = tl.load(w_ptrs, mask=gm[:, None, None] & nm[None, :, None], other=0)
+    rm = tl.arange(0, 1)
+    _split_k_finish(
+        tl.sum(tl.sum(acc, axis=2), axis=0)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr,
+        out_ptr, part_ptr, count_ptr, SPLIT, False, HAS_BIAS,
+    )  # fmt: skip
+
+
+@triton.jit
+def _int4_one(word, P: tl.constexpr, xp, one):
+    """xp [BG, 1, WPG] times the codes at bits P..P+3 of word [BG, BN, WPG], each read as the
+    fp32 1 + code * 2^(P - 23): its bits or'ed into ``one``, 1.0's bits (0x3F800000) passed in
+    at run time, so that the mask and it make one AND-OR (a SASS LOP3 takes one immediate)."""
+    f = ((word & (15 << P)) | one).to(tl.float32, bitcast=True)
+    return f * xp
+
+
 class Int4Path(enum.Enum):
     """How :func:`int4_linear` computes a call (:func:`int4_path` chooses by shape)."""
 
@@ -1375,6 +1509,7 @@ class Int4Path(enum.Enum):
     SCALED = "scaled"  # each weight widened whole with its scale, one accumulator (more rows)
     WIDEN = "widen"  # the weights widened into a scratch [N, K], then cuBLAS (prefill)
     STEPS = "steps"  # SCALED over several groups a K step (small groups at decode rows)
+    GEMV = "gemv"  # one row on the CUDA cores, the codes read as words (int4_gemv)
 
 
 def int4_path(m: int, n: int, k: int, group: int = 128) -> Int4Path:
@@ -1385,6 +1520,8 @@ def int4_path(m: int, n: int, k: int, group: int = 128) -> Int4Path:
     streams 7.70-7.84 -> 6.88-6.91 ms a token); narrower weights (Llama-1B's, where the engine
     lost 0.1 ms a token at 64 streams with it) by groups up to 64 rows; more rows widened."""
     wide = min(n, k) >= INT4_SCALED_MIN_WIDTH
+    if m == 1 and INT4_GEMV:
+        return Int4Path.GEMV
     if m > (INT4_WIDEN_ROWS if wide else INT4_GROUP_ROWS):
         return Int4Path.WIDEN
     if group <= INT4_STEPS_GROUP and m <= INT4_SCALED_ROWS:
@@ -1446,13 +1583,14 @@ def int4_linear(
     docs/benchmarks.md 46). SCALED: each weight widened whole in registers to code * scale +
     low in x's dtype (:func:`int4_dequantize`'s values) and summed into one accumulator, the
     programs of one weight tile side by side. WIDEN: the weights widened into a scratch [N, K]
-    in x's dtype (:func:`int4_dequantize`), then cuBLAS (chosen only where ``blocks`` is left
-    out: with tiles and no ``path``, a row count past the kernels' runs by GROUPS)."""
+    in x's dtype (:func:`int4_dequantize`), then cuBLAS. GEMV: one row on the CUDA cores
+    (:func:`int4_gemv`, whose ``blocks`` are its own). WIDEN and GEMV are chosen only where
+    ``blocks`` is left out: with tiles and no ``path``, the MMA kernel runs by GROUPS."""
     n, k = w.shape[0], 2 * w.shape[1]
     group = k // scale.shape[1]
     if path is None:
         path = int4_path(x.numel() // k, n, k, group)
-        if blocks is not None and path is Int4Path.WIDEN:  # tiles asked for: a kernel runs
+        if blocks is not None and path in (Int4Path.WIDEN, Int4Path.GEMV):  # MMA tiles asked for
             path = Int4Path.GROUPS
     if path is Int4Path.WIDEN:
         wide = int4_dequantize(w, scale, low, x.dtype, pdl)
@@ -1461,6 +1599,9 @@ def int4_linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    if path is Int4Path.GEMV:
+        out = int4_gemv(x2, w, scale, low, bias, count, blocks or INT4_GEMV_TILE, pdl)
+        return out.view(*x.shape[:-1], n)
     scaled = path is Int4Path.SCALED
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm, bn, warps, stages, split = (*blocks, None)[:5] if blocks else (None,) * 5
@@ -1509,6 +1650,68 @@ def int4_linear(
     return out.view(*x.shape[:-1], n)
 
 
+def int4_gemv(
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    low: torch.Tensor,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None = None,
+    blocks: tuple[int, ...] | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands) -> [1, N] in
+    x2's dtype, on the CUDA cores: :func:`_int4_planes_kernel` lays x out for the words, then
+    :func:`_int4_gemv_kernel` streams them (two launches, chained by PDL with ``pdl``): the
+    GROUPS path's sums without the MMA's padding of one row to 16. ``blocks``: (BLOCK_N, words
+    a row a K step, num_warps[, SPLIT]) (None: :data:`INT4_GEMV_TILE`); SPLIT 0 or absent: K is
+    split until there are :data:`FP8_PROGRAMS` programs. ``count``: as :func:`int4_linear`'s.
+    The groups must be at least 8 columns, a power of two."""
+    m, k = x2.shape
+    n, group = w.shape[0], k // scale.shape[1]
+    assert m == 1 and x2.stride(-1) == 1 and w.is_contiguous(), (x2.shape, w.shape)
+    assert group >= 8 and group & (group - 1) == 0, group
+    bn, words, warps = (blocks or INT4_GEMV_TILE)[:3]
+    split = blocks[3] if blocks and len(blocks) > 3 else 0
+    bg = max(1, words // (group // 8))  # groups a K step
+    tiles = triton.cdiv(n, bn)
+    if not split:
+        split = _split_rule(tiles, k, max(FP8_MIN_SPLIT_K, bg * group))
+    out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    k_per_split, split, part, count = _split_k(out, k, split, bg * group, tiles, count)
+    nw = k // 8
+    planes = torch.empty(10, nw, dtype=torch.float32, device=x2.device)
+    _int4_planes_kernel[(triton.cdiv(nw, INT4_PLANES_BLOCK),)](
+        x2, planes, nw, nw, GROUP=group, BLOCK=INT4_PLANES_BLOCK, PDL=pdl, launch_pdl=pdl
+    )
+    _int4_gemv_kernel[(tiles, 1, split)](
+        planes,
+        w.view(torch.int32),
+        scale,
+        low,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        n,
+        k,
+        nw,
+        nw,
+        k_per_split,
+        0x3F800000,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_N=bn,
+        BLOCK_G=bg,
+        GROUP=group,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=pdl,
+    )
+    return out
+
+
 MAGIC_BITS = {torch.bfloat16: 1, torch.float16: 2}  # int4_linear's widening by bits, by x dtype
 INT4_SCALED_ROWS = 32  # above this many rows, the SCALED path (wide enough weights)
 INT4_MANY_ROWS_TILE = (64, 64, 4, 3)  # its tiles: BM, BN, warps, stages
@@ -1518,6 +1721,9 @@ INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDE
 INT4_STEPS_GROUP = 0  # groups of at most this many columns take STEPS at decode rows: none
 # yet, STEPS is untimed (compiled and timed against GROUPS by scripts/gpu/int4_steps.py next)
 INT4_STEP_COLUMNS = 128  # ... over this many columns a K step
+INT4_GEMV = True  # one-row steps take int4_gemv
+INT4_GEMV_TILE = (4, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps)
+INT4_PLANES_BLOCK = 256  # words a program of int4_gemv's x layout
 INT4_GROUP_BYTES = 4096  # GROUPS: the codes a program reads a K step: 64 rows of a group of 128;
 # groups of 32 (16 bytes a row) in 64 rows read a quarter of that and ran an 8B step 2x slower
 

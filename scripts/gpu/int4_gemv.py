@@ -1,0 +1,75 @@
+"""One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
+F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``), STEPS (groups
+of 32 only) and ``kernels.int4_gemv`` (the CUDA cores, the codes read as words) over a set of
+tiles, each in groups of 128 and of 32. Every call reads weights no call before it read in the
+last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
+graph (median of 30 replays), the bytes read per second, and each kernel's error against
+F.linear on the widened weights (relative norm).
+
+Usage (GPU machine, repo root): python3 scripts/gpu/int4_gemv.py [8b,1b] [128,32]
+"""
+
+import itertools
+import sys
+
+import torch
+
+from voicert.bench.fp8 import SHAPE_SETS, _linear, time_graph
+from voicert.engine.gpu import kernels
+from voicert.engine.gpu.int4 import Int4Linear
+
+ROTATE_BYTES = 512 << 20
+P = kernels.Int4Path
+# (BLOCK_N, words a row a K step, warps) for int4_gemv; K split by its default rule
+GEMV_TILES = [(4, 128, 1), (2, 128, 1), (8, 128, 1), (4, 256, 1), (2, 256, 1), (1, 256, 1)]
+GEMV_TILES += [(8, 64, 1), (4, 128, 2)]
+
+
+def _rotating(fns: list):
+    it = itertools.cycle(fns)
+    return lambda: next(it)()
+
+
+def _shape(name: str, n: int, k: int, group: int) -> list[str]:
+    one = Int4Linear.from_linear(_linear(torch.randn(n, k, device="cuda") * 0.02), None, group)
+    nbytes = one.weight.nbytes + one.scale.nbytes + one.low.nbytes
+    copies = max(4, -(-ROTATE_BYTES // nbytes))
+    qs = [one] + [
+        Int4Linear.from_linear(_linear(torch.randn(n, k, device="cuda") * 0.02), None, group)
+        for _ in range(copies - 1)
+    ]
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    want = torch.nn.functional.linear(x.float(), one.dequantized(torch.float32))
+    count = kernels.counters("cuda")
+
+    def cell(label: str, path, blocks) -> str:
+        def call(q):
+            return kernels.int4_linear(x, q.weight, q.scale, q.low, None, count, blocks, path=path)
+
+        err = ((call(one).float() - want).norm() / want.norm()).item()
+        us = time_graph(_rotating([lambda q=q: call(q) for q in qs]), copies)
+        return f"{label} {us:.1f} us {nbytes / us / 1e3:.0f} GB/s (err {err:.1e})"
+
+    ws = [
+        torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(4, copies // 4))
+    ]
+    bf16 = time_graph(
+        _rotating([lambda w=w: torch.nn.functional.linear(x, w) for w in ws]), len(ws)
+    )
+    cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
+    if group <= 32:
+        cells.append(cell("steps", P.STEPS, None))
+    cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
+    return cells
+
+
+def main(shapes: str = "8b,1b", groups: str = "128,32") -> None:
+    for shape, group in itertools.product(shapes.split(","), map(int, groups.split(","))):
+        for name, n, k in SHAPE_SETS[f"llama-{shape}"]:
+            cells = _shape(name, n, k, group)
+            print(f"{shape} g{group} {name} {n}x{k} | " + " | ".join(cells), flush=True)
+            torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
