@@ -1,7 +1,7 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
-F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``), STEPS (groups
-of 32 only) and ``kernels.int4_gemv`` (the CUDA cores, the codes read as words) over a set of
-tiles, each in groups of 128 and of 32. Every call reads weights no call before it read in the
+F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
+``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
+served) over a set of tiles, each in groups of 128 and of 32. Every call reads weights no call before it read in the
 last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
 graph (median of 30 replays), the bytes read per second, and each kernel's error against
 F.linear on the widened weights (relative norm).
@@ -21,8 +21,8 @@ from voicert.engine.gpu.int4 import Int4Linear
 ROTATE_BYTES = 512 << 20
 P = kernels.Int4Path
 # (BLOCK_N, words a row a K step, warps) for int4_gemv; K split by its default rule
-GEMV_TILES = [(4, 128, 1), (2, 128, 1), (8, 128, 1), (4, 256, 1), (2, 256, 1), (1, 256, 1)]
-GEMV_TILES += [(8, 64, 1), (4, 128, 2)]
+GEMV_TILES = [(2, 128, 1), (4, 128, 1), (1, 128, 1), (2, 64, 1), (2, 256, 1), (4, 256, 1)]
+GEMV_TILES += [(8, 128, 1), (8, 64, 1)]
 
 
 def _rotating(fns: list):
@@ -57,8 +57,6 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
         _rotating([lambda w=w: torch.nn.functional.linear(x, w) for w in ws]), len(ws)
     )
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
-    if group <= 32:
-        cells.append(cell("steps", P.STEPS, None))
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
     return cells
 

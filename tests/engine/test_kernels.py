@@ -448,6 +448,24 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
                 assert close(one, want, 2e-2)
 
 
+@pytest.mark.parametrize("k, group", [(512, 128), (512, 32), (384, 64)])
+def test_int4_gemv_matches_the_dequantized_weights_on_whole_steps_and_part_ones(k, group):
+    """One row on the CUDA cores where every step is whole (N a multiple of the rows a program,
+    K of its columns: no masks but on the reads ahead) and where the last one is not, unsplit
+    and split over K, one to four steps a program; a bias; the counters left at zero."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    g = torch.Generator().manual_seed(11)
+    lin = torch.nn.Linear(k, 40, bias=True)
+    q = Int4Linear.from_linear(lin, None, group).to(DEV)
+    x = torch.randn(1, k, generator=g).to(DEV)
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
+    count = kernels.counters(DEV)
+    for blocks in ((4, 16, 1), (8, 32, 1, 2), (4, 64, 1), (2, 16, 1, 3), (4, 64, 2), (2, 128, 1)):
+        got = kernels.int4_gemv(x, q.weight, q.scale, q.low, q.bias, count, blocks)
+        assert close(got, want, 1e-4) and not count.any(), blocks
+
+
 def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_counts(
     monkeypatch,
 ):

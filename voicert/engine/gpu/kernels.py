@@ -1375,8 +1375,8 @@ def _int4_planes_kernel(
     """One row x [K] -> :func:`_int4_gemv_kernel`'s planes [10, XS] fp32 (XS >= W = K // 8): for
     each packed word w of a row, the x values of its eight codes (plane j: the code at bits
     4j..4j+3, column q = j // 2 of the word's four, + HALF for odd j), each pre-scaled by
-    2^(23 - p) for the bit p the gemv reads it at (11, 15 or 19); plane 8 their sum
-    (sum(x')), plane 9 the unscaled sum (sum(x))."""
+    2^(23 - p) for the bit p the gemv reads it at (11, 15 or 19); plane 8 less their sum
+    (-sum(x'), where the gemv's sums start), plane 9 the unscaled sum (sum(x))."""
     WPG: tl.constexpr = GROUP // 8
     HALF: tl.constexpr = GROUP // 2
     w = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
@@ -1391,7 +1391,7 @@ def _int4_planes_kernel(
         xj = xj * (4096.0 if j % 3 == 0 else (256.0 if j % 3 == 1 else 16.0))
         xp += xj
         tl.store(p_ptr + j * XS + w, xj, mask=m)
-    tl.store(p_ptr + 8 * XS + w, xp, mask=m)
+    tl.store(p_ptr + 8 * XS + w, -xp, mask=m)
     tl.store(p_ptr + 9 * XS + w, xs, mask=m)
 
 
@@ -1416,6 +1416,7 @@ def _int4_gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_G: tl.constexpr,
     GROUP: tl.constexpr,
+    EVEN: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """:func:`_int4_linear_kernel` for one row on the CUDA cores, no MMA (:func:`int4_gemv`).
@@ -1427,18 +1428,21 @@ def _int4_gemv_kernel(
     A program (one warp: its loads need no layout conversion, which costs shared memory and
     barriers every step) takes BLOCK_N rows and BLOCK_G groups a K step: words [BG, BN, WPG]
     (groups first, so that one thread holds the same words of each of its rows) and the planes
-    [BG, 1, WPG] in the same layout, read once for all the rows. A partial sum per word; no
-    reduction across threads in the loop.
+    [BG, 1, WPG] in the same layout, read once for all the rows. The words are read two steps
+    ahead, in registers (Triton's pipeliner, through shared memory, was slower: docs/
+    benchmarks.md 64). A partial sum per word; no reduction across threads in the loop.
+    ``EVEN``: N a multiple of BN and K of a step (no masks, but on the reads ahead).
 
     Each code is widened by bit operations alone: a nibble at bits p..p+3, p in {11, 15, 19}
     (inside fp32's 23 mantissa bits), or'ed into 1.0's bits is the fp32 1 + code * 2^(p - 23),
     exact. The word shifted 11 left, 1 right and 13 right brings its eight nibbles to those
     places (three shifts a word, then one AND-OR a code). With x's column pre-scaled by
-    2^(23 - p) (exact), the word's products sum to t = sum(x') + sum(x * code); less sum(x')
-    that is the sum over the bare codes, scaled once: scale * sum(x * code) + low * sum(x).
-    The codes' products are 2^-11 of sum(x')'s terms or more: the sums keep ~2^-15 of relative
-    precision in fp32 (the MMA kernel's, ~2^-22; bf16's rounding is 2^-9)."""
+    2^(23 - p) (exact), the word's products from -sum(x') sum to t = sum(x * code), the sum over
+    the bare codes, scaled once: scale * t + low * sum(x). The codes' products are 2^-11 of
+    sum(x')'s terms or more: the sums keep ~2^-15 of relative precision in fp32 (the MMA
+    kernel's, ~2^-22; bf16's rounding is 2^-9)."""
     WPG: tl.constexpr = GROUP // 8  # words a group
+    STEP: tl.constexpr = BLOCK_G * WPG  # words a row a step
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     rg = tl.arange(0, BLOCK_G)
@@ -1451,41 +1455,30 @@ def _int4_gemv_kernel(
     w_ptrs = w_ptr + rn[None, :, None].to(tl.int64) * W + gw  # [BG, BN, WPG]
     p_ptrs = p_ptr + gw
     sl_at = rn[None, :].to(tl.int64) * groups + (g_lo + rg)[:, None]  # [BG, BN]
-    gm = (g_lo + rg) < g_hi
-    v = tl.load(w_ptrs, mask=gm[:, None, None] & nm[None, :, None], other=0)  # before the wait
+    wm = ((g_lo + rg) < g_hi)[:, None, None] & nm[None, :, None]  # (unused when EVEN)
+    v = tl.load(w_ptrs, mask=None if EVEN else wm)  # the first two steps before the wait
+    ahead = g_lo + BLOCK_G < g_hi
+    wm = ((g_lo + BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
+    v1 = tl.load(w_ptrs + STEP, mask=ahead if EVEN else wm)
     _pdl_enter(PDL)
     acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
     for g0 in range(g_lo, g_hi, BLOCK_G):
+        ahead = g0 + 2 * BLOCK_G < g_hi
+        wm = ((g0 + 2 * BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
+        v2 = tl.load(w_ptrs + 2 * STEP, mask=ahead if EVEN else wm)
+        gm = (g0 + rg) < g_hi
         m2 = gm[:, None] & nm[None, :]
-        s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]  # [BG, BN, 1]
-        low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
-        pm = gm[:, None, None]
-        x0 = tl.load(p_ptrs, mask=pm, other=0.0)  # [BG, 1, WPG]: bits 0..3's x'
-        x1 = tl.load(p_ptrs + XS, mask=pm, other=0.0)
-        x2 = tl.load(p_ptrs + 2 * XS, mask=pm, other=0.0)
-        x3 = tl.load(p_ptrs + 3 * XS, mask=pm, other=0.0)
-        x4 = tl.load(p_ptrs + 4 * XS, mask=pm, other=0.0)
-        x5 = tl.load(p_ptrs + 5 * XS, mask=pm, other=0.0)
-        x6 = tl.load(p_ptrs + 6 * XS, mask=pm, other=0.0)
-        x7 = tl.load(p_ptrs + 7 * XS, mask=pm, other=0.0)
-        xp = tl.load(p_ptrs + 8 * XS, mask=pm, other=0.0)  # sum(x')
-        xs = tl.load(p_ptrs + 9 * XS, mask=pm, other=0.0)  # sum(x)
-        a = v << 11  # bits 0, 4, 8 at 11, 15, 19
-        b = v >> 1  # bits 12, 16, 20 (the sign bits shifted in are masked off)
-        c = v >> 13  # bits 24, 28 at 11, 15
-        t = _int4_one(a, 11, x0, ONE) + _int4_one(a, 15, x1, ONE)  # [BG, BN, WPG]
-        t += _int4_one(a, 19, x2, ONE)
-        t += _int4_one(b, 11, x3, ONE)
-        t += _int4_one(b, 15, x4, ONE)
-        t += _int4_one(b, 19, x5, ONE)
-        t += _int4_one(c, 11, x6, ONE)
-        t += _int4_one(c, 15, x7, ONE)
-        acc += s * (t - xp) + low * xs
-        w_ptrs += BLOCK_G * WPG
-        p_ptrs += BLOCK_G * WPG
+        if EVEN:
+            s = tl.load(s_ptr + sl_at).to(tl.float32)[:, :, None]  # [BG, BN, 1]
+            low = tl.load(l_ptr + sl_at).to(tl.float32)[:, :, None]
+        else:
+            s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
+            low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
+        acc = _int4_gemv_step(acc, v, p_ptrs, XS, s, low, ONE, None if EVEN else gm[:, None, None])
+        v, v1 = v1, v2
+        w_ptrs += STEP
+        p_ptrs += STEP
         sl_at += BLOCK_G
-        gm = (g0 + BLOCK_G + rg) < g_hi
-        v = tl.load(w_ptrs, mask=gm[:, None, None] & nm[None, :, None], other=0)
     rm = tl.arange(0, 1)
     _split_k_finish(
         tl.sum(tl.sum(acc, axis=2), axis=0)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr,
@@ -1494,12 +1487,41 @@ def _int4_gemv_kernel(
 
 
 @triton.jit
-def _int4_one(word, P: tl.constexpr, xp, one):
-    """xp [BG, 1, WPG] times the codes at bits P..P+3 of word [BG, BN, WPG], each read as the
+def _int4_gemv_step(acc, v, p_ptrs, XS, s, low, ONE, pm):
+    """acc [BG, BN, WPG] + one step's words v (same shape) against the planes at p_ptrs [BG, 1,
+    WPG] (mask pm, or None), scaled by s / low [BG, BN, 1]: :func:`_int4_gemv_kernel`'s sums."""
+    t = _int4_plane(p_ptrs + 8 * XS, pm)  # -sum(x')
+    a = v << 11  # bits 0, 4, 8 at 11, 15, 19
+    b = v >> 1  # bits 12, 16, 20 (the sign bits shifted in are masked off)
+    c = v >> 13  # bits 24, 28 at 11, 15
+    t = _int4_one(a, 11, _int4_plane(p_ptrs, pm), ONE, t)  # [BG, BN, WPG]
+    t = _int4_one(a, 15, _int4_plane(p_ptrs + XS, pm), ONE, t)
+    t = _int4_one(a, 19, _int4_plane(p_ptrs + 2 * XS, pm), ONE, t)
+    t = _int4_one(b, 11, _int4_plane(p_ptrs + 3 * XS, pm), ONE, t)
+    t = _int4_one(b, 15, _int4_plane(p_ptrs + 4 * XS, pm), ONE, t)
+    t = _int4_one(b, 19, _int4_plane(p_ptrs + 5 * XS, pm), ONE, t)
+    t = _int4_one(c, 11, _int4_plane(p_ptrs + 6 * XS, pm), ONE, t)
+    t = _int4_one(c, 15, _int4_plane(p_ptrs + 7 * XS, pm), ONE, t)
+    return acc + s * t + low * _int4_plane(p_ptrs + 9 * XS, pm)  # (plane 9: sum(x))
+
+
+@triton.jit
+def _int4_plane(ptrs, pm):
+    """A plane's values at ptrs, 0 where the mask pm (None: none) is off."""
+    if pm is None:
+        out = tl.load(ptrs)
+    else:
+        out = tl.load(ptrs, mask=pm, other=0.0)
+    return out
+
+
+@triton.jit
+def _int4_one(word, P: tl.constexpr, xp, one, t):
+    """t + xp [BG, 1, WPG] times the codes at bits P..P+3 of word [BG, BN, WPG], each read as the
     fp32 1 + code * 2^(P - 23): its bits or'ed into ``one``, 1.0's bits (0x3F800000) passed in
     at run time, so that the mask and it make one AND-OR (a SASS LOP3 takes one immediate)."""
     f = ((word & (15 << P)) | one).to(tl.float32, bitcast=True)
-    return f * xp
+    return t + f * xp
 
 
 class Int4Path(enum.Enum):
@@ -1704,6 +1726,7 @@ def int4_gemv(
         BLOCK_N=bn,
         BLOCK_G=bg,
         GROUP=group,
+        EVEN=n % bn == 0 and k % (bg * group) == 0,
         PDL=pdl,
         num_warps=warps,
         num_stages=1,
@@ -1722,7 +1745,8 @@ INT4_STEPS_GROUP = 0  # groups of at most this many columns take STEPS at decode
 # yet, STEPS is untimed (compiled and timed against GROUPS by scripts/gpu/int4_steps.py next)
 INT4_STEP_COLUMNS = 128  # ... over this many columns a K step
 INT4_GEMV = True  # one-row steps take int4_gemv
-INT4_GEMV_TILE = (4, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps)
+INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): the best one
+# tile on Llama-8B's and -1B's shapes, groups of 128 and 32 (H200, docs/benchmarks.md 64)
 INT4_PLANES_BLOCK = 256  # words a program of int4_gemv's x layout
 INT4_GROUP_BYTES = 4096  # GROUPS: the codes a program reads a K step: 64 rows of a group of 128;
 # groups of 32 (16 bytes a row) in 64 rows read a quarter of that and ran an 8B step 2x slower
