@@ -396,7 +396,7 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
     bias, a strided input, and K split over programs (the last split to finish adds)."""
     from voicert.engine.gpu.int4 import Int4Linear
 
-    SCALED, STEPS, GEMV = kernels.Int4Path.SCALED, kernels.Int4Path.STEPS, kernels.Int4Path.GEMV
+    SCALED, GEMV = kernels.Int4Path.SCALED, kernels.Int4Path.GEMV
     g = torch.Generator().manual_seed(7)
     lin = torch.nn.Linear(k, 90, bias=True)
     q = Int4Linear.from_linear(lin, None, group).to(DEV)
@@ -416,9 +416,6 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
             x, q.weight, q.scale, q.low, q.bias, count, (16, 32, 4, 2, 2), swap=swap, path=SCALED
         )
         assert close(whole, want, 1e-4) and not count.any()
-    for blocks in (None, (16, 32, 4, 2, 2)):  # several groups a K step (small groups)
-        steps = kernels.int4_linear(x, q.weight, q.scale, q.low, q.bias, count, blocks, path=STEPS)
-        assert close(steps, want, 1e-4) and not count.any()
     if rows == 1:  # one row on the CUDA cores: unsplit, split, a step past K (masked)
         for blocks in (None, (16, 8, 1), (8, 16, 2, 2), (32, 64, 4)):
             one = kernels.int4_linear(x, q.weight, q.scale, q.low, q.bias, count, blocks, path=GEMV)
@@ -440,8 +437,6 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
             want = torch.nn.functional.linear(xh.float(), q.dequantized(dt).float(), q.bias)
             whole = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=SCALED)
             assert close(whole, want, 1e-2)
-            steps = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=STEPS)
-            assert close(steps, want, 1e-2)
             if rows == 1:  # the fp32 sums of the exact codes, one rounding to dt at the end
                 want = torch.nn.functional.linear(xh.float(), q.dequantized(torch.float32), q.bias)
                 one = kernels.int4_linear(xh, q.weight, q.scale, q.low, q.bias.to(dt), path=GEMV)
@@ -479,10 +474,8 @@ def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_c
     eight = [kernels.int4_path(m, 6144, 4096) for m in (1, 32, 33, 64, 160, 161, 600)]
     assert eight == [P.GROUPS, P.GROUPS, P.SCALED, P.SCALED, P.SCALED, P.WIDEN, P.WIDEN]
     one = [kernels.int4_path(m, 2048, 8192) for m in (1, 33, 64, 65, 128)]
-    assert kernels.int4_path(1, 6144, 4096, 32) is P.GROUPS  # STEPS untimed: off
-    monkeypatch.setattr(kernels, "INT4_STEPS_GROUP", 32)
     small = [kernels.int4_path(m, 6144, 4096, 32) for m in (1, 32, 33, 161)]
-    assert small == [P.STEPS, P.STEPS, P.SCALED, P.WIDEN]  # groups of 32: several a K step
+    assert small == [P.GROUPS, P.GROUPS, P.SCALED, P.WIDEN]  # groups of 32: as of 128
     assert one == [P.GROUPS, P.GROUPS, P.GROUPS, P.WIDEN, P.WIDEN]
 
 

@@ -1296,79 +1296,6 @@ def _int4_linear_kernel(
 
 
 @triton.jit
-def _int4_steps_kernel(
-    x_ptr,
-    w_ptr,
-    s_ptr,
-    l_ptr,
-    b_ptr,
-    out_ptr,
-    part_ptr,
-    count_ptr,
-    M,
-    N,
-    K,
-    stride_xm,
-    k_per_split,
-    HAS_BIAS: tl.constexpr,
-    IEEE: tl.constexpr,
-    SPLIT: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    GROUP: tl.constexpr,
-    STEP: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """:func:`_int4_linear_kernel`'s SCALED path over ``STEP`` groups a K step: each weight
-    widened whole, code * scale + low in fp32 rounded once to x's dtype, and one MMA over the
-    step's STEP * GROUP / 2 columns of each nibble (the weights as its first operand). For
-    small groups at decode rows, where a group a step (16 columns of each nibble for groups of
-    32) leaves the tensor cores and the loop's overhead most of the time. Byte b of a step holds
-    group b // HALF's column b % HALF (low nibble) and that + HALF (high)."""
-    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    HALF: tl.constexpr = GROUP // 2
-    BYTES: tl.constexpr = STEP * HALF
-    b = tl.arange(0, BYTES)
-    col = (b // HALF) * GROUP + b % HALF  # [BYTES]: the low nibble's column within a step
-    mm, nm = rm < M, rn < N
-    groups = K // GROUP
-    k_lo = pid_k * k_per_split  # a multiple of STEP * GROUP
-    k_hi = tl.minimum(k_lo + k_per_split, K)
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * (K // 2) + (k_lo // 2 + b)[None, :]  # [BN, BYTES]
-    g_at = rn[:, None].to(tl.int64) * groups + (k_lo // GROUP + b // HALF)[None, :]  # [BN, BYTES]
-    s_ptrs, l_ptrs = s_ptr + g_at, l_ptr + g_at
-    x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + col)[None, :]  # [BM, BYTES]
-    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    wm = nm[:, None] & ((k_lo + col) < k_hi)[None, :]
-    p = tl.load(w_ptrs, mask=wm, other=0)  # read before the wait (PDL)
-    _pdl_enter(PDL)
-    for k0 in range(k_lo, k_hi, STEP * GROUP):
-        km = (k0 + col) < k_hi  # [BYTES]
-        wm = nm[:, None] & km[None, :]
-        s = tl.load(s_ptrs, mask=wm, other=0.0).to(tl.float32)  # [BN, BYTES]
-        low = tl.load(l_ptrs, mask=wm, other=0.0).to(tl.float32)
-        xa = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)  # [BM, BYTES]
-        xb = tl.load(x_ptrs + HALF, mask=mm[:, None] & km[None, :], other=0.0)
-        p32 = p.to(tl.int32)
-        lo = _int4_widen(p32 & 15, s, low).to(xa.dtype)  # [BN, BYTES]
-        hi = _int4_widen(p32 >> 4, s, low).to(xa.dtype)
-        acc = _fp8_dot(lo, xa, acc, IEEE)  # [BN, BM]
-        acc = _fp8_dot(hi, xb, acc, IEEE)
-        w_ptrs += STEP * HALF
-        s_ptrs += STEP
-        l_ptrs += STEP
-        x_ptrs += STEP * GROUP
-        nxt = nm[:, None] & ((k0 + STEP * GROUP + col) < k_hi)[None, :]
-        p = tl.load(w_ptrs, mask=nxt, other=0)
-    _split_k_finish(
-        tl.trans(acc), rm, rn, mm, nm, M, N, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
-        SPLIT, False, HAS_BIAS,
-    )  # fmt: skip
-
-
-@triton.jit
 def _int4_planes_kernel(
     x_ptr, p_ptr, W, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
@@ -1530,7 +1457,6 @@ class Int4Path(enum.Enum):
     GROUPS = "groups"  # each group's sum over the bare codes, scaled once (decode rows)
     SCALED = "scaled"  # each weight widened whole with its scale, one accumulator (more rows)
     WIDEN = "widen"  # the weights widened into a scratch [N, K], then cuBLAS (prefill)
-    STEPS = "steps"  # SCALED over several groups a K step (small groups at decode rows)
     GEMV = "gemv"  # one row on the CUDA cores, the codes read as words (int4_gemv)
 
 
@@ -1546,8 +1472,6 @@ def int4_path(m: int, n: int, k: int, group: int = 128) -> Int4Path:
         return Int4Path.GEMV
     if m > (INT4_WIDEN_ROWS if wide else INT4_GROUP_ROWS):
         return Int4Path.WIDEN
-    if group <= INT4_STEPS_GROUP and m <= INT4_SCALED_ROWS:
-        return Int4Path.STEPS
     return Int4Path.SCALED if wide and m > INT4_SCALED_ROWS else Int4Path.GROUPS
 
 
@@ -1556,13 +1480,10 @@ def int4_blocks(
 ) -> tuple[int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages, SPLIT_K) for :func:`int4_linear` on x [m, k] and
     weights [n, k] by ``path``: GROUPS as :func:`fp8_blocks` chooses (one M tile of up to 64
-    rows), a K step being one group; SCALED :data:`INT4_MANY_ROWS_TILE`; STEPS 64 rows of
-    the weights, :data:`INT4_STEP_COLUMNS` a K step. K is split
+    rows), a K step being one group; SCALED :data:`INT4_MANY_ROWS_TILE`. K is split
     (:func:`int4_split`) until every SM has programs."""
     if path is Int4Path.SCALED:
         bm, bn, warps, stages = INT4_MANY_ROWS_TILE
-    elif path is Int4Path.STEPS:
-        bm, bn, warps, stages = 16 if m <= 16 else _pow2(m), 64, 4, 3
     else:
         bn = min(INT4_GROUP_BYTES // (group // 2), 256) if m <= 16 else 64  # (a K step: a group)
         bm, warps, stages = 16 if m <= 16 else _pow2(m), 4, 4 if m <= 16 else 3
@@ -1632,10 +1553,9 @@ def int4_linear(
     elif split is None:
         split = int4_split(m, n, k, group, bm, bn)
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
-    step = max(1, INT4_STEP_COLUMNS // group) if path is Int4Path.STEPS else 1
     tiles = grid_n * grid_m
-    k_per_split, split, part, count = _split_k(out, k, split, group * step, tiles, count)
-    args = (
+    k_per_split, split, part, count = _split_k(out, k, split, group, tiles, count)
+    _int4_linear_kernel[(grid_m, grid_n, split) if scaled else (grid_n, grid_m, split)](
         x2,
         w,
         scale,
@@ -1644,31 +1564,25 @@ def int4_linear(
         out,
         part,
         w if count is None else count,
-    )
-    common = dict(
+        m,
+        n,
+        k,
+        x2.stride(0),
+        k_per_split,
         HAS_BIAS=bias is not None,
         IEEE=x.dtype == torch.float32,
         SPLIT=split,
         BLOCK_M=bm,
         BLOCK_N=bn,
         GROUP=group,
+        MAGIC=MAGIC_BITS.get(x.dtype, 0) if magic else 0,
+        SWAP=swap,
+        SCALED=scaled,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
         launch_pdl=pdl,
     )
-    sizes = (m, n, k, x2.stride(0), k_per_split)
-    if path is Int4Path.STEPS:
-        _int4_steps_kernel[(grid_n, grid_m, split)](*args, *sizes, STEP=step, **common)
-    else:
-        _int4_linear_kernel[(grid_m, grid_n, split) if scaled else (grid_n, grid_m, split)](
-            *args,
-            *sizes,
-            MAGIC=MAGIC_BITS.get(x.dtype, 0) if magic else 0,
-            SWAP=swap,
-            SCALED=scaled,
-            **common,
-        )
     return out.view(*x.shape[:-1], n)
 
 
@@ -1741,9 +1655,6 @@ INT4_MANY_ROWS_TILE = (64, 64, 4, 3)  # its tiles: BM, BN, warps, stages
 INT4_WIDEN_ROWS = 160  # above this many, WIDEN (faster from ~192 rows on Llama-8B's shapes)
 INT4_SCALED_MIN_WIDTH = 4096  # N and K both at least this for the SCALED path
 INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDEN
-INT4_STEPS_GROUP = 0  # groups of at most this many columns take STEPS at decode rows: none
-# yet, STEPS is untimed (compiled and timed against GROUPS by scripts/gpu/int4_steps.py next)
-INT4_STEP_COLUMNS = 128  # ... over this many columns a K step
 INT4_GEMV = True  # one-row steps take int4_gemv
 INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): the best one
 # tile on Llama-8B's and -1B's shapes, groups of 128 and 32 (H200, docs/benchmarks.md 64)
