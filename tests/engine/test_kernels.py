@@ -461,6 +461,40 @@ def test_int4_gemv_matches_the_dequantized_weights_on_whole_steps_and_part_ones(
         assert close(got, want, 1e-4) and not count.any(), blocks
 
 
+@pytest.mark.parametrize("group", [128, 32])
+def test_int4_gemv_programs_walking_several_tiles_match_one_tile_each(group, monkeypatch):
+    """The persistent kernel (each program several row tiles in one stream of steps, the words
+    read ahead across a tile's end) against the dequantized weights: one and four steps a
+    tile, tiles shared unevenly among the programs; a bias."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    monkeypatch.setattr(kernels, "INT4_GEMV_PERSISTENT", True)
+    monkeypatch.setattr(kernels, "_sm_count", lambda device: 1)
+    monkeypatch.setattr(kernels, "INT4_GEMV_PER_SM", 3)  # 3 programs
+    g = torch.Generator().manual_seed(5)
+    q = Int4Linear.from_linear(torch.nn.Linear(512, 40, bias=True), None, group).to(DEV)
+    x = torch.randn(1, 512, generator=g).to(DEV)
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
+    called = []
+    real = kernels._int4_gemv_persistent_kernel
+    monkeypatch.setattr(kernels, "_int4_gemv_persistent_kernel", _Spy(real, called))
+    for blocks in ((2, 16, 1), (2, 64, 1), (4, 16, 1)):  # 20 or 10 tiles over 3 programs
+        got = kernels.int4_gemv(x, q.weight, q.scale, q.low, q.bias, None, blocks)
+        assert close(got, want, 1e-4), blocks
+    assert called == [(3,)] * 3
+
+
+class _Spy:
+    """A kernel's launcher that notes each launch (its grid) before running it."""
+
+    def __init__(self, kernel, calls: list):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
+
+
 def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_counts(
     monkeypatch,
 ):
