@@ -495,6 +495,69 @@ class _Spy:
         return self.kernel[grid]
 
 
+@pytest.mark.parametrize("n, group", [(512, 128), (576, 32), (2048, 64)])
+def test_kernels_that_write_x_lay_it_out_for_int4_gemv_as_int4_planes_does(n, group):
+    """add_rms_norm's and silu_mul's planes (the INT4 one-row kernel's x, written where x is)
+    equal int4_planes' of their own output, bit for bit, and int4_gemv given them computes what
+    it computes laying x out itself."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    g = torch.Generator().manual_seed(13)
+    dt = torch.bfloat16 if DEV == "cuda" else torch.float32
+    x = torch.randn(1, 1, n, generator=g).to(DEV, dt)
+    res = torch.randn(1, 1, n, generator=g).to(DEV, dt)
+    w = (torch.rand(n, generator=g) + 0.5).to(DEV, dt)
+    planes = torch.full((10, n // 8), float("nan"), device=DEV)
+    y, _ = kernels.add_rms_norm(x, res.clone(), w, 1e-6, planes=planes, group=group)
+    want = kernels.int4_planes(y.view(1, n), group)
+    assert torch.equal(planes, want)
+    y0, _ = kernels.add_rms_norm(x, res.clone(), w, 1e-6)
+    assert torch.equal(y, y0)  # the normed x itself unchanged
+    gu = torch.randn(1, 2 * n, generator=g).to(DEV, dt)
+    planes.fill_(float("nan"))
+    act = kernels.silu_mul(gu, planes=planes, group=group)
+    assert torch.equal(act, kernels.silu_mul(gu))
+    assert torch.equal(planes, kernels.int4_planes(act, group))
+    q = Int4Linear.from_linear(torch.nn.Linear(n, 24, bias=False), None, group).to(DEV)
+    alone = kernels.int4_linear(act, q.weight, q.scale, q.low, None)
+    given = kernels.int4_linear(act, q.weight, q.scale, q.low, None, planes=planes)
+    assert torch.equal(alone, given)
+
+
+def test_one_row_int4_layers_fed_x_laid_out_by_the_norms_compute_the_same(monkeypatch):
+    """A one-row decode step of an INT4 model with ``INT4_PLANES_FUSED`` (the RMSNorms and SiLU *
+    up lay x out for the INT4 Linears after them) gives the hidden states it gives without,
+    bit for bit, and those of the torch path to the kernel's rounding. Int4Linear takes the
+    kernels here even on CPU tensors (Triton's interpreter)."""
+    from tests.engine.quantized import SMALL
+    from voicert.engine.gpu.int4 import Int4Linear, quantize_int4
+
+    def on_kernels(self, x, pdl=False, planes=None):
+        return kernels.int4_linear(x, self.weight, self.scale, self.low, self.bias, planes=planes)
+
+    cfg = dataclasses.replace(SMALL, num_layers=1)
+    model = random_llama(cfg, torch.float32, DEV)
+    assert quantize_int4(model, group=64) == 4
+    g = torch.Generator().manual_seed(8)
+    tables, nxt = block_tables([30], 16, 8)
+    runners = [ModelRunner(model, nxt, 16) for _ in range(3)]
+    prefix = torch.randint(0, 300, (30,), generator=g).tolist()
+    for runner in runners:
+        run_layers(model, runner, [Row(prefix, 0, tables[0], 30)], False)
+    rows = [Row([7], 30, tables[0], 0)]
+    want = run_layers(model, runners[0], rows, False)
+    monkeypatch.setattr(Int4Linear, "forward", on_kernels)
+    alone = run_layers(model, runners[1], rows, True)
+    launched = []
+    real = kernels._int4_planes_kernel
+    monkeypatch.setattr(kernels, "_int4_planes_kernel", _Spy(real, launched))
+    monkeypatch.setattr(kernels, "INT4_PLANES_FUSED", True)
+    fused = run_layers(model, runners[2], rows, True)
+    assert torch.equal(fused, alone)
+    assert close(fused, want, 1e-3)  # (the one-row kernel's sums keep ~2^-15: int4_gemv)
+    assert len(launched) == 1  # only o's input is laid out apart
+
+
 def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_counts(
     monkeypatch,
 ):

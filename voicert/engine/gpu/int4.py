@@ -197,16 +197,19 @@ class Int4Linear(nn.Module):
         s, low = _per_column(self.scale, self.low, self.group)
         return (codes * s + low).to(dtype)
 
-    def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, pdl: bool = False, planes: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
-        programmatic dependent launch (engine/gpu/kernels.py)."""
+        programmatic dependent launch (engine/gpu/kernels.py). ``planes``: one row's x laid
+        out for the one-row kernel already (``kernels.int4_planes``' values; CUDA only)."""
         if x.is_cuda:
             from voicert.engine.gpu import kernels
 
             if self._count is None or self._count.device != x.device:
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
             return kernels.int4_linear(
-                x, self.weight, self.scale, self.low, self.bias, self._count, pdl=pdl
+                x, self.weight, self.scale, self.low, self.bias, self._count, pdl=pdl, planes=planes
             )
         y = torch.nn.functional.linear(x.float(), self.dequantized(torch.float32))  # [..., N]
         if self.bias is not None:

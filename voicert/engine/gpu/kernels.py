@@ -130,10 +130,12 @@ def _add_rms_norm_kernel(
     res_ptr,
     w_ptr,
     out_ptr,
+    p_ptr,
     n_cols,
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
+    PLANES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -148,8 +150,10 @@ def _add_rms_norm_kernel(
         x = s.to(tl.float32)
     rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     w = tl.load(w_ptr + cols, mask=m, other=0.0).to(tl.float32)
-    y = (x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w
-    tl.store(out_ptr + row * n_cols + cols, y.to(out_ptr.dtype.element_ty), mask=m)
+    y = ((x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * n_cols + cols, y, mask=m)
+    if PLANES:  # one row, for an INT4 Linear's one-row kernel (groups of PLANES columns)
+        _int4_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
 
 
 def add_rms_norm(
@@ -158,23 +162,30 @@ def add_rms_norm(
     weight: torch.Tensor,
     eps: float,
     pdl: bool = False,
+    planes: torch.Tensor | None = None,
+    group: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n] (contiguous). With ``residual`` (same shape): residual += x in place, and returns
     (rms_norm(residual) * weight, residual). Without: returns (rms_norm(x) * weight, x).
-    ``pdl``: launch with programmatic dependent launch (only where :func:`pdl_supported`)."""
+    ``pdl``: launch with programmatic dependent launch (only where :func:`pdl_supported`).
+    ``planes`` [10, n // 8] fp32 (one row only): also filled with the output laid out for
+    :func:`int4_gemv` in groups of ``group`` (:func:`int4_planes`' values, bit for bit)."""
     n = x.shape[-1]
     out = torch.empty_like(x)
     rows = x.numel() // n
     res = residual if residual is not None else x
+    _planes_check(planes, rows, n, group)
     _add_rms_norm_kernel[(rows,)](
         x,
         res,
         weight,
         out,
+        out if planes is None else planes,
         n,
         eps,
         HAS_RES=residual is not None,
         BLOCK=_pow2(n),
+        PLANES=0 if planes is None else group,
         PDL=pdl,
         num_warps=4 if n <= 4096 else 8,
         launch_pdl=pdl,
@@ -186,28 +197,57 @@ def add_rms_norm(
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, inter, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_mul_kernel(
+    gu_ptr, out_ptr, p_ptr, inter, BLOCK: tl.constexpr, PLANES: tl.constexpr, PDL: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    c0 = tl.program_id(1) * BLOCK
+    cols = c0 + tl.arange(0, BLOCK)
     m = cols < inter
     _pdl_enter(PDL)
     g = tl.load(gu_ptr + row * 2 * inter + cols, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu_ptr + row * 2 * inter + inter + cols, mask=m, other=0.0).to(tl.float32)
     act = (g / (1.0 + tl.exp(-g))).to(out_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row * inter + cols, (act * u).to(out_ptr.dtype.element_ty), mask=m)
+    y = (act * u).to(out_ptr.dtype.element_ty)
+    tl.store(out_ptr + row * inter + cols, y, mask=m)
+    if PLANES:  # one row, for an INT4 Linear's one-row kernel (groups of PLANES columns)
+        _int4_planes_put(p_ptr, inter // 8, y.to(tl.float32), c0, inter, PLANES, BLOCK)
 
 
-def silu_mul(gate_up: torch.Tensor, pdl: bool = False) -> torch.Tensor:
-    """gate_up [..., 2I] (gate first, contiguous) -> silu(gate) * up [..., I]. ``pdl``: as
-    :func:`add_rms_norm`'s."""
+def silu_mul(
+    gate_up: torch.Tensor,
+    pdl: bool = False,
+    planes: torch.Tensor | None = None,
+    group: int = 0,
+) -> torch.Tensor:
+    """gate_up [..., 2I] (gate first, contiguous) -> silu(gate) * up [..., I]. ``pdl``,
+    ``planes`` and ``group``: as :func:`add_rms_norm`'s."""
     inter = gate_up.shape[-1] // 2
     out = gate_up.new_empty(*gate_up.shape[:-1], inter)
     rows = gate_up.numel() // (2 * inter)
-    block = min(1024, _pow2(inter))
+    block = max(min(1024, _pow2(inter)), group)
+    _planes_check(planes, rows, inter, group)
     _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
-        gate_up, out, inter, BLOCK=block, PDL=pdl, launch_pdl=pdl
+        gate_up,
+        out,
+        out if planes is None else planes,
+        inter,
+        BLOCK=block,
+        PLANES=0 if planes is None else group,
+        PDL=pdl,
+        launch_pdl=pdl,
     )
     return out
+
+
+def _planes_check(planes: torch.Tensor | None, rows: int, n: int, group: int) -> None:
+    """``planes`` for a kernel that writes x: one row, [10, n // 8] fp32 contiguous, groups of
+    a power of two of at least 8 columns dividing n."""
+    if planes is None:
+        return
+    assert rows == 1 and group >= 8 and group & (group - 1) == 0 and n % group == 0, (rows, n)
+    assert planes.shape == (10, n // 8) and planes.dtype == torch.float32, planes.shape
+    assert planes.is_contiguous()
 
 
 # ----------------------------------------------------------------------------- RoPE + KV write
@@ -1306,29 +1346,44 @@ def _int4_linear_kernel(
 
 @triton.jit
 def _int4_planes_kernel(
-    x_ptr, p_ptr, W, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+    x_ptr, p_ptr, K, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
-    """One row x [K] -> :func:`_int4_gemv_kernel`'s planes [10, XS] fp32 (XS >= W = K // 8): for
-    each packed word w of a row, the x values of its eight codes (plane j: the code at bits
-    4j..4j+3, column q = j // 2 of the word's four, + HALF for odd j), each pre-scaled by
-    2^(23 - p) for the bit p the gemv reads it at (11, 15 or 19); plane 8 less their sum
-    (-sum(x'), where the gemv's sums start), plane 9 the unscaled sum (sum(x))."""
-    WPG: tl.constexpr = GROUP // 8
-    HALF: tl.constexpr = GROUP // 2
-    w = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = w < W
-    at = x_ptr + (w // WPG) * GROUP + 4 * (w % WPG)  # the word's first low-nibble column
+    """One row x [K] -> :func:`_int4_gemv_kernel`'s planes [10, XS] fp32 (XS >= K // 8), BLOCK
+    columns a program (:func:`_int4_planes_put`)."""
+    c0 = tl.program_id(0) * BLOCK
+    cols = c0 + tl.arange(0, BLOCK)
     _pdl_enter(PDL)
-    xs = tl.zeros((BLOCK,), dtype=tl.float32)
-    xp = tl.zeros((BLOCK,), dtype=tl.float32)
-    for j in tl.static_range(8):
-        xj = tl.load(at + (j // 2) + (j % 2) * HALF, mask=m, other=0.0).to(tl.float32)
-        xs += xj
-        xj = xj * (4096.0 if j % 3 == 0 else (256.0 if j % 3 == 1 else 16.0))
-        xp += xj
-        tl.store(p_ptr + j * XS + w, xj, mask=m)
-    tl.store(p_ptr + 8 * XS + w, -xp, mask=m)
-    tl.store(p_ptr + 9 * XS + w, xs, mask=m)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    _int4_planes_put(p_ptr, XS, x, c0, K, GROUP, BLOCK)
+
+
+@triton.jit
+def _int4_planes_put(p_ptr, XS, y, c0, K, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns c0..c0 + BLOCK of one row, y [BLOCK] fp32 (c0 a multiple of GROUP; 0 past K),
+    into the planes [10, XS] that :func:`_int4_gemv_kernel` reads: for each packed word of a
+    weight row (its low nibbles columns c..c+3 of a group's first half, its high ones
+    c + HALF..), plane j holds the x of the code at bits 4j..4j+3 (column j // 2 of the four, +
+    HALF for odd j), pre-scaled by 2^(23 - p) for the bit p the gemv reads it at (11, 15 or
+    19: j % 3 picks 4096, 256 or 16); plane 8 less the word's sum of those (-sum(x'), where the
+    gemv's sums start), plane 9 its sum of x. The kernels that write x for an INT4 Linear
+    (:func:`add_rms_norm`, :func:`silu_mul`) call this too, so their planes are these, bit for
+    bit."""
+    HALF: tl.constexpr = GROUP // 2
+    WPG: tl.constexpr = GROUP // 8
+    G: tl.constexpr = BLOCK // GROUP
+    cols = c0 + tl.arange(0, BLOCK)
+    r = cols % GROUP
+    b = r % HALF
+    j = 2 * (b % 4) + r // HALF  # the plane
+    at = (cols // GROUP) * WPG + b // 4  # the word
+    ys = y * tl.where(j % 3 == 0, 4096.0, tl.where(j % 3 == 1, 256.0, 16.0))
+    tl.store(p_ptr + j * XS + at, ys, mask=cols < K)
+    # [g, half, word, column of four]: a word's eight columns share (g, word)
+    xs = tl.sum(tl.sum(tl.reshape(y, (G, 2, WPG, 4)), axis=3), axis=1)  # [G, WPG]
+    xp = tl.sum(tl.sum(tl.reshape(ys, (G, 2, WPG, 4)), axis=3), axis=1)
+    wi = (c0 // GROUP + tl.arange(0, G))[:, None] * WPG + tl.arange(0, WPG)[None, :]
+    tl.store(p_ptr + 8 * XS + wi, -xp, mask=wi < K // 8)
+    tl.store(p_ptr + 9 * XS + wi, xs, mask=wi < K // 8)
 
 
 @triton.jit
@@ -1588,6 +1643,7 @@ def int4_linear(
     magic: bool = True,
     swap: bool = True,
     path: Int4Path | None = None,
+    planes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times packed INT4 weights w [N, K // 2] uint8 (engine/gpu/
     int4.py's layout) with float16 scales and lows [N, K // group], plus ``bias`` [N] -> [..., N]
@@ -1605,8 +1661,9 @@ def int4_linear(
     low in x's dtype (:func:`int4_dequantize`'s values) and summed into one accumulator, the
     programs of one weight tile side by side. WIDEN: the weights widened into a scratch [N, K]
     in x's dtype (:func:`int4_dequantize`), then cuBLAS. GEMV: one row on the CUDA cores
-    (:func:`int4_gemv`, whose ``blocks`` are its own). WIDEN and GEMV are chosen only where
-    ``blocks`` is left out: with tiles and no ``path``, the MMA kernel runs by GROUPS."""
+    (:func:`int4_gemv`, whose ``blocks`` are its own; ``planes``: x laid out for it already,
+    given only where the path is GEMV). WIDEN and GEMV are chosen only where ``blocks`` is left
+    out: with tiles and no ``path``, the MMA kernel runs by GROUPS."""
     n, k = w.shape[0], 2 * w.shape[1]
     group = k // scale.shape[1]
     if path is None:
@@ -1620,8 +1677,9 @@ def int4_linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    assert planes is None or path is Int4Path.GEMV, path
     if path is Int4Path.GEMV:
-        out = int4_gemv(x2, w, scale, low, bias, count, blocks or INT4_GEMV_TILE, pdl)
+        out = int4_gemv(x2, w, scale, low, bias, count, blocks or INT4_GEMV_TILE, pdl, planes)
         return out.view(*x.shape[:-1], n)
     scaled = path is Int4Path.SCALED
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -1664,6 +1722,18 @@ def int4_linear(
     return out.view(*x.shape[:-1], n)
 
 
+def int4_planes(x2: torch.Tensor, group: int, pdl: bool = False) -> torch.Tensor:
+    """One row x2 [1, K] laid out for :func:`int4_gemv` in groups of ``group``: [10, K // 8]
+    fp32 (:func:`_int4_planes_put`). ``pdl``: as :func:`add_rms_norm`'s."""
+    k = x2.shape[-1]
+    planes = torch.empty(10, k // 8, dtype=torch.float32, device=x2.device)
+    block = max(group, INT4_PLANES_BLOCK)
+    _int4_planes_kernel[(triton.cdiv(k, block),)](
+        x2, planes, k, k // 8, GROUP=group, BLOCK=block, PDL=pdl, launch_pdl=pdl
+    )
+    return planes
+
+
 def int4_gemv(
     x2: torch.Tensor,
     w: torch.Tensor,
@@ -1673,6 +1743,7 @@ def int4_gemv(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
+    planes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands) -> [1, N] in
     x2's dtype, on the CUDA cores: :func:`_int4_planes_kernel` lays x out for the words, then
@@ -1680,7 +1751,9 @@ def int4_gemv(
     GROUPS path's sums without the MMA's padding of one row to 16. ``blocks``: (BLOCK_N, words
     a row a K step, num_warps[, SPLIT]) (None: :data:`INT4_GEMV_TILE`); SPLIT 0 or absent: K is
     split until there are :data:`FP8_PROGRAMS` programs. ``count``: as :func:`int4_linear`'s.
-    The groups must be at least 8 columns, a power of two."""
+    ``planes``: x already laid out (:func:`int4_planes`'s values, written by the kernel that
+    wrote x: :func:`add_rms_norm`, :func:`silu_mul`), so that no launch lays it out here. The
+    groups must be at least 8 columns, a power of two."""
     m, k = x2.shape
     n, group = w.shape[0], k // scale.shape[1]
     assert m == 1 and x2.stride(-1) == 1 and w.is_contiguous(), (x2.shape, w.shape)
@@ -1694,10 +1767,9 @@ def int4_gemv(
     out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
     k_per_split, split, part, count = _split_k(out, k, split, bg * group, tiles, count)
     nw = k // 8
-    planes = torch.empty(10, nw, dtype=torch.float32, device=x2.device)
-    _int4_planes_kernel[(triton.cdiv(nw, INT4_PLANES_BLOCK),)](
-        x2, planes, nw, nw, GROUP=group, BLOCK=INT4_PLANES_BLOCK, PDL=pdl, launch_pdl=pdl
-    )
+    if planes is None:
+        planes = int4_planes(x2, group, pdl)
+    assert planes.shape == (10, nw) and planes.is_contiguous(), planes.shape
     even = n % bn == 0 and k % (bg * group) == 0
     programs = _sm_count(x2.device) * INT4_GEMV_PER_SM
     if INT4_GEMV_PERSISTENT and even and split == 1 and tiles > programs:
@@ -1760,7 +1832,9 @@ INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDE
 INT4_GEMV = True  # one-row steps take int4_gemv
 INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): the best one
 # tile on Llama-8B's and -1B's shapes, groups of 128 and 32 (H200, docs/benchmarks.md 64)
-INT4_PLANES_BLOCK = 256  # words a program of int4_gemv's x layout
+INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
+INT4_PLANES_FUSED = False  # the kernels that write an INT4 Linear's one-row x write its planes
+# too (add_rms_norm, silu_mul), one launch less each; off until timed
 INT4_GEMV_PERSISTENT = False  # whole steps, unsplit, more tiles than programs: each program
 # walks several tiles (_int4_gemv_persistent_kernel); off until timed against one tile each
 INT4_GEMV_PER_SM = 16  # ... that kernel's programs an SM (one warp each)

@@ -208,23 +208,50 @@ class LlamaModel(nn.Module):
             )
         eps, pdl, lin = cfg.rms_norm_eps, self.pdl, self._linear
         out, residual = self.embed(input_ids), None
+        rows = input_ids.numel()
         for i, layer in enumerate(self.layers):
-            x, residual = kernels.add_rms_norm(out, residual, layer.attn_norm.weight, eps, pdl)
-            a = layer.attn.attend_fused(
-                lin(layer.attn.qkv, x), rope, inp, wide, k_pool[i], v_pool[i], count, pdl
-            )
+            pq, gq = self._planes(layer.attn.qkv, rows)
             x, residual = kernels.add_rms_norm(
-                lin(layer.attn.o, a), residual, layer.mlp_norm.weight, eps, pdl
+                out, residual, layer.attn_norm.weight, eps, pdl, pq, gq
             )
-            out = lin(layer.mlp.down, kernels.silu_mul(lin(layer.mlp.gate_up, x), pdl))
+            a = layer.attn.attend_fused(
+                lin(layer.attn.qkv, x, pq), rope, inp, wide, k_pool[i], v_pool[i], count, pdl
+            )
+            pg, gg = self._planes(layer.mlp.gate_up, rows)
+            x, residual = kernels.add_rms_norm(
+                lin(layer.attn.o, a), residual, layer.mlp_norm.weight, eps, pdl, pg, gg
+            )
+            pd, gd = self._planes(layer.mlp.down, rows)
+            act = kernels.silu_mul(lin(layer.mlp.gate_up, x, pg), pdl, pd, gd)
+            out = lin(layer.mlp.down, act, pd)
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
 
-    def _linear(self, lin: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _planes(self, lin: nn.Module, rows: int) -> tuple[torch.Tensor | None, int]:
+        """Where a one-row step's INT4 Linear takes the CUDA-core kernel and
+        ``kernels.INT4_PLANES_FUSED`` is set: a buffer for the kernel that writes its x to lay
+        x out in too (``kernels.int4_planes``' values; one launch less), and the group.
+        Else (None, 0)."""
+        from voicert.engine.gpu import kernels
+
+        if not (kernels.INT4_PLANES_FUSED and rows == 1 and isinstance(lin, Int4Linear)):
+            return None, 0
+        k = lin.in_features
+        if kernels.int4_path(1, lin.out_features, k, lin.group) is not kernels.Int4Path.GEMV:
+            return None, 0
+        return torch.empty(10, k // 8, dtype=torch.float32, device=lin.weight.device), lin.group
+
+    def _linear(
+        self, lin: nn.Module, x: torch.Tensor, planes: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """One of the layers' Linears on the fused path: an FP8 or INT4 one (engine/gpu/fp8.py,
-        int4.py) is told whether to launch with PDL; a plain ``nn.Linear`` runs through cuBLAS,
-        or for a step of at most ``triton_linear_rows`` rows through the FP8 kernel's unscaled
-        form."""
-        if isinstance(lin, (Fp8Linear, Int4Linear)):
+        int4.py) is told whether to launch with PDL (an INT4 one given x's ``planes`` if the
+        kernel that wrote x laid it out: :meth:`_planes`); a plain ``nn.Linear`` runs through
+        cuBLAS, or for a step of at most ``triton_linear_rows`` rows through the FP8 kernel's
+        unscaled form."""
+        if isinstance(lin, Int4Linear):
+            return lin(x, pdl=self.pdl, planes=planes)
+        assert planes is None
+        if isinstance(lin, Fp8Linear):
             return lin(x, pdl=self.pdl)
         rows = x.numel() // x.shape[-1]
         if rows <= self.triton_linear_rows:
