@@ -1,7 +1,8 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
-served) over a set of tiles, each in groups of 128 and of 32. Every call reads weights no call before it read in the
+served) over a set of tiles, then its persistent form (each program several row tiles) at a
+few programs an SM, each in groups of 128 and of 32. Every call reads weights no call before it read in the
 last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
 graph (median of 30 replays), the bytes read per second, and each kernel's error against
 F.linear on the widened weights (relative norm).
@@ -23,6 +24,8 @@ P = kernels.Int4Path
 # (BLOCK_N, words a row a K step, warps) for int4_gemv; K split by its default rule
 GEMV_TILES = [(2, 128, 1), (4, 128, 1), (1, 128, 1), (2, 64, 1), (2, 256, 1), (4, 256, 1)]
 GEMV_TILES += [(8, 128, 1), (8, 64, 1)]
+PER_SM = kernels.INT4_GEMV_PER_SM
+PERSISTENT_PER_SM = (8, 16, 24, 32)  # the persistent form (INT4_GEMV_PERSISTENT), default tile
 
 
 def _rotating(fns: list):
@@ -58,6 +61,11 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     )
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
+    kernels.INT4_GEMV_PERSISTENT = True  # each program several tiles, this many an SM:
+    for per_sm in PERSISTENT_PER_SM:
+        kernels.INT4_GEMV_PER_SM = per_sm
+        cells.append(cell(f"persistent{per_sm}/SM", P.GEMV, None))
+    kernels.INT4_GEMV_PERSISTENT, kernels.INT4_GEMV_PER_SM = False, PER_SM
     return cells
 
 
