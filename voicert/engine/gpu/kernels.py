@@ -1752,8 +1752,10 @@ def int4_gemv(
     a row a K step, num_warps[, SPLIT]) (None: :data:`INT4_GEMV_TILE`); SPLIT 0 or absent: K is
     split until there are :data:`FP8_PROGRAMS` programs. ``count``: as :func:`int4_linear`'s.
     ``planes``: x already laid out (:func:`int4_planes`'s values, written by the kernel that
-    wrote x: :func:`add_rms_norm`, :func:`silu_mul`), so that no launch lays it out here. The
-    groups must be at least 8 columns, a power of two."""
+    wrote x: :func:`add_rms_norm`, :func:`silu_mul`), so that no launch lays it out here. With
+    :data:`INT4_GEMV_PERSISTENT`, whole steps, K unsplit and more tiles than programs, each
+    program walks several tiles (:func:`_int4_gemv_persistent_kernel`). The groups must be at
+    least 8 columns, a power of two."""
     m, k = x2.shape
     n, group = w.shape[0], k // scale.shape[1]
     assert m == 1 and x2.stride(-1) == 1 and w.is_contiguous(), (x2.shape, w.shape)
