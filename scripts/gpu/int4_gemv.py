@@ -62,9 +62,11 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
     kernels.INT4_GEMV_PERSISTENT = True  # each program several tiles, this many an SM:
+    tiles = -(-n // kernels.INT4_GEMV_TILE[0])
     for per_sm in PERSISTENT_PER_SM:
         kernels.INT4_GEMV_PER_SM = per_sm
-        cells.append(cell(f"persistent{per_sm}/SM", P.GEMV, None))
+        walks = tiles > kernels._sm_count(x.device) * per_sm  # else one tile a program, as before
+        cells.append(cell(f"persistent{per_sm}/SM{'' if walks else ' (not taken)'}", P.GEMV, None))
     kernels.INT4_GEMV_PERSISTENT, kernels.INT4_GEMV_PER_SM = False, PER_SM
     return cells
 
