@@ -2,7 +2,8 @@
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
 served) over a set of tiles, then its persistent form (each program several row tiles) at a
-few programs an SM, each in groups of 128 and of 32. Every call reads weights no call before it read in the
+few programs an SM, then 2 and 4 rows by GROUPS and by int4_gemv's rows form, each in groups
+of 128 and of 32. Every call reads weights no call before it read in the
 last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
 graph (median of 30 replays), the bytes read per second, and each kernel's error against
 F.linear on the widened weights (relative norm).
@@ -45,7 +46,7 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     want = torch.nn.functional.linear(x.float(), one.dequantized(torch.float32))
     count = kernels.counters("cuda")
 
-    def cell(label: str, path, blocks) -> str:
+    def cell(label: str, path, blocks, x=x, want=want) -> str:
         def call(q):
             return kernels.int4_linear(x, q.weight, q.scale, q.low, None, count, blocks, path=path)
 
@@ -68,6 +69,11 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
         walks = tiles > kernels._sm_count(x.device) * per_sm  # else one tile a program, as before
         cells.append(cell(f"persistent{per_sm}/SM{'' if walks else ' (not taken)'}", P.GEMV, None))
     kernels.INT4_GEMV_PERSISTENT, kernels.INT4_GEMV_PER_SM = False, PER_SM
+    for m in (2, 4):  # a few rows: the MMA kernel against the codes widened once for all rows
+        xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        wm = torch.nn.functional.linear(xm.float(), one.dequantized(torch.float32))
+        cells.append(cell(f"{m} rows: groups", P.GROUPS, None, xm, wm))
+        cells.append(cell(f"{m} rows: gemv", P.GEMV, None, xm, wm))
     return cells
 
 

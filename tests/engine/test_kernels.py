@@ -461,6 +461,38 @@ def test_int4_gemv_matches_the_dequantized_weights_on_whole_steps_and_part_ones(
         assert close(got, want, 1e-4) and not count.any(), blocks
 
 
+@pytest.mark.parametrize("rows, group", [(2, 128), (3, 32), (4, 64)])
+def test_int4_gemv_of_a_few_rows_matches_the_dequantized_weights(rows, group):
+    """2-4 rows at once (the codes widened once for all of them; three padded to four): each
+    row's sums as F.linear's on the widened weights, unsplit and split over K; a bias; a row
+    stride wider than K; the counters left at zero."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    g = torch.Generator().manual_seed(17)
+    q = Int4Linear.from_linear(torch.nn.Linear(512, 40, bias=True), None, group).to(DEV)
+    x = torch.randn(rows, 600, generator=g).to(DEV)[:, :512]
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
+    count = kernels.counters(DEV)
+    for blocks in ((2, 16, 1), (1, 64, 1), (2, 16, 1, 2), (1, 32, 1, 4)):
+        got = kernels.int4_gemv(x, q.weight, q.scale, q.low, q.bias, count, blocks)
+        assert got.shape == (rows, 40) and close(got, want, 1e-4) and not count.any(), blocks
+
+
+def test_int4_path_takes_a_few_rows_to_int4_gemv_only_where_switched_on_and_steps_are_whole(
+    monkeypatch,
+):
+    """Rows past one go to the CUDA cores only up to ``INT4_GEMV_ROWS`` (one by default: the
+    form is untimed) and where the default tile's steps are whole (K a multiple of 1024
+    columns); one row always."""
+    P = kernels.Int4Path
+    assert [kernels.int4_path(m, 6144, 4096) for m in (1, 2)] == [P.GEMV, P.GROUPS]
+    assert kernels.int4_path(1, 576, 576, 64) is P.GEMV  # (masked steps)
+    monkeypatch.setattr(kernels, "INT4_GEMV_ROWS", 4)
+    four = [kernels.int4_path(m, 6144, 4096) for m in (1, 2, 3, 4, 5)]
+    assert four == [P.GEMV, P.GEMV, P.GEMV, P.GEMV, P.GROUPS]
+    assert kernels.int4_path(2, 576, 576, 64) is P.GROUPS  # a part step: not at two rows
+
+
 @pytest.mark.parametrize("group", [128, 32])
 def test_int4_gemv_programs_walking_several_tiles_match_one_tile_each(group, monkeypatch):
     """The persistent kernel (each program several row tiles in one stream of steps, the words
@@ -567,7 +599,7 @@ def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_c
     P = kernels.Int4Path
     assert kernels.int4_path(1, 6144, 4096) is P.GEMV  # one row: the CUDA cores
     assert kernels.int4_path(1, 6144, 4096, 32) is P.GEMV
-    monkeypatch.setattr(kernels, "INT4_GEMV", False)
+    monkeypatch.setattr(kernels, "INT4_GEMV_ROWS", 0)
     eight = [kernels.int4_path(m, 6144, 4096) for m in (1, 32, 33, 64, 160, 161, 600)]
     assert eight == [P.GROUPS, P.GROUPS, P.SCALED, P.SCALED, P.SCALED, P.WIDEN, P.WIDEN]
     one = [kernels.int4_path(m, 2048, 8192) for m in (1, 33, 64, 65, 128)]

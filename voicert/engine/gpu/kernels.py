@@ -1346,15 +1346,16 @@ def _int4_linear_kernel(
 
 @triton.jit
 def _int4_planes_kernel(
-    x_ptr, p_ptr, K, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+    x_ptr, p_ptr, K, XS, stride_x, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
-    """One row x [K] -> :func:`_int4_gemv_kernel`'s planes [10, XS] fp32 (XS >= K // 8), BLOCK
-    columns a program (:func:`_int4_planes_put`)."""
+    """Rows of x [M, K] (row stride ``stride_x``) -> :func:`_int4_gemv_kernel`'s planes [M, 10,
+    XS] fp32 (XS >= K // 8), BLOCK columns of a row a program (:func:`_int4_planes_put`)."""
+    row = tl.program_id(1).to(tl.int64)
     c0 = tl.program_id(0) * BLOCK
     cols = c0 + tl.arange(0, BLOCK)
     _pdl_enter(PDL)
-    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-    _int4_planes_put(p_ptr, XS, x, c0, K, GROUP, BLOCK)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=cols < K, other=0.0).to(tl.float32)
+    _int4_planes_put(p_ptr + row * 10 * XS, XS, x, c0, K, GROUP, BLOCK)
 
 
 @triton.jit
@@ -1478,6 +1479,69 @@ def _int4_gemv_kernel(
 
 
 @triton.jit
+def _int4_gemv_rows_kernel(
+    p_ptr,
+    w_ptr,
+    s_ptr,
+    l_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    W,
+    XS,
+    k_per_split,
+    ONE,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """:func:`_int4_gemv_kernel` for M rows of x at once, M <= ROWS (a power of two): each
+    word's codes widened once for every row, the weights read once. p_ptr: the rows' planes,
+    [ROWS, 10, XS] (rows past M: anything, their sums are not stored); out [M, N]. Tiles [BG,
+    BN, ROWS, WPG]: the words [BG, BN, 1, WPG] and the planes [BG, 1, ROWS, WPG] in one layout
+    (no conversion a step). Whole steps only (N a multiple of BN, K of a step)."""
+    WPG: tl.constexpr = GROUP // 8
+    STEP: tl.constexpr = BLOCK_G * WPG
+    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    rr = tl.arange(0, ROWS)
+    rg = tl.arange(0, BLOCK_G)
+    rw = tl.arange(0, WPG)
+    groups = K // GROUP
+    g_lo = pid_k * (k_per_split // GROUP)
+    g_hi = tl.minimum(g_lo + k_per_split // GROUP, groups)
+    gw = (g_lo + rg)[:, None, None, None] * WPG + rw[None, None, None, :]  # [BG, 1, 1, WPG]
+    w_ptrs = w_ptr + rn[None, :, None, None].to(tl.int64) * W + gw  # [BG, BN, 1, WPG]
+    p_ptrs = p_ptr + rr[None, None, :, None] * (10 * XS) + gw  # [BG, 1, ROWS, WPG]
+    sl_at = rn[None, :].to(tl.int64) * groups + (g_lo + rg)[:, None]  # [BG, BN]
+    v = tl.load(w_ptrs)  # the first two steps before the wait
+    v1 = tl.load(w_ptrs + STEP, mask=g_lo + BLOCK_G < g_hi)
+    _pdl_enter(PDL)
+    acc = tl.zeros((BLOCK_G, BLOCK_N, ROWS, WPG), dtype=tl.float32)
+    for g0 in range(g_lo, g_hi, BLOCK_G):
+        v2 = tl.load(w_ptrs + 2 * STEP, mask=g0 + 2 * BLOCK_G < g_hi)
+        s = tl.load(s_ptr + sl_at).to(tl.float32)[:, :, None, None]  # [BG, BN, 1, 1]
+        low = tl.load(l_ptr + sl_at).to(tl.float32)[:, :, None, None]
+        acc = _int4_gemv_step(acc, v, p_ptrs, XS, s, low, ONE, None)
+        v, v1 = v1, v2
+        w_ptrs += STEP
+        p_ptrs += STEP
+        sl_at += BLOCK_G
+    _split_k_finish(
+        tl.trans(tl.sum(tl.sum(acc, axis=3), axis=0)), rr, rn, rr < M, rn < N, M, N,
+        s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, SPLIT, False, HAS_BIAS,
+    )  # fmt: skip
+
+
+@triton.jit
 def _int4_gemv_persistent_kernel(
     p_ptr,
     w_ptr,
@@ -1595,13 +1659,14 @@ class Int4Path(enum.Enum):
 
 def int4_path(m: int, n: int, k: int, group: int = 128) -> Int4Path:
     """The path for x [m, k] times weights [n, k], as measured on an H200 (docs/benchmarks.md
-    58): the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
+    58, 64): up to :data:`INT4_GEMV_ROWS` rows (one: 8B batch-1 TPOT 3.91 -> 2.76 ms) the CUDA
+    cores where :func:`int4_gemv_fits`; the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
     where both of the weights' sides are at least :data:`INT4_SCALED_MIN_WIDTH` (Llama-8B's
     Linears: its four at 64 rows 167 us against 195 by groups and 301 widened; in the engine, 64
     streams 7.70-7.84 -> 6.88-6.91 ms a token); narrower weights (Llama-1B's, where the engine
     lost 0.1 ms a token at 64 streams with it) by groups up to 64 rows; more rows widened."""
     wide = min(n, k) >= INT4_SCALED_MIN_WIDTH
-    if m == 1 and INT4_GEMV:
+    if m <= INT4_GEMV_ROWS and int4_gemv_fits(m, n, k, group):
         return Int4Path.GEMV
     if m > (INT4_WIDEN_ROWS if wide else INT4_GROUP_ROWS):
         return Int4Path.WIDEN
@@ -1660,8 +1725,9 @@ def int4_linear(
     docs/benchmarks.md 46). SCALED: each weight widened whole in registers to code * scale +
     low in x's dtype (:func:`int4_dequantize`'s values) and summed into one accumulator, the
     programs of one weight tile side by side. WIDEN: the weights widened into a scratch [N, K]
-    in x's dtype (:func:`int4_dequantize`), then cuBLAS. GEMV: one row on the CUDA cores
-    (:func:`int4_gemv`, whose ``blocks`` are its own; ``planes``: x laid out for it already,
+    in x's dtype (:func:`int4_dequantize`), then cuBLAS. GEMV: one row (up to
+    :data:`INT4_GEMV_MAX_ROWS`) on the CUDA cores (:func:`int4_gemv`, whose ``blocks`` are its
+    own; ``planes``: x laid out for it already,
     given only where the path is GEMV). WIDEN and GEMV are chosen only where ``blocks`` is left
     out: with tiles and no ``path``, the MMA kernel runs by GROUPS."""
     n, k = w.shape[0], 2 * w.shape[1]
@@ -1722,14 +1788,19 @@ def int4_linear(
     return out.view(*x.shape[:-1], n)
 
 
-def int4_planes(x2: torch.Tensor, group: int, pdl: bool = False) -> torch.Tensor:
-    """One row x2 [1, K] laid out for :func:`int4_gemv` in groups of ``group``: [10, K // 8]
-    fp32 (:func:`_int4_planes_put`). ``pdl``: as :func:`add_rms_norm`'s."""
-    k = x2.shape[-1]
-    planes = torch.empty(10, k // 8, dtype=torch.float32, device=x2.device)
+def int4_planes(
+    x2: torch.Tensor, group: int, pdl: bool = False, rows: int | None = None
+) -> torch.Tensor:
+    """Rows x2 [M, K] (unit column stride) laid out for :func:`int4_gemv` in groups of ``group``:
+    [10, K // 8] fp32 for one row, else [rows, 10, K // 8] (``rows`` >= M; past M left
+    unwritten) (:func:`_int4_planes_put`). ``pdl``: as :func:`add_rms_norm`'s."""
+    m, k = x2.shape
+    shape = (10, k // 8) if rows is None else (rows, 10, k // 8)
+    assert m == 1 or (rows is not None and rows >= m), (m, rows)
+    planes = torch.empty(shape, dtype=torch.float32, device=x2.device)
     block = max(group, INT4_PLANES_BLOCK)
-    _int4_planes_kernel[(triton.cdiv(k, block),)](
-        x2, planes, k, k // 8, GROUP=group, BLOCK=block, PDL=pdl, launch_pdl=pdl
+    _int4_planes_kernel[(triton.cdiv(k, block), m)](
+        x2, planes, k, k // 8, x2.stride(0), GROUP=group, BLOCK=block, PDL=pdl, launch_pdl=pdl
     )
     return planes
 
@@ -1746,7 +1817,8 @@ def int4_gemv(
     planes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands) -> [1, N] in
-    x2's dtype, on the CUDA cores: :func:`_int4_planes_kernel` lays x out for the words, then
+    x2's dtype (2 to :data:`INT4_GEMV_MAX_ROWS` rows: :func:`_int4_gemv_rows`), on the CUDA
+    cores: :func:`_int4_planes_kernel` lays x out for the words, then
     :func:`_int4_gemv_kernel` streams them (two launches, chained by PDL with ``pdl``): the
     GROUPS path's sums without the MMA's padding of one row to 16. ``blocks``: (BLOCK_N, words
     a row a K step, num_warps[, SPLIT]) (None: :data:`INT4_GEMV_TILE`); SPLIT 0 or absent: K is
@@ -1758,8 +1830,11 @@ def int4_gemv(
     least 8 columns, a power of two."""
     m, k = x2.shape
     n, group = w.shape[0], k // scale.shape[1]
-    assert m == 1 and x2.stride(-1) == 1 and w.is_contiguous(), (x2.shape, w.shape)
+    assert 1 <= m <= INT4_GEMV_MAX_ROWS and x2.stride(-1) == 1 and w.is_contiguous(), x2.shape
     assert group >= 8 and group & (group - 1) == 0, group
+    if m > 1:
+        assert planes is None, "planes are laid out here for more than one row"
+        return _int4_gemv_rows(x2, w, scale, low, bias, count, blocks, pdl, group)
     bn, words, warps = (blocks or INT4_GEMV_TILE)[:3]
     split = blocks[3] if blocks and len(blocks) > 3 else 0
     bg = max(1, words // (group // 8))  # groups a K step
@@ -1825,13 +1900,90 @@ def int4_gemv(
     return out
 
 
+def _int4_gemv_rows(
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    low: torch.Tensor,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None,
+    blocks: tuple[int, ...] | None,
+    pdl: bool,
+    group: int,
+) -> torch.Tensor:
+    """:func:`int4_gemv` for 2 to :data:`INT4_GEMV_MAX_ROWS` rows (:func:`_int4_gemv_rows_kernel`;
+    whole steps only: :func:`int4_gemv_fits`)."""
+    m, k = x2.shape
+    n, rows = w.shape[0], _pow2(m)
+    bn, words, warps = (blocks or int4_gemv_rows_tile(m))[:3]
+    split = blocks[3] if blocks and len(blocks) > 3 else 0
+    bg = max(1, words // (group // 8))
+    assert n % bn == 0 and k % (bg * group) == 0, (n, k, bn, bg * group)
+    tiles = n // bn
+    if not split:
+        split = _split_rule(tiles, k, max(FP8_MIN_SPLIT_K, bg * group))
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    k_per_split, split, part, count = _split_k(out, k, split, bg * group, tiles, count)
+    planes = int4_planes(x2, group, pdl, rows)
+    _int4_gemv_rows_kernel[(tiles, 1, split)](
+        planes,
+        w.view(torch.int32),
+        scale,
+        low,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        m,
+        n,
+        k,
+        k // 8,
+        k // 8,
+        k_per_split,
+        0x3F800000,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        ROWS=rows,
+        BLOCK_N=bn,
+        BLOCK_G=bg,
+        GROUP=group,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=pdl,
+    )
+    return out
+
+
+def int4_gemv_rows_tile(m: int) -> tuple[int, int, int]:
+    """:func:`int4_gemv`'s default (BLOCK_N, words a row a K step, num_warps) for ``m`` rows:
+    :data:`INT4_GEMV_TILE` at one and two, one weight row a program above (registers: 96 at
+    two rows of each, 114 at four x one, 168 at four x two; sm_90)."""
+    if m == 1:
+        return INT4_GEMV_TILE
+    bn, words, warps = INT4_GEMV_TILE
+    return (bn if m <= 2 else 1), words, warps
+
+
+def int4_gemv_fits(m: int, n: int, k: int, group: int) -> bool:
+    """Whether :func:`int4_gemv` takes x [m, k] against weights [n, k] in groups of ``group``:
+    one row always (groups of a power of two, at least 8 columns); 2 to
+    :data:`INT4_GEMV_MAX_ROWS` rows where its default tile's steps are whole."""
+    if group < 8 or group & (group - 1) or not 1 <= m <= INT4_GEMV_MAX_ROWS:
+        return False
+    bn, words, _ = int4_gemv_rows_tile(m)
+    return m == 1 or (n % bn == 0 and k % (max(1, words // (group // 8)) * group) == 0)
+
+
 MAGIC_BITS = {torch.bfloat16: 1, torch.float16: 2}  # int4_linear's widening by bits, by x dtype
 INT4_SCALED_ROWS = 32  # above this many rows, the SCALED path (wide enough weights)
 INT4_MANY_ROWS_TILE = (64, 64, 4, 3)  # its tiles: BM, BN, warps, stages
 INT4_WIDEN_ROWS = 160  # above this many, WIDEN (faster from ~192 rows on Llama-8B's shapes)
 INT4_SCALED_MIN_WIDTH = 4096  # N and K both at least this for the SCALED path
 INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDEN
-INT4_GEMV = True  # one-row steps take int4_gemv
+INT4_GEMV_ROWS = 1  # steps of at most this many rows take int4_gemv (0: none); 2-4 rows
+# (_int4_gemv_rows_kernel) untimed, so one until measured against GROUPS
+INT4_GEMV_MAX_ROWS = 4  # ... that it takes at most (eight spill registers in groups of 32)
 INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): the best one
 # tile on Llama-8B's and -1B's shapes, groups of 128 and 32 (H200, docs/benchmarks.md 64)
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
