@@ -491,6 +491,13 @@ def test_int4_path_takes_a_few_rows_to_int4_gemv_only_where_switched_on_and_step
     four = [kernels.int4_path(m, 6144, 4096) for m in (1, 2, 3, 4, 5)]
     assert four == [P.GEMV, P.GEMV, P.GEMV, P.GEMV, P.GROUPS]
     assert kernels.int4_path(2, 576, 576, 64) is P.GROUPS  # a part step: not at two rows
+    from voicert.engine.gpu.int4 import Int4Linear  # four rows: one weight row a program
+
+    q = Int4Linear.from_linear(torch.nn.Linear(1024, 41, bias=False), None, 128).to(DEV)
+    x = torch.randn(4, 1024, generator=torch.Generator().manual_seed(2)).to(DEV)
+    assert kernels.int4_path(4, 41, 1024) is P.GEMV
+    got = kernels.int4_linear(x, q.weight, q.scale, q.low, None)
+    assert close(got, torch.nn.functional.linear(x, q.dequantized(torch.float32)), 1e-4)
 
 
 @pytest.mark.parametrize("group", [128, 32])

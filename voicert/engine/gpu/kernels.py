@@ -1505,7 +1505,7 @@ def _int4_gemv_rows_kernel(
 ):
     """:func:`_int4_gemv_kernel` for M rows of x at once, M <= ROWS (a power of two): each
     word's codes widened once for every row, the weights read once. p_ptr: the rows' planes,
-    [ROWS, 10, XS] (rows past M: anything, their sums are not stored); out [M, N]. Tiles [BG,
+    [ROWS, 10, XS] (rows past M: zeros, their sums are not stored); out [M, N]. Tiles [BG,
     BN, ROWS, WPG]: the words [BG, BN, 1, WPG] and the planes [BG, 1, ROWS, WPG] in one layout
     (no conversion a step). Whole steps only (N a multiple of BN, K of a step)."""
     WPG: tl.constexpr = GROUP // 8
@@ -1745,7 +1745,7 @@ def int4_linear(
     m = x2.shape[0]
     assert planes is None or path is Int4Path.GEMV, path
     if path is Int4Path.GEMV:
-        out = int4_gemv(x2, w, scale, low, bias, count, blocks or INT4_GEMV_TILE, pdl, planes)
+        out = int4_gemv(x2, w, scale, low, bias, count, blocks, pdl, planes)
         return out.view(*x.shape[:-1], n)
     scaled = path is Int4Path.SCALED
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -1792,12 +1792,13 @@ def int4_planes(
     x2: torch.Tensor, group: int, pdl: bool = False, rows: int | None = None
 ) -> torch.Tensor:
     """Rows x2 [M, K] (unit column stride) laid out for :func:`int4_gemv` in groups of ``group``:
-    [10, K // 8] fp32 for one row, else [rows, 10, K // 8] (``rows`` >= M; past M left
-    unwritten) (:func:`_int4_planes_put`). ``pdl``: as :func:`add_rms_norm`'s."""
+    [10, K // 8] fp32 for one row, else [rows, 10, K // 8] (``rows`` >= M; past M zeros)
+    (:func:`_int4_planes_put`). ``pdl``: as :func:`add_rms_norm`'s."""
     m, k = x2.shape
     shape = (10, k // 8) if rows is None else (rows, 10, k // 8)
     assert m == 1 or (rows is not None and rows >= m), (m, rows)
-    planes = torch.empty(shape, dtype=torch.float32, device=x2.device)
+    padded = rows is not None and rows > m
+    planes = (torch.zeros if padded else torch.empty)(shape, dtype=torch.float32, device=x2.device)
     block = max(group, INT4_PLANES_BLOCK)
     _int4_planes_kernel[(triton.cdiv(k, block), m)](
         x2, planes, k, k // 8, x2.stride(0), GROUP=group, BLOCK=block, PDL=pdl, launch_pdl=pdl
@@ -1835,14 +1836,9 @@ def int4_gemv(
     if m > 1:
         assert planes is None, "planes are laid out here for more than one row"
         return _int4_gemv_rows(x2, w, scale, low, bias, count, blocks, pdl, group)
-    bn, words, warps = (blocks or INT4_GEMV_TILE)[:3]
-    split = blocks[3] if blocks and len(blocks) > 3 else 0
-    bg = max(1, words // (group // 8))  # groups a K step
-    tiles = triton.cdiv(n, bn)
-    if not split:
-        split = _split_rule(tiles, k, max(FP8_MIN_SPLIT_K, bg * group))
-    out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    k_per_split, split, part, count = _split_k(out, k, split, bg * group, tiles, count)
+    bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
+        x2, n, group, blocks, count
+    )
     nw = k // 8
     if planes is None:
         planes = int4_planes(x2, group, pdl)
@@ -1915,15 +1911,10 @@ def _int4_gemv_rows(
     whole steps only: :func:`int4_gemv_fits`)."""
     m, k = x2.shape
     n, rows = w.shape[0], _pow2(m)
-    bn, words, warps = (blocks or int4_gemv_rows_tile(m))[:3]
-    split = blocks[3] if blocks and len(blocks) > 3 else 0
-    bg = max(1, words // (group // 8))
+    bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
+        x2, n, group, blocks, count
+    )
     assert n % bn == 0 and k % (bg * group) == 0, (n, k, bn, bg * group)
-    tiles = n // bn
-    if not split:
-        split = _split_rule(tiles, k, max(FP8_MIN_SPLIT_K, bg * group))
-    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
-    k_per_split, split, part, count = _split_k(out, k, split, bg * group, tiles, count)
     planes = int4_planes(x2, group, pdl, rows)
     _int4_gemv_rows_kernel[(tiles, 1, split)](
         planes,
@@ -1955,12 +1946,37 @@ def _int4_gemv_rows(
     return out
 
 
-def int4_gemv_rows_tile(m: int) -> tuple[int, int, int]:
+def _int4_gemv_tiles(
+    x2: torch.Tensor,
+    n: int,
+    group: int,
+    blocks: tuple[int, ...] | None,
+    count: torch.Tensor | None,
+) -> tuple:
+    """For :func:`int4_gemv`'s kernels on x2 [m, K] and N outputs: (BLOCK_N, groups a K step,
+    num_warps, output tiles, out [m, N], columns a split, splits, the splits' partial sums,
+    counters). ``blocks``: as :func:`int4_gemv`'s (None: :func:`int4_gemv_tile`)."""
+    m, k = x2.shape
+    bn, words, warps = (blocks or int4_gemv_tile(m))[:3]
+    split = blocks[3] if blocks and len(blocks) > 3 else 0
+    bg = _int4_step_groups(words, group)
+    tiles = triton.cdiv(n, bn)
+    if not split:
+        split = _split_rule(tiles, k, max(FP8_MIN_SPLIT_K, bg * group))
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    k_per_split, split, part, count = _split_k(out, k, split, bg * group, tiles, count)
+    return bn, bg, warps, tiles, out, k_per_split, split, part, count
+
+
+def _int4_step_groups(words: int, group: int) -> int:
+    """Groups a K step of ``words`` packed words a row (at least one)."""
+    return max(1, words // (group // 8))
+
+
+def int4_gemv_tile(m: int) -> tuple[int, int, int]:
     """:func:`int4_gemv`'s default (BLOCK_N, words a row a K step, num_warps) for ``m`` rows:
     :data:`INT4_GEMV_TILE` at one and two, one weight row a program above (registers: 96 at
     two rows of each, 114 at four x one, 168 at four x two; sm_90)."""
-    if m == 1:
-        return INT4_GEMV_TILE
     bn, words, warps = INT4_GEMV_TILE
     return (bn if m <= 2 else 1), words, warps
 
@@ -1971,8 +1987,8 @@ def int4_gemv_fits(m: int, n: int, k: int, group: int) -> bool:
     :data:`INT4_GEMV_MAX_ROWS` rows where its default tile's steps are whole."""
     if group < 8 or group & (group - 1) or not 1 <= m <= INT4_GEMV_MAX_ROWS:
         return False
-    bn, words, _ = int4_gemv_rows_tile(m)
-    return m == 1 or (n % bn == 0 and k % (max(1, words // (group // 8)) * group) == 0)
+    bn, words, _ = int4_gemv_tile(m)
+    return m == 1 or (n % bn == 0 and k % (_int4_step_groups(words, group) * group) == 0)
 
 
 MAGIC_BITS = {torch.bfloat16: 1, torch.float16: 2}  # int4_linear's widening by bits, by x dtype
