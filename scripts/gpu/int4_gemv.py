@@ -1,8 +1,7 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
-served) over a set of tiles, then its persistent form (each program several row tiles) at a
-few programs an SM, then 2 and 4 rows by GROUPS and by int4_gemv's rows form, each in groups
+served) over a set of tiles (and K split), then 2 rows by GROUPS and by int4_gemv's rows form, each in groups
 of 128 and of 32. Every call reads weights no call before it read in the
 last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
 graph (median of 30 replays), the bytes read per second, and each kernel's error against
@@ -22,11 +21,10 @@ from voicert.engine.gpu.int4 import Int4Linear
 
 ROTATE_BYTES = 512 << 20
 P = kernels.Int4Path
-# (BLOCK_N, words a row a K step, warps) for int4_gemv; K split by its default rule
-GEMV_TILES = [(2, 128, 1), (4, 128, 1), (1, 128, 1), (2, 64, 1), (2, 256, 1), (4, 256, 1)]
-GEMV_TILES += [(8, 128, 1), (8, 64, 1)]
-PER_SM = kernels.INT4_GEMV_PER_SM
-PERSISTENT_PER_SM = (8, 16, 24, 32)  # the persistent form (INT4_GEMV_PERSISTENT), default tile
+# (BLOCK_N, words a row a K step, warps[, SPLIT]) for int4_gemv (no SPLIT: its default rule);
+# (4, 128, 1), (2, 256, 1) and wider take 128-255 registers on sm_90 (64 here)
+GEMV_TILES = [(2, 128, 1), (1, 128, 1), (2, 64, 1), (2, 128, 1, 2), (1, 128, 1, 2)]
+GEMV_TILES += [(2, 128, 1, 4)]
 
 
 def _rotating(fns: list):
@@ -62,18 +60,11 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     )
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
-    kernels.INT4_GEMV_PERSISTENT = True  # each program several tiles, this many an SM:
-    tiles = -(-n // kernels.INT4_GEMV_TILE[0])
-    for per_sm in PERSISTENT_PER_SM:
-        kernels.INT4_GEMV_PER_SM = per_sm
-        walks = tiles > kernels._sm_count(x.device) * per_sm  # else one tile a program, as before
-        cells.append(cell(f"persistent{per_sm}/SM{'' if walks else ' (not taken)'}", P.GEMV, None))
-    kernels.INT4_GEMV_PERSISTENT, kernels.INT4_GEMV_PER_SM = False, PER_SM
-    for m in (2, 4):  # a few rows: the MMA kernel against the codes widened once for all rows
-        xm = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        wm = torch.nn.functional.linear(xm.float(), one.dequantized(torch.float32))
-        cells.append(cell(f"{m} rows: groups", P.GROUPS, None, xm, wm))
-        cells.append(cell(f"{m} rows: gemv", P.GEMV, None, xm, wm))
+    # two rows: the MMA kernel against the codes widened once for both
+    xm = torch.randn(2, k, device="cuda", dtype=torch.bfloat16)
+    wm = torch.nn.functional.linear(xm.float(), one.dequantized(torch.float32))
+    cells.append(cell("2 rows: groups", P.GROUPS, None, xm, wm))
+    cells.append(cell("2 rows: gemv", P.GEMV, None, xm, wm))
     return cells
 
 

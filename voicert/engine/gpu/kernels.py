@@ -46,7 +46,6 @@ module is imported, the same kernels run on CPU tensors (tests do this; it is sl
 from __future__ import annotations
 
 import enum
-import functools
 
 import torch
 import triton
@@ -81,14 +80,6 @@ _TILE_BLOCK_N = 0  # keys per inner step of a program of more than 16 rows; 0: 8
 # 16 to 128
 _DECODE_BLOCK_N = 0  # keys per inner step of a program of 16 rows or fewer; 0: 64 up to a head
 # dim of 64, 128 at 128 (1.0-1.5x faster than 32 there, section 30), else 32
-
-
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """The device's streaming multiprocessors (1 for a CPU tensor: Triton's interpreter)."""
-    if device.type != "cuda":
-        return 1
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _pow2(n: int) -> int:
@@ -1542,75 +1533,6 @@ def _int4_gemv_rows_kernel(
 
 
 @triton.jit
-def _int4_gemv_persistent_kernel(
-    p_ptr,
-    w_ptr,
-    s_ptr,
-    l_ptr,
-    b_ptr,
-    out_ptr,
-    N,
-    K,
-    W,
-    ONE,
-    HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    GROUP: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """:func:`_int4_gemv_kernel`'s sums, each program walking several row tiles (tile pid, then
-    pid + programs, ...) as one stream of steps, the words read two steps ahead across a tile's
-    end: a program's start (its first reads' latency, the PDL wait) is paid once rather than per
-    tile. N a multiple of BN and K of a step (EVEN); K not split; planes of stride W."""
-    WPG: tl.constexpr = GROUP // 8
-    STEP: tl.constexpr = BLOCK_G * WPG  # words a row a step
-    pid, progs = tl.program_id(0), tl.num_programs(0)
-    rb = tl.arange(0, BLOCK_N)
-    rg = tl.arange(0, BLOCK_G)
-    rw = tl.arange(0, WPG)
-    groups = K // GROUP
-    steps = groups // BLOCK_G  # a tile's
-    total = tl.cdiv(N // BLOCK_N - pid, progs) * steps  # this program's steps, all its tiles
-    gw = rg[:, None, None] * WPG + rw[None, None, :]  # [BG, 1, WPG]
-    w_at = rb[None, :, None].to(tl.int64) * W + gw  # [BG, BN, WPG]: a tile's first step
-    sl_at = rb[None, :].to(tl.int64) * groups + rg[:, None]  # [BG, BN]
-    hop = progs * BLOCK_N  # rows from one of a program's tiles to its next
-    row, step = pid * BLOCK_N, 0  # the step summed
-    row2, step2 = _int4_next(row, step, steps, hop)  # the step read ahead, two on
-    v = tl.load(w_ptr + row.to(tl.int64) * W + w_at)
-    v1 = tl.load(w_ptr + row2.to(tl.int64) * W + step2 * STEP + w_at, mask=total > 1)
-    row2, step2 = _int4_next(row2, step2, steps, hop)
-    _pdl_enter(PDL)  # (the first two steps' words read before the wait)
-    acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
-    for i in range(total):
-        v2 = tl.load(w_ptr + row2.to(tl.int64) * W + step2 * STEP + w_at, mask=i + 2 < total)
-        at = row.to(tl.int64) * groups + step * BLOCK_G
-        s = tl.load(s_ptr + at + sl_at).to(tl.float32)[:, :, None]  # [BG, BN, 1]
-        low = tl.load(l_ptr + at + sl_at).to(tl.float32)[:, :, None]
-        acc = _int4_gemv_step(acc, v, p_ptr + step * STEP + gw, W, s, low, ONE, None)
-        if step == steps - 1:  # the tile's last step: its rows out, a fresh sum for the next
-            rn = row + rb
-            y = tl.sum(tl.sum(acc, axis=2), axis=0)  # [BN]
-            if HAS_BIAS:
-                y += tl.load(b_ptr + rn).to(tl.float32)
-            tl.store(out_ptr + rn, y.to(out_ptr.dtype.element_ty))
-            acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
-        v, v1 = v1, v2
-        row, step = _int4_next(row, step, steps, hop)
-        row2, step2 = _int4_next(row2, step2, steps, hop)
-
-
-@triton.jit
-def _int4_next(row, step, steps, hop):
-    """The step after (row, step) in a persistent program's stream: the next step of the tile
-    starting at ``row``, or the first of its next tile, ``hop`` rows on."""
-    step += 1
-    wrap = step == steps
-    return tl.where(wrap, row + hop, row), tl.where(wrap, 0, step)
-
-
-@triton.jit
 def _int4_gemv_step(acc, v, p_ptrs, XS, s, low, ONE, pm):
     """acc [BG, BN, WPG] + one step's words v (same shape) against the planes at p_ptrs [BG, 1,
     WPG] (mask pm, or None), scaled by s / low [BG, BN, 1]: :func:`_int4_gemv_kernel`'s sums."""
@@ -1659,8 +1581,8 @@ class Int4Path(enum.Enum):
 
 def int4_path(m: int, n: int, k: int, group: int = 128) -> Int4Path:
     """The path for x [m, k] times weights [n, k], as measured on an H200 (docs/benchmarks.md
-    58, 64): up to :data:`INT4_GEMV_ROWS` rows (one: 8B batch-1 TPOT 3.91 -> 2.76 ms) the CUDA
-    cores where :func:`int4_gemv_fits`; the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
+    58, 64, 65): up to :data:`INT4_GEMV_ROWS` rows (one: 8B batch-1 TPOT 3.91 -> 2.76 ms; two:
+    3.88 -> 3.56) the CUDA cores where :func:`int4_gemv_fits`; the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
     where both of the weights' sides are at least :data:`INT4_SCALED_MIN_WIDTH` (Llama-8B's
     Linears: its four at 64 rows 167 us against 195 by groups and 301 widened; in the engine, 64
     streams 7.70-7.84 -> 6.88-6.91 ms a token); narrower weights (Llama-1B's, where the engine
@@ -1825,10 +1747,8 @@ def int4_gemv(
     a row a K step, num_warps[, SPLIT]) (None: :data:`INT4_GEMV_TILE`); SPLIT 0 or absent: K is
     split until there are :data:`FP8_PROGRAMS` programs. ``count``: as :func:`int4_linear`'s.
     ``planes``: x already laid out (:func:`int4_planes`'s values, written by the kernel that
-    wrote x: :func:`add_rms_norm`, :func:`silu_mul`), so that no launch lays it out here. With
-    :data:`INT4_GEMV_PERSISTENT`, whole steps, K unsplit and more tiles than programs, each
-    program walks several tiles (:func:`_int4_gemv_persistent_kernel`). The groups must be at
-    least 8 columns, a power of two."""
+    wrote x: :func:`add_rms_norm`, :func:`silu_mul`), so that no launch lays it out here. The
+    groups must be at least 8 columns, a power of two."""
     m, k = x2.shape
     n, group = w.shape[0], k // scale.shape[1]
     assert 1 <= m <= INT4_GEMV_MAX_ROWS and x2.stride(-1) == 1 and w.is_contiguous(), x2.shape
@@ -1844,29 +1764,6 @@ def int4_gemv(
         planes = int4_planes(x2, group, pdl)
     assert planes.shape == (10, nw) and planes.is_contiguous(), planes.shape
     even = n % bn == 0 and k % (bg * group) == 0
-    programs = _sm_count(x2.device) * INT4_GEMV_PER_SM
-    if INT4_GEMV_PERSISTENT and even and split == 1 and tiles > programs:
-        _int4_gemv_persistent_kernel[(programs,)](
-            planes,
-            w.view(torch.int32),
-            scale,
-            low,
-            w if bias is None else bias,
-            out,
-            n,
-            k,
-            nw,
-            0x3F800000,
-            HAS_BIAS=bias is not None,
-            BLOCK_N=bn,
-            BLOCK_G=bg,
-            GROUP=group,
-            PDL=pdl,
-            num_warps=warps,
-            num_stages=1,
-            launch_pdl=pdl,
-        )
-        return out
     _int4_gemv_kernel[(tiles, 1, split)](
         planes,
         w.view(torch.int32),
@@ -1997,17 +1894,16 @@ INT4_MANY_ROWS_TILE = (64, 64, 4, 3)  # its tiles: BM, BN, warps, stages
 INT4_WIDEN_ROWS = 160  # above this many, WIDEN (faster from ~192 rows on Llama-8B's shapes)
 INT4_SCALED_MIN_WIDTH = 4096  # N and K both at least this for the SCALED path
 INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDEN
-INT4_GEMV_ROWS = 1  # steps of at most this many rows take int4_gemv (0: none); 2-4 rows
-# (_int4_gemv_rows_kernel) untimed, so one until measured against GROUPS
+INT4_GEMV_ROWS = 2  # steps of at most this many rows take int4_gemv (0: none). Two rows
+# (_int4_gemv_rows_kernel): 8B TPOT 3.88 -> 3.56 ms against GROUPS, 1B 0.95 both; four (one
+# weight row a program): 3.91 -> 9.25 ms (H200, docs/benchmarks.md 65)
 INT4_GEMV_MAX_ROWS = 4  # ... that it takes at most (eight spill registers in groups of 32)
 INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): the best one
 # tile on Llama-8B's and -1B's shapes, groups of 128 and 32 (H200, docs/benchmarks.md 64)
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
-INT4_PLANES_FUSED = False  # the kernels that write an INT4 Linear's one-row x write its planes
-# too (add_rms_norm, silu_mul), one launch less each; off until timed
-INT4_GEMV_PERSISTENT = False  # whole steps, unsplit, more tiles than programs: each program
-# walks several tiles (_int4_gemv_persistent_kernel); off until timed against one tile each
-INT4_GEMV_PER_SM = 16  # ... that kernel's programs an SM (one warp each)
+INT4_PLANES_FUSED = True  # the kernels that write an INT4 Linear's one-row x write its planes
+# too (add_rms_norm, silu_mul), one launch less each: 8B TPOT 2.75 -> 2.66 ms, 1B 0.85 -> 0.80
+# (H200, docs/benchmarks.md 65)
 INT4_GROUP_BYTES = 4096  # GROUPS: the codes a program reads a K step: 64 rows of a group of 128;
 # groups of 32 (16 bytes a row) in 64 rows read a quarter of that and ran an 8B step 2x slower
 
