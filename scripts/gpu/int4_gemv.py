@@ -1,7 +1,7 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
-served) over a set of tiles (and K split), then 2 rows by GROUPS and by int4_gemv's rows form, each in groups
+served) over a set of tiles (and K split), its K loop unrolled twice, then 2 rows by GROUPS and by int4_gemv's rows form, each in groups
 of 128 and of 32. Every call reads weights no call before it read in the
 last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
 graph (median of 30 replays), the bytes read per second, and each kernel's error against
@@ -60,6 +60,9 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     )
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
+    unroll, kernels.INT4_GEMV_UNROLL = kernels.INT4_GEMV_UNROLL, 2  # the K loop unrolled twice
+    cells.append(cell("unroll2", P.GEMV, None))
+    kernels.INT4_GEMV_UNROLL = unroll
     # two rows: the MMA kernel against the codes widened once for both
     xm = torch.randn(2, k, device="cuda", dtype=torch.bfloat16)
     wm = torch.nn.functional.linear(xm.float(), one.dequantized(torch.float32))

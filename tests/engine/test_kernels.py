@@ -443,12 +443,17 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
                 assert close(one, want, 2e-2)
 
 
-@pytest.mark.parametrize("k, group", [(512, 128), (512, 32), (384, 64)])
-def test_int4_gemv_matches_the_dequantized_weights_on_whole_steps_and_part_ones(k, group):
+@pytest.mark.parametrize("k, group, unroll", [(512, 128, 1), (512, 32, 2), (384, 64, 2)])
+def test_int4_gemv_matches_the_dequantized_weights_on_whole_steps_and_part_ones(
+    k, group, unroll, monkeypatch
+):
     """One row on the CUDA cores where every step is whole (N a multiple of the rows a program,
     K of its columns: no masks but on the reads ahead) and where the last one is not, unsplit
-    and split over K, one to four steps a program; a bias; the counters left at zero."""
+    and split over K, one to four steps a program, the K loop as it is and unrolled; a bias;
+    the counters left at zero."""
     from voicert.engine.gpu.int4 import Int4Linear
+
+    monkeypatch.setattr(kernels, "INT4_GEMV_UNROLL", unroll)
 
     g = torch.Generator().manual_seed(11)
     lin = torch.nn.Linear(k, 40, bias=True)

@@ -1389,9 +1389,9 @@ def _int4_gemv_kernel(
     part_ptr,
     count_ptr,
     N,
-    K,
-    W,
-    XS,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    XS: tl.constexpr,
     k_per_split,
     ONE,
     HAS_BIAS: tl.constexpr,
@@ -1400,6 +1400,7 @@ def _int4_gemv_kernel(
     BLOCK_G: tl.constexpr,
     GROUP: tl.constexpr,
     EVEN: tl.constexpr,
+    UNROLL: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """:func:`_int4_linear_kernel` for one row on the CUDA cores, no MMA (:func:`int4_gemv`).
@@ -1445,7 +1446,7 @@ def _int4_gemv_kernel(
     v1 = tl.load(w_ptrs + STEP, mask=ahead if EVEN else wm)
     _pdl_enter(PDL)
     acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
-    for g0 in range(g_lo, g_hi, BLOCK_G):
+    for g0 in tl.range(g_lo, g_hi, BLOCK_G, loop_unroll_factor=UNROLL):
         ahead = g0 + 2 * BLOCK_G < g_hi
         wm = ((g0 + 2 * BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
         v2 = tl.load(w_ptrs + 2 * STEP, mask=ahead if EVEN else wm)
@@ -1481,9 +1482,9 @@ def _int4_gemv_rows_kernel(
     count_ptr,
     M,
     N,
-    K,
-    W,
-    XS,
+    K: tl.constexpr,
+    W: tl.constexpr,
+    XS: tl.constexpr,
     k_per_split,
     ONE,
     HAS_BIAS: tl.constexpr,
@@ -1785,6 +1786,7 @@ def int4_gemv(
         BLOCK_G=bg,
         GROUP=group,
         EVEN=even,
+        UNROLL=INT4_GEMV_UNROLL,
         PDL=pdl,
         num_warps=warps,
         num_stages=1,
@@ -1900,6 +1902,8 @@ INT4_GEMV_ROWS = 2  # steps of at most this many rows take int4_gemv (0: none). 
 INT4_GEMV_MAX_ROWS = 4  # ... that it takes at most (eight spill registers in groups of 32)
 INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): the best one
 # tile on Llama-8B's and -1B's shapes, groups of 128 and 32 (H200, docs/benchmarks.md 64)
+INT4_GEMV_UNROLL = 1  # its K loop unrolled this many times (2: 211 SASS instructions a step
+# against 236 on Llama-8B's gate_up, sm_90)
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
 INT4_PLANES_FUSED = True  # the kernels that write an INT4 Linear's one-row x write its planes
 # too (add_rms_norm, silu_mul), one launch less each: 8B TPOT 2.75 -> 2.66 ms, 1B 0.85 -> 0.80
