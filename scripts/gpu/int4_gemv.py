@@ -1,7 +1,7 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
-served) over a set of tiles (and K split), its K loop unrolled twice, then 2 rows by GROUPS and by int4_gemv's rows form, each in groups
+served) over a set of tiles (and K split), its K loop unrolled twice or not, then 2 rows by GROUPS and by int4_gemv's rows form, each in groups
 of 128 and of 32. Every call reads weights no call before it read in the
 last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
 graph (median of 30 replays), the bytes read per second, and each kernel's error against
@@ -42,7 +42,7 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     ]
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
     want = torch.nn.functional.linear(x.float(), one.dequantized(torch.float32))
-    count = kernels.counters("cuda")
+    count = kernels.counters("cuda", 1 << 15)  # (split tiles of gate_up: 14,336)
 
     def cell(label: str, path, blocks, x=x, want=want) -> str:
         def call(q):
@@ -60,9 +60,11 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     )
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
-    unroll, kernels.INT4_GEMV_UNROLL = kernels.INT4_GEMV_UNROLL, 2  # the K loop unrolled twice
-    cells.append(cell("unroll2", P.GEMV, None))
-    kernels.INT4_GEMV_UNROLL = unroll
+    unroll = kernels.INT4_GEMV_UNROLL_TILES  # the K loop always / never unrolled twice
+    for label, tiles in (("unrolled", 1 << 30), ("not unrolled", 0)):
+        kernels.INT4_GEMV_UNROLL_TILES = tiles
+        cells.append(cell(label, P.GEMV, None))
+    kernels.INT4_GEMV_UNROLL_TILES = unroll
     # two rows: the MMA kernel against the codes widened once for both
     xm = torch.randn(2, k, device="cuda", dtype=torch.bfloat16)
     wm = torch.nn.functional.linear(xm.float(), one.dequantized(torch.float32))

@@ -443,17 +443,17 @@ def test_int4_linear_kernel_computes_with_the_dequantized_weights(rows, k, group
                 assert close(one, want, 2e-2)
 
 
-@pytest.mark.parametrize("k, group, unroll", [(512, 128, 1), (512, 32, 2), (384, 64, 2)])
+@pytest.mark.parametrize("k, group, unroll", [(512, 128, 0), (512, 32, 1 << 30), (384, 64, 40)])
 def test_int4_gemv_matches_the_dequantized_weights_on_whole_steps_and_part_ones(
     k, group, unroll, monkeypatch
 ):
     """One row on the CUDA cores where every step is whole (N a multiple of the rows a program,
     K of its columns: no masks but on the reads ahead) and where the last one is not, unsplit
-    and split over K, one to four steps a program, the K loop as it is and unrolled; a bias;
-    the counters left at zero."""
+    and split over K, one to four steps a program, the K loop as it is and unrolled (at up to
+    ``INT4_GEMV_UNROLL_TILES`` programs); a bias; the counters left at zero."""
     from voicert.engine.gpu.int4 import Int4Linear
 
-    monkeypatch.setattr(kernels, "INT4_GEMV_UNROLL", unroll)
+    monkeypatch.setattr(kernels, "INT4_GEMV_UNROLL_TILES", unroll)
 
     g = torch.Generator().manual_seed(11)
     lin = torch.nn.Linear(k, 40, bias=True)
@@ -487,21 +487,23 @@ def test_int4_path_takes_a_few_rows_to_int4_gemv_only_where_switched_on_and_step
     monkeypatch,
 ):
     """Rows past one go to the CUDA cores only up to ``INT4_GEMV_ROWS`` (two by default: four
-    measured slower than the MMA) and where the default tile's steps are whole (K a multiple of
-    1024 columns); one row always."""
+    measured slower than the MMA), for weights wider than deep, and where the default tile's
+    steps are whole (K a multiple of 1024 columns); one row always. Four rows run there on one
+    weight row a program."""
     P = kernels.Int4Path
     assert [kernels.int4_path(m, 6144, 4096) for m in (1, 2, 3)] == [P.GEMV, P.GEMV, P.GROUPS]
+    assert [kernels.int4_path(m, 4096, 4096) for m in (1, 2)] == [P.GEMV, P.GROUPS]  # not wide
     assert kernels.int4_path(1, 576, 576, 64) is P.GEMV  # (masked steps)
     monkeypatch.setattr(kernels, "INT4_GEMV_ROWS", 4)
     four = [kernels.int4_path(m, 6144, 4096) for m in (1, 2, 3, 4, 5)]
     assert four == [P.GEMV, P.GEMV, P.GEMV, P.GEMV, P.GROUPS]
-    assert kernels.int4_path(2, 576, 576, 64) is P.GROUPS  # a part step: not at two rows
+    assert kernels.int4_path(2, 1152, 576, 64) is P.GROUPS  # a part step: not at two rows
     from voicert.engine.gpu.int4 import Int4Linear  # four rows: one weight row a program
 
     q = Int4Linear.from_linear(torch.nn.Linear(1024, 41, bias=False), None, 128).to(DEV)
     x = torch.randn(4, 1024, generator=torch.Generator().manual_seed(2)).to(DEV)
-    assert kernels.int4_path(4, 41, 1024) is P.GEMV
-    got = kernels.int4_linear(x, q.weight, q.scale, q.low, None)
+    assert kernels.int4_path(4, 41, 1024) is P.GROUPS  # (deeper than wide)
+    got = kernels.int4_linear(x, q.weight, q.scale, q.low, None, path=P.GEMV)
     assert close(got, torch.nn.functional.linear(x, q.dequantized(torch.float32)), 1e-4)
 
 

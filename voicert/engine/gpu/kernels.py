@@ -1583,14 +1583,16 @@ class Int4Path(enum.Enum):
 def int4_path(m: int, n: int, k: int, group: int = 128) -> Int4Path:
     """The path for x [m, k] times weights [n, k], as measured on an H200 (docs/benchmarks.md
     58, 64, 65): up to :data:`INT4_GEMV_ROWS` rows (one: 8B batch-1 TPOT 3.91 -> 2.76 ms; two:
-    3.88 -> 3.56) the CUDA cores where :func:`int4_gemv_fits`; the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
+    3.88 -> 3.56) the CUDA cores where :func:`int4_gemv_fits`, more than one only for weights
+    wider than deep (q/k/v, gate/up: two rows of 8B gate_up 47.8 -> 37.0 us, down 28.0 ->
+    29.1); the scaled kernel from :data:`INT4_SCALED_ROWS` rows up to :data:`INT4_WIDEN_ROWS`
     where both of the weights' sides are at least :data:`INT4_SCALED_MIN_WIDTH` (Llama-8B's
     Linears: its four at 64 rows 167 us against 195 by groups and 301 widened; in the engine, 64
     streams 7.70-7.84 -> 6.88-6.91 ms a token); narrower weights (Llama-1B's, where the engine
     lost 0.1 ms a token at 64 streams with it) by groups up to 64 rows; more rows widened."""
     wide = min(n, k) >= INT4_SCALED_MIN_WIDTH
-    if m <= INT4_GEMV_ROWS and int4_gemv_fits(m, n, k, group):
-        return Int4Path.GEMV
+    if m <= INT4_GEMV_ROWS and int4_gemv_fits(m, n, k, group) and (m == 1 or n > k):
+        return Int4Path.GEMV  # (more rows: only wider than deep, where they won)
     if m > (INT4_WIDEN_ROWS if wide else INT4_GROUP_ROWS):
         return Int4Path.WIDEN
     return Int4Path.SCALED if wide and m > INT4_SCALED_ROWS else Int4Path.GROUPS
@@ -1786,7 +1788,7 @@ def int4_gemv(
         BLOCK_G=bg,
         GROUP=group,
         EVEN=even,
-        UNROLL=INT4_GEMV_UNROLL,
+        UNROLL=2 if tiles * split <= INT4_GEMV_UNROLL_TILES else 1,
         PDL=pdl,
         num_warps=warps,
         num_stages=1,
@@ -1896,14 +1898,16 @@ INT4_MANY_ROWS_TILE = (64, 64, 4, 3)  # its tiles: BM, BN, warps, stages
 INT4_WIDEN_ROWS = 160  # above this many, WIDEN (faster from ~192 rows on Llama-8B's shapes)
 INT4_SCALED_MIN_WIDTH = 4096  # N and K both at least this for the SCALED path
 INT4_GROUP_ROWS = 64  # narrower weights: GROUPS up to this many rows, then WIDEN
-INT4_GEMV_ROWS = 2  # steps of at most this many rows take int4_gemv (0: none). Two rows
-# (_int4_gemv_rows_kernel): 8B TPOT 3.88 -> 3.56 ms against GROUPS, 1B 0.95 both; four (one
-# weight row a program): 3.91 -> 9.25 ms (H200, docs/benchmarks.md 65)
+INT4_GEMV_ROWS = 2  # steps of at most this many rows take int4_gemv (0: none; more than one:
+# wide weights only, int4_path). Two rows (_int4_gemv_rows_kernel): 8B TPOT 3.88 -> 3.56 ms
+# against GROUPS, 1B 0.95 both; four (one weight row a program): 3.91 -> 9.25 ms (H200,
+# docs/benchmarks.md 65)
 INT4_GEMV_MAX_ROWS = 4  # ... that it takes at most (eight spill registers in groups of 32)
 INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): the best one
 # tile on Llama-8B's and -1B's shapes, groups of 128 and 32 (H200, docs/benchmarks.md 64)
-INT4_GEMV_UNROLL = 1  # its K loop unrolled this many times (2: 211 SASS instructions a step
-# against 236 on Llama-8B's gate_up, sm_90)
+INT4_GEMV_UNROLL_TILES = 2048  # its K loop unrolled twice at up to this many programs (about
+# a wave): Llama-8B down 18.4 -> 16.4 us, o 8.1 -> 7.8, 1B down 11.3 -> 8.8; more programs
+# lost (8B gate_up 26.7 -> 29.9, qkv 9.7 -> 10.8; H200, docs/benchmarks.md 65)
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
 INT4_PLANES_FUSED = True  # the kernels that write an INT4 Linear's one-row x write its planes
 # too (add_rms_norm, silu_mul), one launch less each: 8B TPOT 2.75 -> 2.66 ms, 1B 0.85 -> 0.80
