@@ -659,14 +659,25 @@ def test_the_fp8_kernel_unscaled_is_a_plain_linear_over_weights_in_the_inputs_dt
 
 
 @pytest.mark.parametrize(
-    "blocks", [(32, 64, 4), (8, 64, 4, 3), (4, 128, 4, 2), (8, 32, 4, 0, 2), (8, 32, 4, 2, 4)]
+    "blocks, wide",
+    [
+        ((32, 64, 4), False),
+        ((8, 64, 4, 3), True),
+        ((4, 128, 4, 2), False),
+        ((8, 32, 4, 0, 2), True),
+        ((8, 32, 4, 2, 4), False),
+        ((4, 1024, 4), True),
+    ],
 )
-def test_gemv_computes_one_row_with_the_dequantized_weights(blocks):
+def test_gemv_computes_one_row_with_the_dequantized_weights(blocks, wide, monkeypatch):
     """The one-row kernel (:func:`kernels.gemv`) against F.linear on the widened weights: FP8
     with scales and unscaled weights, a bias or none, N and K not multiples of the tile, K split
     or not (the counters left at zero), one tile or more of each program loaded before the
-    wait for the kernel before (a K of 200 ends inside the last)."""
+    wait for the kernel before (a K of 200 ends inside the last); FP8 weights read in x's
+    layout (``GEMV_X_WIDE``) or not."""
     from voicert.engine.gpu.fp8 import Fp8Linear
+
+    monkeypatch.setattr(kernels, "GEMV_X_WIDE", wide)
 
     g = torch.Generator().manual_seed(11)
     q = Fp8Linear.from_linear(torch.nn.Linear(200, 90, bias=True)).to(DEV)

@@ -901,13 +901,16 @@ def _gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRE: tl.constexpr,
+    X_WIDE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """:func:`_fp8_linear_kernel` for one row on the CUDA cores, no MMA: each weight tile
     [BN, BK] is widened to fp32 and multiplied by x's columns into a [BN, BK] accumulator by
     FMAs, summed over K once at the end (no reduction across threads in the loop). PRE (1, 2
     or 4): weight tiles loaded before the wait for the kernel before (PDL), so a program
-    started during that kernel's tail streams its weights meanwhile."""
+    started during that kernel's tail streams its weights meanwhile. X_WIDE: one-byte weights
+    read 8 bytes at a time, not 16, so that their tile takes x's layout (bf16 x in 16-byte
+    vectors) and x is not moved through shared memory, with two barriers, every step."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -915,7 +918,11 @@ def _gemv_kernel(
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_ptrs = x_ptr + k_lo + rk  # [BK]
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
+    if X_WIDE:  # FP8 weights read eight at a time, as x's bf16 vectors are: the same layout
+        rkw = (rk // 8) * 8 + rk % 8
+    else:
+        rkw = rk
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rkw)[None, :]  # [BN, BK]
     km = (k_lo + rk) < k_hi
     w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)  # before the wait (PDL)
     if PRE >= 2:
@@ -971,6 +978,7 @@ GEMV_ROWS = 1  # steps of this many rows take gemv in fp8_linear (docs/benchmark
 GEMV_MAX_N = 65536  # ... for FP8 weights of at most this many outputs: an FP8 LM head's 128k
 # columns stream faster through the MMA kernel's wider tiles (H100); bf16 ones do not
 GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
+GEMV_X_WIDE = False  # FP8 weights read in x's layout (_gemv_kernel's X_WIDE); off until timed
 GEMV_PRE = {1: 4}  # weight tiles loaded before the PDL wait, by weight bytes (else 1): FP8
 # layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59)
 
@@ -1023,6 +1031,7 @@ def gemv(
         BLOCK_N=bn,
         BLOCK_K=bk,
         PRE=pre,
+        X_WIDE=GEMV_X_WIDE and w.element_size() == 1,
         PDL=pdl,
         num_warps=warps,
         num_stages=1,

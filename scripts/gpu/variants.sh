@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Kernel switches timed side by side in one command: bench.engine on this tree as committed
+# ("off") and on copies with one switch of kernels.py turned, round-robin (docs/benchmarks.md
+# 64-66):
+#   unfused  INT4_PLANES_FUSED off (the one-row INT4 x laid out by its own launch)
+#   rows1    INT4_GEMV_ROWS 1 (two rows by the MMA kernel)
+#   rows4    INT4_GEMV_ROWS 4 (up to four rows on the CUDA cores)
+#   mma      INT4_GEMV_MMA on, INT4_PLANES_FUSED off (one INT4 row on the tensor cores)
+#   xwide    GEMV_X_WIDE on (one-row FP8 weights read in x's layout)
+#   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
+#   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
+#   FLAGS=--fp8 VARIANTS="off xwide" bash scripts/gpu/variants.sh "8b"
+# FLAGS: the format (default --int4); EXTRA: more bench.engine flags for every side (e.g.
+# "--quant-head"); VARIANTS: "off" and some of the above (default: off unfused); STREAMS: 1
+# unless set.
+set -u
+out=${OUT:-variants-out}
+source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
+k=voicert/engine/gpu/kernels.py
+for v in ${VARIANTS:-off unfused}; do
+  tree=/tmp/variant-$v
+  rm -rf "$tree" && mkdir -p "$tree" && cp -r voicert "$tree/"
+  case $v in
+    unfused) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
+    rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k" ;;
+    rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k" ;;
+    mma) sed -i -e 's/^INT4_GEMV_MMA = False/INT4_GEMV_MMA = True/' \
+           -e 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
+    xwide) sed -i 's/^GEMV_X_WIDE = False/GEMV_X_WIDE = True/' "$tree/$k" ;;
+  esac
+  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|INT4_GEMV_MMA|GEMV_X_WIDE) =' "$tree/$k" \
+    | cut -d' ' -f1,3 | tr '\n' ' ')"
+done
+for shape in $1; do
+  for round in $(seq "${ROUNDS:-2}"); do
+    for v in ${VARIANTS:-off unfused}; do
+      (cd "/tmp/variant-$v" && PYTHONPATH=/tmp/variant-$v:/root/site python3 -m voicert.bench.engine \
+        --model "llama-$shape-random" --device cuda ${FLAGS:---int4} --spec 0 --new-tokens 128 \
+        --streams "${STREAMS:-1}" --reps 10 --kv-gb 4 --against none --no-baseline ${EXTRA:-}) \
+        > "$out/engine-$shape-$v-$round.txt" 2>&1
+      echo "== $shape $v round $round"
+      grep -E 'TPOT per stream, [0-9]+ streams, decode only \(P50\)' "$out/engine-$shape-$v-$round.txt"
+    done
+  done
+done
