@@ -1624,6 +1624,7 @@ def _int4_mma_kernel(
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
     GROUP: tl.constexpr,
+    AHEAD: tl.constexpr,
     EMULATE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -1637,7 +1638,8 @@ def _int4_mma_kernel(
     (:func:`_int4_mma_x_kernel`: xq, and each chunk's sum sx). MMA k-slots are a permutation of
     the chunk's columns, the same on both sides. A chunk's eight MMAs sum sum(x * (128 +
     code)); lane q = 0 holds rows g and g + 8 of it and adds scale * (that - 128 * sum(x)) +
-    low * sum(x). GROUP: a multiple of 128; N a multiple of 16; K of 128. EMULATE: the MMA by
+    low * sum(x). AHEAD (2 to 4): chunks of words read ahead. GROUP: 128; N a multiple of 16;
+    K of 128. EMULATE: the MMA by
     plain tensor operations (Triton's interpreter runs no PTX). MAGIC: 0x43004300, passed at
     run time so that the widening's mask and it make one AND-OR (a LOP3 takes one immediate)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
@@ -1654,18 +1656,23 @@ def _int4_mma_kernel(
     x_at = xq_ptr + ((c_lo * 4 + q) * 16)[:, None] + w4[None, :]  # [32, 4] int32 (bf16 pairs)
     xm = (g == 0)[:, None]
     sl_lo = rows.to(tl.int64) * groups
-    v_lo = tl.load(w_lo)  # the first two chunks before the wait
+    v_lo = tl.load(w_lo)  # the first AHEAD chunks before the wait
     v_hi = tl.load(w_lo + 8 * W)
-    more = c_lo + 1 < c_hi
-    v1_lo = tl.load(w_lo + 16, mask=more)
-    v1_hi = tl.load(w_lo + 8 * W + 16, mask=more)
+    v1_lo = tl.load(w_lo + 16, mask=c_lo + 1 < c_hi)
+    v1_hi = tl.load(w_lo + 8 * W + 16, mask=c_lo + 1 < c_hi)
+    if AHEAD >= 3:
+        v2_lo = tl.load(w_lo + 32, mask=c_lo + 2 < c_hi)
+        v2_hi = tl.load(w_lo + 8 * W + 32, mask=c_lo + 2 < c_hi)
+    if AHEAD >= 4:
+        v3_lo = tl.load(w_lo + 48, mask=c_lo + 3 < c_hi)
+        v3_hi = tl.load(w_lo + 8 * W + 48, mask=c_lo + 3 < c_hi)
     _pdl_enter(PDL)
     acc_lo = tl.zeros((32,), dtype=tl.float32)
     acc_hi = tl.zeros((32,), dtype=tl.float32)
     for c in range(c_lo, c_hi):
-        more = c + 2 < c_hi
-        v2_lo = tl.load(w_lo + 32, mask=more)
-        v2_hi = tl.load(w_lo + 8 * W + 32, mask=more)
+        more = c + AHEAD < c_hi
+        vn_lo = tl.load(w_lo + AHEAD * 16, mask=more)
+        vn_hi = tl.load(w_lo + 8 * W + AHEAD * 16, mask=more)
         d0, d2 = _int4_mma_chunk(v_lo, v_hi, x_at, xm, MAGIC, EMULATE)  # (column 0)
         sx = tl.load(sx_ptr + c)
         gi = c * 128 // GROUP
@@ -1675,7 +1682,13 @@ def _int4_mma_kernel(
         l_hi = tl.load(l_ptr + sl_lo + 8 * groups + gi).to(tl.float32)
         acc_lo += s_lo * (d0 - 128.0 * sx) + l_lo * sx
         acc_hi += s_hi * (d2 - 128.0 * sx) + l_hi * sx
-        v_lo, v_hi, v1_lo, v1_hi = v1_lo, v1_hi, v2_lo, v2_hi
+        if AHEAD == 2:
+            v_lo, v_hi, v1_lo, v1_hi = v1_lo, v1_hi, vn_lo, vn_hi
+        elif AHEAD == 3:
+            v_lo, v_hi, v1_lo, v1_hi, v2_lo, v2_hi = v1_lo, v1_hi, v2_lo, v2_hi, vn_lo, vn_hi
+        else:
+            v_lo, v_hi, v1_lo, v1_hi = v1_lo, v1_hi, v2_lo, v2_hi
+            v2_lo, v2_hi, v3_lo, v3_hi = v3_lo, v3_hi, vn_lo, vn_hi
         w_lo += 16
         x_at += 64
     rn = tl.reshape(tl.join(rows, rows + 8), (64,))
@@ -2033,12 +2046,13 @@ def int4_mma(
     count: torch.Tensor | None = None,
     pdl: bool = False,
     split: int = 0,
+    ahead: int = 0,
 ) -> torch.Tensor:
     """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands, groups of
     128: :func:`int4_mma_fits`) -> [1, N] in x2's dtype, on the tensor cores with the weights
     as the MMA's A side (:func:`_int4_mma_kernel`; x rounded to bf16 first). ``split``: parts
-    of K (0: until there are :data:`INT4_MMA_PROGRAMS` programs). ``count``: as
-    :func:`int4_linear`'s."""
+    of K (0: until there are :data:`INT4_MMA_PROGRAMS` programs); ``ahead``: chunks of 128
+    columns read ahead (0: :data:`INT4_MMA_AHEAD`). ``count``: as :func:`int4_linear`'s."""
     m, k = x2.shape
     n, group = w.shape[0], k // scale.shape[1]
     assert m == 1 and int4_mma_fits(n, k, group) and x2.stride(-1) == 1, (x2.shape, n, group)
@@ -2070,6 +2084,7 @@ def int4_mma(
         HAS_BIAS=bias is not None,
         SPLIT=split,
         GROUP=group,
+        AHEAD=ahead or INT4_MMA_AHEAD,
         EMULATE=x2.device.type != "cuda",
         PDL=pdl,
         num_warps=1,
@@ -2193,6 +2208,7 @@ INT4_GEMV_UNROLL_TILES = 2048  # its K loop unrolled twice at up to this many pr
 INT4_GEMV_MMA = False  # one row in groups of 128 by int4_mma (the weights the MMA's A side)
 # instead of the CUDA cores; off until timed
 INT4_MMA_PROGRAMS = 2048  # int4_mma splits K until there are this many (one-warp) programs
+INT4_MMA_AHEAD = 2  # ... and reads this many chunks of 128 columns ahead (2 to 4)
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
 INT4_PLANES_FUSED = True  # the kernels that write an INT4 Linear's one-row x write its planes
 # too (add_rms_norm, silu_mul), one launch less each: 8B TPOT 2.75 -> 2.66 ms, 1B 0.85 -> 0.80
