@@ -1,6 +1,7 @@
 """One-row Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: cuBLAS
 (F.linear on bf16 weights), kernels.fp8_linear's MMA kernel (its former default tile and
-another) and kernels.gemv (the CUDA cores, no MMA) over a set of tiles; the LM heads too.
+another) and kernels.gemv (the CUDA cores, no MMA) over a set of tiles, FP8 ones on a few
+tiles with ``GEMV_X_WIDE`` too (read in x's layout); the LM heads too.
 Every call reads weights no call before it read in the last ~512 MB, as a step does (the same
 weights back to back would sit in the 50 MB L2): each shape is held in enough copies and the
 calls go round them. GPU time per call in a CUDA graph (median of 30 replays) and the weight
@@ -28,6 +29,7 @@ ROTATE_BYTES = 512 << 20
 MMA_TILES = [(16, 32, 256, 4, 4), (16, 64, 128, 4, 4)]  # (BM, BN, BK, warps, stages)
 # (BN, BK, warps) for kernels.gemv; the split over K by its default rule
 GEMV_TILES = [(bn, bk, w) for bn, bk, w in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8))]
+XWIDE_TILES = [kernels.GEMV_TILE, (8, 1024, 4), (4, 512, 4), (8, 512, 4), (4, 1024, 8)]
 HEADS = {"llama-8b": ("head", 128256, 4096), "llama-1b": ("head", 128256, 2048)}
 
 
@@ -103,6 +105,15 @@ def sweep(label: str, fp8: bool, tiles: dict) -> dict:
         cell["default"] = _time(
             ws, x, count, lambda x, w, s, c: kernels.fp8_linear(x, w, s, None, c)
         )
+        wide = kernels.GEMV_X_WIDE  # FP8 weights read in x's layout (no shared memory a step)
+        for tile in XWIDE_TILES if fp8 else ():
+            kernels.GEMV_X_WIDE = True
+            got = kernels.gemv(x, w0, s0, None, count, tile).float()
+            assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2, (name, tile)
+            cell["xwide " + "x".join(map(str, tile))] = _time(
+                ws, x, count, lambda x, w, s, c, t=tile: kernels.gemv(x, w, s, None, c, t)
+            )
+            kernels.GEMV_X_WIDE = wide
         mma = cell["mma " + "x".join(map(str, _mma(n, k, fp8, tiles)))]
         best = _best(cell)
         gbs = lambda t, b=nbytes: b / t / 1e3
@@ -110,7 +121,9 @@ def sweep(label: str, fp8: bool, tiles: dict) -> dict:
             f"| {label} {name} {n}x{k} {'FP8' if fp8 else 'bf16'} | "
             f"{cell['cublas_bf16']:.1f} ({n * k * 2 / cell['cublas_bf16'] / 1e3:.0f}) | "
             f"{mma:.1f} ({gbs(mma):.0f}) | {cell['default']:.1f} ({gbs(cell['default']):.0f}) | "
-            f"{best[1]} {best[0]:.1f} ({gbs(best[0]):.0f}) |",
+            f"{best[1]} {best[0]:.1f} ({gbs(best[0]):.0f}) | "
+            + " ".join(f"{key} {v:.1f}" for key, v in cell.items() if key.startswith("xwide"))
+            + " |",
             flush=True,
         )
         results[_key(label, name, n, k, fp8)] = cell
