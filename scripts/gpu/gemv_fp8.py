@@ -181,8 +181,10 @@ def main(out: str = "", sets: str = "8b,1b", sweep_too: str = "sweep") -> None:
     results = {}
     if sweep_too == "sweep":
         print(f"# {torch.cuda.get_device_name()}; us per call (GB/s of weights), one row\n")
-        print("| Linear | cuBLAS bf16 | MMA kernel (before) | default (gemv) | best gemv |")
-        print("|---|---:|---:|---:|---:|")
+        print(
+            "| Linear | cuBLAS bf16 | MMA kernel (before) | default (gemv) | best gemv | X_WIDE |"
+        )
+        print("|---|---:|---:|---:|---:|---|")
         for label, fp8 in chosen:
             results.update(sweep(label, fp8, tiles))
         if out:
