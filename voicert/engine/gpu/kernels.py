@@ -1044,10 +1044,12 @@ FP8_PROGRAMS = 264  # aim for at least this many programs (two per SM of an H100
 FP8_MIN_SPLIT_K = 512  # a split of K streams at least this many columns
 
 
-def _split_rule(tiles: int, k: int, least: int = FP8_MIN_SPLIT_K) -> int:
-    """How many parts to split K into for ``tiles`` output tiles: until there are
-    :data:`FP8_PROGRAMS` programs, at most 16 parts, each at least ``least`` columns."""
-    return max(1, min(16, triton.cdiv(FP8_PROGRAMS, tiles), k // least))
+def _split_rule(
+    tiles: int, k: int, least: int = FP8_MIN_SPLIT_K, programs: int = FP8_PROGRAMS
+) -> int:
+    """How many parts to split K into for ``tiles`` output tiles: until there are ``programs``
+    programs, at most 16 parts, each at least ``least`` columns."""
+    return max(1, min(16, triton.cdiv(programs, tiles), k // least))
 
 
 def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, int, int, int]:
@@ -2063,8 +2065,7 @@ def int4_mma(
         x2, xq, sx, k, BLOCK=block, PDL=pdl, launch_pdl=pdl
     )
     tiles = n // 16
-    if not split:
-        split = max(1, min(16, triton.cdiv(INT4_MMA_PROGRAMS, tiles), k // 128))
+    split = split or _split_rule(tiles, k, 128, INT4_MMA_PROGRAMS)
     out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
     k_per_split, split, part, count = _split_k(out, k, split, 128, tiles, count)
     _int4_mma_kernel[(tiles, 1, split)](
