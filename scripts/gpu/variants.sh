@@ -12,7 +12,7 @@
 #   FLAGS=--fp8 VARIANTS="off xwide" bash scripts/gpu/variants.sh "8b"
 # FLAGS: the format (default --int4); EXTRA: more bench.engine flags for every side (e.g.
 # "--quant-head"); VARIANTS: "off" and some of the above (default: off unfused); STREAMS: 1
-# unless set.
+# unless set; TAG: a prefix for the output files' names.
 set -u
 out=${OUT:-variants-out}
 source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
@@ -37,9 +37,10 @@ for shape in $1; do
       (cd "/tmp/variant-$v" && PYTHONPATH=/tmp/variant-$v:/root/site python3 -m voicert.bench.engine \
         --model "llama-$shape-random" --device cuda ${FLAGS:---int4} --spec 0 --new-tokens 128 \
         --streams "${STREAMS:-1}" --reps 10 --kv-gb 4 --against none --no-baseline ${EXTRA:-}) \
-        > "$out/engine-$shape-$v-$round.txt" 2>&1
-      echo "== $shape $v round $round"
-      grep -E 'TPOT per stream, [0-9]+ streams, decode only \(P50\)' "$out/engine-$shape-$v-$round.txt"
+        > "$out/engine-${TAG:-}$shape-$v-$round.txt" 2>&1
+      echo "== ${TAG:-}$shape $v round $round"
+      grep -E 'TPOT per stream, [0-9]+ streams, decode only \(P50\)' \
+        "$out/engine-${TAG:-}$shape-$v-$round.txt"
     done
   done
 done
