@@ -1592,7 +1592,7 @@ def _int4_mma_x_kernel(x_ptr, xq_ptr, sx_ptr, K, BLOCK: tl.constexpr, PDL: tl.co
     columns (c, c + 2), 1 (c + 64, c + 66), 2 (c + 1, c + 3), 3 (c + 65, c + 67). sx [K //
     128] fp32: each chunk's sum of x."""
     c0 = tl.program_id(0) * BLOCK
-    e = c0 * 1 + tl.arange(0, BLOCK)  # places in xq, flat: chunk, q, m, r, half
+    e = c0 + tl.arange(0, BLOCK)  # places in xq, flat: chunk, q, m, r, half
     inner = e % 128
     h = inner % 2
     r = (inner // 2) % 2
