@@ -1401,8 +1401,6 @@ def _int4_gemv_kernel(
     count_ptr,
     N,
     K: tl.constexpr,
-    W: tl.constexpr,
-    XS: tl.constexpr,
     k_per_split,
     ONE,
     HAS_BIAS: tl.constexpr,
@@ -1438,6 +1436,9 @@ def _int4_gemv_kernel(
     kernel's, ~2^-22; bf16's rounding is 2^-9)."""
     WPG: tl.constexpr = GROUP // 8  # words a group
     STEP: tl.constexpr = BLOCK_G * WPG  # words a row a step
+    W: tl.constexpr = K // 8  # words a weight row, and values a plane (a constant: the reads
+    # share one address register, with immediate offsets)
+    XS: tl.constexpr = K // 8
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     rg = tl.arange(0, BLOCK_G)
@@ -1494,8 +1495,6 @@ def _int4_gemv_rows_kernel(
     M,
     N,
     K: tl.constexpr,
-    W: tl.constexpr,
-    XS: tl.constexpr,
     k_per_split,
     ONE,
     HAS_BIAS: tl.constexpr,
@@ -1513,6 +1512,8 @@ def _int4_gemv_rows_kernel(
     (no conversion a step). Whole steps only (N a multiple of BN, K of a step)."""
     WPG: tl.constexpr = GROUP // 8
     STEP: tl.constexpr = BLOCK_G * WPG
+    W: tl.constexpr = K // 8  # words a weight row, and values a plane
+    XS: tl.constexpr = K // 8
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     rr = tl.arange(0, ROWS)
@@ -1994,15 +1995,14 @@ def int4_gemv(
         assert planes is None, "planes are laid out here for more than one row"
         return _int4_gemv_rows(x2, w, scale, low, bias, count, blocks, pdl, group)
     bf16 = x2.dtype == torch.bfloat16 or x2.device.type != "cuda"  # (the interpreter: any)
-    if INT4_GEMV_MMA and blocks is None and bf16 and int4_mma_fits(n, k, group):
+    if INT4_GEMV_MMA and bf16 and blocks is None and int4_mma_fits(n, k, group):
         return int4_mma(x2, w, scale, low, bias, count, pdl)
     bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
         x2, n, group, blocks, count
     )
-    nw = k // 8
     if planes is None:
         planes = int4_planes(x2, group, pdl)
-    assert planes.shape == (10, nw) and planes.is_contiguous(), planes.shape
+    assert planes.shape == (10, k // 8) and planes.is_contiguous(), planes.shape
     even = n % bn == 0 and k % (bg * group) == 0
     _int4_gemv_kernel[(tiles, 1, split)](
         planes,
@@ -2015,8 +2015,6 @@ def int4_gemv(
         w if count is None else count,
         n,
         k,
-        nw,
-        nw,
         k_per_split,
         0x3F800000,
         HAS_BIAS=bias is not None,
@@ -2127,8 +2125,6 @@ def _int4_gemv_rows(
         m,
         n,
         k,
-        k // 8,
-        k // 8,
         k_per_split,
         0x3F800000,
         HAS_BIAS=bias is not None,
