@@ -1,9 +1,10 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
-served) over a set of tiles (and K split), its K loop unrolled twice or not, int4_mma (the weights as
-the MMA's A side) at a few splits of K and reads ahead, then 2 rows by GROUPS and by int4_gemv's rows form, each in groups
-of 128 and of 32. Every call reads weights no call before it read in the
+served) over a set of tiles (and K split), its K loop unrolled twice or not, int4_mma (the
+weights as the MMA's A side) at a few splits of K and reads ahead, then 2 rows by GROUPS and
+by int4_gemv's rows form, each in groups of 128 and of 32. Every call reads weights no call
+before it read in the
 last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
 graph (median of 30 replays), the bytes read per second, and each kernel's error against
 F.linear on the widened weights (relative norm).
