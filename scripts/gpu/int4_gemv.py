@@ -4,10 +4,9 @@ F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``
 served) over a set of tiles (and K split), its K loop unrolled twice or not, int4_mma (the
 weights as the MMA's A side) at a few splits of K and reads ahead, then 2 rows by GROUPS and
 by int4_gemv's rows form, each in groups of 128 and of 32. Every call reads weights no call
-before it read in the
-last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU time per call in a CUDA
-graph (median of 30 replays), the bytes read per second, and each kernel's error against
-F.linear on the widened weights (relative norm).
+before it read in the last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU
+time per call in a CUDA graph (median of 30 replays), the bytes read per second, and each
+kernel's error against F.linear on the widened weights (relative norm).
 
 Usage (GPU machine, repo root): python3 scripts/gpu/int4_gemv.py [8b,1b] [128,32]
 """
