@@ -514,9 +514,9 @@ def test_int4_path_takes_a_few_rows_to_int4_gemv_only_where_switched_on_and_step
 def test_int4_mma_of_one_row_matches_the_dequantized_weights(n, k, split, bias, ahead, monkeypatch):
     """The weights as the MMA's A side (16 rows a one-warp program, x B's first column): the
     sums of F.linear on the widened weights, unsplit and split over K (a part of K per chunk of
-    128, or chunks left over), two to four chunks read ahead; a bias; the counters left at zero; int4_gemv takes it for one row
-    with ``INT4_GEMV_MMA``. The interpreter runs the MMA by its fragments' layout in PTX's
-    manual, the GPU by mma.sync itself."""
+    128, or chunks left over), two to four chunks read ahead; a bias; the counters left at
+    zero; int4_gemv takes it for one row with ``INT4_GEMV_MMA``. The interpreter runs the MMA
+    by its fragments' layout in PTX's manual, the GPU by mma.sync itself."""
     from voicert.engine.gpu.int4 import Int4Linear
 
     g = torch.Generator().manual_seed(n + k)
