@@ -1,9 +1,8 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
-served) over a set of tiles (and K split), its K loop unrolled twice or not, int4_mma (the
-weights as the MMA's A side) at a few splits of K and reads ahead, then 2 rows by GROUPS and
-by int4_gemv's rows form, each in groups of 128 and of 32. Every call reads weights no call
+served) over a set of tiles (and K split), its K loop unrolled twice or not, then 2 rows by
+GROUPS and by int4_gemv's rows form, each in groups of 128 and of 32. Every call reads weights no call
 before it read in the last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU
 time per call in a CUDA graph (median of 30 replays), the bytes read per second, and each
 kernel's error against F.linear on the widened weights (relative norm).
@@ -26,8 +25,6 @@ P = kernels.Int4Path
 # (4, 128, 1), (2, 256, 1) and wider take 128-255 registers on sm_90 (64 here)
 GEMV_TILES = [(2, 128, 1), (1, 128, 1), (2, 64, 1), (2, 128, 1, 2), (1, 128, 1, 2)]
 GEMV_TILES += [(2, 128, 1, 4)]
-# int4_mma's (parts of K (0: its rule, INT4_MMA_PROGRAMS), chunks read ahead)
-MMA = [(0, 2), (0, 3), (0, 4), (1, 4), (2, 4), (4, 4), (8, 4)]
 
 
 def _rotating(fns: list):
@@ -47,10 +44,8 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     want = torch.nn.functional.linear(x.float(), one.dequantized(torch.float32))
     count = kernels.counters("cuda", 1 << 15)  # (split tiles of gate_up: 14,336)
 
-    def cell(label: str, path, blocks, x=x, want=want, mma=None) -> str:
+    def cell(label: str, path, blocks, x=x, want=want) -> str:
         def call(q):
-            if mma is not None:  # int4_mma (groups of 128): (split, ahead)
-                return kernels.int4_mma(x, q.weight, q.scale, q.low, None, count, False, *mma)
             return kernels.int4_linear(x, q.weight, q.scale, q.low, None, count, blocks, path=path)
 
         err = ((call(one).float() - want).norm() / want.norm()).item()
@@ -65,10 +60,6 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     )
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
-    if kernels.int4_mma_fits(n, k, group):  # the weights as the MMA's A side, K split
-        cells += [
-            cell(f"mma split {sp or 'rule'} ahead {a}", None, None, mma=(sp, a)) for sp, a in MMA
-        ]
     unroll = kernels.INT4_GEMV_UNROLL_TILES  # the K loop always / never unrolled twice
     for label, tiles in (("unrolled", 1 << 30), ("not unrolled", 0)):
         kernels.INT4_GEMV_UNROLL_TILES = tiles

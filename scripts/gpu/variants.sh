@@ -1,15 +1,14 @@
 #!/usr/bin/env bash
 # Kernel switches timed side by side in one command: bench.engine on this tree as committed
 # ("off") and on copies with one switch of kernels.py turned, round-robin (docs/benchmarks.md
-# 64-66):
+# 64-67):
 #   unfused  INT4_PLANES_FUSED off (the one-row INT4 x laid out by its own launch)
 #   rows1    INT4_GEMV_ROWS 1 (two rows by the MMA kernel)
 #   rows4    INT4_GEMV_ROWS 4 (up to four rows on the CUDA cores)
-#   mma      INT4_GEMV_MMA on, INT4_PLANES_FUSED off (one INT4 row on the tensor cores)
-#   xwide    GEMV_X_WIDE on (one-row FP8 weights read in x's layout)
+#   narrow   GEMV_X_WIDE off (one-row FP8 weights' tile laid out apart from x's)
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
 #   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
-#   FLAGS=--fp8 VARIANTS="off xwide" bash scripts/gpu/variants.sh "8b"
+#   FLAGS=--fp8 VARIANTS="off narrow" bash scripts/gpu/variants.sh "8b"
 # FLAGS: the format (default --int4); EXTRA: more bench.engine flags for every side (e.g.
 # "--quant-head"); VARIANTS: "off" and some of the above (default: off unfused); STREAMS: 1
 # unless set; TAG: a prefix for the output files' names.
@@ -24,11 +23,9 @@ for v in ${VARIANTS:-off unfused}; do
     unfused) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
     rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k" ;;
     rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k" ;;
-    mma) sed -i -e 's/^INT4_GEMV_MMA = False/INT4_GEMV_MMA = True/' \
-           -e 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
-    xwide) sed -i 's/^GEMV_X_WIDE = False/GEMV_X_WIDE = True/' "$tree/$k" ;;
+    narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k" ;;
   esac
-  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|INT4_GEMV_MMA|GEMV_X_WIDE) =' "$tree/$k" \
+  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE) =' "$tree/$k" \
     | cut -d' ' -f1,3 | tr '\n' ' ')"
 done
 for shape in $1; do

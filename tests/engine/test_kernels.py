@@ -507,35 +507,6 @@ def test_int4_path_takes_a_few_rows_to_int4_gemv_only_where_switched_on_and_step
     assert close(got, torch.nn.functional.linear(x, q.dequantized(torch.float32)), 1e-4)
 
 
-@pytest.mark.parametrize(
-    "n, k, split, bias, ahead",
-    [(32, 256, 1, False, 2), (48, 512, 2, True, 3), (16, 384, 3, True, 4), (16, 640, 1, False, 4)],
-)
-def test_int4_mma_of_one_row_matches_the_dequantized_weights(n, k, split, bias, ahead, monkeypatch):
-    """The weights as the MMA's A side (16 rows a one-warp program, x B's first column): the
-    sums of F.linear on the widened weights, unsplit and split over K (a part of K per chunk of
-    128, or chunks left over), two to four chunks read ahead; a bias; the counters left at
-    zero; int4_gemv takes it for one row with ``INT4_GEMV_MMA``. The interpreter runs the MMA
-    by its fragments' layout in PTX's manual, the GPU by mma.sync itself."""
-    from voicert.engine.gpu.int4 import Int4Linear
-
-    g = torch.Generator().manual_seed(n + k)
-    q = Int4Linear.from_linear(torch.nn.Linear(k, n, bias=bias), None, 128).to(DEV)
-    dt = torch.bfloat16 if DEV == "cuda" else torch.float32
-    x = torch.randn(1, k, generator=g).bfloat16().to(DEV, dt)  # (bf16 values: as int4_mma rounds)
-    want = torch.nn.functional.linear(x.float(), q.dequantized(torch.float32), q.bias)
-    count = kernels.counters(DEV)
-    b = None if q.bias is None else q.bias.to(dt)
-    got = kernels.int4_mma(x, q.weight, q.scale, q.low, b, count, False, split, ahead)
-    assert got.shape == (1, n) and close(got.float(), want, 1e-4 if dt == torch.float32 else 1e-2)
-    assert not count.any()
-    monkeypatch.setattr(kernels, "INT4_GEMV_MMA", True)
-    launched = []
-    monkeypatch.setattr(kernels, "_int4_mma_kernel", _Spy(kernels._int4_mma_kernel, launched))
-    kernels.int4_linear(x, q.weight, q.scale, q.low, b, count)
-    assert len(launched) == 1
-
-
 class _Spy:
     """A kernel's launcher that notes each launch (its grid) before running it."""
 

@@ -978,7 +978,9 @@ GEMV_ROWS = 1  # steps of this many rows take gemv in fp8_linear (docs/benchmark
 GEMV_MAX_N = 65536  # ... for FP8 weights of at most this many outputs: an FP8 LM head's 128k
 # columns stream faster through the MMA kernel's wider tiles (H100); bf16 ones do not
 GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
-GEMV_X_WIDE = False  # FP8 weights read in x's layout (_gemv_kernel's X_WIDE); off until timed
+GEMV_X_WIDE = True  # FP8 weights read in x's layout (_gemv_kernel's X_WIDE), no shared memory
+# a step: 8B FP8 layers 10 % faster (gate_up 35.9 -> 32.8 us), TPOT 3.14 -> 3.03 ms, 1B 0.88 ->
+# 0.85 (H200, docs/benchmarks.md 67)
 GEMV_PRE = {1: 4}  # weight tiles loaded before the PDL wait, by weight bytes (else 1): FP8
 # layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59)
 
@@ -1583,229 +1585,6 @@ def _int4_one(word, P: tl.constexpr, xp, one, t):
     return t + f * xp
 
 
-@triton.jit
-def _int4_mma_x_kernel(x_ptr, xq_ptr, sx_ptr, K, BLOCK: tl.constexpr, PDL: tl.constexpr):
-    """One row x [K] (bf16) -> :func:`_int4_mma_kernel`'s B registers, BLOCK columns (a multiple
-    of 128) a program. For each 128 columns (a chunk) and lane q of a quad, 16 registers of two
-    bf16 each, xq [K // 128, 4, 16, 2]: register 2m + r is the x of the two codes that
-    :func:`_int4_widen2` takes at shift 4s, s = 2 (m % 2) + r, from word 4q + m // 2 of the
-    chunk (its low nibbles columns c..c+3, c = 4 (4q + m // 2), its high ones c + 64..): s = 0
-    columns (c, c + 2), 1 (c + 64, c + 66), 2 (c + 1, c + 3), 3 (c + 65, c + 67). sx [K //
-    128] fp32: each chunk's sum of x."""
-    c0 = tl.program_id(0) * BLOCK
-    e = c0 + tl.arange(0, BLOCK)  # places in xq, flat: chunk, q, m, r, half
-    inner = e % 128
-    h = inner % 2
-    r = (inner // 2) % 2
-    m = (inner // 4) % 8
-    q = inner // 32
-    sh = 2 * (m % 2) + r
-    col = (e // 128) * 128 + 4 * (4 * q + m // 2) + (sh % 2) * 64 + sh // 2 + 2 * h
-    _pdl_enter(PDL)
-    x = tl.load(x_ptr + col, mask=e < K, other=0.0).to(tl.bfloat16)
-    tl.store(xq_ptr + e, x, mask=e < K)
-    xs = tl.sum(tl.reshape(x.to(tl.float32), (BLOCK // 128, 128)), axis=1)  # (the rounded x)
-    chunk = c0 // 128 + tl.arange(0, BLOCK // 128)
-    tl.store(sx_ptr + chunk, xs, mask=chunk < K // 128)
-
-
-@triton.jit
-def _int4_mma_kernel(
-    xq_ptr,
-    sx_ptr,
-    w_ptr,
-    s_ptr,
-    l_ptr,
-    b_ptr,
-    out_ptr,
-    part_ptr,
-    count_ptr,
-    N,
-    K: tl.constexpr,
-    k_per_split,
-    MAGIC,
-    HAS_BIAS: tl.constexpr,
-    SPLIT: tl.constexpr,
-    GROUP: tl.constexpr,
-    AHEAD: tl.constexpr,
-    EMULATE: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """One row x times packed INT4 weights on the tensor cores without padding x's row into the
-    MMA's A side: the weights are A (16 rows a program, one warp), x is B's first column of
-    eight (the other seven zeros), mma.sync m16n8k16 (bf16 in, fp32 sums). Each lane holds its
-    own registers as [32] tensors (lane t, element t; a one-warp program), so no layout is ever
-    converted: lane t = 4g + q reads words 4q..4q+3 of each 128 columns of rows g and g + 8 (one
-    16-byte read each) and widens each word by four AND-ORs into the bf16 pairs 128 + code
-    (:func:`_int4_widen2`), which are its A registers as they stand; x comes laid out to match
-    (:func:`_int4_mma_x_kernel`: xq, and each chunk's sum sx). MMA k-slots are a permutation of
-    the chunk's columns, the same on both sides. A chunk's eight MMAs sum sum(x * (128 +
-    code)); lane q = 0 holds rows g and g + 8 of it and adds scale * (that - 128 * sum(x)) +
-    low * sum(x). AHEAD (2 to 4): chunks of words read ahead. GROUP: 128; N a multiple of 16;
-    K of 128. EMULATE: the MMA by
-    plain tensor operations (Triton's interpreter runs no PTX). MAGIC: 0x43004300, passed at
-    run time so that the widening's mask and it make one AND-OR (a LOP3 takes one immediate)."""
-    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
-    t = tl.arange(0, 32)
-    g = t // 4
-    q = t % 4
-    rows = pid_n * 16 + g  # [32]: lane t's row; and + 8
-    groups: tl.constexpr = K // GROUP
-    W: tl.constexpr = K // 8
-    c_lo = pid_k * (k_per_split // 128)
-    c_hi = tl.minimum(c_lo + k_per_split // 128, K // 128)
-    w4 = tl.arange(0, 4)
-    w_lo = w_ptr + (rows.to(tl.int64) * W + c_lo * 16 + 4 * q)[:, None] + w4[None, :]  # [32, 4]
-    x_at = xq_ptr + ((c_lo * 4 + q) * 16)[:, None] + w4[None, :]  # [32, 4] int32 (bf16 pairs)
-    xm = (g == 0)[:, None]
-    sl_lo = rows.to(tl.int64) * groups
-    v_lo = tl.load(w_lo)  # the first AHEAD chunks before the wait
-    v_hi = tl.load(w_lo + 8 * W)
-    v1_lo = tl.load(w_lo + 16, mask=c_lo + 1 < c_hi)
-    v1_hi = tl.load(w_lo + 8 * W + 16, mask=c_lo + 1 < c_hi)
-    if AHEAD >= 3:
-        v2_lo = tl.load(w_lo + 32, mask=c_lo + 2 < c_hi)
-        v2_hi = tl.load(w_lo + 8 * W + 32, mask=c_lo + 2 < c_hi)
-    if AHEAD >= 4:
-        v3_lo = tl.load(w_lo + 48, mask=c_lo + 3 < c_hi)
-        v3_hi = tl.load(w_lo + 8 * W + 48, mask=c_lo + 3 < c_hi)
-    _pdl_enter(PDL)
-    acc_lo = tl.zeros((32,), dtype=tl.float32)
-    acc_hi = tl.zeros((32,), dtype=tl.float32)
-    for c in range(c_lo, c_hi):
-        more = c + AHEAD < c_hi
-        vn_lo = tl.load(w_lo + AHEAD * 16, mask=more)
-        vn_hi = tl.load(w_lo + 8 * W + AHEAD * 16, mask=more)
-        d0, d2 = _int4_mma_chunk(v_lo, v_hi, x_at, xm, MAGIC, EMULATE)  # (column 0)
-        sx = tl.load(sx_ptr + c)
-        gi = c * 128 // GROUP
-        s_lo = tl.load(s_ptr + sl_lo + gi).to(tl.float32)
-        s_hi = tl.load(s_ptr + sl_lo + 8 * groups + gi).to(tl.float32)
-        l_lo = tl.load(l_ptr + sl_lo + gi).to(tl.float32)
-        l_hi = tl.load(l_ptr + sl_lo + 8 * groups + gi).to(tl.float32)
-        acc_lo += s_lo * (d0 - 128.0 * sx) + l_lo * sx
-        acc_hi += s_hi * (d2 - 128.0 * sx) + l_hi * sx
-        if AHEAD == 2:
-            v_lo, v_hi, v1_lo, v1_hi = v1_lo, v1_hi, vn_lo, vn_hi
-        elif AHEAD == 3:
-            v_lo, v_hi, v1_lo, v1_hi, v2_lo, v2_hi = v1_lo, v1_hi, v2_lo, v2_hi, vn_lo, vn_hi
-        else:
-            v_lo, v_hi, v1_lo, v1_hi = v1_lo, v1_hi, v2_lo, v2_hi
-            v2_lo, v2_hi, v3_lo, v3_hi = v3_lo, v3_hi, vn_lo, vn_hi
-        w_lo += 16
-        x_at += 64
-    rn = tl.reshape(tl.join(rows, rows + 8), (64,))
-    nm = tl.reshape(tl.join(q == 0, q == 0), (64,)) & (rn < N)
-    acc = tl.reshape(tl.join(acc_lo, acc_hi), (64,))[None, :]
-    rm = tl.arange(0, 1)
-    _split_k_finish(
-        acc, rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, SPLIT, False,
-        HAS_BIAS,
-    )  # fmt: skip
-
-
-@triton.jit
-def _int4_words4(v):
-    """[32, 4] -> its four columns, each [32] (held by the same lanes: no data moves)."""
-    a, b = tl.split(tl.reshape(v, (32, 2, 2)))  # columns 0, 2 and 1, 3
-    v0, v2 = tl.split(a)
-    v1, v3 = tl.split(b)
-    return v0, v1, v2, v3
-
-
-@triton.jit
-def _int4_widen2(word, S: tl.constexpr, magic):
-    """The nibbles at bits 4S and 16 + 4S of each word [32] int32 as two bf16 128 + code (low
-    half the first; ``magic``: 0x43004300, two bf16 128s): one shift and one AND-OR."""
-    return ((word >> (4 * S)) & 0x000F000F) | magic
-
-
-@triton.jit
-def _int4_mma_chunk(v_lo, v_hi, x_at, xm, magic, EMULATE: tl.constexpr):
-    """A chunk of 128 columns: rows g / g + 8's words v_lo / v_hi [32, 4] (word j of lane q:
-    the chunk's word 4q + j) against x's registers at x_at [32, 4] (lanes of g = 0 only, xm),
-    eight MMAs from zero -> D's registers of column 0 (rows g, g + 8), [32] fp32 each."""
-    l0, l1, l2, l3 = _int4_words4(v_lo)
-    h0, h1, h2, h3 = _int4_words4(v_hi)
-    z = tl.zeros((32,), dtype=tl.float32)
-    d = (z, z, z, z)  # four chains of two MMAs, not one of eight (each waits on the last)
-    a0, _, a2, _ = _int4_mma_word(d, l0, h0, tl.load(x_at, mask=xm, other=0), magic, EMULATE)
-    b0, _, b2, _ = _int4_mma_word(d, l1, h1, tl.load(x_at + 4, mask=xm, other=0), magic, EMULATE)
-    c0, _, c2, _ = _int4_mma_word(d, l2, h2, tl.load(x_at + 8, mask=xm, other=0), magic, EMULATE)
-    e0, _, e2, _ = _int4_mma_word(d, l3, h3, tl.load(x_at + 12, mask=xm, other=0), magic, EMULATE)
-    return (a0 + b0) + (c0 + e0), (a2 + b2) + (c2 + e2)
-
-
-@triton.jit
-def _int4_mma_word(d, wl, wh, xr, magic, EMULATE: tl.constexpr):
-    """Two MMAs over one word of each lane's two rows (wl, wh [32]): shifts 0 and 1 of the
-    nibbles make A's registers (row g k-slots 2q, 2q + 1: shift 0; 2q + 8, 2q + 9: shift 1;
-    row g + 8 alike), then shifts 2 and 3; xr [32, 4]: B's registers for them, in order."""
-    b0, b1, b2, b3 = _int4_words4(xr)
-    d0, d1, d2, d3 = d
-    d0, d1, d2, d3 = _mma_16816(
-        _int4_widen2(wl, 0, magic), _int4_widen2(wh, 0, magic), _int4_widen2(wl, 1, magic),
-        _int4_widen2(wh, 1, magic),
-        b0, b1, d0, d1, d2, d3, EMULATE,
-    )  # fmt: skip
-    return _mma_16816(
-        _int4_widen2(wl, 2, magic), _int4_widen2(wh, 2, magic), _int4_widen2(wl, 3, magic),
-        _int4_widen2(wh, 3, magic),
-        b2, b3, d0, d1, d2, d3, EMULATE,
-    )  # fmt: skip
-
-
-@triton.jit
-def _mma_16816(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3, EMULATE: tl.constexpr):
-    """One warp's ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` on per-lane registers
-    ([32] tensors, lane t holding element t of each; PTX ISA's fragment layouts, g = t // 4,
-    q = t % 4): A's a0..a3 (bf16 pairs as int32: row g k-slots 2q, 2q + 1; row g + 8 the same;
-    row g, 2q + 8, 2q + 9; row g + 8 the same), B's b0, b1 (k-slots 2q, 2q + 1 and 2q + 8, 2q +
-    9 of column g), C's c0..c3 (row g columns 2q, 2q + 1; row g + 8 the same) -> D's. EMULATE:
-    the same sums by tensor operations, for Triton's interpreter."""
-    if EMULATE:
-        out = _mma_16816_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3)
-    else:
-        out = tl.inline_asm_elementwise(
-            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {$0, $1, $2, $3}, "
-            "{$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};",
-            "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f",
-            [a0, a1, a2, a3, b0, b1, c0, c1, c2, c3],
-            dtype=(tl.float32, tl.float32, tl.float32, tl.float32),
-            is_pure=True,
-            pack=1,
-        )
-    return out
-
-
-@triton.jit
-def _bf16_pair(r):
-    """An int32 of two bf16 -> (low half, high half) as fp32, [32, 2]."""
-    lo = (r << 16).to(tl.float32, bitcast=True)
-    hi = (r & -65536).to(tl.float32, bitcast=True)
-    return tl.join(lo, hi)
-
-
-@triton.jit
-def _mma_16816_emulated(a0, a1, a2, a3, b0, b1, c0, c1, c2, c3):
-    """:func:`_mma_16816` by gathering the fragments into matrices (A [16, 16], B [16, 8], C
-    [16, 8]) with reshapes and permutes, and back."""
-    a = tl.join(
-        tl.join(_bf16_pair(a0), _bf16_pair(a1)), tl.join(_bf16_pair(a2), _bf16_pair(a3))
-    )  # [32 (g, q), h, row + 8, k-slot + 8]
-    a = tl.reshape(tl.permute(tl.reshape(a, (8, 4, 2, 2, 2)), (3, 0, 4, 1, 2)), (16, 16))
-    b = tl.join(_bf16_pair(b0), _bf16_pair(b1))  # [32 (n, q), h, k-slot + 8]
-    b = tl.reshape(tl.permute(tl.reshape(b, (8, 4, 2, 2)), (3, 1, 2, 0)), (16, 8))
-    c = tl.join(tl.join(c0, c1), tl.join(c2, c3))  # [32 (g, q), column + 1, row + 8]
-    c = tl.reshape(tl.permute(tl.reshape(c, (8, 4, 2, 2)), (3, 0, 1, 2)), (16, 8))
-    d = tl.sum(a[:, :, None] * b[None, :, :], axis=1) + c  # [16, 8]
-    d = tl.reshape(tl.permute(tl.reshape(d, (2, 8, 4, 2)), (1, 2, 0, 3)), (32, 2, 2))
-    lo, hi = tl.split(d)  # column 2q / 2q + 1, each [32, 2 (row + 8)]
-    d0, d2 = tl.split(lo)
-    d1, d3 = tl.split(hi)
-    return d0, d1, d2, d3
-
-
 class Int4Path(enum.Enum):
     """How :func:`int4_linear` computes a call (:func:`int4_path` chooses by shape)."""
 
@@ -1994,9 +1773,6 @@ def int4_gemv(
     if m > 1:
         assert planes is None, "planes are laid out here for more than one row"
         return _int4_gemv_rows(x2, w, scale, low, bias, count, blocks, pdl, group)
-    bf16 = x2.dtype == torch.bfloat16 or x2.device.type != "cuda"  # (the interpreter: any)
-    if INT4_GEMV_MMA and bf16 and blocks is None and int4_mma_fits(n, k, group):
-        return int4_mma(x2, w, scale, low, bias, count, pdl)
     bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
         x2, n, group, blocks, count
     )
@@ -2026,67 +1802,6 @@ def int4_gemv(
         UNROLL=2 if tiles * split <= INT4_GEMV_UNROLL_TILES else 1,
         PDL=pdl,
         num_warps=warps,
-        num_stages=1,
-        launch_pdl=pdl,
-    )
-    return out
-
-
-def int4_mma_fits(n: int, k: int, group: int) -> bool:
-    """Whether :func:`int4_mma` takes weights [n, k] in groups of ``group``."""
-    return group == 128 and n % 16 == 0 and k % 128 == 0
-
-
-def int4_mma(
-    x2: torch.Tensor,
-    w: torch.Tensor,
-    scale: torch.Tensor,
-    low: torch.Tensor,
-    bias: torch.Tensor | None,
-    count: torch.Tensor | None = None,
-    pdl: bool = False,
-    split: int = 0,
-    ahead: int = 0,
-) -> torch.Tensor:
-    """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands, groups of
-    128: :func:`int4_mma_fits`) -> [1, N] in x2's dtype, on the tensor cores with the weights
-    as the MMA's A side (:func:`_int4_mma_kernel`; x rounded to bf16 first). ``split``: parts
-    of K (0: until there are :data:`INT4_MMA_PROGRAMS` programs); ``ahead``: chunks of 128
-    columns read ahead (0: :data:`INT4_MMA_AHEAD`). ``count``: as :func:`int4_linear`'s."""
-    m, k = x2.shape
-    n, group = w.shape[0], k // scale.shape[1]
-    assert m == 1 and int4_mma_fits(n, k, group) and x2.stride(-1) == 1, (x2.shape, n, group)
-    xq = torch.empty(k, dtype=torch.bfloat16, device=x2.device)
-    sx = torch.empty(k // 128, dtype=torch.float32, device=x2.device)
-    block = min(INT4_PLANES_BLOCK, _pow2(k))
-    _int4_mma_x_kernel[(triton.cdiv(k, block),)](
-        x2, xq, sx, k, BLOCK=block, PDL=pdl, launch_pdl=pdl
-    )
-    tiles = n // 16
-    split = split or _split_rule(tiles, k, 128, INT4_MMA_PROGRAMS)
-    out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    k_per_split, split, part, count = _split_k(out, k, split, 128, tiles, count)
-    _int4_mma_kernel[(tiles, 1, split)](
-        xq.view(torch.int32),
-        sx,
-        w.view(torch.int32),
-        scale,
-        low,
-        w if bias is None else bias,
-        out,
-        part,
-        w if count is None else count,
-        n,
-        k,
-        k_per_split,
-        0x43004300,
-        HAS_BIAS=bias is not None,
-        SPLIT=split,
-        GROUP=group,
-        AHEAD=ahead or INT4_MMA_AHEAD,
-        EMULATE=x2.device.type != "cuda",
-        PDL=pdl,
-        num_warps=1,
         num_stages=1,
         launch_pdl=pdl,
     )
@@ -2202,10 +1917,6 @@ INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): 
 INT4_GEMV_UNROLL_TILES = 2048  # its K loop unrolled twice at up to this many programs (about
 # a wave): Llama-8B down 18.4 -> 16.4 us, o 8.1 -> 7.8, 1B down 11.3 -> 8.8; more programs
 # lost (8B gate_up 26.7 -> 29.9, qkv 9.7 -> 10.8; H200, docs/benchmarks.md 65)
-INT4_GEMV_MMA = False  # one row in groups of 128 by int4_mma (the weights the MMA's A side)
-# instead of the CUDA cores; off until timed
-INT4_MMA_PROGRAMS = 2048  # int4_mma splits K until there are this many (one-warp) programs
-INT4_MMA_AHEAD = 2  # ... and reads this many chunks of 128 columns ahead (2 to 4)
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
 INT4_PLANES_FUSED = True  # the kernels that write an INT4 Linear's one-row x write its planes
 # too (add_rms_norm, silu_mul), one launch less each: 8B TPOT 2.75 -> 2.66 ms, 1B 0.85 -> 0.80
