@@ -6,7 +6,6 @@
 #   rows1    INT4_GEMV_ROWS 1 (two rows by the MMA kernel)
 #   rows4    INT4_GEMV_ROWS 4 (up to four rows on the CUDA cores)
 #   narrow   GEMV_X_WIDE off (one-row FP8 weights' tile laid out apart from x's)
-#   swap     FP8_SWAP_ROWS 32 (FP8 steps of 2-32 rows with the weights the MMA's first operand)
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
 #   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
 #   FLAGS=--fp8 VARIANTS="off narrow" bash scripts/gpu/variants.sh "8b"
@@ -25,9 +24,8 @@ for v in ${VARIANTS:-off unfused}; do
     rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k" ;;
     rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k" ;;
     narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k" ;;
-    swap) sed -i 's/^FP8_SWAP_ROWS = [0-9]* /FP8_SWAP_ROWS = 32 /' "$tree/$k" ;;
   esac
-  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_SWAP_ROWS) =' "$tree/$k" \
+  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE) =' "$tree/$k" \
     | cut -d' ' -f1,3 | tr '\n' ' ')"
 done
 for shape in $1; do

@@ -376,48 +376,6 @@ def test_fp8_linear_kernel_computes_with_the_dequantized_weights(rows):
         assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
 
 
-@pytest.mark.parametrize("rows, blocks", [(2, None), (5, (16, 64, 64, 4, 2, 2)), (20, None)])
-def test_fp8_linear_with_the_weights_first_matches_the_dequantized_weights(rows, blocks):
-    """``swap``: the MMA kernel with the weights as its first operand, against F.linear on the
-    widened weights: rows padded to 16 or 32, N and K not multiples of the tile, a bias, a
-    strided input, K split (the counters left at zero) or by the default rule."""
-    from voicert.engine.gpu.fp8 import Fp8Linear
-
-    g = torch.Generator().manual_seed(rows)
-    q = Fp8Linear.from_linear(torch.nn.Linear(200, 90, bias=True)).to(DEV)
-    x = torch.randn(rows, 260, generator=g).to(DEV)[:, :200]
-    want = torch.nn.functional.linear(x, q.dequantized(torch.float32), q.bias)
-    count = kernels.counters(DEV)
-    got = kernels.fp8_linear(x, q.weight, q.scale, q.bias, count, blocks, swap=True)
-    assert got.shape == (rows, 90) and close(got, want, 1e-4) and not count.any()
-    if DEV == "cuda":  # bf16 activations: fp32 sums, one rounding at the end
-        xb = x.bfloat16()
-        want = torch.nn.functional.linear(xb.float(), q.dequantized(torch.float32), q.bias)
-        got = kernels.fp8_linear(xb, q.weight, q.scale, q.bias.bfloat16(), count, swap=True)
-        assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
-
-
-def test_fp8_steps_of_a_few_rows_take_the_swapped_form_up_to_fp8_swap_rows(monkeypatch):
-    """With ``FP8_SWAP_ROWS`` set, FP8 steps of 2 to that many rows launch the kernel with SWAP
-    and :func:`kernels.fp8_swap_blocks`' tile; more rows, one row and unscaled weights do not."""
-    from voicert.engine.gpu.fp8 import Fp8Linear
-
-    launched = []
-    monkeypatch.setattr(kernels, "FP8_SWAP_ROWS", 8)
-    monkeypatch.setattr(
-        kernels, "_fp8_linear_kernel", _Launches(kernels._fp8_linear_kernel, launched)
-    )
-    q = Fp8Linear.from_linear(torch.nn.Linear(64, 48, bias=False)).to(DEV)
-    w = torch.randn(48, 64).to(DEV)
-    for rows in (1, 2, 8, 9):
-        x = torch.randn(rows, 64).to(DEV)
-        want = torch.nn.functional.linear(x, q.dequantized(torch.float32))
-        assert close(kernels.fp8_linear(x, q.weight, q.scale, None), want, 1e-4)
-    assert close(kernels.fp8_linear(x[:2], w, None, None), x[:2] @ w.T, 1e-4)
-    assert [c["SWAP"] for c in launched] == [True, True, False, False]
-    assert launched[0]["BLOCK_N"] == kernels.FP8_SWAP_TILE[0]
-
-
 @pytest.mark.parametrize(
     "rows, k, group",
     [
@@ -558,17 +516,6 @@ class _Spy:
     def __getitem__(self, grid):
         self.calls.append(grid)
         return self.kernel[grid]
-
-
-class _Launches(_Spy):
-    """A kernel's launcher that notes each launch's keyword arguments (its constants)."""
-
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.calls.append(kwargs)
-            return self.kernel[grid](*args, **kwargs)
-
-        return launch
 
 
 @pytest.mark.parametrize("n, group", [(512, 128), (576, 32), (2048, 64)])

@@ -761,14 +761,8 @@ def _fp8_linear_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    SWAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """out [M, N] = x [M, K] @ widened w [N, K]^T (times the row scales, plus the bias), a
-    [BLOCK_M, BLOCK_N] tile a program, K split SPLIT ways (:func:`_split_k_finish`). SWAP: the
-    weights are the MMA's first operand ([BLOCK_N, BLOCK_K] widened in registers, x^T the
-    second), so that a few rows of x pad only the MMA's narrow side and the widened weights
-    need not pass through shared memory; else x is the first operand."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -778,28 +772,23 @@ def _fp8_linear_kernel(
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_ptrs = x_ptr + rm[:, None].to(tl.int64) * stride_xm + (k_lo + rk)[None, :]  # [BM, BK]
     w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
-    if SWAP:
-        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (out^T)
-    else:
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # the first weight tile is read before waiting for the kernel before (PDL): the weights are
     # never written during a step, so their loads overlap that kernel's tail (the loop peeled)
     km = (k_lo + rk) < k_hi
     w_first = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
     _pdl_enter(PDL)
     x_first = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
-    acc = _fp8_dot(x_first, w_first.to(x_first.dtype), acc, IEEE, SWAP)
+    acc = _fp8_dot(x_first, w_first.to(x_first.dtype), acc, IEEE)
     x_ptrs += BLOCK_K
     w_ptrs += BLOCK_K
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         km = (k0 + rk) < k_hi
         x = tl.load(x_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0).to(x.dtype)
-        acc = _fp8_dot(x, w, acc, IEEE, SWAP)
+        acc = _fp8_dot(x, w, acc, IEEE)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    if SWAP:
-        acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     _split_k_finish(
         acc, rm, rn, mm, nm, M, N, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr,
         SPLIT, HAS_SCALE, HAS_BIAS,
@@ -807,13 +796,8 @@ def _fp8_linear_kernel(
 
 
 @triton.jit
-def _fp8_dot(x, w, acc, IEEE: tl.constexpr, SWAP: tl.constexpr = False):
-    """acc [BM, BN] + x [BM, BK] @ w [BN, BK]^T, in IEEE fp32 for fp32 inputs; SWAP: acc [BN,
-    BM] + w @ x^T (the weights the MMA's first operand)."""
-    if SWAP:
-        if IEEE:
-            return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
-        return tl.dot(w, tl.trans(x), acc)
+def _fp8_dot(x, w, acc, IEEE: tl.constexpr):
+    """acc + x [BM, BK] @ w [BN, BK]^T, in IEEE fp32 for fp32 inputs."""
     if IEEE:
         return tl.dot(x, tl.trans(w), acc, input_precision="ieee")
     return tl.dot(x, tl.trans(w), acc)
@@ -1095,7 +1079,6 @@ def fp8_linear(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
-    swap: bool | None = None,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
@@ -1110,10 +1093,7 @@ def fp8_linear(
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks``: the MMA kernel's tiles, overriding :func:`fp8_blocks`
     (given, that kernel runs at any row count: the benchmarks try tiles; five numbers: the
-    split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s. ``swap``: the MMA
-    kernel takes the weights as its first operand (:func:`_fp8_linear_kernel`'s SWAP; ``blocks``
-    then name (BLOCK_M, BLOCK_N, ...) as ever); None: FP8 weights at up to
-    :data:`FP8_SWAP_ROWS` rows, by :func:`fp8_swap_blocks` unless ``blocks`` are named."""
+    split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s."""
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -1130,10 +1110,8 @@ def fp8_linear(
         and n % 16 == 0
     ):
         return fp8_scaled_mm(x2, w, scale, bias, pdl).view(*x.shape[:-1], n)
-    if swap is None:
-        swap = blocks is None and m <= FP8_SWAP_ROWS and w.element_size() == 1
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    default = fp8_swap_blocks(m, n, k) if swap else fp8_blocks(m, n, k, w.element_size())
+    default = fp8_blocks(m, n, k, w.element_size())
     bm, bn, bk, warps, stages, split = tuple(blocks) + default[len(blocks) :] if blocks else default
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
     k_per_split, split, part, count = _split_k(out, k, split, bk, grid_n * grid_m, count)
@@ -1157,21 +1135,12 @@ def fp8_linear(
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
-        SWAP=swap,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
         launch_pdl=pdl,
     )
     return out.view(*x.shape[:-1], n)
-
-
-def fp8_swap_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
-    """:func:`fp8_blocks`' six numbers for the swapped form (``fp8_linear``'s ``swap``): x's
-    rows padded to 16 or the next power of two, :data:`FP8_SWAP_TILE` across the weights, K
-    split until there are enough programs (:func:`_split_rule`)."""
-    bn, bk, warps, stages = FP8_SWAP_TILE
-    return max(16, _pow2(m)), bn, bk, warps, stages, _split_rule(triton.cdiv(n, bn), k)
 
 
 @triton.jit
@@ -1228,9 +1197,6 @@ def fp8_scaled_mm(
     return out if bias is None else out + bias
 
 
-FP8_SWAP_ROWS = 0  # FP8 steps of 2 to this many rows take fp8_linear's swapped form (the
-# weights the MMA's first operand); off until timed
-FP8_SWAP_TILE = (64, 128, 4, 4)  # ... its (BLOCK_N, BLOCK_K, num_warps, num_stages)
 FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
 LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear
 
