@@ -31,6 +31,6 @@ python3 -m pip download -q "${P[@]}" -d "$work/deps" "pydantic==2.13.5" "pydanti
             vllm/third_party/fmha_sm100 \
   && tar cJf ../vllm.tar.xz .)
 tar cf "$work/vb.tar" -C "$work" vllm.tar.xz deps
-rm -f "$out"/part*; split -b 50M -d "$work/vb.tar" "$out/part"
+rm -f "$out"/part*; split -b 40M -d "$work/vb.tar" "$out/part"  # (40 MB: with the ~15 MB tree, one part a call fits 64 MiB)
 sha256sum "$work/vb.tar" | cut -d' ' -f1 > "$out/SHA256"
 rm -rf "$work"; ls -la "$out"
