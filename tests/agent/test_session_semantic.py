@@ -217,7 +217,7 @@ async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_p
     # The client plays it in real time: 10 words of 2 s each, made at once, play for 20 s after
     # they were sent (however slow this machine), and a "mm-hm" in that time is a backchannel,
     # not a new turn that stops the audio.
-    from voicert.speech.tts import TtsWorker
+    from voicert.speech.tts import PluginVoice, TtsWorker
 
     class InstantVoice:  # 2 s of quiet tone per word, in one chunk, no waiting
         sample_rate = 16000
@@ -229,7 +229,7 @@ async def test_a_backchannel_while_a_reply_all_sent_still_plays_lets_the_audio_p
 
     engine = FakeEngine(reply=" ".join(["word"] * 10))
     asr = FakeAsr("tell me a story")
-    tts = TtsWorker(InstantVoice())
+    tts = TtsWorker(PluginVoice(InstantVoice(), "instant"))
     try:
         session, svc, events = over_a_reply(
             TurnConfig(detector="silence"),

@@ -331,9 +331,11 @@ async def test_tool_errors_are_shaped_as_the_api_shapes_them():
 async def test_the_session_voice_is_one_the_server_offers_and_another_is_refused():
     from tests.speech.test_tts import ToneVoice
     from voicert.protocol.realtime import RealtimeError
-    from voicert.speech.tts import TtsWorker
+    from voicert.speech.tts import PluginVoice, TtsWorker
 
-    tts = TtsWorker({"joe": ToneVoice(None), "anna": ToneVoice(None)})
+    tts = TtsWorker(
+        {"joe": PluginVoice(ToneVoice(None), "joe"), "anna": PluginVoice(ToneVoice(None), "anna")}
+    )
     svc = Services(cfg=Config(), vad=EnergyVad(), asr=FakeAsr(), engine=FakeEngine(), tts=tts)
     try:
         ws = FakeWs()

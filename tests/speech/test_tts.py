@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from voicert.config import ConfigError, TtsConfig
-from voicert.speech.tts import EspeakVoice, TtsError, TtsJob, TtsWorker, load_voice
+from voicert.speech.tts import EspeakVoice, PluginVoice, TtsError, TtsJob, TtsWorker, load_voice
 from voicert.speech.worker import WorkerClosed
 
 
@@ -65,7 +65,9 @@ def test_espeak_stops_when_asked_and_rejects_unknown_voices():
 
 def test_plugin_voice_by_dotted_path_and_bad_config():
     voice = load_voice(TtsConfig(engine="tests.speech.test_tts:ToneVoice"))
-    assert type(voice).__name__ == "ToneVoice" and voice.sample_rate == 16000  # imported by path
+    assert isinstance(voice, PluginVoice) and type(voice.inner).__name__ == "ToneVoice"  # by path
+    assert voice.sample_rate == 16000 and voice.voice_id == "ToneVoice"
+    assert voice.name == "tests.speech.test_tts:ToneVoice"
     assert load_voice(TtsConfig(engine="none")) is None
     with pytest.raises(TtsError, match="cannot import"):
         load_voice(TtsConfig(engine="tests.speech.test_tts:Nope"))
@@ -73,9 +75,55 @@ def test_plugin_voice_by_dotted_path_and_bad_config():
         TtsConfig(engine="festival")
 
 
+class NamedVoice(ToneVoice):
+    """A plug-in voice with a name, an id and a warm-up of its own."""
+
+    name = "Tone, named"
+    voice_id = "tone-1"
+
+    def __init__(self, cfg: TtsConfig) -> None:
+        super().__init__(cfg)
+        self.warmed = 0
+
+    def warmup(self):
+        self.warmed += 1
+
+
+class MuteVoice:
+    sample_rate = 16000  # (no synthesize)
+
+    def __init__(self, cfg: TtsConfig) -> None:
+        pass
+
+
+class RatelessVoice(ToneVoice):
+    sample_rate = 16000.0
+
+
+def test_a_plugin_voice_gets_what_it_lacks_and_keeps_what_it_has():
+    """A plug-in needs only an integer sample_rate and synthesize: without them loading it is a
+    config error naming tts.engine; its name, voice id and warm-up are used where it has them,
+    and its first pieces go through synthesize where it has no synthesize_first."""
+    for cls, why in (("MuteVoice", "no synthesize"), ("RatelessVoice", "no integer sample_rate")):
+        with pytest.raises(TtsError, match=f"tts.engine .*{cls}.*{why}"):
+            load_voice(TtsConfig(engine=f"tests.speech.test_tts:{cls}"))
+    voice = load_voice(TtsConfig(engine="tests.speech.test_tts:NamedVoice"))
+    assert isinstance(voice, PluginVoice)
+    assert (voice.name, voice.voice_id) == ("Tone, named", "tone-1")
+    worker = TtsWorker(voice)
+    try:
+        assert list(worker.voices) == ["tone-1"]
+        worker.warmup()
+        assert voice.inner.warmed == 1
+        _, chunks, done = run_job(worker.lane(), "one two", 0)  # a first piece
+        assert done.wait(5) and len(chunks) == 20 and voice.inner.spoken[-1] == "one two"
+    finally:
+        worker.close()
+
+
 def test_worker_speaks_first_pieces_first_and_cancel_stops_a_running_piece():
     voice = ToneVoice(TtsConfig())
-    worker = TtsWorker(voice)
+    worker = TtsWorker(PluginVoice(voice, "tone"))
     try:
         gate = threading.Event()
         blocker = worker.submit(TtsJob("hold", lambda c: gate.wait(5), lambda e: None), 0)
@@ -159,7 +207,7 @@ def test_a_first_piece_takes_whichever_thread_frees_first():
     # two threads, both speaking other replies; a new reply's first piece goes to the thread
     # that frees first (one queue), not to one picked when the reply began
     voice = ToneVoice(TtsConfig())
-    worker = TtsWorker({"tone": voice}, threads=2)
+    worker = TtsWorker({"tone": PluginVoice(voice, "tone")}, threads=2)
     try:
         gate_a, gate_c = threading.Event(), threading.Event()
         worker.lane().submit(TtsJob("hold a", lambda c: gate_a.wait(5), lambda e: None), 0)
@@ -202,7 +250,7 @@ class OverlapVoice(ToneVoice):
 
 def test_a_replys_pieces_are_spoken_one_after_another_in_order_over_several_threads():
     voice = OverlapVoice(TtsConfig())
-    worker = TtsWorker({"tone": voice}, threads=3)
+    worker = TtsWorker({"tone": PluginVoice(voice, "tone")}, threads=3)
     try:
         lanes = {r: worker.lane() for r in "abc"}
         heard = {r: [] for r in lanes}
@@ -231,7 +279,7 @@ def test_a_replys_pieces_are_spoken_one_after_another_in_order_over_several_thre
 
 
 def test_closing_fails_a_replys_held_pieces_in_order():
-    worker = TtsWorker({"tone": ToneVoice(TtsConfig())}, threads=2)
+    worker = TtsWorker({"tone": PluginVoice(ToneVoice(TtsConfig()), "tone")}, threads=2)
     gate, started = threading.Event(), threading.Event()
     errors: list = []
     lane = worker.lane()
@@ -268,13 +316,15 @@ class UrgentVoice(ToneVoice):
 
 def test_a_replys_first_piece_goes_to_the_voices_first_piece_path_and_the_rest_do_not():
     voice = UrgentVoice(TtsConfig())
-    worker = TtsWorker({"urgent": voice}, threads=2)
+    worker = TtsWorker({"urgent": PluginVoice(voice, "urgent")}, threads=2)
     try:
         lane = worker.lane()
         dones = [run_job(lane, text, i)[2] for i, text in enumerate(["first one", "then two"])]
         assert all(d.wait(5) for d in dones)
         assert voice.first == ["first one"] and voice.spoken == ["first one", "then two"]
-        _, _, done = run_job(TtsWorker({"tone": ToneVoice(TtsConfig())}), "no such path")
+        _, _, done = run_job(
+            TtsWorker({"tone": PluginVoice(ToneVoice(TtsConfig()), "t")}), "no such path"
+        )
         assert done.wait(5)  # a voice without it speaks first pieces the one way it has
     finally:
         worker.close()

@@ -113,7 +113,7 @@ def load_services(cfg: Config, hosts=None, speech: tuple[str, bytes] | None = No
         tts.warmup()
         log.info(
             "tts ready (%s, %d Hz; sessions may pick %s)",
-            getattr(tts.voice, "name", cfg.tts.engine),
+            tts.voice.name or cfg.tts.engine,
             tts.sample_rate,
             ", ".join(voices),
         )

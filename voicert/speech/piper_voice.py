@@ -22,6 +22,7 @@ import numpy as np
 
 from voicert.config import TtsConfig
 from voicert.speech.piper_stream import CUDA_QUANTUM, SplitVoice, StreamingSession, split_voice
+from voicert.speech.tts import VoiceBase
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"
@@ -189,7 +190,7 @@ def synthesis_config(voice_config, cfg: TtsConfig, make):
     )
 
 
-class PiperTts:
+class PiperTts(VoiceBase):
     """The :class:`~voicert.speech.tts.Voice` contract over a Piper voice, one :class:`Speaker`
     (its own onnxruntime sessions) per TTS thread (``tts.workers``; ``tts.sessions`` to say
     otherwise). ``tts.stream_frames``: sentences stream out in windows of latent frames (the

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -37,15 +37,73 @@ OnChunk = Callable[[np.ndarray], bool]  # float32 [N] at the voice's rate; False
 
 
 class Voice(Protocol):
-    sample_rate: int
+    """What the TTS worker and the server use of a voice. The built-in voices implement it over
+    :class:`VoiceBase`; a plug-in voice needs only ``sample_rate`` and ``synthesize`` and is
+    given the rest by :class:`PluginVoice`."""
+
+    sample_rate: int  # of the chunks it makes
+    name: str  # what the log calls it
+    voice_id: str  # what a session picks it by ("": its name)
 
     def synthesize(self, text: str, on_chunk: OnChunk) -> None:
         """Speak ``text``: call ``on_chunk`` (on the calling thread) with each float32 chunk as it is
         made, in order, until done or until ``on_chunk`` returns False. Blocking."""
 
-    # Optional: ``synthesize_first(text, on_chunk)``, the same contract for a reply's first piece,
-    # which the caller is waiting on (Piper: on sessions with more threads, tts.first_threads).
-    # TtsWorker calls it for first pieces where a voice has it.
+    def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
+        """:meth:`synthesize` for a reply's first piece, which the caller is waiting on (Piper:
+        on sessions with more threads, ``tts.first_threads``)."""
+
+    def warmup(self) -> None:
+        """Make the first pieces fast (a voice's first runs are slow); may speak and discard."""
+
+
+class VoiceBase:
+    """:class:`Voice`'s defaults: a first piece spoken as any other, nothing to warm up."""
+
+    sample_rate: int
+    name: str = ""
+    voice_id: str = ""
+
+    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
+        raise NotImplementedError
+
+    def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
+        self.synthesize(text, on_chunk)
+
+    def warmup(self) -> None:
+        """Nothing to warm up."""
+
+
+class PluginVoice(VoiceBase):
+    """A voice named by ``tts.engine: package.module:Class``, as :class:`Voice`: it needs only an
+    integer ``sample_rate`` and ``synthesize``, and imports nothing of voicert; what else it has
+    (``synthesize_first``, ``warmup``, ``name``, ``voice_id``) is read here, once, when it is
+    loaded. ``inner``: the plug-in's own object. Raises TtsError naming ``tts.engine`` when the
+    minimum is missing."""
+
+    def __init__(self, inner: Any, engine: str) -> None:
+        rate = getattr(inner, "sample_rate", None)
+        if not isinstance(rate, int) or isinstance(rate, bool):
+            raise TtsError(f"tts.engine {engine!r}: the voice has no integer sample_rate")
+        if not callable(getattr(inner, "synthesize", None)):
+            raise TtsError(f"tts.engine {engine!r}: the voice has no synthesize(text, on_chunk)")
+        self.inner, self.sample_rate = inner, rate
+        self.name = str(getattr(inner, "name", "") or engine)
+        self.voice_id = str(getattr(inner, "voice_id", "") or getattr(inner, "name", "") or "")
+        self.voice_id = self.voice_id or type(inner).__name__
+        self._synthesize = inner.synthesize
+        self._first = getattr(inner, "synthesize_first", None) or self._synthesize
+        self._warmup = getattr(inner, "warmup", None)
+
+    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
+        self._synthesize(text, on_chunk)
+
+    def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
+        self._first(text, on_chunk)
+
+    def warmup(self) -> None:
+        if self._warmup is not None:
+            self._warmup()
 
 
 class TtsError(ConfigError):
@@ -102,13 +160,15 @@ def _load_espeak() -> tuple[ctypes.CDLL, int]:
         return _espeak_lib
 
 
-class EspeakVoice:
-    """eSpeak NG through ctypes. ``voice`` is an eSpeak voice name (``en-us``, ``en-gb``, ``de``...)."""
+class EspeakVoice(VoiceBase):
+    """eSpeak NG through ctypes. ``voice`` is an eSpeak voice name (``en-us``, ``en-gb``, ``de``...),
+    and the id a session picks it by."""
 
     def __init__(self, cfg: TtsConfig) -> None:
         self.lib, self.sample_rate = _load_espeak()
         self.voice, self.rate_wpm, self.pitch = cfg.voice or "en-us", cfg.rate_wpm, cfg.pitch
         self.name = f"eSpeak NG {self.voice}"
+        self.voice_id = self.voice
         self._sink: OnChunk | None = None
         self._callback = _SYNTH_CALLBACK(self._on_samples)  # kept alive as long as the voice
         with _espeak_lock:
@@ -170,18 +230,13 @@ def load_voice(cfg: TtsConfig) -> Voice | None:
         cls = getattr(importlib.import_module(module_name), cls_name)
     except (ImportError, AttributeError) as exc:
         raise TtsError(f"tts.engine {cfg.engine!r}: cannot import it ({exc})") from exc
-    voice = cls(cfg)
-    if not isinstance(getattr(voice, "sample_rate", None), int):
-        raise TtsError(f"tts.engine {cfg.engine!r}: the voice has no integer sample_rate")
-    return voice
+    return PluginVoice(cls(cfg), cfg.engine)
 
 
 def voice_id(voice: Voice) -> str:
-    """The name a session picks a voice by: an eSpeak voice's name, a Piper voice's file stem,
-    else the voice's ``name`` (or its class name)."""
-    if isinstance(voice, EspeakVoice):
-        return voice.voice
-    return str(getattr(voice, "voice_id", None) or getattr(voice, "name", type(voice).__name__))
+    """The name a session picks a voice by: an eSpeak voice's name, a Piper voice's file stem, a
+    plug-in's ``voice_id`` or ``name`` (or its class name)."""
+    return voice.voice_id or voice.name or type(voice).__name__
 
 
 def unoffered(voices: dict[str, Voice] | None, voice: str) -> str | None:
@@ -309,19 +364,18 @@ class TtsWorker(PriorityWorker[TtsJob]):
 
             try:
                 voice = self.voices[job.voice or self.default_voice]
-                speak = getattr(voice, "synthesize_first", None) if job.first else None
-                (speak or voice.synthesize)(job.text, on_chunk)
+                speak = voice.synthesize_first if job.first else voice.synthesize
+                speak(job.text, on_chunk)
             except Exception as exc:  # a voice failure ends this piece, never the worker
                 log.exception("TTS failed on %r", job.text[:60])
                 error = exc
         job.on_done(error)
 
     def warmup(self) -> None:
-        """Speak a word on each of a voice's sessions where it has several (its ``warmup``), then
-        once per thread, all at once (a voice's first runs are slow)."""
+        """Each voice's ``warmup`` (Piper: a word on each of its sessions), then a word once per
+        thread, all at once (a voice's first runs are slow)."""
         for voice in self.voices.values():
-            if hasattr(voice, "warmup"):
-                voice.warmup()
+            voice.warmup()
         done = [threading.Event() for _ in range(self.threads)]
         for event in done:
             self.submit(TtsJob("Ready.", _ignore, _setter(event)), 0)
