@@ -6,9 +6,12 @@
 #   rows1    INT4_GEMV_ROWS 1 (two rows by the MMA kernel)
 #   rows4    INT4_GEMV_ROWS 4 (up to four rows on the CUDA cores)
 #   narrow   GEMV_X_WIDE off (one-row FP8 weights' tile laid out apart from x's)
+#   fp8mm    FP8_MM_ROWS 64 (FP8 steps of 2-64 rows: the rows rounded to FP8, the FP8 tensor
+#            cores with the weights first; kernels.fp8_mm)
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
 #   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
 #   FLAGS=--fp8 VARIANTS="off narrow" bash scripts/gpu/variants.sh "8b"
+#   FLAGS=--fp8 VARIANTS="off fp8mm" STREAMS=2,8,32,64 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
 # FLAGS: the format (default --int4); EXTRA: more bench.engine flags for every side (e.g.
 # "--quant-head"); VARIANTS: "off" and some of the above (default: off unfused); STREAMS: 1
 # unless set; TAG: a prefix for the output files' names.
@@ -24,8 +27,9 @@ for v in ${VARIANTS:-off unfused}; do
     rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k" ;;
     rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k" ;;
     narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k" ;;
+    fp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 64 /' "$tree/$k" ;;
   esac
-  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE) =' "$tree/$k" \
+  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS) =' "$tree/$k" \
     | cut -d' ' -f1,3 | tr '\n' ' ')"
 done
 for shape in $1; do

@@ -761,6 +761,65 @@ def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
     assert ((got.float() - want).norm() / want.norm()).item() < 0.05  # e4m3 activations: ~2 %
 
 
+@pytest.mark.parametrize(
+    "rows, k, blocks",
+    [
+        (2, 256, None),
+        (5, 200, (16, 64, 64, 4, 2, 2)),
+        (20, 384, (32, 32, 128, 4, 2, 1)),
+        (64, 256, None),
+    ],
+)
+def test_fp8_mm_sums_the_fp8_rows_and_weights_it_was_given(rows, k, blocks):
+    """:func:`kernels.fp8_mm`: the rows rounded by :func:`kernels.fp8_rows`, then the FP8 tensor
+    cores with the weights first, against F.linear on both sides widened with their scales:
+    rows padded to 16-64, N and K not multiples of the tile, a bias, K split (the counters left
+    at zero) or not."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(rows)
+    q = Fp8Linear.from_linear(torch.nn.Linear(k, 90, bias=True)).to(DEV)
+    x = torch.randn(rows, k, generator=g).to(DEV)
+    xq, xs = kernels.fp8_rows(x)
+    want = torch.nn.functional.linear(xq.float() * xs, q.dequantized(torch.float32), q.bias)
+    count = kernels.counters(DEV)
+    got = kernels.fp8_mm(x, q.weight, q.scale, q.bias, count, blocks)
+    assert got.shape == (rows, 90) and close(got, want, 1e-4) and not count.any()
+
+
+def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
+    """With ``FP8_MM_ROWS`` set, bf16 steps of 2 to that many rows with FP8 weights launch
+    :func:`kernels.fp8_mm` (the sums of the rows :func:`kernels.fp8_rows` rounds, to bf16's
+    rounding); one row, more rows, fp32 rows (the exactness tests' dtype) and unscaled weights
+    do not."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    launched = []
+    monkeypatch.setattr(kernels, "FP8_MM_ROWS", 8)
+    monkeypatch.setattr(kernels, "_fp8_mm_kernel", _Spy(kernels._fp8_mm_kernel, launched))
+    g = torch.Generator().manual_seed(9)
+    q = Fp8Linear.from_linear(torch.nn.Linear(128, 48, bias=False)).to(DEV)
+    for rows in (1, 2, 8, 9):
+        x = torch.randn(rows, 128, generator=g).to(DEV).bfloat16()
+        got = kernels.fp8_linear(x, q.weight, q.scale, None).float()
+        if 2 <= rows <= 8:  # what the FP8 tensor cores were given
+            xq, xs = kernels.fp8_rows(x)
+            x = xq.float() * xs
+        elif DEV != "cuda":  # (the interpreter's widening kernel: fp32 only; the GPU checks it)
+            continue
+        want = torch.nn.functional.linear(x.float(), q.dequantized(torch.float32))
+        assert close(got, want, 2e-2)
+    assert len(launched) == 2
+    x = torch.randn(2, 128, generator=g).to(DEV)
+    want = torch.nn.functional.linear(x, q.dequantized(torch.float32))
+    assert close(kernels.fp8_linear(x, q.weight, q.scale, None), want, 1e-4)
+    w = torch.randn(48, 128, generator=g).to(DEV).bfloat16()
+    got = kernels.fp8_linear(x.bfloat16(), w, None, None).float()
+    if DEV == "cuda":  # (the interpreter's widening kernel: fp32 only)
+        assert close(got, x.bfloat16().float() @ w.float().T, 5e-2)
+    assert len(launched) == 2
+
+
 @pytest.mark.skipif(
     DEV != "cuda" or not kernels.pdl_supported(DEV),
     reason="programmatic dependent launch: a GPU of compute capability 9.0 or newer",

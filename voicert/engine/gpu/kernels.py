@@ -1086,10 +1086,10 @@ def fp8_linear(
     (launched like the step's other kernels, so with ``pdl`` it chains). The weights are widened
     to x's dtype in registers; the sums run in fp32 (IEEE for fp32 inputs). One row
     (:data:`GEMV_ROWS`) goes to :func:`gemv`, the same sums on the CUDA cores (FP8 weights:
-    up to :data:`GEMV_MAX_N` outputs). More than ``FP8_MMA_ROWS`` rows of bf16/fp16 go to
-    :func:`fp8_scaled_mm` instead (the activations rounded to FP8 too: the tensor cores beat
-    widening there); fp32 inputs, the exactness tests' dtype, always take the widening kernel
-    there. ``count``: zeroed int32
+    up to :data:`GEMV_MAX_N` outputs). Bf16/fp16 rows up to :data:`FP8_MM_ROWS` with FP8
+    weights go to :func:`fp8_mm`, more than ``FP8_MMA_ROWS`` to :func:`fp8_scaled_mm` (the
+    activations rounded to FP8 too: the tensor cores beat widening there); fp32 inputs, the
+    exactness tests' dtype, always take the widening kernel there. ``count``: zeroed int32
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks``: the MMA kernel's tiles, overriding :func:`fp8_blocks`
     (given, that kernel runs at any row count: the benchmarks try tiles; five numbers: the
@@ -1101,6 +1101,14 @@ def fp8_linear(
     m = x2.shape[0]
     if blocks is None and m <= GEMV_ROWS and (n <= GEMV_MAX_N or w.element_size() > 1):
         return gemv(x2, w, scale, bias, count, GEMV_TILE, pdl).view(*x.shape[:-1], n)
+    if (
+        blocks is None
+        and m <= FP8_MM_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and w.dtype == torch.float8_e4m3fn
+    ):
+        assert scale is not None
+        return fp8_mm(x2, w, scale, bias, count, None, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None
         and m > FP8_MMA_ROWS
@@ -1197,6 +1205,121 @@ def fp8_scaled_mm(
     return out if bias is None else out + bias
 
 
+@triton.jit
+def _fp8_mm_kernel(
+    q_ptr,
+    xs_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out [M, N] = (q [M, K] FP8 times its row scales xs [M]) @ (w [N, K] FP8 times its row
+    scales s [N])^T, plus the bias, on the FP8 tensor cores with the weights as the MMA's first
+    operand: acc^T [BN, BM] += w tile [BN, BK] @ q tile^T [BK, BM], both FP8 as they lie in
+    memory (nothing widened, so they may stream to the MMA through shared memory alone), fp32
+    sums. A few rows of q pad only the MMA's narrow side. K split SPLIT ways as
+    :func:`_split_k_finish` does (the row scales applied before, the column scales there)."""
+    pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    nm, mm = rn < N, rm < M
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
+    q_ptrs = q_ptr + rm[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BM, BK]
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (out^T)
+    _pdl_enter(PDL)
+    for k0 in range(k_lo, k_hi, BLOCK_K):
+        km = (k0 + rk) < k_hi
+        w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
+        q = tl.load(q_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
+        acc = tl.dot(w, tl.trans(q), acc)
+        w_ptrs += BLOCK_K
+        q_ptrs += BLOCK_K
+    acc = tl.trans(acc) * tl.load(xs_ptr + rm, mask=mm, other=0.0)[:, None]  # [BM, BN]
+    _split_k_finish(
+        acc, rm, rn, mm, nm, M, N, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, SPLIT, True,
+        HAS_BIAS,
+    )  # fmt: skip
+
+
+def fp8_mm(
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None = None,
+    blocks: tuple[int, ...] | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """x2 [M, K] (bf16 or fp16) with FP8 weights w [N, K] (row scales ``scale`` [N]) plus
+    ``bias`` -> [M, N] in x2's dtype on the FP8 tensor cores, for a few rows (decode steps of
+    several streams): the rows rounded to e4m3 with a scale each (:func:`fp8_rows`, as
+    :func:`fp8_scaled_mm` does), then :func:`_fp8_mm_kernel`, the weights the MMA's first
+    operand, K split as a decode step's Linears are. ``blocks``: (BLOCK_M, BLOCK_N, BLOCK_K,
+    num_warps, num_stages[, SPLIT]) (None: :func:`fp8_mm_blocks`). ``count``: as
+    :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s (both launches)."""
+    m, k = x2.shape
+    n = w.shape[0]
+    q, xs = fp8_rows(x2, pdl)
+    default = fp8_mm_blocks(m, n, k)
+    bm, bn, bk, warps, stages, split = tuple(blocks) + default[len(blocks) :] if blocks else default
+    out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
+    grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
+    k_per_split, split, part, count = _split_k(out, k, split, bk, grid_n * grid_m, count)
+    _fp8_mm_kernel[(grid_n, grid_m, split)](
+        q,
+        xs,
+        w,
+        scale,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        m,
+        n,
+        k,
+        k_per_split,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=stages,
+        launch_pdl=pdl,
+    )
+    return out
+
+
+def fp8_mm_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
+    """:func:`fp8_mm`'s (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT) for x [m, k]
+    and weights [n, k]: the rows padded to 16 or the next power of two (at most 64 in a tile),
+    :data:`FP8_MM_TILE` across the weights, K split until there are enough programs to keep
+    every SM reading (:func:`_split_rule`)."""
+    bm = min(64, max(16, _pow2(m)))
+    bn, bk, warps, stages = FP8_MM_TILE
+    return bm, bn, bk, warps, stages, _split_rule(triton.cdiv(n, bn) * triton.cdiv(m, bm), k)
+
+
+FP8_MM_ROWS = 0  # bf16/fp16 steps of 2 to this many rows with FP8 weights take fp8_mm (the
+# activations rounded to FP8 per row, as vLLM's FP8 does at every size); off until timed
+FP8_MM_TILE = (128, 128, 4, 4)  # ... its (BLOCK_N, BLOCK_K, num_warps, num_stages)
 FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
 LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear
 
