@@ -43,3 +43,31 @@ def test_a_quantized_head_with_a_kv_cache_variant_is_refused_not_ignored(capsys)
         main(["--device", "cuda", "--quantize", "weights,kv-fp8", "--quant-head"])
     assert exc.value.code == 2
     assert "--quant-head quantizes the LM head with the weights" in capsys.readouterr().err
+
+
+def test_rows_rounded_for_w8a8_are_what_the_fp8_rows_kernel_gives():
+    """``weights-nearest-a8`` rounds each FP8 Linear's rows as ``kernels.fp8_rows`` does (one
+    scale per row, its largest magnitude at 448), by a hook on every FP8 Linear and nothing
+    else."""
+    import torch
+
+    from voicert.bench.fp8 import fp8_rows_reference, round_linear_rows
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 64, generator=g) * torch.tensor([[1e-3], [1.0], [30.0], [0.0]])
+    got = fp8_rows_reference(x)
+    scale = x.abs().amax(1, keepdim=True).clamp(min=1e-12) / 448.0
+    assert torch.equal(got, (x / scale).to(torch.float8_e4m3fn).float() * scale)
+    assert torch.equal(got[3], x[3]) and not torch.equal(got, x)
+    # e4m3: 3 mantissa bits; below its smallest normal (2^-6 of the scale), steps of 2^-9
+    assert (got - x).abs().le(torch.maximum(x.abs() / 16, scale * 2**-10)).all()
+    model = torch.nn.Sequential(
+        Fp8Linear.from_linear(torch.nn.Linear(64, 32)), torch.nn.Linear(32, 8)
+    )
+    plain = model(x)
+    assert round_linear_rows(model) == 1
+    fp8 = model[0]
+    assert torch.equal(model(x), model[1](fp8.forward(fp8_rows_reference(x)))) and not torch.equal(
+        model(x), plain
+    )

@@ -25,7 +25,7 @@ import torch
 
 from voicert.bench.cuda_time import graph_times
 from voicert.engine.core.runner import ModelRunner, Row
-from voicert.engine.gpu.fp8 import Fp8Linear, calibration_forward, quantize_fp8
+from voicert.engine.gpu.fp8 import E4M3_MAX, Fp8Linear, calibration_forward, quantize_fp8
 from voicert.engine.gpu.int4 import GROUPS, Int4Linear, quantize_int4
 from voicert.engine.models.layers import KV_DTYPES
 
@@ -89,6 +89,8 @@ def quantized_copy(model, tokenizer=None, quant: str = "fp8"):
 VARIANTS = {
     "weights": "FP8 layer weights (GPTQ rounding, as served)",
     "weights-nearest": "FP8 layer weights (rounded to nearest)",
+    "weights-nearest-a8": "FP8 layer weights (rounded to nearest), each Linear's rows rounded to "
+    "FP8 too, a scale per row (what kernels.fp8_mm and fp8_scaled_mm serve)",
     "int4": "INT4 layer weights, groups of {group} (GPTQ rounding, as served)",
     "int4-nearest": "INT4 layer weights, groups of {group} (rounded to nearest)",
     "int4-zero": "INT4 layer weights, groups of {group}, AWQ's grid (integer zeros; GPTQ)",
@@ -98,6 +100,24 @@ VARIANTS = {
     "kv-fp8": "FP8 KV cache",
     "kv-int8": "INT8 KV cache (a scale per token and KV head)",
 }
+
+
+def fp8_rows_reference(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] rounded as ``kernels.fp8_rows`` rounds a Linear's rows (e4m3, one scale per
+    row: its largest magnitude maps to 448), widened back to x's dtype."""
+    scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / E4M3_MAX  # [..., 1]
+    q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return (q.float() * scale).to(x.dtype)
+
+
+def round_linear_rows(model: torch.nn.Module) -> int:
+    """Round the input rows of each of ``model``'s FP8 Linears to FP8 before it runs
+    (:func:`fp8_rows_reference`, by a forward pre-hook): the activations' side of W8A8 as the
+    GPU serves it for many rows, on any device. Returns how many Linears were hooked."""
+    hooked = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    for m in hooked:
+        m.register_forward_pre_hook(lambda _m, args: (fp8_rows_reference(args[0]), *args[1:]))
+    return len(hooked)
 
 
 def turn_texts(per_text: int = 8) -> list[str]:
@@ -182,8 +202,10 @@ def quality(
     elif variant.startswith("int4"):
         zero = variant.startswith("int4-zero")
         quantize_int4(model, calibrate, group=group, head=head, integer_zero=zero)
-    elif variant in ("weights", "weights-nearest"):
+    elif variant in ("weights", "weights-nearest", "weights-nearest-a8"):
         quantize_fp8(model, calibrate, head=head)
+        if variant.endswith("-a8"):
+            round_linear_rows(model)
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     same, total = agreement(want, next_tokens(model, texts, kv_cache=kv_cache))
     same_more, total_more = agreement(want_more, next_tokens(model, more, kv_cache=kv_cache))
