@@ -5,7 +5,8 @@ A backend declares what it can do in :class:`AsrCapabilities` and the session ad
 (LiveKit's ``STTCapabilities`` is the model): every backend transcribes whole utterances by
 priority (:meth:`Asr.submit`); one with ``streaming`` also takes an utterance's audio as it
 arrives and keeps a running hypothesis (:meth:`Asr.stream`), which live partials and the text
-end-of-turn score read without re-decoding.
+end-of-turn score read without re-decoding. The voice's contract is here too (:class:`Voice`):
+what the TTS worker asks of eSpeak NG, Piper or a plug-in voice.
 
 The contract floor: standard library only (audio is a numpy ``[N] float32`` array at 16 kHz;
 numpy is named for the type checker only).
@@ -188,3 +189,46 @@ class AsrBase(abc.ABC):
 
     def warmup(self) -> None:
         return None
+
+
+# ---------------------------------------------------------------- speech out
+
+OnChunk = Callable[["np.ndarray"], bool]  # float32 [N] at the voice's rate; False: stop this piece
+
+
+class Voice(Protocol):
+    """What the TTS worker and the server use of a voice. The built-in voices implement it over
+    :class:`VoiceBase`; a plug-in voice needs only ``sample_rate`` and ``synthesize`` and is
+    given the rest by :class:`voicert.speech.tts.PluginVoice`."""
+
+    sample_rate: int  # of the chunks it makes
+    name: str  # what the log calls it
+    voice_id: str  # what a session picks it by ("": its name)
+
+    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
+        """Speak ``text``: call ``on_chunk`` (on the calling thread) with each float32 chunk as it is
+        made, in order, until done or until ``on_chunk`` returns False. Blocking."""
+
+    def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
+        """:meth:`synthesize` for a reply's first piece, which the caller is waiting on (Piper:
+        on sessions with more threads, ``tts.first_threads``)."""
+
+    def warmup(self) -> None:
+        """Make the first pieces fast (a voice's first runs are slow); may speak and discard."""
+
+
+class VoiceBase:
+    """:class:`Voice`'s defaults: a first piece spoken as any other, nothing to warm up."""
+
+    sample_rate: int
+    name: str = ""
+    voice_id: str = ""
+
+    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
+        raise NotImplementedError
+
+    def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
+        self.synthesize(text, on_chunk)
+
+    def warmup(self) -> None:
+        """Nothing to warm up."""

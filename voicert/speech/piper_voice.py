@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from voicert.config import TtsConfig
+from voicert.core.speech import VoiceBase
 from voicert.speech.piper_stream import CUDA_QUANTUM, SplitVoice, StreamingSession, split_voice
-from voicert.speech.tts import VoiceBase
 
 log = logging.getLogger(__name__)
 EMBEDDED = "embedded"

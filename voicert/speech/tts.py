@@ -25,53 +25,15 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
 from voicert.config import ConfigError, TtsConfig
+from voicert.core.speech import OnChunk, Voice, VoiceBase
 from voicert.speech.worker import PriorityWorker, WorkerClosed
 
 log = logging.getLogger(__name__)
-OnChunk = Callable[[np.ndarray], bool]  # float32 [N] at the voice's rate; False: stop this piece
-
-
-class Voice(Protocol):
-    """What the TTS worker and the server use of a voice. The built-in voices implement it over
-    :class:`VoiceBase`; a plug-in voice needs only ``sample_rate`` and ``synthesize`` and is
-    given the rest by :class:`PluginVoice`."""
-
-    sample_rate: int  # of the chunks it makes
-    name: str  # what the log calls it
-    voice_id: str  # what a session picks it by ("": its name)
-
-    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
-        """Speak ``text``: call ``on_chunk`` (on the calling thread) with each float32 chunk as it is
-        made, in order, until done or until ``on_chunk`` returns False. Blocking."""
-
-    def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
-        """:meth:`synthesize` for a reply's first piece, which the caller is waiting on (Piper:
-        on sessions with more threads, ``tts.first_threads``)."""
-
-    def warmup(self) -> None:
-        """Make the first pieces fast (a voice's first runs are slow); may speak and discard."""
-
-
-class VoiceBase:
-    """:class:`Voice`'s defaults: a first piece spoken as any other, nothing to warm up."""
-
-    sample_rate: int
-    name: str = ""
-    voice_id: str = ""
-
-    def synthesize(self, text: str, on_chunk: OnChunk) -> None:
-        raise NotImplementedError
-
-    def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
-        self.synthesize(text, on_chunk)
-
-    def warmup(self) -> None:
-        """Nothing to warm up."""
 
 
 class PluginVoice(VoiceBase):
