@@ -71,3 +71,31 @@ def test_rows_rounded_for_w8a8_are_what_the_fp8_rows_kernel_gives():
     assert torch.equal(model(x), model[1](fp8.forward(fp8_rows_reference(x)))) and not torch.equal(
         model(x), plain
     )
+
+
+def test_rows_rounded_for_w4a8_are_int8_in_the_weights_groups():
+    """``int4-gguf-a8`` rounds each INT4 Linear's rows to int8, a scale per row and group of the
+    weights' group (the largest magnitude at 127), by a hook on INT4 Linears only."""
+    import torch
+
+    from voicert.bench.fp8 import int8_groups_reference, round_int4_rows
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(3, 64, generator=g)
+    x[1, 32:] *= 100.0  # a group of its own range
+    x[2, :32] = 0.0
+    got = int8_groups_reference(x, 32)
+    for row, lo in ((0, 0), (0, 32), (1, 0), (1, 32)):
+        part, want = x[row, lo : lo + 32], got[row, lo : lo + 32]
+        scale = part.abs().max() / 127
+        assert torch.equal(want, torch.round(part / scale) * scale)
+        assert torch.allclose(want.abs().max(), part.abs().max())  # (127 steps of the scale)
+        assert (want - part).abs().max() <= scale / 2
+    assert torch.equal(got[2, :32], x[2, :32])
+    model = torch.nn.Sequential(
+        Int4Linear.from_linear(torch.nn.Linear(64, 16), None, 32), torch.nn.Linear(16, 4)
+    )
+    assert round_int4_rows(model) == 1
+    lin = model[0]
+    assert torch.equal(model(x), model[1](lin.forward(int8_groups_reference(x, 32))))

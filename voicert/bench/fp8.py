@@ -97,6 +97,8 @@ VARIANTS = {
     "int4-zero-nearest": "INT4 layer weights, groups of {group}, AWQ's grid (nearest)",
     "int4-gguf": "INT4 from a GGUF model: its 4-bit layers as the file holds them (groups of 32), "
     "the rest FP8 (GPTQ), as served (llm.int4_gguf)",
+    "int4-gguf-a8": "INT4 from a GGUF model as int4-gguf, each INT4 Linear's rows rounded to "
+    "int8 too, a scale per row and group of the weights' (W4A8 on dp4a)",
     "kv-fp8": "FP8 KV cache",
     "kv-int8": "INT8 KV cache (a scale per token and KV head)",
 }
@@ -117,6 +119,26 @@ def round_linear_rows(model: torch.nn.Module) -> int:
     hooked = [m for m in model.modules() if isinstance(m, Fp8Linear)]
     for m in hooked:
         m.register_forward_pre_hook(lambda _m, args: (fp8_rows_reference(args[0]), *args[1:]))
+    return len(hooked)
+
+
+def int8_groups_reference(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [..., K] with each row's every ``group`` columns rounded to int8 with a scale of their
+    own (the largest magnitude maps to 127; round half to even), widened back to x's dtype."""
+    g = x.float().unflatten(-1, (-1, group))  # [..., K // group, group]
+    scale = g.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127.0
+    return (torch.round(g / scale).clamp(-127, 127) * scale).flatten(-2).to(x.dtype)
+
+
+def round_int4_rows(model: torch.nn.Module) -> int:
+    """Round the input rows of each of ``model``'s INT4 Linears to int8 in groups of its weights'
+    group (:func:`int8_groups_reference`, by a forward pre-hook): the activations' side of W4A8.
+    Returns how many Linears were hooked."""
+    hooked = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    for m in hooked:
+        m.register_forward_pre_hook(
+            lambda mod, args: (int8_groups_reference(args[0], mod.group), *args[1:])
+        )
     return len(hooked)
 
 
@@ -189,9 +211,9 @@ def quality(
 
     want, want_more = next_tokens(model, texts), next_tokens(model, more)
     a = asyncio.run(replies())
-    gptq = variant in ("weights", "int4", "int4-zero", "int4-gguf")
+    gptq = variant in ("weights", "int4", "int4-zero", "int4-gguf", "int4-gguf-a8")
     calibrate = calibration_forward(model, tok) if gptq else None
-    if variant == "int4-gguf":
+    if variant.startswith("int4-gguf"):
         from voicert.engine.gpu.gguf import GgufFile, quantize_from_gguf
         from voicert.engine.loader import gguf_source
 
@@ -199,6 +221,8 @@ def quality(
         if source is None:
             raise ValueError(f"--quantize int4-gguf: {model_name} is not a .gguf model")
         quantize_from_gguf(model, GgufFile(source), calibrate, True, group, head)
+        if variant.endswith("-a8"):
+            round_int4_rows(model)
     elif variant.startswith("int4"):
         zero = variant.startswith("int4-zero")
         quantize_int4(model, calibrate, group=group, head=head, integer_zero=zero)
@@ -381,8 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         "--quantize",
         default="weights",
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
-        "rounding), weights-nearest (FP8, nearest), int4, int4-nearest, int4-zero, "
-        "int4-zero-nearest (AWQ's grid), int4-gguf (a .gguf model's own 4-bit layers), kv-fp8, "
+        "rounding), weights-nearest (FP8, nearest), weights-nearest-a8 (and the rows in FP8), "
+        "int4, int4-nearest, int4-zero, int4-zero-nearest (AWQ's grid), int4-gguf (a .gguf "
+        "model's own 4-bit layers), int4-gguf-a8 (and the INT4 Linears' rows in int8), kv-fp8, "
         "kv-int8 (the KV cache)",
     )
     args = ap.parse_args(argv)
