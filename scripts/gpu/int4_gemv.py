@@ -1,8 +1,9 @@
 """One-row INT4 Linears as a decode step reads them, RANDOM WEIGHTS, on the GPU machine: bf16
 F.linear, the MMA kernel's GROUPS path (the default before ``kernels.int4_gemv``) and
 ``kernels.int4_gemv`` (the CUDA cores, the codes read as words; its x layout launched first, as
-served) over a set of tiles (and K split), its K loop unrolled twice or not, then 2 rows by
-GROUPS and by int4_gemv's rows form, each in groups of 128 and of 32. Every call reads weights no call
+served) over a set of tiles (and K split), kernels.int4_gemv_a8 (x rounded to int8 by group,
+dp4a; its x launched first too) over a few, int4_gemv's K loop unrolled twice or not, then 2
+rows by GROUPS and by int4_gemv's rows form, each in groups of 128 and of 32. Every call reads weights no call
 before it read in the last ~512 MB, as a step does (scripts/gpu/gemv_fp8.py's rotation). GPU
 time per call in a CUDA graph (median of 30 replays), the bytes read per second, and each
 kernel's error against F.linear on the widened weights (relative norm).
@@ -44,8 +45,10 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     want = torch.nn.functional.linear(x.float(), one.dequantized(torch.float32))
     count = kernels.counters("cuda", 1 << 15)  # (split tiles of gate_up: 14,336)
 
-    def cell(label: str, path, blocks, x=x, want=want) -> str:
+    def cell(label: str, path, blocks, x=x, want=want, a8=False) -> str:
         def call(q):
+            if a8:  # W4A8: x rounded to int8 by group, dp4a (its error includes that rounding)
+                return kernels.int4_gemv_a8(x, q.weight, q.scale, q.low, None, count, blocks)
             return kernels.int4_linear(x, q.weight, q.scale, q.low, None, count, blocks, path=path)
 
         err = ((call(one).float() - want).norm() / want.norm()).item()
@@ -60,6 +63,8 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     )
     cells = [f"bf16 {bf16:.1f}", cell("groups", P.GROUPS, None)]
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
+    cells += [cell("a8" + "x".join(map(str, t)), None, t, a8=True) for t in GEMV_TILES[:3]]
+    cells.append(cell("a8", None, None, a8=True))
     unroll = kernels.INT4_GEMV_UNROLL_TILES  # the K loop always / never unrolled twice
     for label, tiles in (("unrolled", 1 << 30), ("not unrolled", 0)):
         kernels.INT4_GEMV_UNROLL_TILES = tiles

@@ -6,6 +6,7 @@
 #   rows1    INT4_GEMV_ROWS 1 (two rows by the MMA kernel)
 #   rows4    INT4_GEMV_ROWS 4 (up to four rows on the CUDA cores)
 #   narrow   GEMV_X_WIDE off (one-row FP8 weights' tile laid out apart from x's)
+#   a8       INT4_GEMV_A8 on (one INT4 row: x rounded to int8 by group, dp4a)
 #   fp8mm    FP8_MM_ROWS 64 (FP8 steps of 2-64 rows: the rows rounded to FP8, the FP8 tensor
 #            cores with the weights first; kernels.fp8_mm)
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
@@ -27,9 +28,10 @@ for v in ${VARIANTS:-off unfused}; do
     rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k" ;;
     rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k" ;;
     narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k" ;;
+    a8) sed -i 's/^INT4_GEMV_A8 = False/INT4_GEMV_A8 = True/' "$tree/$k" ;;
     fp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 64 /' "$tree/$k" ;;
   esac
-  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS) =' "$tree/$k" \
+  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|INT4_GEMV_A8|GEMV_X_WIDE|FP8_MM_ROWS) =' "$tree/$k" \
     | cut -d' ' -f1,3 | tr '\n' ' ')"
 done
 for shape in $1; do

@@ -507,6 +507,74 @@ def test_int4_path_takes_a_few_rows_to_int4_gemv_only_where_switched_on_and_step
     assert close(got, torch.nn.functional.linear(x, q.dequantized(torch.float32)), 1e-4)
 
 
+def int8_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [1, K] rounded as int4_gemv_a8 rounds it: (q [1, K] float, -127..127; scales [K //
+    group])."""
+    g = x.float().view(-1, group)
+    sx = g.abs().amax(1).clamp(min=1e-30) / 127.0
+    return torch.floor(g / sx[:, None] + 0.5).view(1, -1), sx
+
+
+@pytest.mark.parametrize(
+    "n, k, group, bias, blocks",
+    [(40, 256, 128, False, None), (33, 192, 64, True, None), (64, 512, 32, True, (2, 16, 1, 3))],
+)
+def test_int4_gemv_a8_sums_the_int8_rounded_row_and_the_dequantized_weights(
+    n, k, group, bias, blocks
+):
+    """W4A8 (``int4_gemv_a8``): x rounded to int8 by the weights' groups (a scale each, the
+    largest magnitude at 127, a group of zeros left zero), each word's codes summed against it
+    by dp4a (emulated by shifts in the interpreter), against F.linear of the rounded x and the
+    widened weights; N not a multiple of the tile, K split (the counters left at zero)."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    g = torch.Generator().manual_seed(n + k)
+    q = Int4Linear.from_linear(torch.nn.Linear(k, n, bias=bias), None, group).to(DEV)
+    x = torch.randn(1, k, generator=g)
+    x[0, :group] *= 50.0  # a group of its own range
+    x[0, group : 2 * group] = 0.0
+    x = x.to(DEV)
+    planes, sx = kernels.int4_a8_planes(x, group)
+    xq, want_sx = int8_groups(x, group)
+    assert torch.equal(sx, want_sx)
+    q4 = xq.view(-1, 2, group // 8, 4).long() & 0xFF  # [groups, half, word, byte]
+    words = (q4 << torch.tensor([0, 8, 16, 24], device=q4.device)).sum(-1)  # [groups, 2, WPG]
+    words = (words + 2**31) % 2**32 - 2**31  # (as int32)
+    assert torch.equal(planes[0].long(), words[:, 0].reshape(-1))  # low nibbles' columns
+    assert torch.equal(planes[1].long(), words[:, 1].reshape(-1))  # high nibbles' columns
+    sums = xq.view(-1, 2, group // 8, 4).sum((1, 3)) * want_sx[:, None]  # [groups, WPG]
+    assert close(planes[2].view(torch.float32), sums.reshape(-1), 1e-6)
+    want = torch.nn.functional.linear(
+        (xq.view(-1, group) * want_sx[:, None]).view(1, -1), q.dequantized(torch.float32), q.bias
+    )
+    count = kernels.counters(DEV)
+    got = kernels.int4_gemv_a8(x, q.weight, q.scale, q.low, q.bias, count, blocks)
+    assert got.shape == (1, n) and close(got, want, 1e-4) and not count.any()
+
+
+def test_one_bf16_row_takes_int4_gemv_a8_with_int4_gemv_a8_set(monkeypatch):
+    """``INT4_GEMV_A8``: a one-row step of bf16 (the served dtype) takes the W4A8 kernel; fp32
+    rows (the exactness tests' dtype) and two rows keep theirs."""
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    launched = []
+    monkeypatch.setattr(kernels, "INT4_GEMV_A8", True)
+    monkeypatch.setattr(
+        kernels, "_int4_a8_gemv_kernel", _Spy(kernels._int4_a8_gemv_kernel, launched)
+    )
+    q = Int4Linear.from_linear(torch.nn.Linear(256, 48, bias=False), None, 128).to(DEV)
+    x = torch.randn(1, 256, generator=torch.Generator().manual_seed(14)).to(DEV)
+    xq, sx = int8_groups(x.bfloat16(), 128)
+    want = torch.nn.functional.linear(
+        (xq.view(-1, 128) * sx[:, None]).view(1, -1), q.dequantized(torch.float32)
+    )
+    got = kernels.int4_linear(x.bfloat16(), q.weight, q.scale, q.low, None)
+    assert got.dtype == torch.bfloat16 and close(got.float(), want, 2e-2) and len(launched) == 1
+    kernels.int4_linear(x, q.weight, q.scale, q.low, None)
+    kernels.int4_linear(torch.cat([x, x]).bfloat16(), q.weight, q.scale, q.low, None)
+    assert len(launched) == 1
+
+
 class _Spy:
     """A kernel's launcher that notes each launch (its grid) before running it."""
 

@@ -1868,6 +1868,213 @@ def int4_planes(
     return planes
 
 
+@triton.jit
+def _int4_a8_planes_kernel(
+    x_ptr, p_ptr, sx_ptr, K, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    """One row x [K] -> :func:`_int4_a8_gemv_kernel`'s x, BLOCK columns (whole groups) a
+    program: each group's columns rounded to int8 with a scale of their own (sx [K // GROUP]
+    fp32: the largest magnitude maps to 127; ``floor(v + 0.5)``), and for each packed word of a
+    weight row (its low nibbles columns c..c+3 of a group's first half, its high ones c + HALF..)
+    planes [3, XS]: 0 the int8 x of its low nibbles' columns as one int32 (column c + j in byte
+    j), 1 of its high ones', 2 its eight rounded x's sum, sx * sum(q), fp32 (bits as int32)."""
+    WPG: tl.constexpr = GROUP // 8
+    G: tl.constexpr = BLOCK // GROUP
+    c0 = tl.program_id(0) * BLOCK
+    cols = c0 + tl.arange(0, BLOCK)
+    _pdl_enter(PDL)
+    x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
+    xg = tl.reshape(x, (G, GROUP))
+    sx = tl.maximum(tl.max(tl.abs(xg), axis=1), 1e-30) / 127.0  # [G]
+    q = tl.floor(tl.div_rn(xg, sx[:, None]) + 0.5)  # [G, GROUP]: -127..127 (IEEE division)
+    gi = c0 // GROUP + tl.arange(0, G)
+    tl.store(sx_ptr + gi, sx, mask=gi < K // GROUP)
+    # [g, half, word, column of four]: column c + j of a half goes to byte j of its word
+    q4 = tl.reshape(q.to(tl.int32), (G, 2, WPG, 4))
+    shift = (tl.arange(0, 4) * 8)[None, None, None, :]
+    packed = tl.sum((q4 & 0xFF) << shift, axis=3)  # [G, 2, WPG]: the bytes do not overlap
+    lo, hi = tl.split(tl.permute(packed, (0, 2, 1)))  # [G, WPG] each
+    wsum = tl.sum(tl.sum(tl.reshape(q, (G, 2, WPG, 4)), axis=3), axis=1) * sx[:, None]
+    wi = gi[:, None] * WPG + tl.arange(0, WPG)[None, :]
+    wm = wi < K // 8
+    tl.store(p_ptr + wi, lo, mask=wm)
+    tl.store(p_ptr + XS + wi, hi, mask=wm)
+    tl.store(p_ptr + 2 * XS + wi, wsum.to(tl.int32, bitcast=True), mask=wm)
+
+
+@triton.jit
+def _dp4a(a, b, c, EMULATE: tl.constexpr):
+    """c + the sum of a's four bytes (unsigned) times b's (signed), each of a, b int32 (c: int32,
+    or None for 0): ``dp4a.u32.s32``, one instruction (EMULATE: by shifts, for Triton's
+    interpreter)."""
+    if EMULATE:
+        out = tl.zeros_like(a) if c is None else c
+        for j in tl.static_range(4):
+            out += ((a >> (8 * j)) & 0xFF) * ((b << (24 - 8 * j)) >> 24)
+    elif c is None:  # (a literal 0: no register zeroed a step)
+        out = tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, 0;", "=r,r,r", [a, b], dtype=tl.int32, is_pure=True,
+            pack=1,
+        )  # fmt: skip
+    else:
+        out = tl.inline_asm_elementwise(
+            "dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+            is_pure=True, pack=1,
+        )  # fmt: skip
+    return out
+
+
+@triton.jit
+def _int4_a8_gemv_kernel(
+    p_ptr,
+    sx_ptr,
+    w_ptr,
+    s_ptr,
+    l_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    N,
+    K: tl.constexpr,
+    k_per_split,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    GROUP: tl.constexpr,
+    EVEN: tl.constexpr,
+    EMULATE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """:func:`_int4_gemv_kernel` with x rounded to int8 by group (:func:`int4_gemv_a8`): a
+    word's eight codes against x's bytes by two ``dp4a`` (its low nibbles masked in place as
+    four bytes, its high ones shifted down four), an exact int32 sum; then, per word, scale *
+    sx * that + low * the word's sum of x. Eight instructions a word and row, against the fp32
+    widening's ~23. Tiles, reads ahead and splits as :func:`_int4_gemv_kernel`'s; p_ptr: the
+    planes [3, K // 8] (int32), sx_ptr: x's scales [K // GROUP]."""
+    WPG: tl.constexpr = GROUP // 8
+    STEP: tl.constexpr = BLOCK_G * WPG
+    W: tl.constexpr = K // 8
+    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rg = tl.arange(0, BLOCK_G)
+    rw = tl.arange(0, WPG)
+    nm = rn < N
+    groups = K // GROUP
+    g_lo = pid_k * (k_per_split // GROUP)
+    g_hi = tl.minimum(g_lo + k_per_split // GROUP, groups)
+    gw = (g_lo + rg)[:, None, None] * WPG + rw[None, None, :]  # [BG, 1, WPG]
+    w_ptrs = w_ptr + rn[None, :, None].to(tl.int64) * W + gw  # [BG, BN, WPG]
+    p_ptrs = p_ptr + gw
+    sl_at = rn[None, :].to(tl.int64) * groups + (g_lo + rg)[:, None]  # [BG, BN]
+    wm = ((g_lo + rg) < g_hi)[:, None, None] & nm[None, :, None]
+    v = tl.load(w_ptrs, mask=None if EVEN else wm)  # the first two steps before the wait
+    wm = ((g_lo + BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
+    v1 = tl.load(w_ptrs + STEP, mask=(g_lo + BLOCK_G < g_hi) if EVEN else wm)
+    _pdl_enter(PDL)
+    acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
+    for g0 in range(g_lo, g_hi, BLOCK_G):
+        wm = ((g0 + 2 * BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
+        v2 = tl.load(w_ptrs + 2 * STEP, mask=(g0 + 2 * BLOCK_G < g_hi) if EVEN else wm)
+        if EVEN:
+            s = tl.load(s_ptr + sl_at).to(tl.float32)[:, :, None]  # [BG, BN, 1]
+            low = tl.load(l_ptr + sl_at).to(tl.float32)[:, :, None]
+            sx = tl.load(sx_ptr + g0 + rg)[:, None, None]  # [BG, 1, 1]
+            x_lo = tl.load(p_ptrs)  # [BG, 1, WPG] int32
+            x_hi = tl.load(p_ptrs + W)
+            x_sum = tl.load(p_ptrs + 2 * W).to(tl.float32, bitcast=True)
+        else:
+            gm = (g0 + rg) < g_hi
+            m2 = gm[:, None] & nm[None, :]
+            pm = gm[:, None, None]
+            s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
+            low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
+            sx = tl.load(sx_ptr + g0 + rg, mask=gm, other=0.0)[:, None, None]
+            x_lo = tl.load(p_ptrs, mask=pm, other=0)
+            x_hi = tl.load(p_ptrs + W, mask=pm, other=0)
+            x_sum = tl.load(p_ptrs + 2 * W, mask=pm, other=0).to(tl.float32, bitcast=True)
+        t = _dp4a(v & 0x0F0F0F0F, x_lo, None, EMULATE)
+        t = _dp4a((v >> 4) & 0x0F0F0F0F, x_hi, t, EMULATE)
+        acc += low * x_sum  # (two FMAs, not a product and two sums)
+        acc += (s * sx) * t.to(tl.float32)
+        v, v1 = v1, v2
+        w_ptrs += STEP
+        p_ptrs += STEP
+        sl_at += BLOCK_G
+    rm = tl.arange(0, 1)
+    _split_k_finish(
+        tl.sum(tl.sum(acc, axis=2), axis=0)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr,
+        out_ptr, part_ptr, count_ptr, SPLIT, False, HAS_BIAS,
+    )  # fmt: skip
+
+
+def int4_a8_planes(x2: torch.Tensor, group: int, pdl: bool = False) -> tuple:
+    """One row x2 [1, K] rounded to int8 by groups of ``group`` and laid out for
+    :func:`int4_gemv_a8`: (planes [3, K // 8] int32, scales [K // group] fp32)
+    (:func:`_int4_a8_planes_kernel`). ``pdl``: as :func:`add_rms_norm`'s."""
+    k = x2.shape[1]
+    planes = torch.empty(3, k // 8, dtype=torch.int32, device=x2.device)
+    sx = torch.empty(k // group, dtype=torch.float32, device=x2.device)
+    block = max(group, INT4_PLANES_BLOCK)
+    _int4_a8_planes_kernel[(triton.cdiv(k, block),)](
+        x2, planes, sx, k, k // 8, GROUP=group, BLOCK=block, PDL=pdl, launch_pdl=pdl
+    )
+    return planes, sx
+
+
+def int4_gemv_a8(
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor,
+    low: torch.Tensor,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None = None,
+    blocks: tuple[int, ...] | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands) -> [1, N]
+    in x2's dtype, x rounded to int8 in the weights' groups first (W4A8:
+    :func:`int4_a8_planes`, then :func:`_int4_a8_gemv_kernel`, two launches chained by PDL
+    with ``pdl``): each code's product an exact integer, by ``dp4a``. The activations are
+    rounded (not exact to :func:`int4_gemv`); ``INT4_GEMV_A8`` serves it. ``blocks``, ``count``:
+    as :func:`int4_gemv`'s."""
+    m, k = x2.shape
+    n, group = w.shape[0], k // scale.shape[1]
+    assert m == 1 and x2.stride(-1) == 1 and w.is_contiguous(), x2.shape
+    assert group >= 8 and group & (group - 1) == 0, group
+    bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
+        x2, n, group, blocks, count
+    )
+    planes, sx = int4_a8_planes(x2, group, pdl)
+    _int4_a8_gemv_kernel[(tiles, 1, split)](
+        planes,
+        sx,
+        w.view(torch.int32),
+        scale,
+        low,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        n,
+        k,
+        k_per_split,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_N=bn,
+        BLOCK_G=bg,
+        GROUP=group,
+        EVEN=n % bn == 0 and k % (bg * group) == 0,
+        EMULATE=x2.device.type != "cuda",
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=pdl,
+    )
+    return out
+
+
 def int4_gemv(
     x2: torch.Tensor,
     w: torch.Tensor,
@@ -1896,6 +2103,9 @@ def int4_gemv(
     if m > 1:
         assert planes is None, "planes are laid out here for more than one row"
         return _int4_gemv_rows(x2, w, scale, low, bias, count, blocks, pdl, group)
+    if INT4_GEMV_A8 and x2.dtype in (torch.bfloat16, torch.float16):
+        assert planes is None, "INT4_GEMV_A8 lays its own x out (INT4_PLANES_FUSED: its planes)"
+        return int4_gemv_a8(x2, w, scale, low, bias, count, blocks, pdl)
     bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
         x2, n, group, blocks, count
     )
@@ -2040,6 +2250,8 @@ INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): 
 INT4_GEMV_UNROLL_TILES = 2048  # its K loop unrolled twice at up to this many programs (about
 # a wave): Llama-8B down 18.4 -> 16.4 us, o 8.1 -> 7.8, 1B down 11.3 -> 8.8; more programs
 # lost (8B gate_up 26.7 -> 29.9, qkv 9.7 -> 10.8; H200, docs/benchmarks.md 65)
+INT4_GEMV_A8 = False  # a bf16/fp16 row takes int4_gemv_a8 (x rounded to int8 by group, dp4a)
+# instead of the fp32 widening; off until timed
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
 INT4_PLANES_FUSED = True  # the kernels that write an INT4 Linear's one-row x write its planes
 # too (add_rms_norm, silu_mul), one launch less each: 8B TPOT 2.75 -> 2.66 ms, 1B 0.85 -> 0.80

@@ -233,7 +233,8 @@ class LlamaModel(nn.Module):
         Else (None, 0)."""
         from voicert.engine.gpu import kernels
 
-        if not (kernels.INT4_PLANES_FUSED and rows == 1 and isinstance(lin, Int4Linear)):
+        fused = kernels.INT4_PLANES_FUSED and not kernels.INT4_GEMV_A8  # (A8: its own x)
+        if not (fused and rows == 1 and isinstance(lin, Int4Linear)):
             return None, 0
         k = lin.in_features
         if kernels.int4_path(1, lin.out_features, k, lin.group) is not kernels.Int4Path.GEMV:
