@@ -1944,6 +1944,7 @@ def _int4_a8_gemv_kernel(
     BLOCK_G: tl.constexpr,
     GROUP: tl.constexpr,
     EVEN: tl.constexpr,
+    UNROLL: tl.constexpr,
     EMULATE: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -1974,7 +1975,7 @@ def _int4_a8_gemv_kernel(
     v1 = tl.load(w_ptrs + STEP, mask=(g_lo + BLOCK_G < g_hi) if EVEN else wm)
     _pdl_enter(PDL)
     acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
-    for g0 in range(g_lo, g_hi, BLOCK_G):
+    for g0 in tl.range(g_lo, g_hi, BLOCK_G, loop_unroll_factor=UNROLL):
         wm = ((g0 + 2 * BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
         v2 = tl.load(w_ptrs + 2 * STEP, mask=(g0 + 2 * BLOCK_G < g_hi) if EVEN else wm)
         if EVEN:
@@ -2066,6 +2067,7 @@ def int4_gemv_a8(
         BLOCK_G=bg,
         GROUP=group,
         EVEN=n % bn == 0 and k % (bg * group) == 0,
+        UNROLL=2 if tiles * split <= INT4_GEMV_UNROLL_TILES else 1,
         EMULATE=x2.device.type != "cuda",
         PDL=pdl,
         num_warps=warps,
