@@ -858,8 +858,8 @@ def test_fp8_mm_sums_the_fp8_rows_and_weights_it_was_given(rows, k, blocks):
 def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
     """With ``FP8_MM_ROWS`` set, bf16 steps of 2 to that many rows with FP8 weights launch
     :func:`kernels.fp8_mm` (the sums of the rows :func:`kernels.fp8_rows` rounds, to bf16's
-    rounding); one row, more rows, fp32 rows (the exactness tests' dtype) and unscaled weights
-    do not."""
+    rounding); one row (even of weights too wide for gemv), more rows, fp32 rows (the
+    exactness tests' dtype) and unscaled weights do not."""
     from voicert.engine.gpu.fp8 import Fp8Linear
 
     launched = []
@@ -885,6 +885,8 @@ def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
     got = kernels.fp8_linear(x.bfloat16(), w, None, None).float()
     if DEV == "cuda":  # (the interpreter's widening kernel: fp32 only)
         assert close(got, x.bfloat16().float() @ w.float().T, 5e-2)
+    monkeypatch.setattr(kernels, "GEMV_MAX_N", 32)  # one row of a wide FP8 head: not fp8_mm
+    kernels.fp8_linear(x[:1].bfloat16(), q.weight, q.scale, None)
     assert len(launched) == 2
 
 

@@ -1103,7 +1103,7 @@ def fp8_linear(
         return gemv(x2, w, scale, bias, count, GEMV_TILE, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None
-        and m <= FP8_MM_ROWS
+        and 2 <= m <= FP8_MM_ROWS
         and x.dtype in (torch.bfloat16, torch.float16)
         and w.dtype == torch.float8_e4m3fn
     ):
