@@ -1,8 +1,15 @@
-"""Process set-up: the open-files limit."""
+"""Process set-up: the open-files limit; a host process's first word."""
 
 import resource
 
-from voicert.hosting import raise_fd_limit
+import pytest
+
+from voicert.hosting import HostFailed, HostProcess, HostStop, raise_fd_limit, say_status
+
+
+def _says(msg, status):
+    """A host process that says ``msg`` first, then exits."""
+    say_status(status, msg)
 
 
 def test_the_open_files_soft_limit_is_raised_to_the_hard_one():
@@ -19,3 +26,18 @@ def test_the_open_files_soft_limit_is_raised_to_the_hard_one():
         assert raise_fd_limit(cap=4096) == (expected, expected)  # already there: nothing to do
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize(
+    "msg, why",
+    [(HostFailed("no model here"), "no model here"), (HostStop(), "it stopped before it started")],
+)
+def test_a_host_whose_first_word_is_not_ready_fails_its_start_with_why(msg, why):
+    """A host that says it failed, or anything but ready, first: ``wait_ready`` raises a
+    RuntimeError naming the host and why (never an AttributeError of the message)."""
+    host = HostProcess("test host", _says, (msg,))
+    try:
+        with pytest.raises(RuntimeError, match=f"test host failed to start: {why}"):
+            host.wait_ready(60)
+    finally:
+        host.proc.join(10)

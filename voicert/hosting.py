@@ -136,7 +136,8 @@ class HostProcess:
             first = HostFailed(f"it exited (status {self.proc.exitcode})")
         if not isinstance(first, HostReady):
             self.proc.join(5)
-            raise RuntimeError(f"{self.what} failed to start: {first.error}")
+            why = first.error if isinstance(first, HostFailed) else "it stopped before it started"
+            raise RuntimeError(f"{self.what} failed to start: {why}")
         self.pid = first.pid
         return first.pid
 

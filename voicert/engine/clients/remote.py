@@ -397,7 +397,12 @@ class EngineProcess(EngineLink):
             first = ipc.StartFailed(f"it exited (status {self._proc.exitcode})")
         if not isinstance(first, ipc.Ready):
             self._proc.join(5)
-            raise RuntimeError(f"engine process failed to start: {first.error}")
+            why = (
+                first.error
+                if isinstance(first, (ipc.StartFailed, ipc.Failed))
+                else f"it sent {type(first).__name__} before it was ready"
+            )
+            raise RuntimeError(f"engine process failed to start: {why}")
         super().__init__(req_w, ev_r, model_dir, first.pid)
         log.info("engine process %d ready", self.pid)
 
