@@ -1541,7 +1541,7 @@ def _int4_gemv_kernel(
     w_ptr: the packed codes read as int32 words [N, W = K // 8]; word i of a row holds bytes
     4i..4i+3, so (a group's HALF bytes being a whole number of words) its four low nibbles are
     columns c..c+3 of one group's first half and its four high nibbles c + HALF..c + HALF + 3.
-    p_ptr: x as :func:`_int4_planes_kernel` lays it out, [10, XS] fp32.
+    p_ptr: x as :func:`_int4_planes_kernel` lays it out, [10, K // 8] fp32.
 
     A program (one warp: its loads need no layout conversion, which costs shared memory and
     barriers every step) takes BLOCK_N rows and BLOCK_G groups a K step: words [BG, BN, WPG]
@@ -1563,7 +1563,6 @@ def _int4_gemv_kernel(
     STEP: tl.constexpr = BLOCK_G * WPG  # words a row a step
     W: tl.constexpr = K // 8  # words a weight row, and values a plane (a constant: the reads
     # share one address register, with immediate offsets)
-    XS: tl.constexpr = K // 8
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     rg = tl.arange(0, BLOCK_G)
@@ -1595,7 +1594,7 @@ def _int4_gemv_kernel(
         else:
             s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
             low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
-        acc = _int4_gemv_step(acc, v, p_ptrs, XS, s, low, ONE, None if EVEN else gm[:, None, None])
+        acc = _int4_gemv_step(acc, v, p_ptrs, W, s, low, ONE, None if EVEN else gm[:, None, None])
         v, v1 = v1, v2
         w_ptrs += STEP
         p_ptrs += STEP
@@ -1632,13 +1631,12 @@ def _int4_gemv_rows_kernel(
 ):
     """:func:`_int4_gemv_kernel` for M rows of x at once, M <= ROWS (a power of two): each
     word's codes widened once for every row, the weights read once. p_ptr: the rows' planes,
-    [ROWS, 10, XS] (rows past M: zeros, their sums are not stored); out [M, N]. Tiles [BG,
+    [ROWS, 10, K // 8] (rows past M: zeros, their sums are not stored); out [M, N]. Tiles [BG,
     BN, ROWS, WPG]: the words [BG, BN, 1, WPG] and the planes [BG, 1, ROWS, WPG] in one layout
     (no conversion a step). Whole steps only (N a multiple of BN, K of a step)."""
     WPG: tl.constexpr = GROUP // 8
     STEP: tl.constexpr = BLOCK_G * WPG
     W: tl.constexpr = K // 8  # words a weight row, and values a plane
-    XS: tl.constexpr = K // 8
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     rr = tl.arange(0, ROWS)
@@ -1649,7 +1647,7 @@ def _int4_gemv_rows_kernel(
     g_hi = tl.minimum(g_lo + k_per_split // GROUP, groups)
     gw = (g_lo + rg)[:, None, None, None] * WPG + rw[None, None, None, :]  # [BG, 1, 1, WPG]
     w_ptrs = w_ptr + rn[None, :, None, None].to(tl.int64) * W + gw  # [BG, BN, 1, WPG]
-    p_ptrs = p_ptr + rr[None, None, :, None] * (10 * XS) + gw  # [BG, 1, ROWS, WPG]
+    p_ptrs = p_ptr + rr[None, None, :, None] * (10 * W) + gw  # [BG, 1, ROWS, WPG]
     sl_at = rn[None, :].to(tl.int64) * groups + (g_lo + rg)[:, None]  # [BG, BN]
     v = tl.load(w_ptrs)  # the first two steps before the wait
     v1 = tl.load(w_ptrs + STEP, mask=g_lo + BLOCK_G < g_hi)
@@ -1659,7 +1657,7 @@ def _int4_gemv_rows_kernel(
         v2 = tl.load(w_ptrs + 2 * STEP, mask=g0 + 2 * BLOCK_G < g_hi)
         s = tl.load(s_ptr + sl_at).to(tl.float32)[:, :, None, None]  # [BG, BN, 1, 1]
         low = tl.load(l_ptr + sl_at).to(tl.float32)[:, :, None, None]
-        acc = _int4_gemv_step(acc, v, p_ptrs, XS, s, low, ONE, None)
+        acc = _int4_gemv_step(acc, v, p_ptrs, W, s, low, ONE, None)
         v, v1 = v1, v2
         w_ptrs += STEP
         p_ptrs += STEP
