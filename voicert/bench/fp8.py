@@ -25,7 +25,13 @@ import torch
 
 from voicert.bench.cuda_time import graph_times
 from voicert.engine.core.runner import ModelRunner, Row
-from voicert.engine.gpu.fp8 import E4M3_MAX, Fp8Linear, calibration_forward, quantize_fp8
+from voicert.engine.gpu.fp8 import (
+    E4M3_MAX,
+    FP8_GRID,
+    Fp8Linear,
+    calibration_forward,
+    quantize_fp8,
+)
 from voicert.engine.gpu.int4 import GROUPS, Int4Linear, quantize_int4
 from voicert.engine.models.layers import KV_DTYPES
 
@@ -108,8 +114,7 @@ def fp8_rows_reference(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] rounded as ``kernels.fp8_rows`` rounds a Linear's rows (e4m3, one scale per
     row: its largest magnitude maps to 448), widened back to x's dtype."""
     scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / E4M3_MAX  # [..., 1]
-    q = (x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-    return (q.float() * scale).to(x.dtype)
+    return FP8_GRID.put(x.float(), scale, torch.zeros_like(scale)).to(x.dtype)
 
 
 def round_linear_rows(model: torch.nn.Module) -> int:
