@@ -217,18 +217,21 @@ class Voice(Protocol):
         """Make the first pieces fast (a voice's first runs are slow); may speak and discard."""
 
 
-class VoiceBase:
-    """:class:`Voice`'s defaults: a first piece spoken as any other, nothing to warm up."""
+class VoiceBase(abc.ABC):
+    """:class:`Voice`'s defaults: a first piece spoken as any other, nothing to warm up.
+    Subclasses implement ``synthesize`` and set ``sample_rate``."""
 
     sample_rate: int
     name: str = ""
     voice_id: str = ""
 
+    @abc.abstractmethod
     def synthesize(self, text: str, on_chunk: OnChunk) -> None:
-        raise NotImplementedError
+        """As :meth:`Voice.synthesize`."""
 
     def synthesize_first(self, text: str, on_chunk: OnChunk) -> None:
         self.synthesize(text, on_chunk)
 
     def warmup(self) -> None:
         """Nothing to warm up."""
+        return None

@@ -51,8 +51,9 @@ class PluginVoice(VoiceBase):
             raise TtsError(f"tts.engine {engine!r}: the voice has no synthesize(text, on_chunk)")
         self.inner, self.sample_rate = inner, rate
         self.name = str(getattr(inner, "name", "") or engine)
-        self.voice_id = str(getattr(inner, "voice_id", "") or getattr(inner, "name", "") or "")
-        self.voice_id = self.voice_id or type(inner).__name__
+        self.voice_id = str(
+            getattr(inner, "voice_id", "") or getattr(inner, "name", "") or type(inner).__name__
+        )
         self._synthesize = inner.synthesize
         self._first = getattr(inner, "synthesize_first", None) or self._synthesize
         self._warmup = getattr(inner, "warmup", None)
