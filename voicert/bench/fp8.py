@@ -20,6 +20,7 @@ import argparse
 import copy
 import statistics
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -117,14 +118,24 @@ def fp8_rows_reference(x: torch.Tensor) -> torch.Tensor:
     return FP8_GRID.put(x.float(), scale, torch.zeros_like(scale)).to(x.dtype)
 
 
+def _round_inputs(
+    model: torch.nn.Module,
+    kind: type,
+    rounding: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor],
+) -> int:
+    """Round the input rows of each of ``model``'s modules of ``kind`` by ``rounding(module,
+    x)`` before it runs (a forward pre-hook). Returns how many were hooked."""
+    hooked = [m for m in model.modules() if isinstance(m, kind)]
+    for m in hooked:
+        m.register_forward_pre_hook(lambda mod, args: (rounding(mod, args[0]), *args[1:]))
+    return len(hooked)
+
+
 def round_linear_rows(model: torch.nn.Module) -> int:
     """Round the input rows of each of ``model``'s FP8 Linears to FP8 before it runs
-    (:func:`fp8_rows_reference`, by a forward pre-hook): the activations' side of W8A8 as the
-    GPU serves it for many rows, on any device. Returns how many Linears were hooked."""
-    hooked = [m for m in model.modules() if isinstance(m, Fp8Linear)]
-    for m in hooked:
-        m.register_forward_pre_hook(lambda _m, args: (fp8_rows_reference(args[0]), *args[1:]))
-    return len(hooked)
+    (:func:`fp8_rows_reference`): the activations' side of W8A8 as the GPU serves it for many
+    rows, on any device. Returns how many Linears were hooked."""
+    return _round_inputs(model, Fp8Linear, lambda _m, x: fp8_rows_reference(x))
 
 
 def int8_groups_reference(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -137,14 +148,9 @@ def int8_groups_reference(x: torch.Tensor, group: int) -> torch.Tensor:
 
 def round_int4_rows(model: torch.nn.Module) -> int:
     """Round the input rows of each of ``model``'s INT4 Linears to int8 in groups of its weights'
-    group (:func:`int8_groups_reference`, by a forward pre-hook): the activations' side of W4A8.
-    Returns how many Linears were hooked."""
-    hooked = [m for m in model.modules() if isinstance(m, Int4Linear)]
-    for m in hooked:
-        m.register_forward_pre_hook(
-            lambda mod, args: (int8_groups_reference(args[0], mod.group), *args[1:])
-        )
-    return len(hooked)
+    group (:func:`int8_groups_reference`): the activations' side of W4A8. Returns how many
+    Linears were hooked."""
+    return _round_inputs(model, Int4Linear, lambda m, x: int8_groups_reference(x, m.group))
 
 
 def turn_texts(per_text: int = 8) -> list[str]:
