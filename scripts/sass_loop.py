@@ -31,7 +31,7 @@ KERNELS = {  # name: (kernel, its pointer and integer arguments' types, its othe
     ),
     "int4_gemv_a8": (
         kernels._int4_a8_gemv_kernel,
-        {"p_ptr": "*i32", "sx_ptr": "*fp32", "w_ptr": "*i32"},
+        {"p_ptr": "*i32", "w_ptr": "*i32"},
         {},
         {"EVEN": True, "EMULATE": False, "PDL": True},
     ),

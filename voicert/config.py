@@ -359,6 +359,10 @@ class LlmConfig:
     int4_gguf: bool = True  # int4 on a .gguf model: the file's 4-bit layers (Q4_0, Q4_1, Q4_K)
     # as it holds them, in groups of 32, not rounded again (engine/gpu/gguf.py; docs/benchmarks.md
     # 63); the rest by llm.rounding. false: every layer rounded from the dequantized weights
+    int4_activations: str = "model"  # int4: a one-stream decode step's x as the model holds it
+    # (model) | int8: rounded to int8 by weight group (W4A8) and summed by dp4a: 8B one-stream
+    # TPOT 2.40 -> 2.06 ms on an H200; 1.5B top-1 agreement 99.1 -> 98.1 % (docs/benchmarks.md
+    # 68-69); steps of more streams keep x, so a reply then depends on what shares its steps
     quant_head: bool = False  # fp8, int4: the LM head in the layers' format too, rounded to nearest
     # (8B: 1.05 GB of bf16 read every step; docs/benchmarks.md 57)
     rounding: str = "gptq"  # fp8, int4: gptq: each weight's value chosen with GPTQ's error
@@ -520,6 +524,16 @@ class LlmConfig:
         )
         _check(not (self.int4 and self.engine != "fast"), "llm.int4", "needs llm.engine: fast")
         _check(self.int4_group in (128, 64, 32), "llm.int4_group", "must be 128, 64 or 32")
+        _check(
+            self.int4_activations in ("model", "int8"),
+            "llm.int4_activations",
+            "must be model or int8",
+        )
+        _check(
+            self.int4_activations == "model" or self.int4,
+            "llm.int4_activations",
+            "int8 needs llm.int4 (it rounds what INT4 layers are given)",
+        )
         _check(
             not self.quant_head or self.fp8 or self.int4,
             "llm.quant_head",

@@ -8,7 +8,8 @@ the FP8 bytes read per second, and each form's error against F.linear on the wid
 and the unrounded rows (relative norm).
 
 Usage (GPU machine, repo root, PYTHONPATH as scripts/gpu/kernel-env.sh sets it):
-python3 scripts/gpu/fp8_rows.py [8b,1b] [2,8,16,32,64]
+python3 scripts/gpu/fp8_rows.py [8b,1b] [2,8,16,32,64] [splits]
+("splits": fp8_mm's 64- and 128-wide tiles at each SPLIT of SPLITS instead of MM_TILES)
 """
 
 import itertools
@@ -24,6 +25,7 @@ ROTATE_BYTES = 512 << 20
 # fp8_mm's (BLOCK_N, BLOCK_K, num_warps, num_stages[, SPLIT]); no SPLIT: by the default rule
 MM_TILES = [(128, 128, 4, 4), (64, 128, 4, 4), (128, 256, 4, 3), (64, 256, 4, 4), (128, 128, 8, 4)]
 MM_TILES += [(128, 128, 4, 4, 1), (64, 128, 4, 6)]
+SPLITS = (1, 2, 3, 4, 6, 8)
 
 
 def _rotating(fns: list):
@@ -31,7 +33,7 @@ def _rotating(fns: list):
     return lambda: next(it)()
 
 
-def _shape(n: int, k: int, rows: list[int]) -> list[str]:
+def _shape(n: int, k: int, rows: list[int], tiles: list[tuple]) -> list[str]:
     one = Fp8Linear.from_linear(_linear(torch.randn(n, k, device="cuda") * 0.02))
     nbytes = one.weight.nbytes + one.scale.nbytes
     copies = max(4, -(-ROTATE_BYTES // nbytes))
@@ -62,18 +64,21 @@ def _shape(n: int, k: int, rows: list[int]) -> list[str]:
             _rotating([lambda w=w: torch.nn.functional.linear(x, w) for w in ws]), len(ws)
         )
         cells = [f"bf16 {bf16:.1f}", cell("served", None, False)]
-        for tile in MM_TILES:
+        for tile in tiles:
             blocks = (min(64, max(16, kernels._pow2(m))), *tile)
             cells.append(cell("mm " + "x".join(map(str, tile)), blocks, True))
         lines.append(f"{m} rows | " + " | ".join(cells))
     return lines
 
 
-def main(shapes: str = "8b,1b", rows: str = "2,8,16,32,64") -> None:
+def main(shapes: str = "8b,1b", rows: str = "2,8,16,32,64", mode: str = "tiles") -> None:
+    tiles = MM_TILES
+    if mode == "splits":
+        tiles = [(bn, 128, 4, 4, split) for bn in (64, 128) for split in SPLITS]
     print(f"# {torch.cuda.get_device_name()}; us per call (FP8 GB/s), RANDOM WEIGHTS", flush=True)
     for shape in shapes.split(","):
         for name, n, k in SHAPE_SETS[f"llama-{shape}"]:
-            for line in _shape(n, k, [int(r) for r in rows.split(",")]):
+            for line in _shape(n, k, [int(r) for r in rows.split(",")], tiles):
                 print(f"{shape} {name} {n}x{k} {line}", flush=True)
             torch.cuda.empty_cache()
 

@@ -6,13 +6,17 @@
 #   rows1    INT4_GEMV_ROWS 1 (two rows by the MMA kernel)
 #   rows4    INT4_GEMV_ROWS 4 (up to four rows on the CUDA cores)
 #   narrow   GEMV_X_WIDE off (one-row FP8 weights' tile laid out apart from x's)
-#   a8       INT4_GEMV_A8 on (one INT4 row: x rounded to int8 by group, dp4a)
-#   fp8mm    FP8_MM_ROWS 64 (FP8 steps of 2-64 rows: the rows rounded to FP8, the FP8 tensor
-#            cores with the weights first; kernels.fp8_mm)
+#   a8       --int4-activations int8 (one INT4 row: x rounded to int8 by group, dp4a; the
+#            norms lay it out)
+#   a8apart  a8 with INT4_PLANES_FUSED off (each Linear lays its own x out)
+#   nofp8mm  FP8_MM_ROWS 0 (FP8 steps of 2-64 rows widen the weights in registers, as before
+#            kernels.fp8_mm; docs/benchmarks.md 69)
+#   imprecise  fp8_mm's sums left in the FP8 MMA's accumulator for all of K (Triton's sm_90
+#            default), not added into fp32 after each tile
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
 #   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
 #   FLAGS=--fp8 VARIANTS="off narrow" bash scripts/gpu/variants.sh "8b"
-#   FLAGS=--fp8 VARIANTS="off fp8mm" STREAMS=2,8,32,64 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
+#   FLAGS=--fp8 VARIANTS="off nofp8mm" STREAMS=2,8,32,64 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
 # FLAGS: the format (default --int4); EXTRA: more bench.engine flags for every side (e.g.
 # "--quant-head"); VARIANTS: "off" and some of the above (default: off unfused); STREAMS: 1
 # unless set; TAG: a prefix for the output files' names.
@@ -28,18 +32,20 @@ for v in ${VARIANTS:-off unfused}; do
     rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k" ;;
     rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k" ;;
     narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k" ;;
-    a8) sed -i 's/^INT4_GEMV_A8 = False/INT4_GEMV_A8 = True/' "$tree/$k" ;;
-    fp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 64 /' "$tree/$k" ;;
+    a8apart) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
+    nofp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 0 /' "$tree/$k" ;;
+    imprecise) sed -i 's/, max_num_imprecise_acc=BLOCK_K)/)/' "$tree/$k" ;;
   esac
-  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|INT4_GEMV_A8|GEMV_X_WIDE|FP8_MM_ROWS) =' "$tree/$k" \
+  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS) =' "$tree/$k" \
     | cut -d' ' -f1,3 | tr '\n' ' ')"
 done
 for shape in $1; do
   for round in $(seq "${ROUNDS:-2}"); do
     for v in ${VARIANTS:-off unfused}; do
+      case $v in a8 | a8apart) act="--int4-activations int8" ;; *) act="" ;; esac
       (cd "/tmp/variant-$v" && PYTHONPATH=/tmp/variant-$v:/root/site python3 -m voicert.bench.engine \
         --model "llama-$shape-random" --device cuda ${FLAGS:---int4} --spec 0 --new-tokens 128 \
-        --streams "${STREAMS:-1}" --reps 10 --kv-gb 4 --against none --no-baseline ${EXTRA:-}) \
+        --streams "${STREAMS:-1}" --reps 10 --kv-gb 4 --against none --no-baseline $act ${EXTRA:-}) \
         > "$out/engine-${TAG:-}$shape-$v-$round.txt" 2>&1
       echo "== ${TAG:-}$shape $v round $round"
       grep -E 'TPOT per stream, [0-9]+ streams, decode only \(P50\)' \

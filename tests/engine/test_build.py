@@ -63,6 +63,37 @@ def test_the_start_up_line_says_whether_the_lm_head_was_quantized(caplog):
         assert isinstance(model.lm_head, torch.nn.Linear) == (shape is TINY)
 
 
+def test_int4_activations_int8_rounds_every_int4_layers_one_row_x(caplog):
+    """``llm.int4_activations: int8``: every INT4 Linear rounds a one-row bf16 step's x to int8
+    by group (W4A8); the log line counts them. The default leaves x as it is."""
+    import logging
+
+    import torch
+
+    from tests.engine.quantized import SMALL
+    from voicert.engine.build import _quantize_weights
+    from voicert.engine.gpu.int4 import Int4Linear
+    from voicert.engine.models.llama import random_llama
+
+    for setting in ("model", "int8"):
+        model = random_llama(SMALL, torch.float32, "cpu")
+        cfg = EngineConfig(device="cuda", int4=True, rounding="nearest", int4_activations=setting)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="voicert.engine.build"):
+            _quantize_weights(model, None, cfg)
+        layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+        assert len(layers) == 4 * SMALL.num_layers
+        assert all(lin.a8 == (setting == "int8") for lin in layers)
+        said = f"{len(layers)} of them rounding a one-row x to int8 (W4A8)"
+        assert (said in caplog.text) == (setting == "int8")
+    cfg = EngineConfig(device="cuda", int4=True, rounding="nearest", int4_activations="int8")
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="voicert.engine.build"):
+        spec = dataclasses.replace(cfg, spec_tokens=2)
+        _quantize_weights(random_llama(SMALL, torch.float32, "cpu"), None, spec)
+    assert "not token-identical to greedy decoding" in caplog.text
+
+
 @pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
 def test_int4_on_a_gguf_model_serves_its_4_bit_layers_and_the_rest_fp8_where_it_runs(
     monkeypatch, caplog, capability

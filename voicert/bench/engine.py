@@ -311,6 +311,7 @@ class Bench:
             fp8=args.fp8,
             int4=args.int4,
             int4_group=args.int4_group,
+            int4_activations=args.int4_activations,
             quant_head=args.quant_head,
             # random weights have no text to calibrate on; the rounding changes no timing
             rounding="gptq" if self.tokenizer is not None else "nearest",
@@ -560,6 +561,7 @@ def render(
         f"{'; FP8 weights' if args.fp8 else ''}"
         f"{'; INT4 weights (groups of ' + str(args.int4_group) + ')' if args.int4 else ''}"
         f"{Q4KM if args.q4km else ''}"
+        f"{'; a one-row x rounded to int8 (W4A8)' if args.int4_activations == 'int8' else ''}"
         f"{'; the LM head quantized too' if args.quant_head else ''}"
         f"{'; CUDA graphs' if args.cuda_graphs else ''}"
         f"{'; fused Triton kernels' if args.fused_kernels else ''}"
@@ -680,6 +682,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --int4 (llm.int4_group)",
     )
     ap.add_argument(
+        "--int4-activations",
+        choices=("model", "int8"),
+        default="model",
+        help="with --int4: int8 rounds a one-stream step's x to int8 by group, W4A8 "
+        "(llm.int4_activations)",
+    )
+    ap.add_argument(
         "--q4km",
         action="store_true",
         help="with --int4: the layers as llm.int4_gguf serves a Q4_K_M file: INT4 in groups of 32, "
@@ -710,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--fp8, --int4 and --kv-cache int8 | fp8 are GPU options")
     if args.fp8 and args.int4:
         ap.error("--fp8 and --int4 are two quantizations: choose one")
+    if args.int4_activations != "model" and not args.int4:
+        ap.error("--int4-activations is a setting of --int4")
     if args.q4km and not args.int4:
         ap.error("--q4km is a layout of --int4")
     if args.q4km:

@@ -186,7 +186,7 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
     (engine/gpu/gguf.py), the rest rounded. Refuses INT8 with either, and for FP8 GPUs whose
     Triton cannot widen it (compute capability below 8.9)."""
     from voicert.engine.gpu.fp8 import calibration_forward, quantize_fp8
-    from voicert.engine.gpu.int4 import quantize_int4
+    from voicert.engine.gpu.int4 import quantize_int4, set_activations
     from voicert.engine.loader import gguf_source
 
     if cfg.int8:
@@ -207,6 +207,16 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
         done = [f"{n} INT4 (groups of {cfg.int4_group})"]
     else:
         done = [f"{quantize_fp8(module, calibrate, head=cfg.quant_head)} FP8"]
+    if cfg.int4_activations == "int8":
+        n = set_activations(module, True)
+        done.append(f"{n} of them rounding a one-row x to int8 (W4A8)")
+    if (cfg.fp8 or cfg.int4_activations == "int8") and cfg.spec_tokens > 0:
+        log.warning(
+            "%s with speculation: a verify step's rows and a one-stream step's row are rounded "
+            "differently (kernels.fp8_mm, int4_gemv_a8), so replies are not token-identical "
+            "to greedy decoding in bf16 / fp16",
+            "fp8" if cfg.fp8 else "int4_activations int8",
+        )
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
     head = ""

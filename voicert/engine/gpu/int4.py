@@ -155,6 +155,7 @@ class Int4Linear(nn.Module):
         self.register_buffer("low", low)  # [N, K // group] float16
         self.register_buffer("bias", bias)  # [N] in the model's dtype, or None
         self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
+        self.a8 = False  # llm.int4_activations int8: one-row steps round x (W4A8, a8_rounds)
 
     @classmethod
     def from_linear(
@@ -202,16 +203,21 @@ class Int4Linear(nn.Module):
     ) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
         programmatic dependent launch (engine/gpu/kernels.py). ``planes``: one row's x laid
-        out for the one-row kernel already (``kernels.int4_planes``' values; CUDA only)."""
+        out for the one-row kernel already (``kernels.int4_planes``' values, or with ``a8``
+        ``kernels.int4_a8_planes``'; CUDA only). With ``a8``, a row that :func:`a8_rounds`
+        is rounded to int8 by group first, here as on the GPU (:func:`int8_groups`)."""
+        a8 = self.a8 and a8_rounds(x.numel() // x.shape[-1], x.dtype)
         if x.is_cuda:
             from voicert.engine.gpu import kernels
 
             if self._count is None or self._count.device != x.device:
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
             return kernels.int4_linear(
-                x, self.weight, self.scale, self.low, self.bias, self._count, pdl=pdl, planes=planes
-            )
-        y = torch.nn.functional.linear(x.float(), self.dequantized(torch.float32))  # [..., N]
+                x, self.weight, self.scale, self.low, self.bias, self._count, pdl=pdl,
+                planes=planes, a8=a8,
+            )  # fmt: skip
+        xs = int8_groups(x, self.group) if a8 else x.float()
+        y = torch.nn.functional.linear(xs, self.dequantized(torch.float32))  # [..., N]
         if self.bias is not None:
             y = y + self.bias.float()
         return y.to(x.dtype)
@@ -219,8 +225,33 @@ class Int4Linear(nn.Module):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"int4, group={self.group}"
+            f"int4, group={self.group}{', a8' if self.a8 else ''}"
         )
+
+
+def a8_rounds(rows: int, dtype: torch.dtype) -> bool:
+    """Whether an Int4Linear with ``a8`` (``llm.int4_activations: int8``) rounds x of ``rows``
+    rows to int8: one row (a decode step of one stream; ``kernels.int4_gemv_a8``) of bf16 or
+    fp16. Steps of more rows and fp32 rows (the exactness tests') keep x as it is."""
+    return rows == 1 and dtype in (torch.bfloat16, torch.float16)
+
+
+def int8_groups(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [..., K] rounded as ``kernels.int4_gemv_a8`` rounds it, in float32: each group of
+    ``group`` columns to int8 codes with a scale (its largest magnitude maps to 127, a group of
+    zeros stays zero; ``floor(v / scale + 0.5)``), times that scale."""
+    g = x.float().reshape(-1, group)  # [rows * groups, group]
+    sx = g.abs().amax(1, keepdim=True).clamp(min=1e-30) / 127.0
+    return (torch.floor(g / sx + 0.5) * sx).reshape(x.shape)
+
+
+def set_activations(model: nn.Module, int8: bool) -> int:
+    """``llm.int4_activations``: every Int4Linear of ``model`` rounds its one-row x to int8
+    (``int8``; :func:`a8_rounds`) or not. How many layers it set."""
+    layers = [m for m in model.modules() if isinstance(m, Int4Linear)]
+    for lin in layers:
+        lin.a8 = int8
+    return len(layers)
 
 
 def nearest(

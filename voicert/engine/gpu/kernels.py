@@ -127,6 +127,7 @@ def _add_rms_norm_kernel(
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
     PLANES: tl.constexpr,
+    A8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -144,7 +145,10 @@ def _add_rms_norm_kernel(
     y = ((x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * n_cols + cols, y, mask=m)
     if PLANES:  # one row, for an INT4 Linear's one-row kernel (groups of PLANES columns)
-        _int4_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
+        if A8:
+            _int4_a8_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
+        else:
+            _int4_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
 
 
 def add_rms_norm(
@@ -160,7 +164,8 @@ def add_rms_norm(
     (rms_norm(residual) * weight, residual). Without: returns (rms_norm(x) * weight, x).
     ``pdl``: launch with programmatic dependent launch (only where :func:`pdl_supported`).
     ``planes`` [10, n // 8] fp32 (one row only): also filled with the output laid out for
-    :func:`int4_gemv` in groups of ``group`` (:func:`int4_planes`' values, bit for bit)."""
+    :func:`int4_gemv` in groups of ``group`` (:func:`int4_planes`' values, bit for bit); or
+    [4, n // 8] int32: for :func:`int4_gemv_a8` (:func:`int4_a8_planes`' values)."""
     n = x.shape[-1]
     out = torch.empty_like(x)
     rows = x.numel() // n
@@ -177,6 +182,7 @@ def add_rms_norm(
         HAS_RES=residual is not None,
         BLOCK=_pow2(n),
         PLANES=0 if planes is None else group,
+        A8=planes is not None and planes.dtype == torch.int32,
         PDL=pdl,
         num_warps=4 if n <= 4096 else 8,
         launch_pdl=pdl,
@@ -189,7 +195,14 @@ def add_rms_norm(
 
 @triton.jit
 def _silu_mul_kernel(
-    gu_ptr, out_ptr, p_ptr, inter, BLOCK: tl.constexpr, PLANES: tl.constexpr, PDL: tl.constexpr
+    gu_ptr,
+    out_ptr,
+    p_ptr,
+    inter,
+    BLOCK: tl.constexpr,
+    PLANES: tl.constexpr,
+    A8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     c0 = tl.program_id(1) * BLOCK
@@ -202,7 +215,10 @@ def _silu_mul_kernel(
     y = (act * u).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * inter + cols, y, mask=m)
     if PLANES:  # one row, for an INT4 Linear's one-row kernel (groups of PLANES columns)
-        _int4_planes_put(p_ptr, inter // 8, y.to(tl.float32), c0, inter, PLANES, BLOCK)
+        if A8:
+            _int4_a8_planes_put(p_ptr, inter // 8, y.to(tl.float32), c0, inter, PLANES, BLOCK)
+        else:
+            _int4_planes_put(p_ptr, inter // 8, y.to(tl.float32), c0, inter, PLANES, BLOCK)
 
 
 def silu_mul(
@@ -225,6 +241,7 @@ def silu_mul(
         inter,
         BLOCK=block,
         PLANES=0 if planes is None else group,
+        A8=planes is not None and planes.dtype == torch.int32,
         PDL=pdl,
         launch_pdl=pdl,
     )
@@ -232,12 +249,15 @@ def silu_mul(
 
 
 def _planes_check(planes: torch.Tensor | None, rows: int, n: int, group: int) -> None:
-    """``planes`` for a kernel that writes x: one row, [10, n // 8] fp32 contiguous, groups of
-    a power of two of at least 8 columns dividing n."""
+    """``planes`` for a kernel that writes x: one row, groups of a power of two of at least 8
+    columns dividing n; [10, n // 8] fp32 (:func:`int4_planes`' layout) or [4, n // 8] int32
+    (:func:`int4_a8_planes`'), contiguous."""
     if planes is None:
         return
     assert rows == 1 and group >= 8 and group & (group - 1) == 0 and n % group == 0, (rows, n)
-    assert planes.shape == (10, n // 8) and planes.dtype == torch.float32, planes.shape
+    a8 = planes.dtype == torch.int32
+    assert planes.shape == (4 if a8 else 10, n // 8), planes.shape
+    assert a8 or planes.dtype == torch.float32, planes.dtype
     assert planes.is_contiguous()
 
 
@@ -1230,7 +1250,10 @@ def _fp8_mm_kernel(
     scales s [N])^T, plus the bias, on the FP8 tensor cores with the weights as the MMA's first
     operand: acc^T [BN, BM] += w tile [BN, BK] @ q tile^T [BK, BM], both FP8 as they lie in
     memory (nothing widened, so they may stream to the MMA through shared memory alone), fp32
-    sums. A few rows of q pad only the MMA's narrow side. K split SPLIT ways as
+    sums: each K tile's sum is added into acc in fp32, as DeepSeek-V3's FP8 GEMMs promote theirs
+    (Triton's default on sm_90 leaves all of K in the MMA's accumulator, which keeps fewer bits:
+    ~2^-13 of a sum within one tile, measured on an H200; promoting costs an 8B step 1-2 %,
+    docs/benchmarks.md 69). A few rows of q pad only the MMA's narrow side. K split SPLIT ways as
     :func:`_split_k_finish` does (the row scales applied before, the column scales there)."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -1247,7 +1270,7 @@ def _fp8_mm_kernel(
         km = (k0 + rk) < k_hi
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
         q = tl.load(q_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
-        acc = tl.dot(w, tl.trans(q), acc)
+        acc = tl.dot(w, tl.trans(q), acc, max_num_imprecise_acc=BLOCK_K)
         w_ptrs += BLOCK_K
         q_ptrs += BLOCK_K
     acc = tl.trans(acc) * tl.load(xs_ptr + rm, mask=mm, other=0.0)[:, None]  # [BM, BN]
@@ -1271,15 +1294,16 @@ def fp8_mm(
     several streams): the rows rounded to e4m3 with a scale each (:func:`fp8_rows`, as
     :func:`fp8_scaled_mm` does), then :func:`_fp8_mm_kernel`, the weights the MMA's first
     operand, K split as a decode step's Linears are. ``blocks``: (BLOCK_M, BLOCK_N, BLOCK_K,
-    num_warps, num_stages[, SPLIT]) (None: :func:`fp8_mm_blocks`). ``count``: as
+    num_warps, num_stages[, SPLIT]) (None: :func:`fp8_mm_blocks`; no SPLIT, or 0: by
+    :func:`_split_rule`). ``count``: as
     :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s (both launches)."""
     m, k = x2.shape
     n = w.shape[0]
     q, xs = fp8_rows(x2, pdl)
-    default = fp8_mm_blocks(m, n, k)
-    bm, bn, bk, warps, stages, split = tuple(blocks) + default[len(blocks) :] if blocks else default
+    bm, bn, bk, warps, stages, split = (*blocks, 0)[:6] if blocks else fp8_mm_blocks(m, n, k)
     out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
+    split = split or _split_rule(grid_n * grid_m, k)
     k_per_split, split, part, count = _split_k(out, k, split, bk, grid_n * grid_m, count)
     _fp8_mm_kernel[(grid_n, grid_m, split)](
         q,
@@ -1309,17 +1333,25 @@ def fp8_mm(
 
 def fp8_mm_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
     """:func:`fp8_mm`'s (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT) for x [m, k]
-    and weights [n, k]: the rows padded to 16 or the next power of two (at most 64 in a tile),
-    :data:`FP8_MM_TILE` across the weights, K split until there are enough programs to keep
-    every SM reading (:func:`_split_rule`)."""
+    and weights [n, k]: the rows padded to 16 or the next power of two (at most 64 in a tile).
+    Across the weights, 128-wide tiles unsplit where there are enough of them for every SM
+    (:data:`FP8_SMS`; Llama-8B's gate_up); else 64-wide tiles, K split until there are
+    :data:`FP8_PROGRAMS` programs (half that above 32 rows, whose programs do more sums). On
+    an H200's Llama-8B shapes this came within 0-6 % of the best split of 64- and 128-wide tiles
+    at 2-64 rows (scripts/gpu/fp8_rows.py, docs/benchmarks.md 69)."""
     bm = min(64, max(16, _pow2(m)))
-    bn, bk, warps, stages = FP8_MM_TILE
-    return bm, bn, bk, warps, stages, _split_rule(triton.cdiv(n, bn) * triton.cdiv(m, bm), k)
+    bk, warps, stages = FP8_MM_TILE
+    if triton.cdiv(n, 128) >= FP8_SMS:
+        return bm, 128, bk, warps, stages, 1
+    programs = FP8_PROGRAMS if m <= 32 else FP8_PROGRAMS // 2
+    return bm, 64, bk, warps, stages, _split_rule(triton.cdiv(n, 64), k, programs=programs)
 
 
-FP8_MM_ROWS = 0  # bf16/fp16 steps of 2 to this many rows with FP8 weights take fp8_mm (the
-# activations rounded to FP8 per row, as vLLM's FP8 does at every size); off until timed
-FP8_MM_TILE = (128, 128, 4, 4)  # ... its (BLOCK_N, BLOCK_K, num_warps, num_stages)
+FP8_MM_ROWS = 64  # bf16/fp16 steps of 2 to this many rows with FP8 weights take fp8_mm (the
+# activations rounded to FP8 per row, as vLLM's FP8 does at every size): 8B TPOT at 8 / 32 / 64
+# streams 3.99 / 4.99 / 5.45 -> 3.19 / 3.67 / 4.55 ms (H200, docs/benchmarks.md 69)
+FP8_MM_TILE = (128, 4, 4)  # ... its (BLOCK_K, num_warps, num_stages)
+FP8_SMS = 132  # an H100's SMs (an H200's too)
 FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
 LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear
 
@@ -1769,6 +1801,7 @@ def int4_linear(
     swap: bool = True,
     path: Int4Path | None = None,
     planes: torch.Tensor | None = None,
+    a8: bool = False,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times packed INT4 weights w [N, K // 2] uint8 (engine/gpu/
     int4.py's layout) with float16 scales and lows [N, K // group], plus ``bias`` [N] -> [..., N]
@@ -1789,9 +1822,14 @@ def int4_linear(
     :data:`INT4_GEMV_MAX_ROWS`) on the CUDA cores (:func:`int4_gemv`, whose ``blocks`` are its
     own; ``planes``: x laid out for it already,
     given only where the path is GEMV). WIDEN and GEMV are chosen only where ``blocks`` is left
-    out: with tiles and no ``path``, the MMA kernel runs by GROUPS."""
+    out: with tiles and no ``path``, the MMA kernel runs by GROUPS. ``a8`` (one bf16/fp16 row:
+    engine/gpu/int4.py's ``a8_rounds``): x rounded to int8 by group, on the GEMV path always
+    (:func:`int4_gemv_a8`; ``planes``: its own)."""
     n, k = w.shape[0], 2 * w.shape[1]
     group = k // scale.shape[1]
+    if a8:
+        assert x.numel() == k and x.dtype in (torch.bfloat16, torch.float16), x.shape
+        path = Int4Path.GEMV
     if path is None:
         path = int4_path(x.numel() // k, n, k, group)
         if blocks is not None and path in (Int4Path.WIDEN, Int4Path.GEMV):  # MMA tiles asked for
@@ -1805,7 +1843,7 @@ def int4_linear(
     m = x2.shape[0]
     assert planes is None or path is Int4Path.GEMV, path
     if path is Int4Path.GEMV:
-        out = int4_gemv(x2, w, scale, low, bias, count, blocks, pdl, planes)
+        out = int4_gemv(x2, w, scale, low, bias, count, blocks, pdl, planes, a8)
         return out.view(*x.shape[:-1], n)
     scaled = path is Int4Path.SCALED
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -1868,25 +1906,35 @@ def int4_planes(
 
 @triton.jit
 def _int4_a8_planes_kernel(
-    x_ptr, p_ptr, sx_ptr, K, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
+    x_ptr, p_ptr, K, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
-    """One row x [K] -> :func:`_int4_a8_gemv_kernel`'s x, BLOCK columns (whole groups) a
-    program: each group's columns rounded to int8 with a scale of their own (sx [K // GROUP]
-    fp32: the largest magnitude maps to 127; ``floor(v + 0.5)``), and for each packed word of a
-    weight row (its low nibbles columns c..c+3 of a group's first half, its high ones c + HALF..)
-    planes [3, XS]: 0 the int8 x of its low nibbles' columns as one int32 (column c + j in byte
-    j), 1 of its high ones', 2 its eight rounded x's sum, sx * sum(q), fp32 (bits as int32)."""
-    WPG: tl.constexpr = GROUP // 8
-    G: tl.constexpr = BLOCK // GROUP
+    """One row x [K] -> :func:`_int4_a8_gemv_kernel`'s planes [4, XS] int32, BLOCK columns
+    (whole groups) a program (:func:`_int4_a8_planes_put`)."""
     c0 = tl.program_id(0) * BLOCK
     cols = c0 + tl.arange(0, BLOCK)
     _pdl_enter(PDL)
     x = tl.load(x_ptr + cols, mask=cols < K, other=0.0).to(tl.float32)
-    xg = tl.reshape(x, (G, GROUP))
+    _int4_a8_planes_put(p_ptr, XS, x, c0, K, GROUP, BLOCK)
+
+
+@triton.jit
+def _int4_a8_planes_put(p_ptr, XS, y, c0, K, GROUP: tl.constexpr, BLOCK: tl.constexpr):
+    """Columns c0..c0 + BLOCK of one row, y [BLOCK] fp32 (c0 a multiple of BLOCK, BLOCK of
+    GROUP; 0 past K), rounded to int8 by group with a scale each (sx: the largest magnitude
+    maps to 127; ``floor(v / sx + 0.5)``), into the planes [4, XS] int32 that
+    :func:`_int4_a8_gemv_kernel` reads: for each packed word of a weight row (its low nibbles
+    columns c..c+3 of a group's first half, its high ones c + HALF..), plane 0 the int8 x of
+    its low nibbles' columns as one int32 (column c + j in byte j), 1 of its high ones', 2 its
+    eight rounded x's sum, sx * sum(q), as fp32 bits; plane 3's first K // GROUP entries the
+    groups' sx, as fp32 bits. The kernels that write x for an INT4 Linear (:func:`add_rms_norm`,
+    :func:`silu_mul`) call this too, so their planes are these, bit for bit."""
+    WPG: tl.constexpr = GROUP // 8
+    G: tl.constexpr = BLOCK // GROUP
+    xg = tl.reshape(y, (G, GROUP))
     sx = tl.maximum(tl.max(tl.abs(xg), axis=1), 1e-30) / 127.0  # [G]
     q = tl.floor(tl.div_rn(xg, sx[:, None]) + 0.5)  # [G, GROUP]: -127..127 (IEEE division)
     gi = c0 // GROUP + tl.arange(0, G)
-    tl.store(sx_ptr + gi, sx, mask=gi < K // GROUP)
+    tl.store(p_ptr + 3 * XS + gi, sx.to(tl.int32, bitcast=True), mask=gi < K // GROUP)
     # [g, half, word, column of four]: column c + j of a half goes to byte j of its word
     q4 = tl.reshape(q.to(tl.int32), (G, 2, WPG, 4))
     shift = (tl.arange(0, 4) * 8)[None, None, None, :]
@@ -1925,7 +1973,6 @@ def _dp4a(a, b, c, EMULATE: tl.constexpr):
 @triton.jit
 def _int4_a8_gemv_kernel(
     p_ptr,
-    sx_ptr,
     w_ptr,
     s_ptr,
     l_ptr,
@@ -1951,7 +1998,7 @@ def _int4_a8_gemv_kernel(
     four bytes, its high ones shifted down four), an exact int32 sum; then, per word, scale *
     sx * that + low * the word's sum of x. Eight instructions a word and row, against the fp32
     widening's ~23. Tiles, reads ahead and splits as :func:`_int4_gemv_kernel`'s; p_ptr: the
-    planes [3, K // 8] (int32), sx_ptr: x's scales [K // GROUP]."""
+    planes [4, K // 8] int32 (:func:`_int4_a8_planes_put`)."""
     WPG: tl.constexpr = GROUP // 8
     STEP: tl.constexpr = BLOCK_G * WPG
     W: tl.constexpr = K // 8
@@ -1966,6 +2013,7 @@ def _int4_a8_gemv_kernel(
     gw = (g_lo + rg)[:, None, None] * WPG + rw[None, None, :]  # [BG, 1, WPG]
     w_ptrs = w_ptr + rn[None, :, None].to(tl.int64) * W + gw  # [BG, BN, WPG]
     p_ptrs = p_ptr + gw
+    sx_ptr = p_ptr + 3 * W  # the groups' scales (fp32 bits)
     sl_at = rn[None, :].to(tl.int64) * groups + (g_lo + rg)[:, None]  # [BG, BN]
     wm = ((g_lo + rg) < g_hi)[:, None, None] & nm[None, :, None]
     v = tl.load(w_ptrs, mask=None if EVEN else wm)  # the first two steps before the wait
@@ -1979,7 +2027,7 @@ def _int4_a8_gemv_kernel(
         if EVEN:
             s = tl.load(s_ptr + sl_at).to(tl.float32)[:, :, None]  # [BG, BN, 1]
             low = tl.load(l_ptr + sl_at).to(tl.float32)[:, :, None]
-            sx = tl.load(sx_ptr + g0 + rg)[:, None, None]  # [BG, 1, 1]
+            sx = tl.load(sx_ptr + g0 + rg).to(tl.float32, bitcast=True)[:, None, None]  # [BG,1,1]
             x_lo = tl.load(p_ptrs)  # [BG, 1, WPG] int32
             x_hi = tl.load(p_ptrs + W)
             x_sum = tl.load(p_ptrs + 2 * W).to(tl.float32, bitcast=True)
@@ -1989,7 +2037,8 @@ def _int4_a8_gemv_kernel(
             pm = gm[:, None, None]
             s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
             low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
-            sx = tl.load(sx_ptr + g0 + rg, mask=gm, other=0.0)[:, None, None]
+            sx = tl.load(sx_ptr + g0 + rg, mask=gm, other=0).to(tl.float32, bitcast=True)
+            sx = sx[:, None, None]
             x_lo = tl.load(p_ptrs, mask=pm, other=0)
             x_hi = tl.load(p_ptrs + W, mask=pm, other=0)
             x_sum = tl.load(p_ptrs + 2 * W, mask=pm, other=0).to(tl.float32, bitcast=True)
@@ -2008,18 +2057,18 @@ def _int4_a8_gemv_kernel(
     )  # fmt: skip
 
 
-def int4_a8_planes(x2: torch.Tensor, group: int, pdl: bool = False) -> tuple:
+def int4_a8_planes(x2: torch.Tensor, group: int, pdl: bool = False) -> torch.Tensor:
     """One row x2 [1, K] rounded to int8 by groups of ``group`` and laid out for
-    :func:`int4_gemv_a8`: (planes [3, K // 8] int32, scales [K // group] fp32)
-    (:func:`_int4_a8_planes_kernel`). ``pdl``: as :func:`add_rms_norm`'s."""
+    :func:`int4_gemv_a8`: planes [4, K // 8] int32 (:func:`_int4_a8_planes_put`; plane 3's
+    first K // group entries the groups' scales as fp32 bits). ``pdl``: as
+    :func:`add_rms_norm`'s."""
     k = x2.shape[1]
-    planes = torch.empty(3, k // 8, dtype=torch.int32, device=x2.device)
-    sx = torch.empty(k // group, dtype=torch.float32, device=x2.device)
+    planes = torch.empty(4, k // 8, dtype=torch.int32, device=x2.device)
     block = max(group, INT4_PLANES_BLOCK)
     _int4_a8_planes_kernel[(triton.cdiv(k, block),)](
-        x2, planes, sx, k, k // 8, GROUP=group, BLOCK=block, PDL=pdl, launch_pdl=pdl
+        x2, planes, k, k // 8, GROUP=group, BLOCK=block, PDL=pdl, launch_pdl=pdl
     )
-    return planes, sx
+    return planes
 
 
 def int4_gemv_a8(
@@ -2031,13 +2080,16 @@ def int4_gemv_a8(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
+    planes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands) -> [1, N]
     in x2's dtype, x rounded to int8 in the weights' groups first (W4A8:
     :func:`int4_a8_planes`, then :func:`_int4_a8_gemv_kernel`, two launches chained by PDL
     with ``pdl``): each code's product an exact integer, by ``dp4a``. The activations are
-    rounded (not exact to :func:`int4_gemv`); ``INT4_GEMV_A8`` serves it. ``blocks``, ``count``:
-    as :func:`int4_gemv`'s."""
+    rounded (not exact to :func:`int4_gemv`); an Int4Linear with ``a8`` serves it
+    (``llm.int4_activations: int8``). ``blocks``, ``count``: as :func:`int4_gemv`'s;
+    ``planes``: x laid out already (:func:`int4_a8_planes`' values, written by the kernel that
+    wrote x), so that no launch lays it out here."""
     m, k = x2.shape
     n, group = w.shape[0], k // scale.shape[1]
     assert m == 1 and x2.stride(-1) == 1 and w.is_contiguous(), x2.shape
@@ -2045,10 +2097,11 @@ def int4_gemv_a8(
     bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
         x2, n, group, blocks, count
     )
-    planes, sx = int4_a8_planes(x2, group, pdl)
+    if planes is None:
+        planes = int4_a8_planes(x2, group, pdl)
+    assert planes.shape == (4, k // 8) and planes.dtype == torch.int32, planes.shape
     _int4_a8_gemv_kernel[(tiles, 1, split)](
         planes,
-        sx,
         w.view(torch.int32),
         scale,
         low,
@@ -2085,6 +2138,7 @@ def int4_gemv(
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
     planes: torch.Tensor | None = None,
+    a8: bool = False,
 ) -> torch.Tensor:
     """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands) -> [1, N] in
     x2's dtype (2 to :data:`INT4_GEMV_MAX_ROWS` rows: :func:`_int4_gemv_rows`), on the CUDA
@@ -2094,18 +2148,18 @@ def int4_gemv(
     a row a K step, num_warps[, SPLIT]) (None: :data:`INT4_GEMV_TILE`); SPLIT 0 or absent: K is
     split until there are :data:`FP8_PROGRAMS` programs. ``count``: as :func:`int4_linear`'s.
     ``planes``: x already laid out (:func:`int4_planes`'s values, written by the kernel that
-    wrote x: :func:`add_rms_norm`, :func:`silu_mul`), so that no launch lays it out here. The
-    groups must be at least 8 columns, a power of two."""
+    wrote x: :func:`add_rms_norm`, :func:`silu_mul`), so that no launch lays it out here.
+    ``a8`` (one row): :func:`int4_gemv_a8` instead, x rounded to int8 by group (``planes``:
+    its own). The groups must be at least 8 columns, a power of two."""
     m, k = x2.shape
     n, group = w.shape[0], k // scale.shape[1]
     assert 1 <= m <= INT4_GEMV_MAX_ROWS and x2.stride(-1) == 1 and w.is_contiguous(), x2.shape
     assert group >= 8 and group & (group - 1) == 0, group
     if m > 1:
-        assert planes is None, "planes are laid out here for more than one row"
+        assert planes is None and not a8, "one row only: planes, a8"
         return _int4_gemv_rows(x2, w, scale, low, bias, count, blocks, pdl, group)
-    if INT4_GEMV_A8 and x2.dtype in (torch.bfloat16, torch.float16):
-        assert planes is None, "INT4_GEMV_A8 lays its own x out (INT4_PLANES_FUSED: its planes)"
-        return int4_gemv_a8(x2, w, scale, low, bias, count, blocks, pdl)
+    if a8:
+        return int4_gemv_a8(x2, w, scale, low, bias, count, blocks, pdl, planes)
     bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
         x2, n, group, blocks, count
     )
@@ -2250,8 +2304,6 @@ INT4_GEMV_TILE = (2, 128, 1)  # its (BLOCK_N, words a row a K step, num_warps): 
 INT4_GEMV_UNROLL_TILES = 2048  # its K loop unrolled twice at up to this many programs (about
 # a wave): Llama-8B down 18.4 -> 16.4 us, o 8.1 -> 7.8, 1B down 11.3 -> 8.8; more programs
 # lost (8B gate_up 26.7 -> 29.9, qkv 9.7 -> 10.8; H200, docs/benchmarks.md 65)
-INT4_GEMV_A8 = False  # a bf16/fp16 row takes int4_gemv_a8 (x rounded to int8 by group, dp4a)
-# instead of the fp32 widening; off until timed
 INT4_PLANES_BLOCK = 1024  # columns a program of int4_planes (at least a group)
 INT4_PLANES_FUSED = True  # the kernels that write an INT4 Linear's one-row x write its planes
 # too (add_rms_norm, silu_mul), one launch less each: 8B TPOT 2.75 -> 2.66 ms, 1B 0.85 -> 0.80

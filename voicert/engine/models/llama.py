@@ -17,7 +17,7 @@ from torch import nn
 
 from voicert.engine.gpu.flash import FlashRows
 from voicert.engine.gpu.fp8 import Fp8Linear
-from voicert.engine.gpu.int4 import Int4Linear
+from voicert.engine.gpu.int4 import Int4Linear, a8_rounds
 from voicert.engine.models.layers import (
     AttnInputs,
     Block,
@@ -229,17 +229,18 @@ class LlamaModel(nn.Module):
     def _planes(self, lin: nn.Module, rows: int) -> tuple[torch.Tensor | None, int]:
         """Where a one-row step's INT4 Linear takes the CUDA-core kernel and
         ``kernels.INT4_PLANES_FUSED`` is set: a buffer for the kernel that writes its x to lay
-        x out in too (``kernels.int4_planes``' values; one launch less), and the group.
-        Else (None, 0)."""
+        x out in too (``kernels.int4_planes``' values, or ``int4_a8_planes``' for a layer that
+        rounds x to int8; one launch less), and the group. Else (None, 0)."""
         from voicert.engine.gpu import kernels
 
-        fused = kernels.INT4_PLANES_FUSED and not kernels.INT4_GEMV_A8  # (A8: its own x)
-        if not (fused and rows == 1 and isinstance(lin, Int4Linear)):
+        if not (kernels.INT4_PLANES_FUSED and rows == 1 and isinstance(lin, Int4Linear)):
             return None, 0
-        k = lin.in_features
+        k, dev = lin.in_features, lin.weight.device
+        if lin.a8 and a8_rounds(1, self.embed.weight.dtype):
+            return torch.empty(4, k // 8, dtype=torch.int32, device=dev), lin.group
         if kernels.int4_path(1, lin.out_features, k, lin.group) is not kernels.Int4Path.GEMV:
             return None, 0
-        return torch.empty(10, k // 8, dtype=torch.float32, device=lin.weight.device), lin.group
+        return torch.empty(10, k // 8, dtype=torch.float32, device=dev), lin.group
 
     def _linear(
         self, lin: nn.Module, x: torch.Tensor, planes: torch.Tensor | None = None
