@@ -1337,8 +1337,8 @@ def fp8_mm_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]
     Across the weights, 128-wide tiles unsplit where there are enough of them for every SM
     (:data:`FP8_SMS`; Llama-8B's gate_up); else 64-wide tiles, K split until there are
     :data:`FP8_PROGRAMS` programs (half that above 32 rows, whose programs do more sums). On
-    an H200's Llama-8B shapes this came within 0-6 % of the best split of 64- and 128-wide tiles
-    at 2-64 rows (scripts/gpu/fp8_rows.py, docs/benchmarks.md 69)."""
+    an H200's Llama-8B shapes a layer took 1-3 % longer than with each Linear's best split of
+    64- and 128-wide tiles, at 2-64 rows (scripts/gpu/fp8_rows.py, docs/benchmarks.md 69)."""
     bm = min(64, max(16, _pow2(m)))
     bk, warps, stages = FP8_MM_TILE
     if triton.cdiv(n, 128) >= FP8_SMS:
