@@ -11,7 +11,6 @@
 #   a8apart  a8 with INT4_PLANES_FUSED off (each Linear lays its own x out)
 #   nofp8mm  FP8_MM_ROWS 0 (FP8 steps of 2-64 rows widen the weights in registers, as before
 #            kernels.fp8_mm; docs/benchmarks.md 69)
-#   rows8apart  FP8_ROWS_FUSED off (fp8_mm rounds its own rows; the norms do not)
 #   imprecise  fp8_mm's sums left in the FP8 MMA's accumulator for all of K (Triton's sm_90
 #            default), not added into fp32 after each tile
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
@@ -35,10 +34,9 @@ for v in ${VARIANTS:-off unfused}; do
     narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k" ;;
     a8apart) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
     nofp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 0 /' "$tree/$k" ;;
-    rows8apart) sed -i 's/^FP8_ROWS_FUSED = True/FP8_ROWS_FUSED = False/' "$tree/$k" ;;
     imprecise) sed -i 's/, max_num_imprecise_acc=BLOCK_K)/)/' "$tree/$k" ;;
   esac
-  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_ROWS_FUSED) =' "$tree/$k" \
+  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS) =' "$tree/$k" \
     | cut -d' ' -f1,3 | tr '\n' ' ')"
 done
 for shape in $1; do

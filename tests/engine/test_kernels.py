@@ -945,66 +945,6 @@ def test_fp8_mm_streams_wide_weights_unsplit_and_splits_k_for_narrow_ones():
     assert kernels.fp8_mm_blocks(64, 4096, 1024)[-1] == 2  # (K // 512 at most)
 
 
-@pytest.mark.parametrize("n", [256, 576])
-def test_the_rms_norm_rounds_its_rows_for_fp8_mm_as_fp8_rows_does(n):
-    """add_rms_norm given ``rows8`` writes its output's rows rounded to FP8 (and their scales)
-    as fp8_rows rounds them, bit for bit, its output unchanged; fp8_mm given them computes what
-    it computes rounding the rows itself."""
-    from voicert.engine.gpu.fp8 import Fp8Linear
-
-    g = torch.Generator().manual_seed(16)
-    x = torch.randn(5, n, generator=g).to(DEV, torch.bfloat16)
-    res = torch.randn(5, n, generator=g).to(DEV, torch.bfloat16)
-    w = (torch.rand(n, generator=g) + 0.5).to(DEV, torch.bfloat16)
-    rows8 = (
-        torch.zeros(5, n, dtype=torch.float8_e4m3fn, device=DEV),
-        torch.zeros(5, 1, device=DEV),
-    )
-    y, _ = kernels.add_rms_norm(x, res.clone(), w, 1e-6, rows8=rows8)
-    assert torch.equal(y, kernels.add_rms_norm(x, res.clone(), w, 1e-6)[0])
-    q, s = kernels.fp8_rows(y)
-    assert torch.equal(rows8[0].view(torch.uint8), q.view(torch.uint8))
-    assert torch.equal(rows8[1], s)
-    lin = Fp8Linear.from_linear(torch.nn.Linear(n, 40, bias=False)).to(DEV)
-    alone = kernels.fp8_linear(y, lin.weight, lin.scale, None)
-    given = kernels.fp8_linear(y, lin.weight, lin.scale, None, rows8=rows8)
-    assert torch.equal(alone, given)
-
-
-def test_fp8_layers_fed_rows_rounded_by_the_norms_compute_the_same(monkeypatch):
-    """A decode step of several streams through a bf16 model of FP8 layers with
-    ``FP8_ROWS_FUSED`` (the RMSNorms round the rows for q/k/v and gate/up) gives the hidden
-    states it gives with each Linear rounding its own, bit for bit; only o's and down's rows
-    are rounded apart."""
-    from tests.engine.quantized import SMALL
-    from voicert.engine.gpu.fp8 import Fp8Linear, quantize_fp8
-
-    def on_kernels(self, x, pdl=False, rows8=None):
-        return kernels.fp8_linear(x, self.weight, self.scale, self.bias, rows8=rows8)
-
-    cfg = dataclasses.replace(SMALL, num_layers=1)
-    model = random_llama(cfg, torch.bfloat16, DEV)
-    quantize_fp8(model)
-    assert model.layers[0].attn.qkv.weight.dtype == torch.float8_e4m3fn
-    g = torch.Generator().manual_seed(9)
-    tables, nxt = block_tables([30, 20, 25], 16, 8)
-    runners = [ModelRunner(model, nxt, 16) for _ in range(2)]
-    prefixes = [torch.randint(0, 300, (n,), generator=g).tolist() for n in (30, 20, 25)]
-    for runner in runners:
-        for p, t in zip(prefixes, tables):
-            run_layers(model, runner, [Row(p, 0, t, len(p))], False)
-    rows = [Row([7 + i], len(p), t, 0) for i, (p, t) in enumerate(zip(prefixes, tables))]
-    monkeypatch.setattr(Fp8Linear, "forward", on_kernels)
-    monkeypatch.setattr(kernels, "FP8_ROWS_FUSED", False)
-    alone = run_layers(model, runners[0], rows, True)
-    launched = []
-    monkeypatch.setattr(kernels, "_fp8_rows_kernel", _Spy(kernels._fp8_rows_kernel, launched))
-    monkeypatch.setattr(kernels, "FP8_ROWS_FUSED", True)
-    fused = run_layers(model, runners[1], rows, True)
-    assert torch.equal(fused, alone)
-    assert len(launched) == 2  # o's and down's
-
-
 def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
     """With ``FP8_MM_ROWS`` set, bf16 steps of 2 to that many rows with FP8 weights launch
     :func:`kernels.fp8_mm` (the sums of the rows :func:`kernels.fp8_rows` rounds, to bf16's

@@ -318,24 +318,15 @@ class Fp8Linear(nn.Module):
         the product with the scale is rounded once)."""
         return (self.weight.float() * self.scale[:, None]).to(dtype)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        pdl: bool = False,
-        rows8: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
-        programmatic dependent launch (engine/gpu/kernels.py). ``rows8``: x's rows rounded to
-        FP8 already (``kernels.fp8_rows``' values; CUDA, where ``kernels.fp8_mm_takes``)."""
+        programmatic dependent launch (engine/gpu/kernels.py)."""
         if x.is_cuda:
             from voicert.engine.gpu import kernels
 
             if self._count is None or self._count.device != x.device:
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
-            return kernels.fp8_linear(
-                x, self.weight, self.scale, self.bias, self._count, pdl=pdl, rows8=rows8
-            )
-        assert rows8 is None, "rows8: CUDA only"
+            return kernels.fp8_linear(x, self.weight, self.scale, self.bias, self._count, pdl=pdl)
         y = torch.nn.functional.linear(x.float(), self.weight.float()) * self.scale  # [..., N]
         if self.bias is not None:
             y = y + self.bias.float()

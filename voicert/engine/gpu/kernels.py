@@ -122,15 +122,12 @@ def _add_rms_norm_kernel(
     w_ptr,
     out_ptr,
     p_ptr,
-    q_ptr,
-    s_ptr,
     n_cols,
     eps,
     HAS_RES: tl.constexpr,
     BLOCK: tl.constexpr,
     PLANES: tl.constexpr,
     A8: tl.constexpr,
-    FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -152,8 +149,6 @@ def _add_rms_norm_kernel(
             _int4_a8_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
         else:
             _int4_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
-    if FP8:  # the row rounded to FP8 for an FP8 Linear's fp8_mm
-        _fp8_rows_put(q_ptr, s_ptr, row, y.to(tl.float32), cols, m, n_cols, 448.0)  # E4M3_MAX
 
 
 def add_rms_norm(
@@ -164,39 +159,30 @@ def add_rms_norm(
     pdl: bool = False,
     planes: torch.Tensor | None = None,
     group: int = 0,
-    rows8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., n] (contiguous). With ``residual`` (same shape): residual += x in place, and returns
     (rms_norm(residual) * weight, residual). Without: returns (rms_norm(x) * weight, x).
     ``pdl``: launch with programmatic dependent launch (only where :func:`pdl_supported`).
     ``planes`` [10, n // 8] fp32 (one row only): also filled with the output laid out for
     :func:`int4_gemv` in groups of ``group`` (:func:`int4_planes`' values, bit for bit); or
-    [4, n // 8] int32: for :func:`int4_gemv_a8` (:func:`int4_a8_planes`' values). ``rows8``
-    (FP8 e4m3 [rows, n], float32 [rows, 1]): also filled with the output rounded to FP8 a row
-    at a time (:func:`fp8_rows`' values, bit for bit), for :func:`fp8_mm`."""
+    [4, n // 8] int32: for :func:`int4_gemv_a8` (:func:`int4_a8_planes`' values)."""
     n = x.shape[-1]
     out = torch.empty_like(x)
     rows = x.numel() // n
     res = residual if residual is not None else x
     _planes_check(planes, rows, n, group)
-    if rows8 is not None:
-        assert rows8[0].shape == (rows, n) and rows8[1].shape == (rows, 1), rows8[0].shape
-        assert rows8[0].dtype == torch.float8_e4m3fn and rows8[1].dtype == torch.float32
     _add_rms_norm_kernel[(rows,)](
         x,
         res,
         weight,
         out,
         out if planes is None else planes,
-        out if rows8 is None else rows8[0],
-        out if rows8 is None else rows8[1],
         n,
         eps,
         HAS_RES=residual is not None,
         BLOCK=_pow2(n),
         PLANES=0 if planes is None else group,
         A8=planes is not None and planes.dtype == torch.int32,
-        FP8=rows8 is not None,
         PDL=pdl,
         num_warps=4 if n <= 4096 else 8,
         launch_pdl=pdl,
@@ -1113,7 +1099,6 @@ def fp8_linear(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
-    rows8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
@@ -1128,20 +1113,22 @@ def fp8_linear(
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks``: the MMA kernel's tiles, overriding :func:`fp8_blocks`
     (given, that kernel runs at any row count: the benchmarks try tiles; five numbers: the
-    split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s. ``rows8``: x's rows
-    rounded to FP8 already (:func:`fp8_rows`' values, written by the kernel that wrote x), given
-    only where :func:`fp8_mm_takes`."""
+    split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s."""
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    assert rows8 is None or (blocks is None and fp8_mm_takes(m, x.dtype, w.dtype)), m
     if blocks is None and m <= GEMV_ROWS and (n <= GEMV_MAX_N or w.element_size() > 1):
         return gemv(x2, w, scale, bias, count, GEMV_TILE, pdl).view(*x.shape[:-1], n)
-    if blocks is None and fp8_mm_takes(m, x.dtype, w.dtype):
+    if (
+        blocks is None
+        and 2 <= m <= FP8_MM_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and w.dtype == torch.float8_e4m3fn
+    ):
         assert scale is not None
-        return fp8_mm(x2, w, scale, bias, count, None, pdl, rows8).view(*x.shape[:-1], n)
+        return fp8_mm(x2, w, scale, bias, count, None, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None
         and m > FP8_MMA_ROWS
@@ -1193,15 +1180,6 @@ def _fp8_rows_kernel(
     m = cols < K
     _pdl_enter(PDL)
     x = tl.load(x_ptr + row * stride_xm + cols, mask=m, other=0.0).to(tl.float32)
-    _fp8_rows_put(q_ptr, s_ptr, row, x, cols, m, K, QMAX)
-
-
-@triton.jit
-def _fp8_rows_put(q_ptr, s_ptr, row, x, cols, m, K, QMAX: tl.constexpr):
-    """Row ``row`` of x, all of it in x [BLOCK] fp32 (0 past K), rounded to FP8 with one scale
-    (its largest magnitude maps to QMAX): q [M, K] and the scale at s [M]. The kernels that
-    write x for an FP8 Linear (:func:`add_rms_norm`) call this too, so their rows are
-    :func:`fp8_rows`', bit for bit."""
     scale = tl.maximum(tl.max(tl.abs(x), axis=0), 1e-12) / QMAX
     q = tl.minimum(tl.maximum(x / scale, -QMAX), QMAX)
     tl.store(q_ptr + row * K + cols, q.to(q_ptr.dtype.element_ty), mask=m)
@@ -1302,16 +1280,6 @@ def _fp8_mm_kernel(
     )  # fmt: skip
 
 
-def fp8_mm_takes(m: int, dtype: torch.dtype, wdtype: torch.dtype) -> bool:
-    """Whether :func:`fp8_linear` gives a step of ``m`` rows of ``dtype`` with weights of
-    ``wdtype`` to :func:`fp8_mm`: 2 to :data:`FP8_MM_ROWS` bf16/fp16 rows, FP8 weights."""
-    return (
-        2 <= m <= FP8_MM_ROWS
-        and dtype in (torch.bfloat16, torch.float16)
-        and wdtype == torch.float8_e4m3fn
-    )
-
-
 def fp8_mm(
     x2: torch.Tensor,
     w: torch.Tensor,
@@ -1320,7 +1288,6 @@ def fp8_mm(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
-    rows8: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """x2 [M, K] (bf16 or fp16) with FP8 weights w [N, K] (row scales ``scale`` [N]) plus
     ``bias`` -> [M, N] in x2's dtype on the FP8 tensor cores, for a few rows (decode steps of
@@ -1329,11 +1296,10 @@ def fp8_mm(
     operand, K split as a decode step's Linears are. ``blocks``: (BLOCK_M, BLOCK_N, BLOCK_K,
     num_warps, num_stages[, SPLIT]) (None: :func:`fp8_mm_blocks`; no SPLIT, or 0: by
     :func:`_split_rule`). ``count``: as
-    :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s (both launches). ``rows8``: the
-    rows rounded already (:func:`fp8_rows`' values), so that one launch runs here."""
+    :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s (both launches)."""
     m, k = x2.shape
     n = w.shape[0]
-    q, xs = fp8_rows(x2, pdl) if rows8 is None else rows8
+    q, xs = fp8_rows(x2, pdl)
     bm, bn, bk, warps, stages, split = (*blocks, 0)[:6] if blocks else fp8_mm_blocks(m, n, k)
     out = torch.empty(m, n, dtype=x2.dtype, device=x2.device)
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
@@ -1385,8 +1351,6 @@ FP8_MM_ROWS = 64  # bf16/fp16 steps of 2 to this many rows with FP8 weights take
 # activations rounded to FP8 per row, as vLLM's FP8 does at every size): 8B TPOT at 8 / 32 / 64
 # streams 3.99 / 4.99 / 5.45 -> 3.19 / 3.67 / 4.55 ms (H200, docs/benchmarks.md 69)
 FP8_MM_TILE = (128, 4, 4)  # ... its (BLOCK_K, num_warps, num_stages)
-FP8_ROWS_FUSED = True  # the RMSNorms before FP8 Linears that take fp8_mm round x's rows to FP8
-# too (add_rms_norm's rows8), one launch less each: q/k/v and gate/up
 FP8_SMS = 132  # an H100's SMs (an H200's too)
 FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
 LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear

@@ -211,20 +211,18 @@ class LlamaModel(nn.Module):
         rows = input_ids.numel()
         for i, layer in enumerate(self.layers):
             pq, gq = self._planes(layer.attn.qkv, rows)
-            rq = self._rows8(layer.attn.qkv, rows)
             x, residual = kernels.add_rms_norm(
-                out, residual, layer.attn_norm.weight, eps, pdl, pq, gq, rq
+                out, residual, layer.attn_norm.weight, eps, pdl, pq, gq
             )
             a = layer.attn.attend_fused(
-                lin(layer.attn.qkv, x, pq, rq), rope, inp, wide, k_pool[i], v_pool[i], count, pdl
+                lin(layer.attn.qkv, x, pq), rope, inp, wide, k_pool[i], v_pool[i], count, pdl
             )
             pg, gg = self._planes(layer.mlp.gate_up, rows)
-            rg = self._rows8(layer.mlp.gate_up, rows)
             x, residual = kernels.add_rms_norm(
-                lin(layer.attn.o, a), residual, layer.mlp_norm.weight, eps, pdl, pg, gg, rg
+                lin(layer.attn.o, a), residual, layer.mlp_norm.weight, eps, pdl, pg, gg
             )
             pd, gd = self._planes(layer.mlp.down, rows)
-            act = kernels.silu_mul(lin(layer.mlp.gate_up, x, pg, rg), pdl, pd, gd)
+            act = kernels.silu_mul(lin(layer.mlp.gate_up, x, pg), pdl, pd, gd)
             out = lin(layer.mlp.down, act, pd)
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
 
@@ -244,40 +242,19 @@ class LlamaModel(nn.Module):
             return None, 0
         return torch.empty(10, k // 8, dtype=torch.float32, device=dev), lin.group
 
-    def _rows8(self, lin: nn.Module, rows: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Where a step's FP8 Linear takes ``kernels.fp8_mm`` and ``kernels.FP8_ROWS_FUSED`` is
-        set: buffers for the RMSNorm before it to write x's rows rounded to FP8 in too
-        (``kernels.fp8_rows``' values; one launch less). Else None."""
-        from voicert.engine.gpu import kernels
-
-        dtype = self.embed.weight.dtype
-        if not (kernels.FP8_ROWS_FUSED and isinstance(lin, Fp8Linear)):
-            return None
-        if not kernels.fp8_mm_takes(rows, dtype, lin.weight.dtype):
-            return None
-        dev = lin.weight.device
-        q = torch.empty(rows, lin.in_features, dtype=torch.float8_e4m3fn, device=dev)
-        return q, torch.empty(rows, 1, dtype=torch.float32, device=dev)
-
     def _linear(
-        self,
-        lin: nn.Module,
-        x: torch.Tensor,
-        planes: torch.Tensor | None = None,
-        rows8: tuple[torch.Tensor, torch.Tensor] | None = None,
+        self, lin: nn.Module, x: torch.Tensor, planes: torch.Tensor | None = None
     ) -> torch.Tensor:
         """One of the layers' Linears on the fused path: an FP8 or INT4 one (engine/gpu/fp8.py,
-        int4.py) is told whether to launch with PDL (an INT4 one given x's ``planes``, an FP8
-        one x's ``rows8``, if the kernel that wrote x laid it out: :meth:`_planes`,
-        :meth:`_rows8`); a plain ``nn.Linear`` runs through cuBLAS, or for a step of at most
-        ``triton_linear_rows`` rows through the FP8 kernel's unscaled form."""
+        int4.py) is told whether to launch with PDL (an INT4 one given x's ``planes`` if the
+        kernel that wrote x laid it out: :meth:`_planes`); a plain ``nn.Linear`` runs through
+        cuBLAS, or for a step of at most ``triton_linear_rows`` rows through the FP8 kernel's
+        unscaled form."""
         if isinstance(lin, Int4Linear):
-            assert rows8 is None
             return lin(x, pdl=self.pdl, planes=planes)
         assert planes is None
         if isinstance(lin, Fp8Linear):
-            return lin(x, pdl=self.pdl, rows8=rows8)
-        assert rows8 is None
+            return lin(x, pdl=self.pdl)
         rows = x.numel() // x.shape[-1]
         if rows <= self.triton_linear_rows:
             from voicert.engine.gpu import kernels
