@@ -27,13 +27,13 @@ KERNELS = {  # name: (kernel, its pointer and integer arguments' types, its othe
         kernels._int4_gemv_kernel,
         {"p_ptr": "*fp32", "w_ptr": "*i32"},
         {"ONE": "i32"},
-        {"EVEN": True, "PDL": True},
+        {"EVEN": True, "A8": False, "EMULATE": False, "PDL": True},
     ),
     "int4_gemv_a8": (
-        kernels._int4_a8_gemv_kernel,
+        kernels._int4_gemv_kernel,
         {"p_ptr": "*i32", "w_ptr": "*i32"},
-        {},
-        {"EVEN": True, "EMULATE": False, "PDL": True},
+        {"ONE": "i32"},
+        {"EVEN": True, "A8": True, "EMULATE": False, "PDL": True},
     ),
 }
 _TYPES = {"s_ptr": "*fp16", "l_ptr": "*fp16", "b_ptr": "*bf16", "out_ptr": "*bf16"}

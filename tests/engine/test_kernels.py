@@ -560,7 +560,7 @@ def test_an_a8_int4_layer_rounds_one_bf16_row_to_int8_on_both_paths(monkeypatch)
 
     launched = []
     monkeypatch.setattr(
-        kernels, "_int4_a8_gemv_kernel", _Spy(kernels._int4_a8_gemv_kernel, launched)
+        kernels, "_int4_a8_planes_kernel", _Spy(kernels._int4_a8_planes_kernel, launched)
     )
     q = Int4Linear.from_linear(torch.nn.Linear(256, 48, bias=False), None, 128)
     q.a8 = True

@@ -1567,6 +1567,8 @@ def _int4_gemv_kernel(
     GROUP: tl.constexpr,
     EVEN: tl.constexpr,
     UNROLL: tl.constexpr,
+    A8: tl.constexpr,
+    EMULATE: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """:func:`_int4_linear_kernel` for one row on the CUDA cores, no MMA (:func:`int4_gemv`).
@@ -1590,7 +1592,11 @@ def _int4_gemv_kernel(
     2^(23 - p) (exact), the word's products from -sum(x') sum to t = sum(x * code), the sum over
     the bare codes, scaled once: scale * t + low * sum(x). The codes' products are 2^-11 of
     sum(x')'s terms or more: the sums keep ~2^-15 of relative precision in fp32 (the MMA
-    kernel's, ~2^-22; bf16's rounding is 2^-9)."""
+    kernel's, ~2^-22; bf16's rounding is 2^-9).
+
+    ``A8`` (:func:`int4_gemv_a8`): x rounded to int8 by group instead, p_ptr its planes [4,
+    K // 8] int32 (:func:`_int4_a8_planes_put`), each step's sums by :func:`_int4_a8_step`;
+    ``EMULATE``: its dp4a by shifts (Triton's interpreter)."""
     WPG: tl.constexpr = GROUP // 8  # words a group
     STEP: tl.constexpr = BLOCK_G * WPG  # words a row a step
     W: tl.constexpr = K // 8  # words a weight row, and values a plane (a constant: the reads
@@ -1626,7 +1632,12 @@ def _int4_gemv_kernel(
         else:
             s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
             low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
-        acc = _int4_gemv_step(acc, v, p_ptrs, W, s, low, ONE, None if EVEN else gm[:, None, None])
+        pm = None if EVEN else gm[:, None, None]
+        if A8:
+            sx_ptrs = p_ptr + 3 * W + (g0 + rg)[:, None, None]  # [BG, 1, 1]: the groups' scales
+            acc = _int4_a8_step(acc, v, p_ptrs, sx_ptrs, W, s, low, pm, EMULATE)
+        else:
+            acc = _int4_gemv_step(acc, v, p_ptrs, W, s, low, ONE, pm)
         v, v1 = v1, v2
         w_ptrs += STEP
         p_ptrs += STEP
@@ -1720,12 +1731,31 @@ def _int4_gemv_step(acc, v, p_ptrs, XS, s, low, ONE, pm):
 
 
 @triton.jit
+def _int4_a8_step(acc, v, p_ptrs, sx_ptrs, XS, s, low, pm, EMULATE: tl.constexpr):
+    """acc [BG, BN, WPG] + one step's words v (same shape) against W4A8's planes at p_ptrs [BG,
+    1, WPG] and the groups' scales at sx_ptrs [BG, 1, 1] (mask pm, or None), scaled by s / low
+    [BG, BN, 1]: a word's eight codes against x's bytes by two ``dp4a`` (its low nibbles masked
+    in place as four bytes, its high ones shifted down four), an exact int32 sum; then scale *
+    sx * that + low * the word's sum of x. Eight instructions a word and row, against the fp32
+    widening's ~23."""
+    sx = _int4_plane(sx_ptrs, pm).to(tl.float32, bitcast=True)
+    x_lo = _int4_plane(p_ptrs, pm)  # [BG, 1, WPG] int32
+    x_hi = _int4_plane(p_ptrs + XS, pm)
+    x_sum = _int4_plane(p_ptrs + 2 * XS, pm).to(tl.float32, bitcast=True)
+    t = _dp4a(v & 0x0F0F0F0F, x_lo, None, EMULATE)
+    t = _dp4a((v >> 4) & 0x0F0F0F0F, x_hi, t, EMULATE)
+    acc += low * x_sum  # (two FMAs, not a product and two sums)
+    acc += (s * sx) * t.to(tl.float32)
+    return acc
+
+
+@triton.jit
 def _int4_plane(ptrs, pm):
     """A plane's values at ptrs, 0 where the mask pm (None: none) is off."""
     if pm is None:
         out = tl.load(ptrs)
     else:
-        out = tl.load(ptrs, mask=pm, other=0.0)
+        out = tl.load(ptrs, mask=pm, other=0)
     return out
 
 
@@ -1908,7 +1938,7 @@ def int4_planes(
 def _int4_a8_planes_kernel(
     x_ptr, p_ptr, K, XS, GROUP: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
-    """One row x [K] -> :func:`_int4_a8_gemv_kernel`'s planes [4, XS] int32, BLOCK columns
+    """One row x [K] -> :func:`_int4_gemv_kernel`'s planes with ``A8`` [4, XS] int32, BLOCK columns
     (whole groups) a program (:func:`_int4_a8_planes_put`)."""
     c0 = tl.program_id(0) * BLOCK
     cols = c0 + tl.arange(0, BLOCK)
@@ -1922,7 +1952,7 @@ def _int4_a8_planes_put(p_ptr, XS, y, c0, K, GROUP: tl.constexpr, BLOCK: tl.cons
     """Columns c0..c0 + BLOCK of one row, y [BLOCK] fp32 (c0 a multiple of BLOCK, BLOCK of
     GROUP; 0 past K), rounded to int8 by group with a scale each (sx: the largest magnitude
     maps to 127; ``floor(v / sx + 0.5)``), into the planes [4, XS] int32 that
-    :func:`_int4_a8_gemv_kernel` reads: for each packed word of a weight row (its low nibbles
+    :func:`_int4_gemv_kernel` reads with ``A8``: for each packed word of a weight row (its low nibbles
     columns c..c+3 of a group's first half, its high ones c + HALF..), plane 0 the int8 x of
     its low nibbles' columns as one int32 (column c + j in byte j), 1 of its high ones', 2 its
     eight rounded x's sum, sx * sum(q), as fp32 bits; plane 3's first K // GROUP entries the
@@ -1970,93 +2000,6 @@ def _dp4a(a, b, c, EMULATE: tl.constexpr):
     return out
 
 
-@triton.jit
-def _int4_a8_gemv_kernel(
-    p_ptr,
-    w_ptr,
-    s_ptr,
-    l_ptr,
-    b_ptr,
-    out_ptr,
-    part_ptr,
-    count_ptr,
-    N,
-    K: tl.constexpr,
-    k_per_split,
-    HAS_BIAS: tl.constexpr,
-    SPLIT: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    GROUP: tl.constexpr,
-    EVEN: tl.constexpr,
-    UNROLL: tl.constexpr,
-    EMULATE: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """:func:`_int4_gemv_kernel` with x rounded to int8 by group (:func:`int4_gemv_a8`): a
-    word's eight codes against x's bytes by two ``dp4a`` (its low nibbles masked in place as
-    four bytes, its high ones shifted down four), an exact int32 sum; then, per word, scale *
-    sx * that + low * the word's sum of x. Eight instructions a word and row, against the fp32
-    widening's ~23. Tiles, reads ahead and splits as :func:`_int4_gemv_kernel`'s; p_ptr: the
-    planes [4, K // 8] int32 (:func:`_int4_a8_planes_put`)."""
-    WPG: tl.constexpr = GROUP // 8
-    STEP: tl.constexpr = BLOCK_G * WPG
-    W: tl.constexpr = K // 8
-    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    rg = tl.arange(0, BLOCK_G)
-    rw = tl.arange(0, WPG)
-    nm = rn < N
-    groups = K // GROUP
-    g_lo = pid_k * (k_per_split // GROUP)
-    g_hi = tl.minimum(g_lo + k_per_split // GROUP, groups)
-    gw = (g_lo + rg)[:, None, None] * WPG + rw[None, None, :]  # [BG, 1, WPG]
-    w_ptrs = w_ptr + rn[None, :, None].to(tl.int64) * W + gw  # [BG, BN, WPG]
-    p_ptrs = p_ptr + gw
-    sx_ptr = p_ptr + 3 * W  # the groups' scales (fp32 bits)
-    sl_at = rn[None, :].to(tl.int64) * groups + (g_lo + rg)[:, None]  # [BG, BN]
-    wm = ((g_lo + rg) < g_hi)[:, None, None] & nm[None, :, None]
-    v = tl.load(w_ptrs, mask=None if EVEN else wm)  # the first two steps before the wait
-    wm = ((g_lo + BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
-    v1 = tl.load(w_ptrs + STEP, mask=(g_lo + BLOCK_G < g_hi) if EVEN else wm)
-    _pdl_enter(PDL)
-    acc = tl.zeros((BLOCK_G, BLOCK_N, WPG), dtype=tl.float32)
-    for g0 in tl.range(g_lo, g_hi, BLOCK_G, loop_unroll_factor=UNROLL):
-        wm = ((g0 + 2 * BLOCK_G + rg) < g_hi)[:, None, None] & nm[None, :, None]
-        v2 = tl.load(w_ptrs + 2 * STEP, mask=(g0 + 2 * BLOCK_G < g_hi) if EVEN else wm)
-        if EVEN:
-            s = tl.load(s_ptr + sl_at).to(tl.float32)[:, :, None]  # [BG, BN, 1]
-            low = tl.load(l_ptr + sl_at).to(tl.float32)[:, :, None]
-            sx = tl.load(sx_ptr + g0 + rg).to(tl.float32, bitcast=True)[:, None, None]  # [BG,1,1]
-            x_lo = tl.load(p_ptrs)  # [BG, 1, WPG] int32
-            x_hi = tl.load(p_ptrs + W)
-            x_sum = tl.load(p_ptrs + 2 * W).to(tl.float32, bitcast=True)
-        else:
-            gm = (g0 + rg) < g_hi
-            m2 = gm[:, None] & nm[None, :]
-            pm = gm[:, None, None]
-            s = tl.load(s_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
-            low = tl.load(l_ptr + sl_at, mask=m2, other=0.0).to(tl.float32)[:, :, None]
-            sx = tl.load(sx_ptr + g0 + rg, mask=gm, other=0).to(tl.float32, bitcast=True)
-            sx = sx[:, None, None]
-            x_lo = tl.load(p_ptrs, mask=pm, other=0)
-            x_hi = tl.load(p_ptrs + W, mask=pm, other=0)
-            x_sum = tl.load(p_ptrs + 2 * W, mask=pm, other=0).to(tl.float32, bitcast=True)
-        t = _dp4a(v & 0x0F0F0F0F, x_lo, None, EMULATE)
-        t = _dp4a((v >> 4) & 0x0F0F0F0F, x_hi, t, EMULATE)
-        acc += low * x_sum  # (two FMAs, not a product and two sums)
-        acc += (s * sx) * t.to(tl.float32)
-        v, v1 = v1, v2
-        w_ptrs += STEP
-        p_ptrs += STEP
-        sl_at += BLOCK_G
-    rm = tl.arange(0, 1)
-    _split_k_finish(
-        tl.sum(tl.sum(acc, axis=2), axis=0)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr,
-        out_ptr, part_ptr, count_ptr, SPLIT, False, HAS_BIAS,
-    )  # fmt: skip
-
-
 def int4_a8_planes(x2: torch.Tensor, group: int, pdl: bool = False) -> torch.Tensor:
     """One row x2 [1, K] rounded to int8 by groups of ``group`` and laid out for
     :func:`int4_gemv_a8`: planes [4, K // 8] int32 (:func:`_int4_a8_planes_put`; plane 3's
@@ -2084,48 +2027,13 @@ def int4_gemv_a8(
 ) -> torch.Tensor:
     """One row x2 [1, K] times packed INT4 weights (:func:`int4_linear`'s operands) -> [1, N]
     in x2's dtype, x rounded to int8 in the weights' groups first (W4A8:
-    :func:`int4_a8_planes`, then :func:`_int4_a8_gemv_kernel`, two launches chained by PDL
-    with ``pdl``): each code's product an exact integer, by ``dp4a``. The activations are
+    :func:`int4_a8_planes`, then :func:`_int4_gemv_kernel` with ``A8``, two launches chained by
+    PDL with ``pdl``): each code's product an exact integer, by ``dp4a``. The activations are
     rounded (not exact to :func:`int4_gemv`); an Int4Linear with ``a8`` serves it
     (``llm.int4_activations: int8``). ``blocks``, ``count``: as :func:`int4_gemv`'s;
     ``planes``: x laid out already (:func:`int4_a8_planes`' values, written by the kernel that
     wrote x), so that no launch lays it out here."""
-    m, k = x2.shape
-    n, group = w.shape[0], k // scale.shape[1]
-    assert m == 1 and x2.stride(-1) == 1 and w.is_contiguous(), x2.shape
-    assert group >= 8 and group & (group - 1) == 0, group
-    bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
-        x2, n, group, blocks, count
-    )
-    if planes is None:
-        planes = int4_a8_planes(x2, group, pdl)
-    assert planes.shape == (4, k // 8) and planes.dtype == torch.int32, planes.shape
-    _int4_a8_gemv_kernel[(tiles, 1, split)](
-        planes,
-        w.view(torch.int32),
-        scale,
-        low,
-        w if bias is None else bias,
-        out,
-        part,
-        w if count is None else count,
-        n,
-        k,
-        k_per_split,
-        HAS_BIAS=bias is not None,
-        SPLIT=split,
-        BLOCK_N=bn,
-        BLOCK_G=bg,
-        GROUP=group,
-        EVEN=n % bn == 0 and k % (bg * group) == 0,
-        UNROLL=2 if tiles * split <= INT4_GEMV_UNROLL_TILES else 1,
-        EMULATE=x2.device.type != "cuda",
-        PDL=pdl,
-        num_warps=warps,
-        num_stages=1,
-        launch_pdl=pdl,
-    )
-    return out
+    return int4_gemv(x2, w, scale, low, bias, count, blocks, pdl, planes, a8=True)
 
 
 def int4_gemv(
@@ -2158,14 +2066,13 @@ def int4_gemv(
     if m > 1:
         assert planes is None and not a8, "one row only: planes, a8"
         return _int4_gemv_rows(x2, w, scale, low, bias, count, blocks, pdl, group)
-    if a8:
-        return int4_gemv_a8(x2, w, scale, low, bias, count, blocks, pdl, planes)
     bn, bg, warps, tiles, out, k_per_split, split, part, count = _int4_gemv_tiles(
         x2, n, group, blocks, count
     )
     if planes is None:
-        planes = int4_planes(x2, group, pdl)
-    assert planes.shape == (10, k // 8) and planes.is_contiguous(), planes.shape
+        planes = int4_a8_planes(x2, group, pdl) if a8 else int4_planes(x2, group, pdl)
+    want = (4, k // 8, torch.int32) if a8 else (10, k // 8, torch.float32)
+    assert (*planes.shape, planes.dtype) == want and planes.is_contiguous(), planes.shape
     even = n % bn == 0 and k % (bg * group) == 0
     _int4_gemv_kernel[(tiles, 1, split)](
         planes,
@@ -2187,6 +2094,8 @@ def int4_gemv(
         GROUP=group,
         EVEN=even,
         UNROLL=2 if tiles * split <= INT4_GEMV_UNROLL_TILES else 1,
+        A8=a8,
+        EMULATE=x2.device.type != "cuda",
         PDL=pdl,
         num_warps=warps,
         num_stages=1,
