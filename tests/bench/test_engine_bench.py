@@ -60,6 +60,7 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
         prompt_tokens=100,
         new_tokens=128,
         prefill_attention="flash",
+        prefill_token_budget=2048,
     )
     rows = [
         bench.Row(bench.tpot_decode(1), 1.0, 1.5, "ms"),
@@ -71,6 +72,7 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
     )
     assert "| metric | voicert | vLLM 0.26.0 fp8 | ratio (x better) |" in text
     assert "FP8 weights" in text and "prefill attention flash" in text
+    assert "prefill steps of 2048 padded tokens" in text
     q4km = argparse.Namespace(**{**vars(args), "fp8": False, "int4": True, "int4_group": 32})
     text = bench.render(
         "llama-8b-random",
@@ -141,3 +143,40 @@ def test_the_vllm_side_says_why_it_failed():
 
     with pytest.raises(RuntimeError, match="(?s)the vLLM side failed.*No module named 'vllm'"):
         measure_in_child("llama-1b-random", "bfloat16", False, [1], 4, 10, 1, timeout_s=120)
+
+
+def test_on_a_gpu_the_bench_prefills_as_the_gpu_config_serves():
+    """The bench's engine on a GPU takes configs/gpu.yaml's prefill budget, not the CPU
+    default's (64 streams' 100-token prompts in one step each, 64 steps)."""
+    from pathlib import Path
+
+    from voicert.config import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    gpu = load_config(root / "configs" / "gpu.yaml", environ={})
+    assert gpu.llm.prefill_token_budget == bench.GPU_PREFILL_BUDGET
+    assert load_config(environ={}).llm.prefill_token_budget < bench.GPU_PREFILL_BUDGET
+
+
+def test_the_bench_runs_end_to_end_with_speculation_on_a_tiny_random_model(monkeypatch, capsys):
+    """``python -m voicert.bench.engine`` as run by hand (n-gram speculation on, as by
+    default): the speculating engine is built on the built model, and the table prints. A path that is not a
+    model is one line and exit status 2, not a traceback."""
+    tiny = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+    )
+    monkeypatch.setitem(bench.SHAPES, "tiny-random", tiny)
+    argv = ["--model", "tiny-random", "--device", "cpu", "--streams", "2", "--new-tokens", "4"]
+    assert bench.main([*argv, "--reps", "1", "--spec", "2", "--no-baseline"]) == 0
+    out = capsys.readouterr().out
+    assert "prefill steps of 128 padded tokens" in out  # (the spec table needs a tokenizer)
+    assert bench.main(["--model", "/nowhere/model", "--device", "cpu", "--no-baseline"]) == 2
+    assert "bench.engine: models.llm: /nowhere/model does not exist" in capsys.readouterr().err

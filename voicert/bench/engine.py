@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from voicert.config import ConfigError
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
 from voicert.engine.build import EngineConfig
@@ -203,6 +204,8 @@ async def concurrent(
     return len(prompts) * new / wall, tpots, steady
 
 
+GPU_PREFILL_BUDGET = 2048  # configs/gpu.yaml's llm.prefill_token_budget (the CPU default is 128:
+# 64 streams' 100-token prompts would take 64 prefill steps, one each)
 TTFT_600 = "TTFT, 600-token prompt, 500 cached"
 TTFT_TURN = "TTFT, 20-token turn after a cached 150-token system prompt (P50)"
 
@@ -300,6 +303,7 @@ class Bench:
             device=args.device,
             dtype=args.dtype,
             kv_memory_gb=args.kv_gb,
+            prefill_token_budget=args.prefill_token_budget,
             batch_window_ms=args.batch_window_ms,
             max_batch=max(args.streams),
             max_context_tokens=4096,
@@ -335,14 +339,14 @@ class Bench:
             self.spec_engines[f"n-gram prompt lookup, k={args.spec}"] = LLMEngine(
                 self.model_dir or "",
                 EngineConfig(**base, spec_tokens=args.spec),
-                model=self.engine.model,
+                model=self.engine.core.model,  # (as built: quantized once)
                 tokenizer=tok,
             )
         if args.heads:
             self.spec_engines[f"draft heads ({args.heads}), k={args.heads_k}"] = LLMEngine(
                 self.model_dir or "",
                 EngineConfig(**base, spec_tokens=args.heads_k, draft_heads=args.heads),
-                model=self.engine.model,
+                model=self.engine.core.model,  # (as built: quantized once)
                 tokenizer=tok,
             )
         self.hf = self._hf_model() if args.against == "transformers" else None
@@ -569,6 +573,7 @@ def render(
         f"{'; overlapped decode steps' if args.overlap and args.cuda_graphs else ''}"
         f"{'; TorchScript forward' if args.torchscript else ''}"
         f"{'; int8 dynamic Linear' if args.int8 else ''}; prompt {args.prompt_tokens} tokens; "
+        f"prefill steps of {args.prefill_token_budget} padded tokens; "
         f"{args.new_tokens} new tokens",
         "",
         f"| metric | voicert | {baseline} | ratio (x better) |",
@@ -624,6 +629,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heads", default="", help="draft heads to compare too (embedded | a file)")
     ap.add_argument("--heads-k", type=int, default=2, help="drafts per step from the heads")
     ap.add_argument("--kv-gb", type=float, default=0.0, help="KV pool size (0: automatic)")
+    ap.add_argument(
+        "--prefill-token-budget",
+        type=int,
+        default=None,
+        help="padded prompt tokens a prefill step (llm.prefill_token_budget; default: "
+        f"{GPU_PREFILL_BUDGET} on a GPU, as configs/gpu.yaml serves, else the llm default)",
+    )
     ap.add_argument("--batch-window-ms", type=float, default=0.0)
     ap.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None)
     ap.add_argument(
@@ -709,6 +721,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",")]
     args.dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
+    if args.prefill_token_budget is None:
+        gpu = args.device.startswith("cuda")
+        args.prefill_token_budget = (
+            GPU_PREFILL_BUDGET if gpu else EngineConfig().prefill_token_budget
+        )
     if args.cuda_graphs is None:
         args.cuda_graphs = args.device.startswith("cuda")
     if args.fused_kernels is None:
@@ -759,7 +776,11 @@ def main(argv: list[str] | None = None) -> int:
         except RuntimeError as e:  # ours is still measured (its column alone); exit status 1
             print(f"error: {e}", file=sys.stderr)
             against, baseline, failed = "vLLM (failed: see stderr)", {}, True
-    bench = Bench(args)
+    try:
+        bench = Bench(args)
+    except (ConfigError, ValueError, OSError) as exc:  # a model path, a setting: one line
+        print(f"bench.engine: {exc}", file=sys.stderr)
+        return 2
     settle()  # as the server does: loaded objects out of the collector's way
     result = asyncio.run(bench.run(baseline))
     text = render(bench.label, args, result, against)
