@@ -649,45 +649,14 @@ def test_kernels_that_write_x_lay_it_out_for_int4_gemv_a8_as_int4_a8_planes_does
     assert torch.equal(alone, given)
 
 
-def test_one_row_int4_layers_fed_x_laid_out_by_the_norms_compute_the_same(monkeypatch):
+@pytest.mark.parametrize("a8", [False, True])
+def test_one_row_int4_layers_fed_x_laid_out_by_the_norms_compute_the_same(monkeypatch, a8):
     """A one-row decode step of an INT4 model with ``INT4_PLANES_FUSED`` (the RMSNorms and SiLU *
-    up lay x out for the INT4 Linears after them) gives the hidden states it gives without,
-    bit for bit, and those of the torch path to the kernel's rounding. Int4Linear takes the
-    kernels here even on CPU tensors (Triton's interpreter)."""
-    from tests.engine.quantized import SMALL
-    from voicert.engine.gpu.int4 import Int4Linear, quantize_int4
-
-    def on_kernels(self, x, pdl=False, planes=None):
-        return kernels.int4_linear(x, self.weight, self.scale, self.low, self.bias, planes=planes)
-
-    cfg = dataclasses.replace(SMALL, num_layers=1)
-    model = random_llama(cfg, torch.float32, DEV)
-    assert quantize_int4(model, group=64) == 4
-    g = torch.Generator().manual_seed(8)
-    tables, nxt = block_tables([30], 16, 8)
-    runners = [ModelRunner(model, nxt, 16) for _ in range(3)]
-    prefix = torch.randint(0, 300, (30,), generator=g).tolist()
-    for runner in runners:
-        run_layers(model, runner, [Row(prefix, 0, tables[0], 30)], False)
-    rows = [Row([7], 30, tables[0], 0)]
-    want = run_layers(model, runners[0], rows, False)
-    monkeypatch.setattr(Int4Linear, "forward", on_kernels)
-    alone = run_layers(model, runners[1], rows, True)
-    launched = []
-    real = kernels._int4_planes_kernel
-    monkeypatch.setattr(kernels, "_int4_planes_kernel", _Spy(real, launched))
-    monkeypatch.setattr(kernels, "INT4_PLANES_FUSED", True)
-    fused = run_layers(model, runners[2], rows, True)
-    assert torch.equal(fused, alone)
-    assert close(fused, want, 1e-3)  # (the one-row kernel's sums keep ~2^-15: int4_gemv)
-    assert len(launched) == 1  # only o's input is laid out apart
-
-
-def test_a8_int4_layers_fed_x_laid_out_by_the_norms_compute_the_same(monkeypatch):
-    """``llm.int4_activations: int8`` on a bf16 model: a one-row decode step gives the hidden
-    states with the RMSNorms and SiLU * up laying W4A8's x out (``INT4_PLANES_FUSED``) that it
-    gives with each Linear laying its own, bit for bit, and those of the torch path (which
-    rounds x as the kernel does) to bf16's rounding (on the GPU)."""
+    up lay x out for the INT4 Linears after them) gives the hidden states it gives with each
+    Linear laying its own, bit for bit, and those of the torch path to the kernel's rounding.
+    ``a8`` (``llm.int4_activations: int8``, a bf16 model): W4A8's x, which the torch path
+    rounds as the kernel does. Int4Linear takes the kernels here even on CPU tensors (Triton's
+    interpreter)."""
     from tests.engine.quantized import SMALL
     from voicert.engine.gpu.int4 import Int4Linear, quantize_int4, set_activations
 
@@ -699,8 +668,9 @@ def test_a8_int4_layers_fed_x_laid_out_by_the_norms_compute_the_same(monkeypatch
     cfg = dataclasses.replace(SMALL, num_layers=1)
     model = random_llama(cfg, torch.float32, DEV)
     assert quantize_int4(model, group=64) == 4
-    model = model.to(torch.bfloat16)
-    assert set_activations(model, True) == 4
+    if a8:
+        model = model.to(torch.bfloat16)
+        assert set_activations(model, True) == 4
     g = torch.Generator().manual_seed(8)
     tables, nxt = block_tables([30], 16, 8)
     runners = [ModelRunner(model, nxt, 16) for _ in range(3)]
@@ -713,12 +683,14 @@ def test_a8_int4_layers_fed_x_laid_out_by_the_norms_compute_the_same(monkeypatch
     monkeypatch.setattr(kernels, "INT4_PLANES_FUSED", False)
     alone = run_layers(model, runners[1], rows, True)
     launched = []
-    real = kernels._int4_a8_planes_kernel
-    monkeypatch.setattr(kernels, "_int4_a8_planes_kernel", _Spy(real, launched))
+    name = "_int4_a8_planes_kernel" if a8 else "_int4_planes_kernel"
+    monkeypatch.setattr(kernels, name, _Spy(getattr(kernels, name), launched))
     monkeypatch.setattr(kernels, "INT4_PLANES_FUSED", True)
     fused = run_layers(model, runners[2], rows, True)
     assert torch.equal(fused, alone)
-    if DEV == "cuda":  # (the interpreter's bf16 forward is not the GPU's, a8 or not)
+    if not a8:
+        assert close(fused, want, 1e-3)  # (the one-row kernel's sums keep ~2^-15: int4_gemv)
+    elif DEV == "cuda":  # (the interpreter's bf16 forward is not the GPU's, a8 or not)
         assert close(fused, want, 5e-2)
     assert len(launched) == 1  # only o's input is laid out apart
 
