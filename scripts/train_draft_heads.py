@@ -27,12 +27,12 @@ from voicert.bench.engine import VOICE_PROMPTS, VOICE_SYSTEM
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.core.heads import DraftHeads
 from voicert.engine.core.prompt import build_prompt
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.loader import resolve_llm
+from voicert.engine.settings import EngineConfig
 
 NAMES = [
     "Garcia",

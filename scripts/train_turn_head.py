@@ -40,9 +40,10 @@ from corpus import corpus_lines
 from voicert.bench.eot import auc, logistic
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
-from voicert.engine.build import build_core, engine_config
+from voicert.engine.build import build_core
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.loader import resolve_llm
+from voicert.engine.settings import engine_config
 
 ENDINGS = [".", ".", "?", "...", ","]  # what Whisper writes where the audio of a cut line stops
 

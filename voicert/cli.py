@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"llm: {resolve_llm(cfg.models.llm, cache_dir(cfg.models))}")
             return 0
-        from voicert.server.app import run_server
+        from voicert.server.workers import serve
 
-        code = run_server(cfg)
+        code = serve(cfg)
         if code == 2:
             print("voicert: the server could not start (see the message above)", file=sys.stderr)
             return code

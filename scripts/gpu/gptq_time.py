@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from voicert.bench.engine import shape_config
+from voicert.bench.shapes import shape_config
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.gpu import fp8
 from voicert.engine.models.llama import LlamaConfig, random_llama

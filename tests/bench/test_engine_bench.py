@@ -4,6 +4,7 @@ in bench/vllm_side.py), checked on a scripted stream whose token times are known
 import argparse
 
 from voicert.bench import engine as bench
+from voicert.bench import shapes, streams
 from voicert.bench.vllm_side import write_shape
 
 
@@ -24,7 +25,7 @@ def scripted(first_ms: float, step_ms: float):
 async def test_measure_reports_ttft_and_decode_tpot_by_row_name():
     stream, calls = scripted(first_ms=7.5, step_ms=2.0)
     counter = iter(range(10**6))
-    figures = await bench.measure(
+    figures = await streams.measure(
         stream,
         lambda n: [next(counter) % 50 for _ in range(n)],
         reps=4,
@@ -32,11 +33,11 @@ async def test_measure_reports_ttft_and_decode_tpot_by_row_name():
         new=9,
         prompt_tokens=10,
     )
-    assert figures[bench.TTFT_600 + " (P50)"] == 7.5 and figures[bench.TTFT_TURN] == 7.5
+    assert figures[streams.TTFT_600 + " (P50)"] == 7.5 and figures[streams.TTFT_TURN] == 7.5
     for n in (1, 3):
-        assert abs(figures[bench.tpot_decode(n)] - 2.0) < 1e-9
-        assert abs(figures[bench.tpot_all(n)] - 2.0) < 1e-9
-        assert figures[bench.tokens_per_s(n)] > 0
+        assert abs(figures[streams.tpot_decode(n)] - 2.0) < 1e-9
+        assert abs(figures[streams.tpot_all(n)] - 2.0) < 1e-9
+        assert figures[streams.tokens_per_s(n)] > 0
     # the cached-prefix prompts: a warm-up, then reps, each 500 + 100 (and 150 + 20) tokens
     assert calls[:5] == [(600, 1)] * 5 and calls[5:10] == [(170, 1)] * 5
     assert (10, 9) in calls
@@ -63,9 +64,9 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
         prefill_token_budget=2048,
     )
     rows = [
-        bench.Row(bench.tpot_decode(1), 1.0, 1.5, "ms"),
-        bench.Row(bench.tokens_per_s(8), 200.0, 100.0, "tok/s"),
-        bench.Row(bench.tpot_all(1), 1.0, None, "ms"),
+        bench.Row(streams.tpot_decode(1), 1.0, 1.5, "ms"),
+        bench.Row(streams.tokens_per_s(8), 200.0, 100.0, "tok/s"),
+        bench.Row(streams.tpot_all(1), 1.0, None, "ms"),
     ]
     text = bench.render(
         "llama-1b-random", args, {"rows": rows, "spec": [], "int8": None}, "vLLM 0.26.0 fp8"
@@ -87,7 +88,7 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
 def test_vllm_gets_the_benchs_own_shape_as_a_llama_config(tmp_path):
     import json
 
-    out = write_shape(bench.SHAPES["llama-8b-random"], tmp_path / "8b")
+    out = write_shape(shapes.SHAPES["llama-8b-random"], tmp_path / "8b")
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["hidden_size"] == 4096
     assert cfg["num_hidden_layers"] == 32 and cfg["torch_dtype"] == "bfloat16"
@@ -98,10 +99,10 @@ def test_a_qwen3_shape_is_qwen3_for_both_engines(tmp_path):
 
     from voicert.engine.models.llama import LlamaConfig
 
-    cfg = LlamaConfig.from_hf(bench.shape_config("qwen3-8b-random"))
+    cfg = LlamaConfig.from_hf(shapes.shape_config("qwen3-8b-random"))
     assert cfg.qk_norm and not cfg.attention_bias and cfg.num_layers == 36
-    assert not LlamaConfig.from_hf(bench.shape_config("llama-8b-random")).qk_norm
-    out = write_shape(bench.SHAPES["qwen3-8b-random"], tmp_path / "qwen3")
+    assert not LlamaConfig.from_hf(shapes.shape_config("llama-8b-random")).qk_norm
+    out = write_shape(shapes.SHAPES["qwen3-8b-random"], tmp_path / "qwen3")
     written = json.loads((out / "config.json").read_text())
     assert written["architectures"] == ["Qwen3ForCausalLM"] and written["model_type"] == "qwen3"
 
@@ -173,7 +174,7 @@ def test_the_bench_runs_end_to_end_with_speculation_on_a_tiny_random_model(monke
         max_position_embeddings=2048,
         tie_word_embeddings=True,
     )
-    monkeypatch.setitem(bench.SHAPES, "tiny-random", tiny)
+    monkeypatch.setitem(shapes.SHAPES, "tiny-random", tiny)  # (the dict bench.engine reads)
     argv = ["--model", "tiny-random", "--device", "cpu", "--streams", "2", "--new-tokens", "4"]
     assert bench.main([*argv, "--reps", "1", "--spec", "2", "--no-baseline"]) == 0
     out = capsys.readouterr().out

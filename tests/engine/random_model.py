@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from voicert.bench.engine import shape_config
-from voicert.engine.build import EngineConfig, build_core
+from voicert.bench.shapes import shape_config
+from voicert.engine.build import build_core
 from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.models.llama import LlamaConfig, random_llama
+from voicert.engine.settings import EngineConfig
 
 
 def random_parts() -> tuple[str, torch.nn.Module, object]:

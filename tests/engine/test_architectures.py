@@ -164,9 +164,9 @@ def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
     time."""
     import asyncio
 
-    from voicert.bench.engine import _NullTokenizer
-    from voicert.engine.build import EngineConfig
+    from voicert.bench.shapes import NullTokenizer
     from voicert.engine.clients.llm_engine import LLMEngine
+    from voicert.engine.settings import EngineConfig
 
     want = decode(load_model(checkpoint), prompts)
     model = load_model(checkpoint, torch.float32, "cuda")
@@ -182,7 +182,7 @@ def test_served_gpu_path_gives_the_cpu_paths_tokens(checkpoint, prompts):
             max_context_tokens=512,
         ),
         model=model,
-        tokenizer=_NullTokenizer(model.cfg.vocab_size),
+        tokenizer=NullTokenizer(model.cfg.vocab_size),
     )
 
     async def one(i, p):

@@ -141,7 +141,7 @@ def test_a_quantized_checkpoint_of_another_kind_is_refused_naming_the_field(quan
 
 
 def test_the_command_writes_a_checkpoint_that_loads_as_int4(tmp_path, capsys):
-    from voicert.engine.gpu.awq import main
+    from voicert.engine.export_awq import main
 
     src = _hf_checkpoint("llama", tmp_path / "hf")
     assert main([str(src), str(tmp_path / "awq"), "--rounding", "nearest", "--group", "64"]) == 0

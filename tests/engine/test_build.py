@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 
 from voicert.config import LlmConfig
-from voicert.engine.build import EngineConfig, engine_config
+from voicert.engine.settings import EngineConfig, engine_config
 
 
 def test_the_engine_takes_every_llm_key_as_configured():

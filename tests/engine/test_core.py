@@ -6,9 +6,9 @@ import pytest
 from tests.engine.random_model import random_core, random_parts
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.core.engine_core import EngineCore
+from voicert.engine.settings import EngineConfig
 
 
 @pytest.fixture(scope="module")

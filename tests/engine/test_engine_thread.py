@@ -8,8 +8,8 @@ import pytest
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineLoad, FinishReason, GenerationRequest
 from voicert.engine.base import final_out
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import EngineThread
+from voicert.engine.settings import EngineConfig
 
 
 class FakeCore:

@@ -1,4 +1,4 @@
-"""Prefill attention by FlashAttention-4 (engine/gpu/flash.py) against gather + SDPA: the same output on
+"""Prefill attention by FlashAttention-4 (engine/models/flash.py) against gather + SDPA: the same output on
 right-padded rows of any real length over any cached prefix, eagerly and replayed from a CUDA
 graph, and in a served engine. The GPU checks need CUDA (Hopper or newer) and the optional
 flash-attn-4 package; the CPU ones check the choice and its errors."""
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from voicert.config import ConfigError, LlmConfig
-from voicert.engine.gpu import flash
+from voicert.engine.models import flash
 from voicert.engine.models.layers import Attention, AttnInputs, SdpaRows
 from voicert.engine.models.llama import LlamaConfig
 
@@ -102,11 +102,11 @@ def test_flash_rows_replayed_from_a_graph_follow_new_rows():
 
 @needs_flash
 def test_a_served_engine_prefills_with_flash_and_agrees_with_sdpa():
-    from voicert.bench.engine import _NullTokenizer, shape_config
+    from voicert.bench.shapes import NullTokenizer, shape_config
     from voicert.core.llm import GenerationRequest
-    from voicert.engine.build import EngineConfig
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import random_llama
+    from voicert.engine.settings import EngineConfig
 
     model = random_llama(
         LlamaConfig.from_hf(dict(shape_config("llama-1b-random"), num_hidden_layers=4)),
@@ -133,7 +133,7 @@ def test_a_served_engine_prefills_with_flash_and_agrees_with_sdpa():
                 prefill_attention=choice,
             ),
             model=model,
-            tokenizer=_NullTokenizer(model.cfg.vocab_size),
+            tokenizer=NullTokenizer(model.cfg.vocab_size),
         )
 
         async def one(i, p):

@@ -184,14 +184,14 @@ def test_gptq_fp8_keeps_more_of_the_real_embedded_models_next_tokens(embedded, m
     the test short): measured 95 % against nearest rounding's 90 % (the whole set: 96-97 %,
     docs/benchmarks.md section 29). The calibration set shares no text with the evaluation's."""
     from voicert.bench.fp8 import TEXTS, quantized_copy, top1_agreement
-    from voicert.engine.gpu import fp8
+    from voicert.engine.core import calibration
 
     load, tok = embedded
-    rows = fp8.calibration_rows(tok)
+    rows = calibration.calibration_rows(tok)
     assert len(rows) > 60 and not {tuple(tok(t)["input_ids"]) for t in TEXTS} & set(
         map(tuple, rows)
     )
-    monkeypatch.setattr(fp8, "calibration_rows", lambda _tok: rows[:24])
+    monkeypatch.setattr(calibration, "calibration_rows", lambda _tok: rows[:24])
     ref = load(torch.float32)
     same, total = top1_agreement(
         ref, quantized_copy(ref, tok), [tok(t)["input_ids"] for t in TEXTS]

@@ -7,11 +7,11 @@ import dataclasses
 import pytest
 import torch
 
-from voicert.bench.engine import _NullTokenizer, shape_config
+from voicert.bench.shapes import NullTokenizer, shape_config
 from voicert.core.llm import GenerationRequest, Sampling
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import LlamaConfig, random_llama
+from voicert.engine.settings import EngineConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -61,7 +61,7 @@ def make(
         pdl=pdl,
         decode_linear=linear,
     )
-    return LLMEngine("", cfg, model=model, tokenizer=_NullTokenizer(model.cfg.vocab_size))
+    return LLMEngine("", cfg, model=model, tokenizer=NullTokenizer(model.cfg.vocab_size))
 
 
 def smollm2_shape() -> LlamaConfig:
@@ -303,8 +303,8 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
 
     from voicert.agent.tool_calls import CallClosed, CallParser
     from voicert.core.chat import ChatMessage, ToolChoice, ToolChoiceMode, ToolSpec
-    from voicert.engine.build import EngineConfig as CoreConfig
     from voicert.engine.build import build_core
+    from voicert.engine.settings import EngineConfig as CoreConfig
 
     tok_dir = os.environ.get("VOICERT_TEST_TOKENIZER")
     if not tok_dir:

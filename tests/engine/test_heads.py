@@ -25,13 +25,13 @@ def test_heads_for_another_model_are_refused(tmp_path):
 
 
 def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
-    from voicert.bench.engine import _NullTokenizer, shape_config
-    from voicert.engine.build import EngineConfig
+    from voicert.bench.shapes import NullTokenizer, shape_config
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
+    from voicert.engine.settings import EngineConfig
 
     model = random_llama(LlamaConfig.from_hf(shape_config("smollm2-random")), torch.float32, "cpu")
-    tok = _NullTokenizer(model.cfg.vocab_size)
+    tok = NullTokenizer(model.cfg.vocab_size)
     with pytest.raises(ValueError, match="more than"):
         LLMEngine(
             "",
@@ -55,10 +55,10 @@ def test_heads_and_a_draft_model_are_exclusive_and_k_is_capped():
 
 
 def test_auto_heads_are_the_embedded_ones_where_they_fit_and_n_grams_elsewhere():
-    from voicert.bench.engine import _NullTokenizer, shape_config
-    from voicert.engine.build import EngineConfig
+    from voicert.bench.shapes import NullTokenizer, shape_config
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, random_llama
+    from voicert.engine.settings import EngineConfig
 
     fits = random_llama(
         LlamaConfig.from_hf(dict(shape_config("smollm2-random"), num_hidden_layers=2)),
@@ -83,7 +83,7 @@ def test_auto_heads_are_the_embedded_ones_where_they_fit_and_n_grams_elsewhere()
             "",
             EngineConfig(num_blocks=64, spec_tokens=2, draft_heads="auto", torchscript=False),
             model=model,
-            tokenizer=_NullTokenizer(model.cfg.vocab_size),
+            tokenizer=NullTokenizer(model.cfg.vocab_size),
         )
         try:
             assert (eng.core.heads is not None) is has_heads

@@ -11,11 +11,11 @@ import pytest
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import EngineState, GenerationRequest
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.host import SharedEngineClient, start_engine_host
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
 from voicert.engine.loader import resolve_llm
+from voicert.engine.settings import EngineConfig
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Spell the word voice."]

@@ -68,7 +68,8 @@ def test_a_repo_id_is_told_from_a_path(tmp_path):
 
 
 def test_a_safetensors_repo_is_downloaded_and_served(hub, tmp_path):
-    from voicert.engine.build import EngineConfig, build_core
+    from voicert.engine.build import build_core
+    from voicert.engine.settings import EngineConfig
 
     model_dir = resolve_llm("acme/tiny-llama", tmp_path)
     assert (model_dir / "config.json").is_file() and list(model_dir.glob("*.safetensors"))

@@ -195,11 +195,11 @@ def test_gptq_int4_keeps_most_of_the_real_embedded_models_next_tokens(embedded, 
     voicert.bench.fp8 --quantize int4``, docs/benchmarks.md section 46): see the bars below;
     a broken scale, low or nibble order falls far below them."""
     from voicert.bench.fp8 import TEXTS, quantized_copy, top1_agreement
-    from voicert.engine.gpu import fp8
+    from voicert.engine.core import calibration
 
     ref, tok = embedded
-    rows = fp8.calibration_rows(tok)
-    monkeypatch.setattr(fp8, "calibration_rows", lambda _tok: rows[:24])
+    rows = calibration.calibration_rows(tok)
+    monkeypatch.setattr(calibration, "calibration_rows", lambda _tok: rows[:24])
     texts = [tok(t)["input_ids"] for t in TEXTS]
     near, total = top1_agreement(ref, quantized_copy(ref, quant="int4"), texts)
     gptq, _ = top1_agreement(ref, quantized_copy(ref, tok, quant="int4"), texts)

@@ -967,7 +967,7 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     query tiles; with FP8 Linears, both the widening kernel and the tensor-core path) gives the
     same bits and the same KV pool with and without it, eagerly and in every replay of a CUDA
     graph of it."""
-    from voicert.bench.engine import shape_config
+    from voicert.bench.shapes import shape_config
     from voicert.engine.gpu.fp8 import quantize_fp8
 
     cfg = LlamaConfig.from_hf(dict(shape_config("llama-1b-random"), num_hidden_layers=3))
@@ -1040,7 +1040,7 @@ def test_decode_linear_is_checked_and_names_the_key():
 
 def test_the_llm_sections_pdl_and_decode_linear_reach_the_engine_config():
     from voicert.config import LlmConfig
-    from voicert.engine.build import engine_config
+    from voicert.engine.settings import engine_config
 
     cfg = engine_config(LlmConfig(device="cuda", pdl="off", decode_linear="cublas"))
     assert (cfg.pdl, cfg.decode_linear, cfg.fused_kernels) == ("off", "cublas", True)

@@ -9,7 +9,6 @@ from tests.conftest import transformers_next_tokens
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage, ToolSpec
 from voicert.core.llm import GenerationRequest
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.core.guided import GuideError
 from voicert.engine.core.kv_cache import BlockManager
@@ -20,6 +19,7 @@ from voicert.engine.core.sequence import Sequence
 from voicert.engine.core.spec_policy import SpecPolicy
 from voicert.engine.loader import resolve_llm
 from voicert.engine.models.llama import load_llama
+from voicert.engine.settings import EngineConfig
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 PROMPTS = [

@@ -20,15 +20,15 @@ from tests.engine.test_llm_engine import (  # noqa: F401
 )
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
+from voicert.engine.settings import EngineConfig
 
 
 async def test_draft_model_speculation_equals_greedy(model_dir, parts, engines):
     """Draft = the target itself (drafts nearly always accepted) and draft = random weights of the
     same vocabulary and width, two layers deep (drafts nearly never accepted): both must give the
     target's greedy tokens."""
-    from voicert.bench.engine import shape_config
+    from voicert.bench.shapes import shape_config
     from voicert.engine.models.llama import LlamaConfig, random_llama
 
     model, tok = parts

@@ -8,10 +8,10 @@ import pytest
 from voicert.config import cache_dir, load_config
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.clients.remote import EngineProcess
 from voicert.engine.loader import resolve_llm
+from voicert.engine.settings import EngineConfig
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant. Answer in one short sentence.")
 QUESTIONS = ["What is the capital of France?", "Name three colors.", "Spell the word voice."]

@@ -7,8 +7,9 @@ import torch
 
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import FinishReason, GenerationRequest, request_problem
-from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.build import build_core
 from voicert.engine.core.engine_core import EngineCore
+from voicert.engine.settings import EngineConfig
 
 SYSTEM = ChatMessage("system", "You are a helpful voice assistant.")
 

@@ -238,10 +238,10 @@ async def test_shutdown_closes_peers_that_never_answer_all_at_once(services):
 @pytest.mark.models
 async def test_engine_process_killed_mid_reply_then_the_next_turn_works(services):
     from voicert.core.llm import EngineState
-    from voicert.engine.build import engine_config
     from voicert.engine.clients.remote import EngineProcess
     from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
     from voicert.engine.factory import cache_dir, resolve_llm
+    from voicert.engine.settings import engine_config
 
     cfg = services.cfg
     model_dir = str(resolve_llm(cfg.models.llm, cache_dir(cfg.models)))

@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     heads = HEADS[args.shape]
-    from voicert.engine.gpu.flash import unavailable
+    from voicert.engine.models.flash import unavailable
 
     flash_missing = unavailable("cuda", getattr(torch, args.dtype))
     results = []

@@ -87,10 +87,11 @@ def _measure(engine, rng, reps: int, new: int) -> tuple[list[float], list[float]
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from voicert.bench.engine import SHAPES, _NullTokenizer, pct, shape_config
-    from voicert.engine.build import EngineConfig
+    from voicert.bench.shapes import SHAPES, NullTokenizer, shape_config
+    from voicert.bench.streams import pct
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.models.llama import LlamaConfig, load_llama, random_llama
+    from voicert.engine.settings import EngineConfig
 
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.contention")
     ap.add_argument("--model", default="llama-1b-random", help="a SHAPES name or an HF dir")
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         model = random_llama(LlamaConfig.from_hf(shape_config(args.model)), torch.bfloat16, "cuda")
     else:
         label, model = args.model, load_llama(args.model, torch.bfloat16, "cuda")
-    tok = _NullTokenizer(model.cfg.vocab_size)
+    tok = NullTokenizer(model.cfg.vocab_size)
     ctx = mp.get_context("spawn")
     active, ready, count = ctx.Event(), ctx.Event(), ctx.Value("l", 0)
     hog = ctx.Process(target=_hog, args=(args.hog, active, ready, count), daemon=True)

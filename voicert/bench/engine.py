@@ -17,97 +17,28 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
+from voicert.bench.shapes import SHAPES, NullTokenizer, shape_config
+from voicert.bench.streams import (
+    TTFT_600,
+    TTFT_TURN,
+    measure,
+    pct,
+    tokens_per_s,
+    tpot_decode,
+)
 from voicert.config import ConfigError
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import GenerationRequest
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.gpu.int4 import GROUPS
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
+from voicert.engine.settings import EngineConfig
 from voicert.telemetry.gcwatch import settle
-
-SHAPES = {
-    "llama-1b-random": dict(
-        vocab_size=128256,
-        hidden_size=2048,
-        intermediate_size=8192,
-        num_hidden_layers=16,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=64,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 32.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ),
-    "llama-8b-random": dict(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
-    ),
-    "smollm2-random": dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        max_position_embeddings=8192,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-8b-random": dict(
-        model_type="qwen3",
-        vocab_size=151936,
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        rms_norm_eps=1e-6,
-        rope_theta=1000000.0,
-        max_position_embeddings=40960,
-        tie_word_embeddings=False,
-    ),
-}
-
-
-def shape_config(name: str) -> dict:
-    """The HF config dict of a random-weight shape of :data:`SHAPES` (Llama unless the shape
-    names its ``model_type``, e.g. Qwen3's per-head q/k norms)."""
-    return {"model_type": "llama", **SHAPES[name]}
-
 
 # Voice-agent turns: short answers and confirmations that repeat what the caller said.
 VOICE_PROMPTS = [
@@ -163,84 +94,8 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
-
-
-# (prompt ids, new tokens) -> (the receive time of each token in ns, the submit time in ns): one
-# streamed greedy request to the engine under test (ours, or vLLM in bench/vllm_side.py)
-StreamFn = Callable[[list[int], int], Awaitable[tuple[list[int], int]]]
-TokensFn = Callable[[int], list[int]]  # n -> n random prompt token ids
-
-
-async def ttft_cached(
-    stream: StreamFn, tokens: TokensFn, reps: int, cached: int = 500, new: int = 100
-) -> list[float]:
-    """TTFT in ms of prompts whose first ``cached`` tokens an earlier request left in the cache."""
-    prefix = tokens(cached)
-    await stream(prefix + tokens(new), 1)
-    out = []
-    for _ in range(reps):
-        times, t0 = await stream(prefix + tokens(new), 1)
-        out.append((times[0] - t0) / 1e6)
-    return out
-
-
-async def concurrent(
-    stream: StreamFn, prompts: list[list[int]], new: int
-) -> tuple[float, list[float], list[float]]:
-    """All prompts at once: (tokens/s, each stream's TPOT in ms, each stream's TPOT once every
-    stream had its first token: decode only, no newcomer's prefill interleaved)."""
-    t0 = time.perf_counter()
-    results = await asyncio.gather(*(stream(p, new) for p in prompts))
-    wall = time.perf_counter() - t0
-    tpots = [(t[-1] - t[0]) / 1e6 / (len(t) - 1) for t, _ in results]
-    all_started = max(t[0] for t, _ in results)
-    steady = []
-    for t, _ in results:
-        after = [x for x in t if x >= all_started]
-        if len(after) > 1:
-            steady.append((after[-1] - after[0]) / 1e6 / (len(after) - 1))
-    return len(prompts) * new / wall, tpots, steady
-
-
 GPU_PREFILL_BUDGET = 2048  # configs/gpu.yaml's llm.prefill_token_budget (the CPU default is 128:
 # 64 streams' 100-token prompts would take 64 prefill steps, one each)
-TTFT_600 = "TTFT, 600-token prompt, 500 cached"
-TTFT_TURN = "TTFT, 20-token turn after a cached 150-token system prompt (P50)"
-
-
-def tpot_decode(n: int) -> str:
-    return f"TPOT per stream, {n} streams, decode only (P50)"
-
-
-def tpot_all(n: int) -> str:
-    return f"TPOT per stream, {n} streams, incl. others' prefill (P50)"
-
-
-def tokens_per_s(n: int) -> str:
-    return f"tokens/s, {n} streams"
-
-
-async def measure(
-    stream: StreamFn, tokens: TokensFn, reps: int, streams: list[int], new: int, prompt_tokens: int
-) -> dict[str, float]:
-    """The bench's figures of one engine, by row name (the same names for every engine)."""
-    out: dict[str, float] = {}
-    t = await ttft_cached(stream, tokens, reps)
-    out[TTFT_600 + " (P50)"], out[TTFT_600 + " (P99)"] = pct(t, 50), pct(t, 99)
-    out[TTFT_TURN] = pct(await ttft_cached(stream, tokens, reps, cached=150, new=20), 50)
-    for n in streams:
-        await concurrent(stream, [tokens(prompt_tokens) for _ in range(min(n, 2))], 4)  # warm
-        tps, tpots, steady = await concurrent(
-            stream, [tokens(prompt_tokens) for _ in range(n)], new
-        )
-        out[tpot_decode(n)] = pct(steady, 50) if steady else pct(tpots, 50)
-        out[tpot_all(n)] = pct(tpots, 50)
-        out[tokens_per_s(n)] = tps
-    return out
-
-
 # --against: this engine again with one setting changed, run side by side (label, the change)
 TWINS = {
     "sdpa-prefill": ("voicert, prefill by gather + SDPA", {"prefill_attention": "sdpa"}),
@@ -321,7 +176,7 @@ class Bench:
             rounding="gptq" if self.tokenizer is not None else "nearest",
         )
         twin = TWINS.get(args.against)  # --against sdpa-prefill / model-kv: this engine, one change
-        tok = self.tokenizer if self.tokenizer is not None else _NullTokenizer(self.vocab)
+        tok = self.tokenizer if self.tokenizer is not None else NullTokenizer(self.vocab)
         ours = dict(base, prefill_attention=args.prefill_attention, kv_cache=args.kv_cache)
         self.engine = LLMEngine(
             self.model_dir or "", EngineConfig(**ours), model=self.model, tokenizer=tok
@@ -541,20 +396,6 @@ class Bench:
         )
         spec = await self.spec_compare() if self.spec_engines else []
         return {"rows": rows, "spec": spec, "int8": await self.int8_check()}
-
-
-class _NullTokenizer:
-    """For random-weight models: no text, ids only."""
-
-    def __init__(self, vocab: int) -> None:
-        self.eos_token_id = None
-        self.vocab = vocab
-
-    def get_vocab(self) -> dict:
-        return {}
-
-    def decode(self, ids, skip_special_tokens=True) -> str:
-        return ""
 
 
 def render(

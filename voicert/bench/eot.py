@@ -140,8 +140,9 @@ class Scorer:
     def __init__(self, cfg, asr: str = "") -> None:
         """``asr``: the Whisper model (default ``models.asr``)."""
         from voicert.config import cache_dir
-        from voicert.engine.build import build_core, engine_config
+        from voicert.engine.build import build_core
         from voicert.engine.loader import resolve_llm
+        from voicert.engine.settings import engine_config
         from voicert.speech import smart_turn
         from voicert.speech.asr import WhisperAsr, resolve_asr_model
         from voicert.speech.vad import SileroVad

@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     import dataclasses
 
     from voicert.config import cache_dir, load_config
-    from voicert.engine.build import build_core, engine_config
+    from voicert.engine.build import build_core
     from voicert.engine.loader import resolve_llm
+    from voicert.engine.settings import engine_config
 
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.fairness", description=__doc__)
     ap.add_argument("--config", default=None)

@@ -25,14 +25,10 @@ from collections.abc import Callable
 import torch
 
 from voicert.bench.cuda_time import graph_times
+from voicert.engine.core.calibration import calibration_forward
 from voicert.engine.core.runner import ModelRunner, Row
-from voicert.engine.gpu.fp8 import (
-    E4M3_MAX,
-    FP8_GRID,
-    Fp8Linear,
-    calibration_forward,
-    quantize_fp8,
-)
+from voicert.engine.gpu.formats import E4M3_MAX
+from voicert.engine.gpu.fp8 import FP8_GRID, Fp8Linear, quantize_fp8
 from voicert.engine.gpu.int4 import GROUPS, Int4Linear, quantize_int4
 from voicert.engine.models.layers import KV_DTYPES
 
@@ -183,11 +179,11 @@ def quality(
     from voicert.bench.engine import shared_prefix, voice_prompt_ids
     from voicert.config import cache_dir, load_config
     from voicert.core.llm import GenerationRequest
-    from voicert.engine.build import EngineConfig
     from voicert.engine.clients.llm_engine import LLMEngine
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES
     from voicert.engine.models.registry import load_model
+    from voicert.engine.settings import EngineConfig
 
     model_dir = str(resolve_llm(model_name, cache_dir(load_config(environ={}).models)))
     tok = AutoTokenizer.from_pretrained(model_dir)

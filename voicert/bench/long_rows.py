@@ -52,8 +52,9 @@ def _steps(core, prompts: list[list[int]], n: int, tag: str) -> list[float]:
 
 def main(argv: list[str] | None = None) -> int:
     from voicert.config import cache_dir, load_config
-    from voicert.engine.build import build_core, engine_config
+    from voicert.engine.build import build_core
     from voicert.engine.loader import resolve_llm
+    from voicert.engine.settings import engine_config
 
     ap = argparse.ArgumentParser(prog="python -m voicert.bench.long_rows", description=__doc__)
     ap.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")

@@ -14,7 +14,7 @@ import time
 
 import torch
 
-from voicert.bench.engine import SHAPES, shape_config
+from voicert.bench.shapes import SHAPES, shape_config
 from voicert.engine.core.runner import ModelRunner, Row, StepGraphs
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
 

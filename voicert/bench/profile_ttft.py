@@ -28,12 +28,13 @@ import time
 import numpy as np
 import torch
 
-from voicert.bench.engine import SHAPES, _NullTokenizer, shape_config
+from voicert.bench.shapes import SHAPES, NullTokenizer, shape_config
 from voicert.core.llm import GenerationRequest
-from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.build import build_core
 from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.core.runner import bucket, rows_for
 from voicert.engine.models.llama import DTYPES, LlamaConfig, random_llama
+from voicert.engine.settings import EngineConfig
 
 PHASES = ("add", "schedule", "launch", "wait", "post")
 
@@ -185,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
             pdl=args.pdl,
         ),
         model=model,
-        tokenizer=_NullTokenizer(cfg.vocab_size),
+        tokenizer=NullTokenizer(cfg.vocab_size),
     )
     rng = np.random.default_rng(0)
     tokens = lambda n: rng.integers(100, 30000, n).tolist()

@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     from voicert.config import cache_dir, load_config
     from voicert.core.chat import ChatMessage
     from voicert.core.llm import GenerationRequest
-    from voicert.engine.build import build_core, engine_config
+    from voicert.engine.build import build_core
     from voicert.engine.loader import resolve_llm
+    from voicert.engine.settings import engine_config
     from voicert.speech.asr import WhisperAsr, cpu_threads
 
     cfg = load_config(None, dict(kv.split("=", 1) for kv in args.set))

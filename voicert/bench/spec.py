@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from voicert.bench.engine import SHAPES, _NullTokenizer, shape_config, voice_prompt_ids
+from voicert.bench.engine import voice_prompt_ids
+from voicert.bench.shapes import SHAPES, NullTokenizer, shape_config
 from voicert.config import ConfigError
 from voicert.core.llm import GenerationRequest, Sampling
-from voicert.engine.build import EngineConfig
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
+from voicert.engine.settings import EngineConfig
 
 MODES = ("plain", "always", "adaptive")
 
@@ -203,7 +204,7 @@ def build(args: argparse.Namespace) -> tuple[str, dict[str, LLMEngine], list[lis
     if args.model in SHAPES:
         hf = shape_config(args.model)
         model = random_llama(LlamaConfig.from_hf(hf), dtype, args.device)
-        tok, model_dir = _NullTokenizer(model.cfg.vocab_size), ""
+        tok, model_dir = NullTokenizer(model.cfg.vocab_size), ""
         rng = np.random.default_rng(0)
         prompts = [rng.integers(100, 30000, 100).tolist() for _ in range(16)]
         label, ignore_eos = f"{args.model} (RANDOM WEIGHTS, timing only)", True

@@ -161,11 +161,12 @@ def _core(args: argparse.Namespace):
     import torch
     from transformers import AutoTokenizer
 
-    from voicert.bench.engine import SHAPES, shape_config
+    from voicert.bench.shapes import SHAPES, shape_config
     from voicert.config import cache_dir, load_config
-    from voicert.engine.build import EngineConfig, build_core
+    from voicert.engine.build import build_core
     from voicert.engine.loader import resolve_llm
     from voicert.engine.models.llama import DTYPES, LlamaConfig, load_llama, random_llama
+    from voicert.engine.settings import EngineConfig
 
     model_dir = args.tokenizer or str(
         resolve_llm("embedded", cache_dir(load_config(environ={}).models))

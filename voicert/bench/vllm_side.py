@@ -103,7 +103,8 @@ def stream_fn(engine):
 async def run(args: argparse.Namespace) -> dict:
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    from voicert.bench.engine import SHAPES, measure
+    from voicert.bench.shapes import SHAPES
+    from voicert.bench.streams import measure
 
     if args.model in SHAPES:
         model_dir = str(write_shape(SHAPES[args.model], Path(tempfile.mkdtemp()) / args.model))

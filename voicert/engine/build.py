@@ -2,22 +2,19 @@
 loaded, quantized and run (kernels, attention, launch mode, KV dtype and pool size, draft heads
 or a draft model), so that :class:`~voicert.engine.core.engine_core.EngineCore` only steps.
 
-:class:`EngineConfig` is the ``llm`` section itself (its defaults and its checks) plus what only
-a caller that builds an engine sets; :func:`engine_config` makes one from the config tree.
+The settings it builds from are ``engine/settings.py``'s :class:`EngineConfig`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
 import torch
 
-from voicert.config import ConfigError, LlmConfig
+from voicert.config import ConfigError
 from voicert.engine.core.draft import DraftModelProposer
 from voicert.engine.core.engine_core import CoreParts, EngineCore
 from voicert.engine.core.guided import Guides
@@ -32,41 +29,9 @@ from voicert.engine.models.base import Model
 from voicert.engine.models.layers import KV_DTYPES
 from voicert.engine.models.llama import DTYPES, ROPE_TABLE_MAX
 from voicert.engine.models.registry import load_model
+from voicert.engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class EngineConfig(LlmConfig):
-    """The engine's settings: every ``llm`` key with its one default and its checks, and two that
-    only a caller building an engine itself sets. Options of the other kind of device are off
-    where the engine runs (:meth:`on_device`): CUDA graphs, the engine's own stream and the fused
-    kernels on a CPU, TorchScript on a GPU."""
-
-    num_blocks: int = 0  # KV blocks in the pool; 0: sized from kv_memory_gb
-    models_cache: str = ""  # where a GGUF draft model is converted (the server's models.cache_dir)
-
-    def __post_init__(self) -> None:
-        LlmConfig.__post_init__(self)
-        if self.num_blocks < 0 or self.num_blocks == 1:
-            raise ConfigError("num_blocks: must be 0 (sized from llm.kv_memory_gb) or >= 2")
-
-    def on_device(self) -> EngineConfig:
-        """These settings as they apply on ``device``."""
-        cuda = self.device.startswith("cuda")
-        return dataclasses.replace(
-            self,
-            cuda_graphs=self.cuda_graphs and cuda,
-            own_stream=self.own_stream and cuda,
-            fused_kernels=self.fused_kernels and cuda,
-            torchscript=self.torchscript and not cuda,
-        )
-
-
-def engine_config(llm: LlmConfig, models_cache: str = "") -> EngineConfig:
-    """The engine's settings from the config tree's ``llm`` section (every key, as it is)."""
-    values = {f.name: getattr(llm, f.name) for f in dataclasses.fields(llm)}
-    return EngineConfig(**values, models_cache=models_cache)
 
 
 def build_core(
@@ -185,7 +150,8 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
     from a GGUF file (``llm.int4_gguf``), its 4-bit layers first as the file holds them
     (engine/gpu/gguf.py), the rest rounded. Refuses INT8 with either, and for FP8 GPUs whose
     Triton cannot widen it (compute capability below 8.9)."""
-    from voicert.engine.gpu.fp8 import calibration_forward, quantize_fp8
+    from voicert.engine.core.calibration import calibration_forward
+    from voicert.engine.gpu.fp8 import quantize_fp8
     from voicert.engine.gpu.int4 import quantize_int4, set_activations
     from voicert.engine.loader import gguf_source
 
@@ -197,7 +163,7 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
     t0 = time.perf_counter()
     module = cast(torch.nn.Module, model)  # every architecture is an nn.Module
     calibrate = (
-        calibration_forward(module, tokenizer, cfg.block_size) if cfg.rounding == "gptq" else None
+        calibration_forward(model, tokenizer, cfg.block_size) if cfg.rounding == "gptq" else None
     )
     source = gguf_source(model_dir) if cfg.int4 and cfg.int4_gguf and model_dir else None
     if source is not None:
@@ -293,9 +259,9 @@ def _kernels_usable(model: Model, cfg: EngineConfig) -> bool:
 
 def _prefill_attention(model: Model, cfg: EngineConfig) -> str:
     """How the fused path's prefill steps attend: ``paged`` (our Triton kernel, over tiles of
-    query tokens), ``flash`` (engine/gpu/flash.py) or ``sdpa``. ``flash`` where it cannot run is
+    query tokens), ``flash`` (engine/models/flash.py) or ``sdpa``. ``flash`` where it cannot run is
     an error naming the key; ``auto`` takes flash where it runs, else paged, said once."""
-    from voicert.engine.gpu import flash
+    from voicert.engine.models import flash
 
     choice = cfg.prefill_attention
     if not model.use_kernels:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from voicert.config import Config, ConfigError, LlmConfig, cache_dir
 from voicert.core.llm import Engine
-from voicert.engine.build import engine_config
 from voicert.engine.clients.llm_engine import LLMEngine
 from voicert.engine.clients.simple import SimpleEngine
 from voicert.engine.clients.supervisor import RestartPolicy, SupervisedEngine
 from voicert.engine.loader import resolve_llm
+from voicert.engine.settings import engine_config
 
 if TYPE_CHECKING:
     from voicert.engine.clients.host import HostAddresses

@@ -36,9 +36,9 @@ from voicert.server.connection import CLOSE_GOING_AWAY, BaseConnection, Connecti
 from voicert.server.dashboard import STATIC, static_file
 from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, route_path, text
 from voicert.server.logs import quiet_handshake_logger
+from voicert.server.peers import WorkerRole
 from voicert.server.realtime import REALTIME_PATH, RealtimeConnection
 from voicert.server.telephony import phone_door
-from voicert.server.workers import WorkerRole
 from voicert.speech import smart_turn
 from voicert.speech.asr import asr_backend, build_asr, resolve_asr_model
 from voicert.speech.denoise import RnNoise
@@ -605,19 +605,10 @@ def websockets_problem(version: str) -> str | None:
 
 
 def run_server(cfg: Config, role: WorkerRole | None = None) -> int:
-    """Listen at once; load and warm the models; serve until SIGINT/SIGTERM; shut down gracefully.
-    With ``server.workers`` above 1 this process becomes the primary of that many workers
-    (server/workers.py); ``role``: this process is one of them. 2 when it cannot start (a
+    """One server process: listen at once; load and warm the models; serve until
+    SIGINT/SIGTERM; shut down gracefully. ``role``: this process is one of several workers
+    (server/workers.py, whose ``serve`` is ``voicert serve``). 2 when it cannot start (a
     message says why)."""
-    import websockets
-
-    if (why := websockets_problem(websockets.__version__)) is not None:
-        log.critical("%s", why)
-        return 2
-    if role is None and cfg.server.workers > 1:
-        from voicert.server.workers import run_primary
-
-        return run_primary(cfg)
     sys.setswitchinterval(cfg.server.gil_switch_interval_ms / 1000)
     limit_blas_threads(cfg.server.blas_threads)
     before, after = raise_fd_limit()

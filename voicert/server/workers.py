@@ -39,23 +39,18 @@ import signal
 import socket
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING
 
-import msgspec
-
 from voicert.config import Config, cache_dir
 from voicert.hosting import child_context
-from voicert.telemetry.latency import TurnRecord
-from voicert.telemetry.sampler import SystemSample
+from voicert.server.app import run_server, websockets_problem, where_to_start
+from voicert.server.peers import PeerBus, WorkerRole
 
 if TYPE_CHECKING:
-    from voicert.engine.build import EngineConfig
     from voicert.engine.clients.host import HostAddresses
+    from voicert.engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
 EXIT_GAVE_UP = 3  # a part could not be kept up (the same status a single server exits with)
@@ -101,77 +96,6 @@ def worker_limits(cfg: Config, workers: int) -> Config:
     return dataclasses.replace(cfg, server=server)
 
 
-class PeerTurn(msgspec.Struct, tag=True, array_like=True):
-    turn: TurnRecord  # a turn another worker finished
-
-
-class PeerSample(msgspec.Struct, tag=True, array_like=True):
-    worker: int
-    sample: SystemSample  # another worker's figures, once a second
-
-
-class PeerBus:
-    """A worker's line to the primary (which relays to the other workers): its finished turns
-    and its figures out, the other workers' in (to the dashboards). If the primary goes away,
-    ``on_primary_gone`` is called."""
-
-    def __init__(self, conn: Connection, worker: int = 0) -> None:
-        self.conn = conn
-        self.worker = worker
-        self._encoder = msgspec.msgpack.Encoder()
-        self._lock = threading.Lock()
-        self.on_primary_gone: Callable[[], None] | None = None
-
-    def publish(self, rec: TurnRecord) -> None:
-        self._send(PeerTurn(rec))
-
-    def publish_sample(self, sample: SystemSample) -> None:
-        self._send(PeerSample(self.worker, sample))
-
-    def _send(self, msg: PeerTurn | PeerSample) -> None:
-        try:
-            with self._lock:
-                self.conn.send_bytes(self._encoder.encode(msg))
-        except OSError:
-            pass  # the primary is gone: the reader says so
-
-    def start(self, loop, on_peer_turn, on_peer_sample) -> None:
-        threading.Thread(
-            target=self._read,
-            args=(loop, on_peer_turn, on_peer_sample),
-            name="voicert-peer-bus",
-            daemon=True,
-        ).start()
-
-    def _read(self, loop, on_peer_turn, on_peer_sample) -> None:
-        decoder = msgspec.msgpack.Decoder(PeerTurn | PeerSample)
-        while True:
-            try:
-                msg = decoder.decode(self.conn.recv_bytes())
-            except (EOFError, OSError):
-                break
-            except msgspec.DecodeError:
-                log.exception("peer bus: undecodable message")
-                continue
-            if isinstance(msg, PeerTurn):
-                loop.call_soon_threadsafe(on_peer_turn, msg.turn)
-            else:
-                loop.call_soon_threadsafe(on_peer_sample, msg.worker, msg.sample)
-        if self.on_primary_gone is not None and not loop.is_closed():
-            loop.call_soon_threadsafe(self.on_primary_gone)
-
-
-@dataclass
-class WorkerRole:
-    """What makes a server process one of several workers (the primary hands it over)."""
-
-    index: int
-    sock: socket.socket  # its share of the port, bound and listening
-    hosts: object | None  # HostAddresses of the engine hosts; None: llm.engine openai
-    speech: tuple[str, bytes] | None  # the speech host's address and key; None: its own Whisper
-    bus: PeerBus
-
-
 def _worker_main(
     index: int,
     cfg: Config,
@@ -191,7 +115,6 @@ def _worker_main(
 
     use_multiprocess_dir(metrics_dir)
     from voicert.config import ConfigError
-    from voicert.server.app import run_server
 
     role = WorkerRole(index, sock, hosts, speech, PeerBus(bus_conn, index))
     try:
@@ -260,13 +183,11 @@ class Primary:
         self.sockets = listening_sockets(s.host, s.port, self.n)
         port = self.sockets[0].getsockname()[1]
         log.info("voicert listening on ws://%s:%d/v1/stream (%d workers)", s.host, port, self.n)
-        from voicert.server.app import where_to_start
-
         log.info("%s", where_to_start(s.host, port))
         if self.cfg.llm.engine != "openai":
-            from voicert.engine.build import engine_config
             from voicert.engine.factory import check_device
             from voicert.engine.loader import resolve_llm
+            from voicert.engine.settings import engine_config
 
             check_device(self.cfg.llm)
             self.model_dir = str(resolve_llm(self.cfg.models.llm, cache_dir(self.cfg.models)))
@@ -506,9 +427,18 @@ class Primary:
         os.close(self._wake_w)
 
 
-def run_primary(cfg: Config) -> int:
-    """``voicert serve`` with ``server.workers`` above 1 (the exit status)."""
-    return Primary(cfg).run()
+def serve(cfg: Config) -> int:
+    """``voicert serve`` (the exit status): one server process (``app.run_server``), or with
+    ``server.workers`` above 1 the primary of that many worker processes. 2 when it cannot
+    start (a message says why), as when the installed websockets cannot serve."""
+    import websockets
+
+    if (why := websockets_problem(websockets.__version__)) is not None:
+        log.critical("%s", why)
+        return 2
+    if cfg.server.workers > 1:
+        return Primary(cfg).run()
+    return run_server(cfg)
 
 
 def _terminate(proc: mp.process.BaseProcess) -> None:

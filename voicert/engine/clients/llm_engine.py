@@ -35,12 +35,13 @@ from voicert.core.llm import (
     refusal,
 )
 from voicert.engine.base import RequestLedger, TokenOut, final_out
-from voicert.engine.build import EngineConfig, build_core
+from voicert.engine.build import build_core
 from voicert.engine.clients.detok import IncrementalDetokenizer
 from voicert.engine.clients.stream import TokenStream
 from voicert.engine.core.engine_core import EngineCore
 from voicert.engine.core.guided import Guide, GuideError
 from voicert.engine.models.base import Model
+from voicert.engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
 __all__ = ["EngineConfig", "EngineLoad", "EngineThread", "LLMEngine"]

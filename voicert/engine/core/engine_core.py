@@ -15,7 +15,7 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from voicert.core.chat import ChatMessage
 from voicert.core.llm import BAD_REQUEST, EngineLoad, FinishReason, GenerationRequest, StepRecord
@@ -32,9 +32,7 @@ from voicert.engine.core.sequence import Sequence
 from voicert.engine.core.tools import offered
 from voicert.engine.core.turn_head import TurnHead
 from voicert.engine.models.base import Model
-
-if TYPE_CHECKING:
-    from voicert.engine.build import EngineConfig
+from voicert.engine.settings import EngineConfig
 
 log = logging.getLogger(__name__)
 

@@ -212,37 +212,3 @@ def save_llama_awq(model: torch.nn.Module, source_dir: str | Path, out_dir: str 
         if f.name.startswith(("tokenizer", "special_tokens", "chat_template", "generation_config")):
             (out / f.name).write_bytes(f.read_bytes())
     return out
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m voicert.engine.gpu.awq SRC OUT``: an HF Llama-family checkpoint to INT4
-    (GPTQ against the engine's calibration set, or nearest rounding), saved as an AWQ
-    checkpoint that voicert and other engines (vLLM's AWQ Marlin kernels) load."""
-    import argparse
-
-    from voicert.engine.gpu.fp8 import calibration_forward
-    from voicert.engine.gpu.int4 import quantize_int4
-    from voicert.engine.models.registry import load_model
-
-    ap = argparse.ArgumentParser(prog="python -m voicert.engine.gpu.awq", description=main.__doc__)
-    ap.add_argument("source", help="an HF checkpoint dir (config.json + *.safetensors)")
-    ap.add_argument("out", help="the AWQ checkpoint dir to write")
-    ap.add_argument("--group", type=int, default=128, choices=GROUPS)
-    ap.add_argument("--rounding", default="gptq", choices=("gptq", "nearest"))
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = ap.parse_args(argv)
-    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    model = load_model(args.source, dtype, args.device)
-    calibrate = None
-    if args.rounding == "gptq":
-        from transformers import AutoTokenizer
-
-        calibrate = calibration_forward(model, AutoTokenizer.from_pretrained(args.source))
-    n = quantize_int4(model, calibrate, group=args.group, integer_zero=True)
-    out = save_llama_awq(model, args.source, args.out)
-    print(f"{n} INT4 layers (groups of {args.group}, {args.rounding}) -> {out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -20,7 +20,8 @@ How each weight is rounded (``llm.rounding``):
 - ``nearest``: each weight to its nearest e4m3 value;
 - ``gptq`` (the default): error-compensated rounding (GPTQ, Frantar et al. 2022) onto the same
   grid with the same scales. The unquantized model's forward over a calibration text set
-  (``data/fp8_calibration.json``, each text a row of its own, so no padding enters) gives each
+  (``data/fp8_calibration.json``, each text a row of its own, so no padding enters;
+  engine/core/calibration.py) gives each
   Linear the second moment of its inputs, H = E[x x^T] [K, K] (as many layers' at a time as fit
   in ``MOMENT_BYTES``: one forward per such group). The columns are then rounded one at a time,
   largest H[k, k] first, and each column's rounding error is spread over the columns not yet
@@ -35,15 +36,14 @@ unquantized model on the embedded SmolLM2's real weights, and ``python -m voicer
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 
 import torch
 from torch import nn
 
-E4M3_MAX = 448.0  # the largest finite float8_e4m3fn
+from voicert.engine.gpu.formats import E4M3_MAX
+
 FP8 = torch.float8_e4m3fn
 
 
@@ -229,39 +229,6 @@ def gptq_weight(
     return gptq_weights([w], [hessian], damp, block, graphs)[0]
 
 
-def calibration_rows(tokenizer) -> list[list[int]]:
-    """The calibration set as token ids: plain texts, and chats as the engine serves them (the
-    user's turn under the tokenizer's chat template, then the reply's tokens)."""
-    from voicert.core.chat import ChatMessage
-    from voicert.engine.core.prompt import build_prompt
-
-    doc = json.loads(
-        resources.files("voicert.engine").joinpath("data/fp8_calibration.json").read_text()
-    )
-    rows = [tokenizer(t)["input_ids"] for t in doc["texts"]]
-    for user, reply in doc["chats"]:
-        prompt = build_prompt(tokenizer, [ChatMessage("user", user)], 4096)
-        rows.append(prompt + tokenizer(reply, add_special_tokens=False)["input_ids"])
-    return rows
-
-
-def calibration_forward(model: nn.Module, tokenizer, block_size: int = 16) -> Callable[[], None]:
-    """A function that runs ``model`` forward over :func:`calibration_rows`, one row at a time (no
-    padding enters the moments), through an eager runner of its own whose KV pool lives only
-    while it runs: the ``calibrate`` argument of :func:`quantize_fp8`."""
-    from voicert.engine.core.runner import ModelRunner, Row  # (runner -> layers -> this module)
-
-    rows = calibration_rows(tokenizer)  # once: the forward runs once per group of layers
-    blocks = -(-max(map(len, rows)) // block_size)
-
-    def forward() -> None:
-        runner = ModelRunner(model, blocks + 1, block_size)  # block 0: the runner's scratch
-        for ids in rows:
-            runner.forward_rows([Row(ids, 0, list(range(1, blocks + 1)), len(ids))])
-
-    return forward
-
-
 def input_moments(
     linears: list[nn.Linear], forward: Callable[[], None]
 ) -> dict[nn.Linear, torch.Tensor]:
@@ -394,7 +361,7 @@ def quantize_fp8(
 ) -> int:
     """Replace, in place, every ``nn.Linear`` under ``model.layers`` by an :class:`Fp8Linear`;
     returns how many. ``calibrate``: a function that runs the (unquantized) model forward over
-    calibration text (see :func:`calibration_forward`); given, the weights are rounded with GPTQ
+    calibration text (see ``engine/core/calibration.py``); given, the weights are rounded with GPTQ
     against those inputs, else to the nearest e4m3 value. With GPTQ the moments of as many
     layers as fit in ``moment_bytes`` are gathered per forward; every layer is replaced only
     after the last forward, so each layer's moments come from the unquantized model whatever

@@ -60,7 +60,7 @@ except ImportError:  # older Triton: the kernels run, launched plainly (pdl_supp
     gdc_launch_dependents = gdc_wait = None
     HAS_GDC = False
 
-from voicert.engine.gpu.fp8 import E4M3_MAX
+from voicert.engine.gpu.formats import E4M3_MAX
 
 MAX_ATTN_ROWS = (
     64  # query rows (tokens x query heads per KV head) the paged kernel takes per program

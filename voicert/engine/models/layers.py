@@ -14,16 +14,27 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from voicert.engine.gpu.fp8 import E4M3_MAX
+from voicert.engine.gpu.formats import E4M3_MAX
 
-if TYPE_CHECKING:
-    from voicert.engine.models.llama import LlamaConfig
+
+class LayerShape(Protocol):
+    """What the shared layers below read of an architecture's config (llama.py's
+    ``LlamaConfig``, gemma.py's): their widths and switches, nothing of the architecture."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    attention_bias: bool
+    qk_norm: bool
 
 
 class RMSNorm(nn.Module):
@@ -291,7 +302,7 @@ class Attention(nn.Module):
     """Fused q/k/v projection, optional per-head q/k norms (``norm``: the architecture's RMSNorm),
     RoPE, the paged KV write, then :meth:`attend` (an architecture may override it)."""
 
-    def __init__(self, cfg: LlamaConfig, norm: type[nn.Module] = RMSNorm) -> None:
+    def __init__(self, cfg: LayerShape, norm: type[nn.Module] = RMSNorm) -> None:
         super().__init__()
         self.h, self.kvh, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.qkv = nn.Linear(
@@ -341,7 +352,7 @@ class Attention(nn.Module):
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
         in one launch, then attention straight from the paged pool (``wide`` None: the caller
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
-        engine/gpu/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the kernels with
+        engine/models/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the kernels with
         programmatic dependent launch (engine/gpu/kernels.py)."""
         from voicert.engine.gpu import kernels
 
@@ -413,7 +424,7 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
+    def __init__(self, cfg: LayerShape) -> None:
         super().__init__()
         self.gate_up = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
@@ -424,7 +435,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: LlamaConfig) -> None:
+    def __init__(self, cfg: LayerShape) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.attn = Attention(cfg)

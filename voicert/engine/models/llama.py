@@ -15,9 +15,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from voicert.engine.gpu.flash import FlashRows
 from voicert.engine.gpu.fp8 import Fp8Linear
 from voicert.engine.gpu.int4 import Int4Linear, a8_rounds
+from voicert.engine.models.flash import FlashRows
 from voicert.engine.models.layers import (
     AttnInputs,
     Block,
@@ -122,7 +122,7 @@ class LlamaModel(nn.Module):
         # run the layers through voicert.engine.gpu.kernels (Triton; the engine sets it on CUDA)
         self.use_kernels = False
         # with the kernels, a prefill step's attention: paged (the Triton kernel decode steps use,
-        # over tiles of query tokens) | flash (engine/gpu/flash.py) | sdpa (blocks gathered, then SDPA)
+        # over tiles of query tokens) | flash (engine/models/flash.py) | sdpa (blocks gathered, then SDPA)
         self.prefill_attention = "paged"
         # with the kernels: launch them with programmatic dependent launch (Hopper+; the engine
         # decides, llm.pdl): each may start while the one before it finishes
