@@ -5,7 +5,7 @@
 # /root/vb.tar, one call each (cat PART >> /root/vb.tar); this call carries the last part and
 # .carry/vllm/SHA256. Tables land in $OUT. KERNELS=0: no FP8 kernel table; BLOCKS: its tiles.
 # Usage: bash scripts/gpu/engine-vllm.sh LAST_PART [shapes, default "1b 8b"] [modes, default "bf16 fp8"]
-# A shape is 1b or 8b (the Llama shapes) or any name of bench.engine's SHAPES (qwen3-8b-random).
+# A shape is 1b or 8b (the Llama shapes) or any name of bench/shapes.py's SHAPES (qwen3-8b-random).
 set -uo pipefail
 last=$1; shapes=${2-1b 8b}; modes=${3-bf16 fp8}  # "" "": install only
 bash scripts/gpu/vllm-install.sh "$last" || exit $?

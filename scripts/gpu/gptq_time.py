@@ -4,7 +4,7 @@ the values), against nearest rounding; and that the rounded weights lower the la
 on the calibration inputs there too.
 
 Calibration rows are random token ids of the calibration set's size (68 rows, ~6300 tokens: what
-engine/fp8.calibration_rows gives with the embedded tokenizer).
+engine/core/calibration.calibration_rows gives with the embedded tokenizer).
 
 Usage (GPU machine, repo root): python3 scripts/gpu/gptq_time.py [1b,8b] [block,...]
 """
