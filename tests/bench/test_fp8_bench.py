@@ -99,3 +99,21 @@ def test_rows_rounded_for_w4a8_are_int8_in_the_weights_groups():
     assert round_int4_rows(model) == 1
     lin = model[0]
     assert torch.equal(model(x), model[1](lin.forward(int8_groups_reference(x, 32))))
+
+
+def test_served_w4a8_rounds_only_one_row_inputs_as_the_kernel_does():
+    """``int4-gguf-a8-served`` rounds an INT4 Linear's input only where it is one row (a
+    one-stream decode step, as ``llm.int4_activations: int8`` serves it), with the kernel's
+    rounding; a prompt's rows pass as they are."""
+    import torch
+
+    from voicert.bench.fp8 import round_int4_rows
+    from voicert.engine.gpu.int4 import Int4Linear, int8_groups
+
+    g = torch.Generator().manual_seed(5)
+    lin = Int4Linear.from_linear(torch.nn.Linear(64, 16), None, 32)
+    one, rows = torch.randn(1, 1, 64, generator=g), torch.randn(3, 64, generator=g)
+    want_one, want_rows = lin(int8_groups(one, 32)), lin(rows)
+    assert round_int4_rows(torch.nn.Sequential(lin), one_row=True) == 1
+    assert torch.equal(lin(one), want_one) and not torch.equal(want_one, lin.forward(one))
+    assert torch.equal(lin(rows), want_rows)

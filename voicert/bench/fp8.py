@@ -21,6 +21,7 @@ import copy
 import statistics
 import sys
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -29,7 +30,7 @@ from voicert.engine.core.calibration import calibration_forward
 from voicert.engine.core.runner import ModelRunner, Row
 from voicert.engine.gpu.formats import E4M3_MAX
 from voicert.engine.gpu.fp8 import FP8_GRID, Fp8Linear, quantize_fp8
-from voicert.engine.gpu.int4 import GROUPS, Int4Linear, quantize_int4
+from voicert.engine.gpu.int4 import GROUPS, Int4Linear, int8_groups, quantize_int4
 from voicert.engine.models.layers import KV_DTYPES
 
 # A fixed text set: voice-agent turns and plain prose, as the embedded model reads them.
@@ -102,6 +103,9 @@ VARIANTS = {
     "the rest FP8 (GPTQ), as served (llm.int4_gguf)",
     "int4-gguf-a8": "INT4 from a GGUF model as int4-gguf, each INT4 Linear's rows rounded to "
     "int8 too, a scale per row and group of the weights' (W4A8 on dp4a)",
+    "int4-gguf-a8-served": "INT4 from a GGUF model as int4-gguf, an INT4 Linear's input rounded "
+    "to int8 by group only where it is one row, as llm.int4_activations int8 serves it (a "
+    "one-stream decode step; prompts keep x)",
     "kv-fp8": "FP8 KV cache",
     "kv-int8": "INT8 KV cache (a scale per token and KV head)",
 }
@@ -142,11 +146,23 @@ def int8_groups_reference(x: torch.Tensor, group: int) -> torch.Tensor:
     return (torch.round(g / scale).clamp(-127, 127) * scale).flatten(-2).to(x.dtype)
 
 
-def round_int4_rows(model: torch.nn.Module) -> int:
+def round_int4_rows(model: torch.nn.Module, one_row: bool = False) -> int:
     """Round the input rows of each of ``model``'s INT4 Linears to int8 in groups of its weights'
-    group (:func:`int8_groups_reference`): the activations' side of W4A8. Returns how many
-    Linears were hooked."""
+    group (:func:`int8_groups_reference`): the activations' side of W4A8. ``one_row``: only an
+    input of one row, with the served kernel's rounding (``int4.int8_groups``): what
+    ``llm.int4_activations: int8`` does, whatever the dtype. Returns how many Linears were
+    hooked."""
+    if one_row:
+        return _round_inputs(model, Int4Linear, _served_a8)
     return _round_inputs(model, Int4Linear, lambda m, x: int8_groups_reference(x, m.group))
+
+
+def _served_a8(lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """x as an Int4Linear with ``a8`` takes it (int4.py ``a8_rounds``), in x's dtype: one row
+    rounded to int8 by group, more rows as they are."""
+    if x.numel() != x.shape[-1]:
+        return x
+    return int8_groups(x, cast(Int4Linear, lin).group).to(x.dtype)
 
 
 def turn_texts(per_text: int = 8) -> list[str]:
@@ -218,7 +234,7 @@ def quality(
 
     want, want_more = next_tokens(model, texts), next_tokens(model, more)
     a = asyncio.run(replies())
-    gptq = variant in ("weights", "int4", "int4-zero", "int4-gguf", "int4-gguf-a8")
+    gptq = variant in ("weights", "int4", "int4-zero") or variant.startswith("int4-gguf")
     calibrate = calibration_forward(model, tok) if gptq else None
     if variant.startswith("int4-gguf"):
         from voicert.engine.gpu.gguf import GgufFile, quantize_from_gguf
@@ -230,6 +246,8 @@ def quality(
         quantize_from_gguf(model, GgufFile(source), calibrate, True, group, head)
         if variant.endswith("-a8"):
             round_int4_rows(model)
+        elif variant.endswith("-a8-served"):
+            round_int4_rows(model, one_row=True)
     elif variant.startswith("int4"):
         zero = variant.startswith("int4-zero")
         quantize_int4(model, calibrate, group=group, head=head, integer_zero=zero)
@@ -414,7 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
         "rounding), weights-nearest (FP8, nearest), weights-nearest-a8 (and the rows in FP8), "
         "int4, int4-nearest, int4-zero, int4-zero-nearest (AWQ's grid), int4-gguf (a .gguf "
-        "model's own 4-bit layers), int4-gguf-a8 (and the INT4 Linears' rows in int8), kv-fp8, "
+        "model's own 4-bit layers), int4-gguf-a8 (and the INT4 Linears' rows in int8), "
+        "int4-gguf-a8-served (only one-row inputs in int8, as served), kv-fp8, "
         "kv-int8 (the KV cache)",
     )
     args = ap.parse_args(argv)
