@@ -117,3 +117,20 @@ def test_served_w4a8_rounds_only_one_row_inputs_as_the_kernel_does():
     assert round_int4_rows(torch.nn.Sequential(lin), one_row=True) == 1
     assert torch.equal(lin(one), want_one) and not torch.equal(want_one, lin.forward(one))
     assert torch.equal(lin(rows), want_rows)
+
+
+def test_served_w8a8_rounds_inputs_of_two_or_more_rows_only():
+    """``weights-a8-served`` rounds an FP8 Linear's input to FP8 a row at a time where it has two
+    or more rows (kernels.fp8_mm, fp8_scaled_mm), and leaves one row as it is (kernels.gemv)."""
+    import torch
+
+    from voicert.bench.fp8 import fp8_rows_reference, round_linear_rows
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(6)
+    lin = Fp8Linear.from_linear(torch.nn.Linear(64, 16))
+    one, rows = torch.randn(1, 1, 64, generator=g), torch.randn(2, 3, 64, generator=g)
+    want_one, want_rows = lin(one), lin(fp8_rows_reference(rows))
+    assert not torch.equal(want_rows, lin(rows))
+    assert round_linear_rows(torch.nn.Sequential(lin), served=True) == 1
+    assert torch.equal(lin(one), want_one) and torch.equal(lin(rows), want_rows)

@@ -95,6 +95,9 @@ VARIANTS = {
     "weights-nearest": "FP8 layer weights (rounded to nearest)",
     "weights-nearest-a8": "FP8 layer weights (rounded to nearest), each Linear's rows rounded to "
     "FP8 too, a scale per row (what kernels.fp8_mm and fp8_scaled_mm serve)",
+    "weights-a8-served": "FP8 layer weights (GPTQ rounding), a Linear's input rows rounded to FP8 "
+    "where there are two or more, as served since kernels.fp8_mm (one-stream decode steps keep "
+    "their row)",
     "int4": "INT4 layer weights, groups of {group} (GPTQ rounding, as served)",
     "int4-nearest": "INT4 layer weights, groups of {group} (rounded to nearest)",
     "int4-zero": "INT4 layer weights, groups of {group}, AWQ's grid (integer zeros; GPTQ)",
@@ -131,11 +134,21 @@ def _round_inputs(
     return len(hooked)
 
 
-def round_linear_rows(model: torch.nn.Module) -> int:
+def round_linear_rows(model: torch.nn.Module, served: bool = False) -> int:
     """Round the input rows of each of ``model``'s FP8 Linears to FP8 before it runs
     (:func:`fp8_rows_reference`): the activations' side of W8A8 as the GPU serves it for many
-    rows, on any device. Returns how many Linears were hooked."""
+    rows, on any device. ``served``: only inputs of two or more rows, as a bf16 model's FP8
+    Linears take them (``kernels.fp8_mm`` and ``fp8_scaled_mm``; one row: ``kernels.gemv``).
+    Returns how many Linears were hooked."""
+    if served:
+        return _round_inputs(model, Fp8Linear, lambda _m, x: _served_w8a8(x))
     return _round_inputs(model, Fp8Linear, lambda _m, x: fp8_rows_reference(x))
+
+
+def _served_w8a8(x: torch.Tensor) -> torch.Tensor:
+    """x as a bf16 model's FP8 Linear takes it: rows rounded to FP8 where there are two or
+    more, one row as it is."""
+    return x if x.numel() == x.shape[-1] else fp8_rows_reference(x)
 
 
 def int8_groups_reference(x: torch.Tensor, group: int) -> torch.Tensor:
@@ -234,7 +247,8 @@ def quality(
 
     want, want_more = next_tokens(model, texts), next_tokens(model, more)
     a = asyncio.run(replies())
-    gptq = variant in ("weights", "int4", "int4-zero") or variant.startswith("int4-gguf")
+    gptq = variant in ("weights", "weights-a8-served", "int4", "int4-zero")
+    gptq = gptq or variant.startswith("int4-gguf")
     calibrate = calibration_forward(model, tok) if gptq else None
     if variant.startswith("int4-gguf"):
         from voicert.engine.gpu.gguf import GgufFile, quantize_from_gguf
@@ -251,10 +265,12 @@ def quality(
     elif variant.startswith("int4"):
         zero = variant.startswith("int4-zero")
         quantize_int4(model, calibrate, group=group, head=head, integer_zero=zero)
-    elif variant in ("weights", "weights-nearest", "weights-nearest-a8"):
+    elif variant.startswith("weights"):
         quantize_fp8(model, calibrate, head=head)
         if variant.endswith("-a8"):
             round_linear_rows(model)
+        elif variant.endswith("-a8-served"):
+            round_linear_rows(model, served=True)
     kv_cache = variant.removeprefix("kv-") if variant.startswith("kv-") else "model"
     same, total = agreement(want, next_tokens(model, texts, kv_cache=kv_cache))
     same_more, total_more = agreement(want_more, next_tokens(model, more, kv_cache=kv_cache))
@@ -431,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         default="weights",
         help="what the quality tables quantize, comma-separated: weights (FP8, GPTQ "
         "rounding), weights-nearest (FP8, nearest), weights-nearest-a8 (and the rows in FP8), "
+        "weights-a8-served (GPTQ, and rows of two or more in FP8, as served), "
         "int4, int4-nearest, int4-zero, int4-zero-nearest (AWQ's grid), int4-gguf (a .gguf "
         "model's own 4-bit layers), int4-gguf-a8 (and the INT4 Linears' rows in int8), "
         "int4-gguf-a8-served (only one-row inputs in int8, as served), kv-fp8, "
