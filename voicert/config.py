@@ -361,8 +361,9 @@ class LlmConfig:
     # 63); the rest by llm.rounding. false: every layer rounded from the dequantized weights
     int4_activations: str = "model"  # int4: a one-stream decode step's x as the model holds it
     # (model) | int8: rounded to int8 by weight group (W4A8) and summed by dp4a: 8B one-stream
-    # TPOT 2.40 -> 2.06 ms on an H200; 1.5B top-1 agreement 99.1 -> 98.1 % (docs/benchmarks.md
-    # 68-69); steps of more streams keep x, so a reply then depends on what shares its steps
+    # TPOT 2.40 -> 2.06 ms on an H200; a 1.5B model's replies unchanged, a 135M's part sooner
+    # (docs/benchmarks.md 69); steps of more streams keep x, so a reply then depends on what
+    # shares its steps
     quant_head: bool = False  # fp8, int4: the LM head in the layers' format too, rounded to nearest
     # (8B: 1.05 GB of bf16 read every step; docs/benchmarks.md 57)
     rounding: str = "gptq"  # fp8, int4: gptq: each weight's value chosen with GPTQ's error
