@@ -43,6 +43,7 @@ def test_env_names_map_to_dotted_keys():
         ({"llm.kv_cache": "int4"}, "llm.kv_cache: must be model, int8 or fp8"),
         ({"llm.int4_group": "16"}, "llm.int4_group: must be 128, 64 or 32"),
         ({"llm.int4_activations": "int4"}, "llm.int4_activations: must be model or int8"),
+        ({"llm.fp8_activations": "int8"}, "llm.fp8_activations: must be fp8 or model"),
         ({"llm.int4_activations": "int8"}, "llm.int4_activations: int8 needs llm.int4"),
         ({"llm.quant_head": "true"}, "llm.quant_head: needs llm.fp8 or llm.int4"),
         ({"llm.kv_cache": "int8"}, "llm.kv_cache: int8 and fp8 are GPU options"),

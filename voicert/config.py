@@ -359,6 +359,10 @@ class LlmConfig:
     int4_gguf: bool = True  # int4 on a .gguf model: the file's 4-bit layers (Q4_0, Q4_1, Q4_K)
     # as it holds them, in groups of 32, not rounded again (engine/gpu/gguf.py; docs/benchmarks.md
     # 63); the rest by llm.rounding. false: every layer rounded from the dequantized weights
+    fp8_activations: str = "fp8"  # FP8 layers on a GPU: a step of several rows rounds x to FP8
+    # a row at a time (fp8: W8A8, as vLLM; 8B TPOT at 8 / 32 streams 3.99 / 4.99 -> 3.19 / 3.67
+    # ms on an H200) | model: x kept in the model's dtype (W8A16; the 135M model's top-1
+    # agreement 91.1 -> 95.3 %; docs/benchmarks.md 69). A one-row step keeps x either way
     int4_activations: str = "model"  # int4: a one-stream decode step's x as the model holds it
     # (model) | int8: rounded to int8 by weight group (W4A8) and summed by dp4a: 8B one-stream
     # TPOT 2.40 -> 2.06 ms on an H200; a 1.5B model's replies unchanged, a 135M's part sooner
@@ -525,6 +529,11 @@ class LlmConfig:
         )
         _check(not (self.int4 and self.engine != "fast"), "llm.int4", "needs llm.engine: fast")
         _check(self.int4_group in (128, 64, 32), "llm.int4_group", "must be 128, 64 or 32")
+        _check(
+            self.fp8_activations in ("fp8", "model"),
+            "llm.fp8_activations",
+            "must be fp8 or model",
+        )
         _check(
             self.int4_activations in ("model", "int8"),
             "llm.int4_activations",

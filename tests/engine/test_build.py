@@ -94,6 +94,32 @@ def test_int4_activations_int8_rounds_every_int4_layers_one_row_x(caplog):
     assert "not token-identical to greedy decoding" in caplog.text
 
 
+def test_fp8_activations_model_keeps_every_fp8_layers_x(monkeypatch, caplog):
+    """``llm.fp8_activations: model``: no FP8 Linear rounds a step's rows to FP8 (W8A16); the
+    log line counts them. The default (fp8) leaves them rounding."""
+    import logging
+
+    import torch
+
+    from tests.engine.quantized import SMALL
+    from voicert.engine.build import _quantize_weights
+    from voicert.engine.gpu.fp8 import Fp8Linear
+    from voicert.engine.models.llama import random_llama
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev: (9, 0))
+    for setting in ("fp8", "model"):
+        model = random_llama(SMALL, torch.float32, "cpu")
+        cfg = EngineConfig(device="cuda", fp8=True, rounding="nearest", fp8_activations=setting)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="voicert.engine.build"):
+            _quantize_weights(model, None, cfg)
+        layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+        assert len(layers) == 4 * SMALL.num_layers
+        assert all(lin.round_rows == (setting == "fp8") for lin in layers)
+        said = f"{len(layers)} FP8 keeping x in the model's dtype (W8A16)"
+        assert (said in caplog.text) == (setting == "model")
+
+
 @pytest.mark.parametrize("capability", [(9, 0), (8, 0)])
 def test_int4_on_a_gguf_model_serves_its_4_bit_layers_and_the_rest_fp8_where_it_runs(
     monkeypatch, caplog, capability

@@ -952,6 +952,31 @@ def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
     assert len(launched) == 2
 
 
+def test_fp8_layers_that_keep_x_never_round_rows_to_fp8(monkeypatch):
+    """``llm.fp8_activations: model`` (an Fp8Linear's ``round_rows`` off): bf16 steps of several
+    rows take the widening kernel, whatever their count, not fp8_mm or cuBLAS's _scaled_mm."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    mm, widened = [], []
+    monkeypatch.setattr(kernels, "_fp8_mm_kernel", _Spy(kernels._fp8_mm_kernel, mm))
+    monkeypatch.setattr(kernels, "_fp8_linear_kernel", _Spy(kernels._fp8_linear_kernel, widened))
+    monkeypatch.setattr(kernels, "fp8_scaled_mm", lambda *a: pytest.fail("rounded to FP8"))
+    q = Fp8Linear.from_linear(torch.nn.Linear(128, 48, bias=False)).to(DEV)
+    q.round_rows = False
+    g = torch.Generator().manual_seed(10)
+    for rows in (4, kernels.FP8_MM_ROWS + 3):
+        x = torch.randn(rows, 128, generator=g).to(DEV).bfloat16()
+        got = (
+            q(x).float()
+            if DEV == "cuda"
+            else kernels.fp8_linear(x, q.weight, q.scale, None, round_rows=False).float()
+        )
+        if DEV == "cuda":  # (the interpreter's widening kernel: fp32 only)
+            want = torch.nn.functional.linear(x.float(), q.dequantized(torch.float32))
+            assert close(got, want, 2e-2)
+    assert not mm and len(widened) == 2
+
+
 @pytest.mark.skipif(
     DEV != "cuda" or not kernels.pdl_supported(DEV),
     reason="programmatic dependent launch: a GPU of compute capability 9.0 or newer",

@@ -151,6 +151,7 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
     (engine/gpu/gguf.py), the rest rounded. Refuses INT8 with either, and for FP8 GPUs whose
     Triton cannot widen it (compute capability below 8.9)."""
     from voicert.engine.core.calibration import calibration_forward
+    from voicert.engine.gpu import fp8
     from voicert.engine.gpu.fp8 import quantize_fp8
     from voicert.engine.gpu.int4 import quantize_int4, set_activations
     from voicert.engine.loader import gguf_source
@@ -176,7 +177,10 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
     if cfg.int4_activations == "int8":
         n = set_activations(module, True)
         done.append(f"{n} of them rounding a one-row x to int8 (W4A8)")
-    if (cfg.fp8 or cfg.int4_activations == "int8") and cfg.spec_tokens > 0:
+    if cfg.fp8_activations == "model" and (n := fp8.set_activations(module, False)):
+        done.append(f"{n} FP8 keeping x in the model's dtype (W8A16)")
+    rounds = (cfg.fp8 and cfg.fp8_activations == "fp8") or cfg.int4_activations == "int8"
+    if rounds and cfg.spec_tokens > 0:
         log.warning(
             "%s with speculation: a verify step's rows and a one-stream step's row are rounded "
             "differently (kernels.fp8_mm, int4_gemv_a8), so replies are not token-identical "

@@ -269,6 +269,7 @@ class Fp8Linear(nn.Module):
         self.register_buffer("scale", scale)  # [N] float32
         self.register_buffer("bias", bias)  # [N] in the model's dtype, or None
         self._count: torch.Tensor | None = None  # the split-K kernel's counters (CUDA)
+        self.round_rows = True  # llm.fp8_activations fp8: steps of several rows round x (W8A8)
 
     @classmethod
     def from_linear(
@@ -293,7 +294,10 @@ class Fp8Linear(nn.Module):
 
             if self._count is None or self._count.device != x.device:
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
-            return kernels.fp8_linear(x, self.weight, self.scale, self.bias, self._count, pdl=pdl)
+            return kernels.fp8_linear(
+                x, self.weight, self.scale, self.bias, self._count, pdl=pdl,
+                round_rows=self.round_rows,
+            )  # fmt: skip
         y = torch.nn.functional.linear(x.float(), self.weight.float()) * self.scale  # [..., N]
         if self.bias is not None:
             y = y + self.bias.float()
@@ -386,6 +390,16 @@ def quantize_fp8(
     if head:
         count += quantize_head(model, Fp8Linear.from_linear)
     return count
+
+
+def set_activations(model: nn.Module, fp8: bool) -> int:
+    """``llm.fp8_activations``: every Fp8Linear of ``model`` rounds the rows of a step of
+    several rows to FP8 on the GPU (``fp8``: W8A8, kernels.fp8_mm and fp8_scaled_mm) or keeps
+    them in the model's dtype (W8A16, the widening kernel). How many layers it set."""
+    layers = [m for m in model.modules() if isinstance(m, Fp8Linear)]
+    for lin in layers:
+        lin.round_rows = fp8
+    return len(layers)
 
 
 def quantize_head(model: nn.Module, make: Callable[[nn.Linear], nn.Module]) -> int:

@@ -1099,6 +1099,7 @@ def fp8_linear(
     count: torch.Tensor | None = None,
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
+    round_rows: bool = True,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
@@ -1113,7 +1114,9 @@ def fp8_linear(
     counters, one per output tile, for a split over K (None: fresh ones; the model keeps one set,
     see :func:`counters`). ``blocks``: the MMA kernel's tiles, overriding :func:`fp8_blocks`
     (given, that kernel runs at any row count: the benchmarks try tiles; five numbers: the
-    split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s."""
+    split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s. ``round_rows``
+    False (``llm.fp8_activations: model``): bf16/fp16 rows are never rounded to FP8; more than
+    one take the widening kernel at any row count."""
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
@@ -1123,6 +1126,7 @@ def fp8_linear(
         return gemv(x2, w, scale, bias, count, GEMV_TILE, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None
+        and round_rows
         and 2 <= m <= FP8_MM_ROWS
         and x.dtype in (torch.bfloat16, torch.float16)
         and w.dtype == torch.float8_e4m3fn
@@ -1131,6 +1135,7 @@ def fp8_linear(
         return fp8_mm(x2, w, scale, bias, count, None, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None
+        and round_rows
         and m > FP8_MMA_ROWS
         and x.dtype in (torch.bfloat16, torch.float16)
         and w.dtype == torch.float8_e4m3fn
