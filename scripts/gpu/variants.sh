@@ -9,6 +9,7 @@
 #   a8       --int4-activations int8 (one INT4 row: x rounded to int8 by group, dp4a; the
 #            norms lay it out)
 #   a8apart  a8 with INT4_PLANES_FUSED off (each Linear lays its own x out)
+#   w8a16    --fp8-activations model (FP8 layers keep a step's rows in bf16: the widening kernel)
 #   nofp8mm  FP8_MM_ROWS 0 (FP8 steps of 2-64 rows widen the weights in registers, as before
 #            kernels.fp8_mm; docs/benchmarks.md 69)
 #   imprecise  fp8_mm's sums left in the FP8 MMA's accumulator for all of K (Triton's sm_90
@@ -42,7 +43,11 @@ done
 for shape in $1; do
   for round in $(seq "${ROUNDS:-2}"); do
     for v in ${VARIANTS:-off unfused}; do
-      case $v in a8 | a8apart) act="--int4-activations int8" ;; *) act="" ;; esac
+      case $v in
+        a8 | a8apart) act="--int4-activations int8" ;;
+        w8a16) act="--fp8-activations model" ;;
+        *) act="" ;;
+      esac
       (cd "/tmp/variant-$v" && PYTHONPATH=/tmp/variant-$v:/root/site python3 -m voicert.bench.engine \
         --model "llama-$shape-random" --device cuda ${FLAGS:---int4} --spec 0 --new-tokens 128 \
         --streams "${STREAMS:-1}" --reps 10 --kv-gb 4 --against none --no-baseline $act ${EXTRA:-}) \

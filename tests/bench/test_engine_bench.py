@@ -52,6 +52,7 @@ def test_the_table_names_the_engine_beside_ours_and_its_ratios():
         int4_group=128,
         q4km=False,
         int4_activations="model",
+        fp8_activations="fp8",
         quant_head=False,
         cuda_graphs=True,
         fused_kernels=True,

@@ -171,6 +171,7 @@ class Bench:
             int4=args.int4,
             int4_group=args.int4_group,
             int4_activations=args.int4_activations,
+            fp8_activations=args.fp8_activations,
             quant_head=args.quant_head,
             # random weights have no text to calibrate on; the rounding changes no timing
             rounding="gptq" if self.tokenizer is not None else "nearest",
@@ -407,6 +408,7 @@ def render(
         f"{'; INT4 weights (groups of ' + str(args.int4_group) + ')' if args.int4 else ''}"
         f"{Q4KM if args.q4km else ''}"
         f"{'; a one-row x rounded to int8 (W4A8)' if args.int4_activations == 'int8' else ''}"
+        f"{'; x kept unrounded (W8A16)' if args.fp8 and args.fp8_activations == 'model' else ''}"
         f"{'; the LM head quantized too' if args.quant_head else ''}"
         f"{'; CUDA graphs' if args.cuda_graphs else ''}"
         f"{'; fused Triton kernels' if args.fused_kernels else ''}"
@@ -533,6 +535,13 @@ def main(argv: list[str] | None = None) -> int:
         choices=GROUPS,
         default=128,
         help="with --int4 (llm.int4_group)",
+    )
+    ap.add_argument(
+        "--fp8-activations",
+        choices=("fp8", "model"),
+        default="fp8",
+        help="with --fp8: model keeps x in the model's dtype at every row count, W8A16 "
+        "(llm.fp8_activations)",
     )
     ap.add_argument(
         "--int4-activations",
