@@ -145,10 +145,7 @@ def _add_rms_norm_kernel(
     y = ((x * rstd).to(out_ptr.dtype.element_ty).to(tl.float32) * w).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * n_cols + cols, y, mask=m)
     if PLANES:  # one row, for an INT4 Linear's one-row kernel (groups of PLANES columns)
-        if A8:
-            _int4_a8_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
-        else:
-            _int4_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK)
+        _x_planes_put(p_ptr, n_cols // 8, y.to(tl.float32), 0, n_cols, PLANES, BLOCK, A8)
 
 
 def add_rms_norm(
@@ -170,7 +167,7 @@ def add_rms_norm(
     out = torch.empty_like(x)
     rows = x.numel() // n
     res = residual if residual is not None else x
-    _planes_check(planes, rows, n, group)
+    layout, a8 = _planes_args(planes, rows, n, group)
     _add_rms_norm_kernel[(rows,)](
         x,
         res,
@@ -181,8 +178,8 @@ def add_rms_norm(
         eps,
         HAS_RES=residual is not None,
         BLOCK=_pow2(n),
-        PLANES=0 if planes is None else group,
-        A8=planes is not None and planes.dtype == torch.int32,
+        PLANES=layout,
+        A8=a8,
         PDL=pdl,
         num_warps=4 if n <= 4096 else 8,
         launch_pdl=pdl,
@@ -215,10 +212,17 @@ def _silu_mul_kernel(
     y = (act * u).to(out_ptr.dtype.element_ty)
     tl.store(out_ptr + row * inter + cols, y, mask=m)
     if PLANES:  # one row, for an INT4 Linear's one-row kernel (groups of PLANES columns)
-        if A8:
-            _int4_a8_planes_put(p_ptr, inter // 8, y.to(tl.float32), c0, inter, PLANES, BLOCK)
-        else:
-            _int4_planes_put(p_ptr, inter // 8, y.to(tl.float32), c0, inter, PLANES, BLOCK)
+        _x_planes_put(p_ptr, inter // 8, y.to(tl.float32), c0, inter, PLANES, BLOCK, A8)
+
+
+@triton.jit
+def _x_planes_put(p_ptr, XS, y, c0, K, GROUP: tl.constexpr, BLOCK: tl.constexpr, A8: tl.constexpr):
+    """A kernel that writes an INT4 Linear's one-row x lays it out for the one-row kernel too:
+    :func:`_int4_a8_planes_put`'s planes with ``A8``, else :func:`_int4_planes_put`'s."""
+    if A8:
+        _int4_a8_planes_put(p_ptr, XS, y, c0, K, GROUP, BLOCK)
+    else:
+        _int4_planes_put(p_ptr, XS, y, c0, K, GROUP, BLOCK)
 
 
 def silu_mul(
@@ -233,32 +237,34 @@ def silu_mul(
     out = gate_up.new_empty(*gate_up.shape[:-1], inter)
     rows = gate_up.numel() // (2 * inter)
     block = max(min(1024, _pow2(inter)), group)
-    _planes_check(planes, rows, inter, group)
+    layout, a8 = _planes_args(planes, rows, inter, group)
     _silu_mul_kernel[(rows, triton.cdiv(inter, block))](
         gate_up,
         out,
         out if planes is None else planes,
         inter,
         BLOCK=block,
-        PLANES=0 if planes is None else group,
-        A8=planes is not None and planes.dtype == torch.int32,
+        PLANES=layout,
+        A8=a8,
         PDL=pdl,
         launch_pdl=pdl,
     )
     return out
 
 
-def _planes_check(planes: torch.Tensor | None, rows: int, n: int, group: int) -> None:
-    """``planes`` for a kernel that writes x: one row, groups of a power of two of at least 8
-    columns dividing n; [10, n // 8] fp32 (:func:`int4_planes`' layout) or [4, n // 8] int32
-    (:func:`int4_a8_planes`'), contiguous."""
+def _planes_args(planes: torch.Tensor | None, rows: int, n: int, group: int) -> tuple[int, bool]:
+    """The (PLANES, A8) constants of a kernel that writes x and is given ``planes`` (None: (0,
+    False)), which must be for one row, in groups of a power of two of at least 8 columns
+    dividing n: [10, n // 8] fp32 (:func:`int4_planes`' layout) or [4, n // 8] int32
+    (:func:`int4_a8_planes`', A8), contiguous."""
     if planes is None:
-        return
+        return 0, False
     assert rows == 1 and group >= 8 and group & (group - 1) == 0 and n % group == 0, (rows, n)
     a8 = planes.dtype == torch.int32
     assert planes.shape == (4 if a8 else 10, n // 8), planes.shape
     assert a8 or planes.dtype == torch.float32, planes.dtype
     assert planes.is_contiguous()
+    return group, a8
 
 
 # ----------------------------------------------------------------------------- RoPE + KV write
