@@ -78,14 +78,14 @@ def test_rows_rounded_for_w4a8_are_int8_in_the_weights_groups():
     weights' group (the largest magnitude at 127), by a hook on INT4 Linears only."""
     import torch
 
-    from voicert.bench.fp8 import int8_groups_reference, round_int4_rows
-    from voicert.engine.gpu.int4 import Int4Linear
+    from voicert.bench.fp8 import round_int4_rows
+    from voicert.engine.gpu.int4 import Int4Linear, int8_groups
 
     g = torch.Generator().manual_seed(4)
     x = torch.randn(3, 64, generator=g)
     x[1, 32:] *= 100.0  # a group of its own range
     x[2, :32] = 0.0
-    got = int8_groups_reference(x, 32)
+    got = int8_groups(x, 32)
     for row, lo in ((0, 0), (0, 32), (1, 0), (1, 32)):
         part, want = x[row, lo : lo + 32], got[row, lo : lo + 32]
         scale = part.abs().max() / 127
@@ -98,7 +98,7 @@ def test_rows_rounded_for_w4a8_are_int8_in_the_weights_groups():
     )
     assert round_int4_rows(model) == 1
     lin = model[0]
-    assert torch.equal(model(x), model[1](lin.forward(int8_groups_reference(x, 32))))
+    assert torch.equal(model(x), model[1](lin.forward(int8_groups(x, 32))))
 
 
 def test_served_w4a8_rounds_only_one_row_inputs_as_the_kernel_does():

@@ -140,42 +140,25 @@ def round_linear_rows(model: torch.nn.Module, served: bool = False) -> int:
     rows, on any device. ``served``: only inputs of two or more rows, as a bf16 model's FP8
     Linears take them (``kernels.fp8_mm`` and ``fp8_scaled_mm``; one row: ``kernels.gemv``).
     Returns how many Linears were hooked."""
-    if served:
-        return _round_inputs(model, Fp8Linear, lambda _m, x: _served_w8a8(x))
-    return _round_inputs(model, Fp8Linear, lambda _m, x: fp8_rows_reference(x))
 
+    def rounding(_lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return x if served and x.numel() == x.shape[-1] else fp8_rows_reference(x)
 
-def _served_w8a8(x: torch.Tensor) -> torch.Tensor:
-    """x as a bf16 model's FP8 Linear takes it: rows rounded to FP8 where there are two or
-    more, one row as it is."""
-    return x if x.numel() == x.shape[-1] else fp8_rows_reference(x)
-
-
-def int8_groups_reference(x: torch.Tensor, group: int) -> torch.Tensor:
-    """x [..., K] with each row's every ``group`` columns rounded to int8 with a scale of their
-    own (the largest magnitude maps to 127; round half to even), widened back to x's dtype."""
-    g = x.float().unflatten(-1, (-1, group))  # [..., K // group, group]
-    scale = g.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127.0
-    return (torch.round(g / scale).clamp(-127, 127) * scale).flatten(-2).to(x.dtype)
+    return _round_inputs(model, Fp8Linear, rounding)
 
 
 def round_int4_rows(model: torch.nn.Module, one_row: bool = False) -> int:
     """Round the input rows of each of ``model``'s INT4 Linears to int8 in groups of its weights'
-    group (:func:`int8_groups_reference`): the activations' side of W4A8. ``one_row``: only an
-    input of one row, with the served kernel's rounding (``int4.int8_groups``): what
-    ``llm.int4_activations: int8`` does, whatever the dtype. Returns how many Linears were
-    hooked."""
-    if one_row:
-        return _round_inputs(model, Int4Linear, _served_a8)
-    return _round_inputs(model, Int4Linear, lambda m, x: int8_groups_reference(x, m.group))
+    group, as the kernel rounds them (``int4.int8_groups``): the activations' side of W4A8.
+    ``one_row``: only an input of one row, what ``llm.int4_activations: int8`` does (int4.py
+    ``a8_rounds``), whatever the dtype. Returns how many Linears were hooked."""
 
+    def rounding(lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if one_row and x.numel() != x.shape[-1]:
+            return x
+        return int8_groups(x, cast(Int4Linear, lin).group).to(x.dtype)
 
-def _served_a8(lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """x as an Int4Linear with ``a8`` takes it (int4.py ``a8_rounds``), in x's dtype: one row
-    rounded to int8 by group, more rows as they are."""
-    if x.numel() != x.shape[-1]:
-        return x
-    return int8_groups(x, cast(Int4Linear, lin).group).to(x.dtype)
+    return _round_inputs(model, Int4Linear, rounding)
 
 
 def turn_texts(per_text: int = 8) -> list[str]:
