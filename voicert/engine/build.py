@@ -151,9 +151,8 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
     (engine/gpu/gguf.py), the rest rounded. Refuses INT8 with either, and for FP8 GPUs whose
     Triton cannot widen it (compute capability below 8.9)."""
     from voicert.engine.core.calibration import calibration_forward
-    from voicert.engine.gpu import fp8
     from voicert.engine.gpu.fp8 import quantize_fp8
-    from voicert.engine.gpu.int4 import quantize_int4, set_activations
+    from voicert.engine.gpu.int4 import quantize_int4
     from voicert.engine.loader import gguf_source
 
     if cfg.int8:
@@ -174,19 +173,7 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
         done = [f"{n} INT4 (groups of {cfg.int4_group})"]
     else:
         done = [f"{quantize_fp8(module, calibrate, head=cfg.quant_head)} FP8"]
-    if cfg.int4_activations == "int8":
-        n = set_activations(module, True)
-        done.append(f"{n} of them rounding a one-row x to int8 (W4A8)")
-    if cfg.fp8_activations == "model" and (n := fp8.set_activations(module, False)):
-        done.append(f"{n} FP8 keeping x in the model's dtype (W8A16)")
-    rounds = (cfg.fp8 and cfg.fp8_activations == "fp8") or cfg.int4_activations == "int8"
-    if rounds and cfg.spec_tokens > 0:
-        log.warning(
-            "%s with speculation: a verify step's rows and a one-stream step's row are rounded "
-            "differently (kernels.fp8_mm, int4_gemv_a8), so replies are not token-identical "
-            "to greedy decoding in bf16 / fp16",
-            "fp8" if cfg.fp8 else "int4_activations int8",
-        )
+    done += _activations(module, cfg)
     if dev.startswith("cuda"):
         torch.cuda.empty_cache()  # GPTQ's work memory, before the KV pool is sized
     head = ""
@@ -202,6 +189,29 @@ def _quantize_weights(model: Model, tokenizer, cfg: EngineConfig, model_dir: str
         head,
         time.perf_counter() - t0,
     )
+
+
+def _activations(module: torch.nn.Module, cfg: EngineConfig) -> list[str]:
+    """``llm.int4_activations`` and ``llm.fp8_activations`` on the quantized layers; what was
+    changed from the layers' defaults, for the start-up line. Warns where speculation then is
+    not token-identical to greedy decoding."""
+    from voicert.engine.gpu import fp8, int4
+
+    done = []
+    if cfg.int4_activations == "int8":
+        n = int4.set_activations(module, True)
+        done.append(f"{n} of them rounding a one-row x to int8 (W4A8)")
+    if cfg.fp8_activations == "model" and (n := fp8.set_activations(module, False)):
+        done.append(f"{n} FP8 keeping x in the model's dtype (W8A16)")
+    rounds = (cfg.fp8 and cfg.fp8_activations == "fp8") or cfg.int4_activations == "int8"
+    if rounds and cfg.spec_tokens > 0:
+        log.warning(
+            "%s with speculation: a verify step's rows and a one-stream step's row are rounded "
+            "differently (kernels.fp8_mm, int4_gemv_a8), so replies are not token-identical "
+            "to greedy decoding in bf16 / fp16",
+            "fp8" if cfg.fp8 else "int4_activations int8",
+        )
+    return done
 
 
 def _fp8_capable(dev: str) -> bool:
