@@ -203,15 +203,28 @@ def _activations(module: torch.nn.Module, cfg: EngineConfig) -> list[str]:
         done.append(f"{n} of them rounding a one-row x to int8 (W4A8)")
     if cfg.fp8_activations == "model" and (n := fp8.set_activations(module, False)):
         done.append(f"{n} FP8 keeping x in the model's dtype (W8A16)")
-    rounds = (cfg.fp8 and cfg.fp8_activations == "fp8") or cfg.int4_activations == "int8"
-    if rounds and cfg.spec_tokens > 0:
+    kinds = _rounding_by_rows(module)
+    if kinds and cfg.spec_tokens > 0:
         log.warning(
             "%s with speculation: a verify step's rows and a one-stream step's row are rounded "
             "differently (kernels.fp8_mm, int4_gemv_a8), so replies are not token-identical "
             "to greedy decoding in bf16 / fp16",
-            "fp8" if cfg.fp8 else "int4_activations int8",
+            " and ".join(f"{n} {kind}" for kind, n in kinds.items()),
         )
     return done
+
+
+def _rounding_by_rows(module: torch.nn.Module) -> dict[str, int]:
+    """The quantized layers of ``module`` whose x is rounded by how many rows share a step, by
+    kind: FP8 layers rounding several rows to FP8 and INT4 layers rounding one row to int8 (both
+    GPU options). A bf16 / fp16 reply then depends on which rows share its steps."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+    from voicert.engine.gpu.int4 import Int4Linear
+
+    fp8 = sum(isinstance(m, Fp8Linear) and m.round_rows for m in module.modules())
+    a8 = sum(isinstance(m, Int4Linear) and m.a8 for m in module.modules())
+    kinds = {"FP8 layers (W8A8)": fp8, "INT4 layers (W4A8)": a8}
+    return {kind: n for kind, n in kinds.items() if n}
 
 
 def _fp8_capable(dev: str) -> bool:
