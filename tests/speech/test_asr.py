@@ -51,6 +51,42 @@ async def test_batched_decode_equals_one_at_a_time(asr):
     assert all(t.batch == 3 for t in together)
 
 
+class HeldWorker:
+    """Spies on ``asr.decode_batch`` (its batch sizes, in ``order``) and holds the worker in its
+    first decode until :meth:`release`, so jobs submitted meanwhile queue however loaded the
+    machine is (a sleep would only make that likely)."""
+
+    def __init__(self, asr):
+        import threading
+
+        self.asr, self.orig, self.order = asr, asr.decode_batch, []
+        self.started, self.released = threading.Event(), threading.Event()
+
+    def decode_batch(self, audios, ending=True):
+        self.order.append(len(audios))
+        if len(self.order) == 1:
+            self.started.set()
+            self.released.wait(120)
+        return self.orig(audios, ending)
+
+    async def busy(self) -> None:
+        """Returns once the worker is inside its first decode."""
+        import asyncio
+
+        assert await asyncio.to_thread(self.started.wait, 120), "the worker never started"
+
+    def release(self) -> None:
+        self.released.set()
+
+    def __enter__(self):
+        self.asr.decode_batch = self.decode_batch
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+        self.asr.decode_batch = self.orig
+
+
 async def test_worker_batches_queued_jobs_and_serves_finals_first(asr):
     """Jobs queued while the worker is busy are taken together, finals before early decodes."""
     import asyncio
@@ -58,35 +94,28 @@ async def test_worker_batches_queued_jobs_and_serves_finals_first(asr):
     from voicert.core.speech import EARLY, FINAL
 
     clips = [wav(n)[0] for n in ("capital_of_france", "what_about_germany", "count_to_five")]
-    order = []
-    orig = asr.decode_batch
-
-    def spy(audios, ending=True):
-        order.append(len(audios))
-        return orig(audios, ending)
-
-    asr.decode_batch = spy
-    try:
-        blocker = asr.submit(clips[0], FINAL)  # keeps the worker busy while the others queue
-        await asyncio.sleep(0.05)
+    with HeldWorker(asr) as worker:
+        blocker = asr.submit(clips[0], FINAL)
+        await worker.busy()
         early = asr.submit(clips[1], EARLY)
         finals = [asr.submit(c, FINAL) for c in clips[1:]]
+        worker.release()
         done = await asyncio.gather(blocker.future, *(h.future for h in finals), early.future)
-    finally:
-        asr.decode_batch = orig
-    assert order == [1, 2, 1]  # the two finals together, then the early one
+    assert worker.order == [1, 2, 1]  # the two finals together, then the early one
     assert "germany" in done[1].text.lower() and done[2].batch == 2 and done[3].batch == 1
 
 
 async def test_a_queued_job_can_be_dropped(asr):
-    import asyncio
-
     x, _ = wav("capital_of_france")
-    busy = asr.submit(x)
-    await asyncio.sleep(0.05)
-    queued = asr.submit(x)
-    assert queued.drop() and queued.future.cancelled()
-    await busy.future
+    with HeldWorker(asr) as worker:
+        busy = asr.submit(x)
+        await worker.busy()
+        queued = asr.submit(x)
+        assert queued.drop() and queued.future.cancelled()
+        assert not busy.drop()  # being decoded: too late to withdraw
+        worker.release()
+        await busy.future
+    assert worker.order == [1]  # the dropped job was never decoded
     assert not busy.drop()  # already decoded: nothing to withdraw
 
 

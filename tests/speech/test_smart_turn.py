@@ -124,19 +124,21 @@ def test_the_shipped_pause_head_fits_the_wheels_smart_turn(model):
 
 
 class _Counting:
-    """Stands in for the model: records each call's batch; ``gate`` holds calls until set."""
+    """Stands in for the model: records each call's batch; ``gate`` holds calls until set;
+    ``entered`` is set once a call has begun."""
 
     def __init__(self) -> None:
         import threading
 
         self.batches: list[int] = []
-        self.gate = threading.Event()
+        self.gate, self.entered = threading.Event(), threading.Event()
         self.gate.set()
 
     def opinions(self, utterances):
         from voicert.core.speech import TurnAudio
 
-        self.gate.wait(5)
+        self.entered.set()
+        assert self.gate.wait(120), "the test never opened the gate"
         self.batches.append(len(utterances))
         return [TurnAudio(float(u[0]), float(u[0]) / 2) for u in utterances]
 
@@ -169,9 +171,10 @@ async def test_judgements_that_arrive_during_a_call_go_together_in_the_next():
     try:
         fake.gate.clear()  # the first call holds
         first = asyncio.ensure_future(judge.score(np.zeros(10, np.float32)))
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(fake.entered.wait, 120)  # the first call is running
         later = [asyncio.ensure_future(judge.score(np.ones(10, np.float32))) for _ in range(4)]
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0)  # each later judgement is asked for, and waits
+        assert judge.calls == 1 and not any(f.done() for f in later)
         fake.gate.set()
         await asyncio.gather(first, *later)
         assert fake.batches == [1, 3, 1]  # then at most max_batch a call

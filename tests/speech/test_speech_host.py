@@ -55,8 +55,11 @@ async def test_two_workers_get_their_own_whispers_transcripts_decoded_together(c
         assert "france" in want[0].lower()
         assert all(t.ending is not None for t in got)  # Whisper's odds cross the seam too
         assert max(t.batch for t in got) >= 2  # two workers' utterances in one decode
-        await asyncio.sleep(1.2)  # the host's figures come every 0.5 s, to one worker
-        sizes = a.drain_batch_sizes() + b.drain_batch_sizes()
+        sizes: list[int] = []  # the host's figures come every 0.5 s, to one worker
+        async with asyncio.timeout(60):
+            while sum(sizes) < 4:
+                await asyncio.sleep(0.1)
+                sizes += a.drain_batch_sizes() + b.drain_batch_sizes()
         assert sum(sizes) == 4 and a.alive and b.alive and a.pending() == 0
     finally:
         local.close()
