@@ -24,13 +24,13 @@ _COMMON = {"K": 4096, "HAS_BIAS": False, "SPLIT": 1, "BLOCK_N": 2, "BLOCK_G": 8,
 _PTRS = ("s_ptr", "l_ptr", "b_ptr", "out_ptr", "part_ptr", "count_ptr")
 KERNELS = {  # name: (kernel, its pointer and integer arguments' types, its other constants)
     "int4_gemv": (
-        kernels._int4_gemv_kernel,
+        kernels.int4_matmul._int4_gemv_kernel,
         {"p_ptr": "*fp32", "w_ptr": "*i32"},
         {"ONE": "i32"},
         {"EVEN": True, "A8": False, "EMULATE": False, "PDL": True},
     ),
     "int4_gemv_a8": (
-        kernels._int4_gemv_kernel,
+        kernels.int4_matmul._int4_gemv_kernel,
         {"p_ptr": "*i32", "w_ptr": "*i32"},
         {"ONE": "i32"},
         {"EVEN": True, "A8": True, "EMULATE": False, "PDL": True},

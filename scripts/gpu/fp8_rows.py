@@ -65,7 +65,7 @@ def _shape(n: int, k: int, rows: list[int], tiles: list[tuple]) -> list[str]:
         )
         cells = [f"bf16 {bf16:.1f}", cell("served", None, False)]
         for tile in tiles:
-            blocks = (min(64, max(16, kernels._pow2(m))), *tile)
+            blocks = (min(64, max(16, kernels.common._pow2(m))), *tile)
             cells.append(cell("mm " + "x".join(map(str, tile)), blocks, True))
         lines.append(f"{m} rows | " + " | ".join(cells))
     return lines

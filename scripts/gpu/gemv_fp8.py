@@ -29,7 +29,7 @@ ROTATE_BYTES = 512 << 20
 MMA_TILES = [(16, 32, 256, 4, 4), (16, 64, 128, 4, 4)]  # (BM, BN, BK, warps, stages)
 # (BN, BK, warps) for kernels.gemv; the split over K by its default rule
 GEMV_TILES = [(bn, bk, w) for bn, bk, w in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8))]
-XWIDE_TILES = [kernels.GEMV_TILE, (8, 1024, 4), (4, 512, 4), (8, 512, 4), (4, 1024, 8)]
+XWIDE_TILES = [kernels.matvec.GEMV_TILE, (8, 1024, 4), (4, 512, 4), (8, 512, 4), (4, 1024, 8)]
 HEADS = {"llama-8b": ("head", 128256, 4096), "llama-1b": ("head", 128256, 2048)}
 
 
@@ -105,15 +105,17 @@ def sweep(label: str, fp8: bool, tiles: dict) -> dict:
         cell["default"] = _time(
             ws, x, count, lambda x, w, s, c: kernels.fp8_linear(x, w, s, None, c)
         )
-        wide = kernels.GEMV_X_WIDE  # FP8 weights read in x's layout (no shared memory a step)
+        wide = (
+            kernels.matvec.GEMV_X_WIDE
+        )  # FP8 weights read in x's layout (no shared memory a step)
         for tile in XWIDE_TILES if fp8 else ():
-            kernels.GEMV_X_WIDE = True
+            kernels.matvec.GEMV_X_WIDE = True
             got = kernels.gemv(x, w0, s0, None, count, tile).float()
             assert ((got - want).abs().max() / want.abs().max()).item() < 2e-2, (name, tile)
             cell["xwide " + "x".join(map(str, tile))] = _time(
                 ws, x, count, lambda x, w, s, c, t=tile: kernels.gemv(x, w, s, None, c, t)
             )
-            kernels.GEMV_X_WIDE = wide
+            kernels.matvec.GEMV_X_WIDE = wide
         mma = cell["mma " + "x".join(map(str, _mma(n, k, fp8, tiles)))]
         best = _best(cell)
         gbs = lambda t, b=nbytes: b / t / 1e3
@@ -138,7 +140,8 @@ def chain(label: str, fp8: bool, results: dict, tiles: dict, layers: int = 8) ->
     ws = {name: _weights(n, k, fp8, layers) for name, n, k in shapes}
     xs = {name: torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for name, n, k in shapes}
     ways = {
-        f"pre{p}": {name: (*kernels.GEMV_TILE, 0, p) for name, _, _ in shapes} for p in (1, 2, 4)
+        f"pre{p}": {name: (*kernels.matvec.GEMV_TILE, 0, p) for name, _, _ in shapes}
+        for p in (1, 2, 4)
     }
     if results:
         ways["best"] = {

@@ -65,11 +65,11 @@ def _shape(name: str, n: int, k: int, group: int) -> list[str]:
     cells += [cell("gemv" + "x".join(map(str, t)), P.GEMV, t) for t in GEMV_TILES]
     cells += [cell("a8" + "x".join(map(str, t)), None, t, a8=True) for t in GEMV_TILES[:3]]
     cells.append(cell("a8", None, None, a8=True))
-    unroll = kernels.INT4_GEMV_UNROLL_TILES  # the K loop always / never unrolled twice
+    unroll = kernels.int4_matmul.INT4_GEMV_UNROLL_TILES  # the K loop always / never unrolled twice
     for label, tiles in (("unrolled", 1 << 30), ("not unrolled", 0)):
-        kernels.INT4_GEMV_UNROLL_TILES = tiles
+        kernels.int4_matmul.INT4_GEMV_UNROLL_TILES = tiles
         cells.append(cell(label, P.GEMV, None))
-    kernels.INT4_GEMV_UNROLL_TILES = unroll
+    kernels.int4_matmul.INT4_GEMV_UNROLL_TILES = unroll
     # two rows: the MMA kernel against the codes widened once for both
     xm = torch.randn(2, k, device="cuda", dtype=torch.bfloat16)
     wm = torch.nn.functional.linear(xm.float(), one.dequantized(torch.float32))

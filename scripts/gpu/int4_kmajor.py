@@ -92,7 +92,7 @@ def _kmajor_gemv_kernel(
             zx += sc * zr * tl.sum(xs, axis=0)
     total = (tl.sum(acc, axis=0) - zx)[None, :]  # [1, BN]
     rm = tl.arange(0, 1)
-    kernels._split_k_finish(
+    kernels.common._split_k_finish(
         total, rm, rn, rm < 1, nm, 1, N, s_ptr, s_ptr, out_ptr, part_ptr, count_ptr,
         SPLIT, False, False,
     )  # fmt: skip

@@ -55,10 +55,10 @@ def main() -> None:
         c: bench.make_pool(bench.Case.parse(c), heads, 16, torch.bfloat16, "cuda") for c in cases
     }
     refs = {c: bench.reference(p, heads) for c, p in pools.items()}
-    defaults = [getattr(kernels, k) for k in knobs]
+    defaults = [getattr(kernels.attention, k) for k in knobs]
     for values in settings:
         for k, v in zip(knobs, values):
-            setattr(kernels, k, v)
+            setattr(kernels.attention, k, v)
         cells = []
         for c in cases:
             try:
@@ -70,7 +70,7 @@ def main() -> None:
                 cells.append(type(exc).__name__)
         print(f"| {', '.join(map(str, values))} | " + " | ".join(cells) + " |")
     for k, v in zip(knobs, defaults):
-        setattr(kernels, k, v)
+        setattr(kernels.attention, k, v)
 
 
 if __name__ == "__main__":

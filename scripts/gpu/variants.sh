@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Kernel switches timed side by side in one command: bench.engine on this tree as committed
-# ("off") and on copies with one switch of kernels.py turned, round-robin (docs/benchmarks.md
+# ("off") and on copies with one switch of the kernels turned, round-robin (docs/benchmarks.md
 # 64-67):
 #   unfused  INT4_PLANES_FUSED off (the one-row INT4 x laid out by its own launch)
 #   rows1    INT4_GEMV_ROWS 1 (two rows by the MMA kernel)
@@ -24,20 +24,20 @@
 set -u
 out=${OUT:-variants-out}
 source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
-k=voicert/engine/gpu/kernels.py
+k=voicert/engine/gpu/kernels  # each setting is read on its own module there
 for v in ${VARIANTS:-off unfused}; do
   tree=/tmp/variant-$v
   rm -rf "$tree" && mkdir -p "$tree" && cp -r voicert "$tree/"
   case $v in
-    unfused) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
-    rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k" ;;
-    rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k" ;;
-    narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k" ;;
-    a8apart) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k" ;;
-    nofp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 0 /' "$tree/$k" ;;
-    imprecise) sed -i 's/, max_num_imprecise_acc=BLOCK_K)/)/' "$tree/$k" ;;
+    unfused) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k/int4_matmul.py" ;;
+    rows1) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 1 /' "$tree/$k/int4_matmul.py" ;;
+    rows4) sed -i 's/^INT4_GEMV_ROWS = [0-9]* /INT4_GEMV_ROWS = 4 /' "$tree/$k/int4_matmul.py" ;;
+    narrow) sed -i 's/^GEMV_X_WIDE = True/GEMV_X_WIDE = False/' "$tree/$k/matvec.py" ;;
+    a8apart) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k/int4_matmul.py" ;;
+    nofp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 0 /' "$tree/$k/fp8_matmul.py" ;;
+    imprecise) sed -i 's/, max_num_imprecise_acc=BLOCK_K)/)/' "$tree/$k/fp8_matmul.py" ;;
   esac
-  echo "$v: $(grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS) =' "$tree/$k" \
+  echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS) =' \
     | cut -d' ' -f1,3 | tr '\n' ' ')"
 done
 for shape in $1; do

@@ -453,7 +453,7 @@ def test_int4_gemv_matches_the_dequantized_weights_on_whole_steps_and_part_ones(
     ``INT4_GEMV_UNROLL_TILES`` programs); a bias; the counters left at zero."""
     from voicert.engine.gpu.int4 import Int4Linear
 
-    monkeypatch.setattr(kernels, "INT4_GEMV_UNROLL_TILES", unroll)
+    monkeypatch.setattr(kernels.int4_matmul, "INT4_GEMV_UNROLL_TILES", unroll)
 
     g = torch.Generator().manual_seed(11)
     lin = torch.nn.Linear(k, 40, bias=True)
@@ -494,7 +494,7 @@ def test_int4_path_takes_a_few_rows_to_int4_gemv_only_where_switched_on_and_step
     assert [kernels.int4_path(m, 6144, 4096) for m in (1, 2, 3)] == [P.GEMV, P.GEMV, P.GROUPS]
     assert [kernels.int4_path(m, 4096, 4096) for m in (1, 2)] == [P.GEMV, P.GROUPS]  # not wide
     assert kernels.int4_path(1, 576, 576, 64) is P.GEMV  # (masked steps)
-    monkeypatch.setattr(kernels, "INT4_GEMV_ROWS", 4)
+    monkeypatch.setattr(kernels.int4_matmul, "INT4_GEMV_ROWS", 4)
     four = [kernels.int4_path(m, 6144, 4096) for m in (1, 2, 3, 4, 5)]
     assert four == [P.GEMV, P.GEMV, P.GEMV, P.GEMV, P.GROUPS]
     assert kernels.int4_path(2, 1152, 576, 64) is P.GROUPS  # a part step: not at two rows
@@ -560,7 +560,9 @@ def test_an_a8_int4_layer_rounds_one_bf16_row_to_int8_on_both_paths(monkeypatch)
 
     launched = []
     monkeypatch.setattr(
-        kernels, "_int4_a8_planes_kernel", _Spy(kernels._int4_a8_planes_kernel, launched)
+        kernels.int4_matmul,
+        "_int4_a8_planes_kernel",
+        _Spy(kernels.int4_matmul._int4_a8_planes_kernel, launched),
     )
     q = Int4Linear.from_linear(torch.nn.Linear(256, 48, bias=False), None, 128)
     q.a8 = True
@@ -680,12 +682,14 @@ def test_one_row_int4_layers_fed_x_laid_out_by_the_norms_compute_the_same(monkey
     rows = [Row([7], 30, tables[0], 0)]
     want = run_layers(model, runners[0], rows, False)
     monkeypatch.setattr(Int4Linear, "forward", on_kernels)
-    monkeypatch.setattr(kernels, "INT4_PLANES_FUSED", False)
+    monkeypatch.setattr(kernels.int4_matmul, "INT4_PLANES_FUSED", False)
     alone = run_layers(model, runners[1], rows, True)
     launched = []
     name = "_int4_a8_planes_kernel" if a8 else "_int4_planes_kernel"
-    monkeypatch.setattr(kernels, name, _Spy(getattr(kernels, name), launched))
-    monkeypatch.setattr(kernels, "INT4_PLANES_FUSED", True)
+    monkeypatch.setattr(
+        kernels.int4_matmul, name, _Spy(getattr(kernels.int4_matmul, name), launched)
+    )
+    monkeypatch.setattr(kernels.int4_matmul, "INT4_PLANES_FUSED", True)
     fused = run_layers(model, runners[2], rows, True)
     assert torch.equal(fused, alone)
     if not a8:
@@ -704,7 +708,7 @@ def test_int4_path_takes_the_scaled_kernel_only_for_wide_weights_at_middle_row_c
     P = kernels.Int4Path
     assert kernels.int4_path(1, 6144, 4096) is P.GEMV  # one row: the CUDA cores
     assert kernels.int4_path(1, 6144, 4096, 32) is P.GEMV
-    monkeypatch.setattr(kernels, "INT4_GEMV_ROWS", 0)
+    monkeypatch.setattr(kernels.int4_matmul, "INT4_GEMV_ROWS", 0)
     eight = [kernels.int4_path(m, 6144, 4096) for m in (1, 32, 33, 64, 160, 161, 600)]
     assert eight == [P.GROUPS, P.GROUPS, P.SCALED, P.SCALED, P.SCALED, P.WIDEN, P.WIDEN]
     one = [kernels.int4_path(m, 2048, 8192) for m in (1, 33, 64, 65, 128)]
@@ -723,7 +727,9 @@ def test_int4_tiles_asked_for_run_a_kernel_where_the_default_would_widen(monkeyp
     want = torch.nn.functional.linear(x, q.dequantized(torch.float32))
     widened = []
     real = kernels.int4_dequantize
-    monkeypatch.setattr(kernels, "int4_dequantize", lambda *a: widened.append(1) or real(*a))
+    monkeypatch.setattr(
+        kernels.int4_matmul, "int4_dequantize", lambda *a: widened.append(1) or real(*a)
+    )
     assert close(kernels.int4_linear(x, q.weight, q.scale, q.low, None), want, 1e-4)
     assert widened == [1]
     tiles = kernels.int4_linear(x, q.weight, q.scale, q.low, None, None, (32, 32, 4, 2))
@@ -763,7 +769,7 @@ def test_gemv_computes_one_row_with_the_dequantized_weights(blocks, wide, monkey
     layout (``GEMV_X_WIDE``) or not."""
     from voicert.engine.gpu.fp8 import Fp8Linear
 
-    monkeypatch.setattr(kernels, "GEMV_X_WIDE", wide)
+    monkeypatch.setattr(kernels.matvec, "GEMV_X_WIDE", wide)
 
     g = torch.Generator().manual_seed(11)
     q = Fp8Linear.from_linear(torch.nn.Linear(200, 90, bias=True)).to(DEV)
@@ -790,7 +796,9 @@ def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
 
     calls = []
     real = kernels.gemv
-    monkeypatch.setattr(kernels, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        kernels.fp8_matmul, "gemv", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
     g = torch.Generator().manual_seed(12)
     w = torch.randn(48, 64, generator=g).to(DEV)
     one, two = torch.randn(1, 64, generator=g).to(DEV), torch.randn(2, 64, generator=g).to(DEV)
@@ -798,7 +806,9 @@ def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
     assert close(kernels.fp8_linear(two, w, None, None), two @ w.T, 1e-4) and calls == [1]
     tiles = kernels.fp8_linear(one, w, None, None, None, (16, 32, 64, 4, 2))
     assert close(tiles, one @ w.T, 1e-4) and calls == [1]
-    monkeypatch.setattr(kernels, "GEMV_MAX_N", 32)  # wider FP8 weights (a head): the MMA kernel
+    monkeypatch.setattr(
+        kernels.fp8_matmul, "GEMV_MAX_N", 32
+    )  # wider FP8 weights (a head): the MMA kernel
     q = Fp8Linear.from_linear(torch.nn.Linear(64, 48, bias=False)).to(DEV)
     want = torch.nn.functional.linear(one, q.dequantized(torch.float32))
     assert close(kernels.fp8_linear(one, q.weight, q.scale, None), want, 1e-4) and calls == [1]
@@ -868,7 +878,9 @@ def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
     g = torch.Generator().manual_seed(8)
     lin = torch.nn.Linear(256, 96, bias=True)
     q = Fp8Linear.from_linear(lin).to(DEV)
-    rows = max(kernels.FP8_MMA_ROWS, kernels.FP8_MM_ROWS) + 9  # (cuBLAS's _scaled_mm)
+    rows = (
+        max(kernels.fp8_matmul.FP8_MMA_ROWS, kernels.fp8_matmul.FP8_MM_ROWS) + 9
+    )  # (cuBLAS's _scaled_mm)
     x = torch.randn(rows, 256, generator=g).to(DEV).bfloat16()
     want = torch.nn.functional.linear(x.float(), q.dequantized(torch.float32), q.bias)
     got = kernels.fp8_linear(x, q.weight, q.scale, q.bias.bfloat16())
@@ -925,8 +937,10 @@ def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
     from voicert.engine.gpu.fp8 import Fp8Linear
 
     launched = []
-    monkeypatch.setattr(kernels, "FP8_MM_ROWS", 8)
-    monkeypatch.setattr(kernels, "_fp8_mm_kernel", _Spy(kernels._fp8_mm_kernel, launched))
+    monkeypatch.setattr(kernels.fp8_matmul, "FP8_MM_ROWS", 8)
+    monkeypatch.setattr(
+        kernels.fp8_matmul, "_fp8_mm_kernel", _Spy(kernels.fp8_matmul._fp8_mm_kernel, launched)
+    )
     g = torch.Generator().manual_seed(9)
     q = Fp8Linear.from_linear(torch.nn.Linear(128, 48, bias=False)).to(DEV)
     for rows in (1, 2, 8, 9):
@@ -947,7 +961,9 @@ def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
     got = kernels.fp8_linear(x.bfloat16(), w, None, None).float()
     if DEV == "cuda":  # (the interpreter's widening kernel: fp32 only)
         assert close(got, x.bfloat16().float() @ w.float().T, 5e-2)
-    monkeypatch.setattr(kernels, "GEMV_MAX_N", 32)  # one row of a wide FP8 head: not fp8_mm
+    monkeypatch.setattr(
+        kernels.fp8_matmul, "GEMV_MAX_N", 32
+    )  # one row of a wide FP8 head: not fp8_mm
     kernels.fp8_linear(x[:1].bfloat16(), q.weight, q.scale, None)
     assert len(launched) == 2
 
@@ -958,13 +974,21 @@ def test_fp8_layers_that_keep_x_never_round_rows_to_fp8(monkeypatch):
     from voicert.engine.gpu.fp8 import Fp8Linear
 
     mm, widened = [], []
-    monkeypatch.setattr(kernels, "_fp8_mm_kernel", _Spy(kernels._fp8_mm_kernel, mm))
-    monkeypatch.setattr(kernels, "_fp8_linear_kernel", _Spy(kernels._fp8_linear_kernel, widened))
-    monkeypatch.setattr(kernels, "fp8_scaled_mm", lambda *a: pytest.fail("rounded to FP8"))
+    monkeypatch.setattr(
+        kernels.fp8_matmul, "_fp8_mm_kernel", _Spy(kernels.fp8_matmul._fp8_mm_kernel, mm)
+    )
+    monkeypatch.setattr(
+        kernels.fp8_matmul,
+        "_fp8_linear_kernel",
+        _Spy(kernels.fp8_matmul._fp8_linear_kernel, widened),
+    )
+    monkeypatch.setattr(
+        kernels.fp8_matmul, "fp8_scaled_mm", lambda *a: pytest.fail("rounded to FP8")
+    )
     q = Fp8Linear.from_linear(torch.nn.Linear(128, 48, bias=False)).to(DEV)
     q.round_rows = False
     g = torch.Generator().manual_seed(10)
-    for rows in (4, kernels.FP8_MM_ROWS + 3):
+    for rows in (4, kernels.fp8_matmul.FP8_MM_ROWS + 3):
         x = torch.randn(rows, 128, generator=g).to(DEV).bfloat16()
         got = (
             q(x).float()
@@ -1000,7 +1024,7 @@ def test_kernels_launched_with_pdl_give_the_bits_of_plain_launches(fp8, linear):
     if fp8:
         quantize_fp8(model)
     model.use_kernels = True
-    model.triton_linear_rows = kernels.LINEAR_ROWS if linear else 0
+    model.triton_linear_rows = kernels.fp8_matmul.LINEAR_ROWS if linear else 0
     g = torch.Generator().manual_seed(5)
     bs, lengths = 16, [700, 33, 5, 260]
     tables, nxt = block_tables(lengths, bs, 48)
@@ -1047,7 +1071,10 @@ def test_pdl_is_a_gpu_option_and_a_bad_value_names_the_key():
 def test_linear_tiles_come_from_the_measured_table_for_a_listed_gpu_and_dtype_only():
     table = kernels.linear_tiles("NVIDIA H100 80GB HBM3", torch.bfloat16)
     assert table[(3072, 2048)] == (16, 64, 64, 4, 4)  # Llama-3.2-1B's qkv
-    assert all(len(t) == 5 and t[0] == 16 and t[0] >= kernels.LINEAR_ROWS for t in table.values())
+    assert all(
+        len(t) == 5 and t[0] == 16 and t[0] >= kernels.fp8_matmul.LINEAR_ROWS
+        for t in table.values()
+    )
     assert kernels.linear_tiles("NVIDIA H100 80GB HBM3", torch.float16) == {}
     assert kernels.linear_tiles("a GPU nobody measured", torch.bfloat16) == {}
 

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=None,
         help="fused kernels: attention programs to aim for when splitting keys "
-        "(kernels._SPLIT_TARGET; fewer: fewer, longer splits)",
+        "(kernels.attention._SPLIT_TARGET; fewer: fewer, longer splits)",
     )
     ap.add_argument(
         "--pdl",
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=None,
         help="FP8: steps of more rows than this quantize their activations and run "
-        "on the FP8 tensor cores (kernels.FP8_MMA_ROWS)",
+        "on the FP8 tensor cores (kernels.fp8_matmul.FP8_MMA_ROWS)",
     )
     ap.add_argument(
         "--triton-linear-rows",
@@ -67,9 +67,9 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     from voicert.engine.gpu import kernels  # (after the arguments: it needs Triton)
 
-    if not 0 <= args.triton_linear_rows <= kernels.LINEAR_ROWS:
+    if not 0 <= args.triton_linear_rows <= kernels.fp8_matmul.LINEAR_ROWS:
         ap.error(
-            f"--triton-linear-rows must be in [0, {kernels.LINEAR_ROWS}] (the tiles are "
+            f"--triton-linear-rows must be in [0, {kernels.fp8_matmul.LINEAR_ROWS}] (the tiles are "
             "measured for that many rows)"
         )
     if args.fp8 and args.int4:
@@ -78,9 +78,9 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--fp8-mma-rows needs --fp8 (it picks the FP8 Linears' path)")
     dev = "cuda"
     if args.split_target is not None:
-        kernels._SPLIT_TARGET = args.split_target
+        kernels.attention._SPLIT_TARGET = args.split_target
     if args.fp8_mma_rows is not None:
-        kernels.FP8_MMA_ROWS = args.fp8_mma_rows
+        kernels.fp8_matmul.FP8_MMA_ROWS = args.fp8_mma_rows
     cfg = LlamaConfig.from_hf(shape_config(args.model))
     model = random_llama(cfg, DTYPES[args.dtype], dev)
     if args.fp8:

@@ -324,7 +324,7 @@ def _pdl(model: Model, cfg: EngineConfig) -> bool:
 def _decode_linears(model: Model, cfg: EngineConfig) -> tuple[int, dict]:
     """(rows, tiles): steps of up to ``rows`` rows run the layers' bf16/fp16 Linears through
     the Triton kernel with ``tiles`` per weight shape (see ``kernels.linear_tiles``); 0 rows:
-    cuBLAS always. ``triton``: up to ``kernels.LINEAR_ROWS`` rows. ``auto``, from the H100's
+    cuBLAS always. ``triton``: up to ``kernels.fp8_matmul.LINEAR_ROWS`` rows. ``auto``, from the H100's
     step times (docs/benchmarks.md section 31): only where PDL is on (launched plainly the
     kernel loses to cuBLAS) and for bf16/fp16 models; up to 16 rows for layers 4096 or more
     wide (Llama-3.1-8B: 1-3 % faster steps at 1-16 rows), else one-row steps only
@@ -334,11 +334,11 @@ def _decode_linears(model: Model, cfg: EngineConfig) -> tuple[int, dict]:
     choice, dtype = cfg.decode_linear, _weight_dtype(model)
     if not model.use_kernels or choice == "cublas":
         return 0, {}
-    rows = kernels.LINEAR_ROWS
+    rows = kernels.fp8_matmul.LINEAR_ROWS
     if choice == "auto":
         if not (model.pdl and dtype in (torch.bfloat16, torch.float16)):
             return 0, {}
-        rows = kernels.LINEAR_ROWS if model.cfg.hidden_size >= 4096 else 1
+        rows = kernels.fp8_matmul.LINEAR_ROWS if model.cfg.hidden_size >= 4096 else 1
     gpu = torch.cuda.get_device_name(cfg.device)
     return rows, kernels.linear_tiles(gpu, dtype)
 

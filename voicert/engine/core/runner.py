@@ -74,7 +74,7 @@ class ModelRunner:
     ) -> None:
         """``kv_dtype``: the KV pool's dtype (None: the model's; torch.float8_e4m3fn or
         torch.int8: llm.kv_cache fp8 / int8, written rounded and read widened: models/layers.py,
-        kernels.py)."""
+        kernels/attention.py)."""
         cfg = model.cfg
         self.model = model
         self.heads = heads

@@ -202,7 +202,7 @@ class Int4Linear(nn.Module):
         self, x: torch.Tensor, pdl: bool = False, planes: torch.Tensor | None = None
     ) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
-        programmatic dependent launch (engine/gpu/kernels.py). ``planes``: one row's x laid
+        programmatic dependent launch (engine/gpu/kernels/common.py). ``planes``: one row's x laid
         out for the one-row kernel already (``kernels.int4_planes``' values, or with ``a8``
         ``kernels.int4_a8_planes``'; CUDA only). With ``a8``, a row that :func:`a8_rounds`
         is rounded to int8 by group first, here as on the GPU (:func:`int8_groups`)."""

@@ -49,7 +49,7 @@ class Model(Protocol):
     The kernel settings are chosen once by the engine from ``llm`` (``EngineCore``) before the
     first step, and read by the layers: ``use_kernels`` (the Triton path; an architecture with
     none keeps it False), ``prefill_attention`` (paged | flash | sdpa), ``pdl``,
-    ``triton_linear_rows`` and ``linear_tiles`` (see ``engine/gpu/kernels.py``)."""
+    ``triton_linear_rows`` and ``linear_tiles`` (see ``engine/gpu/kernels/fp8_matmul.py``)."""
 
     cfg: ModelShape
     norm: torch.nn.Module  # the final norm; its weight fingerprints the checkpoint (turn_head.py)

@@ -353,7 +353,7 @@ class Attention(nn.Module):
         in one launch, then attention straight from the paged pool (``wide`` None: the caller
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
         engine/models/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the kernels with
-        programmatic dependent launch (engine/gpu/kernels.py)."""
+        programmatic dependent launch (engine/gpu/kernels/common.py)."""
         from voicert.engine.gpu import kernels
 
         b, q_len, _ = qkv.shape

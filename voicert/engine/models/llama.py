@@ -200,7 +200,10 @@ class LlamaModel(nn.Module):
         rope, count = self.rope_tables(), self.kernel_counters()
         wide = None  # a prefill step's attention by FlashAttention or SDPA, built per forward
         group = cfg.num_heads // cfg.num_kv_heads
-        if self.prefill_attention != "paged" and input_ids.shape[1] * group > kernels.MAX_ATTN_ROWS:
+        if (
+            self.prefill_attention != "paged"
+            and input_ids.shape[1] * group > kernels.attention.MAX_ATTN_ROWS
+        ):
             wide = (
                 FlashRows(inp)
                 if self.prefill_attention == "flash"
@@ -228,12 +231,14 @@ class LlamaModel(nn.Module):
 
     def _planes(self, lin: nn.Module, rows: int) -> tuple[torch.Tensor | None, int]:
         """Where a one-row step's INT4 Linear takes the CUDA-core kernel and
-        ``kernels.INT4_PLANES_FUSED`` is set: a buffer for the kernel that writes its x to lay
+        ``kernels.int4_matmul.INT4_PLANES_FUSED`` is set: a buffer for the kernel that writes its x to lay
         x out in too (``kernels.int4_planes``' values, or ``int4_a8_planes``' for a layer that
         rounds x to int8; one launch less), and the group. Else (None, 0)."""
         from voicert.engine.gpu import kernels
 
-        if not (kernels.INT4_PLANES_FUSED and rows == 1 and isinstance(lin, Int4Linear)):
+        if not (
+            kernels.int4_matmul.INT4_PLANES_FUSED and rows == 1 and isinstance(lin, Int4Linear)
+        ):
             return None, 0
         k, dev = lin.in_features, lin.weight.device
         if lin.a8 and a8_rounds(1, self.embed.weight.dtype):
@@ -267,7 +272,7 @@ class LlamaModel(nn.Module):
                 self.kernel_counters(),
                 # the tiles are the MMA kernel's, measured at 1-16 rows; one row takes gemv
                 None
-                if rows <= kernels.GEMV_ROWS
+                if rows <= kernels.fp8_matmul.GEMV_ROWS
                 else self.linear_tiles.get(tuple(lin.weight.shape)),
                 self.pdl,
             )

@@ -1,0 +1,439 @@
+"""RoPE and the KV-pool write in one launch (:func:`rope_kv_write`), and attention straight from
+the paged pool through the block table (:func:`paged_attention`): tiles of query rows, split
+over the keys when the programs are few (flash-decoding), the last split of a tile combining
+them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from voicert.engine.gpu.kernels.common import _pdl_enter, _pow2, counters
+
+MAX_ATTN_ROWS = (
+    64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
+)
+_SPLIT_TARGET = 128  # aim for about this many attention programs (an H100 has 132 SMs)
+_MAX_SPLITS = 16  # key splits per KV head at most (the combine reads them all in one load)
+# When a row's query rows (tokens x query heads per KV head) pass 16 (prefill, long verify rows):
+# the largest tile of 64, 32 or 16 query rows that still gives _TILE_PROGRAMS programs (fewer
+# rows: more programs on a short prompt); _PREFILL_ROWS, when set, fixes it
+# (scripts/gpu/prefill_tiles.py sweeps both settings). A merge of a tile's splits reads at most
+# _TILE_SPLIT_FLOATS partial floats (SPLITS x ROWS x D in one load: past ~32 KB it spills
+# registers). Measured: docs/benchmarks.md section 30.
+_TILE_PROGRAMS = 48
+_PREFILL_ROWS = 0
+_TILE_SPLIT_FLOATS = 8192
+_TILE_BLOCK_N = 0  # keys per inner step of a program of more than 16 rows; 0: 8192 // head dim,
+# 16 to 128
+_DECODE_BLOCK_N = 0  # keys per inner step of a program of 16 rows or fewer; 0: 64 up to a head
+# dim of 64, 128 at 128 (1.0-1.5x faster than 32 there, section 30), else 32
+
+
+# ----------------------------------------------------------------------------- RoPE + KV write
+
+
+@triton.jit
+def _rope_kv_kernel(
+    qkv_ptr,
+    pos_ptr,
+    cos_ptr,
+    sin_ptr,
+    slot_ptr,
+    k_ptr,
+    v_ptr,
+    qn_ptr,
+    kn_ptr,
+    eps,
+    n_rot,
+    kvh_n,
+    n_q_heads,
+    n_pos,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_KV: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    KV_INT8: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    HALF: tl.constexpr = D // 2
+    _pdl_enter(PDL)
+    row = qkv_ptr + t * (n_rot + kvh_n) * D  # this token's [H + 2 KVH, D]
+    heads = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, HALF)
+    hm = (heads < n_rot)[:, None]
+    lo = row + heads[:, None] * D + d[None, :]
+    x1 = tl.load(lo, mask=hm, other=0.0).to(tl.float32)
+    x2 = tl.load(lo + HALF, mask=hm, other=0.0).to(tl.float32)
+    if QK_NORM:  # Qwen3: each q and k head RMS-normalised over D, then RoPE
+        is_q = (heads < n_q_heads)[:, None]
+        x1, x2 = _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, d, eps, D, qkv_ptr.dtype.element_ty)
+    p = tl.minimum(tl.load(pos_ptr + t), n_pos - 1)  # the tables' row for this position
+    c = tl.load(cos_ptr + p * HALF + d).to(tl.float32)[None, :]
+    sn = tl.load(sin_ptr + p * HALF + d).to(tl.float32)[None, :]
+    o1 = (x1 * c + x2 * -sn).to(qkv_ptr.dtype.element_ty)  # x * cos + rotate_half(x) * sin
+    o2 = (x2 * c + x1 * sn).to(qkv_ptr.dtype.element_ty)
+    tl.store(lo, o1, mask=hm)  # q and k rotated in place
+    tl.store(lo + HALF, o2, mask=hm)
+    slot = tl.load(slot_ptr + t).to(tl.int64)
+    kh = heads - n_q_heads  # rows n_q_heads.. of the rotated block are k heads
+    km = ((heads >= n_q_heads) & (heads < n_rot))[:, None]
+    krow = k_ptr + slot * kvh_n * ROW + kh * ROW  # [BLOCK_H] each k head's pool row
+    kdst = krow[:, None] + d[None, :]
+    vh = tl.arange(0, BLOCK_KV)
+    dd = tl.arange(0, D)
+    vm = (vh < kvh_n)[:, None]
+    v = tl.load(row + (n_rot + vh)[:, None] * D + dd[None, :], mask=vm, other=0.0)
+    vrow = v_ptr + slot * kvh_n * ROW + vh * ROW  # [BLOCK_KV]
+    if KV_INT8:  # each head's row scaled by its largest magnitude / 127, the scale after the row
+        k1, k2 = o1.to(tl.float32), o2.to(tl.float32)
+        ks = tl.maximum(
+            tl.maximum(tl.max(tl.abs(k1), axis=1), tl.max(tl.abs(k2), axis=1)) / 127, 1e-12
+        )  # [BLOCK_H]
+        tl.store(kdst, _int8(k1 / ks[:, None]), mask=km)
+        tl.store(kdst + HALF, _int8(k2 / ks[:, None]), mask=km)
+        tl.store(
+            (krow + D).to(tl.pointer_type(tl.float32)),
+            ks,
+            mask=(heads >= n_q_heads) & (heads < n_rot),
+        )
+        vf = v.to(tl.float32)
+        vs = tl.maximum(tl.max(tl.abs(vf), axis=1) / 127, 1e-12)  # [BLOCK_KV]
+        tl.store(vrow[:, None] + dd[None, :], _int8(vf / vs[:, None]), mask=vm)
+        tl.store((vrow + D).to(tl.pointer_type(tl.float32)), vs, mask=vh < kvh_n)
+    else:
+        tl.store(kdst, _to_pool(o1, k_ptr, KV_FP8), mask=km)
+        tl.store(kdst + HALF, _to_pool(o2, k_ptr, KV_FP8), mask=km)
+        tl.store(vrow[:, None] + dd[None, :], _to_pool(v, v_ptr, KV_FP8), mask=vm)
+
+
+@triton.jit
+def _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, d, eps, D: tl.constexpr, dtype: tl.constexpr):
+    """Each head's row [BLOCK_H, D] (given as its halves x1, x2, float32) normalised over D and
+    scaled by the q weights [D] (rows where ``is_q``) or the k weights, rounded to ``dtype`` as
+    layers.RMSNorm rounds on the CPU (normalised in float32, cast, times the weight, cast)."""
+    HALF: tl.constexpr = D // 2
+    rstd = 1.0 / tl.sqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / D + eps)
+    w1 = tl.where(is_q, tl.load(qn_ptr + d)[None, :], tl.load(kn_ptr + d)[None, :])
+    w2 = tl.where(is_q, tl.load(qn_ptr + HALF + d)[None, :], tl.load(kn_ptr + HALF + d)[None, :])
+    y1 = (x1 * rstd[:, None]).to(dtype).to(tl.float32) * w1.to(tl.float32)
+    y2 = (x2 * rstd[:, None]).to(dtype).to(tl.float32) * w2.to(tl.float32)
+    return y1.to(dtype).to(tl.float32), y2.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _int8(x):
+    """Round half to even and saturate to [-127, 127], as torch.round and clamp do."""
+    return tl.clamp(libdevice.rint(x), -127.0, 127.0).to(tl.int8)
+
+
+@triton.jit
+def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
+    """x in the pool's dtype: an FP8 pool's values clamped to e4m3's range (scale 1), as
+    layers.write_kv does."""
+    if KV_FP8:
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)  # +-E4M3_MAX (a literal in a kernel)
+    return x.to(pool_ptr.dtype.element_ty)
+
+
+def rope_kv_write(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    pdl: bool = False,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+) -> None:
+    """qkv [T, (H + 2 KVH) * D] contiguous; positions [T] int64; cos/sin [P, D/2], the model's
+    tables of cos and sin of each position's angles (positions past P - 1 read row P - 1: the
+    caller keeps positions below P); slots [T] int64; k_pool/v_pool [NB, BS, KVH, D] (one
+    layer's, contiguous; qkv's dtype, or llm.kv_cache's float8_e4m3fn, or int8 with each row's
+    float32 scale after it: row D + 4, models/layers.py). Rotates q and k in place in
+    ``qkv`` (HF's half-split RoPE) and writes each token's k and v into its slot. ``pdl``: as
+    :func:`add_rms_norm`'s. ``qk_norm`` (Qwen3): the q and k RMSNorm weights [D] and eps; each
+    q and k head is normalised over D before it is rotated (and stored so in ``qkv``)."""
+    n_rot = num_heads + num_kv_heads
+    d = qkv.shape[-1] // (n_rot + num_kv_heads)
+    q_w, k_w, eps = qk_norm if qk_norm is not None else (cos, cos, 0.0)
+    _rope_kv_kernel[(qkv.shape[0],)](
+        qkv,
+        positions,
+        cos,
+        sin,
+        slots,
+        k_pool,
+        v_pool,
+        q_w,
+        k_w,
+        eps,
+        n_rot,
+        num_kv_heads,
+        num_heads,
+        cos.shape[0],
+        D=d,
+        BLOCK_H=_pow2(n_rot),
+        BLOCK_KV=_pow2(num_kv_heads),
+        KV_FP8=k_pool.dtype == torch.float8_e4m3fn,
+        KV_INT8=k_pool.dtype == torch.int8,
+        QK_NORM=qk_norm is not None,
+        ROW=k_pool.shape[-1],
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
+
+
+# ----------------------------------------------------------------------------- paged attention
+
+
+@triton.jit
+def _combine(
+    part_ptr,
+    ml_ptr,
+    base,
+    active,
+    valid,
+    r,
+    d,
+    SPLITS: tl.constexpr,
+    D: tl.constexpr,
+    ROWS: tl.constexpr,
+):
+    """The ``active`` splits' partial results of one (sequence, KV head) merged, for the
+    ``valid`` query rows: [ROWS, D] float32. Loads from L2 (``.cg``): the other programs' stores
+    are not in this program's L1."""
+    sp = tl.arange(0, SPLITS)  # all splits in one load: [SPLITS, ROWS] and [SPLITS, ROWS, D]
+    idx = (base + sp)[:, None] * ROWS + r[None, :]  # [SPLITS, ROWS]
+    sm = (sp < active)[:, None] & valid[None, :]
+    m = tl.load(ml_ptr + idx * 2, mask=sm, other=-1.0e30, cache_modifier=".cg")
+    l_s = tl.load(ml_ptr + idx * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
+    w = tl.exp(m - tl.max(m, axis=0)[None, :])  # [SPLITS, ROWS]
+    l_all = tl.sum(w * l_s, axis=0)  # [ROWS]
+    acc = tl.load(
+        part_ptr + idx[:, :, None] * D + d[None, None, :],
+        mask=sm[:, :, None],
+        other=0.0,
+        cache_modifier=".cg",
+    )
+    return tl.sum(w[:, :, None] * acc, axis=0) / tl.maximum(l_all, 1.0e-30)[:, None]
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    table_ptr,
+    pos_ptr,
+    out_ptr,
+    part_ptr,
+    ml_ptr,
+    count_ptr,
+    q_len,
+    n_q_heads,
+    kvh_n,
+    q_stride,
+    max_blocks,
+    split_keys,
+    n_splits,
+    tiles,
+    scale,
+    G: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
+    ROWS: tl.constexpr,
+    TILE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
+    IEEE: tl.constexpr,
+    KV_INT8: tl.constexpr,
+    ROW: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    t = tl.program_id(2) // n_splits  # this program's tile of TILE query tokens
+    s = tl.program_id(2) % n_splits  # and its split of the key axis
+    r = tl.arange(0, ROWS)  # query rows: token t * TILE + r // G, query head kvh * G + r % G
+    qi = t * TILE + r // G
+    head = kvh * G + r % G
+    valid = (r // G < TILE) & (qi < q_len)
+    d = tl.arange(0, D)
+    _pdl_enter(PDL)
+    q = tl.load(
+        q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
+        mask=valid[:, None],
+        other=0.0,
+    )  # [ROWS, D]
+    pos = tl.load(pos_ptr + b * q_len + qi, mask=valid, other=-1)  # last key each row may see
+    last = tl.max(pos, axis=0)
+    start = s * split_keys
+    end = tl.minimum(start + split_keys, last + 1)
+    m_i = tl.full([ROWS], -1.0e30, tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        keys = n0 + tl.arange(0, BLOCK_N)
+        km = keys < end
+        page = tl.load(table_ptr + b * max_blocks + keys // BS, mask=km, other=0).to(tl.int64)
+        slot = page * BS + keys % BS
+        kv_row = (slot * kvh_n + kvh) * ROW  # [BLOCK_N] each key's pool row
+        kv_off = kv_row[:, None] + d[None, :]
+        k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0)  # [BLOCK_N, D]
+        if KV_INT8:  # widened by each row's scale, stored after it
+            k = (
+                k.to(tl.float32)
+                * tl.load((k_ptr + kv_row + D).to(tl.pointer_type(tl.float32)), mask=km, other=0.0)[
+                    :, None
+                ]
+            )
+        k = k.to(q.dtype)
+        if IEEE:
+            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+        else:
+            sc = tl.dot(q, tl.trans(k))
+        sc = sc * scale
+        sc = tl.where((keys[None, :] <= pos[:, None]) & km[None, :], sc, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(sc - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0)
+        if KV_INT8:
+            v = (
+                v.to(tl.float32)
+                * tl.load((v_ptr + kv_row + D).to(tl.pointer_type(tl.float32)), mask=km, other=0.0)[
+                    :, None
+                ]
+            )
+        v = v.to(q.dtype)  # a one-byte pool's values widened
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
+    if SPLITS == 1:
+        o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+    else:  # partial results to scratch; the last of this (b, kvh, t)'s programs merges them
+        tile = (b * kvh_n + kvh) * tiles + t
+        base = tile * n_splits
+        active = tl.cdiv(last + 1, split_keys)  # splits holding keys; the rest have nothing
+        if s < active:
+            keep = valid[:, None]  # padded query rows are never read
+            tl.store(part_ptr + ((base + s) * ROWS + r)[:, None] * D + d[None, :], acc, mask=keep)
+            tl.store(ml_ptr + ((base + s) * ROWS + r) * 2, m_i, mask=valid)
+            tl.store(ml_ptr + ((base + s) * ROWS + r) * 2 + 1, l_i, mask=valid)
+        tl.debug_barrier()  # every thread's stores issued before the release below
+        count = count_ptr + tile
+        if tl.atomic_add(count, 1, sem="acq_rel") == n_splits - 1:
+            o = _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS, D, ROWS)
+            tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+            tl.atomic_xchg(count, 0)  # ready for the next launch
+
+
+def _prefill_rows(heads: int, q_len: int, g: int) -> int:
+    """Query rows per program for rows of ``q_len`` tokens over ``heads`` (sequence, KV head)
+    pairs with ``g`` query heads each (see _TILE_PROGRAMS)."""
+    if _PREFILL_ROWS:
+        return max(_PREFILL_ROWS, _pow2(g))
+    for rows in (64, 32, 16):
+        if rows < g or heads * triton.cdiv(q_len, rows // g) >= _TILE_PROGRAMS:
+            return max(rows, _pow2(g))
+    return max(16, _pow2(g))
+
+
+def paged_attention(
+    qkv: torch.Tensor,
+    k_pool: torch.Tensor,
+    v_pool: torch.Tensor,
+    block_tables: torch.Tensor,
+    positions: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    count: torch.Tensor | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
+    written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D]
+    (qkv's dtype, or llm.kv_cache's float8_e4m3fn or int8 with scales, widened as read);
+    block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]);
+    count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call); ``pdl``:
+    as :func:`add_rms_norm`'s. Returns [B, Q, H * D].
+
+    A program takes a tile of query tokens of one sequence and the query heads of one KV head
+    (16 rows: a decode or verify step's tokens fit one tile; more: :func:`_prefill_rows`' tiles,
+    several per prefill row), and one split of the key axis: splits are added while the programs are fewer than
+    an H100 has SMs, and the last split of each tile to finish merges them."""
+    b, q_len = qkv.shape[:2]
+    _nb, bs, kvh, row = k_pool.shape
+    d = qkv.shape[-1] // (num_heads + 2 * kvh)
+    g = num_heads // num_kv_heads
+    rows = max(16, _pow2(q_len * g))  # the step's tokens x the query heads of one KV head
+    if rows > 16:  # more query rows than a decode step's: tiles by the prefill rule
+        rows = _prefill_rows(b * kvh, q_len, g)
+    tile = rows // g  # query tokens per program
+    tiles = triton.cdiv(q_len, tile)
+    span = block_tables.shape[1] * bs
+    if rows > 16:  # prefill tiles: more keys a step (scripts/gpu/prefill_tiles.py keys)
+        block_n = _TILE_BLOCK_N or min(128, max(16, 8192 // d))
+    else:
+        block_n = _DECODE_BLOCK_N or (64 if d <= 64 else 128 if d == 128 else 32)
+    programs = b * kvh * tiles
+    most = _MAX_SPLITS if rows <= 16 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
+    splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
+    split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
+    splits = triton.cdiv(span, split_keys)
+    out = qkv.new_empty(b, q_len, num_heads * d)
+    split = splits > 1  # partial results go to scratch; the last program per tile merges them
+    part = out.new_empty(programs * splits * rows * d, dtype=torch.float32) if split else out
+    ml = out.new_empty(programs * splits * rows * 2, dtype=torch.float32) if split else out
+    if count is None:
+        count = counters(qkv.device, programs)
+    assert count.numel() >= programs or not split, "too few counters for the attention's tiles"
+    _paged_attn_kernel[(b, kvh, tiles * splits)](
+        qkv,
+        k_pool,
+        v_pool,
+        block_tables,
+        positions,
+        out,
+        part,
+        ml,
+        count,
+        q_len,
+        num_heads,
+        kvh,
+        qkv.shape[-1],
+        block_tables.shape[1],
+        split_keys,
+        splits,
+        tiles,
+        d**-0.5,
+        G=g,
+        D=d,
+        BS=bs,
+        ROWS=rows,
+        TILE=tile,
+        BLOCK_N=block_n,
+        SPLITS=_pow2(splits) if split else 1,
+        IEEE=qkv.dtype == torch.float32,
+        KV_INT8=k_pool.dtype == torch.int8,
+        ROW=row,
+        PDL=pdl,
+        num_warps=4,
+        launch_pdl=pdl,
+    )
+    return out

@@ -1,0 +1,169 @@
+"""One row times a weight matrix on the CUDA cores (:func:`gemv`): FP8 weights widened in
+registers, or unscaled bf16 / fp16 ones. At one row a step only streams the weights, and
+FMAs read them faster than the tensor cores' 16-row tiles do.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from voicert.engine.gpu.kernels.common import _pdl_enter, _split_k, _split_k_finish, _split_rule
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    part_ptr,
+    count_ptr,
+    N,
+    K,
+    k_per_split,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRE: tl.constexpr,
+    X_WIDE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """:func:`_fp8_linear_kernel` for one row on the CUDA cores, no MMA: each weight tile
+    [BN, BK] is widened to fp32 and multiplied by x's columns into a [BN, BK] accumulator by
+    FMAs, summed over K once at the end (no reduction across threads in the loop). PRE (1, 2
+    or 4): weight tiles loaded before the wait for the kernel before (PDL), so a program
+    started during that kernel's tail streams its weights meanwhile. X_WIDE: one-byte weights
+    read 8 bytes at a time, not 16, so that their tile takes x's layout (bf16 x in 16-byte
+    vectors) and x is not moved through shared memory, with two barriers, every step."""
+    pid_n, pid_k = tl.program_id(0), tl.program_id(2)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    nm = rn < N
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    x_ptrs = x_ptr + k_lo + rk  # [BK]
+    if X_WIDE:  # FP8 weights read eight at a time, as x's bf16 vectors are: the same layout
+        rkw = (rk // 8) * 8 + rk % 8
+    else:
+        rkw = rk
+    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rkw)[None, :]  # [BN, BK]
+    km = (k_lo + rk) < k_hi
+    w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)  # before the wait (PDL)
+    if PRE >= 2:
+        w1 = tl.load(
+            w_ptrs + BLOCK_K, mask=nm[:, None] & (k_lo + BLOCK_K + rk < k_hi)[None, :], other=0.0
+        )
+    if PRE >= 4:
+        w2 = tl.load(
+            w_ptrs + 2 * BLOCK_K,
+            mask=nm[:, None] & (k_lo + 2 * BLOCK_K + rk < k_hi)[None, :],
+            other=0.0,
+        )
+        w3 = tl.load(
+            w_ptrs + 3 * BLOCK_K,
+            mask=nm[:, None] & (k_lo + 3 * BLOCK_K + rk < k_hi)[None, :],
+            other=0.0,
+        )
+    _pdl_enter(PDL)
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if PRE >= 2:
+        x = tl.load(x_ptrs, mask=km, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        km = (k_lo + BLOCK_K + rk) < k_hi
+        w = w1
+    if PRE >= 4:
+        x = tl.load(x_ptrs, mask=km, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        x = tl.load(x_ptrs + BLOCK_K, mask=(k_lo + 2 * BLOCK_K + rk) < k_hi, other=0.0)
+        acc += w2.to(tl.float32) * x.to(tl.float32)[None, :]
+        x_ptrs += 2 * BLOCK_K
+        w_ptrs += 2 * BLOCK_K
+        km = (k_lo + 3 * BLOCK_K + rk) < k_hi
+        w = w3
+    x = tl.load(x_ptrs, mask=km, other=0.0)
+    for k0 in range(k_lo + PRE * BLOCK_K, k_hi, BLOCK_K):
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        km = (k0 + rk) < k_hi
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
+        x = tl.load(x_ptrs, mask=km, other=0.0)
+    acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    rm = tl.arange(0, 1)
+    _split_k_finish(
+        tl.sum(acc, axis=1)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr, out_ptr, part_ptr,
+        count_ptr, SPLIT, HAS_SCALE, HAS_BIAS,
+    )  # fmt: skip
+
+
+GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
+GEMV_X_WIDE = True  # FP8 weights read in x's layout (_gemv_kernel's X_WIDE), no shared memory
+# a step: 8B FP8 layers 10 % faster (gate_up 35.9 -> 32.8 us), TPOT 3.14 -> 3.03 ms, 1B 0.88 ->
+# 0.85 (H200, docs/benchmarks.md 67)
+GEMV_PRE = {1: 4}  # weight tiles loaded before the PDL wait, by weight bytes (else 1): FP8
+# layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59)
+
+
+def gemv(
+    x2: torch.Tensor,
+    w: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    count: torch.Tensor | None = None,
+    blocks: tuple[int, ...] | None = None,
+    pdl: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One row x2 [1, K] times w [N, K] (FP8 with ``scale`` [N] float32, or unscaled in x2's
+    dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
+    at one row a step only streams the weights, and FMAs over the widened tile read them
+    faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
+    SPLIT[, PRE]]; None: :data:`GEMV_TILE`); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS`
+    programs; PRE: weight tiles read before the PDL wait (absent: :data:`GEMV_PRE` by the
+    weights' bytes). ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s.
+    ``out``: where to write (N contiguous values in x2's dtype; None: a new [1, N])."""
+    m, k = x2.shape
+    assert m == 1 and x2.stride(-1) == 1, x2.shape
+    n = w.shape[0]
+    blocks = blocks or GEMV_TILE
+    bn, bk, warps = blocks[:3]
+    split = blocks[3] if len(blocks) > 3 else 0
+    pre = blocks[4] if len(blocks) > 4 else GEMV_PRE.get(w.element_size(), 1)
+    tiles = triton.cdiv(n, bn)
+    if not split:
+        split = _split_rule(tiles, k)
+    if out is None:
+        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
+    assert out.is_contiguous() and out.numel() == n and out.dtype == x2.dtype
+    k_per_split, split, part, count = _split_k(out.view(1, n), k, split, bk, tiles, count)
+    _gemv_kernel[(tiles, 1, split)](
+        x2,
+        w,
+        w if scale is None else scale,
+        w if bias is None else bias,
+        out,
+        part,
+        w if count is None else count,
+        n,
+        k,
+        k_per_split,
+        HAS_SCALE=scale is not None,
+        HAS_BIAS=bias is not None,
+        SPLIT=split,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        PRE=pre,
+        X_WIDE=GEMV_X_WIDE and w.element_size() == 1,
+        PDL=pdl,
+        num_warps=warps,
+        num_stages=1,
+        launch_pdl=pdl,
+    )
+    return out
