@@ -4,9 +4,9 @@ is not one, a type the MMA does not take, an op the target lacks), which Triton'
 where CI runs the kernels, lets pass.
 
 1. ``record``: tests/engine/test_kernels.py runs in Triton's interpreter, on CPU tensors, and
-   each launch is written down: the kernel, its arguments' types (as a launch specializes them:
-   an integer 1 a constant, pointers and multiples of 16 hinted divisible by 16), its
-   constants and its compile options.
+   each launch is written down: the kernel, its arguments' types as Triton specializes a
+   launch's (an integer 1 a constant; pointers and multiples of 16 hinted divisible by 16;
+   tensor descriptors by their blocks), its constants and its compile options.
 2. ``compile``: each distinct launch is compiled by Triton's own compiler for the target
    (sm_90 by default) down to a cubin, in a process without the interpreter.
 
@@ -29,43 +29,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = "tests/engine/test_kernels.py"
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
-DTYPES = {
-    "float32": "fp32",
-    "float16": "fp16",
-    "bfloat16": "bf16",
-    "float8_e4m3fn": "fp8e4nv",
-    "float8_e5m2": "fp8e5",
-    "int64": "i64",
-    "int32": "i32",
-    "int16": "i16",
-    "int8": "i8",
-    "uint8": "u8",
-    "bool": "i1",
-}
 
 
 def _arg_type(value) -> tuple[str, object, bool]:
-    """(signature type, constant value or None, divisible by 16) of one runtime argument, as a
-    launch specializes it."""
-    import torch
+    """(signature type, constant value or None, divisible by 16) of one runtime argument, by
+    Triton's own specialization of a launch's arguments (a tensor a pointer type, a tensor
+    descriptor its block type, an integer 1 or None a constant)."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import native_specialize_impl
 
-    if value is None:
-        return "constexpr", None, False
-    if isinstance(value, torch.Tensor):
-        return (
-            "*" + DTYPES[str(value.dtype).removeprefix("torch.")],
-            None,
-            value.data_ptr() % 16 == 0,
-        )
-    if isinstance(value, bool):
-        return "i1", None, False
-    if isinstance(value, int):
-        if value == 1:
-            return "constexpr", 1, False
-        return ("i32" if -(2**31) <= value < 2**31 else "i64"), None, value % 16 == 0
-    if isinstance(value, float):
-        return "fp32", None, False
-    raise TypeError(f"an argument of type {type(value).__name__}")
+    kind, key = native_specialize_impl(BaseBackend, value, False, True, True)
+    if kind == "constexpr":
+        return kind, key, False
+    return kind, None, key == "D"
 
 
 def _record_launch(fn, args, kwargs, out: list) -> None:

@@ -918,6 +918,40 @@ def test_fp8_mm_sums_the_fp8_rows_and_weights_it_was_given(rows, k, blocks):
     assert got.shape == (rows, 90) and close(got, want, tol) and not count.any(), err
 
 
+@pytest.mark.parametrize(
+    "rows, k, blocks",
+    [
+        (2, 256, None),
+        (7, 320, (16, 64, 128, 4, 2, 2)),  # the last split's tile runs past K
+        (20, 384, (32, 32, 128, 4, 2, 1)),
+        (64, 512, None),
+        (5, 200, (16, 64, 64, 4, 2, 2)),  # rows of 200 bytes: no descriptor, the threads' loads
+    ],
+)
+def test_fp8_mm_reading_its_tiles_by_tma_gives_the_same_sums(monkeypatch, rows, k, blocks):
+    """``FP8_MM_TMA``: fp8_mm's tiles read through tensor descriptors (zero past the edges of
+    rows, outputs and K) give the sums of the threads' masked loads, bit for bit, with K split
+    or not; rows that are not whole 16 bytes keep the threads' loads."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    mm = kernels.fp8_matmul
+    g = torch.Generator().manual_seed(100 + rows)
+    q = Fp8Linear.from_linear(torch.nn.Linear(k, 90, bias=True)).to(DEV)
+    x = torch.randn(rows, k, generator=g).to(DEV)
+    count = kernels.counters(DEV)
+    plain = kernels.fp8_mm(x, q.weight, q.scale, q.bias, count, blocks)
+    made = []
+    monkeypatch.setattr(mm, "FP8_MM_TMA", True)
+    monkeypatch.setattr(mm, "_descriptor", lambda *a: made.append(a[1:]) or _descriptor(*a))
+    by_tma = kernels.fp8_mm(x, q.weight, q.scale, q.bias, count, blocks)
+    assert torch.equal(by_tma, plain) and not count.any()
+    bm, bn, bk = (blocks or kernels.fp8_mm_blocks(rows, 90, k))[:3]
+    assert made == ([] if k % 16 else [(bm, bk), (bn, bk)])
+
+
+_descriptor = kernels.fp8_matmul._descriptor
+
+
 def test_fp8_mm_streams_wide_weights_unsplit_and_splits_k_for_narrow_ones():
     """fp8_mm's default tiles: 128 outputs a program and K whole where that makes a program for
     every SM (Llama-8B's gate_up, 28672 wide); else 64 outputs and K split toward

@@ -261,6 +261,7 @@ def _fp8_mm_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    TMA: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """out [M, N] = (q [M, K] FP8 times its row scales xs [M]) @ (w [N, K] FP8 times its row
@@ -271,7 +272,10 @@ def _fp8_mm_kernel(
     (Triton's default on sm_90 leaves all of K in the MMA's accumulator, which keeps fewer bits:
     ~2^-13 of a sum within one tile, measured on an H200; promoting costs an 8B step 1-2 %,
     docs/benchmarks.md 69). A few rows of q pad only the MMA's narrow side. K split SPLIT ways as
-    :func:`_split_k_finish` does (the row scales applied before, the column scales there)."""
+    :func:`_split_k_finish` does (the row scales applied before, the column scales there).
+    ``TMA``: q_ptr and w_ptr are tensor descriptors of [BLOCK_M, BLOCK_K] and [BLOCK_N, BLOCK_K]
+    boxes, zero past the edges: the tiles come by the Tensor Memory Accelerator (Hopper), not
+    by each thread's loads; the same tiles, so the same sums."""
     pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -279,17 +283,24 @@ def _fp8_mm_kernel(
     nm, mm = rn < N, rm < M
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
-    w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
-    q_ptrs = q_ptr + rm[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BM, BK]
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # (out^T)
-    _pdl_enter(PDL)
-    for k0 in range(k_lo, k_hi, BLOCK_K):
-        km = (k0 + rk) < k_hi
-        w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
-        q = tl.load(q_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
-        acc = tl.dot(w, tl.trans(q), acc, max_num_imprecise_acc=BLOCK_K)
-        w_ptrs += BLOCK_K
-        q_ptrs += BLOCK_K
+    if TMA:  # (a split's columns are whole BLOCK_K tiles but the last's, whose tail reads 0)
+        _pdl_enter(PDL)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            w = w_ptr.load([pid_n * BLOCK_N, k0])  # [BN, BK]
+            q = q_ptr.load([pid_m * BLOCK_M, k0])  # [BM, BK]
+            acc = tl.dot(w, tl.trans(q), acc, max_num_imprecise_acc=BLOCK_K)
+    else:
+        w_ptrs = w_ptr + rn[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BN, BK]
+        q_ptrs = q_ptr + rm[:, None].to(tl.int64) * K + (k_lo + rk)[None, :]  # [BM, BK]
+        _pdl_enter(PDL)
+        for k0 in range(k_lo, k_hi, BLOCK_K):
+            km = (k0 + rk) < k_hi
+            w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
+            q = tl.load(q_ptrs, mask=mm[:, None] & km[None, :], other=0.0)
+            acc = tl.dot(w, tl.trans(q), acc, max_num_imprecise_acc=BLOCK_K)
+            w_ptrs += BLOCK_K
+            q_ptrs += BLOCK_K
     acc = tl.trans(acc) * tl.load(xs_ptr + rm, mask=mm, other=0.0)[:, None]  # [BM, BN]
     _split_k_finish(
         acc, rm, rn, mm, nm, M, N, s_ptr, b_ptr, out_ptr, part_ptr, count_ptr, SPLIT, True,
@@ -312,8 +323,9 @@ def fp8_mm(
     :func:`fp8_scaled_mm` does), then :func:`_fp8_mm_kernel`, the weights the MMA's first
     operand, K split as a decode step's Linears are. ``blocks``: (BLOCK_M, BLOCK_N, BLOCK_K,
     num_warps, num_stages[, SPLIT]) (None: :func:`fp8_mm_blocks`; no SPLIT, or 0: by
-    :func:`_split_rule`). ``count``: as
-    :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s (both launches)."""
+    :func:`_split_rule`). ``count``: as :func:`fp8_linear`'s. ``pdl``: as
+    :func:`add_rms_norm`'s (both launches). With :data:`FP8_MM_TMA`, the tiles are read by
+    TMA where both sides' rows are whole 16 bytes (K a multiple of 16)."""
     m, k = x2.shape
     n = w.shape[0]
     q, xs = fp8_rows(x2, pdl)
@@ -322,10 +334,12 @@ def fp8_mm(
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
     split = split or _split_rule(grid_n * grid_m, k)
     k_per_split, split, part, count = _split_k(out, k, split, bk, grid_n * grid_m, count)
+    tma = FP8_MM_TMA and k % 16 == 0
+    q_in, w_in = (_descriptor(q, bm, bk), _descriptor(w, bn, bk)) if tma else (q, w)
     _fp8_mm_kernel[(grid_n, grid_m, split)](
-        q,
+        q_in,
         xs,
-        w,
+        w_in,
         scale,
         w if bias is None else bias,
         out,
@@ -340,12 +354,22 @@ def fp8_mm(
         BLOCK_M=bm,
         BLOCK_N=bn,
         BLOCK_K=bk,
+        TMA=tma,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
         launch_pdl=pdl,
     )
     return out
+
+
+def _descriptor(t: torch.Tensor, rows: int, cols: int):
+    """A tensor descriptor of t [R, C] (contiguous, rows of whole 16 bytes) read in [rows, cols]
+    boxes, zero past its edges: a TMA load's operand (built on the host; under a CUDA graph's
+    capture its address is the graph's)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, [rows, cols])
 
 
 def fp8_mm_blocks(m: int, n: int, k: int) -> tuple[int, int, int, int, int, int]:
@@ -368,6 +392,8 @@ FP8_MM_ROWS = 64  # bf16/fp16 steps of 2 to this many rows with FP8 weights take
 # activations rounded to FP8 per row, as vLLM's FP8 does at every size): 8B TPOT at 8 / 32 / 64
 # streams 3.99 / 4.99 / 5.45 -> 3.19 / 3.67 / 4.55 ms (H200, docs/benchmarks.md 69)
 FP8_MM_TILE = (128, 4, 4)  # ... its (BLOCK_K, num_warps, num_stages)
+FP8_MM_TMA = False  # ... its tiles read by TMA (tensor descriptors): not yet timed against the
+# threads' own loads (scripts/gpu/variants.sh tma)
 FP8_SMS = 132  # an H100's SMs (an H200's too)
 FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
 LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear
