@@ -8,7 +8,8 @@ where CI runs the kernels, lets pass.
    launch's (an integer 1 a constant; pointers and multiples of 16 hinted divisible by 16;
    tensor descriptors by their blocks), its constants and its compile options.
 2. ``compile``: each distinct launch is compiled by Triton's own compiler for the target
-   (sm_90 by default) down to a cubin, in a process without the interpreter.
+   (sm_90 by default) down to a cubin, in a process without the interpreter; on sm_90 and
+   newer each also with PDL on, as served there (the interpreter launches without it).
 
 Usage (repo root):
     python scripts/compile_kernels.py [--arch 90] [--record-only | --from launches.json]
@@ -111,6 +112,11 @@ def compile_all(path: Path, arch: int) -> int:
     target = GPUTarget("cuda", arch, 32)
     failed = 0
     launches = json.loads(path.read_text())
+    if arch >= 90:  # served on Hopper with PDL, which the interpreter's launches leave off
+        launches += [_with_pdl(launch) for launch in launches]
+        launches = [
+            json.loads(d) for d in sorted({json.dumps(x, sort_keys=True) for x in launches})
+        ]
     skipped = [launch for launch in launches if _not_on(launch, arch)]
     launches = [launch for launch in launches if not _not_on(launch, arch)]
     t0 = time.perf_counter()
@@ -142,6 +148,17 @@ def compile_all(path: Path, arch: int) -> int:
         )
     )
     return failed
+
+
+def _with_pdl(launch: dict) -> dict:
+    """The launch as a Hopper serves it: a kernel's PDL constant on and launched with PDL."""
+    if "PDL" not in launch["constants"]:
+        return launch
+    return {
+        **launch,
+        "constants": {**launch["constants"], "PDL": True},
+        "options": {**launch["options"], "launch_pdl": True},
+    }
 
 
 def _not_on(launch: dict, arch: int) -> str | None:
