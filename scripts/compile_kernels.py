@@ -8,8 +8,9 @@ where CI runs the kernels, lets pass.
    launch's (an integer 1 a constant; pointers and multiples of 16 hinted divisible by 16;
    tensor descriptors by their blocks), its constants and its compile options.
 2. ``compile``: each distinct launch is compiled by Triton's own compiler for the target
-   (sm_90 by default) down to a cubin, in a process without the interpreter; on sm_90 and
-   newer each also with PDL on, as served there (the interpreter launches without it).
+   (sm_90 by default) down to a cubin, in a process without the interpreter, with the
+   constants a GPU's launch sets (``AS_SERVED``: no emulated dp4a); on sm_90 and newer each
+   also with PDL on, as served there (the interpreter launches without it).
 
 Usage (repo root):
     python scripts/compile_kernels.py [--arch 90] [--record-only | --from launches.json]
@@ -30,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = "tests/engine/test_kernels.py"
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
+AS_SERVED = {"EMULATE": False}  # constants a launch on CPU tensors sets as no GPU's launch does
 
 
 def _arg_type(value) -> tuple[str, object, bool]:
@@ -112,6 +114,8 @@ def compile_all(path: Path, arch: int) -> int:
     target = GPUTarget("cuda", arch, 32)
     failed = 0
     launches = json.loads(path.read_text())
+    for launch in launches:
+        launch["constants"].update({k: v for k, v in AS_SERVED.items() if k in launch["constants"]})
     if arch >= 90:  # served on Hopper with PDL, which the interpreter's launches leave off
         launches += [_with_pdl(launch) for launch in launches]
         launches = [
