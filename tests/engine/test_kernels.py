@@ -29,8 +29,38 @@ def _interpreter_index_fix() -> None:
     interpreter._patch_lang_tensor = patched
 
 
+def _compile_kernels():
+    """scripts/compile_kernels.py, as a module."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "compile_kernels.py"
+    spec = importlib.util.spec_from_file_location("compile_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+LAUNCHES: list[dict] = []  # (CPU) every interpreted launch of this module's tests, in order
+
+
+def _record_launches() -> None:
+    """Each interpreted kernel launch written down in LAUNCHES (scripts/compile_kernels.py's
+    record), for :func:`test_each_kernel_launched_here_compiles_for_hopper_as_served`."""
+    from triton.runtime import interpreter
+
+    record, run = _compile_kernels()._record_launch, interpreter.InterpretedFunction.run
+
+    def recording(self, *args, grid, warmup, **kwargs):
+        record(self.fn, args, kwargs, LAUNCHES)
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    interpreter.InterpretedFunction.run = recording
+
+
 if DEV == "cpu":
     _interpreter_index_fix()
+    _record_launches()
 from tests.engine.quantized import TINY  # noqa: E402
 from voicert.engine.core.runner import ModelRunner, Row  # noqa: E402
 from voicert.engine.models.llama import AttnInputs, LlamaConfig, random_llama  # noqa: E402
@@ -1131,3 +1161,34 @@ def test_the_llm_sections_pdl_and_decode_linear_reach_the_engine_config():
     cfg = engine_config(LlmConfig(device="cuda", pdl="off", decode_linear="cublas"))
     assert (cfg.pdl, cfg.decode_linear, cfg.fused_kernels) == ("off", "cublas", True)
     assert engine_config(LlmConfig()).pdl == "auto"  # (CPU: no fused kernels to launch anyway)
+
+
+@pytest.mark.skipif(DEV == "cuda", reason="on a GPU the tests above ran compiled")
+def test_each_kernel_launched_here_compiles_for_hopper_as_served(tmp_path):
+    """CI runs the kernels in the interpreter, which lets through what only the compiler
+    refuses. So each kernel the tests above launched is compiled for sm_90 by Triton's own
+    compiler (no GPU needed): one launch of each set of its flags (its boolean constants),
+    with the GPU's constants, and each also with PDL on, as a Hopper serves it
+    (scripts/compile_kernels.py; it compiles every distinct launch). Runs last, after them."""
+    import json
+    import subprocess
+    import sys
+
+    if not LAUNCHES:
+        pytest.skip("no kernel was launched in this process before this test")
+    flags = {}
+    for launch in LAUNCHES:
+        key = (launch["kernel"], *(v for v in launch["constants"].values() if isinstance(v, bool)))
+        flags.setdefault(json.dumps([str(k) for k in key]), launch)
+    path = tmp_path / "launches.json"
+    path.write_text(json.dumps(list(flags.values())))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "triton")  # compiled here, not found in a cache
+    script = _compile_kernels().__file__
+    done = subprocess.run(
+        [sys.executable, script, "--from", str(path), "--arch", "90"],
+        env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    kernels_seen = len({launch["kernel"] for launch in LAUNCHES})
+    assert f"launches of {kernels_seen} kernels compiled" in done.stdout, done.stdout
