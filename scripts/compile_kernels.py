@@ -79,21 +79,28 @@ def _record_launch(fn, args, kwargs, out: list) -> None:
     )
 
 
+def record_launches(out: list) -> None:
+    """From now on, each launch in Triton's interpreter is written down in ``out`` (as
+    :func:`_record_launch` does) before it runs."""
+    from triton.runtime import interpreter
+
+    run = interpreter.InterpretedFunction.run
+
+    def recording(self, *args, grid, warmup, **kwargs):
+        _record_launch(self.fn, args, kwargs, out)
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    interpreter.InterpretedFunction.run = recording
+
+
 def record(path: Path, expr: str | None) -> int:
     """Runs the kernel tests in the interpreter, writing their distinct launches to ``path``;
     pytest's exit status."""
     os.environ["TRITON_INTERPRET"] = "1"
     import pytest
-    from triton.runtime import interpreter
 
     launches: list = []
-    run = interpreter.InterpretedFunction.run
-
-    def recording(self, *args, grid, warmup, **kwargs):
-        _record_launch(self.fn, args, kwargs, launches)
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    interpreter.InterpretedFunction.run = recording
+    record_launches(launches)
     own = "not compiles_for_hopper"  # (the module's own lighter compile check: all here)
     argv = [TESTS, "-q", "-p", "no:cacheprovider", "-o", "addopts=", "-x"]
     status = pytest.main([*argv, "-k", f"({expr}) and {own}" if expr else own])

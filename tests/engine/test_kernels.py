@@ -44,23 +44,9 @@ def _compile_kernels():
 LAUNCHES: list[dict] = []  # (CPU) every interpreted launch of this module's tests, in order
 
 
-def _record_launches() -> None:
-    """Each interpreted kernel launch written down in LAUNCHES (scripts/compile_kernels.py's
-    record), for :func:`test_each_kernel_launched_here_compiles_for_hopper_as_served`."""
-    from triton.runtime import interpreter
-
-    record, run = _compile_kernels()._record_launch, interpreter.InterpretedFunction.run
-
-    def recording(self, *args, grid, warmup, **kwargs):
-        record(self.fn, args, kwargs, LAUNCHES)
-        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    interpreter.InterpretedFunction.run = recording
-
-
-if DEV == "cpu":
+if DEV == "cpu":  # (for test_each_kernel_launched_here_compiles_for_hopper_as_served)
     _interpreter_index_fix()
-    _record_launches()
+    _compile_kernels().record_launches(LAUNCHES)
 from tests.engine.quantized import TINY  # noqa: E402
 from voicert.engine.core.runner import ModelRunner, Row  # noqa: E402
 from voicert.engine.models.llama import AttnInputs, LlamaConfig, random_llama  # noqa: E402
@@ -836,9 +822,8 @@ def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
     assert close(kernels.fp8_linear(two, w, None, None), two @ w.T, 1e-4) and calls == [1]
     tiles = kernels.fp8_linear(one, w, None, None, None, (16, 32, 64, 4, 2))
     assert close(tiles, one @ w.T, 1e-4) and calls == [1]
-    monkeypatch.setattr(
-        kernels.fp8_matmul, "GEMV_MAX_N", 32
-    )  # wider FP8 weights (a head): the MMA kernel
+    # wider FP8 weights (a head): the MMA kernel
+    monkeypatch.setattr(kernels.fp8_matmul, "GEMV_MAX_N", 32)
     q = Fp8Linear.from_linear(torch.nn.Linear(64, 48, bias=False)).to(DEV)
     want = torch.nn.functional.linear(one, q.dequantized(torch.float32))
     assert close(kernels.fp8_linear(one, q.weight, q.scale, None), want, 1e-4) and calls == [1]
@@ -908,9 +893,8 @@ def test_many_bf16_rows_go_to_the_fp8_tensor_cores_within_fp8s_rounding():
     g = torch.Generator().manual_seed(8)
     lin = torch.nn.Linear(256, 96, bias=True)
     q = Fp8Linear.from_linear(lin).to(DEV)
-    rows = (
-        max(kernels.fp8_matmul.FP8_MMA_ROWS, kernels.fp8_matmul.FP8_MM_ROWS) + 9
-    )  # (cuBLAS's _scaled_mm)
+    mm = kernels.fp8_matmul
+    rows = max(mm.FP8_MMA_ROWS, mm.FP8_MM_ROWS) + 9  # (cuBLAS's _scaled_mm)
     x = torch.randn(rows, 256, generator=g).to(DEV).bfloat16()
     want = torch.nn.functional.linear(x.float(), q.dequantized(torch.float32), q.bias)
     got = kernels.fp8_linear(x, q.weight, q.scale, q.bias.bfloat16())
@@ -970,16 +954,13 @@ def test_fp8_mm_reading_its_tiles_by_tma_gives_the_same_sums(monkeypatch, rows, 
     x = torch.randn(rows, k, generator=g).to(DEV)
     count = kernels.counters(DEV)
     plain = kernels.fp8_mm(x, q.weight, q.scale, q.bias, count, blocks)
-    made = []
+    made, real = [], mm._descriptor
     monkeypatch.setattr(mm, "FP8_MM_TMA", True)
-    monkeypatch.setattr(mm, "_descriptor", lambda *a: made.append(a[1:]) or _descriptor(*a))
+    monkeypatch.setattr(mm, "_descriptor", lambda *a: made.append(a[1:]) or real(*a))
     by_tma = kernels.fp8_mm(x, q.weight, q.scale, q.bias, count, blocks)
     assert torch.equal(by_tma, plain) and not count.any()
     bm, bn, bk = (blocks or kernels.fp8_mm_blocks(rows, 90, k))[:3]
     assert made == ([] if k % 16 else [(bm, bk), (bn, bk)])
-
-
-_descriptor = kernels.fp8_matmul._descriptor
 
 
 def test_fp8_mm_streams_wide_weights_unsplit_and_splits_k_for_narrow_ones():
@@ -1025,9 +1006,8 @@ def test_bf16_steps_of_a_few_rows_take_fp8_mm_up_to_fp8_mm_rows(monkeypatch):
     got = kernels.fp8_linear(x.bfloat16(), w, None, None).float()
     if DEV == "cuda":  # (the interpreter's widening kernel: fp32 only)
         assert close(got, x.bfloat16().float() @ w.float().T, 5e-2)
-    monkeypatch.setattr(
-        kernels.fp8_matmul, "GEMV_MAX_N", 32
-    )  # one row of a wide FP8 head: not fp8_mm
+    # one row of a wide FP8 head: not fp8_mm
+    monkeypatch.setattr(kernels.fp8_matmul, "GEMV_MAX_N", 32)
     kernels.fp8_linear(x[:1].bfloat16(), q.weight, q.scale, None)
     assert len(launched) == 2
 
