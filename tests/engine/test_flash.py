@@ -1,7 +1,7 @@
-"""Prefill attention by FlashAttention-4 (engine/models/flash.py) against gather + SDPA: the same output on
-right-padded rows of any real length over any cached prefix, eagerly and replayed from a CUDA
-graph, and in a served engine. The GPU checks need CUDA (Hopper or newer) and the optional
-flash-attn-4 package; the CPU ones check the choice and its errors."""
+"""Prefill attention by FlashAttention-4 (engine/models/flash.py) against gather + SDPA: the
+same output on right-padded rows of any real length over any cached prefix, eagerly and replayed
+from a CUDA graph, and in a served engine. The GPU checks need CUDA (Hopper or newer) and the
+optional flash-attn-4 package; the CPU ones check the choice and its errors."""
 
 from __future__ import annotations
 

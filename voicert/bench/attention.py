@@ -5,9 +5,10 @@ tokens, mostly cached; a turn's new text of tens to hundreds of tokens; replies 
 or 1 + k drafts, at a time), each case times one layer's attention over the engine's paged KV
 pool (random K/V; block tables shuffled, as a pool in use is):
 
-- ``triton``: our paged kernel (engine/gpu/kernels/attention.py), straight from the pool, over tiles of query
-  tokens: what the engine runs for decode and verify steps, and for prefill steps with
-  ``llm.prefill_attention: paged`` (and ``auto`` where FlashAttention-4 does not import);
+- ``triton``: our paged kernel (engine/gpu/kernels/attention.py), straight from the pool, over
+  tiles of query tokens: what the engine runs for decode and verify steps, and for prefill
+  steps with ``llm.prefill_attention: paged`` (and ``auto`` where FlashAttention-4 does not
+  import);
 - ``gather+sdpa``: each row's blocks gathered, then PyTorch SDPA under the causal mask: what the
   engine ran for prefill steps before (``llm.prefill_attention: sdpa``; engine/models/layers.py
   ``Attention.attend``);

@@ -142,9 +142,14 @@ def round_linear_rows(model: torch.nn.Module, served: bool = False) -> int:
     Returns how many Linears were hooked."""
 
     def rounding(_lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        return x if served and x.numel() == x.shape[-1] else fp8_rows_reference(x)
+        return x if served and _one_row(x) else fp8_rows_reference(x)
 
     return _round_inputs(model, Fp8Linear, rounding)
+
+
+def _one_row(x: torch.Tensor) -> bool:
+    """Whether a Linear's input x [..., K] is one row (a one-stream decode step's)."""
+    return x.numel() == x.shape[-1]
 
 
 def round_int4_rows(model: torch.nn.Module, one_row: bool = False) -> int:
@@ -154,7 +159,7 @@ def round_int4_rows(model: torch.nn.Module, one_row: bool = False) -> int:
     ``a8_rounds``), whatever the dtype. Returns how many Linears were hooked."""
 
     def rounding(lin: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-        if one_row and x.numel() != x.shape[-1]:
+        if one_row and not _one_row(x):
             return x
         return int8_groups(x, cast(Int4Linear, lin).group).to(x.dtype)
 

@@ -324,10 +324,10 @@ def _pdl(model: Model, cfg: EngineConfig) -> bool:
 def _decode_linears(model: Model, cfg: EngineConfig) -> tuple[int, dict]:
     """(rows, tiles): steps of up to ``rows`` rows run the layers' bf16/fp16 Linears through
     the Triton kernel with ``tiles`` per weight shape (see ``kernels.linear_tiles``); 0 rows:
-    cuBLAS always. ``triton``: up to ``kernels.fp8_matmul.LINEAR_ROWS`` rows. ``auto``, from the H100's
-    step times (docs/benchmarks.md section 31): only where PDL is on (launched plainly the
-    kernel loses to cuBLAS) and for bf16/fp16 models; up to 16 rows for layers 4096 or more
-    wide (Llama-3.1-8B: 1-3 % faster steps at 1-16 rows), else one-row steps only
+    cuBLAS always. ``triton``: up to ``kernels.fp8_matmul.LINEAR_ROWS`` rows. ``auto``, from
+    the H100's step times (docs/benchmarks.md section 31): only where PDL is on (launched
+    plainly the kernel loses to cuBLAS) and for bf16/fp16 models; up to 16 rows for layers 4096
+    or more wide (Llama-3.1-8B: 1-3 % faster steps at 1-16 rows), else one-row steps only
     (Llama-3.2-1B: 2 % faster at one row, 3-6 % slower at 4-16)."""
     from voicert.engine.gpu import kernels
 

@@ -31,7 +31,8 @@ def calibration_rows(tokenizer) -> list[list[int]]:
 def calibration_forward(model: Model, tokenizer, block_size: int = 16) -> Callable[[], None]:
     """A function that runs ``model`` forward over :func:`calibration_rows`, one row at a time (no
     padding enters the moments), through an eager runner of its own whose KV pool lives only
-    while it runs: the ``calibrate`` argument of :func:`~voicert.engine.gpu.fp8.quantize_fp8` (and ``quantize_int4``'s)."""
+    while it runs: the ``calibrate`` argument of :func:`~voicert.engine.gpu.fp8.quantize_fp8`
+    (and ``quantize_int4``'s)."""
     rows = calibration_rows(tokenizer)  # once: the forward runs once per group of layers
     blocks = -(-max(map(len, rows)) // block_size)
 

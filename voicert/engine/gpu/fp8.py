@@ -9,11 +9,11 @@ an :class:`Fp8Linear`:
     w_fp8[n, k] = round_e4m3(w[n, k] / scale[n]),   scale[n] = max_k |w[n, k]| / 448
 
 and computes ``y = (x @ w_fp8.T) * scale + bias``. On CUDA (``kernels.fp8_linear``): up to
-``kernels.fp8_matmul.FP8_MMA_ROWS`` rows, and fp32 rows always, keep the activations in their dtype
-(weight-only quantization, "W8A16": one Triton kernel widens the FP8 tiles in registers and sums
-in fp32); more bf16/fp16 rows (prefill, wide batches) are rounded to e4m3 with a scale per row
-and multiplied on the FP8 tensor cores. Elsewhere (the CPU, tests) the weights are widened in
-full first: the same function as the W8A16 kernel, the fp32 sums in another order.
+``kernels.fp8_matmul.FP8_MMA_ROWS`` rows, and fp32 rows always, keep the activations in their
+dtype (weight-only quantization, "W8A16": one Triton kernel widens the FP8 tiles in registers
+and sums in fp32); more bf16/fp16 rows (prefill, wide batches) are rounded to e4m3 with a scale
+per row and multiplied on the FP8 tensor cores. Elsewhere (the CPU, tests) the weights are
+widened in full first: the same function as the W8A16 kernel, the fp32 sums in another order.
 
 How each weight is rounded (``llm.rounding``):
 

@@ -352,8 +352,8 @@ class Attention(nn.Module):
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
         in one launch, then attention straight from the paged pool (``wide`` None: the caller
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
-        engine/models/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the kernels with
-        programmatic dependent launch (engine/gpu/kernels/common.py)."""
+        engine/models/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the
+        kernels with programmatic dependent launch (engine/gpu/kernels/common.py)."""
         from voicert.engine.gpu import kernels
 
         b, q_len, _ = qkv.shape

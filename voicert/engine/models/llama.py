@@ -122,7 +122,8 @@ class LlamaModel(nn.Module):
         # run the layers through voicert.engine.gpu.kernels (Triton; the engine sets it on CUDA)
         self.use_kernels = False
         # with the kernels, a prefill step's attention: paged (the Triton kernel decode steps use,
-        # over tiles of query tokens) | flash (engine/models/flash.py) | sdpa (blocks gathered, then SDPA)
+        # over tiles of query tokens) | flash (engine/models/flash.py) | sdpa (blocks gathered,
+        # then SDPA)
         self.prefill_attention = "paged"
         # with the kernels: launch them with programmatic dependent launch (Hopper+; the engine
         # decides, llm.pdl): each may start while the one before it finishes
@@ -231,9 +232,9 @@ class LlamaModel(nn.Module):
 
     def _planes(self, lin: nn.Module, rows: int) -> tuple[torch.Tensor | None, int]:
         """Where a one-row step's INT4 Linear takes the CUDA-core kernel and
-        ``kernels.int4_matmul.INT4_PLANES_FUSED`` is set: a buffer for the kernel that writes its x to lay
-        x out in too (``kernels.int4_planes``' values, or ``int4_a8_planes``' for a layer that
-        rounds x to int8; one launch less), and the group. Else (None, 0)."""
+        ``kernels.int4_matmul.INT4_PLANES_FUSED`` is set: a buffer for the kernel that writes its
+        x to lay x out in too (``kernels.int4_planes``' values, or ``int4_a8_planes``' for a
+        layer that rounds x to int8; one launch less), and the group. Else (None, 0)."""
         from voicert.engine.gpu import kernels
 
         if not (

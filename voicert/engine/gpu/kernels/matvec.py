@@ -125,10 +125,11 @@ def gemv(
     dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
     at one row a step only streams the weights, and FMAs over the widened tile read them
     faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
-    SPLIT[, PRE]]; None: :data:`GEMV_TILE`); SPLIT 0 or absent: K is split until there are :data:`FP8_PROGRAMS`
-    programs; PRE: weight tiles read before the PDL wait (absent: :data:`GEMV_PRE` by the
-    weights' bytes). ``count``: as :func:`fp8_linear`'s. ``pdl``: as :func:`add_rms_norm`'s.
-    ``out``: where to write (N contiguous values in x2's dtype; None: a new [1, N])."""
+    SPLIT[, PRE]]; None: :data:`GEMV_TILE`); SPLIT 0 or absent: K is split until there are
+    :data:`FP8_PROGRAMS` programs; PRE: weight tiles read before the PDL wait (absent:
+    :data:`GEMV_PRE` by the weights' bytes). ``count``: as :func:`fp8_linear`'s. ``pdl``: as
+    :func:`add_rms_norm`'s. ``out``: where to write (N contiguous values in x2's dtype; None: a
+    new [1, N])."""
     m, k = x2.shape
     assert m == 1 and x2.stride(-1) == 1, x2.shape
     n = w.shape[0]
