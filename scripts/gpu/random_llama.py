@@ -5,7 +5,8 @@ The vocabulary is cut to SmolLM2's 49152 entries so the embedded SmolLM2 tokeniz
 can drive it through the real server (the 1B shape's own tokenizer is not available offline); every
 other shape is Llama-3.2-1B's. Label results from it "Llama-3.2-1B shape, random weights, vocab 49152".
 
-Usage: python3 scripts/gpu/random_llama.py TOKENIZER_DIR OUT_DIR [1b|8b]
+Usage (after `source scripts/gpu/env.sh`, which puts the repo on PYTHONPATH):
+    python3 scripts/gpu/random_llama.py TOKENIZER_DIR OUT_DIR [1b|8b]
 """
 
 import json
@@ -16,49 +17,20 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-LLAMA_1B = dict(
-    hidden_size=2048,
-    intermediate_size=8192,
-    num_hidden_layers=16,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=64,
-    rope_theta=500000.0,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=True,
-    rope_scaling={
-        "rope_type": "llama3",
-        "factor": 32.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-)
-LLAMA_8B = dict(
-    hidden_size=4096,
-    intermediate_size=14336,
-    num_hidden_layers=32,
-    num_attention_heads=32,
-    num_key_value_heads=8,
-    head_dim=128,
-    rope_theta=500000.0,
-    max_position_embeddings=8192,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-    rope_scaling={
-        "rope_type": "llama3",
-        "factor": 8.0,
-        "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 8192,
-    },
-)
-SHAPES = {"1b": ("Llama-3.2-1B", LLAMA_1B), "8b": ("Llama-3.1-8B", LLAMA_8B)}
+from voicert.bench.shapes import SHAPES as BENCH_SHAPES
+
+SHAPES = {"1b": ("Llama-3.2-1B", "llama-1b-random"), "8b": ("Llama-3.1-8B", "llama-8b-random")}
+
+
+def dims(shape: str) -> dict:
+    """The bench's random shape (bench/shapes.py) without its vocabulary (SmolLM2's here), with
+    positions up to 8192."""
+    d = {k: v for k, v in BENCH_SHAPES[SHAPES[shape][1]].items() if k != "vocab_size"}
+    return {**d, "max_position_embeddings": 8192}
 
 
 def main(tokenizer_dir: str, out_dir: str, shape: str = "1b") -> None:
-    label, dims = SHAPES[shape]
+    label = SHAPES[shape][0]
     src, out = Path(tokenizer_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tok_cfg = json.loads((src / "config.json").read_text())
@@ -67,7 +39,7 @@ def main(tokenizer_dir: str, out_dir: str, shape: str = "1b") -> None:
         bos_token_id=tok_cfg.get("bos_token_id"),
         eos_token_id=tok_cfg.get("eos_token_id"),
         torch_dtype="bfloat16",
-        **dims,
+        **dims(shape),
     )
     torch.manual_seed(0)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
