@@ -191,6 +191,9 @@ def main() -> int:
     if args.record_only:
         return record(args.out, args.expr)
     source = args.source
+    if source is not None and not source.is_file():
+        print(f"--from {source}: no such file (write one with --record-only --out)")
+        return 2
     if source is None:
         cmd = [sys.executable, __file__, "--record-only", "--out", str(args.out)]
         status = subprocess.run(
