@@ -206,12 +206,25 @@ def _int4_planes_put(p_ptr, XS, y, c0, K, GROUP: tl.constexpr, BLOCK: tl.constex
     at = (cols // GROUP) * WPG + b // 4  # the word
     ys = y * tl.where(j % 3 == 0, 4096.0, tl.where(j % 3 == 1, 256.0, 16.0))
     tl.store(p_ptr + j * XS + at, ys, mask=cols < K)
-    # [g, half, word, column of four]: a word's eight columns share (g, word)
-    xs = tl.sum(tl.sum(tl.reshape(y, (G, 2, WPG, 4)), axis=3), axis=1)  # [G, WPG]
-    xp = tl.sum(tl.sum(tl.reshape(ys, (G, 2, WPG, 4)), axis=3), axis=1)
+    xs = _word_sums(y, G, WPG)  # [G, WPG]
+    xp = _word_sums(ys, G, WPG)
     wi = (c0 // GROUP + tl.arange(0, G))[:, None] * WPG + tl.arange(0, WPG)[None, :]
     tl.store(p_ptr + 8 * XS + wi, -xp, mask=wi < K // 8)
     tl.store(p_ptr + 9 * XS + wi, xs, mask=wi < K // 8)
+
+
+@triton.jit
+def _word_sums(v, G: tl.constexpr, WPG: tl.constexpr):
+    """v [G * GROUP] fp32 -> [G, WPG]: each packed word's sum of its eight columns (a group's
+    half h, word w, column c of four at h * HALF + 4w + c), added in one fixed order:
+    ((c0 + c1) + (c2 + c3)) per half, then low half + high half. tl.sum's order follows the
+    threads' layout, which differs between kernels of other BLOCKs (fp32 sums then differ in
+    the last bit on the GPU); elementwise adds of split halves do not."""
+    t = tl.reshape(v, (G, 2, WPG, 2, 2))  # [g, half, word, pair, column of the pair]
+    a, b = tl.split(t)
+    a, b = tl.split(a + b)  # [g, half, word]: c0 + c1 and c2 + c3
+    a, b = tl.split(tl.permute(a + b, (0, 2, 1)))  # [g, word]: each half's sum
+    return a + b
 
 
 @triton.jit

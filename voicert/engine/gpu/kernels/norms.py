@@ -83,7 +83,8 @@ def add_rms_norm(
         PDL=pdl,
         num_warps=4 if n <= 4096 else 8,
         launch_pdl=pdl,
-    )
+        enable_fp_fusion=False,  # x * rstd * w never an FMA into the planes' sums: fp32 planes
+    )  # then equal int4_planes' of the stored output, bit for bit
     return out, res
 
 
@@ -148,6 +149,7 @@ def silu_mul(
         A8=a8,
         PDL=pdl,
         launch_pdl=pdl,
+        enable_fp_fusion=False,  # as add_rms_norm's: act * u never an FMA into the planes' sums
     )
     return out
 
