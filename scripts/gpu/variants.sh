@@ -14,8 +14,8 @@
 #            kernels.fp8_mm; docs/benchmarks.md 69)
 #   imprecise  fp8_mm's sums left in the FP8 MMA's accumulator for all of K (Triton's sm_90
 #            default), not added into fp32 after each tile
-#   tma      FP8_MM_TMA on: fp8_mm's tiles read by TMA (tensor descriptors), not the threads' loads
-#   FLAGS=--fp8 VARIANTS="off tma" STREAMS=2,8,32,64 ROUNDS=2 bash scripts/gpu/variants.sh "8b"
+#   notma    FP8_MM_TMA off: fp8_mm's tiles read by the threads' loads, not TMA (section 71)
+#   FLAGS=--fp8 VARIANTS="off notma" STREAMS=8,32,64 ROUNDS=2 bash scripts/gpu/variants.sh "8b"
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
 #   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
 #   FLAGS=--fp8 VARIANTS="off narrow" bash scripts/gpu/variants.sh "8b"
@@ -38,7 +38,7 @@ for v in ${VARIANTS:-off unfused}; do
     a8apart) sed -i 's/^INT4_PLANES_FUSED = True/INT4_PLANES_FUSED = False/' "$tree/$k/int4_matmul.py" ;;
     nofp8mm) sed -i 's/^FP8_MM_ROWS = [0-9]* /FP8_MM_ROWS = 0 /' "$tree/$k/fp8_matmul.py" ;;
     imprecise) sed -i 's/, max_num_imprecise_acc=BLOCK_K)/)/' "$tree/$k/fp8_matmul.py" ;;
-    tma) sed -i 's/^FP8_MM_TMA = False/FP8_MM_TMA = True/' "$tree/$k/fp8_matmul.py" ;;
+    notma) sed -i 's/^FP8_MM_TMA = True/FP8_MM_TMA = False/' "$tree/$k/fp8_matmul.py" ;;
   esac
   echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_MM_TMA) =' \
     | cut -d' ' -f1,3 | tr '\n' ' ')"

@@ -956,6 +956,7 @@ def test_fp8_mm_reading_its_tiles_by_tma_gives_the_same_sums(monkeypatch, rows, 
     q = Fp8Linear.from_linear(torch.nn.Linear(k, 90, bias=True)).to(DEV)
     x = torch.randn(rows, k, generator=g).to(DEV)
     count = kernels.counters(DEV)
+    monkeypatch.setattr(mm, "FP8_MM_TMA", False)
     plain = kernels.fp8_mm(x, q.weight, q.scale, q.bias, count, blocks)
     made, real = [], mm._descriptor
     monkeypatch.setattr(mm, "FP8_MM_TMA", True)
@@ -964,6 +965,30 @@ def test_fp8_mm_reading_its_tiles_by_tma_gives_the_same_sums(monkeypatch, rows, 
     assert torch.equal(by_tma, plain) and not count.any()
     bm, bn, bk = (blocks or kernels.fp8_mm_blocks(rows, 90, k))[:3]
     assert made == ([] if k % 16 else [(bm, bk), (bn, bk)])
+
+
+def test_fp8_mm_reads_by_tma_only_where_the_device_has_it(monkeypatch):
+    """TMA is Hopper's: a GPU below compute capability 9 (Ada's FP8) keeps the threads' loads
+    with ``FP8_MM_TMA`` on; Hopper and the interpreter's CPU tensors read by descriptors."""
+    supported = kernels.common.tma_supported
+    try:
+        for capability, want in (((8, 9), False), ((9, 0), True)):
+            supported.cache_clear()
+            monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d, c=capability: c)
+            assert supported(torch.device("cuda", 0)) is want
+        assert supported(torch.device("cpu"))
+    finally:
+        supported.cache_clear()  # (no faked capability kept for later tests)
+    mm, made = kernels.fp8_matmul, []
+    real = mm._descriptor
+    monkeypatch.setattr(mm, "tma_supported", lambda device: False)
+    monkeypatch.setattr(mm, "_descriptor", lambda *a: made.append(a) or real(*a))
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    q = Fp8Linear.from_linear(torch.nn.Linear(256, 40)).to(DEV)
+    x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2)).to(DEV)
+    kernels.fp8_mm(x, q.weight, q.scale, q.bias)
+    assert mm.FP8_MM_TMA and made == []  # on, yet no descriptor where the device has no TMA
 
 
 def test_fp8_mm_streams_wide_weights_unsplit_and_splits_k_for_narrow_ones():

@@ -6,6 +6,8 @@ the last to finish adds the parts (:func:`counters`, :func:`_split_k`, :func:`_s
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -33,6 +35,14 @@ def _pdl_enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@functools.cache
+def tma_supported(device: torch.device) -> bool:
+    """Whether a kernel on ``device`` may read its tiles by TMA (tensor descriptors): a CUDA GPU
+    of compute capability 9.0 or newer (Hopper's tensor memory accelerator), or a CPU tensor
+    under Triton's interpreter, which runs descriptor loads as plain masked ones."""
+    return device.type != "cuda" or torch.cuda.get_device_capability(device)[0] >= 9
 
 
 def pdl_supported(device: torch.device | str) -> bool:

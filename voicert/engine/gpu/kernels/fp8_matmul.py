@@ -20,6 +20,7 @@ from voicert.engine.gpu.kernels.common import (
     _split_k,
     _split_k_finish,
     _split_rule,
+    tma_supported,
 )
 from voicert.engine.gpu.kernels.matvec import gemv
 
@@ -325,7 +326,8 @@ def fp8_mm(
     num_warps, num_stages[, SPLIT]) (None: :func:`fp8_mm_blocks`; no SPLIT, or 0: by
     :func:`_split_rule`). ``count``: as :func:`fp8_linear`'s. ``pdl``: as
     :func:`add_rms_norm`'s (both launches). With :data:`FP8_MM_TMA`, the tiles are read by
-    TMA where both sides' rows are whole 16 bytes (K a multiple of 16)."""
+    TMA where both sides' rows are whole 16 bytes (K a multiple of 16) and the GPU has TMA
+    (:func:`tma_supported`: Hopper; Ada's FP8 keeps the threads' loads)."""
     m, k = x2.shape
     n = w.shape[0]
     q, xs = fp8_rows(x2, pdl)
@@ -334,7 +336,7 @@ def fp8_mm(
     grid_n, grid_m = triton.cdiv(n, bn), triton.cdiv(m, bm)
     split = split or _split_rule(grid_n * grid_m, k)
     k_per_split, split, part, count = _split_k(out, k, split, bk, grid_n * grid_m, count)
-    tma = FP8_MM_TMA and k % 16 == 0
+    tma = FP8_MM_TMA and k % 16 == 0 and tma_supported(x2.device)
     q_in, w_in = (_descriptor(q, bm, bk), _descriptor(w, bn, bk)) if tma else (q, w)
     _fp8_mm_kernel[(grid_n, grid_m, split)](
         q_in,
@@ -392,8 +394,9 @@ FP8_MM_ROWS = 64  # bf16/fp16 steps of 2 to this many rows with FP8 weights take
 # activations rounded to FP8 per row, as vLLM's FP8 does at every size): 8B TPOT at 8 / 32 / 64
 # streams 3.99 / 4.99 / 5.45 -> 3.19 / 3.67 / 4.55 ms (H200, docs/benchmarks.md 69)
 FP8_MM_TILE = (128, 4, 4)  # ... its (BLOCK_K, num_warps, num_stages)
-FP8_MM_TMA = False  # ... its tiles read by TMA (tensor descriptors): not yet timed against the
-# threads' own loads (scripts/gpu/variants.sh tma)
+FP8_MM_TMA = True  # ... its tiles read by TMA (tensor descriptors), not the threads' loads: 8B
+# FP8 TPOT at 8 / 32 / 64 streams 3.20 / 3.57 / 4.17 -> 3.15 / 3.56 / 4.11 ms (H200, both of
+# two rounds; docs/benchmarks.md 71)
 FP8_SMS = 132  # an H100's SMs (an H200's too)
 FP8_MMA_ROWS = 32  # above this many rows, bf16/fp16 inputs go to fp8_scaled_mm (Hopper, Ada)
 LINEAR_ROWS = 16  # steps of at most this many rows may run bf16/fp16 Linears through fp8_linear
