@@ -15,7 +15,10 @@ pool (random K/V; block tables shuffled, as a pool in use is):
 - ``flash``: FlashAttention-4 (the ``flash-attn-4`` package, CuTe DSL, Hopper and newer),
   ``flash_attn_varlen_func`` straight from the same pool (``page_table``, ``seqused_k``, causal);
 - ``flash@128``: the same over a pool of 128-token pages (the size its TMA loads take whole;
-  the engine's prefix cache shares 16-token blocks, so this is what a larger block would buy).
+  the engine's prefix cache shares 16-token blocks, so this is what a larger block would buy);
+- ``triton@KEYS[:STAGES]``: our paged kernel with a decode program's keys per inner step
+  (``_DECODE_BLOCK_N``) and, given, its key loop's pipeline stages (``_DECODE_STAGES``) set:
+  the tiles to try for decode steps of many streams, e.g. ``triton@64:2``.
 
 Each figure is GPU time per call inside a CUDA graph of ``--calls`` calls (as the engine replays
 its steps: host overhead excluded), P50 and P99 over ``--replays`` replays, after a warm-up.
@@ -159,6 +162,25 @@ def reference(pool: Pool, heads: tuple[int, int, int]) -> torch.Tensor:
     return out.transpose(1, 2).reshape(b, q_len, h * d)
 
 
+def triton_tiles(name: str) -> tuple[int, int] | None:
+    """``triton@KEYS[:STAGES]`` -> (KEYS, STAGES; 0: the default), None for any other name.
+    Raises ValueError for such a name whose KEYS is not a power of two from 16 to 256, or
+    whose STAGES is not 1-4."""
+    if not name.startswith("triton@"):
+        return None
+    keys, colon, stages = name.removeprefix("triton@").partition(":")
+    try:
+        n, s = int(keys), int(stages) if colon else 0
+    except ValueError:
+        n, s = 0, 0
+    if n not in (16, 32, 64, 128, 256) or not (1 <= s <= 4 or (s == 0 and not colon)):
+        raise ValueError(
+            f"backend {name!r}: expected triton@KEYS[:STAGES], KEYS a power of two from 16 "
+            "to 256, STAGES 1-4 (e.g. triton@64:2)"
+        )
+    return n, s
+
+
 def backend(
     name: str, pool: Pool, heads: tuple[int, int, int], flash_splits: int = 1
 ) -> Callable[[], torch.Tensor]:
@@ -166,13 +188,25 @@ def backend(
     ``num_splits`` (1: one program per row's keys, as the engine calls it; 0: its heuristic)."""
     h, kvh, d = heads
     b, q_len = pool.q.shape[:2]
-    if name == "triton":
+    tiles = triton_tiles(name)
+    if name == "triton" or tiles:
         from voicert.engine.gpu import kernels
 
         count = kernels.counters(pool.q.device)
-        return lambda: kernels.paged_attention(
-            pool.qkv, pool.k, pool.v, pool.tables, pool.positions, h, kvh, count
-        )
+        mod = kernels.attention
+        keys, stages = tiles or (mod._DECODE_BLOCK_N, mod._DECODE_STAGES)
+
+        def paged() -> torch.Tensor:  # (the settings are read at launch: under capture too)
+            saved = mod._DECODE_BLOCK_N, mod._DECODE_STAGES
+            mod._DECODE_BLOCK_N, mod._DECODE_STAGES = keys, stages
+            try:
+                return kernels.paged_attention(
+                    pool.qkv, pool.k, pool.v, pool.tables, pool.positions, h, kvh, count
+                )
+            finally:
+                mod._DECODE_BLOCK_N, mod._DECODE_STAGES = saved
+
+        return paged
     if name == "gather+sdpa":
         from voicert.engine.models.layers import Attention, AttnInputs, causal_mask
         from voicert.engine.models.llama import LlamaConfig
@@ -313,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cases = [Case.parse(c) for c in args.cases.split(",") if c.strip()]
         args.backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-        unknown = set(args.backends) - set(BACKENDS)
+        unknown = {b for b in args.backends if triton_tiles(b) is None} - set(BACKENDS)
         if unknown:
             raise ValueError(
                 f"--backends: unknown {sorted(unknown)} (known: {', '.join(BACKENDS)})"

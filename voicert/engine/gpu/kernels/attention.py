@@ -31,6 +31,9 @@ _TILE_BLOCK_N = 0  # keys per inner step of a program of more than 16 rows; 0: 8
 # 16 to 128
 _DECODE_BLOCK_N = 0  # keys per inner step of a program of 16 rows or fewer; 0: 64 up to a head
 # dim of 64, 128 at 128 (1.0-1.5x faster than 32 there, section 30), else 32
+_DECODE_STAGES = 0  # software-pipeline stages of such a program's key loop; 0: Triton's default,
+# 3 (compiled for sm_90 at head dim 128 and 128 keys a step: 222 registers, two programs an SM;
+# 2 stages: 167; 64 keys, 2 stages: 122, four an SM; bench.attention's triton@KEYS:STAGES)
 
 
 # ----------------------------------------------------------------------------- RoPE + KV write
@@ -434,6 +437,7 @@ def paged_attention(
         ROW=row,
         PDL=pdl,
         num_warps=4,
+        num_stages=_DECODE_STAGES if rows <= 16 and _DECODE_STAGES else 3,
         launch_pdl=pdl,
     )
     return out
