@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = "tests/engine/test_kernels.py"
-OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl")
+OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "enable_fp_fusion")
 AS_SERVED = {"EMULATE": False}  # constants a launch on CPU tensors sets as no GPU's launch does
 
 
