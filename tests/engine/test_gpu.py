@@ -308,10 +308,13 @@ def test_guided_rows_in_graph_steps_equal_eager_fp32():
 
     tok_dir = os.environ.get("VOICERT_TEST_TOKENIZER")
     if not tok_dir:
-        from voicert.config import cache_dir, load_config
+        from voicert.config import ConfigError, cache_dir, load_config
         from voicert.engine.loader import resolve_llm
 
-        tok_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+        try:
+            tok_dir = str(resolve_llm("embedded", cache_dir(load_config(environ={}).models)))
+        except ConfigError as exc:  # a GPU box without the embedded model's package
+            pytest.skip(f"no tokenizer here: set VOICERT_TEST_TOKENIZER to a dir ({exc})")
     tok = AutoTokenizer.from_pretrained(tok_dir)
     cfg = LlamaConfig.from_hf(shape_config("smollm2-random"))
     model = random_llama(cfg, torch.float32, "cuda")
