@@ -218,8 +218,8 @@ def _word_sums(v, G: tl.constexpr, WPG: tl.constexpr):
     """v [G * GROUP] fp32 -> [G, WPG]: each packed word's sum of its eight columns (a group's
     half h, word w, column c of four at h * HALF + 4w + c), added in one fixed order:
     ((c0 + c1) + (c2 + c3)) per half, then low half + high half. tl.sum's order follows the
-    threads' layout, which differs between kernels of other BLOCKs (fp32 sums then differ in
-    the last bit on the GPU); elementwise adds of split halves do not."""
+    threads' layout, which may differ between the kernels that call this (other BLOCKs and
+    warps); elementwise adds of split halves take the same order in each."""
     t = tl.reshape(v, (G, 2, WPG, 2, 2))  # [g, half, word, pair, column of the pair]
     a, b = tl.split(t)
     a, b = tl.split(a + b)  # [g, half, word]: c0 + c1 and c2 + c3
