@@ -975,6 +975,31 @@ def test_fp8_mm_reading_its_tiles_by_tma_gives_the_same_sums(monkeypatch, rows, 
     assert made == ([] if k % 16 else [(bm, bk), (bn, bk)])
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="CUDA graphs: the GPU's")
+def test_fp8_mm_by_tma_in_a_cuda_graph_reads_each_replays_inputs():
+    """Served steps replay fp8_mm in CUDA graphs. Its tensor descriptors are built on the host
+    at capture and hold the addresses of that capture's buffers (the rows rounded inside it,
+    the weights), so each replay must read the rows copied in since, not the captured ones:
+    every replay equals fp8_mm called eagerly on its rows, bit for bit."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    assert kernels.fp8_matmul.FP8_MM_TMA and kernels.common.tma_supported(torch.device(DEV))
+    g = torch.Generator().manual_seed(21)
+    q = Fp8Linear.from_linear(torch.nn.Linear(512, 640, bias=True)).to(DEV)
+    xs = [torch.randn(8, 512, generator=g).to(DEV, torch.bfloat16) for _ in range(3)]
+    count = kernels.counters(DEV)
+    static = xs[0].clone()
+    kernels.fp8_mm(static, q.weight, q.scale, q.bias, count)  # (compiled before the capture)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = kernels.fp8_mm(static, q.weight, q.scale, q.bias, count)
+    for x in xs[1:] + xs[:1]:
+        static.copy_(x)
+        graph.replay()
+        want = kernels.fp8_mm(x, q.weight, q.scale, q.bias, count)
+        assert torch.equal(out, want) and not count.any()
+
+
 def test_fp8_mm_reads_by_tma_only_where_the_device_has_it(monkeypatch):
     """TMA is Hopper's: a GPU below compute capability 9 (Ada's FP8) keeps the threads' loads
     with ``FP8_MM_TMA`` on; Hopper and the interpreter's CPU tensors read by descriptors."""
