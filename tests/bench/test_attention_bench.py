@@ -53,30 +53,32 @@ def test_bad_options_are_usage_errors_and_no_gpu_is_a_message(capsys, monkeypatc
 
 
 def test_triton_at_keys_and_stages_sets_the_decode_tiles_for_the_call_only(monkeypatch):
-    """``triton@KEYS[:STAGES]``: our kernel launched with a decode program's keys per step
-    (and its loop's stages) set while it is called (so also under a graph's capture), then
+    """``triton@KEYS[:STAGES[:WARPS]]``: our kernel launched with a decode program's keys per
+    step (and its loop's stages and its warps) set while it is called (so also under a graph's capture), then
     put back; a malformed name is a usage error. (That the kernel computes the same with any
     of them is tests/engine/test_kernels.py's.)"""
     from voicert.engine.gpu import kernels
 
-    assert bench.triton_tiles("triton@64:2") == (64, 2)
-    assert bench.triton_tiles("triton@32") == (32, 0)
+    assert bench.triton_tiles("triton@64:2") == (64, 2, 0)
+    assert bench.triton_tiles("triton@128:2:8") == (128, 2, 8)
+    assert bench.triton_tiles("triton@32") == (32, 0, 0)
     assert bench.triton_tiles("triton") is None and bench.triton_tiles("flash@128") is None
-    for bad in ("triton@48", "triton@64:0", "triton@64:9", "triton@x", "triton@64:"):
+    bad = ("triton@48", "triton@64:0", "triton@64:9", "triton@x", "triton@64:", "triton@64:2:6")
+    for name in (*bad, "triton@64:2:8:1"):
         with pytest.raises(ValueError, match="triton@KEYS"):
-            bench.triton_tiles(bad)
+            bench.triton_tiles(name)
     mod, seen = kernels.attention, []
 
     def fake(qkv, *args):
-        seen.append((mod._DECODE_BLOCK_N, mod._DECODE_STAGES))
+        seen.append((mod._DECODE_BLOCK_N, mod._DECODE_STAGES, mod._DECODE_WARPS))
         return qkv
 
     monkeypatch.setattr(kernels, "paged_attention", fake)
     pool = bench.make_pool(bench.Case.parse("3x1x70"), (4, 2, 16), 16, torch.float32, "cpu")
-    bench.backend("triton@16:2", pool, (4, 2, 16))()
+    bench.backend("triton@16:2:8", pool, (4, 2, 16))()
     bench.backend("triton", pool, (4, 2, 16))()
-    assert seen == [(16, 2), (0, 0)]
-    assert (mod._DECODE_BLOCK_N, mod._DECODE_STAGES) == (0, 0)
+    assert seen == [(16, 2, 8), (0, 0, 0)]
+    assert (mod._DECODE_BLOCK_N, mod._DECODE_STAGES, mod._DECODE_WARPS) == (0, 0, 0)
     with pytest.raises(SystemExit) as exc:
         bench.main(["--backends", "triton@48"])
     assert exc.value.code == 2

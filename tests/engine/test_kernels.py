@@ -256,17 +256,20 @@ def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
 
 
 @pytest.mark.parametrize(
-    "head_dim, tiles", [(64, None), (128, None), (128, (64, 2)), (128, (32, 1))]
+    "head_dim, tiles",
+    [(64, None), (128, None), (128, (64, 2, 4)), (128, (32, 1, 4)), (128, (128, 2, 8))],
 )
 def test_paged_decode_attention_equals_softmax_attention_at_the_served_head_dims(
     monkeypatch, head_dim, tiles
 ):
     """Decode rows of ragged lengths at the head dims the served models have (each dim takes its
     own keys per step) equal softmax attention over exactly each row's keys; so do the keys a
-    step and pipeline stages set by ``_DECODE_BLOCK_N`` and ``_DECODE_STAGES``."""
+    step, pipeline stages and warps set by ``_DECODE_BLOCK_N``, ``_DECODE_STAGES`` and
+    ``_DECODE_WARPS``."""
     if tiles:
         monkeypatch.setattr(kernels.attention, "_DECODE_BLOCK_N", tiles[0])
         monkeypatch.setattr(kernels.attention, "_DECODE_STAGES", tiles[1])
+        monkeypatch.setattr(kernels.attention, "_DECODE_WARPS", tiles[2])
     g = torch.Generator().manual_seed(head_dim)
     h, kvh, bs, blocks = 4, 2, 16, 12
     k_pool = torch.randn(1 + 2 * blocks, bs, kvh, head_dim, generator=g).to(DEV)

@@ -16,9 +16,10 @@ pool (random K/V; block tables shuffled, as a pool in use is):
   ``flash_attn_varlen_func`` straight from the same pool (``page_table``, ``seqused_k``, causal);
 - ``flash@128``: the same over a pool of 128-token pages (the size its TMA loads take whole;
   the engine's prefix cache shares 16-token blocks, so this is what a larger block would buy);
-- ``triton@KEYS[:STAGES]``: our paged kernel with a decode program's keys per inner step
-  (``_DECODE_BLOCK_N``) and, given, its key loop's pipeline stages (``_DECODE_STAGES``) set:
-  the tiles to try for decode steps of many streams, e.g. ``triton@64:2``.
+- ``triton@KEYS[:STAGES[:WARPS]]``: our paged kernel with a decode program's keys per inner
+  step (``_DECODE_BLOCK_N``) and, given, its key loop's pipeline stages (``_DECODE_STAGES``)
+  and its warps (``_DECODE_WARPS``) set: the tiles to try for decode steps of many streams,
+  e.g. ``triton@64:2`` or ``triton@128:2:8``.
 
 Each figure is GPU time per call inside a CUDA graph of ``--calls`` calls (as the engine replays
 its steps: host overhead excluded), P50 and P99 over ``--replays`` replays, after a warm-up.
@@ -162,23 +163,27 @@ def reference(pool: Pool, heads: tuple[int, int, int]) -> torch.Tensor:
     return out.transpose(1, 2).reshape(b, q_len, h * d)
 
 
-def triton_tiles(name: str) -> tuple[int, int] | None:
-    """``triton@KEYS[:STAGES]`` -> (KEYS, STAGES; 0: the default), None for any other name.
-    Raises ValueError for such a name whose KEYS is not a power of two from 16 to 256, or
-    whose STAGES is not 1-4."""
+def triton_tiles(name: str) -> tuple[int, int, int] | None:
+    """``triton@KEYS[:STAGES[:WARPS]]`` -> (KEYS, STAGES, WARPS; 0: the default), None for
+    any other name. Raises ValueError for such a name whose KEYS is not a power of two from
+    16 to 256, whose STAGES is not 1-4 or whose WARPS is not 4 or 8."""
     if not name.startswith("triton@"):
         return None
-    keys, colon, stages = name.removeprefix("triton@").partition(":")
+    parts = name.removeprefix("triton@").split(":")
     try:
-        n, s = int(keys), int(stages) if colon else 0
+        keys, stages, warps = (int(p) for p in parts + ["0"] * (3 - len(parts)))
     except ValueError:
-        n, s = 0, 0
-    if n not in (16, 32, 64, 128, 256) or not (1 <= s <= 4 or (s == 0 and not colon)):
+        keys = stages = warps = -1
+    if (
+        keys not in (16, 32, 64, 128, 256)
+        or stages not in ((1, 2, 3, 4) if len(parts) > 1 else (0,))
+        or warps not in ((4, 8) if len(parts) > 2 else (0,))
+    ):
         raise ValueError(
-            f"backend {name!r}: expected triton@KEYS[:STAGES], KEYS a power of two from 16 "
-            "to 256, STAGES 1-4 (e.g. triton@64:2)"
+            f"backend {name!r}: expected triton@KEYS[:STAGES[:WARPS]], KEYS a power of two "
+            "from 16 to 256, STAGES 1-4, WARPS 4 or 8 (e.g. triton@64:2, triton@128:2:8)"
         )
-    return n, s
+    return keys, stages, warps
 
 
 def backend(
@@ -194,17 +199,17 @@ def backend(
 
         count = kernels.counters(pool.q.device)
         mod = kernels.attention
-        keys, stages = tiles or (mod._DECODE_BLOCK_N, mod._DECODE_STAGES)
+        chosen = tiles or (mod._DECODE_BLOCK_N, mod._DECODE_STAGES, mod._DECODE_WARPS)
 
         def paged() -> torch.Tensor:  # (the settings are read at launch: under capture too)
-            saved = mod._DECODE_BLOCK_N, mod._DECODE_STAGES
-            mod._DECODE_BLOCK_N, mod._DECODE_STAGES = keys, stages
+            saved = mod._DECODE_BLOCK_N, mod._DECODE_STAGES, mod._DECODE_WARPS
+            mod._DECODE_BLOCK_N, mod._DECODE_STAGES, mod._DECODE_WARPS = chosen
             try:
                 return kernels.paged_attention(
                     pool.qkv, pool.k, pool.v, pool.tables, pool.positions, h, kvh, count
                 )
             finally:
-                mod._DECODE_BLOCK_N, mod._DECODE_STAGES = saved
+                mod._DECODE_BLOCK_N, mod._DECODE_STAGES, mod._DECODE_WARPS = saved
 
         return paged
     if name == "gather+sdpa":

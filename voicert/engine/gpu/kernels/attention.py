@@ -34,6 +34,8 @@ _DECODE_BLOCK_N = 0  # keys per inner step of a program of 16 rows or fewer; 0: 
 _DECODE_STAGES = 0  # software-pipeline stages of such a program's key loop; 0: Triton's default,
 # 3 (compiled for sm_90 at head dim 128 and 128 keys a step: 222 registers, two programs an SM;
 # 2 stages: 167; 64 keys, 2 stages: 122, four an SM; bench.attention's triton@KEYS:STAGES)
+_DECODE_WARPS = 0  # warps of such a program; 0: 4 (8 warps at 128 keys: 128 registers with 3
+# stages, 80 with 2; docs/benchmarks.md 71)
 
 
 # ----------------------------------------------------------------------------- RoPE + KV write
@@ -436,7 +438,7 @@ def paged_attention(
         KV_INT8=k_pool.dtype == torch.int8,
         ROW=row,
         PDL=pdl,
-        num_warps=4,
+        num_warps=_DECODE_WARPS if rows <= 16 and _DECODE_WARPS else 4,
         num_stages=_DECODE_STAGES if rows <= 16 and _DECODE_STAGES else 3,
         launch_pdl=pdl,
     )
