@@ -393,9 +393,10 @@ def paged_attention(
     tiles = triton.cdiv(q_len, tile)
     span = block_tables.shape[1] * bs
     if rows > 16:  # prefill tiles: more keys a step (scripts/gpu/prefill_tiles.py keys)
-        block_n = _TILE_BLOCK_N or min(128, max(16, 8192 // d))
+        block_n, warps, stages = _TILE_BLOCK_N or min(128, max(16, 8192 // d)), 4, 3
     else:
         block_n = _DECODE_BLOCK_N or (64 if d <= 64 else 128 if d == 128 else 32)
+        warps, stages = _DECODE_WARPS or 4, _DECODE_STAGES or 3
     programs = b * kvh * tiles
     most = _MAX_SPLITS if rows <= 16 else max(1, _TILE_SPLIT_FLOATS // (rows * d))
     splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
@@ -438,8 +439,8 @@ def paged_attention(
         KV_INT8=k_pool.dtype == torch.int8,
         ROW=row,
         PDL=pdl,
-        num_warps=_DECODE_WARPS if rows <= 16 and _DECODE_WARPS else 4,
-        num_stages=_DECODE_STAGES if rows <= 16 and _DECODE_STAGES else 3,
+        num_warps=warps,
+        num_stages=stages,
         launch_pdl=pdl,
     )
     return out
