@@ -8,12 +8,14 @@ an :class:`Fp8Linear`:
 
     w_fp8[n, k] = round_e4m3(w[n, k] / scale[n]),   scale[n] = max_k |w[n, k]| / 448
 
-and computes ``y = (x @ w_fp8.T) * scale + bias``. On CUDA (``kernels.fp8_linear``): up to
-``kernels.fp8_matmul.FP8_MMA_ROWS`` rows, and fp32 rows always, keep the activations in their
-dtype (weight-only quantization, "W8A16": one Triton kernel widens the FP8 tiles in registers
-and sums in fp32); more bf16/fp16 rows (prefill, wide batches) are rounded to e4m3 with a scale
-per row and multiplied on the FP8 tensor cores. Elsewhere (the CPU, tests) the weights are
-widened in full first: the same function as the W8A16 kernel, the fp32 sums in another order.
+and computes ``y = (x @ w_fp8.T) * scale + bias``. On CUDA (``kernels.fp8_linear``): one row,
+and fp32 rows always, keep the activations in their dtype (weight-only quantization, "W8A16":
+the weights widened in registers, fp32 sums); bf16/fp16 steps of 2 to
+``kernels.fp8_matmul.FP8_MM_ROWS`` rows (``kernels.fp8_mm``), and more (prefill, wide
+batches; where K and N are multiples of 16), are rounded to e4m3 with a scale per row and
+multiplied on the FP8 tensor cores, unless ``llm.fp8_activations: model`` keeps them (``Fp8Linear.round_rows``: the widening
+kernel at every row count). Elsewhere (the CPU, tests) the weights are widened in full first:
+the same function as the W8A16 kernel, the fp32 sums in another order.
 
 How each weight is rounded (``llm.rounding``):
 
