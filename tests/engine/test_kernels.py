@@ -1006,6 +1006,8 @@ def test_fp8_mm_by_tma_in_a_cuda_graph_reads_each_replays_inputs():
 def test_fp8_mm_reads_by_tma_only_where_the_device_has_it(monkeypatch):
     """TMA is Hopper's: a GPU below compute capability 9 (Ada's FP8) keeps the threads' loads
     with ``FP8_MM_TMA`` on; Hopper and the interpreter's CPU tensors read by descriptors."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
     supported = kernels.common.tma_supported
     try:
         for capability, want in (((8, 9), False), ((9, 0), True)):
@@ -1019,8 +1021,6 @@ def test_fp8_mm_reads_by_tma_only_where_the_device_has_it(monkeypatch):
     real = mm._descriptor
     monkeypatch.setattr(mm, "tma_supported", lambda device: False)
     monkeypatch.setattr(mm, "_descriptor", lambda *a: made.append(a) or real(*a))
-    from voicert.engine.gpu.fp8 import Fp8Linear
-
     q = Fp8Linear.from_linear(torch.nn.Linear(256, 40)).to(DEV)
     x = torch.randn(4, 256, generator=torch.Generator().manual_seed(2)).to(DEV)
     kernels.fp8_mm(x, q.weight, q.scale, q.bias)
