@@ -293,6 +293,69 @@ def test_paged_decode_attention_equals_softmax_attention_at_the_served_head_dims
         assert close(got[b, 0], want, 1e-4), f"row {b}"
 
 
+def _reads_before_the_wait(monkeypatch, module) -> set[int]:
+    """From now on, the byte addresses that each interpreted program of ``module``'s kernels
+    loads before its ``_pdl_enter`` (the PDL wait), gathered in the set returned."""
+    from triton.runtime import interpreter
+
+    builder, waited, before = interpreter.interpreter_builder, [False], set()
+    grid, load = builder.set_grid_idx, builder.create_masked_load
+
+    def next_program(x, y, z):
+        waited[0] = False
+        return grid(x, y, z)
+
+    def masked_load(ptrs, mask, *rest):
+        if not waited[0]:
+            before.update(ptrs.data[mask.data].reshape(-1).tolist())
+        return load(ptrs, mask, *rest)
+
+    monkeypatch.setattr(builder, "set_grid_idx", next_program)
+    monkeypatch.setattr(builder, "create_masked_load", masked_load)
+    monkeypatch.setattr(module, "_pdl_enter", lambda pdl: waited.__setitem__(0, True))
+    return before
+
+
+def _bytes(t: torch.Tensor) -> range:
+    return range(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size())
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="watches the interpreter's loads")
+@pytest.mark.parametrize("q_len", [1, 3])
+def test_rope_and_attention_read_nothing_the_kernel_before_writes_until_the_pdl_wait(
+    monkeypatch, q_len
+):
+    """Under PDL a kernel starts while the one before it still runs, so before its wait it may
+    read only what that kernel does not write. rope_kv_write (after the qkv Linear) reads its
+    positions, slots and tables early, never qkv; the paged attention (after rope_kv_write)
+    reads its positions early, never q nor this step's new keys and values (decode and a
+    verify step of 3 tokens)."""
+    g = torch.Generator().manual_seed(8)
+    h, kvh, d, bs, blocks = 4, 2, 16, 16, 6
+    k_pool = torch.randn(1 + 2 * blocks, bs, kvh, d, generator=g)
+    v_pool = torch.randn(1 + 2 * blocks, bs, kvh, d, generator=g)
+    qkv = torch.randn(2, q_len, (h + 2 * kvh) * d, generator=g)
+    table = (torch.randperm(2 * blocks, generator=g) + 1).view(2, blocks)
+    pos = torch.tensor([[40], [13]]) + torch.arange(q_len)  # [2, Q]: this step's new keys
+    slots = torch.stack([table[b][pos[b] // bs] * bs + pos[b] % bs for b in range(2)]).view(-1)
+    cos, sin = torch.randn(64, d // 2, generator=g), torch.randn(64, d // 2, generator=g)
+    written = [_bytes(qkv)] + [
+        _bytes(pool.view(-1, kvh, d)[s]) for pool in (k_pool, v_pool) for s in slots.tolist()
+    ]
+    before = _reads_before_the_wait(monkeypatch, kernels.attention)
+    kernels.rope_kv_write(
+        qkv.view(2 * q_len, -1), pos.view(-1), cos, sin, slots, k_pool, v_pool, h, kvh
+    )
+    assert not any(a in _bytes(qkv) for a in before), "rope read q, k or v before the wait"
+    assert any(a in _bytes(pos) for a in before) and any(a in _bytes(cos) for a in before)
+    before.clear()
+    want = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, h, kvh)
+    assert not any(a in span for span in written for a in before), "read what rope writes"
+    assert any(a in _bytes(pos) for a in before)
+    monkeypatch.undo()  # the same attention, the interpreter as it was
+    assert torch.equal(kernels.paged_attention(qkv, k_pool, v_pool, table, pos, h, kvh), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_argmax_rows_matches_torch_argmax_ties_included(dtype):
     """Many programs per row, the last one to finish picks: the same index as torch.argmax,

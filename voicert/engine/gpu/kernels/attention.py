@@ -68,10 +68,16 @@ def _rope_kv_kernel(
 ):
     t = tl.program_id(0).to(tl.int64)
     HALF: tl.constexpr = D // 2
+    d = tl.arange(0, HALF)
+    # Before the PDL wait: the position, its slot and its row of the tables, which the kernel
+    # before (the qkv Linear) does not write, so that their reads overlap it.
+    p = tl.minimum(tl.load(pos_ptr + t), n_pos - 1)  # the tables' row for this position
+    c = tl.load(cos_ptr + p * HALF + d).to(tl.float32)[None, :]
+    sn = tl.load(sin_ptr + p * HALF + d).to(tl.float32)[None, :]
+    slot = tl.load(slot_ptr + t).to(tl.int64)
     _pdl_enter(PDL)
     row = qkv_ptr + t * (n_rot + kvh_n) * D  # this token's [H + 2 KVH, D]
     heads = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, HALF)
     hm = (heads < n_rot)[:, None]
     lo = row + heads[:, None] * D + d[None, :]
     x1 = tl.load(lo, mask=hm, other=0.0).to(tl.float32)
@@ -79,14 +85,10 @@ def _rope_kv_kernel(
     if QK_NORM:  # Qwen3: each q and k head RMS-normalised over D, then RoPE
         is_q = (heads < n_q_heads)[:, None]
         x1, x2 = _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, d, eps, D, qkv_ptr.dtype.element_ty)
-    p = tl.minimum(tl.load(pos_ptr + t), n_pos - 1)  # the tables' row for this position
-    c = tl.load(cos_ptr + p * HALF + d).to(tl.float32)[None, :]
-    sn = tl.load(sin_ptr + p * HALF + d).to(tl.float32)[None, :]
     o1 = (x1 * c + x2 * -sn).to(qkv_ptr.dtype.element_ty)  # x * cos + rotate_half(x) * sin
     o2 = (x2 * c + x1 * sn).to(qkv_ptr.dtype.element_ty)
     tl.store(lo, o1, mask=hm)  # q and k rotated in place
     tl.store(lo + HALF, o2, mask=hm)
-    slot = tl.load(slot_ptr + t).to(tl.int64)
     kh = heads - n_q_heads  # rows n_q_heads.. of the rotated block are k heads
     km = ((heads >= n_q_heads) & (heads < n_rot))[:, None]
     krow = k_ptr + slot * kvh_n * ROW + kh * ROW  # [BLOCK_H] each k head's pool row
@@ -235,6 +237,45 @@ def _combine(
 
 
 @triton.jit
+def _kv_rows(table_ptr, table_row, keys, km, kvh, kvh_n, BS: tl.constexpr, ROW: tl.constexpr):
+    """[BLOCK_N] each key's pool row offset (for KV head ``kvh``), through the block table."""
+    page = tl.load(table_ptr + table_row + keys // BS, mask=km, other=0).to(tl.int64)
+    return ((page * BS + keys % BS) * kvh_n + kvh) * ROW
+
+
+@triton.jit
+def _kv_tile(pool_ptr, kv_row, d, km, D: tl.constexpr, KV_INT8: tl.constexpr):
+    """[BLOCK_N, D] the keys' (or values') rows where ``km`` (else 0): in the pool's dtype, or
+    an int8 pool's widened to float32 by each row's scale, stored after it."""
+    x = tl.load(pool_ptr + kv_row[:, None] + d[None, :], mask=km[:, None], other=0.0)
+    if KV_INT8:
+        sc = tl.load((pool_ptr + kv_row + D).to(tl.pointer_type(tl.float32)), mask=km, other=0.0)
+        x = x.to(tl.float32) * sc[:, None]
+    return x
+
+
+@triton.jit
+def _attn_step(q, k, v, keys, km, pos, m_i, l_i, acc, scale, IEEE: tl.constexpr):
+    """One tile of keys k [BLOCK_N, D] and values v (q's dtype) into the online softmax of the
+    query rows q [ROWS, D]: the running max m_i [ROWS], sum l_i and output acc [ROWS, D]."""
+    if IEEE:
+        sc = tl.dot(q, tl.trans(k), input_precision="ieee")
+    else:
+        sc = tl.dot(q, tl.trans(k))
+    sc = sc * scale
+    sc = tl.where((keys[None, :] <= pos[:, None]) & km[None, :], sc, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(sc, axis=1))
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(sc - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    if IEEE:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -275,59 +316,28 @@ def _paged_attn_kernel(
     head = kvh * G + r % G
     valid = (r // G < TILE) & (qi < q_len)
     d = tl.arange(0, D)
+    # The positions before the PDL wait: the kernel before (rope_kv_write: q rotated in place,
+    # this step's keys and values in their slots) does not write them, so their read overlaps it.
+    pos = tl.load(pos_ptr + b * q_len + qi, mask=valid, other=-1)  # last key each row may see
+    last = tl.max(pos, axis=0)
+    start = s * split_keys
+    end = tl.minimum(start + split_keys, last + 1)
     _pdl_enter(PDL)
     q = tl.load(
         q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
         mask=valid[:, None],
         other=0.0,
     )  # [ROWS, D]
-    pos = tl.load(pos_ptr + b * q_len + qi, mask=valid, other=-1)  # last key each row may see
-    last = tl.max(pos, axis=0)
-    start = s * split_keys
-    end = tl.minimum(start + split_keys, last + 1)
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
     for n0 in range(start, end, BLOCK_N):
         keys = n0 + tl.arange(0, BLOCK_N)
         km = keys < end
-        page = tl.load(table_ptr + b * max_blocks + keys // BS, mask=km, other=0).to(tl.int64)
-        slot = page * BS + keys % BS
-        kv_row = (slot * kvh_n + kvh) * ROW  # [BLOCK_N] each key's pool row
-        kv_off = kv_row[:, None] + d[None, :]
-        k = tl.load(k_ptr + kv_off, mask=km[:, None], other=0.0)  # [BLOCK_N, D]
-        if KV_INT8:  # widened by each row's scale, stored after it
-            k = (
-                k.to(tl.float32)
-                * tl.load((k_ptr + kv_row + D).to(tl.pointer_type(tl.float32)), mask=km, other=0.0)[
-                    :, None
-                ]
-            )
-        k = k.to(q.dtype)
-        if IEEE:
-            sc = tl.dot(q, tl.trans(k), input_precision="ieee")
-        else:
-            sc = tl.dot(q, tl.trans(k))
-        sc = sc * scale
-        sc = tl.where((keys[None, :] <= pos[:, None]) & km[None, :], sc, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(sc, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(sc - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + kv_off, mask=km[:, None], other=0.0)
-        if KV_INT8:
-            v = (
-                v.to(tl.float32)
-                * tl.load((v_ptr + kv_row + D).to(tl.pointer_type(tl.float32)), mask=km, other=0.0)[
-                    :, None
-                ]
-            )
-        v = v.to(q.dtype)  # a one-byte pool's values widened
-        if IEEE:
-            acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m_i = m_new
+        kv_row = _kv_rows(table_ptr, b * max_blocks, keys, km, kvh, kvh_n, BS, ROW)
+        k = _kv_tile(k_ptr, kv_row, d, km, D, KV_INT8).to(q.dtype)  # [BLOCK_N, D]
+        v = _kv_tile(v_ptr, kv_row, d, km, D, KV_INT8).to(q.dtype)  # (a one-byte pool widened)
+        m_i, l_i, acc = _attn_step(q, k, v, keys, km, pos, m_i, l_i, acc, scale, IEEE)
     dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
     if SPLITS == 1:
         o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
@@ -380,8 +390,8 @@ def paged_attention(
 
     A program takes a tile of query tokens of one sequence and the query heads of one KV head
     (16 rows: a decode or verify step's tokens fit one tile; more: :func:`_prefill_rows`' tiles,
-    several per prefill row), and one split of the key axis: splits are added while the programs are fewer than
-    an H100 has SMs, and the last split of each tile to finish merges them."""
+    several per prefill row), and one split of the key axis: splits are added while the programs
+    are fewer than an H100 has SMs, and the last split of each tile to finish merges them."""
     b, q_len = qkv.shape[:2]
     _nb, bs, kvh, row = k_pool.shape
     d = qkv.shape[-1] // (num_heads + 2 * kvh)

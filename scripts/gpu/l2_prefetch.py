@@ -1,0 +1,126 @@
+"""Does a bulk L2 prefetch (kernels.common._l2_prefetch) pay on this GPU? Times, in CUDA graphs,
+(1) a launch that only prefetches N MiB from P programs, and (2) a one-row gemv over a weight
+just flushed from L2, after a 10 us spin, with and without a prefetch of its first N MiB
+launched before the spin. docs/benchmarks.md 72. Usage: python scripts/gpu/l2_prefetch.py"""
+
+import torch
+import triton
+import triton.language as tl
+
+from voicert.engine.gpu import kernels
+from voicert.engine.gpu.kernels.common import _l2_prefetch
+
+
+@triton.jit
+def _prefetch_only(w_ptr, nbytes, LANES: tl.constexpr):
+    _l2_prefetch(w_ptr, nbytes, tl.program_id(0), tl.num_programs(0), True, LANES)
+
+
+@triton.jit
+def _prefetch_last(w_ptr, nbytes, LANES: tl.constexpr):
+    """The same bulk prefetch with an evict_last L2 policy."""
+    lane = (tl.program_id(0) * LANES + tl.arange(0, LANES)).to(tl.int64)
+    per = tl.cdiv(tl.cdiv(nbytes, tl.num_programs(0) * LANES), 16) * 16
+    start = lane * per
+    size = tl.minimum(per, tl.maximum(nbytes - start, 0)).to(tl.int32)
+    addr = (w_ptr.to(tl.pointer_type(tl.int8)) + start).to(tl.int64, bitcast=True)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .b64 pol; setp.gt.s32 p, $2, 0; "
+        "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.b32 $0, 0; }",
+        "=r,l,r",
+        [addr, size],
+        dtype=tl.int32,
+        is_pure=False,
+        pack=1,
+    )
+
+
+@triton.jit
+def _touch(w_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Warm L2 by loading the first n elements (a sum, so the loads stay)."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for i in range(tl.program_id(0) * BLOCK, n, tl.num_programs(0) * BLOCK):
+        acc += tl.load(w_ptr + i + tl.arange(0, BLOCK), mask=i + tl.arange(0, BLOCK) < n).to(
+            tl.float32
+        )
+    tl.store(out_ptr + tl.program_id(0), tl.sum(acc))
+
+
+@triton.jit
+def _spin(out_ptr, ns):
+    t0 = tl.inline_asm_elementwise(
+        "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+    )
+    t = t0
+    while t - t0 < ns:
+        t = tl.inline_asm_elementwise(
+            "mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.int64, is_pure=False, pack=1
+        )
+    tl.store(out_ptr, t - t0)
+
+
+def graph_us(fn, reps=20, rounds=30):
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    times = []
+    for _ in range(rounds):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / reps)
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    dev = "cuda"
+    w = torch.randn(16384, 2048, dtype=torch.bfloat16, device=dev)  # 64 MiB (1B gate_up)
+    x = torch.randn(1, 2048, dtype=torch.bfloat16, device=dev)
+    flush = torch.ones(64 << 20, dtype=torch.float32, device=dev)  # 256 MiB, read to flush
+    sink = torch.empty(1024, dtype=torch.float32, device=dev)
+    spun = torch.empty(1, dtype=torch.int64, device=dev)
+    count = kernels.counters(dev)
+    print("| prefetch only: MiB | programs | us a launch |\n|---:|---:|---:|")
+    for mib in (1, 8, 24):
+        for progs in (1, 8, 132, 528):
+            us = graph_us(lambda: _prefetch_only[(progs,)](w, mib << 20, LANES=128, num_warps=4))
+            print(f"| {mib} | {progs} | {us:.1f} |")
+    print(
+        "\n| flush (256 MiB read), [warm], spin 10 us, gemv: how, MiB | programs | us | gemv's share |\n|---:|---:|---:|---:|"
+    )
+    gemv = lambda: kernels.gemv(x, w, None, None, count)
+    spin = lambda: _spin[(1,)](spun, 10_000)
+
+    def flush_l2():
+        _touch[(528,)](flush, sink, flush.numel(), BLOCK=1024, num_warps=4)
+
+    base_spin = graph_us(lambda: (flush_l2(), spin()), reps=5)
+    ways = {"bulk": _prefetch_only, "bulk evict_last": _prefetch_last}
+    cases = [("none", 0, 0), ("bulk", 16, 132), ("bulk", 32, 528), ("bulk evict_last", 16, 132)]
+    cases += [("bulk evict_last", 32, 528), ("loads", 16, 528), ("loads", 32, 528)]
+    for how, mib, progs in [*cases, ("loads", 64, 528)]:
+
+        def step(how=how, mib=mib, progs=progs):
+            flush_l2()
+            if how == "loads":
+                _touch[(progs,)](w, sink, (mib << 20) // 2, BLOCK=1024, num_warps=4)
+            elif mib:
+                ways[how][(progs,)](w, mib << 20, LANES=128, num_warps=4)
+            spin()
+            gemv()
+
+        us = graph_us(step, reps=5)
+        print(f"| {how} {mib} | {progs} | {us:.1f} | {us - base_spin:.1f} |")
+    print(f"(flush + spin alone: {base_spin:.1f} us)")
+
+
+if __name__ == "__main__":
+    main()
