@@ -1,14 +1,37 @@
-"""Does a bulk L2 prefetch (kernels.common._l2_prefetch) pay on this GPU? Times, in CUDA graphs,
-(1) a launch that only prefetches N MiB from P programs, and (2) a one-row gemv over a weight
-just flushed from L2, after a 10 us spin, with and without a prefetch of its first N MiB
-launched before the spin. docs/benchmarks.md 72. Usage: python scripts/gpu/l2_prefetch.py"""
+"""Does warming L2 with the next Linear's weight pay on this GPU? (Branch ``l2-prefetch`` had the
+norms, SiLU * up and attention do it in the engine: 1B bf16 0.90 -> 2.01 ms a step with 8 MiB;
+docs/benchmarks.md 72.) Times, in CUDA graphs, (1) a launch that only asks L2 for N MiB by
+bulk prefetch (``cp.async.bulk.prefetch.L2``, sm_90) from P programs, and (2) a one-row gemv
+over a weight just flushed from L2, after a 10 us spin, with and without its first N MiB
+warmed before the spin: by bulk prefetch, the same with an evict_last policy, or by loads.
+Usage (repo root, a Hopper GPU): python scripts/gpu/l2_prefetch.py"""
 
 import torch
 import triton
 import triton.language as tl
 
 from voicert.engine.gpu import kernels
-from voicert.engine.gpu.kernels.common import _l2_prefetch
+
+
+@triton.jit
+def _l2_prefetch(ptr, nbytes, pid, programs, PREFETCH: tl.constexpr, LANES: tl.constexpr):
+    """Program ``pid`` of ``programs`` asks L2 for its share of the ``nbytes`` bytes at ``ptr``
+    (16-byte aligned, a multiple of 16): one bulk prefetch per lane of ``LANES``."""
+    if PREFETCH:
+        lane = (pid * LANES + tl.arange(0, LANES)).to(tl.int64)
+        per = tl.cdiv(tl.cdiv(nbytes, programs * LANES), 16) * 16  # bytes a lane
+        start = lane * per
+        size = tl.minimum(per, tl.maximum(nbytes - start, 0)).to(tl.int32)
+        addr = (ptr.to(tl.pointer_type(tl.int8)) + start).to(tl.int64, bitcast=True)
+        tl.inline_asm_elementwise(
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
+            "=r,l,r",
+            [addr, size],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
