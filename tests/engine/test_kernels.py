@@ -1274,9 +1274,10 @@ def test_the_llm_sections_pdl_and_decode_linear_reach_the_engine_config():
 def test_each_kernel_launched_here_compiles_for_hopper_as_served(tmp_path):
     """CI runs the kernels in the interpreter, which lets through what only the compiler
     refuses. So each kernel the tests above launched is compiled for sm_90 by Triton's own
-    compiler (no GPU needed): one launch of each set of its flags (its boolean constants),
-    with the GPU's constants, and each also with PDL on, as a Hopper serves it
-    (scripts/compile_kernels.py; it compiles every distinct launch). Runs last, after them."""
+    compiler (no GPU needed): one launch of each set of its flags (its boolean constants) and
+    its warps and pipeline stages, with the GPU's constants, and each also with PDL on, as a
+    Hopper serves it (scripts/compile_kernels.py; it compiles every distinct launch). Runs
+    last, after them."""
     import json
     import subprocess
     import sys
@@ -1286,7 +1287,8 @@ def test_each_kernel_launched_here_compiles_for_hopper_as_served(tmp_path):
     flags = {}
     for launch in LAUNCHES:
         key = (launch["kernel"], *(v for v in launch["constants"].values() if isinstance(v, bool)))
-        flags.setdefault(json.dumps([str(k) for k in key]), launch)
+        shape = [launch["options"].get(o) for o in ("num_warps", "num_stages")]
+        flags.setdefault(json.dumps([str(k) for k in (*key, *shape)]), launch)
     path = tmp_path / "launches.json"
     path.write_text(json.dumps(list(flags.values())))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
