@@ -9,7 +9,13 @@ import torch
 import triton
 import triton.language as tl
 
-from voicert.engine.gpu.kernels.common import _pdl_enter, _split_k, _split_k_finish, _split_rule
+from voicert.engine.gpu.kernels.common import (
+    FP8_PROGRAMS,
+    _pdl_enter,
+    _split_k,
+    _split_k_finish,
+    _split_rule,
+)
 
 
 @triton.jit
@@ -104,11 +110,22 @@ def _gemv_kernel(
 
 
 GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
+GEMV_WIDE_ROWS = 8  # 2-byte weights: BLOCK_N where that still gives FP8_PROGRAMS tiles unsplit
+# (H200, 1B: qkv 6.0 -> 5.3 us, gate_up 19.2 -> 18.9, LM head 123.4 -> 121.3; o and down,
+# 256 tiles, would split K and slow down: 4.2 -> 6.8, 10.7 -> 13.4; docs/benchmarks.md 72)
 GEMV_X_WIDE = True  # FP8 weights read in x's layout (_gemv_kernel's X_WIDE), no shared memory
 # a step: 8B FP8 layers 10 % faster (gate_up 35.9 -> 32.8 us), TPOT 3.14 -> 3.03 ms, 1B 0.88 ->
 # 0.85 (H200, docs/benchmarks.md 67)
 GEMV_PRE = {1: 4}  # weight tiles loaded before the PDL wait, by weight bytes (else 1): FP8
 # layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59)
+
+
+def _default_tile(n: int, weight_bytes: int) -> tuple[int, int, int]:
+    """:data:`GEMV_TILE`, or for 2-byte weights with at least ``FP8_PROGRAMS`` tiles of
+    :data:`GEMV_WIDE_ROWS` outputs, that many outputs a program."""
+    if weight_bytes == 2 and triton.cdiv(n, GEMV_WIDE_ROWS) >= FP8_PROGRAMS:
+        return (GEMV_WIDE_ROWS, *GEMV_TILE[1:])
+    return GEMV_TILE
 
 
 def gemv(
@@ -125,7 +142,7 @@ def gemv(
     dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
     at one row a step only streams the weights, and FMAs over the widened tile read them
     faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
-    SPLIT[, PRE]]; None: :data:`GEMV_TILE`); SPLIT 0 or absent: K is split until there are
+    SPLIT[, PRE]]; None: :func:`_default_tile`); SPLIT 0 or absent: K is split until there are
     :data:`FP8_PROGRAMS` programs; PRE: weight tiles read before the PDL wait (absent:
     :data:`GEMV_PRE` by the weights' bytes). ``count``: as :func:`fp8_linear`'s. ``pdl``: as
     :func:`add_rms_norm`'s. ``out``: where to write (N contiguous values in x2's dtype; None: a
@@ -133,7 +150,7 @@ def gemv(
     m, k = x2.shape
     assert m == 1 and x2.stride(-1) == 1, x2.shape
     n = w.shape[0]
-    blocks = blocks or GEMV_TILE
+    blocks = blocks or _default_tile(n, w.element_size())
     bn, bk, warps = blocks[:3]
     split = blocks[3] if len(blocks) > 3 else 0
     pre = blocks[4] if len(blocks) > 4 else GEMV_PRE.get(w.element_size(), 1)
