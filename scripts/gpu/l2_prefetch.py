@@ -10,53 +10,32 @@ import torch
 import triton
 import triton.language as tl
 
+from voicert.bench.fp8 import time_graph
 from voicert.engine.gpu import kernels
 
 
 @triton.jit
-def _l2_prefetch(ptr, nbytes, pid, programs, PREFETCH: tl.constexpr, LANES: tl.constexpr):
-    """Program ``pid`` of ``programs`` asks L2 for its share of the ``nbytes`` bytes at ``ptr``
-    (16-byte aligned, a multiple of 16): one bulk prefetch per lane of ``LANES``."""
-    if PREFETCH:
-        lane = (pid * LANES + tl.arange(0, LANES)).to(tl.int64)
-        per = tl.cdiv(tl.cdiv(nbytes, programs * LANES), 16) * 16  # bytes a lane
-        start = lane * per
-        size = tl.minimum(per, tl.maximum(nbytes - start, 0)).to(tl.int32)
-        addr = (ptr.to(tl.pointer_type(tl.int8)) + start).to(tl.int64, bitcast=True)
-        tl.inline_asm_elementwise(
-            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
-            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }",
-            "=r,l,r",
-            [addr, size],
-            dtype=tl.int32,
-            is_pure=False,
-            pack=1,
-        )
-
-
-@triton.jit
-def _prefetch_only(w_ptr, nbytes, LANES: tl.constexpr):
-    _l2_prefetch(w_ptr, nbytes, tl.program_id(0), tl.num_programs(0), True, LANES)
-
-
-@triton.jit
-def _prefetch_last(w_ptr, nbytes, LANES: tl.constexpr):
-    """The same bulk prefetch with an evict_last L2 policy."""
+def _prefetch(w_ptr, nbytes, LANES: tl.constexpr, LAST: tl.constexpr):
+    """Program p of P asks L2 for its share of the ``nbytes`` bytes at ``w_ptr`` (16-byte
+    aligned, a multiple of 16): one bulk prefetch per lane of ``LANES``; ``LAST``: with an
+    evict_last policy."""
     lane = (tl.program_id(0) * LANES + tl.arange(0, LANES)).to(tl.int64)
-    per = tl.cdiv(tl.cdiv(nbytes, tl.num_programs(0) * LANES), 16) * 16
+    per = tl.cdiv(tl.cdiv(nbytes, tl.num_programs(0) * LANES), 16) * 16  # bytes a lane
     start = lane * per
     size = tl.minimum(per, tl.maximum(nbytes - start, 0)).to(tl.int32)
     addr = (w_ptr.to(tl.pointer_type(tl.int8)) + start).to(tl.int64, bitcast=True)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; .reg .b64 pol; setp.gt.s32 p, $2, 0; "
-        "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
-        "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.b32 $0, 0; }",
-        "=r,l,r",
-        [addr, size],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
+    if LAST:
+        asm: tl.constexpr = (
+            "{ .reg .pred p; .reg .b64 pol; setp.gt.s32 p, $2, 0; "
+            "createpolicy.fractional.L2::evict_last.b64 pol, 1.0; "
+            "@p cp.async.bulk.prefetch.L2.global.L2::cache_hint [$1], $2, pol; mov.b32 $0, 0; }"
+        )
+    else:
+        asm: tl.constexpr = (
+            "{ .reg .pred p; setp.gt.s32 p, $2, 0; "
+            "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.b32 $0, 0; }"
+        )
+    tl.inline_asm_elementwise(asm, "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -83,26 +62,6 @@ def _spin(out_ptr, ns):
     tl.store(out_ptr, t - t0)
 
 
-def graph_us(fn, reps=20, rounds=30):
-    s = torch.cuda.Stream()
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(rounds):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / reps)
-    return sorted(times)[len(times) // 2]
-
-
 def main():
     dev = "cuda"
     w = torch.randn(16384, 2048, dtype=torch.bfloat16, device=dev)  # 64 MiB (1B gate_up)
@@ -114,7 +73,7 @@ def main():
     print("| prefetch only: MiB | programs | us a launch |\n|---:|---:|---:|")
     for mib in (1, 8, 24):
         for progs in (1, 8, 132, 528):
-            us = graph_us(lambda: _prefetch_only[(progs,)](w, mib << 20, LANES=128, num_warps=4))
+            us = time_graph(lambda: _prefetch[(progs,)](w, mib << 20, 128, False, num_warps=4))
             print(f"| {mib} | {progs} | {us:.1f} |")
     print(
         "\n| flush (256 MiB read), [warm], spin 10 us, gemv: how, MiB | programs | us | gemv's share |\n|---:|---:|---:|---:|"
@@ -125,8 +84,7 @@ def main():
     def flush_l2():
         _touch[(528,)](flush, sink, flush.numel(), BLOCK=1024, num_warps=4)
 
-    base_spin = graph_us(lambda: (flush_l2(), spin()), reps=5)
-    ways = {"bulk": _prefetch_only, "bulk evict_last": _prefetch_last}
+    base_spin = time_graph(lambda: (flush_l2(), spin()), reps=5)
     cases = [("none", 0, 0), ("bulk", 16, 132), ("bulk", 32, 528), ("bulk evict_last", 16, 132)]
     cases += [("bulk evict_last", 32, 528), ("loads", 16, 528), ("loads", 32, 528)]
     for how, mib, progs in [*cases, ("loads", 64, 528)]:
@@ -136,11 +94,11 @@ def main():
             if how == "loads":
                 _touch[(progs,)](w, sink, (mib << 20) // 2, BLOCK=1024, num_warps=4)
             elif mib:
-                ways[how][(progs,)](w, mib << 20, LANES=128, num_warps=4)
+                _prefetch[(progs,)](w, mib << 20, 128, how == "bulk evict_last", num_warps=4)
             spin()
             gemv()
 
-        us = graph_us(step, reps=5)
+        us = time_graph(step, reps=5)
         print(f"| {how} {mib} | {progs} | {us:.1f} | {us - base_spin:.1f} |")
     print(f"(flush + spin alone: {base_spin:.1f} us)")
 
