@@ -12,7 +12,8 @@ engine launches them, per layer: the MMA kernel (the path before; bf16 with the 
 tiles), gemv's default tile with 1, 2 or 4 weight tiles loaded before the PDL wait, and the
 best gemv tile of each shape.
 
-Usage (GPU machine, repo root): python3 scripts/gpu/gemv_fp8.py [OUT.json] [8b,1b] [sweep|chain]
+Usage (GPU machine, repo root): python3 scripts/gpu/gemv_fp8.py [OUT.json] [8b,1b,8b-bf16]
+[sweep|chain]
 """
 
 import itertools
@@ -29,6 +30,8 @@ ROTATE_BYTES = 512 << 20
 MMA_TILES = [(16, 32, 256, 4, 4), (16, 64, 128, 4, 4)]  # (BM, BN, BK, warps, stages)
 # (BN, BK, warps) for kernels.gemv; the split over K by its default rule
 GEMV_TILES = [(bn, bk, w) for bn, bk, w in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8))]
+# K split in 2 or 4 (more programs, more bytes in flight: o and down at 1B, 512 tiles)
+GEMV_TILES += [(4, 1024, 4, 2), (4, 1024, 4, 4), (4, 512, 4, 2), (8, 1024, 4, 2)]
 XWIDE_TILES = [kernels.matvec.GEMV_TILE, (8, 1024, 4), (4, 512, 4), (8, 512, 4), (4, 1024, 8)]
 HEADS = {"llama-8b": ("head", 128256, 4096), "llama-1b": ("head", 128256, 2048)}
 
@@ -178,9 +181,10 @@ def chain(label: str, fp8: bool, results: dict, tiles: dict, layers: int = 8) ->
 
 
 def main(out: str = "", sets: str = "8b,1b", sweep_too: str = "sweep") -> None:
-    """``sets``: 8b (FP8) and/or 1b (bf16); ``sweep_too``: "chain" for the chains alone."""
+    """``sets``: 8b (FP8), 1b (bf16) and/or 8b-bf16; ``sweep_too``: "chain" for the chains
+    alone."""
     tiles = kernels.linear_tiles(torch.cuda.get_device_name(), torch.bfloat16)  # as the engine
-    chosen = [(f"llama-{s}", s == "8b") for s in sets.split(",")]
+    chosen = [(f"llama-{s.removesuffix('-bf16')}", s == "8b") for s in sets.split(",")]
     results = {}
     if sweep_too == "sweep":
         print(f"# {torch.cuda.get_device_name()}; us per call (GB/s of weights), one row\n")
