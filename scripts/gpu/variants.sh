@@ -17,6 +17,8 @@
 #   notma    FP8_MM_TMA off: fp8_mm's tiles read by the threads' loads, not TMA (section 71)
 #   attn64   decode attention at 64 keys a step and 2 stages (_DECODE_BLOCK_N, _DECODE_STAGES;
 #            10-14 % faster at 64 streams in bench.attention, 20 % slower at 32 x 200: section 72)
+#   roped    ROPE_IN_ATTENTION on: a decode step's RoPE and KV write inside the paged attention,
+#            one launch a layer fewer (section 72)
 #   FLAGS=--fp8 VARIANTS="off notma" STREAMS=8,32,64 ROUNDS=2 bash scripts/gpu/variants.sh "8b"
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
 #   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
@@ -42,8 +44,9 @@ for v in ${VARIANTS:-off unfused}; do
     imprecise) sed -i 's/, max_num_imprecise_acc=BLOCK_K)/)/' "$tree/$k/fp8_matmul.py" ;;
     notma) sed -i 's/^FP8_MM_TMA = True/FP8_MM_TMA = False/' "$tree/$k/fp8_matmul.py" ;;
     attn64) sed -i 's/^_DECODE_BLOCK_N = 0 /_DECODE_BLOCK_N = 64 /; s/^_DECODE_STAGES = 0 /_DECODE_STAGES = 2 /' "$tree/$k/attention.py" ;;
+    roped) sed -i 's/^ROPE_IN_ATTENTION = False/ROPE_IN_ATTENTION = True/' "$tree/$k/attention.py" ;;
   esac
-  echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_MM_TMA|_DECODE_BLOCK_N|_DECODE_STAGES) =' \
+  echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_MM_TMA|_DECODE_BLOCK_N|_DECODE_STAGES|ROPE_IN_ATTENTION) =' \
     | cut -d'#' -f1 | tr '\n' ' ')"
 done
 for shape in $1; do

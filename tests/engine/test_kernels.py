@@ -177,6 +177,91 @@ def test_fused_forward_matches_torch_forward(case):
     assert close(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:], 1e-5)
 
 
+@pytest.mark.parametrize("case", ["decode", "verify", "qk-norm", "long-split"])
+def test_rope_in_the_attention_gives_the_bits_of_its_own_launch(monkeypatch, case):
+    """``ROPE_IN_ATTENTION``: a decode or verify step's RoPE and KV write done inside the paged
+    attention give the same hidden states and pool contents, bit for bit, as rope_kv_write's
+    launch before it; rope_kv_write is then not launched. Ragged rows, padded verify rows, a
+    long row split over the keys, and Qwen3's q/k norms."""
+    qk = case == "qk-norm"
+    cfg = dataclasses.replace(TINY, qk_norm=True, attention_bias=True) if qk else TINY
+    model = random_llama(cfg, torch.float32, DEV)
+    g = torch.Generator().manual_seed(13)
+    if qk:  # norm weights start at one: make them matter
+        with torch.no_grad():
+            for layer in model.layers:
+                for norm in (layer.attn.q_norm, layer.attn.k_norm):
+                    norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) + 0.5)
+    lengths = {"decode": [5, 40, 17], "verify": [30, 9], "qk-norm": [5, 40, 17]}.get(case, [300])
+    width = 3 if case == "verify" else 1
+    tables, nxt = block_tables(lengths, 16, 40)
+    runners = [ModelRunner(model, nxt, 16) for _ in range(2)]
+    prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
+    for runner in runners:
+        run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
+    rows = [
+        Row(torch.randint(0, 300, (width - i % 2 * (width > 1),), generator=g).tolist(), n, t, 0)
+        for i, (n, t) in enumerate(zip(lengths, tables))
+    ]
+    launched, real = [], kernels.rope_kv_write
+    monkeypatch.setattr(kernels, "rope_kv_write", lambda *a: launched.append(1) or real(*a))
+    monkeypatch.setattr(kernels.attention, "ROPE_IN_ATTENTION", False)
+    want = run_layers(model, runners[0], rows, True)
+    assert launched and kernels.attention.rope_in_attention(width, 3) is False
+    launched.clear()
+    monkeypatch.setattr(kernels.attention, "ROPE_IN_ATTENTION", True)
+    got = run_layers(model, runners[1], rows, True)
+    assert not launched, "rope_kv_write launched beside the attention that does its work"
+    assert torch.equal(got, want)
+    assert torch.equal(runners[1].k_pool, runners[0].k_pool)
+    assert torch.equal(runners[1].v_pool, runners[0].v_pool)
+
+
+@pytest.mark.parametrize("pool", [torch.float32, torch.float8_e4m3fn, torch.int8])
+def test_rope_in_the_attention_writes_each_new_key_once_in_any_pool(pool):
+    """The paged attention given ``rope``: decode and verify rows whose new keys straddle two
+    key splits (each split's program writes its own) equal rope_kv_write then the attention,
+    bit for bit, in a float32, FP8 or int8 pool (scales after each row), and leave qkv as it
+    was."""
+    if pool == torch.int8 and DEV == "cpu":
+        pytest.skip("the int8 pool rounds by libdevice.rint, which Triton's interpreter lacks")
+    g = torch.Generator().manual_seed(14)
+    h, kvh, d, bs, blocks, q_len = 6, 2, 16, 16, 12, 3
+    row = d + 4 if pool == torch.int8 else d  # an int8 row carries its float32 scale
+    shape = (1 + 2 * blocks, bs, kvh, row)
+    base = torch.randn(2, *shape[:-1], d, generator=g)
+    if pool == torch.int8:
+        pools = torch.zeros(2, *shape, dtype=torch.int8)
+        pools[..., :d] = (base * 40).round().clamp(-127, 127).to(torch.int8)
+        pools[..., d:] = torch.full((*shape[:-1], 1), 0.02).view(torch.int8)
+    else:
+        pools = base.to(pool)
+    qkv = torch.randn(2, q_len, (h + 2 * kvh) * d, generator=g).to(DEV)
+    table = (torch.randperm(2 * blocks, generator=g) + 1).view(2, blocks).to(DEV)
+    pos = (torch.tensor([[62], [120]]) + torch.arange(q_len)).to(DEV)  # row 0: 62-64, a split at 64
+    slots = torch.stack([table[b][pos[b] // bs] * bs + pos[b] % bs for b in range(2)]).view(-1)
+    cos, sin = (
+        torch.randn(256, d // 2, generator=g).to(DEV),
+        torch.randn(256, d // 2, generator=g).to(DEV),
+    )
+    results = []
+    for fused in (False, True):
+        k_pool, v_pool = (p.clone().to(DEV) for p in pools)
+        q = qkv.clone()
+        if fused:
+            rope = kernels.attention.RopeInputs(cos, sin, slots)
+            out = kernels.paged_attention(q, k_pool, v_pool, table, pos, h, kvh, rope=rope)
+            assert torch.equal(q, qkv), "qkv left as it was"
+        else:
+            kernels.rope_kv_write(
+                q.view(2 * q_len, -1), pos.view(-1), cos, sin, slots, k_pool, v_pool, h, kvh
+            )
+            out = kernels.paged_attention(q, k_pool, v_pool, table, pos, h, kvh)
+        results.append((out, k_pool.view(torch.uint8), v_pool.view(torch.uint8)))
+    for want, got in zip(*results):
+        assert torch.equal(got, want)
+
+
 def test_fused_q_k_norms_other_than_rmsnorm_are_refused_not_computed_wrong():
     """The RoPE kernel computes layers.RMSNorm (Qwen3's); Gemma's norm (1 + weight) would come
     out wrong there, so a model whose q/k norms are another type stops with a message."""

@@ -352,8 +352,10 @@ class Attention(nn.Module):
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
         in one launch, then attention straight from the paged pool (``wide`` None: the caller
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
-        engine/models/flash.py's ``FlashRows``), built once per forward. ``pdl``: launch the
-        kernels with programmatic dependent launch (engine/gpu/kernels/common.py)."""
+        engine/models/flash.py's ``FlashRows``), built once per forward. A decode step that
+        ``kernels.attention.rope_in_attention`` takes does both in the attention's launch.
+        ``pdl``: launch the kernels with programmatic dependent launch
+        (engine/gpu/kernels/common.py)."""
         from voicert.engine.gpu import kernels
 
         b, q_len, _ = qkv.shape
@@ -363,6 +365,12 @@ class Attention(nn.Module):
             if type(self.q_norm) is not RMSNorm:
                 raise NotImplementedError(f"fused q/k norms of {type(self.q_norm).__name__}")
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        att = kernels.attention
+        if wide is None and att.rope_in_attention(q_len, h // kvh):  # one launch, not two
+            roped = att.RopeInputs(*rope, inp.slots, norms)
+            return kernels.paged_attention(
+                qkv, k_pool, v_pool, inp.block_tables, inp.positions, h, kvh, count, pdl, roped
+            )
         kernels.rope_kv_write(
             qkv.view(b * q_len, -1),
             inp.positions.view(-1),

@@ -6,6 +6,8 @@ them.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -34,6 +36,9 @@ _DECODE_BLOCK_N = 0  # keys per inner step of a program of 16 rows or fewer; 0: 
 _DECODE_STAGES = 0  # software-pipeline stages of such a program's key loop; 0: Triton's default,
 # 3 (compiled for sm_90 at head dim 128 and 128 keys a step: 222 registers, two programs an SM;
 # 2 stages: 167; 64 keys, 2 stages: 122, four an SM; bench.attention's triton@KEYS:STAGES)
+ROPE_IN_ATTENTION = False  # a decode step's RoPE and KV write inside the paged attention (each
+# program rotates its q rows; the one whose key split holds a new key writes it), not a launch
+# of rope_kv_write before it; off until timed (docs/benchmarks.md 72)
 _DECODE_WARPS = 0  # warps of such a program; 0: 4 (8 warps at 128 keys: 128 registers with 3
 # stages, 80 with 2; docs/benchmarks.md 71)
 
@@ -85,39 +90,62 @@ def _rope_kv_kernel(
     if QK_NORM:  # Qwen3: each q and k head RMS-normalised over D, then RoPE
         is_q = (heads < n_q_heads)[:, None]
         x1, x2 = _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, d, eps, D, qkv_ptr.dtype.element_ty)
-    o1 = (x1 * c + x2 * -sn).to(qkv_ptr.dtype.element_ty)  # x * cos + rotate_half(x) * sin
-    o2 = (x2 * c + x1 * sn).to(qkv_ptr.dtype.element_ty)
+    o1, o2 = _rotate(x1, x2, c, sn, qkv_ptr.dtype.element_ty)
     tl.store(lo, o1, mask=hm)  # q and k rotated in place
     tl.store(lo + HALF, o2, mask=hm)
     kh = heads - n_q_heads  # rows n_q_heads.. of the rotated block are k heads
-    km = ((heads >= n_q_heads) & (heads < n_rot))[:, None]
-    krow = k_ptr + slot * kvh_n * ROW + kh * ROW  # [BLOCK_H] each k head's pool row
-    kdst = krow[:, None] + d[None, :]
+    km = (heads >= n_q_heads) & (heads < n_rot)
+    _pool_put_halves(k_ptr, (slot * kvh_n + kh) * ROW, d, o1, o2, km, D, KV_FP8, KV_INT8)
     vh = tl.arange(0, BLOCK_KV)
     dd = tl.arange(0, D)
-    vm = (vh < kvh_n)[:, None]
-    v = tl.load(row + (n_rot + vh)[:, None] * D + dd[None, :], mask=vm, other=0.0)
-    vrow = v_ptr + slot * kvh_n * ROW + vh * ROW  # [BLOCK_KV]
-    if KV_INT8:  # each head's row scaled by its largest magnitude / 127, the scale after the row
-        k1, k2 = o1.to(tl.float32), o2.to(tl.float32)
-        ks = tl.maximum(
-            tl.maximum(tl.max(tl.abs(k1), axis=1), tl.max(tl.abs(k2), axis=1)) / 127, 1e-12
-        )  # [BLOCK_H]
-        tl.store(kdst, _int8(k1 / ks[:, None]), mask=km)
-        tl.store(kdst + HALF, _int8(k2 / ks[:, None]), mask=km)
-        tl.store(
-            (krow + D).to(tl.pointer_type(tl.float32)),
-            ks,
-            mask=(heads >= n_q_heads) & (heads < n_rot),
+    vm = vh < kvh_n
+    v = tl.load(row + (n_rot + vh)[:, None] * D + dd[None, :], mask=vm[:, None], other=0.0)
+    _pool_put(v_ptr, (slot * kvh_n + vh) * ROW, dd, v, vm, D, KV_FP8, KV_INT8)
+
+
+@triton.jit
+def _rotate(x1, x2, c, sn, dtype: tl.constexpr):
+    """HF's half-split RoPE of the halves x1, x2 (float32) by cos c and sin sn, in ``dtype``:
+    (x1 c - x2 s, x2 c + x1 s), each an explicit FMA over one rounded product, so that every
+    kernel that rotates (RoPE + KV write, attention with ROPE) gets the same bits."""
+    return tl.fma(x1, c, x2 * -sn).to(dtype), tl.fma(x2, c, x1 * sn).to(dtype)
+
+
+@triton.jit
+def _pool_put_halves(
+    pool_ptr, rows, d, x1, x2, m, D: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr
+):
+    """Rows [N, D] given as halves x1, x2 [N, D/2] written at the pool row offsets ``rows``
+    [N] where ``m``: in the pool's dtype (FP8 clamped to e4m3's range), or int8 scaled by each
+    row's largest magnitude / 127 with that float32 scale stored after the row."""
+    HALF: tl.constexpr = D // 2
+    dst = pool_ptr + rows[:, None] + d[None, :]
+    if KV_INT8:
+        f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
+        sc = tl.maximum(
+            tl.maximum(tl.max(tl.abs(f1), axis=1), tl.max(tl.abs(f2), axis=1)) / 127, 1e-12
         )
-        vf = v.to(tl.float32)
-        vs = tl.maximum(tl.max(tl.abs(vf), axis=1) / 127, 1e-12)  # [BLOCK_KV]
-        tl.store(vrow[:, None] + dd[None, :], _int8(vf / vs[:, None]), mask=vm)
-        tl.store((vrow + D).to(tl.pointer_type(tl.float32)), vs, mask=vh < kvh_n)
+        tl.store(dst, _int8(f1 / sc[:, None]), mask=m[:, None])
+        tl.store(dst + HALF, _int8(f2 / sc[:, None]), mask=m[:, None])
+        tl.store((pool_ptr + rows + D).to(tl.pointer_type(tl.float32)), sc, mask=m)
     else:
-        tl.store(kdst, _to_pool(o1, k_ptr, KV_FP8), mask=km)
-        tl.store(kdst + HALF, _to_pool(o2, k_ptr, KV_FP8), mask=km)
-        tl.store(vrow[:, None] + dd[None, :], _to_pool(v, v_ptr, KV_FP8), mask=vm)
+        tl.store(dst, _to_pool(x1, pool_ptr, KV_FP8), mask=m[:, None])
+        tl.store(dst + HALF, _to_pool(x2, pool_ptr, KV_FP8), mask=m[:, None])
+
+
+@triton.jit
+def _pool_put(
+    pool_ptr, rows, dd, x, m, D: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr
+):
+    """Rows x [N, D] written as :func:`_pool_put_halves` writes them."""
+    dst = pool_ptr + rows[:, None] + dd[None, :]
+    if KV_INT8:
+        f = x.to(tl.float32)
+        sc = tl.maximum(tl.max(tl.abs(f), axis=1) / 127, 1e-12)
+        tl.store(dst, _int8(f / sc[:, None]), mask=m[:, None])
+        tl.store((pool_ptr + rows + D).to(tl.pointer_type(tl.float32)), sc, mask=m)
+    else:
+        tl.store(dst, _to_pool(x, pool_ptr, KV_FP8), mask=m[:, None])
 
 
 @triton.jit
@@ -286,6 +314,13 @@ def _paged_attn_kernel(
     part_ptr,
     ml_ptr,
     count_ptr,
+    cos_ptr,
+    sin_ptr,
+    slot_ptr,
+    qn_ptr,
+    kn_ptr,
+    eps,
+    n_pos,
     q_len,
     n_q_heads,
     kvh_n,
@@ -300,11 +335,15 @@ def _paged_attn_kernel(
     BS: tl.constexpr,
     ROWS: tl.constexpr,
     TILE: tl.constexpr,
+    TOKENS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     SPLITS: tl.constexpr,
     IEEE: tl.constexpr,
+    KV_FP8: tl.constexpr,
     KV_INT8: tl.constexpr,
     ROW: tl.constexpr,
+    ROPE: tl.constexpr,
+    QK_NORM: tl.constexpr,
     PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -322,12 +361,50 @@ def _paged_attn_kernel(
     last = tl.max(pos, axis=0)
     start = s * split_keys
     end = tl.minimum(start + split_keys, last + 1)
+    HALF: tl.constexpr = D // 2
+    dtype = q_ptr.dtype.element_ty
+    if ROPE:  # (before the wait too: the tables, this tile's new tokens' positions and slots)
+        hd = tl.arange(0, HALF)
+        row_t = tl.minimum(tl.maximum(pos, 0), n_pos - 1)  # [ROWS] each query row's table row
+        qc = tl.load(cos_ptr + row_t[:, None] * HALF + hd[None, :]).to(tl.float32)
+        qs = tl.load(sin_ptr + row_t[:, None] * HALF + hd[None, :]).to(tl.float32)
+        tj = t * TILE + tl.arange(0, TOKENS)  # the tile's tokens (TILE of them): their keys are new
+        tok = (tj < t * TILE + TILE) & (tj < q_len)
+        tpos = tl.load(pos_ptr + b * q_len + tj, mask=tok, other=-1)
+        own = tok & (tpos >= start) & (tpos < start + split_keys)  # in this split
+        tslot = tl.load(slot_ptr + b * q_len + tj, mask=own, other=0).to(tl.int64)
+        tab = tl.minimum(tl.maximum(tpos, 0), n_pos - 1)
+        kc = tl.load(cos_ptr + tab[:, None] * HALF + hd[None, :]).to(tl.float32)
+        ks = tl.load(sin_ptr + tab[:, None] * HALF + hd[None, :]).to(tl.float32)
     _pdl_enter(PDL)
-    q = tl.load(
-        q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
-        mask=valid[:, None],
-        other=0.0,
-    )  # [ROWS, D]
+    if ROPE:  # q rotated here; this split's new keys rotated and written, as rope_kv_write does
+        q_rows = q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D
+        x1 = tl.load(q_rows + hd[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        x2 = tl.load(q_rows + HALF + hd[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        if QK_NORM:
+            x1, x2 = _head_rms_norm(x1, x2, (r >= 0)[:, None], qn_ptr, kn_ptr, hd, eps, D, dtype)
+        o1, o2 = _rotate(x1, x2, qc, qs, dtype)
+        q = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (ROWS, D))  # [ROWS, D]
+        t_rows = q_ptr + (b * q_len + tj)[:, None] * q_stride  # [TILE, 1] the tokens' qkv rows
+        k_src = t_rows + (n_q_heads + kvh) * D
+        k1 = tl.load(k_src + hd[None, :], mask=own[:, None], other=0.0).to(tl.float32)
+        k2 = tl.load(k_src + HALF + hd[None, :], mask=own[:, None], other=0.0).to(tl.float32)
+        if QK_NORM:
+            k1, k2 = _head_rms_norm(k1, k2, (tj < 0)[:, None], qn_ptr, kn_ptr, hd, eps, D, dtype)
+        n1, n2 = _rotate(k1, k2, kc, ks, dtype)
+        rows_t = (tslot * kvh_n + kvh) * ROW  # [TILE] the new keys' pool rows
+        _pool_put_halves(k_ptr, rows_t, hd, n1, n2, own, D, KV_FP8, KV_INT8)
+        vt = tl.load(
+            t_rows + (n_q_heads + kvh_n + kvh) * D + d[None, :], mask=own[:, None], other=0.0
+        )
+        _pool_put(v_ptr, rows_t, d, vt, own, D, KV_FP8, KV_INT8)
+        tl.debug_barrier()  # the new rows stored before any thread reads its keys below
+    else:
+        q = tl.load(
+            q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D + d[None, :],
+            mask=valid[:, None],
+            other=0.0,
+        )  # [ROWS, D]
     m_i = tl.full([ROWS], -1.0e30, tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, D], tl.float32)
@@ -370,6 +447,23 @@ def _prefill_rows(heads: int, q_len: int, g: int) -> int:
     return max(16, _pow2(g))
 
 
+class RopeInputs(NamedTuple):
+    """What :func:`rope_kv_write` takes beside qkv, the positions and the pools (see there), for
+    :func:`paged_attention` to do that work itself (:func:`rope_in_attention`)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
+
+
+def rope_in_attention(q_len: int, group: int) -> bool:
+    """Whether a step of ``q_len`` new tokens a row, ``group`` query heads per KV head, takes
+    its RoPE and KV write inside :func:`paged_attention` (:data:`ROPE_IN_ATTENTION`): only a
+    decode or verify step whose tokens fit one program's 16 query rows."""
+    return ROPE_IN_ATTENTION and q_len * group <= 16
+
+
 def paged_attention(
     qkv: torch.Tensor,
     k_pool: torch.Tensor,
@@ -380,13 +474,17 @@ def paged_attention(
     num_kv_heads: int,
     count: torch.Tensor | None = None,
     pdl: bool = False,
+    rope: RopeInputs | None = None,
 ) -> torch.Tensor:
     """Causal attention of Q new tokens per sequence over the paged pool (their own k/v already
     written). qkv [B, Q, (H + 2 KVH) * D] (q heads first, rotated); k_pool/v_pool [NB, BS, KVH, D]
     (qkv's dtype, or llm.kv_cache's float8_e4m3fn or int8 with scales, widened as read);
     block_tables [B, MB] int64; positions [B, Q] int64 (query q sees keys 0..positions[b, q]);
     count: zeroed int32 counters from :func:`counters` (None: fresh ones for this call); ``pdl``:
-    as :func:`add_rms_norm`'s. Returns [B, Q, H * D].
+    as :func:`add_rms_norm`'s. ``rope`` (a step that :func:`rope_in_attention` takes): q and k
+    in qkv not yet rotated, this step's keys and values not yet written; the launch does what
+    :func:`rope_kv_write` would, bit for bit, except that it leaves qkv as it is. Returns
+    [B, Q, H * D].
 
     A program takes a tile of query tokens of one sequence and the query heads of one KV head
     (16 rows: a decode or verify step's tokens fit one tile; more: :func:`_prefill_rows`' tiles,
@@ -419,6 +517,10 @@ def paged_attention(
     if count is None:
         count = counters(qkv.device, programs)
     assert count.numel() >= programs or not split, "too few counters for the attention's tiles"
+    if rope is not None:  # one program per (row, KV head, key split): it owns its new keys
+        assert rows <= 16 and tiles == 1, "RoPE in the attention: decode and verify steps only"
+    cos, sin, slots, norms = rope if rope is not None else (qkv, qkv, positions, None)
+    q_w, k_w, eps = norms if norms is not None else (qkv, qkv, 0.0)
     _paged_attn_kernel[(b, kvh, tiles * splits)](
         qkv,
         k_pool,
@@ -429,6 +531,13 @@ def paged_attention(
         part,
         ml,
         count,
+        cos,
+        sin,
+        slots,
+        q_w,
+        k_w,
+        eps,
+        cos.shape[0],
         q_len,
         num_heads,
         kvh,
@@ -443,11 +552,15 @@ def paged_attention(
         BS=bs,
         ROWS=rows,
         TILE=tile,
+        TOKENS=_pow2(tile),
         BLOCK_N=block_n,
         SPLITS=_pow2(splits) if split else 1,
         IEEE=qkv.dtype == torch.float32,
+        KV_FP8=k_pool.dtype == torch.float8_e4m3fn,
         KV_INT8=k_pool.dtype == torch.int8,
         ROW=row,
+        ROPE=rope is not None,
+        QK_NORM=norms is not None,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,
