@@ -304,6 +304,56 @@ def _attn_step(q, k, v, keys, km, pos, m_i, l_i, acc, scale, IEEE: tl.constexpr)
 
 
 @triton.jit
+def _rope_rows(cos_ptr, sin_ptr, pos, n_pos, D: tl.constexpr):
+    """cos and sin [N, D/2] (float32) of the positions ``pos`` [N], each clamped into the
+    tables' n_pos rows (a masked row's -1 reads row 0)."""
+    HALF: tl.constexpr = D // 2
+    hd = tl.arange(0, HALF)
+    at = tl.minimum(tl.maximum(pos, 0), n_pos - 1)[:, None] * HALF + hd[None, :]
+    return tl.load(cos_ptr + at).to(tl.float32), tl.load(sin_ptr + at).to(tl.float32)
+
+
+@triton.jit
+def _rope_q(
+    q_rows, valid, c, sn, qn_ptr, kn_ptr, eps, ROWS: tl.constexpr, D: tl.constexpr,
+    QK_NORM: tl.constexpr, dtype: tl.constexpr,
+):  # fmt: skip
+    """The query rows at ``q_rows`` [ROWS, 1] (where ``valid``) rotated by c, sn [ROWS, D/2]
+    (normalised first with QK_NORM), as rope_kv_write stores them: [ROWS, D] in ``dtype``."""
+    HALF: tl.constexpr = D // 2
+    hd = tl.arange(0, HALF)[None, :]
+    x1 = tl.load(q_rows + hd, mask=valid[:, None], other=0.0).to(tl.float32)
+    x2 = tl.load(q_rows + HALF + hd, mask=valid[:, None], other=0.0).to(tl.float32)
+    if QK_NORM:
+        is_q = (tl.arange(0, ROWS) >= 0)[:, None]
+        x1, x2 = _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, tl.arange(0, HALF), eps, D, dtype)
+    o1, o2 = _rotate(x1, x2, c, sn, dtype)
+    return tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (ROWS, D))  # halves side by side
+
+
+@triton.jit
+def _put_new_keys(
+    k_src, v_src, own, c, sn, k_ptr, v_ptr, rows, qn_ptr, kn_ptr, eps, D: tl.constexpr,
+    KV_FP8: tl.constexpr, KV_INT8: tl.constexpr, QK_NORM: tl.constexpr, dtype: tl.constexpr,
+):  # fmt: skip
+    """The new keys at ``k_src`` [N, 1] where ``own`` rotated by c, sn [N, D/2] (normalised
+    first with QK_NORM) and written with their values (``v_src``) at the pool rows ``rows``
+    [N], as rope_kv_write writes them."""
+    HALF: tl.constexpr = D // 2
+    hd = tl.arange(0, HALF)
+    k1 = tl.load(k_src + hd[None, :], mask=own[:, None], other=0.0).to(tl.float32)
+    k2 = tl.load(k_src + HALF + hd[None, :], mask=own[:, None], other=0.0).to(tl.float32)
+    if QK_NORM:
+        is_q = (rows < 0)[:, None]  # (none: these are keys)
+        k1, k2 = _head_rms_norm(k1, k2, is_q, qn_ptr, kn_ptr, hd, eps, D, dtype)
+    n1, n2 = _rotate(k1, k2, c, sn, dtype)
+    _pool_put_halves(k_ptr, rows, hd, n1, n2, own, D, KV_FP8, KV_INT8)
+    dd = tl.arange(0, D)
+    v = tl.load(v_src + dd[None, :], mask=own[:, None], other=0.0)
+    _pool_put(v_ptr, rows, dd, v, own, D, KV_FP8, KV_INT8)
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -361,43 +411,24 @@ def _paged_attn_kernel(
     last = tl.max(pos, axis=0)
     start = s * split_keys
     end = tl.minimum(start + split_keys, last + 1)
-    HALF: tl.constexpr = D // 2
     dtype = q_ptr.dtype.element_ty
-    if ROPE:  # (before the wait too: the tables, this tile's new tokens' positions and slots)
-        hd = tl.arange(0, HALF)
-        row_t = tl.minimum(tl.maximum(pos, 0), n_pos - 1)  # [ROWS] each query row's table row
-        qc = tl.load(cos_ptr + row_t[:, None] * HALF + hd[None, :]).to(tl.float32)
-        qs = tl.load(sin_ptr + row_t[:, None] * HALF + hd[None, :]).to(tl.float32)
+    if ROPE:  # (before the wait too: the tables' rows, this tile's new tokens and slots)
+        qc, qs = _rope_rows(cos_ptr, sin_ptr, pos, n_pos, D)  # [ROWS, D/2] each
         tj = t * TILE + tl.arange(0, TOKENS)  # the tile's tokens (TILE of them): their keys are new
         tok = (tj < t * TILE + TILE) & (tj < q_len)
         tpos = tl.load(pos_ptr + b * q_len + tj, mask=tok, other=-1)
-        own = tok & (tpos >= start) & (tpos < start + split_keys)  # in this split
+        own = tok & (tpos >= start) & (tpos < start + split_keys)  # in this split: written here
         tslot = tl.load(slot_ptr + b * q_len + tj, mask=own, other=0).to(tl.int64)
-        tab = tl.minimum(tl.maximum(tpos, 0), n_pos - 1)
-        kc = tl.load(cos_ptr + tab[:, None] * HALF + hd[None, :]).to(tl.float32)
-        ks = tl.load(sin_ptr + tab[:, None] * HALF + hd[None, :]).to(tl.float32)
+        kc, ks = _rope_rows(cos_ptr, sin_ptr, tpos, n_pos, D)  # [TOKENS, D/2] each
     _pdl_enter(PDL)
     if ROPE:  # q rotated here; this split's new keys rotated and written, as rope_kv_write does
-        q_rows = q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D
-        x1 = tl.load(q_rows + hd[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        x2 = tl.load(q_rows + HALF + hd[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
-        if QK_NORM:
-            x1, x2 = _head_rms_norm(x1, x2, (r >= 0)[:, None], qn_ptr, kn_ptr, hd, eps, D, dtype)
-        o1, o2 = _rotate(x1, x2, qc, qs, dtype)
-        q = tl.reshape(tl.permute(tl.join(o1, o2), (0, 2, 1)), (ROWS, D))  # [ROWS, D]
-        t_rows = q_ptr + (b * q_len + tj)[:, None] * q_stride  # [TILE, 1] the tokens' qkv rows
-        k_src = t_rows + (n_q_heads + kvh) * D
-        k1 = tl.load(k_src + hd[None, :], mask=own[:, None], other=0.0).to(tl.float32)
-        k2 = tl.load(k_src + HALF + hd[None, :], mask=own[:, None], other=0.0).to(tl.float32)
-        if QK_NORM:
-            k1, k2 = _head_rms_norm(k1, k2, (tj < 0)[:, None], qn_ptr, kn_ptr, hd, eps, D, dtype)
-        n1, n2 = _rotate(k1, k2, kc, ks, dtype)
-        rows_t = (tslot * kvh_n + kvh) * ROW  # [TILE] the new keys' pool rows
-        _pool_put_halves(k_ptr, rows_t, hd, n1, n2, own, D, KV_FP8, KV_INT8)
-        vt = tl.load(
-            t_rows + (n_q_heads + kvh_n + kvh) * D + d[None, :], mask=own[:, None], other=0.0
-        )
-        _pool_put(v_ptr, rows_t, d, vt, own, D, KV_FP8, KV_INT8)
+        q_rows = q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D  # [ROWS, 1]
+        q = _rope_q(q_rows, valid, qc, qs, qn_ptr, kn_ptr, eps, ROWS, D, QK_NORM, dtype)
+        t_rows = q_ptr + (b * q_len + tj)[:, None] * q_stride  # [TOKENS, 1] the tokens' qkv
+        k_src, v_src = t_rows + (n_q_heads + kvh) * D, t_rows + (n_q_heads + kvh_n + kvh) * D
+        rows = (tslot * kvh_n + kvh) * ROW  # [TOKENS] the new keys' pool rows
+        _put_new_keys(k_src, v_src, own, kc, ks, k_ptr, v_ptr, rows, qn_ptr, kn_ptr, eps, D,
+                      KV_FP8, KV_INT8, QK_NORM, dtype)  # fmt: skip
         tl.debug_barrier()  # the new rows stored before any thread reads its keys below
     else:
         q = tl.load(
