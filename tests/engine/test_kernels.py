@@ -93,6 +93,35 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
         return model(ids, inp, runner.k_pool, runner.v_pool)  # [B, Q, hidden]
 
 
+def _tiny_model(qk: bool, g: torch.Generator):
+    """TINY in fp32; with ``qk``, Qwen3's q/k norms and biases, the norms' weights drawn from
+    ``g`` (they start at one: make them matter)."""
+    cfg = dataclasses.replace(TINY, qk_norm=True, attention_bias=True) if qk else TINY
+    model = random_llama(cfg, torch.float32, DEV)
+    if qk:
+        with torch.no_grad():
+            for layer in model.layers:
+                for norm in (layer.attn.q_norm, layer.attn.k_norm):
+                    norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) + 0.5)
+    return model
+
+
+def _cached_step(model, lengths: list[int], width: int, g: torch.Generator):
+    """Two runners whose pools hold the same cached prefixes of ``lengths`` tokens (torch path;
+    blocks of 16, room for 40 more), and a step's rows of ``width`` new tokens after them
+    (every other row one token short when ``width`` > 1: padding), tokens drawn from ``g``."""
+    tables, nxt = block_tables(lengths, 16, 40)
+    runners = [ModelRunner(model, nxt, 16) for _ in range(2)]
+    prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
+    for runner in runners:
+        run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
+    rows = [
+        Row(torch.randint(0, 300, (width - i % 2 * (width > 1),), generator=g).tolist(), n, t, 0)
+        for i, (n, t) in enumerate(zip(lengths, tables))
+    ]
+    return runners, rows
+
+
 @pytest.mark.parametrize(
     "case",
     [
@@ -116,42 +145,25 @@ def test_fused_forward_matches_torch_forward(case):
     on top of a cached prefix (the paged kernel over tiles of query tokens, short and long; and
     with ``prefill_attention: sdpa``, gather + SDPA) and a long context at batch 1 (split
     keys). ``qk-norm``: Qwen3's per-head q and k norms (in the RoPE kernel), with q/k biases."""
-    qk = case.endswith("qk-norm")
-    cfg = dataclasses.replace(TINY, qk_norm=True, attention_bias=True) if qk else TINY
-    model = random_llama(cfg, torch.float32, DEV)
-    if qk:  # norm weights start at one: make them matter
-        g = torch.Generator().manual_seed(3)
-        with torch.no_grad():
-            for layer in model.layers:
-                for norm in (layer.attn.q_norm, layer.attn.k_norm):
-                    norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) + 0.5)
+    model = _tiny_model(case.endswith("qk-norm"), torch.Generator().manual_seed(3))
     if case == "prefill-sdpa":
         model.prefill_attention = "sdpa"
     if "triton-linear" in case:  # Linears by the FP8 kernel (unscaled; one row: gemv)
         model.triton_linear_rows = 16
-    g = torch.Generator().manual_seed(2)
-    bs, lengths = (
-        16,
-        {
-            "decode": [5, 40, 17],
-            "decode-wide": [5, 40, 17, 3, 60, 21],
-            "decode-triton-linear": [5, 40, 17],
-            "decode-one-triton-linear": [40],
-            "decode-qk-norm": [5, 40, 17],
-            "prefill-qk-norm": [20, 33],
-            "verify": [30, 9],
-            "verify-one": [45],
-            "prefill-short": [70],
-            "prefill-on-prefix": [20, 33],
-            "prefill-sdpa": [20, 33],
-            "long-split": [300],
-        }[case],
-    )
-    tables, nxt = block_tables(lengths, bs, 40)
-    runners = [ModelRunner(model, nxt, bs) for _ in range(2)]
-    prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
-    for runner in runners:  # both pools hold the same cached prefixes (torch path)
-        run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
+    lengths = {
+        "decode": [5, 40, 17],
+        "decode-wide": [5, 40, 17, 3, 60, 21],
+        "decode-triton-linear": [5, 40, 17],
+        "decode-one-triton-linear": [40],
+        "decode-qk-norm": [5, 40, 17],
+        "prefill-qk-norm": [20, 33],
+        "verify": [30, 9],
+        "verify-one": [45],
+        "prefill-short": [70],
+        "prefill-on-prefix": [20, 33],
+        "prefill-sdpa": [20, 33],
+        "long-split": [300],
+    }[case]
     width = {
         "verify": 3,
         "verify-one": 3,
@@ -160,15 +172,7 @@ def test_fused_forward_matches_torch_forward(case):
         "prefill-sdpa": 24,
         "prefill-qk-norm": 24,
     }.get(case, 1)
-    rows = [
-        Row(
-            torch.randint(0, 300, (width - (i % 2 if width > 1 else 0),), generator=g).tolist(),
-            n,
-            t,
-            0,
-        )
-        for i, (n, t) in enumerate(zip(lengths, tables))
-    ]
+    runners, rows = _cached_step(model, lengths, width, torch.Generator().manual_seed(2))
     want = run_layers(model, runners[0], rows, False)
     got = run_layers(model, runners[1], rows, True)
     for i, r in enumerate(rows):  # padding positions are don't-care
@@ -183,26 +187,11 @@ def test_rope_in_the_attention_gives_the_bits_of_its_own_launch(monkeypatch, cas
     attention give the same hidden states and pool contents, bit for bit, as rope_kv_write's
     launch before it; rope_kv_write is then not launched. Ragged rows, padded verify rows, a
     long row split over the keys, and Qwen3's q/k norms."""
-    qk = case == "qk-norm"
-    cfg = dataclasses.replace(TINY, qk_norm=True, attention_bias=True) if qk else TINY
-    model = random_llama(cfg, torch.float32, DEV)
     g = torch.Generator().manual_seed(13)
-    if qk:  # norm weights start at one: make them matter
-        with torch.no_grad():
-            for layer in model.layers:
-                for norm in (layer.attn.q_norm, layer.attn.k_norm):
-                    norm.weight.copy_(torch.rand(cfg.head_dim, generator=g) + 0.5)
+    model = _tiny_model(case == "qk-norm", g)
     lengths = {"decode": [5, 40, 17], "verify": [30, 9], "qk-norm": [5, 40, 17]}.get(case, [300])
     width = 3 if case == "verify" else 1
-    tables, nxt = block_tables(lengths, 16, 40)
-    runners = [ModelRunner(model, nxt, 16) for _ in range(2)]
-    prefix = [torch.randint(0, 300, (n,), generator=g).tolist() for n in lengths]
-    for runner in runners:
-        run_layers(model, runner, [Row(p, 0, t, len(p)) for p, t in zip(prefix, tables)], False)
-    rows = [
-        Row(torch.randint(0, 300, (width - i % 2 * (width > 1),), generator=g).tolist(), n, t, 0)
-        for i, (n, t) in enumerate(zip(lengths, tables))
-    ]
+    runners, rows = _cached_step(model, lengths, width, g)
     launched, real = [], kernels.rope_kv_write
     monkeypatch.setattr(kernels, "rope_kv_write", lambda *a: launched.append(1) or real(*a))
     monkeypatch.setattr(kernels.attention, "ROPE_IN_ATTENTION", False)
