@@ -36,11 +36,11 @@ _DECODE_BLOCK_N = 0  # keys per inner step of a program of 16 rows or fewer; 0: 
 _DECODE_STAGES = 0  # software-pipeline stages of such a program's key loop; 0: Triton's default,
 # 3 (compiled for sm_90 at head dim 128 and 128 keys a step: 222 registers, two programs an SM;
 # 2 stages: 167; 64 keys, 2 stages: 122, four an SM; bench.attention's triton@KEYS:STAGES)
+_DECODE_WARPS = 0  # warps of such a program; 0: 4 (8 warps at 128 keys: 128 registers with 3
+# stages, 80 with 2; docs/benchmarks.md 71)
 ROPE_IN_ATTENTION = False  # a decode step's RoPE and KV write inside the paged attention (each
 # program rotates its q rows; the one whose key split holds a new key writes it), not a launch
 # of rope_kv_write before it; off until timed (docs/benchmarks.md 72)
-_DECODE_WARPS = 0  # warps of such a program; 0: 4 (8 warps at 128 keys: 128 registers with 3
-# stages, 80 with 2; docs/benchmarks.md 71)
 
 
 # ----------------------------------------------------------------------------- RoPE + KV write
