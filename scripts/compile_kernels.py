@@ -10,7 +10,8 @@ where CI runs the kernels, lets pass.
 2. ``compile``: each distinct launch is compiled by Triton's own compiler for the target
    (sm_90 by default) down to a cubin, in a process without the interpreter, with the
    constants a GPU's launch sets (``AS_SERVED``: no emulated dp4a); on sm_90 and newer each
-   also with PDL on, as served there (the interpreter launches without it).
+   also with PDL on, as served there (the interpreter launches without it). A launch whose
+   shared memory is over the target's limit counts as failed: the GPU would refuse it.
 
 Usage (repo root):
     python scripts/compile_kernels.py [--arch 90] [--record-only | --from launches.json]
@@ -31,6 +32,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = "tests/engine/test_kernels.py"
 OPTIONS = ("num_warps", "num_stages", "num_ctas", "maxnreg", "launch_pdl", "enable_fp_fusion")
+# Shared memory a block may take at most, by compute capability (the CUDA guide's opt-in limit):
+# a launch over it compiles and then fails on the GPU (Triton's OutOfResources), so count it here.
+SHARED_LIMIT = {
+    80: 166912,
+    86: 101376,
+    87: 166912,
+    89: 101376,
+    90: 232448,
+    100: 232448,
+    120: 101376,
+}
 AS_SERVED = {"EMULATE": False}  # constants a launch on CPU tensors sets as no GPU's launch does
 
 
@@ -141,7 +153,10 @@ def compile_all(path: Path, arch: int) -> int:
         if launch["options"].get("launch_pdl"):
             options["launch_pdl"] = True
         try:
-            triton.compile(src, target=target, options=options)
+            shared = triton.compile(src, target=target, options=options).metadata.shared
+            limit = SHARED_LIMIT.get(arch, SHARED_LIMIT[90])
+            if shared > limit:
+                raise RuntimeError(f"shared memory {shared} bytes, over sm_{arch}'s {limit}")
         except Exception as exc:  # the compiler's own words, one line a failure
             failed += 1
             lines = str(exc).strip().splitlines() or [type(exc).__name__]
