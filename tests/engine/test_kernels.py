@@ -202,8 +202,10 @@ def test_rope_in_the_attention_gives_the_bits_of_its_own_launch(monkeypatch, cas
     got = run_layers(model, runners[1], rows, True)
     assert not launched, "rope_kv_write launched beside the attention that does its work"
     assert torch.equal(got, want)
-    assert torch.equal(runners[1].k_pool, runners[0].k_pool)
-    assert torch.equal(runners[1].v_pool, runners[0].v_pool)
+    # block 0 is the scratch block every padding token writes, in no set order on a GPU: the
+    # two runners' prefills leave different values there (the H200 showed it), so it is left out
+    assert torch.equal(runners[1].k_pool[:, 1:], runners[0].k_pool[:, 1:])
+    assert torch.equal(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:])
 
 
 @pytest.mark.parametrize("pool", [torch.float32, torch.float8_e4m3fn, torch.int8])
