@@ -5,7 +5,7 @@
 #   TREES="base=.carry/old head=." ROUNDS=2 bash scripts/gpu/steps.sh "1b 8b"   (outputs under $OUT)
 # TREES: name=path pairs, each path holding a voicert/ package (variants.sh leaves
 # /tmp/variant-NAME); FLAGS: more profile_step flags (default "--triton-linear-rows 1"; e.g.
-# "--fp8"); CONTEXT: 600 unless set; BATCH: 1 unless set.
+# "--fp8"); CONTEXT: 600 unless set; BATCH: 1 unless set; TAG: a prefix for the files' names.
 set -u
 out=${OUT:-steps-out}
 source "$(dirname "${BASH_SOURCE[0]}")/kernel-env.sh"
@@ -16,8 +16,8 @@ for shape in $1; do
       tree=$(cd "${pair#*=}" && pwd)
       (cd "$tree" && PYTHONPATH=$tree:/root/site python3 -m voicert.bench.profile_step \
         --model "llama-$shape-random" --batch "${BATCH:-1}" --context "${CONTEXT:-600}" \
-        ${FLAGS:---triton-linear-rows 1}) > "$out/step-$shape-$name-$round.txt" 2>&1
-      echo "$shape $name round $round: $(grep -iE 'back to back' "$out/step-$shape-$name-$round.txt" | head -1)"
+        ${FLAGS:---triton-linear-rows 1}) > "$out/step-${TAG:-}$shape-$name-$round.txt" 2>&1
+      echo "$shape $name round $round: $(grep -iE 'back to back' "$out/step-${TAG:-}$shape-$name-$round.txt" | head -1)"
     done
   done
 done

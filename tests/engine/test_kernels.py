@@ -404,8 +404,9 @@ def test_rope_and_attention_read_nothing_the_kernel_before_writes_until_the_pdl_
     """Under PDL a kernel starts while the one before it still runs, so before its wait it may
     read only what that kernel does not write. rope_kv_write (after the qkv Linear) reads its
     positions, slots and tables early, never qkv; the paged attention (after rope_kv_write)
-    reads its positions early, never q nor this step's new keys and values (decode and a
-    verify step of 3 tokens); doing RoPE itself (after the qkv Linear), never qkv."""
+    reads its positions and its first key tile's block-table entries early (no kernel of the
+    step writes the table), never q nor this step's new keys and values (decode and a verify
+    step of 3 tokens); doing RoPE itself (after the qkv Linear), never qkv."""
     g = torch.Generator().manual_seed(8)
     h, kvh, d, bs, blocks = 4, 2, 16, 16, 6
     k_pool = torch.randn(1 + 2 * blocks, bs, kvh, d, generator=g)
@@ -428,7 +429,7 @@ def test_rope_and_attention_read_nothing_the_kernel_before_writes_until_the_pdl_
     before.clear()
     want = kernels.paged_attention(qkv, k_pool, v_pool, table, pos, h, kvh)
     assert not any(a in span for span in written for a in before), "read what rope writes"
-    assert any(a in _bytes(pos) for a in before)
+    assert any(a in _bytes(pos) for a in before) and any(a in _bytes(table) for a in before)
     before.clear()  # with RoPE inside, the kernel before is the qkv Linear: qkv it writes
     roped = kernels.attention.RopeInputs(cos, sin, slots)
     assert torch.equal(kernels.paged_attention(*raw, table, pos, h, kvh, rope=roped), want)

@@ -420,6 +420,10 @@ def _paged_attn_kernel(
         own = tok & (tpos >= start) & (tpos < start + split_keys)  # in this split: written here
         tslot = tl.load(slot_ptr + b * q_len + tj, mask=own, other=0).to(tl.int64)
         kc, ks = _rope_rows(cos_ptr, sin_ptr, tpos, n_pos, D)  # [TOKENS, D/2] each
+    # The first key tile's pool rows before the wait too: no kernel of the step writes the block
+    # table, so one dependent read leaves the chain that starts at the wait.
+    first = start + tl.arange(0, BLOCK_N)
+    kv_first = _kv_rows(table_ptr, b * max_blocks, first, first < end, kvh, kvh_n, BS, ROW)
     _pdl_enter(PDL)
     if ROPE:  # q rotated here; this split's new keys rotated and written, as rope_kv_write does
         q_rows = q_ptr + (b * q_len + qi)[:, None] * q_stride + head[:, None] * D  # [ROWS, 1]
@@ -442,7 +446,10 @@ def _paged_attn_kernel(
     for n0 in range(start, end, BLOCK_N):
         keys = n0 + tl.arange(0, BLOCK_N)
         km = keys < end
-        kv_row = _kv_rows(table_ptr, b * max_blocks, keys, km, kvh, kvh_n, BS, ROW)
+        # (the rows read here for each later tile: carried from one step to the next instead,
+        # they let Triton's pipeliner double-buffer K and V, over sm_90's shared memory at fp32)
+        kv_row = _kv_rows(table_ptr, b * max_blocks, keys, km & (n0 != start), kvh, kvh_n, BS, ROW)
+        kv_row = tl.where(n0 == start, kv_first, kv_row)
         k = _kv_tile(k_ptr, kv_row, d, km, D, KV_INT8).to(q.dtype)  # [BLOCK_N, D]
         v = _kv_tile(v_ptr, kv_row, d, km, D, KV_INT8).to(q.dtype)  # (a one-byte pool widened)
         m_i, l_i, acc = _attn_step(q, k, v, keys, km, pos, m_i, l_i, acc, scale, IEEE)
