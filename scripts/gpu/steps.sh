@@ -17,7 +17,7 @@ for shape in $1; do
       (cd "$tree" && PYTHONPATH=$tree:/root/site python3 -m voicert.bench.profile_step \
         --model "llama-$shape-random" --batch "${BATCH:-1}" --context "${CONTEXT:-600}" \
         ${FLAGS:---triton-linear-rows 1}) > "$out/step-${TAG:-}$shape-$name-$round.txt" 2>&1
-      echo "$shape $name round $round: $(grep -iE 'back to back' "$out/step-${TAG:-}$shape-$name-$round.txt" | head -1)"
+      echo "$shape $name round $round: $(grep -oE 'replays back to back [0-9.]+ ms' "$out/step-${TAG:-}$shape-$name-$round.txt")"
     done
   done
 done
