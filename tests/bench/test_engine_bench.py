@@ -41,6 +41,13 @@ async def test_measure_reports_ttft_and_decode_tpot_by_row_name():
     # the cached-prefix prompts: a warm-up, then reps, each 500 + 100 (and 150 + 20) tokens
     assert calls[:5] == [(600, 1)] * 5 and calls[5:10] == [(170, 1)] * 5
     assert (10, 9) in calls
+    # each stream count is warmed at its full count (steps of that many rows compile first),
+    # then timed
+    tail = calls[10:]
+    assert (
+        tail
+        == [(10, streams.WARM_TOKENS)] + [(10, 9)] + [(10, streams.WARM_TOKENS)] * 3 + [(10, 9)] * 3
+    )
 
 
 def test_the_table_names_the_engine_beside_ours_and_its_ratios():
