@@ -964,20 +964,22 @@ def test_gemv_computes_one_row_with_the_dequantized_weights(blocks, wide, monkey
 
 def test_gemv_takes_eight_rows_a_program_for_wide_two_byte_weights_alone(monkeypatch):
     """Unless told its tile, gemv gives a program ``GEMV_WIDE_ROWS`` outputs of 2-byte weights
-    where that still makes ``FP8_PROGRAMS`` programs without splitting K, else ``GEMV_TILE``'s
-    (FP8 weights, narrow ones); the sums agree either way (to bf16's rounding: on a GPU the
-    two tiles' sums across threads may run in another order)."""
+    of at most ``GEMV_WIDE_K`` columns where that still makes ``FP8_PROGRAMS`` programs without
+    splitting K, else ``GEMV_TILE``'s (FP8 weights, narrow or long ones); the sums agree
+    either way (to bf16's rounding: on a GPU the two tiles' sums across threads may run in
+    another order)."""
     mv = kernels.matvec
-    rows = mv.GEMV_WIDE_ROWS
+    rows, k = mv.GEMV_WIDE_ROWS, mv.GEMV_WIDE_K
     wide = (rows, *mv.GEMV_TILE[1:])
-    assert mv._default_tile(rows * mv.FP8_PROGRAMS, 2) == wide  # Llama-1B's qkv, gate_up, head
-    assert mv._default_tile(rows * mv.FP8_PROGRAMS - rows, 2) == mv.GEMV_TILE  # its o and down
-    assert mv._default_tile(1 << 17, 1) == mv.GEMV_TILE  # FP8
+    assert mv._default_tile(rows * mv.FP8_PROGRAMS, k, 2) == wide  # 1B's qkv, gate_up, head
+    assert mv._default_tile(rows * mv.FP8_PROGRAMS - rows, k, 2) == mv.GEMV_TILE  # o and down
+    assert mv._default_tile(rows * mv.FP8_PROGRAMS, k + 1, 2) == mv.GEMV_TILE  # every 8B Linear
+    assert mv._default_tile(1 << 17, k, 1) == mv.GEMV_TILE  # FP8
     monkeypatch.setattr(mv, "FP8_PROGRAMS", 4)  # (a small matrix takes the wide tile)
     g = torch.Generator().manual_seed(12)
     x = torch.randn(1, 72, generator=g).bfloat16().to(DEV)
     w = torch.randn(40, 72, generator=g).bfloat16().to(DEV)
-    assert mv._default_tile(40, 2) == wide
+    assert mv._default_tile(40, 72, 2) == wide
     count = kernels.counters(DEV)
     got = kernels.gemv(x, w, None, None, count)
     assert close(got, kernels.gemv(x, w, None, None, count, mv.GEMV_TILE), 1e-2)

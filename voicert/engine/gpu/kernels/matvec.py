@@ -110,9 +110,12 @@ def _gemv_kernel(
 
 
 GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
-GEMV_WIDE_ROWS = 8  # 2-byte weights: BLOCK_N where that still gives FP8_PROGRAMS tiles unsplit
-# (H200, 1B: qkv 6.0 -> 5.3 us, gate_up 19.2 -> 18.9, LM head 123.4 -> 121.3; o and down,
-# 256 tiles, would split K and slow down: 4.2 -> 6.8, 10.7 -> 13.4; docs/benchmarks.md 72)
+GEMV_WIDE_ROWS = 8  # 2-byte weights of K <= GEMV_WIDE_K: BLOCK_N where that still gives
+# FP8_PROGRAMS tiles unsplit (H200, 1B: qkv 6.0 -> 5.3 us, gate_up 19.2 -> 18.9, LM head 123.4
+# -> 121.3; o and down, 256 tiles, would split K and slow down: 4.2 -> 6.8, 10.7 -> 13.4;
+# docs/benchmarks.md 72)
+GEMV_WIDE_K = 2048  # past it 8 rows lose: 8B bf16 o 11.8 us against 11.0 at 4 rows, down 33.8
+# against 31.5, the step 4.41 ms against 4.35 (H200, docs/benchmarks.md 73)
 GEMV_X_WIDE = True  # FP8 weights read in x's layout (_gemv_kernel's X_WIDE), no shared memory
 # a step: 8B FP8 layers 10 % faster (gate_up 35.9 -> 32.8 us), TPOT 3.14 -> 3.03 ms, 1B 0.88 ->
 # 0.85 (H200, docs/benchmarks.md 67)
@@ -120,10 +123,12 @@ GEMV_PRE = {1: 4}  # weight tiles loaded before the PDL wait, by weight bytes (e
 # layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59)
 
 
-def _default_tile(n: int, weight_bytes: int) -> tuple[int, int, int]:
-    """:data:`GEMV_TILE`, or for 2-byte weights with at least ``FP8_PROGRAMS`` tiles of
-    :data:`GEMV_WIDE_ROWS` outputs, that many outputs a program."""
-    if weight_bytes == 2 and triton.cdiv(n, GEMV_WIDE_ROWS) >= FP8_PROGRAMS:
+def _default_tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
+    """:data:`GEMV_TILE`, or for 2-byte weights of at most :data:`GEMV_WIDE_K` columns with at
+    least ``FP8_PROGRAMS`` tiles of :data:`GEMV_WIDE_ROWS` outputs, that many outputs a
+    program."""
+    wide = k <= GEMV_WIDE_K and triton.cdiv(n, GEMV_WIDE_ROWS) >= FP8_PROGRAMS
+    if weight_bytes == 2 and wide:
         return (GEMV_WIDE_ROWS, *GEMV_TILE[1:])
     return GEMV_TILE
 
@@ -150,7 +155,7 @@ def gemv(
     m, k = x2.shape
     assert m == 1 and x2.stride(-1) == 1, x2.shape
     n = w.shape[0]
-    blocks = blocks or _default_tile(n, w.element_size())
+    blocks = blocks or _default_tile(n, k, w.element_size())
     bn, bk, warps = blocks[:3]
     split = blocks[3] if len(blocks) > 3 else 0
     pre = blocks[4] if len(blocks) > 4 else GEMV_PRE.get(w.element_size(), 1)
