@@ -120,7 +120,12 @@ GEMV_X_WIDE = True  # FP8 weights read in x's layout (_gemv_kernel's X_WIDE), no
 # a step: 8B FP8 layers 10 % faster (gate_up 35.9 -> 32.8 us), TPOT 3.14 -> 3.03 ms, 1B 0.88 ->
 # 0.85 (H200, docs/benchmarks.md 67)
 GEMV_PRE = {1: 4}  # weight tiles loaded before the PDL wait, by weight bytes (else 1): FP8
-# layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59)
+# layers 5 % faster with 4; bf16 ones 3-5 % slower with 2 or 4 (section 59), and 1B bf16's
+# step 0.91 -> 1.00 ms with 4 (8-row tiles spill; H200, docs/benchmarks.md 73)
+GEMV_PRE_LONG = 4  # ... but 2-byte weights of more than GEMV_WIDE_K columns and at least
+# GEMV_PRE_LONG_N outputs (4-row tiles, 1024+ of them) take this many: 8B bf16's step 4.352 ->
+# 4.293 ms; not 1B's down (2048 x 8192): its step 0.908 -> 0.914 (H200, docs/benchmarks.md 73)
+GEMV_PRE_LONG_N = 4096
 
 
 def _default_tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
@@ -131,6 +136,15 @@ def _default_tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
     if weight_bytes == 2 and wide:
         return (GEMV_WIDE_ROWS, *GEMV_TILE[1:])
     return GEMV_TILE
+
+
+def _default_pre(n: int, k: int, weight_bytes: int) -> int:
+    """Weight tiles a program reads before the PDL wait: :data:`GEMV_PRE` by the weights'
+    bytes, or :data:`GEMV_PRE_LONG` for 2-byte weights [n, k] longer than :data:`GEMV_WIDE_K`
+    with at least :data:`GEMV_PRE_LONG_N` outputs."""
+    if weight_bytes == 2 and k > GEMV_WIDE_K and n >= GEMV_PRE_LONG_N:
+        return GEMV_PRE_LONG
+    return GEMV_PRE.get(weight_bytes, 1)
 
 
 def gemv(
@@ -149,7 +163,7 @@ def gemv(
     faster than the MMA kernel's 16-row tiles do. ``blocks``: (BLOCK_N, BLOCK_K, num_warps[,
     SPLIT[, PRE]]; None: :func:`_default_tile`); SPLIT 0 or absent: K is split until there are
     :data:`FP8_PROGRAMS` programs; PRE: weight tiles read before the PDL wait (absent:
-    :data:`GEMV_PRE` by the weights' bytes). ``count``: as :func:`fp8_linear`'s. ``pdl``: as
+    :func:`_default_pre`). ``count``: as :func:`fp8_linear`'s. ``pdl``: as
     :func:`add_rms_norm`'s. ``out``: where to write (N contiguous values in x2's dtype; None: a
     new [1, N])."""
     m, k = x2.shape
@@ -158,7 +172,7 @@ def gemv(
     blocks = blocks or _default_tile(n, k, w.element_size())
     bn, bk, warps = blocks[:3]
     split = blocks[3] if len(blocks) > 3 else 0
-    pre = blocks[4] if len(blocks) > 4 else GEMV_PRE.get(w.element_size(), 1)
+    pre = blocks[4] if len(blocks) > 4 else _default_pre(n, k, w.element_size())
     tiles = triton.cdiv(n, bn)
     if not split:
         split = _split_rule(tiles, k)
