@@ -127,12 +127,10 @@ def _pool_put_halves(
     dst = pool_ptr + rows[:, None] + d[None, :]
     if KV_INT8:
         f1, f2 = x1.to(tl.float32), x2.to(tl.float32)
-        sc = tl.maximum(
-            tl.maximum(tl.max(tl.abs(f1), axis=1), tl.max(tl.abs(f2), axis=1)) / 127, 1e-12
-        )
+        amax = tl.maximum(tl.max(tl.abs(f1), axis=1), tl.max(tl.abs(f2), axis=1))
+        sc = _int8_row_scale(pool_ptr, rows, amax, m, D)
         tl.store(dst, _int8(f1 / sc[:, None]), mask=m[:, None])
         tl.store(dst + HALF, _int8(f2 / sc[:, None]), mask=m[:, None])
-        tl.store((pool_ptr + rows + D).to(tl.pointer_type(tl.float32)), sc, mask=m)
     else:
         tl.store(dst, _to_pool(x1, pool_ptr, KV_FP8), mask=m[:, None])
         tl.store(dst + HALF, _to_pool(x2, pool_ptr, KV_FP8), mask=m[:, None])
@@ -146,9 +144,8 @@ def _pool_put(
     dst = pool_ptr + rows[:, None] + dd[None, :]
     if KV_INT8:
         f = x.to(tl.float32)
-        sc = tl.maximum(tl.max(tl.abs(f), axis=1) / 127, 1e-12)
+        sc = _int8_row_scale(pool_ptr, rows, tl.max(tl.abs(f), axis=1), m, D)
         tl.store(dst, _int8(f / sc[:, None]), mask=m[:, None])
-        tl.store((pool_ptr + rows + D).to(tl.pointer_type(tl.float32)), sc, mask=m)
     else:
         tl.store(dst, _to_pool(x, pool_ptr, KV_FP8), mask=m[:, None])
 
@@ -165,6 +162,15 @@ def _head_rms_norm(x1, x2, is_q, qn_ptr, kn_ptr, d, eps, D: tl.constexpr, dtype:
     y1 = (x1 * rstd[:, None]).to(dtype).to(tl.float32) * w1.to(tl.float32)
     y2 = (x2 * rstd[:, None]).to(dtype).to(tl.float32) * w2.to(tl.float32)
     return y1.to(dtype).to(tl.float32), y2.to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _int8_row_scale(pool_ptr, rows, amax, m, D: tl.constexpr):
+    """An int8 pool's scale for rows whose largest magnitudes are ``amax`` [N] (amax / 127, at
+    least 1e-12), stored as float32 after each row's D values where ``m``; returns it [N]."""
+    sc = tl.maximum(amax / 127, 1e-12)
+    tl.store((pool_ptr + rows + D).to(tl.pointer_type(tl.float32)), sc, mask=m)
+    return sc
 
 
 @triton.jit
