@@ -4,7 +4,13 @@ one row over ``CONTEXT`` keys, the block table padded to the engine's span bucke
 graph has it, with the key splits and keys a step forced (the module's settings patched), one
 split (no merge), a short row attended whole (``_ONE_SPLIT_TILES``), and beside them an empty launch of as many programs and the other small
 kernels of the step (the floor a launch pays). Each attention output is checked against the
-default's. Usage (repo root, a GPU): python scripts/gpu/attn_latency.py [CONTEXT [SPAN]]"""
+default's. Usage (repo root, a GPU): python scripts/gpu/attn_latency.py [CONTEXT [SPAN]]
+
+For Nsight Compute (where the served launch stalls), ``ncu SHAPE`` makes only three plain
+launches of it (1b or 8b, 600 keys, span 1024), the first compiling:
+
+  ncu --kernel-name regex:_paged_attn_kernel --launch-skip 2 --launch-count 1 --set full \
+      python3 scripts/gpu/attn_latency.py ncu 8b > ncu-attn.txt"""
 
 import sys
 
@@ -58,7 +64,21 @@ def paged(pool, heads, count, block_n=0, target=None, most=None, stages=0, whole
     return call
 
 
+def for_ncu(name: str) -> None:
+    """Three launches of the served attention at one row over 600 keys (span 1024)."""
+    heads = SHAPES[name]
+    pool = make_pool(Case(1, 1, 600), heads, 16, torch.bfloat16, "cuda")
+    pool.tables = torch.nn.functional.pad(pool.tables, (0, 1024 // 16 - pool.tables.shape[1]))
+    call = paged(pool, heads, kernels.counters("cuda"))
+    for _ in range(3):
+        call()
+    torch.cuda.synchronize()
+
+
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "ncu":
+        for_ncu(sys.argv[2] if len(sys.argv) > 2 else "8b")
+        return
     context = int(sys.argv[1]) if len(sys.argv) > 1 else 600
     span = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
     print(f"{torch.cuda.get_device_name()}, context {context}, block table span {span}")
