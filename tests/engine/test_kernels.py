@@ -183,10 +183,11 @@ def test_fused_forward_matches_torch_forward(case):
 
 @pytest.mark.parametrize("case", ["decode", "verify", "qk-norm", "long-split"])
 def test_rope_in_the_attention_gives_the_bits_of_its_own_launch(monkeypatch, case):
-    """``ROPE_IN_ATTENTION``: a decode or verify step's RoPE and KV write done inside the paged
-    attention give the same hidden states and pool contents, bit for bit, as rope_kv_write's
-    launch before it; rope_kv_write is then not launched. Ragged rows, padded verify rows, a
-    long row split over the keys, and Qwen3's q/k norms."""
+    """``ROPE_IN_ATTENTION_ROWS``: a decode or verify step of at least that many rows does its
+    RoPE and KV write inside the paged attention, with the same hidden states and pool contents,
+    bit for bit, as rope_kv_write's launch before it, which is then not launched; a step of
+    fewer rows, or of more tokens than one program's 16 query rows, keeps the launch. Ragged
+    rows, padded verify rows, a long row split over the keys, and Qwen3's q/k norms."""
     g = torch.Generator().manual_seed(13)
     model = _tiny_model(case == "qk-norm", g)
     lengths = {"decode": [5, 40, 17], "verify": [30, 9], "qk-norm": [5, 40, 17]}.get(case, [300])
@@ -194,11 +195,13 @@ def test_rope_in_the_attention_gives_the_bits_of_its_own_launch(monkeypatch, cas
     runners, rows = _cached_step(model, lengths, width, g)
     launched, real = [], kernels.rope_kv_write
     monkeypatch.setattr(kernels, "rope_kv_write", lambda *a: launched.append(1) or real(*a))
-    monkeypatch.setattr(kernels.attention, "ROPE_IN_ATTENTION", False)
+    att, n = kernels.attention, len(rows) * width  # the step's rows
+    monkeypatch.setattr(att, "ROPE_IN_ATTENTION_ROWS", n + 1)  # one more than the step has
     want = run_layers(model, runners[0], rows, True)
-    assert launched and kernels.attention.rope_in_attention(width, 3) is False
+    assert launched and att.rope_in_attention(len(rows), width, 3) is False
     launched.clear()
-    monkeypatch.setattr(kernels.attention, "ROPE_IN_ATTENTION", True)
+    monkeypatch.setattr(att, "ROPE_IN_ATTENTION_ROWS", n)
+    assert att.rope_in_attention(len(rows), 6, 3) is False  # 18 query rows: not one program's
     got = run_layers(model, runners[1], rows, True)
     assert not launched, "rope_kv_write launched beside the attention that does its work"
     assert torch.equal(got, want)

@@ -366,7 +366,7 @@ class Attention(nn.Module):
                 raise NotImplementedError(f"fused q/k norms of {type(self.q_norm).__name__}")
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         att = kernels.attention
-        if wide is None and att.rope_in_attention(q_len, h // kvh):  # one launch, not two
+        if wide is None and att.rope_in_attention(b, q_len, h // kvh):  # one launch, not two
             roped = att.RopeInputs(*rope, inp.slots, norms)
             return kernels.paged_attention(
                 qkv, k_pool, v_pool, inp.block_tables, inp.positions, h, kvh, count, pdl, roped

@@ -43,9 +43,12 @@ _ONE_SPLIT_TILES = 0  # a decode program's row whose keys fit this many key step
 # never. scripts/gpu/attn_latency.py, one row over 600 keys: 8B (5 steps of 128) one split 10.66
 # us against 12.12 split and merged; 1B (10 steps of 64) 10.58 against 8.44 (section 73).
 # Off until timed in the engine.
-ROPE_IN_ATTENTION = False  # a decode step's RoPE and KV write inside the paged attention (each
-# program rotates its q rows; the one whose key split holds a new key writes it), not a launch
-# of rope_kv_write before it; off until timed (docs/benchmarks.md 72)
+ROPE_IN_ATTENTION_ROWS = 0  # decode and verify steps of at least this many rows (sequences x
+# new tokens) do their RoPE and KV write inside the paged attention (each program rotates its q
+# rows; the one whose key split holds a new key writes it), not in a launch of rope_kv_write
+# before it; 0: never. GPU time a step with it at every row count (H200, section 73): 1B bf16
+# +0.9 % at 1 row, -0.7 % at 64; 8B FP8 -0.7 % at 1, -2.2 % at 64; 8B bf16 +2.7 % and INT4 +4.4 %
+# at 1 (64 untimed). Off until those are timed.
 
 
 # ----------------------------------------------------------------------------- RoPE + KV write
@@ -513,11 +516,13 @@ class RopeInputs(NamedTuple):
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
 
 
-def rope_in_attention(q_len: int, group: int) -> bool:
-    """Whether a step of ``q_len`` new tokens a row, ``group`` query heads per KV head, takes
-    its RoPE and KV write inside :func:`paged_attention` (:data:`ROPE_IN_ATTENTION`): only a
-    decode or verify step whose tokens fit one program's 16 query rows."""
-    return ROPE_IN_ATTENTION and q_len * group <= 16
+def rope_in_attention(batch: int, q_len: int, group: int) -> bool:
+    """Whether a step of ``batch`` sequences of ``q_len`` new tokens, ``group`` query heads per
+    KV head, takes its RoPE and KV write inside :func:`paged_attention`: a decode or verify
+    step whose tokens fit one program's 16 query rows, of at least
+    :data:`ROPE_IN_ATTENTION_ROWS` rows in all (0: none)."""
+    rows = ROPE_IN_ATTENTION_ROWS
+    return rows > 0 and batch * q_len >= rows and q_len * group <= 16
 
 
 def paged_attention(
