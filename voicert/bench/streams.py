@@ -79,8 +79,8 @@ async def measure(
     out[TTFT_TURN] = pct(await ttft_cached(stream, tokens, reps, cached=150, new=20), 50)
     for n in streams:
         # Warm at the full count: steps of n rows (their prefills and decode) compile what they
-        # need before the timed run. Warmed at two, the first process on a machine (a cold
-        # Triton cache) read 2.01 ms at 64 streams where the next read 1.68 (1B bf16, H200).
+        # need before the timed run. Warmed at two, the first process on a machine read 2.01 ms
+        # at 64 streams where the next, the same code, read 1.68 (1B bf16, H200; section 73).
         await concurrent(stream, [tokens(prompt_tokens) for _ in range(n)], WARM_TOKENS)
         tps, tpots, steady = await concurrent(
             stream, [tokens(prompt_tokens) for _ in range(n)], new
