@@ -368,6 +368,14 @@ def _put_new_keys(
 
 
 @triton.jit
+def _store_whole(dst, acc, l_i, valid):
+    """A program's output rows when it saw every key of its rows: acc [ROWS, D] / l_i [ROWS],
+    stored at ``dst`` [ROWS, D] in its dtype where ``valid`` [ROWS]."""
+    o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+    tl.store(dst, o.to(dst.dtype.element_ty), mask=valid[:, None])
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -472,12 +480,10 @@ def _paged_attn_kernel(
         m_i, l_i, acc = _attn_step(q, k, v, keys, km, pos, m_i, l_i, acc, scale, IEEE)
     dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
     if SPLITS == 1:
-        o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+        _store_whole(dst, acc, l_i, valid)
     elif whole:  # the first split saw every key; the others saw none and leave the counter be
         if s == 0:
-            o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-            tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
+            _store_whole(dst, acc, l_i, valid)
     else:  # partial results to scratch; the last of this (b, kvh, t)'s programs merges them
         tile = (b * kvh_n + kvh) * tiles + t
         base = tile * n_splits
