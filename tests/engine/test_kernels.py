@@ -93,6 +93,13 @@ def run_layers(model, runner, rows, fused: bool) -> torch.Tensor:
         return model(ids, inp, runner.k_pool, runner.v_pool)  # [B, Q, hidden]
 
 
+def _slots_of(table: torch.Tensor, pos: torch.Tensor, bs: int) -> torch.Tensor:
+    """The pool slots [B * Q] of the positions pos [B, Q] through the block table [B, MB]."""
+    return torch.stack([table[b][pos[b] // bs] * bs + pos[b] % bs for b in range(len(pos))]).view(
+        -1
+    )
+
+
 def _tiny_model(qk: bool, g: torch.Generator):
     """TINY in fp32; with ``qk``, Qwen3's q/k norms and biases, the norms' weights drawn from
     ``g`` (they start at one: make them matter)."""
@@ -233,7 +240,7 @@ def test_rope_in_the_attention_writes_each_new_key_once_in_any_pool(pool):
     qkv = torch.randn(2, q_len, (h + 2 * kvh) * d, generator=g).to(DEV)
     table = (torch.randperm(2 * blocks, generator=g) + 1).view(2, blocks).to(DEV)
     pos = (torch.tensor([[62], [120]]) + torch.arange(q_len)).to(DEV)  # row 0: 62-64, a split at 64
-    slots = torch.stack([table[b][pos[b] // bs] * bs + pos[b] % bs for b in range(2)]).view(-1)
+    slots = _slots_of(table, pos, bs)
     cos, sin = (
         torch.randn(256, d // 2, generator=g).to(DEV),
         torch.randn(256, d // 2, generator=g).to(DEV),
@@ -323,7 +330,7 @@ def test_a_short_row_is_attended_whole_by_its_first_split_and_a_long_one_merged(
     got = kernels.paged_attention(qkv, k_pool, v_pool, *args)
     assert torch.equal(got[0], alone[0]) and torch.equal(got[1], split[1])
     assert not count.any(), "a short row's splits touch no counter; a long row's end at 0"
-    slots = torch.stack([table[b][pos[b] // bs] * bs + pos[b] % bs for b in range(2)]).view(-1)
+    slots = _slots_of(table, pos, bs)
     cos, sin = torch.randn(256, d // 2, generator=g), torch.randn(256, d // 2, generator=g)
     cos, sin = cos.to(DEV), sin.to(DEV)
     raw = qkv.clone(), k_pool.clone(), v_pool.clone()
@@ -455,7 +462,7 @@ def test_rope_and_attention_read_nothing_the_kernel_before_writes_until_the_pdl_
     qkv = torch.randn(2, q_len, (h + 2 * kvh) * d, generator=g)
     table = (torch.randperm(2 * blocks, generator=g) + 1).view(2, blocks)
     pos = torch.tensor([[40], [13]]) + torch.arange(q_len)  # [2, Q]: this step's new keys
-    slots = torch.stack([table[b][pos[b] // bs] * bs + pos[b] % bs for b in range(2)]).view(-1)
+    slots = _slots_of(table, pos, bs)
     cos, sin = torch.randn(64, d // 2, generator=g), torch.randn(64, d // 2, generator=g)
     written = [_bytes(qkv)] + [
         _bytes(pool.view(-1, kvh, d)[s]) for pool in (k_pool, v_pool) for s in slots.tolist()
