@@ -2,7 +2,7 @@
 1B step, for 1.2 MB of keys and values). Times, in CUDA graphs, one layer's paged attention at
 one row over ``CONTEXT`` keys, the block table padded to the engine's span bucket as a decode
 graph has it, with the key splits and keys a step forced (the module's settings patched), one
-split (no merge), a short row attended whole (``_ONE_SPLIT_TILES``), and beside them an empty launch of as many programs and the other small
+split (no merge), and beside them an empty launch of as many programs and the other small
 kernels of the step (the floor a launch pays). Each attention output is checked against the
 default's. Usage (repo root, a GPU): python scripts/gpu/attn_latency.py [CONTEXT [SPAN]]
 
@@ -38,19 +38,18 @@ def p50(fn, calls=20, replays=30) -> float:
     return float(np.percentile(graph_times(fn, calls, replays), 50))
 
 
-def paged(pool, heads, count, block_n=0, target=None, most=None, stages=0, whole=0):
+def paged(pool, heads, count, block_n=0, target=None, most=None, stages=0):
     h, kvh, _d = heads
     names = (
         "_DECODE_BLOCK_N",
         "_DECODE_STAGES",
         "_SPLIT_TARGET",
         "_MAX_SPLITS",
-        "_ONE_SPLIT_TILES",
     )
 
     def call():
         saved = [getattr(att, n) for n in names]
-        chosen = (block_n, stages, target or saved[2], most or saved[3], whole)
+        chosen = (block_n, stages, target or saved[2], most or saved[3])
         for n, v in zip(names, chosen):
             setattr(att, n, v)
         try:
@@ -104,7 +103,6 @@ def main() -> None:
         for label, kw in [
             ("default", {}),
             ("1 split (no merge)", {"target": 8}),
-            ("split, a row of <= 8 key steps whole (_ONE_SPLIT_TILES 8)", {"whole": 8}),
             ("2 splits", {"target": 16}),
             ("4 splits", {"target": 32}),
             ("8 splits", {"target": 64}),

@@ -17,11 +17,9 @@
 #   notma    FP8_MM_TMA off: fp8_mm's tiles read by the threads' loads, not TMA (section 71)
 #   attn64   decode attention at 64 keys a step and 2 stages (_DECODE_BLOCK_N, _DECODE_STAGES;
 #            10-14 % faster at 64 streams in bench.attention, 20 % slower at 32 x 200: section 72)
-#   roped    ROPE_IN_ATTENTION_ROWS 1: a decode step's RoPE and KV write inside the paged
-#            attention, one launch a layer fewer (section 72; mixed in section 73)
-#   roped32  the same for steps of 32 rows or more (section 73: it won at 64 rows)
-#   onesplit _ONE_SPLIT_TILES 8: a decode row of at most 8 key steps attended whole by one
-#            program, no merge (8B at 600 keys: 10.66 us against 12.12, section 73)
+#   roped    ROPE_IN_ATTENTION_ROWS 1: every decode step's RoPE and KV write inside the paged
+#            attention, one launch a layer fewer (the default takes it from 8 rows; section 74)
+#   unroped  ROPE_IN_ATTENTION_ROWS 0: never (rope_kv_write launched at every step)
 #   FLAGS=--fp8 VARIANTS="off notma" STREAMS=8,32,64 ROUNDS=2 bash scripts/gpu/variants.sh "8b"
 #   ROUNDS=2 bash scripts/gpu/variants.sh "8b 1b"     outputs under $OUT (or ./variants-out)
 #   VARIANTS="off rows1 rows4" STREAMS=2,4 ROUNDS=1 bash scripts/gpu/variants.sh "8b"
@@ -47,11 +45,10 @@ for v in ${VARIANTS:-off unfused}; do
     imprecise) sed -i 's/, max_num_imprecise_acc=BLOCK_K)/)/' "$tree/$k/fp8_matmul.py" ;;
     notma) sed -i 's/^FP8_MM_TMA = True/FP8_MM_TMA = False/' "$tree/$k/fp8_matmul.py" ;;
     attn64) sed -i 's/^_DECODE_BLOCK_N = 0 /_DECODE_BLOCK_N = 64 /; s/^_DECODE_STAGES = 0 /_DECODE_STAGES = 2 /' "$tree/$k/attention.py" ;;
-    roped) sed -i 's/^ROPE_IN_ATTENTION_ROWS = 0 /ROPE_IN_ATTENTION_ROWS = 1 /' "$tree/$k/attention.py" ;;
-    roped32) sed -i 's/^ROPE_IN_ATTENTION_ROWS = 0 /ROPE_IN_ATTENTION_ROWS = 32 /' "$tree/$k/attention.py" ;;
-    onesplit) sed -i 's/^_ONE_SPLIT_TILES = 0 /_ONE_SPLIT_TILES = 8 /' "$tree/$k/attention.py" ;;
+    roped) sed -i 's/^ROPE_IN_ATTENTION_ROWS = [0-9]* /ROPE_IN_ATTENTION_ROWS = 1 /' "$tree/$k/attention.py" ;;
+    unroped) sed -i 's/^ROPE_IN_ATTENTION_ROWS = [0-9]* /ROPE_IN_ATTENTION_ROWS = 0 /' "$tree/$k/attention.py" ;;
   esac
-  echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_MM_TMA|_DECODE_BLOCK_N|_DECODE_STAGES|ROPE_IN_ATTENTION_ROWS|_ONE_SPLIT_TILES) =' \
+  echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_MM_TMA|_DECODE_BLOCK_N|_DECODE_STAGES|ROPE_IN_ATTENTION_ROWS) =' \
     | cut -d'#' -f1 | tr '\n' ' ')"
 done
 for shape in $1; do

@@ -304,44 +304,6 @@ def test_paged_attention_splits_keys_for_a_small_batch():
     assert close(got, want, 1e-5)
 
 
-@pytest.mark.parametrize("q_len", [1, 3])
-def test_a_short_row_is_attended_whole_by_its_first_split_and_a_long_one_merged(monkeypatch, q_len):
-    """``_ONE_SPLIT_TILES``: in one launch, a decode (or verify) row whose keys fit that many
-    key steps is attended by one program over all its keys, bit for bit as a launch with no
-    split does, while a longer row keeps every split and the merge, bit for bit as before; the
-    counters end at zero. With RoPE inside, the new keys are still written once each."""
-    g = torch.Generator().manual_seed(21)
-    h, kvh, d, bs, blocks = 4, 2, 16, 16, 16
-    k_pool = torch.randn(1 + 2 * blocks, bs, kvh, d, generator=g).to(DEV)
-    v_pool = torch.randn(1 + 2 * blocks, bs, kvh, d, generator=g).to(DEV)
-    qkv = torch.randn(2, q_len, (h + 2 * kvh) * d, generator=g).to(DEV)
-    table = (torch.randperm(2 * blocks, generator=g) + 1).view(2, blocks).to(DEV)
-    # 64 keys a step at head dim 16, four splits of the 256-key span: row 0 sees 100 keys (two
-    # steps, two splits), row 1 sees 200 (four)
-    pos = (torch.tensor([[100 - q_len], [200 - q_len]]) + torch.arange(q_len)).to(DEV)
-    count = kernels.counters(DEV, 16)
-    args = (table, pos, h, kvh, count)
-    split = kernels.paged_attention(qkv, k_pool, v_pool, *args)
-    monkeypatch.setattr(kernels.attention, "_SPLIT_TARGET", 4)  # 4 programs: no split
-    alone = kernels.paged_attention(qkv, k_pool, v_pool, *args)
-    monkeypatch.undo()
-    assert not torch.equal(alone[0], split[0]), "the merge rounds otherwise: the check can tell"
-    monkeypatch.setattr(kernels.attention, "_ONE_SPLIT_TILES", 2)
-    got = kernels.paged_attention(qkv, k_pool, v_pool, *args)
-    assert torch.equal(got[0], alone[0]) and torch.equal(got[1], split[1])
-    assert not count.any(), "a short row's splits touch no counter; a long row's end at 0"
-    slots = _slots_of(table, pos, bs)
-    cos, sin = torch.randn(256, d // 2, generator=g), torch.randn(256, d // 2, generator=g)
-    cos, sin = cos.to(DEV), sin.to(DEV)
-    raw = qkv.clone(), k_pool.clone(), v_pool.clone()
-    kernels.rope_kv_write(qkv.view(2 * q_len, -1), pos.view(-1), cos, sin, slots, k_pool, v_pool,
-                          h, kvh)  # fmt: skip
-    want = kernels.paged_attention(qkv, k_pool, v_pool, *args)
-    roped = kernels.attention.RopeInputs(cos, sin, slots)
-    assert torch.equal(kernels.paged_attention(*raw, *args, rope=roped), want)
-    assert torch.equal(raw[1], k_pool) and torch.equal(raw[2], v_pool)
-
-
 def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
     """A prefill step's rows take several tiles of query tokens, each split over the keys: every
     real query row equals SDPA over exactly the keys it may see, padding tokens included in the

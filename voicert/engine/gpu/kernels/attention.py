@@ -38,17 +38,13 @@ _DECODE_STAGES = 0  # software-pipeline stages of such a program's key loop; 0: 
 # 2 stages: 167; 64 keys, 2 stages: 122, four an SM; bench.attention's triton@KEYS:STAGES)
 _DECODE_WARPS = 0  # warps of such a program; 0: 4 (8 warps at 128 keys: 128 registers with 3
 # stages, 80 with 2; docs/benchmarks.md 71)
-_ONE_SPLIT_TILES = 0  # a decode program's row whose keys fit this many key steps is taken whole
-# by its first split, which writes the output with no merge (the other splits return); 0:
-# never. scripts/gpu/attn_latency.py, one row over 600 keys: 8B (5 steps of 128) one split 10.66
-# us against 12.12 split and merged; 1B (10 steps of 64) 10.58 against 8.44 (section 73).
-# Off until timed in the engine.
-ROPE_IN_ATTENTION_ROWS = 0  # decode and verify steps of at least this many rows (sequences x
+ROPE_IN_ATTENTION_ROWS = 8  # decode and verify steps of at least this many rows (sequences x
 # new tokens) do their RoPE and KV write inside the paged attention (each program rotates its q
 # rows; the one whose key split holds a new key writes it), not in a launch of rope_kv_write
-# before it; 0: never. GPU time a step with it at every row count (H200, section 73): 1B bf16
-# +0.9 % at 1 row, -0.7 % at 64; 8B FP8 -0.7 % at 1, -2.2 % at 64; 8B bf16 +2.7 % and INT4 +4.4 %
-# at 1 (64 untimed). Off until those are timed.
+# before it; 0: never. GPU time a step, inside against before (H200, docs/benchmarks.md 73-74):
+# from 8 rows it gains 0.9-2.5 % (1B bf16, 8B bf16, FP8, INT4; +0.4 % once, INT4 at 16); below
+# 8, INT4 loses (+4.4 / +1.6 / +2.1 % at 1 / 2 / 4 rows), 8B bf16 at 1 (+2.7 %) and 1B bf16
+# at 1 (+0.9 %), while bf16 and FP8 gain ~1 % at 2-4.
 
 
 # ----------------------------------------------------------------------------- RoPE + KV write
@@ -368,14 +364,6 @@ def _put_new_keys(
 
 
 @triton.jit
-def _store_whole(dst, acc, l_i, valid):
-    """A program's output rows when it saw every key of its rows: acc [ROWS, D] / l_i [ROWS],
-    stored at ``dst`` [ROWS, D] in its dtype where ``valid`` [ROWS]."""
-    o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-    tl.store(dst, o.to(dst.dtype.element_ty), mask=valid[:, None])
-
-
-@triton.jit
 def _paged_attn_kernel(
     q_ptr,
     k_ptr,
@@ -399,7 +387,6 @@ def _paged_attn_kernel(
     q_stride,
     max_blocks,
     split_keys,
-    one_keys,
     n_splits,
     tiles,
     scale,
@@ -432,8 +419,6 @@ def _paged_attn_kernel(
     # this step's keys and values in their slots) does not write them, so their read overlaps it.
     pos = tl.load(pos_ptr + b * q_len + qi, mask=valid, other=-1)  # last key each row may see
     last = tl.max(pos, axis=0)
-    whole = last < one_keys  # a short row: the first split takes all its keys, no merge
-    split_keys = tl.where(whole, one_keys, split_keys)
     start = s * split_keys
     end = tl.minimum(start + split_keys, last + 1)
     dtype = q_ptr.dtype.element_ty
@@ -480,10 +465,8 @@ def _paged_attn_kernel(
         m_i, l_i, acc = _attn_step(q, k, v, keys, km, pos, m_i, l_i, acc, scale, IEEE)
     dst = out_ptr + ((b * q_len + qi) * n_q_heads + head)[:, None] * D + d[None, :]
     if SPLITS == 1:
-        _store_whole(dst, acc, l_i, valid)
-    elif whole:  # the first split saw every key; the others saw none and leave the counter be
-        if s == 0:
-            _store_whole(dst, acc, l_i, valid)
+        o = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
     else:  # partial results to scratch; the last of this (b, kvh, t)'s programs merges them
         tile = (b * kvh_n + kvh) * tiles + t
         base = tile * n_splits
@@ -556,9 +539,7 @@ def paged_attention(
     A program takes a tile of query tokens of one sequence and the query heads of one KV head
     (16 rows: a decode or verify step's tokens fit one tile; more: :func:`_prefill_rows`' tiles,
     several per prefill row), and one split of the key axis: splits are added while the programs
-    are fewer than an H100 has SMs, and the last split of each tile to finish merges them (a
-    decode row of at most :data:`_ONE_SPLIT_TILES` key steps: its first split takes every key
-    and writes the output itself)."""
+    are fewer than an H100 has SMs, and the last split of each tile to finish merges them."""
     b, q_len = qkv.shape[:2]
     _nb, bs, kvh, row = k_pool.shape
     d = qkv.shape[-1] // (num_heads + 2 * kvh)
@@ -579,7 +560,6 @@ def paged_attention(
     splits = max(1, min(triton.cdiv(span, block_n), _SPLIT_TARGET // programs, most))
     split_keys = triton.cdiv(triton.cdiv(span, splits), block_n) * block_n
     splits = triton.cdiv(span, split_keys)
-    one_keys = _ONE_SPLIT_TILES * block_n if rows <= 16 and splits > 1 else 0
     out = qkv.new_empty(b, q_len, num_heads * d)
     split = splits > 1  # partial results go to scratch; the last program per tile merges them
     part = out.new_empty(programs * splits * rows * d, dtype=torch.float32) if split else out
@@ -614,7 +594,6 @@ def paged_attention(
         qkv.shape[-1],
         block_tables.shape[1],
         split_keys,
-        one_keys,
         splits,
         tiles,
         d**-0.5,
