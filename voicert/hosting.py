@@ -99,6 +99,34 @@ def accept_peers(listener, what: str, on_peer: Callable[[Connection], None]) -> 
         on_peer(conn)
 
 
+def serve_peers(
+    listener,
+    status: Connection,
+    what: str,
+    on_peer: Callable[[Connection], None],
+    push_stats: Callable[[threading.Event], None],
+) -> None:
+    """A host process once loaded: ``push_stats(stop)`` and :func:`accept_peers` on threads of
+    their own, HostReady on ``status``, then serve until the primary says HostStop or goes
+    away; returns with ``stop`` set and the listener closed. The caller then stops what it
+    loaded. ``what``: "engine host", "speech host" (messages, thread names)."""
+    stop = threading.Event()
+    name = what.replace(" ", "-")
+    threading.Thread(
+        target=push_stats, args=(stop,), name=f"voicert-{name}-stats", daemon=True
+    ).start()
+    threading.Thread(
+        target=accept_peers,
+        args=(listener, what, on_peer),
+        name=f"voicert-{name}-accept",
+        daemon=True,
+    ).start()
+    say_status(status, HostReady(os.getpid()))
+    wait_stop(status)
+    stop.set()
+    listener.close()
+
+
 class HostProcess:
     """The primary's handle on one host process (``target(*args, status)``, started from
     :func:`child_context`): its status pipe says whether it started; ``stop`` asks it to stop,

@@ -40,14 +40,12 @@ from voicert.core.speech import FINAL, AsrBase, SpeechUnavailable, Transcript, T
 from voicert.hosting import (
     HostFailed,
     HostProcess,
-    HostReady,
     Peer,
-    accept_peers,
     connect,
     limit_blas_threads,
     listen,
     say_status,
-    wait_stop,
+    serve_peers,
 )
 from voicert.speech.asr import settle_soon
 
@@ -290,20 +288,7 @@ def _speech_host(
         return
     asr.on_give_up = lambda why: os._exit(EXIT_ASR_DIED)
     hub = _Hub(asr, judges)
-    stop = threading.Event()
-    threading.Thread(
-        target=hub.push_stats, args=(stop,), name="voicert-speech-stats", daemon=True
-    ).start()
-    threading.Thread(
-        target=accept_peers,
-        args=(listener, "speech host", hub.join),
-        name="voicert-speech-accept",
-        daemon=True,
-    ).start()
-    say_status(status, HostReady(os.getpid()))
-    wait_stop(status)
-    stop.set()
-    listener.close()
+    serve_peers(listener, status, "speech host", hub.join, hub.push_stats)
     if judges is not None:
         judges.close()
     asr.close()

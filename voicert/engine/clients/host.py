@@ -25,6 +25,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -41,13 +42,11 @@ from voicert.engine.clients.remote import (
 from voicert.hosting import (
     HostFailed,
     HostProcess,
-    HostReady,
     Peer,
-    accept_peers,
     connect,
     listen,
     say_status,
-    wait_stop,
+    serve_peers,
 )
 
 if TYPE_CHECKING:
@@ -237,20 +236,7 @@ def _host(
         return
     hub.attach(engine)
     engine.on_failure = hub.engine_failed
-    stop = threading.Event()
-    threading.Thread(
-        target=hub.push_stats, args=(gc_watch, stop), name="voicert-engine-stats", daemon=True
-    ).start()
-    threading.Thread(
-        target=accept_peers,
-        args=(listener, "engine host", hub.join),
-        name="voicert-host-accept",
-        daemon=True,
-    ).start()
-    say_status(status, HostReady(os.getpid()))
-    wait_stop(status)  # until the primary says stop, or is gone
-    stop.set()
-    listener.close()
+    serve_peers(listener, status, "engine host", hub.join, partial(hub.push_stats, gc_watch))
     engine.stop()
 
 
