@@ -188,6 +188,26 @@ def test_fused_forward_matches_torch_forward(case):
     assert close(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:], 1e-5)
 
 
+@pytest.mark.parametrize("lengths", [[40], [5, 40]])
+def test_the_glu_in_a_one_row_gate_up_gives_the_bits_of_silu_muls_launch(monkeypatch, lengths):
+    """``GEMV_GLU``: a one-row step whose gate_up runs by gemv takes SiLU(gate) * up in that
+    launch, with the hidden states and pools of gate_up then ``silu_mul``, bit for bit, and no
+    ``silu_mul`` launch; a step of two rows keeps the launch."""
+    model = _tiny_model(False, torch.Generator().manual_seed(3))
+    model.triton_linear_rows = 16  # the Linears by the FP8 kernel (unscaled; one row: gemv)
+    runners, rows = _cached_step(model, lengths, 1, torch.Generator().manual_seed(2))
+    launched, real = [], kernels.silu_mul
+    monkeypatch.setattr(kernels, "silu_mul", lambda *a: launched.append(1) or real(*a))
+    want = run_layers(model, runners[0], rows, True)
+    assert len(launched) == TINY.num_layers
+    launched.clear()
+    monkeypatch.setattr(kernels.matvec, "GEMV_GLU", True)
+    got = run_layers(model, runners[1], rows, True)
+    assert len(launched) == (0 if len(rows) == 1 else TINY.num_layers)
+    assert torch.equal(got, want)
+    assert torch.equal(runners[1].k_pool[:, 1:], runners[0].k_pool[:, 1:])  # block 0: scratch
+
+
 @pytest.mark.parametrize("case", ["decode", "verify", "qk-norm", "long-split"])
 def test_rope_in_the_attention_gives_the_bits_of_its_own_launch(monkeypatch, case):
     """``ROPE_IN_ATTENTION_ROWS``: a decode or verify step of at least that many rows does its
@@ -970,6 +990,34 @@ def test_gemv_computes_one_row_with_the_dequantized_weights(blocks, wide, monkey
         want = torch.nn.functional.linear(x.bfloat16().float(), q.dequantized(torch.float32))
         got = kernels.gemv(x.bfloat16(), q.weight, q.scale, None, count, blocks)
         assert got.dtype == torch.bfloat16 and close(got, want, 2e-2)
+
+
+@pytest.mark.parametrize("blocks", [None, (8, 64, 4), (4, 32, 4, 0, 2), (8, 32, 4, 1, 4)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_gemv_with_the_glu_gives_silu_mul_of_its_plain_result_bit_for_bit(blocks, fp8):
+    """``gemv(..., glu=True)`` on an MLP's gate_up: each program pairs its gate rows with their
+    up rows and writes SiLU(gate) * up, the bits of the plain launch followed by ``silu_mul``,
+    with FP8 weights' scales and a bias or unscaled weights, outputs not a multiple of the
+    tile's, one weight tile or more read before the wait; the counters are not touched."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(31)
+    inter, k = 102, 200  # 51 programs of 2 outputs, 26 of 4 (the last one half full)
+    dtype = torch.bfloat16 if DEV == "cuda" else torch.float32
+    x = torch.randn(1, k, generator=g).to(DEV, dtype)
+    if fp8:
+        q = Fp8Linear.from_linear(torch.nn.Linear(k, 2 * inter, bias=True)).to(DEV)
+        w, scale, bias = q.weight, q.scale, q.bias.to(dtype)
+    else:
+        w, scale, bias = torch.randn(2 * inter, k, generator=g).to(DEV, dtype), None, None
+    count = kernels.counters(DEV)
+    want = kernels.silu_mul(kernels.gemv(x, w, scale, bias, count, blocks))
+    got = kernels.gemv(x, w, scale, bias, count, blocks, glu=True)
+    assert got.shape == (1, inter) and got.dtype == dtype and not count.any()
+    assert torch.equal(got, want)
+    y = x.float() @ w.float().T * (1.0 if scale is None else scale)
+    gate, up = (y if bias is None else y + bias.float()).chunk(2, dim=-1)
+    assert close(got, torch.nn.functional.silu(gate) * up, 1e-4 if DEV == "cpu" else 5e-2)
 
 
 def test_gemv_tiles_eight_rows_for_wide_short_two_byte_weights_and_reads_long_ones_early(

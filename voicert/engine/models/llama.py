@@ -226,9 +226,47 @@ class LlamaModel(nn.Module):
                 lin(layer.attn.o, a), residual, layer.mlp_norm.weight, eps, pdl, pg, gg
             )
             pd, gd = self._planes(layer.mlp.down, rows)
-            act = kernels.silu_mul(lin(layer.mlp.gate_up, x, pg), pdl, pd, gd)
+            act = self._mlp_act(layer.mlp.gate_up, x, pg, pd, gd)
             out = lin(layer.mlp.down, act, pd)
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
+
+    def _mlp_act(
+        self,
+        gate_up: nn.Module,
+        x: torch.Tensor,
+        planes: torch.Tensor | None,
+        down_planes: torch.Tensor | None,
+        group: int,
+    ) -> torch.Tensor:
+        """SiLU(gate) * up of the MLP's ``gate_up`` Linear on x [..., hidden] -> [..., I]: in
+        gate_up's own launch where the step runs it by the one-row gemv
+        (``kernels.matvec.GEMV_GLU``) and the down Linear takes no planes of x; else gate_up
+        (given its x's ``planes``) then silu_mul (laying out ``down_planes`` of ``group``)."""
+        from voicert.engine.gpu import kernels
+
+        fuse = kernels.matvec.GEMV_GLU and down_planes is None
+        operands = self._gemv_operands(gate_up, x) if fuse else None
+        if operands is None:
+            act = self._linear(gate_up, x, planes)
+            return kernels.silu_mul(act, self.pdl, down_planes, group)
+        x2 = x.reshape(1, x.shape[-1])
+        act = kernels.gemv(x2, *operands, None, None, self.pdl, glu=True)
+        return act.view(*x.shape[:-1], act.shape[-1])
+
+    def _gemv_operands(
+        self, lin: nn.Module, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+        """(weight, scale, bias) where :meth:`_linear` runs ``lin`` on x by ``kernels.gemv``
+        (one row: a plain Linear within ``triton_linear_rows``, or an FP8 one on CUDA), else
+        None."""
+        from voicert.engine.gpu import kernels
+
+        rows = x.numel() // x.shape[-1]
+        if isinstance(lin, Int4Linear) or not kernels.fp8_matmul.takes_gemv(rows, lin.weight):
+            return None
+        if isinstance(lin, Fp8Linear):
+            return (lin.weight, lin.scale, lin.bias) if x.is_cuda else None
+        return (lin.weight, None, lin.bias) if rows <= self.triton_linear_rows else None
 
     def _planes(self, lin: nn.Module, rows: int) -> tuple[torch.Tensor | None, int]:
         """Where a one-row step's INT4 Linear takes the CUDA-core kernel and

@@ -86,11 +86,19 @@ def _fp8_epilogue(
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
 ):
-    if HAS_SCALE:
-        acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)[None, :]
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)[None, :]
+    acc = _scale_bias(acc, s_ptr, b_ptr, rn, nm, HAS_SCALE, HAS_BIAS)
     tl.store(out_ptr + at, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _scale_bias(acc, s_ptr, b_ptr, rn, nm, HAS_SCALE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """Sums acc [..., BN] (fp32) of output columns ``rn`` [BN] (mask ``nm``) times their weights'
+    scales, plus their bias: how every Linear kernel's epilogue finishes them."""
+    if HAS_SCALE:
+        acc = acc * tl.load(s_ptr + rn, mask=nm, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rn, mask=nm, other=0.0).to(tl.float32)
+    return acc
 
 
 @triton.jit

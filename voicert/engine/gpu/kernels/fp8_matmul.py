@@ -87,6 +87,13 @@ GEMV_MAX_N = 65536  # ... for FP8 weights of at most this many outputs: an FP8 L
 # columns stream faster through the MMA kernel's wider tiles (H100); bf16 ones do not
 
 
+def takes_gemv(m: int, w: torch.Tensor) -> bool:
+    """Whether :func:`fp8_linear` of ``m`` rows on w [N, K], its tiles not named, runs
+    :func:`gemv`: one row (:data:`GEMV_ROWS`), of 2-byte weights or at most
+    :data:`GEMV_MAX_N` FP8 ones."""
+    return m <= GEMV_ROWS and (w.shape[0] <= GEMV_MAX_N or w.element_size() > 1)
+
+
 def fp8_blocks(m: int, n: int, k: int, wbytes: int = 1) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages, SPLIT_K) for :func:`fp8_linear` on
     x [m, k] and weights [n, k] of ``wbytes`` bytes each. Up to 64 rows (decode, verify): the
@@ -135,7 +142,7 @@ def fp8_linear(
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if blocks is None and m <= GEMV_ROWS and (n <= GEMV_MAX_N or w.element_size() > 1):
+    if blocks is None and takes_gemv(m, w):
         return gemv(x2, w, scale, bias, count, None, pdl).view(*x.shape[:-1], n)
     if (
         blocks is None

@@ -12,6 +12,7 @@ import triton.language as tl
 from voicert.engine.gpu.kernels.common import (
     FP8_PROGRAMS,
     _pdl_enter,
+    _scale_bias,
     _split_k,
     _split_k_finish,
     _split_rule,
@@ -37,6 +38,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     PRE: tl.constexpr,
     X_WIDE: tl.constexpr,
+    GLU: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """:func:`_fp8_linear_kernel` for one row on the CUDA cores, no MMA: each weight tile
@@ -45,11 +47,18 @@ def _gemv_kernel(
     or 4): weight tiles loaded before the wait for the kernel before (PDL), so a program
     started during that kernel's tail streams its weights meanwhile. X_WIDE: one-byte weights
     read 8 bytes at a time, not 16, so that their tile takes x's layout (bf16 x in 16-byte
-    vectors) and x is not moved through shared memory, with two barriers, every step."""
+    vectors) and x is not moved through shared memory, with two barriers, every step. GLU
+    (K not split): w is a gate_up [N, K], gate rows first; a program takes BN / 2 gate rows
+    and their up rows, paired, and writes SiLU(gate) * up [N / 2] (:func:`_glu_finish`)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GLU:  # rows j: gate i, up i, gate i + 1, up i + 1, ... (i = the program's first output)
+        j = tl.arange(0, BLOCK_N)
+        rn = pid_n * (BLOCK_N // 2) + j // 2 + (j % 2) * (N // 2)
+        nm = pid_n * (BLOCK_N // 2) + j // 2 < N // 2
+    else:
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        nm = rn < N
     rk = tl.arange(0, BLOCK_K)
-    nm = rn < N
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_ptrs = x_ptr + k_lo + rk  # [BK]
@@ -102,11 +111,39 @@ def _gemv_kernel(
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=km, other=0.0)
     acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    rm = tl.arange(0, 1)
-    _split_k_finish(
-        tl.sum(acc, axis=1)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr, out_ptr, part_ptr,
-        count_ptr, SPLIT, HAS_SCALE, HAS_BIAS,
-    )  # fmt: skip
+    if GLU:
+        _glu_finish(tl.sum(acc, axis=1), rn, nm, N // 2, s_ptr, b_ptr, out_ptr, BLOCK_N,
+                    HAS_SCALE, HAS_BIAS)  # fmt: skip
+    else:
+        rm = tl.arange(0, 1)
+        _split_k_finish(
+            tl.sum(acc, axis=1)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr, out_ptr,
+            part_ptr, count_ptr, SPLIT, HAS_SCALE, HAS_BIAS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _glu_finish(
+    y,
+    rn,
+    nm,
+    inter,
+    s_ptr,
+    b_ptr,
+    out_ptr,
+    BLOCK_N: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    """A GLU program's sums y [BN] (gate and up rows paired, ``rn``) to SiLU(gate) * up [BN / 2]
+    at its outputs of out [inter]: bit for bit :func:`gemv`'s store followed by
+    :func:`silu_mul`'s arithmetic (each rounded to out's dtype where they round)."""
+    dtype = out_ptr.dtype.element_ty
+    y = _scale_bias(y, s_ptr, b_ptr, rn, nm, HAS_SCALE, HAS_BIAS).to(dtype).to(tl.float32)
+    g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))  # [BN / 2] each
+    act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
+    i = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    tl.store(out_ptr + i, (act * u).to(dtype), mask=i < inter)
 
 
 GEMV_TILE = (4, 1024, 4)  # its (BLOCK_N, BLOCK_K, num_warps): the best one setting, H100
@@ -126,6 +163,9 @@ GEMV_PRE_LONG = 4  # ... but 2-byte weights of more than GEMV_WIDE_K columns and
 # GEMV_PRE_LONG_N outputs (4-row tiles, 1024+ of them) take this many: 8B bf16's step 4.352 ->
 # 4.293 ms; not 1B's down (2048 x 8192): its step 0.908 -> 0.914 (H200, docs/benchmarks.md 73)
 GEMV_PRE_LONG_N = 4096
+GEMV_GLU = False  # a one-row step's MLP: SiLU(gate) * up in gate_up's gemv (gemv's ``glu``), no
+# silu_mul launch (1.3 us a layer without PDL on the 1B step, docs/benchmarks.md 72); the same
+# bits. Off until timed (docs/benchmarks.md 74)
 
 
 def _default_tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
@@ -156,6 +196,7 @@ def gemv(
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
     out: torch.Tensor | None = None,
+    glu: bool = False,
 ) -> torch.Tensor:
     """One row x2 [1, K] times w [N, K] (FP8 with ``scale`` [N] float32, or unscaled in x2's
     dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
@@ -165,7 +206,9 @@ def gemv(
     :data:`FP8_PROGRAMS` programs; PRE: weight tiles read before the PDL wait (absent:
     :func:`_default_pre`). ``count``: as :func:`fp8_linear`'s. ``pdl``: as
     :func:`add_rms_norm`'s. ``out``: where to write (N contiguous values in x2's dtype; None: a
-    new [1, N])."""
+    new [1, N]). ``glu``: w is an MLP's gate_up (gate rows first, N even) and the result is
+    SiLU(gate) * up [1, N / 2], bit for bit :func:`silu_mul` of the plain result, with no
+    launch of its own (K is then never split)."""
     m, k = x2.shape
     assert m == 1 and x2.stride(-1) == 1, x2.shape
     n = w.shape[0]
@@ -173,13 +216,15 @@ def gemv(
     bn, bk, warps = blocks[:3]
     split = blocks[3] if len(blocks) > 3 else 0
     pre = blocks[4] if len(blocks) > 4 else _default_pre(n, k, w.element_size())
-    tiles = triton.cdiv(n, bn)
+    width = n // 2 if glu else n  # outputs
+    tiles = triton.cdiv(width, bn // 2 if glu else bn)
+    assert not glu or (n % 2 == 0 and bn % 2 == 0 and split <= 1), (n, blocks)
     if not split:
-        split = _split_rule(tiles, k)
+        split = 1 if glu else _split_rule(tiles, k)
     if out is None:
-        out = torch.empty(1, n, dtype=x2.dtype, device=x2.device)
-    assert out.is_contiguous() and out.numel() == n and out.dtype == x2.dtype
-    k_per_split, split, part, count = _split_k(out.view(1, n), k, split, bk, tiles, count)
+        out = torch.empty(1, width, dtype=x2.dtype, device=x2.device)
+    assert out.is_contiguous() and out.numel() == width and out.dtype == x2.dtype
+    k_per_split, split, part, count = _split_k(out.view(1, width), k, split, bk, tiles, count)
     _gemv_kernel[(tiles, 1, split)](
         x2,
         w,
@@ -198,6 +243,7 @@ def gemv(
         BLOCK_K=bk,
         PRE=pre,
         X_WIDE=GEMV_X_WIDE and w.element_size() == 1,
+        GLU=glu,
         PDL=pdl,
         num_warps=warps,
         num_stages=1,
