@@ -54,11 +54,13 @@ def _gemv_kernel(
     if GLU:  # rows j: gate i, up i, gate i + 1, up i + 1, ... (i = the program's first output)
         j = tl.arange(0, BLOCK_N)
         rn = pid_n * (BLOCK_N // 2) + j // 2 + (j % 2) * (N // 2)
-        nm = pid_n * (BLOCK_N // 2) + j // 2 < N // 2
     else:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        nm = rn < N
     rk = tl.arange(0, BLOCK_K)
+    if GLU:  # (the plain form's statements in their old order: the same PTX)
+        nm = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2 < N // 2
+    else:
+        nm = rn < N
     k_lo = pid_k * k_per_split
     k_hi = tl.minimum(k_lo + k_per_split, K)
     x_ptrs = x_ptr + k_lo + rk  # [BK]
