@@ -188,6 +188,68 @@ def test_fused_forward_matches_torch_forward(case):
     assert close(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:], 1e-5)
 
 
+@pytest.mark.parametrize("blocks", [None, (8, 64, 4), (4, 32, 4, 1, 2), (2, 128, 4, 0, 4)])
+@pytest.mark.parametrize("fp8", [False, True])
+def test_a_qkv_gemv_with_rope_does_rope_kv_writes_work_bit_for_bit(blocks, fp8):
+    """``gemv(..., rope=...)`` on an attention's qkv at one token: the q and k heads rotated in
+    its result and the k and v heads written to their pools at the token's slot, the bits of
+    the plain gemv followed by ``rope_kv_write``, with FP8 weights' scales and a bias or
+    unscaled weights, a float32 or FP8 pool (an FP8 pool clamps), 1-4 weight tiles before the
+    wait; nothing else in the pools is touched."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(41)
+    h, kvh, d, k, blocks_n, bs = 4, 2, 16, 72, 6, 4
+    n = (h + 2 * kvh) * d
+    x = torch.randn(1, k, generator=g).to(DEV)
+    if fp8:
+        q = Fp8Linear.from_linear(torch.nn.Linear(k, n, bias=True)).to(DEV)
+        w, scale, bias = q.weight, q.scale, q.bias
+    else:
+        w, scale, bias = torch.randn(n, k, generator=g).to(DEV), None, None
+    pool = torch.float8_e4m3fn if fp8 else torch.float32
+    pools = (torch.randn(2, blocks_n, bs, kvh, d, generator=g) * 300).to(DEV, pool)
+    cos, sin = (torch.randn(40, d // 2, generator=g).to(DEV) for _ in range(2))
+    pos, slot = torch.tensor([37]).to(DEV), torch.tensor([13]).to(DEV)
+    runs = []
+    for fused in (False, True):
+        k_pool, v_pool = pools[0].clone(), pools[1].clone()
+        if fused:
+            rope = kernels.matvec.GemvRope(cos, sin, pos, slot, k_pool, v_pool, h, kvh)
+            qkv = kernels.gemv(x, w, scale, bias, None, blocks, rope=rope)
+        else:
+            qkv = kernels.gemv(x, w, scale, bias, None, blocks)
+            kernels.rope_kv_write(qkv, pos, cos, sin, slot, k_pool, v_pool, h, kvh)
+        runs.append((qkv, k_pool.view(torch.uint8), v_pool.view(torch.uint8)))
+    for want, got in zip(*runs):
+        assert torch.equal(got, want)
+    for got, before in zip(runs[1][1:], pools.view(torch.uint8)):  # [slot x KV head, bytes]
+        changed = (got != before).view(blocks_n * bs * kvh, -1).any(-1).nonzero().view(-1)
+        assert set(changed.tolist()) <= {13 * kvh, 13 * kvh + 1}, "only the token's slot"
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_the_rope_in_a_one_row_qkv_gives_the_bits_of_rope_kv_writes_launch(monkeypatch, qk_norm):
+    """``GEMV_ROPE``: a one-row step whose qkv runs by gemv rotates and writes its keys and
+    values in that launch, with the hidden states and pools of the qkv gemv then
+    ``rope_kv_write``, bit for bit, and no ``rope_kv_write`` launch; q/k norms (Qwen3) keep
+    the launch."""
+    model = _tiny_model(qk_norm, torch.Generator().manual_seed(3))
+    model.triton_linear_rows = 16  # the Linears by the FP8 kernel (unscaled; one row: gemv)
+    runners, rows = _cached_step(model, [40], 1, torch.Generator().manual_seed(2))
+    launched, real = [], kernels.rope_kv_write
+    monkeypatch.setattr(kernels, "rope_kv_write", lambda *a: launched.append(1) or real(*a))
+    want = run_layers(model, runners[0], rows, True)
+    assert len(launched) == TINY.num_layers
+    launched.clear()
+    monkeypatch.setattr(kernels.matvec, "GEMV_ROPE", True)
+    got = run_layers(model, runners[1], rows, True)
+    assert len(launched) == (TINY.num_layers if qk_norm else 0)
+    assert torch.equal(got, want)
+    assert torch.equal(runners[1].k_pool, runners[0].k_pool)
+    assert torch.equal(runners[1].v_pool, runners[0].v_pool)
+
+
 @pytest.mark.parametrize("lengths", [[40], [5, 40]])
 def test_the_glu_in_a_one_row_gate_up_gives_the_bits_of_silu_muls_launch(monkeypatch, lengths):
     """``GEMV_GLU``: a one-row step whose gate_up runs by gemv takes SiLU(gate) * up in that

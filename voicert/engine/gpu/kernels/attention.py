@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from voicert.engine.gpu.kernels.common import _pdl_enter, _pow2, counters
+from voicert.engine.gpu.kernels.common import _pdl_enter, _pow2, _rotate, _to_pool, counters
 
 MAX_ATTN_ROWS = (
     64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
@@ -108,14 +108,6 @@ def _rope_kv_kernel(
 
 
 @triton.jit
-def _rotate(x1, x2, c, sn, dtype: tl.constexpr):
-    """HF's half-split RoPE of the halves x1, x2 (float32) by cos c and sin sn, in ``dtype``:
-    (x1 c - x2 s, x2 c + x1 s), each an explicit FMA over one rounded product, so that every
-    kernel that rotates (RoPE + KV write, attention with ROPE) gets the same bits."""
-    return tl.fma(x1, c, x2 * -sn).to(dtype), tl.fma(x2, c, x1 * sn).to(dtype)
-
-
-@triton.jit
 def _pool_put_halves(
     pool_ptr, rows, d, x1, x2, m, D: tl.constexpr, KV_FP8: tl.constexpr, KV_INT8: tl.constexpr
 ):
@@ -176,15 +168,6 @@ def _int8_row_scale(pool_ptr, rows, amax, m, D: tl.constexpr):
 def _int8(x):
     """Round half to even and saturate to [-127, 127], as torch.round and clamp do."""
     return tl.clamp(libdevice.rint(x), -127.0, 127.0).to(tl.int8)
-
-
-@triton.jit
-def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
-    """x in the pool's dtype: an FP8 pool's values clamped to e4m3's range (scale 1), as
-    layers.write_kv does."""
-    if KV_FP8:
-        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)  # +-E4M3_MAX (a literal in a kernel)
-    return x.to(pool_ptr.dtype.element_ty)
 
 
 def rope_kv_write(

@@ -102,6 +102,23 @@ def _scale_bias(acc, s_ptr, b_ptr, rn, nm, HAS_SCALE: tl.constexpr, HAS_BIAS: tl
 
 
 @triton.jit
+def _rotate(x1, x2, c, sn, dtype: tl.constexpr):
+    """HF's half-split RoPE of the halves x1, x2 (float32) by cos c and sin sn, in ``dtype``:
+    (x1 c - x2 s, x2 c + x1 s), each an explicit FMA over one rounded product, so that every
+    kernel that rotates (RoPE + KV write, attention with ROPE) gets the same bits."""
+    return tl.fma(x1, c, x2 * -sn).to(dtype), tl.fma(x2, c, x1 * sn).to(dtype)
+
+
+@triton.jit
+def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
+    """x in the pool's dtype: an FP8 pool's values clamped to e4m3's range (scale 1), as
+    layers.write_kv does."""
+    if KV_FP8:
+        x = tl.clamp(x.to(tl.float32), -448.0, 448.0)  # +-E4M3_MAX (a literal in a kernel)
+    return x.to(pool_ptr.dtype.element_ty)
+
+
+@triton.jit
 def _split_k_finish(
     acc,
     rm,
