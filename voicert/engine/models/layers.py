@@ -351,13 +351,13 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """The attention between the two projections through the Triton kernels: qkv [B, Q,
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
-        in one launch (``written``: the qkv launch did both: q and k come rotated, this step's
-        keys and values are in the pools), then attention straight from the paged pool (``wide`` None: the caller
+        in one launch, then attention straight from the paged pool (``wide`` None: the caller
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
         engine/models/flash.py's ``FlashRows``), built once per forward. A decode step that
         ``kernels.attention.rope_in_attention`` takes does both in the attention's launch.
-        ``pdl``: launch the kernels with programmatic dependent launch
-        (engine/gpu/kernels/common.py)."""
+        ``written``: the qkv launch did both already (q and k come rotated; this step's keys
+        and values are in the pools). ``pdl``: launch the kernels with programmatic dependent
+        launch (engine/gpu/kernels/common.py)."""
         from voicert.engine.gpu import kernels
 
         b, q_len, _ = qkv.shape

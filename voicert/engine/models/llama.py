@@ -19,6 +19,7 @@ from voicert.engine.gpu.fp8 import Fp8Linear
 from voicert.engine.gpu.int4 import Int4Linear, a8_rounds
 from voicert.engine.models.flash import FlashRows
 from voicert.engine.models.layers import (
+    Attention,
     AttnInputs,
     Block,
     RMSNorm,
@@ -233,7 +234,7 @@ class LlamaModel(nn.Module):
 
     def _qkv(
         self,
-        attn: nn.Module,
+        attn: Attention,
         x: torch.Tensor,
         planes: torch.Tensor | None,
         rope: tuple[torch.Tensor, torch.Tensor],
