@@ -228,6 +228,21 @@ def test_a_qkv_gemv_with_rope_does_rope_kv_writes_work_bit_for_bit(blocks, fp8):
         assert set(changed.tolist()) <= {13 * kvh, 13 * kvh + 1}, "only the token's slot"
 
 
+def _switched(monkeypatch, model, lengths: list[int], launch: str, switch: str):
+    """One step of rows after cached prefixes of ``lengths`` through the kernels (Linears by the
+    FP8 kernel, unscaled; one row: gemv), with ``kernels.matvec``'s ``switch`` off, then on:
+    (hidden states off, on; how many ``kernels.<launch>`` calls each; the two runners)."""
+    model.triton_linear_rows = 16
+    runners, rows = _cached_step(model, lengths, 1, torch.Generator().manual_seed(2))
+    launched, real = [], getattr(kernels, launch)
+    monkeypatch.setattr(kernels, launch, lambda *a: launched.append(1) or real(*a))
+    want = run_layers(model, runners[0], rows, True)
+    off = len(launched)
+    monkeypatch.setattr(kernels.matvec, switch, True)
+    got = run_layers(model, runners[1], rows, True)
+    return want, got, (off, len(launched) - off), runners
+
+
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_the_rope_in_a_one_row_qkv_gives_the_bits_of_rope_kv_writes_launch(monkeypatch, qk_norm):
     """``GEMV_ROPE``: a one-row step whose qkv runs by gemv rotates and writes its keys and
@@ -235,16 +250,8 @@ def test_the_rope_in_a_one_row_qkv_gives_the_bits_of_rope_kv_writes_launch(monke
     ``rope_kv_write``, bit for bit, and no ``rope_kv_write`` launch; q/k norms (Qwen3) keep
     the launch."""
     model = _tiny_model(qk_norm, torch.Generator().manual_seed(3))
-    model.triton_linear_rows = 16  # the Linears by the FP8 kernel (unscaled; one row: gemv)
-    runners, rows = _cached_step(model, [40], 1, torch.Generator().manual_seed(2))
-    launched, real = [], kernels.rope_kv_write
-    monkeypatch.setattr(kernels, "rope_kv_write", lambda *a: launched.append(1) or real(*a))
-    want = run_layers(model, runners[0], rows, True)
-    assert len(launched) == TINY.num_layers
-    launched.clear()
-    monkeypatch.setattr(kernels.matvec, "GEMV_ROPE", True)
-    got = run_layers(model, runners[1], rows, True)
-    assert len(launched) == (TINY.num_layers if qk_norm else 0)
+    want, got, calls, runners = _switched(monkeypatch, model, [40], "rope_kv_write", "GEMV_ROPE")
+    assert calls == (TINY.num_layers, TINY.num_layers if qk_norm else 0)
     assert torch.equal(got, want)
     assert torch.equal(runners[1].k_pool, runners[0].k_pool)
     assert torch.equal(runners[1].v_pool, runners[0].v_pool)
@@ -256,16 +263,8 @@ def test_the_glu_in_a_one_row_gate_up_gives_the_bits_of_silu_muls_launch(monkeyp
     launch, with the hidden states and pools of gate_up then ``silu_mul``, bit for bit, and no
     ``silu_mul`` launch; a step of two rows keeps the launch."""
     model = _tiny_model(False, torch.Generator().manual_seed(3))
-    model.triton_linear_rows = 16  # the Linears by the FP8 kernel (unscaled; one row: gemv)
-    runners, rows = _cached_step(model, lengths, 1, torch.Generator().manual_seed(2))
-    launched, real = [], kernels.silu_mul
-    monkeypatch.setattr(kernels, "silu_mul", lambda *a: launched.append(1) or real(*a))
-    want = run_layers(model, runners[0], rows, True)
-    assert len(launched) == TINY.num_layers
-    launched.clear()
-    monkeypatch.setattr(kernels.matvec, "GEMV_GLU", True)
-    got = run_layers(model, runners[1], rows, True)
-    assert len(launched) == (0 if len(rows) == 1 else TINY.num_layers)
+    want, got, calls, runners = _switched(monkeypatch, model, lengths, "silu_mul", "GEMV_GLU")
+    assert calls == (TINY.num_layers, 0 if len(lengths) == 1 else TINY.num_layers)
     assert torch.equal(got, want)
     assert torch.equal(runners[1].k_pool[:, 1:], runners[0].k_pool[:, 1:])  # block 0: scratch
 
