@@ -253,8 +253,7 @@ class LlamaModel(nn.Module):
         if operands is None or not mv.rope_fits(operands[0], attn.d):
             return self._linear(attn.qkv, x, planes), False
         gr = mv.GemvRope(*rope, inp.positions.view(-1), inp.slots, k_pool, v_pool, attn.h, attn.kvh)
-        qkv = kernels.gemv(x.reshape(1, x.shape[-1]), *operands, None, None, self.pdl, rope=gr)
-        return qkv.view(*x.shape[:-1], qkv.shape[-1]), True
+        return self._one_row_gemv(x, operands, rope=gr), True
 
     def _mlp_act(
         self,
@@ -275,9 +274,15 @@ class LlamaModel(nn.Module):
         if operands is None:
             act = self._linear(gate_up, x, planes)
             return kernels.silu_mul(act, self.pdl, down_planes, group)
-        x2 = x.reshape(1, x.shape[-1])
-        act = kernels.gemv(x2, *operands, None, None, self.pdl, glu=True)
-        return act.view(*x.shape[:-1], act.shape[-1])
+        return self._one_row_gemv(x, operands, glu=True)
+
+    def _one_row_gemv(self, x: torch.Tensor, operands: tuple, **fused) -> torch.Tensor:
+        """``kernels.gemv`` of x's one row [..., K] by ``operands`` (:meth:`_gemv_operands`),
+        with a fused epilogue (``glu`` or ``rope``) -> [..., its outputs]."""
+        from voicert.engine.gpu import kernels
+
+        y = kernels.gemv(x.reshape(1, x.shape[-1]), *operands, None, None, self.pdl, **fused)
+        return y.view(*x.shape[:-1], y.shape[-1])
 
     def _gemv_operands(
         self, lin: nn.Module, x: torch.Tensor

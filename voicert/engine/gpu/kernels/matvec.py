@@ -141,15 +141,17 @@ def _gemv_kernel(
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=km, other=0.0)
     acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    if GLU:
-        _glu_finish(tl.sum(acc, axis=1), rn, nm, N // 2, s_ptr, b_ptr, out_ptr, BLOCK_N,
-                    HAS_SCALE, HAS_BIAS)  # fmt: skip
-    elif D > 0:
-        c = tl.load(cos_ptr + p * (D // 2) + half).to(tl.float32)
-        sn = tl.load(sin_ptr + p * (D // 2) + half).to(tl.float32)
+    if GLU or D > 0:  # paired rows: finished and rounded as the plain store rounds, then split
         y = _scale_bias(tl.sum(acc, axis=1), s_ptr, b_ptr, rn, nm, HAS_SCALE, HAS_BIAS)
-        _rope_finish(y, c, sn, slot, half, pid_n * BLOCK_N // D, n_q_heads, kvh_n, out_ptr,
-                     k_ptr, v_ptr, BLOCK_N, D, KV_FP8)  # fmt: skip
+        y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
+        y1, y2 = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))  # [BN / 2] each: rows j even, odd
+        if GLU:
+            _glu_finish(y1, y2, N // 2, out_ptr, BLOCK_N)
+        else:
+            c = tl.load(cos_ptr + p * (D // 2) + half).to(tl.float32)
+            sn = tl.load(sin_ptr + p * (D // 2) + half).to(tl.float32)
+            _rope_finish(y1, y2, c, sn, slot, half, pid_n * BLOCK_N // D, n_q_heads, kvh_n,
+                         out_ptr, k_ptr, v_ptr, D, KV_FP8)  # fmt: skip
     else:
         rm = tl.arange(0, 1)
         _split_k_finish(
@@ -160,7 +162,8 @@ def _gemv_kernel(
 
 @triton.jit
 def _rope_finish(
-    y,
+    x1,
+    x2,
     c,
     sn,
     slot,
@@ -171,16 +174,14 @@ def _rope_finish(
     out_ptr,
     k_ptr,
     v_ptr,
-    BLOCK_N: tl.constexpr,
     D: tl.constexpr,
     KV_FP8: tl.constexpr,
 ):
-    """A qkv program's finished sums y [BN] (rotation pairs of head ``head``: columns ``half``
-    [BN / 2] and half + D / 2) as :func:`rope_kv_write` leaves them: a q or k head rotated by
-    the position's cos ``c`` and sin ``sn`` [BN / 2] and stored in out (the step's qkv), a k or
-    v head also written at ``slot`` of its pool (bf16 or FP8), bit for bit."""
+    """A qkv program's finished outputs, paired: columns ``half`` [BN / 2] (x1) and half + D / 2
+    (x2) of head ``head``, as :func:`rope_kv_write` leaves them: a q or k head rotated by the
+    position's cos ``c`` and sin ``sn`` [BN / 2] and stored in out (the step's qkv), a k or v
+    head also written at ``slot`` of its pool (bf16 or FP8), bit for bit."""
     dtype = out_ptr.dtype.element_ty
-    x1, x2 = tl.split(tl.reshape(y.to(dtype).to(tl.float32), (BLOCK_N // 2, 2)))  # [BN / 2]
     r1, r2 = _rotate(x1, x2, c, sn, dtype)
     turn = head < n_q_heads + kvh_n  # q and k heads turn; v heads are written as they are
     o1, o2 = tl.where(turn, r1, x1.to(dtype)), tl.where(turn, r2, x2.to(dtype))
@@ -191,7 +192,7 @@ def _rope_finish(
     is_k = (kv >= 0) & (kv < kvh_n)
     is_v = kv >= kvh_n
     row = (slot * kvh_n + tl.where(is_v, kv - kvh_n, kv)) * D + half  # [BN / 2]
-    k_mask = is_k & (half >= 0)
+    k_mask = is_k & (half >= 0)  # (the head's scalar test as a [BN / 2] mask)
     v_mask = is_v & (half >= 0)
     tl.store(k_ptr + row, _to_pool(o1, k_ptr, KV_FP8), mask=k_mask)
     tl.store(k_ptr + row + D // 2, _to_pool(o2, k_ptr, KV_FP8), mask=k_mask)
@@ -200,24 +201,11 @@ def _rope_finish(
 
 
 @triton.jit
-def _glu_finish(
-    y,
-    rn,
-    nm,
-    inter,
-    s_ptr,
-    b_ptr,
-    out_ptr,
-    BLOCK_N: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-):
-    """A GLU program's sums y [BN] (gate and up rows paired, ``rn``) to SiLU(gate) * up [BN / 2]
-    at its outputs of out [inter]: bit for bit :func:`gemv`'s store followed by
-    :func:`silu_mul`'s arithmetic (each rounded to out's dtype where they round)."""
+def _glu_finish(g, u, inter, out_ptr, BLOCK_N: tl.constexpr):
+    """A GLU program's finished outputs, paired: gate g and up u [BN / 2], to SiLU(g) * u at its
+    outputs of out [inter]: bit for bit :func:`silu_mul`'s arithmetic on :func:`gemv`'s plain
+    result (each rounded to out's dtype where they round)."""
     dtype = out_ptr.dtype.element_ty
-    y = _scale_bias(y, s_ptr, b_ptr, rn, nm, HAS_SCALE, HAS_BIAS).to(dtype).to(tl.float32)
-    g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))  # [BN / 2] each
     act = (g / (1.0 + tl.exp(-g))).to(dtype).to(tl.float32)
     i = tl.program_id(0) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     tl.store(out_ptr + i, (act * u).to(dtype), mask=i < inter)
