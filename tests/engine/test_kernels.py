@@ -188,83 +188,25 @@ def test_fused_forward_matches_torch_forward(case):
     assert close(runners[1].v_pool[:, 1:], runners[0].v_pool[:, 1:], 1e-5)
 
 
-@pytest.mark.parametrize("blocks", [None, (8, 64, 4), (4, 32, 4, 1, 2), (2, 128, 4, 0, 4)])
-@pytest.mark.parametrize("fp8", [False, True])
-def test_a_qkv_gemv_with_rope_does_rope_kv_writes_work_bit_for_bit(blocks, fp8):
-    """``gemv(..., rope=...)`` on an attention's qkv at one token: the q and k heads rotated in
-    its result and the k and v heads written to their pools at the token's slot, the bits of
-    the plain gemv followed by ``rope_kv_write``, with FP8 weights' scales and a bias or
-    unscaled weights, a float32 or FP8 pool (an FP8 pool clamps), 1-4 weight tiles before the
-    wait; nothing else in the pools is touched."""
-    from voicert.engine.gpu.fp8 import Fp8Linear
-
-    g = torch.Generator().manual_seed(41)
-    h, kvh, d, k, blocks_n, bs = 4, 2, 16, 72, 6, 4
-    n = (h + 2 * kvh) * d
-    x = torch.randn(1, k, generator=g).to(DEV)
-    if fp8:
-        q = Fp8Linear.from_linear(torch.nn.Linear(k, n, bias=True)).to(DEV)
-        w, scale, bias = q.weight, q.scale, q.bias
-    else:
-        w, scale, bias = torch.randn(n, k, generator=g).to(DEV), None, None
-    pool = torch.float8_e4m3fn if fp8 else torch.float32
-    pools = (torch.randn(2, blocks_n, bs, kvh, d, generator=g) * 300).to(DEV, pool)
-    cos, sin = (torch.randn(40, d // 2, generator=g).to(DEV) for _ in range(2))
-    pos, slot = torch.tensor([37]).to(DEV), torch.tensor([13]).to(DEV)
-    runs = []
-    for fused in (False, True):
-        k_pool, v_pool = pools[0].clone(), pools[1].clone()
-        if fused:
-            rope = kernels.matvec.GemvRope(cos, sin, pos, slot, k_pool, v_pool, h, kvh)
-            qkv = kernels.gemv(x, w, scale, bias, None, blocks, rope=rope)
-        else:
-            qkv = kernels.gemv(x, w, scale, bias, None, blocks)
-            kernels.rope_kv_write(qkv, pos, cos, sin, slot, k_pool, v_pool, h, kvh)
-        runs.append((qkv, k_pool.view(torch.uint8), v_pool.view(torch.uint8)))
-    for want, got in zip(*runs):
-        assert torch.equal(got, want)
-    for got, before in zip(runs[1][1:], pools.view(torch.uint8)):  # [slot x KV head, bytes]
-        changed = (got != before).view(blocks_n * bs * kvh, -1).any(-1).nonzero().view(-1)
-        assert set(changed.tolist()) <= {13 * kvh, 13 * kvh + 1}, "only the token's slot"
-
-
-def _switched(monkeypatch, model, lengths: list[int], launch: str, switch: str):
-    """One step of rows after cached prefixes of ``lengths`` through the kernels (Linears by the
-    FP8 kernel, unscaled; one row: gemv), with ``kernels.matvec``'s ``switch`` off, then on:
-    (hidden states off, on; how many ``kernels.<launch>`` calls each; the two runners)."""
-    model.triton_linear_rows = 16
-    runners, rows = _cached_step(model, lengths, 1, torch.Generator().manual_seed(2))
-    launched, real = [], getattr(kernels, launch)
-    monkeypatch.setattr(kernels, launch, lambda *a: launched.append(1) or real(*a))
-    want = run_layers(model, runners[0], rows, True)
-    off = len(launched)
-    monkeypatch.setattr(kernels.matvec, switch, True)
-    got = run_layers(model, runners[1], rows, True)
-    return want, got, (off, len(launched) - off), runners
-
-
-@pytest.mark.parametrize("qk_norm", [False, True])
-def test_the_rope_in_a_one_row_qkv_gives_the_bits_of_rope_kv_writes_launch(monkeypatch, qk_norm):
-    """``GEMV_ROPE``: a one-row step whose qkv runs by gemv rotates and writes its keys and
-    values in that launch, with the hidden states and pools of the qkv gemv then
-    ``rope_kv_write``, bit for bit, and no ``rope_kv_write`` launch; q/k norms (Qwen3) keep
-    the launch."""
-    model = _tiny_model(qk_norm, torch.Generator().manual_seed(3))
-    want, got, calls, runners = _switched(monkeypatch, model, [40], "rope_kv_write", "GEMV_ROPE")
-    assert calls == (TINY.num_layers, TINY.num_layers if qk_norm else 0)
-    assert torch.equal(got, want)
-    assert torch.equal(runners[1].k_pool, runners[0].k_pool)
-    assert torch.equal(runners[1].v_pool, runners[0].v_pool)
-
-
 @pytest.mark.parametrize("lengths", [[40], [5, 40]])
 def test_the_glu_in_a_one_row_gate_up_gives_the_bits_of_silu_muls_launch(monkeypatch, lengths):
     """``GEMV_GLU``: a one-row step whose gate_up runs by gemv takes SiLU(gate) * up in that
     launch, with the hidden states and pools of gate_up then ``silu_mul``, bit for bit, and no
     ``silu_mul`` launch; a step of two rows keeps the launch."""
     model = _tiny_model(False, torch.Generator().manual_seed(3))
-    want, got, calls, runners = _switched(monkeypatch, model, lengths, "silu_mul", "GEMV_GLU")
-    assert calls == (TINY.num_layers, 0 if len(lengths) == 1 else TINY.num_layers)
+    model.triton_linear_rows = 16  # Linears by the FP8 kernel, unscaled; one row: gemv
+    runners, rows = _cached_step(model, lengths, 1, torch.Generator().manual_seed(2))
+    launched, real = [], kernels.silu_mul
+    monkeypatch.setattr(kernels, "silu_mul", lambda *a: launched.append(1) or real(*a))
+    monkeypatch.setattr(kernels.matvec, "GEMV_GLU", False)
+    want = run_layers(model, runners[0], rows, True)
+    off = len(launched)
+    monkeypatch.setattr(kernels.matvec, "GEMV_GLU", True)
+    got = run_layers(model, runners[1], rows, True)
+    assert (off, len(launched) - off) == (
+        TINY.num_layers,
+        0 if len(lengths) == 1 else TINY.num_layers,
+    )
     assert torch.equal(got, want)
     assert torch.equal(runners[1].k_pool[:, 1:], runners[0].k_pool[:, 1:])  # block 0: scratch
 

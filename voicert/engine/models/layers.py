@@ -347,7 +347,6 @@ class Attention(nn.Module):
         v_pool: torch.Tensor,
         count: torch.Tensor,
         pdl: bool = False,
-        written: bool = False,
     ) -> torch.Tensor:
         """The attention between the two projections through the Triton kernels: qkv [B, Q,
         (H + 2 KVH) * D] -> [B, Q, H * D]. RoPE (from the model's cos/sin tables) and the KV write
@@ -355,9 +354,8 @@ class Attention(nn.Module):
         found the query rows fit the decode kernel), or by ``wide`` (:class:`SdpaRows`, or
         engine/models/flash.py's ``FlashRows``), built once per forward. A decode step that
         ``kernels.attention.rope_in_attention`` takes does both in the attention's launch.
-        ``written``: the qkv launch did both already (q and k come rotated; this step's keys
-        and values are in the pools). ``pdl``: launch the kernels with programmatic dependent
-        launch (engine/gpu/kernels/common.py)."""
+        ``pdl``: launch the kernels with programmatic dependent launch
+        (engine/gpu/kernels/common.py)."""
         from voicert.engine.gpu import kernels
 
         b, q_len, _ = qkv.shape
@@ -368,11 +366,6 @@ class Attention(nn.Module):
                 raise NotImplementedError(f"fused q/k norms of {type(self.q_norm).__name__}")
             norms = (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
         att = kernels.attention
-        if written:
-            assert wide is None and norms is None, "the qkv gemv rotates decode steps only"
-            return kernels.paged_attention(
-                qkv, k_pool, v_pool, inp.block_tables, inp.positions, h, kvh, count, pdl
-            )
         if wide is None and att.rope_in_attention(b, q_len, h // kvh):  # one launch, not two
             roped = att.RopeInputs(*rope, inp.slots, norms)
             return kernels.paged_attention(

@@ -19,7 +19,6 @@ from voicert.engine.gpu.fp8 import Fp8Linear
 from voicert.engine.gpu.int4 import Int4Linear, a8_rounds
 from voicert.engine.models.flash import FlashRows
 from voicert.engine.models.layers import (
-    Attention,
     AttnInputs,
     Block,
     RMSNorm,
@@ -219,10 +218,8 @@ class LlamaModel(nn.Module):
             x, residual = kernels.add_rms_norm(
                 out, residual, layer.attn_norm.weight, eps, pdl, pq, gq
             )
-            qkv, written = self._qkv(layer.attn, x, pq, rope, inp, k_pool[i], v_pool[i])
-            a = layer.attn.attend_fused(
-                qkv, rope, inp, wide, k_pool[i], v_pool[i], count, pdl, written
-            )
+            qkv = lin(layer.attn.qkv, x, pq)
+            a = layer.attn.attend_fused(qkv, rope, inp, wide, k_pool[i], v_pool[i], count, pdl)
             pg, gg = self._planes(layer.mlp.gate_up, rows)
             x, residual = kernels.add_rms_norm(
                 lin(layer.attn.o, a), residual, layer.mlp_norm.weight, eps, pdl, pg, gg
@@ -231,29 +228,6 @@ class LlamaModel(nn.Module):
             act = self._mlp_act(layer.mlp.gate_up, x, pg, pd, gd)
             out = lin(layer.mlp.down, act, pd)
         return kernels.add_rms_norm(out, residual, self.norm.weight, eps, pdl)[0]
-
-    def _qkv(
-        self,
-        attn: Attention,
-        x: torch.Tensor,
-        planes: torch.Tensor | None,
-        rope: tuple[torch.Tensor, torch.Tensor],
-        inp: AttnInputs,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-    ) -> tuple[torch.Tensor, bool]:
-        """The attention's qkv projection of x [..., hidden], and whether its launch also did
-        the RoPE and KV write: where the step runs it by the one-row gemv
-        (``kernels.matvec.GEMV_ROPE``), with no q/k norms and a pool that is not int8."""
-        from voicert.engine.gpu import kernels
-
-        mv = kernels.matvec
-        fuse = mv.GEMV_ROPE and not attn.qk_norm and k_pool.dtype != torch.int8
-        operands = self._gemv_operands(attn.qkv, x) if fuse else None
-        if operands is None or not mv.rope_fits(operands[0], attn.d):
-            return self._linear(attn.qkv, x, planes), False
-        gr = mv.GemvRope(*rope, inp.positions.view(-1), inp.slots, k_pool, v_pool, attn.h, attn.kvh)
-        return self._one_row_gemv(x, operands, rope=gr), True
 
     def _mlp_act(
         self,
@@ -278,7 +252,7 @@ class LlamaModel(nn.Module):
 
     def _one_row_gemv(self, x: torch.Tensor, operands: tuple, **fused) -> torch.Tensor:
         """``kernels.gemv`` of x's one row [..., K] by ``operands`` (:meth:`_gemv_operands`),
-        with a fused epilogue (``glu`` or ``rope``) -> [..., its outputs]."""
+        with a fused epilogue (``glu``) -> [..., its outputs]."""
         from voicert.engine.gpu import kernels
 
         y = kernels.gemv(x.reshape(1, x.shape[-1]), *operands, None, None, self.pdl, **fused)

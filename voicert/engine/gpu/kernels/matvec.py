@@ -5,8 +5,6 @@ FMAs read them faster than the tensor cores' 16-row tiles do.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -14,12 +12,10 @@ import triton.language as tl
 from voicert.engine.gpu.kernels.common import (
     FP8_PROGRAMS,
     _pdl_enter,
-    _rotate,
     _scale_bias,
     _split_k,
     _split_k_finish,
     _split_rule,
-    _to_pool,
 )
 
 
@@ -35,15 +31,6 @@ def _gemv_kernel(
     N,
     K,
     k_per_split,
-    cos_ptr,
-    sin_ptr,
-    pos_ptr,
-    slot_ptr,
-    k_ptr,
-    v_ptr,
-    n_pos,
-    n_q_heads,
-    kvh_n,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,
@@ -52,8 +39,6 @@ def _gemv_kernel(
     PRE: tl.constexpr,
     X_WIDE: tl.constexpr,
     GLU: tl.constexpr,
-    D: tl.constexpr,
-    KV_FP8: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """:func:`_fp8_linear_kernel` for one row on the CUDA cores, no MMA: each weight tile
@@ -64,18 +49,11 @@ def _gemv_kernel(
     read 8 bytes at a time, not 16, so that their tile takes x's layout (bf16 x in 16-byte
     vectors) and x is not moved through shared memory, with two barriers, every step. GLU
     (K not split): w is a gate_up [N, K], gate rows first; a program takes BN / 2 gate rows
-    and their up rows, paired, and writes SiLU(gate) * up [N / 2] (:func:`_glu_finish`). D (a
-    head dim; 0: none; K not split): w is an attention's qkv [(H + 2 KVH) * D, K]; a program
-    takes BN / 2 rotation pairs (d, d + D / 2) of one head and does :func:`rope_kv_write`'s work
-    for them (:func:`_rope_finish`)."""
+    and their up rows, paired, and writes SiLU(gate) * up [N / 2] (:func:`_glu_finish`)."""
     pid_n, pid_k = tl.program_id(0), tl.program_id(2)
     if GLU:  # rows j: gate i, up i, gate i + 1, up i + 1, ... (i = the program's first output)
         j = tl.arange(0, BLOCK_N)
         rn = pid_n * (BLOCK_N // 2) + j // 2 + (j % 2) * (N // 2)
-    elif D > 0:  # rows j: head h's d, d + D / 2, d + 1, d + 1 + D / 2, ...
-        j = tl.arange(0, BLOCK_N)
-        rn = pid_n * BLOCK_N // D * D + (pid_n % (D // BLOCK_N)) * (BLOCK_N // 2) + j // 2
-        rn += (j % 2) * (D // 2)
     else:
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
@@ -108,12 +86,6 @@ def _gemv_kernel(
             mask=nm[:, None] & (k_lo + 3 * BLOCK_K + rk < k_hi)[None, :],
             other=0.0,
         )
-    if D > 0:  # the position and its slot: no kernel of the step writes them. (Its cos and sin
-        # are read after the sums: held across the loop they took 1B's program from 166 to 222
-        # registers, 3 -> 2 programs an SM, two waves of its 384 qkv programs; sm_90, offline)
-        p = tl.minimum(tl.load(pos_ptr), n_pos - 1)
-        half = (pid_n % (D // BLOCK_N)) * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
-        slot = tl.load(slot_ptr).to(tl.int64)
     _pdl_enter(PDL)
     acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
     if PRE >= 2:
@@ -141,63 +113,17 @@ def _gemv_kernel(
         w = tl.load(w_ptrs, mask=nm[:, None] & km[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=km, other=0.0)
     acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    if GLU or D > 0:  # paired rows: finished and rounded as the plain store rounds, then split
+    if GLU:  # paired rows: finished and rounded as the plain store rounds, then split
         y = _scale_bias(tl.sum(acc, axis=1), s_ptr, b_ptr, rn, nm, HAS_SCALE, HAS_BIAS)
         y = y.to(out_ptr.dtype.element_ty).to(tl.float32)
-        y1, y2 = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))  # [BN / 2] each: rows j even, odd
-        if GLU:
-            _glu_finish(y1, y2, N // 2, out_ptr, BLOCK_N)
-        else:
-            c = tl.load(cos_ptr + p * (D // 2) + half).to(tl.float32)
-            sn = tl.load(sin_ptr + p * (D // 2) + half).to(tl.float32)
-            _rope_finish(y1, y2, c, sn, slot, half, pid_n * BLOCK_N // D, n_q_heads, kvh_n,
-                         out_ptr, k_ptr, v_ptr, D, KV_FP8)  # fmt: skip
+        g, u = tl.split(tl.reshape(y, (BLOCK_N // 2, 2)))  # [BN / 2] each: rows j even, odd
+        _glu_finish(g, u, N // 2, out_ptr, BLOCK_N)
     else:
         rm = tl.arange(0, 1)
         _split_k_finish(
             tl.sum(acc, axis=1)[None, :], rm, rn, rm < 1, nm, 1, N, s_ptr, b_ptr, out_ptr,
             part_ptr, count_ptr, SPLIT, HAS_SCALE, HAS_BIAS,
         )  # fmt: skip
-
-
-@triton.jit
-def _rope_finish(
-    x1,
-    x2,
-    c,
-    sn,
-    slot,
-    half,
-    head,
-    n_q_heads,
-    kvh_n,
-    out_ptr,
-    k_ptr,
-    v_ptr,
-    D: tl.constexpr,
-    KV_FP8: tl.constexpr,
-):
-    """A qkv program's finished outputs, paired: columns ``half`` [BN / 2] (x1) and half + D / 2
-    (x2) of head ``head``, as :func:`rope_kv_write` leaves them: a q or k head rotated by the
-    position's cos ``c`` and sin ``sn`` [BN / 2] and stored in out (the step's qkv), a k or v
-    head also written at ``slot`` of its pool (bf16 or FP8), bit for bit."""
-    dtype = out_ptr.dtype.element_ty
-    r1, r2 = _rotate(x1, x2, c, sn, dtype)
-    turn = head < n_q_heads + kvh_n  # q and k heads turn; v heads are written as they are
-    o1, o2 = tl.where(turn, r1, x1.to(dtype)), tl.where(turn, r2, x2.to(dtype))
-    dst = out_ptr + head * D + half
-    tl.store(dst, o1)
-    tl.store(dst + D // 2, o2)
-    kv = head - n_q_heads  # 0 .. 2 KVH - 1: k heads, then v heads
-    is_k = (kv >= 0) & (kv < kvh_n)
-    is_v = kv >= kvh_n
-    row = (slot * kvh_n + tl.where(is_v, kv - kvh_n, kv)) * D + half  # [BN / 2]
-    k_mask = is_k & (half >= 0)  # (the head's scalar test as a [BN / 2] mask)
-    v_mask = is_v & (half >= 0)
-    tl.store(k_ptr + row, _to_pool(o1, k_ptr, KV_FP8), mask=k_mask)
-    tl.store(k_ptr + row + D // 2, _to_pool(o2, k_ptr, KV_FP8), mask=k_mask)
-    tl.store(v_ptr + row, _to_pool(o1, v_ptr, KV_FP8), mask=v_mask)
-    tl.store(v_ptr + row + D // 2, _to_pool(o2, v_ptr, KV_FP8), mask=v_mask)
 
 
 @triton.jit
@@ -228,12 +154,10 @@ GEMV_PRE_LONG = 4  # ... but 2-byte weights of more than GEMV_WIDE_K columns and
 # GEMV_PRE_LONG_N outputs (4-row tiles, 1024+ of them) take this many: 8B bf16's step 4.352 ->
 # 4.293 ms; not 1B's down (2048 x 8192): its step 0.908 -> 0.914 (H200, docs/benchmarks.md 73)
 GEMV_PRE_LONG_N = 4096
-GEMV_ROPE = False  # a one-row step's RoPE and KV write in the qkv gemv (gemv's ``rope``), no
-# rope_kv_write launch (1.9 us a layer without PDL on the 1B step, docs/benchmarks.md 72); the
-# same bits. Off until timed (docs/benchmarks.md 74)
-GEMV_GLU = False  # a one-row step's MLP: SiLU(gate) * up in gate_up's gemv (gemv's ``glu``), no
-# silu_mul launch (1.3 us a layer without PDL on the 1B step, docs/benchmarks.md 72); the same
-# bits. Off until timed (docs/benchmarks.md 74)
+GEMV_GLU = True  # a one-row step's MLP: SiLU(gate) * up in gate_up's gemv (gemv's ``glu``), no
+# silu_mul launch; the same bits. GPU time a step, H200: 1B bf16 0.909 -> 0.898 ms, 8B bf16 4.261
+# -> 4.200, 1B FP8 0.877 -> 0.867, 8B FP8 3.115 -> 3.111 (docs/benchmarks.md 75). (RoPE and the
+# KV write in qkv's gemv the same way were slower, 0.909 -> 0.936 at 1B: removed)
 
 
 def _default_tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
@@ -255,28 +179,6 @@ def _default_pre(n: int, k: int, weight_bytes: int) -> int:
     return GEMV_PRE.get(weight_bytes, 1)
 
 
-class GemvRope(NamedTuple):
-    """What a qkv gemv needs to do :func:`rope_kv_write`'s work itself: the model's cos and sin
-    tables [P, D/2], the step's one position [1] and slot [1] (int64), the layer's k and v pools
-    [NB, BS, KVH, D] (the qkv's dtype or FP8, not int8), and the heads."""
-
-    cos: torch.Tensor
-    sin: torch.Tensor
-    positions: torch.Tensor
-    slots: torch.Tensor
-    k_pool: torch.Tensor
-    v_pool: torch.Tensor
-    num_heads: int
-    num_kv_heads: int
-
-
-def rope_fits(w: torch.Tensor, head_dim: int) -> bool:
-    """Whether :func:`gemv` can take a qkv w [N, K]'s RoPE and KV write (``rope``): its default
-    tile's outputs divide the head dim."""
-    bn = _default_tile(w.shape[0], w.shape[1], w.element_size())[0]
-    return head_dim % bn == 0
-
-
 def gemv(
     x2: torch.Tensor,
     w: torch.Tensor,
@@ -287,7 +189,6 @@ def gemv(
     pdl: bool = False,
     out: torch.Tensor | None = None,
     glu: bool = False,
-    rope: GemvRope | None = None,
 ) -> torch.Tensor:
     """One row x2 [1, K] times w [N, K] (FP8 with ``scale`` [N] float32, or unscaled in x2's
     dtype) plus ``bias`` [N] -> [1, N] in x2's dtype, on the CUDA cores (:func:`_gemv_kernel`):
@@ -299,9 +200,7 @@ def gemv(
     :func:`add_rms_norm`'s. ``out``: where to write (N contiguous values in x2's dtype; None: a
     new [1, N]). ``glu``: w is an MLP's gate_up (gate rows first, N even) and the result is
     SiLU(gate) * up [1, N / 2], bit for bit :func:`silu_mul` of the plain result, with no
-    launch of its own (K is then never split). ``rope`` (:func:`rope_fits`): w is an
-    attention's qkv and the launch does :func:`rope_kv_write`'s work for the step's one token,
-    bit for bit (q and k rotated in the result, k and v written to the pools; K never split)."""
+    launch of its own (K is then never split)."""
     m, k = x2.shape
     assert m == 1 and x2.stride(-1) == 1, x2.shape
     n = w.shape[0]
@@ -312,11 +211,8 @@ def gemv(
     width = n // 2 if glu else n  # outputs
     tiles = triton.cdiv(width, bn // 2 if glu else bn)
     assert not glu or (n % 2 == 0 and bn % 2 == 0 and split <= 1), (n, blocks)
-    d = 0 if rope is None else n // (rope.num_heads + 2 * rope.num_kv_heads)
-    assert rope is None or (not glu and d % bn == 0 and bn > 1 and split <= 1), (d, blocks)
-    assert rope is None or rope.k_pool.dtype != torch.int8, "an int8 pool: rope_kv_write"
     if not split:
-        split = 1 if glu or rope is not None else _split_rule(tiles, k)
+        split = 1 if glu else _split_rule(tiles, k)
     if out is None:
         out = torch.empty(1, width, dtype=x2.dtype, device=x2.device)
     assert out.is_contiguous() and out.numel() == width and out.dtype == x2.dtype
@@ -332,10 +228,6 @@ def gemv(
         n,
         k,
         k_per_split,
-        *(w,) * 6 if rope is None else rope[:6],
-        1 if rope is None else rope.cos.shape[0],
-        0 if rope is None else rope.num_heads,
-        0 if rope is None else rope.num_kv_heads,
         HAS_SCALE=scale is not None,
         HAS_BIAS=bias is not None,
         SPLIT=split,
@@ -344,8 +236,6 @@ def gemv(
         PRE=pre,
         X_WIDE=GEMV_X_WIDE and w.element_size() == 1,
         GLU=glu,
-        D=d,
-        KV_FP8=rope is not None and rope.k_pool.dtype == torch.float8_e4m3fn,
         PDL=pdl,
         num_warps=warps,
         num_stages=1,
