@@ -1029,7 +1029,8 @@ def test_gemv_tiles_eight_rows_for_wide_short_two_byte_weights_and_reads_long_on
     """Unless told its tile, gemv gives a program ``GEMV_WIDE_ROWS`` outputs of 2-byte weights
     of at most ``GEMV_WIDE_K`` columns where that still makes ``FP8_PROGRAMS`` programs without
     splitting K, else ``GEMV_TILE``'s (FP8 weights, narrow or long ones); it reads four weight
-    tiles before the PDL wait of FP8 weights and of long, wide 2-byte ones; the sums agree
+    tiles before the PDL wait of FP8 weights and of long, wide 2-byte ones, and
+    ``GEMV_PRE_SHORT`` of short 2-byte ones in ``GEMV_TILE``'s tiles; the sums agree
     either way (to bf16's rounding: on a GPU the two tiles' sums across threads may run in
     another order)."""
     mv = kernels.matvec
@@ -1039,11 +1040,13 @@ def test_gemv_tiles_eight_rows_for_wide_short_two_byte_weights_and_reads_long_on
     assert mv._default_tile(rows * mv.FP8_PROGRAMS - rows, k, 2) == mv.GEMV_TILE  # o and down
     assert mv._default_tile(rows * mv.FP8_PROGRAMS, k + 1, 2) == mv.GEMV_TILE  # every 8B Linear
     assert mv._default_tile(1 << 17, k, 1) == mv.GEMV_TILE  # FP8
-    # weight tiles read before the PDL wait: four for FP8 and for 8B's long bf16 rows, else one
+    # weight tiles read before the PDL wait: four for FP8 and for 8B's long bf16 rows, two for
+    # 1B's o (a whole row), else one
     long_n = mv.GEMV_PRE_LONG_N
     assert mv._default_pre(long_n, k + 1, 2) == mv.GEMV_PRE_LONG == 4  # 8B's bf16 Linears
     assert mv._default_pre(long_n - 1, 4 * k, 2) == 1  # 1B's down (2048 x 8192)
     assert mv._default_pre(4 * long_n, k, 2) == 1  # 1B's gate_up, LM head
+    assert mv._default_pre(k, k, 2) == mv.GEMV_PRE_SHORT == 2  # 1B's o (2048 x 2048)
     assert mv._default_pre(long_n, k, 1) == mv.GEMV_PRE[1] == 4  # FP8
     monkeypatch.setattr(mv, "FP8_PROGRAMS", 4)  # (a small matrix takes the wide tile)
     g = torch.Generator().manual_seed(12)

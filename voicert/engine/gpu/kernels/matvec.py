@@ -154,6 +154,9 @@ GEMV_PRE_LONG = 4  # ... but 2-byte weights of more than GEMV_WIDE_K columns and
 # GEMV_PRE_LONG_N outputs (4-row tiles, 1024+ of them) take this many: 8B bf16's step 4.352 ->
 # 4.293 ms; not 1B's down (2048 x 8192): its step 0.908 -> 0.914 (H200, docs/benchmarks.md 73)
 GEMV_PRE_LONG_N = 4096
+GEMV_PRE_SHORT = 2  # ... and 2-byte weights of at most GEMV_WIDE_K columns in GEMV_TILE's
+# narrow tiles (too few outputs for eight-row ones: 1B's o) this many, a whole row of 2048 before
+# the wait (95 registers either way): 1B bf16's step 0.902 -> 0.894 ms (H200, benchmarks.md 75)
 GEMV_GLU = True  # a one-row step's MLP: SiLU(gate) * up in gate_up's gemv (gemv's ``glu``), no
 # silu_mul launch; the same bits. GPU time a step, H200: 1B bf16 0.909 -> 0.898 ms, 8B bf16 4.261
 # -> 4.200, 1B FP8 0.877 -> 0.867, 8B FP8 3.115 -> 3.111 (docs/benchmarks.md 75). (RoPE and the
@@ -173,9 +176,12 @@ def _default_tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
 def _default_pre(n: int, k: int, weight_bytes: int) -> int:
     """Weight tiles a program reads before the PDL wait: :data:`GEMV_PRE` by the weights'
     bytes, or :data:`GEMV_PRE_LONG` for 2-byte weights [n, k] longer than :data:`GEMV_WIDE_K`
-    with at least :data:`GEMV_PRE_LONG_N` outputs."""
+    with at least :data:`GEMV_PRE_LONG_N` outputs, or :data:`GEMV_PRE_SHORT` for 2-byte ones
+    of at most :data:`GEMV_WIDE_K` columns in :data:`GEMV_TILE`'s tiles."""
     if weight_bytes == 2 and k > GEMV_WIDE_K and n >= GEMV_PRE_LONG_N:
         return GEMV_PRE_LONG
+    if weight_bytes == 2 and k <= GEMV_WIDE_K and _default_tile(n, k, 2) == GEMV_TILE:
+        return GEMV_PRE_SHORT
     return GEMV_PRE.get(weight_bytes, 1)
 
 
