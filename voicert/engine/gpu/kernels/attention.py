@@ -13,7 +13,14 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from voicert.engine.gpu.kernels.common import _pdl_enter, _pow2, _rotate, _to_pool, counters
+from voicert.engine.gpu.kernels.common import (
+    _pdl_enter,
+    _pow2,
+    _reset_counter,
+    _rotate,
+    _to_pool,
+    counters,
+)
 
 MAX_ATTN_ROWS = (
     64  # query rows (tokens x query heads per KV head) the paged kernel takes per program
@@ -464,7 +471,7 @@ def _paged_attn_kernel(
         if tl.atomic_add(count, 1, sem="acq_rel") == n_splits - 1:
             o = _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS, D, ROWS)
             tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
-            tl.atomic_xchg(count, 0)  # ready for the next launch
+            _reset_counter(count)  # ready for the next launch
 
 
 def _prefill_rows(heads: int, q_len: int, g: int) -> int:

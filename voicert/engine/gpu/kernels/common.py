@@ -119,6 +119,16 @@ def _to_pool(x, pool_ptr, KV_FP8: tl.constexpr):
 
 
 @triton.jit
+def _reset_counter(count_ptr):
+    """A last-program counter set back to zero for the next launch, by the last program: a plain
+    store. Every other program of this launch has bumped it already, and the next launch's
+    programs bump it only after their PDL wait, once this kernel has finished and its stores are
+    visible. (An acquire-release exchange here put a full memory barrier and a round trip to L2
+    after the program's result stores, at the end of the step's critical path.)"""
+    tl.store(count_ptr, 0)
+
+
+@triton.jit
 def _split_k_finish(
     acc,
     rm,
@@ -154,7 +164,7 @@ def _split_k_finish(
                     part_ptr + sp * M * N + at, mask=out_mask, other=0.0, cache_modifier=".cg"
                 )
             _fp8_epilogue(total, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
-            tl.atomic_xchg(count_ptr + tile, 0)
+            _reset_counter(count_ptr + tile)
     else:
         _fp8_epilogue(acc, s_ptr, b_ptr, out_ptr, at, rn, nm, out_mask, HAS_SCALE, HAS_BIAS)
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from voicert.engine.gpu.kernels.common import _pdl_enter, _pow2, counters
+from voicert.engine.gpu.kernels.common import _pdl_enter, _pow2, _reset_counter, counters
 
 # ----------------------------------------------------------------------------- greedy pick
 
@@ -52,7 +52,7 @@ def _argmax_kernel(
         top = tl.max(v, axis=0)
         pick = tl.min(tl.where(v == top, i, n_cols), axis=0)  # ties: the lowest column
         tl.store(out_ptr + (row // inner) * out_stride + row % inner, pick.to(tl.int64))
-        tl.atomic_xchg(count_ptr + row, 0)
+        _reset_counter(count_ptr + row)
 
 
 def argmax_rows(
