@@ -299,9 +299,12 @@ def test_fused_q_k_norms_other_than_rmsnorm_are_refused_not_computed_wrong():
         run_layers(model, runner, [Row([1, 2, 3, 4, 5], 0, tables[0], 5)], True)
 
 
-def test_paged_attention_splits_keys_for_a_small_batch():
+@pytest.mark.parametrize("by_split", [False, True])
+def test_paged_attention_splits_keys_for_a_small_batch(monkeypatch, by_split):
     """The split-keys path (several programs per KV head, then a combine) is the one taken at
-    batch 1; it must agree with a single pass over the same keys."""
+    batch 1; it must agree with a single pass over the same keys, with the splits merged across
+    lanes or split by split (``MERGE_BY_SPLIT``)."""
+    monkeypatch.setattr(kernels.attention, "MERGE_BY_SPLIT", by_split)
     model = random_llama(TINY, torch.float32, DEV)
     attn = model.layers[0].attn
     b, q_len, span_blocks, bs = 1, 2, 20, 16
@@ -327,10 +330,13 @@ def test_paged_attention_splits_keys_for_a_small_batch():
     assert close(got, want, 1e-5)
 
 
-def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
+@pytest.mark.parametrize("by_split", [False, True])
+def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys(monkeypatch, by_split):
     """A prefill step's rows take several tiles of query tokens, each split over the keys: every
     real query row equals SDPA over exactly the keys it may see, padding tokens included in the
-    step (right-padded rows, position 0) change nothing, and the counters end at zero."""
+    step (right-padded rows, position 0) change nothing, and the counters end at zero; with
+    either merge of the splits (``MERGE_BY_SPLIT``)."""
+    monkeypatch.setattr(kernels.attention, "MERGE_BY_SPLIT", by_split)
     model = random_llama(TINY, torch.float32, DEV)
     attn = model.layers[0].attn
     g = torch.Generator().manual_seed(5)
