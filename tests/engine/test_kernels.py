@@ -1036,9 +1036,9 @@ def test_gemv_tiles_eight_rows_for_wide_short_two_byte_weights_and_reads_long_on
     of at most ``GEMV_WIDE_K`` columns where that still makes ``FP8_PROGRAMS`` programs without
     splitting K, else ``GEMV_TILE``'s (FP8 weights, narrow or long ones); it reads four weight
     tiles before the PDL wait of FP8 weights and of long, wide 2-byte ones, and
-    ``GEMV_PRE_SHORT`` of short 2-byte ones in ``GEMV_TILE``'s tiles; the sums agree
-    either way (to bf16's rounding: on a GPU the two tiles' sums across threads may run in
-    another order)."""
+    ``GEMV_PRE_SHORT`` / ``GEMV_PRE_WIDE`` of short 2-byte ones in ``GEMV_TILE``'s / wide
+    tiles; the sums agree either way (to bf16's rounding: on a GPU the two tiles' sums across
+    threads may run in another order)."""
     mv = kernels.matvec
     rows, k = mv.GEMV_WIDE_ROWS, mv.GEMV_WIDE_K
     wide = (rows, *mv.GEMV_TILE[1:])
@@ -1051,8 +1051,11 @@ def test_gemv_tiles_eight_rows_for_wide_short_two_byte_weights_and_reads_long_on
     long_n = mv.GEMV_PRE_LONG_N
     assert mv._default_pre(long_n, k + 1, 2) == mv.GEMV_PRE_LONG == 4  # 8B's bf16 Linears
     assert mv._default_pre(long_n - 1, 4 * k, 2) == 1  # 1B's down (2048 x 8192)
-    assert mv._default_pre(4 * long_n, k, 2) == 1  # 1B's gate_up, LM head
+    assert mv._default_pre(4 * long_n, k, 2) == mv.GEMV_PRE_WIDE  # 1B's gate_up, LM head
     assert mv._default_pre(k, k, 2) == mv.GEMV_PRE_SHORT == 2  # 1B's o (2048 x 2048)
+    monkeypatch.setattr(mv, "GEMV_PRE_WIDE", 2)
+    assert mv._default_pre(4 * long_n, k, 2) == 2
+    assert mv._default_pre(k, k, 2) == 2 and mv._default_pre(long_n - 1, 4 * k, 2) == 1
     assert mv._default_pre(long_n, k, 1) == mv.GEMV_PRE[1] == 4  # FP8
     monkeypatch.setattr(mv, "FP8_PROGRAMS", 4)  # (a small matrix takes the wide tile)
     g = torch.Generator().manual_seed(12)

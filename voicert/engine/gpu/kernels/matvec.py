@@ -157,6 +157,9 @@ GEMV_PRE_LONG_N = 4096
 GEMV_PRE_SHORT = 2  # ... and 2-byte weights of at most GEMV_WIDE_K columns in GEMV_TILE's
 # narrow tiles (too few outputs for eight-row ones: 1B's o) this many, a whole row of 2048 before
 # the wait (95 registers either way): 1B bf16's step 0.902 -> 0.894 ms (H200, benchmarks.md 75)
+GEMV_PRE_WIDE = 1  # ... and those in GEMV_WIDE_ROWS tiles (1B's qkv, gate_up, LM head) this
+# many: 2, a whole row of 2048, takes 165 registers against 166 (168 -> 165 with the GLU; sm_90,
+# offline), so 1B's 384 qkv programs still run in one wave. Untimed (docs/benchmarks.md 75)
 GEMV_GLU = True  # a one-row step's MLP: SiLU(gate) * up in gate_up's gemv (gemv's ``glu``), no
 # silu_mul launch; the same bits. GPU time a step, H200: 1B bf16 0.909 -> 0.898 ms, 8B bf16 4.261
 # -> 4.200, 1B FP8 0.877 -> 0.867, 8B FP8 3.115 -> 3.111 (docs/benchmarks.md 75). (RoPE and the
@@ -176,12 +179,13 @@ def _default_tile(n: int, k: int, weight_bytes: int) -> tuple[int, int, int]:
 def _default_pre(n: int, k: int, weight_bytes: int) -> int:
     """Weight tiles a program reads before the PDL wait: :data:`GEMV_PRE` by the weights'
     bytes, or :data:`GEMV_PRE_LONG` for 2-byte weights [n, k] longer than :data:`GEMV_WIDE_K`
-    with at least :data:`GEMV_PRE_LONG_N` outputs, or :data:`GEMV_PRE_SHORT` for 2-byte ones
-    of at most :data:`GEMV_WIDE_K` columns in :data:`GEMV_TILE`'s tiles."""
+    with at least :data:`GEMV_PRE_LONG_N` outputs; for 2-byte ones of at most
+    :data:`GEMV_WIDE_K` columns :data:`GEMV_PRE_SHORT` in :data:`GEMV_TILE`'s tiles and
+    :data:`GEMV_PRE_WIDE` in wide ones."""
     if weight_bytes == 2 and k > GEMV_WIDE_K and n >= GEMV_PRE_LONG_N:
         return GEMV_PRE_LONG
-    if weight_bytes == 2 and k <= GEMV_WIDE_K and _default_tile(n, k, 2) == GEMV_TILE:
-        return GEMV_PRE_SHORT
+    if weight_bytes == 2 and k <= GEMV_WIDE_K:
+        return GEMV_PRE_SHORT if _default_tile(n, k, 2) == GEMV_TILE else GEMV_PRE_WIDE
     return GEMV_PRE.get(weight_bytes, 1)
 
 
