@@ -248,14 +248,7 @@ class LlamaModel(nn.Module):
         if operands is None:
             act = self._linear(gate_up, x, planes)
             return kernels.silu_mul(act, self.pdl, down_planes, group)
-        return self._one_row_gemv(x, operands, glu=True)
-
-    def _one_row_gemv(self, x: torch.Tensor, operands: tuple, **fused) -> torch.Tensor:
-        """``kernels.gemv`` of x's one row [..., K] by ``operands`` (:meth:`_gemv_operands`),
-        with a fused epilogue (``glu``) -> [..., its outputs]."""
-        from voicert.engine.gpu import kernels
-
-        y = kernels.gemv(x.reshape(1, x.shape[-1]), *operands, None, None, self.pdl, **fused)
+        y = kernels.gemv(x.reshape(1, x.shape[-1]), *operands, None, None, self.pdl, glu=True)
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def _gemv_operands(

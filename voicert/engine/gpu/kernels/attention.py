@@ -298,6 +298,7 @@ def _combine_by_split(
     for sp in tl.static_range(SPLITS):  # each split's share, weighted by exp(its max - top)
         sm = valid & (sp < active)
         at = rows + sp * ROWS  # [ROWS]
+        # (the max read again: the compiler keeps the first pass's read, 16 + 16 scalar loads)
         m = tl.load(ml_ptr + at * 2, mask=sm, other=-1.0e30, cache_modifier=".cg")
         l_s = tl.load(ml_ptr + at * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
         p = tl.load(
