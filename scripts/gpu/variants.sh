@@ -20,10 +20,8 @@
 #   roped    ROPE_IN_ATTENTION_ROWS 1: every decode step's RoPE and KV write inside the paged
 #            attention, one launch a layer fewer (the default takes it from 8 rows; section 74)
 #   unroped  ROPE_IN_ATTENTION_ROWS 0: never (rope_kv_write launched at every step)
-#   bysplit  MERGE_BY_SPLIT on: the attention's key splits merged split by split in each
-#            thread, not across lanes (section 75)
-#   prewide  GEMV_PRE_WIDE 2: 2-byte weights in eight-row tiles (1B's qkv, gate_up, LM head)
-#            read a whole row of 2048 before the PDL wait (section 75)
+#   prenarrow GEMV_PRE_WIDE 1: 2-byte weights in eight-row tiles (1B's qkv, gate_up, LM head)
+#            read one weight tile before the PDL wait, not a whole row of 2048 (section 76)
 #   noglu    GEMV_GLU off: a one-row step's SiLU(gate) * up by silu_mul's own launch after
 #            gate_up's gemv (the default takes it inside the gemv; section 75)
 #   FLAGS=--fp8 VARIANTS="off notma" STREAMS=8,32,64 ROUNDS=2 bash scripts/gpu/variants.sh "8b"
@@ -53,11 +51,10 @@ for v in ${VARIANTS:-off unfused}; do
     attn64) sed -i 's/^_DECODE_BLOCK_N = 0 /_DECODE_BLOCK_N = 64 /; s/^_DECODE_STAGES = 0 /_DECODE_STAGES = 2 /' "$tree/$k/attention.py" ;;
     roped) sed -i 's/^ROPE_IN_ATTENTION_ROWS = [0-9]* /ROPE_IN_ATTENTION_ROWS = 1 /' "$tree/$k/attention.py" ;;
     unroped) sed -i 's/^ROPE_IN_ATTENTION_ROWS = [0-9]* /ROPE_IN_ATTENTION_ROWS = 0 /' "$tree/$k/attention.py" ;;
-    bysplit) sed -i 's/^MERGE_BY_SPLIT = False/MERGE_BY_SPLIT = True/' "$tree/$k/attention.py" ;;
-    prewide) sed -i 's/^GEMV_PRE_WIDE = 1 /GEMV_PRE_WIDE = 2 /' "$tree/$k/matvec.py" ;;
+    prenarrow) sed -i 's/^GEMV_PRE_WIDE = 2 /GEMV_PRE_WIDE = 1 /' "$tree/$k/matvec.py" ;;
     noglu) sed -i 's/^GEMV_GLU = True/GEMV_GLU = False/' "$tree/$k/matvec.py" ;;
   esac
-  echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_MM_TMA|_DECODE_BLOCK_N|_DECODE_STAGES|ROPE_IN_ATTENTION_ROWS|GEMV_GLU|MERGE_BY_SPLIT|GEMV_PRE_WIDE) =' \
+  echo "$v: $(cat "$tree/$k"/*.py | grep -E '^(INT4_PLANES_FUSED|INT4_GEMV_ROWS|GEMV_X_WIDE|FP8_MM_ROWS|FP8_MM_TMA|_DECODE_BLOCK_N|_DECODE_STAGES|ROPE_IN_ATTENTION_ROWS|GEMV_GLU|GEMV_PRE_WIDE) =' \
     | cut -d'#' -f1 | tr '\n' ' ')"
 done
 for shape in $1; do

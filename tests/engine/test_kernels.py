@@ -196,8 +196,14 @@ def test_the_glu_in_a_one_row_gate_up_gives_the_bits_of_silu_muls_launch(monkeyp
     model = _tiny_model(False, torch.Generator().manual_seed(3))
     model.triton_linear_rows = 16  # Linears by the FP8 kernel, unscaled; one row: gemv
     runners, rows = _cached_step(model, lengths, 1, torch.Generator().manual_seed(2))
-    launched, real = [], kernels.silu_mul
-    monkeypatch.setattr(kernels, "silu_mul", lambda *a: launched.append(1) or real(*a))
+    launched, real = [], kernels.norms._silu_mul_kernel
+
+    class Counted:  # silu_mul's launches, wherever silu_mul is called from
+        def __getitem__(self, grid):
+            launched.append(1)
+            return real[grid]
+
+    monkeypatch.setattr(kernels.norms, "_silu_mul_kernel", Counted())
     monkeypatch.setattr(kernels.matvec, "GEMV_GLU", False)
     want = run_layers(model, runners[0], rows, True)
     off = len(launched)
@@ -299,12 +305,9 @@ def test_fused_q_k_norms_other_than_rmsnorm_are_refused_not_computed_wrong():
         run_layers(model, runner, [Row([1, 2, 3, 4, 5], 0, tables[0], 5)], True)
 
 
-@pytest.mark.parametrize("by_split", [False, True])
-def test_paged_attention_splits_keys_for_a_small_batch(monkeypatch, by_split):
+def test_paged_attention_splits_keys_for_a_small_batch():
     """The split-keys path (several programs per KV head, then a combine) is the one taken at
-    batch 1; it must agree with a single pass over the same keys, with the splits merged across
-    lanes or split by split (``MERGE_BY_SPLIT``)."""
-    monkeypatch.setattr(kernels.attention, "MERGE_BY_SPLIT", by_split)
+    batch 1; it must agree with a single pass over the same keys."""
     model = random_llama(TINY, torch.float32, DEV)
     attn = model.layers[0].attn
     b, q_len, span_blocks, bs = 1, 2, 20, 16
@@ -330,13 +333,10 @@ def test_paged_attention_splits_keys_for_a_small_batch(monkeypatch, by_split):
     assert close(got, want, 1e-5)
 
 
-@pytest.mark.parametrize("by_split", [False, True])
-def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys(monkeypatch, by_split):
+def test_paged_attention_over_query_tiles_equals_sdpa_over_each_rows_keys():
     """A prefill step's rows take several tiles of query tokens, each split over the keys: every
     real query row equals SDPA over exactly the keys it may see, padding tokens included in the
-    step (right-padded rows, position 0) change nothing, and the counters end at zero; with
-    either merge of the splits (``MERGE_BY_SPLIT``)."""
-    monkeypatch.setattr(kernels.attention, "MERGE_BY_SPLIT", by_split)
+    step (right-padded rows, position 0) change nothing, and the counters end at zero."""
     model = random_llama(TINY, torch.float32, DEV)
     attn = model.layers[0].attn
     g = torch.Generator().manual_seed(5)
@@ -1101,7 +1101,7 @@ def test_one_row_takes_gemv_unless_the_mma_kernels_tiles_are_named(monkeypatch):
     monkeypatch.setattr(
         kernels,
         "fp8_linear",
-        lambda x, w, s, b, c, t, p: seen.append(t) or fp8_linear(x, w, s, b, c, t, p),
+        lambda x, w, s, b, c, t, p, **k: seen.append(t) or fp8_linear(x, w, s, b, c, t, p, **k),
     )
     model._linear(model.layers[0].attn.qkv, torch.randn(1, TINY.hidden_size).to(DEV))
     model._linear(model.layers[0].attn.qkv, torch.randn(3, TINY.hidden_size).to(DEV))

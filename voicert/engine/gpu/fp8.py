@@ -288,9 +288,11 @@ class Fp8Linear(nn.Module):
         the product with the scale is rounded once)."""
         return (self.weight.float() * self.scale[:, None]).to(dtype)
 
-    def forward(self, x: torch.Tensor, pdl: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pdl: bool = False, glu: bool = False) -> torch.Tensor:
         """x [..., K] -> [..., N] in x's dtype. ``pdl`` (CUDA, Hopper+): launch the kernel with
-        programmatic dependent launch (engine/gpu/kernels/common.py)."""
+        programmatic dependent launch (engine/gpu/kernels/common.py). ``glu``: this is an MLP's
+        gate_up (gate rows first) and the result is SiLU(gate) * up [..., N / 2]
+        (``kernels.fp8_linear``'s ``glu``)."""
         if x.is_cuda:
             from voicert.engine.gpu import kernels
 
@@ -298,12 +300,16 @@ class Fp8Linear(nn.Module):
                 self._count = kernels.counters(x.device)  # (each launch leaves them at zero)
             return kernels.fp8_linear(
                 x, self.weight, self.scale, self.bias, self._count, pdl=pdl,
-                round_rows=self.round_rows,
+                round_rows=self.round_rows, glu=glu,
             )  # fmt: skip
         y = torch.nn.functional.linear(x.float(), self.weight.float()) * self.scale  # [..., N]
         if self.bias is not None:
             y = y + self.bias.float()
-        return y.to(x.dtype)
+        y = y.to(x.dtype)
+        if not glu:
+            return y
+        gate, up = y.float().chunk(2, dim=-1)
+        return (torch.nn.functional.silu(gate) * up).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3"

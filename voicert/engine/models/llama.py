@@ -237,34 +237,15 @@ class LlamaModel(nn.Module):
         down_planes: torch.Tensor | None,
         group: int,
     ) -> torch.Tensor:
-        """SiLU(gate) * up of the MLP's ``gate_up`` Linear on x [..., hidden] -> [..., I]: in
-        gate_up's own launch where the step runs it by the one-row gemv
-        (``kernels.matvec.GEMV_GLU``) and the down Linear takes no planes of x; else gate_up
-        (given its x's ``planes``) then silu_mul (laying out ``down_planes`` of ``group``)."""
+        """SiLU(gate) * up of the MLP's ``gate_up`` Linear on x [..., hidden] -> [..., I]: by
+        :meth:`_linear`'s ``glu`` (in gate_up's own launch where it can) when the down Linear
+        takes no planes of x; else gate_up (given its x's ``planes``) then silu_mul, laying out
+        ``down_planes`` of ``group``."""
         from voicert.engine.gpu import kernels
 
-        fuse = kernels.matvec.GEMV_GLU and down_planes is None
-        operands = self._gemv_operands(gate_up, x) if fuse else None
-        if operands is None:
-            act = self._linear(gate_up, x, planes)
-            return kernels.silu_mul(act, self.pdl, down_planes, group)
-        y = kernels.gemv(x.reshape(1, x.shape[-1]), *operands, None, None, self.pdl, glu=True)
-        return y.view(*x.shape[:-1], y.shape[-1])
-
-    def _gemv_operands(
-        self, lin: nn.Module, x: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
-        """(weight, scale, bias) where :meth:`_linear` runs ``lin`` on x by ``kernels.gemv``
-        (one row: a plain Linear within ``triton_linear_rows``, or an FP8 one on CUDA), else
-        None."""
-        from voicert.engine.gpu import kernels
-
-        rows = x.numel() // x.shape[-1]
-        if isinstance(lin, Int4Linear) or not kernels.fp8_matmul.takes_gemv(rows, lin.weight):
-            return None
-        if isinstance(lin, Fp8Linear):
-            return (lin.weight, lin.scale, lin.bias) if x.is_cuda else None
-        return (lin.weight, None, lin.bias) if rows <= self.triton_linear_rows else None
+        if down_planes is None:
+            return self._linear(gate_up, x, planes, glu=True)
+        return kernels.silu_mul(self._linear(gate_up, x, planes), self.pdl, down_planes, group)
 
     def _planes(self, lin: nn.Module, rows: int) -> tuple[torch.Tensor | None, int]:
         """Where a one-row step's INT4 Linear takes the CUDA-core kernel and
@@ -285,35 +266,43 @@ class LlamaModel(nn.Module):
         return torch.empty(10, k // 8, dtype=torch.float32, device=dev), lin.group
 
     def _linear(
-        self, lin: nn.Module, x: torch.Tensor, planes: torch.Tensor | None = None
+        self,
+        lin: nn.Module,
+        x: torch.Tensor,
+        planes: torch.Tensor | None = None,
+        glu: bool = False,
     ) -> torch.Tensor:
         """One of the layers' Linears on the fused path: an FP8 or INT4 one (engine/gpu/fp8.py,
         int4.py) is told whether to launch with PDL (an INT4 one given x's ``planes`` if the
         kernel that wrote x laid it out: :meth:`_planes`); a plain ``nn.Linear`` runs through
         cuBLAS, or for a step of at most ``triton_linear_rows`` rows through the FP8 kernel's
-        unscaled form."""
+        unscaled form. ``glu``: ``lin`` is an MLP's gate_up and the result is SiLU(gate) * up
+        [..., I]: in the FP8 kernel's launch where it runs one row by gemv
+        (``kernels.fp8_linear``'s ``glu``), else by silu_mul after."""
+        from voicert.engine.gpu import kernels
+
         if isinstance(lin, Int4Linear):
-            return lin(x, pdl=self.pdl, planes=planes)
+            y = lin(x, pdl=self.pdl, planes=planes)
+            return kernels.silu_mul(y, self.pdl) if glu else y
         assert planes is None
         if isinstance(lin, Fp8Linear):
-            return lin(x, pdl=self.pdl)
+            return lin(x, pdl=self.pdl, glu=glu)
         rows = x.numel() // x.shape[-1]
-        if rows <= self.triton_linear_rows:
-            from voicert.engine.gpu import kernels
-
-            return kernels.fp8_linear(
-                x,
-                lin.weight,
-                None,
-                lin.bias,
-                self.kernel_counters(),
-                # the tiles are the MMA kernel's, measured at 1-16 rows; one row takes gemv
-                None
-                if rows <= kernels.fp8_matmul.GEMV_ROWS
-                else self.linear_tiles.get(tuple(lin.weight.shape)),
-                self.pdl,
-            )
-        return lin(x)
+        if rows > self.triton_linear_rows:
+            return kernels.silu_mul(lin(x), self.pdl) if glu else lin(x)
+        return kernels.fp8_linear(
+            x,
+            lin.weight,
+            None,
+            lin.bias,
+            self.kernel_counters(),
+            # the tiles are the MMA kernel's, measured at 1-16 rows; one row takes gemv
+            None
+            if rows <= kernels.fp8_matmul.GEMV_ROWS
+            else self.linear_tiles.get(tuple(lin.weight.shape)),
+            self.pdl,
+            glu=glu,
+        )
 
     def greedy(
         self,

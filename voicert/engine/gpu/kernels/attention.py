@@ -45,9 +45,6 @@ _DECODE_STAGES = 0  # software-pipeline stages of such a program's key loop; 0: 
 # 2 stages: 167; 64 keys, 2 stages: 122, four an SM; bench.attention's triton@KEYS:STAGES)
 _DECODE_WARPS = 0  # warps of such a program; 0: 4 (8 warps at 128 keys: 128 registers with 3
 # stages, 80 with 2; docs/benchmarks.md 71)
-MERGE_BY_SPLIT = False  # the splits' merge summed split by split in each thread
-# (:func:`_combine_by_split`), not across lanes: fewer instructions and registers offline,
-# untimed (docs/benchmarks.md 75)
 ROPE_IN_ATTENTION_ROWS = 8  # decode and verify steps of at least this many rows (sequences x
 # new tokens) do their RoPE and KV write inside the paged attention (each program rotates its q
 # rows; the one whose key split holds a new key writes it), not in a launch of rope_kv_write
@@ -250,43 +247,12 @@ def _combine(
 ):
     """The ``active`` splits' partial results of one (sequence, KV head) merged, for the
     ``valid`` query rows: [ROWS, D] float32. Loads from L2 (``.cg``): the other programs' stores
-    are not in this program's L1."""
-    sp = tl.arange(0, SPLITS)  # all splits in one load: [SPLITS, ROWS] and [SPLITS, ROWS, D]
-    idx = (base + sp)[:, None] * ROWS + r[None, :]  # [SPLITS, ROWS]
-    sm = (sp < active)[:, None] & valid[None, :]
-    m = tl.load(ml_ptr + idx * 2, mask=sm, other=-1.0e30, cache_modifier=".cg")
-    l_s = tl.load(ml_ptr + idx * 2 + 1, mask=sm, other=0.0, cache_modifier=".cg")
-    w = tl.exp(m - tl.max(m, axis=0)[None, :])  # [SPLITS, ROWS]
-    l_all = tl.sum(w * l_s, axis=0)  # [ROWS]
-    acc = tl.load(
-        part_ptr + idx[:, :, None] * D + d[None, None, :],
-        mask=sm[:, :, None],
-        other=0.0,
-        cache_modifier=".cg",
-    )
-    return tl.sum(w[:, :, None] * acc, axis=0) / tl.maximum(l_all, 1.0e-30)[:, None]
-
-
-@triton.jit
-def _combine_by_split(
-    part_ptr,
-    ml_ptr,
-    base,
-    active,
-    valid,
-    r,
-    d,
-    SPLITS: tl.constexpr,
-    D: tl.constexpr,
-    ROWS: tl.constexpr,
-):
-    """:func:`_combine`'s result split by split, unrolled (``MERGE_BY_SPLIT``): every load is
-    issued at once and each thread adds up its own elements of the splits, where the sum over
-    the [SPLITS, ROWS, D] tile's split axis takes shuffles across lanes and barriers. At 1B's
-    decode shape (sm_90, offline) the merging program's code after its atomic goes from 1,342
-    instructions (145 shuffles, 10 barriers) to 795 (1, 1), and the kernel from 166 registers
-    to 118; at 8B's, 88 bytes of stack to 48. The sums run in another order: the same to
-    float32's rounding."""
+    are not in this program's L1. Split by split, unrolled: every load is issued at once and
+    each thread adds up its own elements, where a sum over a [SPLITS, ROWS, D] tile's split axis
+    takes shuffles across lanes and barriers. Against that form, at 1B's decode shape (sm_90)
+    the merging code went from 1,342 instructions (145 shuffles) to 795 (1), the kernel from
+    166 registers to 118 (8B: 88 bytes of stack to 48), and the 1B bf16 step from 0.883 to
+    0.860 ms (H200, docs/benchmarks.md 76)."""
     rows = base * ROWS + r  # [ROWS] each query row's index in split 0's results
     top = tl.full([ROWS], -1.0e30, tl.float32)
     for sp in tl.static_range(SPLITS):  # the largest running max of each row
@@ -443,7 +409,6 @@ def _paged_attn_kernel(
     ROW: tl.constexpr,
     ROPE: tl.constexpr,
     QK_NORM: tl.constexpr,
-    BY_SPLIT: tl.constexpr,
     PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
@@ -519,10 +484,7 @@ def _paged_attn_kernel(
         tl.debug_barrier()  # every thread's stores issued before the release below
         count = count_ptr + tile
         if tl.atomic_add(count, 1, sem="acq_rel") == n_splits - 1:
-            if BY_SPLIT:
-                o = _combine_by_split(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS, D, ROWS)
-            else:
-                o = _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS, D, ROWS)
+            o = _combine(part_ptr, ml_ptr, base, active, valid, r, d, SPLITS, D, ROWS)
             tl.store(dst, o.to(out_ptr.dtype.element_ty), mask=valid[:, None])
             _reset_counter(count)  # ready for the next launch
 
@@ -654,7 +616,6 @@ def paged_attention(
         ROW=row,
         ROPE=rope is not None,
         QK_NORM=norms is not None,
-        BY_SPLIT=MERGE_BY_SPLIT,
         PDL=pdl,
         num_warps=warps,
         num_stages=stages,

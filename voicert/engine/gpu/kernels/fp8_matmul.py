@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from voicert.engine.gpu.formats import E4M3_MAX
+from voicert.engine.gpu.kernels import matvec
 from voicert.engine.gpu.kernels.common import (
     FP8_PROGRAMS,
     _fp8_dot,
@@ -23,6 +24,7 @@ from voicert.engine.gpu.kernels.common import (
     tma_supported,
 )
 from voicert.engine.gpu.kernels.matvec import gemv
+from voicert.engine.gpu.kernels.norms import silu_mul
 
 # ----------------------------------------------------------------------------- FP8 weights
 
@@ -120,6 +122,7 @@ def fp8_linear(
     blocks: tuple[int, ...] | None = None,
     pdl: bool = False,
     round_rows: bool = True,
+    glu: bool = False,
 ) -> torch.Tensor:
     """x [..., K] (bf16, fp16 or fp32) times FP8 weights w [N, K] (float8_e4m3fn, contiguous) with
     per-row scales [N] float32, plus ``bias`` [N] -> [..., N] in x's dtype. With ``scale`` None,
@@ -136,7 +139,16 @@ def fp8_linear(
     (given, that kernel runs at any row count: the benchmarks try tiles; five numbers: the
     split is then chosen as by default). ``pdl``: as :func:`add_rms_norm`'s. ``round_rows``
     False (``llm.fp8_activations: model``): bf16/fp16 rows are never rounded to FP8; more than
-    one take the widening kernel at any row count."""
+    one take the widening kernel at any row count. ``glu``: w is an MLP's gate_up (gate rows
+    first) and the result is SiLU(gate) * up [..., N / 2]: inside gemv's launch where one row
+    takes it and ``matvec.GEMV_GLU`` is set (the same bits), else by :func:`silu_mul` after."""
+    if glu:
+        if matvec.GEMV_GLU and blocks is None and takes_gemv(x.numel() // x.shape[-1], w):
+            x2 = x.reshape(1, x.shape[-1]).contiguous()
+            y = gemv(x2, w, scale, bias, None, None, pdl, glu=True)
+            return y.view(*x.shape[:-1], w.shape[0] // 2)
+        y = fp8_linear(x, w, scale, bias, count, blocks, pdl, round_rows)
+        return silu_mul(y, pdl)
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:

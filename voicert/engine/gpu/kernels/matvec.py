@@ -157,9 +157,10 @@ GEMV_PRE_LONG_N = 4096
 GEMV_PRE_SHORT = 2  # ... and 2-byte weights of at most GEMV_WIDE_K columns in GEMV_TILE's
 # narrow tiles (too few outputs for eight-row ones: 1B's o) this many, a whole row of 2048 before
 # the wait (95 registers either way): 1B bf16's step 0.902 -> 0.894 ms (H200, benchmarks.md 75)
-GEMV_PRE_WIDE = 1  # ... and those in GEMV_WIDE_ROWS tiles (1B's qkv, gate_up, LM head) this
-# many: 2, a whole row of 2048, takes 165 registers against 166 (168 -> 165 with the GLU; sm_90,
-# offline), so 1B's 384 qkv programs still run in one wave. Untimed (docs/benchmarks.md 75)
+GEMV_PRE_WIDE = 2  # ... and those in GEMV_WIDE_ROWS tiles (1B's qkv, gate_up, LM head) this
+# many: 2, a whole row of 2048, takes 165 registers against 166 at 1 (168 -> 165 with the GLU;
+# sm_90, offline), so 1B's 384 qkv programs still run in one wave. 1B bf16 step, H200: 0.883 ->
+# 0.871 ms against 1 (docs/benchmarks.md 76)
 GEMV_GLU = True  # a one-row step's MLP: SiLU(gate) * up in gate_up's gemv (gemv's ``glu``), no
 # silu_mul launch; the same bits. GPU time a step, H200: 1B bf16 0.909 -> 0.898 ms, 8B bf16 4.261
 # -> 4.200, 1B FP8 0.877 -> 0.867, 8B FP8 3.115 -> 3.111 (docs/benchmarks.md 75). (RoPE and the
