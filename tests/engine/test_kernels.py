@@ -1029,6 +1029,19 @@ def test_gemv_with_the_glu_gives_silu_mul_of_its_plain_result_bit_for_bit(blocks
     assert close(got, torch.nn.functional.silu(gate) * up, 1e-4 if DEV == "cpu" else 5e-2)
 
 
+def test_an_fp8_linear_with_the_glu_gives_silu_mul_of_its_plain_output():
+    """``Fp8Linear(x, glu=True)``, the fused path's gate_up, equals ``silu_mul`` of its plain
+    output bit for bit: at one row (on CUDA gemv's GLU) and at three, off CUDA too."""
+    from voicert.engine.gpu.fp8 import Fp8Linear
+
+    g = torch.Generator().manual_seed(32)
+    q = Fp8Linear.from_linear(torch.nn.Linear(64, 2 * 48, bias=True)).to(DEV)
+    for rows in (1, 3):
+        x = torch.randn(rows, 64, generator=g).to(DEV)
+        got = q(x, glu=True)
+        assert got.shape == (rows, 48) and torch.equal(got, kernels.silu_mul(q(x)))
+
+
 def test_gemv_tiles_eight_rows_for_wide_short_two_byte_weights_and_reads_long_ones_early(
     monkeypatch,
 ):

@@ -308,8 +308,9 @@ class Fp8Linear(nn.Module):
         y = y.to(x.dtype)
         if not glu:
             return y
-        gate, up = y.float().chunk(2, dim=-1)
-        return (torch.nn.functional.silu(gate) * up).to(x.dtype)
+        from voicert.engine.gpu import kernels  # (the fused path, in the kernels' interpreter)
+
+        return kernels.silu_mul(y)  # silu_mul's roundings, as on CUDA
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, fp8_e4m3"
