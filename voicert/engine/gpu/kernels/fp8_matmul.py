@@ -142,20 +142,16 @@ def fp8_linear(
     one take the widening kernel at any row count. ``glu``: w is an MLP's gate_up (gate rows
     first) and the result is SiLU(gate) * up [..., N / 2]: inside gemv's launch where one row
     takes it and ``matvec.GEMV_GLU`` is set (the same bits), else by :func:`silu_mul` after."""
-    if glu:
-        if matvec.GEMV_GLU and blocks is None and takes_gemv(x.numel() // x.shape[-1], w):
-            x2 = x.reshape(1, x.shape[-1]).contiguous()
-            y = gemv(x2, w, scale, bias, None, None, pdl, glu=True)
-            return y.view(*x.shape[:-1], w.shape[0] // 2)
-        y = fp8_linear(x, w, scale, bias, count, blocks, pdl, round_rows)
-        return silu_mul(y, pdl)
     n, k = w.shape
     x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if blocks is None and takes_gemv(m, w):
-        return gemv(x2, w, scale, bias, count, None, pdl).view(*x.shape[:-1], n)
+    if blocks is None and takes_gemv(m, w) and (matvec.GEMV_GLU or not glu):
+        y = gemv(x2, w, scale, bias, count, None, pdl, glu=glu)
+        return y.view(*x.shape[:-1], y.shape[-1])
+    if glu:
+        return silu_mul(fp8_linear(x, w, scale, bias, count, blocks, pdl, round_rows), pdl)
     if (
         blocks is None
         and round_rows
