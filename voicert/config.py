@@ -191,6 +191,9 @@ class TurnConfig:
     threshold: float = (
         0.5  # semantic: the audio model's probability of "complete" that ends the turn
     )
+    decide_by_ms: int = 600  # semantic / hazard: the silence by which a pause's judgement is
+    # decided with the opinions in (the audio model, the early transcript, the LLM's score); one
+    # that comes later can only shorten the wait. Held to [pause_ms, max_silence_ms]
     patience: float = 2.0  # hazard: the log-odds of "the turn is over" that end it (higher: waits
     # longer, fewer cut-offs; each +1 waits ~250 ms more where the evidence is not decisive)
     preempt: bool = True  # start the reply on the early transcript, before the turn is decided:
@@ -242,6 +245,7 @@ class TurnConfig:
             "turn.max_silence_ms",
             "must be above turn.pause_ms and at most 10000",
         )
+        _check(64 <= self.decide_by_ms <= 10000, "turn.decide_by_ms", "must be in [64, 10000]")
         _check(0 < self.threshold < 1, "turn.threshold", "must be in (0, 1)")
         _check(1 <= self.threads <= 16, "turn.threads", "must be in [1, 16]")
         _check(1 <= self.concurrency <= 64, "turn.concurrency", "must be in [1, 64]")

@@ -478,3 +478,130 @@ def test_hazard_the_recognisers_pause_mark_after_the_last_word_waits_longer_than
             waits.append(w_stop)
         sure, wavering, unsaid = waits
         assert sure < unsaid < wavering, probs
+
+
+# ---------------------------------------------------------------- a deadline on the opinions
+
+
+def pause_with(s: Script, *, audio: float | None, text: str | None) -> tuple:
+    """Speech and the 192 ms pause; the audio model's opinion and the early transcript given
+    where not None (None: late). Returns (last voiced window, early decode, judge, actions)."""
+    last = speak(s)
+    s.feed(SILENCE, 6)
+    ((_, early),) = s.of(StartDecode)
+    ((_, judge),) = s.of(JudgeTurn)
+    out: list = []
+    if audio is not None:
+        out += s.turns.judged(judge.judge_id, audio, 1, None)
+    if text is not None:
+        out += s.turns.early_done(early.decode_id, text, 2, Ending(stop=0.9, comma=0.05))
+    return last, early, judge, out
+
+
+def test_hazard_a_score_that_never_comes_is_decided_without_at_the_deadline():
+    from voicert.agent.hazard import Evidence, end_after_ms, text_cues
+
+    s = Script(hazardous())
+    text = "What is the capital of France?"
+    last, _, _, out = pause_with(s, audio=0.6, text=text)
+    assert [a for a in out if isinstance(a, TurnJudged)] == []  # the score is awaited
+    s.feed(SILENCE, 80)  # it never comes
+    ((w_judged, judged),) = s.of(TurnJudged)
+    assert w_judged == last + 19 and judged.late == ("score",)  # 608 ms: decide_by_ms 600
+    without = end_after_ms(
+        Evidence(
+            0.6,
+            ending=Ending(stop=0.9, comma=0.05),
+            **dict(zip(("dangling", "question"), text_cues(text))),
+        ),
+        192,
+        1600,
+        2.0,
+    )
+    ((w_stop, _),) = s.of(SpeechStopped)
+    assert w_stop == last + max(19, -(-int(without) // 32))  # never the 1.6 s maximum
+    assert (w_stop - last) * 32 < 1600
+
+
+def test_hazard_a_late_score_that_calls_it_over_ends_the_turn_when_it_comes():
+    from voicert.agent.turns import ScoreText
+
+    s = Script(hazardous(max_silence_ms=3000, patience=6.0))  # wary: the opinions decide
+    _, _, _, out = pause_with(s, audio=0.5, text="I need eggs.")
+    (score,) = [a for a in out if isinstance(a, ScoreText)]
+    s.feed(SILENCE, 20)  # past the deadline: decided without the score, still waiting
+    assert s.of(SpeechStopped) == []
+    assert [j.verdict for _, j in s.of(TurnJudged)] == [Verdict.INCOMPLETE]
+    out = s.turns.text_scored(score.judge_id, 0.999999, 0.999999, 7, 0.999999)
+    assert [type(a) for a in out] == [SpeechStopped, TurnEnded]  # the late one shortened it
+    assert out[-1].endpoint_ns == 7 and len(s.of(TurnJudged)) == 1
+
+
+def test_hazard_a_late_score_that_doubts_never_lengthens_the_wait():
+    from voicert.agent.turns import ScoreText
+
+    waits = []
+    for late_score in (None, (1e-6, 1e-6)):
+        s = Script(hazardous())
+        last, _, _, out = pause_with(s, audio=0.6, text="What is the capital of France?")
+        (score,) = [a for a in out if isinstance(a, ScoreText)]
+        s.feed(SILENCE, 20)
+        if late_score is not None:
+            assert s.turns.text_scored(score.judge_id, *late_score, 8) == []
+        s.feed(SILENCE, 60)
+        ((w_stop, _),) = s.of(SpeechStopped)
+        waits.append(w_stop - last)
+    assert waits[1] == waits[0]
+
+
+def test_hazard_a_late_transcript_is_asked_its_score_and_may_end_the_turn_early():
+    from voicert.agent.turns import ScoreText
+
+    s = Script(hazardous(max_silence_ms=3000, patience=4.0))
+    _, early, _, _ = pause_with(s, audio=0.5, text=None)
+    s.feed(SILENCE, 14)  # 20 windows of silence: decided on the audio alone
+    ((_, judged),) = s.of(TurnJudged)
+    assert judged.late == ("text",) and s.of(SpeechStopped) == []
+    out = s.turns.early_done(early.decode_id, "Thank you.", 9)
+    (score,) = [a for a in out if isinstance(a, ScoreText)]  # the late words are still scored
+    assert s.of(SpeechStopped) == [] and SpeechStopped not in map(type, out)
+    out = s.turns.text_scored(score.judge_id, 0.999999, 0.999999, 10, 0.999999)
+    assert [type(a) for a in out] == [SpeechStopped, TurnEnded]
+
+
+def test_semantic_a_late_audio_model_leaves_the_words_to_decide_at_the_deadline():
+    s = Script(semantic())
+    last, _, judge, out = pause_with(s, audio=None, text="Book me a table.")
+    assert out == []  # the audio model's opinion is awaited
+    s.feed(SILENCE, 30)
+    ((w_judged, judged),) = s.of(TurnJudged)
+    assert judged.late == ("audio",) and judged.verdict is Verdict.COMPLETE
+    ((w_stop, _),) = s.of(SpeechStopped)
+    assert w_judged == w_stop == last + 19
+    assert s.turns.judged(judge.judge_id, 0.1, 11) == []  # too late to matter: the turn is over
+
+
+def test_semantic_words_that_dangle_wait_at_the_deadline_and_a_late_complete_ends_it():
+    s = Script(semantic())
+    last, _, judge, _ = pause_with(s, audio=None, text="Book me a table for")
+    s.feed(SILENCE, 20)
+    assert [j.verdict for _, j in s.of(TurnJudged)] == [Verdict.INCOMPLETE]
+    assert s.of(SpeechStopped) == []
+    out = s.turns.judged(judge.judge_id, 0.2, 12)  # the audio model agrees: not over
+    assert out == []
+    s.feed(SILENCE, 40)
+    ((w_stop, _),) = s.of(SpeechStopped)
+    assert w_stop == last + 50  # the maximum silence, as before: the words said unfinished
+
+
+def test_the_deadline_is_held_between_the_pause_and_the_maximum_silence():
+    from voicert.config import ConfigError
+
+    assert semantic(decide_by_ms=64)._decide_by_ms() == 192
+    assert semantic(decide_by_ms=5000)._decide_by_ms() == 1600
+    try:
+        TurnConfig(decide_by_ms=10)
+    except ConfigError as exc:
+        assert "turn.decide_by_ms" in str(exc)
+    else:
+        raise AssertionError("accepted")

@@ -351,6 +351,8 @@ class Session:
             self._start_turn(action)
         elif isinstance(action, TurnJudged):
             self.svc.metrics.verdicts.labels(action.verdict.value).inc()
+            for opinion in action.late:
+                self.svc.metrics.opinions_late.labels(opinion).inc()
         elif isinstance(action, JudgeTurn):
             self._spawn(self._judge(action), f"judge-{self.id}")
         elif isinstance(action, ScoreText):

@@ -119,6 +119,8 @@ class Verdict(enum.StrEnum):
 class TurnJudged:
     judge_id: int
     verdict: Verdict  # complete: the TurnEnded follows
+    late: tuple[str, ...] = ()  # opinions not in by turn.decide_by_ms, decided without:
+    #                              "audio", "text" (the early transcript), "score" (the LLM's)
 
 
 Action = Union[
@@ -159,6 +161,20 @@ class _Judgement:
     head_prob: float | None = None
     ending: Ending | None = None  # (hazard) the early transcript's, once in
     end_after_ms: float | None = None  # (hazard) the silence that ends the turn, once decided
+    late: bool = False  # decided at turn.decide_by_ms without every opinion: a late one may
+    #                     still shorten the wait, never lengthen it
+
+    def awaited(self) -> tuple[str, ...]:
+        """The opinions still awaited."""
+        return tuple(
+            name
+            for name, waiting in (
+                ("audio", self.need_audio),
+                ("text", self.need_text and self.text is None),
+                ("score", self.need_score),
+            )
+            if waiting
+        )
 
 
 @dataclass(slots=True)
@@ -361,7 +377,7 @@ class TurnTaking:
             return []
         early.text, early.ending = text or "", ending
         st = self._judgement
-        if st is None or not st.need_text or st.verdict is not None:
+        if st is None or not st.need_text or st.text is not None:
             return []
         st.text, st.ending = text or "", ending
         out: list[Action] = []
@@ -395,7 +411,7 @@ class TurnTaking:
         text cue alone decides), and its pause head's (the hazard weighs it; None: no head). May
         end the turn: SpeechStopped and TurnEnded."""
         st = self._judgement
-        if st is None or st.judge_id != judge_id or st.verdict is not None:
+        if st is None or st.judge_id != judge_id or not st.need_audio:
             return []
         st.need_audio, st.prob, st.pause_prob = False, prob, pause
         return self._decide(now_ns)
@@ -513,6 +529,11 @@ class TurnTaking:
                 return False
             out.extend(self._end_judged(now_ns))  # the pause outlasted the hazard's doubt
             return True
+        if st is not None and st.verdict is None and ep.in_speech:
+            if ep.silence_ms < self._decide_by_ms():
+                return False
+            out.extend(self._decide(now_ns, deadline=True))  # an opinion is late: without it
+            return not ep.in_speech
         if not self.semantic or not ep.in_speech or st is not None:
             return False
         if ep.silence_ms < self.turn.pause_ms:
@@ -531,28 +552,46 @@ class TurnTaking:
         out.extend(self._decide(now_ns))
         return not ep.in_speech  # a complete verdict reset the endpointer
 
-    def _decide(self, now_ns: int) -> list[Action]:
-        """The verdict, once every cue awaited is in. Complete: the turn ends now."""
+    def _decide_by_ms(self) -> int:
+        """The silence by which a judgement is decided, with whatever opinions are in."""
+        turn = self.turn
+        return min(max(turn.decide_by_ms, turn.pause_ms), turn.max_silence_ms)
+
+    def _decide(self, now_ns: int, deadline: bool = False) -> list[Action]:
+        """The verdict, once every opinion awaited is in, or at ``turn.decide_by_ms`` of silence
+        (``deadline``) with those in. Complete: the turn ends now. After a verdict at the
+        deadline each late opinion decides again, and can only bring the end nearer."""
         st = self._judgement
-        if st is None or st.need_audio or (st.need_text and st.text is None) or st.need_score:
+        if st is None:
             return []
+        awaited = st.awaited()
+        if awaited and not (deadline or st.late):
+            return []
+        first = st.verdict is None
+        st.late = st.late or bool(awaited)
         if self.hazard:
-            return self._decide_hazard(st, now_ns)
+            out = self._decide_hazard(st, now_ns)
+        else:
+            out = self._decide_semantic(st, now_ns)
+        if first:
+            return [TurnJudged(st.judge_id, st.verdict or Verdict.INCOMPLETE, awaited), *out]
+        return out
+
+    def _decide_semantic(self, st: _Judgement, now_ns: int) -> list[Action]:
+        """Complete or not from the opinions in; complete ends the turn now."""
         text = st.text or ""
-        if st.need_text and continues(text):
+        if st.need_text and st.text is not None and continues(text):
             complete = False  # the words stop mid-phrase ("a table for"): wait for the rest
         elif st.prob is None:
-            complete = True  # no audio opinion (none asked, or it failed): the words decide
+            complete = True  # no audio opinion (none asked, failed, or late): the words decide
         else:
             complete = st.prob >= self.turn.threshold or text.rstrip().endswith("?")
         st.verdict = Verdict.COMPLETE if complete else Verdict.INCOMPLETE
-        judged = TurnJudged(st.judge_id, st.verdict)
-        if not complete:
-            return [judged]
-        return [judged, *self._end_judged(now_ns)]
+        return self._end_judged(now_ns) if complete else []
 
     def _decide_hazard(self, st: _Judgement, now_ns: int) -> list[Action]:
-        """The silence after which the turn ends, from every opinion in; now, if it is past."""
+        """The silence after which the turn ends, from every opinion in (the shortest yet, when
+        opinions came after the deadline); now, if it is past."""
         cues = text_cues(st.text or "") if self.turn.text_cue else (False, False)
         evidence = Evidence(
             st.prob,
@@ -564,13 +603,15 @@ class TurnTaking:
             pause=st.pause_prob,
         )
         turn, ep = self.turn, self.endpointer
-        st.end_after_ms = end_after_ms(
+        wait = end_after_ms(
             evidence, turn.pause_ms, turn.max_silence_ms, turn.patience, self.habit.scale
         )
-        now = ep.silence_ms >= st.end_after_ms
+        if st.end_after_ms is not None:
+            wait = min(wait, st.end_after_ms)  # a late opinion only shortens what is left
+        st.end_after_ms = wait
+        now = ep.silence_ms >= wait
         st.verdict = Verdict.COMPLETE if now else Verdict.INCOMPLETE
-        judged = TurnJudged(st.judge_id, st.verdict)
-        return [judged, *self._end_judged(now_ns)] if now else [judged]
+        return self._end_judged(now_ns) if now else []
 
     def _end_judged(self, now_ns: int) -> list[Action]:
         """A judgement ends the turn at the window just scored."""

@@ -122,6 +122,14 @@ class Metrics:
             ["verdict"],
             registry=r,
         )
+        self.opinions_late = Counter(
+            "voicert_turn_opinions_late_total",
+            "Pauses judged at turn.decide_by_ms without an opinion that had not come in, by "
+            "opinion (audio: the turn-completion model; text: the early transcript; score: the "
+            "LLM's end-of-turn score)",
+            ["opinion"],
+            registry=r,
+        )
         self.judge_seconds = Histogram(
             "voicert_turn_judge_seconds",
             "Turn-completion model: one judgement, queue included",
