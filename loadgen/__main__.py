@@ -14,10 +14,14 @@ import time
 from pathlib import Path
 
 from loadgen.caller import CallerStats
-from loadgen.report import LevelWriter, write_all
+from loadgen.probe import BUDGET_GAUGE, scrape_budget
+from loadgen.report import LevelWriter, misses, no_turns, summarize, write_all
 from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
 from voicert.client import ClientError, load_for_streaming, server_env, stream_url
+from voicert.config import TelemetryConfig
 from voicert.protocol import native as p
+
+DEFAULT_BUDGET_MS = TelemetryConfig().budget_ms
 
 
 def by_concurrency(stats: CallerStats) -> dict[int, CallerStats]:
@@ -29,6 +33,7 @@ def by_concurrency(stats: CallerStats) -> dict[int, CallerStats]:
     first = levels.setdefault(min(levels, default=1), CallerStats())
     first.errors, first.timeouts = stats.errors, stats.timeouts
     first.dropped, first.sessions = stats.dropped, stats.sessions
+    first.refused, first.unreachable = stats.refused, stats.unreachable
     return levels
 
 
@@ -51,7 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--think", type=float, default=1.0, help="mean pause between turns (s)")
     ap.add_argument("--turn-timeout", type=float, default=30.0)
     ap.add_argument("--max-turns", type=int, default=0, help="stop after this many turns (0: none)")
-    ap.add_argument("--budget-ms", type=float, default=100.0)
+    ap.add_argument(
+        "--budget-ms",
+        type=float,
+        help="P99 TTFT a level must hold (default: the server's telemetry.budget_ms, read "
+        "from its /metrics)",
+    )
     ap.add_argument("--out", default="artifacts/loadgen")
     ap.add_argument("--title", default="voicert load")
     ap.add_argument(
@@ -99,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         procs=max(1, args.procs),
         server_pid=args.server_pid,
     )
+    if args.budget_ms is None:
+        args.budget_ms = server_budget_ms(args.url)
     t0 = time.monotonic()
 
     so_far = LevelWriter(
@@ -106,10 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     )
 
     def progress(n, stats, held):
+        why = misses(stats, args.budget_ms)
         print(
-            f"  {n} sessions: {len(stats.turns)} turns, errors={stats.errors} "
-            f"timeouts={stats.timeouts} dropped={stats.dropped} "
-            f"{'holds' if held else 'misses'} the budget",
+            f"  {n} sessions: {len(stats.turns)} turns, refused={stats.refused} "
+            f"unreachable={stats.unreachable} errors={stats.errors} timeouts={stats.timeouts} "
+            f"dropped={stats.dropped}: "
+            + ("holds the budget" if held else "misses the budget (" + "; ".join(why) + ")"),
             file=sys.stderr,
             flush=True,
         )
@@ -149,11 +163,30 @@ def main(argv: list[str] | None = None) -> int:
         args.title,
         {"argv": sys.argv[1:] if argv is None else argv, "wall_s": round(time.monotonic() - t0, 1)},
     )
+    if not any(stats.turns for stats in levels.values()):
+        print(no_turns(summarize(levels, args.budget_ms)))
+        return 1
     print(files["markdown"].read_text())
     print("wrote " + ", ".join(str(p) for p in files.values()))
     if not any(p.suffix == ".png" for p in files.values()):
         say("no plots: matplotlib is not installed (pip install -e '.[loadgen]' adds it)")
     return 0
+
+
+def server_budget_ms(url: str) -> float:
+    """The server's TTFT budget from its /metrics; telemetry.budget_ms's default when the
+    server does not say (an older server, or none there yet: the run will tell)."""
+    from loadgen.probe import metrics_url
+
+    budget = scrape_budget(metrics_url(url))
+    if budget is None:
+        say(
+            f"the server's budget is unknown (no {BUDGET_GAUGE} at {metrics_url(url)}): "
+            f"using {DEFAULT_BUDGET_MS:g} ms (set it with --budget-ms)"
+        )
+        return DEFAULT_BUDGET_MS
+    say(f"budget: the server's, P99 TTFT <= {budget:g} ms")
+    return budget
 
 
 def say(line: str) -> None:

@@ -50,6 +50,27 @@ class SlipHistogram:
         return len(self.counts) / 10
 
 
+def voice_end(samples: np.ndarray, rate: int, threshold: float = 0.5) -> int:
+    """The clip's last voiced sample, plus one (in samples at ``rate``): the end of the last
+    32 ms window the server's VAD (Silero, as the server runs it) scores at or above
+    ``threshold``; 0 when none is voiced. Found once per clip, before the run."""
+    from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
+
+    x16 = samples if rate == SAMPLE_RATE else _to_16k(samples, rate)
+    probs = VadStream(SileroVad()).push(x16.astype(np.float32))  # [W]
+    voiced = np.flatnonzero(probs >= threshold)
+    if not voiced.size:
+        return 0
+    end16 = (int(voiced[-1]) + 1) * FRAME
+    return min(samples.size, end16 * rate // SAMPLE_RATE)
+
+
+def _to_16k(samples: np.ndarray, rate: int) -> np.ndarray:
+    import soxr
+
+    return soxr.resample(samples, rate, 16000).astype(np.float32)
+
+
 def deciding_frame(sent_end: list[int], audio_ms: int, rate: int) -> int:
     """The index of the frame whose arrival let the server decide at audio position ``audio_ms``
     (the end of a 32 ms VAD window, in the session's audio): the frame holding the window's last
@@ -66,6 +87,10 @@ class TurnSample:
     concurrency: int
     stages: dict[str, float] = field(default_factory=dict)  # server turn.latency
     client_ttft_ms: float | None = None  # last frame of speech sent -> first token received
+    # the caller's voice-to-first-token: the frame holding the clip's last voiced sample
+    # (:func:`voice_end`) sent -> first token received, by this caller's clock; the server's
+    # voice_to_first_token_ms measures the same interval from that frame's arrival
+    client_v2ft_ms: float | None = None
     client_done_ms: float | None = None  # last frame of speech sent -> response.done received
     client_ttfa_ms: float | None = None  # last frame of speech sent -> first reply audio (--speak)
     # the server's own origin: the frame its endpoint decision came on (vad.speech_stopped's
@@ -116,9 +141,12 @@ class Caller:
         seed: int,
         trailing_silence_s: float = 1.2,
         output_audio: p.OutputAudio | None = None,
+        voice_ends: list[int] | None = None,
     ) -> None:
+        """``voice_ends``: each clip's :func:`voice_end` (found here when not given)."""
         self.url = url
         self.clips = clips
+        self.voice_ends = voice_ends or [voice_end(x, rate) for x, rate in clips]
         self.turns = turns
         self.think_s = think_s
         self.turn_timeout_s = turn_timeout_s
@@ -165,7 +193,9 @@ class Caller:
 
     async def _turn(self, ws, stats: CallerStats, rate: int) -> bool:
         """Stream one clip, then read until turn.latency. False when the session should end."""
-        samples, _ = self.clips[self.rng.randrange(len(self.clips))]
+        k = self.rng.randrange(len(self.clips))
+        samples, _ = self.clips[k]
+        clip_start = self.sent_end[-1] if self.sent_end else 0  # session audio position, samples
         audio = np.concatenate([samples, np.zeros(int(rate * self.silence_s), np.float32)])
         n = rate * FRAME_MS // 1000
         speech_frames = -(-samples.size // n)
@@ -200,6 +230,9 @@ class Caller:
         if first:
             sample.client_ttft_ms = (first - speech_end) / 1e6
             self._same_origin(sample, first)
+            if self.voice_ends[k]:
+                voiced = bisect.bisect_left(self.sent_end, clip_start + self.voice_ends[k])
+                sample.client_v2ft_ms = (first - self.sent_ns[voiced]) / 1e6
         if audio_at:
             sample.client_ttfa_ms = (audio_at - speech_end) / 1e6
         if done:

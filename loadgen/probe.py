@@ -28,6 +28,24 @@ def metrics_url(ws_url: str) -> str:
     return f"{'https' if scheme == 'wss' else 'http'}://{host}/metrics"
 
 
+BUDGET_GAUGE = "voicert_ttft_budget_seconds"
+
+
+def scrape_budget(url: str) -> float | None:
+    """The server's TTFT budget in ms (telemetry.budget_ms) from its /metrics; None when it is
+    not there to say."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == BUDGET_GAUGE:
+                return s.value * 1000
+    return None
+
+
 def scrape(url: str) -> dict[str, float]:
     """Sum and count of the batch-size histograms, and the gauges we report. {} if unreachable."""
     try:

@@ -11,6 +11,9 @@ from loadgen.caller import MAX_VALID_SLIP_MS, CallerStats
 from voicert.telemetry.latency import STAGE_COLOURS, WATERFALL
 
 MIN_TURNS_FOR_P99 = 100  # below this, a P99 is little more than the largest sample
+# the server's voice_to_first_token_ms and the callers' client_v2ft_ms measure one interval; at
+# P50 they may differ by the wire and the reader, at most this much, before a level is suspect
+AGREE_MS, AGREE_FRACTION = 60.0, 0.15
 ROWS = (
     "endpoint_ms",
     "decide_ms",
@@ -25,6 +28,7 @@ ROWS = (
     "send_ms",
     "ttft_ms",
     "voice_to_first_token_ms",
+    "client_v2ft_ms",
     "tts_ms",
     "tts_wait_ms",
     "tts_synth_ms",
@@ -55,15 +59,66 @@ def pcts(xs: list[float]) -> dict[str, float]:
     }
 
 
-def summarize(levels: dict[int, CallerStats]) -> dict:
+def agreement(stats: CallerStats) -> tuple[float, float] | None:
+    """(server voice_to_first_token_ms P50, client_v2ft_ms P50) over the turns that have both;
+    None when none has."""
+    pairs = [
+        (t.stages["voice_to_first_token_ms"], t.client_v2ft_ms)
+        for t in stats.turns
+        if "voice_to_first_token_ms" in t.stages and t.client_v2ft_ms is not None
+    ]
+    if not pairs:
+        return None
+    server, client = np.percentile(np.asarray(pairs, np.float64), 50, axis=0)
+    return float(server), float(client)
+
+
+def agree(server_ms: float, client_ms: float) -> bool:
+    """Whether the server's P50 is within max(AGREE_MS, AGREE_FRACTION) of the callers'."""
+    return abs(server_ms - client_ms) <= max(AGREE_MS, AGREE_FRACTION * client_ms)
+
+
+def misses(
+    stats: CallerStats, budget_ms: float, max_slip_ms: float = MAX_VALID_SLIP_MS
+) -> list[str]:
+    """Why a level does not hold the budget, in words; empty when it holds: turns, the server's
+    P99 TTFT within ``budget_ms``, no refused, unreachable or dropped session, no error or
+    timeout, the server's voice-to-first-token agreeing with the callers', and a generator that
+    kept its schedule (frames at most ``max_slip_ms`` late at P99)."""
+    ttfts = values(stats, "ttft_ms")
+    if not ttfts:
+        return ["no turns"]
+    why = []
+    p99 = float(np.percentile(ttfts, 99))
+    if p99 > budget_ms:
+        why.append(f"P99 TTFT {p99:.0f} ms")
+    for name in ("refused", "unreachable", "dropped", "errors", "timeouts"):
+        if count := getattr(stats, name):
+            why.append(f"{count} {name}")
+    both = agreement(stats)
+    if both is not None and not agree(*both):
+        why.append(f"server V2FT P50 {both[0]:.0f} ms against the callers' {both[1]:.0f}")
+    if stats.slip.percentile(99) > max_slip_ms:
+        why.append("the load generator fell behind")
+    return why
+
+
+def summarize(levels: dict[int, CallerStats], budget_ms: float) -> dict:
     out = {}
     for n, stats in sorted(levels.items()):
+        both = agreement(stats)
+        why = misses(stats, budget_ms)
         out[str(n)] = {
             "turns": len(stats.turns),
             "sessions": stats.sessions,
+            "refused": stats.refused,
+            "unreachable": stats.unreachable,
             "errors": stats.errors,
             "timeouts": stats.timeouts,
             "dropped": stats.dropped,
+            "holds": not why,
+            "misses": why,
+            "v2ft_p50_ms": None if both is None else {"server": both[0], "client": both[1]},
             "stages": {name: pcts(v) for name in ROWS if (v := values(stats, name))},
             "server": stats.server,
             "loadgen_slip_ms": {
@@ -79,24 +134,55 @@ def summarize(levels: dict[int, CallerStats]) -> dict:
     return out
 
 
+def no_turns(summary: dict) -> str | None:
+    """One line for a run in which no turn completed (None when some did)."""
+    if any(s["turns"] for s in summary.values()):
+        return None
+    total = {k: sum(s[k] for s in summary.values()) for k in COUNTS}
+    said = ", ".join(f"{v} {k}" for k, v in total.items() if v and k != "sessions")
+    return (
+        f"No turn completed: {total['sessions']} session(s) tried"
+        + (f", {said}" if said else "")
+        + ". Is the server up and answering (its log, /readyz)?"
+    )
+
+
+COUNTS = ("sessions", "refused", "unreachable", "errors", "timeouts", "dropped")
+
+
 def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> str:
-    lines = [
-        f"### {title}",
-        "",
-        f"Budget: P99 TTFT <= {budget_ms:g} ms. Largest concurrency that held it: "
+    lines = [f"### {title}", ""]
+    if (nothing := no_turns(summary)) is not None:
+        return "\n".join([*lines, nothing])
+    lines += [
+        f"Budget: P99 TTFT <= {budget_ms:g} ms, no refusal, error, timeout or drop, and the "
+        f"server's voice-to-first-token P50 within max({AGREE_MS:g} ms, "
+        f"{AGREE_FRACTION:.0%}) of the callers'. Largest concurrency that held it: "
         f"{best if best is not None else 'none'}.",
         "",
-        "| sessions | turns | errors | timeouts | dropped | stage | P50 ms | P95 ms | P99 ms |",
-        "|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+        "| sessions | holds | tried | refused | unreachable | errors | timeouts | dropped "
+        "| V2FT P50 server / client ms |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for level, s in summary.items():
+        v2ft = s.get("v2ft_p50_ms")
+        pair = "-" if v2ft is None else f"{v2ft['server']:.0f} / {v2ft['client']:.0f}"
+        verdict = "yes" if s["holds"] else "no: " + "; ".join(s["misses"])
+        lines.append(
+            f"| {level} | {verdict} | {s['sessions']} | {s['refused']} | {s['unreachable']} "
+            f"| {s['errors']} | {s['timeouts']} | {s['dropped']} | {pair} |"
+        )
+    lines += [
+        "",
+        "| sessions | turns | stage | P50 ms | P95 ms | P99 ms |",
+        "|---:|---:|---|---:|---:|---:|",
+    ]
+    for level, s in summary.items():
+        if not s["stages"]:
+            lines.append(f"| {level} | 0 | no turn completed | | | |")
         first = True
         for name, q in s["stages"].items():
-            head = (
-                f"| {level} | {s['turns']} | {s['errors']} | {s['timeouts']} | {s['dropped']} "
-                if first
-                else "| | | | | "
-            )
+            head = f"| {level} | {s['turns']} " if first else "| | "
             few = "*" if q["n"] < MIN_TURNS_FOR_P99 else ""
             lines.append(
                 f"{head}| {name} | {q['p50']:.1f} | {q['p95']:.1f} | {q['p99']:.1f}{few} |"
@@ -119,16 +205,13 @@ def markdown(summary: dict, budget_ms: float, best: int | None, title: str) -> s
         f"Load generator schedule slip (how late its audio frames left; a level over "
         f"{MAX_VALID_SLIP_MS:g} ms at P99 measured the generator, not the server): {slips}.",
     ]
-    lines += [
-        "",
-        "Dominant waterfall stage at P99: "
-        + ", ".join(
-            f"{level} sessions: {s['dominant_p99']}"
-            for level, s in summary.items()
-            if s.get("dominant_p99")
-        )
-        + ".",
+    dominant = [
+        f"{level} sessions: {s['dominant_p99']}"
+        for level, s in summary.items()
+        if s.get("dominant_p99")
     ]
+    if dominant:
+        lines += ["", "Dominant waterfall stage at P99: " + ", ".join(dominant) + "."]
     servers = {level: s["server"] for level, s in summary.items() if s.get("server")}
     if servers:
         keys = (
@@ -172,7 +255,7 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
     files = []
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     for i, (n, stats) in enumerate(sorted(levels.items())):
-        for name, style in (("ttft_ms", "-"), ("client_ttft_ms", ":")):
+        for name, style in (("voice_to_first_token_ms", "-"), ("client_v2ft_ms", ":")):
             xs = np.sort(values(stats, name))
             if xs.size:  # one colour per level: solid the server's figure, dotted the client's
                 ax.plot(
@@ -180,15 +263,14 @@ def plots(levels: dict[int, CallerStats], out_dir: Path, budget_ms: float) -> li
                     np.arange(1, xs.size + 1) / xs.size,
                     style,
                     color=f"C{i % 10}",
-                    label=f"{n} sessions, {'server' if name == 'ttft_ms' else 'client'}",
+                    label=f"{n} sessions, {'client' if name.startswith('client') else 'server'}",
                 )
-    ax.axvline(budget_ms, color="red", lw=1, label=f"budget {budget_ms:g} ms")
-    ax.set_xlabel("time to first token (ms)")
+    ax.set_xlabel("last voiced audio -> first token (ms)")
     ax.set_ylabel("fraction of turns")
-    ax.set_title("TTFT CDF by concurrency")
+    ax.set_title("Voice to first token by concurrency: the server's clock and the callers'")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
-    files.append(out_dir / "ttft_cdf.png")
+    files.append(out_dir / "v2ft_cdf.png")
     fig.tight_layout()
     fig.savefig(files[-1], dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -229,7 +311,7 @@ def write_json_and_markdown(
 ) -> None:
     """``result.json`` and ``report.md`` for the levels given (no plots: cheap after each level)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = summarize(levels)
+    summary = summarize(levels, budget_ms)
     (out_dir / "result.json").write_text(
         json.dumps(
             {
@@ -273,10 +355,12 @@ def write_all(
     meta: dict,
 ) -> dict[str, Path]:
     write_json_and_markdown(levels, out_dir, budget_ms, best, title, meta)
-    try:
-        pngs = plots(levels, out_dir, budget_ms)
-    except ImportError:  # matplotlib is optional (the loadgen extra): the JSON and Markdown stand
-        pngs = []
+    pngs = []
+    if any(stats.turns for stats in levels.values()):  # no empty plots of a failed run
+        try:
+            pngs = plots(levels, out_dir, budget_ms)
+        except ImportError:  # matplotlib is optional (the loadgen extra): JSON and Markdown stand
+            pass
     return {
         "json": out_dir / "result.json",
         "markdown": out_dir / "report.md",

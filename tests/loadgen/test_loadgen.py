@@ -30,7 +30,10 @@ async def test_closed_loop_measures_client_and_server_latency(url, tmp_path):
     assert doc["levels"]["2"]["stages"]["ttft_ms"]["n"] == len(stats.turns)
     md = files["markdown"].read_text()
     assert "| 2 |" in md and "ttft_ms" in md and "client_ttft_ms" in md
-    for name in ("ttft_cdf", "stages_by_concurrency"):
+    assert "client_v2ft_ms" in md and doc["levels"]["2"]["refused"] == 0
+    for t in stats.turns:  # the callers' own voice-to-first-token, from their clip's last word
+        assert t.client_v2ft_ms > 0 and t.stages["voice_to_first_token_ms"] > 0
+    for name in ("v2ft_cdf", "stages_by_concurrency"):
         assert files[name].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -68,6 +71,7 @@ async def test_sweep_reports_the_largest_level_within_budget(url, tmp_path):
     assert 0 <= server["prefix_hit_ratio"] <= 1
     md = write_all(levels, tmp_path, 60_000, best, "t", {})["markdown"].read_text()
     assert "engine_batch_mean" in md and "Dominant waterfall stage at P99: 1 sessions:" in md
+    assert "| 1 | yes |" in md
     _, none = await sweep(spec(url, duration_s=1.0), [1], budget_ms=0.001, max_slip_ms=float("inf"))
     assert none is None
 
@@ -133,3 +137,91 @@ def test_an_endpoint_is_timed_from_the_frame_that_completed_its_window():
     # at 8 kHz (160-sample frames) the same windows, in the client's samples
     ends8 = [160 * (i + 1) for i in range(50)]
     assert deciding_frame(ends8, 32, 8000) == 1 and deciding_frame(ends8, 40, 8000) == 1
+
+
+def level(ttft: float = 5.0, server_v2ft: float = 400.0, client_v2ft: float = 420.0, **counts):
+    from loadgen.caller import CallerStats, TurnSample
+
+    stats = CallerStats(**counts)
+    stages = {"ttft_ms": ttft, "voice_to_first_token_ms": server_v2ft}
+    stats.turns.append(TurnSample(1, stages=stages, client_v2ft_ms=client_v2ft))
+    return stats
+
+
+def test_refusals_timeouts_and_lost_sessions_never_hold_the_budget(tmp_path):
+    from loadgen.report import misses
+
+    assert misses(level(), 100.0) == []
+    for name in ("refused", "unreachable", "dropped", "errors", "timeouts"):
+        assert misses(level(**{name: 3}), 100.0) == [f"3 {name}"]
+    files = write_all({512: level(refused=11, sessions=12)}, tmp_path, 100.0, None, "t", {})
+    doc = json.loads(files["json"].read_text())
+    assert doc["levels"]["512"]["refused"] == 11 and doc["levels"]["512"]["holds"] is False
+    assert "| 512 | no: 11 refused | 12 | 11 | 0 |" in files["markdown"].read_text()
+
+
+def test_a_server_whose_clock_disagrees_with_the_callers_does_not_hold():
+    from loadgen.report import misses
+
+    # within max(60 ms, 15 %) of the callers' P50: agrees
+    assert misses(level(server_v2ft=400.0, client_v2ft=455.0), 100.0) == []
+    assert misses(level(server_v2ft=1800.0, client_v2ft=2088.0), 100.0) == []
+    (why,) = misses(level(server_v2ft=449.0, client_v2ft=2088.0), 100.0)
+    assert why == "server V2FT P50 449 ms against the callers' 2088"
+
+
+def test_a_run_with_no_turns_says_so_in_one_line(tmp_path, capsys):
+    import socket
+
+    from loadgen.__main__ import main
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["--url", f"ws://127.0.0.1:{port}", "--callers", "1", "--duration", "0.3"]
+    argv += ["--ramp", "0", "--budget-ms", "100", "--out", str(tmp_path)]
+    argv += ["--wav", "tests/data/capital_of_france.wav"]
+    assert main(argv) == 1
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("No turn completed: ") and " unreachable" in line
+    assert not list(tmp_path.glob("*.png"))  # no empty plots
+
+
+async def test_a_session_refused_at_the_door_is_counted_as_refused():
+    import http
+
+    from websockets.asyncio.server import serve
+
+    from loadgen.caller import Caller, CallerStats
+
+    def busy(connection, request):
+        return connection.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, "at capacity\n")
+
+    async with serve(lambda ws: None, "127.0.0.1", 0, process_request=busy) as server:
+        port = server.sockets[0].getsockname()[1]
+        clip = wav("capital_of_france")
+        caller = Caller(
+            f"ws://127.0.0.1:{port}",
+            [clip],
+            turns=1,
+            think_s=0,
+            turn_timeout_s=5,
+            concurrency=1,
+            seed=0,
+            voice_ends=[1],
+        )
+        stats = CallerStats()
+        await caller.session(stats, stop_at=float("inf"))
+    assert (stats.sessions, stats.refused, stats.unreachable) == (1, 1, 0)
+
+
+def test_a_clips_voice_ends_at_its_last_word_not_at_its_end():
+    import numpy as np
+
+    from loadgen.caller import voice_end
+
+    x, rate = wav("capital_of_france")
+    padded = np.concatenate([x, np.zeros(rate, np.float32)])  # a second of silence after
+    end = voice_end(padded, rate)
+    assert 0 < end <= x.size + rate // 10
+    assert voice_end(np.zeros(rate, np.float32), rate) == 0

@@ -109,6 +109,13 @@ class Metrics:
             buckets=buckets,
             registry=r,
         )
+        self.budget = Gauge(
+            "voicert_ttft_budget_seconds",
+            "The configured TTFT budget (telemetry.budget_ms): turns over it are flagged",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self.budget.set(budget_ms / 1000)
         self.turns = Counter("voicert_turns_total", "Finished turns", ["finish_reason"], registry=r)
         self.over_budget = Counter(
             "voicert_turns_over_budget_total", "Turns whose TTFT exceeded the budget", registry=r
