@@ -101,9 +101,10 @@ def services(cfg):
 
 async def server_with(services, **server):
     """A started real server on a free port with the loaded models and these ``server`` keys
-    changed (the caller shuts it down)."""
+    changed (the caller shuts it down). Admission is off unless asked for: see ``server``."""
     import dataclasses
 
+    server.setdefault("admission", False)
     from voicert.server.app import VoiceServer
 
     cfg = services.cfg
@@ -124,7 +125,9 @@ async def server(services):
     silence and are about other things. The judging detectors (semantic, and hazard, the default)
     have their own tests
     (tests/agent/test_turns_semantic.py, test_session_semantic.py, and over real models in
-    tests/agent/test_session.py)."""
+    tests/agent/test_session.py). Admission (``server.admission``) is off: CI's cores are busy
+    with other work, and a door that closes on its lag would refuse the next test's session;
+    its own tests run it (tests/server/test_admission.py)."""
     import dataclasses
 
     from voicert.server.app import VoiceServer
@@ -135,7 +138,9 @@ async def server(services):
             services,
             cfg=dataclasses.replace(
                 cfg,
-                server=dataclasses.replace(cfg.server, port=0, max_message_bytes=64 * 1024),
+                server=dataclasses.replace(
+                    cfg.server, port=0, max_message_bytes=64 * 1024, admission=False
+                ),
                 turn=dataclasses.replace(cfg.turn, detector="silence"),
             ),
         )

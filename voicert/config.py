@@ -77,6 +77,10 @@ class ServerConfig:
     # default, one per core). The front end's matrix products are small (Whisper's log-mel
     # filterbank, per decode); a pool of one per core spin-waits between them and took 11 of 16
     # cores at 64 callers (docs/benchmarks.md section 16)
+    admission: bool = True  # on: new sessions are refused (503, Retry-After; /readyz 503) while
+    # the server handles audio later than admission_lag_ms (server/admission.py); off: measuring
+    admission_lag_ms: float = 250.0  # the ingest or event-loop lag that closes the door
+    admission_calm_s: float = 5.0  # the lag under half that long before it opens again
     workers: int = 1  # front-end processes, each with its own event loop, VAD, ASR and voice,
     # sharing the listening port (SO_REUSEPORT) and one engine host process (its batches and its
     # prefix cache); 1: everything in one process
@@ -116,6 +120,8 @@ class ServerConfig:
         _check(self.max_text_chars >= 100, "server.max_text_chars", "must be >= 100")
         _check(self.max_completions >= 0, "server.max_completions", "must be >= 0 (0: off)")
         _check(1 <= self.workers <= 64, "server.workers", "must be in [1, 64]")
+        _check(self.admission_lag_ms >= 20, "server.admission_lag_ms", "must be >= 20")
+        _check(self.admission_calm_s > 0, "server.admission_calm_s", "must be > 0")
         _check(self.blas_threads >= 0, "server.blas_threads", "must be >= 0 (0: one per core)")
 
 

@@ -6,7 +6,7 @@
 // one colour per stage, shared with the browser client and the load generator's plots (/stages.js)
 const STAGE_COLOURS = (window.VOICERT_STAGES || { colours: {} }).colours;
 const colour = k => STAGE_COLOURS[k] || "#999";
-const PCT_STAGES = ["endpoint_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "send_ms",
+const PCT_STAGES = ["endpoint_ms", "ingest_ms", "asr_ms", "queue_ms", "prefill_ms", "first_token_ms", "send_ms",
                     "ttft_ms", "voice_to_first_token_ms", "ttfa_ms"];
 const INK = "#c9d1d9", MUTED = "#8b96a5", GRID = "#242c36", RED = "#f85149";
 const STOPPED = new Set(["interrupted", "cancelled", "error"]);

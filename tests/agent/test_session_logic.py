@@ -344,3 +344,42 @@ async def test_no_reply_is_started_ahead_when_turns_are_not_answered_by_themselv
     await say(session, seconds_voice=0, seconds_silence=0.5)
     assert await session.wait_turn(10)
     assert not engine.requests
+
+
+class FakeClock:
+    """``time.perf_counter_ns`` that moves only when the test moves it."""
+
+    def __init__(self) -> None:
+        self.ns = 10**12
+
+    def __call__(self) -> int:
+        return self.ns
+
+
+@pytest.mark.parametrize("behind_ms", [0, 500])
+async def test_audio_handled_late_is_ingest_lag_counted_in_ttft_and_v2ft(monkeypatch, behind_ms):
+    """The caller's frames each 20 ms; from the end of their speech on, the server handles each
+    ``behind_ms`` late (a backlog: frames wait in the socket, the reader never idles)."""
+    clock = FakeClock()
+    monkeypatch.setattr(time, "perf_counter_ns", clock)
+    session, _, events = make()
+    x = np.concatenate([0.3 * np.sin(np.arange(16000) * 0.05), np.zeros(int(16000 * 0.6))]).astype(
+        np.float32
+    )
+    frame_ns = 20_000_000
+    for k, i in enumerate(range(0, x.size, 320)):
+        made = 10**12 + (k + 1) * frame_ns  # the frame's last sample, on the caller's clock
+        late = i >= 16000  # the silence: behind
+        clock.ns = made + (behind_ms * 1_000_000 if late else 0)
+        if not late:
+            session.caller_idle()  # the reader waited for this frame
+        await session.on_audio(encode_pcm16(x[i : i + 320]))
+        if any(isinstance(e, ev.SpeechStopped) for e in events):
+            break  # decided: the reply runs while the clock stands still
+    assert await session.wait_turn(10)
+    (lat,) = [e for e in events if isinstance(e, ev.TurnLatency)]
+    s = lat.stages
+    assert s["ingest_ms"] == behind_ms  # a stage of its own
+    assert s["ttft_ms"] == behind_ms  # the engine's part takes no fake time
+    assert s["voice_to_first_token_ms"] == s["endpoint_ms"] + behind_ms
+    assert 400 <= s["endpoint_ms"] <= 460  # the caller's silence, whatever the server's lag

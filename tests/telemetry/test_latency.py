@@ -3,6 +3,7 @@ from voicert.telemetry.latency import STAGES, Point, TurnTrace, format_table
 TIMES_MS = {
     Point.VOICE_END: 0,
     Point.ASR_START: 390,
+    Point.ENDPOINT_AUDIO: 390,  # the caller made it 8 ms before it was handled
     Point.ENDPOINT_HEARD: 398,
     Point.ENDPOINT: 400,
     Point.ASR_DONE: 420,
@@ -27,16 +28,16 @@ def test_stages_come_from_marks_and_first_mark_wins():
         t.mark(point, 10**9 + int(ms * 10**6))
     t.mark(Point.ENDPOINT, 10**9 + 999 * 10**6)  # ignored: first write wins
     s = t.stages_ms()
-    assert s["endpoint_ms"] == 400.0
+    assert s["endpoint_ms"] == 390.0 and s["ingest_ms"] == 10.0  # the caller's silence, the lag
     assert s["decide_ms"] == 2.0
     assert s["asr_ms"] == 21.0
     assert s["asr_wait_ms"] == -10.0  # the decode began before the endpoint (early final)
     assert s["asr_decode_ms"] == 30.0
-    assert s["ttft_ms"] == 35.0
+    assert s["ttft_ms"] == 45.0  # from the audio the decision rests on, on the caller's clock
     assert s["voice_to_first_token_ms"] == 435.0
-    assert s["tts_ms"] == 3.0 and s["ttfa_ms"] == 53.0 and s["voice_to_first_audio_ms"] == 453.0
+    assert s["tts_ms"] == 3.0 and s["ttfa_ms"] == 63.0 and s["voice_to_first_audio_ms"] == 453.0
     assert (s["tts_wait_ms"], s["tts_synth_ms"], s["tts_out_ms"]) == (1.0, 1.5, 0.5)
-    assert s["tool_call_ms"] == 70.0
+    assert s["tool_call_ms"] == 80.0
     assert set(s) == {st.name for st in STAGES}
     assert len(Point) == len(TIMES_MS)
 

@@ -24,6 +24,7 @@ def trace_with(ms_between_points: list[float]) -> TurnTrace:
     for point, gap in zip(ORDER, [0.0, *ms_between_points]):
         now += int(gap * 1e6)
         t.mark(point, now)
+    t.mark(Point.ENDPOINT_AUDIO, t.points[Point.ENDPOINT])  # handled as it came: no ingest lag
     return t
 
 

@@ -33,6 +33,7 @@ def test_a_turn_is_a_span_with_a_child_per_stage(exported):
         (Point.VOICE_END, 0),
         (Point.ASR_START, 100),  # early decode: before the endpoint
         (Point.ASR_DONE, 300),
+        (Point.ENDPOINT_AUDIO, 400),
         (Point.ENDPOINT, 400),
         (Point.TRANSCRIPT, 401),
         (Point.SUBMIT, 250),  # a reply started ahead: dispatch runs backwards

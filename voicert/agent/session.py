@@ -32,6 +32,7 @@ from voicert.agent.turns import (
     TurnJudged,
     TurnTaking,
 )
+from voicert.audio.clock import AudioClock
 from voicert.audio.pcm import AudioFormatError, StreamResampler, decode_pcm
 from voicert.audio.playout import Playout
 from voicert.config import Config, TurnConfig, VadConfig
@@ -229,6 +230,7 @@ class Session:
         self.activity_ns = now_ns()  # the caller's last speech or text, or a reply's end
         server = services.cfg.server
         self.audio_budget = TokenBucket(server.max_audio_rate, server.audio_burst_s)
+        self.clock = AudioClock()  # how late the caller's audio is handled (its ingest lag)
         self.audio_dropped_s = 0.0  # audio refused so far (over the budget)
         self._flood_said_ns = 0  # when the last audio_too_fast error was raised
         self.tools: tuple[ToolSpec, ...] = ()  # tools the client declared (it runs them)
@@ -244,6 +246,11 @@ class Session:
         """The id the utterance in progress (or the next reply) will get."""
         return self.turns.next_turn_id
 
+    def caller_idle(self) -> None:
+        """The door's reader waited for the caller before its next message (nothing of the
+        caller's was waiting to be read): the audio that comes next is handled as it comes."""
+        self.clock.idle()
+
     async def on_audio(self, data: bytes) -> None:
         """Raises ProtocolError(BAD_AUDIO) for bytes that are not whole samples or not finite."""
         received_ns = now_ns()
@@ -252,6 +259,8 @@ class Session:
         except AudioFormatError as exc:
             raise SessionRefused(ErrorCode.BAD_AUDIO, str(exc)) from None
         seconds = x.size / self.settings.sample_rate
+        lag_ns = self.clock.frame(x.size * 1_000_000_000 // self.settings.sample_rate, received_ns)
+        self.svc.metrics.note_ingest_lag(lag_ns)
         if not self.audio_budget.take(seconds, received_ns / 1e9):
             self.audio_dropped_s += seconds
             self._audio_dropped(received_ns)
@@ -271,7 +280,7 @@ class Session:
         if probs.size:
             await self._act_all(
                 self.turns.on_windows(
-                    probs, received_ns, now_ns(), self._asr_busy, self._agent_speaking()
+                    probs, received_ns, now_ns(), self._asr_busy, self._agent_speaking(), lag_ns
                 )
             )
 
@@ -613,7 +622,8 @@ class Session:
         if tools is not None or tool_choice is not None:
             self._check_tools(self.tools if tools is None else tools, tool_choice)
         trace = TurnTrace(self.turns.new_turn_id())
-        trace.mark(Point.ENDPOINT)
+        trace.mark(Point.ENDPOINT_AUDIO)  # asked for now, by a message: no audio to wait for
+        trace.mark(Point.ENDPOINT, trace.points[Point.ENDPOINT_AUDIO])
         previous = self.turn
         if previous is not None and previous.task is not None and not previous.task.done():
             self._cancel(previous, "interrupted")
@@ -756,7 +766,10 @@ class Session:
         self, ended: TurnEnded, asr: AsrHandle, early_asr: bool, ahead: Ahead | None
     ) -> None:
         trace = TurnTrace(ended.turn_id)
-        trace.mark(Point.VOICE_END, ended.voice_end_ns)
+        heard = ended.endpoint_ns if ended.heard_ns is None else ended.heard_ns
+        # on the caller's clock: when the audio was made, not when it was handled (audio/clock.py)
+        trace.mark(Point.VOICE_END, ended.voice_end_ns - ended.voice_lag_ns)
+        trace.mark(Point.ENDPOINT_AUDIO, heard - ended.lag_ns)
         trace.mark(Point.ENDPOINT, ended.endpoint_ns)
         if ended.heard_ns is not None:
             trace.mark(Point.ENDPOINT_HEARD, ended.heard_ns)

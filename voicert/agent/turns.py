@@ -91,6 +91,8 @@ class TurnEnded:
     overlap: bool = False  # short speech over a reply that has not interrupted it (yet)
     heard_ns: int | None = None  # arrival of the audio completing the window the turn ended at,
     #                              by the silence rule or a judgement (None: ended by a commit)
+    voice_lag_ns: int = 0  # the ingest lag of the audio holding the last voiced window
+    lag_ns: int = 0  # the ingest lag of the last audio handled when the turn ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +224,8 @@ class TurnTaking:
         self.audio = AudioBuffer()
         self.utterance_start = 0  # absolute 16 kHz sample where the current utterance starts
         self.last_voice_ns = 0
+        self.last_voice_lag_ns = 0  # the ingest lag of that audio (audio/clock.py)
+        self._lag_ns = 0  # the ingest lag of the audio handled last
         self.next_turn_id = 1  # the id the utterance in progress will get
         self._ids = itertools.count(1)
         self._early: _Early | None = None
@@ -290,13 +294,15 @@ class TurnTaking:
         decided_ns: int,
         asr_busy: Callable[[], bool] = lambda: False,
         replying: bool = False,
+        lag_ns: int = 0,
     ) -> list[Action]:
         """Speech probabilities of the VAD windows the last pushed audio completed, in order.
         ``received_ns``: when that audio arrived; ``decided_ns``: now (the windows were scored).
         ``asr_busy``: whether the ASR worker has work queued (partials back off then).
-        ``replying``: a reply is being generated or sent (speech may be a backchannel)."""
+        ``replying``: a reply is being generated or sent (speech may be a backchannel).
+        ``lag_ns``: how late that audio was handled (its ingest lag: audio/clock.py)."""
         out: list[Action] = []
-        self._heard_ns = received_ns
+        self._heard_ns, self._lag_ns = received_ns, lag_ns
         for prob in probs:
             ep = self.endpointer
             gap_ms = ep.silence_ms if ep.in_speech else 0
@@ -309,7 +315,7 @@ class TurnTaking:
                     self._overlap_long(received_ns, out)
             self._overlap_overdue(decided_ns, out)
             if result.voiced:
-                self.last_voice_ns = received_ns
+                self.last_voice_ns, self.last_voice_lag_ns = received_ns, lag_ns
                 self._drop_early(out)  # the user kept talking: the early decode is stale
                 self._judgement = None  # and a judgement of the pause is moot
             elif result.event is None:
@@ -683,5 +689,7 @@ class TurnTaking:
                 early.decode_id if early is not None else None,
                 overlap,
                 heard_ns,
+                self.last_voice_lag_ns if self.last_voice_ns else self._lag_ns,
+                self._lag_ns,
             )
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import http
 import logging
+import math
 import os
 import signal
 import sys
@@ -31,6 +32,7 @@ from voicert.engine.loader import download_llm, is_repo_id, llm_source
 from voicert.hosting import limit_blas_threads, raise_fd_limit
 from voicert.protocol import plivo, telnyx, twilio
 from voicert.server import access, dashboard
+from voicert.server.admission import Admission
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
 from voicert.server.connection import CLOSE_GOING_AWAY, BaseConnection, Connection
 from voicert.server.dashboard import STATIC, static_file
@@ -50,7 +52,7 @@ from voicert.telemetry.gcwatch import GcWatch, settle
 from voicert.telemetry.latency import stages_js
 from voicert.telemetry.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from voicert.telemetry.metrics import Metrics
-from voicert.telemetry.sampler import Sampler
+from voicert.telemetry.sampler import Sampler, SystemSample
 from voicert.telemetry.tracing import TurnSpans, build_spans
 
 log = logging.getLogger(__name__)
@@ -211,6 +213,7 @@ class VoiceServer:
     _stopping: asyncio.Event = field(default_factory=asyncio.Event)
     _loop: asyncio.AbstractEventLoop | None = None
     sampler: Sampler | None = None  # the process's one telemetry sampler
+    admission: Admission | None = None  # server.admission: the door closes while behind
     completions: ChatCompletions | None = None  # the chat completions route (its requests)
     _stopping_samplers: set[asyncio.Task] = field(default_factory=set)
     exit_code: int = 0  # non-zero when the server stopped because a part could not be kept up
@@ -327,8 +330,17 @@ class VoiceServer:
             return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"not ready ({why})\n")
         full = self.full_reason()
         if full is not None:
-            return ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"{full}\n")
+            refused = ws.respond(http.HTTPStatus.SERVICE_UNAVAILABLE, f"{full}\n")
+            refused.headers["Retry-After"] = str(self._retry_after_s())
+            return refused
         return None
+
+    def _retry_after_s(self) -> int:
+        """When a refused caller may try again: after a calm interval while admission is
+        closed, else in a second."""
+        if self.admission is not None and self.admission.closed:
+            return math.ceil(self.admission.calm_s)
+        return 1
 
     def full_reason(self) -> str | None:
         """Why this process takes no new session now (its share of ``server.max_sessions`` or
@@ -338,6 +350,8 @@ class VoiceServer:
             return f"session limit ({s.max_sessions}) reached"
         if len(self.connections) >= s.max_connections:
             return f"connection limit ({s.max_connections}) reached"
+        if self.admission is not None and self.services is not None:
+            return self.admission.refusal(self.services.metrics.active_sessions)
         return None
 
     def _refuse(self, ws: ServerConnection, request: Request) -> Response | None:
@@ -419,8 +433,32 @@ class VoiceServer:
                 self._stopping_samplers.add(old)  # held until it is done
                 old.add_done_callback(self._stopping_samplers.discard)
             self.sampler = Sampler(svc)
+            s = svc.cfg.server
+            if s.admission:
+                self.admission = Admission(s.admission_lag_ms, s.admission_calm_s)
+                self.sampler.listeners.add(self._admit)
             self.sampler.start()
         return self.sampler
+
+    def _admit(self, sample: SystemSample) -> None:
+        """Each sampling interval: whether new sessions are still taken (server/admission.py)."""
+        admission, svc = self.admission, self.services
+        if admission is None or svc is None:
+            return
+        was = admission.closed
+        lag = max(sample.ingest_lag_ms, sample.loop_lag_ms)
+        admission.observe(time.monotonic(), lag, svc.metrics.active_sessions)
+        svc.metrics.admission_closed.set(float(admission.closed))
+        if admission.closed != was:
+            if admission.closed:
+                log.warning(
+                    "admission closed: audio handled %.0f ms late with %d sessions in; new "
+                    "sessions get 503 until it catches up",
+                    lag,
+                    svc.metrics.active_sessions,
+                )
+            else:
+                log.warning("admission open again (at most %s sessions)", admission.ceiling)
 
     def _watch_services(self, svc: Services) -> None:
         """Sample their figures; hear from the engine's supervisor and the speech workers if they

@@ -30,6 +30,9 @@ CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED_DATA = 1003  # a message of a kind this socket does not take
 CLOSE_POLICY = 1008  # a reader too slow to drain its frames; a sender over the message rate
 CLOSE_TRY_AGAIN = 1013  # the server has no room for another session now
+# the reader waited this long for a message: none was buffered, so the caller's audio is read as
+# it comes (a buffered one returns at once, without a suspension)
+READER_IDLE_NS = 1_000_000
 
 
 class BaseConnection:
@@ -191,8 +194,16 @@ class BaseConnection:
         loop = asyncio.get_running_loop()
         self.opened_at = self.last_message = loop.time()
         self._arm_watchdog()
+        frames = aiter(self.ws)
         try:
-            async for frame in self.ws:
+            while True:
+                asked = time.perf_counter_ns()
+                try:
+                    frame = await anext(frames)
+                except StopAsyncIteration:
+                    break
+                if time.perf_counter_ns() - asked >= READER_IDLE_NS and self.session is not None:
+                    self.session.caller_idle()  # nothing was waiting: this one comes as sent
                 self.last_message = loop.time()
                 if closing is not None:
                     continue  # drain what the client already sent so its close reply can arrive

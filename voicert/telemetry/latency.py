@@ -16,13 +16,18 @@ class Point(enum.Enum):
     """Instants in one turn, in the order a turn normally passes them."""
 
     VOICE_END = "voice_end"
-    """Arrival of the audio frame holding the last voiced VAD window of the utterance."""
+    """The caller made the audio frame holding the last voiced VAD window of the utterance: its
+    arrival, less the session's ingest lag then (audio/clock.py)."""
     ASR_START = "asr_start"
     """The ASR worker began decoding the utterance that became the final transcript (before the
     endpoint when the early final decode was used)."""
     ENDPOINT_HEARD = "endpoint_heard"
     """Arrival of the audio frame that completed the VAD window the silence rule ended the turn on
     (not marked when a commit or a turn judgement ended it)."""
+    ENDPOINT_AUDIO = "endpoint_audio"
+    """The caller made the audio the endpoint decision rests on (the frame completing the last
+    window scored; for a commit, the last frame before it): its arrival less its ingest lag.
+    For a reply asked for by a message, the endpoint itself."""
     ENDPOINT = "endpoint"
     """The endpoint decision: enough trailing silence, or ``audio.commit``."""
     ASR_DONE = "asr_done"
@@ -65,8 +70,16 @@ STAGES: tuple[Stage, ...] = (
     Stage(
         "endpoint_ms",
         Point.VOICE_END,
+        Point.ENDPOINT_AUDIO,
+        "the caller's last voiced audio -> the audio the endpoint was decided on, both on the "
+        "caller's clock (mostly the configured trailing silence)",
+    ),
+    Stage(
+        "ingest_ms",
+        Point.ENDPOINT_AUDIO,
         Point.ENDPOINT,
-        "last voiced audio received -> endpoint decision (mostly the configured trailing silence)",
+        "the caller made the audio the endpoint was decided on -> the decision: how late the "
+        "server handled it (socket, event loop, worker, VAD or speech-host backlog) and scored it",
     ),
     Stage(
         "decide_ms",
@@ -136,15 +149,16 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "ttft_ms",
-        Point.ENDPOINT,
+        Point.ENDPOINT_AUDIO,
         Point.FIRST_TOKEN_SENT,
-        "endpoint decision -> first token written to the socket (the budgeted figure)",
+        "the audio the endpoint was decided on, on the caller's clock -> first token written to "
+        "the socket (the budgeted figure: ingest_ms and the engine's part)",
     ),
     Stage(
         "voice_to_first_token_ms",
         Point.VOICE_END,
         Point.FIRST_TOKEN_SENT,
-        "last voiced audio received -> first token written to the socket",
+        "the caller's last voiced audio (on its clock) -> first token written to the socket",
     ),
     Stage(
         "tts_ms",
@@ -173,15 +187,16 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "ttfa_ms",
-        Point.ENDPOINT,
+        Point.ENDPOINT_AUDIO,
         Point.FIRST_AUDIO_SENT,
-        "endpoint decision -> first reply audio written to the socket (time to first audio)",
+        "the audio the endpoint was decided on, on the caller's clock -> first reply audio "
+        "written to the socket (time to first audio)",
     ),
     Stage(
         "voice_to_first_audio_ms",
         Point.VOICE_END,
         Point.FIRST_AUDIO_SENT,
-        "last voiced audio received -> first reply audio written to the socket",
+        "the caller's last voiced audio (on its clock) -> first reply audio written to the socket",
     ),
     Stage(
         "token_to_audio_ms",
@@ -191,17 +206,23 @@ STAGES: tuple[Stage, ...] = (
     ),
     Stage(
         "tool_call_ms",
-        Point.ENDPOINT,
+        Point.ENDPOINT_AUDIO,
         Point.TOOL_CALL,
-        "endpoint decision -> the first tool call's arguments complete",
+        "the audio the endpoint was decided on -> the first tool call's arguments complete",
     ),
-    Stage("total_ms", Point.ENDPOINT, Point.DONE, "endpoint decision -> reply finished"),
+    Stage(
+        "total_ms",
+        Point.ENDPOINT_AUDIO,
+        Point.DONE,
+        "the audio the endpoint was decided on -> reply finished",
+    ),
 )
 STAGE_NAMES: tuple[str, ...] = tuple(s.name for s in STAGES)
 # Back-to-back slices from the last voiced audio to the first token on the wire: they add up to
 # voice_to_first_token_ms, so a waterfall of them shows where a turn's time went.
 WATERFALL: tuple[str, ...] = (
     "endpoint_ms",
+    "ingest_ms",
     "asr_ms",
     "dispatch_ms",
     "queue_ms",
@@ -213,6 +234,7 @@ WATERFALL: tuple[str, ...] = (
 # /stages.js, made by stages_js) and the load generator's plots.
 STAGE_COLOURS: dict[str, str] = {
     "endpoint_ms": "#9e9e9e",
+    "ingest_ms": "#8c6d31",
     "asr_ms": "#1f77b4",
     "dispatch_ms": "#17becf",
     "queue_ms": "#bcbd22",

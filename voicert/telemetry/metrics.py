@@ -116,6 +116,20 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self.budget.set(budget_ms / 1000)
+        self.ingest_lag = Gauge(
+            "voicert_ingest_lag_max_seconds",
+            "The most any session's audio frame was handled after the caller made it (its ingest "
+            "lag: audio/clock.py), over the last sampling interval",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
+        self._ingest_max_ns = 0  # since the last take_ingest_lag
+        self.admission_closed = Gauge(
+            "voicert_admission_closed",
+            "1 while new sessions are refused because the server is behind (server.admission)",
+            registry=r,
+            multiprocess_mode="livemax",
+        )
         self.turns = Counter("voicert_turns_total", "Finished turns", ["finish_reason"], registry=r)
         self.over_budget = Counter(
             "voicert_turns_over_budget_total", "Turns whose TTFT exceeded the budget", registry=r
@@ -268,6 +282,17 @@ class Metrics:
         self.listeners: set[Callable[[TurnRecord], None]] = set()
         self.publish: Callable[[TurnRecord], None] | None = None  # workers: to the other workers
         self.active_sessions = 0
+
+    def note_ingest_lag(self, lag_ns: int) -> None:
+        """A frame's ingest lag (every frame of every session: a comparison, no more)."""
+        if lag_ns > self._ingest_max_ns:
+            self._ingest_max_ns = lag_ns
+
+    def take_ingest_lag(self) -> float:
+        """The largest ingest lag (ms) noted since the last take; sets the gauge."""
+        lag_ms, self._ingest_max_ns = self._ingest_max_ns / 1e6, 0
+        self.ingest_lag.set(lag_ms / 1000)
+        return lag_ms
 
     def observe_turn(self, rec: TurnRecord) -> None:
         for name in STAGE_NAMES:

@@ -32,6 +32,7 @@ class SystemSample:
     steps: int  # engine steps in the interval
     mean_batch: float  # sequences per engine step in the interval
     loop_lag_ms: float  # the largest event-loop lag seen in the interval
+    ingest_lag_ms: float = 0.0  # the largest ingest lag of any session's audio in the interval
 
     def merged(self, others: list[SystemSample]) -> SystemSample:
         """This worker's sample with the other workers' (``server.workers``): sessions and steps
@@ -49,6 +50,7 @@ class SystemSample:
             steps,
             batch / steps if steps else 0.0,
             max(s.loop_lag_ms for s in every),
+            max(s.ingest_lag_ms for s in every),
         )
 
     def as_dict(self) -> dict:
@@ -61,6 +63,7 @@ class SystemSample:
             "steps": self.steps,
             "mean_batch": self.mean_batch,
             "loop_lag_ms": self.loop_lag_ms,
+            "ingest_lag_ms": self.ingest_lag_ms,
         }
 
 
@@ -143,6 +146,7 @@ class Sampler:
             self._steps,
             self._batch / self._steps if self._steps else 0.0,
             round(self._max_lag * 1000, 2),
+            round(m.take_ingest_lag(), 2),
         )
         self._steps = self._batch = 0
         self._max_lag = 0.0
