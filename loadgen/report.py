@@ -16,6 +16,7 @@ MIN_TURNS_FOR_P99 = 100  # below this, a P99 is little more than the largest sam
 AGREE_MS, AGREE_FRACTION = 60.0, 0.15
 ROWS = (
     "endpoint_ms",
+    "ingest_ms",
     "decide_ms",
     "asr_ms",
     "asr_wait_ms",

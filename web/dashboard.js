@@ -204,6 +204,21 @@ function sessionRows() {
   }).sort((a, b) => b.at - a.at);
 }
 
+// Every string from the feed (session ids carry a phone call's ids, "said" the caller's words,
+// stage names the server's) reaches the page as text, never as markup.
+function node(tag, text, className) {
+  const e = document.createElement(tag);
+  if (text !== undefined) e.textContent = text;
+  if (className) e.className = className;
+  return e;
+}
+
+function swatch(k) {
+  const i = node("i");
+  i.style.background = colour(k);
+  return i;
+}
+
 function showSessions() {
   const rows = sessionRows(), table = document.getElementById("session-table");
   const fmt = v => (v ? v.toFixed(0) : "-");
@@ -211,14 +226,18 @@ function showSessions() {
     "<th>TTFT P99</th><th>over</th><th>last said</th></tr>";
   const all = document.createElement("tr");
   all.dataset.session = "";
-  all.innerHTML = `<td>all</td><td>${state.turns.length}</td><td colspan="4"></td>`;
+  const rest = node("td");
+  rest.colSpan = 4;
+  all.append(node("td", "all"), node("td", String(state.turns.length)), rest);
   table.appendChild(all);
   for (const r of rows) {
     const tr = document.createElement("tr");
     tr.dataset.session = r.id;
-    tr.innerHTML = `<td title="${r.id}">${r.id.slice(0, 8)}</td><td>${r.n}</td><td>${fmt(r.p50)} / ${fmt(r.p95)}</td>` +
-      `<td class="${r.ttft99 > state.budget ? "over" : ""}">${fmt(r.ttft99)}</td><td>${r.over}</td><td class="said"></td>`;
-    tr.querySelector(".said").textContent = r.said.length > 40 ? `${r.said.slice(0, 39)}\u2026` : r.said;
+    const id = node("td", r.id.slice(0, 8));
+    id.title = r.id;
+    tr.append(id, node("td", String(r.n)), node("td", `${fmt(r.p50)} / ${fmt(r.p95)}`),
+      node("td", fmt(r.ttft99), r.ttft99 > state.budget ? "over" : ""), node("td", String(r.over)),
+      node("td", r.said.length > 40 ? `${r.said.slice(0, 39)}\u2026` : r.said, "said"));
     tr.title = r.said;
     table.appendChild(tr);
   }
@@ -241,12 +260,22 @@ function pick(session) {  // drill down into one session (or back to all)
 
 function showLast() {
   const turns = shown(), t = turns[turns.length - 1], el = document.getElementById("last");
-  if (!t) { el.innerHTML = ""; return; }
+  if (!t) { el.replaceChildren(); return; }
   document.getElementById("last-label").textContent = `${t.session_id.slice(0, 12)} / turn ${t.turn_id}` +
     (t.said ? ` \u00b7 "${t.said}"` : "");
-  el.innerHTML = "<tr><th>stage</th><th>ms</th></tr>" + Object.entries(t.stages)
-    .map(([k, v]) => `<tr><td><i style="display:inline-block;width:9px;height:9px;margin-right:5px;background:${colour(k)}"></i>${k}</td><td>${v.toFixed(1)}</td></tr>`).join("") +
-    `<tr><td>dominant</td><td>${t.dominant_stage || "-"}</td></tr>`;
+  const head = node("tr");
+  head.append(node("th", "stage"), node("th", "ms"));
+  const rows = Object.entries(t.stages).map(([k, v]) => {
+    const tr = node("tr"), name = node("td");
+    const mark = swatch(k);
+    mark.className = "swatch";
+    name.append(mark, k);
+    tr.append(name, node("td", Number(v).toFixed(1)));
+    return tr;
+  });
+  const dominant = node("tr");
+  dominant.append(node("td", "dominant"), node("td", t.dominant_stage || "-"));
+  el.replaceChildren(head, ...rows, dominant);
 }
 
 function render() {
@@ -260,9 +289,11 @@ function render() {
 }
 
 function legend() {
-  document.getElementById("legend").innerHTML = state.waterfall
-    .map(k => `<span><i style="background:${colour(k)}"></i>${k.replace(/_ms$/, "")}</span>`)
-    .join("");
+  document.getElementById("legend").replaceChildren(...state.waterfall.map(k => {
+    const span = node("span");
+    span.append(swatch(k), k.replace(/_ms$/, ""));
+    return span;
+  }));
 }
 
 function setBudget(ms, keep) {

@@ -263,3 +263,23 @@ def test_a_sampled_tool_call_validates_against_its_schema(core):
         calls = _calls(core, ids)
         assert len(calls) == 1 and calls[0].name == "book_table"
         jsonschema.validate(json.loads(calls[0].arguments), BOOK.schema)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        Sampling(temperature=5e-324),
+        Sampling(temperature=1e-40),
+        Sampling(temperature=1.0, top_p=1e-300),
+        Sampling(temperature=5e-324, top_p=1e-300, top_k=3),
+    ],
+)
+def test_extreme_but_valid_parameters_give_the_greedy_distribution_not_nans(sampling):
+    """A temperature or top_p near zero is greedy in the limit; computed naively it overflowed
+    to inf and NaN and failed the whole shared engine step (every caller's reply in it)."""
+    logits = torch.tensor([1.0, 3.5, -2.0, 3.25, float("-inf")])
+    probs = filtered_probs(logits, sampling)
+    assert torch.equal(probs, torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0]))
+    allowed = torch.tensor([True, False, True, True, False])
+    assert filtered_probs(logits, sampling, allowed).argmax().item() == 3
+    assert Sampler(sampling).draw(logits) == 1

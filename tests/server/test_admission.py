@@ -1,5 +1,5 @@
 """Admission at the door on a fake clock (server/admission.py): the door closes when the server
-falls behind, new sessions are refused while the ones in keep their place, it opens again after
+falls behind the audio or its turns pass the budget, new sessions are refused while the ones in keep their place, it opens again after
 a calm interval with a ceiling that rises one session at a time; and over a real server, a
 closed door answers the handshake with 503 and Retry-After, and /readyz with 503."""
 
@@ -28,6 +28,30 @@ def test_falling_behind_closes_the_door_but_never_to_an_empty_server():
     assert a.closed and a.ceiling == 11
     assert a.refusal(12) == "overloaded: audio handled 900 ms late (server.admission_lag_ms 250)"
     assert a.refusal(0) is None  # nobody in to degrade
+
+
+def test_turns_past_the_budget_close_the_door_once_enough_of_them_say_so():
+    a = Admission(lag_ms=250, calm_s=5, budget_ms=500)
+    a.observe(0, 10.0, sessions=8, ttfts_ms=(2000.0, 3000.0))  # two turns: too few to tell
+    assert not a.closed
+    a.observe(1, 10.0, sessions=8, ttfts_ms=(900.0, 40.0))  # median of 4: 2000
+    assert a.closed and a.ceiling == 7
+    assert a.refusal(8) == (
+        "overloaded: first tokens 2000 ms after the turn ended, median of the last 4 turns "
+        "(telemetry.budget_ms 500)"
+    )
+    a.observe(5, 10.0, sessions=7, ttfts_ms=(100.0,) * 10)  # a median under half: calm begins
+    a.observe(10, 10.0, sessions=7)
+    assert not a.closed
+
+
+def test_slow_turns_age_out_of_the_window():
+    a = Admission(lag_ms=250, calm_s=2, budget_ms=500)
+    a.observe(0, 10.0, sessions=8, ttfts_ms=(2000.0,) * 5)
+    assert a.closed
+    for t in range(11, 14):  # ten seconds on, they no longer count
+        a.observe(t, 10.0, sessions=6)
+    assert not a.closed
 
 
 def test_it_opens_after_a_calm_interval_and_takes_callers_back_one_at_a_time():

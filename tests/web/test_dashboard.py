@@ -110,3 +110,59 @@ async def test_dashboard_static_files_and_feed_snapshot(server):
         server.sampler.tick()
         tick = json.loads(await ws.recv())
         assert tick["type"] in ("system", "turn")
+
+
+MARKUP = '"><img src=x onerror="window.pwned=1"><script>window.pwned=2</script>'
+
+
+async def test_every_string_of_the_feed_reaches_the_page_as_text(services):
+    """A phone call's ids, the caller's words and the stage names travel into the operator's
+    page: markup in any of them is shown as text, never run (stored XSS)."""
+    import time
+
+    from tests.conftest import server_with
+    from voicert.telemetry.latency import TurnRecord
+
+    srv = await server_with(services)
+    browser = Browser()
+    try:
+        stages = {"endpoint_ms": 400.0, "ttft_ms": 20.0, f"x{MARKUP}_ms": 3.0}
+        srv.services.metrics.observe_turn(
+            TurnRecord(
+                f"twilio-{MARKUP}",
+                1,
+                time.time(),
+                stages,
+                f"stop{MARKUP}",
+                5,
+                100.0,
+                20.0,
+                f"endpoint{MARKUP}",
+                False,
+                f"hello {MARKUP}",
+            )
+        )
+        await browser.open()
+        await browser.call("Page.enable")
+        await browser.call("Page.navigate", url=f"http://127.0.0.1:{srv.port}/dashboard")
+        await wait_for(browser, "document.getElementById('status').textContent === 'live'")
+        await wait_for(browser, "Number(document.getElementById('turn-count').dataset.turns) >= 1")
+        await browser.js(  # the session's row, so that every table shows it
+            "document.querySelector('#session-table tr[data-session]:not([data-session=\"\"])')"
+            ".click()"
+        )
+        seen = await browser.js(
+            "[window.pwned === undefined, document.querySelectorAll('img, script:not([src])')"
+            ".length, document.getElementById('session-table').textContent,"
+            " document.getElementById('last').textContent,"
+            " document.getElementById('last-label').textContent,"
+            " document.getElementById('session-filter').textContent]"
+        )
+        assert seen[0] and seen[1] == 0, seen
+        assert "hello" in seen[2] and "<img" in seen[3] and "<img" in seen[4], seen
+        shot = await browser.call("Page.captureScreenshot", format="png")
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "dashboard-markup.png").write_bytes(base64.b64decode(shot["data"]))
+    finally:
+        await browser.close()
+        await srv.shutdown()

@@ -435,7 +435,9 @@ class VoiceServer:
             self.sampler = Sampler(svc)
             s = svc.cfg.server
             if s.admission:
-                self.admission = Admission(s.admission_lag_ms, s.admission_calm_s)
+                self.admission = Admission(
+                    s.admission_lag_ms, s.admission_calm_s, svc.cfg.telemetry.budget_ms
+                )
                 self.sampler.listeners.add(self._admit)
             self.sampler.start()
         return self.sampler
@@ -447,15 +449,15 @@ class VoiceServer:
             return
         was = admission.closed
         lag = max(sample.ingest_lag_ms, sample.loop_lag_ms)
-        admission.observe(time.monotonic(), lag, svc.metrics.active_sessions)
+        admission.observe(time.monotonic(), lag, svc.metrics.active_sessions, sample.ttfts_ms)
         svc.metrics.admission_closed.set(float(admission.closed))
         if admission.closed != was:
             if admission.closed:
                 log.warning(
-                    "admission closed: audio handled %.0f ms late with %d sessions in; new "
-                    "sessions get 503 until it catches up",
-                    lag,
+                    "admission closed with %d sessions in: %s; new sessions get 503 until it "
+                    "catches up",
                     svc.metrics.active_sessions,
+                    admission.why,
                 )
             else:
                 log.warning("admission open again (at most %s sessions)", admission.ceiling)

@@ -124,6 +124,7 @@ class Metrics:
             multiprocess_mode="livemax",
         )
         self._ingest_max_ns = 0  # since the last take_ingest_lag
+        self._ttfts: list[float] = []  # this process's turns' TTFT (ms) since the last take_ttfts
         self.admission_closed = Gauge(
             "voicert_admission_closed",
             "1 while new sessions are refused because the server is behind (server.admission)",
@@ -294,12 +295,19 @@ class Metrics:
         self.ingest_lag.set(lag_ms / 1000)
         return lag_ms
 
+    def take_ttfts(self) -> list[float]:
+        """The TTFTs (ms) of the turns this process finished since the last take."""
+        taken, self._ttfts = self._ttfts, []
+        return taken
+
     def observe_turn(self, rec: TurnRecord) -> None:
         for name in STAGE_NAMES:
             if name in rec.stages and name not in ("ttft_ms", "voice_to_first_token_ms"):
                 self.stage.labels(name.removesuffix("_ms")).observe(rec.stages[name] / 1000)
         if rec.ttft_ms is not None:
             self.ttft.observe(rec.ttft_ms / 1000)
+            if len(self._ttfts) < 10_000:  # (taken each sampling interval)
+                self._ttfts.append(rec.ttft_ms)
         if "voice_to_first_token_ms" in rec.stages:
             self.v2ft.observe(rec.stages["voice_to_first_token_ms"] / 1000)
         self.turns.labels(rec.finish_reason).inc()

@@ -33,6 +33,7 @@ class SystemSample:
     mean_batch: float  # sequences per engine step in the interval
     loop_lag_ms: float  # the largest event-loop lag seen in the interval
     ingest_lag_ms: float = 0.0  # the largest ingest lag of any session's audio in the interval
+    ttfts_ms: tuple[float, ...] = ()  # this process's turns' TTFT in the interval (not merged)
 
     def merged(self, others: list[SystemSample]) -> SystemSample:
         """This worker's sample with the other workers' (``server.workers``): sessions and steps
@@ -51,6 +52,7 @@ class SystemSample:
             batch / steps if steps else 0.0,
             max(s.loop_lag_ms for s in every),
             max(s.ingest_lag_ms for s in every),
+            self.ttfts_ms,
         )
 
     def as_dict(self) -> dict:
@@ -147,6 +149,7 @@ class Sampler:
             self._batch / self._steps if self._steps else 0.0,
             round(self._max_lag * 1000, 2),
             round(m.take_ingest_lag(), 2),
+            tuple(m.take_ttfts()),
         )
         self._steps = self._batch = 0
         self._max_lag = 0.0

@@ -21,6 +21,8 @@ import torch
 
 from voicert.core.llm import Sampling
 
+TINY = torch.finfo(torch.float32).tiny  # the smallest normal float32
+
 
 def filtered_probs(
     logits: torch.Tensor, sampling: Sampling, allowed: torch.Tensor | None = None
@@ -28,10 +30,17 @@ def filtered_probs(
     """The distribution a token is drawn from: logits [V] (any float dtype, any device) ->
     probabilities [V] float32: the tokens ``allowed`` (bool [V]) only, softmax at
     ``temperature``, the ``top_k`` most likely kept (0: all), then the smallest set whose
-    probability reaches ``top_p`` (1: all), renormalised."""
-    x = logits.float() / sampling.temperature  # [V]
+    probability reaches ``top_p`` (1: all), renormalised. Any temperature in (0, 2] and top_p in
+    (0, 1] gives a distribution: the logits are shifted to a maximum of 0 before the division (a
+    temperature of 5e-324 sends the rest to -inf, never the best to +inf: greedy, its limit),
+    and the nucleus always keeps the most likely token (a top_p below float32's smallest
+    number is 0 there)."""
+    x = logits.float()  # [V]
     if allowed is not None:
         x = x.masked_fill(~allowed, float("-inf"))
+    # below float32's smallest normal a temperature is 0 there, and 0 / 0 is NaN: the division
+    # at that temperature already leaves only the best (and any tied with it)
+    x = (x - x.max()) / max(sampling.temperature, TINY)  # [V], <= 0
     if 0 < sampling.top_k < x.numel():
         kth = torch.topk(x, sampling.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -40,6 +49,7 @@ def filtered_probs(
         sorted_p, order = torch.sort(probs, descending=True)  # [V] each
         before = torch.cumsum(sorted_p, -1) - sorted_p  # [V]: mass of the tokens ahead of each
         drop = before >= sampling.top_p  # the nucleus: each token kept until the mass is reached
+        drop[0] = False  # and the most likely, whatever top_p rounds to in float32
         sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
         probs = probs / probs.sum()
