@@ -108,8 +108,11 @@ def test_tools_and_a_tool_conversation_are_read():
             "invalid_value",
         ),
         ({"parallel_tool_calls": "yes"}, "parallel_tool_calls", "invalid_value"),
-        ({"logprobs": True}, "logprobs", "unsupported_parameter"),
-        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_parameter"),
+        ({"logprobs": True}, "logprobs", "unsupported_value"),
+        ({"top_logprobs": 2}, "top_logprobs", "unsupported_value"),
+        ({"response_format": {"type": "json_object"}}, "response_format", "unsupported_value"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias", "unsupported_value"),
+        ({"logprobs": "false"}, "logprobs", "unsupported_value"),
         ({"max_tokens": 0}, "max_tokens", "invalid_value"),
         ({"max_tokens": "5"}, "max_tokens", "invalid_value"),
         ({"stream": "yes"}, "stream", "invalid_value"),
@@ -235,3 +238,19 @@ def test_temperature_top_p_and_seed_ask_for_sampling():
     assert parse(temperature=0.7, top_k=-1).sampling == Sampling(0.7, 1.0, 0)
     assert parse().sampling == GREEDY
     assert parse(temperature=0, seed=3).sampling.greedy
+
+
+
+@pytest.mark.parametrize(
+    "defaults",
+    [
+        {"logprobs": False},
+        {"logprobs": None, "top_logprobs": None},
+        {"response_format": {"type": "text"}},
+        {"logit_bias": {}},
+        {"logit_bias": None, "response_format": None},
+    ],
+)
+def test_openais_documented_defaults_sent_explicitly_are_accepted(defaults):
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], **defaults}
+    assert chat.parse_request(json.dumps(body).encode(), 1000).messages[0].content == "hi"

@@ -28,6 +28,14 @@ _NEUTRAL = {"n": 1, "presence_penalty": 0, "frequency_penalty": 0}
 # sampled decoding (voicert.core.llm.Sampling); top_k is vLLM's and SGLang's extension (-1: all)
 _SAMPLING = ("temperature", "top_p", "top_k", "seed")
 _IGNORABLE = {"user", "store", "metadata", "service_tier"}  # change nothing we serve
+# OpenAI's documented defaults, which clients may send explicitly: accepted at that value (or
+# null), refused at any other, with the parameter named
+_DEFAULTS: dict[str, tuple[str, Any]] = {
+    "logprobs": ("false", lambda v: v is False),
+    "top_logprobs": ("absent", lambda v: False),
+    "response_format": ('{"type": "text"}', lambda v: v == {"type": "text"}),
+    "logit_bias": ("{}", lambda v: v == {}),
+}
 _KNOWN = {
     "model",
     "messages",
@@ -42,6 +50,7 @@ _KNOWN = {
     *_NEUTRAL,
     *_SAMPLING,
     *_IGNORABLE,
+    *_DEFAULTS,
 }
 _ROLES = {
     "system": "system",
@@ -121,6 +130,14 @@ def parse_request(body: bytes, max_text_chars: int) -> ChatRequest:
         ):
             raise _bad(
                 f"{key} must be {neutral} or absent: voicert gives one choice, no penalties",
+                key,
+                "unsupported_value",
+            )
+    for key, (default, is_default) in _DEFAULTS.items():
+        value = data.get(key)
+        if value is not None and not is_default(value):
+            raise _bad(
+                f"{key} must be {default}, null or absent: voicert does not serve it",
                 key,
                 "unsupported_value",
             )
