@@ -283,3 +283,25 @@ def test_extreme_but_valid_parameters_give_the_greedy_distribution_not_nans(samp
     allowed = torch.tensor([True, False, True, True, False])
     assert filtered_probs(logits, sampling, allowed).argmax().item() == 3
     assert Sampler(sampling).draw(logits) == 1
+
+
+def test_a_draw_that_fails_ends_its_own_reply_and_no_other(core, monkeypatch):
+    """A sampled row's draw is host work after the shared step: when it fails (the sampler
+    raises), that request ends with an error and the step's other rows go on as they would."""
+    alone = _run(core, _ask("g", Sampling()), _ask("s", Sampling(1.0, seed=3)))
+    draw = Sampler.draw
+
+    def broken(self, logits, allowed=None):
+        if self.sampling.seed == 66:
+            raise RuntimeError("probability tensor contains either inf, nan or element < 0")
+        return draw(self, logits, allowed)
+
+    monkeypatch.setattr(Sampler, "draw", broken)
+    together = _run(
+        core,
+        _ask("g", Sampling()),
+        _ask("bad", Sampling(1.0, seed=66)),
+        _ask("s", Sampling(1.0, seed=3)),
+    )
+    assert together["g"] == alone["g"] and together["s"] == alone["s"]
+    assert together["bad"] == ([], "error")

@@ -240,7 +240,6 @@ def test_temperature_top_p_and_seed_ask_for_sampling():
     assert parse(temperature=0, seed=3).sampling.greedy
 
 
-
 @pytest.mark.parametrize(
     "defaults",
     [

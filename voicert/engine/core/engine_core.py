@@ -77,6 +77,7 @@ class EngineCore:
         self.drafter = parts.drafter
         self.turn_head = parts.turn_head
         self._ahead: tuple[Step, Pending] | None = None  # a decode step launched ahead
+        self._failed_draws: list[Sequence] = []  # sampled rows whose draw failed this step
         self._read_ns = 0  # when the last step's tokens were read
         self.ahead_steps = 0  # decode steps launched before the previous step's tokens were read
         self.step_records: collections.deque[StepRecord] = collections.deque(maxlen=8192)
@@ -200,6 +201,10 @@ class EngineCore:
         """The scheduler takes the step's tokens (accepting drafts, finishing requests); the
         step is timed and recorded; its records go out."""
         emitted = self.scheduler.postprocess(step, tokens, drafts)
+        failed, self._failed_draws = self._failed_draws, []
+        for seq in failed:
+            if seq.finish_reason is None:
+                self.scheduler.finish(seq, FinishReason.ERROR)
         if step.guided:
             t0 = time.perf_counter_ns()
             self._guide_advance(emitted)
@@ -214,6 +219,8 @@ class EngineCore:
         )
         out: list[TokenOut] = []
         for seq, new in emitted:
+            if any(seq is f for f in failed):
+                new = []  # the step's greedy stand-in for the draw that failed is not sent
             if seq.scores:  # its answer is a probability, in its final record
                 self.scheduler.finish(seq, FinishReason.STOP)
                 out.append(self._end(seq, FinishReason.STOP))
@@ -262,7 +269,12 @@ class EngineCore:
                 tokens[i][: len(emitted)] = emitted
                 continue
             allowed = seq.guide.allowed(logits.device) if seq.guide is not None else None
-            tokens[i][0] = seq.sampler.draw(logits[k, :vocab], allowed)
+            try:
+                tokens[i][0] = seq.sampler.draw(logits[k, :vocab], allowed)
+            except (RuntimeError, ValueError) as exc:  # this row's draw, not the step: it alone
+                log.warning("engine: %s: its draw failed: %s", seq.id, exc)  # ends (the greedy
+                seq.error = f"sampling failed: {exc}"  # token stays for the scheduler, unsent)
+                self._failed_draws.append(seq)
 
     def _guide_picks(self, step: Step, pending: Pending, tokens: list[list[int]]) -> None:
         """Replace each guided row's greedy token that its grammar refuses by the best one it
