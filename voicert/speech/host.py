@@ -48,6 +48,7 @@ from voicert.hosting import (
     serve_peers,
 )
 from voicert.speech.asr import settle_soon
+from voicert.telemetry.logs import setup_logging
 
 log = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
@@ -261,9 +262,7 @@ def _speech_host(
     (its path, "" for the wheel's; its device; its ``turn.audio_head``)), listen at ``address``, say so on ``status``,
     decode and judge for every worker until the primary says stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s [speech] %(name)s: %(message)s"
-    )
+    setup_logging(log_level, "%(asctime)s %(levelname)s [speech] %(name)s: %(message)s")
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     try:

@@ -51,6 +51,7 @@ from voicert.hosting import (
 
 if TYPE_CHECKING:
     from voicert.engine.clients.llm_engine import EngineThread
+from voicert.telemetry.logs import setup_logging
 
 log = logging.getLogger(__name__)
 SEP = "/"  # client id SEP the client's request id: the id the engine core sees
@@ -222,9 +223,7 @@ def _host(
     """The engine host process: load and warm up, listen at ``address``, say Ready on ``status``
     (or StartFailed), serve workers until the primary says Stop or goes away."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the primary shuts us down in order
-    logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s [engine] %(name)s: %(message)s"
-    )
+    setup_logging(log_level, "%(asctime)s %(levelname)s [engine] %(name)s: %(message)s")
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = gpu
     hub = _Hub(cfg)
