@@ -66,6 +66,7 @@ def test_the_wheel_carries_web_and_the_default_config_and_serves_them(tmp_path):
         "assert c.DEFAULT_CONFIG_PATH.is_file();"
         "assert b'<html' in d.static_file('/')[0].lower();"
         "assert b'<canvas' in d.static_file('/dashboard')[0];"
+        "assert d.static_file('/app.css')[0] and d.static_file('/dashboard.css')[0];"
         "import loadgen;"
         f"assert loadgen.__file__.startswith({str(target)!r}), loadgen.__file__"
     )

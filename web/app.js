@@ -363,7 +363,9 @@ function showLegend() {
   $("legend").innerHTML = "";
   for (const k of WATERFALL) {
     const span = document.createElement("span");
-    span.innerHTML = `<i style="background:${STAGES.colours[k] || "#999"}"></i>`;
+    const mark = document.createElement("i");
+    mark.style.background = STAGES.colours[k] || "#999";  // (CSSOM: allowed by the page's CSP)
+    span.appendChild(mark);
     span.appendChild(document.createTextNode(k.replace(/_ms$/, "")));
     span.title = STAGES.docs[k] || "";
     $("legend").appendChild(span);

@@ -166,3 +166,40 @@ async def test_every_string_of_the_feed_reaches_the_page_as_text(services):
     finally:
         await browser.close()
         await srv.shutdown()
+
+
+async def test_the_pages_send_a_strict_csp_and_break_none_of_it(server):
+    """Both pages: a CSP with no 'unsafe-inline', no framing, nosniff; and in Chromium, loading
+    each page (its styles, scripts, the worklet's module) violates none of it."""
+    for path in ("/", "/dashboard"):
+        with await asyncio.to_thread(
+            urllib.request.urlopen, f"http://127.0.0.1:{server.port}{path}"
+        ) as r:
+            csp = r.headers["Content-Security-Policy"]
+            assert "unsafe-inline" not in csp and "frame-ancestors 'none'" in csp
+            assert "script-src 'self'" in csp and "style-src 'self'" in csp
+            assert r.headers["X-Content-Type-Options"] == "nosniff"
+            assert r.headers["X-Frame-Options"] == "DENY"
+    browser = Browser()
+    try:
+        await browser.open()
+        await browser.call("Page.enable")
+        await browser.call(
+            "Page.addScriptToEvaluateOnNewDocument",
+            source="window.cspViolations = []; document.addEventListener("
+            "'securitypolicyviolation', e => window.cspViolations.push(e.violatedDirective + ' '"
+            " + e.blockedURI));",
+        )
+        for path, ready in (
+            ("/dashboard", "document.getElementById('status').textContent === 'live'"),
+            ("/", "document.readyState === 'complete' && !!document.getElementById('legend')"),
+        ):
+            await browser.call("Page.navigate", url=f"http://127.0.0.1:{server.port}{path}")
+            await wait_for(browser, ready)
+            styled = await browser.js(  # the stylesheet applied: the page is not unstyled
+                "getComputedStyle(document.body).margin !== '8px'"
+            )
+            assert styled, path
+            assert await browser.js("window.cspViolations") == [], path
+    finally:
+        await browser.close()

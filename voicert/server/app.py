@@ -35,7 +35,7 @@ from voicert.server import access, dashboard
 from voicert.server.admission import Admission
 from voicert.server.completions import CHAT_PATH, MODELS_PATH, ChatCompletions
 from voicert.server.connection import CLOSE_GOING_AWAY, BaseConnection, Connection
-from voicert.server.dashboard import STATIC, static_file
+from voicert.server.dashboard import ASSET_HEADERS, STATIC, static_file
 from voicert.server.http import HttpRequest, HttpResponse, Listener, Routes, route_path, text
 from voicert.server.logs import quiet_handshake_logger
 from voicert.server.peers import WorkerRole
@@ -299,15 +299,18 @@ class VoiceServer:
 
     async def _stages_js(self, request: HttpRequest) -> HttpResponse:
         return HttpResponse(
-            http.HTTPStatus.OK, stages_js().encode(), "text/javascript; charset=utf-8"
+            http.HTTPStatus.OK,
+            stages_js().encode(),
+            "text/javascript; charset=utf-8",
+            list(ASSET_HEADERS),
         )
 
     async def _static(self, request: HttpRequest) -> HttpResponse:
         found = static_file(request.path)
         if found is None:  # (routed only for the static paths)
             return text(http.HTTPStatus.NOT_FOUND, "not found\n")
-        body, content_type = found
-        return HttpResponse(http.HTTPStatus.OK, body, content_type)
+        body, content_type, headers = found
+        return HttpResponse(http.HTTPStatus.OK, body, content_type, headers)
 
     def _process_request(self, ws: ServerConnection, request: Request) -> Response | None:
         """Checks before a WebSocket handshake completes: route, loading, access, limits."""

@@ -29,16 +29,38 @@ STATIC = {
     "/capture-worklet.js": ("capture-worklet.js", "text/javascript; charset=utf-8"),
     "/dashboard": ("dashboard.html", "text/html; charset=utf-8"),
     "/dashboard.js": ("dashboard.js", "text/javascript; charset=utf-8"),
+    "/app.css": ("app.css", "text/css; charset=utf-8"),
+    "/dashboard.css": ("dashboard.css", "text/css; charset=utf-8"),
 }
+# The pages hold a token (the settings panel, the dashboard's feed) and the microphone: no inline
+# script or style runs (every string from the server or a caller is text: a markup one injected
+# would still not run), no other site may frame them (clickjacking Start), nothing is sniffed.
+# They connect to the server the settings name, which may be another host.
+PAGE_HEADERS = [
+    (
+        "Content-Security-Policy",
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self' ws: wss: http: https:; media-src 'self' blob:; worker-src 'self'; "
+        "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+    ("X-Frame-Options", "DENY"),
+    ("X-Content-Type-Options", "nosniff"),
+    ("Referrer-Policy", "no-referrer"),
+]
+ASSET_HEADERS = [("X-Content-Type-Options", "nosniff")]
 FEED_PATH = "/v1/dashboard"
 
 
-def static_file(path: str, web_dir: Path = WEB_DIR) -> tuple[bytes, str] | None:
-    """(body, content type) for a static route (the browser client and the dashboard), or None."""
+def static_file(
+    path: str, web_dir: Path = WEB_DIR
+) -> tuple[bytes, str, list[tuple[str, str]]] | None:
+    """(body, content type, headers) for a static route (the browser client and the dashboard),
+    or None. Pages carry :data:`PAGE_HEADERS`, their scripts and styles ``nosniff``."""
     entry = STATIC.get(path)
     if entry is None:
         return None
-    return (web_dir / entry[0]).read_bytes(), entry[1]
+    headers = PAGE_HEADERS if entry[1].startswith("text/html") else ASSET_HEADERS
+    return (web_dir / entry[0]).read_bytes(), entry[1], list(headers)
 
 
 async def feed(ws: ServerConnection, svc: Services, sampler: Sampler) -> None:
