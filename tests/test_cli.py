@@ -357,3 +357,9 @@ def test_client_shows_tool_calls_and_their_outputs(capsys):
     printed = capsys.readouterr().out
     assert '[tool call book({"n": 4}): the server runs it]' in printed
     assert "[tool output: booked]" in printed
+
+
+def test_client_refuses_an_empty_text_itself(capsys):
+    assert cli.main(["client", "--text", "  ", "--url", "ws://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert err == "voicert client: --text is empty: give the words to send\n"

@@ -133,3 +133,14 @@ def test_a_file_extends_others_in_order_and_its_own_keys_win(tmp_path):
 def test_tool_functions_come_comma_separated_from_a_flag():
     cfg = load_config(None, {"tools.functions": "a.b:f, c.py:g"}, environ={})
     assert cfg.tools.functions == ["a.b:f", "c.py:g"]
+
+
+def test_a_bad_value_from_the_environment_names_the_variable():
+    with pytest.raises(ConfigError) as bad:
+        load_config(environ={"VOICERT_SERVER__PORT": "abc"})
+    assert (
+        str(bad.value) == "config server.port (from VOICERT_SERVER__PORT): expected int, got 'abc'"
+    )
+    with pytest.raises(ConfigError) as flag:  # a flag over the variable: the flag is at fault
+        load_config(environ={"VOICERT_SERVER__PORT": "1"}, overrides={"server.port": "x"})
+    assert "(from" not in str(flag.value)

@@ -117,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.wav and not args.text and not args.mic:
             print("voicert client: give WAV files, --text TEXT, or --mic", file=sys.stderr)
             return 2
+        if any(not t.strip() for t in args.text):
+            print("voicert client: --text is empty: give the words to send", file=sys.stderr)
+            return 2
         if args.voice and not args.speak:
             print(
                 "voicert client: --voice picks the voice of spoken replies: add --speak OUT.wav",

@@ -836,11 +836,33 @@ def load_config(
         raise ConfigError(f"config file {file} does not exist")
     if file.is_file():
         tree = _read_tree(file)
-    for dotted, value in env_overrides(os.environ if environ is None else environ).items():
+    environ = os.environ if environ is None else environ
+    from_env = env_overrides(environ)
+    for dotted, value in from_env.items():
         _set_path(tree, dotted, value)
     for dotted, value in (overrides or {}).items():
         _set_path(tree, dotted, value)
-    return _build(Config, tree, "")
+    try:
+        return _build(Config, tree, "")
+    except ConfigError as exc:
+        set_here = set(overrides or {})
+        names = {
+            dotted: name
+            for name in environ
+            if (dotted := next(iter(env_overrides({name: ""})), None)) and dotted not in set_here
+        }
+        raise _naming_the_variable(exc, names) from None
+
+
+def _naming_the_variable(exc: ConfigError, names: dict[str, str]) -> ConfigError:
+    """``exc``, saying which environment variable (``names``: key -> variable) set the key at
+    fault, if one did."""
+    message = str(exc)
+    for dotted, name in names.items():
+        head = f"config {dotted}:"
+        if message.startswith(head):
+            return ConfigError(f"config {dotted} (from {name}):{message[len(head) :]}")
+    return exc
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
