@@ -363,3 +363,18 @@ def test_client_refuses_an_empty_text_itself(capsys):
     assert cli.main(["client", "--text", "  ", "--url", "ws://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
     assert err == "voicert client: --text is empty: give the words to send\n"
+
+
+def test_a_missing_llm_is_said_before_the_server_listens(capsys, monkeypatch):
+    from voicert.cli import main
+    from voicert.server import workers
+
+    def listens(cfg):
+        raise AssertionError("the server started listening with a model path that is not there")
+
+    monkeypatch.setattr(workers, "serve", listens)
+    code = main(["serve", "--port", "0", "--llm", "/nonexistent/model.gguf"])
+    assert code == 2
+    assert (
+        capsys.readouterr().err == "voicert: models.llm: /nonexistent/model.gguf does not exist\n"
+    )

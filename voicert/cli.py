@@ -163,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"llm: {resolve_llm(cfg.models.llm, cache_dir(cfg.models))}")
             return 0
+        if cfg.llm.engine != "openai":
+            from voicert.engine.loader import llm_source
+
+            llm_source(cfg.models.llm)  # a path that is not there: said now, before listening
         from voicert.server.workers import serve
 
         code = serve(cfg)
