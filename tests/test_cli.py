@@ -378,3 +378,18 @@ def test_a_missing_llm_is_said_before_the_server_listens(capsys, monkeypatch):
     assert (
         capsys.readouterr().err == "voicert: models.llm: /nonexistent/model.gguf does not exist\n"
     )
+
+
+@pytest.mark.parametrize("path", ["/v1/realtime", "/twilio", "/telnyx", "/plivo", "/v1/dashboard"])
+def test_the_client_pointed_at_another_door_says_which_at_once(capsys, path):
+    assert cli.main(["client", "--url", f"http://127.0.0.1:9{path}", "--text", "hi"]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"voicert client: --url http://127.0.0.1:9{path}: that is ")
+    assert line.endswith("speaks the native protocol: --url ws://127.0.0.1:9/v1/stream")
+
+
+def test_the_clients_list_of_other_doors_is_the_servers():
+    from voicert.client import OTHER_DOORS, STREAM_PATH
+    from voicert.server import app, dashboard
+
+    assert set(OTHER_DOORS) == {*app.SESSION_ROUTES, dashboard.FEED_PATH} - {STREAM_PATH}

@@ -100,9 +100,28 @@ def door_url(url: str, path: str, http: bool = False) -> str:
     )
 
 
+# the server's other doors (server/app.py's routes), which speak other protocols than this client
+OTHER_DOORS = {
+    "/v1/realtime": "the OpenAI Realtime door (for OpenAI's SDKs and Realtime clients)",
+    "/twilio": "Twilio's media-stream door (a phone call's audio, from Twilio)",
+    "/telnyx": "Telnyx's media-stream door (a phone call's audio, from Telnyx)",
+    "/plivo": "Plivo's audio-stream door (a phone call's audio, from Plivo)",
+    "/v1/dashboard": "the dashboard's feed (for the page at /dashboard)",
+}
+
+
 def stream_url(url: str) -> str:
-    """The native stream's ``ws(s)://`` URL (:func:`door_url` with ``/v1/stream``)."""
-    return door_url(url, STREAM_PATH)
+    """The native stream's ``ws(s)://`` URL (:func:`door_url` with ``/v1/stream``). Raises
+    :class:`ClientError` at once for another door of the server, naming it."""
+    out = door_url(url, STREAM_PATH)
+    path = urllib.parse.urlsplit(out).path.rstrip("/")
+    if path in OTHER_DOORS:
+        base = urllib.parse.urlunsplit(urllib.parse.urlsplit(out)._replace(path=STREAM_PATH))
+        raise ClientError(
+            f"--url {url}: that is {OTHER_DOORS[path]}; voicert client speaks the native "
+            f"protocol: --url {base}"
+        )
+    return out
 
 
 def load_clip(path: str) -> tuple[np.ndarray, int]:
