@@ -849,7 +849,8 @@ def load_config(
         names = {
             dotted: name
             for name in environ
-            if (dotted := next(iter(env_overrides({name: ""})), None)) and dotted not in set_here
+            for dotted in env_overrides({name: ""})
+            if dotted not in set_here
         }
         raise _naming_the_variable(exc, names) from None
 
