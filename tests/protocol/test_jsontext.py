@@ -62,3 +62,43 @@ def test_a_twilio_message_with_one_is_malformed():
     start = f'{{"event": "start", "start": {{"customParameters": {{"system_prompt": "{LONE}"}}}}}}'
     with pytest.raises(tw.TwilioError):
         tw.decode_inbound(start)
+
+
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ('{"n": 1e400}', "the number 1e400 is beyond a finite float"),
+        ('{"n": -1e400}', "the number -1e400 is beyond a finite float"),
+        ('{"n": NaN}', "NaN is not a JSON number"),
+        ('{"n": Infinity}', "Infinity is not a JSON number"),
+        ('{"n": 99999999999999999999999}', "is beyond a 64-bit integer"),
+        ("[" * 65 + "]" * 65, "nested deeper than 64 levels"),
+        ('{"a":' * 998 + "1" + "}" * 998, "nested deeper than 64 levels"),
+        ("[" * 100_000 + "]" * 100_000, "nested deeper than 64 levels"),
+    ],
+)
+def test_numbers_and_nesting_no_part_takes_are_refused_where_they_enter(text, why):
+    with pytest.raises(jsontext.BadValue) as bad:
+        jsontext.loads(text)
+    assert why in str(bad.value)
+    assert jsontext.loads("[" * 64 + "]" * 64) is not None  # as deep as it may go
+
+
+def test_each_door_answers_them_with_its_own_typed_error():
+    import msgpack
+
+    from voicert.protocol import native
+
+    deep = {"type": "session.start"}
+    for _ in range(900):  # under msgpack's own limit
+        deep = {"x": deep}
+    with pytest.raises(native.ProtocolError) as bad:
+        native.decode_client(msgpack.packb({"type": "tool.result", "output": deep}))
+    assert "nested deeper" in str(bad.value)
+    with pytest.raises(rt.RealtimeError) as info:
+        rt.decode_client('{"type": "response.create", "response": {"temperature": 1e400}}')
+    assert info.value.code == "invalid_value"
+    start = '{"event": "start", "sequenceNumber": 1e400, "start": {"streamSid": "S"}}'
+    with pytest.raises(tw.TwilioError) as err:
+        tw.decode_inbound(start)
+    assert "1e400" in str(err.value)

@@ -34,6 +34,8 @@ class Fields:
             raise self.error(f"binary frame: {self.carrier} messages are JSON text")
         try:
             msg = jsontext.loads(frame)
+        except jsontext.BadValue as exc:
+            raise self.error(f"message: {exc}") from None
         except (ValueError, RecursionError):  # RecursionError: deeper than the parser goes
             raise self.error("not valid JSON") from None
         if not isinstance(msg, dict) or not isinstance(msg.get("event"), str):
@@ -56,7 +58,7 @@ class Fields:
         """A number, sent as one or as a string (Twilio sends ``"sequenceNumber": "2"``)."""
         try:
             return int(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (OverflowError: an infinite float)
             raise self.error(f"{where}: not a number") from None
 
     def strings(self, value: Any, where: str) -> dict[str, str]:

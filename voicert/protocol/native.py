@@ -524,7 +524,9 @@ def decode_client(frame: bytes | str) -> ClientEvent:
             msg = jsontext.loads(frame)
         else:
             msg = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except jsontext.NotText as exc:
+            if len(frame) > jsontext.MAX_DEPTH:  # (a shorter one cannot nest deeper)
+                jsontext.check_value(msg)
+    except (jsontext.NotText, jsontext.BadValue) as exc:
         raise ProtocolError(ErrorCode.INVALID, str(exc)) from None
     except Exception:  # msgpack raises several unrelated types for garbage input
         codec = "JSON" if text_frame else "msgpack"

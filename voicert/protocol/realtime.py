@@ -623,9 +623,9 @@ def _call_item(item: dict, kind: str) -> ItemCreate:
             "missing_required_parameter", "Missing required parameter: 'item.name'.", "item.name"
         )
     try:
-        if not isinstance(arguments, str) or not isinstance(json.loads(arguments), dict):
+        if not isinstance(arguments, str) or not isinstance(jsontext.loads(arguments), dict):
             raise ValueError
-    except ValueError:
+    except ValueError:  # (BadValue too: numbers and nesting past the bounds)
         raise RealtimeError(
             "invalid_value", "item.arguments must be JSON text of an object", "item.arguments"
         ) from None
@@ -704,6 +704,8 @@ def decode_client(frame: str | bytes) -> tuple[ClientEvent, str | None]:
         msg = jsontext.loads(frame)
     except jsontext.NotText as exc:
         raise RealtimeError("invalid_value", f"The message is not text: {exc}.") from None
+    except jsontext.BadValue as exc:
+        raise RealtimeError("invalid_value", f"The message is refused: {exc}.") from None
     except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
         raise RealtimeError("invalid_json", "The message is not valid JSON.") from None
     if not isinstance(msg, dict):
