@@ -393,3 +393,12 @@ def test_the_clients_list_of_other_doors_is_the_servers():
     from voicert.server import app, dashboard
 
     assert set(OTHER_DOORS) == {*app.SESSION_ROUTES, dashboard.FEED_PATH} - {STREAM_PATH}
+
+
+def test_serve_help_names_the_hub_form_and_the_listening_flags(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "org/name" in text and "Qwen/Qwen2.5-1.5B-Instruct" in text
+    assert "--host HOST the address to listen on" in text
+    assert "--port PORT the port to listen on" in text

@@ -43,9 +43,10 @@ def _config_args(sub: argparse.ArgumentParser) -> None:
     )
     sub.add_argument(
         "--llm",
-        help="LLM: 'embedded', an HF checkpoint dir, a .gguf file, or the "
-        "URL of an OpenAI-compatible server (http://host:8000/v1: vLLM, SGLang, "
-        "llama.cpp, another voicert; the model: --set llm.model=NAME)",
+        help="LLM: 'embedded', a Hugging Face repo (org/name, e.g. "
+        "Qwen/Qwen2.5-1.5B-Instruct: downloaded once into its cache), an HF checkpoint dir, a "
+        ".gguf file, or the URL of an OpenAI-compatible server (http://host:8000/v1: vLLM, "
+        "SGLang, llama.cpp, another voicert; the model: --set llm.model=NAME)",
     )
     sub.add_argument(
         "--asr",
@@ -60,8 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     subs = ap.add_subparsers(dest="cmd", required=True)
     s = subs.add_parser("serve", help="run the server")
     _config_args(s)
-    s.add_argument("--host")
-    s.add_argument("--port", type=int)
+    s.add_argument(
+        "--host",
+        help="the address to listen on (server.host; default 127.0.0.1: this machine only; "
+        "0.0.0.0: every interface)",
+    )
+    s.add_argument("--port", type=int, help="the port to listen on (server.port; default 8765)")
     pr = subs.add_parser("prepare", help="resolve and convert the configured models, then exit")
     _config_args(pr)
     c = subs.add_parser("client", help="stream WAV files (and typed turns) as turns of one session")

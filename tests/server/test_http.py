@@ -249,3 +249,11 @@ async def test_a_flood_past_the_probes_room_is_answered_unread_and_closed(servic
             writer.close()
     finally:
         await srv.shutdown()
+
+
+async def test_a_head_whose_lines_end_in_a_bare_lf_is_read_not_called_too_large(server):
+    """h11 reads LF-only lines; the head's size check looked for CRLF CRLF only and answered a
+    small request 431 "request head over 16384 bytes"."""
+    assert status_of(await raw(server.port, b"GET /healthz HTTP/1.1\nHost: localhost\n\n")) == 200
+    mixed = b"GET /healthz HTTP/1.1\r\nHost: localhost\n\r\n"
+    assert status_of(await raw(server.port, mixed)) == 200

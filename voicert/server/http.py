@@ -17,6 +17,7 @@ import asyncio
 import http
 import json
 import logging
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from voicert.server.access import host_allowed
 
 log = logging.getLogger(__name__)
 MAX_HEAD_BYTES = 16 * 1024  # request line and headers
+_HEAD_END = re.compile(rb"\r?\n\r?\n")  # the empty line that ends a request head
 MAX_HEADERS = 100  # header fields in one request (Envoy's default)
 MAX_HEADER_BYTES = 8 * 1024  # one header line (NGINX's large_client_header_buffers: 8k)
 HEAD_TIMEOUT_S = 10.0  # a plain request (head and body) must arrive within this
@@ -149,8 +151,10 @@ class Routes:
 def head_too_large(event: h11.Request, raw: bytes | bytearray) -> str | None:
     """Why a request's head is refused with 431, or None. h11 bounds a head that arrives in
     pieces; one that arrives whole is parsed whatever its size, so the limits are checked here:
-    the head's bytes, the number of header fields and the longest field."""
-    end = raw.find(b"\r\n\r\n")
+    the head's bytes, the number of header fields and the longest field. Its end is the first
+    empty line, whether its lines end in CRLF or a bare LF (h11 reads both)."""
+    blank = _HEAD_END.search(raw)
+    end = -1 if blank is None else blank.start()
     if end < 0 or end > MAX_HEAD_BYTES:
         return f"request head over {MAX_HEAD_BYTES} bytes"
     if len(event.headers) > MAX_HEADERS:
