@@ -500,3 +500,25 @@ async def test_the_sdk_with_a_temperature_gets_sampled_answers(server):
     assert greedy[0] == greedy[1] and greedy[0]
     sampled = [await reply(0.7) for _ in range(4)]
     assert all(sampled) and len(set(sampled)) >= 2, sampled
+
+
+async def test_a_second_response_create_while_one_runs_is_openais_error(server):
+    """Two response.create in one burst: the first is answered, the second gets OpenAI's
+    ``conversation_already_has_active_response`` (it was dropped in silence)."""
+    async with client(server).realtime.connect(model="voicert") as conn:
+        await conn.conversation.item.create(
+            item={
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "Count from one to twenty."}],
+            }
+        )
+        await conn.response.create()
+        await conn.response.create()
+        seen: list = []
+        await until(conn, "response.done", seen)
+        errors = [ev for ev in seen if kind(ev) == "error"]
+        assert [e.error.code for e in errors] == ["conversation_already_has_active_response"]
+        assert sum(kind(ev) == "response.created" for ev in seen) == 1
+        done = await ask(conn, "And now?")  # the conversation goes on
+        assert done.response.status in ("completed", "incomplete")  # (incomplete: the length)

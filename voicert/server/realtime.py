@@ -197,6 +197,12 @@ class RealtimeConnection(BaseConnection):
                 raise rt.RealtimeError(
                     p.ErrorCode.SHUTTING_DOWN.value, "server is shutting down", kind=rt.SERVER_ERROR
                 )
+            if not s.idle():  # as OpenAI answers: never a reply dropped in silence
+                raise rt.RealtimeError(
+                    "conversation_already_has_active_response",
+                    "Conversation already has an active response in progress. Wait until the "
+                    "response is finished before creating a new one.",
+                )
             if (
                 event.tool_choice is not None
                 and event.tool_choice.name
