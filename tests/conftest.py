@@ -82,8 +82,13 @@ def cfg() -> Config:
     noise makes an odd one now and then (over a phone line, "Paris" was heard as "Perez" in 2 of
     80 renditions). The audio turn model is loaded (``turn.model: smart_turn``) for the semantic
     detector's tests and the hazard's with it; the default hazard runs without it, and its
-    tests say ``model: none``."""
-    return load_config(environ={}, overrides={"tts.variation": 0.0, "turn.model": "smart_turn"})
+    tests say ``model: none``. Admission is off (``server.admission``): CI's cores are busy with
+    other work, and a door that closes on the server's lag would refuse the next test's session;
+    tests/server/test_admission.py runs it."""
+    return load_config(
+        environ={},
+        overrides={"tts.variation": 0.0, "turn.model": "smart_turn", "server.admission": False},
+    )
 
 
 @pytest.fixture(scope="session")
