@@ -188,6 +188,7 @@ def test_client_says_what_is_wrong_with_a_file_in_one_line(tmp_path, capsys, nam
     assert cli.main(["client", str(path), "--url", "ws://127.0.0.1:9/v1/stream"]) == 2
     err = capsys.readouterr().err
     assert said in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.count(name) <= 2 and err.count("not a WAV") <= 1  # said once (and ffmpeg's)
     if content:
         assert "ffmpeg -i" in err  # and how to make one
 

@@ -138,7 +138,8 @@ def load_clip(path: str) -> tuple[np.ndarray, int]:
         with open(file, "rb") as f:
             head = f.read(4)
         what = next((name for magic, name in SNIFF if head.startswith(magic)), None)
-        why = f"{what}, not a WAV" if what else f"not a WAV file ({str(exc) or 'cut short'})"
+        said = str(exc).removeprefix(f"{path}: ").removeprefix("not a WAV file ").strip("()")
+        why = f"{what}, not a WAV" if what else f"not a WAV file ({said or 'cut short'})"
         if head == b"RIFF" and str(exc).startswith(f"{path}: unsupported"):
             why = str(exc).removeprefix(f"{path}: ")  # a WAV, in an encoding we do not read
         raise ClientError(f"{path}: {why}; " + WAV_HINT.format(path=path, stem=file.stem)) from None
