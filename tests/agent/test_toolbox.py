@@ -105,3 +105,10 @@ def test_config_names_the_key_for_a_bad_reference_or_an_import_failure():
         load_function("json:no_such_function")
     box = Toolbox.from_config(ToolsConfig(functions=["tests.agent.test_toolbox:book_table"]))
     assert box.names == {"book_table"}
+
+
+def test_the_tools_loaded_from_the_config_are_logged_once(caplog):
+    with caplog.at_level("INFO", logger="voicert.agent.toolbox"):
+        Toolbox.from_config(ToolsConfig(functions=["tests.agent.test_toolbox:book_table"]))
+        Toolbox.from_config(ToolsConfig())  # none: nothing to say
+    assert [r.getMessage() for r in caplog.records] == ["tools: book_table (tools.functions)"]

@@ -137,6 +137,8 @@ class Toolbox:
                 if isinstance(exc, ConfigError):
                     raise
                 raise ConfigError(f"config tools.functions: {ref}: {exc}") from None
+        if tools:  # what the model will be offered, said once at start-up
+            log.info("tools: %s (tools.functions)", ", ".join(t.spec.name for t in tools))
         return cls(tools, cfg.timeout_s)
 
     @property
