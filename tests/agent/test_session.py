@@ -79,11 +79,15 @@ async def test_a_pause_after_an_incomplete_phrase_does_not_cut_the_speaker_off(
     services, detector, model
 ):
     # real models: "My name is John and I want to | (750 ms) change my booking." is one turn.
-    # semantic: its verdict waits for both cues, whatever the load. hazard (the default, without
-    # the audio model): its opinions come late on a busy machine, and a late verdict can only end
-    # the turn later (speech that resumes first drops the judgement), never sooner.
+    # semantic: its verdict waits for both cues. hazard (the default, without the audio model):
+    # its opinions come late on a busy machine, and a late verdict can only end the turn later
+    # (speech that resumes first drops the judgement), never sooner. Both whatever the load, so
+    # with no deadline on the opinions: at turn.decide_by_ms (600 ms) a busy machine's pause
+    # with none of them in yet is decided on nothing (~750 ms for the hazard), which cuts this
+    # 750 ms pause or not by the load (tests/agent/test_turns_semantic.py tests the deadline)
     assert services.cfg.turn.detector == "hazard" and services.turn_judge is not None
-    srv = await server_with(services, turn={"detector": detector, "model": model})
+    turn = {"detector": detector, "model": model, "decide_by_ms": 1600}
+    srv = await server_with(services, turn=turn)
     try:
         result = await stream_audio(
             f"ws://127.0.0.1:{srv.port}{STREAM_PATH}", [wav("turns/p03")], trailing_silence_s=2.5
@@ -97,11 +101,11 @@ async def test_a_pause_after_an_incomplete_phrase_does_not_cut_the_speaker_off(
 async def test_the_hazard_detector_ends_a_question_on_the_llms_own_score(services):
     # real models: the early transcript is scored by the engine (score_end) and the turn ends
     # from the audio model's and the LLM's opinions, however late they come (the client keeps
-    # sending silence past the maximum wait)
+    # sending silence past the maximum wait; no deadline decides without them here)
     assert services.engine.scores
     registry = services.metrics.registry
     before = registry.get_sample_value("voicert_turn_text_score_seconds_count") or 0
-    srv = await server_with(services, turn={"detector": "hazard"})
+    srv = await server_with(services, turn={"detector": "hazard", "decide_by_ms": 1600})
     try:
         result = await stream_audio(
             f"ws://127.0.0.1:{srv.port}{STREAM_PATH}",
