@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from loadgen.caller import CallerStats
-from loadgen.probe import BUDGET_GAUGE, scrape_budget
+from loadgen.probe import BUDGET_GAUGE, metrics_url, scrape_budget
 from loadgen.report import LevelWriter, misses, no_turns, summarize, write_all
 from loadgen.run import LoadSpec, closed_loop, open_loop, sweep
 from voicert.client import ClientError, load_for_streaming, server_env, stream_url
@@ -176,8 +176,6 @@ def main(argv: list[str] | None = None) -> int:
 def server_budget_ms(url: str) -> float:
     """The server's TTFT budget from its /metrics; telemetry.budget_ms's default when the
     server does not say (an older server, or none there yet: the run will tell)."""
-    from loadgen.probe import metrics_url
-
     budget = scrape_budget(metrics_url(url))
     if budget is None:
         say(

@@ -14,7 +14,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from voicert.audio.pcm import encode_pcm16
-from voicert.client import send_silence_until
+from voicert.client import send_silence_until, to_16k
 from voicert.protocol import native as p
 
 FRAME_MS = 20
@@ -56,19 +56,13 @@ def voice_end(samples: np.ndarray, rate: int, threshold: float = 0.5) -> int:
     ``threshold``; 0 when none is voiced. Found once per clip, before the run."""
     from voicert.speech.vad import FRAME, SAMPLE_RATE, SileroVad, VadStream
 
-    x16 = samples if rate == SAMPLE_RATE else _to_16k(samples, rate)
+    x16 = samples if rate == SAMPLE_RATE else to_16k(samples, rate)
     probs = VadStream(SileroVad()).push(x16.astype(np.float32))  # [W]
     voiced = np.flatnonzero(probs >= threshold)
     if not voiced.size:
         return 0
     end16 = (int(voiced[-1]) + 1) * FRAME
     return min(samples.size, end16 * rate // SAMPLE_RATE)
-
-
-def _to_16k(samples: np.ndarray, rate: int) -> np.ndarray:
-    import soxr
-
-    return soxr.resample(samples, rate, 16000).astype(np.float32)
 
 
 def deciding_frame(sent_end: list[int], audio_ms: int, rate: int) -> int:

@@ -31,13 +31,20 @@ def metrics_url(ws_url: str) -> str:
 BUDGET_GAUGE = "voicert_ttft_budget_seconds"
 
 
+def fetch(url: str) -> str | None:
+    """The server's /metrics exposition; None if unreachable."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
 def scrape_budget(url: str) -> float | None:
     """The server's TTFT budget in ms (telemetry.budget_ms) from its /metrics; None when it is
     not there to say."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
+    text = fetch(url)
+    if text is None:
         return None
     for family in text_string_to_metric_families(text):
         for s in family.samples:
@@ -48,12 +55,8 @@ def scrape_budget(url: str) -> float | None:
 
 def scrape(url: str) -> dict[str, float]:
     """Sum and count of the batch-size histograms, and the gauges we report. {} if unreachable."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
-    return parse(text)
+    text = fetch(url)
+    return {} if text is None else parse(text)
 
 
 def parse(text: str) -> dict[str, float]:

@@ -813,11 +813,17 @@ def _set_path(tree: dict, dotted: str, value: Any) -> None:
 
 def env_overrides(environ: Mapping[str, str]) -> dict[str, str]:
     """``VOICERT_SERVER__PORT=9000`` -> ``{"server.port": "9000"}``."""
+    return {dotted: environ[name] for dotted, name in env_names(environ).items()}
+
+
+def env_names(environ: Mapping[str, str]) -> dict[str, str]:
+    """The config keys the environment sets, each with its variable's name:
+    ``VOICERT_SERVER__PORT`` -> ``{"server.port": "VOICERT_SERVER__PORT"}``."""
     out = {}
-    for name, value in environ.items():
+    for name in environ:
         if name.startswith(ENV_PREFIX) and "__" in name:
             section, _, key = name[len(ENV_PREFIX) :].partition("__")
-            out[f"{section.lower()}.{key.lower()}"] = value
+            out[f"{section.lower()}.{key.lower()}"] = name
     return out
 
 
@@ -837,22 +843,16 @@ def load_config(
     if file.is_file():
         tree = _read_tree(file)
     environ = os.environ if environ is None else environ
-    from_env = env_overrides(environ)
-    for dotted, value in from_env.items():
-        _set_path(tree, dotted, value)
+    names = env_names(environ)
+    for dotted, name in names.items():
+        _set_path(tree, dotted, environ[name])
     for dotted, value in (overrides or {}).items():
         _set_path(tree, dotted, value)
     try:
         return _build(Config, tree, "")
     except ConfigError as exc:
-        set_here = set(overrides or {})
-        names = {
-            dotted: name
-            for name in environ
-            for dotted in env_overrides({name: ""})
-            if dotted not in set_here
-        }
-        raise _naming_the_variable(exc, names) from None
+        by_env = {k: v for k, v in names.items() if k not in (overrides or {})}
+        raise _naming_the_variable(exc, by_env) from None
 
 
 def _naming_the_variable(exc: ConfigError, names: dict[str, str]) -> ConfigError:

@@ -48,10 +48,10 @@ from voicert.hosting import (
     say_status,
     serve_peers,
 )
+from voicert.telemetry.logs import setup_logging
 
 if TYPE_CHECKING:
     from voicert.engine.clients.llm_engine import EngineThread
-from voicert.telemetry.logs import setup_logging
 
 log = logging.getLogger(__name__)
 SEP = "/"  # client id SEP the client's request id: the id the engine core sees
